@@ -1,0 +1,32 @@
+"""Typed errors. Everything the project raises on purpose derives from ConjugateError."""
+
+
+class ConjugateError(Exception):
+    """Root of the project's errors; its message is one line meant for the user."""
+
+
+class WorkloadError(ConjugateError):
+    """A workload file is malformed or names something that cannot be used."""
+
+
+class CheckpointError(ConjugateError):
+    """A model checkpoint (config.json, safetensors) is missing, malformed or mismatched."""
+
+
+class PlanError(ConjugateError):
+    """A plan failed validation; `errors` holds every problem as 'PATH: reason'."""
+
+    def __init__(self, errors: list[str], source: str | None = None):
+        self.errors = list(errors)
+        self.source = source
+        head = self.errors[0] if self.errors else "invalid plan"
+        more = f" (+{len(self.errors) - 1} more)" if len(self.errors) > 1 else ""
+        super().__init__(f"{source}: {head}{more}" if source else f"{head}{more}")
+
+
+class PatchError(ConjugateError):
+    """A JSON-Patch edit could not be applied."""
+
+
+class ScheduleError(ConjugateError):
+    """A plan expanded to a schedule that breaks a dependency or cannot be honoured."""

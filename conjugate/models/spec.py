@@ -1,0 +1,174 @@
+"""Model shapes of the Llama 3.x, Qwen2/2.5 and Qwen3 families, as their public configs state them."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from conjugate.errors import CheckpointError
+
+FAMILIES = ("llama", "qwen2", "qwen3")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 style frequency-dependent RoPE scaling ("rope_type": "llama3")."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One decoder-only model's architecture; weights live elsewhere (models/weights.py)."""
+
+    name: str
+    family: str  # one of FAMILIES
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_size: int
+    vocab_size: int
+    rope_theta: float
+    rms_norm_eps: float
+    tied_embeddings: bool
+    qkv_bias: bool = False  # Qwen2/2.5
+    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim on q and k before RoPE
+    rope_scaling: RopeScaling | None = None
+    schema_version: int = field(default=1, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"model {self.name}: family {self.family!r} is not one of {FAMILIES}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"model {self.name}: num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+
+    # Derived sizes (elements, not bytes).
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def qkv_size(self) -> int:
+        return self.q_size + 2 * self.kv_size
+
+    def num_params(self) -> int:
+        h, layers = self.hidden_size, self.num_layers
+        per_layer = h * self.qkv_size + self.q_size * h + 3 * h * self.ffn_size + 2 * h
+        per_layer += self.qkv_size if self.qkv_bias else 0
+        per_layer += 2 * self.head_dim if self.qk_norm else 0
+        embed = self.vocab_size * h * (1 if self.tied_embeddings else 2)
+        return layers * per_layer + embed + h
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelSpec":
+        data = dict(data)
+        if data.get("rope_scaling"):
+            data["rope_scaling"] = RopeScaling(**data["rope_scaling"])
+        return cls(**data)
+
+    @classmethod
+    def from_name(cls, name: str) -> "ModelSpec":
+        from conjugate.models.presets import PRESETS
+
+        if name not in PRESETS:
+            raise KeyError(f"unknown model preset {name!r}; known: {', '.join(sorted(PRESETS))}")
+        return PRESETS[name]
+
+    @classmethod
+    def from_hf_config(cls, path: str | Path) -> "ModelSpec":
+        """Read a Hugging Face `config.json` (a checkpoint directory or the file itself)."""
+        path = Path(path)
+        file = path / "config.json" if path.is_dir() else path
+        try:
+            config = json.loads(file.read_text())
+        except FileNotFoundError as e:
+            raise CheckpointError(f"{file}: no config.json") from e
+        except json.JSONDecodeError as e:
+            raise CheckpointError(f"{file}: malformed JSON at line {e.lineno}: {e.msg}") from e
+        if not isinstance(config, dict):
+            raise CheckpointError(f"{file}: expected a JSON object")
+        return _spec_from_hf(config, file)
+
+    def with_name(self, name: str) -> "ModelSpec":
+        return replace(self, name=name)
+
+
+_HF_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+
+def _spec_from_hf(config: dict[str, Any], file: Path) -> ModelSpec:
+    def need(key: str, kind: type = int) -> Any:
+        if key not in config:
+            raise CheckpointError(f"{file}: missing field {key!r}")
+        value = config[key]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+            raise CheckpointError(f"{file}: field {key!r} should be {kind.__name__}, got {value!r}")
+        return value
+
+    model_type = config.get("model_type")
+    if model_type not in _HF_MODEL_TYPES:
+        raise CheckpointError(f"{file}: field 'model_type' is {model_type!r}; supported: {', '.join(_HF_MODEL_TYPES)}")
+    family = _HF_MODEL_TYPES[model_type]
+    hidden, heads = need("hidden_size"), need("num_attention_heads")
+    head_dim = config.get("head_dim") or hidden // heads
+    theta, scaling = _rope_from_hf(config, file)
+    if family == "qwen2":
+        qkv_bias = True
+    else:
+        qkv_bias = bool(config.get("attention_bias", False))
+    try:
+        return ModelSpec(
+            name=config.get("_name_or_path") or file.parent.name,
+            family=family,
+            hidden_size=hidden,
+            num_layers=need("num_hidden_layers"),
+            num_heads=heads,
+            num_kv_heads=config.get("num_key_value_heads") or heads,
+            head_dim=head_dim,
+            ffn_size=need("intermediate_size"),
+            vocab_size=need("vocab_size"),
+            rope_theta=theta,
+            rms_norm_eps=need("rms_norm_eps", float),
+            tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+            qkv_bias=qkv_bias,
+            qk_norm=family == "qwen3",
+            rope_scaling=scaling,
+        )
+    except ValueError as e:
+        raise CheckpointError(f"{file}: {e}") from e
+
+
+def _rope_from_hf(config: dict[str, Any], file: Path) -> tuple[float, RopeScaling | None]:
+    """RoPE theta and scaling from either transformers 4 (`rope_theta`, `rope_scaling`) or 5 (`rope_parameters`)."""
+    params = config.get("rope_parameters") or {}
+    scaling = config.get("rope_scaling") or params
+    theta = config.get("rope_theta", params.get("rope_theta", 10000.0))
+    rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
+    if rope_type == "default":
+        return float(theta), None
+    if rope_type != "llama3":
+        raise CheckpointError(f"{file}: field 'rope_scaling.rope_type' is {rope_type!r}; supported: default, llama3")
+    try:
+        return float(theta), RopeScaling(
+            factor=float(scaling["factor"]),
+            low_freq_factor=float(scaling["low_freq_factor"]),
+            high_freq_factor=float(scaling["high_freq_factor"]),
+            original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
+        )
+    except KeyError as e:
+        raise CheckpointError(f"{file}: field 'rope_scaling' lacks {e.args[0]!r}") from e

@@ -1,0 +1,265 @@
+"""Expansion: plan + workload -> the explicit launch schedule the compiler lowers.
+
+Each model's ops form a chain. Vertical fusions group consecutive ops into units; the alignment
+strategy then places each draft unit either alone in a launch or as the draft part of a target
+unit's launch:
+
+    sequential    every draft unit alone, then every target unit alone
+    proportional  draft units fall due at an even pace along the target chain; a due unit joins the
+                  current target launch when `pairs` allows the two kinds, else runs alone before it
+    greedy        each target launch takes the next draft unit when `pairs` allows; the rest of the
+                  draft runs alone after the target
+
+Overrides (in order, later ones win) select target units by a glob over op ids: `pair` forbids
+or forces pairing, `with` pins a draft op's unit into that launch, and tiles, launch parameters,
+interleave and operand layout apply to every launch holding a matching op. The finished schedule
+is checked against every dependency of both models.
+"""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import asdict, dataclass, field
+
+import networkx as nx
+
+from conjugate.errors import ScheduleError
+from conjugate.graph import MODELS, build_graph
+from conjugate.plan.schema import Plan
+from conjugate.plan.tiles import DEFAULT_TILES, FAMILY_OF, LAUNCH_BOUNDS
+from conjugate.workload import Workload
+
+_MAIN_KIND = ("qkv", "gate_up", "lm_head")  # the op a fused unit is named after
+
+
+@dataclass(frozen=True)
+class Part:
+    """One model's share of a launch: an op, or a fused chain of consecutive ops."""
+
+    model: str  # "draft" | "target"
+    ops: tuple[str, ...]
+    kind: str  # the unit's main op kind; a fused norm+GEMM is a GEMM part
+    fused: tuple[str, ...]  # kinds of every op in the chain
+    tiles: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Launch:
+    index: int
+    parts: tuple[Part, ...]
+    stream: str  # "main" in one-stream mode, else the model's name
+    pattern: str
+    ratio: tuple[int, int]  # [target, draft] program ratio of the "ratio" pattern
+    operand_layout: str
+    num_warps: int
+    num_stages: int
+    bytes: int
+    flops: int
+
+    @property
+    def ops(self) -> tuple[str, ...]:
+        return tuple(op for part in self.parts for op in part.ops)
+
+    @property
+    def cross_model(self) -> bool:
+        return len({p.model for p in self.parts}) > 1
+
+
+@dataclass(frozen=True)
+class Schedule:
+    plan_hash: str
+    workload: str
+    streams: str
+    capture: str
+    launches: tuple[Launch, ...]
+    warnings: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> dict[str, int]:
+        return {"launches": len(self.launches), "cross_model": sum(l.cross_model for l in self.launches),
+                "bytes": sum(l.bytes for l in self.launches), "flops": sum(l.flops for l in self.launches)}
+
+
+@dataclass(frozen=True)
+class _Unit:
+    model: str  # "d" | "t"
+    ops: tuple[str, ...]
+    kinds: tuple[str, ...]
+
+    @property
+    def kind(self) -> str:
+        return next((k for k in self.kinds if k in _MAIN_KIND), self.kinds[-1])
+
+
+def _units(graph: nx.DiGraph, model: str, fusions: list[str]) -> list[_Unit]:
+    """Group the model's op chain into units by the enabled fusions (which may overlap: a chain
+    final_norm -> lm_head -> argmax forms when both of its fusions are on)."""
+    links = {tuple(f.split("+")) for f in fusions}
+    units: list[list] = []
+    for op_id in graph.graph["order"][model]:
+        kind = graph.nodes[op_id]["op"].kind
+        if units and (units[-1][-1][1], kind) in links:
+            units[-1].append((op_id, kind))
+        else:
+            units.append([(op_id, kind)])
+    return [_Unit(model, tuple(o for o, _ in u), tuple(k for _, k in u)) for u in units]
+
+
+def _matches(pattern: str, unit: _Unit) -> bool:
+    return any(fnmatch.fnmatchcase(op, pattern) for op in unit.ops)
+
+
+def _can_pair(plan: Plan, target: _Unit, draft: _Unit) -> bool:
+    allowed = None
+    for o in plan["overrides"]:
+        if "pair" in o and _matches(o["match"], target):
+            allowed = o["pair"]
+    if allowed is not None:
+        return allowed
+    partners = plan["pairs"].get(target.kind, [])
+    return "*" in partners or draft.kind in partners
+
+
+# A draft unit's slot is a sort key: 2j = alone just before target launch j, 2j + 1 = inside it.
+def _align(plan: Plan, target: list[_Unit], draft: list[_Unit]) -> list[int]:
+    n_t, n_d = len(target), len(draft)
+    slots = [2 * n_t] * n_d  # default: alone after the target's last launch
+    if plan["alignment"] == "sequential":
+        return [-2] * n_d  # alone, before the whole target
+    i = 0
+    for j, t_unit in enumerate(target):
+        due = (j + 1) * n_d // n_t if plan["alignment"] == "proportional" else min(i + 1, n_d)
+        while i < due:
+            if _can_pair(plan, t_unit, draft[i]):
+                slots[i], i = 2 * j + 1, i + 1
+                break
+            if plan["alignment"] == "greedy":
+                break
+            slots[i], i = 2 * j, i + 1
+    return slots
+
+
+def _apply_pins(plan: Plan, target: list[_Unit], draft: list[_Unit], slots: list[int]) -> None:
+    """Place pinned draft units (`with`) and keep the others in chain order around them."""
+    unit_of = {op: i for i, u in enumerate(draft) for op in u.ops}
+    pinned: dict[int, int] = {}
+    for n, o in enumerate(plan["overrides"]):
+        if "with" not in o:
+            continue
+        where = f"$.overrides[{n}]"
+        hits = [j for j, u in enumerate(target) if _matches(o["match"], u)]
+        if len(hits) != 1:
+            raise ScheduleError(f"{where}.with: match {o['match']!r} must select exactly one target launch, "
+                                f"it selects {len(hits)}")
+        if o["with"] not in unit_of:
+            raise ScheduleError(f"{where}.with: {o['with']!r} is not a draft op of this workload")
+        pinned[unit_of[o["with"]]] = 2 * hits[0] + 1
+    if len(set(pinned.values())) < len(pinned):
+        raise ScheduleError("$.overrides: two draft ops are pinned into the same target launch")
+    for i, slot in pinned.items():
+        slots[i] = slot
+    for i in range(len(slots)):
+        if i in pinned:
+            continue
+        before = [pinned[p] for p in pinned if p < i]
+        after = [pinned[p] for p in pinned if p > i]
+        if before and slots[i] <= max(before):
+            slots[i] = max(before) + 1 + (max(before) % 2 == 0)  # alone, after the pinned launch
+        if after and slots[i] >= min(after):
+            slots[i] = min(after) - 1  # alone, just before the pinned launch
+        if slots[i] % 2 and slots[i] in pinned.values():
+            slots[i] -= 1
+
+
+def _launch_settings(plan: Plan, units: list[_Unit]) -> dict:
+    """Interleave, layout, launch parameters and tile overrides of the launch holding `units`.
+    Launch parameters: plan default < the head part's tile config < overrides (tiles, then launch)."""
+    settings = {"interleave": plan["interleave"], "operand_layout": plan["operand_layout"],
+                "tiles": {"draft": {}, "target": {}}}
+    launch_overrides: dict[str, int] = {}
+    for o in plan["overrides"]:
+        if not any(_matches(o["match"], u) for u in units):
+            continue
+        for key in ("interleave", "operand_layout"):
+            settings[key] = o.get(key, settings[key])
+        launch_overrides |= o.get("launch", {})
+        for model in ("draft", "target"):
+            for kind, cfg in o.get("tiles", {}).get(model, {}).items():
+                settings["tiles"][model][kind] = settings["tiles"][model].get(kind, {}) | cfg
+    head = next((u for u in units if u.model == "t"), units[0])
+    head_tiles = plan["tiles"][MODELS[head.model]].get(head.kind, {}) | settings["tiles"][MODELS[head.model]].get(head.kind, {})
+    settings["launch"] = plan["launch"] | {k: v for k, v in head_tiles.items() if k in LAUNCH_BOUNDS} | launch_overrides
+    return settings
+
+
+def _part(plan: Plan, unit: _Unit, settings: dict) -> Part:
+    model = MODELS[unit.model]
+    tiles = dict(DEFAULT_TILES[FAMILY_OF[unit.kind]])
+    tiles |= plan["tiles"][model].get(unit.kind, {})
+    tiles |= settings["tiles"][model].get(unit.kind, {})
+    tiles = {k: v for k, v in tiles.items() if k not in LAUNCH_BOUNDS}
+    return Part(model, unit.ops, unit.kind, unit.kinds, tiles)
+
+
+def _launch(plan: Plan, graph: nx.DiGraph, index: int, units: list[_Unit]) -> Launch:
+    s = _launch_settings(plan, units)
+    ops = [graph.nodes[o]["op"] for u in units for o in u.ops]
+    stream = "main" if plan["streams"] == "one" else MODELS[units[0].model]
+    return Launch(index=index, parts=tuple(_part(plan, u, s) for u in units), stream=stream,
+                  pattern=s["interleave"]["pattern"], ratio=tuple(s["interleave"]["ratio"]),
+                  operand_layout=s["operand_layout"], num_warps=s["launch"]["num_warps"],
+                  num_stages=s["launch"]["num_stages"], bytes=sum(o.bytes for o in ops),
+                  flops=sum(o.flops for o in ops))
+
+
+def check_dependencies(graph: nx.DiGraph, launches: tuple[Launch, ...]) -> None:
+    """Every op exactly once, after everything it depends on (earlier launch, or earlier in its own
+    fused part). Raises ScheduleError naming both ops of the first broken dependency."""
+    where: dict[str, tuple[int, int, int]] = {}
+    for launch in launches:
+        for p, part in enumerate(launch.parts):
+            for c, op in enumerate(part.ops):
+                if op in where:
+                    raise ScheduleError(f"op {op} is scheduled twice (launches {where[op][0]} and {launch.index})")
+                where[op] = (launch.index, p, c)
+    missing = [op for op in graph.nodes if op not in where]
+    if missing:
+        raise ScheduleError(f"{len(missing)} ops are never scheduled, first {missing[0]}")
+    for before, after in graph.edges:
+        (lb, pb, cb), (la, pa, ca) = where[before], where[after]
+        if lb < la or (lb == la and pb == pa and cb < ca):
+            continue
+        raise ScheduleError(f"launch {la} runs {after} before its dependency {before}"
+                            + (f" (launch {lb})" if lb != la else " (same launch, another part)"))
+
+
+def expand(plan: Plan, workload: Workload, graph: nx.DiGraph | None = None) -> Schedule:
+    graph = graph if graph is not None else build_graph(workload)
+    target = _units(graph, "t", plan["fusions"]["target"])
+    draft = _units(graph, "d", plan["fusions"]["draft"])
+    slots = _align(plan, target, draft)
+    _apply_pins(plan, target, draft, slots)
+    groups: list[list[_Unit]] = []
+    order = sorted(range(len(draft)), key=lambda i: (slots[i], i))
+    pending = iter(order)
+    next_draft = next(pending, None)
+    for j in range(-1, len(target) + 1):
+        while next_draft is not None and slots[next_draft] <= 2 * j:
+            groups.append([draft[next_draft]])
+            next_draft = next(pending, None)
+        if 0 <= j < len(target):
+            group = [target[j]]
+            if next_draft is not None and slots[next_draft] == 2 * j + 1:
+                group.append(draft[next_draft])
+                next_draft = next(pending, None)
+            groups.append(group)
+    launches = tuple(_launch(plan, graph, n, units) for n, units in enumerate(groups))
+    check_dependencies(graph, launches)
+    return Schedule(plan.hash, workload.name, plan["streams"], plan["capture"], launches,
+                    _unmatched_overrides(plan, target + draft))
+
+
+def _unmatched_overrides(plan: Plan, units: list[_Unit]) -> tuple[str, ...]:
+    return tuple(f"$.overrides[{n}].match: {o['match']!r} matches no op of this workload"
+                 for n, o in enumerate(plan["overrides"]) if not any(_matches(o["match"], u) for u in units))

@@ -1,0 +1,225 @@
+"""The cross-model plan: validation, canonical form and hash.
+
+A plan is compact, rule-based JSON that an LLM can edit (plans/plan.schema.json is its JSON
+Schema). Rules say how the draft's ops are placed into the target's launches; overrides select
+target launches by a glob over op ids and change what the rules chose for them.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from conjugate.errors import PlanError
+from conjugate.graph import KINDS
+from conjugate.plan.tiles import DEFAULT_LAUNCH, LAUNCH_BOUNDS, is_power_of_two, tile_keys
+
+SCHEMA = "conjugate.plan/1"
+ALIGNMENTS = ("sequential", "proportional", "greedy")
+PATTERNS = ("blocked", "strided", "ratio")
+LAYOUTS = ("separate", "packed")
+CAPTURES = ("graph", "none")
+STREAMS = ("one", "two")
+FUSIONS = ("attn_norm+qkv", "mlp_norm+gate_up", "final_norm+lm_head", "lm_head+argmax")
+MODEL_KEYS = ("draft", "target")
+_TOP_KEYS = ("schema", "name", "description", "alignment", "pairs", "interleave", "tiles", "fusions",
+             "operand_layout", "capture", "streams", "launch", "overrides")
+_OVERRIDE_KEYS = ("match", "pair", "with", "interleave", "tiles", "launch", "operand_layout")
+_HASH_IGNORED = ("name", "description")  # cosmetic: two plans differing only here are the same plan
+
+
+class _Checker:
+    """Walks a plan dict, collecting 'PATH: reason' errors and returning canonical values."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+
+    def fail(self, path: str, reason: str) -> None:
+        self.errors.append(f"{path}: {reason}")
+
+    def obj(self, value: Any, path: str, keys: tuple[str, ...]) -> dict:
+        if not isinstance(value, dict):
+            self.fail(path, f"should be an object, got {_kind(value)}")
+            return {}
+        for key in value:
+            if key not in keys:
+                self.fail(f"{path}.{key}", f"unknown key; allowed: {', '.join(keys)}")
+        return value
+
+    def choice(self, value: Any, path: str, options: tuple[str, ...]) -> Any:
+        if value not in options:
+            self.fail(path, f"{json.dumps(value)} is not one of {', '.join(options)}")
+        return value
+
+    def string(self, value: Any, path: str) -> str:
+        if not isinstance(value, str):
+            self.fail(path, f"should be a string, got {_kind(value)}")
+            return ""
+        return value
+
+    def integer(self, value: Any, path: str, low: int, high: int, power_of_two: bool = False) -> int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            self.fail(path, f"should be an integer, got {_kind(value)}")
+            return low
+        if power_of_two and not is_power_of_two(value):
+            self.fail(path, f"{value} is not a power of two")
+        elif not low <= value <= high:
+            self.fail(path, f"{value} is out of range [{low}, {high}]")
+        return value
+
+    def kinds(self, value: Any, path: str, allow_any: bool = False) -> list[str]:
+        options = KINDS + (("*",) if allow_any else ())
+        if not isinstance(value, list):
+            self.fail(path, f"should be a list of op kinds, got {_kind(value)}")
+            return []
+        chosen = sorted({self.choice(v, f"{path}[{i}]", options) for i, v in enumerate(value)}, key=str)
+        return ["*"] if "*" in chosen else chosen
+
+    def interleave(self, value: Any, path: str) -> dict:
+        value = self.obj(value, path, ("pattern", "ratio"))
+        pattern = self.choice(value.get("pattern", "strided"), f"{path}.pattern", PATTERNS)
+        ratio = value.get("ratio", [1, 1])
+        if not (isinstance(ratio, list) and len(ratio) == 2):
+            self.fail(f"{path}.ratio", f"should be a list of two integers [target, draft], got {json.dumps(ratio)}")
+            ratio = [1, 1]
+        ratio = [self.integer(r, f"{path}.ratio[{i}]", 1, 64) for i, r in enumerate(ratio)]
+        return {"pattern": pattern, "ratio": ratio if pattern == "ratio" else [1, 1]}
+
+    def launch(self, value: Any, path: str) -> dict:
+        value = self.obj(value, path, tuple(LAUNCH_BOUNDS))
+        return {key: self.integer(v, f"{path}.{key}", *LAUNCH_BOUNDS[key], power_of_two=key == "num_warps")
+                for key, v in sorted(value.items()) if key in LAUNCH_BOUNDS}
+
+    def tiles(self, value: Any, path: str) -> dict:
+        value = self.obj(value, path, MODEL_KEYS)
+        out = {}
+        for model in MODEL_KEYS:
+            per_kind = self.obj(value.get(model, {}), f"{path}.{model}", KINDS)
+            out[model] = {kind: self.tile(cfg, f"{path}.{model}.{kind}", kind)
+                          for kind, cfg in sorted(per_kind.items()) if kind in KINDS}
+        return out
+
+    def tile(self, value: Any, path: str, kind: str) -> dict:
+        bounds = tile_keys(kind)
+        value = self.obj(value, path, tuple(bounds))
+        return {key: self.integer(v, f"{path}.{key}", *bounds[key], power_of_two=key != "num_stages")
+                for key, v in sorted(value.items()) if key in bounds}
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), type(value).__name__ if not isinstance(value, (int, float)) else f"the number {value}")
+
+
+def _canonical(raw: Any) -> tuple[dict, list[str]]:
+    c = _Checker()
+    raw = c.obj(raw, "$", _TOP_KEYS)
+    if raw.get("schema") != SCHEMA:
+        c.fail("$.schema", f"should be {json.dumps(SCHEMA)}, got {json.dumps(raw.get('schema'))}")
+    plan = {
+        "schema": SCHEMA,
+        "name": c.string(raw.get("name", ""), "$.name"),
+        "description": c.string(raw.get("description", ""), "$.description"),
+        "alignment": c.choice(raw.get("alignment", "sequential"), "$.alignment", ALIGNMENTS),
+        "interleave": c.interleave(raw.get("interleave", {}), "$.interleave"),
+        "tiles": c.tiles(raw.get("tiles", {}), "$.tiles"),
+        "operand_layout": c.choice(raw.get("operand_layout", "separate"), "$.operand_layout", LAYOUTS),
+        "capture": c.choice(raw.get("capture", "graph"), "$.capture", CAPTURES),
+        "streams": c.choice(raw.get("streams", "one"), "$.streams", STREAMS),
+        "launch": DEFAULT_LAUNCH | c.launch(raw.get("launch", {}), "$.launch"),
+    }
+    pairs = c.obj(raw.get("pairs", {}), "$.pairs", KINDS)
+    plan["pairs"] = {k: c.kinds(v, f"$.pairs.{k}", allow_any=True) for k, v in sorted(pairs.items()) if k in KINDS}
+    fusions = c.obj(raw.get("fusions", {}), "$.fusions", MODEL_KEYS)
+    plan["fusions"] = {}
+    for model in MODEL_KEYS:
+        names = fusions.get(model, [])
+        if not isinstance(names, list):
+            c.fail(f"$.fusions.{model}", f"should be a list of fusions, got {_kind(names)}")
+            names = []
+        plan["fusions"][model] = sorted({c.choice(n, f"$.fusions.{model}[{i}]", FUSIONS) for i, n in enumerate(names)}, key=str)
+    overrides = raw.get("overrides", [])
+    if not isinstance(overrides, list):
+        c.fail("$.overrides", f"should be a list, got {_kind(overrides)}")
+        overrides = []
+    plan["overrides"] = [_override(c, o, f"$.overrides[{i}]") for i, o in enumerate(overrides)]
+    if plan["streams"] == "two" and plan["alignment"] != "sequential":
+        c.fail("$.streams", "'two' runs each model on its own stream, so it needs $.alignment 'sequential' "
+                            "(cross-model launches belong to one stream)")
+    return plan, c.errors
+
+
+def _override(c: _Checker, value: Any, path: str) -> dict:
+    value = c.obj(value, path, _OVERRIDE_KEYS)
+    if "match" not in value:
+        c.fail(f"{path}.match", "required: a glob over op ids, such as 't.l*.qkv'")
+    out = {"match": c.string(value.get("match", ""), f"{path}.match")}
+    if "pair" in value:
+        if not isinstance(value["pair"], bool):
+            c.fail(f"{path}.pair", f"should be a boolean, got {_kind(value['pair'])}")
+        out["pair"] = value["pair"]
+    if "with" in value:
+        out["with"] = c.string(value["with"], f"{path}.with")
+        if not out["with"].startswith("d."):
+            c.fail(f"{path}.with", f"{json.dumps(out['with'])} should name a draft op id, such as 'd.s0.l3.down'")
+    if "interleave" in value:
+        out["interleave"] = c.interleave(value["interleave"], f"{path}.interleave")
+    if "tiles" in value:
+        out["tiles"] = c.tiles(value["tiles"], f"{path}.tiles")
+    if "launch" in value:
+        out["launch"] = c.launch(value["launch"], f"{path}.launch")
+    if "operand_layout" in value:
+        out["operand_layout"] = c.choice(value["operand_layout"], f"{path}.operand_layout", LAYOUTS)
+    return out
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated plan. `data` is its canonical dict: defaults filled, sets sorted."""
+
+    data: dict
+
+    @property
+    def hash(self) -> str:
+        return plan_hash(self.data)
+
+    @property
+    def name(self) -> str:
+        return self.data["name"] or self.hash[:8]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    def to_dict(self) -> dict:
+        return copy.deepcopy(self.data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.data, indent=2, sort_keys=True) + "\n"
+
+
+def validate_plan(raw: Any, source: str | None = None) -> Plan:
+    """Check a plan dict; raises PlanError listing every problem as 'JSON path: reason'."""
+    data, errors = _canonical(copy.deepcopy(raw))
+    if errors:
+        raise PlanError(errors, source)
+    return Plan(data)
+
+
+def load_plan(path: str | Path) -> Plan:
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError as e:
+        raise PlanError(["no such plan file"], str(path)) from e
+    except json.JSONDecodeError as e:
+        raise PlanError([f"malformed JSON at line {e.lineno} column {e.colno}: {e.msg}"], str(path)) from e
+    return validate_plan(raw, str(path))
+
+
+def plan_hash(data: dict) -> str:
+    """sha256 of the canonical JSON, without the cosmetic name and description."""
+    body = {k: v for k, v in data.items() if k not in _HASH_IGNORED}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

@@ -1,0 +1,131 @@
+"""A workload: the configuration of one speculative-decoding round, read from a TOML file.
+
+    name = "llama-1b-8b-b8"
+    draft = "llama-3.2-1b"        # a preset name, or a checkpoint directory (relative to this file)
+    target = "llama-3.1-8b"
+    k = 4                          # draft tokens proposed per round
+    draft_batch = 8
+    target_batch = 8
+    context = 1024                 # tokens already in each KV cache
+    dtype = "bf16"                 # bf16 | fp16 | fp32
+    seed = 0
+    kv_init = "random"             # random | prefill (optional)
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conjugate.errors import CheckpointError, WorkloadError
+from conjugate.models.presets import PRESETS
+from conjugate.models.spec import ModelSpec
+from conjugate.models.weights import DTYPES, checkpoint_files
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_WORKLOAD = REPO_ROOT / "examples" / "tiny.toml"
+
+_FIELDS: dict[str, type] = {"name": str, "draft": str, "target": str, "k": int, "draft_batch": int,
+                            "target_batch": int, "context": int, "dtype": str, "seed": int, "kv_init": str}
+_REQUIRED = ("draft", "target", "k", "draft_batch", "target_batch", "context", "dtype")
+_LIMITS = {"k": (1, 16), "draft_batch": (1, 256), "target_batch": (1, 256), "context": (0, 131072)}
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    draft: ModelSpec
+    target: ModelSpec
+    k: int
+    draft_batch: int
+    target_batch: int
+    context: int
+    dtype: str  # a key of DTYPES
+    seed: int = 0
+    kv_init: str = "random"
+    draft_source: str = ""  # what the file said: a preset name or a checkpoint directory
+    target_source: str = ""
+    schema_version: int = field(default=1, compare=False)
+
+    @property
+    def draft_rows(self) -> int:
+        """GEMM rows of one draft decode step."""
+        return self.draft_batch
+
+    @property
+    def target_rows(self) -> int:
+        """GEMM rows of the verify pass: k + 1 tokens per sequence."""
+        return self.target_batch * (self.k + 1)
+
+    @property
+    def torch_dtype(self):
+        return DTYPES[self.dtype]
+
+    def checkpoint_dir(self, model: str) -> Path | None:
+        """The checkpoint directory of 'draft' or 'target', or None for a preset with random weights."""
+        source = self.draft_source if model == "draft" else self.target_source
+        return None if source in PRESETS else Path(source)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["draft"], data["target"] = self.draft.to_dict(), self.target.to_dict()
+        return data
+
+
+def load_workload(path: str | Path) -> Workload:
+    """Read and check a workload file; every problem raises WorkloadError naming the file and field."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError as e:
+        raise WorkloadError(f"{path}: no such workload file") from e
+    except tomllib.TOMLDecodeError as e:
+        raise WorkloadError(f"{path}: malformed TOML: {e}") from e
+    return workload_from_dict(data, path)
+
+
+def workload_from_dict(data: dict[str, Any], path: Path) -> Workload:
+    for key, value in data.items():
+        if key not in _FIELDS:
+            raise WorkloadError(f"{path}: unknown field {key!r}; known: {', '.join(_FIELDS)}")
+        kind = _FIELDS[key]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise WorkloadError(f"{path}: field {key!r} should be {kind.__name__}, got {value!r}")
+    for key in _REQUIRED:
+        if key not in data:
+            raise WorkloadError(f"{path}: missing field {key!r}")
+    for key, (low, high) in _LIMITS.items():
+        if not low <= data[key] <= high:
+            raise WorkloadError(f"{path}: field {key!r} is {data[key]}, must be in [{low}, {high}]")
+    if data["dtype"] not in DTYPES:
+        raise WorkloadError(f"{path}: field 'dtype' is {data['dtype']!r}; one of {', '.join(DTYPES)}")
+    kv_init = data.get("kv_init", "random")
+    if kv_init not in ("random", "prefill"):
+        raise WorkloadError(f"{path}: field 'kv_init' is {kv_init!r}; one of random, prefill")
+    draft, draft_source = _resolve_model(data["draft"], "draft", path)
+    target, target_source = _resolve_model(data["target"], "target", path)
+    if draft.vocab_size > target.vocab_size:
+        raise WorkloadError(f"{path}: field 'draft': vocabulary {draft.vocab_size} is larger than the target's "
+                            f"{target.vocab_size}; the target must be able to verify every draft token")
+    return Workload(name=data.get("name", path.stem), draft=draft, target=target, k=data["k"],
+                    draft_batch=data["draft_batch"], target_batch=data["target_batch"], context=data["context"],
+                    dtype=data["dtype"], seed=data.get("seed", 0), kv_init=kv_init,
+                    draft_source=draft_source, target_source=target_source)
+
+
+def _resolve_model(value: str, key: str, path: Path) -> tuple[ModelSpec, str]:
+    if value in PRESETS:
+        return PRESETS[value], value
+    directory = (path.parent / value).resolve()
+    if not directory.is_dir():
+        raise WorkloadError(f"{path}: field {key!r}: {value!r} is neither a model preset nor a checkpoint "
+                            f"directory (presets: conjugate models)")
+    try:
+        spec = ModelSpec.from_hf_config(directory)
+        for shard in sorted(set(checkpoint_files(directory).values())):
+            if not shard.exists():
+                raise CheckpointError(f"{shard}: missing safetensors shard")
+    except CheckpointError as e:
+        raise WorkloadError(f"{path}: field {key!r}: {e}") from e
+    return spec, str(directory)
