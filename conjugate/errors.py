@@ -19,9 +19,9 @@ class PlanError(ConjugateError):
     def __init__(self, errors: list[str], source: str | None = None):
         self.errors = list(errors)
         self.source = source
-        head = self.errors[0] if self.errors else "invalid plan"
-        more = f" (+{len(self.errors) - 1} more)" if len(self.errors) > 1 else ""
-        super().__init__(f"{source}: {head}{more}" if source else f"{head}{more}")
+        shown = "; ".join(self.errors[:5]) or "invalid plan"
+        more = f" (+{len(self.errors) - 5} more)" if len(self.errors) > 5 else ""
+        super().__init__(f"{source}: {shown}{more}" if source else f"{shown}{more}")
 
 
 class PatchError(ConjugateError):

@@ -110,42 +110,44 @@ _HF_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 
 
 def _spec_from_hf(config: dict[str, Any], file: Path) -> ModelSpec:
-    def need(key: str, kind: type = int) -> Any:
-        if key not in config:
+    def field(key: str, kind: type = int, default: Any = None) -> Any:
+        value = config.get(key)
+        if value is None and default is not None:
+            value = default  # absent or null: the family's default
+        elif key not in config:
             raise CheckpointError(f"{file}: missing field {key!r}")
-        value = config[key]
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
-        if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
             raise CheckpointError(f"{file}: field {key!r} should be {kind.__name__}, got {value!r}")
+        if kind in (int, float) and value <= 0:
+            raise CheckpointError(f"{file}: field {key!r} should be positive, got {value!r}")
         return value
 
     model_type = config.get("model_type")
     if model_type not in _HF_MODEL_TYPES:
         raise CheckpointError(f"{file}: field 'model_type' is {model_type!r}; supported: {', '.join(_HF_MODEL_TYPES)}")
     family = _HF_MODEL_TYPES[model_type]
-    hidden, heads = need("hidden_size"), need("num_attention_heads")
-    head_dim = config.get("head_dim") or hidden // heads
+    for key in ("attention_bias", "mlp_bias"):  # Qwen2's q/k/v bias is implied by its model_type
+        if config.get(key) and family != "qwen2":
+            raise CheckpointError(f"{file}: field {key!r}: true is not supported for {model_type} models")
+    hidden, heads = field("hidden_size"), field("num_attention_heads")
     theta, scaling = _rope_from_hf(config, file)
-    if family == "qwen2":
-        qkv_bias = True
-    else:
-        qkv_bias = bool(config.get("attention_bias", False))
     try:
         return ModelSpec(
             name=config.get("_name_or_path") or file.parent.name,
             family=family,
             hidden_size=hidden,
-            num_layers=need("num_hidden_layers"),
+            num_layers=field("num_hidden_layers"),
             num_heads=heads,
-            num_kv_heads=config.get("num_key_value_heads") or heads,
-            head_dim=head_dim,
-            ffn_size=need("intermediate_size"),
-            vocab_size=need("vocab_size"),
+            num_kv_heads=field("num_key_value_heads", default=heads),
+            head_dim=field("head_dim", default=hidden // heads),
+            ffn_size=field("intermediate_size"),
+            vocab_size=field("vocab_size"),
             rope_theta=theta,
-            rms_norm_eps=need("rms_norm_eps", float),
-            tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-            qkv_bias=qkv_bias,
+            rms_norm_eps=field("rms_norm_eps", float),
+            tied_embeddings=field("tie_word_embeddings", bool, default=False),
+            qkv_bias=family == "qwen2",
             qk_norm=family == "qwen3",
             rope_scaling=scaling,
         )
@@ -157,8 +159,13 @@ def _rope_from_hf(config: dict[str, Any], file: Path) -> tuple[float, RopeScalin
     """RoPE theta and scaling from either transformers 4 (`rope_theta`, `rope_scaling`) or 5 (`rope_parameters`)."""
     params = config.get("rope_parameters") or {}
     scaling = config.get("rope_scaling") or params
+    for key, value in (("rope_parameters", params), ("rope_scaling", scaling)):
+        if not isinstance(value, dict):
+            raise CheckpointError(f"{file}: field {key!r} should be an object, got {value!r}")
     theta = config.get("rope_theta", params.get("rope_theta", 10000.0))
-    rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
+        raise CheckpointError(f"{file}: field 'rope_theta' should be a positive number, got {theta!r}")
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type == "default":
         return float(theta), None
     if rope_type != "llama3":
@@ -172,3 +179,5 @@ def _rope_from_hf(config: dict[str, Any], file: Path) -> tuple[float, RopeScalin
         )
     except KeyError as e:
         raise CheckpointError(f"{file}: field 'rope_scaling' lacks {e.args[0]!r}") from e
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{file}: field 'rope_scaling' has a non-numeric value ({e})") from e

@@ -107,7 +107,8 @@ def _randn(shape, std: float, seed: int, name: str, dtype: torch.dtype, device) 
 
 def random_weights(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32, device="cpu") -> ModelWeights:
     """Deterministic for (spec, seed, device). Std 1/sqrt(fan_in), residual branches scaled by
-    1/sqrt(2 * layers), so the residual stream stays O(1) through every layer."""
+    1/sqrt(2 * layers), so the residual stream stays O(1) through every layer. Embedding rows have
+    norm 0.3: with tied embeddings a larger one makes every token predict itself."""
     device = torch.device(device)
     branch = 1.0 / math.sqrt(2 * spec.num_layers)
 
@@ -130,7 +131,7 @@ def random_weights(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float3
                 std = 1.0 / math.sqrt(shape[1]) * (branch if field_name in ("wo", "w_down") else 1.0)
                 tensors[field_name] = w(key, shape, std)
         layers.append(LayerWeights(**tensors))
-    embed = w("embed", (spec.vocab_size, spec.hidden_size), 1.0)
+    embed = w("embed", (spec.vocab_size, spec.hidden_size), 0.3 / math.sqrt(spec.hidden_size))
     lm_head = embed if spec.tied_embeddings else w("lm_head", (spec.vocab_size, spec.hidden_size), 1.0 / math.sqrt(spec.hidden_size))
     return ModelWeights(spec, embed, layers, norm("final_norm", spec.hidden_size), lm_head)
 

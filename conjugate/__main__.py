@@ -1,0 +1,5 @@
+import sys
+
+from conjugate.cli import main
+
+sys.exit(main())

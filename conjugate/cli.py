@@ -1,0 +1,170 @@
+"""`conjugate ...`: the command-line entry point. Bad input ends in one line on stderr and exit 2."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from conjugate.errors import ConjugateError
+from conjugate.workload import DEFAULT_WORKLOAD, REPO_ROOT
+
+PLAN_DIR = REPO_ROOT / "plans"
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+
+
+def _human_bytes(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def cmd_models(args: argparse.Namespace) -> None:
+    from conjugate.models import PRESETS
+
+    table = Table(title="Model presets")
+    for col in ("name", "family", "params", "hidden", "layers", "heads/kv", "head dim", "ffn", "vocab", "features"):
+        table.add_column(col, justify="left" if col in ("name", "family", "features") else "right")
+    for spec in PRESETS.values():
+        features = [f for f, on in (("qkv-bias", spec.qkv_bias), ("qk-norm", spec.qk_norm),
+                                    ("llama3-rope", spec.rope_scaling), ("tied", spec.tied_embeddings)) if on]
+        table.add_row(spec.name, spec.family, f"{spec.num_params() / 1e9:.2f}B" if spec.num_params() > 1e8
+                      else f"{spec.num_params() / 1e6:.2f}M", str(spec.hidden_size), str(spec.num_layers),
+                      f"{spec.num_heads}/{spec.num_kv_heads}", str(spec.head_dim), str(spec.ffn_size),
+                      str(spec.vocab_size), " ".join(features))
+    out.print(table)
+
+
+def _load(plan_path: str, workload_path: str):
+    from conjugate.plan import expand, load_plan
+    from conjugate.workload import load_workload
+
+    workload = load_workload(workload_path)
+    plan = load_plan(plan_path)
+    return plan, workload, expand(plan, workload)
+
+
+def cmd_plan_validate(args: argparse.Namespace) -> None:
+    plan, workload, schedule = _load(args.plan, args.workload)
+    s = schedule.summary()
+    out.print(f"ok: {args.plan}: plan {plan.name!r} ({plan.hash[:12]}) on {workload.name}: "
+              f"{s['launches']} launches, {s['cross_model']} cross-model, {_human_bytes(s['bytes'])}")
+    for warning in schedule.warnings:
+        out.print(f"warning: {warning}")
+
+
+def _schedule_table(schedule, title: str, limit: int | None = None) -> Table:
+    table = Table(title=title)
+    for col in ("#", "stream", "parts", "op ids", "tiles", "bytes"):
+        table.add_column(col, justify="right" if col in ("#", "bytes") else "left")
+    launches = schedule.launches if limit is None else schedule.launches[:limit]
+    for launch in launches:
+        parts = " | ".join(f"{p.model[0]}:{'+'.join(p.fused)}" for p in launch.parts)
+        if launch.cross_model:
+            parts += f"  [{launch.pattern}{'' if launch.pattern != 'ratio' else ' %d:%d' % launch.ratio}]"
+        tiles = " | ".join(",".join(f"{k.replace('BLOCK_', '')}{v}" for k, v in p.tiles.items()) for p in launch.parts)
+        table.add_row(str(launch.index), launch.stream, parts, "\n".join(" + ".join(p.ops) for p in launch.parts),
+                      tiles, _human_bytes(launch.bytes))
+    return table
+
+
+def cmd_plan_explain(args: argparse.Namespace) -> None:
+    plan, workload, schedule = _load(args.plan, args.workload)
+    if args.json:
+        Path(args.json).write_text(json.dumps(schedule.to_dict(), indent=1) + "\n")
+    s = schedule.summary()
+    out.print(_schedule_table(schedule, f"{plan.name} on {workload.name}: {s['launches']} launches, "
+                                        f"{s['cross_model']} cross-model, {_human_bytes(s['bytes'])}"))
+    for warning in schedule.warnings:
+        out.print(f"warning: {warning}")
+
+
+def cmd_check(args: argparse.Namespace) -> None:
+    """Load a workload, validate and expand every shipped plan, run the reference round."""
+    from conjugate.plan import expand, load_plan
+    from conjugate.workload import load_workload
+
+    workload = load_workload(args.workload)
+    out.print(f"workload {workload.name}: {workload.draft.name} -> {workload.target.name}, k={workload.k}, "
+              f"batches {workload.draft_batch}/{workload.target_batch}, context {workload.context}, {workload.dtype}")
+    table = Table(title="Shipped plans")
+    for col in ("plan", "hash", "launches", "cross-model", "bytes", "status"):
+        table.add_column(col)
+    schedules = {}
+    for path in sorted(PLAN_DIR.glob("*.json")):
+        if path.name.endswith(".schema.json"):
+            continue
+        plan = load_plan(path)
+        schedules[plan.name] = schedule = expand(plan, workload)
+        s = schedule.summary()
+        table.add_row(plan.name, plan.hash[:12], str(s["launches"]), str(s["cross_model"]), _human_bytes(s["bytes"]), "valid")
+    out.print(table)
+    shown = args.plan if args.plan in schedules else next(iter(schedules))
+    out.print(_schedule_table(schedules[shown], f"Expanded schedule of {shown!r}", limit=args.limit))
+    if len(schedules[shown].launches) > args.limit:
+        out.print(f"... {len(schedules[shown].launches) - args.limit} more launches (conjugate plan explain)")
+    _reference_summary(workload)
+
+
+def _reference_summary(workload) -> None:
+    import torch
+
+    from conjugate.models import make_round_inputs, random_weights, reference_round
+
+    if workload.draft.num_params() + workload.target.num_params() > 2e8 and not torch.cuda.is_available():
+        out.print("reference round: skipped (models too large for this CPU; run it where a GPU is)")
+        return
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    draft = random_weights(workload.draft, workload.seed, workload.torch_dtype, device)
+    target = random_weights(workload.target, workload.seed, workload.torch_dtype, device)
+    inputs = make_round_inputs(draft, target, k=workload.k, draft_batch=workload.draft_batch,
+                               target_batch=workload.target_batch, context=workload.context,
+                               seed=workload.seed, kv_init=workload.kv_init)
+    result = reference_round(draft, target, inputs)
+    out.print(f"reference round on {device}: draft tokens {result.draft_tokens.tolist()}, "
+              f"target tokens {result.target_tokens.tolist()}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="conjugate", description="Compile the draft and target models of "
+                                     "speculative decoding together.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    check = sub.add_parser("check", help="validate and expand the shipped plans on a workload, run the reference round")
+    check.add_argument("workload", nargs="?", default=str(DEFAULT_WORKLOAD), help="workload TOML (default: the tiny CPU one)")
+    check.add_argument("--plan", default="interleave", help="which plan's schedule to print (default: interleave)")
+    check.add_argument("--limit", type=int, default=40, help="launches to print (default: 40)")
+    check.set_defaults(func=cmd_check)
+    sub.add_parser("models", help="list the model presets").set_defaults(func=cmd_models)
+    plan = sub.add_parser("plan", help="work with cross-model plans").add_subparsers(dest="plan_command", required=True,
+                                                                                      metavar="ACTION")
+    for name, func, text in (("validate", cmd_plan_validate, "validate a plan and expand it on a workload"),
+                             ("explain", cmd_plan_explain, "print a plan's expanded launches")):
+        action = plan.add_parser(name, help=text)
+        action.add_argument("plan", help="plan JSON file")
+        action.add_argument("--workload", required=True, help="workload TOML file")
+        if name == "explain":
+            action.add_argument("--json", help="also write the schedule as JSON to this file")
+        action.set_defaults(func=func)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except ConjugateError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
