@@ -16,8 +16,8 @@ class CheckpointError(ConjugateError):
 class PlanError(ConjugateError):
     """A plan failed validation; `errors` holds every problem as 'PATH: reason'."""
 
-    def __init__(self, errors: list[str], source: str | None = None):
-        self.errors = list(errors)
+    def __init__(self, errors: list[str] | str, source: str | None = None):
+        self.errors = [errors] if isinstance(errors, str) else list(errors)
         self.source = source
         shown = "; ".join(self.errors[:5]) or "invalid plan"
         more = f" (+{len(self.errors) - 5} more)" if len(self.errors) > 5 else ""

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from conjugate.errors import CheckpointError, WorkloadError
+from conjugate.files import read_text
 from conjugate.models.presets import PRESETS
 from conjugate.models.spec import ModelSpec
 from conjugate.models.weights import DTYPES, checkpoint_files
@@ -76,10 +77,9 @@ class Workload:
 def load_workload(path: str | Path) -> Workload:
     """Read and check a workload file; every problem raises WorkloadError naming the file and field."""
     path = Path(path)
+    text = read_text(path, WorkloadError, "workload file")
     try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError as e:
-        raise WorkloadError(f"{path}: no such workload file") from e
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise WorkloadError(f"{path}: malformed TOML: {e}") from e
     return workload_from_dict(data, path)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from conjugate.errors import CheckpointError
+from conjugate.files import read_text
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 
@@ -93,9 +94,7 @@ class ModelSpec:
         path = Path(path)
         file = path / "config.json" if path.is_dir() else path
         try:
-            config = json.loads(file.read_text())
-        except FileNotFoundError as e:
-            raise CheckpointError(f"{file}: no config.json") from e
+            config = json.loads(read_text(file, CheckpointError, "config.json"))
         except json.JSONDecodeError as e:
             raise CheckpointError(f"{file}: malformed JSON at line {e.lineno}: {e.msg}") from e
         if not isinstance(config, dict):

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from conjugate.errors import CheckpointError
+from conjugate.files import read_text
 from conjugate.models.spec import ModelSpec
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -145,9 +146,11 @@ def checkpoint_files(directory: Path) -> dict[str, Path]:
     index = directory / "model.safetensors.index.json"
     if index.exists():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
+            weight_map = json.loads(read_text(index, CheckpointError, "index file"))["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise CheckpointError(f"{index}: malformed index (needs a 'weight_map' object)") from e
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise CheckpointError(f"{index}: field 'weight_map' should map tensor names to file names")
         return {name: directory / file for name, file in weight_map.items()}
     single = directory / "model.safetensors"
     if not single.exists():

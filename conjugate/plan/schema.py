@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from conjugate.errors import PlanError
+from conjugate.files import read_text
 from conjugate.graph import KINDS
 from conjugate.plan.tiles import DEFAULT_LAUNCH, LAUNCH_BOUNDS, is_power_of_two, tile_keys
 
@@ -211,9 +212,7 @@ def validate_plan(raw: Any, source: str | None = None) -> Plan:
 def load_plan(path: str | Path) -> Plan:
     path = Path(path)
     try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError as e:
-        raise PlanError(["no such plan file"], str(path)) from e
+        raw = json.loads(read_text(path, PlanError, "plan file"))
     except json.JSONDecodeError as e:
         raise PlanError([f"malformed JSON at line {e.lineno} column {e.colno}: {e.msg}"], str(path)) from e
     return validate_plan(raw, str(path))

@@ -1,0 +1,239 @@
+"""The `conjugate` command line: in-process through conjugate.cli.main, and once as a subprocess."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from conjugate.cli import main
+from conjugate.graph import build_graph
+from conjugate.models.presets import PRESETS
+from conjugate.workload import load_workload
+
+REPO = Path(__file__).resolve().parents[1]
+PLANS = REPO / "plans"
+EXAMPLES = REPO / "examples"
+INTERLEAVE = PLANS / "interleave.json"
+TINY = EXAMPLES / "tiny.toml"
+SHIPPED = ("interleave", "sequential", "streams")
+
+TINY_FIELDS = ('k = 3\ndraft_batch = 2\ntarget_batch = 2\ncontext = 16\ndtype = "fp32"\n')
+
+
+@pytest.fixture(autouse=True)
+def wide_console(monkeypatch):
+    """Rich sizes tables to the terminal under `pytest -s`; keep op ids from wrapping."""
+    import conjugate.cli
+
+    monkeypatch.setattr(conjugate.cli.out, "width", 200)
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_one_line_error(code: int, err: str, *fragments: str) -> str:
+    assert code == 2
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error:")
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+def interleave_plan() -> dict:
+    return json.loads(INTERLEAVE.read_text())
+
+
+def write_json(path: Path, data) -> Path:
+    path.write_text(json.dumps(data))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Good input
+
+
+def test_help_subprocess(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "conjugate", "--help"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    for command in ("check", "models", "plan"):
+        assert command in proc.stdout
+    assert "usage: conjugate" in proc.stdout
+
+
+def test_models_lists_every_preset(capsys):
+    code, out, err = run(capsys, "models")
+    assert code == 0 and err == ""
+    for name in PRESETS:
+        assert name in out, name
+    assert "llama3-rope" in out and "qk-norm" in out and "qkv-bias" in out
+
+
+def test_plan_validate(capsys):
+    code, out, err = run(capsys, "plan", "validate", INTERLEAVE, "--workload", TINY)
+    assert code == 0, err
+    assert out.startswith("ok")
+    assert "'interleave'" in out and "tiny" in out and "launches" in out
+
+
+@pytest.mark.parametrize("plan", SHIPPED)
+def test_plan_validate_every_shipped_plan(capsys, plan):
+    code, out, err = run(capsys, "plan", "validate", PLANS / f"{plan}.json", "--workload", TINY)
+    assert code == 0, err
+    assert "ok" in out and f"'{plan}'" in out
+
+
+def test_plan_explain_table(capsys):
+    code, out, err = run(capsys, "plan", "explain", INTERLEAVE, "--workload", TINY)
+    assert code == 0, err
+    assert "interleave on tiny" in out
+    for op in ("t.l0.qkv", "t.l0.attn", "d.s0.l0.qkv", "t.embed"):
+        assert op in out, op
+
+
+def test_plan_explain_json(capsys, tmp_path):
+    out_file = tmp_path / "schedule.json"
+    code, out, err = run(capsys, "plan", "explain", INTERLEAVE, "--workload", TINY, "--json", out_file)
+    assert code == 0, err
+    assert "t.l0.qkv" in out
+    schedule = json.loads(out_file.read_text())
+    launches = schedule["launches"]
+    assert launches
+    assert [launch["index"] for launch in launches] == list(range(len(launches)))
+    counts = Counter(op for launch in launches for part in launch["parts"] for op in part["ops"])
+    assert counts and set(counts.values()) == {1}, [op for op, n in counts.items() if n != 1]
+    assert set(counts) == set(build_graph(load_workload(TINY)).nodes)
+    assert any(len({part["model"] for part in launch["parts"]}) == 2 for launch in launches)  # interleaved
+
+
+def test_check_default_workload(capsys):
+    code, out, err = run(capsys, "check")
+    assert code == 0, err
+    assert "workload tiny" in out
+    for plan in SHIPPED:
+        assert plan in out, plan
+    assert "reference round" in out
+    assert "draft tokens" in out and "target tokens" in out
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad plans: exit 2, one 'error:' line naming the file and the field
+
+
+def test_malformed_plan_json(capsys, tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text('{"schema": "conjugate.plan/1", "name": }')
+    code, _, err = run(capsys, "plan", "validate", path, "--workload", TINY)
+    assert_one_line_error(code, err, str(path), "malformed JSON", "line 1")
+
+
+def test_plan_unknown_key(capsys, tmp_path):
+    plan = interleave_plan()
+    plan["colour"] = "blue"
+    path = write_json(tmp_path / "plan.json", plan)
+    code, _, err = run(capsys, "plan", "validate", path, "--workload", TINY)
+    assert_one_line_error(code, err, str(path), "$.colour", "unknown key")
+
+
+def test_plan_tile_not_power_of_two(capsys, tmp_path):
+    plan = interleave_plan()
+    plan["tiles"]["target"]["qkv"]["BLOCK_N"] = 48
+    path = write_json(tmp_path / "plan.json", plan)
+    code, _, err = run(capsys, "plan", "explain", path, "--workload", TINY)
+    assert_one_line_error(code, err, str(path), "$.tiles.target.qkv.BLOCK_N", "power of two", "48")
+
+
+def test_plan_wrong_type(capsys, tmp_path):
+    plan = interleave_plan()
+    plan["tiles"]["draft"]["down"]["SPLIT_K"] = "2"
+    path = write_json(tmp_path / "plan.json", plan)
+    code, _, err = run(capsys, "plan", "validate", path, "--workload", TINY)
+    assert_one_line_error(code, err, str(path), "$.tiles.draft.down.SPLIT_K", "integer")
+
+
+def test_plan_several_errors_stay_on_one_line(capsys, tmp_path):
+    plan = interleave_plan()
+    plan["alignment"] = "diagonal"
+    plan["capture"] = True
+    plan["tiles"]["target"]["qkv"]["BLOCK_N"] = 48
+    path = write_json(tmp_path / "plan.json", plan)
+    code, _, err = run(capsys, "plan", "validate", path, "--workload", TINY)
+    assert_one_line_error(code, err, str(path), "$.alignment", "$.capture", "$.tiles.target.qkv.BLOCK_N")
+
+
+def test_missing_plan_file(capsys, tmp_path):
+    path = tmp_path / "nope.json"
+    code, _, err = run(capsys, "plan", "validate", path, "--workload", TINY)
+    assert_one_line_error(code, err, str(path), "no such plan file")
+
+
+def test_plan_path_is_a_directory(capsys, tmp_path):
+    code, _, err = run(capsys, "plan", "validate", tmp_path, "--workload", TINY)
+    assert_one_line_error(code, err, str(tmp_path))
+
+
+def test_plan_not_utf8(capsys, tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_bytes(b"\xff\xfe{}")
+    code, _, err = run(capsys, "plan", "validate", path, "--workload", TINY)
+    assert_one_line_error(code, err, str(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad workloads
+
+
+def test_malformed_workload_toml(capsys, tmp_path):
+    path = tmp_path / "w.toml"
+    path.write_text('draft = "tiny-llama-d\n')
+    code, _, err = run(capsys, "plan", "validate", INTERLEAVE, "--workload", path)
+    assert_one_line_error(code, err, str(path), "malformed TOML")
+
+
+def test_workload_draft_vocab_larger_than_target(capsys, tmp_path):
+    path = tmp_path / "w.toml"
+    path.write_text('draft = "tiny-qwen2-t"\ntarget = "tiny-qwen2-d"\n' + TINY_FIELDS)
+    code, _, err = run(capsys, "check", path)
+    assert_one_line_error(code, err, str(path), "'draft'", "272", "256")
+
+
+def test_workload_wrong_type(capsys, tmp_path):
+    path = tmp_path / "w.toml"
+    path.write_text('draft = "tiny-llama-d"\ntarget = "tiny-llama-t"\n' + TINY_FIELDS.replace("k = 3", 'k = "3"'))
+    code, _, err = run(capsys, "plan", "explain", INTERLEAVE, "--workload", path)
+    assert_one_line_error(code, err, str(path), "'k'")
+
+
+def test_workload_checkpoint_without_safetensors(capsys, tmp_path):
+    ckpt = tmp_path / "ck"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 200, "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0, "tie_word_embeddings": True}))
+    path = tmp_path / "w.toml"
+    path.write_text('draft = "ck"\ntarget = "tiny-llama-t"\n' + TINY_FIELDS)
+    code, _, err = run(capsys, "plan", "validate", INTERLEAVE, "--workload", path)
+    line = assert_one_line_error(code, err, str(path), "'draft'", "safetensors")
+    assert str(ckpt) in line
+
+
+def test_missing_workload_file(capsys, tmp_path):
+    path = tmp_path / "nope.toml"
+    code, _, err = run(capsys, "check", path)
+    assert_one_line_error(code, err, str(path), "no such workload file")
+
+
+def test_workload_path_is_a_directory(capsys, tmp_path):
+    code, _, err = run(capsys, "check", tmp_path)
+    assert_one_line_error(code, err, str(tmp_path))
