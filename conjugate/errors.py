@@ -30,3 +30,15 @@ class PatchError(ConjugateError):
 
 class ScheduleError(ConjugateError):
     """A plan expanded to a schedule that breaks a dependency or cannot be honoured."""
+
+
+class CompileError(ConjugateError):
+    """A launch could not be lowered or compiled; carries where and why, as data for the agent."""
+
+    def __init__(self, launch: int, part: int | None, reason: str, ops: str = ""):
+        self.launch, self.part, self.reason, self.ops = launch, part, reason, ops
+        where = f"launch {launch}" + (f" part {part}" if part is not None else "") + (f" ({ops})" if ops else "")
+        super().__init__(f"{where}: {reason}")
+
+    def to_dict(self) -> dict:
+        return {"launch": self.launch, "part": self.part, "ops": self.ops, "reason": self.reason}

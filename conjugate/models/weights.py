@@ -137,6 +137,17 @@ def random_weights(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float3
     return ModelWeights(spec, embed, layers, norm("final_norm", spec.hidden_size), lm_head)
 
 
+def meta_weights(spec: ModelSpec, dtype: torch.dtype = torch.bfloat16) -> ModelWeights:
+    """Shapes and dtypes without memory (the `meta` device): enough to lower and generate kernels."""
+    def empty(*shape: int) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device="meta")
+
+    layers = [LayerWeights(**{f: empty(*s) for f, s in _layer_shapes(spec).items()}) for _ in range(spec.num_layers)]
+    embed = empty(spec.vocab_size, spec.hidden_size)
+    lm_head = embed if spec.tied_embeddings else empty(spec.vocab_size, spec.hidden_size)
+    return ModelWeights(spec, embed, layers, empty(spec.hidden_size), lm_head)
+
+
 # ---------------------------------------------------------------------------------------------
 # Hugging Face checkpoints
 

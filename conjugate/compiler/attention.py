@@ -1,0 +1,230 @@
+"""Decode / verify attention over one layer's KV cache, with GQA and optional split-KV.
+
+Layout (fixed by the rest of the compiler):
+
+* q, out: fp32 [M, num_heads * head_dim], row strides `stride_q` / `stride_o`; row r = b * T + t
+  (b = sequence, t = new token, T = 1 for a draft decode step, k + 1 for target verify). Token t
+  sits at position start + t and sees keys 0 .. start + t (causal among the new tokens).
+* k_cache, v_cache: [B, num_kv_heads, S_max, head_dim] contiguous, bf16/fp16/fp32 (upcast after
+  every load). Positions 0 .. start + T - 1 are valid. Head h reads kv head h // GROUP.
+
+One program per (b, kv_head, split), split fastest. It stacks the GROUP query heads of its kv head
+and the T tokens into one q tile of ROWS = next_pow2(max(16, GROUP * T)) rows (row i: head
+kv_head * GROUP + i // T, token i % T; rows >= GROUP * T are masked), then runs an online softmax
+(running max m, sum l, accumulator acc, all fp32, in base 2) over its key range in BLOCK_N chunks.
+
+Split-KV (flash-decoding): the keys 0 .. start + T - 1 are cut into SPLIT_KV contiguous chunks of
+a BLOCK_N multiple each. With SPLIT_KV == 1 the program normalises and writes `out` itself. With
+SPLIT_KV > 1 every split writes its partial (m, l, unnormalised acc) to scratch
+(part_o [B * KVH, SPLIT_KV, ROWS, HEAD_DIM], part_ml [B * KVH, SPLIT_KV, 2, ROWS]) and bumps the
+(b, kv_head) counter with an acq_rel atomic; the program that sees the count SPLIT_KV - 1 is the
+last one, so every partial is visible to it: it combines them with a log-sum-exp rescale
+    M = max_s m_s,  l = sum_s 2^(m_s - M) l_s,  o = sum_s 2^(m_s - M) acc_s / l
+writes `out`, and resets the counter to 0 so the next launch (or graph replay) needs no zeroing.
+A split (or a row of a split) that saw no key keeps m = -inf and weighs 0, without NaNs.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from conjugate.compiler import tile
+from conjugate.compiler.tile import PartCall, TileSignature
+
+LOG2E = tl.constexpr(1.4426950408889634)  # softmax runs in base 2
+
+
+@triton.jit
+def _dot(a, b, acc, DOT_DTYPE: tl.constexpr):
+    """acc + a @ b with operands cast to DOT_DTYPE; fp32 operands use exact (ieee) products."""
+    if DOT_DTYPE == tl.float32:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE), acc)
+
+
+@triton.jit
+def _row_offsets(b, kv_head, T, stride, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr):
+    """Element offsets [ROWS, HEAD_DIM] of the q/out rows of this program, row mask [ROWS], tokens [ROWS]."""
+    i = tl.arange(0, ROWS)  # [ROWS]
+    t = i % T  # [ROWS] token index
+    head = kv_head * GROUP + i // T  # [ROWS]
+    d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
+    offs = (b * T + t)[:, None] * stride + (head * HEAD_DIM)[:, None] + d[None, :]  # [ROWS, HEAD_DIM]
+    return offs, i < GROUP * T, t
+
+
+@triton.jit
+def _attend(k_ptr, v_ptr, q, t, kv_base, lo, hi, start, qk_scale, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
+            BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """Online softmax of q [ROWS, HEAD_DIM] over keys lo .. hi - 1; returns m, l [ROWS] and acc [ROWS, HEAD_DIM].
+
+    m is in base-2 units (scores scaled by qk_scale = scale * log2(e)); -inf where a row saw no key.
+    """
+    d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
+    m = tl.full([ROWS], float("-inf"), tl.float32)  # [ROWS]
+    l = tl.zeros([ROWS], tl.float32)  # [ROWS]
+    acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)  # [ROWS, HEAD_DIM]
+    for n0 in range(lo, hi, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
+        kv_offs = kv_base + n[:, None] * HEAD_DIM + d[None, :]  # [BLOCK_N, HEAD_DIM]
+        in_range = (n < hi)[:, None]  # [BLOCK_N, 1]
+        k = tl.load(k_ptr + kv_offs, mask=in_range, other=0.0).to(tl.float32)  # [BLOCK_N, HEAD_DIM]
+        v = tl.load(v_ptr + kv_offs, mask=in_range, other=0.0).to(tl.float32)  # [BLOCK_N, HEAD_DIM]
+        s = _dot(q, tl.trans(k), tl.zeros([ROWS, BLOCK_N], tl.float32), DOT_DTYPE) * qk_scale  # [ROWS, BLOCK_N]
+        visible = (n[None, :] <= (start + t)[:, None]) & (n < hi)[None, :]  # [ROWS, BLOCK_N]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))  # [ROWS]
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # [ROWS] no -inf - -inf
+        p = tl.exp2(s - m_safe[:, None])  # [ROWS, BLOCK_N]
+        alpha = tl.exp2(m - m_safe)  # [ROWS]
+        l = l * alpha + tl.sum(p, 1)
+        acc = _dot(p, v, acc * alpha[:, None], DOT_DTYPE)  # [ROWS, HEAD_DIM]
+        m = m_new
+    return m, l, acc
+
+
+@triton.jit
+def _store_partial(part_o_ptr, part_ml_ptr, slot, m, l, acc, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr):
+    """Writes one split's m, l [ROWS] and acc [ROWS, HEAD_DIM] at scratch slot bh * SPLIT_KV + split."""
+    i = tl.arange(0, ROWS)  # [ROWS]
+    d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
+    tl.store(part_o_ptr + slot * ROWS * HEAD_DIM + i[:, None] * HEAD_DIM + d[None, :], acc)
+    tl.store(part_ml_ptr + slot * 2 * ROWS + i, m)
+    tl.store(part_ml_ptr + slot * 2 * ROWS + ROWS + i, l)
+
+
+@triton.jit
+def _combine(part_o_ptr, part_ml_ptr, bh, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, SPLIT_KV: tl.constexpr):
+    """Log-sum-exp merge of the SPLIT_KV partials of (b, kv_head) `bh`; returns l [ROWS], o [ROWS, HEAD_DIM]."""
+    i = tl.arange(0, ROWS)  # [ROWS]
+    d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
+    m = tl.full([ROWS], float("-inf"), tl.float32)  # [ROWS]
+    l = tl.zeros([ROWS], tl.float32)  # [ROWS]
+    o = tl.zeros([ROWS, HEAD_DIM], tl.float32)  # [ROWS, HEAD_DIM]
+    for s in range(SPLIT_KV):
+        slot = bh * SPLIT_KV + s
+        m_s = tl.load(part_ml_ptr + slot * 2 * ROWS + i, cache_modifier=".cg")  # [ROWS]
+        l_s = tl.load(part_ml_ptr + slot * 2 * ROWS + ROWS + i, cache_modifier=".cg")  # [ROWS]
+        o_s = tl.load(part_o_ptr + slot * ROWS * HEAD_DIM + i[:, None] * HEAD_DIM + d[None, :],
+                      cache_modifier=".cg")  # [ROWS, HEAD_DIM]
+        m_new = tl.maximum(m, m_s)  # [ROWS]
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # [ROWS]
+        a_old = tl.exp2(m - m_safe)  # [ROWS] 0 when m = -inf
+        a_s = tl.exp2(m_s - m_safe)  # [ROWS] 0 when the split saw no key
+        l = l * a_old + l_s * a_s
+        o = o * a_old[:, None] + o_s * a_s[:, None]
+        m = m_new
+    return l, o
+
+
+@triton.jit
+def attn_tile(pid, q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_ml_ptr, counter_ptr,
+              T, start, S_max, stride_q, stride_o, scale,
+              NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
+              BLOCK_N: tl.constexpr, SPLIT_KV: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """Program pid = (b * NUM_KV_HEADS + kv_head) * SPLIT_KV + split of the attention grid."""
+    split = pid % SPLIT_KV
+    bh = pid // SPLIT_KV  # b * NUM_KV_HEADS + kv_head
+    b = bh // NUM_KV_HEADS
+    kv_head = bh % NUM_KV_HEADS
+    q_offs, row_ok, t = _row_offsets(b, kv_head, T, stride_q, GROUP, HEAD_DIM, ROWS)  # [ROWS, HEAD_DIM], [ROWS], [ROWS]
+    q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0).to(tl.float32)  # [ROWS, HEAD_DIM]
+    n_keys = start + T
+    chunk = tl.cdiv(tl.cdiv(n_keys, SPLIT_KV), BLOCK_N) * BLOCK_N  # keys per split, a BLOCK_N multiple
+    lo = tl.minimum(split * chunk, n_keys)
+    hi = tl.minimum(lo + chunk, n_keys)
+    kv_base = bh.to(tl.int64) * S_max * HEAD_DIM
+    m, l, acc = _attend(k_ptr, v_ptr, q, t, kv_base, lo, hi, start, scale * LOG2E, HEAD_DIM, ROWS, BLOCK_N,
+                        DOT_DTYPE)  # [ROWS], [ROWS], [ROWS, HEAD_DIM]
+    o_offs, _, _ = _row_offsets(b, kv_head, T, stride_o, GROUP, HEAD_DIM, ROWS)  # [ROWS, HEAD_DIM]
+    if SPLIT_KV == 1:
+        l = tl.where(l == 0.0, 1.0, l)  # [ROWS] only masked rows have l == 0
+        tl.store(out_ptr + o_offs, acc / l[:, None], mask=row_ok[:, None])
+    else:
+        _store_partial(part_o_ptr, part_ml_ptr, pid, m, l, acc, HEAD_DIM, ROWS)
+        tl.debug_barrier()  # every thread's partial stores precede the release below
+        prev = tl.atomic_add(counter_ptr + bh, 1)  # acq_rel, gpu scope
+        if prev == SPLIT_KV - 1:
+            l_all, o_all = _combine(part_o_ptr, part_ml_ptr, bh, HEAD_DIM, ROWS, SPLIT_KV)  # [ROWS], [ROWS, HEAD_DIM]
+            l_all = tl.where(l_all == 0.0, 1.0, l_all)
+            tl.store(out_ptr + o_offs, o_all / l_all[:, None], mask=row_ok[:, None])
+            tl.atomic_xchg(counter_ptr + bh, 0)  # ready for the next launch
+
+
+SIGNATURE = TileSignature(
+    fn="attn_tile",
+    module="conjugate.compiler.attention",
+    args=("q_ptr", "k_ptr", "v_ptr", "out_ptr", "part_o_ptr", "part_ml_ptr", "counter_ptr",
+          "T", "start", "S_max", "stride_q", "stride_o", "scale"),
+    constexprs=("NUM_KV_HEADS", "GROUP", "HEAD_DIM", "ROWS", "BLOCK_N", "SPLIT_KV", "DOT_DTYPE"),
+)
+
+
+def _check(q, k_cache, v_cache, out, batch, tokens, start, num_heads, num_kv_heads, head_dim, block_n, split_kv):
+    """Raises ValueError for shapes or options the kernel cannot run."""
+    if head_dim < 16 or head_dim != tile.next_pow2(head_dim):
+        raise ValueError(f"attention: head_dim must be a power of two >= 16, got {head_dim}")
+    if block_n < 16 or block_n != tile.next_pow2(block_n):
+        raise ValueError(f"attention: block_n must be a power of two >= 16, got {block_n}")
+    if split_kv < 1:
+        raise ValueError(f"attention: split_kv must be >= 1, got {split_kv}")
+    if num_kv_heads < 1 or num_heads % num_kv_heads:
+        raise ValueError(f"attention: num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+    if tokens < 1 or start < 0:
+        raise ValueError(f"attention: need tokens >= 1 and start >= 0, got tokens={tokens}, start={start}")
+    expected = (batch, num_kv_heads, k_cache.shape[2], head_dim)
+    if tuple(k_cache.shape) != expected or v_cache.shape != k_cache.shape or not k_cache.is_contiguous() \
+            or not v_cache.is_contiguous():
+        raise ValueError(f"attention: caches must be contiguous {expected}, got {tuple(k_cache.shape)}, "
+                         f"{tuple(v_cache.shape)}")
+    if start + tokens > k_cache.shape[2]:
+        raise ValueError(f"attention: start + tokens = {start + tokens} exceeds the cache length {k_cache.shape[2]}")
+    width = num_heads * head_dim
+    for name, x in (("q", q), ("out", out)):
+        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[0] != batch * tokens or x.shape[1] != width \
+                or x.stride(1) != 1:
+            raise ValueError(f"attention: {name} must be fp32 [{batch * tokens}, {width}] with unit column "
+                             f"stride, got {x.dtype} {tuple(x.shape)}")
+
+
+def attn_call(q, k_cache, v_cache, out, *, batch, tokens, start, num_heads, num_kv_heads, head_dim,
+              block_n=64, split_kv=1, label="") -> PartCall:
+    """Binds one layer's attention; allocates the split-KV scratch and counter (kept in PartCall.scratch)."""
+    _check(q, k_cache, v_cache, out, batch, tokens, start, num_heads, num_kv_heads, head_dim, block_n, split_kv)
+    group = num_heads // num_kv_heads
+    rows = tile.next_pow2(max(16, group * tokens))
+    dev = q.device
+    if split_kv > 1:
+        part_o = torch.empty(batch * num_kv_heads, split_kv, rows, head_dim, dtype=torch.float32, device=dev)
+        part_ml = torch.empty(batch * num_kv_heads, split_kv, 2, rows, dtype=torch.float32, device=dev)
+    else:  # unused by the kernel
+        part_o = part_ml = torch.empty(1, dtype=torch.float32, device=dev)
+    counter = torch.zeros(max(1, batch * num_kv_heads), dtype=torch.int32, device=dev)
+    args = dict(q_ptr=q, k_ptr=k_cache, v_ptr=v_cache, out_ptr=out, part_o_ptr=part_o, part_ml_ptr=part_ml,
+                counter_ptr=counter, T=tokens, start=start, S_max=k_cache.shape[2], stride_q=q.stride(0),
+                stride_o=out.stride(0), scale=1.0 / math.sqrt(head_dim))
+    constexprs = dict(NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim, ROWS=rows, BLOCK_N=block_n,
+                      SPLIT_KV=split_kv, DOT_DTYPE=tile.dot_dtype(k_cache.dtype))
+    return PartCall(SIGNATURE, args, constexprs, programs=batch * num_kv_heads * split_kv, label=label,
+                    scratch=[part_o, part_ml, counter])
+
+
+@triton.jit
+def attn_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_ml_ptr, counter_ptr,
+                T, start, S_max, stride_q, stride_o, scale,
+                NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
+                BLOCK_N: tl.constexpr, SPLIT_KV: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    attn_tile(tl.program_id(0), q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_ml_ptr, counter_ptr,
+              T, start, S_max, stride_q, stride_o, scale,
+              NUM_KV_HEADS, GROUP, HEAD_DIM, ROWS, BLOCK_N, SPLIT_KV, DOT_DTYPE)
+
+
+def run_attention(call: PartCall, num_warps=4, num_stages=2):
+    """Launches attention alone, one program per (b, kv_head, split)."""
+    args = [call.args[a] for a in call.sig.args]
+    constexprs = {c: call.constexprs[c] for c in call.sig.constexprs}
+    attn_kernel[(call.programs,)](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)

@@ -1,0 +1,128 @@
+"""Device buffers of a compiled round: prepared weights, activations, KV caches, tokens, logits.
+
+Activations are fp32 rows (row r = sequence * tokens + token); GEMMs cast them to the weights'
+type at the operand load. The residual stream `x` accumulates in fp32. Each model has one set of
+activation buffers, reused by every layer and step: its ops run in order, so nothing is
+overwritten before it is read.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from conjugate.models.reference import KVCache, RoundInputs, rope_cos_sin
+from conjugate.models.weights import ModelWeights
+from conjugate.workload import Workload
+
+
+class PreparedWeights:
+    """Compile-time re-layouts of one model's weights, made once and shared by every plan compiled
+    against them: concatenated q/k/v, and norm weights folded into the following GEMM."""
+
+    def __init__(self, weights: ModelWeights):
+        self.weights = weights
+        self._made: dict[tuple, torch.Tensor | None] = {}
+
+    def _once(self, key: tuple, make):
+        if key not in self._made:
+            self._made[key] = make()
+        return self._made[key]
+
+    @staticmethod
+    def _fold(w: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+        return (w.float() * norm.float()[None, :]).to(w.dtype)  # [N, K] * [K]
+
+    def qkv(self, layer: int, folded: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        lw = self.weights.layers[layer]
+        w = self._once(("qkv", layer), lambda: torch.cat([lw.wq, lw.wk, lw.wv]))  # [q + 2kv, H]
+        bias = self._once(("qkv_bias", layer), lambda: torch.cat([lw.bq, lw.bk, lw.bv]) if lw.bq is not None else None)
+        if folded:
+            w = self._once(("qkv_folded", layer), lambda: self._fold(self.qkv(layer, False)[0], lw.attn_norm))
+        return w, bias
+
+    def gate_up(self, layer: int, folded: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        lw = self.weights.layers[layer]
+        if not folded:
+            return lw.w_gate, lw.w_up
+        return (self._once(("gate_folded", layer), lambda: self._fold(lw.w_gate, lw.mlp_norm)),
+                self._once(("up_folded", layer), lambda: self._fold(lw.w_up, lw.mlp_norm)))
+
+    def lm_head(self, folded: bool) -> torch.Tensor:
+        w = self.weights
+        return self._once(("lm_folded",), lambda: self._fold(w.lm_head, w.final_norm)) if folded else w.lm_head
+
+
+@dataclass
+class ModelBuffers:
+    prepared: PreparedWeights
+    batch: int
+    tokens: int  # new tokens per sequence per pass: 1 (draft decode) or k + 1 (verify)
+    steps: int  # passes per round: k (draft) or 1 (target)
+    context: int
+    cache: KVCache
+    tokens_in: torch.Tensor  # draft [Bd] last accepted token; target [Bt * (k + 1)] verify tokens
+    tokens_out: torch.Tensor  # draft [Bd, k]; target [Bt * (k + 1)]
+    logits: torch.Tensor  # draft [Bd, k, V]; target [Bt * (k + 1), V]
+    cos: torch.Tensor  # [S_max, head_dim] fp32
+    sin: torch.Tensor
+    act: dict[str, torch.Tensor] = field(default_factory=dict)  # x, h, qkv, q, attn_out, mlp: fp32 rows
+
+    @property
+    def spec(self):
+        return self.prepared.weights.spec
+
+    @property
+    def rows(self) -> int:
+        return self.batch * self.tokens
+
+    @classmethod
+    def allocate(cls, prepared: PreparedWeights, batch: int, tokens: int, steps: int, context: int,
+                 max_len: int) -> "ModelBuffers":
+        w = prepared.weights
+        spec, dev, rows = w.spec, w.device, batch * tokens
+        cache = KVCache.empty(spec, batch, max_len, w.dtype, dev)
+        cos, sin = rope_cos_sin(spec, torch.arange(max_len, device=dev))
+        token_shape = (batch, steps) if steps > 1 else (rows,)
+        logit_shape = (batch, steps, spec.vocab_size) if steps > 1 else (rows, spec.vocab_size)
+
+        def f32(*shape):
+            return torch.empty(shape, dtype=torch.float32, device=dev)
+
+        act = {"x": f32(rows, spec.hidden_size), "h": f32(rows, spec.hidden_size), "qkv": f32(rows, spec.qkv_size),
+               "q": f32(rows, spec.q_size), "attn_out": f32(rows, spec.q_size), "mlp": f32(rows, spec.ffn_size)}
+        return cls(prepared, batch, tokens, steps, context, cache,
+                   torch.zeros(batch if steps > 1 else rows, dtype=torch.int64, device=dev),
+                   torch.zeros(token_shape, dtype=torch.int64, device=dev), f32(*logit_shape), cos, sin, act)
+
+
+@dataclass
+class RoundBuffers:
+    draft: ModelBuffers
+    target: ModelBuffers
+
+    @classmethod
+    def allocate(cls, workload: Workload, draft: PreparedWeights, target: PreparedWeights) -> "RoundBuffers":
+        k, context = workload.k, workload.context
+        max_len = context + k + 1  # as the reference's caches
+        return cls(ModelBuffers.allocate(draft, workload.draft_batch, 1, k, context, max_len),
+                   ModelBuffers.allocate(target, workload.target_batch, k + 1, 1, context, max_len))
+
+    def model(self, name: str) -> ModelBuffers:
+        return self.draft if name == "draft" else self.target
+
+    def load(self, inputs: RoundInputs) -> None:
+        """Copy a round's inputs in: tokens and both caches."""
+        for bufs, cache in ((self.draft, inputs.draft_cache), (self.target, inputs.target_cache)):
+            bufs.cache.k.copy_(cache.k)
+            bufs.cache.v.copy_(cache.v)
+        self.draft.tokens_in.copy_(inputs.draft_last_tokens)
+        self.target.tokens_in.copy_(inputs.verify_tokens.reshape(-1))
+
+    def poison(self) -> None:
+        """Fill every output with garbage, so a check can tell written from stale."""
+        for bufs in (self.draft, self.target):
+            bufs.tokens_out.fill_(-1)
+            bufs.logits.fill_(float("nan"))
+            for t in bufs.act.values():
+                t.fill_(float("nan"))

@@ -1,0 +1,174 @@
+"""Weight-streaming GEMM for decode shapes: out[M, N] = x[M, K] @ w[N, K]^T, M up to a few hundred.
+
+Weights keep the Hugging Face layout [N, K] (row stride `stride_w`), activations are fp32 rows.
+Program `pid` owns one (M block, split, N block) tile; M blocks vary fastest so the programs that
+stream the same weight tile run side by side and share it through L2.
+
+Prologue: NORM scales each row by 1/rms(x) (RMSNorm folded into the GEMM: the norm weight was
+multiplied into `w` at compile time). Epilogues (EPILOGUE constexpr):
+    STORE     out = acc (+ bias)
+    RESIDUAL  out += acc; with SPLIT_K > 1 each split adds its partial atomically
+    SILU_MUL  out = silu(x @ w^T) * (x @ w2^T): gate and up projections in one tile
+    ARGMAX    per-tile row max and index to scratch; the last program to finish reduces them to
+              one token per row (first index on ties, like torch.argmax); logits are written only
+              when WRITE_OUT
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from conjugate.compiler.tile import PartCall, TileSignature, cdiv, dot_dtype
+
+STORE, RESIDUAL, SILU_MUL, ARGMAX = 0, 1, 2, 3
+EPILOGUES = {"store": STORE, "residual": RESIDUAL, "silu_mul": SILU_MUL, "argmax": ARGMAX}
+_REDUCE_BLOCK = tl.constexpr(128)  # partial maxima reduced per step by the last program
+
+
+@triton.jit
+def _argmax_epilogue(acc, offs_m, offs_n, n_blk, num_n, pid_count, M, N, part_val_ptr, part_idx_ptr, counter_ptr,
+                     tok_ptr, stride_tok, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    vals = tl.where(offs_n[None, :] < N, acc, float("-inf"))  # [BLOCK_M, BLOCK_N]
+    tile_max = tl.max(vals, axis=1)  # [BLOCK_M]
+    tile_idx = tl.argmax(vals, axis=1, tie_break_left=True) + n_blk * BLOCK_N
+    row_ok = offs_m < M
+    tl.store(part_val_ptr + offs_m * num_n + n_blk, tile_max, mask=row_ok)
+    tl.store(part_idx_ptr + offs_m * num_n + n_blk, tile_idx.to(tl.int32), mask=row_ok)
+    tl.debug_barrier()  # every thread's partial is stored before the release below
+    done = tl.atomic_add(counter_ptr, 1)  # acq_rel: the last program sees every partial
+    if done == pid_count - 1:
+        for m0 in range(0, M, BLOCK_M):
+            rows = m0 + tl.arange(0, BLOCK_M)
+            best_val = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            best_idx = tl.zeros([BLOCK_M], tl.int32)
+            for c0 in range(0, num_n, _REDUCE_BLOCK):
+                cols = c0 + tl.arange(0, _REDUCE_BLOCK)
+                ok = (rows[:, None] < M) & (cols[None, :] < num_n)
+                val = tl.load(part_val_ptr + rows[:, None] * num_n + cols[None, :], mask=ok, other=float("-inf"),
+                              cache_modifier=".cg")  # [BLOCK_M, R]
+                idx = tl.load(part_idx_ptr + rows[:, None] * num_n + cols[None, :], mask=ok, other=0, cache_modifier=".cg")
+                chunk_max = tl.max(val, axis=1)
+                chunk_arg = tl.argmax(val, axis=1, tie_break_left=True)
+                chunk_idx = tl.sum(tl.where(cols[None, :] == (c0 + chunk_arg)[:, None], idx, 0), axis=1)
+                better = chunk_max > best_val  # strict: an earlier tile wins a tie
+                best_idx = tl.where(better, chunk_idx, best_idx)
+                best_val = tl.where(better, chunk_max, best_val)
+            tl.store(tok_ptr + rows * stride_tok, best_idx.to(tl.int64), mask=rows < M)
+        tl.atomic_xchg(counter_ptr, 0)  # ready for the next launch
+
+
+@triton.jit
+def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr,
+              M, N, K, stride_x, stride_w, stride_out, stride_tok, eps,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+              NORM: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr,
+              DOT_DTYPE: tl.constexpr):
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    m_blk = pid % num_m
+    split = (pid // num_m) % SPLIT_K
+    n_blk = pid // (num_m * SPLIT_K)
+    k_span = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+    k_lo = split * k_span
+    k_hi = tl.minimum(k_lo + k_span, K)
+
+    offs_m = m_blk * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = n_blk * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    sumsq = tl.zeros([BLOCK_M], tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kk = k0 + offs_k
+        x = tl.load(x_ptr + offs_m[:, None] * stride_x + kk[None, :],
+                    mask=(offs_m[:, None] < M) & (kk[None, :] < k_hi), other=0.0).to(tl.float32)  # [BM, BK]
+        if NORM:
+            sumsq += tl.sum(x * x, axis=1)
+        w_mask = (offs_n[:, None] < N) & (kk[None, :] < k_hi)
+        w = tl.load(w_ptr + offs_n[:, None] * stride_w + kk[None, :], mask=w_mask, other=0.0)  # [BN, BK]
+        acc += tl.dot(x.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)))
+        if EPILOGUE == 2:
+            w2 = tl.load(w2_ptr + offs_n[:, None] * stride_w + kk[None, :], mask=w_mask, other=0.0)
+            acc2 += tl.dot(x.to(DOT_DTYPE), tl.trans(w2.to(DOT_DTYPE)))
+    if NORM:  # only with SPLIT_K == 1: this program saw the whole row
+        rstd = 1.0 / tl.sqrt(sumsq / K + eps)
+        acc = acc * rstd[:, None]
+        acc2 = acc2 * rstd[:, None]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+
+    out_ptrs = out_ptr + offs_m[:, None] * stride_out + offs_n[None, :]
+    out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    if EPILOGUE == 0:
+        tl.store(out_ptrs, acc, mask=out_mask)
+    elif EPILOGUE == 1:
+        if SPLIT_K == 1:
+            tl.store(out_ptrs, tl.load(out_ptrs, mask=out_mask, other=0.0) + acc, mask=out_mask)
+        else:
+            tl.atomic_add(out_ptrs, acc, mask=out_mask)
+    elif EPILOGUE == 2:
+        tl.store(out_ptrs, acc * tl.sigmoid(acc) * acc2, mask=out_mask)
+    else:
+        if WRITE_OUT:
+            tl.store(out_ptrs, acc, mask=out_mask)
+        _argmax_epilogue(acc, offs_m, offs_n, n_blk, num_n, tl.cdiv(M, BLOCK_M) * num_n, M, N, part_val_ptr,
+                         part_idx_ptr, counter_ptr, tok_ptr, stride_tok, BLOCK_M, BLOCK_N)
+
+
+SIGNATURE = TileSignature(
+    fn="gemm_tile", module=__name__,
+    args=("x_ptr", "w_ptr", "w2_ptr", "bias_ptr", "out_ptr", "part_val_ptr", "part_idx_ptr", "counter_ptr", "tok_ptr",
+          "M", "N", "K", "stride_x", "stride_w", "stride_out", "stride_tok", "eps"),
+    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "NORM", "EPILOGUE", "HAS_BIAS", "WRITE_OUT", "DOT_DTYPE"),
+)
+
+
+def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int, epilogue: str = "store",
+              w2: torch.Tensor | None = None, bias: torch.Tensor | None = None, norm_eps: float | None = None,
+              tokens: torch.Tensor | None = None, stride_tok: int = 1, write_out: bool = True,
+              block_m: int = 16, block_n: int = 64, block_k: int = 128, split_k: int = 1, label: str = "") -> PartCall:
+    """Bind one GEMM. x: [rows, K] fp32 (row stride free); w, w2: [N, K]; out: [rows, N] (row stride free)."""
+    n, k = w.shape
+    code = EPILOGUES[epilogue]
+    if split_k > 1 and code != RESIDUAL:
+        raise ValueError(f"SPLIT_K={split_k}: split-K needs the additive residual epilogue (o_proj, down), "
+                         f"not {epilogue}")
+    if code == SILU_MUL and w2 is None:
+        raise ValueError("the silu_mul epilogue needs w2 (the up projection)")
+    if code == ARGMAX and tokens is None:
+        raise ValueError("the argmax epilogue needs a tokens buffer")
+    num_n = cdiv(n, block_n)
+    scratch = []
+    if code == ARGMAX:
+        scratch = [torch.empty(rows * num_n, dtype=torch.float32, device=w.device),
+                   torch.empty(rows * num_n, dtype=torch.int32, device=w.device),
+                   torch.zeros(1, dtype=torch.int32, device=w.device)]
+    part_val, part_idx, counter = scratch or (out, out, out)
+    args = dict(x_ptr=x, w_ptr=w, w2_ptr=w2 if w2 is not None else w, bias_ptr=bias if bias is not None else w,
+                out_ptr=out, part_val_ptr=part_val, part_idx_ptr=part_idx, counter_ptr=counter,
+                tok_ptr=tokens if tokens is not None else counter, M=rows, N=n, K=k, stride_x=x.stride(0),
+                stride_w=w.stride(0), stride_out=out.stride(0), stride_tok=stride_tok,
+                eps=float(norm_eps or 0.0))
+    constexprs = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, NORM=norm_eps is not None,
+                      EPILOGUE=code, HAS_BIAS=bias is not None, WRITE_OUT=write_out, DOT_DTYPE=dot_dtype(w.dtype))
+    programs = cdiv(rows, block_m) * num_n * split_k
+    return PartCall(SIGNATURE, args, constexprs, programs, label, scratch)
+
+
+@triton.jit
+def gemm_kernel(x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr,
+                M, N, K, stride_x, stride_w, stride_out, stride_tok, eps,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                NORM: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr,
+                DOT_DTYPE: tl.constexpr):
+    gemm_tile(tl.program_id(0), x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_idx_ptr, counter_ptr,
+              tok_ptr, M, N, K, stride_x, stride_w, stride_out, stride_tok, eps, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K,
+              NORM, EPILOGUE, HAS_BIAS, WRITE_OUT, DOT_DTYPE)
+
+
+def run_gemm(call: PartCall, num_warps: int = 4, num_stages: int = 2) -> None:
+    """The plain launcher: one GEMM alone."""
+    gemm_kernel[(call.programs,)](*(call.args[a] for a in SIGNATURE.args),
+                                  *(call.constexprs[c] for c in SIGNATURE.constexprs),
+                                  num_warps=num_warps, num_stages=num_stages)

@@ -1,0 +1,99 @@
+"""Lowering: one part of a launch (an op or a fused chain of one model) -> a bound tile call.
+
+Vertical fusions lower as follows: `attn_norm+qkv`, `mlp_norm+gate_up` and `final_norm+lm_head`
+become a GEMM with the RMSNorm prologue and the norm weight folded into the GEMM weight;
+`lm_head+argmax` becomes the GEMM's argmax epilogue, which writes tokens and no logits.
+"""
+from __future__ import annotations
+
+import networkx as nx
+
+from conjugate.compiler.attention import attn_call
+from conjugate.compiler.buffers import ModelBuffers, RoundBuffers
+from conjugate.compiler.embed import argmax_call, embed_call
+from conjugate.compiler.gemm import gemm_call
+from conjugate.compiler.norm import rmsnorm_call
+from conjugate.compiler.rope import rope_kv_call
+from conjugate.compiler.tile import PartCall
+from conjugate.graph import Op
+from conjugate.plan.expand import Part
+
+_NORM_OF = {"qkv": "attn_norm", "gate_up": "mlp_norm", "lm_head": "final_norm"}
+_STANDALONE_NORM = {"attn_norm": "attn_norm", "mlp_norm": "mlp_norm", "final_norm": "final_norm"}
+
+
+def _gemm_tiles(tiles: dict[str, int]) -> dict[str, int]:
+    return dict(block_m=tiles["BLOCK_M"], block_n=tiles["BLOCK_N"], block_k=tiles["BLOCK_K"], split_k=tiles["SPLIT_K"])
+
+
+def _norm_weight(b: ModelBuffers, op: Op):
+    w = b.prepared.weights
+    return w.final_norm if op.kind == "final_norm" else getattr(w.layers[op.layer], op.kind)
+
+
+def _step_views(b: ModelBuffers, step: int):
+    """(tokens in, their stride, tokens out, their stride, logits rows) of one pass."""
+    if b.steps == 1:
+        return b.tokens_in, 1, b.tokens_out, 1, b.logits
+    tokens_in, stride_in = (b.tokens_in, 1) if step == 0 else (b.tokens_out[:, step - 1], b.steps)
+    return tokens_in, stride_in, b.tokens_out[:, step], b.steps, b.logits[:, step]
+
+
+def _lower_gemm(b: ModelBuffers, op: Op, fused: tuple[str, ...], tiles: dict, label: str) -> PartCall:
+    spec, act, rows = b.spec, b.act, b.rows
+    norm = _NORM_OF.get(op.kind) in fused
+    eps = spec.rms_norm_eps if norm else None
+    x = act["x"] if norm else act["h"]
+    common = dict(rows=rows, norm_eps=eps, label=label, **_gemm_tiles(tiles))
+    if op.kind == "qkv":
+        w, bias = b.prepared.qkv(op.layer, norm)
+        return gemm_call(x, w, act["qkv"], bias=bias, **common)
+    if op.kind == "gate_up":
+        gate, up = b.prepared.gate_up(op.layer, norm)
+        return gemm_call(x, gate, act["mlp"], epilogue="silu_mul", w2=up, **common)
+    if op.kind in ("o_proj", "down"):
+        lw = b.prepared.weights.layers[op.layer]
+        source, w = (act["attn_out"], lw.wo) if op.kind == "o_proj" else (act["mlp"], lw.w_down)
+        return gemm_call(source, w, act["x"], epilogue="residual", **common)
+    _, _, tokens_out, stride_out, logits = _step_views(b, op.step)
+    w = b.prepared.lm_head(norm)
+    if "argmax" in fused:
+        return gemm_call(x, w, logits, epilogue="argmax", tokens=tokens_out, stride_tok=stride_out,
+                         write_out=False, **common)
+    return gemm_call(x, w, logits, **common)
+
+
+def lower_part(part: Part, graph: nx.DiGraph, bufs: RoundBuffers) -> PartCall:
+    """The tile call of one part; ValueError says what about the part cannot be lowered."""
+    b = bufs.model(part.model)
+    ops = [graph.nodes[o]["op"] for o in part.ops]
+    main = next(o for o in ops if o.kind == part.kind)
+    label = "+".join(part.ops)
+    spec, act, rows, tiles = b.spec, b.act, b.rows, part.tiles
+    start = b.context + main.step
+    if main.kind in ("qkv", "o_proj", "gate_up", "down", "lm_head"):
+        return _lower_gemm(b, main, part.fused, tiles, label)
+    if len(ops) > 1:
+        raise ValueError(f"no fused lowering for the chain {'+'.join(part.fused)}")
+    if main.kind == "embed":
+        tokens_in, stride_in, *_ = _step_views(b, main.step)
+        return embed_call(tokens_in, b.prepared.weights.embed, act["x"], rows=rows, stride_tok=stride_in,
+                          block=tiles["BLOCK"], label=label)
+    if main.kind in _STANDALONE_NORM:
+        return rmsnorm_call(act["x"], _norm_weight(b, main), act["h"], rows=rows, eps=spec.rms_norm_eps,
+                            block=tiles["BLOCK"], label=label)
+    if main.kind == "rope_kv":
+        lw = b.prepared.weights.layers[main.layer]
+        return rope_kv_call(act["qkv"], act["q"], b.cache.k[main.layer], b.cache.v[main.layer], b.cos, b.sin,
+                            rows=rows, tokens=b.tokens, start=start, num_heads=spec.num_heads,
+                            num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, q_norm=lw.q_norm,
+                            k_norm=lw.k_norm, eps=spec.rms_norm_eps, block=tiles["BLOCK"], label=label)
+    if main.kind == "attn":
+        return attn_call(act["q"], b.cache.k[main.layer], b.cache.v[main.layer], act["attn_out"], batch=b.batch,
+                         tokens=b.tokens, start=start, num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
+                         head_dim=spec.head_dim, block_n=tiles["BLOCK_N"], split_kv=tiles["SPLIT_KV"], label=label)
+    if main.kind == "argmax":
+        _, _, tokens_out, stride_out, logits = _step_views(b, main.step)
+        return argmax_call(logits, tokens_out, rows=rows, vocab=spec.vocab_size, stride_out=stride_out,
+                           block=tiles["BLOCK"], label=label)
+    raise ValueError(f"no lowering for op kind {main.kind!r}")

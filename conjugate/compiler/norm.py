@@ -1,0 +1,60 @@
+"""Normalisation family: RMSNorm over the hidden dimension.
+
+Layout. x and out are fp32 [M, H], row-major with their own row strides (rows r = b*T + t);
+weight is [H] in any float dtype, upcast to fp32 after the load. One program per row makes two
+passes over H in BLOCK chunks: the sum of squares, then out = x * rsqrt(mean(x^2) + eps) * w,
+the order of reference.rms_norm.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from conjugate.compiler.tile import PartCall, TileSignature, next_pow2
+
+
+@triton.jit
+def rmsnorm_tile(pid, x_ptr, w_ptr, out_ptr, hidden, stride_x, stride_out, eps, BLOCK: tl.constexpr):
+    row = pid.to(tl.int64)
+    x_row = x_ptr + row * stride_x
+    out_row = out_ptr + row * stride_out
+    cols = tl.arange(0, BLOCK)  # [BLOCK]
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, hidden, BLOCK):
+        x = tl.load(x_row + start + cols, mask=start + cols < hidden, other=0.0).to(tl.float32)
+        acc += x * x
+    rstd = tl.rsqrt(tl.sum(acc, axis=0) / hidden + eps)  # scalar
+    for start in range(0, hidden, BLOCK):
+        mask = start + cols < hidden
+        x = tl.load(x_row + start + cols, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_row + start + cols, x * rstd * w, mask=mask)
+
+
+SIGNATURE = TileSignature(
+    fn="rmsnorm_tile",
+    module="conjugate.compiler.norm",
+    args=("x_ptr", "w_ptr", "out_ptr", "hidden", "stride_x", "stride_out", "eps"),
+    constexprs=("BLOCK",),
+)
+
+
+def rmsnorm_call(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, *, rows: int, eps: float,
+                 block: int = 1024, label: str = "") -> PartCall:
+    """out[r, :] = rms_norm(x[r, :], weight, eps) for r < rows."""
+    hidden = weight.shape[0]
+    assert x.stride(1) == 1 and out.stride(1) == 1, "rmsnorm: rows must be contiguous"
+    block = min(block, next_pow2(hidden))
+    args = dict(x_ptr=x, w_ptr=weight, out_ptr=out, hidden=hidden, stride_x=x.stride(0),
+                stride_out=out.stride(0), eps=float(eps))
+    return PartCall(SIGNATURE, args, dict(BLOCK=block), rows, label)
+
+
+@triton.jit
+def rmsnorm_kernel(x_ptr, w_ptr, out_ptr, hidden, stride_x, stride_out, eps, BLOCK: tl.constexpr):
+    rmsnorm_tile(tl.program_id(0), x_ptr, w_ptr, out_ptr, hidden, stride_x, stride_out, eps, BLOCK)
+
+
+def run_rmsnorm(call: PartCall, num_warps: int = 4) -> None:
+    rmsnorm_kernel[(call.programs,)](**call.args, **call.constexprs, num_warps=num_warps)

@@ -1,0 +1,206 @@
+"""CompiledRound: a plan's schedule lowered to generated Triton kernels over device buffers.
+
+    compiled = compile_round(plan, workload, draft_weights, target_weights)
+    compiled.load(inputs); compiled.run(); outputs = compiled.outputs()
+
+`run()` replays the CUDA graph once `capture()` made it (the plan's `capture: graph`), else
+launches the kernels one by one: on the current stream, or with `streams: two` each model on a
+stream of its own, forked from and joined back to the current one. Graphs are captured on a side
+stream of their own (two graphs captured on the default capture stream hung when replayed
+concurrently on the H200).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+import torch
+
+from conjugate.compiler.buffers import PreparedWeights, RoundBuffers
+from conjugate.compiler.codegen import Dispatch, KernelCache, kernel_args, kernel_source
+from conjugate.compiler.lower import lower_part
+from conjugate.compiler.tile import INTERPRETING, PartCall
+from conjugate.errors import CompileError
+from conjugate.graph import build_graph
+from conjugate.models.reference import KVCache, RoundInputs, RoundOutputs
+from conjugate.models.weights import ModelWeights
+from conjugate.plan.expand import Launch, Schedule, expand
+from conjugate.plan.schema import Plan
+from conjugate.workload import Workload
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("CONJUGATE_CACHE", Path.home() / ".cache" / "conjugate")) / "kernels"
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "triton-interpreter"
+
+
+@dataclass
+class CompiledLaunch:
+    index: int
+    kernel: Any  # the generated @triton.jit function
+    digest: str  # its source hash: the file k_<digest>.py
+    grid: int
+    args: list
+    constexprs: dict
+    num_warps: int
+    num_stages: int
+    stream: str
+    parts: list[PartCall]
+    resources: dict = field(default_factory=dict)  # registers, spills, shared memory (GPU only)
+
+    def __call__(self) -> None:
+        self.kernel[(self.grid,)](*self.args, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages)
+
+    def warmup(self) -> None:
+        """Compile without running and record the compiler's resource report."""
+        compiled = self.kernel.warmup(*self.args, **self.constexprs, grid=(self.grid,), num_warps=self.num_warps,
+                                      num_stages=self.num_stages)
+        self.resources = {"registers": compiled.n_regs, "spills": compiled.n_spills,
+                          "shared_bytes": compiled.metadata.shared}
+
+
+def _compile_launch(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers, cache: KernelCache) -> CompiledLaunch:
+    parts = []
+    for p, part in enumerate(launch.parts):
+        try:
+            parts.append(lower_part(part, graph, bufs))
+        except ValueError as e:
+            raise CompileError(launch.index, p, str(e), "+".join(part.ops)) from e
+    dispatch = None
+    if len(parts) == 2:
+        dispatch = Dispatch.of(launch.pattern, launch.ratio, (parts[0].programs, parts[1].programs))
+    kernel, digest = cache.load(kernel_source(parts, dispatch))
+    args, constexprs = kernel_args(parts, dispatch)
+    return CompiledLaunch(launch.index, kernel, digest, sum(p.programs for p in parts), args, constexprs,
+                          launch.num_warps, launch.num_stages, launch.stream, parts)
+
+
+class CompiledRound:
+    def __init__(self, schedule: Schedule, workload: Workload, bufs: RoundBuffers, launches: list[CompiledLaunch],
+                 source_dir: Path):
+        self.schedule, self.workload, self.bufs = schedule, workload, bufs
+        self.launches, self.source_dir = launches, source_dir
+        self.device = bufs.target.cache.k.device
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self._streams = None
+        if schedule.streams == "two" and self.device.type == "cuda":
+            self._streams = {"draft": torch.cuda.Stream(self.device), "target": torch.cuda.Stream(self.device)}
+
+    # -- running ---------------------------------------------------------------------------
+    def load(self, inputs: RoundInputs) -> None:
+        self.bufs.load(inputs)
+
+    def _launch_all(self) -> None:
+        for launch in self.launches:
+            try:
+                if self._streams:
+                    with torch.cuda.stream(self._streams[launch.stream]):
+                        launch()
+                else:
+                    launch()
+            except CompileError:
+                raise
+            except Exception as e:  # Triton raises its own types for compile and resource errors
+                if not _is_compile_failure(e):
+                    raise
+                raise CompileError(launch.index, None, f"{type(e).__name__}: {str(e).strip().splitlines()[-1]}",
+                                   " | ".join(p.label for p in launch.parts)) from e
+
+    def run_eager(self) -> None:
+        if not self._streams:
+            return self._launch_all()
+        main = torch.cuda.current_stream(self.device)
+        for s in self._streams.values():
+            s.wait_stream(main)
+        self._launch_all()
+        for s in self._streams.values():
+            main.wait_stream(s)
+
+    def warmup(self) -> None:
+        """Compile every kernel (GPU: recording its resources) before anything is timed or captured."""
+        if self.device.type == "cuda" and not INTERPRETING:
+            for launch in self.launches:
+                try:
+                    launch.warmup()
+                except Exception as e:
+                    if not _is_compile_failure(e):
+                        raise
+                    raise CompileError(launch.index, None, f"{type(e).__name__}: {str(e).strip().splitlines()[-1]}",
+                                       " | ".join(p.label for p in launch.parts)) from e
+        self.run_eager()
+
+    def capture(self) -> None:
+        """Capture the whole round in one CUDA graph, on a side stream of its own."""
+        self.warmup()
+        graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.graph(graph, stream=side):
+            self.run_eager()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        self.graph = graph
+
+    def run(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self.run_eager()
+
+    # -- results ---------------------------------------------------------------------------
+    def writes_logits(self, model: str) -> bool:
+        """False where the plan fused argmax into lm_head: that model's logits are never written."""
+        return not any(p.model == model and "argmax" in p.fused and "lm_head" in p.fused
+                       for launch in self.schedule.launches for p in launch.parts)
+
+    def outputs(self) -> RoundOutputs:
+        d, t = self.bufs.draft, self.bufs.target
+        k = self.workload.k
+        return RoundOutputs(
+            draft_tokens=d.tokens_out.clone(),
+            draft_logits=d.logits.clone() if self.writes_logits("draft") else None,
+            target_logits=t.logits.view(t.batch, k + 1, -1).clone() if self.writes_logits("target") else None,
+            target_tokens=t.tokens_out.view(t.batch, k + 1).clone(),
+            draft_cache=KVCache(d.cache.k.clone(), d.cache.v.clone()),
+            target_cache=KVCache(t.cache.k.clone(), t.cache.v.clone()))
+
+    def feedback(self) -> list[dict]:
+        """Per launch: its kernel file, programs per part and (GPU) the compiler's resource report."""
+        return [{"launch": l.index, "kernel": f"k_{l.digest}.py", "programs": [p.programs for p in l.parts],
+                 "ops": [p.label for p in l.parts], **l.resources} for l in self.launches]
+
+
+def _is_compile_failure(e: Exception) -> bool:
+    module = type(e).__module__ or ""
+    return module.startswith("triton") or "OutOfResources" in type(e).__name__
+
+
+def round_key(plan: Plan, workload: Workload, device: torch.device) -> str:
+    body = json.dumps({"plan": plan.hash, "workload": workload.to_dict(), "device": device_name(device)},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def compile_round(plan: Plan, workload: Workload, draft: ModelWeights | PreparedWeights,
+                  target: ModelWeights | PreparedWeights, cache_dir: Path | None = None,
+                  schedule: Schedule | None = None) -> CompiledRound:
+    """Lower a plan for a workload over the given weights (PreparedWeights share re-layouts between plans)."""
+    draft = draft if isinstance(draft, PreparedWeights) else PreparedWeights(draft)
+    target = target if isinstance(target, PreparedWeights) else PreparedWeights(target)
+    graph = build_graph(workload)
+    schedule = schedule or expand(plan, workload, graph)
+    bufs = RoundBuffers.allocate(workload, draft, target)
+    directory = (cache_dir or default_cache_dir()) / round_key(plan, workload, bufs.target.cache.k.device)
+    cache = KernelCache(directory)
+    launches = [_compile_launch(launch, graph, bufs, cache) for launch in schedule.launches]
+    manifest = {"plan": plan.to_dict(), "workload": workload.name, "launches": [
+        {"launch": l.index, "kernel": f"k_{l.digest}.py", "grid": l.grid, "stream": l.stream,
+         "parts": [{"ops": p.label, "tile": p.sig.fn, "programs": p.programs} for p in l.parts]} for l in launches]}
+    (directory / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return CompiledRound(schedule, workload, bufs, launches, directory)

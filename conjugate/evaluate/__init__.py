@@ -1,0 +1,1 @@
+"""Evaluation: correctness against the reference round (and, on the GPU, timing)."""

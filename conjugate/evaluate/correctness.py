@@ -1,0 +1,106 @@
+"""Is a compiled round the reference round? Tokens, logits and KV caches, within the dtype's tolerance.
+
+Tokens must match the fp32 reference exactly, except at a near tie: where the compiled token's
+reference logit is within `tie_margin` (relative to the logits' spread) of the best one, rounding
+in bf16 may legitimately pick it. A draft sequence that takes such a tie continues from another
+token, so its later steps (tokens, logits, cache positions) are not compared.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from conjugate.models.reference import RoundOutputs
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    rel: float  # ||got - ref|| / ||ref|| for logits and written cache entries
+    tie_margin: float  # fraction of the logits' standard deviation
+
+
+TOLERANCES = {"fp32": Tolerance(1e-4, 1e-4), "fp16": Tolerance(5e-3, 2e-2), "bf16": Tolerance(2e-2, 5e-2)}
+
+
+@dataclass
+class CheckReport:
+    ok: bool
+    problems: list[str] = field(default_factory=list)
+    near_ties: int = 0
+    errors: dict[str, float] = field(default_factory=dict)  # name -> relative error
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "problems": self.problems, "near_ties": self.near_ties, "errors": self.errors}
+
+
+def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:
+    got, ref = got.double(), ref.double()
+    if not torch.isfinite(got).all():
+        return float("inf")
+    return float((got - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def _token_ok(got: int, ref_logits: torch.Tensor, margin: float) -> bool:
+    """Exact, or a near tie of the reference's best logit."""
+    return bool(ref_logits[got] >= ref_logits.max() - margin * ref_logits.std())
+
+
+def _check_target(ref: RoundOutputs, got: RoundOutputs, tol: Tolerance, report: CheckReport) -> None:
+    ref_tokens, got_tokens = ref.target_tokens.cpu(), got.target_tokens.cpu()
+    ref_logits = ref.target_logits.cpu()
+    for b, t in (ref_tokens != got_tokens).nonzero().tolist():
+        if 0 <= got_tokens[b, t] < ref_logits.shape[-1] and _token_ok(int(got_tokens[b, t]), ref_logits[b, t], tol.tie_margin):
+            report.near_ties += 1
+        else:
+            report.problems.append(f"target token [{b}, {t}]: {int(got_tokens[b, t])}, reference {int(ref_tokens[b, t])}")
+    if got.target_logits is not None:
+        report.errors["target_logits"] = _rel(got.target_logits.cpu(), ref_logits)
+
+
+def _draft_horizon(ref: RoundOutputs, got: RoundOutputs, tol: Tolerance, report: CheckReport) -> list[int]:
+    """Per draft sequence: how many steps are comparable (up to and including a near-tie step)."""
+    k = ref.draft_tokens.shape[1]
+    horizons = []
+    for b in range(ref.draft_tokens.shape[0]):
+        horizon = k
+        for s in range(k):
+            r, g = int(ref.draft_tokens[b, s]), int(got.draft_tokens[b, s])
+            if r == g:
+                continue
+            if 0 <= g < ref.draft_logits.shape[-1] and _token_ok(g, ref.draft_logits[b, s].cpu(), tol.tie_margin):
+                report.near_ties += 1
+            else:
+                report.problems.append(f"draft token [{b}, {s}]: {g}, reference {r}")
+            horizon = s + 1
+            break
+        horizons.append(horizon)
+    return horizons
+
+
+def _check_cache(name: str, ref, got, context: int, written: list[int], tol: Tolerance, report: CheckReport) -> None:
+    for part in ("k", "v"):
+        r, g = getattr(ref, part).cpu(), getattr(got, part).cpu()
+        if not torch.equal(r[:, :, :, :context], g[:, :, :, :context]):
+            report.problems.append(f"{name} cache {part}: positions before the context were changed")
+        new_ref = torch.cat([r[:, b, :, context:context + n] for b, n in enumerate(written)], dim=2)
+        new_got = torch.cat([g[:, b, :, context:context + n] for b, n in enumerate(written)], dim=2)
+        report.errors[f"{name}_cache_{part}"] = _rel(new_got, new_ref)
+
+
+def compare_rounds(ref: RoundOutputs, got: RoundOutputs, dtype: str, context: int) -> CheckReport:
+    tol = TOLERANCES[dtype]
+    report = CheckReport(ok=True)
+    _check_target(ref, got, tol, report)
+    horizons = _draft_horizon(ref, got, tol, report)
+    if got.draft_logits is not None:
+        rows = [ref.draft_logits[b, :h] for b, h in enumerate(horizons)], [got.draft_logits[b, :h] for b, h in enumerate(horizons)]
+        report.errors["draft_logits"] = _rel(torch.cat(rows[1]).cpu(), torch.cat(rows[0]).cpu())
+    _check_cache("draft", ref.draft_cache, got.draft_cache, context, horizons, tol, report)
+    target_written = [ref.target_tokens.shape[1]] * ref.target_tokens.shape[0]
+    _check_cache("target", ref.target_cache, got.target_cache, context, target_written, tol, report)
+    for name, err in report.errors.items():
+        if not err <= tol.rel:
+            report.problems.append(f"{name}: relative error {err:.2e} over the {dtype} tolerance {tol.rel:.0e}")
+    report.ok = not report.problems
+    return report
