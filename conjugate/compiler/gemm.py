@@ -9,6 +9,8 @@ multiplied into `w` at compile time). Epilogues (EPILOGUE constexpr):
     STORE     out = acc (+ bias)
     RESIDUAL  out += acc; with SPLIT_K > 1 each split adds its partial atomically
     SILU_MUL  out = silu(x @ w^T) * (x @ w2^T): gate and up projections in one tile
+With SPLIT_K > 1 the residual epilogue adds each split's partial atomically; every other epilogue
+first gathers the splits' partials in an fp32 workspace and runs in the tile's last split.
     ARGMAX    per-tile row max and index to scratch; the last program to finish reduces them to
               one token per row (first index on ties, like torch.argmax); logits are written only
               when WRITE_OUT
@@ -59,7 +61,7 @@ def _argmax_epilogue(acc, offs_m, offs_n, n_blk, num_n, pid_count, M, N, part_va
 
 
 @triton.jit
-def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr,
+def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, ws_ptr,
               M, N, K, stride_x, stride_w, stride_out, stride_tok, eps,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
               NORM: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr,
@@ -91,13 +93,50 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
         if EPILOGUE == 2:
             w2 = tl.load(w2_ptr + offs_n[:, None] * stride_w + kk[None, :], mask=w_mask, other=0.0)
             acc2 += tl.dot(x.to(DOT_DTYPE), tl.trans(w2.to(DOT_DTYPE)))
-    if NORM:  # only with SPLIT_K == 1: this program saw the whole row
-        rstd = 1.0 / tl.sqrt(sumsq / K + eps)
+    if SPLIT_K > 1 and EPILOGUE != 1:
+        # Split-K fix-up: splits add their partials into fp32 workspaces; the last split of the
+        # tile reads the sums back, clears the workspaces and runs the epilogue alone.
+        tile = m_blk * num_n + n_blk
+        ws_offs = offs_m[:, None] * N + offs_n[None, :]
+        ws_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        tl.atomic_add(ws_ptr + ws_offs, acc, mask=ws_mask)
+        if EPILOGUE == 2:
+            tl.atomic_add(ws_ptr + M * N + ws_offs, acc2, mask=ws_mask)
+        if NORM:
+            tl.atomic_add(ws_ptr + 2 * M * N + n_blk * M + offs_m, sumsq, mask=offs_m < M)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(counter_ptr + 1 + tile, 1)
+        if arrived == SPLIT_K - 1:
+            acc = tl.load(ws_ptr + ws_offs, mask=ws_mask, other=0.0, cache_modifier=".cg")
+            tl.store(ws_ptr + ws_offs, tl.zeros_like(acc), mask=ws_mask)
+            if EPILOGUE == 2:
+                acc2 = tl.load(ws_ptr + M * N + ws_offs, mask=ws_mask, other=0.0, cache_modifier=".cg")
+                tl.store(ws_ptr + M * N + ws_offs, tl.zeros_like(acc2), mask=ws_mask)
+            if NORM:
+                sq_ptrs = ws_ptr + 2 * M * N + n_blk * M + offs_m
+                sumsq = tl.load(sq_ptrs, mask=offs_m < M, other=0.0, cache_modifier=".cg")
+                tl.store(sq_ptrs, tl.zeros_like(sumsq), mask=offs_m < M)
+            tl.atomic_xchg(counter_ptr + 1 + tile, 0)
+            _epilogue(acc, acc2, sumsq, offs_m, offs_n, n_blk, num_n, M, N, K, eps, bias_ptr, out_ptr, stride_out,
+                      part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, stride_tok, BLOCK_M, BLOCK_N, SPLIT_K,
+                      NORM, EPILOGUE, HAS_BIAS, WRITE_OUT)
+    else:
+        _epilogue(acc, acc2, sumsq, offs_m, offs_n, n_blk, num_n, M, N, K, eps, bias_ptr, out_ptr, stride_out,
+                  part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, stride_tok, BLOCK_M, BLOCK_N, SPLIT_K,
+                  NORM, EPILOGUE, HAS_BIAS, WRITE_OUT)
+
+
+@triton.jit
+def _epilogue(acc, acc2, sumsq, offs_m, offs_n, n_blk, num_n, M, N, K, eps, bias_ptr, out_ptr, stride_out,
+              part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, stride_tok, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, NORM: tl.constexpr, EPILOGUE: tl.constexpr,
+              HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr):
+    if NORM:
+        rstd = 1.0 / tl.sqrt(sumsq / K + eps)  # [BLOCK_M]
         acc = acc * rstd[:, None]
         acc2 = acc2 * rstd[:, None]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-
     out_ptrs = out_ptr + offs_m[:, None] * stride_out + offs_n[None, :]
     out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if EPILOGUE == 0:
@@ -119,7 +158,7 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
 SIGNATURE = TileSignature(
     fn="gemm_tile", module=__name__,
     args=("x_ptr", "w_ptr", "w2_ptr", "bias_ptr", "out_ptr", "part_val_ptr", "part_idx_ptr", "counter_ptr", "tok_ptr",
-          "M", "N", "K", "stride_x", "stride_w", "stride_out", "stride_tok", "eps"),
+          "ws_ptr", "M", "N", "K", "stride_x", "stride_w", "stride_out", "stride_tok", "eps"),
     constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "NORM", "EPILOGUE", "HAS_BIAS", "WRITE_OUT", "DOT_DTYPE"),
 )
 
@@ -131,39 +170,38 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
     """Bind one GEMM. x: [rows, K] fp32 (row stride free); w, w2: [N, K]; out: [rows, N] (row stride free)."""
     n, k = w.shape
     code = EPILOGUES[epilogue]
-    if split_k > 1 and code != RESIDUAL:
-        raise ValueError(f"SPLIT_K={split_k}: split-K needs the additive residual epilogue (o_proj, down), "
-                         f"not {epilogue}")
     if code == SILU_MUL and w2 is None:
         raise ValueError("the silu_mul epilogue needs w2 (the up projection)")
     if code == ARGMAX and tokens is None:
         raise ValueError("the argmax epilogue needs a tokens buffer")
-    num_n = cdiv(n, block_n)
-    scratch = []
-    if code == ARGMAX:
-        scratch = [torch.empty(rows * num_n, dtype=torch.float32, device=w.device),
-                   torch.empty(rows * num_n, dtype=torch.int32, device=w.device),
-                   torch.zeros(1, dtype=torch.int32, device=w.device)]
-    part_val, part_idx, counter = scratch or (out, out, out)
+    num_m, num_n = cdiv(rows, block_m), cdiv(n, block_n)
+    dev = w.device
+    # counter[0]: programs done (argmax); counter[1 + tile]: splits done per output tile
+    counter = torch.zeros(1 + num_m * num_n, dtype=torch.int32, device=dev)
+    part_val = torch.empty(rows * num_n if code == ARGMAX else 1, dtype=torch.float32, device=dev)
+    part_idx = torch.empty(rows * num_n if code == ARGMAX else 1, dtype=torch.int32, device=dev)
+    fixup = split_k > 1 and code != RESIDUAL
+    ws = torch.zeros(2 * rows * n + num_n * rows if fixup else 1, dtype=torch.float32, device=dev)
+    scratch = [counter, part_val, part_idx, ws]
     args = dict(x_ptr=x, w_ptr=w, w2_ptr=w2 if w2 is not None else w, bias_ptr=bias if bias is not None else w,
                 out_ptr=out, part_val_ptr=part_val, part_idx_ptr=part_idx, counter_ptr=counter,
-                tok_ptr=tokens if tokens is not None else counter, M=rows, N=n, K=k, stride_x=x.stride(0),
+                tok_ptr=tokens if tokens is not None else counter, ws_ptr=ws, M=rows, N=n, K=k, stride_x=x.stride(0),
                 stride_w=w.stride(0), stride_out=out.stride(0), stride_tok=stride_tok,
                 eps=float(norm_eps or 0.0))
     constexprs = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, NORM=norm_eps is not None,
                       EPILOGUE=code, HAS_BIAS=bias is not None, WRITE_OUT=write_out, DOT_DTYPE=dot_dtype(w.dtype))
-    programs = cdiv(rows, block_m) * num_n * split_k
+    programs = num_m * num_n * split_k
     return PartCall(SIGNATURE, args, constexprs, programs, label, scratch)
 
 
 @triton.jit
-def gemm_kernel(x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr,
+def gemm_kernel(x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, ws_ptr,
                 M, N, K, stride_x, stride_w, stride_out, stride_tok, eps,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                 NORM: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr,
                 DOT_DTYPE: tl.constexpr):
     gemm_tile(tl.program_id(0), x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_idx_ptr, counter_ptr,
-              tok_ptr, M, N, K, stride_x, stride_w, stride_out, stride_tok, eps, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K,
+              tok_ptr, ws_ptr, M, N, K, stride_x, stride_w, stride_out, stride_tok, eps, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K,
               NORM, EPILOGUE, HAS_BIAS, WRITE_OUT, DOT_DTYPE)
 
 

@@ -63,6 +63,7 @@ class CompiledLaunch:
         """Compile without running and record the compiler's resource report."""
         compiled = self.kernel.warmup(*self.args, **self.constexprs, grid=(self.grid,), num_warps=self.num_warps,
                                       num_stages=self.num_stages)
+        compiled._init_handles()  # loads the module; fills in the register and spill counts
         self.resources = {"registers": compiled.n_regs, "spills": compiled.n_spills,
                           "shared_bytes": compiled.metadata.shared}
 

@@ -20,7 +20,10 @@ class Tolerance:
     tie_margin: float  # fraction of the logits' standard deviation
 
 
-TOLERANCES = {"fp32": Tolerance(1e-4, 1e-4), "fp16": Tolerance(5e-3, 2e-2), "bf16": Tolerance(2e-2, 5e-2)}
+# The reference is fp32 throughout; a compiled round rounds GEMM operands to the weight type in
+# every layer, and the relative error compounds with depth: 1.4% (16 layers) to 2.1% (32 layers)
+# on the KV caches of the bf16 Llama pair on the H200. A wrong head, layer or position is far above.
+TOLERANCES = {"fp32": Tolerance(1e-4, 1e-4), "fp16": Tolerance(1e-2, 2e-2), "bf16": Tolerance(5e-2, 5e-2)}
 
 
 @dataclass

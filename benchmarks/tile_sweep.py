@@ -1,0 +1,120 @@
+"""Tile-shape sweep of the GEMM and attention templates at decode shapes, each launch alone.
+
+    python benchmarks/tile_sweep.py [--json OUT.json]
+
+Shapes are those of the Llama-3.2-1B -> Llama-3.1-8B round at B=8, k=4, context 1024 (draft rows
+8, target rows 40). Each configuration is checked against torch before it is timed (a CUDA graph
+of 20 launches, median of 5 replays). Prints the best configurations per shape.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from conjugate.compiler.attention import attn_call, run_attention  # noqa: E402
+from conjugate.compiler.gemm import gemm_call, run_gemm  # noqa: E402
+
+GEMMS = {  # name: (rows, N, K, epilogue)
+    "t.qkv": (40, 6144, 4096, "store"), "t.o_proj": (40, 4096, 4096, "residual"),
+    "t.gate_up": (40, 14336, 4096, "silu_mul"), "t.down": (40, 4096, 14336, "residual"),
+    "d.qkv": (8, 3072, 2048, "store"), "d.o_proj": (8, 2048, 2048, "residual"),
+    "d.gate_up": (8, 8192, 2048, "silu_mul"), "d.down": (8, 2048, 8192, "residual"),
+}
+ATTNS = {"t.attn": (8, 5, 32, 8, 128), "d.attn": (8, 1, 32, 8, 64)}  # batch, tokens, heads, kv heads, head dim
+
+
+def time_call(run, reps: int = 20) -> float:
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.graph(graph, stream=side):
+        for _ in range(reps):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    times = []
+    for _ in range(6):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / reps)
+    return statistics.median(times[1:])
+
+
+def sweep_gemm(name, rows, n, k, epilogue) -> list[dict]:
+    dev = "cuda"
+    x = torch.randn(rows, k, device=dev)
+    w = (torch.randn(n, k, device=dev) / k ** 0.5).bfloat16()
+    w2 = (torch.randn(n, k, device=dev) / k ** 0.5).bfloat16() if epilogue == "silu_mul" else None
+    ref = x.bfloat16().float() @ w.float().T
+    if w2 is not None:
+        ref = F.silu(ref) * (x.bfloat16().float() @ w2.float().T)
+    nbytes = w.numel() * 2 * (2 if w2 is not None else 1)
+    block_m = max(16, 1 << (rows - 1).bit_length())
+    out = []
+    for bn, bk, split, warps, stages in itertools.product((32, 64, 128), (64, 128, 256), (1, 2, 4, 8), (4, 8), (3, 4)):
+        y = torch.zeros(rows, n, device=dev)
+        call = gemm_call(x, w, y, rows=rows, epilogue=epilogue, w2=w2, block_m=block_m, block_n=bn, block_k=bk,
+                         split_k=split)
+        try:
+            run_gemm(call, warps, stages)
+            torch.cuda.synchronize()
+        except Exception as e:  # out of shared memory and the like: skip the configuration
+            out.append({"shape": name, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "warps": warps,
+                        "stages": stages, "error": type(e).__name__})
+            continue
+        err = float((y - ref).norm() / ref.norm())
+        us = time_call(lambda: run_gemm(call, warps, stages))
+        out.append({"shape": name, "BLOCK_M": block_m, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "warps": warps,
+                    "stages": stages, "us": us, "gbs": nbytes / us / 1e3, "rel_err": err, "programs": call.programs})
+    return out
+
+
+def sweep_attention(name, batch, tokens, heads, kv_heads, head_dim, context=1024) -> list[dict]:
+    dev = "cuda"
+    s_max = context + tokens
+    q = torch.randn(batch * tokens, heads * head_dim, device=dev)
+    kc = torch.randn(batch, kv_heads, s_max, head_dim, device=dev).bfloat16()
+    vc = torch.randn_like(kc)
+    nbytes = 2 * kc.numel() * 2
+    out = []
+    for bn, split, warps in itertools.product((32, 64, 128), (1, 2, 4, 8, 16), (4, 8)):
+        o = torch.zeros_like(q)
+        call = attn_call(q, kc, vc, o, batch=batch, tokens=tokens, start=context, num_heads=heads,
+                         num_kv_heads=kv_heads, head_dim=head_dim, block_n=bn, split_kv=split)
+        run_attention(call, warps, 2)
+        us = time_call(lambda: run_attention(call, warps, 2))
+        out.append({"shape": name, "BLOCK_N": bn, "SPLIT_KV": split, "warps": warps, "us": us,
+                    "gbs": nbytes / us / 1e3, "programs": call.programs})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    results = {"gpu": torch.cuda.get_device_name(), "gemm": [], "attention": []}
+    for name, shape in GEMMS.items():
+        results["gemm"] += sweep_gemm(name, *shape)
+        best = sorted((r for r in results["gemm"] if r["shape"] == name and "us" in r and r["rel_err"] < 1e-2),
+                      key=lambda r: r["us"])[:3]
+        for r in best:
+            print(json.dumps(r), flush=True)
+    for name, shape in ATTNS.items():
+        results["attention"] += sweep_attention(name, *shape)
+        for r in sorted((r for r in results["attention"] if r["shape"] == name), key=lambda r: r["us"])[:3]:
+            print(json.dumps(r), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""The weight-streaming GEMM template under the interpreter: every epilogue, prologue and split-K."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
+from conjugate.compiler.gemm import gemm_call, run_gemm
+
+M, N, K = 10, 300, 200
+
+
+def _inputs(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(M, K, generator=g), torch.randn(N, K, generator=g) / K ** 0.5,
+            torch.randn(N, K, generator=g) / K ** 0.5, torch.randn(N, generator=g))
+
+
+def _normed(x: torch.Tensor, gain: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gain
+
+
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("block_m,block_n,block_k", [(16, 64, 64), (16, 32, 128)])
+def test_store_with_bias(split_k, block_m, block_n, block_k):
+    x, w, _, b = _inputs()
+    out = torch.full((M, N), float("nan"))
+    call = gemm_call(x, w, out, rows=M, bias=b, split_k=split_k, block_m=block_m, block_n=block_n, block_k=block_k)
+    for _ in range(2):  # the split-K workspaces and counters clear themselves
+        run_gemm(call)
+        torch.testing.assert_close(out, x @ w.T + b, atol=1e-4, rtol=1e-4)
+    assert int(call.scratch[0].abs().sum()) == 0 and float(call.scratch[3].abs().sum()) == 0
+
+
+@pytest.mark.parametrize("split_k", [1, 4])
+def test_residual_add(split_k):
+    x, w, _, _ = _inputs(1)
+    residual = torch.randn(M, N)
+    out = residual.clone()
+    run_gemm(gemm_call(x, w, out, rows=M, epilogue="residual", split_k=split_k, block_k=32))
+    torch.testing.assert_close(out, residual + x @ w.T, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_norm_prologue_and_silu_mul(split_k):
+    x, w, w2, _ = _inputs(2)
+    gain = torch.rand(K) + 0.5
+    out = torch.full((M, N), float("nan"))
+    # the norm weight is folded into both GEMM weights; the kernel scales rows by 1/rms
+    run_gemm(gemm_call(x, w * gain, out, rows=M, epilogue="silu_mul", w2=w2 * gain, norm_eps=1e-5, split_k=split_k,
+                       block_k=64))
+    h = _normed(x, gain)
+    torch.testing.assert_close(out, F.silu(h @ w.T) * (h @ w2.T), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("split_k,write_out", [(1, True), (2, False)])
+def test_argmax_epilogue_first_index_on_ties(split_k, write_out):
+    x, w, _, _ = _inputs(3)
+    w[7] = w[5]  # columns 5 and 7 tie on every row; columns 250 and 299 tie across tiles
+    w[299] = w[250]
+    x[0] = w[5] * 50  # row 0: the tie at 5/7 wins; row 1: the cross-tile tie wins
+    x[1] = w[250] * 50
+    out = torch.full((M, N), float("nan"))
+    tokens = torch.full((M, 3), -1, dtype=torch.int64)
+    call = gemm_call(x, w, out, rows=M, epilogue="argmax", tokens=tokens[:, 1], stride_tok=3, block_n=32,
+                     write_out=write_out, split_k=split_k, block_k=64)
+    for _ in range(2):  # the program counter resets itself
+        run_gemm(call)
+        expected = (x @ w.T).argmax(-1)
+        assert tokens[:, 1].tolist() == expected.tolist()
+        assert tokens[0, 1] == 5 and tokens[1, 1] == 250
+        assert (tokens[:, [0, 2]] == -1).all()
+    assert torch.isnan(out).all() != write_out
+
+
+def test_padded_rows_and_strides():
+    x, w, _, _ = _inputs(4)
+    wide = torch.full((M, N + 20), float("nan"))
+    out = wide[:, :N]
+    run_gemm(gemm_call(x, w, out, rows=M, block_m=16, block_n=64))
+    torch.testing.assert_close(out, x @ w.T, atol=1e-4, rtol=1e-4)
+    assert torch.isnan(wide[:, N:]).all()
+
+
+def test_bad_bindings():
+    x, w, _, _ = _inputs()
+    out = torch.empty(M, N)
+    with pytest.raises(ValueError, match="w2"):
+        gemm_call(x, w, out, rows=M, epilogue="silu_mul")
+    with pytest.raises(ValueError, match="tokens"):
+        gemm_call(x, w, out, rows=M, epilogue="argmax")
