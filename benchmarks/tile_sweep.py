@@ -60,7 +60,7 @@ def sweep_gemm(name, rows, n, k, epilogue) -> list[dict]:
     nbytes = w.numel() * 2 * (2 if w2 is not None else 1)
     block_m = max(16, 1 << (rows - 1).bit_length())
     out = []
-    for bn, bk, split, warps, stages in itertools.product((32, 64, 128), (64, 128, 256), (1, 2, 4, 8), (4, 8), (3, 4)):
+    for bn, bk, split, warps, stages in itertools.product((32, 64), (64, 128), (1, 2, 4, 8), (4,), (3,)):
         y = torch.zeros(rows, n, device=dev)
         call = gemm_call(x, w, y, rows=rows, epilogue=epilogue, w2=w2, block_m=block_m, block_n=bn, block_k=bk,
                          split_k=split)
@@ -86,7 +86,7 @@ def sweep_attention(name, batch, tokens, heads, kv_heads, head_dim, context=1024
     vc = torch.randn_like(kc)
     nbytes = 2 * kc.numel() * 2
     out = []
-    for bn, split, warps in itertools.product((32, 64, 128), (1, 2, 4, 8, 16), (4, 8)):
+    for bn, split, warps in itertools.product((32, 64), (1, 2, 4, 8), (4,)):
         o = torch.zeros_like(q)
         call = attn_call(q, kc, vc, o, batch=batch, tokens=tokens, start=context, num_heads=heads,
                          num_kv_heads=kv_heads, head_dim=head_dim, block_n=bn, split_kv=split)
