@@ -172,7 +172,8 @@ def bench_workload(path: Path, plans: list[Path], replays: int, bandwidth: float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("workloads", nargs="*", default=[str(ROOT / "examples" / f"{n}.toml") for n in SIX])
-    parser.add_argument("--plans", nargs="+", default=["sequential", "streams", "interleave"])
+    parser.add_argument("--plans", nargs="+", default=["sequential", "streams", "interleave"],
+                        help="shipped plan names or plan JSON paths")
     parser.add_argument("--replays", type=int, default=200)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--cache-dir", type=Path)
@@ -181,7 +182,7 @@ def main() -> None:
     bandwidth = copy_bandwidth(torch.device("cuda"))
     out = {"gpu": device_name(torch.device("cuda")), "torch": torch.__version__, "copy_bandwidth_gbs": bandwidth / 1e9,
            "command": " ".join(["python", "benchmarks/compiler_rounds.py", *sys.argv[1:]]), "workloads": []}
-    plans = [ROOT / "plans" / f"{p}.json" for p in args.plans]
+    plans = [Path(p) if p.endswith(".json") else ROOT / "plans" / f"{p}.json" for p in args.plans]
     for path in args.workloads:
         out["workloads"].append(bench_workload(Path(path), plans, args.replays, bandwidth, args.cache_dir,
                                                  args.profile))

@@ -81,15 +81,19 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     sumsq = tl.zeros([BLOCK_M], tl.float32)
+    if NORM:  # a pre-pass over this split's rows, so the main loop stays the plain, pipelined one
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            kk = k0 + offs_k
+            x = tl.load(x_ptr + offs_m[:, None] * stride_x + kk[None, :],
+                        mask=(offs_m[:, None] < M) & (kk[None, :] < k_hi), other=0.0).to(tl.float32)  # [BM, BK]
+            sumsq += tl.sum(x * x, axis=1)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         kk = k0 + offs_k
         x = tl.load(x_ptr + offs_m[:, None] * stride_x + kk[None, :],
-                    mask=(offs_m[:, None] < M) & (kk[None, :] < k_hi), other=0.0).to(tl.float32)  # [BM, BK]
-        if NORM:
-            sumsq += tl.sum(x * x, axis=1)
+                    mask=(offs_m[:, None] < M) & (kk[None, :] < k_hi), other=0.0)  # [BM, BK]
         w_mask = (offs_n[:, None] < N) & (kk[None, :] < k_hi)
         w = tl.load(w_ptr + offs_n[:, None] * stride_w + kk[None, :], mask=w_mask, other=0.0)  # [BN, BK]
-        acc += tl.dot(x.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)))
+        acc += tl.dot(x.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)))  # fp32 accumulate
         if EPILOGUE == 2:
             w2 = tl.load(w2_ptr + offs_n[:, None] * stride_w + kk[None, :], mask=w_mask, other=0.0)
             acc2 += tl.dot(x.to(DOT_DTYPE), tl.trans(w2.to(DOT_DTYPE)))
@@ -102,8 +106,8 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
         tl.atomic_add(ws_ptr + ws_offs, acc, mask=ws_mask)
         if EPILOGUE == 2:
             tl.atomic_add(ws_ptr + M * N + ws_offs, acc2, mask=ws_mask)
-        if NORM:
-            tl.atomic_add(ws_ptr + 2 * M * N + n_blk * M + offs_m, sumsq, mask=offs_m < M)
+        if NORM:  # one slot per split: plain stores, summed by the last split
+            tl.store(ws_ptr + 2 * M * N + (split * num_n + n_blk) * M + offs_m, sumsq, mask=offs_m < M)
         tl.debug_barrier()
         arrived = tl.atomic_add(counter_ptr + 1 + tile, 1)
         if arrived == SPLIT_K - 1:
@@ -113,9 +117,10 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
                 acc2 = tl.load(ws_ptr + M * N + ws_offs, mask=ws_mask, other=0.0, cache_modifier=".cg")
                 tl.store(ws_ptr + M * N + ws_offs, tl.zeros_like(acc2), mask=ws_mask)
             if NORM:
-                sq_ptrs = ws_ptr + 2 * M * N + n_blk * M + offs_m
-                sumsq = tl.load(sq_ptrs, mask=offs_m < M, other=0.0, cache_modifier=".cg")
-                tl.store(sq_ptrs, tl.zeros_like(sumsq), mask=offs_m < M)
+                sumsq = tl.zeros([BLOCK_M], tl.float32)
+                for s in range(SPLIT_K):
+                    sq_ptrs = ws_ptr + 2 * M * N + (s * num_n + n_blk) * M + offs_m
+                    sumsq += tl.load(sq_ptrs, mask=offs_m < M, other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(counter_ptr + 1 + tile, 0)
             _epilogue(acc, acc2, sumsq, offs_m, offs_n, n_blk, num_n, M, N, K, eps, bias_ptr, out_ptr, stride_out,
                       part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, stride_tok, BLOCK_M, BLOCK_N, SPLIT_K,
@@ -181,7 +186,7 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
     part_val = torch.empty(rows * num_n if code == ARGMAX else 1, dtype=torch.float32, device=dev)
     part_idx = torch.empty(rows * num_n if code == ARGMAX else 1, dtype=torch.int32, device=dev)
     fixup = split_k > 1 and code != RESIDUAL
-    ws = torch.zeros(2 * rows * n + num_n * rows if fixup else 1, dtype=torch.float32, device=dev)
+    ws = torch.zeros(2 * rows * n + split_k * num_n * rows if fixup else 1, dtype=torch.float32, device=dev)
     scratch = [counter, part_val, part_idx, ws]
     args = dict(x_ptr=x, w_ptr=w, w2_ptr=w2 if w2 is not None else w, bias_ptr=bias if bias is not None else w,
                 out_ptr=out, part_val_ptr=part_val, part_idx_ptr=part_idx, counter_ptr=counter,
