@@ -128,7 +128,7 @@ def bench_plan(plan_path: Path, workload, prepared, inputs, ref, replays: int, c
     row |= {"launches": len(compiled.launches), "kernels": len({l.digest for l in compiled.launches}),
             "correct": eager.ok and replayed.ok, "check": replayed.to_dict(), "eager_check_ok": eager.ok}
     if not row["correct"]:
-        return row | {"status": "incorrect"}
+        return row | {"status": "incorrect", "deterministic": _deterministic(compiled, inputs)}
     row |= time_replays(compiled, replays) | {"status": "ok"}
     row["resources"] = _resource_summary(compiled.feedback())
     if profile:
@@ -136,6 +136,17 @@ def bench_plan(plan_path: Path, workload, prepared, inputs, ref, replays: int, c
         row["launches_alone_ms"] = sum(g["us"] for g in row["profile"]) / 1e3
     del compiled
     return row
+
+
+def _deterministic(compiled, inputs, runs: int = 3) -> bool:
+    """Do repeated eager rounds give bit-identical caches? (A race shows up as a no.)"""
+    results = []
+    for _ in range(runs):
+        compiled.load(inputs)
+        compiled.run_eager()
+        out = compiled.outputs()
+        results.append((out.target_cache.k, out.draft_cache.k, out.target_tokens))
+    return all(all(torch.equal(a, b) for a, b in zip(results[0], r)) for r in results[1:])
 
 
 def _resource_summary(feedback: list[dict]) -> dict:

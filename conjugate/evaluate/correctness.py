@@ -23,7 +23,9 @@ class Tolerance:
 # The reference is fp32 throughout; a compiled round rounds GEMM operands to the weight type in
 # every layer, and the relative error compounds with depth: 1.4% (16 layers) to 2.1% (32 layers)
 # on the KV caches of the bf16 Llama pair on the H200. A wrong head, layer or position is far above.
-TOLERANCES = {"fp32": Tolerance(1e-4, 1e-4), "fp16": Tolerance(1e-2, 2e-2), "bf16": Tolerance(5e-2, 5e-2)}
+# Near ties: bf16 operands move each logit by a few percent of the logits' spread, enough to swap
+# the two best of 128k tokens when they lie within about a fifth of a standard deviation.
+TOLERANCES = {"fp32": Tolerance(1e-4, 1e-4), "fp16": Tolerance(1e-2, 0.1), "bf16": Tolerance(5e-2, 0.2)}
 
 
 @dataclass
@@ -88,7 +90,12 @@ def _check_cache(name: str, ref, got, context: int, written: list[int], tol: Tol
             report.problems.append(f"{name} cache {part}: positions before the context were changed")
         new_ref = torch.cat([r[:, b, :, context:context + n] for b, n in enumerate(written)], dim=2)
         new_got = torch.cat([g[:, b, :, context:context + n] for b, n in enumerate(written)], dim=2)
-        report.errors[f"{name}_cache_{part}"] = _rel(new_got, new_ref)
+        report.errors[f"{name}_cache_{part}"] = err = _rel(new_got, new_ref)
+        if not err <= tol.rel:  # say where: the worst layers
+            per_layer = [_rel(new_got[layer], new_ref[layer]) for layer in range(new_ref.shape[0])]
+            worst = sorted(range(len(per_layer)), key=lambda layer: -per_layer[layer])[:3]
+            report.problems.append(f"{name} cache {part}: worst layers " +
+                                   ", ".join(f"{layer} ({per_layer[layer]:.1e})" for layer in worst))
 
 
 def compare_rounds(ref: RoundOutputs, got: RoundOutputs, dtype: str, context: int) -> CheckReport:
