@@ -7,10 +7,10 @@ stream the same weight tile run side by side and share it through L2.
 Prologue: NORM scales each row by 1/rms(x) (RMSNorm folded into the GEMM: the norm weight was
 multiplied into `w` at compile time). Epilogues (EPILOGUE constexpr):
     STORE     out = acc (+ bias)
-    RESIDUAL  out += acc; with SPLIT_K > 1 each split adds its partial atomically
+    RESIDUAL  out += acc (the residual stream)
     SILU_MUL  out = silu(x @ w^T) * (x @ w2^T): gate and up projections in one tile
-With SPLIT_K > 1 the residual epilogue adds each split's partial atomically; every other epilogue
-first gathers the splits' partials in an fp32 workspace and runs in the tile's last split.
+With SPLIT_K > 1 each split stores its partial sums in a workspace slot of its own and the tile's
+last split adds them up, in split order, and runs the epilogue: deterministic, no float atomics.
     ARGMAX    per-tile row max and index to scratch; the last program to finish reduces them to
               one token per row (first index on ties, like torch.argmax); logits are written only
               when WRITE_OUT
@@ -97,45 +97,47 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
         if EPILOGUE == 2:
             w2 = tl.load(w2_ptr + offs_n[:, None] * stride_w + kk[None, :], mask=w_mask, other=0.0)
             acc2 += tl.dot(x.to(DOT_DTYPE), tl.trans(w2.to(DOT_DTYPE)))
-    if SPLIT_K > 1 and EPILOGUE != 1:
-        # Split-K fix-up: splits add their partials into fp32 workspaces; the last split of the
-        # tile reads the sums back, clears the workspaces and runs the epilogue alone.
+    if SPLIT_K > 1:
+        # Split-K fix-up: each split stores its partials in a slot of its own; the tile's last split
+        # (a counter says which) sums the slots in split order and runs the epilogue alone. No
+        # floating-point atomics, so the result does not depend on the programs' timing.
         tile = m_blk * num_n + n_blk
-        ws_offs = offs_m[:, None] * N + offs_n[None, :]
+        slot = (split * M + offs_m[:, None]) * N + offs_n[None, :]  # ws: [SPLIT_K, M, N]
         ws_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-        tl.atomic_add(ws_ptr + ws_offs, acc, mask=ws_mask)
+        tl.store(ws_ptr + slot, acc, mask=ws_mask)
         if EPILOGUE == 2:
-            tl.atomic_add(ws_ptr + M * N + ws_offs, acc2, mask=ws_mask)
-        if NORM:  # one slot per split: plain stores, summed by the last split
-            tl.store(ws_ptr + 2 * M * N + (split * num_n + n_blk) * M + offs_m, sumsq, mask=offs_m < M)
-        tl.debug_barrier()
+            tl.store(ws_ptr + SPLIT_K * M * N + slot, acc2, mask=ws_mask)
+        if NORM:
+            tl.store(ws_ptr + 2 * SPLIT_K * M * N + (split * num_n + n_blk) * M + offs_m, sumsq, mask=offs_m < M)
+        tl.debug_barrier()  # every thread's partials are stored before the release below
         arrived = tl.atomic_add(counter_ptr + 1 + tile, 1)
         if arrived == SPLIT_K - 1:
-            acc = tl.load(ws_ptr + ws_offs, mask=ws_mask, other=0.0, cache_modifier=".cg")
-            tl.store(ws_ptr + ws_offs, tl.zeros_like(acc), mask=ws_mask)
-            if EPILOGUE == 2:
-                acc2 = tl.load(ws_ptr + M * N + ws_offs, mask=ws_mask, other=0.0, cache_modifier=".cg")
-                tl.store(ws_ptr + M * N + ws_offs, tl.zeros_like(acc2), mask=ws_mask)
-            if NORM:
-                sumsq = tl.zeros([BLOCK_M], tl.float32)
-                for s in range(SPLIT_K):
-                    sq_ptrs = ws_ptr + 2 * M * N + (s * num_n + n_blk) * M + offs_m
-                    sumsq += tl.load(sq_ptrs, mask=offs_m < M, other=0.0, cache_modifier=".cg")
-            tl.atomic_xchg(counter_ptr + 1 + tile, 0)
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            sumsq = tl.zeros([BLOCK_M], tl.float32)
+            for s in range(SPLIT_K):
+                slot = (s * M + offs_m[:, None]) * N + offs_n[None, :]
+                acc += tl.load(ws_ptr + slot, mask=ws_mask, other=0.0, cache_modifier=".cg")
+                if EPILOGUE == 2:
+                    acc2 += tl.load(ws_ptr + SPLIT_K * M * N + slot, mask=ws_mask, other=0.0, cache_modifier=".cg")
+                if NORM:
+                    sumsq += tl.load(ws_ptr + 2 * SPLIT_K * M * N + (s * num_n + n_blk) * M + offs_m,
+                                     mask=offs_m < M, other=0.0, cache_modifier=".cg")
+            tl.atomic_xchg(counter_ptr + 1 + tile, 0)  # ready for the next launch
             _epilogue(acc, acc2, sumsq, offs_m, offs_n, n_blk, num_n, M, N, K, eps, bias_ptr, out_ptr, stride_out,
-                      part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, stride_tok, BLOCK_M, BLOCK_N, SPLIT_K,
-                      NORM, EPILOGUE, HAS_BIAS, WRITE_OUT)
+                      part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, stride_tok, BLOCK_M, BLOCK_N, NORM, EPILOGUE,
+                      HAS_BIAS, WRITE_OUT)
     else:
         _epilogue(acc, acc2, sumsq, offs_m, offs_n, n_blk, num_n, M, N, K, eps, bias_ptr, out_ptr, stride_out,
-                  part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, stride_tok, BLOCK_M, BLOCK_N, SPLIT_K,
-                  NORM, EPILOGUE, HAS_BIAS, WRITE_OUT)
+                  part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, stride_tok, BLOCK_M, BLOCK_N, NORM, EPILOGUE,
+                  HAS_BIAS, WRITE_OUT)
 
 
 @triton.jit
 def _epilogue(acc, acc2, sumsq, offs_m, offs_n, n_blk, num_n, M, N, K, eps, bias_ptr, out_ptr, stride_out,
               part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, stride_tok, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr, NORM: tl.constexpr, EPILOGUE: tl.constexpr,
-              HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr):
+              BLOCK_N: tl.constexpr, NORM: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr,
+              WRITE_OUT: tl.constexpr):
     if NORM:
         rstd = 1.0 / tl.sqrt(sumsq / K + eps)  # [BLOCK_M]
         acc = acc * rstd[:, None]
@@ -147,10 +149,7 @@ def _epilogue(acc, acc2, sumsq, offs_m, offs_n, n_blk, num_n, M, N, K, eps, bias
     if EPILOGUE == 0:
         tl.store(out_ptrs, acc, mask=out_mask)
     elif EPILOGUE == 1:
-        if SPLIT_K == 1:
-            tl.store(out_ptrs, tl.load(out_ptrs, mask=out_mask, other=0.0) + acc, mask=out_mask)
-        else:
-            tl.atomic_add(out_ptrs, acc, mask=out_mask)
+        tl.store(out_ptrs, tl.load(out_ptrs, mask=out_mask, other=0.0) + acc, mask=out_mask)
     elif EPILOGUE == 2:
         tl.store(out_ptrs, acc * tl.sigmoid(acc) * acc2, mask=out_mask)
     else:
@@ -185,8 +184,8 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
     counter = torch.zeros(1 + num_m * num_n, dtype=torch.int32, device=dev)
     part_val = torch.empty(rows * num_n if code == ARGMAX else 1, dtype=torch.float32, device=dev)
     part_idx = torch.empty(rows * num_n if code == ARGMAX else 1, dtype=torch.int32, device=dev)
-    fixup = split_k > 1 and code != RESIDUAL
-    ws = torch.zeros(2 * rows * n + split_k * num_n * rows if fixup else 1, dtype=torch.float32, device=dev)
+    ws_size = split_k * (2 * rows * n + num_n * rows) if split_k > 1 else 1
+    ws = torch.empty(ws_size, dtype=torch.float32, device=dev)
     scratch = [counter, part_val, part_idx, ws]
     args = dict(x_ptr=x, w_ptr=w, w2_ptr=w2 if w2 is not None else w, bias_ptr=bias if bias is not None else w,
                 out_ptr=out, part_val_ptr=part_val, part_idx_ptr=part_idx, counter_ptr=counter,
