@@ -143,7 +143,7 @@ def attn_tile(pid, q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_ml_ptr, counte
     o_offs, _, _ = _row_offsets(b, kv_head, T, stride_o, GROUP, HEAD_DIM, ROWS)  # [ROWS, HEAD_DIM]
     if SPLIT_KV == 1:
         l = tl.where(l == 0.0, 1.0, l)  # [ROWS] only masked rows have l == 0
-        tl.store(out_ptr + o_offs, acc / l[:, None], mask=row_ok[:, None])
+        tl.store(out_ptr + o_offs, (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
     else:
         _store_partial(part_o_ptr, part_ml_ptr, pid, m, l, acc, HEAD_DIM, ROWS)
         tl.debug_barrier()  # every thread's partial stores precede the release below
@@ -151,7 +151,7 @@ def attn_tile(pid, q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_ml_ptr, counte
         if prev == SPLIT_KV - 1:
             l_all, o_all = _combine(part_o_ptr, part_ml_ptr, bh, HEAD_DIM, ROWS, SPLIT_KV)  # [ROWS], [ROWS, HEAD_DIM]
             l_all = tl.where(l_all == 0.0, 1.0, l_all)
-            tl.store(out_ptr + o_offs, o_all / l_all[:, None], mask=row_ok[:, None])
+            tl.store(out_ptr + o_offs, (o_all / l_all[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
             tl.atomic_xchg(counter_ptr + bh, 0)  # ready for the next launch
 
 
@@ -184,11 +184,11 @@ def _check(q, k_cache, v_cache, out, batch, tokens, start, num_heads, num_kv_hea
     if start + tokens > k_cache.shape[2]:
         raise ValueError(f"attention: start + tokens = {start + tokens} exceeds the cache length {k_cache.shape[2]}")
     width = num_heads * head_dim
-    for name, x in (("q", q), ("out", out)):
-        if x.dtype != torch.float32 or x.dim() != 2 or x.shape[0] != batch * tokens or x.shape[1] != width \
+    for name, x, dtypes in (("q", q, (torch.float32,)), ("out", out, (torch.float32, torch.bfloat16, torch.float16))):
+        if x.dtype not in dtypes or x.dim() != 2 or x.shape[0] != batch * tokens or x.shape[1] != width \
                 or x.stride(1) != 1:
-            raise ValueError(f"attention: {name} must be fp32 [{batch * tokens}, {width}] with unit column "
-                             f"stride, got {x.dtype} {tuple(x.shape)}")
+            raise ValueError(f"attention: {name} must be {'/'.join(str(d) for d in dtypes)} "
+                             f"[{batch * tokens}, {width}] with unit column stride, got {x.dtype} {tuple(x.shape)}")
 
 
 def attn_call(q, k_cache, v_cache, out, *, batch, tokens, start, num_heads, num_kv_heads, head_dim,

@@ -1,7 +1,8 @@
 """Device buffers of a compiled round: prepared weights, activations, KV caches, tokens, logits.
 
-Activations are fp32 rows (row r = sequence * tokens + token); GEMMs cast them to the weights'
-type at the operand load. The residual stream `x` accumulates in fp32. Each model has one set of
+Activations are rows (row r = sequence * tokens + token). The residual stream `x`, the q/k/v
+projections and attention queries are fp32; the GEMMs' other inputs (normed rows, attention
+output, SiLU*mul output) are stored in the weights' type, which the GEMM rounds them to anyway. Each model has one set of
 activation buffers, reused by every layer and step: its ops run in order, so nothing is
 overwritten before it is read.
 """
@@ -89,8 +90,12 @@ class ModelBuffers:
         def f32(*shape):
             return torch.empty(shape, dtype=torch.float32, device=dev)
 
-        act = {"x": f32(rows, spec.hidden_size), "h": f32(rows, spec.hidden_size), "qkv": f32(rows, spec.qkv_size),
-               "q": f32(rows, spec.q_size), "attn_out": f32(rows, spec.q_size), "mlp": f32(rows, spec.ffn_size)}
+        def operand(*shape):  # GEMM inputs: the GEMM rounds them to the weights' type anyway
+            return torch.empty(shape, dtype=w.dtype, device=dev)
+
+        act = {"x": f32(rows, spec.hidden_size), "h": operand(rows, spec.hidden_size),
+               "qkv": f32(rows, spec.qkv_size), "q": f32(rows, spec.q_size),
+               "attn_out": operand(rows, spec.q_size), "mlp": operand(rows, spec.ffn_size)}
         return cls(prepared, batch, tokens, steps, context, cache,
                    torch.zeros(batch if steps > 1 else rows, dtype=torch.int64, device=dev),
                    torch.zeros(token_shape, dtype=torch.int64, device=dev), f32(*logit_shape), cos, sin, act)

@@ -151,7 +151,7 @@ def _epilogue(acc, acc2, sumsq, offs_m, offs_n, n_blk, num_n, M, N, K, eps, bias
     elif EPILOGUE == 1:
         tl.store(out_ptrs, tl.load(out_ptrs, mask=out_mask, other=0.0) + acc, mask=out_mask)
     elif EPILOGUE == 2:
-        tl.store(out_ptrs, acc * tl.sigmoid(acc) * acc2, mask=out_mask)
+        tl.store(out_ptrs, (acc * tl.sigmoid(acc) * acc2).to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
         if WRITE_OUT:
             tl.store(out_ptrs, acc, mask=out_mask)

@@ -29,7 +29,7 @@ def rmsnorm_tile(pid, x_ptr, w_ptr, out_ptr, hidden, stride_x, stride_out, eps, 
         mask = start + cols < hidden
         x = tl.load(x_row + start + cols, mask=mask, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + start + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(out_row + start + cols, x * rstd * w, mask=mask)
+        tl.store(out_row + start + cols, (x * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 SIGNATURE = TileSignature(
