@@ -261,7 +261,7 @@ def test_impossible_pins_are_rejected(overrides, expected):
 
 def test_dependency_check_names_both_ops():
     graph = build_graph(TINY)
-    schedule = expand(load_plan(ROOT / "plans" / "sequential.json"), TINY, graph)
+    schedule = expand(validate_plan(dict(BASE, fusions={"draft": ["attn_norm+qkv"]})), TINY, graph)
     launches = list(schedule.launches)
     launches[1], launches[2] = replace(launches[2], index=1), replace(launches[1], index=2)
     with pytest.raises(ScheduleError, match=r"launch 1 runs d\.s0\.l0\.rope_kv before its dependency d\.s0\.l0\.qkv"):
