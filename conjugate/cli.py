@@ -84,6 +84,28 @@ def cmd_plan_explain(args: argparse.Namespace) -> None:
         out.print(f"warning: {warning}")
 
 
+def cmd_plan_compile(args: argparse.Namespace) -> None:
+    """Lower a plan on shape-only (meta) weights and write the generated kernel sources."""
+    import shutil
+    import tempfile
+
+    from conjugate.compiler.round import compile_round
+    from conjugate.models.weights import meta_weights
+
+    plan, workload, schedule = _load(args.plan, args.workload)
+    out_dir = Path(args.out)
+    with tempfile.TemporaryDirectory() as tmp:
+        compiled = compile_round(plan, workload, meta_weights(workload.draft, workload.torch_dtype),
+                                 meta_weights(workload.target, workload.torch_dtype), cache_dir=Path(tmp),
+                                 schedule=schedule)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for file in compiled.source_dir.iterdir():
+            shutil.copy(file, out_dir / file.name)
+    kernels = len({launch.digest for launch in compiled.launches})
+    out.print(f"{plan.name} on {workload.name}: {len(compiled.launches)} launches, {kernels} distinct kernels "
+              f"written to {out_dir} (manifest.json maps launches to kernel files)")
+
+
 def cmd_check(args: argparse.Namespace) -> None:
     """Load a workload, validate and expand every shipped plan, run the reference round."""
     from conjugate.plan import expand, load_plan
@@ -143,12 +165,15 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="work with cross-model plans").add_subparsers(dest="plan_command", required=True,
                                                                                       metavar="ACTION")
     for name, func, text in (("validate", cmd_plan_validate, "validate a plan and expand it on a workload"),
-                             ("explain", cmd_plan_explain, "print a plan's expanded launches")):
+                             ("explain", cmd_plan_explain, "print a plan's expanded launches"),
+                             ("compile", cmd_plan_compile, "lower a plan and write its generated Triton kernels")):
         action = plan.add_parser(name, help=text)
         action.add_argument("plan", help="plan JSON file")
         action.add_argument("--workload", required=True, help="workload TOML file")
         if name == "explain":
             action.add_argument("--json", help="also write the schedule as JSON to this file")
+        if name == "compile":
+            action.add_argument("--out", required=True, help="directory for the kernel sources")
         action.set_defaults(func=func)
     return parser
 
@@ -159,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         args.func(args)
     except ConjugateError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # writing outputs: a path that is not a directory, no permission, a full disk
+        print(f"error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

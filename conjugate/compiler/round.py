@@ -24,6 +24,7 @@ import torch
 from conjugate.compiler.buffers import PreparedWeights, RoundBuffers
 from conjugate.compiler.codegen import Dispatch, KernelCache, kernel_args, kernel_source
 from conjugate.compiler.lower import lower_part
+from conjugate.compiler.resources import check_shared_memory
 from conjugate.compiler.tile import INTERPRETING, PartCall
 from conjugate.errors import CompileError
 from conjugate.graph import build_graph
@@ -70,9 +71,11 @@ class CompiledLaunch:
 
 def _compile_launch(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers, cache: KernelCache) -> CompiledLaunch:
     parts = []
+    device = bufs.target.cache.k.device
     for p, part in enumerate(launch.parts):
         try:
             parts.append(lower_part(part, graph, bufs))
+            check_shared_memory(parts[-1], launch.num_stages, device)
         except ValueError as e:
             raise CompileError(launch.index, p, str(e), "+".join(part.ops)) from e
     dispatch = None

@@ -1,0 +1,160 @@
+"""Compiled rounds under the interpreter equal the reference round, plan by plan."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
+from conjugate.compiler.round import compile_round
+from conjugate.errors import CompileError
+from conjugate.evaluate.correctness import compare_rounds
+from conjugate.models import make_round_inputs, random_weights, reference_round
+from conjugate.plan import load_plan, validate_plan
+from conjugate.plan.schema import FUSIONS, PATTERNS
+from conjugate.workload import load_workload, workload_from_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+FAMILIES = ("llama", "qwen2", "qwen3")
+# small tiles keep the interpreter quick while still exercising split-K and split-KV
+SMALL_TILES = {m: {"qkv": {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": 2},
+                   "down": {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": 2},
+                   "attn": {"BLOCK_N": 16, "SPLIT_KV": 2}} for m in ("draft", "target")}
+
+
+def _workload(family: str, k: int = 2):
+    return workload_from_dict({"draft": f"tiny-{family}-d", "target": f"tiny-{family}-t", "k": k, "draft_batch": 2,
+                               "target_batch": 2, "context": 5, "dtype": "fp32", "seed": 3}, ROOT / f"{family}.toml")
+
+
+class _Round:
+    """Weights, inputs and the reference of one tiny workload, made once per family."""
+
+    def __init__(self, workload):
+        self.workload = w = workload
+        self.draft = random_weights(w.draft, w.seed, w.torch_dtype)
+        self.target = random_weights(w.target, w.seed, w.torch_dtype)
+        self.inputs = make_round_inputs(self.draft, self.target, k=w.k, draft_batch=w.draft_batch,
+                                        target_batch=w.target_batch, context=w.context, seed=w.seed)
+        self.ref = reference_round(self.draft, self.target, self.inputs)
+
+    def check(self, plan, tmp_path):
+        compiled = compile_round(plan, self.workload, self.draft, self.target, cache_dir=tmp_path)
+        compiled.load(self.inputs)
+        compiled.bufs.poison()
+        compiled.run()
+        out = compiled.outputs()
+        report = compare_rounds(self.ref, out, self.workload.dtype, self.workload.context)
+        assert report.ok, report.problems
+        assert report.near_ties == 0  # fp32: tokens match exactly
+        return compiled, out
+
+
+_ROUNDS: dict[str, _Round] = {}
+
+
+def _round(family: str) -> _Round:
+    if family not in _ROUNDS:
+        _ROUNDS[family] = _Round(_workload(family))
+    return _ROUNDS[family]
+
+
+def _plan(**fields):
+    return validate_plan({"schema": "conjugate.plan/1", "tiles": SMALL_TILES} | fields)
+
+
+@pytest.mark.parametrize("family,plan", [(f, p) for f in FAMILIES for p in ("sequential", "streams", "interleave")])
+def test_shipped_plans_compute_the_reference_round(family, plan, tmp_path):
+    shipped = load_plan(ROOT / "plans" / f"{plan}.json").to_dict()
+    shipped["tiles"] = SMALL_TILES  # the shipped GPU tiles make the interpreter slow
+    compiled, out = _round(family).check(validate_plan(shipped), tmp_path)
+    assert out.draft_logits is None  # lm_head+argmax fused: no logits written
+    if plan == "interleave":
+        assert any(len(l.parts) == 2 for l in compiled.launches)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_norm_prologues_and_written_logits(family, tmp_path):
+    """Norms folded into the following GEMMs, logits written and compared, argmax separate."""
+    fusions = ["attn_norm+qkv", "mlp_norm+gate_up", "final_norm+lm_head"]
+    plan = _plan(alignment="proportional", pairs={"qkv": ["*"], "gate_up": ["*"], "attn": ["*"]},
+                 fusions={"draft": fusions, "target": fusions})
+    rnd = _round(family)
+    _, out = rnd.check(plan, tmp_path)
+    assert out.draft_logits is not None and out.target_logits is not None
+    report = compare_rounds(rnd.ref, out, "fp32", rnd.workload.context)
+    assert report.errors["draft_logits"] < 1e-4 and report.errors["target_logits"] < 1e-4
+
+
+@pytest.mark.parametrize("pattern,ratio", [("blocked", [1, 1]), ("strided", [1, 1]), ("ratio", [3, 1]),
+                                           ("ratio", [1, 2])])
+def test_pinned_cross_model_launches(pattern, ratio, tmp_path):
+    """GEMM beside GEMM, attention beside GEMM and a norm beside a GEMM, with per-part tiles."""
+    plan = _plan(alignment="proportional", interleave={"pattern": pattern, "ratio": ratio}, overrides=[
+        {"match": "t.l0.qkv", "with": "d.s0.l0.qkv",
+         "tiles": {"target": {"qkv": {"BLOCK_N": 64, "SPLIT_K": 1}}, "draft": {"qkv": {"BLOCK_N": 16}}}},
+        {"match": "t.l0.attn", "with": "d.s0.l0.o_proj"},
+        {"match": "t.l0.mlp_norm", "with": "d.s0.l0.gate_up", "tiles": {"draft": {"gate_up": {"BLOCK_K": 32}}}},
+    ])
+    compiled, _ = _round("qwen2").check(plan, tmp_path)
+    pairs = {tuple(p.label.split(".")[-1] for p in l.parts) for l in compiled.launches if len(l.parts) == 2}
+    assert pairs == {("qkv", "qkv"), ("attn", "o_proj"), ("mlp_norm", "gate_up")}
+    tiles = {p.label: p.constexprs.get("BLOCK_N") for l in compiled.launches for p in l.parts}
+    assert tiles["t.l0.qkv"] == 64 and tiles["d.s0.l0.qkv"] == 16
+
+
+def test_kernel_cache_reuses_generated_source(tmp_path):
+    rnd = _round("llama")
+    plan = _plan()
+    first = compile_round(plan, rnd.workload, rnd.draft, rnd.target, cache_dir=tmp_path)
+    files = sorted(first.source_dir.glob("k_*.py"))
+    stamps = [f.stat().st_mtime_ns for f in files]
+    second = compile_round(plan, rnd.workload, rnd.draft, rnd.target, cache_dir=tmp_path)
+    assert second.source_dir == first.source_dir and sorted(second.source_dir.glob("k_*.py")) == files
+    assert [f.stat().st_mtime_ns for f in files] == stamps  # reused, not rewritten
+    assert len(files) < len(first.launches)  # launches with equal constexprs share a kernel
+    manifest = json.loads((first.source_dir / "manifest.json").read_text())
+    assert len(manifest["launches"]) == len(first.launches)
+    assert "@triton.jit" in files[0].read_text()
+    other = compile_round(_plan(alignment="greedy", pairs={"qkv": ["*"]}), rnd.workload, rnd.draft, rnd.target,
+                          cache_dir=tmp_path)
+    assert other.source_dir != first.source_dir  # keyed by plan, workload and device
+
+
+def test_lowering_errors_are_structured(tmp_path):
+    rnd = _round("llama")
+    huge = {"BLOCK_M": 256, "BLOCK_N": 512, "BLOCK_K": 512, "num_stages": 4}  # about 3 MB of operand tiles
+    plan = _plan(tiles={"target": {"gate_up": huge}})
+    with pytest.raises(CompileError) as info:
+        compile_round(plan, rnd.workload, rnd.draft, rnd.target, cache_dir=tmp_path)
+    err = info.value
+    assert err.part == 0 and err.ops == "t.l0.gate_up" and err.to_dict()["launch"] == err.launch
+    assert str(err).startswith(f"launch {err.launch} part 0 (t.l0.gate_up): tiles need at least ")
+    assert "shared memory" in err.reason
+
+
+_random_plans = st.fixed_dictionaries({
+    "alignment": st.sampled_from(["sequential", "proportional", "greedy"]),
+    "pairs": st.dictionaries(st.sampled_from(["qkv", "attn", "o_proj", "gate_up", "down", "rope_kv", "mlp_norm"]),
+                             st.just(["*"]), max_size=4),
+    "interleave": st.fixed_dictionaries({"pattern": st.sampled_from(PATTERNS),
+                                         "ratio": st.lists(st.integers(1, 3), min_size=2, max_size=2)}),
+    "fusions": st.fixed_dictionaries({"draft": st.lists(st.sampled_from(FUSIONS), unique=True),
+                                      "target": st.lists(st.sampled_from(FUSIONS), unique=True)}),
+    "split_k": st.sampled_from([1, 2]),
+})
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(drawn=_random_plans)
+def test_random_valid_plans_compute_the_reference_round(drawn, tmp_path):
+    split = drawn.pop("split_k")
+    tiles = json.loads(json.dumps(SMALL_TILES))
+    for model in tiles.values():
+        for cfg in model.values():
+            if "SPLIT_K" in cfg:
+                cfg["SPLIT_K"] = split
+    _round("qwen3").check(validate_plan({"schema": "conjugate.plan/1", "tiles": tiles} | drawn), tmp_path)
