@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -158,3 +159,52 @@ def test_random_valid_plans_compute_the_reference_round(drawn, tmp_path):
             if "SPLIT_K" in cfg:
                 cfg["SPLIT_K"] = split
     _round("qwen3").check(validate_plan({"schema": "conjugate.plan/1", "tiles": tiles} | drawn), tmp_path)
+
+
+def test_pack_pair_block_addressing():
+    from conjugate.compiler.packed import pack_pair
+
+    w_t, w_d = torch.randn(70, 24), torch.randn(33, 40)  # different N and K, partial last blocks
+    buffer, blocks_t, blocks_d = pack_pair(w_t, w_d, block_n=16)
+    for w, blocks in ((w_t, blocks_t), (w_d, blocks_d)):
+        n, k = w.shape
+        for j in range(-(-n // 16)):
+            base = blocks.offset + (j * blocks.stride if j < blocks.pairs else blocks.tail_start + (j - blocks.pairs) * 16 * k)
+            rows = w[j * 16:(j + 1) * 16]
+            assert torch.equal(buffer[base:base + rows.numel()].view(-1, k), rows)
+    assert blocks_t.pairs == 3 and blocks_d.offset == 16 * 24  # T0 D0 T1 D1 T2 D2 | T3 T4
+    assert buffer.numel() == 5 * 16 * 24 + 3 * 16 * 40
+
+
+def test_packed_operand_layout(tmp_path):
+    """Target and draft GEMMs of different N and K (store with bias, SiLU*mul, residual) through one tile loop."""
+    pins = [{"match": "t.l0.qkv", "with": "d.s0.l0.qkv"}, {"match": "t.l0.gate_up", "with": "d.s0.l0.gate_up"},
+            {"match": "t.l1.o_proj", "with": "d.s0.l0.down"}]
+    plan = _plan(alignment="proportional", operand_layout="packed", interleave={"pattern": "ratio", "ratio": [2, 1]},
+                 overrides=pins)
+    compiled, _ = _round("qwen2").check(plan, tmp_path)
+    packed = [l for l in compiled.launches if len(l.parts) == 2]
+    assert len(packed) == 3
+    for launch in packed:
+        target, draft = launch.parts
+        assert draft.args["w_ptr"].data_ptr() > target.args["w_ptr"].data_ptr()  # one buffer, draft blocks after T0
+        assert draft.constexprs == target.constexprs  # the homogeneous tile shape
+        assert "packed operand layout" in (compiled.source_dir / f"k_{launch.digest}.py").read_text()
+
+
+def test_packed_layout_needs_matching_gemms(tmp_path):
+    rnd = _round("qwen2")
+    plan = _plan(alignment="proportional", operand_layout="packed",
+                 overrides=[{"match": "t.l0.qkv", "with": "d.s0.l0.down"}])  # store+bias beside residual
+    with pytest.raises(CompileError, match="same epilogue") as info:
+        compile_round(plan, rnd.workload, rnd.draft, rnd.target, cache_dir=tmp_path)
+    assert info.value.part == 1 and info.value.ops == "d.s0.l0.down"
+
+
+def test_packed_plan_packs_only_gemm_pairs(tmp_path):
+    shipped = load_plan(ROOT / "plans" / "interleave.json").to_dict()
+    shipped.update(tiles=SMALL_TILES, operand_layout="packed",
+                   pairs={"qkv": ["qkv"], "o_proj": ["o_proj", "down", "attn"], "down": ["*"], "attn": ["*"]})
+    compiled, _ = _round("llama").check(validate_plan(shipped), tmp_path)
+    kinds = {tuple(p.sig.fn for p in l.parts) for l in compiled.launches if len(l.parts) == 2}
+    assert ("gemm_tile", "gemm_tile") in kinds and len(kinds) > 1  # GEMM pairs packed, the others separate

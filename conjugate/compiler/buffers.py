@@ -105,6 +105,16 @@ class ModelBuffers:
 class RoundBuffers:
     draft: ModelBuffers
     target: ModelBuffers
+    _packed: dict = field(default_factory=dict)
+
+    def packed(self, w_t: torch.Tensor, w_d: torch.Tensor, block_n: int):
+        """The packed-layout buffer of a target and a draft weight (made once per pair and block)."""
+        from conjugate.compiler.packed import pack_pair
+
+        key = (w_t.data_ptr(), w_d.data_ptr(), tuple(w_t.shape), tuple(w_d.shape), block_n)
+        if key not in self._packed:
+            self._packed[key] = pack_pair(w_t, w_d, block_n)
+        return self._packed[key]
 
     @classmethod
     def allocate(cls, workload: Workload, draft: PreparedWeights, target: PreparedWeights) -> "RoundBuffers":

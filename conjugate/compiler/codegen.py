@@ -63,10 +63,11 @@ def _call(part: PartCall, index: int, pid: str) -> str:
     return f"{part.sig.fn}({', '.join(args)})"
 
 
-def kernel_source(parts: list[PartCall], dispatch: Dispatch | None) -> str:
+def kernel_source(parts: list[PartCall], dispatch: Dispatch | None, packed: bool = False) -> str:
     """The text of a module defining `kernel`, the launch's @triton.jit entry point. It depends only
     on the parts' tile functions, their constexprs and the dispatch, so launches that differ only in
-    buffers and sizes share one kernel."""
+    buffers and sizes share one kernel. `packed`: both parts run one call of the same tile
+    function, every runtime argument chosen per program (the packed operand layout)."""
     if len(parts) not in (1, 2) or (len(parts) == 2) != (dispatch is not None):
         raise ValueError("a launch has one part, or two parts and a dispatch")
     imports = sorted({f"from {p.sig.module} import {p.sig.fn}" for p in parts})
@@ -91,11 +92,17 @@ def kernel_source(parts: list[PartCall], dispatch: Dispatch | None) -> str:
             f"    first = tl.where(pid < shared, r < {d.a}, rest < left0)",
             f"    local0 = tl.where(pid < shared, cycle * {d.a} + r, {d.rounds * d.a} + rest)",
             f"    local1 = tl.where(pid < shared, cycle * {d.b} + r - {d.a}, {d.rounds * d.b} + rest - left0)",
-            "    if first:",
-            f"        {_call(parts[0], 0, 'local0')}",
-            "    else:",
-            f"        {_call(parts[1], 1, 'local1')}",
         ]
+        if packed:
+            if parts[0].sig != parts[1].sig:
+                raise ValueError("a packed launch runs one tile function for both parts")
+            chosen = [f"tl.where(first, p0_{a}, p1_{a})" for a in parts[0].sig.args]
+            lines += ["    # packed operand layout: one homogeneous tile loop, arguments chosen per program",
+                      f"    {parts[0].sig.fn}(tl.where(first, local0, local1), {', '.join(chosen)}, "
+                      f"{', '.join(f'P0_{c}' for c in parts[0].sig.constexprs)})"]
+        else:
+            lines += ["    if first:", f"        {_call(parts[0], 0, 'local0')}",
+                      "    else:", f"        {_call(parts[1], 1, 'local1')}"]
     return "\n".join(lines) + "\n"
 
 

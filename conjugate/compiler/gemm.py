@@ -62,7 +62,7 @@ def _argmax_epilogue(acc, offs_m, offs_n, n_blk, num_n, pid_count, M, N, part_va
 
 @triton.jit
 def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, ws_ptr,
-              M, N, K, stride_x, stride_w, stride_out, stride_tok, eps,
+              M, N, K, stride_x, stride_w, stride_out, stride_tok, eps, blk_stride, blk_pairs, tail_start,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
               NORM: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr,
               DOT_DTYPE: tl.constexpr):
@@ -76,8 +76,12 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
     k_hi = tl.minimum(k_lo + k_span, K)
 
     offs_m = m_blk * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = n_blk * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_n = tl.arange(0, BLOCK_N)
+    offs_n = n_blk * BLOCK_N + rows_n
     offs_k = tl.arange(0, BLOCK_K)
+    # The weight block of rows n_blk*BLOCK_N.. : contiguous in the separate layout (blk_pairs = 0);
+    # in the packed layout the first blk_pairs blocks alternate with the other model's.
+    w_block = tl.where(n_blk < blk_pairs, n_blk * blk_stride, tail_start + (n_blk - blk_pairs) * BLOCK_N * stride_w)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     sumsq = tl.zeros([BLOCK_M], tl.float32)
@@ -92,10 +96,11 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
         x = tl.load(x_ptr + offs_m[:, None] * stride_x + kk[None, :],
                     mask=(offs_m[:, None] < M) & (kk[None, :] < k_hi), other=0.0)  # [BM, BK]
         w_mask = (offs_n[:, None] < N) & (kk[None, :] < k_hi)
-        w = tl.load(w_ptr + offs_n[:, None] * stride_w + kk[None, :], mask=w_mask, other=0.0)  # [BN, BK]
+        w_offs = w_block + rows_n[:, None] * stride_w + kk[None, :]
+        w = tl.load(w_ptr + w_offs, mask=w_mask, other=0.0)  # [BN, BK]
         acc += tl.dot(x.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)))  # fp32 accumulate
         if EPILOGUE == 2:
-            w2 = tl.load(w2_ptr + offs_n[:, None] * stride_w + kk[None, :], mask=w_mask, other=0.0)
+            w2 = tl.load(w2_ptr + w_offs, mask=w_mask, other=0.0)
             acc2 += tl.dot(x.to(DOT_DTYPE), tl.trans(w2.to(DOT_DTYPE)))
     if SPLIT_K > 1:
         # Split-K fix-up: each split stores its partials in a slot of its own; the tile's last split
@@ -162,7 +167,8 @@ def _epilogue(acc, acc2, sumsq, offs_m, offs_n, n_blk, num_n, M, N, K, eps, bias
 SIGNATURE = TileSignature(
     fn="gemm_tile", module=__name__,
     args=("x_ptr", "w_ptr", "w2_ptr", "bias_ptr", "out_ptr", "part_val_ptr", "part_idx_ptr", "counter_ptr", "tok_ptr",
-          "ws_ptr", "M", "N", "K", "stride_x", "stride_w", "stride_out", "stride_tok", "eps"),
+          "ws_ptr", "M", "N", "K", "stride_x", "stride_w", "stride_out", "stride_tok", "eps", "blk_stride", "blk_pairs",
+          "tail_start"),
     constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "NORM", "EPILOGUE", "HAS_BIAS", "WRITE_OUT", "DOT_DTYPE"),
 )
 
@@ -191,7 +197,7 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
                 out_ptr=out, part_val_ptr=part_val, part_idx_ptr=part_idx, counter_ptr=counter,
                 tok_ptr=tokens if tokens is not None else counter, ws_ptr=ws, M=rows, N=n, K=k, stride_x=x.stride(0),
                 stride_w=w.stride(0), stride_out=out.stride(0), stride_tok=stride_tok,
-                eps=float(norm_eps or 0.0))
+                eps=float(norm_eps or 0.0), blk_stride=0, blk_pairs=0, tail_start=0)
     constexprs = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, NORM=norm_eps is not None,
                       EPILOGUE=code, HAS_BIAS=bias is not None, WRITE_OUT=write_out, DOT_DTYPE=dot_dtype(w.dtype))
     programs = num_m * num_n * split_k
@@ -200,12 +206,13 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
 
 @triton.jit
 def gemm_kernel(x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, ws_ptr,
-                M, N, K, stride_x, stride_w, stride_out, stride_tok, eps,
+                M, N, K, stride_x, stride_w, stride_out, stride_tok, eps, blk_stride, blk_pairs, tail_start,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                 NORM: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr,
                 DOT_DTYPE: tl.constexpr):
     gemm_tile(tl.program_id(0), x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_idx_ptr, counter_ptr,
-              tok_ptr, ws_ptr, M, N, K, stride_x, stride_w, stride_out, stride_tok, eps, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K,
+              tok_ptr, ws_ptr, M, N, K, stride_x, stride_w, stride_out, stride_tok, eps, blk_stride, blk_pairs,
+              tail_start, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K,
               NORM, EPILOGUE, HAS_BIAS, WRITE_OUT, DOT_DTYPE)
 
 

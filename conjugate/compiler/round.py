@@ -24,6 +24,7 @@ import torch
 from conjugate.compiler.buffers import PreparedWeights, RoundBuffers
 from conjugate.compiler.codegen import Dispatch, KernelCache, kernel_args, kernel_source
 from conjugate.compiler.lower import lower_part
+from conjugate.compiler.packed import pack_launch
 from conjugate.compiler.resources import check_shared_memory
 from conjugate.compiler.tile import INTERPRETING, PartCall
 from conjugate.errors import CompileError
@@ -78,10 +79,17 @@ def _compile_launch(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers, cache
             check_shared_memory(parts[-1], launch.num_stages, device)
         except ValueError as e:
             raise CompileError(launch.index, p, str(e), "+".join(part.ops)) from e
+    packed = launch.operand_layout == "packed" and len(parts) == 2
+    if packed:
+        try:
+            parts = pack_launch(launch, parts, graph, bufs)
+        except ValueError as e:
+            raise CompileError(launch.index, 1, str(e), "+".join(launch.parts[1].ops)) from e
+        packed = parts[0].sig == parts[1].sig
     dispatch = None
     if len(parts) == 2:
         dispatch = Dispatch.of(launch.pattern, launch.ratio, (parts[0].programs, parts[1].programs))
-    kernel, digest = cache.load(kernel_source(parts, dispatch))
+    kernel, digest = cache.load(kernel_source(parts, dispatch, packed))
     args, constexprs = kernel_args(parts, dispatch)
     return CompiledLaunch(launch.index, kernel, digest, sum(p.programs for p in parts), args, constexprs,
                           launch.num_warps, launch.num_stages, launch.stream, parts)

@@ -1,0 +1,82 @@
+"""The packed operand layout: a target GEMM and a draft GEMM sharing one launch read their weights
+from one block-interleaved buffer, through one homogeneous tile loop.
+
+    buffer = [T0 D0 T1 D1 ... T(R-1) D(R-1) | the larger model's remaining blocks]
+
+Block j of a model is its weight rows j*BLOCK_N .. (j+1)*BLOCK_N (zero-padded to BLOCK_N rows),
+row stride its own K: different K need no padding, the tile loop takes each model's K and its
+block addressing (GemmBlocks) as per-program arguments. Both parts run the target's tile shape.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import networkx as nx
+import torch
+
+from conjugate.compiler.buffers import RoundBuffers
+from conjugate.compiler.lower import lower_part
+from conjugate.compiler.tile import PartCall, cdiv
+from conjugate.plan.expand import Launch
+
+_MUST_MATCH = ("NORM", "EPILOGUE", "HAS_BIAS", "WRITE_OUT", "DOT_DTYPE")
+
+
+@dataclass(frozen=True)
+class GemmBlocks:
+    """Where one model's weight blocks sit in a packed buffer (element offsets)."""
+
+    offset: int  # of the model's block 0
+    stride: int  # between its blocks j and j + 1 while they alternate (j < pairs)
+    pairs: int
+    tail_start: int  # of its block `pairs`, relative to `offset`
+
+
+def pack_pair(w_t: torch.Tensor, w_d: torch.Tensor, block_n: int) -> tuple[torch.Tensor, GemmBlocks, GemmBlocks]:
+    """The block-interleaved buffer of two [N, K] weights, and each one's block addressing."""
+    (n_t, k_t), (n_d, k_d) = w_t.shape, w_d.shape
+    nb_t, nb_d = cdiv(n_t, block_n), cdiv(n_d, block_n)
+    size_t, size_d = block_n * k_t, block_n * k_d
+    pairs, stride = min(nb_t, nb_d), size_t + size_d
+    buffer = torch.zeros(nb_t * size_t + nb_d * size_d, dtype=w_t.dtype, device=w_t.device)
+    tail = pairs * stride
+
+    def place(w: torch.Tensor, blocks: GemmBlocks, size: int) -> None:
+        for j in range(cdiv(w.shape[0], block_n)):
+            start = blocks.offset + (j * blocks.stride if j < pairs else blocks.tail_start + (j - pairs) * size)
+            rows = w[j * block_n:(j + 1) * block_n]
+            buffer[start:start + rows.numel()] = rows.reshape(-1)
+
+    blocks_t = GemmBlocks(0, stride, pairs, tail)
+    blocks_d = GemmBlocks(size_t, stride, pairs, tail - size_t + (nb_t - pairs) * size_t)
+    place(w_t, blocks_t, size_t)
+    place(w_d, blocks_d, size_d)
+    return buffer, blocks_t, blocks_d
+
+
+def _bind(call: PartCall, name: str, buffer: torch.Tensor, blocks: GemmBlocks) -> None:
+    call.args[name] = buffer[blocks.offset:]
+    call.args.update(stride_w=call.args["K"], blk_stride=blocks.stride, blk_pairs=blocks.pairs,
+                     tail_start=blocks.tail_start)
+    call.scratch.append(buffer)
+
+
+def pack_launch(launch: Launch, calls: list[PartCall], graph: nx.DiGraph, bufs: RoundBuffers) -> list[PartCall]:
+    """Re-bind a target GEMM + draft GEMM launch to the packed layout; ValueError when the two GEMMs
+    cannot share a tile loop. Launches that are not GEMM beside GEMM have no weights to pack and
+    keep the separate layout."""
+    target, draft = launch.parts
+    if [c.sig.fn for c in calls] != ["gemm_tile", "gemm_tile"]:
+        return calls
+    t_call = calls[0]
+    d_call = lower_part(replace(draft, tiles=target.tiles), graph, bufs)  # the homogeneous tile shape
+    differ = [c for c in _MUST_MATCH if t_call.constexprs[c] != d_call.constexprs[c]]
+    if differ:
+        raise ValueError(f"the packed operand layout needs GEMMs with the same epilogue and prologue; "
+                         f"{target.kind} and {draft.kind} differ in {', '.join(differ)}")
+    names = ("w_ptr", "w2_ptr") if t_call.constexprs["EPILOGUE"] == 2 else ("w_ptr",)
+    for name in names:
+        buffer, blocks_t, blocks_d = bufs.packed(t_call.args[name], d_call.args[name], t_call.constexprs["BLOCK_N"])
+        _bind(t_call, name, buffer, blocks_t)
+        _bind(d_call, name, buffer, blocks_d)
+    return [t_call, d_call]
