@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from conjugate.errors import ConjugateError
+from conjugate.errors import ConjugateError, PlanError
 from conjugate.workload import DEFAULT_WORKLOAD, REPO_ROOT
 
 PLAN_DIR = REPO_ROOT / "plans"
@@ -107,7 +107,8 @@ def cmd_plan_compile(args: argparse.Namespace) -> None:
 
 
 def cmd_check(args: argparse.Namespace) -> None:
-    """Load a workload, validate and expand every shipped plan, run the reference round."""
+    """Load a workload, validate and expand every shipped plan, run the reference round and one
+    plan's compiled round, and check that they agree."""
     from conjugate.plan import expand, load_plan
     from conjugate.workload import load_workload
 
@@ -126,20 +127,25 @@ def cmd_check(args: argparse.Namespace) -> None:
         s = schedule.summary()
         table.add_row(plan.name, plan.hash[:12], str(s["launches"]), str(s["cross_model"]), _human_bytes(s["bytes"]), "valid")
     out.print(table)
-    shown = args.plan if args.plan in schedules else next(iter(schedules))
+    if args.plan not in schedules:
+        raise PlanError(f"--plan: no shipped plan named {args.plan!r}; shipped: {', '.join(schedules)}")
+    shown = args.plan
     out.print(_schedule_table(schedules[shown], f"Expanded schedule of {shown!r}", limit=args.limit))
     if len(schedules[shown].launches) > args.limit:
         out.print(f"... {len(schedules[shown].launches) - args.limit} more launches (conjugate plan explain)")
-    _reference_summary(workload)
+    _run_rounds(workload, load_plan(PLAN_DIR / f"{shown}.json"))
 
 
-def _reference_summary(workload) -> None:
+def _run_rounds(workload, plan) -> None:
+    """The reference round, then the plan's compiled round checked against it."""
     import torch
 
+    from conjugate.compiler.round import compile_round
+    from conjugate.evaluate.correctness import compare_rounds
     from conjugate.models import make_round_inputs, random_weights, reference_round
 
     if workload.draft.num_params() + workload.target.num_params() > 2e8 and not torch.cuda.is_available():
-        out.print("reference round: skipped (models too large for this CPU; run it where a GPU is)")
+        out.print("rounds: skipped (models too large for this CPU; run it where a GPU is)")
         return
     device = "cuda" if torch.cuda.is_available() else "cpu"
     draft = random_weights(workload.draft, workload.seed, workload.torch_dtype, device)
@@ -147,18 +153,30 @@ def _reference_summary(workload) -> None:
     inputs = make_round_inputs(draft, target, k=workload.k, draft_batch=workload.draft_batch,
                                target_batch=workload.target_batch, context=workload.context,
                                seed=workload.seed, kv_init=workload.kv_init)
-    result = reference_round(draft, target, inputs)
-    out.print(f"reference round on {device}: draft tokens {result.draft_tokens.tolist()}, "
-              f"target tokens {result.target_tokens.tolist()}")
+    ref = reference_round(draft, target, inputs)
+    out.print(f"reference round on {device}: draft tokens {ref.draft_tokens.tolist()}, "
+              f"target tokens {ref.target_tokens.tolist()}")
+    with out.status(f"compiling and running {plan.name!r} ({'GPU' if device == 'cuda' else 'Triton interpreter'})"):
+        compiled = compile_round(plan, workload, draft, target)
+        compiled.load(inputs)
+        compiled.bufs.poison()
+        compiled.run()
+        report = compare_rounds(ref, compiled.outputs(), workload.dtype, workload.context)
+    verdict = "equals the reference round" if report.ok else "DIFFERS from the reference: " + "; ".join(report.problems)
+    out.print(f"compiled round of {plan.name!r} ({len(compiled.launches)} launches, kernels in "
+              f"{compiled.source_dir}): {verdict}")
+    if not report.ok:
+        raise SystemExit(1)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="conjugate", description="Compile the draft and target models of "
                                      "speculative decoding together.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    check = sub.add_parser("check", help="validate and expand the shipped plans on a workload, run the reference round")
+    check = sub.add_parser("check", help="validate and expand the shipped plans on a workload; run the reference "
+                                         "round and a plan's compiled round and compare them")
     check.add_argument("workload", nargs="?", default=str(DEFAULT_WORKLOAD), help="workload TOML (default: the tiny CPU one)")
-    check.add_argument("--plan", default="interleave", help="which plan's schedule to print (default: interleave)")
+    check.add_argument("--plan", default="interleave", help="the plan to print and run (default: interleave)")
     check.add_argument("--limit", type=int, default=40, help="launches to print (default: 40)")
     check.set_defaults(func=cmd_check)
     sub.add_parser("models", help="list the model presets").set_defaults(func=cmd_models)

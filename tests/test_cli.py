@@ -124,6 +124,12 @@ def test_check_default_workload(capsys):
         assert plan in out, plan
     assert "reference round" in out
     assert "draft tokens" in out and "target tokens" in out
+    assert "compiled round of 'interleave'" in out and "equals the reference round" in out
+
+
+def test_check_unknown_plan(capsys):
+    code, _, err = run(capsys, "check", "--plan", "nope")
+    assert code == 2 and err.startswith("error: --plan: no shipped plan named 'nope'")
 
 
 # ---------------------------------------------------------------------------------------------

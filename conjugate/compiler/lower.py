@@ -19,7 +19,7 @@ from conjugate.graph import Op
 from conjugate.plan.expand import Part
 
 _NORM_OF = {"qkv": "attn_norm", "gate_up": "mlp_norm", "lm_head": "final_norm"}
-_STANDALONE_NORM = {"attn_norm": "attn_norm", "mlp_norm": "mlp_norm", "final_norm": "final_norm"}
+_NORM_KINDS = ("attn_norm", "mlp_norm", "final_norm")
 
 
 def _gemm_tiles(tiles: dict[str, int]) -> dict[str, int]:
@@ -79,7 +79,7 @@ def lower_part(part: Part, graph: nx.DiGraph, bufs: RoundBuffers) -> PartCall:
         tokens_in, stride_in, *_ = _step_views(b, main.step)
         return embed_call(tokens_in, b.prepared.weights.embed, act["x"], rows=rows, stride_tok=stride_in,
                           block=tiles["BLOCK"], label=label)
-    if main.kind in _STANDALONE_NORM:
+    if main.kind in _NORM_KINDS:
         return rmsnorm_call(act["x"], _norm_weight(b, main), act["h"], rows=rows, eps=spec.rms_norm_eps,
                             block=tiles["BLOCK"], label=label)
     if main.kind == "rope_kv":
