@@ -2,7 +2,8 @@
 
 Layout (fixed by the rest of the compiler):
 
-* q, out: fp32 [M, num_heads * head_dim], row strides `stride_q` / `stride_o`; row r = b * T + t
+* q: fp32, out: fp32 or bf16/fp16 (a GEMM operand) [M, num_heads * head_dim], row strides
+  `stride_q` / `stride_o`; row r = b * T + t
   (b = sequence, t = new token, T = 1 for a draft decode step, k + 1 for target verify). Token t
   sits at position start + t and sees keys 0 .. start + t (causal among the new tokens).
 * k_cache, v_cache: [B, num_kv_heads, S_max, head_dim] contiguous, bf16/fp16/fp32 (upcast after
