@@ -169,6 +169,51 @@ def _run_rounds(workload, plan) -> None:
         raise SystemExit(1)
 
 
+def cmd_bench(args: argparse.Namespace) -> None:
+    """Evaluate plans on a workload beside the baselines; print a table, optionally write JSON."""
+    from conjugate.evaluate.pipeline import evaluate
+    from conjugate.evaluate.profile import load_profile
+    from conjugate.plan import load_plan
+    from conjugate.workload import load_workload
+
+    workload = load_workload(args.workload)
+    profile = load_profile(args.evaluator)
+    plans = [load_plan(p) for p in (args.plan or [PLAN_DIR / f"{n}.json" for n in ("sequential", "streams", "interleave")])]
+    baselines = {n: load_plan(PLAN_DIR / f"{n}.json") for n in ("sequential", "streams")}
+    results = {}
+    for name, plan in [*baselines.items(), *((p.name, p) for p in plans)]:
+        if plan.hash not in results:
+            with out.status(f"{profile.name}: {plan.name} on {workload.name} (validate, compile, check, time)"):
+                results[plan.hash] = evaluate(plan, workload, profile)
+    base_ms = {n: results[p.hash].metrics.get("latency_ms") for n, p in baselines.items()}
+    rows = []
+    for plan in plans:
+        r = results[plan.hash]
+        speedups = {n: b / r.metrics["latency_ms"] for n, b in base_ms.items() if b and r.ok}
+        rows.append({"plan": plan.name, "result": r.to_dict(), "speedups": speedups})
+    _bench_table(workload, profile, rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"workload": workload.name, "evaluator": profile.name,
+                                               "modeled": True, "plans": rows}, indent=1) + "\n")
+
+
+def _bench_table(workload, profile, rows: list[dict]) -> None:
+    table = Table(title=f"{workload.name}, evaluator {profile.name}: latencies MODELED for {profile.model.gpu}, "
+                        f"not measured")
+    for col in ("plan", "latency", "floor ratio", "vs sequential", "vs streams", "vs conventional", "status", "checked"):
+        table.add_column(col)
+    for row in rows:
+        r, m = row["result"], row["result"]["metrics"]
+        checks = r["checks"]
+        checked = "skipped" if "skipped" in checks else ("yes" if checks.get("ok") else "-")
+        table.add_row(row["plan"], f"{m['latency_ms']:.3f} ms" if "latency_ms" in m else "-",
+                      f"{m['floor_ratio']:.2f}" if "floor_ratio" in m else "-",
+                      *(f"{row['speedups'][b]:.2f}x" if b in row["speedups"] else "-" for b in ("sequential", "streams")),
+                      "GPU only", r["status"] if r["status"] == "ok" else f"{r['status']} at {r['stage']}: {r['error']}",
+                      checked)
+    out.print(table)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="conjugate", description="Compile the draft and target models of "
                                      "speculative decoding together.")
@@ -180,6 +225,13 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--limit", type=int, default=40, help="launches to print (default: 40)")
     check.set_defaults(func=cmd_check)
     sub.add_parser("models", help="list the model presets").set_defaults(func=cmd_models)
+    bench = sub.add_parser("bench", help="evaluate plans on a workload beside the baselines")
+    bench.add_argument("workload", help="workload TOML file")
+    bench.add_argument("--plan", action="append", help="plan JSON file (repeatable; default: the shipped plans)")
+    bench.add_argument("--evaluator", default="analytical", help="evaluator profile name or TOML path "
+                       "(default: analytical)")
+    bench.add_argument("--json", help="also write the results as JSON to this file")
+    bench.set_defaults(func=cmd_bench)
     plan = sub.add_parser("plan", help="work with cross-model plans").add_subparsers(dest="plan_command", required=True,
                                                                                       metavar="ACTION")
     for name, func, text in (("validate", cmd_plan_validate, "validate a plan and expand it on a workload"),

@@ -1,0 +1,80 @@
+"""How well the analytical evaluator ranks plans the way the GPU does.
+
+    python benchmarks/analytical_agreement.py [--measured results/compiler_rounds_h200.json]
+                                              [--json results/analytical_agreement.json]
+
+Runs on the CPU: models every (workload, plan) of a committed GPU result with the analytical
+evaluator (evaluators/analytical.toml) and reports Spearman's rank correlation between modeled
+and measured latency, per workload (over its plans) and pooled over every pair.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from conjugate.evaluate.pipeline import evaluate  # noqa: E402
+from conjugate.evaluate.profile import load_profile  # noqa: E402
+from conjugate.plan import load_plan  # noqa: E402
+from conjugate.workload import load_workload  # noqa: E402
+
+
+def ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    result = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            result[order[k]] = (i + j) / 2  # ties share their mean rank
+        i = j + 1
+    return result
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+    return cov / var if var else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--measured", type=Path, default=ROOT / "benchmarks" / "results" / "compiler_rounds_h200.json")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    measured = json.loads(args.measured.read_text())
+    profile = load_profile("analytical")
+    rows, per_workload = [], {}
+    for w in measured["workloads"]:
+        workload = load_workload(ROOT / "examples" / f"{w['workload']}.toml")
+        pairs = []
+        for p in w["plans"]:
+            if "median_ms" not in p:
+                continue
+            result = evaluate(load_plan(ROOT / "plans" / f"{p['plan']}.json"), workload, profile)
+            pairs.append((p["plan"], p["median_ms"], result.metrics["latency_ms"]))
+            rows.append({"workload": w["workload"], "plan": p["plan"], "measured_ms": p["median_ms"],
+                         "modeled_ms": result.metrics["latency_ms"]})
+        per_workload[w["workload"]] = spearman([m for _, m, _ in pairs], [e for _, _, e in pairs])
+    pooled = spearman([r["measured_ms"] for r in rows], [r["modeled_ms"] for r in rows])
+    out = {"measured": str(args.measured.relative_to(ROOT)), "gpu": measured["gpu"], "evaluator": profile.name,
+           "spearman_per_workload": per_workload, "spearman_pooled": pooled, "rows": rows,
+           "command": "python benchmarks/analytical_agreement.py --json benchmarks/results/analytical_agreement.json"}
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+    for r in rows:
+        print(f"{r['workload']:24} {r['plan']:11} measured {r['measured_ms']:6.2f} ms  modeled {r['modeled_ms']:6.2f} ms")
+    print("Spearman per workload:", {k: round(v, 2) for k, v in per_workload.items()})
+    print(f"Spearman pooled over {len(rows)} rounds: {pooled:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""The analytical evaluator: a roofline model of a compiled round, for machines without a GPU.
+
+Per part (one op or fused chain of one model, `p` programs):
+    time = max(bytes / (bandwidth * efficiency[family]), flops / matmul rate) / fill(p)
+    fill(p) = p / (waves * slots), waves = ceil(p / slots), slots = SMs * programs per SM
+so a grid smaller than one wave cannot draw the whole bandwidth (wave quantization).
+A launch costs the launch overhead plus its part; two parts share the launch's slots:
+    time = overhead + sum_i(bytes_i / bandwidth_i) / fill(p_0 + p_1) + penalty * min(part times)
+One stream runs launches back to back; two streams hide `streams_overlap` of the shorter stream.
+Every number it produces is modeled, not measured.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import networkx as nx
+
+from conjugate.evaluate.profile import ModelConstants
+from conjugate.plan.expand import Launch, Schedule
+from conjugate.plan.tiles import FAMILY_OF
+
+
+@dataclass(frozen=True)
+class PartCost:
+    family: str
+    bytes: int
+    flops: int
+    programs: int
+
+
+@dataclass(frozen=True)
+class LaunchEstimate:
+    index: int
+    stream: str
+    us: float
+    alone_us: tuple[float, ...]  # each part as a launch of its own (overhead included)
+
+    def verdict(self) -> dict:
+        """Gain, neutral or interference of a shared launch against its parts launched separately."""
+        separate = sum(self.alone_us)
+        change = (separate - self.us) / separate * 100
+        kind = "gain" if change > 2 else "interference" if change < -2 else "neutral"
+        return {"launch": self.index, "verdict": kind, "shared_us": round(self.us, 2),
+                "separate_us": round(separate, 2), "gain_percent": round(change, 1), "modeled": True}
+
+
+class AnalyticalModel:
+    def __init__(self, constants: ModelConstants):
+        self.c = constants
+        self.slots = constants.sms * constants.programs_per_sm
+
+    def fill(self, programs: int) -> float:
+        waves = max(1, math.ceil(programs / self.slots))
+        return programs / (waves * self.slots)
+
+    def _memory_us(self, part: PartCost) -> float:
+        return part.bytes / (self.c.bandwidth_gbs * 1e3 * self.c.efficiency[part.family])  # GB/s = 1e3 B/us
+
+    def _compute_us(self, part: PartCost) -> float:
+        return part.flops / (self.c.matmul_tflops * 1e6)  # TFLOP/s = 1e6 FLOP/us
+
+    def part_us(self, part: PartCost) -> float:
+        return max(self._memory_us(part), self._compute_us(part)) / self.fill(part.programs)
+
+    def launch_us(self, parts: list[PartCost]) -> float:
+        if len(parts) == 1:
+            return self.c.launch_overhead_us + self.part_us(parts[0])
+        alone = [self.part_us(p) for p in parts]
+        memory = sum(self._memory_us(p) for p in parts) / self.fill(sum(p.programs for p in parts))
+        compute = sum(self._compute_us(p) for p in parts)
+        return self.c.launch_overhead_us + max(memory, compute) + self.c.colocation_penalty * min(alone)
+
+    def estimate(self, launch: Launch, parts: list[PartCost]) -> LaunchEstimate:
+        alone = tuple(self.launch_us([p]) for p in parts)
+        return LaunchEstimate(launch.index, launch.stream, self.launch_us(parts), alone)
+
+    def round_ms(self, estimates: list[LaunchEstimate]) -> float:
+        per_stream: dict[str, float] = {}
+        for e in estimates:
+            per_stream[e.stream] = per_stream.get(e.stream, 0.0) + e.us
+        if len(per_stream) == 1:
+            return next(iter(per_stream.values())) / 1e3
+        longest, shortest = max(per_stream.values()), min(per_stream.values())
+        return (longest + (1 - self.c.streams_overlap) * shortest) / 1e3
+
+
+def part_costs(graph: nx.DiGraph, launch: Launch, programs: list[int]) -> list[PartCost]:
+    """Bytes and FLOPs of each part (from the op graph) with its program count (from lowering)."""
+    costs = []
+    for part, count in zip(launch.parts, programs):
+        ops = [graph.nodes[o]["op"] for o in part.ops]
+        costs.append(PartCost(FAMILY_OF[part.kind], sum(o.bytes for o in ops), sum(o.flops for o in ops), count))
+    return costs
+
+
+def model_round(model: AnalyticalModel, graph: nx.DiGraph, schedule: Schedule,
+                programs: list[list[int]]) -> tuple[float, list[LaunchEstimate]]:
+    estimates = [model.estimate(launch, part_costs(graph, launch, counts))
+                 for launch, counts in zip(schedule.launches, programs)]
+    return model.round_ms(estimates), estimates

@@ -1,0 +1,112 @@
+"""The evaluation pipeline: validate -> compile -> correctness -> timing, stopping at the first
+failure. `evaluate` never raises: whatever goes wrong ends up in the EvalResult.
+
+Timing here is the analytical model's (evaluators/analytical.toml): the result says `modeled`.
+Correctness runs the compiled round against the reference under the Triton interpreter for
+models small enough for it (the profile's `max_params`); larger rounds are compiled on shape-only
+weights, so their lowering and kernel generation are still checked, and the result says the
+numerical check was skipped.
+"""
+from __future__ import annotations
+
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from conjugate.compiler.round import compile_round
+from conjugate.errors import CompileError, PlanError, ScheduleError
+from conjugate.evaluate.analytical import AnalyticalModel, model_round
+from conjugate.evaluate.correctness import compare_rounds
+from conjugate.evaluate.profile import EvaluatorProfile
+from conjugate.evaluate.result import EvalResult
+from conjugate.graph import build_graph, graph_totals
+from conjugate.models import make_round_inputs, random_weights, reference_round
+from conjugate.models.weights import meta_weights
+from conjugate.plan import Plan, expand, validate_plan
+from conjugate.workload import Workload
+
+
+class _Stop(Exception):
+    """A stage failed; carries the result to return."""
+
+    def __init__(self, result: EvalResult):
+        self.result = result
+
+
+def evaluate(plan: Plan | dict, workload: Workload, profile: EvaluatorProfile,
+             cache_dir: Path | None = None) -> EvalResult:
+    """Score one plan on one workload. Never raises."""
+    run = _Run(workload, profile, cache_dir)
+    try:
+        return run.all(plan)
+    except _Stop as stop:
+        return stop.result
+    except Exception as e:  # a bug or an unforeseen failure: still data, with where it happened
+        last = traceback.format_exception_only(type(e), e)[-1].strip()
+        return run.result("error", error=f"{last} (in {traceback.extract_tb(e.__traceback__)[-1].name})")
+
+
+class _Run:
+    def __init__(self, workload: Workload, profile: EvaluatorProfile, cache_dir: Path | None):
+        self.workload, self.profile, self.cache_dir = workload, profile, cache_dir
+        self.start = time.perf_counter()
+        self.stage, self.plan_hash = "validate", ""
+
+    def result(self, status: str, **fields: Any) -> EvalResult:
+        return EvalResult(plan_hash=self.plan_hash, workload=self.workload.name, evaluator=self.profile.name,
+                          stage=self.stage, status=status, modeled=True,
+                          wall_s=round(time.perf_counter() - self.start, 3), **fields)
+
+    def all(self, raw: Plan | dict) -> EvalResult:
+        w = self.workload
+        graph = build_graph(w)
+        try:
+            plan = raw if isinstance(raw, Plan) else validate_plan(raw, "plan")
+            self.plan_hash = plan.hash
+            schedule = expand(plan, w, graph)
+        except (PlanError, ScheduleError) as e:
+            raise _Stop(self.result("invalid", error=str(e), feedback=[{"errors": getattr(e, "errors", [str(e)])}]))
+        self.stage = "compile"
+        checked = w.draft.num_params() + w.target.num_params() <= self.profile.max_check_params
+        weights = self._real_weights() if checked else (meta_weights(w.draft, w.torch_dtype),
+                                                        meta_weights(w.target, w.torch_dtype))
+        try:
+            compiled = compile_round(plan, w, weights[0], weights[1], cache_dir=self.cache_dir, schedule=schedule)
+        except CompileError as e:
+            raise _Stop(self.result("compile_error", error=str(e), feedback=[e.to_dict()]))
+        artifacts = {"kernels": str(compiled.source_dir)}
+        self.stage = "correctness"
+        checks = self._check(compiled, weights) if checked else {
+            "skipped": f"{w.draft.num_params() + w.target.num_params():.3g} parameters: over the interpreter's "
+                       f"limit of {self.profile.max_check_params:.3g} in {self.profile.source}"}
+        if not checks.get("ok", True):
+            raise _Stop(self.result("incorrect", checks=checks, artifacts=artifacts, error="; ".join(checks["problems"])))
+        self.stage = "timing"
+        return self.result("ok", metrics=self._timing(graph, schedule, compiled), checks=checks,
+                           verdicts=self._verdicts, feedback=compiled.feedback(), artifacts=artifacts)
+
+    def _real_weights(self):
+        w = self.workload
+        return random_weights(w.draft, w.seed, w.torch_dtype), random_weights(w.target, w.seed, w.torch_dtype)
+
+    def _check(self, compiled, weights) -> dict:
+        w = self.workload
+        inputs = make_round_inputs(weights[0], weights[1], k=w.k, draft_batch=w.draft_batch,
+                                   target_batch=w.target_batch, context=w.context, seed=w.seed, kv_init=w.kv_init)
+        compiled.load(inputs)
+        compiled.bufs.poison()
+        compiled.run()
+        return compare_rounds(reference_round(weights[0], weights[1], inputs), compiled.outputs(), w.dtype,
+                              w.context).to_dict()
+
+    def _timing(self, graph, schedule, compiled) -> dict:
+        model = AnalyticalModel(self.profile.model)
+        programs = [[p.programs for p in launch.parts] for launch in compiled.launches]
+        latency_ms, estimates = model_round(model, graph, schedule, programs)
+        self._verdicts = [e.verdict() for e in estimates if len(e.alone_us) > 1]
+        nbytes = graph_totals(graph)["bytes"]
+        floor_ms = nbytes / (self.profile.model.bandwidth_gbs * 1e9) * 1e3
+        return {"latency_ms": latency_ms, "floor_ms": floor_ms, "floor_ratio": latency_ms / floor_ms,
+                "bandwidth_gbs": nbytes / (latency_ms * 1e-3) / 1e9, "launches": len(schedule.launches),
+                "gpu": self.profile.model.gpu}

@@ -1,0 +1,101 @@
+"""Evaluator profiles: the TOML files in evaluators/ that say how an evaluator scores plans."""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from conjugate.errors import ConjugateError
+from conjugate.files import read_text
+from conjugate.workload import REPO_ROOT
+
+PROFILE_DIR = REPO_ROOT / "evaluators"
+KINDS = ("analytical",)
+_MODEL_KEYS = {"gpu": str, "bandwidth_gbs": float, "matmul_tflops": float, "sms": int, "programs_per_sm": int,
+               "launch_overhead_us": float, "colocation_penalty": float, "streams_overlap": float}
+_FAMILIES = ("gemm", "attn", "elementwise")
+
+
+class ProfileError(ConjugateError):
+    """An evaluator profile is missing or malformed."""
+
+
+@dataclass(frozen=True)
+class ModelConstants:
+    gpu: str
+    bandwidth_gbs: float
+    matmul_tflops: float
+    sms: int
+    programs_per_sm: int
+    launch_overhead_us: float
+    colocation_penalty: float
+    streams_overlap: float
+    efficiency: dict[str, float] = field(default_factory=dict)  # op family -> fraction of bandwidth
+
+
+@dataclass(frozen=True)
+class EvaluatorProfile:
+    name: str
+    kind: str
+    description: str
+    time_limit_s: float
+    max_check_params: int  # run the interpreter correctness check up to this many parameters
+    model: ModelConstants
+    source: str = ""
+
+
+def load_profile(name_or_path: str | Path) -> EvaluatorProfile:
+    """A profile by name (evaluators/<name>.toml) or by path."""
+    path = Path(name_or_path)
+    if path.suffix != ".toml":
+        path = PROFILE_DIR / f"{name_or_path}.toml"
+        if not path.exists():
+            known = ", ".join(sorted(p.stem for p in PROFILE_DIR.glob("*.toml")))
+            raise ProfileError(f"--evaluator: no evaluator profile named {str(name_or_path)!r}; known: {known}")
+    try:
+        data = tomllib.loads(read_text(path, ProfileError, "evaluator profile"))
+    except tomllib.TOMLDecodeError as e:
+        raise ProfileError(f"{path}: malformed TOML: {e}") from e
+    return _profile(data, path)
+
+
+def _need(data: dict, key: str, kind: type, where: str) -> Any:
+    if key not in data:
+        raise ProfileError(f"{where}: missing field {key!r}")
+    value = data[key]
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise ProfileError(f"{where}: field {key!r} should be {kind.__name__}, got {value!r}")
+    if kind in (int, float) and value < 0:
+        raise ProfileError(f"{where}: field {key!r} should not be negative, got {value!r}")
+    return value
+
+
+def _profile(data: dict, path: Path) -> EvaluatorProfile:
+    where = str(path)
+    for key in data:
+        if key not in ("name", "kind", "description", "time_limit_s", "correctness", "model"):
+            raise ProfileError(f"{where}: unknown field {key!r}")
+    kind = _need(data, "kind", str, where)
+    if kind not in KINDS:
+        raise ProfileError(f"{where}: field 'kind' is {kind!r}; supported: {', '.join(KINDS)}")
+    model = data.get("model", {})
+    unknown = set(model) - set(_MODEL_KEYS) - {"efficiency"}
+    if unknown:
+        raise ProfileError(f"{where}: unknown field 'model.{sorted(unknown)[0]}'")
+    values = {k: _need(model, k, t, f"{where}: [model]") for k, t in _MODEL_KEYS.items()}
+    efficiency = model.get("efficiency", {})
+    for family in _FAMILIES:
+        e = _need(efficiency, family, float, f"{where}: [model.efficiency]")
+        if not 0 < e <= 1:
+            raise ProfileError(f"{where}: field 'model.efficiency.{family}' should be in (0, 1], got {e}")
+    if values["sms"] < 1 or values["programs_per_sm"] < 1 or values["bandwidth_gbs"] <= 0:
+        raise ProfileError(f"{where}: [model] needs positive sms, programs_per_sm and bandwidth_gbs")
+    correctness = data.get("correctness", {})
+    return EvaluatorProfile(
+        name=_need(data, "name", str, where), kind=kind, description=data.get("description", ""),
+        time_limit_s=_need(data, "time_limit_s", float, where),
+        max_check_params=_need(correctness, "max_params", int, f"{where}: [correctness]"),
+        model=ModelConstants(**values, efficiency={f: float(efficiency[f]) for f in _FAMILIES}), source=where)

@@ -1,0 +1,127 @@
+"""Evaluation: EvalResult, evaluator profiles, the analytical model, the pipeline, `conjugate bench`."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
+from conjugate.cli import main
+from conjugate.compiler.round import CompiledRound
+from conjugate.evaluate import pipeline
+from conjugate.evaluate.analytical import AnalyticalModel, PartCost
+from conjugate.evaluate.pipeline import evaluate
+from conjugate.evaluate.profile import ProfileError, load_profile
+from conjugate.evaluate.result import EvalResult
+from conjugate.plan import load_plan
+from conjugate.workload import load_workload
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = load_workload(ROOT / "examples" / "tiny.toml")
+PROFILE = load_profile("analytical")
+SEQUENTIAL = load_plan(ROOT / "plans" / "sequential.json")
+
+
+def test_eval_result_round_trip_and_checks():
+    r = EvalResult("abc", "tiny", "analytical", "timing", "ok", True, metrics={"latency_ms": 1.0})
+    assert EvalResult.from_dict(json.loads(json.dumps(r.to_dict()))) == r and r.ok
+    with pytest.raises(ValueError):
+        EvalResult("abc", "tiny", "analytical", "linking", "ok", True)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ('name = "x"\nkind = "analytical"\ntime_limit_s = 1\ncolour = 1\n', "unknown field 'colour'"),
+    ('name = "x"\nkind = "quantum"\n', "field 'kind' is 'quantum'"),
+    ("name = \n", "malformed TOML"),
+])
+def test_bad_profiles(tmp_path, text, expected):
+    path = tmp_path / "p.toml"
+    path.write_text(text)
+    with pytest.raises(ProfileError, match=expected):
+        load_profile(path)
+
+
+def test_bad_profile_values(tmp_path):
+    shipped = (ROOT / "evaluators" / "analytical.toml").read_text()
+    for old, new, expected in (("gemm = 0.70", "gemm = 1.5", "model.efficiency.gemm"),
+                               ("sms = 132", 'sms = "many"', "'sms' should be int"),
+                               ("max_params = 5_000_000", "", "missing field 'max_params'")):
+        path = tmp_path / "p.toml"
+        path.write_text(shipped.replace(old, new))
+        with pytest.raises(ProfileError, match=expected):
+            load_profile(path)
+    with pytest.raises(ProfileError, match="no evaluator profile named 'nope'; known: analytical"):
+        load_profile("nope")
+
+
+def test_analytical_model_shapes():
+    model = AnalyticalModel(PROFILE.model)
+    slots = model.slots
+    full, spill = PartCost("gemm", 10**8, 0, slots), PartCost("gemm", 10**8, 0, slots + 1)
+    assert model.part_us(spill) > 1.9 * model.part_us(full)  # a second, nearly empty wave
+    assert model.part_us(PartCost("gemm", 2 * 10**8, 0, slots)) > model.part_us(full)
+    assert model.part_us(PartCost("gemm", 10, 10**12, slots)) > 1000  # compute-bound
+    # a target part one wave short, with a small draft part beside it: modeled as a gain
+    target, draft = PartCost("gemm", 5 * 10**7, 0, slots // 2), PartCost("attn", 5 * 10**6, 0, slots // 4)
+    shared = model.launch_us([target, draft])
+    assert shared < model.launch_us([target]) + model.launch_us([draft])
+
+
+def test_pipeline_checks_and_models_the_tiny_round(tmp_path):
+    r = evaluate(SEQUENTIAL, TINY, PROFILE, cache_dir=tmp_path)
+    assert r.ok and r.stage == "timing" and r.modeled and r.checks["ok"] is True
+    assert r.metrics["latency_ms"] > r.metrics["floor_ms"] > 0
+    assert r.feedback and Path(r.artifacts["kernels"]).is_dir()
+    inter = evaluate(load_plan(ROOT / "plans" / "interleave.json"), TINY, PROFILE, cache_dir=tmp_path)
+    assert inter.ok and inter.verdicts and {v["verdict"] for v in inter.verdicts} <= {"gain", "neutral", "interference"}
+
+
+def test_pipeline_stops_at_the_failing_stage(tmp_path, monkeypatch):
+    bad = evaluate({"schema": "conjugate.plan/1", "alignment": "diagonal"}, TINY, PROFILE, cache_dir=tmp_path)
+    assert (bad.stage, bad.status) == ("validate", "invalid") and "$.alignment" in bad.error
+    huge = {"schema": "conjugate.plan/1", "tiles": {"target": {"down": {"BLOCK_M": 256, "BLOCK_N": 512,
+                                                                       "BLOCK_K": 512}}}}
+    failed = evaluate(huge, TINY, PROFILE, cache_dir=tmp_path)
+    assert (failed.stage, failed.status) == ("compile", "compile_error")
+    assert failed.feedback[0]["ops"] == "t.l0.down" and "shared memory" in failed.feedback[0]["reason"]
+
+    outputs = CompiledRound.outputs
+
+    def corrupted(self):
+        out = outputs(self)
+        out.target_tokens[0, 0] = (out.target_tokens[0, 0] + 1) % TINY.target.vocab_size
+        return out
+
+    monkeypatch.setattr(CompiledRound, "outputs", corrupted)
+    wrong = evaluate(SEQUENTIAL, TINY, PROFILE, cache_dir=tmp_path)
+    assert (wrong.stage, wrong.status) == ("correctness", "incorrect") and "target token [0, 0]" in wrong.error
+
+
+def test_pipeline_never_raises(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("model exploded")
+
+    monkeypatch.setattr(pipeline, "model_round", broken)
+    r = evaluate(SEQUENTIAL, TINY, PROFILE, cache_dir=tmp_path)
+    assert (r.stage, r.status) == ("timing", "error") and "model exploded" in r.error
+
+
+def test_large_rounds_compile_on_shapes_and_skip_the_numerical_check(tmp_path):
+    big = load_workload(ROOT / "examples" / "qwen25-05b-7b-b8.toml")
+    r = evaluate(SEQUENTIAL, big, PROFILE, cache_dir=tmp_path)
+    assert r.ok and "skipped" in r.checks and r.metrics["floor_ratio"] > 1
+    small_limit = replace(PROFILE, max_check_params=0)
+    assert "skipped" in evaluate(SEQUENTIAL, TINY, small_limit, cache_dir=tmp_path).checks
+
+
+def test_bench_command(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert main(["bench", str(ROOT / "examples" / "tiny.toml"), "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "MODELED" in printed and "interleave" in printed
+    data = json.loads(out.read_text())
+    assert data["modeled"] is True and [p["plan"] for p in data["plans"]] == ["sequential", "streams", "interleave"]
+    assert data["plans"][0]["speedups"]["sequential"] == pytest.approx(1.0)
+    assert main(["bench", str(ROOT / "examples" / "tiny.toml"), "--evaluator", "nope"]) == 2
