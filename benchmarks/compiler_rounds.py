@@ -117,7 +117,7 @@ def bench_plan(plan_path: Path, workload, prepared, inputs, ref, replays: int, c
         compiled.warmup()
         row["compile_s"] = round(time.perf_counter() - t0, 1)
         eager = compare_rounds(ref, compiled.outputs(), workload.dtype, workload.context)
-        compiled.capture()
+        compiled.prepare()  # a CUDA graph of the whole round when the plan says capture: graph
         compiled.load(inputs)
         compiled.bufs.poison()
         compiled.run()

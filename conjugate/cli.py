@@ -142,14 +142,13 @@ def _run_rounds(workload, plan) -> None:
 
     from conjugate.compiler.round import compile_round
     from conjugate.evaluate.correctness import compare_rounds
-    from conjugate.models import make_round_inputs, random_weights, reference_round
+    from conjugate.models import make_round_inputs, reference_round
 
     if workload.draft.num_params() + workload.target.num_params() > 2e8 and not torch.cuda.is_available():
         out.print("rounds: skipped (models too large for this CPU; run it where a GPU is)")
         return
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    draft = random_weights(workload.draft, workload.seed, workload.torch_dtype, device)
-    target = random_weights(workload.target, workload.seed, workload.torch_dtype, device)
+    draft, target = workload.weights("draft", device), workload.weights("target", device)
     inputs = make_round_inputs(draft, target, k=workload.k, draft_batch=workload.draft_batch,
                                target_batch=workload.target_batch, context=workload.context,
                                seed=workload.seed, kv_init=workload.kv_init)
@@ -214,6 +213,12 @@ def _bench_table(workload, profile, rows: list[dict]) -> None:
     out.print(table)
 
 
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="conjugate", description="Compile the draft and target models of "
                                      "speculative decoding together.")
@@ -222,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
                                          "round and a plan's compiled round and compare them")
     check.add_argument("workload", nargs="?", default=str(DEFAULT_WORKLOAD), help="workload TOML (default: the tiny CPU one)")
     check.add_argument("--plan", default="interleave", help="the plan to print and run (default: interleave)")
-    check.add_argument("--limit", type=int, default=40, help="launches to print (default: 40)")
+    check.add_argument("--limit", type=_positive, default=40, help="launches to print (default: 40)")
     check.set_defaults(func=cmd_check)
     sub.add_parser("models", help="list the model presets").set_defaults(func=cmd_models)
     bench = sub.add_parser("bench", help="evaluate plans on a workload beside the baselines")

@@ -68,6 +68,17 @@ class Workload:
         source = self.draft_source if model == "draft" else self.target_source
         return None if source in PRESETS else Path(source)
 
+    def weights(self, model: str, device="cpu"):
+        """'draft' or 'target' weights: loaded from the checkpoint directory the workload names, or
+        seeded random for a preset."""
+        from conjugate.models.weights import load_checkpoint, random_weights
+
+        spec = self.draft if model == "draft" else self.target
+        directory = self.checkpoint_dir(model)
+        if directory is None:
+            return random_weights(spec, self.seed, self.torch_dtype, device)
+        return load_checkpoint(directory, self.torch_dtype, device, spec)
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["draft"], data["target"] = self.draft.to_dict(), self.target.to_dict()

@@ -592,3 +592,16 @@ def test_reference_round_leaves_inputs_and_writes_positions(pair, kv_init):
     torch.testing.assert_close(fresh.k, out.draft_cache.k, atol=1e-5, rtol=1e-5)
     # and the draft tokens are the argmax of the draft logits
     assert torch.equal(out.draft_tokens, out.draft_logits.argmax(-1))
+
+
+def test_workload_weights_come_from_its_checkpoint(tmp_path):
+    from conjugate.workload import workload_from_dict
+
+    _write_checkpoint(tmp_path / "ckpt", spec_name="tiny-qwen2-t", seed=99)
+    workload = workload_from_dict({"draft": "tiny-qwen2-d", "target": "ckpt", "k": 2, "draft_batch": 1,
+                                   "target_batch": 1, "context": 4, "dtype": "fp32", "seed": 0}, tmp_path / "w.toml")
+    loaded = workload.weights("target")
+    expected = random_weights(ModelSpec.from_name("tiny-qwen2-t"), 99)
+    assert torch.equal(loaded.layers[1].wq, expected.layers[1].wq)
+    assert not torch.equal(loaded.layers[1].wq, random_weights(workload.target, 0).layers[1].wq)
+    assert torch.equal(workload.weights("draft").embed, random_weights(workload.draft, 0).embed)  # a preset

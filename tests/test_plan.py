@@ -306,3 +306,13 @@ def test_random_valid_plans_expand_to_valid_schedules(raw):
     _ops_once(schedule, graph)
     if plan["alignment"] == "sequential":
         assert not any(l.cross_model for l in schedule.launches)
+
+
+def test_pins_need_one_stream_and_one_launch_per_unit():
+    raw = dict(BASE, streams="two", overrides=[{"match": "t.l0.qkv", "with": "d.s0.l0.qkv"}])
+    with pytest.raises(PlanError, match=r"\$.overrides\[0\].with: a pinned cross-model launch needs"):
+        validate_plan(raw)
+    twice = dict(BASE, alignment="proportional", fusions={"draft": ["attn_norm+qkv"]},
+                 overrides=[{"match": "t.l0.qkv", "with": "d.s0.l0.attn_norm"}, {"match": "t.l1.qkv", "with": "d.s0.l0.qkv"}])
+    with pytest.raises(ScheduleError, match="already pinned into another target launch"):
+        expand(validate_plan(twice), TINY)

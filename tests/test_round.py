@@ -208,3 +208,38 @@ def test_packed_plan_packs_only_gemm_pairs(tmp_path):
     compiled, _ = _round("llama").check(validate_plan(shipped), tmp_path)
     kinds = {tuple(p.sig.fn for p in l.parts) for l in compiled.launches if len(l.parts) == 2}
     assert ("gemm_tile", "gemm_tile") in kinds and len(kinds) > 1  # GEMM pairs packed, the others separate
+
+
+def test_single_draft_token_rounds(tmp_path):
+    """k = 1: one decode step, tokens and logits still shaped [B, k]."""
+    _Round(_workload("llama", k=1)).check(_plan(alignment="proportional", pairs={"qkv": ["*"]}), tmp_path)
+
+
+def test_packed_layout_leaves_non_gemm_pairs_separate(tmp_path):
+    plan = _plan(alignment="proportional", operand_layout="packed",
+                 overrides=[{"match": "t.l0.attn", "with": "d.s0.l0.attn"}])  # different head dims
+    compiled, _ = _round("llama").check(plan, tmp_path)
+    shared = next(l for l in compiled.launches if len(l.parts) == 2)
+    assert shared.parts[0].constexprs["HEAD_DIM"] != shared.parts[1].constexprs["HEAD_DIM"]
+    assert "packed operand layout" not in (compiled.source_dir / f"k_{shared.digest}.py").read_text()
+
+
+def test_unsupported_head_dim_is_a_compile_error(tmp_path):
+    from dataclasses import replace
+
+    rnd = _round("llama")
+    odd = replace(rnd.workload, target=replace(rnd.workload.target, head_dim=24))
+    from conjugate.models import random_weights
+
+    target = random_weights(odd.target, 0)
+    with pytest.raises(CompileError, match="head_dim 24 must be a power of two"):
+        compile_round(_plan(), odd, rnd.draft, target, cache_dir=tmp_path)
+
+
+def test_one_wrong_cache_vector_is_caught(tmp_path):
+    rnd = _round("qwen3")
+    _, out = rnd.check(_plan(), tmp_path)
+    context = rnd.workload.context
+    out.target_cache.k[1, 0, 0, context + 2] += 0.5 * out.target_cache.k[1, 0, 0, context + 2].abs().max()
+    report = compare_rounds(rnd.ref, out, "fp32", context)
+    assert not report.ok and any("target cache k: worst (layer, new entry)" in p for p in report.problems)

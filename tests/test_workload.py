@@ -340,3 +340,4 @@ def test_malformed_config_json(tmp_path):
     ckpt = make_checkpoint(tmp_path / "ck")
     (ckpt / "config.json").write_text("{")
     _raises(write_workload(tmp_path / "w.toml", with_fields(draft="ck")), "'draft'", "config.json", "malformed")
+

@@ -60,6 +60,7 @@ class ModelBuffers:
     batch: int
     tokens: int  # new tokens per sequence per pass: 1 (draft decode) or k + 1 (verify)
     steps: int  # passes per round: k (draft) or 1 (target)
+    is_draft: bool
     context: int
     cache: KVCache
     tokens_in: torch.Tensor  # draft [Bd] last accepted token; target [Bt * (k + 1)] verify tokens
@@ -67,7 +68,7 @@ class ModelBuffers:
     logits: torch.Tensor  # draft [Bd, k, V]; target [Bt * (k + 1), V]
     cos: torch.Tensor  # [S_max, head_dim] fp32
     sin: torch.Tensor
-    act: dict[str, torch.Tensor] = field(default_factory=dict)  # x, h, qkv, q, attn_out, mlp: fp32 rows
+    act: dict[str, torch.Tensor] = field(default_factory=dict)  # x, h, qkv, q, attn_out, mlp rows
 
     @property
     def spec(self):
@@ -79,13 +80,13 @@ class ModelBuffers:
 
     @classmethod
     def allocate(cls, prepared: PreparedWeights, batch: int, tokens: int, steps: int, context: int,
-                 max_len: int) -> "ModelBuffers":
+                 max_len: int, is_draft: bool) -> "ModelBuffers":
         w = prepared.weights
         spec, dev, rows = w.spec, w.device, batch * tokens
         cache = KVCache.empty(spec, batch, max_len, w.dtype, dev)
         cos, sin = rope_cos_sin(spec, torch.arange(max_len, device=dev))
-        token_shape = (batch, steps) if steps > 1 else (rows,)
-        logit_shape = (batch, steps, spec.vocab_size) if steps > 1 else (rows, spec.vocab_size)
+        token_shape = (batch, steps) if is_draft else (rows,)
+        logit_shape = (batch, steps, spec.vocab_size) if is_draft else (rows, spec.vocab_size)
 
         def f32(*shape):
             return torch.empty(shape, dtype=torch.float32, device=dev)
@@ -96,8 +97,8 @@ class ModelBuffers:
         act = {"x": f32(rows, spec.hidden_size), "h": operand(rows, spec.hidden_size),
                "qkv": f32(rows, spec.qkv_size), "q": f32(rows, spec.q_size),
                "attn_out": operand(rows, spec.q_size), "mlp": operand(rows, spec.ffn_size)}
-        return cls(prepared, batch, tokens, steps, context, cache,
-                   torch.zeros(batch if steps > 1 else rows, dtype=torch.int64, device=dev),
+        return cls(prepared, batch, tokens, steps, is_draft, context, cache,
+                   torch.zeros(batch if is_draft else rows, dtype=torch.int64, device=dev),
                    torch.zeros(token_shape, dtype=torch.int64, device=dev), f32(*logit_shape), cos, sin, act)
 
 
@@ -120,8 +121,8 @@ class RoundBuffers:
     def allocate(cls, workload: Workload, draft: PreparedWeights, target: PreparedWeights) -> "RoundBuffers":
         k, context = workload.k, workload.context
         max_len = context + k + 1  # as the reference's caches
-        return cls(ModelBuffers.allocate(draft, workload.draft_batch, 1, k, context, max_len),
-                   ModelBuffers.allocate(target, workload.target_batch, k + 1, 1, context, max_len))
+        return cls(ModelBuffers.allocate(draft, workload.draft_batch, 1, k, context, max_len, is_draft=True),
+                   ModelBuffers.allocate(target, workload.target_batch, k + 1, 1, context, max_len, is_draft=False))
 
     def model(self, name: str) -> ModelBuffers:
         return self.draft if name == "draft" else self.target

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,9 +131,10 @@ class KernelCache:
             return self._loaded[digest], digest
         path = self.directory / f"k_{digest}.py"
         if not path.exists() or path.read_text() != source:
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(source)
-            tmp.replace(path)  # atomic: a concurrent reader never sees half a file
+            fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                f.write(source)
+            os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
         name = f"conjugate_generated.k_{digest}"
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)

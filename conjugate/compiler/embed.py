@@ -46,7 +46,8 @@ def embed_call(tokens: torch.Tensor, table: torch.Tensor, x: torch.Tensor, *, ro
                block: int = 1024, label: str = "") -> PartCall:
     """x[r, :] = table[tokens[r * stride_tok], :] for r < rows; x fp32 [>= rows, H] with unit column stride."""
     hidden = table.shape[1]
-    assert table.stride(1) == 1 and x.stride(1) == 1, "embed: rows must be contiguous"
+    if not (table.stride(1) == 1 and x.stride(1) == 1):
+        raise ValueError("embed: rows must be contiguous")
     block = min(block, next_pow2(hidden))
     args = dict(tokens_ptr=tokens, table_ptr=table, x_ptr=x, hidden=hidden, stride_tok=stride_tok,
                 stride_table=table.stride(0), stride_x=x.stride(0))
@@ -95,7 +96,8 @@ ARGMAX_SIGNATURE = TileSignature(
 def argmax_call(logits: torch.Tensor, out: torch.Tensor, *, rows: int, vocab: int, stride_out: int = 1,
                 block: int = 1024, label: str = "") -> PartCall:
     """out[r * stride_out] = argmax(logits[r, :vocab]) for r < rows; out int64."""
-    assert logits.stride(1) == 1, "argmax: logits rows must be contiguous"
+    if not (logits.stride(1) == 1):
+        raise ValueError("argmax: logits rows must be contiguous")
     block = min(block, next_pow2(vocab))
     args = dict(logits_ptr=logits, out_ptr=out, vocab=vocab, stride_logits=logits.stride(0), stride_out=stride_out)
     return PartCall(ARGMAX_SIGNATURE, args, dict(BLOCK=block), rows, label)

@@ -1,6 +1,7 @@
 """Weight-streaming GEMM for decode shapes: out[M, N] = x[M, K] @ w[N, K]^T, M up to a few hundred.
 
-Weights keep the Hugging Face layout [N, K] (row stride `stride_w`), activations are fp32 rows.
+Weights keep the Hugging Face layout [N, K] (row stride `stride_w`); activation rows are fp32 or
+the weights' type, cast to DOT_DTYPE at the load.
 Program `pid` owns one (M block, split, N block) tile; M blocks vary fastest so the programs that
 stream the same weight tile run side by side and share it through L2.
 
@@ -177,7 +178,7 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
               w2: torch.Tensor | None = None, bias: torch.Tensor | None = None, norm_eps: float | None = None,
               tokens: torch.Tensor | None = None, stride_tok: int = 1, write_out: bool = True,
               block_m: int = 16, block_n: int = 64, block_k: int = 128, split_k: int = 1, label: str = "") -> PartCall:
-    """Bind one GEMM. x: [rows, K] fp32 (row stride free); w, w2: [N, K]; out: [rows, N] (row stride free)."""
+    """Bind one GEMM. x: [rows, K] fp32 or the weights' type; w, w2: [N, K]; out: [rows, N] (row strides free)."""
     n, k = w.shape
     code = EPILOGUES[epilogue]
     if code == SILU_MUL and w2 is None:
@@ -185,12 +186,15 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
     if code == ARGMAX and tokens is None:
         raise ValueError("the argmax epilogue needs a tokens buffer")
     num_m, num_n = cdiv(rows, block_m), cdiv(n, block_n)
+    ws_size = split_k * (2 * rows * n + num_n * rows) if split_k > 1 else 1  # acc, acc2, sums of squares
+    if max(n * k, ws_size, rows * out.stride(0)) >= 2**31:
+        raise ValueError(f"GEMM {n}x{k} over {rows} rows (split-K {split_k}): element offsets past 2^31 "
+                         f"are not supported")
     dev = w.device
     # counter[0]: programs done (argmax); counter[1 + tile]: splits done per output tile
     counter = torch.zeros(1 + num_m * num_n, dtype=torch.int32, device=dev)
     part_val = torch.empty(rows * num_n if code == ARGMAX else 1, dtype=torch.float32, device=dev)
     part_idx = torch.empty(rows * num_n if code == ARGMAX else 1, dtype=torch.int32, device=dev)
-    ws_size = split_k * (2 * rows * n + num_n * rows) if split_k > 1 else 1
     ws = torch.empty(ws_size, dtype=torch.float32, device=dev)
     scratch = [counter, part_val, part_idx, ws]
     args = dict(x_ptr=x, w_ptr=w, w2_ptr=w2 if w2 is not None else w, bias_ptr=bias if bias is not None else w,

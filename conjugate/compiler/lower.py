@@ -33,7 +33,7 @@ def _norm_weight(b: ModelBuffers, op: Op):
 
 def _step_views(b: ModelBuffers, step: int):
     """(tokens in, their stride, tokens out, their stride, logits rows) of one pass."""
-    if b.steps == 1:
+    if not b.is_draft:
         return b.tokens_in, 1, b.tokens_out, 1, b.logits
     tokens_in, stride_in = (b.tokens_in, 1) if step == 0 else (b.tokens_out[:, step - 1], b.steps)
     return tokens_in, stride_in, b.tokens_out[:, step], b.steps, b.logits[:, step]

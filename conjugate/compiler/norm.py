@@ -1,6 +1,7 @@
 """Normalisation family: RMSNorm over the hidden dimension.
 
-Layout. x and out are fp32 [M, H], row-major with their own row strides (rows r = b*T + t);
+Layout. x (fp32) and out (fp32 or the weights' type) are [M, H], row-major with their own row
+strides (rows r = b*T + t);
 weight is [H] in any float dtype, upcast to fp32 after the load. One program per row makes two
 passes over H in BLOCK chunks: the sum of squares, then out = x * rsqrt(mean(x^2) + eps) * w,
 the order of reference.rms_norm.
@@ -44,7 +45,8 @@ def rmsnorm_call(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, *, ro
                  block: int = 1024, label: str = "") -> PartCall:
     """out[r, :] = rms_norm(x[r, :], weight, eps) for r < rows."""
     hidden = weight.shape[0]
-    assert x.stride(1) == 1 and out.stride(1) == 1, "rmsnorm: rows must be contiguous"
+    if not (x.stride(1) == 1 and out.stride(1) == 1):
+        raise ValueError("rmsnorm: rows must be contiguous")
     block = min(block, next_pow2(hidden))
     args = dict(x_ptr=x, w_ptr=weight, out_ptr=out, hidden=hidden, stride_x=x.stride(0),
                 stride_out=out.stride(0), eps=float(eps))

@@ -61,13 +61,14 @@ def _bind(call: PartCall, name: str, buffer: torch.Tensor, blocks: GemmBlocks) -
     call.scratch.append(buffer)
 
 
-def pack_launch(launch: Launch, calls: list[PartCall], graph: nx.DiGraph, bufs: RoundBuffers) -> list[PartCall]:
+def pack_launch(launch: Launch, calls: list[PartCall], graph: nx.DiGraph,
+                bufs: RoundBuffers) -> tuple[list[PartCall], bool]:
     """Re-bind a target GEMM + draft GEMM launch to the packed layout; ValueError when the two GEMMs
     cannot share a tile loop. Launches that are not GEMM beside GEMM have no weights to pack and
-    keep the separate layout."""
+    keep the separate layout. Returns the calls and whether they were packed."""
     target, draft = launch.parts
     if [c.sig.fn for c in calls] != ["gemm_tile", "gemm_tile"]:
-        return calls
+        return calls, False
     t_call = calls[0]
     d_call = lower_part(replace(draft, tiles=target.tiles), graph, bufs)  # the homogeneous tile shape
     differ = [c for c in _MUST_MATCH if t_call.constexprs[c] != d_call.constexprs[c]]
@@ -79,4 +80,4 @@ def pack_launch(launch: Launch, calls: list[PartCall], graph: nx.DiGraph, bufs: 
         buffer, blocks_t, blocks_d = bufs.packed(t_call.args[name], d_call.args[name], t_call.constexprs["BLOCK_N"])
         _bind(t_call, name, buffer, blocks_t)
         _bind(d_call, name, buffer, blocks_d)
-    return [t_call, d_call]
+    return [t_call, d_call], True

@@ -87,14 +87,21 @@ def rope_kv_call(qkv: torch.Tensor, q_out: torch.Tensor, k_cache: torch.Tensor, 
                  k_norm: torch.Tensor | None = None, eps: float = 1e-6, block: int = 256,
                  label: str = "") -> PartCall:
     """Rotate rows' q into q_out and write their k, v at positions start..start+tokens-1 of one layer's caches."""
-    assert head_dim & (head_dim - 1) == 0, f"rope_kv: head_dim {head_dim} must be a power of two"
-    assert k_cache.is_contiguous() and v_cache.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
-    assert qkv.stride(1) == 1 and q_out.stride(1) == 1, "rope_kv: rows must be contiguous"
-    assert (q_norm is None) == (k_norm is None), "rope_kv: q_norm and k_norm go together"
-    assert start + tokens <= min(k_cache.shape[2], cos.shape[0]), "rope_kv: positions past the cache or the tables"
-    assert cos.shape[1] == head_dim and k_cache.shape[1:] == (num_kv_heads, k_cache.shape[2], head_dim)
+    if not (head_dim & (head_dim - 1) == 0):
+        raise ValueError(f"rope_kv: head_dim {head_dim} must be a power of two")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()):
+        raise ValueError("rope: unsupported layout (k_cache.is_contiguous() and v_cache.is_contiguous() and cos.is_contiguous() and sin.is_contiguous())")
+    if not (qkv.stride(1) == 1 and q_out.stride(1) == 1):
+        raise ValueError("rope_kv: rows must be contiguous")
+    if not ((q_norm is None) == (k_norm is None)):
+        raise ValueError("rope_kv: q_norm and k_norm go together")
+    if not (start + tokens <= min(k_cache.shape[2], cos.shape[0])):
+        raise ValueError("rope_kv: positions past the cache or the tables")
+    if not (cos.shape[1] == head_dim and k_cache.shape[1:] == (num_kv_heads, k_cache.shape[2], head_dim)):
+        raise ValueError("rope: unsupported layout (cos.shape[1] == head_dim and k_cache.shape[1:] == (num_kv_heads, k_cache.shape[2], head_dim))")
     heads_per_prog = max(1, block // head_dim)
-    assert heads_per_prog & (heads_per_prog - 1) == 0, f"rope_kv: block {block} // head_dim must be a power of two"
+    if not (heads_per_prog & (heads_per_prog - 1) == 0):
+        raise ValueError(f"rope_kv: block {block} // head_dim must be a power of two")
     qk_norm = q_norm is not None
     args = dict(qkv_ptr=qkv, q_out_ptr=q_out, k_ptr=k_cache, v_ptr=v_cache, cos_ptr=cos, sin_ptr=sin,
                 q_norm_ptr=q_norm if qk_norm else cos, k_norm_ptr=k_norm if qk_norm else cos,  # dummies: never read

@@ -3,8 +3,8 @@
     compiled = compile_round(plan, workload, draft_weights, target_weights)
     compiled.load(inputs); compiled.run(); outputs = compiled.outputs()
 
-`run()` replays the CUDA graph once `capture()` made it (the plan's `capture: graph`), else
-launches the kernels one by one: on the current stream, or with `streams: two` each model on a
+`run()` replays the CUDA graph once `capture()` made it (callers capture when the plan says
+`capture: graph`, see `prepare()`), else launches the kernels one by one: on the current stream, or with `streams: two` each model on a
 stream of its own, forked from and joined back to the current one. Graphs are captured on a side
 stream of their own (two graphs captured on the default capture stream hung when replayed
 concurrently on the H200).
@@ -82,10 +82,10 @@ def _compile_launch(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers, cache
     packed = launch.operand_layout == "packed" and len(parts) == 2
     if packed:
         try:
-            parts = pack_launch(launch, parts, graph, bufs)
+            parts, packed = pack_launch(launch, parts, graph, bufs)
+            check_shared_memory(parts[1], launch.num_stages, device)  # now at the target's tile shape
         except ValueError as e:
             raise CompileError(launch.index, 1, str(e), "+".join(launch.parts[1].ops)) from e
-        packed = parts[0].sig == parts[1].sig
     dispatch = None
     if len(parts) == 2:
         dispatch = Dispatch.of(launch.pattern, launch.ratio, (parts[0].programs, parts[1].programs))
@@ -158,6 +158,14 @@ class CompiledRound:
             self.run_eager()
         torch.cuda.current_stream(self.device).wait_stream(side)
         self.graph = graph
+
+    def prepare(self) -> None:
+        """Ready for timing as the plan says: the whole round in a CUDA graph (`capture: graph`, on a
+        GPU), else compiled and warmed up for launches one by one."""
+        if self.schedule.capture == "graph" and self.device.type == "cuda":
+            self.capture()
+        else:
+            self.warmup()
 
     def run(self) -> None:
         if self.graph is not None:

@@ -91,11 +91,15 @@ def _check_cache(name: str, ref, got, context: int, written: list[int], tol: Tol
         new_ref = torch.cat([r[:, b, :, context:context + n] for b, n in enumerate(written)], dim=2)
         new_got = torch.cat([g[:, b, :, context:context + n] for b, n in enumerate(written)], dim=2)
         report.errors[f"{name}_cache_{part}"] = err = _rel(new_got, new_ref)
-        if not err <= tol.rel:  # say where: the worst layers
-            per_layer = [_rel(new_got[layer], new_ref[layer]) for layer in range(new_ref.shape[0])]
-            worst = sorted(range(len(per_layer)), key=lambda layer: -per_layer[layer])[:3]
-            report.problems.append(f"{name} cache {part}: worst layers " +
-                                   ", ".join(f"{layer} ({per_layer[layer]:.1e})" for layer in worst))
+        # Each (layer, position) on its own too, at twice the tolerance: one wrong vector among
+        # thousands barely moves the whole-cache error but stands out in its own group.
+        groups = {(layer, pos): _rel(new_got[layer, :, pos], new_ref[layer, :, pos])
+                  for layer in range(new_ref.shape[0]) for pos in range(new_ref.shape[2])}
+        worst = sorted(groups, key=lambda g: -groups[g])[:3]
+        report.errors[f"{name}_cache_{part}_worst_group"] = groups[worst[0]] if groups else 0.0
+        if not err <= tol.rel or not groups[worst[0]] <= 2 * tol.rel:
+            report.problems.append(f"{name} cache {part}: worst (layer, new entry) " +
+                                   ", ".join(f"{g} ({groups[g]:.1e})" for g in worst))
 
 
 def compare_rounds(ref: RoundOutputs, got: RoundOutputs, dtype: str, context: int) -> CheckReport:
@@ -110,7 +114,7 @@ def compare_rounds(ref: RoundOutputs, got: RoundOutputs, dtype: str, context: in
     target_written = [ref.target_tokens.shape[1]] * ref.target_tokens.shape[0]
     _check_cache("target", ref.target_cache, got.target_cache, context, target_written, tol, report)
     for name, err in report.errors.items():
-        if not err <= tol.rel:
+        if not name.endswith("_worst_group") and not err <= tol.rel:
             report.problems.append(f"{name}: relative error {err:.2e} over the {dtype} tolerance {tol.rel:.0e}")
     report.ok = not report.problems
     return report

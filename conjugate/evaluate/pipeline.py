@@ -2,8 +2,8 @@
 failure. `evaluate` never raises: whatever goes wrong ends up in the EvalResult.
 
 Timing here is the analytical model's (evaluators/analytical.toml): the result says `modeled`.
-Correctness runs the compiled round against the reference under the Triton interpreter for
-models small enough for it (the profile's `max_params`); larger rounds are compiled on shape-only
+Correctness runs the compiled round against the reference (under the Triton interpreter where no
+GPU is) for models up to the profile's `max_params`; larger rounds are compiled on shape-only
 weights, so their lowering and kernel generation are still checked, and the result says the
 numerical check was skipped.
 """
@@ -14,6 +14,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from conjugate.compiler.round import compile_round
 from conjugate.errors import CompileError, PlanError, ScheduleError
 from conjugate.evaluate.analytical import AnalyticalModel, model_round
@@ -21,7 +23,7 @@ from conjugate.evaluate.correctness import compare_rounds
 from conjugate.evaluate.profile import EvaluatorProfile
 from conjugate.evaluate.result import EvalResult
 from conjugate.graph import build_graph, graph_totals
-from conjugate.models import make_round_inputs, random_weights, reference_round
+from conjugate.models import make_round_inputs, reference_round
 from conjugate.models.weights import meta_weights
 from conjugate.plan import Plan, expand, validate_plan
 from conjugate.workload import Workload
@@ -87,8 +89,8 @@ class _Run:
                            verdicts=self._verdicts, feedback=compiled.feedback(), artifacts=artifacts)
 
     def _real_weights(self):
-        w = self.workload
-        return random_weights(w.draft, w.seed, w.torch_dtype), random_weights(w.target, w.seed, w.torch_dtype)
+        device = "cuda" if torch.cuda.is_available() else "cpu"  # kernels need GPU tensors where a GPU is
+        return self.workload.weights("draft", device), self.workload.weights("target", device)
 
     def _check(self, compiled, weights) -> dict:
         w = self.workload

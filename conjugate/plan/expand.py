@@ -154,7 +154,10 @@ def _apply_pins(plan: Plan, target: list[_Unit], draft: list[_Unit], slots: list
                                 f"it selects {len(hits)}")
         if o["with"] not in unit_of:
             raise ScheduleError(f"{where}.with: {o['with']!r} is not a draft op of this workload")
-        pinned[unit_of[o["with"]]] = 2 * hits[0] + 1
+        unit = unit_of[o["with"]]
+        if unit in pinned and pinned[unit] != 2 * hits[0] + 1:
+            raise ScheduleError(f"{where}.with: {o['with']!r} is already pinned into another target launch")
+        pinned[unit] = 2 * hits[0] + 1
     if len(set(pinned.values())) < len(pinned):
         raise ScheduleError("$.overrides: two draft ops are pinned into the same target launch")
     for i, slot in pinned.items():
@@ -165,11 +168,9 @@ def _apply_pins(plan: Plan, target: list[_Unit], draft: list[_Unit], slots: list
         before = [pinned[p] for p in pinned if p < i]
         after = [pinned[p] for p in pinned if p > i]
         if before and slots[i] <= max(before):
-            slots[i] = max(before) + 1 + (max(before) % 2 == 0)  # alone, after the pinned launch
+            slots[i] = max(before) + 1  # alone, before the next target launch
         if after and slots[i] >= min(after):
             slots[i] = min(after) - 1  # alone, just before the pinned launch
-        if slots[i] % 2 and slots[i] in pinned.values():
-            slots[i] -= 1
 
 
 def _launch_settings(plan: Plan, units: list[_Unit]) -> dict:
