@@ -170,8 +170,8 @@ def _run_rounds(workload, plan) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> None:
     """Evaluate plans on a workload beside the baselines; print a table, optionally write JSON."""
-    from conjugate.evaluate.pipeline import evaluate
     from conjugate.evaluate.profile import load_profile
+    from conjugate.evaluate.worker import IsolatedEvaluator
     from conjugate.plan import load_plan
     from conjugate.workload import load_workload
 
@@ -180,10 +180,11 @@ def cmd_bench(args: argparse.Namespace) -> None:
     plans = [load_plan(p) for p in (args.plan or [PLAN_DIR / f"{n}.json" for n in ("sequential", "streams", "interleave")])]
     baselines = {n: load_plan(PLAN_DIR / f"{n}.json") for n in ("sequential", "streams")}
     results = {}
-    for name, plan in [*baselines.items(), *((p.name, p) for p in plans)]:
-        if plan.hash not in results:
-            with out.status(f"{profile.name}: {plan.name} on {workload.name} (validate, compile, check, time)"):
-                results[plan.hash] = evaluate(plan, workload, profile)
+    with IsolatedEvaluator(profile) as isolated:  # a crash or a hang costs one result, not the run
+        for plan in [*baselines.values(), *plans]:
+            if plan.hash not in results:
+                with out.status(f"{profile.name}: {plan.name} on {workload.name} (validate, compile, check, time)"):
+                    results[plan.hash] = isolated.evaluate(plan.to_dict(), args.workload)
     base_ms = {n: results[p.hash].metrics.get("latency_ms") for n, p in baselines.items()}
     rows = []
     for plan in plans:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -36,10 +36,10 @@ class _Stop(Exception):
         self.result = result
 
 
-def evaluate(plan: Plan | dict, workload: Workload, profile: EvaluatorProfile,
-             cache_dir: Path | None = None) -> EvalResult:
-    """Score one plan on one workload. Never raises."""
-    run = _Run(workload, profile, cache_dir)
+def evaluate(plan: Plan | dict, workload: Workload, profile: EvaluatorProfile, cache_dir: Path | None = None,
+             on_stage: Callable[[str], None] | None = None) -> EvalResult:
+    """Score one plan on one workload. Never raises. `on_stage` hears each stage as it starts."""
+    run = _Run(workload, profile, cache_dir, on_stage or (lambda stage: None))
     try:
         return run.all(plan)
     except _Stop as stop:
@@ -50,10 +50,16 @@ def evaluate(plan: Plan | dict, workload: Workload, profile: EvaluatorProfile,
 
 
 class _Run:
-    def __init__(self, workload: Workload, profile: EvaluatorProfile, cache_dir: Path | None):
-        self.workload, self.profile, self.cache_dir = workload, profile, cache_dir
+    def __init__(self, workload: Workload, profile: EvaluatorProfile, cache_dir: Path | None,
+                 on_stage: Callable[[str], None]):
+        self.workload, self.profile, self.cache_dir, self.on_stage = workload, profile, cache_dir, on_stage
         self.start = time.perf_counter()
-        self.stage, self.plan_hash = "validate", ""
+        self.plan_hash = ""
+        self.enter("validate")
+
+    def enter(self, stage: str) -> None:
+        self.stage = stage
+        self.on_stage(stage)
 
     def result(self, status: str, **fields: Any) -> EvalResult:
         return EvalResult(plan_hash=self.plan_hash, workload=self.workload.name, evaluator=self.profile.name,
@@ -69,7 +75,7 @@ class _Run:
             schedule = expand(plan, w, graph)
         except (PlanError, ScheduleError) as e:
             raise _Stop(self.result("invalid", error=str(e), feedback=[{"errors": getattr(e, "errors", [str(e)])}]))
-        self.stage = "compile"
+        self.enter("compile")
         checked = w.draft.num_params() + w.target.num_params() <= self.profile.max_check_params
         weights = self._real_weights() if checked else (meta_weights(w.draft, w.torch_dtype),
                                                         meta_weights(w.target, w.torch_dtype))
@@ -78,13 +84,13 @@ class _Run:
         except CompileError as e:
             raise _Stop(self.result("compile_error", error=str(e), feedback=[e.to_dict()]))
         artifacts = {"kernels": str(compiled.source_dir)}
-        self.stage = "correctness"
+        self.enter("correctness")
         checks = self._check(compiled, weights) if checked else {
             "skipped": f"{w.draft.num_params() + w.target.num_params():.3g} parameters: over the interpreter's "
                        f"limit of {self.profile.max_check_params:.3g} in {self.profile.source}"}
         if not checks.get("ok", True):
             raise _Stop(self.result("incorrect", checks=checks, artifacts=artifacts, error="; ".join(checks["problems"])))
-        self.stage = "timing"
+        self.enter("timing")
         return self.result("ok", metrics=self._timing(graph, schedule, compiled), checks=checks,
                            verdicts=self._verdicts, feedback=compiled.feedback(), artifacts=artifacts)
 

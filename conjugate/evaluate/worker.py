@@ -1,0 +1,143 @@
+"""Evaluation in a worker process: a hung kernel, an illegal memory access or an out-of-memory kills
+only the worker. The result records the stage reached and the error; the next evaluation starts a
+fresh worker.
+
+Protocol: one JSON object a line. The parent writes a request {"plan", "workload", "profile",
+"cache_dir", "entry"} to the worker's stdin; the worker answers with {"stage": ...} lines as it
+enters each stage and ends with {"result": EvalResult}. `entry` ("module:function") names the
+function that evaluates: `conjugate.evaluate.pipeline:evaluate` unless a caller says otherwise.
+
+    python -m conjugate.evaluate.worker     # the worker's own entry point
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import selectors
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from conjugate.evaluate.profile import EvaluatorProfile, load_profile
+from conjugate.evaluate.result import EvalResult
+
+DEFAULT_ENTRY = "conjugate.evaluate.pipeline:evaluate"
+
+
+class IsolatedEvaluator:
+    """Evaluates plans in a worker subprocess, one at a time, each under a time limit."""
+
+    def __init__(self, profile: EvaluatorProfile, time_limit_s: float | None = None, cache_dir: Path | None = None,
+                 entry: str = DEFAULT_ENTRY, env: dict[str, str] | None = None):
+        self.profile, self.entry, self.cache_dir = profile, entry, cache_dir
+        self.time_limit_s = time_limit_s or profile.time_limit_s
+        self.env = {**os.environ, **(env or {})}
+        self._worker: subprocess.Popen | None = None
+        self.restarts = 0
+
+    def _start(self) -> subprocess.Popen:
+        if self._worker is None or self._worker.poll() is not None:
+            self._stderr = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a chatty worker never blocks
+            self._worker = subprocess.Popen([sys.executable, "-m", "conjugate.evaluate.worker"], stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1,
+                                            env=self.env)
+        return self._worker
+
+    def evaluate(self, plan: dict, workload_path: str | Path) -> EvalResult:
+        worker = self._start()
+        request = {"plan": plan, "workload": str(workload_path), "profile": self.profile.source,
+                   "cache_dir": str(self.cache_dir) if self.cache_dir else None, "entry": self.entry}
+        start, stage = time.monotonic(), "validate"
+        try:
+            worker.stdin.write(json.dumps(request) + "\n")
+            worker.stdin.flush()
+        except BrokenPipeError:
+            return self._lost(plan, workload_path, stage, start, "crashed", "the worker exited before the request")
+        selector = selectors.DefaultSelector()
+        selector.register(worker.stdout, selectors.EVENT_READ)
+        pending = b""
+        while True:
+            left = self.time_limit_s - (time.monotonic() - start)
+            if left <= 0 or not selector.select(timeout=left):
+                return self._lost(plan, workload_path, stage, start, "timeout",
+                                  f"no result within the time limit of {self.time_limit_s:g} s")
+            chunk = os.read(worker.stdout.fileno(), 1 << 16)  # unbuffered: select sees what is unread
+            if not chunk:  # the worker died: a crash, an abort, the OOM killer
+                return self._lost(plan, workload_path, stage, start, "crashed", self._exit_reason())
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                message = json.loads(line)
+                if "result" in message:
+                    return EvalResult.from_dict(message["result"])
+                stage = message.get("stage", stage)
+
+    def _exit_reason(self) -> str:
+        code = self._worker.wait()
+        self._stderr.seek(0)
+        tail = [line for line in self._stderr.read().strip().splitlines() if "Warning" not in line][-3:]
+        return f"worker exited with status {code}" + (f": {' | '.join(tail)}" if tail else "")
+
+    def _lost(self, plan: dict, workload_path, stage: str, start: float, status: str, error: str) -> EvalResult:
+        """The worker is gone or hung: kill it, restart on the next call, report what was seen."""
+        if self._worker is not None and self._worker.poll() is None:
+            self._worker.kill()
+            self._worker.wait()
+        self._worker = None
+        self.restarts += 1
+        return EvalResult(plan_hash=_plan_hash(plan), workload=Path(workload_path).stem, evaluator=self.profile.name,
+                          stage=stage, status=status, modeled=self.profile.kind == "analytical",
+                          wall_s=round(time.monotonic() - start, 3), error=error)
+
+    def close(self) -> None:
+        if self._worker is not None and self._worker.poll() is None:
+            self._worker.stdin.close()
+            try:
+                self._worker.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._worker.kill()
+        self._worker = None
+
+    def __enter__(self) -> "IsolatedEvaluator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _plan_hash(plan: dict) -> str:
+    from conjugate.errors import PlanError
+    from conjugate.plan import validate_plan
+
+    try:
+        return validate_plan(plan).hash
+    except PlanError:
+        return ""
+
+
+def _serve() -> None:
+    """The worker's loop: read requests, evaluate, write stage lines and the result."""
+    from conjugate.workload import load_workload
+
+    protocol = os.fdopen(os.dup(1), "w")  # the parent reads this; anything else printed goes to stderr
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    def say(message: dict) -> None:
+        protocol.write(json.dumps(message) + "\n")
+        protocol.flush()
+
+    for line in sys.stdin:
+        request = json.loads(line)
+        module, name = request["entry"].split(":")
+        evaluate = getattr(importlib.import_module(module), name)
+        cache_dir = Path(request["cache_dir"]) if request["cache_dir"] else None
+        result = evaluate(request["plan"], load_workload(request["workload"]), load_profile(request["profile"]),
+                          cache_dir=cache_dir, on_stage=lambda stage: say({"stage": stage}))
+        say({"result": result.to_dict()})
+
+
+if __name__ == "__main__":
+    _serve()

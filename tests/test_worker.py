@@ -1,0 +1,53 @@
+"""Worker isolation: failing plans, a hung kernel and a crash kill only the worker."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from conjugate.evaluate.profile import load_profile
+from conjugate.evaluate.worker import IsolatedEvaluator
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "examples" / "tiny.toml"
+FAULTS = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).parent / "faults"), os.environ.get("PYTHONPATH", "")])}
+CHEAP = {"schema": "conjugate.plan/1"}  # default tiles: few programs, quick under the interpreter
+
+
+@pytest.fixture
+def profile():
+    return load_profile("analytical")
+
+
+def test_failing_plans_come_back_as_results(profile, tmp_path):
+    with IsolatedEvaluator(profile, time_limit_s=120, cache_dir=tmp_path) as isolated:
+        bad = isolated.evaluate({"schema": "conjugate.plan/1", "launch": {"num_warps": 3}}, TINY)
+        assert (bad.stage, bad.status) == ("validate", "invalid") and "$.launch.num_warps" in bad.error
+        huge = {"schema": "conjugate.plan/1", "tiles": {"target": {"qkv": {"BLOCK_M": 256, "BLOCK_N": 512,
+                                                                           "BLOCK_K": 512}}}}
+        failed = isolated.evaluate(huge, TINY)
+        assert (failed.stage, failed.status) == ("compile", "compile_error")
+        good = isolated.evaluate(CHEAP, TINY)
+        assert good.ok and good.checks["ok"] and isolated.restarts == 0
+
+
+def test_a_hung_kernel_times_out_and_the_next_evaluation_proceeds(profile, tmp_path):
+    with IsolatedEvaluator(profile, time_limit_s=20, cache_dir=tmp_path, entry="evaluators:hang_in_kernel",
+                           env=FAULTS) as isolated:
+        hung = isolated.evaluate(CHEAP, TINY)
+        assert (hung.stage, hung.status) == ("compile", "timeout") and "time limit of 20 s" in hung.error
+        assert isolated.restarts == 1 and hung.plan_hash
+        isolated.entry = "conjugate.evaluate.pipeline:evaluate"
+        after = isolated.evaluate(CHEAP, TINY)  # a fresh worker
+        assert after.ok
+
+
+def test_a_crash_is_recorded_with_its_stage(profile, tmp_path):
+    with IsolatedEvaluator(profile, time_limit_s=120, cache_dir=tmp_path, entry="evaluators:crash_in_correctness",
+                           env=FAULTS) as isolated:
+        crashed = isolated.evaluate(CHEAP, TINY)
+        assert (crashed.stage, crashed.status) == ("correctness", "crashed")
+        assert "exited with status" in crashed.error and "illegal memory access (simulated)" in crashed.error
+        isolated.entry = "evaluators:chatty_then_evaluate"  # stdout noise stays out of the protocol
+        assert isolated.evaluate(CHEAP, TINY).ok and isolated.restarts == 1
