@@ -141,7 +141,7 @@ def _run_rounds(workload, plan) -> None:
     import torch
 
     from conjugate.compiler.round import compile_round
-    from conjugate.evaluate.correctness import compare_rounds
+    from conjugate.evaluate.correctness import check_round
     from conjugate.models import make_round_inputs, reference_round
 
     if workload.draft.num_params() + workload.target.num_params() > 2e8 and not torch.cuda.is_available():
@@ -160,7 +160,7 @@ def _run_rounds(workload, plan) -> None:
         compiled.load(inputs)
         compiled.bufs.poison()
         compiled.run()
-        report = compare_rounds(ref, compiled.outputs(), workload.dtype, workload.context)
+        report = check_round(draft, target, inputs, compiled.outputs(), workload.dtype)
     verdict = "equals the reference round" if report.ok else "DIFFERS from the reference: " + "; ".join(report.problems)
     out.print(f"compiled round of {plan.name!r} ({len(compiled.launches)} launches, kernels in "
               f"{compiled.source_dir}): {verdict}")

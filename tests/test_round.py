@@ -243,3 +243,24 @@ def test_one_wrong_cache_vector_is_caught(tmp_path):
     out.target_cache.k[1, 0, 0, context + 2] += 0.5 * out.target_cache.k[1, 0, 0, context + 2].abs().max()
     report = compare_rounds(rnd.ref, out, "fp32", context)
     assert not report.ok and any("target cache k: worst (layer, new entry)" in p for p in report.problems)
+
+
+def test_teacher_forced_check_follows_the_compiled_tokens(monkeypatch):
+    """After a near tie the reference decodes from the compiled token, so later steps still compare."""
+    from conjugate.evaluate import correctness
+    from conjugate.evaluate.correctness import Tolerance, check_round
+    from conjugate.models import reference_round as run_reference
+
+    rnd = _round("llama")
+    second_best = rnd.ref.draft_logits[:, 0].topk(2).indices[:, 1]
+    forced = rnd.ref.draft_tokens.clone()
+    forced[0, 0] = second_best[0]  # sequence 0 takes the runner-up at step 0
+    took_tie = run_reference(rnd.draft, rnd.target, rnd.inputs, forced)
+    took_tie.draft_tokens[0, 0] = second_best[0]  # as the compiled round would report it
+    monkeypatch.setitem(correctness.TOLERANCES, "fp32", Tolerance(rel=1e-4, tie_margin=10.0))  # any token is a tie
+    report = check_round(rnd.draft, rnd.target, rnd.inputs, took_tie, "fp32")
+    assert report.ok and report.near_ties == 1
+    # a round whose later steps did not follow its own token fails the forced comparison
+    inconsistent = run_reference(rnd.draft, rnd.target, rnd.inputs)
+    inconsistent.draft_tokens[0, 0] = second_best[0]
+    assert not check_round(rnd.draft, rnd.target, rnd.inputs, inconsistent, "fp32").ok

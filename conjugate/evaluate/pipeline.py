@@ -19,11 +19,11 @@ import torch
 from conjugate.compiler.round import compile_round
 from conjugate.errors import CompileError, PlanError, ScheduleError
 from conjugate.evaluate.analytical import AnalyticalModel, model_round
-from conjugate.evaluate.correctness import compare_rounds
+from conjugate.evaluate.correctness import check_round
 from conjugate.evaluate.profile import EvaluatorProfile
 from conjugate.evaluate.result import EvalResult
 from conjugate.graph import build_graph, graph_totals
-from conjugate.models import make_round_inputs, reference_round
+from conjugate.models import make_round_inputs
 from conjugate.models.weights import meta_weights
 from conjugate.plan import Plan, expand, validate_plan
 from conjugate.workload import Workload
@@ -105,8 +105,7 @@ class _Run:
         compiled.load(inputs)
         compiled.bufs.poison()
         compiled.run()
-        return compare_rounds(reference_round(weights[0], weights[1], inputs), compiled.outputs(), w.dtype,
-                              w.context).to_dict()
+        return check_round(weights[0], weights[1], inputs, compiled.outputs(), w.dtype).to_dict()
 
     def _timing(self, graph, schedule, compiled) -> dict:
         model = AnalyticalModel(self.profile.model)

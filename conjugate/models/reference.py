@@ -134,22 +134,28 @@ class RoundOutputs:
     target_cache: KVCache
 
 
-def draft_phase(draft: ModelWeights, last_tokens: torch.Tensor, cache: KVCache, context: int, k: int):
-    """k greedy decode steps; returns tokens [Bd, k] and logits [Bd, k, V]."""
+def draft_phase(draft: ModelWeights, last_tokens: torch.Tensor, cache: KVCache, context: int, k: int,
+                forced: torch.Tensor | None = None):
+    """k greedy decode steps; returns tokens [Bd, k] and logits [Bd, k, V]. With `forced` [Bd, k]
+    (teacher forcing) step s + 1 decodes from forced[:, s] instead of step s's own argmax."""
     tokens, logits = [], []
     current = last_tokens[:, None]  # [Bd, 1]
     for step in range(k):
         step_logits = forward(draft, current, cache, context + step)[:, 0]  # [Bd, V]
-        current = step_logits.argmax(-1, keepdim=True)
-        tokens.append(current[:, 0])
+        chosen = step_logits.argmax(-1)
+        tokens.append(chosen)
         logits.append(step_logits)
+        current = (chosen if forced is None else forced[:, step]).view(-1, 1)
     return torch.stack(tokens, 1), torch.stack(logits, 1)
 
 
-def reference_round(draft: ModelWeights, target: ModelWeights, inputs: RoundInputs) -> RoundOutputs:
-    """Runs both phases on copies of the caches; the inputs are left untouched."""
+def reference_round(draft: ModelWeights, target: ModelWeights, inputs: RoundInputs,
+                    forced_draft_tokens: torch.Tensor | None = None) -> RoundOutputs:
+    """Runs both phases on copies of the caches; the inputs are left untouched. `forced_draft_tokens`
+    teacher-forces the draft phase (see draft_phase)."""
     draft_cache, target_cache = inputs.draft_cache.clone(), inputs.target_cache.clone()
-    draft_tokens, draft_logits = draft_phase(draft, inputs.draft_last_tokens, draft_cache, inputs.context, inputs.k)
+    draft_tokens, draft_logits = draft_phase(draft, inputs.draft_last_tokens, draft_cache, inputs.context, inputs.k,
+                                             forced_draft_tokens)
     target_logits = forward(target, inputs.verify_tokens, target_cache, inputs.context)
     return RoundOutputs(draft_tokens, draft_logits, target_logits, target_logits.argmax(-1), draft_cache, target_cache)
 
