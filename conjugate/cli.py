@@ -214,6 +214,39 @@ def _bench_table(workload, profile, rows: list[dict]) -> None:
     out.print(table)
 
 
+def cmd_calibrate(args: argparse.Namespace) -> None:
+    """Fit the analytical evaluator's constants to measured rounds (a compiler_rounds result file)."""
+    import tempfile
+
+    from conjugate.evaluate.calibrate import fit, loss, make_case, profile_text
+    from conjugate.evaluate.profile import ProfileError, load_profile
+    from conjugate.plan import load_plan
+    from conjugate.workload import load_workload
+
+    profile = load_profile(args.evaluator)
+    source = Path(args.measured)
+    try:
+        measured = json.loads(source.read_text())
+        rows = [(w["workload"], p["plan"], p["median_ms"]) for w in measured["workloads"] for p in w["plans"]
+                if "median_ms" in p]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ProfileError(f"{source}: not a measured-rounds file (workloads[].plans[].median_ms): {e}") from e
+    if not rows:
+        raise ProfileError(f"{source}: no measured round to fit to")
+    cases = []
+    with tempfile.TemporaryDirectory() as tmp, out.status(f"lowering {len(rows)} measured rounds"):
+        for workload, plan, ms in rows:
+            cases.append(make_case(load_plan(PLAN_DIR / f"{plan}.json"),
+                                   load_workload(REPO_ROOT / "examples" / f"{workload}.toml"), ms, Path(tmp)))
+    before = loss(profile.model, cases)
+    with out.status("fitting"):
+        fitted = fit(profile.model, cases)
+    after = loss(fitted, cases)
+    target = Path(args.out) if args.out else Path(profile.source)
+    target.write_text(profile_text(fitted, str(source), after, profile.max_check_params))
+    out.print(f"fitted {len(cases)} rounds: mean squared log error {before:.4f} -> {after:.4f}; wrote {target}")
+
+
 def _positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
@@ -238,6 +271,12 @@ def build_parser() -> argparse.ArgumentParser:
                        "(default: analytical)")
     bench.add_argument("--json", help="also write the results as JSON to this file")
     bench.set_defaults(func=cmd_bench)
+    calibrate = sub.add_parser("calibrate", help="fit the analytical evaluator to measured rounds")
+    calibrate.add_argument("--from", dest="measured", required=True,
+                           help="a measured-rounds JSON (benchmarks/compiler_rounds.py --json)")
+    calibrate.add_argument("--evaluator", default="analytical", help="the profile to start from (default: analytical)")
+    calibrate.add_argument("--out", help="where to write the fitted profile (default: over the starting one)")
+    calibrate.set_defaults(func=cmd_calibrate)
     plan = sub.add_parser("plan", help="work with cross-model plans").add_subparsers(dest="plan_command", required=True,
                                                                                       metavar="ACTION")
     for name, func, text in (("validate", cmd_plan_validate, "validate a plan and expand it on a workload"),

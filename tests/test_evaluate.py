@@ -125,3 +125,35 @@ def test_bench_command(tmp_path, capsys):
     assert data["modeled"] is True and [p["plan"] for p in data["plans"]] == ["sequential", "streams", "interleave"]
     assert data["plans"][0]["speedups"]["sequential"] == pytest.approx(1.0)
     assert main(["bench", str(ROOT / "examples" / "tiny.toml"), "--evaluator", "nope"]) == 2
+
+
+def test_calibration_fits_known_constants(tmp_path):
+    from conjugate.evaluate.analytical import model_round
+    from conjugate.evaluate.calibrate import fit, loss, make_case
+
+    truth = replace(PROFILE.model, launch_overhead_us=4.0,
+                    efficiency={"gemm": 0.5, "attn": 0.3, "elementwise": 0.05})
+    cases = []
+    for workload in (TINY, load_workload(ROOT / "examples" / "qwen25-05b-7b-b8.toml")):
+        for name in ("sequential", "streams", "interleave"):
+            case = make_case(load_plan(ROOT / "plans" / f"{name}.json"), workload, 1.0, tmp_path)
+            measured = model_round(AnalyticalModel(truth), case.graph, case.schedule, case.programs)[0]
+            cases.append(replace(case, measured_ms=measured))
+    start = replace(PROFILE.model, launch_overhead_us=1.0, efficiency={"gemm": 0.9, "attn": 0.9, "elementwise": 0.5})
+    fitted = fit(start, cases)
+    assert loss(fitted, cases) < loss(start, cases) / 20
+
+
+def test_calibrate_command(tmp_path, capsys):
+    measured = tmp_path / "measured.json"
+    measured.write_text(json.dumps({"workloads": [{"workload": "tiny", "plans": [
+        {"plan": "sequential", "median_ms": 0.30}, {"plan": "streams", "median_ms": 0.20},
+        {"plan": "interleave", "median_ms": 0.25}]}]}))
+    fitted = tmp_path / "fitted.toml"
+    assert main(["calibrate", "--from", str(measured), "--out", str(fitted)]) == 0
+    assert "fitted 3 rounds" in capsys.readouterr().out
+    profile = load_profile(fitted)
+    assert profile.kind == "analytical" and str(measured) in fitted.read_text()
+    (tmp_path / "bad.json").write_text('{"rows": []}')
+    assert main(["calibrate", "--from", str(tmp_path / "bad.json"), "--out", str(fitted)]) == 2
+    assert "not a measured-rounds file" in capsys.readouterr().err

@@ -1,0 +1,112 @@
+"""Fit the analytical evaluator's constants to recorded GPU measurements.
+
+A case is one measured round: a plan on a workload with its median latency. Each plan is lowered
+on shape-only weights (programs per part), so fitting needs no GPU. The fit is a coordinate
+descent on the mean squared log ratio of modeled to measured latency over the bandwidth
+efficiencies, the launch overhead, the co-location penalty and the stream overlap.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import networkx as nx
+
+from conjugate.compiler.round import compile_round
+from conjugate.evaluate.analytical import AnalyticalModel, model_round
+from conjugate.evaluate.profile import ModelConstants
+from conjugate.graph import build_graph
+from conjugate.models.weights import meta_weights
+from conjugate.plan import Schedule, expand
+from conjugate.plan.schema import Plan
+from conjugate.workload import Workload
+
+_BOUNDS = {"gemm": (0.05, 1.0), "attn": (0.05, 1.0), "elementwise": (0.01, 1.0), "launch_overhead_us": (0.0, 20.0),
+           "colocation_penalty": (0.0, 1.0), "streams_overlap": (0.0, 1.0)}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    graph: nx.DiGraph
+    schedule: Schedule
+    programs: list[list[int]]
+    measured_ms: float
+
+
+def make_case(plan: Plan, workload: Workload, measured_ms: float, cache_dir: Path) -> Case:
+    graph = build_graph(workload)
+    schedule = expand(plan, workload, graph)
+    compiled = compile_round(plan, workload, meta_weights(workload.draft, workload.torch_dtype),
+                             meta_weights(workload.target, workload.torch_dtype), cache_dir=cache_dir,
+                             schedule=schedule)
+    programs = [[p.programs for p in launch.parts] for launch in compiled.launches]
+    return Case(f"{workload.name}/{plan.name}", graph, schedule, programs, measured_ms)
+
+
+def _with(constants: ModelConstants, key: str, value: float) -> ModelConstants:
+    if key in constants.efficiency:
+        return replace(constants, efficiency=constants.efficiency | {key: value})
+    return replace(constants, **{key: value})
+
+
+def _get(constants: ModelConstants, key: str) -> float:
+    return constants.efficiency[key] if key in constants.efficiency else getattr(constants, key)
+
+
+def loss(constants: ModelConstants, cases: list[Case]) -> float:
+    model = AnalyticalModel(constants)
+    return sum(math.log(model_round(model, c.graph, c.schedule, c.programs)[0] / c.measured_ms) ** 2
+               for c in cases) / len(cases)
+
+
+def fit(constants: ModelConstants, cases: list[Case], rounds: int = 6) -> ModelConstants:
+    """Coordinate descent: each constant in turn moves to the best of a few multiplicative steps."""
+    best = loss(constants, cases)
+    for step in (0.5, 0.25, 0.1, 0.05, 0.02, 0.01)[:rounds]:
+        for key, (low, high) in _BOUNDS.items():
+            current = _get(constants, key)
+            for candidate in (current * (1 - step), current * (1 + step), current + step * (high - low) / 10,
+                              current - step * (high - low) / 10):
+                candidate = min(high, max(low, candidate))
+                trial = _with(constants, key, candidate)
+                trial_loss = loss(trial, cases)
+                if trial_loss < best:
+                    constants, best = trial, trial_loss
+    return constants
+
+
+def profile_text(constants: ModelConstants, source: str, fitted_loss: float, max_params: int) -> str:
+    """An evaluator profile (TOML) holding fitted constants."""
+    c = constants
+    return f'''# The analytical evaluator: scores plans where no GPU is, with a roofline model per launch.
+# Every result it gives is marked modeled, not measured.
+# Constants fitted by `conjugate calibrate` to {source}
+# (mean squared log error of modeled against measured round latency: {fitted_loss:.4f}).
+name = "analytical"
+kind = "analytical"
+description = "Roofline per launch with wave quantization and a co-location term; constants fitted to the H200."
+time_limit_s = 600
+
+[correctness]
+# Run the compiled round against the reference under the Triton interpreter when both models
+# together have at most this many parameters (the tiny test models); larger ones are not checked.
+max_params = {max_params}
+
+[model]
+gpu = "{c.gpu}"
+bandwidth_gbs = {c.bandwidth_gbs:g}
+matmul_tflops = {c.matmul_tflops:g}
+sms = {c.sms}
+programs_per_sm = {c.programs_per_sm}
+launch_overhead_us = {c.launch_overhead_us:.3f}
+colocation_penalty = {c.colocation_penalty:.3f}
+streams_overlap = {c.streams_overlap:.3f}
+
+# Fraction of the copy bandwidth an op family reaches alone at full occupancy.
+[model.efficiency]
+gemm = {c.efficiency["gemm"]:.3f}
+attn = {c.efficiency["attn"]:.3f}
+elementwise = {c.efficiency["elementwise"]:.3f}
+'''
