@@ -157,3 +157,10 @@ def test_calibrate_command(tmp_path, capsys):
     (tmp_path / "bad.json").write_text('{"rows": []}')
     assert main(["calibrate", "--from", str(tmp_path / "bad.json"), "--out", str(fitted)]) == 2
     assert "not a measured-rounds file" in capsys.readouterr().err
+
+
+def test_profile_dict_round_trip():
+    from conjugate.evaluate.profile import EvaluatorProfile
+
+    changed = replace(PROFILE, max_check_params=7)
+    assert EvaluatorProfile.from_dict(json.loads(json.dumps(changed.to_dict()))) == changed

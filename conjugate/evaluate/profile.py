@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,13 @@ class EvaluatorProfile:
     max_check_params: int  # run the interpreter correctness check up to this many parameters
     model: ModelConstants
     source: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "EvaluatorProfile":
+        return cls(**{**data, "model": ModelConstants(**data["model"])})
 
 
 def load_profile(name_or_path: str | Path) -> EvaluatorProfile:

@@ -2,8 +2,8 @@
 only the worker. The result records the stage reached and the error; the next evaluation starts a
 fresh worker.
 
-Protocol: one JSON object a line. The parent writes a request {"plan", "workload", "profile",
-"cache_dir", "entry"} to the worker's stdin; the worker answers with {"stage": ...} lines as it
+Protocol: one JSON object a line. The parent writes a request {"plan", "workload" (a path),
+"profile" (the EvaluatorProfile as a dict), "cache_dir", "entry"} to the worker's stdin; the worker answers with {"stage": ...} lines as it
 enters each stage and ends with {"result": EvalResult}. `entry` ("module:function") names the
 function that evaluates: `conjugate.evaluate.pipeline:evaluate` unless a caller says otherwise.
 
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from conjugate.evaluate.profile import EvaluatorProfile, load_profile
+from conjugate.evaluate.profile import EvaluatorProfile
 from conjugate.evaluate.result import EvalResult
 
 DEFAULT_ENTRY = "conjugate.evaluate.pipeline:evaluate"
@@ -48,7 +48,7 @@ class IsolatedEvaluator:
 
     def evaluate(self, plan: dict, workload_path: str | Path) -> EvalResult:
         worker = self._start()
-        request = {"plan": plan, "workload": str(workload_path), "profile": self.profile.source,
+        request = {"plan": plan, "workload": str(workload_path), "profile": self.profile.to_dict(),
                    "cache_dir": str(self.cache_dir) if self.cache_dir else None, "entry": self.entry}
         start, stage = time.monotonic(), "validate"
         try:
@@ -134,7 +134,8 @@ def _serve() -> None:
         module, name = request["entry"].split(":")
         evaluate = getattr(importlib.import_module(module), name)
         cache_dir = Path(request["cache_dir"]) if request["cache_dir"] else None
-        result = evaluate(request["plan"], load_workload(request["workload"]), load_profile(request["profile"]),
+        profile = EvaluatorProfile.from_dict(request["profile"])
+        result = evaluate(request["plan"], load_workload(request["workload"]), profile,
                           cache_dir=cache_dir, on_stage=lambda stage: say({"stage": stage}))
         say({"result": result.to_dict()})
 
