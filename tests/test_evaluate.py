@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -45,11 +46,13 @@ def test_bad_profiles(tmp_path, text, expected):
 
 def test_bad_profile_values(tmp_path):
     shipped = (ROOT / "evaluators" / "analytical.toml").read_text()
-    for old, new, expected in (("gemm = 0.70", "gemm = 1.5", "model.efficiency.gemm"),
-                               ("sms = 132", 'sms = "many"', "'sms' should be int"),
-                               ("max_params = 5_000_000", "", "missing field 'max_params'")):
+    for key, line, expected in (("gemm", "gemm = 1.5", "model.efficiency.gemm"),
+                                ("sms", 'sms = "many"', "'sms' should be int"),
+                                ("max_params", "", "missing field 'max_params'")):
         path = tmp_path / "p.toml"
-        path.write_text(shipped.replace(old, new))
+        changed = re.sub(rf"^{key} = .*$", line, shipped, flags=re.M)
+        assert changed != shipped
+        path.write_text(changed)
         with pytest.raises(ProfileError, match=expected):
             load_profile(path)
     with pytest.raises(ProfileError, match="no evaluator profile named 'nope'; known: analytical"):
