@@ -1,1 +1,2 @@
-"""Evaluation: correctness against the reference round (and, on the GPU, timing)."""
+"""Evaluation: correctness against the reference round, EvalResult, evaluator profiles, the
+analytical model and its calibration, the pipeline, worker isolation, the conventional baseline."""
