@@ -17,32 +17,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from conjugate.evaluate.calibrate import spearman  # noqa: E402
 from conjugate.evaluate.pipeline import evaluate  # noqa: E402
 from conjugate.evaluate.profile import load_profile  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
-
-
-def ranks(values: list[float]) -> list[float]:
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    result = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            result[order[k]] = (i + j) / 2  # ties share their mean rank
-        i = j + 1
-    return result
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
-    return cov / var if var else float("nan")
 
 
 def main() -> None:

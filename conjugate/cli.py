@@ -168,6 +168,9 @@ def _run_rounds(workload, plan) -> None:
         raise SystemExit(1)
 
 
+BASELINES = ("conventional", "sequential", "streams")
+
+
 def cmd_bench(args: argparse.Namespace) -> None:
     """Evaluate plans on a workload beside the baselines; print a table, optionally write JSON."""
     from conjugate.evaluate.profile import load_profile
@@ -178,39 +181,43 @@ def cmd_bench(args: argparse.Namespace) -> None:
     workload = load_workload(args.workload)
     profile = load_profile(args.evaluator)
     plans = [load_plan(p) for p in (args.plan or [PLAN_DIR / f"{n}.json" for n in ("sequential", "streams", "interleave")])]
-    baselines = {n: load_plan(PLAN_DIR / f"{n}.json") for n in ("sequential", "streams")}
-    results = {}
-    with IsolatedEvaluator(profile) as isolated:  # a crash or a hang costs one result, not the run
-        for plan in [*baselines.values(), *plans]:
-            if plan.hash not in results:
-                with out.status(f"{profile.name}: {plan.name} on {workload.name} (validate, compile, check, time)"):
-                    results[plan.hash] = isolated.evaluate(plan.to_dict(), args.workload)
-    base_ms = {n: results[p.hash].metrics.get("latency_ms") for n, p in baselines.items()}
     rows = []
-    for plan in plans:
-        r = results[plan.hash]
-        speedups = {n: b / r.metrics["latency_ms"] for n, b in base_ms.items() if b and r.ok}
-        rows.append({"plan": plan.name, "result": r.to_dict(), "speedups": speedups})
+    with IsolatedEvaluator(profile) as isolated:  # a crash or a hang costs one result, not the run
+        for i, plan in enumerate(plans):
+            what = "validate, compile, check, time" + (", baselines" if i == 0 else "")
+            with out.status(f"{profile.name}: {plan.name} on {workload.name} ({i + 1}/{len(plans)}: {what})"):
+                result = isolated.evaluate(plan.to_dict(), args.workload, refresh_baselines=args.remeasure and i == 0)
+            rows.append({"plan": plan.name, "result": result.to_dict()})
+            out.print(f"{plan.name}: {_bench_cell(result.to_dict())}")
     _bench_table(workload, profile, rows)
     if args.json:
         Path(args.json).write_text(json.dumps({"workload": workload.name, "evaluator": profile.name,
-                                               "modeled": True, "plans": rows}, indent=1) + "\n")
+                                               "modeled": profile.kind != "gpu", "plans": rows}, indent=1) + "\n")
+
+
+def _bench_cell(r: dict) -> str:
+    m = r["metrics"]
+    if r["status"] != "ok":
+        return f"{r['status']} at {r['stage']}: {r['error']}"
+    return f"{m['latency_ms']:.3f} ms, " + ", ".join(f"{s:.2f}x vs {n}" for n, s in m.get("speedups", {}).items())
 
 
 def _bench_table(workload, profile, rows: list[dict]) -> None:
-    table = Table(title=f"{workload.name}, evaluator {profile.name}: latencies MODELED for {profile.model.gpu}, "
-                        f"not measured")
-    for col in ("plan", "latency", "floor ratio", "vs sequential", "vs streams", "vs conventional", "status", "checked"):
+    what = (f"MODELED for {profile.gpu}, not measured" if profile.kind != "gpu"
+            else f"measured on {next((r['result']['metrics'].get('gpu') for r in rows if r['result']['metrics']), 'the GPU')}")
+    table = Table(title=f"{workload.name}, evaluator {profile.name}: latencies {what}")
+    for col in ("plan", "latency", "p20-p80", "floor ratio", *(f"vs {b}" for b in BASELINES), "status", "checked"):
         table.add_column(col)
     for row in rows:
         r, m = row["result"], row["result"]["metrics"]
-        checks = r["checks"]
+        checks, speedups = r["checks"], m.get("speedups", {})
         checked = "skipped" if "skipped" in checks else ("yes" if checks.get("ok") else "-")
         table.add_row(row["plan"], f"{m['latency_ms']:.3f} ms" if "latency_ms" in m else "-",
+                      f"{m['p20_ms']:.3f}-{m['p80_ms']:.3f}" if "p20_ms" in m else "-",
                       f"{m['floor_ratio']:.2f}" if "floor_ratio" in m else "-",
-                      *(f"{row['speedups'][b]:.2f}x" if b in row["speedups"] else "-" for b in ("sequential", "streams")),
-                      "GPU only", r["status"] if r["status"] == "ok" else f"{r['status']} at {r['stage']}: {r['error']}",
-                      checked)
+                      *(f"{speedups[b]:.2f}x" if b in speedups else ("GPU only" if r["modeled"] else "-")
+                        for b in BASELINES),
+                      r["status"] if r["status"] == "ok" else f"{r['status']} at {r['stage']}: {r['error']}", checked)
     out.print(table)
 
 
@@ -270,6 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--evaluator", default="analytical", help="evaluator profile name or TOML path "
                        "(default: analytical)")
     bench.add_argument("--json", help="also write the results as JSON to this file")
+    bench.add_argument("--remeasure", action="store_true", help="measure the baselines again (GPU evaluators "
+                       "measure them once per workload in a worker process)")
     bench.set_defaults(func=cmd_bench)
     calibrate = sub.add_parser("calibrate", help="fit the analytical evaluator to measured rounds")
     calibrate.add_argument("--from", dest="measured", required=True,
@@ -290,6 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "compile":
             action.add_argument("--out", required=True, help="directory for the kernel sources")
         action.set_defaults(func=func)
+    from conjugate.search.commands import add_commands
+    add_commands(sub, out)
     return parser
 
 

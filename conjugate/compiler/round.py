@@ -190,6 +190,16 @@ class CompiledRound:
             draft_cache=KVCache(d.cache.k.clone(), d.cache.v.clone()),
             target_cache=KVCache(t.cache.k.clone(), t.cache.v.clone()))
 
+    def solo(self, launch: int, part: int) -> CompiledLaunch:
+        """One part of a launch as a launch of its own (same tiles, same buffers): what a launch's
+        verdict compares it with."""
+        planned = self.schedule.launches[launch]
+        call = lower_part(planned.parts[part], self._op_graph, self.bufs)
+        kernel, digest = self._kernels.load(kernel_source([call], None))
+        args, constexprs = kernel_args([call], None)
+        return CompiledLaunch(launch, kernel, digest, call.programs, args, constexprs, planned.num_warps,
+                              planned.num_stages, planned.stream, [call])
+
     def feedback(self) -> list[dict]:
         """Per launch: its kernel file, programs per part and (GPU) the compiler's resource report."""
         return [{"launch": l.index, "kernel": f"k_{l.digest}.py", "programs": [p.programs for p in l.parts],
@@ -223,4 +233,6 @@ def compile_round(plan: Plan, workload: Workload, draft: ModelWeights | Prepared
         {"launch": l.index, "kernel": f"k_{l.digest}.py", "grid": l.grid, "stream": l.stream,
          "parts": [{"ops": p.label, "tile": p.sig.fn, "programs": p.programs} for p in l.parts]} for l in launches]}
     (directory / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    return CompiledRound(schedule, workload, bufs, launches, directory)
+    compiled = CompiledRound(schedule, workload, bufs, launches, directory)
+    compiled._op_graph, compiled._kernels = graph, cache
+    return compiled

@@ -110,3 +110,26 @@ gemm = {c.efficiency["gemm"]:.3f}
 attn = {c.efficiency["attn"]:.3f}
 elementwise = {c.efficiency["elementwise"]:.3f}
 '''
+
+
+def ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    result = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            result[order[k]] = (i + j) / 2  # ties share their mean rank
+        i = j + 1
+    return result
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation (ties share their mean rank); nan when either side is constant."""
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+    return cov / var if var else float("nan")

@@ -32,54 +32,82 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return (xf * cos[None, :, None] + rotated * sin[None, :, None]).to(x.dtype)
 
 
-class StaticStep:
-    """One forward over `tokens` new tokens per sequence at a position given as a tensor."""
+def _layer(x, positions, cos, sin, visible, cache_k, cache_v, w: tuple, spec):
+    """One decoder layer over x [B, T, H] in the weights' dtype; writes its new keys and values
+    into cache_k/cache_v [B, kv_heads, max_len, hd] at `positions` and returns the new x."""
+    attn_norm, w_qkv, b_qkv, q_norm, k_norm, wo, mlp_norm, w_gate_up, w_down = w
+    b, t, _ = x.shape
+    q_size, kv_size = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    h = _rms(x, attn_norm, spec.rms_norm_eps)
+    q, k, v = F.linear(h, w_qkv, b_qkv).split([q_size, kv_size, kv_size], dim=-1)
+    q = q.reshape(b, t, spec.num_heads, spec.head_dim)
+    k = k.reshape(b, t, spec.num_kv_heads, spec.head_dim)
+    v = v.reshape(b, t, spec.num_kv_heads, spec.head_dim)
+    if spec.qk_norm:
+        q, k = _rms(q, q_norm, spec.rms_norm_eps), _rms(k, k_norm, spec.rms_norm_eps)
+    q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+    cache_k.index_copy_(2, positions, k.transpose(1, 2).to(cache_k.dtype))
+    cache_v.index_copy_(2, positions, v.transpose(1, 2).to(cache_v.dtype))
+    x = x + F.linear(_grouped_attention(q, cache_k, cache_v, visible, spec), wo)
+    h = _rms(x, mlp_norm, spec.rms_norm_eps)
+    gate, up = F.linear(h, w_gate_up).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, w_down)
 
-    def __init__(self, weights: ModelWeights, cache: KVCache, tokens: int):
+
+def _grouped_attention(q, cache_k, cache_v, visible, spec):
+    """GQA without repeating the cache: the `group` query heads of a KV head are stacked as rows of
+    one matmul against that head's keys, so K and V are read once, in the cache's dtype.
+    q: [B, T, heads, hd]; cache_k/v: [B, kv_heads, max_len, hd]; visible: [T, max_len] -> [B, T, heads * hd]."""
+    b, t, heads, hd = q.shape
+    kvh = spec.num_kv_heads
+    group = heads // kvh
+    q = q.view(b, t, kvh, group, hd).permute(0, 2, 3, 1, 4).reshape(b, kvh, group * t, hd).to(cache_k.dtype)
+    scores = (q @ cache_k.transpose(2, 3)).float() / math.sqrt(hd)  # [B, kvh, group * T, max_len]
+    probs = scores.masked_fill(~visible.repeat(group, 1), float("-inf")).softmax(-1)
+    out = probs.to(cache_v.dtype) @ cache_v  # [B, kvh, group * T, hd]
+    return out.view(b, kvh, group, t, hd).permute(0, 3, 1, 2, 4).reshape(b, t, heads * hd)
+
+
+def _head(x, final_norm, lm_head, eps: float):
+    return F.linear(_rms(x, final_norm, eps), lm_head).float()
+
+
+def _fused(l) -> tuple:
+    """A layer's weights as engines hold them: q/k/v in one projection, gate/up in another."""
+    b_qkv = torch.cat([l.bq, l.bk, l.bv]) if l.bq is not None else None
+    return (l.attn_norm, torch.cat([l.wq, l.wk, l.wv]), b_qkv, l.q_norm, l.k_norm, l.wo, l.mlp_norm,
+            torch.cat([l.w_gate, l.w_up]), l.w_down)
+
+
+class StaticStep:
+    """One forward over `tokens` new tokens per sequence at a position given as a tensor.
+
+    Compiled piecewise, as serving engines do: every layer has the same shapes, so one compiled
+    layer graph serves them all (the weights are its arguments), and the head is a second graph.
+    Projections are fused as in engines (q/k/v one GEMM, gate/up one GEMM)."""
+
+    def __init__(self, weights: ModelWeights, cache: KVCache, tokens: int, compile_fn: Callable = lambda fn: fn):
         self.w, self.cache, self.tokens = weights, cache, tokens
         self.max_len = cache.k.shape[3]
-        cos, sin = rope_cos_sin(weights.spec, torch.arange(self.max_len, device=weights.device))
-        self.cos, self.sin = cos, sin  # [max_len, hd]
+        self.cos, self.sin = rope_cos_sin(weights.spec, torch.arange(self.max_len, device=weights.device))
+        self.layer, self.head = compile_fn(_layer), compile_fn(_head)
+        self.layer_weights = [_fused(l) for l in weights.layers]
 
     def __call__(self, tokens: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         """tokens: [B, T] int64; start: [] int64. Returns fp32 logits [B, T, V]."""
-        spec, w = self.w.spec, self.w
-        b, t = tokens.shape
-        positions = start + torch.arange(t, device=tokens.device)  # [T]
+        w, spec = self.w, self.w.spec
+        positions = start + torch.arange(tokens.shape[1], device=tokens.device)  # [T]
         cos, sin = self.cos[positions], self.sin[positions]
-        keys_at = torch.arange(self.max_len, device=tokens.device)
-        visible = keys_at[None, :] <= positions[:, None]  # [T, max_len]
+        visible = torch.arange(self.max_len, device=tokens.device)[None, :] <= positions[:, None]  # [T, max_len]
         x = w.embed[tokens]  # [B, T, H] in the weights' dtype
-        for i, layer in enumerate(w.layers):
-            x = x + self._attention(i, layer, _rms(x, layer.attn_norm, spec.rms_norm_eps), positions, cos, sin,
-                                    visible)
-            h = _rms(x, layer.mlp_norm, spec.rms_norm_eps)
-            x = x + F.linear(F.silu(F.linear(h, layer.w_gate)) * F.linear(h, layer.w_up), layer.w_down)
-        return F.linear(_rms(x, w.final_norm, spec.rms_norm_eps), w.lm_head).float()
-
-    def _attention(self, i, layer, h, positions, cos, sin, visible) -> torch.Tensor:
-        spec = self.w.spec
-        b, t, _ = h.shape
-        q = F.linear(h, layer.wq, layer.bq).view(b, t, spec.num_heads, spec.head_dim)
-        k = F.linear(h, layer.wk, layer.bk).view(b, t, spec.num_kv_heads, spec.head_dim)
-        v = F.linear(h, layer.wv, layer.bv).view(b, t, spec.num_kv_heads, spec.head_dim)
-        if spec.qk_norm:
-            q, k = _rms(q, layer.q_norm, spec.rms_norm_eps), _rms(k, layer.k_norm, spec.rms_norm_eps)
-        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-        self.cache.k[i].index_copy_(2, positions, k.transpose(1, 2).to(self.cache.k.dtype))
-        self.cache.v[i].index_copy_(2, positions, v.transpose(1, 2).to(self.cache.v.dtype))
-        group = spec.num_heads // spec.num_kv_heads
-        keys = self.cache.k[i].repeat_interleave(group, dim=1)  # [B, heads, max_len, hd]
-        values = self.cache.v[i].repeat_interleave(group, dim=1)
-        scores = (q.transpose(1, 2).float() @ keys.float().transpose(2, 3)) / math.sqrt(spec.head_dim)
-        probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)  # [B, heads, T, max_len]
-        out = (probs @ values.float()).to(h.dtype).transpose(1, 2).reshape(b, t, -1)
-        return F.linear(out, layer.wo)
+        for i, lw in enumerate(self.layer_weights):
+            x = self.layer(x, positions, cos, sin, visible, self.cache.k[i], self.cache.v[i], lw, spec)
+        return self.head(x, w.final_norm, w.lm_head, spec.rms_norm_eps)
 
 
 def compile_static(fn: Callable) -> Callable:
-    """torch.compile for one StaticStep. All steps share one code object, so dynamo's per-code
-    recompile limit (8) would silently send later models back to eager: lift it for these calls."""
+    """torch.compile for a StaticStep piece. All steps share these code objects, so dynamo's
+    per-code recompile limit (8) would silently send later models back to eager: lift it."""
     compiled = torch.compile(fn, dynamic=False)
     limits = {key: 4096 for key in ("recompile_limit", "accumulated_recompile_limit", "cache_size_limit")
               if hasattr(torch._dynamo.config, key)}
@@ -93,22 +121,33 @@ def compile_static(fn: Callable) -> Callable:
 
 class ConventionalRound:
     """Both phases as torch.compile'd static steps over their own buffers: the conventional baseline.
-    (CUDA-graph capture of the two phases, for timing on the GPU, is still to come.)"""
+
+    On a GPU `capture()` records each phase as a CUDA graph on a side stream of its own; then
+    `run()` replays draft then verify (conventional) and `run_streams()` replays the two graphs
+    concurrently on two streams (the streams baseline)."""
 
     def __init__(self, draft: ModelWeights, target: ModelWeights, inputs: RoundInputs,
                  compile_fn: Callable = compile_static):
         self.k, self.context = inputs.k, inputs.context
         self.draft_cache, self.target_cache = inputs.draft_cache.clone(), inputs.target_cache.clone()
-        self.inputs = inputs
-        self.draft_step = compile_fn(StaticStep(draft, self.draft_cache, 1).__call__)
-        self.verify_step = compile_fn(StaticStep(target, self.target_cache, self.k + 1).__call__)
-        device = draft.device
+        self.draft_step = StaticStep(draft, self.draft_cache, 1, compile_fn)
+        self.verify_step = StaticStep(target, self.target_cache, self.k + 1, compile_fn)
+        device = self.device = draft.device
         self.draft_last = inputs.draft_last_tokens.clone()
         self.verify_tokens = inputs.verify_tokens.clone()
         self.starts = [torch.tensor(self.context + s, device=device) for s in range(self.k + 1)]
         self.draft_tokens = torch.zeros(self.draft_last.shape[0], self.k, dtype=torch.int64, device=device)
         self.draft_logits = torch.zeros(self.draft_last.shape[0], self.k, draft.spec.vocab_size, device=device)
         self.target_logits = torch.zeros(*self.verify_tokens.shape, target.spec.vocab_size, device=device)
+        self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+
+    def load(self, inputs: RoundInputs) -> None:
+        """New round inputs into the same buffers (captured graphs read them from there)."""
+        for mine, theirs in ((self.draft_cache, inputs.draft_cache), (self.target_cache, inputs.target_cache)):
+            mine.k.copy_(theirs.k)
+            mine.v.copy_(theirs.v)
+        self.draft_last.copy_(inputs.draft_last_tokens)
+        self.verify_tokens.copy_(inputs.verify_tokens)
 
     def draft_phase(self) -> None:
         current = self.draft_last[:, None]
@@ -121,9 +160,32 @@ class ConventionalRound:
     def verify_phase(self) -> None:
         self.target_logits.copy_(self.verify_step(self.verify_tokens, self.starts[0]))
 
+    def capture(self) -> None:
+        """Each phase in a CUDA graph of its own, captured on its own side stream (GPU only)."""
+        from conjugate.evaluate.timing import capture
+
+        self.graphs = {"draft": capture(self.draft_phase, self.device, warmup=3),
+                       "verify": capture(self.verify_phase, self.device, warmup=3)}
+
     def run(self) -> None:
-        self.draft_phase()
-        self.verify_phase()
+        if self.graphs:
+            self.graphs["draft"].replay()
+            self.graphs["verify"].replay()
+        else:
+            self.draft_phase()
+            self.verify_phase()
+
+    def run_streams(self) -> None:
+        """The two captured phases at once, each on a stream forked from and joined to the current one."""
+        main = torch.cuda.current_stream(self.device)
+        if not hasattr(self, "_streams"):
+            self._streams = (torch.cuda.Stream(self.device), torch.cuda.Stream(self.device))
+        for stream, phase in zip(self._streams, ("draft", "verify")):
+            stream.wait_stream(main)
+            with torch.cuda.stream(stream):
+                self.graphs[phase].replay()
+        for stream in self._streams:
+            main.wait_stream(stream)
 
     def outputs(self) -> RoundOutputs:
         return RoundOutputs(self.draft_tokens.clone(), self.draft_logits.clone(), self.target_logits.clone(),

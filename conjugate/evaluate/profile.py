@@ -1,4 +1,8 @@
-"""Evaluator profiles: the TOML files in evaluators/ that say how an evaluator scores plans."""
+"""Evaluator profiles: the TOML files in evaluators/ that say how an evaluator scores plans.
+
+Two kinds: `analytical` (a roofline model with fitted constants in [model]; every result is
+modeled) and `gpu` (measured on the GPU: [timing] replays and warm-up, [correctness] tolerances).
+"""
 from __future__ import annotations
 
 import tomllib
@@ -11,7 +15,7 @@ from conjugate.files import read_text
 from conjugate.workload import REPO_ROOT
 
 PROFILE_DIR = REPO_ROOT / "evaluators"
-KINDS = ("analytical",)
+KINDS = ("analytical", "gpu")
 _MODEL_KEYS = {"gpu": str, "bandwidth_gbs": float, "matmul_tflops": float, "sms": int, "programs_per_sm": int,
                "launch_overhead_us": float, "colocation_penalty": float, "streams_overlap": float}
 _FAMILIES = ("gemm", "attn", "elementwise")
@@ -35,21 +39,38 @@ class ModelConstants:
 
 
 @dataclass(frozen=True)
+class TimingSettings:
+    replays: int = 200  # timed replays of the round's CUDA graph
+    warmup: int = 20  # untimed replays first
+    verdict_calls: int = 10  # launches per CUDA graph when timing one launch for its verdict
+    baselines: tuple[str, ...] = ("conventional", "sequential", "streams")
+
+
+@dataclass(frozen=True)
 class EvaluatorProfile:
     name: str
     kind: str
     description: str
     time_limit_s: float
-    max_check_params: int  # run the interpreter correctness check up to this many parameters
-    model: ModelConstants
+    max_check_params: int  # check numerically up to this many parameters (the interpreter is slow)
+    model: ModelConstants | None  # the analytical model's constants (kind analytical)
+    timing: TimingSettings = field(default_factory=TimingSettings)
+    tolerances: dict[str, dict[str, float]] = field(default_factory=dict)  # dtype -> {rel, tie_margin}
     source: str = ""
+
+    @property
+    def gpu(self) -> str:
+        return self.model.gpu if self.model else ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "EvaluatorProfile":
-        return cls(**{**data, "model": ModelConstants(**data["model"])})
+        timing = {**data.get("timing", {})}
+        timing["baselines"] = tuple(timing.get("baselines", TimingSettings.baselines))
+        return cls(**{**data, "model": ModelConstants(**data["model"]) if data.get("model") else None,
+                      "timing": TimingSettings(**timing)})
 
 
 def load_profile(name_or_path: str | Path) -> EvaluatorProfile:
@@ -83,12 +104,21 @@ def _need(data: dict, key: str, kind: type, where: str) -> Any:
 def _profile(data: dict, path: Path) -> EvaluatorProfile:
     where = str(path)
     for key in data:
-        if key not in ("name", "kind", "description", "time_limit_s", "correctness", "model"):
+        if key not in ("name", "kind", "description", "time_limit_s", "correctness", "model", "timing"):
             raise ProfileError(f"{where}: unknown field {key!r}")
     kind = _need(data, "kind", str, where)
     if kind not in KINDS:
         raise ProfileError(f"{where}: field 'kind' is {kind!r}; supported: {', '.join(KINDS)}")
-    model = data.get("model", {})
+    correctness = data.get("correctness", {})
+    return EvaluatorProfile(
+        name=_need(data, "name", str, where), kind=kind, description=data.get("description", ""),
+        time_limit_s=_need(data, "time_limit_s", float, where),
+        max_check_params=_need(correctness, "max_params", int, f"{where}: [correctness]"),
+        model=_model(data.get("model", {}), where) if kind == "analytical" or "model" in data else None,
+        timing=_timing(data.get("timing", {}), where), tolerances=_tolerances(correctness, where), source=where)
+
+
+def _model(model: dict, where: str) -> ModelConstants:
     unknown = set(model) - set(_MODEL_KEYS) - {"efficiency"}
     if unknown:
         raise ProfileError(f"{where}: unknown field 'model.{sorted(unknown)[0]}'")
@@ -100,9 +130,30 @@ def _profile(data: dict, path: Path) -> EvaluatorProfile:
             raise ProfileError(f"{where}: field 'model.efficiency.{family}' should be in (0, 1], got {e}")
     if values["sms"] < 1 or values["programs_per_sm"] < 1 or values["bandwidth_gbs"] <= 0:
         raise ProfileError(f"{where}: [model] needs positive sms, programs_per_sm and bandwidth_gbs")
-    correctness = data.get("correctness", {})
-    return EvaluatorProfile(
-        name=_need(data, "name", str, where), kind=kind, description=data.get("description", ""),
-        time_limit_s=_need(data, "time_limit_s", float, where),
-        max_check_params=_need(correctness, "max_params", int, f"{where}: [correctness]"),
-        model=ModelConstants(**values, efficiency={f: float(efficiency[f]) for f in _FAMILIES}), source=where)
+    return ModelConstants(**values, efficiency={f: float(efficiency[f]) for f in _FAMILIES})
+
+
+def _timing(timing: dict, where: str) -> TimingSettings:
+    allowed = ("replays", "warmup", "verdict_calls", "baselines")
+    for key in timing:
+        if key not in allowed:
+            raise ProfileError(f"{where}: unknown field 'timing.{key}'")
+    values = {k: _need(timing, k, int, f"{where}: [timing]") for k in allowed[:3] if k in timing}
+    if values.get("replays", 1) < 1 or values.get("verdict_calls", 1) < 1:
+        raise ProfileError(f"{where}: [timing] replays and verdict_calls should be at least 1")
+    baselines = timing.get("baselines", list(TimingSettings.baselines))
+    if not isinstance(baselines, list) or not set(baselines) <= set(TimingSettings.baselines):
+        raise ProfileError(f"{where}: field 'timing.baselines' should be a list drawn from "
+                           f"{', '.join(TimingSettings.baselines)}, got {baselines!r}")
+    return TimingSettings(**values, baselines=tuple(baselines))
+
+
+def _tolerances(correctness: dict, where: str) -> dict[str, dict[str, float]]:
+    out = {}
+    for key, value in correctness.items():
+        if key == "max_params":
+            continue
+        if key not in ("fp32", "fp16", "bf16") or not isinstance(value, dict):
+            raise ProfileError(f"{where}: unknown field 'correctness.{key}'")
+        out[key] = {k: _need(value, k, float, f"{where}: [correctness.{key}]") for k in ("rel", "tie_margin")}
+    return out

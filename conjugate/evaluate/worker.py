@@ -3,7 +3,7 @@ only the worker. The result records the stage reached and the error; the next ev
 fresh worker.
 
 Protocol: one JSON object a line. The parent writes a request {"plan", "workload" (a path),
-"profile" (the EvaluatorProfile as a dict), "cache_dir", "entry"} to the worker's stdin; the worker answers with {"stage": ...} lines as it
+"profile" (the EvaluatorProfile as a dict), "cache_dir", "entry", "refresh_baselines"} to the worker's stdin; the worker answers with {"stage": ...} lines as it
 enters each stage and ends with {"result": EvalResult}. `entry` ("module:function") names the
 function that evaluates: `conjugate.evaluate.pipeline:evaluate` unless a caller says otherwise.
 
@@ -46,10 +46,12 @@ class IsolatedEvaluator:
                                             env=self.env)
         return self._worker
 
-    def evaluate(self, plan: dict, workload_path: str | Path) -> EvalResult:
+    def evaluate(self, plan: dict, workload_path: str | Path, refresh_baselines: bool = False) -> EvalResult:
+        """One plan's EvalResult; `refresh_baselines` re-measures the baselines first (GPU)."""
         worker = self._start()
         request = {"plan": plan, "workload": str(workload_path), "profile": self.profile.to_dict(),
-                   "cache_dir": str(self.cache_dir) if self.cache_dir else None, "entry": self.entry}
+                   "cache_dir": str(self.cache_dir) if self.cache_dir else None, "entry": self.entry,
+                   "refresh_baselines": refresh_baselines}
         start, stage = time.monotonic(), "validate"
         try:
             worker.stdin.write(json.dumps(request) + "\n")
@@ -71,7 +73,10 @@ class IsolatedEvaluator:
             for line in lines:
                 message = json.loads(line)
                 if "result" in message:
-                    return EvalResult.from_dict(message["result"])
+                    result = EvalResult.from_dict(message["result"])
+                    if result.status == "error":  # an unforeseen failure may leave the GPU unusable
+                        self._retire()
+                    return result
                 stage = message.get("stage", stage)
 
     def _exit_reason(self) -> str:
@@ -80,13 +85,17 @@ class IsolatedEvaluator:
         tail = [line for line in self._stderr.read().strip().splitlines() if "Warning" not in line][-3:]
         return f"worker exited with status {code}" + (f": {' | '.join(tail)}" if tail else "")
 
-    def _lost(self, plan: dict, workload_path, stage: str, start: float, status: str, error: str) -> EvalResult:
-        """The worker is gone or hung: kill it, restart on the next call, report what was seen."""
+    def _retire(self) -> None:
+        """Kill the worker; the next evaluation starts a fresh one."""
         if self._worker is not None and self._worker.poll() is None:
             self._worker.kill()
             self._worker.wait()
         self._worker = None
         self.restarts += 1
+
+    def _lost(self, plan: dict, workload_path, stage: str, start: float, status: str, error: str) -> EvalResult:
+        """The worker is gone or hung: kill it, restart on the next call, report what was seen."""
+        self._retire()
         return EvalResult(plan_hash=_plan_hash(plan), workload=Path(workload_path).stem, evaluator=self.profile.name,
                           stage=stage, status=status, modeled=self.profile.kind == "analytical",
                           wall_s=round(time.monotonic() - start, 3), error=error)
@@ -135,8 +144,9 @@ def _serve() -> None:
         evaluate = getattr(importlib.import_module(module), name)
         cache_dir = Path(request["cache_dir"]) if request["cache_dir"] else None
         profile = EvaluatorProfile.from_dict(request["profile"])
+        extra = {"refresh_baselines": True} if request.get("refresh_baselines") else {}
         result = evaluate(request["plan"], load_workload(request["workload"]), profile,
-                          cache_dir=cache_dir, on_stage=lambda stage: say({"stage": stage}))
+                          cache_dir=cache_dir, on_stage=lambda stage: say({"stage": stage}), **extra)
         say({"result": result.to_dict()})
 
 

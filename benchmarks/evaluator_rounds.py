@@ -1,0 +1,109 @@
+"""The measured evaluator (evaluators/h200.toml) on the six H200 configurations: for each, the three
+baselines (conventional, sequential, streams), the shipped plans, the floor, per-launch verdicts,
+and the analytical evaluator's ranking of the same plans against the measured one.
+
+    python benchmarks/evaluator_rounds.py [WORKLOAD.toml ...] [--plans sequential streams interleave]
+                                          [--evaluator h200] [--json OUT.json]
+
+Everything goes through `conjugate.evaluate.pipeline.evaluate`, the function the search calls: per
+plan validate, compile, check against the fp32 reference (eagerly and replayed from the CUDA graph),
+time 200 replays of the whole round on fresh random inputs, then time each multi-part launch against
+its parts. The baselines are measured once per workload in this process. The output's
+workloads[].plans[].median_ms feed `conjugate calibrate --from`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from conjugate.compiler.round import device_name  # noqa: E402
+from conjugate.evaluate.calibrate import spearman  # noqa: E402
+from conjugate.evaluate.pipeline import evaluate  # noqa: E402
+from conjugate.evaluate.profile import load_profile  # noqa: E402
+from conjugate.plan import load_plan  # noqa: E402
+from conjugate.workload import load_workload  # noqa: E402
+
+SIX = ["llama-1b-8b-b1", "llama-1b-8b-b8", "qwen25-05b-7b-b8", "qwen3-06b-8b-b4", "llama-1b-3b-b16-ctx4k",
+       "qwen25-15b-14b-b4"]
+BASELINES = ("conventional", "sequential", "streams")
+
+
+def plan_row(plan, result, modeled) -> dict:
+    m = result.metrics
+    row = {"plan": plan.name, "plan_hash": plan.hash[:12], "status": result.status, "stage": result.stage,
+           "error": result.error, "wall_s": result.wall_s, "modeled_ms": modeled.metrics.get("latency_ms")}
+    if result.ok:
+        counts = {k: sum(1 for v in result.verdicts if v["verdict"] == k) for k in ("gain", "neutral", "interference")}
+        regs = [f["registers"] for f in result.feedback if "registers" in f]
+        row |= {"median_ms": m["latency_ms"], "p20_ms": m["p20_ms"], "p80_ms": m["p80_ms"], "replays": m["replays"],
+                "floor_ratio": m["floor_ratio"], "bandwidth_gbs": m["bandwidth_gbs"], "speedups": m["speedups"],
+                "launches": m["launches"], "verdict_counts": counts, "verdicts": result.verdicts,
+                "max_registers": max(regs, default=None),
+                "launches_with_spills": sum(1 for f in result.feedback if f.get("spills"))}
+    return row
+
+
+def bench_workload(path: Path, plans: list, profile, analytical) -> dict:
+    workload = load_workload(path)
+    out = {"workload": workload.name, "plans": []}
+    for plan in plans:
+        result = evaluate(plan, workload, profile)
+        modeled = evaluate(plan, workload, analytical)
+        row = plan_row(plan, result, modeled)
+        out["plans"].append(row)
+        if result.ok and "baselines" not in out:
+            m = result.metrics
+            out |= {"baselines": m["baselines"], "floor_ms": m["floor_ms"], "floor_memory_ms": m["floor_memory_ms"],
+                    "floor_compute_ms": m["floor_compute_ms"], "bytes": m["bytes"],
+                    "copy_bandwidth_gbs": m["copy_bandwidth_gbs"], "matmul_tflops": m["matmul_tflops"]}
+        print(json.dumps({k: v for k, v in row.items() if k != "verdicts"}), flush=True)
+    timed = [p for p in out["plans"] if "median_ms" in p]
+    out["spearman"] = spearman([p["median_ms"] for p in timed], [p["modeled_ms"] for p in timed])
+    torch.cuda.empty_cache()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("workloads", nargs="*", default=[str(ROOT / "examples" / f"{n}.toml") for n in SIX])
+    parser.add_argument("--plans", nargs="+", default=["sequential", "streams", "interleave"],
+                        help="shipped plan names or plan JSON paths")
+    parser.add_argument("--evaluator", default="h200")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    profile, analytical = load_profile(args.evaluator), load_profile("analytical")
+    plans = [load_plan(p if p.endswith(".json") else ROOT / "plans" / f"{p}.json") for p in args.plans]
+    out = {"gpu": device_name(torch.device("cuda")), "torch": torch.__version__, "evaluator": profile.name,
+           "command": " ".join(["python", "benchmarks/evaluator_rounds.py", *sys.argv[1:]]), "workloads": []}
+    for path in args.workloads:
+        out["workloads"].append(bench_workload(Path(path), plans, profile, analytical))
+        if args.json:
+            args.json.write_text(json.dumps(out, indent=1) + "\n")
+    print_table(out)
+
+
+def print_table(out: dict) -> None:
+    print(f"\n{out['gpu']}: median ms (speedup of the plan vs conventional / sequential / streams)")
+    for w in out["workloads"]:
+        base = w.get("baselines", {})
+        print(f"{w['workload']:22} floor {w.get('floor_ms', float('nan')):5.2f}  " +
+              "  ".join(f"{b} {base[b]['latency_ms']:.2f}" for b in BASELINES if base.get(b, {}).get("latency_ms")) +
+              f"  spearman {w['spearman']:.2f}")
+        for p in w["plans"]:
+            if "median_ms" in p:
+                s = p["speedups"]
+                print(f"   {p['plan']:12} {p['median_ms']:6.2f} ms  floor x{p['floor_ratio']:.2f}  " +
+                      " / ".join(f"{s.get(b, float('nan')):.2f}x" for b in BASELINES) + f"  verdicts {p['verdict_counts']}")
+            else:
+                print(f"   {p['plan']:12} {p['status']} at {p['stage']}: {p['error'][:120]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""Proposers: what suggests the next plan edits to the search.
+
+    heuristic          rule-based edits driven by the measured verdicts (agents/heuristic.py)
+    replay             the edits of a recorded run, in their order (agents/replay.py)
+    anthropic:<model>  a Claude model through the anthropic SDK (key: ANTHROPIC_API_KEY)
+    openai:<model>     an OpenAI model, or any OpenAI-compatible server given its base URL
+                       (key: OPENAI_API_KEY; optional with a base URL)
+
+`make_proposer(spec)` builds one from its command-line spec; base.py holds the interface.
+"""
+from __future__ import annotations
+
+from conjugate.agents.base import EDIT_KINDS, LLMCallLog, NodeContext, Proposal, Proposer
+from conjugate.errors import ConjugateError
+
+__all__ = ["EDIT_KINDS", "NodeContext", "Proposal", "Proposer", "make_proposer"]
+_FORMS = "heuristic, replay, anthropic:<model> or openai:<model>"
+
+
+def make_proposer(spec: str, *, seed: int = 0, base_url: str | None = None, log_call: LLMCallLog | None = None,
+                  max_cost_usd: float | None = None, spent_usd: float = 0.0,
+                  replay_records: list[dict] | None = None) -> Proposer:
+    """The proposer a spec names; ConjugateError (one line) for an unknown spec or a missing key."""
+    if spec == "heuristic":
+        from conjugate.agents.heuristic import HeuristicProposer
+        return HeuristicProposer(seed=seed)
+    if spec == "replay":
+        if not replay_records:
+            raise ConjugateError("--agent replay: no recorded edits to replay")
+        from conjugate.agents.replay import ReplayProposer
+        return ReplayProposer(replay_records)
+    provider, _, model = spec.partition(":")
+    if provider not in ("anthropic", "openai") or not model.strip():
+        raise ConjugateError(f"--agent: unknown agent {spec!r}; use {_FORMS}")
+    from conjugate.agents.llm import LLMProposer
+    if provider == "anthropic":
+        from conjugate.agents.anthropic_agent import AnthropicClient as Client
+    else:
+        from conjugate.agents.openai_agent import OpenAIClient as Client
+    return LLMProposer(Client(model, base_url=base_url), provider, model, log_call=log_call,
+                       max_cost_usd=max_cost_usd, spent_usd=spent_usd)

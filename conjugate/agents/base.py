@@ -1,0 +1,53 @@
+"""The proposer interface: given a node of the plan tree and what is known about it, propose edits.
+
+An edit is an RFC 6902 JSON Patch over the plan (conjugate/plan/patch.py applies it atomically),
+with a one-line rationale and an edit kind (one of EDIT_KINDS) that the search keeps statistics
+for. Proposers never evaluate anything and never raise on bad model output: a reply that does not
+validate is data (see agents/llm.py).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Protocol
+
+EDIT_KINDS = ("tiles", "pattern", "pairs", "fusion", "alignment", "streams", "layout", "override", "launch",
+              "other")
+
+
+@dataclass(frozen=True)
+class Proposal:
+    patch: list[dict]  # RFC 6902 operations on the plan's JSON
+    rationale: str  # one line: why this edit should help
+    kind: str = "other"  # one of EDIT_KINDS
+    prior: float | None = None  # the proposer's confidence in (0, 1]; None: let the search decide
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class NodeContext:
+    """What a proposer sees about the node it expands (all plain JSON-able data)."""
+    plan: dict  # canonical plan JSON
+    plan_hash: str
+    workload: dict  # Workload.to_dict(), plus "name"
+    gpu: str  # the device name the evaluator measured on, or the analytical profile's GPU
+    result: dict | None = None  # the node's EvalResult.to_dict(), None if not evaluated
+    baselines: dict = field(default_factory=dict)  # name -> latency_ms
+    best: list[dict] = field(default_factory=list)  # best plans so far: {"plan", "latency_ms", "speedups"}
+    lessons: list[str] = field(default_factory=list)  # short lessons from earlier runs on this GPU and family
+    edit_stats: dict = field(default_factory=dict)  # edit kind -> {"n": count, "mean_gain": float}
+    tried: list[dict] = field(default_factory=list)  # this node's children so far: {"patch", "kind", "status", "reward"}
+    failures: list[dict] = field(default_factory=list)  # recent failed plans' errors: {"patch", "status", "error"}
+
+
+class Proposer(Protocol):
+    """Anything that proposes edits. `name` is recorded with every edit it made."""
+    name: str
+
+    def propose(self, context: NodeContext, n: int) -> list[Proposal]:
+        """Up to `n` distinct edits of `context.plan`. May return fewer (or none)."""
+        ...
+
+
+LLMCallLog = Callable[[dict], None]  # receives one LLM call's record (see agents/llm.py) to persist

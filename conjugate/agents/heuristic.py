@@ -1,0 +1,237 @@
+"""The heuristic proposer: rule-based plan edits, offline and deterministic.
+
+Edits come first from what the node's result says, then from broader local moves:
+
+    failed node          undo the likely cause: smaller tiles or fewer stages for the part the
+                         compile error names, separate operands, no pairing in a failing launch
+    interference         keep the draft part out of that target launch (override pair: false) or
+                         drop the draft kind from pairs[target kind]
+    gain                 pair the same draft kind with similar target kinds, and similar draft kinds
+                         with that target kind
+    idle multiprocessors target launches with fewer programs than SMs take more draft kinds
+                         (switching a sequential plan to a cross-model alignment)
+    broader moves        tile-shape local search (halve/double one tile key, the kinds of
+                         interfering or under-filled launches first), launch parameters, interleave
+                         pattern and ratio, fusions, alignment, streams, operand layout
+
+Each candidate has a base score; the search's edit statistics shift the scores of their kinds
+(kinds with a positive mean gain rise), a kind already chosen loses a little for the next pick so
+the proposals stay diverse, and the final score becomes the proposal's prior. A random.Random seeded
+by the proposer's seed, the plan hash and the number of children tried orders near-equal
+candidates, so the same context always gives the same proposals and a revisited node gets new ones.
+
+Every proposal applies to the canonical plan, validates, changes the plan and is not one tried
+before. It may still fail expansion (a pinned draft op that no longer fits, say); the evaluator
+reports that as an invalid plan, which the search records like any other outcome.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+from conjugate.agents.base import NodeContext, Proposal
+from conjugate.agents.heuristic_edits import (LIGHT_TARGETS, SEARCH_KEYS, SMS, Candidate, PartInfo, enable_pairing,
+                                              fill_by_kind, gain_edits, headroom_edits, launch_parts, repair_edits,
+                                              scaled, set_pairs, set_tile, spill_edits, split_edits, tile_value)
+from conjugate.errors import ConjugateError
+from conjugate.graph import GEMM_KINDS, KINDS
+from conjugate.plan.patch import patch_plan
+from conjugate.plan.schema import FUSIONS, MODEL_KEYS, Plan, validate_plan
+from conjugate.plan.tiles import FAMILY_OF, LAUNCH_BOUNDS
+
+_FAILED = ("invalid", "compile_error", "incorrect", "timeout", "crashed", "error")
+_DECAY = 0.85  # score factor per proposal of the same kind already chosen
+
+
+class HeuristicProposer:
+    name = "heuristic"
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+
+    def propose(self, context: NodeContext, n: int) -> list[Proposal]:
+        try:
+            plan = validate_plan(context.plan)
+        except ConjugateError:
+            return []
+        rng = random.Random(f"{self.seed}:{context.plan_hash}:{len(context.tried)}")
+        seen = {plan.hash} | _tried_hashes(plan, context.tried)
+        ranked = _ranked(candidates(plan, context.result, rng), context.edit_stats)
+        out: list[Proposal] = []
+        for cand, score in ranked:
+            if len(out) >= n:
+                break
+            try:
+                new = patch_plan(plan, cand.patch)
+            except ConjugateError:
+                continue
+            if new.hash not in seen:
+                seen.add(new.hash)
+                out.append(Proposal(cand.patch, cand.rationale, cand.kind, round(min(1.0, max(0.05, score)), 3)))
+        return out
+
+
+def _tried_hashes(plan: Plan, tried: list[dict]) -> set[str]:
+    hashes = set()
+    for t in tried:
+        try:
+            hashes.add(patch_plan(plan, t.get("patch")).hash)
+        except (ConjugateError, TypeError, AttributeError):
+            continue
+    return hashes
+
+
+def _ranked(cands: list[Candidate], stats: dict):
+    """Yield (candidate, score) best first: base score + the kind's statistics bias, decayed by
+    how many of the same kind came before (so the list mixes kinds)."""
+    groups: dict[str, list[tuple[float, int, Candidate]]] = {}
+    for i, c in enumerate(cands):
+        groups.setdefault(c.kind, []).append((c.score + _bias(stats.get(c.kind)), -i, c))
+    for g in groups.values():
+        g.sort(key=lambda e: (e[0], e[1]), reverse=True)
+    taken = {k: 0 for k in groups}
+    while any(taken[k] < len(g) for k, g in groups.items()):
+        kind = max((k for k, g in groups.items() if taken[k] < len(g)),
+                   key=lambda k: (groups[k][taken[k]][0] * _DECAY ** taken[k], groups[k][taken[k]][1]))
+        score, _, cand = groups[kind][taken[kind]]
+        yield cand, score * _DECAY ** taken[kind]
+        taken[kind] += 1
+
+
+def _bias(stat: dict | None) -> float:
+    """Up to +-0.3 for a kind's mean gain, trusted more as its count grows."""
+    if not stat or not stat.get("n"):
+        return 0.0
+    n, gain = stat["n"], float(stat.get("mean_gain") or 0.0)
+    return 0.3 * math.tanh(gain / 0.02) * n / (n + 3)
+
+
+def candidates(plan: Plan, result: dict | None, rng: random.Random) -> list[Candidate]:
+    """Every candidate edit, result-driven first (unordered beyond their base scores)."""
+    result = result or {}
+    parts = launch_parts(result)
+    verdicts = result.get("verdicts", [])
+    out = repair_edits(plan, result) if result.get("status") in _FAILED else spill_edits(plan, result)
+    out += split_edits(plan, verdicts, parts) + gain_edits(plan, verdicts, parts) + headroom_edits(plan, parts)
+    interfering = any(v.get("verdict") == "interference" for v in verdicts)
+    out += tile_edits(plan, _focus(verdicts, parts), rng) + launch_edits(plan, rng)
+    out += pattern_edits(plan, interfering) + fusion_edits(plan) + alignment_edits(plan)
+    return out + streams_edits(plan) + layout_edits(plan)
+
+
+def _focus(verdicts: list[dict], parts: dict[int, list[PartInfo]]) -> list[tuple[PartInfo, str, bool, float]]:
+    """(part, why, wants more programs, score): parts of interfering launches, then under-filled
+    target kinds."""
+    out = []
+    for v in sorted(verdicts, key=lambda v: v.get("gain_percent", 0)):
+        if v.get("verdict") == "interference":
+            why = f"launch {v.get('launch')} interferes ({v.get('gain_percent', 0):+.1f}%)"
+            out += [(p, why, False, 0.66) for p in parts.get(v.get("launch"), [])]
+    fill = fill_by_kind(parts)
+    for kind in sorted((k for k, p in fill.items() if p < SMS), key=lambda k: fill[k]):
+        why = f"target {kind} launches fill {fill[kind]} of {SMS} SMs"
+        out.append((PartInfo("target", kind, kind), why, True, 0.6))
+    return [f for f in out if FAMILY_OF[f[0].kind] in SEARCH_KEYS]
+
+
+def tile_edits(plan: Plan, focus: list[tuple[PartInfo, str, bool, float]], rng: random.Random) -> list[Candidate]:
+    """Halve or double one tile key of one op kind: focused kinds first, then every GEMM and
+    attention kind of both models in a seeded random order."""
+    out, done = [], set()
+    for part, why, wider, score in focus:
+        if (part.model, part.kind) not in done:
+            done.add((part.model, part.kind))
+            out += _tile_moves(plan, part.model, part.kind, why, score, wider)
+    rest = [(m, k) for m in MODEL_KEYS for k in GEMM_KINDS + ("attn",) if (m, k) not in done]
+    for m, k in rest:
+        out += _tile_moves(plan, m, k, "local tile search", 0.3 + 0.1 * rng.random(), False)
+    return out
+
+
+def _tile_moves(plan: Plan, model: str, kind: str, why: str, score: float, wider: bool) -> list[Candidate]:
+    """Both directions of every searched key; with `wider`, moves that add programs come first."""
+    out = []
+    for key in SEARCH_KEYS[FAMILY_OF[kind]]:
+        for factor in (2.0, 0.5):
+            new = scaled(plan, model, kind, key, factor)
+            if new is None:
+                continue
+            more_programs = key != "BLOCK_K" and (factor > 1) == key.startswith("SPLIT")
+            bonus = 0.03 if wider and more_programs else 0.0
+            out.append(Candidate("tiles", set_tile(plan, model, kind, key, new),
+                                 f"{why}: {model} {kind} {key} {tile_value(plan, model, kind, key)} -> {new}",
+                                 score + bonus))
+    return out
+
+
+def launch_edits(plan: Plan, rng: random.Random) -> list[Candidate]:
+    out = []
+    for key, factor in (("num_warps", 2.0), ("num_warps", 0.5), ("num_stages", 2.0), ("num_stages", 0.5)):
+        now, (low, high) = plan["launch"][key], LAUNCH_BOUNDS[key]
+        new = now + (1 if factor > 1 else -1) if key == "num_stages" else int(now * factor)
+        if new != now and low <= new <= high:
+            out.append(Candidate("launch", [{"op": "replace", "path": f"/launch/{key}", "value": new}],
+                                 f"default launch {key} {now} -> {new}", 0.28 + 0.04 * rng.random()))
+    return out
+
+
+def pattern_edits(plan: Plan, interfering: bool) -> list[Candidate]:
+    """Other interleave patterns and ratios; only meaningful where launches are shared."""
+    if plan["alignment"] == "sequential":
+        return []
+    now, (t, d) = plan["interleave"]["pattern"], plan["interleave"]["ratio"]
+    options = [(p, [1, 1]) for p in ("blocked", "strided") if p != now]
+    options += [("ratio", r) for r in ([2 * t, d], [t, 2 * d]) if max(r) <= 64] if now == "ratio" else [
+        ("ratio", [2, 1]), ("ratio", [1, 2])]
+    score = 0.5 if interfering else 0.4
+    why = "shared launches interfere" if interfering else "reshape how shared launches split their programs"
+    return [Candidate("pattern", [{"op": "replace", "path": "/interleave", "value": {"pattern": p, "ratio": r}}],
+                      f"{why}: interleave {now} -> {p}" + (f" {r[0]}:{r[1]}" if p == "ratio" else ""), score)
+            for p, r in options]
+
+
+def fusion_edits(plan: Plan) -> list[Candidate]:
+    out = []
+    for model in MODEL_KEYS:
+        on = plan["fusions"][model]
+        for f in FUSIONS:
+            if f in on:
+                out.append(Candidate("fusion", [{"op": "remove", "path": f"/fusions/{model}/{on.index(f)}"}],
+                                     f"unfuse {f} in the {model}: smaller units pair more easily", 0.25))
+            else:
+                out.append(Candidate("fusion", [{"op": "add", "path": f"/fusions/{model}/-", "value": f}],
+                                     f"fuse {f} in the {model}: one launch fewer each time it runs", 0.4))
+    return out
+
+
+def alignment_edits(plan: Plan) -> list[Candidate]:
+    if plan["alignment"] != "sequential":
+        other = "greedy" if plan["alignment"] == "proportional" else "proportional"
+        return [Candidate("alignment", [{"op": "replace", "path": "/alignment", "value": other}],
+                          f"alignment {plan['alignment']} -> {other}: draft units meet other target launches", 0.4),
+                Candidate("alignment", [{"op": "replace", "path": "/alignment", "value": "sequential"}],
+                          "alignment -> sequential: no shared launches at all", 0.15)]
+    pairs = [] if plan["pairs"] else [op for t in LIGHT_TARGETS for op in set_pairs(plan, t, set(KINDS))]
+    return [Candidate("alignment", enable_pairing(plan, a) + pairs,
+                      f"alignment sequential -> {a}: draft units ride inside target launches"
+                      + (f" ({', '.join(LIGHT_TARGETS)} take any draft kind)" if pairs else ""), score)
+            for a, score in (("proportional", 0.65), ("greedy", 0.5))]
+
+
+def streams_edits(plan: Plan) -> list[Candidate]:
+    if plan["streams"] == "two":
+        return [Candidate("streams", [{"op": "replace", "path": "/streams", "value": "one"}],
+                          "streams two -> one: no cross-stream joins", 0.25)]
+    if plan["alignment"] != "sequential" or any("with" in o for o in plan["overrides"]):
+        return []
+    return [Candidate("streams", [{"op": "replace", "path": "/streams", "value": "two"}],
+                      "streams one -> two: the draft phase overlaps the verify pass", 0.45)]
+
+
+def layout_edits(plan: Plan) -> list[Candidate]:
+    if plan["alignment"] == "sequential":
+        return []
+    other = "packed" if plan["operand_layout"] == "separate" else "separate"
+    why = "one tile loop streams both models' weights" if other == "packed" else "each model reads its own weights"
+    return [Candidate("layout", [{"op": "replace", "path": "/operand_layout", "value": other}],
+                      f"operand layout {plan['operand_layout']} -> {other}: {why}", 0.35)]

@@ -1,0 +1,86 @@
+"""GPU timing: CUDA graphs captured on side streams, replays timed with CUDA events, and the
+device's own copy bandwidth and bf16 matmul rate (for the floor).
+
+    graph = capture(fn, device)            # fn's kernels, warmed up first, in one CUDA graph
+    timing = time_replays(graph.replay, replays=200, warmup=20)
+
+Every graph is captured on a side stream of its own: on the H200 two graphs captured on the default
+capture stream hung when replayed concurrently.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    replays: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def capture(fn: Callable[[], None], device: torch.device, warmup: int = 2) -> torch.cuda.CUDAGraph:
+    """fn's work as a CUDA graph, captured on a side stream after `warmup` eager runs there."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(warmup):  # compiles, autotunes and allocates outside the capture
+            fn()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    torch.cuda.synchronize(device)
+    return graph
+
+
+def time_replays(run: Callable[[], None], replays: int, warmup: int) -> Timing:
+    """Median and p20/p80 of `replays` timed calls of `run` (each bracketed by CUDA events on the
+    current stream), after `warmup` untimed ones."""
+    for _ in range(warmup):
+        run()
+    events = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        events.append((start, end))
+    torch.cuda.synchronize()
+    ms = sorted(s.elapsed_time(e) for s, e in events)
+    deciles = statistics.quantiles(ms, n=10) if len(ms) > 1 else [ms[0]] * 9
+    return Timing(statistics.median(ms), deciles[1], deciles[7], replays)
+
+
+def time_per_call(fn: Callable[[], None], device: torch.device, calls: int = 10, replays: int = 5) -> float:
+    """Microseconds per call of fn, from a CUDA graph of `calls` back-to-back calls."""
+    def calls_in_a_row():
+        for _ in range(calls):
+            fn()
+    graph = capture(calls_in_a_row, device, warmup=1)
+    return time_replays(graph.replay, replays, warmup=1).median_ms * 1e3 / calls
+
+
+def copy_bandwidth_gbs(device: torch.device, nbytes: int = 2 << 30) -> float:
+    """GB/s of a large device-to-device copy, read and write both counted."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
+    dst = torch.empty_like(src)
+    timing = time_replays(lambda: dst.copy_(src), replays=15, warmup=3)
+    del src, dst
+    return 2 * nbytes / (timing.median_ms * 1e-3) / 1e9
+
+
+def matmul_tflops(device: torch.device, size: int = 8192) -> float:
+    """Dense bf16 matmul rate in TFLOP/s."""
+    a = torch.randn(size, size, dtype=torch.bfloat16, device=device)
+    b = torch.randn(size, size, dtype=torch.bfloat16, device=device)
+    timing = time_replays(lambda: a @ b, replays=10, warmup=3)
+    return 2 * size ** 3 / (timing.median_ms * 1e-3) / 1e12

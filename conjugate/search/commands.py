@@ -1,0 +1,196 @@
+"""`conjugate search`, `conjugate show` and `conjugate export`: the search's command-line side."""
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from conjugate.errors import ConjugateError
+from conjugate.workload import DEFAULT_WORKLOAD, REPO_ROOT
+
+RUNS_DIR = REPO_ROOT / "runs"
+
+
+def parse_duration(text: str) -> float:
+    """'90s', '30m', '2h' or plain seconds -> seconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text or "")
+    if not match or float(match.group(1)) <= 0:
+        raise ConjugateError(f"--time: {text!r} is not a duration like 90s, 30m or 2h")
+    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+
+
+def open_store(target: str):
+    from conjugate.search.store import Store
+
+    return Store.open(target)
+
+
+def cmd_search(args: argparse.Namespace, out: Console) -> None:
+    from conjugate.evaluate.profile import load_profile
+    from conjugate.evaluate.worker import IsolatedEvaluator
+    from conjugate.search.run import Search, SearchSettings
+    from conjugate.workload import load_workload
+
+    deadline = time.monotonic() + parse_duration(args.time) if args.time else None
+    if args.resume:
+        store = open_store(args.resume)
+        run = store.latest_run() if args.run is None else store.run(args.run)
+        if run is None:
+            raise ConjugateError(f"{args.resume}: holds no run to resume")
+        workload_path, agent, evaluator_name, seed = run.workload_path, run.agent, run.evaluator, run.seed
+        settings = SearchSettings(**{**run.settings, **({"budget": args.budget} if args.budget else {})})
+    else:
+        workload_path = args.workload or str(DEFAULT_WORKLOAD)
+        agent, evaluator_name, seed = args.agent, args.evaluator, args.seed
+        settings = SearchSettings(budget=args.budget or 20, expand_width=args.width)
+        name = args.name or Path(workload_path).stem
+        RUNS_DIR.mkdir(exist_ok=True)
+        store = open_store(args.db or str(RUNS_DIR / f"{name}.db"))
+    workload = load_workload(workload_path)
+    profile = load_profile(evaluator_name)
+    settings = SearchSettings(**{**settings.to_dict(), "stale_after_s": 2 * profile.time_limit_s})
+    with IsolatedEvaluator(profile) as evaluator:
+        search = None
+        try:
+            call_log = _CallLog(store, run.id if args.resume else None)
+            proposer = _proposer(agent, seed, args, store, call_log)
+            if args.resume:
+                search = Search(store, run.id, workload, workload_path, evaluator, proposer, settings)
+                store.set_run_status(run.id, "running")
+            else:
+                search = Search.start(store, name, workload, workload_path, evaluator, proposer, settings, seed)
+                call_log.run_id = search.run_id
+            _run(search, out, deadline)
+        except KeyboardInterrupt:
+            if search is not None:
+                store.set_run_status(search.run_id, "stopped")
+                out.print(f"stopped; resume with: conjugate search --resume {store.url_for_display}")
+            raise
+        finally:
+            store.close()
+
+
+class _CallLog:
+    """Persists each LLM call under the run (known once the run exists)."""
+
+    def __init__(self, store, run_id: int | None):
+        self.store, self.run_id = store, run_id
+
+    def __call__(self, record: dict) -> None:
+        self.store.record_llm_call(self.run_id, **record)
+
+
+def _proposer(agent: str, seed: int, args, store, call_log: _CallLog):
+    from conjugate.agents import make_proposer
+    from conjugate.search.run import replay_records
+
+    records = None
+    if agent == "replay":
+        if not args.replay_from:
+            raise ConjugateError("--agent replay needs --replay-from DB (the database of the run to replay)")
+        with open_store(args.replay_from) as recorded:
+            records = replay_records(recorded)
+    spent = store.llm_cost(call_log.run_id) if call_log.run_id else 0.0
+    return make_proposer(agent, seed=seed, base_url=args.base_url, log_call=call_log,
+                         max_cost_usd=args.max_llm_cost, spent_usd=spent, replay_records=records)
+
+
+def _run(search, out: Console, deadline: float | None) -> None:
+    from conjugate.agents.llm import LLMBudgetExceeded
+    from conjugate.search.live import LiveView
+
+    out.print(f"run {search.run_id} in {search.store.url_for_display}: {search.workload.name}, agent "
+              f"{search.proposer.name}, evaluator {search.evaluator.profile.name}, budget {search.settings.budget}")
+    with LiveView(out, search.settings.budget, search.evaluations_done()) as view:
+        search.on_event = view.event
+        try:
+            why = search.run_loop(deadline)
+        except LLMBudgetExceeded as e:
+            why = f"LLM cost cap reached: {e}"
+    status = "finished" if why in ("budget", "exhausted") else "stopped"
+    search.store.set_run_status(search.run_id, status)
+    out.print(f"search {status} ({why}) after {search.evaluations_done()} evaluations")
+    show_run(search.store, search.store.run(search.run_id), out, limit=5)
+
+
+def cmd_show(args: argparse.Namespace, out: Console) -> None:
+    with open_store(args.db) as store:
+        runs = store.runs()
+        if not runs:
+            raise ConjugateError(f"{args.db}: holds no run")
+        table = Table(title=f"runs in {store.url_for_display}")
+        for col in ("run", "name", "workload", "evaluator", "agent", "seed", "status", "nodes", "created"):
+            table.add_column(col)
+        for r in runs:
+            table.add_row(str(r.id), r.name, r.workload_name, r.evaluator, r.agent, str(r.seed), r.status,
+                          str(len(store.nodes(r.id))), r.created_at.strftime("%Y-%m-%d %H:%M"))
+        out.print(table)
+        chosen = [store.run(args.run)] if args.run else runs[-1:]
+        for run in chosen:
+            show_run(store, run, out, limit=args.limit)
+
+
+def show_run(store, run, out: Console, limit: int = 10) -> None:
+    from conjugate.search.report import run_history
+
+    history = run_history(store, run)
+    ok = sorted((h for h in history if h["status"] == "ok"), key=lambda h: h["latency_ms"])
+    table = Table(title=f"run {run.id}: best plans ({'modeled' if history and history[0]['modeled'] else 'measured'})")
+    for col in ("node", "depth", "latency", *(f"vs {b}" for b in ("conventional", "sequential", "streams")),
+                "visits", "edit"):
+        table.add_column(col)
+    for h in ok[:limit]:
+        table.add_row(str(h["node"]), str(h["depth"]), f"{h['latency_ms']:.3f} ms",
+                      *(f"{h['speedups'][b]:.3f}x" if b in h["speedups"] else "-"
+                        for b in ("conventional", "sequential", "streams")),
+                      str(h["visits"]), escape(f"[{h['kind']}] {h['rationale'][:70]}"))
+    out.print(table)
+    failed = [h for h in history if h["status"] not in ("ok", "pending")]
+    out.print(f"{len(history)} nodes, {len(ok)} ok, {len(failed)} failed" +
+              "".join(f"\n  node {h['node']}: {h['status']}: {h['error'][:120]}" for h in failed[-3:]))
+
+
+def cmd_export(args: argparse.Namespace, out: Console) -> None:
+    from conjugate.search.report import export_run
+
+    with open_store(args.db) as store:
+        run = store.run(args.run) if args.run else store.latest_run()
+        if run is None:
+            raise ConjugateError(f"{args.db}: holds no run to export")
+        written = export_run(store, run, Path(args.out), out)
+    out.print(f"exported run {run.id} to {args.out}: " + ", ".join(sorted(p.name for p in written)))
+
+
+def add_commands(sub, out: Console) -> None:
+    search = sub.add_parser("search", help="search for the fastest plan: MCTS over a persistent plan tree")
+    search.add_argument("workload", nargs="?", help="workload TOML (default: the tiny CPU one)")
+    search.add_argument("--db", help="SQLAlchemy URL or SQLite file (default: runs/<name>.db)")
+    search.add_argument("--name", help="run name (default: the workload file's stem)")
+    search.add_argument("--agent", default="heuristic", help="heuristic (default), replay, anthropic:<model>, "
+                        "openai:<model>")
+    search.add_argument("--budget", type=int, help="evaluations in the run, seeds included (default 20)")
+    search.add_argument("--time", help="stop after this long: 90s, 30m, 2h")
+    search.add_argument("--seed", type=int, default=0)
+    search.add_argument("--evaluator", default="analytical", help="evaluator profile (default: analytical)")
+    search.add_argument("--width", type=int, default=3, help="edits asked for per expansion (default 3)")
+    search.add_argument("--base-url", help="an OpenAI-compatible server (vLLM, llama.cpp, Ollama) or API proxy")
+    search.add_argument("--max-llm-cost", type=float, help="stop asking the LLM after this many US dollars")
+    search.add_argument("--replay-from", help="with --agent replay: the database whose edits to replay")
+    search.add_argument("--resume", metavar="DB", help="continue the latest run (or --run) of this database")
+    search.add_argument("--run", type=int, help="with --resume: the run id")
+    search.set_defaults(func=lambda a: cmd_search(a, out))
+    show = sub.add_parser("show", help="runs of a search database, the best plans, failures")
+    show.add_argument("db", help="SQLAlchemy URL or SQLite file")
+    show.add_argument("--run", type=int, help="the run to detail (default: the latest)")
+    show.add_argument("--limit", type=int, default=10)
+    show.set_defaults(func=lambda a: cmd_show(a, out))
+    export = sub.add_parser("export", help="write a run's best plan, its kernels, a report and a plot")
+    export.add_argument("db", help="SQLAlchemy URL or SQLite file")
+    export.add_argument("--out", required=True, help="directory to write into")
+    export.add_argument("--run", type=int, help="the run to export (default: the latest)")
+    export.set_defaults(func=lambda a: cmd_export(a, out))

@@ -1,0 +1,139 @@
+"""Monte Carlo tree search over the plan tree: PUCT selection with progressive widening.
+
+Each node is a plan; its children are edits a proposer suggested. A search step selects a path
+from the root, expands its last node with a few new children, evaluates them and backpropagates
+each child's reward along the path. Rewards are non-negative (speedup ratios; failures are 0).
+
+    max_children(n) = ceil(widen_c * (visits(n) + 1) ** widen_alpha)
+    score(p, c)     = Q(c) + c_puct * prior(c) * sqrt(max(1, visits(p))) / (1 + visits(c))
+    Q(c)            = ((1 - best_weight) * mean(c) + best_weight * best(c)) / largest reward seen
+
+Q lies in [0, 1]. It blends the subtree's mean reward with its best one: the search wants the best
+plan, not the best average, and a branch whose edits often fail (reward 0) may still hold it.
+
+First-play urgency: a child not visited yet takes its parent's Q, so a fresh child is neither
+favoured nor shunned against its siblings, and its prior decides. The exploration term uses
+sqrt(max(1, visits)) so priors order the children of a node visited once or never.
+Everything here is in memory and deterministic: ties go to the lowest node id.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class TreeNode:
+    id: int
+    parent: TreeNode | None = field(default=None, repr=False)
+    prior: float = 1.0
+    visits: int = 0
+    value_sum: float = 0.0
+    best: float = 0.0  # the largest reward backpropagated through this node
+    children: list[TreeNode] = field(default_factory=list, repr=False)
+    reward: float | None = None  # this node's own evaluation; None: not evaluated
+    closed: bool = False  # the proposer had nothing more to offer
+
+    @property
+    def mean(self) -> float:
+        return self.value_sum / self.visits if self.visits else 0.0
+
+    def add_child(self, node_id: int, prior: float = 1.0) -> TreeNode:
+        child = TreeNode(node_id, parent=self, prior=prior)
+        self.children.append(child)
+        return child
+
+    def path(self) -> list[TreeNode]:
+        """Root ... self."""
+        nodes, node = [], self
+        while node is not None:
+            nodes.append(node)
+            node = node.parent
+        return nodes[::-1]
+
+
+def is_open(node: TreeNode) -> bool:
+    """Whether the node or anything below it may still be expanded."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if not n.closed:
+            return True
+        stack.extend(n.children)
+    return False
+
+
+class MCTS:
+    def __init__(self, c_puct: float = 1.4, widen_alpha: float = 0.5, widen_c: float = 1.0,
+                 best_weight: float = 0.5):
+        self.c_puct, self.widen_alpha, self.widen_c = c_puct, widen_alpha, widen_c
+        self.best_weight = best_weight
+        self.max_reward = 0.0  # Q's normalizer; select() also refreshes it from the root's best
+
+    def max_children(self, node: TreeNode) -> int:
+        return math.ceil(self.widen_c * (node.visits + 1) ** self.widen_alpha)
+
+    def full(self, node: TreeNode) -> bool:
+        return node.closed or len(node.children) >= self.max_children(node)
+
+    def q(self, node: TreeNode) -> float:
+        if self.max_reward <= 0:
+            return 0.0
+        return ((1 - self.best_weight) * node.mean + self.best_weight * node.best) / self.max_reward
+
+    def score(self, parent: TreeNode, child: TreeNode) -> float:
+        q = self.q(child) if child.visits else self.q(parent)  # first-play urgency: the parent's Q
+        explore = self.c_puct * child.prior * math.sqrt(max(1, parent.visits)) / (1 + child.visits)
+        return q + explore
+
+    def select(self, root: TreeNode) -> list[TreeNode]:
+        """The path from the root to the first node that may still be expanded. Closed subtrees
+        with nothing left to expand are skipped; if the whole tree is such, the path is [root]
+        and root.closed tells the caller the search is exhausted."""
+        self.max_reward = max(self.max_reward, root.best)
+        path = [root]
+        node = root
+        while self.full(node):
+            candidates = [c for c in node.children if is_open(c)]
+            if not candidates:
+                return path
+            node = max(candidates, key=lambda c: (self.score(node, c), -c.id))
+            path.append(node)
+        return path
+
+    def backpropagate(self, path: list[TreeNode], reward: float) -> None:
+        if reward < 0:
+            raise ValueError(f"rewards are non-negative, got {reward}")
+        self.max_reward = max(self.max_reward, reward)
+        for node in path:
+            node.visits += 1
+            node.value_sum += reward
+            node.best = max(node.best, reward)
+
+    @staticmethod
+    def priors(raw: list[float | None]) -> list[float]:
+        """Missing priors take the mean of the given ones (all missing: uniform); then sum to 1."""
+        given = [max(0.0, p) for p in raw if p is not None]
+        fill = sum(given) / len(given) if given and sum(given) > 0 else 1.0
+        values = [fill if p is None else max(0.0, p) for p in raw]
+        total = sum(values)
+        return [v / total for v in values] if total > 0 else [1.0 / len(raw)] * len(raw)
+
+
+def rebuild(rows: list[dict]) -> dict[int, TreeNode]:
+    """Nodes from stored rows (id, parent_id, prior, visits, value_sum, best_reward, reward, closed),
+    linked into a tree with children in id order, so a run resumes exactly where it stopped.
+    Missing or null statistics read as a fresh node's (best_reward is null until a backup)."""
+    nodes = {r["id"]: TreeNode(r["id"], prior=1.0 if r.get("prior") is None else r["prior"],
+                               visits=r.get("visits") or 0, value_sum=r.get("value_sum") or 0.0,
+                               best=r.get("best_reward") or 0.0, reward=r.get("reward"), closed=bool(r.get("closed")))
+             for r in rows}
+    for r in sorted(rows, key=lambda r: r["id"]):
+        parent_id = r["parent_id"]
+        if parent_id is None:
+            continue
+        if parent_id not in nodes:
+            raise ValueError(f"node {r['id']}: parent {parent_id} is not among the rows")
+        nodes[r["id"]].parent = nodes[parent_id]
+        nodes[parent_id].children.append(nodes[r["id"]])
+    return nodes

@@ -1,0 +1,235 @@
+"""The search loop: Monte Carlo tree search over plans, every step persisted in the store.
+
+    seed     the sequential plan is the root; the shipped streams and interleave plans (and the best
+             plans of earlier runs on this evaluator and model family) are its children
+    select   PUCT with priors and progressive widening (mcts.py) picks the node to expand
+    expand   the proposer suggests a few edits of it; each new plan becomes a child (a plan already
+             in the run is not added again)
+    evaluate each new child, once per plan, workload and evaluator across every run and process
+             sharing the database (store claims); a failed plan scores 0 and its error reaches the
+             proposer through the context of later expansions
+    backprop the reward (the plan's speedup over the sequential baseline) up its path, in the same
+             transaction that marks the node evaluated, so a resumed run never counts it twice
+
+A run killed at any point resumes exactly: the tree's statistics live in the store, a node created
+but not yet settled is evaluated (or its finished evaluation reused) first, and an evaluation left
+"running" by a dead process is taken over.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from conjugate.agents.base import Proposal, Proposer
+from conjugate.errors import ConjugateError, PatchError, PlanError
+from conjugate.evaluate.result import EvalResult
+from conjugate.plan import load_plan, patch_plan, validate_plan
+from conjugate.search.context import ContextBuilder, family_of
+from conjugate.search.mcts import MCTS, TreeNode, rebuild
+from conjugate.search.store import NodeRecord, Store, StoreError, owner_id
+from conjugate.workload import REPO_ROOT, Workload
+
+SEED_PLANS = ("sequential", "streams", "interleave")
+REWARD_BASELINE = "sequential"
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    budget: int = 20  # evaluations in the run, seeds included
+    expand_width: int = 3  # edits asked for per expansion
+    c_puct: float = 0.7
+    warm_start: int = 2  # best plans of earlier runs (same evaluator, same model family) seeded
+    stale_after_s: float = 1800.0  # a "running" evaluation older than this is taken over
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Evaluator(Protocol):
+    """IsolatedEvaluator's interface: one plan on one workload file, never raising."""
+    profile: Any
+
+    def evaluate(self, plan: dict, workload_path: str | Path) -> EvalResult: ...
+
+
+def reward_of(result: dict) -> float:
+    """A plan's speedup over the sequential baseline; 0 for a plan that failed."""
+    if result["status"] != "ok":
+        return 0.0
+    speedups = result["metrics"].get("speedups") or {}
+    return float(speedups.get(REWARD_BASELINE) or next(iter(speedups.values()), 0.0))
+
+
+def eval_key(plan_hash: str, workload: Workload, evaluator_name: str) -> str:
+    body = json.dumps([plan_hash, workload.to_dict(), evaluator_name], sort_keys=True, default=str)
+    return hashlib.sha256(body.encode()).hexdigest()
+
+
+class Search:
+    def __init__(self, store: Store, run_id: int, workload: Workload, workload_path: str, evaluator: Evaluator,
+                 proposer: Proposer, settings: SearchSettings, on_event: Callable[[str, dict], None] | None = None):
+        self.store, self.run_id, self.workload, self.workload_path = store, run_id, workload, str(workload_path)
+        self.evaluator, self.proposer, self.settings = evaluator, proposer, settings
+        self.on_event = on_event or (lambda kind, data: None)
+        self.run = store.run(run_id)
+        self.context = ContextBuilder(store, run_id, self.run.workload, self.run.gpu)
+        self.mcts = MCTS(c_puct=settings.c_puct)
+        self.results: dict[str, dict] = {}  # plan hash -> EvalResult dict of this run's settled nodes
+        self.tree: dict[int, TreeNode] = {}
+
+    # -- starting and resuming -------------------------------------------------------------
+    @classmethod
+    def start(cls, store: Store, name: str, workload: Workload, workload_path: str, evaluator: Evaluator,
+              proposer: Proposer, settings: SearchSettings, seed: int, on_event=None) -> "Search":
+        gpu = evaluator.profile.name  # lessons and warm starts are per evaluator: measured and modeled apart
+        data = {**workload.to_dict(), "family": f"{workload.draft.family}->{workload.target.family}"}
+        run_id = store.create_run(name, data, workload_path, gpu, evaluator.profile.name, proposer.name, seed,
+                                  settings.to_dict())
+        search = cls(store, run_id, workload, workload_path, evaluator, proposer, settings, on_event)
+        search._seed()
+        return search
+
+    def _seed(self) -> None:
+        root_plan = load_plan(REPO_ROOT / "plans" / "sequential.json")
+        root_id, _ = self.store.add_node(self.run_id, root_plan.to_dict(), root_plan.hash, None, None,
+                                         "baseline: draft phase, then verify phase", "seed", "other", 1.0)
+        seeds = [(load_plan(REPO_ROOT / "plans" / f"{n}.json").to_dict(), f"shipped plan {n}", "seed")
+                 for n in SEED_PLANS[1:]]
+        warm = self.store.best_plans(self.run.gpu, family_of(self.run.workload), self.settings.warm_start,
+                                     exclude_run=self.run_id)
+        seeds += [(w["plan"], f"best plan of run {w['run_id']} ({w['workload'].get('name')}): "
+                              f"reward {w['reward']:.3f}", "warm-start") for w in warm]
+        for plan, why, proposer in seeds:
+            plan = validate_plan(plan)
+            self.store.add_node(self.run_id, plan.to_dict(), plan.hash, root_id,
+                                [{"op": "replace", "path": "", "value": plan.to_dict()}], why, proposer, "other", 1.0)
+
+    def _load_tree(self) -> list[NodeRecord]:
+        nodes = self.store.nodes(self.run_id)
+        for n in nodes:
+            found = self.store.evaluation(eval_key(n.plan_hash, self.workload, self.evaluator.profile.name))
+            if found is not None and found.done and n.status != "new":
+                self.results[n.plan_hash] = found.result
+        rows = [{**n.to_dict(), "reward": reward_of(self.results[n.plan_hash]) if n.plan_hash in self.results
+                 else None, "closed": n.status == "expanded"} for n in nodes]
+        self.tree = rebuild(rows)
+        return nodes
+
+    # -- the loop --------------------------------------------------------------------------
+    def evaluations_done(self) -> int:
+        return sum(1 for n in self.store.nodes(self.run_id) if n.status in ("evaluated", "failed", "expanded")
+                   and n.plan_hash in self.results)
+
+    def run_loop(self, deadline: float | None = None) -> str:
+        """Search until the budget, the deadline or exhaustion; returns why it stopped."""
+        nodes = self._load_tree()
+        root = self.tree[min(self.tree)]
+        for n in nodes:  # resume: what was created but not settled comes first
+            if n.status == "new" and not self._over(deadline):
+                self._evaluate(n)
+        while not self._over(deadline):
+            path = self.mcts.select(root)
+            if path == [root] and root.closed:
+                return "exhausted"
+            self._expand(path)
+        return "deadline" if deadline and time.monotonic() >= deadline else "budget"
+
+    def _over(self, deadline: float | None) -> bool:
+        return self.evaluations_done() >= self.settings.budget or (deadline is not None and time.monotonic() >= deadline)
+
+    def _expand(self, path: list[TreeNode]) -> None:
+        leaf = path[-1]
+        record = self.store.node(leaf.id)
+        self.on_event("expand", {"node": leaf.id, "depth": len(path) - 1})
+        context = self.context.build(record, self.results, self.store.nodes(self.run_id))
+        proposals = self.proposer.propose(context, self.settings.expand_width)
+        children = self._add_children(record, proposals)
+        if not children:  # nothing new to offer from here
+            leaf.closed = True
+            self.store.set_node_status(leaf.id, "expanded")
+            return
+        for child in children:
+            if self._over(None):
+                return
+            self._evaluate(child)
+
+    def _add_children(self, parent: NodeRecord, proposals: list[Proposal]) -> list[NodeRecord]:
+        priors = MCTS.priors([p.prior for p in proposals]) if proposals else []
+        children = []
+        for proposal, prior in zip(proposals, priors):
+            try:
+                plan = patch_plan(validate_plan(parent.plan), proposal.patch)
+            except (PatchError, PlanError) as e:
+                self.on_event("rejected", {"node": parent.id, "error": str(e)})
+                continue
+            node_id, created = self.store.add_node(self.run_id, plan.to_dict(), plan.hash, parent.id, proposal.patch,
+                                                   proposal.rationale, self.proposer.name, proposal.kind, prior)
+            if created:
+                self.tree[parent.id].add_child(node_id, prior)
+                children.append(self.store.node(node_id))
+        return children
+
+    def _evaluate(self, node: NodeRecord) -> None:
+        key = eval_key(node.plan_hash, self.workload, self.evaluator.profile.name)
+        self.on_event("evaluate", {"node": node.id, "kind": node.edit_kind, "rationale": node.rationale})
+        result = self._result(key, node)
+        if result is None:
+            return  # another process is still on it; a later pass (or a resume) settles the node
+        reward = reward_of(result)
+        path = self._tree_node(node).path()
+        if self.store.settle(node.id, "evaluated" if result["status"] == "ok" else "failed", [n.id for n in path], reward):
+            self.mcts.backpropagate(path, reward)
+            path[-1].reward = reward
+            self._learn(node, result, reward)
+        self.results[node.plan_hash] = result
+        self.on_event("result", {"node": node.id, "result": result, "reward": reward})
+
+    def _result(self, key: str, node: NodeRecord) -> dict | None:
+        if self.store.claim_evaluation(key, node.plan_hash, self.run_id, owner_id(), self.settings.stale_after_s):
+            result = self.evaluator.evaluate(node.plan, self.workload_path).to_dict()
+            try:
+                self.store.finish_evaluation(key, result, reward_of(result))
+                return result
+            except StoreError:  # our claim was taken over and finished by another process: theirs counts
+                pass
+        found = self.store.wait_evaluation(key, self.settings.stale_after_s)
+        return found.result if found is not None else None
+
+    def _tree_node(self, node: NodeRecord) -> TreeNode:
+        if node.id not in self.tree:  # added by another process sharing the run
+            self._load_tree()
+        return self.tree[node.id]
+
+    def _learn(self, node: NodeRecord, result: dict, reward: float) -> None:
+        """Edit-kind statistics and, for clear wins and losses, a lesson in words."""
+        if node.parent_id is None or node.proposer in ("seed", "warm-start"):
+            return
+        parent = self.store.node(node.parent_id)
+        parent_result = self.results.get(parent.plan_hash)
+        if not parent_result or reward_of(parent_result) <= 0:
+            return
+        gain = reward / reward_of(parent_result) - 1
+        gpu, family = self.run.gpu, family_of(self.run.workload)
+        self.store.record_edit_outcome(gpu, family, node.edit_kind, gain, self.run_id)
+        if result["status"] != "ok":
+            text = f"{node.edit_kind} edit failed ({result['status']}): {node.rationale} -> {result['error'][:120]}"
+            self.store.add_lesson(gpu, family, node.edit_kind, text, -1.0, self.run_id)
+        elif abs(gain) >= 0.03:
+            text = f"{node.rationale}: {gain * 100:+.1f}% on {self.workload.name}"
+            self.store.add_lesson(gpu, family, node.edit_kind, text, gain, self.run_id)
+
+
+def replay_records(store: Store, run_id: int | None = None) -> list[dict]:
+    """The edits a recorded run made, in order, for the replay proposer."""
+    run = store.run(run_id) if run_id else store.latest_run()
+    if run is None:
+        raise ConjugateError(f"{store.url_for_display}: no run to replay")
+    nodes = store.nodes(run.id)
+    by_id = {n.id: n for n in nodes}
+    return [{"parent_hash": by_id[n.parent_id].plan_hash, "patch": n.edit, "rationale": n.rationale,
+             "kind": n.edit_kind, "proposer": n.proposer}
+            for n in nodes if n.parent_id is not None and n.proposer not in ("seed", "warm-start")]

@@ -1,0 +1,475 @@
+"""The persistent search store: runs, the plan tree, evaluations, LLM calls and lessons (SQLAlchemy 2).
+
+Concurrency rules (after Optuna's BaseStorage):
+
+- Several processes, on one host or several, may share one database: a SQLite file or a
+  PostgreSQL server. Each process opens its own Store (a forked child drops the inherited pool).
+- Reads return snapshots: frozen dataclasses (RunRecord, NodeRecord, EvaluationRecord) or plain
+  data, never live ORM objects. A snapshot does not follow later changes; read again for news.
+- claim_evaluation makes sure only one process evaluates a given eval_key: a claim is an INSERT
+  under a UNIQUE key, a take-over a compare-and-swap UPDATE on the claim's attempt count. A
+  "running" claim is taken over when older than stale_after_s, or when its owner
+  ("<hostname>:<pid>", see owner_id()) names a process of this host that no longer exists.
+- Finished evaluations are immutable: finish_evaluation on a done key raises StoreError.
+- Tree statistics change only through atomic SQL updates (visits = visits + 1), never by
+  read-modify-write, so concurrent backpropagations all count.
+- SQLite: WAL journal, a 30 s busy timeout, writes in BEGIN IMMEDIATE transactions, retried with
+  backoff on "database is locked". PostgreSQL: READ COMMITTED, retried on deadlock/serialization.
+- The schema carries SCHEMA_VERSION in table `meta`; a database of another version is refused,
+  never migrated. Nothing here takes or stores an API key.
+"""
+from __future__ import annotations
+
+import os
+import random
+import socket
+import time
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from sqlalchemy import Engine, case, create_engine, event, func, inspect, select, update
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError
+from sqlalchemy.orm import Session, sessionmaker
+
+from conjugate.errors import ConjugateError
+from conjugate.search.store_schema import (SCHEMA_VERSION, Base, EditOutcome, Evaluation, EvaluationRecord, LLMCall,
+                                           Lesson, Meta, Node, NodeRecord, Run, RunRecord, Verdict, utcnow)
+
+RUN_STATUSES = ("running", "stopped", "finished", "failed")
+NODE_STATUSES = ("new", "evaluated", "failed", "expanded")
+SQLITE_BUSY_S = 30.0
+WRITE_TRIES = 8
+RETRY_SQLSTATES = ("40001", "40P01")  # PostgreSQL serialization failure, deadlock
+T = TypeVar("T")
+__all__ = ["SCHEMA_VERSION", "Store", "StoreError", "RunRecord", "NodeRecord", "EvaluationRecord", "owner_id"]
+
+
+class StoreError(ConjugateError):
+    """The store cannot be opened or reached, or was asked for something its rules forbid."""
+
+
+def owner_id() -> str:
+    """This process as an evaluation owner: "<hostname>:<pid>"."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Store:
+    """The search's database. Concurrency rules: see the module docstring (claims, snapshots, immutability)."""
+
+    def __init__(self, engine: Engine, url: URL, where: str):
+        self._engine, self._url, self._where, self._pid = engine, url, where, os.getpid()
+        self._reader = sessionmaker(engine, expire_on_commit=False)
+        self._writer = sessionmaker(engine.execution_options(store_write=True), expire_on_commit=False)
+
+    @classmethod
+    def open(cls, target: str | Path) -> "Store":
+        """A SQLAlchemy URL, or a plain file path (a SQLite file; parent folders are created)."""
+        url = _url(target)
+        where = url.database if _is_sqlite_file(url) else url.render_as_string(hide_password=True)
+        store = cls(_engine(url, where), url, where)
+        try:
+            store._write(store._check_schema)
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    @property
+    def url_for_display(self) -> str:
+        return self._url.render_as_string(hide_password=True)
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- runs
+
+    def create_run(self, name: str, workload: dict, workload_path: str, gpu: str, evaluator: str, agent: str,
+                   seed: int, settings: dict) -> int:
+        return self._write(lambda s: _insert(s, Run(
+            name=name, workload_name=str(workload.get("name", "")), workload=workload,
+            workload_path=str(workload_path), gpu=gpu, evaluator=evaluator, agent=agent, seed=int(seed),
+            settings=settings, status="running")))
+
+    def run(self, run_id: int) -> RunRecord:
+        return self._read(lambda s: _snapshot(RunRecord, _get(s, Run, run_id)))
+
+    def runs(self) -> list[RunRecord]:
+        return self._read(lambda s: [_snapshot(RunRecord, r) for r in s.scalars(select(Run).order_by(Run.id))])
+
+    def latest_run(self) -> RunRecord | None:
+        stmt = select(Run).order_by(Run.id.desc()).limit(1)
+        return self._read(lambda s: _snapshot(RunRecord, s.scalar(stmt)))
+
+    def set_run_status(self, run_id: int, status: str) -> None:
+        _check_choice("run status", status, RUN_STATUSES)
+        self._update_one(Run, run_id, status=status, updated_at=utcnow())
+
+    # -- the plan tree
+
+    def add_node(self, run_id: int, plan: dict, plan_hash: str, parent_id: int | None, edit: list | None,
+                 rationale: str, proposer: str, edit_kind: str, prior: float) -> tuple[int, bool]:
+        """(node id, created). A plan already in the run gives its node, also when added concurrently."""
+        def add(s: Session) -> tuple[int, bool]:
+            found = s.scalar(select(Node.id).where(Node.run_id == run_id, Node.plan_hash == plan_hash))
+            if found is not None:
+                return found, False
+            depth = _child_depth(s, run_id, parent_id)
+            return _insert(s, Node(run_id=run_id, plan=plan, plan_hash=plan_hash, parent_id=parent_id, edit=edit,
+                                   rationale=rationale, proposer=proposer, edit_kind=edit_kind, depth=depth,
+                                   prior=float(prior), status="new")), True
+        try:
+            return self._write(add)
+        except IntegrityError as e:  # a concurrent add of the same plan won: its node is this one
+            found = self.node_by_hash(run_id, plan_hash)
+            if found is None:
+                raise self._error(e) from e
+            return found.id, False
+
+    def node(self, node_id: int) -> NodeRecord:
+        return self._read(lambda s: _snapshot(NodeRecord, _get(s, Node, node_id)))
+
+    def nodes(self, run_id: int) -> list[NodeRecord]:
+        stmt = select(Node).where(Node.run_id == run_id).order_by(Node.id)
+        return self._read(lambda s: [_snapshot(NodeRecord, n) for n in s.scalars(stmt)])
+
+    def node_by_hash(self, run_id: int, plan_hash: str) -> NodeRecord | None:
+        stmt = select(Node).where(Node.run_id == run_id, Node.plan_hash == plan_hash)
+        return self._read(lambda s: _snapshot(NodeRecord, s.scalar(stmt)))
+
+    def set_node_status(self, node_id: int, status: str) -> None:
+        _check_choice("node status", status, NODE_STATUSES)
+        self._update_one(Node, node_id, status=status)
+
+    def backpropagate(self, node_ids: list[int], reward: float) -> None:
+        """In one transaction, for each id: visits + 1, value_sum + reward, best_reward = max(best, reward)."""
+        reward = float(reward)
+        best = case((Node.best_reward.is_(None), reward), (Node.best_reward < reward, reward),
+                    else_=Node.best_reward)
+        values = dict(visits=Node.visits + 1, value_sum=Node.value_sum + reward, best_reward=best)
+
+        def apply(s: Session) -> None:
+            for node_id in sorted(node_ids):  # one lock order, so concurrent paths cannot deadlock
+                _execute_one(s, update(Node).where(Node.id == node_id).values(**values), f"node {node_id}")
+        self._write(apply)
+
+    def settle(self, node_id: int, status: str, path_ids: list[int], reward: float) -> bool:
+        """Exactly once per node, in one transaction: mark a "new" node evaluated (or failed) and
+        backpropagate its reward along its path. False (nothing changed) if it was settled before,
+        so a resumed search never counts an evaluation twice."""
+        _check_choice("node status", status, NODE_STATUSES)
+        reward = float(reward)
+        best = case((Node.best_reward.is_(None), reward), (Node.best_reward < reward, reward),
+                    else_=Node.best_reward)
+        values = dict(visits=Node.visits + 1, value_sum=Node.value_sum + reward, best_reward=best)
+
+        def apply(s: Session) -> bool:
+            marked = s.execute(update(Node).where(Node.id == node_id, Node.status == "new").values(status=status))
+            if marked.rowcount != 1:
+                return False
+            for path_id in sorted(path_ids):
+                _execute_one(s, update(Node).where(Node.id == path_id).values(**values), f"node {path_id}")
+            return True
+        return self._write(apply)
+
+    # -- evaluations
+
+    def claim_evaluation(self, eval_key: str, plan_hash: str, run_id: int, owner: str, stale_after_s: float) -> bool:
+        """True: the caller owns the evaluation now and must evaluate. False: done, or a live owner has it."""
+        args = (eval_key, plan_hash, run_id, owner, stale_after_s)
+        try:
+            return self._write(lambda s: _claim(s, *args))
+        except IntegrityError:  # a concurrent claim inserted the key first: judge that claim
+            return self._write(lambda s: _claim(s, *args))
+
+    def finish_evaluation(self, eval_key: str, result: dict, reward: float) -> None:
+        """Store the result, its reward and latency, and one verdicts row per result["verdicts"] entry."""
+        latency = (result.get("metrics") or {}).get("latency_ms")
+
+        def finish(s: Session) -> None:
+            row = s.scalar(select(Evaluation).where(Evaluation.eval_key == eval_key).with_for_update())
+            if row is None or row.status == "done":
+                why = "was never claimed" if row is None else "is finished, and finished evaluations are immutable"
+                raise StoreError(f"evaluation {eval_key!r} {why}")
+            row.status, row.result, row.reward, row.finished_at = "done", result, float(reward), utcnow()
+            row.latency_ms = None if latency is None else float(latency)
+            s.add_all(_verdict(row.id, v) for v in result.get("verdicts") or [])
+        self._write(finish)
+
+    def evaluation(self, eval_key: str) -> EvaluationRecord | None:
+        stmt = select(Evaluation).where(Evaluation.eval_key == eval_key)
+        return self._read(lambda s: _snapshot(EvaluationRecord, s.scalar(stmt)))
+
+    def wait_evaluation(self, eval_key: str, timeout_s: float, poll_s: float = 0.2) -> EvaluationRecord | None:
+        """The evaluation once done; None if it is not done within timeout_s."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = self.evaluation(eval_key)
+            if found is not None and found.done:
+                return found
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            time.sleep(min(poll_s, left))
+
+    def verdicts(self, eval_key: str) -> list[dict]:
+        """The verdicts recorded for a finished evaluation, in launch order."""
+        stmt = (select(Verdict.data).join(Evaluation, Evaluation.id == Verdict.evaluation_id)
+                .where(Evaluation.eval_key == eval_key).order_by(Verdict.launch, Verdict.id))
+        return self._read(lambda s: list(s.scalars(stmt)))
+
+    # -- LLM calls, lessons, edit statistics
+
+    def record_llm_call(self, run_id: int | None, provider: str, model: str, prompt: str, reply: str,
+                        input_tokens: int, output_tokens: int, cost_usd: float, latency_s: float,
+                        error: str | None) -> int:
+        return self._write(lambda s: _insert(s, LLMCall(
+            run_id=run_id, provider=provider, model=model, prompt=prompt, reply=reply or "",
+            input_tokens=int(input_tokens or 0), output_tokens=int(output_tokens or 0),
+            cost_usd=float(cost_usd or 0.0), latency_s=float(latency_s or 0.0), error=error or "")))
+
+    def llm_cost(self, run_id: int) -> float:
+        stmt = select(func.coalesce(func.sum(LLMCall.cost_usd), 0.0)).where(LLMCall.run_id == run_id)
+        return float(self._read(lambda s: s.scalar(stmt)))
+
+    def add_lesson(self, gpu: str, family: str, edit_kind: str, text: str, gain: float, run_id: int | None) -> None:
+        self._write(lambda s: _insert(s, Lesson(gpu=gpu, family=family, edit_kind=edit_kind, text=text,
+                                                gain=float(gain), run_id=run_id)))
+
+    def lessons(self, gpu: str, family: str, limit: int = 10) -> list[str]:
+        """Distinct lesson texts, largest |gain| first, then newest."""
+        stmt = (select(Lesson.text).where(Lesson.gpu == gpu, Lesson.family == family)
+                .order_by(func.abs(Lesson.gain).desc(), Lesson.created_at.desc(), Lesson.id.desc()))
+        return _distinct(self._read(lambda s: list(s.scalars(stmt))), lambda t: t, limit)
+
+    def record_edit_outcome(self, gpu: str, family: str, edit_kind: str, gain: float, run_id: int | None) -> None:
+        self._write(lambda s: _insert(s, EditOutcome(gpu=gpu, family=family, edit_kind=edit_kind, gain=float(gain),
+                                                     run_id=run_id)))
+
+    def edit_stats(self, gpu: str, family: str) -> dict[str, dict]:
+        """edit kind -> {"n": outcomes recorded, "mean_gain": their mean gain}."""
+        stmt = (select(EditOutcome.edit_kind, func.count(), func.avg(EditOutcome.gain))
+                .where(EditOutcome.gpu == gpu, EditOutcome.family == family).group_by(EditOutcome.edit_kind))
+        rows = self._read(lambda s: s.execute(stmt).all())
+        return {kind: {"n": int(n), "mean_gain": float(mean)} for kind, n, mean in rows}
+
+    def best_plans(self, gpu: str, family: str | None, limit: int = 5, exclude_run: int | None = None) -> list[dict]:
+        """The best evaluated plans of the runs on `gpu` (of workload family `family` when given), unique by hash.
+
+        A plan's reward is that of the done evaluation its run claimed (evaluations.run_id, plan_hash),
+        joined to that run's node of the same plan_hash; an evaluation a run reused from another run
+        counts for the run that did it. Rows: plan, plan_hash, reward, latency_ms, workload, run_id.
+        """
+        stmt = (select(Node.plan, Evaluation.plan_hash, Evaluation.reward, Evaluation.latency_ms, Run.workload,
+                       Run.id.label("run_id"))
+                .join(Node, (Node.run_id == Evaluation.run_id) & (Node.plan_hash == Evaluation.plan_hash))
+                .join(Run, Run.id == Evaluation.run_id)
+                .where(Run.gpu == gpu, Evaluation.status == "done", Evaluation.reward.is_not(None))
+                .order_by(Evaluation.reward.desc(), Evaluation.id))
+        if family is not None:
+            stmt = stmt.where(Run.workload["family"].as_string() == family)
+        if exclude_run is not None:
+            stmt = stmt.where(Run.id != exclude_run)
+        rows = self._read(lambda s: [dict(r._mapping) for r in s.execute(stmt)])
+        return _distinct(rows, lambda r: r["plan_hash"], limit)
+
+    # -- plumbing
+
+    def _check_schema(self, s: Session) -> None:
+        conn = s.connection()
+        if conn.dialect.name == "postgresql":  # serialise schema creation between processes
+            conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7146359)")
+        tables = set(inspect(conn).get_table_names())
+        if not tables:
+            Base.metadata.create_all(conn)
+            s.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
+            return
+        if "meta" not in tables:
+            raise StoreError(f"{self._where}: a database with tables but no 'meta' table: not a conjugate store")
+        found = s.scalar(select(Meta.value).where(Meta.key == "schema_version"))
+        if found != str(SCHEMA_VERSION):
+            raise StoreError(f"{self._where}: store schema version {found or 'unknown'}, "
+                             f"this conjugate reads version {SCHEMA_VERSION}")
+
+    def _update_one(self, table: type, row_id: int, **values: Any) -> None:
+        stmt = update(table).where(table.id == row_id).values(**values)
+        self._write(lambda s: _execute_one(s, stmt, f"{table.__tablename__} row {row_id}"))
+
+    def _read(self, fn: Callable[[Session], T]) -> T:
+        self._after_fork()
+        try:
+            with self._reader() as s, s.begin():
+                return fn(s)
+        except DBAPIError as e:
+            raise self._error(e) from e
+
+    def _write(self, fn: Callable[[Session], T]) -> T:
+        """Run fn in one write transaction, retried with backoff while the database is busy."""
+        self._after_fork()
+        for attempt in range(WRITE_TRIES):
+            try:
+                with self._writer.begin() as s:
+                    return fn(s)
+            except IntegrityError:
+                raise
+            except DBAPIError as e:
+                if attempt == WRITE_TRIES - 1 or not _retryable(e):
+                    raise self._error(e) from e
+                time.sleep(min(2.0, 0.05 * 2 ** attempt) * random.uniform(0.5, 1.5))
+        raise AssertionError("unreachable")
+
+    def _after_fork(self) -> None:
+        if os.getpid() != self._pid:  # never use a parent's pooled connections
+            self._engine.dispose(close=False)
+            self._pid = os.getpid()
+
+    def _error(self, e: DBAPIError) -> StoreError:
+        lines = str(e.orig).strip().splitlines() or [type(e.orig).__name__]
+        return StoreError(f"{self._where}: {lines[0]}")
+
+
+# -- helpers (module level, so that transactions stay small functions)
+
+def _url(target: str | Path) -> URL:
+    text = str(target)
+    if "://" not in text:  # a plain file path: SQLite
+        path = Path(text).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return URL.create("sqlite", database=str(path))
+    try:
+        url = make_url(text)
+    except ArgumentError as e:
+        raise StoreError(f"{text}: not a database URL") from e
+    if _is_sqlite_file(url):
+        Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    return url
+
+
+def _is_sqlite_file(url: URL) -> bool:
+    return url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:")
+
+
+def _engine(url: URL, where: str) -> Engine:
+    try:
+        if url.get_backend_name() == "sqlite":
+            engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_S})
+            _sqlite_events(engine)
+            return engine
+        timeout = url.get_driver_name() == "psycopg" and "connect_timeout" not in url.query
+        args = {"connect_timeout": 10} if timeout else {}
+        return create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=4, connect_args=args)
+    except (ArgumentError, NoSuchModuleError, ImportError) as e:
+        raise StoreError(f"{where}: cannot use this database: {e}") from e
+
+
+def _sqlite_events(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # the driver's own BEGIN off: _begin below emits it
+        cursor = dbapi_conn.cursor()
+        for pragma in ("journal_mode=WAL", f"busy_timeout={int(SQLITE_BUSY_S * 1000)}", "foreign_keys=ON",
+                       "synchronous=NORMAL"):
+            cursor.execute(f"PRAGMA {pragma}")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Any) -> None:  # writers take the write lock up front: no lock upgrade, no deadlock
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("store_write") else "BEGIN")
+
+
+def _retryable(e: DBAPIError) -> bool:
+    text = str(e.orig).lower()
+    return "database is locked" in text or "database is busy" in text or \
+        getattr(e.orig, "sqlstate", None) in RETRY_SQLSTATES
+
+
+def _snapshot(cls: type[T], row: Any) -> T | None:
+    return None if row is None else cls(**{f.name: getattr(row, f.name) for f in fields(cls)})
+
+
+def _insert(s: Session, row: Any) -> int:
+    s.add(row)
+    s.flush()
+    return row.id
+
+
+def _get(s: Session, table: type, row_id: int) -> Any:
+    row = s.get(table, row_id)
+    if row is None:
+        raise StoreError(f"no {table.__tablename__} row {row_id}")
+    return row
+
+
+def _execute_one(s: Session, stmt: Any, what: str) -> None:
+    if s.execute(stmt, execution_options={"synchronize_session": False}).rowcount != 1:
+        raise StoreError(f"no {what}")
+
+
+def _check_choice(what: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise StoreError(f"{what} {value!r}: expected one of {', '.join(choices)}")
+
+
+def _child_depth(s: Session, run_id: int, parent_id: int | None) -> int:
+    if parent_id is None:
+        return 0
+    parent = s.get(Node, parent_id)
+    if parent is None or parent.run_id != run_id:
+        raise StoreError(f"node parent {parent_id}: no such node in run {run_id}")
+    return parent.depth + 1
+
+
+def _claim(s: Session, eval_key: str, plan_hash: str, run_id: int, owner: str, stale_after_s: float) -> bool:
+    row = s.scalar(select(Evaluation).where(Evaluation.eval_key == eval_key))
+    if row is None:
+        _insert(s, Evaluation(eval_key=eval_key, plan_hash=plan_hash, run_id=run_id, owner=owner, status="running",
+                              attempts=1, started_at=utcnow()))
+        return True
+    age_s = (utcnow() - row.started_at).total_seconds()
+    if row.status == "done" or (age_s <= stale_after_s and not _owner_gone(row.owner)):
+        return False
+    swap = (update(Evaluation).where(Evaluation.id == row.id, Evaluation.status == "running",
+                                     Evaluation.attempts == row.attempts)
+            .values(owner=owner, run_id=run_id, started_at=utcnow(), attempts=row.attempts + 1))
+    return s.execute(swap, execution_options={"synchronize_session": False}).rowcount == 1
+
+
+def _owner_gone(owner: str) -> bool:
+    """True when owner is "<this host>:<pid>" and that process no longer runs."""
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) <= 0:
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:  # a zombie has exited too
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _verdict(evaluation_id: int, v: dict) -> Verdict:
+    num = lambda k: None if v.get(k) is None else float(v[k])  # noqa: E731
+    launch = v.get("launch")
+    return Verdict(evaluation_id=evaluation_id, launch=None if launch is None else int(launch),
+                   verdict=None if v.get("verdict") is None else str(v["verdict"]), gain_percent=num("gain_percent"),
+                   shared_us=num("shared_us"), separate_us=num("separate_us"), data=v)
+
+
+def _distinct(items: list, key: Callable[[Any], Any], limit: int) -> list:
+    seen, out = set(), []
+    for item in items:
+        if key(item) not in seen and len(out) < limit:
+            seen.add(key(item))
+            out.append(item)
+    return out

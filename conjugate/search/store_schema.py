@@ -1,0 +1,226 @@
+"""The search store's tables (SQLAlchemy 2 declarative, typed mappings) and the frozen snapshots read from them.
+
+store.py is the only user of the tables; callers see the snapshots (RunRecord, NodeRecord,
+EvaluationRecord), which store.py re-exports.
+
+Every time column holds timezone-aware UTC; JSON columns use sqlalchemy.JSON so that the same
+schema serves SQLite and PostgreSQL. Changing a table means bumping SCHEMA_VERSION: the store
+never migrates silently.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, ForeignKey, Index, String, Text, TypeDecorator, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+SCHEMA_VERSION = 1
+
+
+class UTCDateTime(TypeDecorator):
+    """Aware UTC datetimes on every backend (SQLite keeps no zone: store naive UTC, read it back aware)."""
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("store: naive datetime; pass timezone-aware UTC")
+        value = value.astimezone(timezone.utc)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON(none_as_null=True), list[Any]: JSON(none_as_null=True), datetime: UTCDateTime, str: Text}
+
+
+class Meta(Base):
+    __tablename__ = "meta"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str]
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str]
+    workload_name: Mapped[str]
+    workload: Mapped[dict[str, Any]]
+    workload_path: Mapped[str] = mapped_column(Text)
+    gpu: Mapped[str] = mapped_column(index=True)
+    evaluator: Mapped[str]
+    agent: Mapped[str]
+    seed: Mapped[int]
+    settings: Mapped[dict[str, Any]]
+    status: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+    __table_args__ = (UniqueConstraint("run_id", "plan_hash", name="uq_nodes_run_plan"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    plan: Mapped[dict[str, Any]]
+    plan_hash: Mapped[str] = mapped_column(String(128))
+    parent_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id"))
+    edit: Mapped[list[Any] | None]  # RFC 6902 patch from the parent; None for a root
+    rationale: Mapped[str] = mapped_column(Text)
+    proposer: Mapped[str]
+    edit_kind: Mapped[str] = mapped_column(String(32))
+    depth: Mapped[int]
+    visits: Mapped[int] = mapped_column(default=0)
+    value_sum: Mapped[float] = mapped_column(default=0.0)
+    best_reward: Mapped[float | None]  # None until a reward was backpropagated through the node
+    prior: Mapped[float]
+    status: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Evaluation(Base):
+    __tablename__ = "evaluations"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    eval_key: Mapped[str] = mapped_column(String(255), unique=True)
+    plan_hash: Mapped[str] = mapped_column(String(128), index=True)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))  # the run that claimed it
+    owner: Mapped[str]  # "<hostname>:<pid>" of the evaluating process
+    status: Mapped[str] = mapped_column(String(16))  # "running" | "done"
+    attempts: Mapped[int] = mapped_column(default=1)  # claims so far; take-overs compare-and-swap on it
+    result: Mapped[dict[str, Any] | None]  # EvalResult.to_dict()
+    reward: Mapped[float | None]
+    latency_ms: Mapped[float | None]
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+
+
+class Verdict(Base):
+    __tablename__ = "verdicts"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    evaluation_id: Mapped[int] = mapped_column(ForeignKey("evaluations.id"), index=True)
+    launch: Mapped[int | None]
+    verdict: Mapped[str | None] = mapped_column(String(64))
+    gain_percent: Mapped[float | None]
+    shared_us: Mapped[float | None]
+    separate_us: Mapped[float | None]
+    data: Mapped[dict[str, Any]]  # the verdict as the evaluator reported it
+
+
+class LLMCall(Base):
+    __tablename__ = "llm_calls"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"), index=True)
+    provider: Mapped[str]
+    model: Mapped[str]
+    prompt: Mapped[str] = mapped_column(Text)
+    reply: Mapped[str] = mapped_column(Text)
+    input_tokens: Mapped[int]
+    output_tokens: Mapped[int]
+    cost_usd: Mapped[float]
+    latency_s: Mapped[float]
+    error: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Lesson(Base):
+    __tablename__ = "lessons"
+    __table_args__ = (Index("ix_lessons_gpu_family", "gpu", "family"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    gpu: Mapped[str]
+    family: Mapped[str]
+    edit_kind: Mapped[str] = mapped_column(String(32))
+    text: Mapped[str] = mapped_column(Text)
+    gain: Mapped[float]
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class EditOutcome(Base):
+    __tablename__ = "edit_outcomes"
+    __table_args__ = (Index("ix_edit_outcomes_gpu_family", "gpu", "family"),)
+    id: Mapped[int] = mapped_column(primary_key=True)
+    gpu: Mapped[str]
+    family: Mapped[str]
+    edit_kind: Mapped[str] = mapped_column(String(32))
+    gain: Mapped[float]
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
+
+
+# -- snapshots: what reads return (frozen; never live ORM objects)
+
+class _Record:
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class RunRecord(_Record):
+    id: int
+    name: str
+    workload_name: str
+    workload: dict
+    workload_path: str
+    gpu: str
+    evaluator: str
+    agent: str
+    seed: int
+    settings: dict
+    status: str
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class NodeRecord(_Record):
+    id: int
+    run_id: int
+    plan: dict
+    plan_hash: str
+    parent_id: int | None
+    edit: list | None
+    rationale: str
+    proposer: str
+    edit_kind: str
+    depth: int
+    visits: int
+    value_sum: float
+    best_reward: float | None
+    prior: float
+    status: str
+    created_at: datetime
+
+    @property
+    def mean_reward(self) -> float | None:
+        return self.value_sum / self.visits if self.visits else None
+
+
+@dataclass(frozen=True)
+class EvaluationRecord(_Record):
+    id: int
+    eval_key: str
+    plan_hash: str
+    run_id: int | None
+    owner: str
+    status: str
+    attempts: int
+    result: dict | None
+    reward: float | None
+    latency_ms: float | None
+    started_at: datetime
+    finished_at: datetime | None
+
+    @property
+    def done(self) -> bool:
+        return self.status == "done"

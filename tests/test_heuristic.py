@@ -1,0 +1,191 @@
+"""The heuristic proposer: deterministic, valid and new edits, driven by the node's result.
+Results here are built from the plan's expansion (no compile): feedback per launch with its part
+labels and program counts, and verdicts for chosen shared launches."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conjugate.agents.base import EDIT_KINDS, NodeContext
+from conjugate.agents.heuristic import HeuristicProposer
+from conjugate.errors import ScheduleError
+from conjugate.plan import Plan, apply_patch, expand, load_plan, patch_plan, validate_plan
+from conjugate.workload import load_workload
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = load_workload(ROOT / "examples" / "tiny.toml")
+PLANS = {name: load_plan(ROOT / "plans" / f"{name}.json") for name in ("sequential", "streams", "interleave")}
+
+
+def _context(plan: Plan, result: dict | None = None, tried: list | None = None,
+             stats: dict | None = None) -> NodeContext:
+    return NodeContext(plan=plan.to_dict(), plan_hash=plan.hash, workload={**TINY.to_dict(), "name": TINY.name},
+                       gpu="NVIDIA H200", result=result, tried=tried or [], edit_stats=stats or {})
+
+
+def _ok_result(plan: Plan, verdicts: dict[int, tuple[str, float]] | None = None, programs: int = 200) -> dict:
+    """An ok EvalResult dict: feedback for every launch, verdicts for the given shared launches."""
+    launches = expand(plan, TINY).launches
+    feedback = [{"launch": l.index, "kernel": f"k_{l.index}.py", "programs": [programs] * len(l.parts),
+                 "ops": ["+".join(p.ops) for p in l.parts]} for l in launches]
+    verdicts = [{"launch": i, "verdict": v, "shared_us": 10.0, "separate_us": 10.0 * (1 + g / 100),
+                 "gain_percent": g, "modeled": True} for i, (v, g) in (verdicts or {}).items()]
+    return {"status": "ok", "stage": "timing", "verdicts": verdicts, "feedback": feedback, "error": "",
+            "metrics": {"latency_ms": 1.0}}
+
+
+def _shared(plan: Plan, target_kind: str):
+    return next(l for l in expand(plan, TINY).launches if l.cross_model and l.parts[0].kind == target_kind)
+
+
+def test_deterministic_for_a_seed_and_context():
+    ctx = _context(PLANS["interleave"])
+    first = HeuristicProposer(seed=1).propose(ctx, 6)
+    assert first == HeuristicProposer(seed=1).propose(ctx, 6)
+    others = [HeuristicProposer(seed=s).propose(ctx, 12) for s in range(2, 8)]
+    assert any(o != HeuristicProposer(seed=1).propose(ctx, 12) for o in others)
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_proposals_apply_validate_and_are_new(name):
+    plan = PLANS[name]
+    proposer = HeuristicProposer(seed=0)
+    first = proposer.propose(_context(plan), 4)
+    tried = [{"patch": p.patch, "kind": p.kind, "status": "ok", "reward": 1.0} for p in first]
+    props = proposer.propose(_context(plan, tried=tried), 6)
+    assert len(props) == 6
+    tried_hashes = {patch_plan(plan, t["patch"]).hash for t in tried}
+    hashes = set()
+    for p in props:
+        new = validate_plan(apply_patch(plan.to_dict(), p.patch))  # plain RFC 6902 on the canonical plan
+        assert new.hash != plan.hash and new.hash not in tried_hashes and new.hash not in hashes
+        hashes.add(new.hash)
+        assert p.kind in EDIT_KINDS and 0 < p.prior <= 1 and "\n" not in p.rationale and p.rationale
+        assert all(op["op"] in ("add", "replace", "remove") for op in p.patch)
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 6, 10])
+def test_n_is_respected(n):
+    for plan in PLANS.values():
+        props = HeuristicProposer().propose(_context(plan, _ok_result(plan)), n)
+        assert len(props) == n
+
+
+def test_interference_leads_to_a_split_first():
+    plan = PLANS["interleave"]
+    launch = _shared(plan, "down")
+    target, draft = launch.parts[0], launch.parts[1]
+    result = _ok_result(plan, {launch.index: ("interference", -8.1)})
+    props = HeuristicProposer().propose(_context(plan, result), 6)
+    splits = [p for p in props[:3] if p.kind in ("override", "pairs")]
+    assert splits, [p.rationale for p in props]
+    for p in splits:  # each one takes this draft kind out of the target op's launch
+        after = expand(patch_plan(plan, p.patch), TINY).launches
+        holder = next(l for l in after if target.ops[0] in l.ops)
+        assert all(part.kind != draft.kind for part in holder.parts[1:])
+    assert "interferes" in props[0].rationale and "-8.1%" in props[0].rationale
+
+
+def test_repeated_interference_of_a_kind_pair_drops_the_pair():
+    plan = PLANS["interleave"]
+    shared = [l for l in expand(plan, TINY).launches if l.cross_model and l.parts[0].kind == "down"
+              and l.parts[1].kind == "rope_kv"]
+    assert len(shared) >= 2
+    result = _ok_result(plan, {l.index: ("interference", -5.0 - l.index) for l in shared})
+    first = HeuristicProposer().propose(_context(plan, result), 3)[0]
+    assert first.kind == "pairs" and f"{len(shared)} launches" in first.rationale
+    assert "rope_kv" not in patch_plan(plan, first.patch)["pairs"]["down"]
+
+
+def test_gain_extends_pairing_to_similar_kinds():
+    plan = PLANS["interleave"]
+    launch = _shared(plan, "down")
+    result = _ok_result(plan, {launch.index: ("gain", 12.0)})
+    props = HeuristicProposer().propose(_context(plan, result), 6)
+    assert props[0].kind == "pairs" and "gains" in props[0].rationale
+    assert any(op["path"].startswith("/pairs/") for op in props[0].patch)
+
+
+def test_idle_target_launches_get_draft_work():
+    plan = PLANS["sequential"]
+    props = HeuristicProposer().propose(_context(plan, _ok_result(plan, programs=40)), 6)
+    assert props[0].kind == "alignment" and "40 of 132 SMs" in props[0].rationale
+    new = patch_plan(plan, props[0].patch)
+    assert new["alignment"] != "sequential" and any(l.cross_model for l in expand(new, TINY).launches)
+
+
+@pytest.mark.parametrize("status, reason", [
+    ("compile_error", "tiles need at least 260 KB of shared memory with num_stages=3; the GPU gives a program 227 KB"),
+    ("compile_error", "triton OutOfResources: out of resource: shared memory, Required: 262144"),
+])
+def test_shared_memory_error_leads_to_smaller_tiles(status, reason):
+    plan = PLANS["interleave"]
+    launch = _shared(plan, "gate_up")
+    labels = ["+".join(p.ops) for p in launch.parts]
+    result = {"status": status, "stage": "compile", "error": f"launch {launch.index} part 0: {reason}",
+              "feedback": [{"launch": launch.index, "part": 0, "ops": " | ".join(labels), "reason": reason}],
+              "verdicts": []}
+    props = HeuristicProposer().propose(_context(plan, result), 6)
+    first = props[0]
+    assert first.kind in ("tiles", "launch") and "target gate_up" in first.rationale
+    before, after = plan["tiles"]["target"]["gate_up"], patch_plan(plan, first.patch)["tiles"]["target"]["gate_up"]
+    assert any(after[k] < before.get(k, 99) for k in after)
+
+
+def test_register_spills_lead_to_smaller_tiles():
+    plan = PLANS["interleave"]
+    result = _ok_result(plan)
+    entry = next(f for f in result["feedback"] if f["ops"][0] == "t.l1.down")
+    entry |= {"registers": 255, "spills": 96, "shared_bytes": 65536}
+    props = HeuristicProposer().propose(_context(plan, result), 6)
+    assert props[0].kind == "tiles" and "spills 96 registers" in props[0].rationale
+    assert patch_plan(plan, props[0].patch)["tiles"]["target"]["down"]["BLOCK_K"] == 64
+
+
+def test_incorrect_packed_round_goes_back_to_separate_operands():
+    plan = patch_plan(PLANS["interleave"], [{"op": "replace", "path": "/operand_layout", "value": "packed"}])
+    result = {"status": "incorrect", "stage": "correctness", "error": "logits differ at d.s1.l0.qkv", "feedback": [],
+              "verdicts": []}
+    props = HeuristicProposer().propose(_context(plan, result), 4)
+    assert props[0].kind == "layout" and patch_plan(plan, props[0].patch)["operand_layout"] == "separate"
+
+
+def test_edit_stats_reorder_kinds():
+    plan = PLANS["interleave"]
+    plain = [p.kind for p in HeuristicProposer().propose(_context(plan), 6)]
+    stats = {"fusion": {"n": 30, "mean_gain": 0.05}, "pattern": {"n": 30, "mean_gain": -0.04},
+             "alignment": {"n": 30, "mean_gain": -0.04}}
+    biased = HeuristicProposer().propose(_context(plan, stats=stats), 6)
+    assert plain[0] != "fusion" and biased[0].kind == "fusion"
+    assert [p.kind for p in biased].index("fusion") < plain.index("fusion")
+    assert "pattern" not in [p.kind for p in biased[:3]]
+    assert biased[0].prior >= max(p.prior for p in biased[1:])
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_shipped_plans_give_at_least_n(name):
+    plan = PLANS[name]
+    for result in (None, _ok_result(plan)):
+        assert len(HeuristicProposer().propose(_context(plan, result), 6)) >= 6
+
+
+def test_most_proposals_expand():
+    """Proposals validate by construction; expansion may still fail (the evaluator reports that
+    as invalid), but for rule-level edits it rarely does."""
+    total = expanded = 0
+    for plan in PLANS.values():
+        for seed in range(3):
+            for p in HeuristicProposer(seed).propose(_context(plan, _ok_result(plan)), 10):
+                total += 1
+                try:
+                    expand(patch_plan(plan, p.patch), TINY)
+                    expanded += 1
+                except ScheduleError:
+                    pass
+    assert expanded >= 0.8 * total
+
+
+def test_an_invalid_node_plan_gives_nothing():
+    ctx = NodeContext(plan={"schema": "nope"}, plan_hash="x", workload={}, gpu="")
+    assert HeuristicProposer().propose(ctx, 3) == []

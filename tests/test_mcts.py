@@ -1,0 +1,209 @@
+"""MCTS: PUCT selection, progressive widening, backpropagation, rebuild from stored rows, and
+guided search against random search on a synthetic reward landscape."""
+from __future__ import annotations
+
+import math
+import random
+import statistics
+
+import pytest
+
+from conjugate.search.mcts import MCTS, TreeNode, rebuild
+
+
+def _root_with_children(priors: list[float], visits: int = 1) -> tuple[TreeNode, list[TreeNode]]:
+    root = TreeNode(0, visits=visits, value_sum=float(visits), best=1.0, reward=1.0, closed=True)
+    return root, [root.add_child(i + 1, p) for i, p in enumerate(priors)]
+
+
+def test_puct_picks_the_unvisited_high_prior_child_first():
+    root, kids = _root_with_children([0.2, 0.6, 0.2], visits=3)
+    assert MCTS().select(root) == [root, kids[1]]
+
+
+def test_ties_go_to_the_lowest_id():
+    root, kids = _root_with_children([0.5, 0.5])
+    assert MCTS().select(root)[-1] is kids[0]
+
+
+def test_visited_child_with_low_reward_loses_to_its_sibling():
+    m = MCTS()
+    root = TreeNode(0)
+    m.backpropagate([root], 1.0)
+    good, bad = root.add_child(1, 0.5), root.add_child(2, 0.5)
+    m.backpropagate([root, good], 1.2)
+    m.backpropagate([root, bad], 0.1)
+    root.closed = True
+    assert m.score(root, good) > m.score(root, bad)
+    assert m.select(root)[-1] is good
+
+
+def test_consistently_rewarding_branch_gets_more_visits():
+    m, root = MCTS(), TreeNode(0)
+    m.backpropagate([root], 1.0)
+    kids = [root.add_child(1, 0.5), root.add_child(2, 0.5)]
+    for kid, r in zip(kids, (1.0, 1.0)):
+        m.backpropagate([root, kid], r)
+    root.closed = True
+    next_id = 3
+    for _ in range(40):
+        path = m.select(root)
+        reward = 1.3 if path[1] is kids[0] else 0.4
+        child = path[-1].add_child(next_id, 1.0)
+        next_id += 1
+        m.backpropagate(path + [child], reward)
+    assert kids[0].visits > 2 * kids[1].visits
+
+
+def test_widening_grows_children_with_visits():
+    m, node = MCTS(widen_c=1.0, widen_alpha=0.5), TreeNode(0)
+    counts = []
+    for visits in (0, 3, 8, 15, 24):
+        node.visits = visits
+        counts.append(m.max_children(node))
+    assert counts == [1, 2, 3, 4, 5]
+    node.visits = 3
+    node.children = [TreeNode(i, parent=node) for i in (1, 2)]
+    assert m.full(node)
+    node.visits = 8
+    assert not m.full(node) and m.select(node) == [node]
+
+
+def test_backpropagate_updates_the_path():
+    m = MCTS()
+    root = TreeNode(0)
+    a = root.add_child(1)
+    b = a.add_child(2)
+    m.backpropagate([root, a, b], 1.5)
+    m.backpropagate([root, a], 0.5)
+    assert (root.visits, root.value_sum, root.best) == (2, 2.0, 1.5)
+    assert (a.visits, a.value_sum, a.best) == (2, 2.0, 1.5)
+    assert (b.visits, b.value_sum, b.best) == (1, 1.5, 1.5)
+    assert m.max_reward == 1.5 and b.path() == [root, a, b]
+    with pytest.raises(ValueError):
+        m.backpropagate([root], -1.0)
+
+
+def test_priors_fill_missing_and_normalize():
+    assert MCTS.priors([None, None]) == [0.5, 0.5]
+    assert MCTS.priors([0.6, None, 0.2]) == pytest.approx([0.6 / 1.2, 0.4 / 1.2, 0.2 / 1.2])
+    assert MCTS.priors([0.0, 0.0]) == [0.5, 0.5]
+    assert sum(MCTS.priors([0.9, 0.3, None, 0.05])) == pytest.approx(1.0)
+
+
+def test_exhausted_subtrees_are_skipped():
+    root, kids = _root_with_children([0.9, 0.1])
+    kids[0].closed = True  # closed leaf: nothing left below it
+    assert MCTS().select(root)[-1] is kids[1]
+    kids[1].closed = True
+    assert MCTS().select(root) == [root] and root.closed
+
+
+def _rows(nodes: dict[int, TreeNode]) -> list[dict]:
+    return [{"id": n.id, "parent_id": n.parent.id if n.parent else None, "prior": n.prior, "visits": n.visits,
+             "value_sum": n.value_sum, "best_reward": n.best, "reward": n.reward, "closed": n.closed}
+            for n in nodes.values()]
+
+
+def test_rebuild_round_trips_and_resumes_identically():
+    landscape = _Landscape()
+    m, root, states, _ = _mcts_search(landscape, seed=3, budget=25)
+    nodes = {n.id: n for n in _walk(root)}
+    rows = _rows(nodes)
+    rebuilt = rebuild(list(reversed(rows)))  # parents after children: still linked
+    assert _rows(dict(sorted(rebuilt.items()))) == _rows(dict(sorted(nodes.items())))
+    assert [c.id for c in rebuilt[0].children] == [c.id for c in root.children]
+    fresh = MCTS()  # a new process: the normalizer comes back from the root's best
+    assert [n.id for n in fresh.select(rebuilt[0])] == [n.id for n in m.select(root)]
+    with pytest.raises(ValueError):
+        rebuild([{**rows[1], "parent_id": 999}])
+
+
+def _walk(root: TreeNode) -> list[TreeNode]:
+    out, stack = [], [root]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(node.children)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# guided against random search: integer states in a box, one broad global peak far from the start
+# and a narrow deceptive one near it; an agent proposing random neighbour moves whose priors lean,
+# 70% of the time, toward the moves that improve the reward.
+
+
+class _Landscape:
+    high, start = 20, (2, 2, 2)
+    peak, local = (15, 15, 15), (6, 5, 6)
+
+    def reward(self, x: tuple[int, ...]) -> float:
+        d_peak = sum((a - b) ** 2 for a, b in zip(x, self.peak))
+        d_local = sum((a - b) ** 2 for a, b in zip(x, self.local))
+        return math.exp(-d_peak / (2 * 7.0 ** 2)) + 0.5 * math.exp(-d_local / (2 * 2.0 ** 2))
+
+    def propose(self, x: tuple[int, ...], rng: random.Random, taken: set, n: int = 3) -> list[tuple]:
+        moves = [x[:i] + (x[i] + d,) + x[i + 1:] for i in range(len(x)) for d in (-2, -1, 1, 2)
+                 if 0 <= x[i] + d <= self.high]
+        moves = [y for y in moves if y not in taken]
+        rng.shuffle(moves)
+        out = []
+        for y in moves[:n]:
+            better = (self.reward(y) > self.reward(x)) != (rng.random() < 0.3)
+            out.append((y, 0.6 if better else 0.4))
+        return out
+
+
+def _mcts_search(land: _Landscape, seed: int, budget: int):
+    rng, m = random.Random(seed), MCTS()
+    root, states = TreeNode(0, reward=land.reward(land.start)), {0: land.start}
+    m.backpropagate([root], root.reward)
+    best = root.reward
+    while len(states) < budget:
+        path = m.select(root)
+        leaf = path[-1]
+        moves = land.propose(states[leaf.id], rng, {states[c.id] for c in leaf.children})
+        if not moves:
+            leaf.closed = True
+            continue
+        for (state, _), prior in zip(moves, MCTS.priors([p for _, p in moves])):
+            if len(states) == budget:
+                break
+            child = leaf.add_child(len(states), prior)
+            states[child.id] = state
+            child.reward = land.reward(state)
+            best = max(best, child.reward)
+            m.backpropagate(path + [child], child.reward)
+    return m, root, states, best
+
+
+def _random_search(land: _Landscape, seed: int, budget: int) -> float:
+    rng = random.Random(seed)
+    states, taken = [land.start], [set()]
+    best = land.reward(land.start)
+    while len(states) < budget:
+        i = rng.randrange(len(states))  # a uniformly random evaluated node
+        for state, _ in land.propose(states[i], rng, taken[i]):
+            if len(states) == budget:
+                break
+            taken[i].add(state)
+            states.append(state)
+            taken.append(set())
+            best = max(best, land.reward(state))
+    return best
+
+
+def search_margin(seeds: range, budget: int = 60) -> tuple[float, float]:
+    """Mean best reward of MCTS and of random search over the seeds, at equal evaluations."""
+    land = _Landscape()
+    guided = statistics.mean(_mcts_search(land, s, budget)[3] for s in seeds)
+    blind = statistics.mean(_random_search(land, s, budget) for s in seeds)
+    return guided, blind
+
+
+@pytest.mark.parametrize("first_seed", [0, 1000, 2000])
+def test_mcts_beats_random_search_at_equal_evaluations(first_seed):
+    guided, blind = search_margin(range(first_seed, first_seed + 48))
+    # over 40 disjoint groups of 48 seeds: MCTS about 0.20, random about 0.11, margin 0.051 to 0.125
+    assert guided > blind + 0.04, (guided, blind)

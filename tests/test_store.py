@@ -1,0 +1,454 @@
+"""The search store on SQLite and on PostgreSQL ($CONJUGATE_TEST_POSTGRES_URL; `bash .ci/postgres` prints one)."""
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from conjugate.errors import ConjugateError
+from conjugate.search.store import SCHEMA_VERSION, Store, StoreError, owner_id
+from conjugate.search.store_schema import Evaluation, Node
+
+PG_ENV = "CONJUGATE_TEST_POSTGRES_URL"
+WORKLOAD = {"name": "tiny", "family": "llama3/llama3", "k": 4}
+
+
+# -- fixtures: a fresh database per test, on each backend
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path):
+    if request.param == "sqlite":
+        yield str(tmp_path / "runs" / "store.db")  # a plain path; the parent folder does not exist yet
+        return
+    base = os.environ.get(PG_ENV)
+    if not base:
+        pytest.skip(f"PostgreSQL store tests need ${PG_ENV} (bash .ci/postgres starts a server and prints one)")
+    yield from _fresh_postgres_database(base)
+
+
+def _fresh_postgres_database(base: str):
+    name = f"conjugate_t_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_url(base).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+
+@pytest.fixture
+def store(db_url):
+    with Store.open(db_url) as opened:
+        yield opened
+
+
+def new_run(store: Store, gpu: str = "NVIDIA H200", workload: dict = WORKLOAD, name: str = "run") -> int:
+    return store.create_run(name, workload, "examples/tiny.toml", gpu, "analytical", "heuristic", 7, {"budget": 3})
+
+
+def add(store: Store, run_id: int, plan_hash: str, parent_id: int | None = None, **plan) -> tuple[int, bool]:
+    edit = None if parent_id is None else [{"op": "replace", "path": "/x", "value": 1}]
+    return store.add_node(run_id, {"h": plan_hash, **plan}, plan_hash, parent_id, edit, "why", "heuristic", "tiles",
+                          0.5)
+
+
+def result(latency_ms: float, verdicts: list[dict] | None = None) -> dict:
+    return {"status": "ok", "metrics": {"latency_ms": latency_ms}, "verdicts": verdicts or []}
+
+
+# -- runs
+
+def test_runs_create_read_and_status(store):
+    assert store.latest_run() is None and store.runs() == []
+    first = new_run(store, name="a")
+    second = new_run(store, gpu="NVIDIA A100", name="b")
+    run = store.run(first)
+    assert (run.name, run.workload, run.workload_name, run.gpu, run.seed, run.settings, run.status) == \
+        ("a", WORKLOAD, "tiny", "NVIDIA H200", 7, {"budget": 3}, "running")
+    assert run.created_at.utcoffset().total_seconds() == 0  # aware UTC
+    assert [r.id for r in store.runs()] == [first, second] and store.latest_run().id == second
+    store.set_run_status(first, "finished")
+    assert store.run(first).status == "finished" and store.run(first).updated_at >= run.updated_at
+    with pytest.raises(StoreError, match="run status 'bogus'"):
+        store.set_run_status(first, "bogus")
+    with pytest.raises(StoreError):
+        store.run(9999)
+
+
+def test_reads_are_frozen_snapshots(store):
+    run_id = new_run(store)
+    run = store.run(run_id)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.status = "stopped"
+    run.workload["k"] = 99  # changing a snapshot changes nothing stored
+    store.set_run_status(run_id, "stopped")
+    assert run.status == "running" and store.run(run_id).workload["k"] == 4
+
+
+# -- the plan tree
+
+def test_add_node_dedupes_and_sets_depth(store):
+    run_id, other_run = new_run(store), new_run(store)
+    root, created = add(store, run_id, "r")
+    child, _ = add(store, run_id, "c", root)
+    grandchild, _ = add(store, run_id, "g", child)
+    assert created and [store.node(i).depth for i in (root, child, grandchild)] == [0, 1, 2]
+    assert add(store, run_id, "c", root, other="ignored") == (child, False)
+    assert store.node(child).plan == {"h": "c"} and store.node(child).edit[0]["op"] == "replace"
+    assert store.node(root).edit is None and store.node(root).status == "new"
+    assert add(store, other_run, "c")[1]  # the same plan in another run is another node
+    assert [n.id for n in store.nodes(run_id)] == [root, child, grandchild]
+    assert store.node_by_hash(run_id, "g").id == grandchild and store.node_by_hash(run_id, "zz") is None
+    with pytest.raises(StoreError, match="no such node in run"):
+        add(store, other_run, "x", parent_id=root)
+    store.set_node_status(child, "expanded")
+    assert store.node(child).status == "expanded"
+
+
+def test_backpropagate_sums_counts_and_maxes_in_one_transaction(store):
+    run_id = new_run(store)
+    root, _ = add(store, run_id, "r")
+    child, _ = add(store, run_id, "c", root)
+    store.backpropagate([root, child], 1.0)
+    store.backpropagate([root], 3.0)
+    store.backpropagate([child, root], 0.5)
+    r, c = store.node(root), store.node(child)
+    assert (r.visits, r.value_sum, r.best_reward) == (3, 4.5, 3.0)
+    assert (c.visits, c.value_sum, c.best_reward, c.mean_reward) == (2, 1.5, 1.0, 0.75)
+    with pytest.raises(StoreError, match="no node 424242"):
+        store.backpropagate([root, 424242], 9.0)
+    assert store.node(root).visits == 3  # the failed backpropagation changed nothing
+
+
+# -- evaluations
+
+def test_claim_once_then_done(store):
+    run_id = new_run(store)
+    assert store.claim_evaluation("k1", "h1", run_id, "hostA:1", stale_after_s=600)
+    assert not store.claim_evaluation("k1", "h1", run_id, "hostB:2", stale_after_s=600)
+    store.finish_evaluation("k1", result(2.5), reward=1.2)
+    assert not store.claim_evaluation("k1", "h1", run_id, "hostB:2", stale_after_s=0)
+    done = store.evaluation("k1")
+    assert (done.status, done.owner, done.reward, done.latency_ms, done.attempts) == ("done", "hostA:1", 1.2, 2.5, 1)
+    assert done.finished_at >= done.started_at and store.evaluation("nope") is None
+
+
+def test_stale_claim_is_taken_over(store):
+    run_id, later_run = new_run(store), new_run(store)
+    assert store.claim_evaluation("k", "h", run_id, "elsewhere:1", stale_after_s=600)
+    time.sleep(0.05)
+    assert not store.claim_evaluation("k", "h", later_run, "elsewhere:2", stale_after_s=600)
+    assert store.claim_evaluation("k", "h", later_run, "elsewhere:2", stale_after_s=0.01)
+    taken = store.evaluation("k")
+    assert (taken.owner, taken.run_id, taken.attempts, taken.status) == ("elsewhere:2", later_run, 2, "running")
+
+
+def test_claim_of_a_dead_process_is_taken_over(store):
+    run_id = new_run(store)
+    dead = f"{socket.gethostname()}:{_pid_of_exited()}"
+    assert store.claim_evaluation("k", "h", run_id, dead, stale_after_s=600)
+    assert store.claim_evaluation("k", "h", run_id, owner_id(), stale_after_s=600)  # taken over
+    assert store.evaluation("k").owner == owner_id()
+    assert not store.claim_evaluation("k", "h", run_id, "x:1", stale_after_s=600)  # this process lives
+    assert store.claim_evaluation("k2", "h", run_id, f"another-host:{_pid_of_exited()}", stale_after_s=600)
+    assert not store.claim_evaluation("k2", "h", run_id, "x:1", stale_after_s=600)  # can't judge other hosts
+
+
+def _pid_of_exited() -> int:
+    """The pid of a process of this host that has exited (and was reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_claim_of_a_killed_search_is_taken_over(db_url):
+    """kill -9 a process holding a claim; resuming claims (and so re-evaluates) that key."""
+    with Store.open(db_url) as store:
+        run_id = new_run(store)
+    code = ("import sys, time; from conjugate.search.store import Store, owner_id; "
+            f"s = Store.open({db_url!r}); print(s.claim_evaluation('k', 'h', {run_id}, owner_id(), 600), flush=True); "
+            "time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "True"
+    finally:
+        child.kill()  # SIGKILL
+        child.wait()
+    with Store.open(db_url) as store:
+        assert store.evaluation("k").owner == f"{socket.gethostname()}:{child.pid}"
+        assert store.claim_evaluation("k", "h", run_id, owner_id(), stale_after_s=600)
+
+
+def test_finished_evaluation_is_immutable_and_keeps_verdicts(store):
+    run_id = new_run(store)
+    verdicts = [{"launch": 3, "verdict": "win", "gain_percent": 12.5, "shared_us": 7.0, "separate_us": 8.0},
+                {"launch": 1, "verdict": "loss", "gain_percent": -4.0, "shared_us": 5.2, "separate_us": 5.0,
+                 "modeled": True}]
+    with pytest.raises(StoreError, match="never claimed"):
+        store.finish_evaluation("k", result(1.0), 1.0)
+    store.claim_evaluation("k", "h", run_id, "a:1", 600)
+    store.finish_evaluation("k", result(4.0, verdicts), 1.5)
+    with pytest.raises(StoreError, match="immutable"):
+        store.finish_evaluation("k", result(1.0), 9.0)
+    kept = store.evaluation("k")
+    assert (kept.reward, kept.latency_ms, kept.result["verdicts"]) == (1.5, 4.0, verdicts)
+    assert store.verdicts("k") == [verdicts[1], verdicts[0]]  # rows, in launch order
+
+
+def test_wait_evaluation(store):
+    run_id = new_run(store)
+    store.claim_evaluation("k", "h", run_id, "a:1", 600)
+    start = time.monotonic()
+    assert store.wait_evaluation("k", timeout_s=0.3, poll_s=0.05) is None
+    assert 0.25 < time.monotonic() - start < 3
+    store.finish_evaluation("k", result(1.0), 2.0)
+    assert store.wait_evaluation("k", timeout_s=5).reward == 2.0
+
+
+# -- LLM calls, lessons, edit statistics, best plans
+
+def test_llm_cost_sums_one_run(store):
+    run_id, other = new_run(store), new_run(store)
+    ids = [store.record_llm_call(run_id, "anthropic", "m", "p", "r", 10, 20, cost, 1.5, "") for cost in (0.01, 0.02)]
+    store.record_llm_call(run_id, "openai", "m", "p", "", 5, 0, 0.0, 0.1, "timeout")
+    store.record_llm_call(other, "openai", "m", "p", "r", 1, 1, 5.0, 0.1, None)
+    assert ids[1] > ids[0]
+    assert store.llm_cost(run_id) == pytest.approx(0.03) and store.llm_cost(other) == pytest.approx(5.0)
+    assert store.llm_cost(new_run(store)) == 0.0
+
+
+def test_lessons_order_and_dedupe(store):
+    run_id = new_run(store)
+    for text_, gain in [("small", 0.5), ("big loss", -3.0), ("medium", 1.0), ("older tie", 2.0), ("newer tie", -2.0),
+                        ("big loss", 0.1)]:
+        store.add_lesson("H200", "llama", "tiles", text_, gain, run_id)
+    store.add_lesson("H200", "qwen", "tiles", "other family", 9.0, None)
+    store.add_lesson("A100", "llama", "tiles", "other gpu", 9.0, None)
+    assert store.lessons("H200", "llama") == ["big loss", "newer tie", "older tie", "medium", "small"]
+    assert store.lessons("H200", "llama", limit=2) == ["big loss", "newer tie"]
+
+
+def test_edit_stats_means(store):
+    for kind, gain in [("tiles", 1.0), ("tiles", 3.0), ("pattern", -2.0)]:
+        store.record_edit_outcome("H200", "llama", kind, gain, None)
+    store.record_edit_outcome("H200", "qwen", "tiles", 50.0, None)
+    assert store.edit_stats("H200", "llama") == {"tiles": {"n": 2, "mean_gain": 2.0},
+                                                  "pattern": {"n": 1, "mean_gain": -2.0}}
+    assert store.edit_stats("A100", "llama") == {}
+
+
+def _evaluated(store: Store, run_id: int, plan_hash: str, reward: float | None, latency_ms: float = 1.0) -> None:
+    add(store, run_id, plan_hash)
+    key = f"{run_id}/{plan_hash}"
+    store.claim_evaluation(key, plan_hash, run_id, "a:1", 600)
+    if reward is not None:
+        store.finish_evaluation(key, result(latency_ms), reward)
+
+
+def test_best_plans_filters_by_gpu_family_and_run(store):
+    llama, qwen = WORKLOAD, {**WORKLOAD, "family": "qwen3/qwen3"}
+    r1, r2 = new_run(store, workload=llama), new_run(store, workload=llama)
+    r_qwen, r_a100 = new_run(store, workload=qwen), new_run(store, gpu="NVIDIA A100", workload=llama)
+    r_nofamily = new_run(store, workload={"name": "x"})
+    _evaluated(store, r1, "p1", 1.5, latency_ms=3.0)
+    _evaluated(store, r1, "p2", 1.1)
+    _evaluated(store, r1, "running", None)  # claimed, not done: no reward yet
+    _evaluated(store, r2, "p1", 1.7, latency_ms=2.5)  # the same plan, better in another run
+    _evaluated(store, r2, "p3", 1.3)
+    _evaluated(store, r_qwen, "q1", 9.0)
+    _evaluated(store, r_a100, "a1", 9.0)
+    _evaluated(store, r_nofamily, "n1", 9.0)
+    best = store.best_plans("NVIDIA H200", "llama3/llama3")
+    assert [(b["plan_hash"], b["reward"], b["run_id"]) for b in best] == [("p1", 1.7, r2), ("p3", 1.3, r2),
+                                                                          ("p2", 1.1, r1)]
+    assert best[0] == {"plan": {"h": "p1"}, "plan_hash": "p1", "reward": 1.7, "latency_ms": 2.5, "workload": llama,
+                       "run_id": r2}
+    assert [b["plan_hash"] for b in store.best_plans("NVIDIA H200", "llama3/llama3", exclude_run=r2)] == ["p1", "p2"]
+    assert [b["plan_hash"] for b in store.best_plans("NVIDIA H200", None, limit=3)] == ["q1", "n1", "p1"]
+    assert [b["plan_hash"] for b in store.best_plans("NVIDIA A100", "llama3/llama3")] == ["a1"]
+    assert store.best_plans("NVIDIA H200", "qwen3/qwen3", exclude_run=r_qwen) == []
+
+
+# -- opening: versions, foreign files, unreachable servers
+
+def test_reopen_keeps_data_and_shows_url(db_url):
+    with Store.open(db_url) as store:
+        run_id = new_run(store)
+    with Store.open(db_url) as store:
+        assert store.run(run_id).name == "run"
+        assert store.url_for_display == _display(db_url)
+
+
+def _display(db_url: str) -> str:
+    """What the store shows of a database: SQLite as a URL; a server URL with its password masked."""
+    if "://" not in db_url:
+        return f"sqlite:///{db_url}"
+    return make_url(db_url).render_as_string(hide_password=True)
+
+
+def test_other_schema_version_is_refused(db_url):
+    Store.open(db_url).close()
+    _sql(db_url, "UPDATE meta SET value = '7' WHERE key = 'schema_version'")
+    with pytest.raises(StoreError) as caught:
+        Store.open(db_url)
+    message = str(caught.value)
+    assert f"store schema version 7, this conjugate reads version {SCHEMA_VERSION}" in message
+    where = db_url if "://" not in db_url else _display(db_url)  # a SQLite file goes by its path
+    assert message.startswith(f"{where}: ") and "\n" not in message
+
+
+def test_database_of_something_else_is_refused(db_url):
+    _sql(db_url, "CREATE TABLE unrelated (id INTEGER PRIMARY KEY)")
+    with pytest.raises(StoreError, match="not a conjugate store"):
+        Store.open(db_url)
+
+
+def test_file_that_is_not_a_database_is_refused(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("this is a text file, not a database\n" * 200)
+    with pytest.raises(StoreError) as caught:
+        Store.open(notes)
+    assert str(caught.value).startswith(str(notes)) and "\n" not in str(caught.value)
+    assert isinstance(caught.value, ConjugateError)
+
+
+def test_unreachable_server_is_one_line_without_password():
+    pytest.importorskip("psycopg")
+    with pytest.raises(StoreError) as caught:
+        Store.open("postgresql+psycopg://someone:s3cret@127.0.0.1:1/nothing")
+    message = str(caught.value)
+    assert message.startswith("postgresql+psycopg://someone:***@127.0.0.1:1/nothing: ")
+    assert "s3cret" not in message and "\n" not in message
+
+
+def _sql(db_url: str, statement) -> None:
+    if "://" not in db_url:
+        Path(db_url).parent.mkdir(parents=True, exist_ok=True)
+    url = db_url if "://" in db_url else f"sqlite:///{db_url}"
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(statement) if isinstance(statement, str) else statement)
+    engine.dispose()
+
+
+# -- several processes on one database
+
+def _claim_worker(db_url: str, run_id: int, keys: list[str], barrier) -> list[str]:
+    with Store.open(db_url) as store:
+        barrier.wait(timeout=60)
+        return [k for k in keys if store.claim_evaluation(k, "h", run_id, owner_id(), stale_after_s=600)]
+
+
+def _add_node_worker(db_url: str, run_id: int, root: int, hashes: list[str], barrier) -> dict:
+    with Store.open(db_url) as store:
+        barrier.wait(timeout=60)
+        added = {h: add(store, run_id, h, root) for h in hashes}
+        for node_id, _ in added.values():  # then backpropagate along the same paths as the other process
+            store.backpropagate([root, node_id], 1.0)
+        return added
+
+
+def _report(queue, target, *args) -> None:
+    try:
+        queue.put(("ok", target(*args)))
+    except BaseException as e:  # the parent shows it instead of waiting for a reply that never comes
+        queue.put(("error", repr(e)))
+
+
+def _in_two_processes(target, *args) -> list:
+    ctx = multiprocessing.get_context("spawn")
+    barrier, queue = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_report, args=(queue, target, *args, barrier)) for _ in range(2)]
+    for proc in procs:
+        proc.start()
+    replies = [queue.get(timeout=90) for _ in procs]
+    for proc in procs:
+        proc.join(timeout=30)
+    assert [kind for kind, _ in replies] == ["ok", "ok"], replies
+    return [value for _, value in replies]
+
+
+def test_two_processes_claim_each_key_exactly_once(db_url):
+    with Store.open(db_url) as store:
+        run_id = new_run(store)
+    keys = [f"key{i}" for i in range(20)]
+    won = _in_two_processes(_claim_worker, db_url, run_id, keys)
+    assert sorted(won[0] + won[1]) == sorted(keys)  # every key claimed, none twice
+    with Store.open(db_url) as store:
+        owners = {store.evaluation(k).owner for k in keys}
+        assert all(store.evaluation(k).attempts == 1 for k in keys) and owner_id() not in owners
+
+
+def test_two_processes_adding_and_backpropagating_the_same_plans(db_url):
+    with Store.open(db_url) as store:
+        run_id = new_run(store)
+        root, _ = add(store, run_id, "root")
+    hashes = [f"plan{i}" for i in range(10)]
+    first, second = _in_two_processes(_add_node_worker, db_url, run_id, root, hashes)
+    for h in hashes:
+        assert first[h][0] == second[h][0] and first[h][1] != second[h][1]  # one id; exactly one created it
+    with Store.open(db_url) as store:
+        nodes = store.nodes(run_id)
+        assert len(nodes) == 1 + len(hashes)  # one node per plan
+        assert [n.visits for n in nodes] == [2 * len(hashes)] + [2] * len(hashes)  # no update lost
+
+
+# -- races made deterministic: a store call meets another writer's uncommitted row
+
+def _while_uncommitted(db_url: str, statement, call):
+    """Run `statement` in an open transaction, start `call` (it must block on that transaction), commit."""
+    engine = create_engine(db_url if "://" in db_url else f"sqlite:///{db_url}")
+    try:
+        with engine.connect() as conn, ThreadPoolExecutor(1) as pool:
+            transaction = conn.begin()
+            conn.execute(statement)
+            future = pool.submit(call)
+            time.sleep(0.3)
+            assert not future.done(), "the call did not wait for the other writer"
+            transaction.commit()
+            return future.result(timeout=30)
+    finally:
+        engine.dispose()
+
+
+def test_claim_racing_an_uncommitted_claim_loses(store, db_url):
+    run_id = new_run(store)
+    racer = Evaluation.__table__.insert().values(eval_key="k", plan_hash="h", run_id=run_id, owner="racer:1",
+                                                 status="running", attempts=1, started_at=datetime.now(timezone.utc))
+    assert not _while_uncommitted(db_url, racer, lambda: store.claim_evaluation("k", "h", run_id, "me:2", 600))
+    assert store.evaluation("k").owner == "racer:1"
+
+
+def test_take_over_racing_an_uncommitted_take_over_loses(store, db_url):
+    run_id = new_run(store)
+    long_ago = datetime.now(timezone.utc) - timedelta(hours=1)
+    store.claim_evaluation("k", "h", run_id, "crashed:1", 600)
+    _sql(db_url, Evaluation.__table__.update().values(started_at=long_ago))  # stale now
+    racer = (Evaluation.__table__.update().where(Evaluation.eval_key == "k")
+             .values(owner="racer:2", attempts=2, started_at=datetime.now(timezone.utc)))
+    assert not _while_uncommitted(db_url, racer, lambda: store.claim_evaluation("k", "h", run_id, "me:3", 60))
+    assert (store.evaluation("k").owner, store.evaluation("k").attempts) == ("racer:2", 2)
+
+
+def test_add_node_racing_an_uncommitted_add_gets_that_node(store, db_url):
+    run_id = new_run(store)
+    racer = Node.__table__.insert().values(
+        run_id=run_id, plan={"h": "p"}, plan_hash="p", rationale="", proposer="racer", edit_kind="other", depth=0,
+        visits=0, value_sum=0.0, prior=1.0, status="new", created_at=datetime.now(timezone.utc))
+    node_id, created = _while_uncommitted(db_url, racer, lambda: add(store, run_id, "p"))
+    assert not created and store.node(node_id).proposer == "racer" and len(store.nodes(run_id)) == 1
