@@ -1,6 +1,6 @@
 """How well the analytical evaluator ranks plans the way the GPU does.
 
-    python benchmarks/analytical_agreement.py [--measured results/compiler_rounds_h200.json]
+    python benchmarks/analytical_agreement.py [--measured results/evaluator_rounds_h200.json]
                                               [--json results/analytical_agreement.json]
 
 Runs on the CPU: models every (workload, plan) of a committed GPU result with the analytical
@@ -26,7 +26,7 @@ from conjugate.workload import load_workload  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--measured", type=Path, default=ROOT / "benchmarks" / "results" / "compiler_rounds_h200.json")
+    parser.add_argument("--measured", type=Path, default=ROOT / "benchmarks" / "results" / "evaluator_rounds_h200.json")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     measured = json.loads(args.measured.read_text())
@@ -44,7 +44,7 @@ def main() -> None:
                          "modeled_ms": result.metrics["latency_ms"]})
         per_workload[w["workload"]] = spearman([m for _, m, _ in pairs], [e for _, _, e in pairs])
     pooled = spearman([r["measured_ms"] for r in rows], [r["modeled_ms"] for r in rows])
-    out = {"measured": str(args.measured.relative_to(ROOT)), "gpu": measured["gpu"], "evaluator": profile.name,
+    out = {"measured": str(args.measured.resolve().relative_to(ROOT)), "gpu": measured["gpu"], "evaluator": profile.name,
            "spearman_per_workload": per_workload, "spearman_pooled": pooled, "rows": rows,
            "command": "python benchmarks/analytical_agreement.py --json benchmarks/results/analytical_agreement.json"}
     if args.json:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from conjugate.agents.llm import ChatReply, LLMFatalError, LLMTransientError, http_error, redact
+from conjugate.agents.llm import ChatReply, sdk_error
 from conjugate.errors import ConjugateError
 
 
@@ -28,16 +28,7 @@ class AnthropicClient:
             message = self._client.messages.create(model=self.model, system=system, messages=messages,
                                                    max_tokens=max_tokens)
         except self._sdk.AnthropicError as e:
-            raise self._error(e) from e
+            raise sdk_error(self._sdk, e, self._key) from e
         text = "".join(block.text for block in message.content if getattr(block, "type", "") == "text")
         usage = message.usage
         return ChatReply(text, usage.input_tokens or 0, usage.output_tokens or 0)
-
-    def _error(self, e: Exception) -> ConjugateError:
-        """SDK failures: rate limits, 5xx, timeouts and lost connections are transient; the rest fatal."""
-        message = redact(f"{type(e).__name__}: {e}", self._key)[:500]
-        if isinstance(e, self._sdk.APIConnectionError):  # APITimeoutError included
-            return LLMTransientError(message)
-        if isinstance(e, self._sdk.APIStatusError):
-            return http_error(e.status_code, message, e.response.headers.get("retry-after"))
-        return LLMFatalError(message)

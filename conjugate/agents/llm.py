@@ -1,27 +1,30 @@
-"""The LLM proposer: renders the prompt templates, asks a chat model for plan edits, validates them.
+"""The LLM proposer: asks a chat model for plan edits and keeps what validates.
 
 Provider-agnostic: a ChatClient (agents/anthropic_agent.py, agents/openai_agent.py) sends one chat
-request and maps its SDK's failures to LLMTransientError (worth repeating) or LLMFatalError. The
-reply is data: parsed as JSON, never executed; every edit is applied and validated before it
-becomes a Proposal, and a reply without a valid edit is answered once with the reasons (retry.md).
+request and maps its SDK's failures to LLMTransientError (worth repeating) or LLMFatalError
+(`sdk_error`). The prompts are rendered and the reply read by agents/prompt.py: the reply is data,
+parsed as JSON, never executed; every edit is applied and validated before it becomes a Proposal,
+and a reply without a valid edit is answered once with the reasons (retry.md).
 Every request, successful or not, goes to `log_call` as one record with the keys provider, model,
 prompt, reply, input_tokens, output_tokens, cost_usd, latency_s and error.
 """
 from __future__ import annotations
 
 import fnmatch
-import json
 import logging
 import random
 import re
-import string
 import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from types import ModuleType
+from typing import Protocol
 
-from conjugate.agents.base import EDIT_KINDS, LLMCallLog, NodeContext, Proposal
+from conjugate.agents.base import LLMCallLog, NodeContext, Proposal
+# Re-exported: the prompt and reply half used to live here.
+from conjugate.agents.prompt import (PROMPTS_DIR, SCHEMA_FILE, Prompts, check_edit,  # noqa: F401
+                                     check_edits, parse_reply)
 from conjugate.errors import ConjugateError, PlanError
 from conjugate.files import read_text
 from conjugate.plan.patch import patch_plan
@@ -29,9 +32,7 @@ from conjugate.plan.schema import Plan, validate_plan
 from conjugate.workload import REPO_ROOT
 
 log = logging.getLogger(__name__)
-PROMPTS_DIR = REPO_ROOT / "search" / "prompts"
 PRICES_FILE = REPO_ROOT / "search" / "prices.toml"
-SCHEMA_FILE = REPO_ROOT / "plans" / "plan.schema.json"
 MAX_BACKOFF_S = 60.0
 _KEYLIKE = re.compile(r"\bsk-[A-Za-z0-9_\-*]{8,}")  # anything shaped like an API key
 
@@ -81,6 +82,18 @@ def http_error(status: int, message: str, retry_after: str | None = None) -> Con
     return LLMFatalError(message)
 
 
+def sdk_error(sdk: ModuleType, e: Exception, key: str | None) -> ConjugateError:
+    """A failure of the anthropic or openai SDK (they share these exception classes) as the
+    proposer's error: rate limits, 5xx, timeouts and lost connections are transient; the rest fatal.
+    The message carries no key."""
+    message = redact(f"{type(e).__name__}: {e}", key)[:500]
+    if isinstance(e, sdk.APIConnectionError):  # APITimeoutError included
+        return LLMTransientError(message)
+    if isinstance(e, sdk.APIStatusError):
+        return http_error(e.status_code, message, e.response.headers.get("retry-after"))
+    return LLMFatalError(message)
+
+
 def load_prices(path: Path = PRICES_FILE) -> dict[str, tuple[float, float]]:
     """Model name or glob -> (input, output) US dollars per million tokens; {} if the file is absent."""
     if not path.exists():
@@ -99,171 +112,6 @@ def cost_usd(model: str, input_tokens: int, output_tokens: int, prices: dict[str
         model = max(hits, key=len, default=None)
     price_in, price_out = prices.get(model, (0.0, 0.0))
     return (input_tokens * price_in + output_tokens * price_out) / 1e6
-
-
-def _json(value: Any, limit: int = 0, sort: bool = True) -> str:
-    text = json.dumps(_short(value), sort_keys=sort, separators=(",", ":"), default=str)
-    return _clip(text, limit) if limit else text
-
-
-def _clip(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def _short(value: Any) -> Any:
-    """Floats to 4 significant digits, recursively."""
-    if isinstance(value, float):
-        return float(f"{value:.4g}")
-    if isinstance(value, dict):
-        return {k: _short(v) for k, v in value.items()}
-    return [_short(v) for v in value] if isinstance(value, list) else value
-
-
-def _bullets(items: list, limit: int, fmt=str, empty: str = "none") -> str:
-    lines = [f"- {fmt(x)}" for x in items[:limit]]
-    if len(items) > limit:
-        lines.append(f"- ... and {len(items) - limit} more")
-    return "\n".join(lines) or empty
-
-
-_VERDICT_KEYS = ("launch", "verdict", "gain_percent", "shared_us", "separate_us", "ops", "programs",
-                 "registers", "spills")
-
-
-def _scores(ctx: NodeContext) -> str:
-    r = ctx.result
-    if not r:
-        return "not evaluated yet"
-    out = {k: r.get(k) for k in ("status", "stage", "modeled")}
-    out |= {k: v for k, v in (r.get("metrics") or {}).items() if isinstance(v, (int, float, str, dict))}
-    if r.get("error"):
-        out["error"] = _clip(str(r["error"]), 600)
-    return _json(out)
-
-
-def _verdicts(ctx: NodeContext, limit: int = 15) -> str:
-    """Shared launches, largest |gain| first, joined with their compiler feedback."""
-    r = ctx.result or {}
-    feedback = {f.get("launch"): f for f in r.get("feedback") or [] if isinstance(f, dict)}
-    rows = [{k: m[k] for k in _VERDICT_KEYS if k in m}
-            for v in r.get("verdicts") or [] if isinstance(v, dict) for m in [feedback.get(v.get("launch"), {}) | v]]
-    rows.sort(key=lambda row: -abs(row.get("gain_percent") or 0))
-    return _bullets(rows, limit, lambda row: _json(row, sort=False), "none (no shared launch measured)")
-
-
-def _feedback(ctx: NodeContext, limit: int = 10) -> str:
-    items = [f for f in (ctx.result or {}).get("feedback") or [] if isinstance(f, dict)]
-    if not items:
-        return "none"
-    notable = [{k: v for k, v in f.items() if k != "kernel"} for f in items if f.get("reason") or f.get("spills")]
-    head = f"{len(items)} entries; {len(notable)} with a compile error or register spills"
-    return head + ("\n" + _bullets(notable, limit, lambda f: _json(f, 400)) if notable else "")
-
-
-def _pick(entry: dict, keys: tuple[str, ...]) -> str:
-    return _json({k: entry.get(k) for k in keys}, 500)
-
-
-def _best(entry: dict) -> str:
-    plan = {k: v for k, v in (entry.get("plan") or {}).items() if k not in ("name", "description")}
-    return (f"latency_ms={_json(entry.get('latency_ms'))} speedups={_json(entry.get('speedups') or {})}"
-            f"\n  {_json(plan, 4000)}")
-
-
-class Prompts:
-    """The editable templates under `directory`: system.md, expand.md and retry.md ($placeholders)."""
-
-    def __init__(self, directory: Path = PROMPTS_DIR, schema_file: Path = SCHEMA_FILE):
-        self.system, self.expand, self.retry = (
-            string.Template(read_text(Path(directory) / f"{n}.md", ConjugateError, "prompt template"))
-            for n in ("system", "expand", "retry"))
-        self.schema = _json(json.loads(read_text(schema_file, ConjugateError, "plan schema")))
-        self.kinds = ", ".join(EDIT_KINDS)
-
-    def system_text(self) -> str:
-        return self.system.safe_substitute(kinds=self.kinds)
-
-    def expand_text(self, ctx: NodeContext, n: int) -> str:
-        return self.expand.safe_substitute(
-            plan=json.dumps(ctx.plan, indent=1, sort_keys=True), schema=self.schema, n=n, kinds=self.kinds,
-            workload=_json(ctx.workload), gpu=ctx.gpu, scores=_scores(ctx),
-            baselines=_json(ctx.baselines) if ctx.baselines else "none measured",
-            verdicts=_verdicts(ctx), feedback=_feedback(ctx), best=_bullets(ctx.best, 3, _best),
-            lessons=_bullets(ctx.lessons, 20, lambda s: _clip(str(s), 300)),
-            edit_stats=_bullets(sorted(ctx.edit_stats.items()), 20, lambda kv: f"{kv[0]}: {_json(kv[1])}"),
-            tried=_bullets(ctx.tried, 20, lambda t: _pick(t, ("kind", "status", "reward", "patch"))),
-            failures=_bullets(ctx.failures, 8, lambda f: _pick(f, ("status", "error", "patch"))))
-
-    def retry_text(self, reasons: list[str], n: int) -> str:
-        reasons_text = _bullets(reasons, 20, lambda s: _clip(s, 400))
-        return self.retry.safe_substitute(reasons=reasons_text, n=n, kinds=self.kinds)
-
-
-_FENCE = re.compile(r"```[A-Za-z]*[ \t]*\n?(.*?)```", re.S)
-
-
-def parse_reply(text: str) -> list:
-    """The "edits" list of the reply's JSON (a fenced block, else the first object that has one);
-    raises ValueError saying what is wrong."""
-    decoder, first_error, found = json.JSONDecoder(), "", False
-    for chunk in [m.group(1) for m in _FENCE.finditer(text)] + [text]:
-        start = chunk.find("{")
-        while start != -1:
-            try:
-                obj, end = decoder.raw_decode(chunk, start)
-            except json.JSONDecodeError as e:
-                first_error = first_error or f"malformed JSON ({e.msg} at line {e.lineno} column {e.colno})"
-                start = chunk.find("{", start + 1)
-                continue
-            if isinstance(obj, dict) and isinstance(obj.get("edits"), list):
-                return obj["edits"]
-            found, start = True, chunk.find("{", end)
-    raise ValueError(first_error or ('the JSON object has no "edits" list' if found else "no JSON object in the reply"))
-
-
-def _reason(e: Exception) -> str:
-    """A validation error, its '$.a.b[0]' paths written as JSON Pointers like the patch's."""
-    if isinstance(e, TypeError):  # e.g. an object where the schema wants a string
-        return f"a value of the wrong type ({e}); see the schema"
-    errors = e.errors if isinstance(e, PlanError) else [str(e)]
-    out = []
-    for err in errors[:5]:
-        path, sep, why = err.partition(": ")
-        if path.startswith("$"):
-            err = (re.sub(r"\[(\d+)\]", r".\1", path[1:]).replace(".", "/") or "/") + sep + why
-        out.append(err)
-    return "; ".join(out)
-
-
-def check_edit(edit: Any, current: Plan) -> tuple[Proposal, str]:
-    """A reply's edit as a Proposal and the hash of the plan it makes; raises on anything invalid."""
-    if not isinstance(edit, dict):
-        raise ValueError('should be an object {"patch", "rationale", "kind"}')
-    patch = [edit["patch"]] if isinstance(edit.get("patch"), dict) else edit.get("patch")
-    if not isinstance(patch, list) or not patch:
-        raise ValueError('"patch" should be a non-empty list of RFC 6902 operations')
-    new = patch_plan(current, patch)
-    kind = edit.get("kind") if edit.get("kind") in EDIT_KINDS else "other"
-    rationale = _clip(" ".join(str(edit.get("rationale") or "").split()), 300)
-    return Proposal(patch=patch, rationale=rationale, kind=kind), new.hash
-
-
-def check_edits(edits: list, current: Plan, seen: dict[str, str], n: int) -> tuple[list[Proposal], list[str]]:
-    """The valid, distinct edits (at most n) and a reason for each one dropped. `seen` maps plan
-    hashes already taken to why they are not new; it is updated."""
-    valid, reasons = [], []
-    for i, edit in enumerate(edits, 1):
-        try:
-            proposal, digest = check_edit(edit, current)
-        except (ConjugateError, ValueError, TypeError) as e:  # TypeError: unhashable values in lists
-            reasons.append(f"edit {i}: {_reason(e)}")
-            continue
-        if digest in seen:
-            reasons.append(f"edit {i}: {seen[digest]}")
-            continue
-        seen[digest] = f"makes the same plan as edit {i}"
-        valid.append(proposal)
-    return valid[:n], reasons
 
 
 class LLMProposer:

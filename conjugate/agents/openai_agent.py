@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from conjugate.agents.llm import ChatReply, LLMFatalError, LLMTransientError, http_error, redact
+from conjugate.agents.llm import ChatReply, sdk_error
 from conjugate.errors import ConjugateError
 
 NO_KEY = "not-needed"  # what a local server receives when no key is set
@@ -36,17 +36,8 @@ class OpenAIClient:
                 model=self.model, messages=[{"role": "system", "content": system}, *messages],
                 **{self._limit: max_tokens})
         except self._sdk.OpenAIError as e:
-            raise self._error(e) from e
+            raise sdk_error(self._sdk, e, self._key) from e
         text = (response.choices[0].message.content or "") if response.choices else ""
         usage = response.usage
         tokens = (usage.prompt_tokens or 0, usage.completion_tokens or 0) if usage else (0, 0)
         return ChatReply(text, *tokens)
-
-    def _error(self, e: Exception) -> ConjugateError:
-        """SDK failures: rate limits, 5xx, timeouts and lost connections are transient; the rest fatal."""
-        message = redact(f"{type(e).__name__}: {e}", self._key)[:500]
-        if isinstance(e, self._sdk.APIConnectionError):  # APITimeoutError included
-            return LLMTransientError(message)
-        if isinstance(e, self._sdk.APIStatusError):
-            return http_error(e.status_code, message, e.response.headers.get("retry-after"))
-        return LLMFatalError(message)

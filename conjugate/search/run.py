@@ -127,11 +127,12 @@ class Search:
     def run_loop(self, deadline: float | None = None) -> str:
         """Search until the budget, the deadline or exhaustion; returns why it stopped."""
         nodes = self._load_tree()
-        root = self.tree[min(self.tree)]
+        root_id = min(self.tree)
         for n in nodes:  # resume: what was created but not settled comes first
             if n.status == "new" and not self._over(deadline):
                 self._evaluate(n)
         while not self._over(deadline):
+            root = self.tree[root_id]  # a reload (another process's nodes) replaces the objects
             path = self.mcts.select(root)
             if path == [root] and root.closed:
                 return "exhausted"
@@ -169,7 +170,7 @@ class Search:
             node_id, created = self.store.add_node(self.run_id, plan.to_dict(), plan.hash, parent.id, proposal.patch,
                                                    proposal.rationale, self.proposer.name, proposal.kind, prior)
             if created:
-                self.tree[parent.id].add_child(node_id, prior)
+                self.tree[node_id] = self.tree[parent.id].add_child(node_id, prior)
                 children.append(self.store.node(node_id))
         return children
 

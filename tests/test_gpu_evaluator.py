@@ -1,0 +1,237 @@
+"""The measured (GPU) evaluator's pieces that run without a GPU: its profile, verdicts, tolerances,
+the reference cache, the conventional baseline's reloads, `bench` with measured rows, rank
+correlation, and a gpu evaluation on a CPU machine failing as data."""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
+from conjugate.cli import main
+from conjugate.evaluate import correctness
+from conjugate.evaluate.calibrate import ranks, spearman
+from conjugate.evaluate.conventional import ConventionalRound
+from conjugate.evaluate.correctness import TOLERANCES, ReferenceChecker, Tolerance, check_round, compare_rounds, \
+    tolerance_for
+from conjugate.evaluate.measured import VERDICT_THRESHOLD_PERCENT, verdict
+from conjugate.evaluate.pipeline import evaluate
+from conjugate.evaluate.profile import EvaluatorProfile, ProfileError, TimingSettings, load_profile
+from conjugate.evaluate.result import EvalResult
+from conjugate.evaluate.timing import Timing
+from conjugate.evaluate.worker import IsolatedEvaluator
+from conjugate.models import make_round_inputs, reference_round
+from conjugate.plan import load_plan
+from conjugate.workload import load_workload
+from test_round import _round
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_PATH = ROOT / "examples" / "tiny.toml"
+TINY = load_workload(TINY_PATH)
+H200_TOML = (ROOT / "evaluators" / "h200.toml").read_text()
+CHEAP = {"schema": "conjugate.plan/1"}
+
+
+# --- profiles -------------------------------------------------------------------------------------
+
+def test_the_h200_profile_loads_and_round_trips():
+    p = load_profile("h200")
+    assert (p.kind, p.model, p.gpu) == ("gpu", None, "")
+    assert p.timing == TimingSettings(replays=200, warmup=20, verdict_calls=10,
+                                      baselines=("conventional", "sequential", "streams"))
+    assert p.tolerances == {"bf16": {"rel": 0.05, "tie_margin": 0.2}}
+    assert p.max_check_params == 10**11 and p.source.endswith("h200.toml")
+    assert EvaluatorProfile.from_dict(json.loads(json.dumps(p.to_dict()))) == p
+    assert load_profile(ROOT / "evaluators" / "h200.toml") == p
+
+
+def _edited(tmp_path, old: str, new: str) -> Path:
+    text = H200_TOML.replace(old, new, 1)
+    assert text != H200_TOML, old
+    path = tmp_path / "gpu.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("old,new,expected", [
+    ("[timing]\n", "[timing]\ncolour = 1\n", "unknown field 'timing.colour'"),
+    ("replays = 200", "replays = 0", "[timing] replays and verdict_calls should be at least 1"),
+    ("verdict_calls = 10", "verdict_calls = 0", "[timing] replays and verdict_calls should be at least 1"),
+    ("warmup = 20", "warmup = -1", "field 'warmup' should not be negative"),
+    ("replays = 200", "replays = 2.5", "field 'replays' should be int"),
+    ('"streams"]', '"vllm"]', "field 'timing.baselines' should be a list drawn from"),
+    ('baselines = ["conventional", "sequential", "streams"]', 'baselines = "streams"', "field 'timing.baselines'"),
+    ("[correctness.bf16]", "[correctness.int8]", "unknown field 'correctness.int8'"),
+    ("rel = 0.05\n", "", "[correctness.bf16]: missing field 'rel'"),
+    ("tie_margin = 0.2", 'tie_margin = "wide"', "[correctness.bf16]: field 'tie_margin' should be float"),
+    ("max_params = 100000000000", "", "[correctness]: missing field 'max_params'"),
+])
+def test_bad_gpu_profiles_name_the_file_and_field(tmp_path, old, new, expected):
+    path = _edited(tmp_path, old, new)
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: ") and expected in message and "\n" not in message
+
+
+def test_gpu_profile_tolerance_for_another_dtype(tmp_path):
+    path = _edited(tmp_path, "[correctness.bf16]", "[correctness.fp16]")
+    assert load_profile(path).tolerances == {"fp16": {"rel": 0.05, "tie_margin": 0.2}}
+
+
+def test_analytical_profiles_still_need_their_model(tmp_path):
+    shipped = (ROOT / "evaluators" / "analytical.toml").read_text()
+    path = tmp_path / "a.toml"
+    path.write_text(shipped[:shipped.index("[model]")])
+    with pytest.raises(ProfileError, match=re.escape(f"{path}: [model]: missing field 'gpu'")):
+        load_profile(path)
+    path.write_text(shipped.replace('kind = "analytical"', 'kind = "gpu"'))  # a gpu profile may keep one
+    assert load_profile(path).model.gpu == "NVIDIA H200"
+
+
+# --- verdicts, tolerances, timing -----------------------------------------------------------------
+
+@pytest.mark.parametrize("shared,expected", [
+    (9.79, "gain"), (9.8, "neutral"), (10.0, "neutral"), (10.2, "neutral"), (10.21, "interference")])
+def test_verdict_thresholds(shared, expected):
+    assert VERDICT_THRESHOLD_PERCENT == 2.0
+    v = verdict(["t.l0.qkv", "d.l0.attn"], shared, [6.0, 4.0])  # separately: 10 us
+    assert v["verdict"] == expected and v["ops"] == ["t.l0.qkv", "d.l0.attn"] and v["modeled"] is False
+    assert v["separate_us"] == 10.0 and v["gain_percent"] == round((10.0 - shared) / 10.0 * 100, 1)
+
+
+def test_verdict_rounds_its_numbers():
+    v = verdict(["a", "b"], 7.123456, [4.56789, 3.33333])
+    assert v == {"verdict": "gain", "shared_us": 7.12, "separate_us": 7.9, "parts_us": [4.57, 3.33],
+                 "gain_percent": 9.8, "ops": ["a", "b"], "modeled": False}
+
+
+def test_tolerance_for_uses_the_profile_override():
+    assert tolerance_for("bf16") == TOLERANCES["bf16"] == tolerance_for("bf16", {})
+    overrides = {"bf16": {"rel": 0.1, "tie_margin": 0.3}}
+    assert tolerance_for("bf16", overrides) == Tolerance(0.1, 0.3)
+    assert tolerance_for("fp16", overrides) == TOLERANCES["fp16"]  # other dtypes keep their defaults
+    assert tolerance_for("bf16", load_profile("h200").tolerances) == Tolerance(0.05, 0.2)
+
+
+def test_timing_to_dict():
+    assert Timing(1.5, 1.4, 1.7, 200).to_dict() == {"median_ms": 1.5, "p20_ms": 1.4, "p80_ms": 1.7, "replays": 200}
+
+
+def test_spearman_on_known_vectors():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [0.4, 0.3, 0.2, 0.1]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 3, 4], [2, 1, 4, 3]) == pytest.approx(0.6)  # 1 - 6 * 4 / (4 * 15)
+    assert ranks([3.0, 1.0, 2.0, 1.0]) == [3.0, 0.5, 2.0, 0.5]  # ties share their mean rank
+    assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(math.sqrt(0.9))
+    assert math.isnan(spearman([5, 5, 5], [1, 2, 3]))
+
+
+# --- the reference cache and the conventional baseline's reloads -----------------------------------
+
+def _other_inputs(rnd, seed: int):
+    w = rnd.workload
+    return make_round_inputs(rnd.draft, rnd.target, k=w.k, draft_batch=w.draft_batch, target_batch=w.target_batch,
+                             context=w.context, seed=seed)
+
+
+def test_reference_checker_computes_each_reference_once(monkeypatch):
+    rnd = _round("llama")
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args[3] if len(args) > 3 else kwargs.get("forced"))
+        return reference_round(*args, **kwargs)
+
+    monkeypatch.setattr(correctness, "reference_round", counted)
+    check = ReferenceChecker(rnd.draft, rnd.target, rnd.inputs, "fp32")
+    first = check(rnd.ref)
+    assert first.ok and len(calls) == 1
+    assert check(rnd.ref).to_dict() == first.to_dict() and len(calls) == 1  # cached
+    flipped = replace(rnd.ref, draft_tokens=rnd.ref.draft_tokens.flip(0))  # other draft tokens: another reference
+    assert not torch.equal(flipped.draft_tokens, rnd.ref.draft_tokens)
+    other = check(flipped)
+    assert len(calls) == 2 and not other.ok
+    assert check(flipped).to_dict() == other.to_dict() and len(calls) == 2
+    n = len(calls)
+    assert check_round(rnd.draft, rnd.target, rnd.inputs, flipped, "fp32").to_dict() == other.to_dict()
+    assert check_round(rnd.draft, rnd.target, rnd.inputs, rnd.ref, "fp32").to_dict() == first.to_dict()
+    assert len(calls) == n + 2  # check_round itself does not cache
+
+
+def test_conventional_round_reload_computes_the_new_inputs(tmp_path):
+    rnd = _round("qwen2")
+    conventional = ConventionalRound(rnd.draft, rnd.target, rnd.inputs, compile_fn=lambda fn: fn)
+    conventional.run()
+    assert compare_rounds(rnd.ref, conventional.outputs(), "fp32", rnd.inputs.context).ok
+    fresh = _other_inputs(rnd, rnd.workload.seed + 1)
+    fresh_ref = reference_round(rnd.draft, rnd.target, fresh)
+    assert not torch.equal(fresh_ref.target_logits, rnd.ref.target_logits)
+    conventional.load(fresh)
+    conventional.run()
+    report = compare_rounds(fresh_ref, conventional.outputs(), "fp32", fresh.context)
+    assert report.ok and report.near_ties == 0, report.problems
+    conventional.load(rnd.inputs)  # and back: the first inputs' caches, not what the last round wrote
+    conventional.run()
+    assert compare_rounds(rnd.ref, conventional.outputs(), "fp32", rnd.inputs.context).ok
+
+
+# --- a gpu evaluation without a GPU ----------------------------------------------------------------
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the failure on a machine without CUDA")
+def test_a_gpu_evaluation_without_cuda_is_an_error_result(tmp_path):
+    r = evaluate(load_plan(ROOT / "plans" / "sequential.json"), TINY, load_profile("h200"), cache_dir=tmp_path)
+    assert (r.stage, r.status, r.modeled, r.evaluator) == ("validate", "error", False, "h200")
+    assert r.error and not r.metrics
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the failure on a machine without CUDA")
+def test_an_error_retires_the_worker(tmp_path):
+    with IsolatedEvaluator(load_profile("h200"), time_limit_s=120, cache_dir=tmp_path) as isolated:
+        failed = isolated.evaluate(CHEAP, TINY_PATH)
+        assert (failed.stage, failed.status) == ("validate", "error") and isolated.restarts == 1
+        first_worker = isolated._worker
+        assert first_worker is None
+        isolated.profile = load_profile("analytical")
+        after = isolated.evaluate(CHEAP, TINY_PATH)  # a fresh worker
+        assert after.ok and after.modeled and isolated.restarts == 1
+
+
+# --- bench with measured rows ----------------------------------------------------------------------
+
+def _measured(plan: str, latency: float) -> EvalResult:
+    metrics = {"latency_ms": latency, "p20_ms": latency * 0.98, "p80_ms": latency * 1.03, "floor_ratio": 1.8,
+               "gpu": "NVIDIA H200", "speedups": {"conventional": 0.5 / latency, "sequential": 0.4 / latency,
+                                                 "streams": 0.3 / latency}}
+    return EvalResult("h", "tiny", "h200", "timing", "ok", False, metrics=metrics, checks={"ok": True})
+
+
+def test_bench_with_a_gpu_profile(monkeypatch, capsys, tmp_path):
+    requests = []
+
+    def fake(self, plan, workload_path, refresh_baselines=False):
+        requests.append((plan["name"], refresh_baselines))
+        if plan["name"] == "streams":
+            return EvalResult("h", "tiny", "h200", "correctness", "incorrect", False, checks={"ok": False},
+                              error="target token [0, 0]: 1, reference 2")
+        return _measured(plan["name"], 0.25)
+
+    monkeypatch.setattr(IsolatedEvaluator, "evaluate", fake)
+    out = tmp_path / "bench.json"
+    assert main(["bench", str(TINY_PATH), "--evaluator", "h200", "--remeasure", "--json", str(out)]) == 0
+    assert requests == [("sequential", True), ("streams", False), ("interleave", False)]
+    printed = capsys.readouterr().out
+    assert "measured on NVIDIA H200" in printed and "MODELED" not in printed
+    for text in ("p20-p80", "vs conventional", "vs sequential", "vs streams", "0.245-0.258", "2.00x", "1.60x",
+                 "1.20x", "incorrect at correctness"):
+        assert text in printed, text
+    assert "GPU only" not in printed
+    data = json.loads(out.read_text())
+    assert data["modeled"] is False and data["evaluator"] == "h200"
+    main(["bench", str(TINY_PATH), "--evaluator", "h200"])
+    assert [r for _, r in requests[3:]] == [False, False, False]  # without --remeasure: never
