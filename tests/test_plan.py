@@ -60,6 +60,9 @@ BAD_PLANS = [
     (dict(BASE, pairs={"qkv": "attn"}), "$.pairs.qkv: should be a list"),
     (dict(BASE, pairs={"qkv": ["mlp"]}), "$.pairs.qkv[0]"),
     (dict(BASE, fusions={"draft": ["qkv+rope_kv"]}), "$.fusions.draft[0]"),
+    (dict(BASE, pairs={"qkv": [{"a": 1}]}), "$.pairs.qkv[0]: should be an op kind string, got an object"),
+    (dict(BASE, pairs={"attn": ["qkv", ["attn"]]}), "$.pairs.attn[1]: should be an op kind string, got a list"),
+    (dict(BASE, fusions={"target": [["lm_head+argmax"]]}), "$.fusions.target[0]: should be a fusion string"),
     (dict(BASE, streams="two", alignment="proportional"), "$.streams"),
     (dict(BASE, overrides=[{"pair": False}]), "$.overrides[0].match: required"),
     (dict(BASE, overrides=[{"match": "t.l0.qkv", "with": "t.l1.qkv"}]), "$.overrides[0].with"),
@@ -84,6 +87,22 @@ def test_every_error_is_reported():
     raw = dict(BASE, alignment="x", streams="y", launch={"num_warps": 5})
     errors = pytest.raises(PlanError, validate_plan, raw).value.errors
     assert [e.split(":")[0] for e in errors] == ["$.alignment", "$.streams", "$.launch.num_warps"]
+
+
+def test_objects_and_lists_in_name_lists_are_plan_errors():
+    """Not TypeError (unhashable): each bad item named by its path, beside the other errors."""
+    interleave = load_plan(ROOT / "plans" / "interleave.json")
+    with pytest.raises(PlanError) as info:
+        patch_plan(interleave, [{"op": "replace", "path": "/pairs/qkv", "value": [{"a": 1}]}])
+    assert info.value.errors == ["$.pairs.qkv[0]: should be an op kind string, got an object"]
+    patch = [{"op": "add", "path": "/fusions/draft", "value": [["attn_norm+qkv"], 3, "attn_norm+qkv", "nope"]},
+             {"op": "replace", "path": "/pairs/qkv", "value": ["attn", {"kind": "attn"}, "attn"]}]
+    errors = pytest.raises(PlanError, patch_plan, interleave, patch).value.errors
+    assert [e.split(":")[0] for e in errors] == ["$.pairs.qkv[1]", "$.fusions.draft[0]", "$.fusions.draft[1]",
+                                                "$.fusions.draft[3]"]
+    assert "should be a fusion string, got the number 3" in errors[2]
+    fine = patch_plan(interleave, [{"op": "replace", "path": "/pairs/qkv", "value": ["attn", "attn"]}])
+    assert fine["pairs"]["qkv"] == ["attn"]
 
 
 def test_load_plan_errors(tmp_path):

@@ -71,12 +71,21 @@ class _Checker:
             self.fail(path, f"{value} is out of range [{low}, {high}]")
         return value
 
-    def kinds(self, value: Any, path: str, allow_any: bool = False) -> list[str]:
-        options = KINDS + (("*",) if allow_any else ())
+    def names(self, value: Any, path: str, options: tuple[str, ...], item: str, items: str) -> list[str]:
+        """A list of names drawn from `options` ("an op kind", "op kinds"), sorted, without repeats."""
         if not isinstance(value, list):
-            self.fail(path, f"should be a list of op kinds, got {_kind(value)}")
+            self.fail(path, f"should be a list of {items}, got {_kind(value)}")
             return []
-        chosen = sorted({self.choice(v, f"{path}[{i}]", options) for i, v in enumerate(value)}, key=str)
+        chosen = set()
+        for i, v in enumerate(value):
+            if isinstance(v, str):  # an object or a list here is an error, not a set member
+                chosen.add(self.choice(v, f"{path}[{i}]", options))
+            else:
+                self.fail(f"{path}[{i}]", f"should be {item} string, got {_kind(v)}")
+        return sorted(chosen)
+
+    def kinds(self, value: Any, path: str, allow_any: bool = False) -> list[str]:
+        chosen = self.names(value, path, KINDS + (("*",) if allow_any else ()), "an op kind", "op kinds")
         return ["*"] if "*" in chosen else chosen
 
     def interleave(self, value: Any, path: str) -> dict:
@@ -135,13 +144,8 @@ def _canonical(raw: Any) -> tuple[dict, list[str]]:
     pairs = c.obj(raw.get("pairs", {}), "$.pairs", KINDS)
     plan["pairs"] = {k: c.kinds(v, f"$.pairs.{k}", allow_any=True) for k, v in sorted(pairs.items()) if k in KINDS}
     fusions = c.obj(raw.get("fusions", {}), "$.fusions", MODEL_KEYS)
-    plan["fusions"] = {}
-    for model in MODEL_KEYS:
-        names = fusions.get(model, [])
-        if not isinstance(names, list):
-            c.fail(f"$.fusions.{model}", f"should be a list of fusions, got {_kind(names)}")
-            names = []
-        plan["fusions"][model] = sorted({c.choice(n, f"$.fusions.{model}[{i}]", FUSIONS) for i, n in enumerate(names)}, key=str)
+    plan["fusions"] = {m: c.names(fusions.get(m, []), f"$.fusions.{m}", FUSIONS, "a fusion", "fusions")
+                       for m in MODEL_KEYS}
     overrides = raw.get("overrides", [])
     if not isinstance(overrides, list):
         c.fail("$.overrides", f"should be a list, got {_kind(overrides)}")
