@@ -171,7 +171,7 @@ def _run_rounds(workload, plan) -> None:
 BASELINES = ("conventional", "sequential", "streams")
 
 
-def cmd_bench(args: argparse.Namespace) -> None:
+def cmd_bench(args: argparse.Namespace) -> int:
     """Evaluate plans on a workload beside the baselines; print a table, optionally write JSON."""
     from conjugate.evaluate.profile import load_profile
     from conjugate.evaluate.worker import IsolatedEvaluator
@@ -193,6 +193,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     if args.json:
         Path(args.json).write_text(json.dumps({"workload": workload.name, "evaluator": profile.name,
                                                "modeled": profile.kind != "gpu", "plans": rows}, indent=1) + "\n")
+    return 1 if any(row["result"]["status"] != "ok" for row in rows) else 0  # the table says where and why
 
 
 def _bench_cell(r: dict) -> str:
@@ -307,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
+        status = args.func(args)
     except ConjugateError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -317,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    return 0
+    return status or 0
 
 
 if __name__ == "__main__":

@@ -48,7 +48,8 @@ def test_bad_profile_values(tmp_path):
     shipped = (ROOT / "evaluators" / "analytical.toml").read_text()
     for key, line, expected in (("gemm", "gemm = 1.5", "model.efficiency.gemm"),
                                 ("sms", 'sms = "many"', "'sms' should be int"),
-                                ("max_params", "", "missing field 'max_params'")):
+                                ("max_params", "", "missing field 'max_params'"),
+                                ("elementwise", "elementwise = 0.1\nsimd = 0.5", "unknown field 'model.efficiency.simd'")):
         path = tmp_path / "p.toml"
         changed = re.sub(rf"^{key} = .*$", line, shipped, flags=re.M)
         assert changed != shipped

@@ -70,6 +70,10 @@ def _edited(tmp_path, old: str, new: str) -> Path:
     ("rel = 0.05\n", "", "[correctness.bf16]: missing field 'rel'"),
     ("tie_margin = 0.2", 'tie_margin = "wide"', "[correctness.bf16]: field 'tie_margin' should be float"),
     ("max_params = 100000000000", "", "[correctness]: missing field 'max_params'"),
+    ('baselines = ["conventional", "sequential", "streams"]', 'baselines = [["streams"]]', "field 'timing.baselines'"),
+    ("tie_margin = 0.2", "tie_margin = 0.2\natol = 3", "unknown field 'correctness.bf16.atol'"),
+    ("[timing]\nreplays = 200\nwarmup = 20\nverdict_calls = 10\n"
+     'baselines = ["conventional", "sequential", "streams"]\n', "timing = 3\n", "field 'timing' should be a table"),
 ])
 def test_bad_gpu_profiles_name_the_file_and_field(tmp_path, old, new, expected):
     path = _edited(tmp_path, old, new)
@@ -223,7 +227,8 @@ def test_bench_with_a_gpu_profile(monkeypatch, capsys, tmp_path):
 
     monkeypatch.setattr(IsolatedEvaluator, "evaluate", fake)
     out = tmp_path / "bench.json"
-    assert main(["bench", str(TINY_PATH), "--evaluator", "h200", "--remeasure", "--json", str(out)]) == 0
+    # exit status 1: one plan came back incorrect (the table says which and why)
+    assert main(["bench", str(TINY_PATH), "--evaluator", "h200", "--remeasure", "--json", str(out)]) == 1
     assert requests == [("sequential", True), ("streams", False), ("interleave", False)]
     printed = capsys.readouterr().out
     assert "measured on NVIDIA H200" in printed and "MODELED" not in printed

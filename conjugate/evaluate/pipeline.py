@@ -162,6 +162,9 @@ class _GpuRun(_Run):
         from conjugate.evaluate.gpu_session import session_for
         from conjugate.evaluate.measured import checked_run, launch_verdicts, time_round
 
+        if not torch.cuda.is_available():
+            raise _Stop(self.result("error", error=f"evaluator {self.profile.name!r} measures on a GPU and this "
+                                                   "machine has no CUDA device; use --evaluator analytical"))
         session = session_for(self.workload, self.profile, self.cache_dir)
         plan, schedule = self.validated(raw, session.graph)
         self.enter("compile")

@@ -124,6 +124,8 @@ def _model(model: dict, where: str) -> ModelConstants:
         raise ProfileError(f"{where}: unknown field 'model.{sorted(unknown)[0]}'")
     values = {k: _need(model, k, t, f"{where}: [model]") for k, t in _MODEL_KEYS.items()}
     efficiency = model.get("efficiency", {})
+    for extra in set(efficiency) - set(_FAMILIES):
+        raise ProfileError(f"{where}: unknown field 'model.efficiency.{extra}'")
     for family in _FAMILIES:
         e = _need(efficiency, family, float, f"{where}: [model.efficiency]")
         if not 0 < e <= 1:
@@ -135,6 +137,8 @@ def _model(model: dict, where: str) -> ModelConstants:
 
 def _timing(timing: dict, where: str) -> TimingSettings:
     allowed = ("replays", "warmup", "verdict_calls", "baselines")
+    if not isinstance(timing, dict):
+        raise ProfileError(f"{where}: field 'timing' should be a table, got {timing!r}")
     for key in timing:
         if key not in allowed:
             raise ProfileError(f"{where}: unknown field 'timing.{key}'")
@@ -142,7 +146,7 @@ def _timing(timing: dict, where: str) -> TimingSettings:
     if values.get("replays", 1) < 1 or values.get("verdict_calls", 1) < 1:
         raise ProfileError(f"{where}: [timing] replays and verdict_calls should be at least 1")
     baselines = timing.get("baselines", list(TimingSettings.baselines))
-    if not isinstance(baselines, list) or not set(baselines) <= set(TimingSettings.baselines):
+    if not isinstance(baselines, list) or not all(b in TimingSettings.baselines for b in baselines):
         raise ProfileError(f"{where}: field 'timing.baselines' should be a list drawn from "
                            f"{', '.join(TimingSettings.baselines)}, got {baselines!r}")
     return TimingSettings(**values, baselines=tuple(baselines))
@@ -155,5 +159,7 @@ def _tolerances(correctness: dict, where: str) -> dict[str, dict[str, float]]:
             continue
         if key not in ("fp32", "fp16", "bf16") or not isinstance(value, dict):
             raise ProfileError(f"{where}: unknown field 'correctness.{key}'")
+        for extra in set(value) - {"rel", "tie_margin"}:
+            raise ProfileError(f"{where}: unknown field 'correctness.{key}.{extra}'")
         out[key] = {k: _need(value, k, float, f"{where}: [correctness.{key}]") for k in ("rel", "tie_margin")}
     return out
