@@ -3,7 +3,7 @@ baselines (conventional, sequential, streams), the shipped plans, the floor, per
 and the analytical evaluator's ranking of the same plans against the measured one.
 
     python benchmarks/evaluator_rounds.py [WORKLOAD.toml ...] [--plans sequential streams interleave]
-                                          [--evaluator h200] [--json OUT.json]
+                                          [--evaluator h200] [--json OUT.json [--append]]
 
 Everything goes through `conjugate.evaluate.pipeline.evaluate`, the function the search calls: per
 plan validate, compile, check against the fp32 reference (eagerly and replayed from the CUDA graph),
@@ -77,13 +77,23 @@ def main() -> None:
                         help="shipped plan names or plan JSON paths")
     parser.add_argument("--evaluator", default="h200")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--append", action="store_true",
+                        help="keep the workloads already in --json (from an earlier run) and add or replace these")
     args = parser.parse_args()
     profile, analytical = load_profile(args.evaluator), load_profile("analytical")
     plans = [load_plan(p if p.endswith(".json") else ROOT / "plans" / f"{p}.json") for p in args.plans]
     out = {"gpu": device_name(torch.device("cuda")), "torch": torch.__version__, "evaluator": profile.name,
            "command": " ".join(["python", "benchmarks/evaluator_rounds.py", *sys.argv[1:]]), "workloads": []}
+    if args.append and args.json and args.json.exists():
+        earlier = json.loads(args.json.read_text())
+        out["earlier_runs"] = earlier.get("earlier_runs", []) + [{k: v for k, v in earlier.items() if k not in (
+            "workloads", "earlier_runs")}]
+        out["workloads"] = earlier["workloads"]
     for path in args.workloads:
-        out["workloads"].append(bench_workload(Path(path), plans, profile, analytical))
+        row = bench_workload(Path(path), plans, profile, analytical)
+        out["workloads"] = [w for w in out["workloads"] if w["workload"] != row["workload"]] + [row]
+        timed = [p for w in out["workloads"] for p in w["plans"] if "median_ms" in p]
+        out["spearman_pooled"] = spearman([p["median_ms"] for p in timed], [p["modeled_ms"] for p in timed])
         if args.json:
             args.json.write_text(json.dumps(out, indent=1) + "\n")
     print_table(out)
