@@ -24,16 +24,25 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
 
 
-def open_store(target: str):
+def open_store(target: str, create: bool = False):
+    """The store at a URL or SQLite path; a path that does not exist is an error unless `create`."""
     from conjugate.search.store import Store
 
+    if not create and "://" not in target and not Path(target).expanduser().exists():
+        raise ConjugateError(f"{target}: no such database file")
     return Store.open(target)
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
 
 
 def cmd_search(args: argparse.Namespace, out: Console) -> None:
     from conjugate.evaluate.profile import load_profile
     from conjugate.evaluate.worker import IsolatedEvaluator
-    from conjugate.search.run import Search, SearchSettings
+    from conjugate.search.run import Search, SearchSettings, run_evaluator_id
     from conjugate.workload import load_workload
 
     deadline = time.monotonic() + parse_duration(args.time) if args.time else None
@@ -43,17 +52,19 @@ def cmd_search(args: argparse.Namespace, out: Console) -> None:
         if run is None:
             raise ConjugateError(f"{args.resume}: holds no run to resume")
         workload_path, agent, evaluator_name, seed = run.workload_path, run.agent, run.evaluator, run.seed
-        settings = SearchSettings(**{**run.settings, **({"budget": args.budget} if args.budget else {})})
+        settings = SearchSettings(**{**run.settings, "evaluator_id": run_evaluator_id(run),
+                                     **({"budget": args.budget} if args.budget else {})})
     else:
-        workload_path = args.workload or str(DEFAULT_WORKLOAD)
+        workload_path = str(Path(args.workload or DEFAULT_WORKLOAD).resolve())  # resumed or exported elsewhere
         agent, evaluator_name, seed = args.agent, args.evaluator, args.seed
         settings = SearchSettings(budget=args.budget or 20, expand_width=args.width)
         name = args.name or Path(workload_path).stem
         RUNS_DIR.mkdir(exist_ok=True)
-        store = open_store(args.db or str(RUNS_DIR / f"{name}.db"))
+        store = open_store(args.db or str(RUNS_DIR / f"{name}.db"), create=True)
     workload = load_workload(workload_path)
-    profile = load_profile(evaluator_name)
-    settings = SearchSettings(**{**settings.to_dict(), "stale_after_s": 2 * profile.time_limit_s})
+    profile = load_profile(settings.evaluator_profile or evaluator_name)  # a resume: the run's own profile file
+    settings = SearchSettings(**{**settings.to_dict(), "stale_after_s": 2 * profile.time_limit_s,
+                                 "evaluator_profile": str(Path(profile.source).resolve())})
     with IsolatedEvaluator(profile) as evaluator:
         search = None
         try:
@@ -173,11 +184,12 @@ def add_commands(sub, out: Console) -> None:
     search.add_argument("--name", help="run name (default: the workload file's stem)")
     search.add_argument("--agent", default="heuristic", help="heuristic (default), replay, anthropic:<model>, "
                         "openai:<model>")
-    search.add_argument("--budget", type=int, help="evaluations in the run, seeds included (default 20)")
+    search.add_argument("--budget", type=_count, help="evaluations in the run, seeds included (default 20)")
     search.add_argument("--time", help="stop after this long: 90s, 30m, 2h")
     search.add_argument("--seed", type=int, default=0)
-    search.add_argument("--evaluator", default="analytical", help="evaluator profile (default: analytical)")
-    search.add_argument("--width", type=int, default=3, help="edits asked for per expansion (default 3)")
+    search.add_argument("--evaluator", default="analytical", help="evaluator profile name or TOML path "
+                        "(default: analytical)")
+    search.add_argument("--width", type=_count, default=3, help="edits asked for per expansion (default 3)")
     search.add_argument("--base-url", help="an OpenAI-compatible server (vLLM, llama.cpp, Ollama) or API proxy")
     search.add_argument("--max-llm-cost", type=float, help="stop asking the LLM after this many US dollars")
     search.add_argument("--replay-from", help="with --agent replay: the database whose edits to replay")

@@ -4,13 +4,14 @@ speedup so far against evaluations, and a script that reproduces the measurement
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 from rich.console import Console
 
 from conjugate.errors import ConjugateError
-from conjugate.search.run import eval_key, reward_of
-from conjugate.workload import load_workload
+from conjugate.search.run import eval_key, reward_of, run_evaluator_id
+from conjugate.workload import REPO_ROOT, load_workload
 
 BASELINES = ("conventional", "sequential", "streams")
 
@@ -20,7 +21,7 @@ def run_history(store, run) -> list[dict]:
     workload = load_workload(run.workload_path)
     rows = []
     for n in store.nodes(run.id):
-        found = store.evaluation(eval_key(n.plan_hash, workload, run.evaluator))
+        found = store.evaluation(eval_key(n.plan_hash, workload, run_evaluator_id(run)))
         r = found.result if found is not None and found.done else None
         m = (r or {}).get("metrics") or {}
         rows.append({"node": n.id, "parent": n.parent_id, "depth": n.depth, "kind": n.edit_kind,
@@ -52,7 +53,7 @@ def export_run(store, run, out_dir: Path, console: Console) -> list[Path]:
     best = min(ok, key=lambda h: h["latency_ms"])
     node = store.node(best["node"])
     workload = load_workload(run.workload_path)
-    result = store.evaluation(eval_key(node.plan_hash, workload, run.evaluator)).result
+    result = store.evaluation(eval_key(node.plan_hash, workload, run_evaluator_id(run))).result
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [_write(out_dir / "best_plan.json", json.dumps(node.plan, indent=2) + "\n")]
     written.append(_kernels(node.plan, workload, out_dir / "kernels"))
@@ -130,7 +131,20 @@ def _plot(best: list[float], path: Path, run) -> Path:
 
 
 def _script(run) -> str:
+    """The bench command for the best plan, with the run's workload file and evaluator profile file.
+    Paths inside the project are written relative to it, so the script runs on any checkout."""
+    evaluator = run.settings.get("evaluator_profile") or run.evaluator  # runs of older versions kept the name only
     return ("#!/usr/bin/env bash\n# Measure the exported best plan again beside the baselines.\nset -euo pipefail\n"
-            'cd "$(dirname "$0")"\n'
-            f"conjugate bench {run.workload_path} --plan best_plan.json --evaluator {run.evaluator} "
-            "--json reproduced.json\n")
+            'here="$(cd "$(dirname "$0")" && pwd)"\n'
+            'cd "$(python3 -c \'import conjugate.workload as w; print(w.REPO_ROOT)\')"\n'
+            f"conjugate bench {shlex.quote(_in_project(run.workload_path))} --plan \"$here/best_plan.json\" "
+            f"--evaluator {shlex.quote(_in_project(evaluator))} --json \"$here/reproduced.json\"\n")
+
+
+def _in_project(path: str) -> str:
+    """A path relative to the project root when it lies inside the project (as given otherwise)."""
+    candidate = Path(path) if Path(path).is_absolute() else REPO_ROOT / path
+    try:
+        return str(candidate.resolve().relative_to(REPO_ROOT)) if candidate.exists() else path
+    except ValueError:
+        return path

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -44,6 +44,8 @@ class SearchSettings:
     c_puct: float = 0.7
     warm_start: int = 2  # best plans of earlier runs (same evaluator, same model family) seeded
     stale_after_s: float = 1800.0  # a "running" evaluation older than this is taken over
+    evaluator_profile: str = ""  # the profile file the run scores with: a resume loads it again
+    evaluator_id: str = ""  # its evaluator_id(): the evaluations' key
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -64,9 +66,23 @@ def reward_of(result: dict) -> float:
     return float(speedups.get(REWARD_BASELINE) or next(iter(speedups.values()), 0.0))
 
 
-def eval_key(plan_hash: str, workload: Workload, evaluator_name: str) -> str:
-    body = json.dumps([plan_hash, workload.to_dict(), evaluator_name], sort_keys=True, default=str)
+def eval_key(plan_hash: str, workload: Workload, evaluator_id: str) -> str:
+    """What makes two evaluations the same: the plan, the workload and the evaluator (see evaluator_id)."""
+    body = json.dumps([plan_hash, workload.to_dict(), evaluator_id], sort_keys=True, default=str)
     return hashlib.sha256(body.encode()).hexdigest()
+
+
+def evaluator_id(profile) -> str:
+    """The profile's name and a digest of its settings: a re-calibrated or edited profile scores
+    afresh instead of reusing results of its earlier constants."""
+    settings = {k: v for k, v in profile.to_dict().items() if k != "source"}
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return f"{profile.name}@{digest}"
+
+
+def run_evaluator_id(run) -> str:
+    """The evaluator id a stored run keyed its evaluations by (runs of older versions: the name)."""
+    return run.settings.get("evaluator_id") or run.evaluator
 
 
 class Search:
@@ -78,6 +94,7 @@ class Search:
         self.run = store.run(run_id)
         self.context = ContextBuilder(store, run_id, self.run.workload, self.run.gpu)
         self.mcts = MCTS(c_puct=settings.c_puct)
+        self.evaluator_id = settings.evaluator_id or evaluator_id(evaluator.profile)
         self.results: dict[str, dict] = {}  # plan hash -> EvalResult dict of this run's settled nodes
         self.tree: dict[int, TreeNode] = {}
 
@@ -87,6 +104,7 @@ class Search:
               proposer: Proposer, settings: SearchSettings, seed: int, on_event=None) -> "Search":
         gpu = evaluator.profile.name  # lessons and warm starts are per evaluator: measured and modeled apart
         data = {**workload.to_dict(), "family": f"{workload.draft.family}->{workload.target.family}"}
+        settings = replace(settings, evaluator_id=settings.evaluator_id or evaluator_id(evaluator.profile))
         run_id = store.create_run(name, data, workload_path, gpu, evaluator.profile.name, proposer.name, seed,
                                   settings.to_dict())
         search = cls(store, run_id, workload, workload_path, evaluator, proposer, settings, on_event)
@@ -99,8 +117,8 @@ class Search:
                                          "baseline: draft phase, then verify phase", "seed", "other", 1.0)
         seeds = [(load_plan(REPO_ROOT / "plans" / f"{n}.json").to_dict(), f"shipped plan {n}", "seed")
                  for n in SEED_PLANS[1:]]
-        warm = self.store.best_plans(self.run.gpu, family_of(self.run.workload), self.settings.warm_start,
-                                     exclude_run=self.run_id)
+        warm = [w for w in self.store.best_plans(self.run.gpu, family_of(self.run.workload), self.settings.warm_start,
+                                                 exclude_run=self.run_id) if w["reward"] > 0]  # no failed plan
         seeds += [(w["plan"], f"best plan of run {w['run_id']} ({w['workload'].get('name')}): "
                               f"reward {w['reward']:.3f}", "warm-start") for w in warm]
         for plan, why, proposer in seeds:
@@ -111,7 +129,7 @@ class Search:
     def _load_tree(self) -> list[NodeRecord]:
         nodes = self.store.nodes(self.run_id)
         for n in nodes:
-            found = self.store.evaluation(eval_key(n.plan_hash, self.workload, self.evaluator.profile.name))
+            found = self.store.evaluation(eval_key(n.plan_hash, self.workload, self.evaluator_id))
             if found is not None and found.done and n.status != "new":
                 self.results[n.plan_hash] = found.result
         rows = [{**n.to_dict(), "reward": reward_of(self.results[n.plan_hash]) if n.plan_hash in self.results
@@ -121,8 +139,9 @@ class Search:
 
     # -- the loop --------------------------------------------------------------------------
     def evaluations_done(self) -> int:
-        return sum(1 for n in self.store.nodes(self.run_id) if n.status in ("evaluated", "failed", "expanded")
-                   and n.plan_hash in self.results)
+        """The run's settled nodes as the store has them: those of earlier sessions (a resumed run) and of
+        other processes sharing the run count too. A node is marked expanded only once settled."""
+        return sum(1 for n in self.store.nodes(self.run_id) if n.status != "new")
 
     def run_loop(self, deadline: float | None = None) -> str:
         """Search until the budget, the deadline or exhaustion; returns why it stopped."""
@@ -145,6 +164,9 @@ class Search:
     def _expand(self, path: list[TreeNode]) -> None:
         leaf = path[-1]
         record = self.store.node(leaf.id)
+        if record.status == "new":  # not settled yet (another process had its evaluation): settle it first
+            self._evaluate(record)
+            return
         self.on_event("expand", {"node": leaf.id, "depth": len(path) - 1})
         context = self.context.build(record, self.results, self.store.nodes(self.run_id))
         proposals = self.proposer.propose(context, self.settings.expand_width)
@@ -175,7 +197,7 @@ class Search:
         return children
 
     def _evaluate(self, node: NodeRecord) -> None:
-        key = eval_key(node.plan_hash, self.workload, self.evaluator.profile.name)
+        key = eval_key(node.plan_hash, self.workload, self.evaluator_id)
         self.on_event("evaluate", {"node": node.id, "kind": node.edit_kind, "rationale": node.rationale})
         result = self._result(key, node)
         if result is None:
@@ -232,5 +254,5 @@ def replay_records(store: Store, run_id: int | None = None) -> list[dict]:
     nodes = store.nodes(run.id)
     by_id = {n.id: n for n in nodes}
     return [{"parent_hash": by_id[n.parent_id].plan_hash, "patch": n.edit, "rationale": n.rationale,
-             "kind": n.edit_kind, "proposer": n.proposer}
+             "kind": n.edit_kind, "proposer": n.proposer, "prior": n.prior}
             for n in nodes if n.parent_id is not None and n.proposer not in ("seed", "warm-start")]

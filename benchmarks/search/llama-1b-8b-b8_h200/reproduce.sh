@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Measure the exported best plan again beside the baselines.
 set -euo pipefail
-cd "$(dirname "$0")"
-conjugate bench examples/llama-1b-8b-b8.toml --plan best_plan.json --evaluator h200 --json reproduced.json
+here="$(cd "$(dirname "$0")" && pwd)"
+cd "$(python3 -c 'import conjugate.workload as w; print(w.REPO_ROOT)')"
+conjugate bench examples/llama-1b-8b-b8.toml --plan "$here/best_plan.json" --evaluator h200 --json "$here/reproduced.json"

@@ -1,0 +1,607 @@
+"""The search end to end on the tiny workload, scored by the analytical model (numerical check off):
+the CLI, kill -9 and Ctrl-C then resume, resume exactness, two processes on one database, replay,
+warm starts and edit statistics across runs, show and export, bad input, and the failure path."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import conjugate.cli
+from conjugate.agents import Proposal, make_proposer
+from conjugate.cli import main
+from conjugate.evaluate.pipeline import evaluate
+from conjugate.evaluate.profile import load_profile
+from conjugate.evaluate.result import EvalResult
+from conjugate.plan import load_plan, validate_plan
+from conjugate.search.context import ContextBuilder, family_of
+from conjugate.search.run import Search, SearchSettings, eval_key, evaluator_id, replay_records, reward_of
+from conjugate.search.store import Store
+from conjugate.workload import load_workload
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "examples" / "tiny.toml"
+WORKLOAD = load_workload(TINY)
+EVALUATOR = "analytical"  # the name of the fast profile too: it is the analytical profile, unchecked
+FAMILY = "llama->llama"
+SHIPPED = {name: load_plan(REPO / "plans" / f"{name}.json").hash for name in ("sequential", "streams", "interleave")}
+BASE_BUDGET = 8
+# A tile shape far over a program's shared memory: the plan validates and expands, and fails to compile.
+HUGE_TILES = [{"op": "replace", "path": "/tiles/target/gate_up",
+               "value": {"BLOCK_M": 256, "BLOCK_N": 512, "BLOCK_K": 512, "SPLIT_K": 1}}]
+
+
+# -- fixtures and helpers
+
+FAST: dict[str, str] = {}  # the fast profile's evaluator id (its evaluations' key), set by `env`
+
+
+def key_of(plan_hash: str) -> str:
+    return eval_key(plan_hash, WORKLOAD, FAST["id"])
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """A fast evaluator profile (the shipped analytical one without the interpreter's numerical check)
+    and a kernel cache of this module's own, for in-process calls and subprocesses alike."""
+    root = tmp_path_factory.mktemp("search")
+    text = (REPO / "evaluators" / "analytical.toml").read_text()
+    fast = re.sub(r"(?m)^max_params\s*=.*$", "max_params = 0", text)
+    assert "max_params = 0" in fast
+    (root / "fast.toml").write_text(fast)
+    FAST["id"] = evaluator_id(load_profile(root / "fast.toml"))
+    old = os.environ.get("CONJUGATE_CACHE")
+    os.environ["CONJUGATE_CACHE"] = str(root / "cache")
+    yield {"profile": root / "fast.toml"}
+    if old is None:
+        os.environ.pop("CONJUGATE_CACHE", None)
+    else:
+        os.environ["CONJUGATE_CACHE"] = old
+
+
+@pytest.fixture(autouse=True)
+def wide_console(monkeypatch):
+    monkeypatch.setattr(conjugate.cli.out, "width", 200)
+
+
+def cli(*argv) -> tuple[int, str, str]:
+    """conjugate.cli.main in this process; (exit status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+def search_cli(db: Path, profile: Path, budget: int, *extra) -> tuple[int, str, str]:
+    return cli("search", TINY, "--db", db, "--budget", budget, "--evaluator", profile, *extra)
+
+
+def spawn(log: Path, *argv) -> subprocess.Popen:
+    """`python -m conjugate ...` as a subprocess, its output into `log`."""
+    with open(log, "w") as f:
+        return subprocess.Popen([sys.executable, "-m", "conjugate", *map(str, argv)], cwd=REPO, stdout=f,
+                                stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def done_evaluations(db: Path) -> int:
+    try:
+        with contextlib.closing(sqlite3.connect(db, timeout=30)) as c:
+            return c.execute("SELECT count(*) FROM evaluations WHERE status = 'done'").fetchone()[0]
+    except sqlite3.OperationalError:  # not created yet
+        return 0
+
+
+def wait_for_done(db: Path, proc: subprocess.Popen, at_least: int, log: Path, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while done_evaluations(db) < at_least:
+        assert proc.poll() is None, f"the search exited early ({proc.returncode}):\n{log.read_text()}"
+        assert time.monotonic() < deadline, f"no {at_least} evaluations within {timeout_s} s:\n{log.read_text()}"
+        time.sleep(0.05)
+
+
+def evaluation_rows(db: Path) -> dict[str, dict]:
+    """eval_key -> the evaluations row, as stored."""
+    with contextlib.closing(sqlite3.connect(db, timeout=30)) as c:
+        c.row_factory = sqlite3.Row
+        return {r["eval_key"]: dict(r) for r in c.execute("SELECT * FROM evaluations")}
+
+
+def tree(db: Path, run_id: int | None = None):
+    """(run, nodes) of a run (default: the latest)."""
+    with Store.open(db) as store:
+        run = store.run(run_id) if run_id else store.latest_run()
+        return run, store.nodes(run.id)
+
+
+def settled(nodes) -> list:
+    return [n for n in nodes if n.status != "new"]
+
+
+def assert_settled_and_consistent(db: Path, nodes) -> dict[int, dict]:
+    """Every settled node has a done evaluation that its status agrees with, and every node's stored
+    statistics are exactly those of the settled nodes below it (each settlement backpropagated once
+    along its path). Returns node id -> result of the settled nodes."""
+    results = {}
+    with Store.open(db) as store:
+        for n in settled(nodes):
+            found = store.evaluation(key_of(n.plan_hash))
+            assert found is not None and found.done, n
+            assert n.status in ("evaluated", "failed", "expanded")
+            assert n.status != "evaluated" or found.result["status"] == "ok"
+            assert n.status != "failed" or found.result["status"] != "ok"
+            results[n.id] = found.result
+    parent = {n.id: n.parent_id for n in nodes}
+    visits, values, best = Counter(), Counter(), {}
+    for node_id, result in results.items():
+        at = node_id
+        while at is not None:
+            visits[at] += 1
+            values[at] += reward_of(result)
+            best[at] = max(best.get(at, 0.0), reward_of(result))
+            at = parent[at]
+    for n in nodes:
+        assert n.visits == visits[n.id], (n.id, n.visits, visits[n.id])
+        assert n.value_sum == pytest.approx(values[n.id]), n.id
+        assert n.best_reward == (pytest.approx(best[n.id]) if n.id in best else None), n.id
+    return results
+
+
+def assert_profile_used(results, profile: Path) -> None:
+    """Every result came from the fast profile (its check is skipped, naming the profile file)."""
+    for r in results:
+        assert str(profile) in r["checks"].get("skipped", ""), r["checks"]
+
+
+class InProcessEvaluator:
+    """The Evaluator interface without a worker process: the pipeline in this process."""
+
+    def __init__(self, profile_path: Path, fail_all: bool = False):
+        self.profile, self.fail_all, self.calls = load_profile(profile_path), fail_all, []
+        self.after = None  # called once, after the first evaluation
+
+    def evaluate(self, plan: dict, workload_path) -> EvalResult:
+        self.calls.append(validate_plan(plan).hash)
+        if self.fail_all:
+            return EvalResult(plan_hash=self.calls[-1], workload="tiny", evaluator=self.profile.name,
+                              stage="compile", status="crashed", modeled=True, error="worker exited with status -11")
+        result = evaluate(plan, load_workload(workload_path), self.profile)
+        after, self.after = self.after, None
+        if after:
+            after()
+        return result
+
+
+class ScriptedProposer:
+    """Proposes the scripted patches of a plan hash once each; remembers every context it was given."""
+    name = "scripted"
+
+    def __init__(self, script: dict[str, list[Proposal]]):
+        self.script, self.contexts = dict(script), []
+
+    def propose(self, context, n: int) -> list[Proposal]:
+        self.contexts.append(context)
+        return self.script.pop(context.plan_hash, [])[:n]
+
+
+@pytest.fixture(scope="module")
+def base_run(env, tmp_path_factory):
+    """One heuristic search of BASE_BUDGET evaluations through the CLI, the workload named relative to
+    the working directory; later tests read or copy it."""
+    db = tmp_path_factory.mktemp("base") / "base.db"
+    with contextlib.chdir(REPO):
+        code, out, err = cli("search", TINY.relative_to(REPO), "--db", db, "--budget", BASE_BUDGET,
+                             "--evaluator", env["profile"])
+    return {"db": db, "code": code, "out": out, "err": err}
+
+
+# -- 1. the CLI end to end
+
+def test_search_end_to_end(env, base_run):
+    assert base_run["code"] == 0, base_run["err"]
+    db = base_run["db"]
+    run, nodes = tree(db)
+    assert run.status == "finished" and run.evaluator == EVALUATOR and run.agent == "heuristic"
+    assert run.workload_path == str(TINY) and run.settings["evaluator_profile"] == str(env["profile"])
+    assert len(settled(nodes)) == BASE_BUDGET
+    results = assert_settled_and_consistent(db, nodes)
+    assert_profile_used(results.values(), env["profile"])
+    root = nodes[0]
+    assert root.parent_id is None and root.plan_hash == SHIPPED["sequential"] and root.visits == BASE_BUDGET
+    seeds = {n.plan_hash for n in nodes if n.parent_id == root.id and n.proposer == "seed"}
+    assert seeds == {SHIPPED["streams"], SHIPPED["interleave"]}
+    assert reward_of(results[root.id]) == pytest.approx(1.0)
+    assert max(reward_of(r) for r in results.values()) > 1.0
+    assert any(n.proposer == "heuristic" and n.depth >= 1 for n in settled(nodes))
+    out = base_run["out"]
+    assert f"search finished (budget) after {BASE_BUDGET} evaluations" in out
+    progress = re.findall(r"^\[(\d+)/(\d+)\] node", out, re.M)
+    assert [int(d) for d, _ in progress] == list(range(1, BASE_BUDGET + 1))
+
+
+# -- 2. kill -9, then --resume
+
+def test_kill_9_then_resume_loses_nothing_and_repeats_nothing(env, tmp_path):
+    db, log, budget = tmp_path / "killed.db", tmp_path / "killed.log", 10
+    proc = spawn(log, "search", TINY, "--db", db, "--budget", budget, "--evaluator", env["profile"])
+    try:
+        wait_for_done(db, proc, 3, log)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    before = evaluation_rows(db)
+    done_before = {k: r for k, r in before.items() if r["status"] == "done"}
+    in_flight = {k for k, r in before.items() if r["status"] != "done"}
+    assert len(done_before) >= 3 and len(in_flight) <= 1
+    _, nodes_before = tree(db)
+    settled_before = len(settled(nodes_before))
+
+    code, out, err = cli("search", "--resume", db)
+    assert code == 0, err
+    after = evaluation_rows(db)
+    for key, row in done_before.items():  # finished evaluations are immutable: same row, same result
+        assert after[key] == row
+    assert all(r["status"] == "done" for r in after.values())
+    retried = {k for k, r in after.items() if r["attempts"] != 1}
+    assert retried <= in_flight and all(after[k]["attempts"] == 2 for k in retried)
+    run, nodes = tree(db)
+    assert run.status == "finished"
+    assert len(settled(nodes)) == budget and nodes[0].visits == budget
+    results = assert_settled_and_consistent(db, nodes)
+    assert_profile_used(results.values(), env["profile"])  # the resume scored with the run's own profile
+    hashes = [n.plan_hash for n in settled(nodes)]
+    assert sorted(r["plan_hash"] for r in after.values()) == sorted(hashes)  # each plan evaluated once
+    progress = [int(d) for d in re.findall(r"^\[(\d+)/10\] node", out, re.M)]
+    assert progress == list(range(settled_before + 1, budget + 1))  # counted on from the stored state
+
+
+# -- 3. resume exactness without a kill
+
+def test_resume_continues_the_stored_tree_exactly(env, tmp_path):
+    db = tmp_path / "parts.db"
+    assert search_cli(db, env["profile"], 5)[0] == 0
+    run, first = tree(db)
+    rows_first = evaluation_rows(db)
+    assert first[0].visits == 5 and run.status == "finished"
+
+    code, out, err = cli("search", "--resume", db, "--budget", 8)
+    assert code == 0, err
+    run, nodes = tree(db)
+    assert nodes[0].visits == 8 and len(settled(nodes)) == 8 and run.status == "finished"
+    assert all(after == rows_first[k] for k, after in evaluation_rows(db).items() if k in rows_first)
+    assert all(r["attempts"] == 1 for r in evaluation_rows(db).values())
+    assert_settled_and_consistent(db, nodes)
+    assert "after 8 evaluations" in out
+
+    # the same search in one go builds the same tree with the same statistics
+    whole = tmp_path / "whole.db"
+    assert search_cli(whole, env["profile"], 8)[0] == 0
+    _, uninterrupted = tree(whole)
+    shape = lambda ns: [(n.id, n.parent_id, n.plan_hash, n.status, n.visits, round(n.value_sum, 9))  # noqa: E731
+                        for n in ns]
+    assert shape(nodes) == shape(uninterrupted)
+
+
+# -- 4. two searches on one database
+
+def test_two_searches_on_one_database_never_evaluate_a_plan_twice(env, tmp_path):
+    db, budget = tmp_path / "shared.db", 6
+    procs = [spawn(tmp_path / f"s{seed}.log", "search", TINY, "--db", db, "--budget", budget, "--evaluator",
+                   env["profile"], "--seed", seed, "--name", f"seed{seed}") for seed in (0, 1)]
+    for seed, proc in enumerate(procs):
+        assert proc.wait(timeout=240) == 0, (tmp_path / f"s{seed}.log").read_text()
+    rows = evaluation_rows(db)
+    assert all(r["attempts"] == 1 and r["status"] == "done" for r in rows.values())
+    with Store.open(db) as store:
+        runs = store.runs()
+        assert sorted(r.name for r in runs) == ["seed0", "seed1"] and {r.status for r in runs} == {"finished"}
+        trees = {r.id: store.nodes(r.id) for r in runs}
+    hashes = set()
+    for nodes in trees.values():
+        assert len(settled(nodes)) == budget
+        assert_settled_and_consistent(db, nodes)
+        hashes |= {n.plan_hash for n in settled(nodes)}
+    by_hash = Counter(r["plan_hash"] for r in rows.values())
+    assert set(by_hash) == hashes and set(by_hash.values()) == {1}
+    for seed_hash in SHIPPED.values():  # evaluated once, by one of the runs; the other reused it
+        assert by_hash[seed_hash] == 1
+        assert all(any(n.plan_hash == seed_hash for n in settled(nodes)) for nodes in trees.values())
+
+
+def test_two_processes_sharing_one_run_stop_at_its_budget(env, tmp_path):
+    db, budget = tmp_path / "one_run.db", 10
+    assert search_cli(db, env["profile"], 3)[0] == 0
+    procs = [spawn(tmp_path / f"r{i}.log", "search", "--resume", db, "--budget", budget) for i in (0, 1)]
+    for i, proc in enumerate(procs):
+        assert proc.wait(timeout=240) == 0, (tmp_path / f"r{i}.log").read_text()
+    run, nodes = tree(db)
+    assert run.status == "finished"
+    assert budget <= len(settled(nodes)) <= budget + 1  # each process may start one evaluation at the end
+    assert_settled_and_consistent(db, nodes)
+    rows = evaluation_rows(db)
+    assert all(r["attempts"] == 1 for r in rows.values())
+    assert sorted(r["plan_hash"] for r in rows.values()) == sorted(n.plan_hash for n in settled(nodes))
+
+
+# -- 5. replay
+
+def test_replay_proposes_the_recorded_edits_in_order(env, base_run, tmp_path):
+    db = tmp_path / "replayed.db"
+    code, _, err = search_cli(db, env["profile"], BASE_BUDGET, "--agent", "replay", "--replay-from", base_run["db"])
+    assert code == 0, err
+    _, original = tree(base_run["db"])
+    run, replayed = tree(db)
+    assert run.agent == "replay" and len(settled(replayed)) == BASE_BUDGET
+    assert [(n.id, n.parent_id, n.plan_hash, n.edit, n.edit_kind) for n in replayed] == \
+           [(n.id, n.parent_id, n.plan_hash, n.edit, n.edit_kind) for n in original]
+    assert {n.proposer for n in replayed if n.depth > 0} <= {"seed", "replay"}
+    with Store.open(base_run["db"]) as store:
+        records = replay_records(store)
+    assert [r["patch"] for r in records] == [n.edit for n in original if n.proposer == "heuristic"]
+
+
+def test_replay_of_a_longer_run_is_exact(env, tmp_path):
+    """Replayed with their recorded priors, a 20-evaluation run's edits rebuild the same tree (records do
+    not say which edits came in one expansion, so much longer runs can part: agents/replay.py)."""
+    def run(db: Path, proposer) -> list[tuple]:
+        with Store.open(db) as store:
+            search = Search.start(store, "long", WORKLOAD, str(TINY), InProcessEvaluator(env["profile"]), proposer,
+                                  SearchSettings(budget=20), seed=0)
+            search.run_loop()
+            return [(n.id, n.parent_id, n.plan_hash) for n in store.nodes(search.run_id)]
+
+    original = run(tmp_path / "a.db", make_proposer("heuristic"))
+    with Store.open(tmp_path / "a.db") as store:
+        records = replay_records(store)
+    assert run(tmp_path / "b.db", make_proposer("replay", replay_records=records)) == original
+
+
+# -- 6. lessons, edit statistics and warm starts across runs
+
+def test_a_second_run_learns_from_the_first(env, base_run, tmp_path):
+    db = tmp_path / "two_runs.db"
+    shutil.copy(base_run["db"], db)
+    with Store.open(db) as store:
+        first = store.latest_run()
+        stats = store.edit_stats(EVALUATOR, FAMILY)
+        best = [b for b in store.best_plans(EVALUATOR, FAMILY, SearchSettings().warm_start) if b["reward"] > 0]
+    assert family_of(first.workload) == FAMILY and stats and all(s["n"] >= 1 for s in stats.values())
+    assert best and best[0]["run_id"] == first.id and best[0]["reward"] > 1.0
+    assert search_cli(db, env["profile"], 6)[0] == 0
+
+    with Store.open(db) as store:
+        second = store.latest_run()
+        nodes = store.nodes(second.id)
+        assert second.id != first.id
+        stats_after = store.edit_stats(EVALUATOR, FAMILY)
+        context = ContextBuilder(store, second.id, second.workload, second.gpu).build(nodes[0], {}, nodes)
+        lessons = store.lessons(EVALUATOR, FAMILY)
+        reused = {h: store.evaluation(key_of(h)) for h in (b["plan_hash"] for b in best)}
+    assert all(stats_after[k]["n"] >= s["n"] for k, s in stats.items())  # kept, and added to
+    assert context.edit_stats == stats_after and context.lessons == lessons
+    root = nodes[0]
+    warm = {n.plan_hash for n in nodes if n.parent_id == root.id and n.proposer == "warm-start"}
+    assert warm == {b["plan_hash"] for b in best} - set(SHIPPED.values())
+    assert Counter(n.plan_hash for n in nodes).most_common(1)[0][1] == 1  # no plan twice in the run
+    for b in best:  # a shipped best plan stays the shipped seed; none is evaluated again
+        assert any(n.plan_hash == b["plan_hash"] and n.status != "new" for n in nodes)
+        assert reused[b["plan_hash"]].attempts == 1 and reused[b["plan_hash"]].run_id == first.id
+    assert len(settled(nodes)) == 6
+
+
+# -- 7. show and export
+
+def test_show_and_export(env, base_run, tmp_path):
+    db = base_run["db"]
+    code, out, err = cli("show", db)
+    assert code == 0, err
+    run, nodes = tree(db)
+    with Store.open(db) as store:
+        results = {n.id: store.evaluation(key_of(n.plan_hash)).result for n in settled(nodes)}
+    best = min((n for n in settled(nodes) if results[n.id]["status"] == "ok"),
+               key=lambda n: results[n.id]["metrics"]["latency_ms"])
+    assert "runs in" in out and "heuristic" in out and "finished" in out
+    assert f"run {run.id}: best plans (modeled)" in out and f"{len(nodes)} nodes" in out
+    assert re.search(rf"│ {best.id} +│", out)
+
+    target = tmp_path / "export"
+    with contextlib.chdir(tmp_path):  # elsewhere than the search ran
+        code, out, err = cli("export", db, "--out", target)
+    assert code == 0, err
+    plan = json.loads((target / "best_plan.json").read_text())
+    assert validate_plan(plan).hash == best.plan_hash
+    kernels = target / "kernels"
+    assert list(kernels.rglob("k_*.py")) and list(kernels.rglob("manifest.json"))
+    report_md = (target / "report.md").read_text()
+    assert "MODELED" in report_md and f"node {best.id}" in report_md
+    report = json.loads((target / "report.json").read_text())
+    assert len(report["history"]) == len(nodes) and report["best"]["node"] == best.id
+    curve = report["best_so_far"]
+    assert len(curve) == len(settled(nodes)) and curve == sorted(curve) and curve[-1] > 1.0
+    assert (target / "best_so_far.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    script = target / "reproduce.sh"
+    assert os.access(script, os.X_OK)
+    text = script.read_text()
+    # the workload inside the project is named relative to it; the profile outside it by its path
+    assert " examples/tiny.toml " in text and str(env["profile"]) in text and "best_plan.json" in text
+    ran = subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd="/", timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    reproduced = json.loads((target / "reproduced.json").read_text())
+    assert reproduced["plans"][0]["result"]["plan_hash"] == best.plan_hash
+
+
+# -- 8. Ctrl-C
+
+def test_ctrl_c_stops_and_a_resume_finishes(env, tmp_path):
+    db, log, budget = tmp_path / "interrupted.db", tmp_path / "interrupted.log", 6
+    proc = spawn(log, "search", TINY, "--db", db, "--budget", budget, "--evaluator", env["profile"])
+    try:
+        wait_for_done(db, proc, 1, log)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    match = re.search(r"stopped; resume with: conjugate search --resume (\S+)", text)
+    assert match, text
+    run, nodes = tree(db)
+    assert run.status == "stopped" and len(settled(nodes)) < budget
+
+    code, out, err = cli("search", "--resume", match.group(1))
+    assert code == 0, err
+    run, nodes = tree(db)
+    assert run.status == "finished" and len(settled(nodes)) == budget
+    assert_settled_and_consistent(db, nodes)
+    attempts = [r["attempts"] for r in evaluation_rows(db).values()]
+    assert sum(a != 1 for a in attempts) <= 1 and max(attempts) <= 2
+
+
+# -- 9. bad input
+
+def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+
+
+def test_bad_input_ends_in_one_line_and_exit_2(env, tmp_path):
+    db = tmp_path / "bad.db"
+    code, _, err = cli("search", TINY, "--db", db, "--time", "garbage", "--evaluator", env["profile"])
+    assert_one_line_error(code, err, "--time", "garbage")
+
+    text = tmp_path / "notes.txt"
+    text.write_text("not a database\n")
+    assert_one_line_error(*cli("search", "--resume", text)[::2], str(text))
+
+    missing = tmp_path / "missing.db"
+    assert_one_line_error(*cli("search", "--resume", missing)[::2], str(missing))
+    assert not missing.exists()  # a read-only command creates no database
+    assert_one_line_error(*cli("show", missing)[::2], str(missing))
+    assert not missing.exists()
+
+    empty = tmp_path / "empty.db"
+    Store.open(empty).close()
+    assert_one_line_error(*cli("search", "--resume", empty)[::2], str(empty), "no run")
+
+    code, _, err = cli("search", TINY, "--db", db, "--agent", "nonsense", "--evaluator", env["profile"])
+    assert_one_line_error(code, err, "'nonsense'", "heuristic", "replay", "anthropic:<model>", "openai:<model>")
+    with Store.open(db) as store:
+        assert store.runs() == []
+
+    with pytest.raises(SystemExit) as exit_info:  # argparse: a budget of 0 is not silently 20
+        main(["search", str(TINY), "--db", str(db), "--budget", "0"])
+    assert exit_info.value.code == 2
+
+
+def test_export_of_a_run_without_an_ok_plan_is_refused(env, tmp_path):
+    db = tmp_path / "failed.db"
+    with Store.open(db) as store:
+        search = Search.start(store, "failing", WORKLOAD, str(TINY), InProcessEvaluator(env["profile"], fail_all=True),
+                              make_proposer("heuristic"), SearchSettings(budget=3), seed=0)
+        assert search.run_loop() == "budget"
+        assert {n.status for n in store.nodes(search.run_id)} == {"failed"}
+    code, _, err = cli("export", db, "--out", tmp_path / "out")
+    assert_one_line_error(code, err, "no plan was evaluated successfully")
+    assert not (tmp_path / "out").exists()
+
+
+# -- 10. the failure path
+
+def test_a_failing_edit_scores_0_and_its_error_reaches_the_next_context(env, tmp_path):
+    bad = Proposal(HUGE_TILES, "huge target gate_up tiles", "tiles", 0.9)
+    proposer = ScriptedProposer({SHIPPED["sequential"]: [bad]})
+    evaluator = InProcessEvaluator(env["profile"])
+    db = tmp_path / "failing_edit.db"
+    with Store.open(db) as store:
+        search = Search.start(store, "failure", WORKLOAD, str(TINY), evaluator, proposer,
+                              SearchSettings(budget=10), seed=0)
+        assert search.run_loop() == "exhausted"  # the script ran out and every node was closed
+        nodes = store.nodes(search.run_id)
+        failed = [n for n in nodes if n.proposer == "scripted"]
+        assert len(failed) == 1 and failed[0].status in ("failed", "expanded")
+        found = store.evaluation(key_of(failed[0].plan_hash))
+        lessons = store.lessons(EVALUATOR, FAMILY)
+        stats = store.edit_stats(EVALUATOR, FAMILY)
+        later_run = Search.start(store, "later", WORKLOAD, str(TINY), evaluator, make_proposer("heuristic"),
+                                 SearchSettings(warm_start=10), seed=0)  # warm starts: every earlier plan
+        seeded = {n.plan_hash for n in store.nodes(later_run.run_id)}
+    assert failed[0].plan_hash not in seeded  # a failed plan is no warm start
+    assert seeded == set(SHIPPED.values())
+    result = found.result
+    assert (result["stage"], result["status"]) == ("compile", "compile_error") and found.reward == 0.0
+    assert "shared memory" in result["error"]
+    node = failed[0]
+    assert node.visits == 1 and node.value_sum == 0.0 and node.best_reward == 0.0 and node.edit == HUGE_TILES
+    assert sorted(evaluator.calls) == sorted(n.plan_hash for n in nodes)  # each plan evaluated once
+    assert_settled_and_consistent(db, nodes)
+
+    first = proposer.contexts.index(next(c for c in proposer.contexts if c.plan_hash == SHIPPED["sequential"]))
+    later = proposer.contexts[first + 1:]
+    assert later and proposer.contexts[first].failures == []
+    for context in later:  # every later expansion hears of the failure
+        assert context.failures == [{"patch": HUGE_TILES, "status": "compile_error", "error": result["error"][:300]}]
+        assert any(lesson.startswith("tiles edit failed (compile_error)") for lesson in context.lessons)
+    assert stats["tiles"] == {"n": 1, "mean_gain": -1.0}
+    assert any("tiles edit failed" in lesson for lesson in lessons)
+    root_again = [c for c in later if c.plan_hash == SHIPPED["sequential"]]
+    assert root_again and {"patch": HUGE_TILES, "kind": "tiles", "status": "compile_error", "reward": 0.0} \
+        in root_again[0].tried
+
+
+def test_a_node_another_process_held_is_settled_before_it_is_expanded(env, tmp_path):
+    """While the root is evaluated, a live process elsewhere claims the streams seed's evaluation: the
+    loop waits for it (stale_after_s) and moves on; when selection reaches the unsettled node it takes
+    the stale claim over and settles it, rather than expanding a node that never counted."""
+    evaluator = InProcessEvaluator(env["profile"])
+    key = key_of(SHIPPED["streams"])
+    with Store.open(tmp_path / "held.db") as store:
+        search = Search.start(store, "held", WORKLOAD, str(TINY), evaluator, make_proposer("heuristic"),
+                              SearchSettings(budget=6, stale_after_s=0.5), seed=0)
+        evaluator.after = lambda: store.claim_evaluation(key, SHIPPED["streams"], search.run_id, "elsewhere:1", 1800)
+        events = []
+        search.on_event = lambda kind, data: events.append((kind, data.get("node")))
+        assert search.run_loop() == "budget"
+        streams = store.node_by_hash(search.run_id, SHIPPED["streams"])
+        nodes = store.nodes(search.run_id)
+        assert store.evaluation(key).attempts == 2 and search.evaluations_done() == 6
+    assert events.index(("evaluate", streams.id)) < events.index(("evaluate", 3)) < \
+        events.index(("result", streams.id))  # given up on once, settled later
+    assert ("expand", streams.id) not in events[:events.index(("result", streams.id))]
+    assert streams.status != "new" and len(settled(nodes)) == 6
+    assert_settled_and_consistent(tmp_path / "held.db", nodes)
+
+
+def test_reward_and_evaluation_key():
+    ok = {"status": "ok", "metrics": {"speedups": {"sequential": 1.25, "streams": 0.9}}}
+    assert reward_of(ok) == 1.25
+    assert reward_of({"status": "compile_error", "metrics": {}}) == 0.0
+    key = eval_key("h", WORKLOAD, "analytical")
+    assert key == eval_key("h", load_workload(TINY), "analytical")
+    assert len({key, eval_key("h2", WORKLOAD, "analytical"), eval_key("h", WORKLOAD, "h200")}) == 3
+
+
+def test_an_edited_profile_is_a_different_evaluator(tmp_path):
+    """A re-calibrated profile keys its evaluations afresh; where the file lives does not matter."""
+    from dataclasses import replace
+
+    shipped = load_profile("analytical")
+    copy = tmp_path / "analytical.toml"
+    copy.write_text((REPO / "evaluators" / "analytical.toml").read_text())
+    assert evaluator_id(load_profile(copy)) == evaluator_id(shipped)
+    refitted = replace(shipped, model=replace(shipped.model, launch_overhead_us=shipped.model.launch_overhead_us + 1))
+    assert evaluator_id(refitted) != evaluator_id(shipped) and evaluator_id(shipped).startswith("analytical@")
