@@ -24,6 +24,15 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
 
 
+def _without_userinfo(url: str) -> str:
+    """A base URL as the run may store it: credentials in it (user:password@) are dropped, never kept."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else ""))) \
+        if parts.username or parts.password else url
+
+
 def open_store(target: str, create: bool = False):
     """The store at a URL or SQLite path; a path that does not exist is an error unless `create`."""
     from conjugate.search.store import Store
@@ -57,10 +66,12 @@ def cmd_search(args: argparse.Namespace, out: Console) -> None:
     else:
         workload_path = str(Path(args.workload or DEFAULT_WORKLOAD).resolve())  # resumed or exported elsewhere
         agent, evaluator_name, seed = args.agent, args.evaluator, args.seed
-        settings = SearchSettings(budget=args.budget or 20, expand_width=args.width)
+        settings = SearchSettings(budget=args.budget or 20, expand_width=args.width, base_url=_without_userinfo(args.base_url or ""))
         name = args.name or Path(workload_path).stem
+        call_log = _CallLog(None, None)
+        proposer = _proposer(agent, seed, args, None, call_log)  # a bad --agent fails before a database exists
         RUNS_DIR.mkdir(exist_ok=True)
-        store = open_store(args.db or str(RUNS_DIR / f"{name}.db"), create=True)
+        store = call_log.store = open_store(args.db or str(RUNS_DIR / f"{name}.db"), create=True)
     workload = load_workload(workload_path)
     profile = load_profile(settings.evaluator_profile or evaluator_name)  # a resume: the run's own profile file
     settings = SearchSettings(**{**settings.to_dict(), "stale_after_s": 2 * profile.time_limit_s,
@@ -68,9 +79,10 @@ def cmd_search(args: argparse.Namespace, out: Console) -> None:
     with IsolatedEvaluator(profile) as evaluator:
         search = None
         try:
-            call_log = _CallLog(store, run.id if args.resume else None)
-            proposer = _proposer(agent, seed, args, store, call_log)
             if args.resume:
+                args.base_url = args.base_url or settings.base_url  # the run's own server unless told otherwise
+                call_log = _CallLog(store, run.id)
+                proposer = _proposer(agent, seed, args, store, call_log)
                 search = Search(store, run.id, workload, workload_path, evaluator, proposer, settings)
                 store.set_run_status(run.id, "running")
             else:
@@ -106,7 +118,7 @@ def _proposer(agent: str, seed: int, args, store, call_log: _CallLog):
             raise ConjugateError("--agent replay needs --replay-from DB (the database of the run to replay)")
         with open_store(args.replay_from) as recorded:
             records = replay_records(recorded)
-    spent = store.llm_cost(call_log.run_id) if call_log.run_id else 0.0
+    spent = store.llm_cost(call_log.run_id) if store is not None and call_log.run_id else 0.0
     return make_proposer(agent, seed=seed, base_url=args.base_url, log_call=call_log,
                          max_cost_usd=args.max_llm_cost, spent_usd=spent, replay_records=records)
 

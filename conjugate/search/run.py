@@ -46,6 +46,7 @@ class SearchSettings:
     stale_after_s: float = 1800.0  # a "running" evaluation older than this is taken over
     evaluator_profile: str = ""  # the profile file the run scores with: a resume loads it again
     evaluator_id: str = ""  # its evaluator_id(): the evaluations' key
+    base_url: str = ""  # the LLM server the agent used (--base-url), for a resume
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
