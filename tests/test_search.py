@@ -639,3 +639,18 @@ def test_an_llm_agent_drives_the_search_and_resumes_against_its_server(env, tmp_
         dump = "\n".join(line for line in c.iterdump())
     assert len(calls) == len(server.requests) and all(p == "openai" and e == "" for p, _, _, _, e in calls)
     assert secret not in dump and "hunter2" not in dump
+
+
+def test_a_resume_refuses_an_edited_workload_or_profile(env, tmp_path):
+    """A run's evaluations are keyed by its workload and evaluator settings as they were: editing either
+    file and resuming (or showing) is refused in one line, not silently scored anew or shown empty."""
+    workload, profile, db = tmp_path / "w.toml", tmp_path / "p.toml", tmp_path / "edit.db"
+    workload.write_text(TINY.read_text())
+    profile.write_text(Path(env["profile"]).read_text())
+    assert cli("search", workload, "--db", db, "--budget", 3, "--evaluator", profile)[0] == 0
+
+    profile.write_text(re.sub(r"(?m)^launch_overhead_us = .*$", "launch_overhead_us = 9.0", profile.read_text()))
+    assert_one_line_error(*cli("search", "--resume", db, "--budget", 4)[::2], str(profile), "profile changed")
+    workload.write_text(TINY.read_text().replace("seed = 0", "seed = 7"))
+    assert_one_line_error(*cli("search", "--resume", db, "--budget", 4)[::2], str(workload), "workload changed")
+    assert_one_line_error(*cli("show", db)[::2], str(workload), "workload changed")

@@ -118,23 +118,26 @@ def kernel_args(parts: list[PartCall], dispatch: Dispatch | None) -> tuple[list,
 
 
 class KernelCache:
-    """Writes generated modules to `directory` (named by the hash of their text) and imports them."""
+    """Writes generated modules to `directory` (named by the hash of their text) and imports them.
+    A source is imported once per process, whichever directory asks: a long-lived evaluation worker
+    does not load the same kernel again for every plan."""
+
+    _loaded: dict[str, object] = {}  # digest -> kernel, shared by every cache of this process
 
     def __init__(self, directory: Path):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._loaded: dict[str, object] = {}
 
     def load(self, source: str):
         digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-        if digest in self._loaded:
-            return self._loaded[digest], digest
         path = self.directory / f"k_{digest}.py"
         if not path.exists() or path.read_text() != source:
             fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
             with os.fdopen(fd, "w") as f:
                 f.write(source)
             os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
+        if digest in self._loaded:
+            return self._loaded[digest], digest
         name = f"conjugate_generated.k_{digest}"
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)

@@ -191,8 +191,8 @@ class CompiledRound:
             target_cache=KVCache(t.cache.k.clone(), t.cache.v.clone()))
 
     def solo(self, launch: int, part: int) -> CompiledLaunch:
-        """One part of a launch as a launch of its own (same tiles, same buffers): what a launch's
-        verdict compares it with."""
+        """One part of a launch as a launch of its own, lowered as the plan would lower it alone (its own
+        tiles; for a packed launch, its own unpacked weights): what a launch's verdict compares it with."""
         planned = self.schedule.launches[launch]
         call = lower_part(planned.parts[part], self._op_graph, self.bufs)
         kernel, digest = self._kernels.load(kernel_source([call], None))

@@ -65,7 +65,7 @@ _CURRENT: dict[str, GpuSession] = {}
 
 def session_for(workload: Workload, profile: EvaluatorProfile, cache_dir: Path | None) -> GpuSession:
     """This process's session for the workload (and profile), made on first use."""
-    key = repr((workload.to_dict(), profile.name, profile.tolerances))
+    key = repr((workload.to_dict(), {k: v for k, v in profile.to_dict().items() if k != "source"}))
     if key not in _CURRENT:
         _CURRENT.clear()
         torch.cuda.empty_cache()

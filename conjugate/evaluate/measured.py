@@ -2,7 +2,8 @@
 CUDA graph), time it, and time each multi-part launch against its parts launched separately.
 
 A verdict compares one shared launch with the sum of its parts' solo launches, each timed in a CUDA
-graph of `calls` back-to-back launches: `gain` when the shared launch is more than 2% faster,
+graph of `calls` back-to-back launches with the L2 cache flushed before each (its weights come from
+memory, as in a round): `gain` when the shared launch is more than 2% faster,
 `interference` when more than 2% slower, else `neutral`. Launches built from the same kernels with
 the same grids (the same op in every layer) are timed once and reported together.
 """
@@ -12,7 +13,7 @@ import torch
 
 from conjugate.compiler.round import CompiledRound
 from conjugate.evaluate.gpu_session import GpuSession
-from conjugate.evaluate.timing import Timing, time_per_call, time_replays
+from conjugate.evaluate.timing import Timing, l2_flush_bytes, time_per_call, time_replays
 
 VERDICT_THRESHOLD_PERCENT = 2.0
 
@@ -48,13 +49,16 @@ def launch_verdicts(compiled: CompiledRound, calls: int) -> list[dict]:
     groups: dict[tuple, list] = {}
     for launch in compiled.launches:
         if len(launch.parts) > 1:
-            key = (launch.digest, tuple(p.programs for p in launch.parts), tuple(p.sig.fn for p in launch.parts))
+            key = (launch.digest, tuple(p.programs for p in launch.parts), tuple(p.sig.fn for p in launch.parts),
+                   launch.num_warps, launch.num_stages)
             groups.setdefault(key, []).append(launch)
-    out = []
+    out, device = [], compiled.device
+    flush = l2_flush_bytes(device)  # weights come from memory in a round, not from the L2 of the last call
     for members in groups.values():
         first = members[0]
-        shared = time_per_call(first, compiled.device, calls)
-        solo = [time_per_call(compiled.solo(first.index, p), compiled.device, calls) for p in range(len(first.parts))]
+        shared = time_per_call(first, device, calls, flush_bytes=flush)
+        solo = [time_per_call(compiled.solo(first.index, p), device, calls, flush_bytes=flush)
+                for p in range(len(first.parts))]
         out.append({"launch": first.index, "launches": [m.index for m in members], **verdict(
             [p.label for p in first.parts], shared, solo), "programs": [p.programs for p in first.parts],
             **first.resources})

@@ -60,13 +60,33 @@ def time_replays(run: Callable[[], None], replays: int, warmup: int) -> Timing:
     return Timing(statistics.median(ms), deciles[1], deciles[7], replays)
 
 
-def time_per_call(fn: Callable[[], None], device: torch.device, calls: int = 10, replays: int = 5) -> float:
-    """Microseconds per call of fn, from a CUDA graph of `calls` back-to-back calls."""
-    def calls_in_a_row():
+def time_per_call(fn: Callable[[], None], device: torch.device, calls: int = 10, replays: int = 5,
+                  flush_bytes: int = 0) -> float:
+    """Microseconds per call of fn, from a CUDA graph of `calls` back-to-back calls. With
+    `flush_bytes`, a buffer that large is overwritten before every call (evicting the L2 cache, as the
+    rest of a round would) and the flushes' own time, measured alone, is subtracted."""
+    scratch = torch.empty(flush_bytes // 4, dtype=torch.float32, device=device) if flush_bytes >= 4 else None
+
+    def calls_in_a_row(with_fn: bool = True) -> None:
         for _ in range(calls):
-            fn()
-    graph = capture(calls_in_a_row, device, warmup=1)
-    return time_replays(graph.replay, replays, warmup=1).median_ms * 1e3 / calls
+            if scratch is not None:
+                scratch.zero_()
+            if with_fn:
+                fn()
+
+    def per_call_us(body) -> float:
+        graph = capture(body, device, warmup=1)
+        return time_replays(graph.replay, replays, warmup=1).median_ms * 1e3 / calls
+
+    total = per_call_us(calls_in_a_row)
+    if scratch is None:
+        return total
+    return max(total - per_call_us(lambda: calls_in_a_row(with_fn=False)), 0.0)
+
+
+def l2_flush_bytes(device: torch.device) -> int:
+    """Twice the device's L2 cache: enough writing to evict what a launch left there."""
+    return 2 * getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20)
 
 
 def copy_bandwidth_gbs(device: torch.device, nbytes: int = 2 << 30) -> float:

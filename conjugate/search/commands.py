@@ -51,7 +51,7 @@ def _count(text: str) -> int:
 def cmd_search(args: argparse.Namespace, out: Console) -> None:
     from conjugate.evaluate.profile import load_profile
     from conjugate.evaluate.worker import IsolatedEvaluator
-    from conjugate.search.run import Search, SearchSettings, run_evaluator_id
+    from conjugate.search.run import Search, SearchSettings, check_workload, evaluator_id, run_evaluator_id
     from conjugate.workload import load_workload
 
     deadline = time.monotonic() + parse_duration(args.time) if args.time else None
@@ -74,6 +74,11 @@ def cmd_search(args: argparse.Namespace, out: Console) -> None:
         store = call_log.store = open_store(args.db or str(RUNS_DIR / f"{name}.db"), create=True)
     workload = load_workload(workload_path)
     profile = load_profile(settings.evaluator_profile or evaluator_name)  # a resume: the run's own profile file
+    if args.resume:
+        check_workload(run, workload)
+        if run.settings.get("evaluator_id") and evaluator_id(profile) != run.settings["evaluator_id"]:
+            raise ConjugateError(f"{profile.source}: the evaluator profile changed since run {run.id} started; "
+                                 "start a new run to score with it")
     settings = SearchSettings(**{**settings.to_dict(), "stale_after_s": 2 * profile.time_limit_s,
                                  "evaluator_profile": str(Path(profile.source).resolve())})
     with IsolatedEvaluator(profile) as evaluator:

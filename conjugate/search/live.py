@@ -39,6 +39,8 @@ class LiveView:
 
     def _result(self, data: dict) -> None:
         r, node = data["result"], data["node"]
+        if not data.get("settled", True):  # another process sharing the run counted it
+            return
         self.done += 1
         if r["status"] != "ok":
             self.failures += 1

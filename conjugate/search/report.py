@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 
 from conjugate.errors import ConjugateError
-from conjugate.search.run import eval_key, reward_of, run_evaluator_id
+from conjugate.search.run import check_workload, eval_key, reward_of, run_evaluator_id
 from conjugate.workload import REPO_ROOT, load_workload
 
 BASELINES = ("conventional", "sequential", "streams")
@@ -19,6 +19,7 @@ BASELINES = ("conventional", "sequential", "streams")
 def run_history(store, run) -> list[dict]:
     """Every node of the run in creation order, with its evaluation (or status pending)."""
     workload = load_workload(run.workload_path)
+    check_workload(run, workload)
     rows = []
     for n in store.nodes(run.id):
         found = store.evaluation(eval_key(n.plan_hash, workload, run_evaluator_id(run)))

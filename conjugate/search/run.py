@@ -81,6 +81,14 @@ def evaluator_id(profile) -> str:
     return f"{profile.name}@{digest}"
 
 
+def check_workload(run, workload: Workload) -> None:
+    """A run's evaluations are keyed by its workload as it was: refuse a workload file edited since."""
+    stored = {k: v for k, v in run.workload.items() if k != "family"}
+    if json.dumps(stored, sort_keys=True, default=str) != json.dumps(workload.to_dict(), sort_keys=True, default=str):
+        raise ConjugateError(f"{run.workload_path}: the workload changed since run {run.id} started; "
+                             "start a new run for the new workload")
+
+
 def run_evaluator_id(run) -> str:
     """The evaluator id a stored run keyed its evaluations by (runs of older versions: the name)."""
     return run.settings.get("evaluator_id") or run.evaluator
@@ -123,7 +131,10 @@ class Search:
         seeds += [(w["plan"], f"best plan of run {w['run_id']} ({w['workload'].get('name')}): "
                               f"reward {w['reward']:.3f}", "warm-start") for w in warm]
         for plan, why, proposer in seeds:
-            plan = validate_plan(plan)
+            try:
+                plan = validate_plan(plan)
+            except PlanError:  # a warm start from an older schema: not worth failing the run over
+                continue
             self.store.add_node(self.run_id, plan.to_dict(), plan.hash, root_id,
                                 [{"op": "replace", "path": "", "value": plan.to_dict()}], why, proposer, "other", 1.0)
 
@@ -156,17 +167,17 @@ class Search:
             path = self.mcts.select(root)
             if path == [root] and root.closed:
                 return "exhausted"
-            self._expand(path)
+            self._expand(path, deadline)
         return "deadline" if deadline and time.monotonic() >= deadline else "budget"
 
     def _over(self, deadline: float | None) -> bool:
         return self.evaluations_done() >= self.settings.budget or (deadline is not None and time.monotonic() >= deadline)
 
-    def _expand(self, path: list[TreeNode]) -> None:
+    def _expand(self, path: list[TreeNode], deadline: float | None = None) -> None:
         leaf = path[-1]
         record = self.store.node(leaf.id)
         if record.status == "new":  # not settled yet (another process had its evaluation): settle it first
-            self._evaluate(record)
+            self._evaluate(record, deadline)
             return
         self.on_event("expand", {"node": leaf.id, "depth": len(path) - 1})
         context = self.context.build(record, self.results, self.store.nodes(self.run_id))
@@ -177,9 +188,9 @@ class Search:
             self.store.set_node_status(leaf.id, "expanded")
             return
         for child in children:
-            if self._over(None):
+            if self._over(deadline):
                 return
-            self._evaluate(child)
+            self._evaluate(child, deadline)
 
     def _add_children(self, parent: NodeRecord, proposals: list[Proposal]) -> list[NodeRecord]:
         priors = MCTS.priors([p.prior for p in proposals]) if proposals else []
@@ -197,22 +208,24 @@ class Search:
                 children.append(self.store.node(node_id))
         return children
 
-    def _evaluate(self, node: NodeRecord) -> None:
+    def _evaluate(self, node: NodeRecord, deadline: float | None = None) -> None:
         key = eval_key(node.plan_hash, self.workload, self.evaluator_id)
         self.on_event("evaluate", {"node": node.id, "kind": node.edit_kind, "rationale": node.rationale})
-        result = self._result(key, node)
+        result = self._result(key, node, deadline)
         if result is None:
             return  # another process is still on it; a later pass (or a resume) settles the node
         reward = reward_of(result)
         path = self._tree_node(node).path()
-        if self.store.settle(node.id, "evaluated" if result["status"] == "ok" else "failed", [n.id for n in path], reward):
+        settled = self.store.settle(node.id, "evaluated" if result["status"] == "ok" else "failed",
+                                    [n.id for n in path], reward)
+        if settled:
             self.mcts.backpropagate(path, reward)
             path[-1].reward = reward
             self._learn(node, result, reward)
         self.results[node.plan_hash] = result
-        self.on_event("result", {"node": node.id, "result": result, "reward": reward})
+        self.on_event("result", {"node": node.id, "result": result, "reward": reward, "settled": settled})
 
-    def _result(self, key: str, node: NodeRecord) -> dict | None:
+    def _result(self, key: str, node: NodeRecord, deadline: float | None) -> dict | None:
         if self.store.claim_evaluation(key, node.plan_hash, self.run_id, owner_id(), self.settings.stale_after_s):
             result = self.evaluator.evaluate(node.plan, self.workload_path).to_dict()
             try:
@@ -220,7 +233,9 @@ class Search:
                 return result
             except StoreError:  # our claim was taken over and finished by another process: theirs counts
                 pass
-        found = self.store.wait_evaluation(key, self.settings.stale_after_s)
+        wait = self.settings.stale_after_s if deadline is None else max(0.0, min(self.settings.stale_after_s,
+                                                                                 deadline - time.monotonic()))
+        found = self.store.wait_evaluation(key, wait)
         return found.result if found is not None else None
 
     def _tree_node(self, node: NodeRecord) -> TreeNode:
