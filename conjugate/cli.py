@@ -169,6 +169,8 @@ def _run_rounds(workload, plan) -> None:
 
 
 BASELINES = ("conventional", "sequential", "streams")
+_STAGE_TEXT = {"validate": "validating", "compile": "compiling", "correctness": "checking against the reference",
+               "timing": "timing (and, first, measuring the baselines)"}
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -184,9 +186,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     rows = []
     with IsolatedEvaluator(profile) as isolated:  # a crash or a hang costs one result, not the run
         for i, plan in enumerate(plans):
-            what = "validate, compile, check, time" + (", baselines" if i == 0 else "")
-            with out.status(f"{profile.name}: {plan.name} on {workload.name} ({i + 1}/{len(plans)}: {what})"):
-                result = isolated.evaluate(plan.to_dict(), args.workload, refresh_baselines=args.remeasure and i == 0)
+            head = f"{profile.name}: {plan.name} on {workload.name} ({i + 1}/{len(plans)})"
+            with out.status(f"{head}: starting") as status:
+                result = isolated.evaluate(plan.to_dict(), args.workload, refresh_baselines=args.remeasure and i == 0,
+                                           on_stage=lambda stage: status.update(f"{head}: {_STAGE_TEXT[stage]}"))
             rows.append({"plan": plan.name, "result": result.to_dict()})
             out.print(f"{plan.name}: {_bench_cell(result.to_dict())}")
     _bench_table(workload, profile, rows)

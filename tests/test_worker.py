@@ -28,8 +28,10 @@ def test_failing_plans_come_back_as_results(profile, tmp_path):
                                                                            "BLOCK_K": 512}}}}
         failed = isolated.evaluate(huge, TINY)
         assert (failed.stage, failed.status) == ("compile", "compile_error")
-        good = isolated.evaluate(CHEAP, TINY)
+        heard = []
+        good = isolated.evaluate(CHEAP, TINY, on_stage=heard.append)
         assert good.ok and good.checks["ok"] and isolated.restarts == 0
+        assert heard == ["validate", "compile", "correctness", "timing"]  # progress, as the worker moves on
 
 
 def test_a_hung_kernel_times_out_and_the_next_evaluation_proceeds(profile, tmp_path):

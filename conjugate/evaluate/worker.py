@@ -46,8 +46,10 @@ class IsolatedEvaluator:
                                             env=self.env)
         return self._worker
 
-    def evaluate(self, plan: dict, workload_path: str | Path, refresh_baselines: bool = False) -> EvalResult:
-        """One plan's EvalResult; `refresh_baselines` re-measures the baselines first (GPU)."""
+    def evaluate(self, plan: dict, workload_path: str | Path, refresh_baselines: bool = False,
+                 on_stage=None) -> EvalResult:
+        """One plan's EvalResult; `refresh_baselines` re-measures the baselines (GPU); `on_stage` hears
+        each stage as the worker enters it."""
         worker = self._start()
         request = {"plan": plan, "workload": str(workload_path), "profile": self.profile.to_dict(),
                    "cache_dir": str(self.cache_dir) if self.cache_dir else None, "entry": self.entry,
@@ -78,6 +80,8 @@ class IsolatedEvaluator:
                         self._retire()
                     return result
                 stage = message.get("stage", stage)
+                if on_stage is not None and "stage" in message:
+                    on_stage(stage)
 
     def _exit_reason(self) -> str:
         code = self._worker.wait()
