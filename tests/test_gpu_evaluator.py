@@ -218,8 +218,10 @@ def _measured(plan: str, latency: float) -> EvalResult:
 def test_bench_with_a_gpu_profile(monkeypatch, capsys, tmp_path):
     requests = []
 
-    def fake(self, plan, workload_path, refresh_baselines=False):
+    def fake(self, plan, workload_path, refresh_baselines=False, on_stage=None):
         requests.append((plan["name"], refresh_baselines))
+        for stage in ("validate", "compile", "correctness", "timing"):
+            on_stage(stage)  # the progress line follows the worker's stages
         if plan["name"] == "streams":
             return EvalResult("h", "tiny", "h200", "correctness", "incorrect", False, checks={"ok": False},
                               error="target token [0, 0]: 1, reference 2")
