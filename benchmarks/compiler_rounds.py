@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from conjugate.compiler.buffers import PreparedWeights  # noqa: E402
 from conjugate.compiler.round import compile_round, device_name  # noqa: E402
 from conjugate.errors import ConjugateError  # noqa: E402
 from conjugate.evaluate.correctness import check_round  # noqa: E402
+from conjugate.evaluate.timing import copy_bandwidth_gbs, time_per_call, time_replays  # noqa: E402
 from conjugate.graph import build_graph, graph_totals  # noqa: E402
 from conjugate.models import make_round_inputs, random_weights  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
@@ -36,55 +36,11 @@ SIX = ["llama-1b-8b-b1", "llama-1b-8b-b8", "qwen25-05b-7b-b8", "qwen3-06b-8b-b4"
        "qwen25-15b-14b-b4"]
 
 
-def copy_bandwidth(device, nbytes: int = 2 << 30) -> float:
-    """Bytes per second of a large device-to-device copy (read + write counted)."""
-    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).normal_()
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(20):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return 2 * nbytes / statistics.median(times[5:])
-
-
-def time_replays(compiled, replays: int) -> dict:
-    for _ in range(10):
-        compiled.run()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        compiled.run()
-        end.record()
-        times.append((start, end))
-    torch.cuda.synchronize()
-    ms = sorted(s.elapsed_time(e) for s, e in times)
-    q = statistics.quantiles(ms, n=10)
-    return {"median_ms": statistics.median(ms), "p20_ms": q[1], "p80_ms": q[7], "replays": replays}
-
-
 def profile_launches(compiled, reps: int = 10) -> list[dict]:
     """Each launch alone: a CUDA graph of `reps` back-to-back launches, timed per launch."""
     rows = []
     for launch, planned in zip(compiled.launches, compiled.schedule.launches):
-        graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.graph(graph, stream=side):
-            for _ in range(reps):
-                launch()
-        torch.cuda.current_stream().wait_stream(side)
-        graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(3):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        us = start.elapsed_time(end) * 1e3 / (3 * reps)
+        us = time_per_call(launch, compiled.device, calls=reps, replays=3)
         kinds = " | ".join(f"{p.model[0]}:{'+'.join(p.fused)}" for p in planned.parts)
         rows.append({"launch": launch.index, "kinds": kinds, "us": us, "bytes": planned.bytes,
                      "programs": [p.programs for p in launch.parts], **launch.resources})
@@ -130,7 +86,8 @@ def bench_plan(plan_path: Path, workload, prepared, inputs, replays: int, cache_
             "correct": eager.ok and replayed.ok, "check": replayed.to_dict(), "eager_check_ok": eager.ok}
     if not row["correct"]:
         return row | {"status": "incorrect", "deterministic": _deterministic(compiled, inputs)}
-    row |= time_replays(compiled, replays) | {"status": "ok"}
+    timing = time_replays(compiled.run, replays, warmup=10)
+    row |= {**timing.to_dict(), "status": "ok"}
     row["resources"] = _resource_summary(compiled.feedback())
     if profile:
         row["profile"] = summarize_profile(profile_launches(compiled))
@@ -190,7 +147,7 @@ def main() -> None:
     parser.add_argument("--cache-dir", type=Path)
     parser.add_argument("--profile", action="store_true", help="also time every launch alone, grouped by kind")
     args = parser.parse_args()
-    bandwidth = copy_bandwidth(torch.device("cuda"))
+    bandwidth = copy_bandwidth_gbs(torch.device("cuda")) * 1e9
     out = {"gpu": device_name(torch.device("cuda")), "torch": torch.__version__, "copy_bandwidth_gbs": bandwidth / 1e9,
            "command": " ".join(["python", "benchmarks/compiler_rounds.py", *sys.argv[1:]]), "workloads": []}
     plans = [Path(p) if p.endswith(".json") else ROOT / "plans" / f"{p}.json" for p in args.plans]

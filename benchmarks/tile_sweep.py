@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from conjugate.compiler.attention import attn_call, run_attention  # noqa: E402
 from conjugate.compiler.gemm import gemm_call, run_gemm  # noqa: E402
+from conjugate.evaluate.timing import time_per_call  # noqa: E402
 
 GEMMS = {  # name: (rows, N, K, epilogue)
     "t.qkv": (40, 6144, 4096, "store"), "t.o_proj": (40, 4096, 4096, "residual"),
@@ -32,21 +32,8 @@ ATTNS = {"t.attn": (8, 5, 32, 8, 128), "d.attn": (8, 1, 32, 8, 64)}  # batch, to
 
 
 def time_call(run, reps: int = 20) -> float:
-    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.graph(graph, stream=side):
-        for _ in range(reps):
-            run()
-    torch.cuda.current_stream().wait_stream(side)
-    times = []
-    for _ in range(6):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / reps)
-    return statistics.median(times[1:])
+    """Microseconds per call, from a CUDA graph of `reps` back-to-back calls."""
+    return time_per_call(run, torch.device("cuda"), calls=reps, replays=5)
 
 
 def sweep_gemm(name, rows, n, k, epilogue) -> list[dict]:

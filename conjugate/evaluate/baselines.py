@@ -11,6 +11,7 @@ asks for them again with `refresh`.
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import torch
 
@@ -31,8 +32,10 @@ def measure_baselines(session: GpuSession, refresh: bool = False) -> dict[str, d
         session.baselines = {}
         if {"conventional", "streams"} & set(wanted):
             session.baselines |= _conventional(session, wanted)
+            torch.cuda.empty_cache()  # the baseline's compiled models and graphs are gone with it
         if "sequential" in wanted:
             session.baselines["sequential"] = _sequential(session)
+            torch.cuda.empty_cache()
     return {name: session.baselines[name] for name in wanted}
 
 
@@ -56,9 +59,7 @@ def _conventional(session: GpuSession, wanted) -> dict[str, dict]:
             run()
             torch.cuda.synchronize()
             check = session.check(rnd.outputs()).to_dict()
-            out[name] = _timed(session, run, lambda: rnd.load(session.timing_inputs), check, started)
-    del rnd
-    torch.cuda.empty_cache()
+            out[name] = _timed(session, run, partial(rnd.load, session.timing_inputs), check, started)
     return out
 
 
@@ -68,7 +69,4 @@ def _sequential(session: GpuSession) -> dict:
                              cache_dir=session.cache_dir)
     compiled.prepare()
     check = checked_run(compiled, session, graph=True)
-    result = _timed(session, compiled.run, lambda: compiled.load(session.timing_inputs), check, started)
-    del compiled
-    torch.cuda.empty_cache()
-    return result
+    return _timed(session, compiled.run, partial(compiled.load, session.timing_inputs), check, started)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -187,9 +188,9 @@ class _GpuRun(_Run):
                                     error="; ".join(problems[:5])))
         self.enter("timing")
         t = self.profile.timing
-        timing = time_round(compiled.run, lambda: compiled.load(session.timing_inputs), t.replays, t.warmup)
+        timing = time_round(compiled.run, partial(compiled.load, session.timing_inputs), t.replays, t.warmup)
         verdicts = launch_verdicts(compiled, t.verdict_calls)
-        del compiled
+        del compiled  # its buffers and graph, before the baselines need the memory
         try:
             baselines = measure_baselines(session, self.refresh_baselines)
         except Exception as e:  # the plan's own measurement stands; the speedups say what is missing
