@@ -1,11 +1,14 @@
 """How well the analytical evaluator ranks plans the way the GPU does.
 
     python benchmarks/analytical_agreement.py [--measured results/evaluator_rounds_h200.json]
+                                              [--search search/search_llama-1b-8b-b8_h200.db]
                                               [--json results/analytical_agreement.json]
 
 Runs on the CPU: models every (workload, plan) of a committed GPU result with the analytical
 evaluator (evaluators/analytical.toml) and reports Spearman's rank correlation between modeled
-and measured latency, per workload (over its plans) and pooled over every pair.
+and measured latency, per workload (over its plans) and pooled over every pair. With `--search`,
+also over every plan a measured search evaluated correctly: many close variants of one workload's
+plans, none of which the profile was fitted to.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from conjugate.workload import load_workload  # noqa: E402
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--measured", type=Path, default=ROOT / "benchmarks" / "results" / "evaluator_rounds_h200.json")
+    parser.add_argument("--search", type=Path, help="a measured search's database (its latest run)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     measured = json.loads(args.measured.read_text())
@@ -47,12 +51,39 @@ def main() -> None:
     out = {"measured": str(args.measured.resolve().relative_to(ROOT)), "gpu": measured["gpu"], "evaluator": profile.name,
            "spearman_per_workload": per_workload, "spearman_pooled": pooled, "rows": rows,
            "command": "python benchmarks/analytical_agreement.py --json benchmarks/results/analytical_agreement.json"}
+    if args.search:
+        out["search"] = search_agreement(args.search, profile)
+        out["command"] += f" --search {args.search.resolve().relative_to(ROOT)}"
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     for r in rows:
         print(f"{r['workload']:24} {r['plan']:11} measured {r['measured_ms']:6.2f} ms  modeled {r['modeled_ms']:6.2f} ms")
     print("Spearman per workload:", {k: round(v, 2) for k, v in per_workload.items()})
     print(f"Spearman pooled over {len(rows)} rounds: {pooled:.3f}")
+    if args.search:
+        found = out["search"]
+        print(f"Search {found['workload']}: Spearman over its {found['plans']} measured plans {found['spearman']:.3f}; "
+              f"the model's best is measured {found['modeled_best_measured_ms']:.3f} ms against the best "
+              f"{found['measured_best_ms']:.3f} ms")
+
+
+def search_agreement(db: Path, profile) -> dict:
+    """Spearman between measured and modeled latency over a search's correctly evaluated plans."""
+    from conjugate.plan import validate_plan
+    from conjugate.search.report import run_history
+    from conjugate.search.store import Store
+
+    with Store.open(str(db)) as store:
+        run = store.latest_run()
+        history = {h["node"]: h for h in run_history(store, run) if h["status"] == "ok"}
+        plans = {n.id: n.plan for n in store.nodes(run.id) if n.id in history}
+    workload = load_workload(ROOT / "examples" / f"{run.workload_name}.toml")
+    pairs = [(history[i]["latency_ms"], evaluate(validate_plan(plans[i]), workload, profile).metrics["latency_ms"])
+             for i in sorted(plans)]
+    measured, modeled = [m for m, _ in pairs], [e for _, e in pairs]
+    return {"db": str(db.resolve().relative_to(ROOT)), "workload": run.workload_name, "plans": len(pairs),
+            "spearman": spearman(measured, modeled), "measured_best_ms": min(measured),
+            "modeled_best_measured_ms": measured[modeled.index(min(modeled))]}
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@ and the analytical evaluator's ranking of the same plans against the measured on
 
     python benchmarks/evaluator_rounds.py [WORKLOAD.toml ...] [--plans sequential streams interleave]
                                           [--evaluator h200] [--json OUT.json [--append]]
+    python benchmarks/evaluator_rounds.py --merge PART.json ... --json OUT.json
+
+`--merge` joins result files of runs made side by side (one per GPU of a host) without measuring.
 
 Everything goes through `conjugate.evaluate.pipeline.evaluate`, the function the search calls: per
 plan validate, compile, check against the fp32 reference (eagerly and replayed from the CUDA graph),
@@ -79,7 +82,11 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--append", action="store_true",
                         help="keep the workloads already in --json (from an earlier run) and add or replace these")
+    parser.add_argument("--merge", nargs="+", type=Path, metavar="PART.json",
+                        help="only join these result files (their workloads, in order) into --json")
     args = parser.parse_args()
+    if args.merge:
+        return merge(args.merge, args.json)
     profile, analytical = load_profile(args.evaluator), load_profile("analytical")
     plans = [load_plan(p if p.endswith(".json") else ROOT / "plans" / f"{p}.json") for p in args.plans]
     out = {"gpu": device_name(torch.device("cuda")), "torch": torch.__version__, "evaluator": profile.name,
@@ -96,6 +103,18 @@ def main() -> None:
         out["spearman_pooled"] = spearman([p["median_ms"] for p in timed], [p["modeled_ms"] for p in timed])
         if args.json:
             args.json.write_text(json.dumps(out, indent=1) + "\n")
+    print_table(out)
+
+
+def merge(parts: list[Path], dest: Path | None) -> None:
+    loaded = [json.loads(p.read_text()) for p in parts]
+    out = {k: loaded[0][k] for k in ("gpu", "torch", "evaluator")}
+    out["commands"] = [part["command"] for part in loaded]
+    out["workloads"] = [w for part in loaded for w in part["workloads"]]
+    timed = [p for w in out["workloads"] for p in w["plans"] if "median_ms" in p]
+    out["spearman_pooled"] = spearman([p["median_ms"] for p in timed], [p["modeled_ms"] for p in timed])
+    if dest:
+        dest.write_text(json.dumps(out, indent=1) + "\n")
     print_table(out)
 
 

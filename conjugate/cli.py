@@ -223,6 +223,10 @@ def _bench_table(workload, profile, rows: list[dict]) -> None:
                         for b in BASELINES),
                       r["status"] if r["status"] == "ok" else f"{r['status']} at {r['stage']}: {r['error']}", checked)
     out.print(table)
+    failed = {name: b for row in rows for name, b in (row["result"]["metrics"].get("baselines") or {}).items()
+              if b.get("status", "ok") != "ok"}
+    for name, b in failed.items():
+        out.print(f"baseline {name}: {b['status']}" + (f": {b['error']}" if b.get("error") else ""))
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:

@@ -242,3 +242,18 @@ def test_bench_with_a_gpu_profile(monkeypatch, capsys, tmp_path):
     assert data["modeled"] is False and data["evaluator"] == "h200"
     main(["bench", str(TINY_PATH), "--evaluator", "h200"])
     assert [r for _, r in requests[3:]] == [False, False, False]  # without --remeasure: never
+
+
+def test_bench_names_a_failed_baseline(monkeypatch, capsys):
+    def fake(self, plan, workload_path, refresh_baselines=False, on_stage=None):
+        result = _measured(plan["name"], 0.25)
+        result.metrics["speedups"].pop("conventional")
+        result.metrics["baselines"] = {"conventional": {"status": "incorrect", "error": "target cache k: worst (1, 2)"},
+                                       "sequential": {"status": "ok", "latency_ms": 0.4}}
+        return result
+
+    monkeypatch.setattr(IsolatedEvaluator, "evaluate", fake)
+    assert main(["bench", str(TINY_PATH), "--evaluator", "h200"]) == 0
+    printed = capsys.readouterr().out
+    assert "baseline conventional: incorrect: target cache k: worst (1, 2)" in printed
+    assert "baseline sequential" not in printed

@@ -189,3 +189,15 @@ def test_most_proposals_expand():
 def test_an_invalid_node_plan_gives_nothing():
     ctx = NodeContext(plan={"schema": "nope"}, plan_hash="x", workload={}, gpu="")
     assert HeuristicProposer().propose(ctx, 3) == []
+
+
+def test_a_two_stream_plan_keeps_its_streams_first():
+    plan = PLANS["streams"]
+    proposals = HeuristicProposer(seed=0).propose(_context(plan, _ok_result(plan)), 6)
+    new_plans = [patch_plan(plan, p.patch) for p in proposals]
+    assert all(p["streams"] == "two" for p in new_plans[:4]), [p.rationale for p in proposals]
+    assert "tiles" in {p.kind for p in proposals[:3]}
+    assert any("verify stream" in p.rationale for p in proposals if p.kind == "tiles")
+    # the one-stream sequential plan still goes for shared launches first
+    first = HeuristicProposer(seed=0).propose(_context(PLANS["sequential"], _ok_result(PLANS["sequential"])), 1)[0]
+    assert first.kind == "alignment"

@@ -421,6 +421,7 @@ def test_show_and_export(env, base_run, tmp_path):
     assert code == 0, err
     plan = json.loads((target / "best_plan.json").read_text())
     assert validate_plan(plan).hash == best.plan_hash
+    assert plan["name"] == f"{run.name}-node{best.id}" and best.rationale in plan["description"]
     kernels = target / "kernels"
     assert list(kernels.rglob("k_*.py")) and list(kernels.rglob("manifest.json"))
     report_md = (target / "report.md").read_text()

@@ -10,6 +10,8 @@ Edits come first from what the node's result says, then from broader local moves
                          with that target kind
     idle multiprocessors target launches with fewer programs than SMs take more draft kinds
                          (switching a sequential plan to a cross-model alignment)
+    two streams          tile moves for the target's longest GEMMs and the draft's GEMMs, which
+                         share the multiprocessors all round; giving the streams up ranks lower
     broader moves        tile-shape local search (halve/double one tile key, the kinds of
                          interfering or under-filled launches first), launch parameters, interleave
                          pattern and ratio, fusions, alignment, streams, operand layout
@@ -114,7 +116,7 @@ def candidates(plan: Plan, result: dict | None, rng: random.Random) -> list[Cand
     out = repair_edits(plan, result) if result.get("status") in _FAILED else spill_edits(plan, result)
     out += split_edits(plan, verdicts, parts) + gain_edits(plan, verdicts, parts) + headroom_edits(plan, parts)
     interfering = any(v.get("verdict") == "interference" for v in verdicts)
-    out += tile_edits(plan, _focus(verdicts, parts), rng) + launch_edits(plan, rng)
+    out += tile_edits(plan, _focus(verdicts, parts) + _two_stream_focus(plan), rng) + launch_edits(plan, rng)
     out += pattern_edits(plan, interfering) + fusion_edits(plan) + alignment_edits(plan)
     return out + streams_edits(plan) + layout_edits(plan)
 
@@ -134,6 +136,17 @@ def _focus(verdicts: list[dict], parts: dict[int, list[PartInfo]]) -> list[tuple
     return [f for f in out if FAMILY_OF[f[0].kind] in SEARCH_KEYS]
 
 
+def _two_stream_focus(plan: Plan) -> list[tuple[PartInfo, str, bool, float]]:
+    """Under two streams the phases share the multiprocessors for the whole round: the target's big
+    GEMMs set its length, and every draft program takes a multiprocessor from them."""
+    if plan["streams"] != "two":
+        return []
+    out = [(PartInfo("target", k, k), "two streams: the verify stream's longest GEMMs set the round", False, 0.5)
+           for k in ("gate_up", "down", "qkv", "lm_head", "o_proj")]
+    return out + [(PartInfo("draft", k, k), "two streams: draft programs take multiprocessors from the verify "
+                   "stream", False, 0.46) for k in ("qkv", "o_proj", "down", "gate_up", "attn")]
+
+
 def tile_edits(plan: Plan, focus: list[tuple[PartInfo, str, bool, float]], rng: random.Random) -> list[Candidate]:
     """Halve or double one tile key of one op kind: focused kinds first, then every GEMM and
     attention kind of both models in a seeded random order."""
@@ -141,27 +154,31 @@ def tile_edits(plan: Plan, focus: list[tuple[PartInfo, str, bool, float]], rng: 
     for part, why, wider, score in focus:
         if (part.model, part.kind) not in done:
             done.add((part.model, part.kind))
-            out += _tile_moves(plan, part.model, part.kind, why, score, wider)
+            out += _tile_moves(plan, part.model, part.kind, why, score, wider, rng.randrange(8))
     rest = [(m, k) for m in MODEL_KEYS for k in GEMM_KINDS + ("attn",) if (m, k) not in done]
     for m, k in rest:
-        out += _tile_moves(plan, m, k, "local tile search", 0.3 + 0.1 * rng.random(), False)
+        out += _tile_moves(plan, m, k, "local tile search", 0.3 + 0.1 * rng.random(), False, rng.randrange(8))
     return out
 
 
-def _tile_moves(plan: Plan, model: str, kind: str, why: str, score: float, wider: bool) -> list[Candidate]:
-    """Both directions of every searched key; with `wider`, moves that add programs come first."""
-    out = []
+def _tile_moves(plan: Plan, model: str, kind: str, why: str, score: float, wider: bool, start: int) -> list[Candidate]:
+    """Both directions of every searched key, beginning at move `start` (the proposer's seeded
+    choice); with `wider`, moves that add programs come first. Each further move of the kind scores
+    a little less, so several kinds' first moves come before any kind's last."""
+    moves = []
     for key in SEARCH_KEYS[FAMILY_OF[kind]]:
         for factor in (2.0, 0.5):
             new = scaled(plan, model, kind, key, factor)
-            if new is None:
-                continue
-            more_programs = key != "BLOCK_K" and (factor > 1) == key.startswith("SPLIT")
-            bonus = 0.03 if wider and more_programs else 0.0
-            out.append(Candidate("tiles", set_tile(plan, model, kind, key, new),
-                                 f"{why}: {model} {kind} {key} {tile_value(plan, model, kind, key)} -> {new}",
-                                 score + bonus))
-    return out
+            if new is not None:
+                more_programs = key != "BLOCK_K" and (factor > 1) == key.startswith("SPLIT")
+                moves.append((key, new, 0.03 if wider and more_programs else 0.0))
+    if moves:
+        start %= len(moves)
+        moves = moves[start:] + moves[:start]
+    return [Candidate("tiles", set_tile(plan, model, kind, key, new),
+                      f"{why}: {model} {kind} {key} {tile_value(plan, model, kind, key)} -> {new}",
+                      score + bonus - 0.01 * j)
+            for j, (key, new, bonus) in enumerate(moves)]
 
 
 def launch_edits(plan: Plan, rng: random.Random) -> list[Candidate]:
@@ -205,6 +222,8 @@ def fusion_edits(plan: Plan) -> list[Candidate]:
 
 
 def alignment_edits(plan: Plan) -> list[Candidate]:
+    """Other alignments. A two-stream plan gives its streams up for shared launches, so from one
+    these rank below the edits that keep them."""
     if plan["alignment"] != "sequential":
         other = "greedy" if plan["alignment"] == "proportional" else "proportional"
         return [Candidate("alignment", [{"op": "replace", "path": "/alignment", "value": other}],
@@ -212,10 +231,12 @@ def alignment_edits(plan: Plan) -> list[Candidate]:
                 Candidate("alignment", [{"op": "replace", "path": "/alignment", "value": "sequential"}],
                           "alignment -> sequential: no shared launches at all", 0.15)]
     pairs = [] if plan["pairs"] else [op for t in LIGHT_TARGETS for op in set_pairs(plan, t, set(KINDS))]
+    two = plan["streams"] == "two"
     return [Candidate("alignment", enable_pairing(plan, a) + pairs,
                       f"alignment sequential -> {a}: draft units ride inside target launches"
-                      + (f" ({', '.join(LIGHT_TARGETS)} take any draft kind)" if pairs else ""), score)
-            for a, score in (("proportional", 0.65), ("greedy", 0.5))]
+                      + (f" ({', '.join(LIGHT_TARGETS)} take any draft kind)" if pairs else "")
+                      + (" instead of running on their own stream" if two else ""), score)
+            for a, score in (("proportional", 0.3 if two else 0.65), ("greedy", 0.24 if two else 0.5))]
 
 
 def streams_edits(plan: Plan) -> list[Candidate]:

@@ -41,7 +41,7 @@ def measure_baselines(session: GpuSession, refresh: bool = False) -> dict[str, d
 
 def _timed(session: GpuSession, run, load_fresh, check: dict, started: float) -> dict:
     if not check["ok"]:
-        return {"status": "incorrect", "check": check}
+        return {"status": "incorrect", "check": check, "error": "; ".join(check["problems"][:5])}
     t = session.profile.timing
     timing = time_round(run, load_fresh, t.replays, t.warmup)
     return {"status": "ok", "latency_ms": timing.median_ms, **timing.to_dict(), "check": check,

@@ -2,10 +2,15 @@
 engine would run it, the draft phase then the verify phase.
 
 `StaticStep` is the model's forward with every shape fixed (the KV cache at its full length, the
-position a tensor), so torch.compile traces it once and a CUDA graph can replay it: attention runs
-over the whole cache under a mask (key position <= query position) and the new keys and values are
-written with index_copy_. Arithmetic is in the weights' dtype with fp32 softmax and norms, as in an
-engine; correctness against the fp32 reference uses the dtype's tolerance.
+position a tensor), so torch.compile traces it once and a CUDA graph can replay it: attention is
+F.scaled_dot_product_attention over the whole cache under a mask (key position <= query position),
+grouped-query heads sharing their KV head, and the new keys and values are written with index_copy_.
+GEMMs run in the weights' dtype; norms, RoPE, softmax and the residual stream are fp32, as in this
+project's kernels, so both are held to the same tolerance against the fp32 reference.
+
+Attention by explicit matmuls over the cache was slower by a third: with the cache's length
+(context + k + 1) odd, cuBLAS ran the score GEMMs without tensor cores
+(benchmarks/conventional_profile.py).
 """
 from __future__ import annotations
 
@@ -33,12 +38,12 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 
 def _layer(x, positions, cos, sin, visible, cache_k, cache_v, w: tuple, spec):
-    """One decoder layer over x [B, T, H] in the weights' dtype; writes its new keys and values
+    """One decoder layer over the fp32 residual stream x [B, T, H]; writes its new keys and values
     into cache_k/cache_v [B, kv_heads, max_len, hd] at `positions` and returns the new x."""
     attn_norm, w_qkv, b_qkv, q_norm, k_norm, wo, mlp_norm, w_gate_up, w_down = w
     b, t, _ = x.shape
     q_size, kv_size = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-    h = _rms(x, attn_norm, spec.rms_norm_eps)
+    h = _rms(x, attn_norm, spec.rms_norm_eps).to(w_qkv.dtype)
     q, k, v = F.linear(h, w_qkv, b_qkv).split([q_size, kv_size, kv_size], dim=-1)
     q = q.reshape(b, t, spec.num_heads, spec.head_dim)
     k = k.reshape(b, t, spec.num_kv_heads, spec.head_dim)
@@ -48,28 +53,23 @@ def _layer(x, positions, cos, sin, visible, cache_k, cache_v, w: tuple, spec):
     q, k = _rope(q, cos, sin), _rope(k, cos, sin)
     cache_k.index_copy_(2, positions, k.transpose(1, 2).to(cache_k.dtype))
     cache_v.index_copy_(2, positions, v.transpose(1, 2).to(cache_v.dtype))
-    x = x + F.linear(_grouped_attention(q, cache_k, cache_v, visible, spec), wo)
-    h = _rms(x, mlp_norm, spec.rms_norm_eps)
+    x = x + F.linear(_attention(q, cache_k, cache_v, visible), wo).float()
+    h = _rms(x, mlp_norm, spec.rms_norm_eps).to(w_gate_up.dtype)
     gate, up = F.linear(h, w_gate_up).chunk(2, dim=-1)
-    return x + F.linear(F.silu(gate) * up, w_down)
+    return x + F.linear(F.silu(gate) * up, w_down).float()
 
 
-def _grouped_attention(q, cache_k, cache_v, visible, spec):
-    """GQA without repeating the cache: the `group` query heads of a KV head are stacked as rows of
-    one matmul against that head's keys, so K and V are read once, in the cache's dtype.
-    q: [B, T, heads, hd]; cache_k/v: [B, kv_heads, max_len, hd]; visible: [T, max_len] -> [B, T, heads * hd]."""
+def _attention(q, cache_k, cache_v, visible):
+    """q: [B, T, heads, hd]; cache_k/v: [B, kv_heads, max_len, hd]; visible: [T, max_len] ->
+    [B, T, heads * hd] in the cache's dtype. Each KV head serves its group of query heads."""
     b, t, heads, hd = q.shape
-    kvh = spec.num_kv_heads
-    group = heads // kvh
-    q = q.view(b, t, kvh, group, hd).permute(0, 2, 3, 1, 4).reshape(b, kvh, group * t, hd).to(cache_k.dtype)
-    scores = (q @ cache_k.transpose(2, 3)).float() / math.sqrt(hd)  # [B, kvh, group * T, max_len]
-    probs = scores.masked_fill(~visible.repeat(group, 1), float("-inf")).softmax(-1)
-    out = probs.to(cache_v.dtype) @ cache_v  # [B, kvh, group * T, hd]
-    return out.view(b, kvh, group, t, hd).permute(0, 3, 1, 2, 4).reshape(b, t, heads * hd)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2).to(cache_k.dtype), cache_k, cache_v,
+                                         attn_mask=visible, enable_gqa=heads != cache_k.shape[1])
+    return out.transpose(1, 2).reshape(b, t, heads * hd)
 
 
 def _head(x, final_norm, lm_head, eps: float):
-    return F.linear(_rms(x, final_norm, eps), lm_head).float()
+    return F.linear(_rms(x, final_norm, eps).to(lm_head.dtype), lm_head).float()
 
 
 def _fused(l) -> tuple:
@@ -99,7 +99,7 @@ class StaticStep:
         positions = start + torch.arange(tokens.shape[1], device=tokens.device)  # [T]
         cos, sin = self.cos[positions], self.sin[positions]
         visible = torch.arange(self.max_len, device=tokens.device)[None, :] <= positions[:, None]  # [T, max_len]
-        x = w.embed[tokens]  # [B, T, H] in the weights' dtype
+        x = w.embed[tokens].float()  # [B, T, H], the fp32 residual stream
         for i, lw in enumerate(self.layer_weights):
             x = self.layer(x, positions, cos, sin, visible, self.cache.k[i], self.cache.v[i], lw, spec)
         return self.head(x, w.final_norm, w.lm_head, spec.rms_norm_eps)

@@ -207,6 +207,6 @@ def _measured_metrics(timing, session, baselines: dict[str, dict], launches: int
     return {"latency_ms": latency, "p20_ms": timing.p20_ms, "p80_ms": timing.p80_ms, "replays": timing.replays,
             **floor, "floor_ratio": latency / floor["floor_ms"],
             "bandwidth_gbs": floor["bytes"] / (latency * 1e-3) / 1e9, "launches": launches, "gpu": session.gpu,
-            "baselines": {name: {k: b.get(k) for k in ("status", "latency_ms", "p20_ms", "p80_ms")}
+            "baselines": {name: {k: b[k] for k in ("status", "latency_ms", "p20_ms", "p80_ms", "error") if k in b}
                           for name, b in baselines.items()},
             "speedups": {name: b["latency_ms"] / latency for name, b in baselines.items() if b.get("latency_ms")}}

@@ -56,7 +56,8 @@ def export_run(store, run, out_dir: Path, console: Console) -> list[Path]:
     workload = load_workload(run.workload_path)
     result = store.evaluation(eval_key(node.plan_hash, workload, run_evaluator_id(run))).result
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = [_write(out_dir / "best_plan.json", json.dumps(node.plan, indent=2) + "\n")]
+    plan = _named(node.plan, run, best["node"], history)
+    written = [_write(out_dir / "best_plan.json", json.dumps(plan, indent=2) + "\n")]
     written.append(_kernels(node.plan, workload, out_dir / "kernels"))
     report = {"run": run.to_dict(), "best": {**best, "plan": node.plan, "metrics": result["metrics"],
                                              "verdicts": result["verdicts"], "feedback": result["feedback"]},
@@ -67,6 +68,19 @@ def export_run(store, run, out_dir: Path, console: Console) -> list[Path]:
     written.append(_write(out_dir / "reproduce.sh", _script(run)))
     (out_dir / "reproduce.sh").chmod(0o755)
     return written
+
+
+def _named(plan: dict, run, node_id: int, history: list[dict]) -> dict:
+    """The plan under a name of its own, its description the branch of edits that made it (both
+    cosmetic: the plan's hash is unchanged)."""
+    rows = {h["node"]: h for h in history}
+    branch, at = [], rows.get(node_id)
+    while at is not None:
+        branch.append(at["rationale"])
+        at = rows.get(at["parent"])
+    steps = " -> ".join(reversed(branch))
+    return {**plan, "name": f"{run.name}-node{node_id}",
+            "description": f"Found by search run {run.id} ({run.agent} agent, {run.evaluator} evaluator): {steps}"}
 
 
 def _write(path: Path, text: str) -> Path:

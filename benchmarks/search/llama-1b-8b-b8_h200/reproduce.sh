@@ -3,4 +3,4 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$(python3 -c 'import conjugate.workload as w; print(w.REPO_ROOT)')"
-conjugate bench examples/llama-1b-8b-b8.toml --plan "$here/best_plan.json" --evaluator h200 --json "$here/reproduced.json"
+conjugate bench examples/llama-1b-8b-b8.toml --plan "$here/best_plan.json" --evaluator evaluators/h200.toml --json "$here/reproduced.json"

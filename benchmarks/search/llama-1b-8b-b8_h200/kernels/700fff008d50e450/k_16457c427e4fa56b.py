@@ -4,7 +4,7 @@ import triton.language as tl
 from conjugate.compiler.gemm import gemm_tile
 
 
-# part 0: gemm_tile(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, NORM=False, EPILOGUE=1, HAS_BIAS=False, WRITE_OUT=True, DOT_DTYPE=tl.float32)
+# part 0: gemm_tile(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, NORM=False, EPILOGUE=1, HAS_BIAS=False, WRITE_OUT=True, DOT_DTYPE=tl.float32)
 @triton.jit
 def kernel(
     p0_x_ptr, p0_w_ptr, p0_w2_ptr, p0_bias_ptr, p0_out_ptr, p0_part_val_ptr, p0_part_idx_ptr, p0_counter_ptr, p0_tok_ptr, p0_ws_ptr, p0_M, p0_N, p0_K, p0_stride_x, p0_stride_w, p0_stride_out, p0_stride_tok, p0_eps, p0_blk_stride, p0_blk_pairs, p0_tail_start,
