@@ -257,3 +257,23 @@ def test_bench_names_a_failed_baseline(monkeypatch, capsys):
     printed = capsys.readouterr().out
     assert "baseline conventional: incorrect: target cache k: worst (1, 2)" in printed
     assert "baseline sequential" not in printed
+
+
+def test_a_gpu_profile_measures_only_on_its_device(monkeypatch, tmp_path):
+    assert load_profile("h200").device == "H200"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    r = evaluate(load_plan(ROOT / "plans" / "sequential.json"), TINY, load_profile("h200"), cache_dir=tmp_path)
+    assert (r.stage, r.status) == ("validate", "error") and not r.metrics
+    assert "field 'device' is 'H200'" in r.error and "NVIDIA H100 80GB HBM3" in r.error
+    with pytest.raises(ProfileError, match="field 'device' should be str"):
+        load_profile(_edited(tmp_path, 'device = "H200"', "device = 200"))
+
+
+def test_the_device_is_part_of_the_evaluator_id(tmp_path):
+    from conjugate.search.run import evaluator_id
+
+    h100 = load_profile(_edited(tmp_path, 'device = "H200"', 'device = "H100"'))
+    anywhere = load_profile(_edited(tmp_path, 'device = "H200"', ""))
+    ids = {evaluator_id(load_profile("h200")), evaluator_id(h100), evaluator_id(anywhere)}
+    assert len(ids) == 3 and anywhere.device == ""

@@ -166,6 +166,11 @@ class _GpuRun(_Run):
         if not torch.cuda.is_available():
             raise _Stop(self.result("error", error=f"evaluator {self.profile.name!r} measures on a GPU and this "
                                                    "machine has no CUDA device; use --evaluator analytical"))
+        device = torch.cuda.get_device_name()
+        if self.profile.device.lower() not in device.lower():
+            raise _Stop(self.result("error", error=f"{self.profile.source}: field 'device' is {self.profile.device!r} "
+                                                   f"and this GPU is {device!r}: measure with a profile for it "
+                                                   "(a copy of this one with its own name and device)"))
         session = session_for(self.workload, self.profile, self.cache_dir)
         plan, schedule = self.validated(raw, session.graph)
         self.enter("compile")

@@ -57,6 +57,7 @@ class EvaluatorProfile:
     timing: TimingSettings = field(default_factory=TimingSettings)
     tolerances: dict[str, dict[str, float]] = field(default_factory=dict)  # dtype -> {rel, tie_margin}
     source: str = ""
+    device: str = ""  # kind gpu: the GPUs it measures on (part of the device name, e.g. "H200"); "" any
 
     @property
     def gpu(self) -> str:
@@ -104,7 +105,7 @@ def _need(data: dict, key: str, kind: type, where: str) -> Any:
 def _profile(data: dict, path: Path) -> EvaluatorProfile:
     where = str(path)
     for key in data:
-        if key not in ("name", "kind", "description", "time_limit_s", "correctness", "model", "timing"):
+        if key not in ("name", "kind", "description", "time_limit_s", "correctness", "model", "timing", "device"):
             raise ProfileError(f"{where}: unknown field {key!r}")
     kind = _need(data, "kind", str, where)
     if kind not in KINDS:
@@ -115,7 +116,8 @@ def _profile(data: dict, path: Path) -> EvaluatorProfile:
         time_limit_s=_need(data, "time_limit_s", float, where),
         max_check_params=_need(correctness, "max_params", int, f"{where}: [correctness]"),
         model=_model(data.get("model", {}), where) if kind == "analytical" or "model" in data else None,
-        timing=_timing(data.get("timing", {}), where), tolerances=_tolerances(correctness, where), source=where)
+        timing=_timing(data.get("timing", {}), where), tolerances=_tolerances(correctness, where), source=where,
+        device=_need(data, "device", str, where) if "device" in data else "")
 
 
 def _model(model: dict, where: str) -> ModelConstants:

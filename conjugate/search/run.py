@@ -75,8 +75,9 @@ def eval_key(plan_hash: str, workload: Workload, evaluator_id: str) -> str:
 
 def evaluator_id(profile) -> str:
     """The profile's name and a digest of its settings: a re-calibrated or edited profile scores
-    afresh instead of reusing results of its earlier constants."""
-    settings = {k: v for k, v in profile.to_dict().items() if k != "source"}
+    afresh instead of reusing results of its earlier constants. A measured profile names the GPU it
+    measures on (`device`), so its results never stand for another GPU's."""
+    settings = {k: v for k, v in profile.to_dict().items() if k != "source" and not (k == "device" and not v)}
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
     return f"{profile.name}@{digest}"
 
