@@ -7,8 +7,9 @@
 Runs on the CPU: models every (workload, plan) of a committed GPU result with the analytical
 evaluator (evaluators/analytical.toml) and reports Spearman's rank correlation between modeled
 and measured latency, per workload (over its plans) and pooled over every pair. With `--search`,
-also over every plan a measured search evaluated correctly: many close variants of one workload's
-plans, none of which the profile was fitted to.
+also over the plans a measured search's agent made and the GPU evaluated correctly: many close
+variants of one workload's plans, none of them among the rounds the profile was fitted to (the
+search's seeds, the shipped plans, are left out).
 """
 from __future__ import annotations
 
@@ -48,12 +49,12 @@ def main() -> None:
                          "modeled_ms": result.metrics["latency_ms"]})
         per_workload[w["workload"]] = spearman([m for _, m, _ in pairs], [e for _, _, e in pairs])
     pooled = spearman([r["measured_ms"] for r in rows], [r["modeled_ms"] for r in rows])
-    out = {"measured": str(args.measured.resolve().relative_to(ROOT)), "gpu": measured["gpu"], "evaluator": profile.name,
+    out = {"measured": _shown(args.measured), "gpu": measured["gpu"], "evaluator": profile.name,
            "spearman_per_workload": per_workload, "spearman_pooled": pooled, "rows": rows,
            "command": "python benchmarks/analytical_agreement.py --json benchmarks/results/analytical_agreement.json"}
     if args.search:
         out["search"] = search_agreement(args.search, profile)
-        out["command"] += f" --search {args.search.resolve().relative_to(ROOT)}"
+        out["command"] += f" --search {_shown(args.search)}"
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     for r in rows:
@@ -68,22 +69,30 @@ def main() -> None:
 
 
 def search_agreement(db: Path, profile) -> dict:
-    """Spearman between measured and modeled latency over a search's correctly evaluated plans."""
+    """Spearman between measured and modeled latency over the plans a search's agent proposed
+    (not its seeds) that the GPU evaluated correctly."""
     from conjugate.plan import validate_plan
     from conjugate.search.report import run_history
+    from conjugate.search.run import check_workload
     from conjugate.search.store import Store
 
     with Store.open(str(db)) as store:
         run = store.latest_run()
-        history = {h["node"]: h for h in run_history(store, run) if h["status"] == "ok"}
+        history = {h["node"]: h for h in run_history(store, run) if h["status"] == "ok" and h["proposer"] != "seed"}
         plans = {n.id: n.plan for n in store.nodes(run.id) if n.id in history}
     workload = load_workload(ROOT / "examples" / f"{run.workload_name}.toml")
+    check_workload(run, workload)  # the example file as the search measured it
     pairs = [(history[i]["latency_ms"], evaluate(validate_plan(plans[i]), workload, profile).metrics["latency_ms"])
              for i in sorted(plans)]
     measured, modeled = [m for m, _ in pairs], [e for _, e in pairs]
-    return {"db": str(db.resolve().relative_to(ROOT)), "workload": run.workload_name, "plans": len(pairs),
+    return {"db": _shown(db), "workload": run.workload_name, "plans": len(pairs),
             "spearman": spearman(measured, modeled), "measured_best_ms": min(measured),
             "modeled_best_measured_ms": measured[modeled.index(min(modeled))]}
+
+
+def _shown(path: Path) -> str:
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Where the `conventional` baseline's time goes, and how other ways of compiling each model compare.
 
-    python benchmarks/conventional_profile.py [WORKLOAD.toml] [--variants shipped eager bmm whole]
+    python benchmarks/conventional_profile.py [WORKLOAD.toml] [--variants shipped eager bmm grouped whole]
                                               [--json OUT.json]
 
 Per variant, both phases are built as `ConventionalRound` builds them, checked against the fp32
@@ -39,7 +39,7 @@ from conjugate.compiler.round import device_name  # noqa: E402
 from conjugate.evaluate import conventional  # noqa: E402
 from conjugate.evaluate.conventional import ConventionalRound, compile_static  # noqa: E402
 from conjugate.evaluate.correctness import ReferenceChecker, tolerance_for  # noqa: E402
-from conjugate.evaluate.timing import capture, time_replays  # noqa: E402
+from conjugate.evaluate.timing import time_replays  # noqa: E402
 from conjugate.models import make_round_inputs  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 

@@ -86,6 +86,8 @@ def main() -> None:
                         help="only join these result files (their workloads, in order) into --json")
     args = parser.parse_args()
     if args.merge:
+        if parser.get_default("workloads") != args.workloads or args.append:
+            parser.error("--merge measures nothing: give it result files only (no workloads, no --append)")
         return merge(args.merge, args.json)
     profile, analytical = load_profile(args.evaluator), load_profile("analytical")
     plans = [load_plan(p if p.endswith(".json") else ROOT / "plans" / f"{p}.json") for p in args.plans]
@@ -107,10 +109,19 @@ def main() -> None:
 
 
 def merge(parts: list[Path], dest: Path | None) -> None:
+    """One result file from parts measured side by side: same GPU model, torch and evaluator; a
+    workload measured in two parts keeps the later part's rows."""
     loaded = [json.loads(p.read_text()) for p in parts]
+    for path, part in zip(parts[1:], loaded[1:]):
+        for key in ("gpu", "torch", "evaluator"):
+            if part[key] != loaded[0][key]:
+                sys.exit(f"{path}: field {key!r} is {part[key]!r}, {parts[0]} has {loaded[0][key]!r}: not one setting")
     out = {k: loaded[0][k] for k in ("gpu", "torch", "evaluator")}
-    out["commands"] = [part["command"] for part in loaded]
-    out["workloads"] = [w for part in loaded for w in part["workloads"]]
+    out["commands"] = [c for part in loaded for c in part.get("commands", [part.get("command")]) if c]
+    workloads: dict[str, dict] = {}
+    for part in loaded:
+        workloads |= {w["workload"]: w for w in part["workloads"]}
+    out["workloads"] = list(workloads.values())
     timed = [p for w in out["workloads"] for p in w["plans"] if "median_ms" in p]
     out["spearman_pooled"] = spearman([p["median_ms"] for p in timed], [p["modeled_ms"] for p in timed])
     if dest:

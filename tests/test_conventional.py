@@ -39,3 +39,21 @@ def test_torch_compile_for_many_models_in_one_process():
         conventional.run()
         assert compare_rounds(reference_round(draft, target, inputs), conventional.outputs(), "fp32", 5).ok
     assert counters["stats"]["unique_graphs"] - graphs >= 2 * 5  # a graph per step shape, past the limit of 8
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bf16_steps_hold_the_bf16_tolerance(family):
+    """In bf16 the GEMMs and the cache round to bf16 while norms, softmax and the residual stream
+    stay fp32; the round must stay within the bf16 tolerance of the fp32 reference."""
+    from conjugate.models import make_round_inputs, random_weights, reference_round
+
+    workload = _round(family).workload
+    draft, target = (random_weights(spec, 3, dtype=torch.bfloat16) for spec in (workload.draft, workload.target))
+    inputs = make_round_inputs(draft, target, k=workload.k, draft_batch=2, target_batch=2, context=5, seed=3)
+    conventional = ConventionalRound(draft, target, inputs, compile_fn=lambda fn: fn)
+    conventional.run()
+    assert conventional.draft_cache.k.dtype == torch.bfloat16
+    report = compare_rounds(reference_round(draft, target, inputs, conventional.draft_tokens), conventional.outputs(),
+                            "bf16", 5)
+    assert report.ok, report.problems
+    assert 0 < report.errors["target_logits"] < 0.05  # rounded, so not exact, and within tolerance

@@ -277,3 +277,12 @@ def test_the_device_is_part_of_the_evaluator_id(tmp_path):
     anywhere = load_profile(_edited(tmp_path, 'device = "H200"', ""))
     ids = {evaluator_id(load_profile("h200")), evaluator_id(h100), evaluator_id(anywhere)}
     assert len(ids) == 3 and anywhere.device == ""
+
+
+@pytest.mark.parametrize("wanted,device,expected", [
+    ("H200", "NVIDIA H200", True), ("h200", "NVIDIA H200", True), ("H20", "NVIDIA H200", False),
+    ("H100 80GB", "NVIDIA H100 80GB HBM3", True), ("", "NVIDIA H200", True), ("H200", "NVIDIA H200 NVL", True)])
+def test_a_profile_device_names_whole_words(wanted, device, expected):
+    from conjugate.evaluate.pipeline import _names_device
+
+    assert _names_device(wanted, device) is expected

@@ -201,3 +201,15 @@ def test_a_two_stream_plan_keeps_its_streams_first():
     # the one-stream sequential plan still goes for shared launches first
     first = HeuristicProposer(seed=0).propose(_context(PLANS["sequential"], _ok_result(PLANS["sequential"])), 1)[0]
     assert first.kind == "alignment"
+
+
+@pytest.mark.parametrize("start", range(6))
+def test_tile_moves_that_add_programs_come_first_when_wanted(start):
+    from conjugate.agents.heuristic import _tile_moves
+
+    plan = PLANS["streams"]
+    moves = _tile_moves(plan, "target", "down", "why", 0.5, True, start)
+    adds = ["SPLIT_K 4 -> 8" in m.rationale or "BLOCK_N 64 -> 32" in m.rationale for m in moves]
+    assert adds[0] and adds == sorted(adds, reverse=True)  # every move that adds programs before the rest
+    assert [m.score for m in moves] == sorted((m.score for m in moves), reverse=True)
+    assert len({m.rationale for m in moves}) == len(moves)

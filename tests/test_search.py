@@ -428,6 +428,7 @@ def test_show_and_export(env, base_run, tmp_path):
     assert "MODELED" in report_md and f"node {best.id}" in report_md
     report = json.loads((target / "report.json").read_text())
     assert len(report["history"]) == len(nodes) and report["best"]["node"] == best.id
+    assert report["best"]["plan"] == plan
     curve = report["best_so_far"]
     assert len(curve) == len(settled(nodes)) and curve == sorted(curve) and curve[-1] > 1.0
     assert (target / "best_so_far.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

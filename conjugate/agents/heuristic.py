@@ -154,17 +154,18 @@ def tile_edits(plan: Plan, focus: list[tuple[PartInfo, str, bool, float]], rng: 
     for part, why, wider, score in focus:
         if (part.model, part.kind) not in done:
             done.add((part.model, part.kind))
-            out += _tile_moves(plan, part.model, part.kind, why, score, wider, rng.randrange(8))
+            out += _tile_moves(plan, part.model, part.kind, why, score, wider, rng.randrange(6))
     rest = [(m, k) for m in MODEL_KEYS for k in GEMM_KINDS + ("attn",) if (m, k) not in done]
     for m, k in rest:
-        out += _tile_moves(plan, m, k, "local tile search", 0.3 + 0.1 * rng.random(), False, rng.randrange(8))
+        out += _tile_moves(plan, m, k, "local tile search", 0.3 + 0.1 * rng.random(), False, rng.randrange(6))
     return out
 
 
 def _tile_moves(plan: Plan, model: str, kind: str, why: str, score: float, wider: bool, start: int) -> list[Candidate]:
-    """Both directions of every searched key, beginning at move `start` (the proposer's seeded
-    choice); with `wider`, moves that add programs come first. Each further move of the kind scores
-    a little less, so several kinds' first moves come before any kind's last."""
+    """Both directions of every searched key, in an order rotated to begin at move `start` (the
+    proposer's seeded choice); with `wider`, moves that add programs come before the others. Each
+    further move of the kind scores a little less, so several kinds' first moves come before any
+    kind's last."""
     moves = []
     for key in SEARCH_KEYS[FAMILY_OF[kind]]:
         for factor in (2.0, 0.5):
@@ -175,6 +176,7 @@ def _tile_moves(plan: Plan, model: str, kind: str, why: str, score: float, wider
     if moves:
         start %= len(moves)
         moves = moves[start:] + moves[:start]
+        moves.sort(key=lambda m: -m[2])  # stable: the rotation holds within each group
     return [Candidate("tiles", set_tile(plan, model, kind, key, new),
                       f"{why}: {model} {kind} {key} {tile_value(plan, model, kind, key)} -> {new}",
                       score + bonus - 0.01 * j)

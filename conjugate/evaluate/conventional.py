@@ -5,16 +5,16 @@ engine would run it, the draft phase then the verify phase.
 position a tensor), so torch.compile traces it once and a CUDA graph can replay it: attention is
 F.scaled_dot_product_attention over the whole cache under a mask (key position <= query position),
 grouped-query heads sharing their KV head, and the new keys and values are written with index_copy_.
-GEMMs run in the weights' dtype; norms, RoPE, softmax and the residual stream are fp32, as in this
-project's kernels, so both are held to the same tolerance against the fp32 reference.
+GEMMs and attention run in the weights' dtype; norms, RoPE (q and k rounded back to that dtype) and
+softmax compute in fp32, and the residual stream is fp32 as in this project's kernels, so both are
+held to the same tolerance against the fp32 reference.
 
-Attention by explicit matmuls over the cache was slower by a third: with the cache's length
-(context + k + 1) odd, cuBLAS ran the score GEMMs without tensor cores
-(benchmarks/conventional_profile.py).
+Attention by explicit matmuls over the cache made the round 40% slower: cuBLAS ran the score GEMMs
+in its path without tensor cores, most likely because the cache's odd length (context + k + 1)
+leaves their rows unaligned (benchmarks/conventional_profile.py).
 """
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import torch

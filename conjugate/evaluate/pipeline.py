@@ -14,6 +14,7 @@ numerical check was skipped.
 """
 from __future__ import annotations
 
+import re
 import time
 import traceback
 from functools import partial
@@ -148,6 +149,14 @@ class _Run:
         return _MODELED_BASELINES[key]
 
 
+def _names_device(wanted: str, device: str) -> bool:
+    """Whether a profile's `device` ("H200"; "" for any) names this GPU ("NVIDIA H200"): whole words
+    only, so "H20" is not an H200."""
+    if not wanted:
+        return True
+    return re.search(rf"(?<![A-Za-z0-9]){re.escape(wanted)}(?![A-Za-z0-9])", device, re.IGNORECASE) is not None
+
+
 _MODELED_BASELINES: dict[str, dict] = {}  # one workload's modeled baselines, per process
 
 
@@ -167,7 +176,7 @@ class _GpuRun(_Run):
             raise _Stop(self.result("error", error=f"evaluator {self.profile.name!r} measures on a GPU and this "
                                                    "machine has no CUDA device; use --evaluator analytical"))
         device = torch.cuda.get_device_name()
-        if self.profile.device.lower() not in device.lower():
+        if not _names_device(self.profile.device, device):
             raise _Stop(self.result("error", error=f"{self.profile.source}: field 'device' is {self.profile.device!r} "
                                                    f"and this GPU is {device!r}: measure with a profile for it "
                                                    "(a copy of this one with its own name and device)"))

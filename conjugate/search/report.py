@@ -59,7 +59,7 @@ def export_run(store, run, out_dir: Path, console: Console) -> list[Path]:
     plan = _named(node.plan, run, best["node"], history)
     written = [_write(out_dir / "best_plan.json", json.dumps(plan, indent=2) + "\n")]
     written.append(_kernels(node.plan, workload, out_dir / "kernels"))
-    report = {"run": run.to_dict(), "best": {**best, "plan": node.plan, "metrics": result["metrics"],
+    report = {"run": run.to_dict(), "best": {**best, "plan": plan, "metrics": result["metrics"],
                                              "verdicts": result["verdicts"], "feedback": result["feedback"]},
               "history": history, "best_so_far": best_so_far(history)}
     written.append(_write(out_dir / "report.json", json.dumps(report, indent=1, default=str) + "\n"))
