@@ -46,26 +46,33 @@ from conjugate.workload import load_workload  # noqa: E402
 VARIANTS = ("shipped", "eager", "bmm", "grouped", "whole")
 
 
+def _groups_as_rows(q, kv_heads: int):
+    """q [B, T, heads, hd] -> [B, kv_heads, group * T, hd]: a KV head's query heads stacked as rows."""
+    b, t, heads, hd = q.shape
+    group = heads // kv_heads
+    return q.view(b, t, kv_heads, group, hd).permute(0, 2, 3, 1, 4).reshape(b, kv_heads, group * t, hd), group
+
+
+def _rows_as_heads(out, t: int):
+    """The inverse for the attention output: [B, kv_heads, group * T, hd] -> [B, T, heads * hd]."""
+    b, kv_heads, rows, hd = out.shape
+    group = rows // t
+    return out.view(b, kv_heads, group, t, hd).permute(0, 3, 1, 2, 4).reshape(b, t, kv_heads * group * hd)
+
+
 def _matmul_attention(q, cache_k, cache_v, visible):
     """q: [B, T, heads, hd]; cache: [B, kv_heads, max_len, hd]; visible: [T, max_len] -> [B, T, heads * hd]."""
-    b, t, heads, hd = q.shape
-    kvh = cache_k.shape[1]
-    group = heads // kvh
-    q = q.view(b, t, kvh, group, hd).permute(0, 2, 3, 1, 4).reshape(b, kvh, group * t, hd).to(cache_k.dtype)
-    scores = (q @ cache_k.transpose(2, 3)).float() / math.sqrt(hd)  # [B, kvh, group * T, max_len]
+    rows, group = _groups_as_rows(q.to(cache_k.dtype), cache_k.shape[1])
+    scores = (rows @ cache_k.transpose(2, 3)).float() / math.sqrt(q.shape[-1])  # [B, kvh, group * T, max_len]
     probs = scores.masked_fill(~visible.repeat(group, 1), float("-inf")).softmax(-1)
-    out = probs.to(cache_v.dtype) @ cache_v  # [B, kvh, group * T, hd]
-    return out.view(b, kvh, group, t, hd).permute(0, 3, 1, 2, 4).reshape(b, t, heads * hd)
+    return _rows_as_heads(probs.to(cache_v.dtype) @ cache_v, q.shape[1])
 
 
 def _grouped_sdpa(q, cache_k, cache_v, visible):
     """As _matmul_attention, through F.scaled_dot_product_attention."""
-    b, t, heads, hd = q.shape
-    kvh = cache_k.shape[1]
-    group = heads // kvh
-    q = q.view(b, t, kvh, group, hd).permute(0, 2, 3, 1, 4).reshape(b, kvh, group * t, hd).to(cache_k.dtype)
-    out = F.scaled_dot_product_attention(q, cache_k, cache_v, attn_mask=visible.repeat(group, 1))
-    return out.view(b, kvh, group, t, hd).permute(0, 3, 1, 2, 4).reshape(b, t, heads * hd)
+    rows, group = _groups_as_rows(q.to(cache_k.dtype), cache_k.shape[1])
+    out = F.scaled_dot_product_attention(rows, cache_k, cache_v, attn_mask=visible.repeat(group, 1))
+    return _rows_as_heads(out, q.shape[1])
 
 
 def build(variant: str, draft, target, inputs) -> ConventionalRound:
