@@ -1,4 +1,10 @@
 """Typed errors. Everything the project raises on purpose derives from ConjugateError."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from conjugate.compiler.feedback import CompileFailure
 
 
 class ConjugateError(Exception):
@@ -33,12 +39,9 @@ class ScheduleError(ConjugateError):
 
 
 class CompileError(ConjugateError):
-    """A launch could not be lowered or compiled; carries where and why, as data for the agent."""
+    """A launch could not be lowered or compiled; carries where and why (a CompileFailure) as data
+    for the agent."""
 
-    def __init__(self, launch: int, part: int | None, reason: str, ops: str = ""):
-        self.launch, self.part, self.reason, self.ops = launch, part, reason, ops
-        where = f"launch {launch}" + (f" part {part}" if part is not None else "") + (f" ({ops})" if ops else "")
-        super().__init__(f"{where}: {reason}")
-
-    def to_dict(self) -> dict:
-        return {"launch": self.launch, "part": self.part, "ops": self.ops, "reason": self.reason}
+    def __init__(self, failure: "CompileFailure"):
+        self.failure = failure
+        super().__init__(failure.message)
