@@ -24,6 +24,8 @@ sys.path.insert(0, str(ROOT))
 from conjugate.evaluate.calibrate import spearman  # noqa: E402
 from conjugate.evaluate.pipeline import evaluate  # noqa: E402
 from conjugate.evaluate.profile import load_profile  # noqa: E402
+from conjugate.evaluate.session import EvaluationSession  # noqa: E402
+from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 
@@ -35,7 +37,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     measured = json.loads(args.measured.read_text())
-    profile = load_profile("analytical")
+    profile, session = load_profile("analytical"), EvaluationSession()
     rows, per_workload = [], {}
     for w in measured["workloads"]:
         workload = load_workload(ROOT / "examples" / f"{w['workload']}.toml")
@@ -43,17 +45,17 @@ def main() -> None:
         for p in w["plans"]:
             if "median_ms" not in p:
                 continue
-            result = evaluate(load_plan(ROOT / "plans" / f"{p['plan']}.json"), workload, profile)
-            pairs.append((p["plan"], p["median_ms"], result.metrics["latency_ms"]))
+            result = evaluate(load_plan(shipped_plan(p["plan"])), workload, profile, session=session)
+            pairs.append((p["plan"], p["median_ms"], result.latency_ms))
             rows.append({"workload": w["workload"], "plan": p["plan"], "measured_ms": p["median_ms"],
-                         "modeled_ms": result.metrics["latency_ms"]})
+                         "modeled_ms": result.latency_ms})
         per_workload[w["workload"]] = spearman([m for _, m, _ in pairs], [e for _, _, e in pairs])
     pooled = spearman([r["measured_ms"] for r in rows], [r["modeled_ms"] for r in rows])
     out = {"measured": _shown(args.measured), "gpu": measured["gpu"], "evaluator": profile.name,
            "spearman_per_workload": per_workload, "spearman_pooled": pooled, "rows": rows,
            "command": "python benchmarks/analytical_agreement.py --json benchmarks/results/analytical_agreement.json"}
     if args.search:
-        out["search"] = search_agreement(args.search, profile)
+        out["search"] = search_agreement(args.search, profile, session)
         out["command"] += f" --search {_shown(args.search)}"
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
@@ -68,7 +70,7 @@ def main() -> None:
               f"{found['measured_best_ms']:.3f} ms")
 
 
-def search_agreement(db: Path, profile) -> dict:
+def search_agreement(db: Path, profile, session: EvaluationSession) -> dict:
     """Spearman between measured and modeled latency over the plans a search's agent proposed
     (not its seeds) that the GPU evaluated correctly."""
     from conjugate.plan import validate_plan
@@ -82,7 +84,7 @@ def search_agreement(db: Path, profile) -> dict:
         plans = {n.id: n.plan for n in store.nodes(run.id) if n.id in history}
     workload = load_workload(ROOT / "examples" / f"{run.workload_name}.toml")
     check_workload(run, workload)  # the example file as the search measured it
-    pairs = [(history[i]["latency_ms"], evaluate(validate_plan(plans[i]), workload, profile).metrics["latency_ms"])
+    pairs = [(history[i]["latency_ms"], evaluate(validate_plan(plans[i]), workload, profile, session=session).latency_ms)
              for i in sorted(plans)]
     measured, modeled = [m for m, _ in pairs], [e for _, e in pairs]
     return {"db": _shown(db), "workload": run.workload_name, "plans": len(pairs),

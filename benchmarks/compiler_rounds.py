@@ -5,7 +5,8 @@
 
 For every workload (default: the six H200 configurations in examples/): seeded random weights on
 the GPU, then per plan: compile, run eagerly on poisoned outputs and compare with the fp32
-reference round (teacher-forced by the plan's draft tokens, see evaluate/correctness.py), capture the whole round in a CUDA graph, check one replay, and time
+reference round (teacher-forced by the plan's draft tokens, see evaluate/correctness.py), capture
+the whole round in a CUDA graph, check one replay (both `evaluate.rounds.checked_run`), and time
 replays with CUDA events (median, p20, p80). The floor is the bytes the round must move over the
 device-copy bandwidth measured in the same process.
 """
@@ -25,10 +26,11 @@ sys.path.insert(0, str(ROOT))
 from conjugate.compiler.buffers import PreparedWeights  # noqa: E402
 from conjugate.compiler.round import compile_round, device_name  # noqa: E402
 from conjugate.errors import ConjugateError  # noqa: E402
-from conjugate.evaluate.correctness import check_round  # noqa: E402
+from conjugate.evaluate.correctness import ReferenceChecker  # noqa: E402
+from conjugate.evaluate.rounds import checked_run, round_inputs  # noqa: E402
 from conjugate.evaluate.timing import copy_bandwidth_gbs, time_per_call, time_replays  # noqa: E402
 from conjugate.graph import build_graph, graph_totals  # noqa: E402
-from conjugate.models import make_round_inputs, random_weights  # noqa: E402
+from conjugate.models import random_weights  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 
@@ -43,7 +45,7 @@ def profile_launches(compiled, reps: int = 10) -> list[dict]:
         us = time_per_call(launch, compiled.device, calls=reps, replays=3)
         kinds = " | ".join(f"{p.model[0]}:{'+'.join(p.fused)}" for p in planned.parts)
         rows.append({"launch": launch.index, "kinds": kinds, "us": us, "bytes": planned.bytes,
-                     "programs": [p.programs for p in launch.parts], **launch.resources})
+                     "programs": [p.programs for p in launch.parts], **launch.resources.to_dict()})
     return rows
 
 
@@ -61,7 +63,7 @@ def summarize_profile(rows: list[dict]) -> list[dict]:
     return sorted(groups.values(), key=lambda g: -g["us"])
 
 
-def bench_plan(plan_path: Path, workload, prepared, inputs, replays: int, cache_dir,
+def bench_plan(plan_path: Path, workload, prepared, inputs, check, replays: int, cache_dir,
                profile: bool = False) -> dict:
     plan = load_plan(plan_path)
     row = {"plan": plan.name, "plan_hash": plan.hash[:12]}
@@ -69,17 +71,11 @@ def bench_plan(plan_path: Path, workload, prepared, inputs, replays: int, cache_
     try:
         compiled = compile_round(plan, workload, *prepared, cache_dir=cache_dir)
         compiled.load(inputs)
-        compiled.bufs.poison()
-        compiled.warmup()
+        compiled.warmup()  # every kernel compiled before anything is checked
         row["compile_s"] = round(time.perf_counter() - t0, 1)
-        weights = [p.weights for p in prepared]
-        eager = check_round(*weights, inputs, compiled.outputs(), workload.dtype)
+        eager = checked_run(compiled, inputs, check)
         compiled.prepare()  # a CUDA graph of the whole round when the plan says capture: graph
-        compiled.load(inputs)
-        compiled.bufs.poison()
-        compiled.run()
-        torch.cuda.synchronize()
-        replayed = check_round(*weights, inputs, compiled.outputs(), workload.dtype)
+        replayed = checked_run(compiled, inputs, check, graph=True)
     except ConjugateError as e:
         return row | {"status": "compile_error", "error": str(e)}
     row |= {"launches": len(compiled.launches), "kernels": len({l.digest for l in compiled.launches}),
@@ -107,10 +103,11 @@ def _deterministic(compiled, inputs, runs: int = 3) -> bool:
     return all(all(torch.equal(a, b) for a, b in zip(results[0], r)) for r in results[1:])
 
 
-def _resource_summary(feedback: list[dict]) -> dict:
-    regs = [f["registers"] for f in feedback if "registers" in f]
-    return {"max_registers": max(regs, default=None), "launches_with_spills": sum(1 for f in feedback if f.get("spills")),
-            "max_shared_bytes": max((f["shared_bytes"] for f in feedback if "shared_bytes" in f), default=None)}
+def _resource_summary(feedback) -> dict:
+    resources = [f.resources for f in feedback]
+    return {"max_registers": max((r.registers for r in resources if r.registers is not None), default=None),
+            "launches_with_spills": sum(1 for r in resources if r.spills),
+            "max_shared_bytes": max((r.shared_bytes for r in resources if r.shared_bytes is not None), default=None)}
 
 
 def bench_workload(path: Path, plans: list[Path], replays: int, bandwidth: float, cache_dir,
@@ -119,13 +116,13 @@ def bench_workload(path: Path, plans: list[Path], replays: int, bandwidth: float
     device = torch.device("cuda")
     draft = random_weights(workload.draft, workload.seed, workload.torch_dtype, device)
     target = random_weights(workload.target, workload.seed, workload.torch_dtype, device)
-    inputs = make_round_inputs(draft, target, k=workload.k, draft_batch=workload.draft_batch,
-                               target_batch=workload.target_batch, context=workload.context, seed=workload.seed)
+    inputs = round_inputs(workload, draft, target)
+    check = ReferenceChecker(draft, target, inputs, workload.dtype)
     nbytes = graph_totals(build_graph(workload))["bytes"]
     result = {"workload": workload.name, "bytes": nbytes, "floor_ms": nbytes / bandwidth * 1e3, "plans": []}
     prepared = (PreparedWeights(draft), PreparedWeights(target))
     for plan in plans:
-        row = bench_plan(plan, workload, prepared, inputs, replays, cache_dir, profile)
+        row = bench_plan(plan, workload, prepared, inputs, check, replays, cache_dir, profile)
         if "median_ms" in row:
             row["floor_ratio"] = row["median_ms"] / result["floor_ms"]
         result["plans"].append(row)

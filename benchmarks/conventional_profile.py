@@ -26,7 +26,6 @@ import math
 import sys
 import time
 from collections import defaultdict
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -40,7 +39,7 @@ from conjugate.evaluate import conventional  # noqa: E402
 from conjugate.evaluate.conventional import ConventionalRound, compile_static  # noqa: E402
 from conjugate.evaluate.correctness import ReferenceChecker, tolerance_for  # noqa: E402
 from conjugate.evaluate.timing import time_replays  # noqa: E402
-from conjugate.models import make_round_inputs  # noqa: E402
+from conjugate.evaluate.rounds import round_inputs  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 
 VARIANTS = ("shipped", "eager", "bmm", "grouped", "whole")
@@ -144,9 +143,7 @@ def main() -> None:
     w = load_workload(args.workload)
     device = torch.device("cuda")
     draft, target = w.weights("draft", device), w.weights("target", device)
-    make = partial(make_round_inputs, draft, target, k=w.k, draft_batch=w.draft_batch,
-                   target_batch=w.target_batch, context=w.context, kv_init=w.kv_init)
-    inputs, timing_inputs = make(seed=w.seed), make(seed=w.seed + 1)
+    inputs, timing_inputs = round_inputs(w, draft, target), round_inputs(w, draft, target, w.seed + 1)
     checker = ReferenceChecker(draft, target, inputs, w.dtype, tolerance_for(w.dtype, {}))
     out = {"gpu": device_name(device), "torch": torch.__version__, "workload": w.name, "variants": []}
     for variant in args.variants:

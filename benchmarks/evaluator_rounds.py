@@ -11,8 +11,8 @@ and the analytical evaluator's ranking of the same plans against the measured on
 Everything goes through `conjugate.evaluate.pipeline.evaluate`, the function the search calls: per
 plan validate, compile, check against the fp32 reference (eagerly and replayed from the CUDA graph),
 time 200 replays of the whole round on fresh random inputs, then time each multi-part launch against
-its parts. The baselines are measured once per workload in this process. The output's
-workloads[].plans[].median_ms feed `conjugate calibrate --from`.
+its parts. The baselines are measured once per workload, kept by the one EvaluationSession of this
+process. The output's workloads[].plans[].median_ms feed `conjugate calibrate --from`.
 """
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ from conjugate.compiler.round import device_name  # noqa: E402
 from conjugate.evaluate.calibrate import spearman  # noqa: E402
 from conjugate.evaluate.pipeline import evaluate  # noqa: E402
 from conjugate.evaluate.profile import load_profile  # noqa: E402
+from conjugate.evaluate.result import EvalResult, VerdictKind  # noqa: E402
+from conjugate.evaluate.session import EvaluationSession  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 
@@ -38,34 +40,33 @@ SIX = ["llama-1b-8b-b1", "llama-1b-8b-b8", "qwen25-05b-7b-b8", "qwen3-06b-8b-b4"
 BASELINES = ("conventional", "sequential", "streams")
 
 
-def plan_row(plan, result, modeled) -> dict:
-    m = result.metrics
-    row = {"plan": plan.name, "plan_hash": plan.hash[:12], "status": result.status, "stage": result.stage,
-           "error": result.error, "wall_s": result.wall_s, "modeled_ms": modeled.metrics.get("latency_ms")}
+def plan_row(plan, result: EvalResult, modeled: EvalResult) -> dict:
+    row = {"plan": plan.name, "plan_hash": plan.hash[:12], "status": str(result.status), "stage": str(result.stage),
+           "error": result.error, "wall_s": result.wall_s, "modeled_ms": modeled.latency_ms}
     if result.ok:
-        counts = {k: sum(1 for v in result.verdicts if v["verdict"] == k) for k in ("gain", "neutral", "interference")}
-        regs = [f["registers"] for f in result.feedback if "registers" in f]
-        row |= {"median_ms": m["latency_ms"], "p20_ms": m["p20_ms"], "p80_ms": m["p80_ms"], "replays": m["replays"],
-                "floor_ratio": m["floor_ratio"], "bandwidth_gbs": m["bandwidth_gbs"], "speedups": m["speedups"],
-                "launches": m["launches"], "verdict_counts": counts, "verdicts": result.verdicts,
-                "max_registers": max(regs, default=None),
-                "launches_with_spills": sum(1 for f in result.feedback if f.get("spills"))}
+        m, resources = result.metrics, [f.resources for f in result.feedback]
+        counts = {str(k): sum(1 for v in result.verdicts if v.verdict is k) for k in VerdictKind}
+        row |= {"median_ms": m.latency_ms, "p20_ms": m.p20_ms, "p80_ms": m.p80_ms, "replays": m.replays,
+                "floor_ratio": m.floor_ratio, "bandwidth_gbs": m.bandwidth_gbs, "speedups": m.speedups,
+                "launches": m.launches, "verdict_counts": counts, "verdicts": [v.to_dict() for v in result.verdicts],
+                "max_registers": max((r.registers for r in resources if r.registers is not None), default=None),
+                "launches_with_spills": sum(1 for r in resources if r.spills)}
     return row
 
 
-def bench_workload(path: Path, plans: list, profile, analytical) -> dict:
+def bench_workload(path: Path, plans: list, profile, analytical, session: EvaluationSession) -> dict:
     workload = load_workload(path)
     out = {"workload": workload.name, "plans": []}
     for plan in plans:
-        result = evaluate(plan, workload, profile)
-        modeled = evaluate(plan, workload, analytical)
+        result = evaluate(plan, workload, profile, session=session)
+        modeled = evaluate(plan, workload, analytical, session=session)
         row = plan_row(plan, result, modeled)
         out["plans"].append(row)
         if result.ok and "baselines" not in out:
             m = result.metrics
-            out |= {"baselines": m["baselines"], "floor_ms": m["floor_ms"], "floor_memory_ms": m["floor_memory_ms"],
-                    "floor_compute_ms": m["floor_compute_ms"], "bytes": m["bytes"],
-                    "copy_bandwidth_gbs": m["copy_bandwidth_gbs"], "matmul_tflops": m["matmul_tflops"]}
+            out |= {"baselines": {name: b.to_dict() for name, b in m.baselines.items()}, "floor_ms": m.floor_ms,
+                    "floor_memory_ms": m.floor_memory_ms, "floor_compute_ms": m.floor_compute_ms, "bytes": m.bytes,
+                    "copy_bandwidth_gbs": m.copy_bandwidth_gbs, "matmul_tflops": m.matmul_tflops}
         print(json.dumps({k: v for k, v in row.items() if k != "verdicts"}), flush=True)
     timed = [p for p in out["plans"] if "median_ms" in p]
     out["spearman"] = spearman([p["median_ms"] for p in timed], [p["modeled_ms"] for p in timed])
@@ -98,8 +99,9 @@ def main() -> None:
         out["earlier_runs"] = earlier.get("earlier_runs", []) + [{k: v for k, v in earlier.items() if k not in (
             "workloads", "earlier_runs")}]
         out["workloads"] = earlier["workloads"]
+    session = EvaluationSession()  # one workload's weights, references and baselines at a time
     for path in args.workloads:
-        row = bench_workload(Path(path), plans, profile, analytical)
+        row = bench_workload(Path(path), plans, profile, analytical, session)
         out["workloads"] = [w for w in out["workloads"] if w["workload"] != row["workload"]] + [row]
         timed = [p for w in out["workloads"] for p in w["plans"] if "median_ms" in p]
         out["spearman_pooled"] = spearman([p["median_ms"] for p in timed], [p["modeled_ms"] for p in timed])

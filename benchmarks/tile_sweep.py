@@ -12,15 +12,20 @@ import argparse
 import itertools
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from conjugate.compiler.attention import attn_call, run_attention  # noqa: E402
-from conjugate.compiler.gemm import gemm_call, run_gemm  # noqa: E402
+from conjugate.compiler.attention import attn_call  # noqa: E402
+from conjugate.compiler.codegen import KernelCache  # noqa: E402
+from conjugate.compiler.gemm import gemm_call  # noqa: E402
+from conjugate.compiler.round import CompiledLaunch  # noqa: E402
 from conjugate.evaluate.timing import time_per_call  # noqa: E402
+
+_KERNELS = tempfile.TemporaryDirectory(prefix="tile-sweep-")  # generated kernels, removed at exit
 
 GEMMS = {  # name: (rows, N, K, epilogue)
     "t.qkv": (40, 6144, 4096, "store"), "t.o_proj": (40, 4096, 4096, "residual"),
@@ -34,6 +39,12 @@ ATTNS = {"t.attn": (8, 5, 32, 8, 128), "d.attn": (8, 1, 32, 8, 64)}  # batch, to
 def time_call(run, reps: int = 20) -> float:
     """Microseconds per call, from a CUDA graph of `reps` back-to-back calls."""
     return time_per_call(run, torch.device("cuda"), calls=reps, replays=5)
+
+
+def launch(call, num_warps: int, num_stages: int) -> CompiledLaunch:
+    """The one-part launch of `call`, generated as a compiled round generates it."""
+    return CompiledLaunch.build(0, [call], KernelCache(Path(_KERNELS.name)), num_warps=num_warps,
+                                num_stages=num_stages)
 
 
 def sweep_gemm(name, rows, n, k, epilogue) -> list[dict]:
@@ -52,14 +63,15 @@ def sweep_gemm(name, rows, n, k, epilogue) -> list[dict]:
         call = gemm_call(x, w, y, rows=rows, epilogue=epilogue, w2=w2, block_m=block_m, block_n=bn, block_k=bk,
                          split_k=split)
         try:
-            run_gemm(call, warps, stages)
+            run = launch(call, warps, stages)
+            run()
             torch.cuda.synchronize()
         except Exception as e:  # out of shared memory and the like: skip the configuration
             out.append({"shape": name, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "warps": warps,
                         "stages": stages, "error": type(e).__name__})
             continue
         err = float((y - ref).norm() / ref.norm())
-        us = time_call(lambda: run_gemm(call, warps, stages))
+        us = time_call(run)
         out.append({"shape": name, "BLOCK_M": block_m, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "warps": warps,
                     "stages": stages, "us": us, "gbs": nbytes / us / 1e3, "rel_err": err, "programs": call.programs})
     return out
@@ -75,10 +87,12 @@ def sweep_attention(name, batch, tokens, heads, kv_heads, head_dim, context=1024
     out = []
     for bn, split, warps in itertools.product((32, 64), (1, 2, 4, 8), (4,)):
         o = torch.zeros_like(q)
-        call = attn_call(q, kc, vc, o, batch=batch, tokens=tokens, start=context, num_heads=heads,
+        lengths = torch.full((batch,), context, dtype=torch.int64, device=dev)
+        call = attn_call(q, kc, vc, o, lengths, batch=batch, tokens=tokens, offset=0, num_heads=heads,
                          num_kv_heads=kv_heads, head_dim=head_dim, block_n=bn, split_kv=split)
-        run_attention(call, warps, 2)
-        us = time_call(lambda: run_attention(call, warps, 2))
+        run = launch(call, warps, 2)
+        run()
+        us = time_call(run)
         out.append({"shape": name, "BLOCK_N": bn, "SPLIT_KV": split, "warps": warps, "us": us,
                     "gbs": nbytes / us / 1e3, "programs": call.programs})
     return out

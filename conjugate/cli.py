@@ -5,14 +5,18 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
 from conjugate.errors import ConjugateError, PlanError
-from conjugate.workload import DEFAULT_WORKLOAD, REPO_ROOT
+from conjugate.paths import DEFAULT_WORKLOAD, EXAMPLES_DIR, PLANS_DIR, SEED_PLANS, shipped_plan
 
-PLAN_DIR = REPO_ROOT / "plans"
+if TYPE_CHECKING:
+    from conjugate.evaluate.result import EvalResult
+
+PLAN_DIR = PLANS_DIR
 out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
@@ -141,26 +145,23 @@ def _run_rounds(workload, plan) -> None:
     import torch
 
     from conjugate.compiler.round import compile_round
-    from conjugate.evaluate.correctness import check_round
-    from conjugate.models import make_round_inputs, reference_round
+    from conjugate.evaluate.correctness import ReferenceChecker
+    from conjugate.evaluate.rounds import checked_run, round_inputs
+    from conjugate.models import reference_round
+    from conjugate.roles import Model
 
     if workload.draft.num_params() + workload.target.num_params() > 2e8 and not torch.cuda.is_available():
         out.print("rounds: skipped (models too large for this CPU; run it where a GPU is)")
         return
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    draft, target = workload.weights("draft", device), workload.weights("target", device)
-    inputs = make_round_inputs(draft, target, k=workload.k, draft_batch=workload.draft_batch,
-                               target_batch=workload.target_batch, context=workload.context,
-                               seed=workload.seed, kv_init=workload.kv_init)
+    draft, target = workload.weights(Model.DRAFT, device), workload.weights(Model.TARGET, device)
+    inputs = round_inputs(workload, draft, target)
     ref = reference_round(draft, target, inputs)
     out.print(f"reference round on {device}: draft tokens {ref.draft_tokens.tolist()}, "
               f"target tokens {ref.target_tokens.tolist()}")
     with out.status(f"compiling and running {plan.name!r} ({'GPU' if device == 'cuda' else 'Triton interpreter'})"):
         compiled = compile_round(plan, workload, draft, target)
-        compiled.load(inputs)
-        compiled.bufs.poison()
-        compiled.run()
-        report = check_round(draft, target, inputs, compiled.outputs(), workload.dtype)
+        report = checked_run(compiled, inputs, ReferenceChecker(draft, target, inputs, workload.dtype))
     verdict = "equals the reference round" if report.ok else "DIFFERS from the reference: " + "; ".join(report.problems)
     out.print(f"compiled round of {plan.name!r} ({len(compiled.launches)} launches, kernels in "
               f"{compiled.source_dir}): {verdict}")
@@ -182,7 +183,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     workload = load_workload(args.workload)
     profile = load_profile(args.evaluator)
-    plans = [load_plan(p) for p in (args.plan or [PLAN_DIR / f"{n}.json" for n in ("sequential", "streams", "interleave")])]
+    plans = [load_plan(p) for p in (args.plan or [shipped_plan(n) for n in SEED_PLANS])]
     rows = []
     with IsolatedEvaluator(profile) as isolated:  # a crash or a hang costs one result, not the run
         for i, plan in enumerate(plans):
@@ -190,43 +191,45 @@ def cmd_bench(args: argparse.Namespace) -> int:
             with out.status(f"{head}: starting") as status:
                 result = isolated.evaluate(plan.to_dict(), args.workload, refresh_baselines=args.remeasure and i == 0,
                                            on_stage=lambda stage: status.update(f"{head}: {_STAGE_TEXT[stage]}"))
-            rows.append({"plan": plan.name, "result": result.to_dict()})
-            out.print(f"{plan.name}: {_bench_cell(result.to_dict())}")
+            rows.append((plan.name, result))
+            out.print(f"{plan.name}: {_bench_cell(result)}")
     _bench_table(workload, profile, rows)
     if args.json:
         Path(args.json).write_text(json.dumps({"workload": workload.name, "evaluator": profile.name,
-                                               "modeled": profile.kind != "gpu", "plans": rows}, indent=1) + "\n")
-    return 1 if any(row["result"]["status"] != "ok" for row in rows) else 0  # the table says where and why
+                                               "modeled": profile.kind != "gpu",
+                                               "plans": [{"plan": name, "result": r.to_dict()} for name, r in rows]},
+                                              indent=1) + "\n")
+    return 0 if all(r.ok for _, r in rows) else 1  # the table says where and why
 
 
-def _bench_cell(r: dict) -> str:
-    m = r["metrics"]
-    if r["status"] != "ok":
-        return f"{r['status']} at {r['stage']}: {r['error']}"
-    return f"{m['latency_ms']:.3f} ms, " + ", ".join(f"{s:.2f}x vs {n}" for n, s in m.get("speedups", {}).items())
+def _failure(r: EvalResult) -> str:
+    return f"{r.status} at {r.stage}: {r.error}"
 
 
-def _bench_table(workload, profile, rows: list[dict]) -> None:
-    what = (f"MODELED for {profile.gpu}, not measured" if profile.kind != "gpu"
-            else f"measured on {next((r['result']['metrics'].get('gpu') for r in rows if r['result']['metrics']), 'the GPU')}")
+def _bench_cell(r: EvalResult) -> str:
+    if not r.ok:
+        return _failure(r)
+    return f"{r.latency_ms:.3f} ms, " + ", ".join(f"{s:.2f}x vs {n}" for n, s in r.speedups.items())
+
+
+def _bench_table(workload, profile, rows: list[tuple[str, EvalResult]]) -> None:
+    measured_on = next((r.metrics.device for _, r in rows if r.metrics), "the GPU")
+    what = f"MODELED for {profile.gpu}, not measured" if profile.kind != "gpu" else f"measured on {measured_on}"
     table = Table(title=f"{workload.name}, evaluator {profile.name}: latencies {what}")
     for col in ("plan", "latency", "p20-p80", "floor ratio", *(f"vs {b}" for b in BASELINES), "status", "checked"):
         table.add_column(col)
-    for row in rows:
-        r, m = row["result"], row["result"]["metrics"]
-        checks, speedups = r["checks"], m.get("speedups", {})
-        checked = "skipped" if "skipped" in checks else ("yes" if checks.get("ok") else "-")
-        table.add_row(row["plan"], f"{m['latency_ms']:.3f} ms" if "latency_ms" in m else "-",
-                      f"{m['p20_ms']:.3f}-{m['p80_ms']:.3f}" if "p20_ms" in m else "-",
-                      f"{m['floor_ratio']:.2f}" if "floor_ratio" in m else "-",
-                      *(f"{speedups[b]:.2f}x" if b in speedups else ("GPU only" if r["modeled"] else "-")
+    for name, r in rows:
+        m, checked = r.metrics, "skipped" if "skipped" in r.checks else ("yes" if r.checks.get("ok") else "-")
+        table.add_row(name, f"{m.latency_ms:.3f} ms" if m else "-",
+                      f"{m.p20_ms:.3f}-{m.p80_ms:.3f}" if m and m.p20_ms is not None else "-",
+                      f"{m.floor_ratio:.2f}" if m else "-",
+                      *(f"{r.speedups[b]:.2f}x" if b in r.speedups else ("GPU only" if r.modeled else "-")
                         for b in BASELINES),
-                      r["status"] if r["status"] == "ok" else f"{r['status']} at {r['stage']}: {r['error']}", checked)
+                      "ok" if r.ok else _failure(r), checked)
     out.print(table)
-    failed = {name: b for row in rows for name, b in (row["result"]["metrics"].get("baselines") or {}).items()
-              if b.get("status", "ok") != "ok"}
+    failed = {name: b for _, r in rows if r.metrics for name, b in r.metrics.baselines.items() if b.status != "ok"}
     for name, b in failed.items():
-        out.print(f"baseline {name}: {b['status']}" + (f": {b['error']}" if b.get("error") else ""))
+        out.print(f"baseline {name}: {b.status}" + (f": {b.error}" if b.error else ""))
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
@@ -252,7 +255,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp, out.status(f"lowering {len(rows)} measured rounds"):
         for workload, plan, ms in rows:
             cases.append(make_case(load_plan(PLAN_DIR / f"{plan}.json"),
-                                   load_workload(REPO_ROOT / "examples" / f"{workload}.toml"), ms, Path(tmp)))
+                                   load_workload(EXAMPLES_DIR / f"{workload}.toml"), ms, Path(tmp)))
     before = loss(profile.model, cases)
     with out.status("fitting"):
         fitted = fit(profile.model, cases)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from conjugate.models.spec import ModelSpec
+from conjugate.roles import Model
 from conjugate.workload import Workload
 
 LAYER_KINDS = ("attn_norm", "qkv", "rope_kv", "attn", "o_proj", "mlp_norm", "gate_up", "down")
@@ -17,13 +18,12 @@ PASS_KINDS = ("embed", "final_norm", "lm_head", "argmax")
 KINDS = ("embed",) + LAYER_KINDS + ("final_norm", "lm_head", "argmax")
 GEMM_KINDS = ("qkv", "o_proj", "gate_up", "down", "lm_head")
 LOGIT_BYTES = 4  # logits are fp32
-MODELS = {"d": "draft", "t": "target"}
 
 
 @dataclass(frozen=True)
 class Op:
     id: str
-    model: str  # "d" or "t"
+    model: Model
     step: int  # draft decode step; 0 for the target's single pass
     layer: int | None
     kind: str
@@ -32,9 +32,10 @@ class Op:
     flops: int
 
 
-def op_id(model: str, step: int, layer: int | None, kind: str) -> str:
-    parts = [model] + ([f"s{step}"] if model == "d" else []) + ([f"l{layer}"] if layer is not None else []) + [kind]
-    return ".".join(parts)
+def op_id(model: Model, step: int, layer: int | None, kind: str) -> str:
+    steps = [f"s{step}"] if model == Model.DRAFT else []
+    layers = [f"l{layer}"] if layer is not None else []
+    return ".".join([model.short, *steps, *layers, kind])
 
 
 def _cost(spec: ModelSpec, kind: str, rows: int, seen: list[int], elt: int) -> tuple[int, int]:
@@ -65,7 +66,7 @@ def _cost(spec: ModelSpec, kind: str, rows: int, seen: list[int], elt: int) -> t
     raise ValueError(f"unknown op kind {kind!r}")
 
 
-def _model_ops(spec: ModelSpec, model: str, steps: int, rows: int, tokens: int, context: int, elt: int) -> list[Op]:
+def _model_ops(spec: ModelSpec, model: Model, steps: int, rows: int, tokens: int, context: int, elt: int) -> list[Op]:
     """Ops of one model in execution order; `tokens` new tokens per sequence per pass."""
     ops = []
     for step in range(steps):
@@ -103,11 +104,11 @@ def _add_model(graph: nx.DiGraph, ops: list[Op]) -> None:
 
 def build_graph(workload: Workload) -> nx.DiGraph:
     """Both models' ops for one round. Node attribute `op` holds the Op; graph attribute
-    `order` maps "d"/"t" to that model's op ids in execution order."""
+    `order` maps each Model to its op ids in execution order."""
     elt = workload.torch_dtype.itemsize
-    draft = _model_ops(workload.draft, "d", workload.k, workload.draft_rows, 1, workload.context, elt)
-    target = _model_ops(workload.target, "t", 1, workload.target_rows, workload.k + 1, workload.context, elt)
-    graph = nx.DiGraph(order={"d": [op.id for op in draft], "t": [op.id for op in target]})
+    draft = _model_ops(workload.draft, Model.DRAFT, workload.k, workload.draft_rows, 1, workload.context, elt)
+    target = _model_ops(workload.target, Model.TARGET, 1, workload.target_rows, workload.k + 1, workload.context, elt)
+    graph = nx.DiGraph(order={Model.DRAFT: [op.id for op in draft], Model.TARGET: [op.id for op in target]})
     _add_model(graph, draft)
     _add_model(graph, target)
     return graph

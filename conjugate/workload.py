@@ -23,9 +23,7 @@ from conjugate.files import read_text
 from conjugate.models.presets import PRESETS
 from conjugate.models.spec import ModelSpec
 from conjugate.models.weights import DTYPES, checkpoint_files
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_WORKLOAD = REPO_ROOT / "examples" / "tiny.toml"
+from conjugate.roles import Model
 
 _FIELDS: dict[str, type] = {"name": str, "draft": str, "target": str, "k": int, "draft_batch": int,
                             "target_batch": int, "context": int, "dtype": str, "seed": int, "kv_init": str}
@@ -63,17 +61,17 @@ class Workload:
     def torch_dtype(self):
         return DTYPES[self.dtype]
 
-    def checkpoint_dir(self, model: str) -> Path | None:
-        """The checkpoint directory of 'draft' or 'target', or None for a preset with random weights."""
-        source = self.draft_source if model == "draft" else self.target_source
+    def checkpoint_dir(self, model: Model) -> Path | None:
+        """The model's checkpoint directory, or None for a preset with random weights."""
+        source = self.draft_source if model == Model.DRAFT else self.target_source
         return None if source in PRESETS else Path(source)
 
-    def weights(self, model: str, device="cpu"):
-        """'draft' or 'target' weights: loaded from the checkpoint directory the workload names, or
-        seeded random for a preset."""
+    def weights(self, model: Model, device="cpu"):
+        """The model's weights: loaded from the checkpoint directory the workload names, or seeded
+        random for a preset."""
         from conjugate.models.weights import load_checkpoint, random_weights
 
-        spec = self.draft if model == "draft" else self.target
+        spec = self.draft if model == Model.DRAFT else self.target
         directory = self.checkpoint_dir(model)
         if directory is None:
             return random_weights(spec, self.seed, self.torch_dtype, device)

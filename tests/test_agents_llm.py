@@ -12,12 +12,16 @@ import pytest
 from conjugate.agents import make_proposer
 from conjugate.agents.anthropic_agent import AnthropicClient
 from conjugate.agents.base import NodeContext, Proposal
-from conjugate.agents.llm import ChatReply, LLMBudgetExceeded, LLMProposer, cost_usd, load_prices, parse_reply
+from conjugate.agents.llm import ChatReply, LLMBudgetExceeded, LLMProposer, cost_usd, load_prices
 from conjugate.agents.openai_agent import OpenAIClient
+from conjugate.agents.prompt import parse_reply
 from conjugate.agents.replay import ReplayProposer
+from conjugate.compiler.feedback import LaunchFeedback, PartRef, Resources
 from conjugate.errors import ConjugateError
+from conjugate.evaluate.result import EvalResult, Metrics, Stage, Status, Verdict, VerdictKind
+from conjugate.paths import shipped_plan
 from conjugate.plan import load_plan, patch_plan
-from conjugate.workload import REPO_ROOT
+from conjugate.roles import Model
 from loopback import Loopback  # tests/loopback.py (pytest puts tests/ on sys.path)
 
 PROVIDERS = ("anthropic", "openai")
@@ -46,20 +50,21 @@ def edits(*items: dict) -> str:
 
 @pytest.fixture(scope="module")
 def plan():
-    return load_plan(REPO_ROOT / "plans" / "interleave.json")
+    return load_plan(shipped_plan("interleave"))
 
 
 @pytest.fixture
 def context(plan):
-    result = {"status": "ok", "stage": "timing", "modeled": True, "error": "",
-              "metrics": {"latency_ms": 9.8765, "floor_ratio": 1.5312, "speedups": {"sequential": 1.1325}},
-              "verdicts": [{"launch": 7, "verdict": "interference", "gain_percent": -12.5, "shared_us": 45.0,
-                            "separate_us": 40.0}],
-              "feedback": [{"launch": 7, "kernel": "k_ab.py", "programs": [96, 32],
-                            "ops": ["t.l0.qkv", "d.s0.l0.qkv"], "registers": 168, "spills": 4}]}
+    parts = (PartRef(Model.TARGET, "qkv", ("t.l0.qkv",), 96), PartRef(Model.DRAFT, "qkv", ("d.s0.l0.qkv",), 32))
+    metrics = Metrics(latency_ms=9.8765, floor_ms=6.45, floor_ratio=1.5312, bandwidth_gbs=2700.0, launches=40,
+                      device="NVIDIA H200", sms=132, speedups={"sequential": 1.1325})
+    result = EvalResult(plan.hash, "tiny", "analytical", Stage.TIMING, Status.OK, True, metrics,
+                        verdicts=(Verdict(7, VerdictKind.INTERFERENCE, 45.0, 40.0, -12.5, parts, True),),
+                        feedback=(LaunchFeedback(7, "k_ab.py", parts, Resources(registers=168, spills=4)),))
     return NodeContext(plan=plan.to_dict(), plan_hash=plan.hash, workload={"name": "tiny", "k": 4},
-                       gpu="NVIDIA H200", result=result, baselines={"sequential": 11.1},
-                       lessons=["packed layout spills on gate_up"], edit_stats={"tiles": {"n": 3, "mean_gain": 0.02}})
+                       evaluator="analytical", device="NVIDIA H200", sms=132, result=result,
+                       baselines={"sequential": 11.1}, lessons=["packed layout spills on gate_up"],
+                       edit_stats={"tiles": {"n": 3, "mean_gain": 0.02}})
 
 
 @pytest.fixture(params=PROVIDERS)
@@ -236,7 +241,9 @@ def test_prompt_holds_the_context(provider, server, context):
     assert json.dumps(context.plan, indent=1, sort_keys=True) in text  # the plan
     assert '"$id":"conjugate.plan/1"' in text and "tile_gemm" in text  # the schema
     assert '"gain_percent":-12.5' in text and '"spills":4' in text and '"registers":168' in text  # verdicts
-    assert "packed layout spills on gate_up" in text and "NVIDIA H200" in text and "9.877" in text
+    assert "packed layout spills on gate_up" in text and "9.877" in text
+    assert "GPU: NVIDIA H200 (132 SMs)" in text and "Evaluator: analytical" in text
+    assert '"ops":["t.l0.qkv","d.s0.l0.qkv"]' in text and '"programs":[96,32]' in text
     assert "Propose 3 distinct edits" in text
 
 
@@ -296,7 +303,8 @@ def test_replay_order_parent_and_cap(context):
     rec = [{"parent_hash": h, "patch": [{"op": "test", "path": "/schema", "value": i}], "rationale": f"r{i}",
             "kind": "tiles", "proposer": "openai:gpt-5"} for i, h in enumerate(["a", "b", "a", "a"])]
     agent = ReplayProposer(rec)
-    at = lambda h: NodeContext(plan={}, plan_hash=h, workload={}, gpu="")  # noqa: E731
+    def at(plan_hash: str) -> NodeContext:
+        return NodeContext(plan={}, plan_hash=plan_hash, workload={}, evaluator="analytical", device="", sms=1)
     assert agent.name == "replay"
     assert [p.rationale for p in agent.propose(at("a"), 2)] == ["r0", "r2"]
     assert [p.rationale for p in agent.propose(at("a"), 5)] == ["r3"]

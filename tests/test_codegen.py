@@ -10,10 +10,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
+import triton
+import triton.language as tl
 from conjugate.cli import main
 from conjugate.compiler.codegen import Dispatch, kernel_args, kernel_source
-from conjugate.compiler.gemm import gemm_call
+from conjugate.compiler.gemm import gemm_call, gemm_tile
 from conjugate.compiler.norm import rmsnorm_call
+from conjugate.compiler.tile import TileSignature
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,6 +53,27 @@ def test_source_is_deterministic_and_readable():
     assert "gemm_tile(pid, " in single and "local0" not in single
     with pytest.raises(ValueError):
         kernel_source(parts, None)
+
+
+@triton.jit
+def _no_pid(x, BLOCK: tl.constexpr):
+    pass
+
+
+@triton.jit
+def _mixed_tile(pid, x, BLOCK: tl.constexpr, y):
+    pass
+
+
+def test_tile_signature_is_read_from_the_tile_function():
+    sig = TileSignature.of(gemm_tile)
+    assert (sig.fn, sig.module) == ("gemm_tile", "conjugate.compiler.gemm")
+    assert sig.args[:2] == ("x_ptr", "w_ptr") and sig.args[-1] == "tail_start"
+    assert sig.constexprs[0] == "BLOCK_M" and "EPILOGUE" in sig.constexprs and sig.constexprs[-1] == "DOT_DTYPE"
+    with pytest.raises(TypeError, match="pid"):
+        TileSignature.of(_no_pid)
+    with pytest.raises(TypeError, match="precede"):
+        TileSignature.of(_mixed_tile)
 
 
 def test_plan_compile_writes_kernel_sources(tmp_path, capsys):

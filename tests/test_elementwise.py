@@ -4,9 +4,10 @@ import conjugate  # noqa: F401  (chooses the interpreter before triton is import
 import pytest
 import torch
 
-from conjugate.compiler.embed import argmax_call, embed_call, run_argmax, run_embed
-from conjugate.compiler.norm import rmsnorm_call, run_rmsnorm
+from conjugate.compiler.embed import argmax_call, embed_call
+from conjugate.compiler.norm import rmsnorm_call
 from conjugate.models.reference import rms_norm
+from kernels import run_part  # tests/kernels.py
 
 VOCAB, HIDDEN = 50, 40  # HIDDEN is not a multiple of the blocks used
 
@@ -22,7 +23,7 @@ def test_embed(dtype, stride_tok, tok_dtype):
     x = torch.full((rows, HIDDEN + 8), float("nan"))  # padded rows: row stride != HIDDEN
     call = embed_call(tokens, table, x, rows=rows, stride_tok=stride_tok, block=16)
     assert call.programs == rows * 3
-    run_embed(call)
+    run_part(call)
     expected = table[tokens[::stride_tok].long()].float()  # [rows, HIDDEN]
     assert torch.equal(x[:, :HIDDEN], expected)
     assert x[:, HIDDEN:].isnan().all()  # the padding is not written
@@ -43,7 +44,7 @@ def test_argmax():
     logits = _argmax_logits()
     rows = logits.shape[0]
     out = torch.full((rows, 3), -1, dtype=torch.int64)  # write column 1 of a [rows, 3] token buffer
-    run_argmax(argmax_call(logits, out[:, 1], rows=rows, vocab=100, stride_out=3, block=32))
+    run_part(argmax_call(logits, out[:, 1], rows=rows, vocab=100, stride_out=3, block=32))
     assert torch.equal(out[:, 1], logits.argmax(-1))
     assert out[:, 1].tolist()[1:6] == [3, 40, 99, 0, 64]
     assert (out[:, 0] == -1).all() and (out[:, 2] == -1).all()
@@ -54,7 +55,7 @@ def test_argmax_padded_rows():
     buf = torch.randn(4, 300, generator=gen)
     logits = buf[:, :257]  # row stride 300, vocab 257
     out = torch.full((4,), -1, dtype=torch.int64)
-    run_argmax(argmax_call(logits, out, rows=4, vocab=257, block=64))
+    run_part(argmax_call(logits, out, rows=4, vocab=257, block=64))
     assert torch.equal(out, logits.argmax(-1))
 
 
@@ -65,7 +66,7 @@ def test_rmsnorm(wdtype):
     x = torch.randn(rows, HIDDEN + 4, generator=gen)[:, :HIDDEN] * 3.0  # row stride HIDDEN + 4
     weight = torch.randn(HIDDEN, generator=gen).to(wdtype)
     out = torch.full((rows, HIDDEN), float("nan"))
-    run_rmsnorm(rmsnorm_call(x, weight, out, rows=rows, eps=eps, block=16))
+    run_part(rmsnorm_call(x, weight, out, rows=rows, eps=eps, block=16))
     assert not out.isnan().any()
     torch.testing.assert_close(out, rms_norm(x, weight, eps), rtol=1e-5, atol=1e-5)
 
@@ -75,6 +76,6 @@ def test_rmsnorm_rows_subset():
     x = torch.randn(4, HIDDEN, generator=gen)
     weight = torch.rand(HIDDEN, generator=gen) + 0.5
     out = torch.full((4, HIDDEN), float("nan"))
-    run_rmsnorm(rmsnorm_call(x, weight, out, rows=3, eps=1e-6, block=64))  # block clamps to 64 > HIDDEN
+    run_part(rmsnorm_call(x, weight, out, rows=3, eps=1e-6, block=64))  # block clamps to 64 > HIDDEN
     torch.testing.assert_close(out[:3], rms_norm(x[:3], weight, 1e-6), rtol=1e-5, atol=1e-5)
     assert out[3].isnan().all()

@@ -7,15 +7,20 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
 from conjugate.cli import main
 from conjugate.compiler.round import CompiledRound
-from conjugate.evaluate import pipeline
-from conjugate.evaluate.analytical import AnalyticalModel, PartCost
+from conjugate.evaluate import modeled
+from conjugate.evaluate.analytical import AnalyticalModel, LaunchEstimate, PartCost
+from conjugate.evaluate.correctness import ReferenceChecker
 from conjugate.evaluate.pipeline import evaluate
 from conjugate.evaluate.profile import ProfileError, load_profile
-from conjugate.evaluate.result import EvalResult
+from conjugate.evaluate.result import Baseline, EvalResult, Metrics, VerdictKind
+from conjugate.evaluate.rounds import checked_run, round_inputs
+from conjugate.evaluate.session import EvaluationSession
+from conjugate.models import make_round_inputs
 from conjugate.plan import load_plan
 from conjugate.workload import load_workload
 
@@ -26,7 +31,9 @@ SEQUENTIAL = load_plan(ROOT / "plans" / "sequential.json")
 
 
 def test_eval_result_round_trip_and_checks():
-    r = EvalResult("abc", "tiny", "analytical", "timing", "ok", True, metrics={"latency_ms": 1.0})
+    metrics = Metrics(1.0, 0.5, 2.0, 100.0, 3, "NVIDIA H200", 132, {"sequential": Baseline("ok", 2.0, modeled=True)},
+                      {"sequential": 2.0})
+    r = EvalResult("abc", "tiny", "analytical", "timing", "ok", True, metrics=metrics)
     assert EvalResult.from_dict(json.loads(json.dumps(r.to_dict()))) == r and r.ok
     with pytest.raises(ValueError):
         EvalResult("abc", "tiny", "analytical", "linking", "ok", True)
@@ -76,20 +83,26 @@ def test_analytical_model_shapes():
 def test_pipeline_checks_and_models_the_tiny_round(tmp_path):
     r = evaluate(SEQUENTIAL, TINY, PROFILE, cache_dir=tmp_path)
     assert r.ok and r.stage == "timing" and r.modeled and r.checks["ok"] is True
-    assert r.metrics["latency_ms"] > r.metrics["floor_ms"] > 0
+    assert r.metrics.latency_ms > r.metrics.floor_ms > 0
+    assert (r.metrics.device, r.metrics.sms) == (PROFILE.model.gpu, PROFILE.model.sms)
+    assert set(r.metrics.baselines) == {"sequential", "streams"} and r.metrics.baselines["sequential"].modeled
     assert r.feedback and Path(r.artifacts["kernels"]).is_dir()
     inter = evaluate(load_plan(ROOT / "plans" / "interleave.json"), TINY, PROFILE, cache_dir=tmp_path)
-    assert inter.ok and inter.verdicts and {v["verdict"] for v in inter.verdicts} <= {"gain", "neutral", "interference"}
+    assert inter.ok and inter.verdicts and all(v.modeled and len(v.parts) == 2 for v in inter.verdicts)
+    assert {v.verdict for v in inter.verdicts} <= set(VerdictKind)
+    assert EvalResult.from_dict(json.loads(json.dumps(inter.to_dict()))) == inter
 
 
 def test_pipeline_stops_at_the_failing_stage(tmp_path, monkeypatch):
     bad = evaluate({"schema": "conjugate.plan/1", "alignment": "diagonal"}, TINY, PROFILE, cache_dir=tmp_path)
     assert (bad.stage, bad.status) == ("validate", "invalid") and "$.alignment" in bad.error
+    assert any(e.startswith("$.alignment") for e in bad.plan_errors) and not bad.feedback
     huge = {"schema": "conjugate.plan/1", "tiles": {"target": {"down": {"BLOCK_M": 256, "BLOCK_N": 512,
                                                                        "BLOCK_K": 512}}}}
     failed = evaluate(huge, TINY, PROFILE, cache_dir=tmp_path)
     assert (failed.stage, failed.status) == ("compile", "compile_error")
-    assert failed.feedback[0]["ops"] == "t.l0.down" and "shared memory" in failed.feedback[0]["reason"]
+    assert [p.label for p in failed.compile_failure.failed] == ["t.l0.down"]
+    assert "shared memory" in failed.compile_failure.reason and not failed.plan_errors
 
     outputs = CompiledRound.outputs
 
@@ -101,21 +114,72 @@ def test_pipeline_stops_at_the_failing_stage(tmp_path, monkeypatch):
     monkeypatch.setattr(CompiledRound, "outputs", corrupted)
     wrong = evaluate(SEQUENTIAL, TINY, PROFILE, cache_dir=tmp_path)
     assert (wrong.stage, wrong.status) == ("correctness", "incorrect") and "target token [0, 0]" in wrong.error
+    assert wrong.feedback and not wrong.metrics
 
 
 def test_pipeline_never_raises(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("model exploded")
 
-    monkeypatch.setattr(pipeline, "model_round", broken)
+    monkeypatch.setattr(modeled, "model_round", broken)
     r = evaluate(SEQUENTIAL, TINY, PROFILE, cache_dir=tmp_path)
     assert (r.stage, r.status) == ("timing", "error") and "model exploded" in r.error
+
+
+def test_a_session_prepares_each_workload_once_and_keeps_its_baselines(tmp_path, monkeypatch):
+    prepared, obtained = [], []
+    prepare, baselines = modeled.ModeledHarness.prepare, modeled.ModeledHarness.baselines
+    monkeypatch.setattr(modeled.ModeledHarness, "prepare", lambda self, w: prepared.append(w.name) or prepare(self, w))
+    monkeypatch.setattr(modeled.ModeledHarness, "baselines", lambda self, s: obtained.append(1) or baselines(self, s))
+    session = EvaluationSession()
+    first = evaluate(SEQUENTIAL, TINY, PROFILE, cache_dir=tmp_path, session=session)
+    again = evaluate(SEQUENTIAL, TINY, PROFILE, cache_dir=tmp_path, session=session)
+    assert first.ok and again.ok and (len(prepared), len(obtained)) == (1, 1)
+    assert again.metrics.baselines == first.metrics.baselines
+    evaluate(SEQUENTIAL, TINY, PROFILE, cache_dir=tmp_path, session=session, refresh_baselines=True)
+    assert (len(prepared), len(obtained)) == (1, 2)
+    evaluate(SEQUENTIAL, TINY, replace(PROFILE, max_check_params=0), cache_dir=tmp_path, session=session)
+    assert (len(prepared), len(obtained)) == (2, 3)  # another profile: the workload prepared anew
+    evaluate(SEQUENTIAL, TINY, PROFILE, cache_dir=tmp_path)  # no session: a fresh one
+    assert len(prepared) == 3
+
+
+def test_round_inputs_are_the_workloads(tmp_path):
+    draft, target = TINY.weights("draft"), TINY.weights("target")
+    ours = round_inputs(TINY, draft, target, seed=5)
+    theirs = make_round_inputs(draft, target, k=TINY.k, draft_batch=TINY.draft_batch, target_batch=TINY.target_batch,
+                               context=TINY.context, seed=5, kv_init=TINY.kv_init)
+    assert torch.equal(ours.verify_tokens, theirs.verify_tokens) and torch.equal(ours.draft_cache.k, theirs.draft_cache.k)
+    assert torch.equal(round_inputs(TINY, draft, target).verify_tokens,
+                       make_round_inputs(draft, target, k=TINY.k, draft_batch=TINY.draft_batch,
+                                         target_batch=TINY.target_batch, context=TINY.context,
+                                         seed=TINY.seed).verify_tokens)
+
+
+def test_a_checked_run_never_checks_stale_outputs(tmp_path, monkeypatch):
+    from conjugate.compiler.round import compile_round
+
+    draft, target = TINY.weights("draft"), TINY.weights("target")
+    inputs = round_inputs(TINY, draft, target)
+    compiled = compile_round(SEQUENTIAL, TINY, draft, target, cache_dir=tmp_path)
+    check = ReferenceChecker(draft, target, inputs, TINY.dtype)
+    assert checked_run(compiled, inputs, check).ok
+    monkeypatch.setattr(CompiledRound, "run_eager", lambda self: None)  # a round that writes nothing
+    stale = checked_run(compiled, inputs, check)
+    assert not stale.ok and any("token" in p for p in stale.problems)
+
+
+def test_modeled_verdicts_follow_the_one_rule():
+    parts = ()
+    for shared, kind in ((9.7, "gain"), (10.0, "neutral"), (10.3, "interference")):
+        v = LaunchEstimate(3, "main", shared, (6.0, 4.0)).verdict(parts)
+        assert (v.launch, v.verdict, v.modeled, v.separate_us, v.parts_us) == (3, kind, True, 10.0, (6.0, 4.0))
 
 
 def test_large_rounds_compile_on_shapes_and_skip_the_numerical_check(tmp_path):
     big = load_workload(ROOT / "examples" / "qwen25-05b-7b-b8.toml")
     r = evaluate(SEQUENTIAL, big, PROFILE, cache_dir=tmp_path)
-    assert r.ok and "skipped" in r.checks and r.metrics["floor_ratio"] > 1
+    assert r.ok and "skipped" in r.checks and r.metrics.floor_ratio > 1
     small_limit = replace(PROFILE, max_check_params=0)
     assert "skipped" in evaluate(SEQUENTIAL, TINY, small_limit, cache_dir=tmp_path).checks
 

@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 
 import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
-from conjugate.compiler.gemm import gemm_call, run_gemm
+from conjugate.compiler.gemm import gemm_call
+from kernels import run_part  # tests/kernels.py
 
 M, N, K = 10, 300, 200
 
@@ -28,7 +29,7 @@ def test_store_with_bias(split_k, block_m, block_n, block_k):
     out = torch.full((M, N), float("nan"))
     call = gemm_call(x, w, out, rows=M, bias=b, split_k=split_k, block_m=block_m, block_n=block_n, block_k=block_k)
     for _ in range(2):  # the split-K workspaces and counters clear themselves
-        run_gemm(call)
+        run_part(call)
         torch.testing.assert_close(out, x @ w.T + b, atol=1e-4, rtol=1e-4)
     assert int(call.scratch[0].abs().sum()) == 0  # every counter back to zero
 
@@ -38,7 +39,7 @@ def test_residual_add(split_k):
     x, w, _, _ = _inputs(1)
     residual = torch.randn(M, N)
     out = residual.clone()
-    run_gemm(gemm_call(x, w, out, rows=M, epilogue="residual", split_k=split_k, block_k=32))
+    run_part(gemm_call(x, w, out, rows=M, epilogue="residual", split_k=split_k, block_k=32))
     torch.testing.assert_close(out, residual + x @ w.T, atol=1e-4, rtol=1e-4)
 
 
@@ -48,7 +49,7 @@ def test_norm_prologue_and_silu_mul(split_k):
     gain = torch.rand(K) + 0.5
     out = torch.full((M, N), float("nan"))
     # the norm weight is folded into both GEMM weights; the kernel scales rows by 1/rms
-    run_gemm(gemm_call(x, w * gain, out, rows=M, epilogue="silu_mul", w2=w2 * gain, norm_eps=1e-5, split_k=split_k,
+    run_part(gemm_call(x, w * gain, out, rows=M, epilogue="silu_mul", w2=w2 * gain, norm_eps=1e-5, split_k=split_k,
                        block_k=64))
     h = _normed(x, gain)
     torch.testing.assert_close(out, F.silu(h @ w.T) * (h @ w2.T), atol=1e-4, rtol=1e-4)
@@ -66,7 +67,7 @@ def test_argmax_epilogue_first_index_on_ties(split_k, write_out):
     call = gemm_call(x, w, out, rows=M, epilogue="argmax", tokens=tokens[:, 1], stride_tok=3, block_n=32,
                      write_out=write_out, split_k=split_k, block_k=64)
     for _ in range(2):  # the program counter resets itself
-        run_gemm(call)
+        run_part(call)
         expected = (x @ w.T).argmax(-1)
         assert tokens[:, 1].tolist() == expected.tolist()
         assert tokens[0, 1] == 5 and tokens[1, 1] == 250
@@ -78,7 +79,7 @@ def test_padded_rows_and_strides():
     x, w, _, _ = _inputs(4)
     wide = torch.full((M, N + 20), float("nan"))
     out = wide[:, :N]
-    run_gemm(gemm_call(x, w, out, rows=M, block_m=16, block_n=64))
+    run_part(gemm_call(x, w, out, rows=M, block_m=16, block_n=64))
     torch.testing.assert_close(out, x @ w.T, atol=1e-4, rtol=1e-4)
     assert torch.isnan(wide[:, N:]).all()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import weakref
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,13 +20,15 @@ from conjugate.evaluate.calibrate import ranks, spearman
 from conjugate.evaluate.conventional import ConventionalRound
 from conjugate.evaluate.correctness import TOLERANCES, ReferenceChecker, Tolerance, check_round, compare_rounds, \
     tolerance_for
-from conjugate.evaluate.measured import VERDICT_THRESHOLD_PERCENT, verdict
+from conjugate.compiler.feedback import PartRef
 from conjugate.evaluate.pipeline import evaluate
 from conjugate.evaluate.profile import EvaluatorProfile, ProfileError, TimingSettings, load_profile
-from conjugate.evaluate.result import EvalResult
+from conjugate.evaluate.result import VERDICT_THRESHOLD_PERCENT, Baseline, EvalResult, Metrics, Verdict, VerdictKind
+from conjugate.evaluate.rounds import round_inputs
 from conjugate.evaluate.timing import Timing
 from conjugate.evaluate.worker import IsolatedEvaluator
-from conjugate.models import make_round_inputs, reference_round
+from conjugate.models import reference_round
+from conjugate.roles import Model
 from conjugate.plan import load_plan
 from conjugate.workload import load_workload
 from test_round import _round
@@ -100,19 +103,23 @@ def test_analytical_profiles_still_need_their_model(tmp_path):
 
 # --- verdicts, tolerances, timing -----------------------------------------------------------------
 
+PARTS = (PartRef(Model.TARGET, "qkv", ("t.l0.qkv",), 64), PartRef(Model.DRAFT, "attn", ("d.s0.l0.attn",), 8))
+
+
 @pytest.mark.parametrize("shared,expected", [
     (9.79, "gain"), (9.8, "neutral"), (10.0, "neutral"), (10.2, "neutral"), (10.21, "interference")])
 def test_verdict_thresholds(shared, expected):
     assert VERDICT_THRESHOLD_PERCENT == 2.0
-    v = verdict(["t.l0.qkv", "d.l0.attn"], shared, [6.0, 4.0])  # separately: 10 us
-    assert v["verdict"] == expected and v["ops"] == ["t.l0.qkv", "d.l0.attn"] and v["modeled"] is False
-    assert v["separate_us"] == 10.0 and v["gain_percent"] == round((10.0 - shared) / 10.0 * 100, 1)
+    v = Verdict.judge(4, PARTS, shared, (6.0, 4.0), modeled=False)  # separately: 10 us
+    assert v.verdict == expected and v.parts == PARTS and v.modeled is False
+    assert v.separate_us == 10.0 and v.gain_percent == round((10.0 - shared) / 10.0 * 100, 1)
+    assert v.verdict is VerdictKind.of((10.0 - shared) / 10.0 * 100)
 
 
 def test_verdict_rounds_its_numbers():
-    v = verdict(["a", "b"], 7.123456, [4.56789, 3.33333])
-    assert v == {"verdict": "gain", "shared_us": 7.12, "separate_us": 7.9, "parts_us": [4.57, 3.33],
-                 "gain_percent": 9.8, "ops": ["a", "b"], "modeled": False}
+    v = Verdict.judge(4, PARTS, 7.123456, (4.56789, 3.33333), modeled=False, launches=(4, 9))
+    assert v == Verdict(4, VerdictKind.GAIN, 7.12, 7.9, 9.8, PARTS, False, (4.57, 3.33), (4, 9))
+    assert Verdict.from_dict(json.loads(json.dumps(v.to_dict()))) == v
 
 
 def test_tolerance_for_uses_the_profile_override():
@@ -139,9 +146,7 @@ def test_spearman_on_known_vectors():
 # --- the reference cache and the conventional baseline's reloads -----------------------------------
 
 def _other_inputs(rnd, seed: int):
-    w = rnd.workload
-    return make_round_inputs(rnd.draft, rnd.target, k=w.k, draft_batch=w.draft_batch, target_batch=w.target_batch,
-                             context=w.context, seed=seed)
+    return round_inputs(rnd.workload, rnd.draft, rnd.target, seed)
 
 
 def test_reference_checker_computes_each_reference_once(monkeypatch):
@@ -172,17 +177,17 @@ def test_conventional_round_reload_computes_the_new_inputs(tmp_path):
     rnd = _round("qwen2")
     conventional = ConventionalRound(rnd.draft, rnd.target, rnd.inputs, compile_fn=lambda fn: fn)
     conventional.run()
-    assert compare_rounds(rnd.ref, conventional.outputs(), "fp32", rnd.inputs.context).ok
+    assert compare_rounds(rnd.ref, conventional.outputs(), "fp32", rnd.workload.context).ok
     fresh = _other_inputs(rnd, rnd.workload.seed + 1)
     fresh_ref = reference_round(rnd.draft, rnd.target, fresh)
     assert not torch.equal(fresh_ref.target_logits, rnd.ref.target_logits)
     conventional.load(fresh)
     conventional.run()
-    report = compare_rounds(fresh_ref, conventional.outputs(), "fp32", fresh.context)
+    report = compare_rounds(fresh_ref, conventional.outputs(), "fp32", rnd.workload.context)
     assert report.ok and report.near_ties == 0, report.problems
     conventional.load(rnd.inputs)  # and back: the first inputs' caches, not what the last round wrote
     conventional.run()
-    assert compare_rounds(rnd.ref, conventional.outputs(), "fp32", rnd.inputs.context).ok
+    assert compare_rounds(rnd.ref, conventional.outputs(), "fp32", rnd.workload.context).ok
 
 
 # --- a gpu evaluation without a GPU ----------------------------------------------------------------
@@ -206,13 +211,88 @@ def test_an_error_retires_the_worker(tmp_path):
         assert after.ok and after.modeled and isolated.restarts == 1
 
 
+# --- the measured flow on this CPU, with the GPU's timing faked --------------------------------------
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """The measured harness's own check (eager, then 'replayed': eager here), with a fake device,
+    fake rates, fake timing and fake baselines; returns the log of timing and baseline calls."""
+    from types import SimpleNamespace
+
+    from conjugate.compiler.buffers import PreparedWeights
+    from conjugate.evaluate.harness import Timed
+    from conjugate.evaluate.measured import MeasuredHarness
+    from conjugate.evaluate.session import EvaluationSession, RoundSetup
+    from conjugate.graph import build_graph
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: SimpleNamespace(multi_processor_count=132))
+    monkeypatch.setattr(EvaluationSession, "device_rates",
+                        lambda self, device: {"copy_bandwidth_gbs": 4000.0, "matmul_tflops": 800.0})
+    log = {"time": [], "baselines": 0, "broken": False}
+
+    def prepare(self, w):
+        draft, target = w.weights("draft"), w.weights("target")
+        inputs = round_inputs(w, draft, target)
+        return RoundSetup(w, build_graph(w), (PreparedWeights(draft), PreparedWeights(target)), inputs,
+                          round_inputs(w, draft, target, w.seed + 1), tolerance_checker(draft, target, inputs, w))
+
+    def timed(self, compiled, setup):
+        log["time"].append(weakref.ref(compiled))
+        return Timed(0.5, (), len(compiled.schedule.launches), 0.49, 0.52, 200)
+
+    def baselines(self, setup):
+        assert log["time"][-1]() is None  # the plan's compiled round is gone before the baselines are measured
+        log["baselines"] += 1
+        if log["broken"]:
+            raise RuntimeError("out of memory (simulated)")
+        return {"conventional": Baseline("ok", 1.0), "sequential": Baseline("incorrect", error="draft token [0, 1]"),
+                "streams": Baseline("ok", 0.75)}
+
+    monkeypatch.setattr(MeasuredHarness, "prepare", prepare)
+    monkeypatch.setattr(MeasuredHarness, "ready", lambda self, compiled, setup: None)  # warm-up: GPU only
+    monkeypatch.setattr(MeasuredHarness, "time", timed)
+    monkeypatch.setattr("conjugate.evaluate.baselines.measure_baselines",
+                        lambda setup, profile, cache_dir: baselines(None, setup))
+    return log
+
+
+def tolerance_checker(draft, target, inputs, w):
+    return ReferenceChecker(draft, target, inputs, w.dtype, tolerance_for(w.dtype, load_profile("h200").tolerances))
+
+
+def test_the_measured_flow_checks_twice_times_then_measures_the_baselines_once(fake_gpu, tmp_path):
+    from conjugate.evaluate.session import EvaluationSession
+
+    session, profile, heard = EvaluationSession(), load_profile("h200"), []
+    r = evaluate(CHEAP, TINY, profile, cache_dir=tmp_path, on_stage=heard.append, session=session)
+    assert r.ok and not r.modeled and heard == ["validate", "compile", "correctness", "timing"]
+    assert r.checks["ok"] and r.checks["eager"]["ok"] and r.checks["replayed"]["ok"]
+    m = r.metrics
+    assert (m.device, m.sms, m.latency_ms, m.p20_ms, m.replays) == ("NVIDIA H200", 132, 0.5, 0.49, 200)
+    assert m.speedups == {"conventional": 2.0, "streams": 1.5} and m.baselines["sequential"].status == "incorrect"
+    assert m.copy_bandwidth_gbs == 4000.0 and m.floor_ratio == pytest.approx(0.5 / m.floor_ms)
+    assert fake_gpu["baselines"] == 1
+    fake_gpu["broken"] = True
+    failed = evaluate(CHEAP, TINY, profile, cache_dir=tmp_path, refresh_baselines=True, session=session)
+    assert failed.ok and failed.metrics.speedups == {}  # the plan's own measurement stands
+    assert {b.status for b in failed.metrics.baselines.values()} == {"error"}
+    assert "out of memory (simulated)" in failed.metrics.baselines["streams"].error
+    again = evaluate(CHEAP, TINY, profile, cache_dir=tmp_path, session=session)
+    assert fake_gpu["baselines"] == 2 and again.metrics.baselines == failed.metrics.baselines  # not retried
+    assert EvalResult.from_dict(json.loads(json.dumps(again.to_dict()))) == again
+
+
 # --- bench with measured rows ----------------------------------------------------------------------
 
-def _measured(plan: str, latency: float) -> EvalResult:
-    metrics = {"latency_ms": latency, "p20_ms": latency * 0.98, "p80_ms": latency * 1.03, "floor_ratio": 1.8,
-               "gpu": "NVIDIA H200", "speedups": {"conventional": 0.5 / latency, "sequential": 0.4 / latency,
-                                                 "streams": 0.3 / latency}}
-    return EvalResult("h", "tiny", "h200", "timing", "ok", False, metrics=metrics, checks={"ok": True})
+def _measured(plan: str, latency: float, **changes) -> EvalResult:
+    baselines = {name: Baseline("ok", ms) for name, ms in (("conventional", 0.5), ("sequential", 0.4), ("streams", 0.3))}
+    metrics = Metrics(latency, latency / 1.8, 1.8, 4000.0, 40, "NVIDIA H200", 132, baselines,
+                      {name: b.latency_ms / latency for name, b in baselines.items()}, latency * 0.98, latency * 1.03,
+                      200)
+    return EvalResult("h", "tiny", "h200", "timing", "ok", False, metrics=replace(metrics, **changes),
+                      checks={"ok": True})
 
 
 def test_bench_with_a_gpu_profile(monkeypatch, capsys, tmp_path):
@@ -246,11 +326,9 @@ def test_bench_with_a_gpu_profile(monkeypatch, capsys, tmp_path):
 
 def test_bench_names_a_failed_baseline(monkeypatch, capsys):
     def fake(self, plan, workload_path, refresh_baselines=False, on_stage=None):
-        result = _measured(plan["name"], 0.25)
-        result.metrics["speedups"].pop("conventional")
-        result.metrics["baselines"] = {"conventional": {"status": "incorrect", "error": "target cache k: worst (1, 2)"},
-                                       "sequential": {"status": "ok", "latency_ms": 0.4}}
-        return result
+        baselines = {"conventional": Baseline("incorrect", error="target cache k: worst (1, 2)"),
+                     "sequential": Baseline("ok", 0.4)}
+        return _measured(plan["name"], 0.25, baselines=baselines, speedups={"sequential": 0.4 / 0.25})
 
     monkeypatch.setattr(IsolatedEvaluator, "evaluate", fake)
     assert main(["bench", str(TINY_PATH), "--evaluator", "h200"]) == 0
@@ -283,6 +361,6 @@ def test_the_device_is_part_of_the_evaluator_id(tmp_path):
     ("H200", "NVIDIA H200", True), ("h200", "NVIDIA H200", True), ("H20", "NVIDIA H200", False),
     ("H100 80GB", "NVIDIA H100 80GB HBM3", True), ("", "NVIDIA H200", True), ("H200", "NVIDIA H200 NVL", True)])
 def test_a_profile_device_names_whole_words(wanted, device, expected):
-    from conjugate.evaluate.pipeline import _names_device
+    from conjugate.evaluate.measured import names_device
 
-    assert _names_device(wanted, device) is expected
+    assert names_device(wanted, device) is expected

@@ -6,6 +6,7 @@ from pathlib import Path
 import networkx as nx
 
 from conjugate.graph import KINDS, LAYER_KINDS, build_graph, graph_totals, op_id
+from conjugate.roles import Model
 from conjugate.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,11 +20,14 @@ def _load(name: str):
 def test_ids_counts_and_order():
     w, g = _load("tiny")
     per_pass = 4 + len(LAYER_KINDS)
-    assert len(g.graph["order"]["d"]) == w.k * (w.draft.num_layers * len(LAYER_KINDS) + 4)
-    assert len(g.graph["order"]["t"]) == w.target.num_layers * len(LAYER_KINDS) + 4
-    assert g.graph["order"]["d"][:3] == ["d.s0.embed", "d.s0.l0.attn_norm", "d.s0.l0.qkv"]
-    assert g.graph["order"]["t"][-3:] == ["t.final_norm", "t.lm_head", "t.argmax"]
-    assert op_id("d", 2, 5, "gate_up") == "d.s2.l5.gate_up" and op_id("t", 0, 17, "attn") == "t.l17.attn"
+    draft, target = g.graph["order"][Model.DRAFT], g.graph["order"][Model.TARGET]
+    assert len(draft) == w.k * (w.draft.num_layers * len(LAYER_KINDS) + 4)
+    assert len(target) == w.target.num_layers * len(LAYER_KINDS) + 4
+    assert draft[:3] == ["d.s0.embed", "d.s0.l0.attn_norm", "d.s0.l0.qkv"]
+    assert target[-3:] == ["t.final_norm", "t.lm_head", "t.argmax"]
+    assert op_id(Model.DRAFT, 2, 5, "gate_up") == "d.s2.l5.gate_up"
+    assert op_id(Model.TARGET, 0, 17, "attn") == "t.l17.attn"
+    assert all(g.nodes[n]["op"].model is Model.of_op(n) for n in g.nodes)
     assert {g.nodes[n]["op"].kind for n in g.nodes} == set(KINDS)
     assert per_pass == 12 and nx.is_directed_acyclic_graph(g)
 

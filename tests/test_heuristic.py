@@ -1,15 +1,18 @@
 """The heuristic proposer: deterministic, valid and new edits, driven by the node's result.
-Results here are built from the plan's expansion (no compile): feedback per launch with its part
-labels and program counts, and verdicts for chosen shared launches."""
+Results here are built from the plan's expansion (no compile): feedback per launch with its parts
+and program counts, and verdicts for chosen shared launches."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from conjugate.agents.base import EDIT_KINDS, NodeContext
 from conjugate.agents.heuristic import HeuristicProposer
+from conjugate.compiler.feedback import CompileFailure, LaunchFeedback, PartRef, Resources
 from conjugate.errors import ScheduleError
+from conjugate.evaluate.result import EvalResult, Metrics, Stage, Status, Verdict, VerdictKind
 from conjugate.plan import Plan, apply_patch, expand, load_plan, patch_plan, validate_plan
 from conjugate.workload import load_workload
 
@@ -18,21 +21,31 @@ TINY = load_workload(ROOT / "examples" / "tiny.toml")
 PLANS = {name: load_plan(ROOT / "plans" / f"{name}.json") for name in ("sequential", "streams", "interleave")}
 
 
-def _context(plan: Plan, result: dict | None = None, tried: list | None = None,
-             stats: dict | None = None) -> NodeContext:
+def _context(plan: Plan, result: EvalResult | None = None, tried: list | None = None,
+             stats: dict | None = None, sms: int = 132) -> NodeContext:
     return NodeContext(plan=plan.to_dict(), plan_hash=plan.hash, workload={**TINY.to_dict(), "name": TINY.name},
-                       gpu="NVIDIA H200", result=result, tried=tried or [], edit_stats=stats or {})
+                       evaluator="analytical", device="NVIDIA H200", sms=sms, result=result, tried=tried or [],
+                       edit_stats=stats or {})
 
 
-def _ok_result(plan: Plan, verdicts: dict[int, tuple[str, float]] | None = None, programs: int = 200) -> dict:
-    """An ok EvalResult dict: feedback for every launch, verdicts for the given shared launches."""
+def _parts(plan: Plan, index: int, programs: int | None = None) -> tuple[PartRef, ...]:
+    return tuple(PartRef.of(p, programs) for p in expand(plan, TINY).launches[index].parts)
+
+
+def _result(plan: Plan, status: Status, stage: Stage, **fields) -> EvalResult:
+    return EvalResult(plan.hash, TINY.name, "analytical", stage, status, True, **fields)
+
+
+def _ok_result(plan: Plan, verdicts: dict[int, tuple[str, float]] | None = None, programs: int = 200) -> EvalResult:
+    """An ok result: feedback for every launch, verdicts for the given shared launches."""
     launches = expand(plan, TINY).launches
-    feedback = [{"launch": l.index, "kernel": f"k_{l.index}.py", "programs": [programs] * len(l.parts),
-                 "ops": ["+".join(p.ops) for p in l.parts]} for l in launches]
-    verdicts = [{"launch": i, "verdict": v, "shared_us": 10.0, "separate_us": 10.0 * (1 + g / 100),
-                 "gain_percent": g, "modeled": True} for i, (v, g) in (verdicts or {}).items()]
-    return {"status": "ok", "stage": "timing", "verdicts": verdicts, "feedback": feedback, "error": "",
-            "metrics": {"latency_ms": 1.0}}
+    feedback = tuple(LaunchFeedback(l.index, f"k_{l.index}.py", tuple(PartRef.of(p, programs) for p in l.parts))
+                     for l in launches)
+    verdicts = tuple(Verdict(i, VerdictKind(v), 10.0, 10.0 * (1 + g / 100), g, feedback[i].parts, True)
+                     for i, (v, g) in (verdicts or {}).items())
+    metrics = Metrics(latency_ms=1.0, floor_ms=0.5, floor_ratio=2.0, bandwidth_gbs=100.0, launches=len(launches),
+                      device="NVIDIA H200", sms=132)
+    return _result(plan, Status.OK, Stage.TIMING, metrics=metrics, verdicts=verdicts, feedback=feedback)
 
 
 def _shared(plan: Plan, target_kind: str):
@@ -115,6 +128,13 @@ def test_idle_target_launches_get_draft_work():
     assert new["alignment"] != "sequential" and any(l.cross_model for l in expand(new, TINY).launches)
 
 
+def test_idle_means_fewer_programs_than_the_gpu_has_sms():
+    plan, result = PLANS["sequential"], _ok_result(PLANS["sequential"], programs=200)
+    assert not any("SMs" in p.rationale for p in HeuristicProposer().propose(_context(plan, result), 6))
+    props = HeuristicProposer().propose(_context(plan, result, sms=264), 6)
+    assert props[0].kind == "alignment" and "200 of 264 SMs" in props[0].rationale
+
+
 @pytest.mark.parametrize("status, reason", [
     ("compile_error", "tiles need at least 260 KB of shared memory with num_stages=3; the GPU gives a program 227 KB"),
     ("compile_error", "triton OutOfResources: out of resource: shared memory, Required: 262144"),
@@ -122,10 +142,8 @@ def test_idle_target_launches_get_draft_work():
 def test_shared_memory_error_leads_to_smaller_tiles(status, reason):
     plan = PLANS["interleave"]
     launch = _shared(plan, "gate_up")
-    labels = ["+".join(p.ops) for p in launch.parts]
-    result = {"status": status, "stage": "compile", "error": f"launch {launch.index} part 0: {reason}",
-              "feedback": [{"launch": launch.index, "part": 0, "ops": " | ".join(labels), "reason": reason}],
-              "verdicts": []}
+    failure = CompileFailure(launch.index, 0, _parts(plan, launch.index), reason)
+    result = _result(plan, Status(status), Stage.COMPILE, compile_failure=failure, error=failure.message)
     props = HeuristicProposer().propose(_context(plan, result), 6)
     first = props[0]
     assert first.kind in ("tiles", "launch") and "target gate_up" in first.rationale
@@ -136,19 +154,29 @@ def test_shared_memory_error_leads_to_smaller_tiles(status, reason):
 def test_register_spills_lead_to_smaller_tiles():
     plan = PLANS["interleave"]
     result = _ok_result(plan)
-    entry = next(f for f in result["feedback"] if f["ops"][0] == "t.l1.down")
-    entry |= {"registers": 255, "spills": 96, "shared_bytes": 65536}
-    props = HeuristicProposer().propose(_context(plan, result), 6)
+    spilled = Resources(registers=255, spills=96, shared_bytes=65536)
+    feedback = tuple(replace(f, resources=spilled) if f.parts[0].ops[0] == "t.l1.down" else f for f in result.feedback)
+    assert feedback != result.feedback
+    props = HeuristicProposer().propose(_context(plan, replace(result, feedback=feedback)), 6)
     assert props[0].kind == "tiles" and "spills 96 registers" in props[0].rationale
     assert patch_plan(plan, props[0].patch)["tiles"]["target"]["down"]["BLOCK_K"] == 64
 
 
 def test_incorrect_packed_round_goes_back_to_separate_operands():
     plan = patch_plan(PLANS["interleave"], [{"op": "replace", "path": "/operand_layout", "value": "packed"}])
-    result = {"status": "incorrect", "stage": "correctness", "error": "logits differ at d.s1.l0.qkv", "feedback": [],
-              "verdicts": []}
+    result = _result(plan, Status.INCORRECT, Stage.CORRECTNESS, error="logits differ at d.s1.l0.qkv")
     props = HeuristicProposer().propose(_context(plan, result), 4)
     assert props[0].kind == "layout" and patch_plan(plan, props[0].patch)["operand_layout"] == "separate"
+
+
+def test_a_plan_error_naming_an_override_removes_it():
+    plan = patch_plan(PLANS["interleave"], [{"op": "add", "path": "/overrides/-",
+                                             "value": {"match": "t.l0.qkv", "pair": False}}])
+    errors = (f"$.overrides[{len(plan['overrides']) - 1}].with: 'd.s9.l0.qkv' is not a draft op of this workload",)
+    result = _result(plan, Status.INVALID, Stage.VALIDATE, plan_errors=errors, error=errors[0])
+    first = HeuristicProposer().propose(_context(plan, result), 3)[0]
+    last = len(plan["overrides"]) - 1
+    assert first.kind == "override" and first.patch == [{"op": "remove", "path": f"/overrides/{last}"}]
 
 
 def test_edit_stats_reorder_kinds():
@@ -187,7 +215,7 @@ def test_most_proposals_expand():
 
 
 def test_an_invalid_node_plan_gives_nothing():
-    ctx = NodeContext(plan={"schema": "nope"}, plan_hash="x", workload={}, gpu="")
+    ctx = NodeContext(plan={"schema": "nope"}, plan_hash="x", workload={}, evaluator="analytical", device="", sms=1)
     assert HeuristicProposer().propose(ctx, 3) == []
 
 

@@ -495,7 +495,8 @@ def pair():
 def test_make_round_inputs_shapes(pair, kv_init):
     draft, target = pair
     inputs = make_round_inputs(draft, target, k=3, draft_batch=2, target_batch=5, context=6, seed=0, kv_init=kv_init)
-    assert inputs.k == 3 and inputs.context == 6
+    assert inputs.k == 3
+    assert inputs.draft_lengths.tolist() == [6, 6] and inputs.target_lengths.tolist() == [6] * 5
     assert inputs.draft_last_tokens.shape == (2,) and inputs.verify_tokens.shape == (5, 4)
     ds, ts = draft.spec, target.spec
     assert inputs.draft_cache.k.shape == (ds.num_layers, 2, ds.num_kv_heads, 10, ds.head_dim)
@@ -592,6 +593,31 @@ def test_reference_round_leaves_inputs_and_writes_positions(pair, kv_init):
     torch.testing.assert_close(fresh.k, out.draft_cache.k, atol=1e-5, rtol=1e-5)
     # and the draft tokens are the argmax of the draft logits
     assert torch.equal(out.draft_tokens, out.draft_logits.argmax(-1))
+
+
+def test_ragged_round_is_each_sequence_alone(pair):
+    """Sequences at different lengths: each one's round equals its round alone, and nothing past a
+    sequence's length (noise there) is read."""
+    draft, target = pair
+    k, ctx = 2, 9
+    inputs = make_round_inputs(draft, target, k=k, draft_batch=3, target_batch=3, context=ctx, seed=4, ragged=True)
+    assert len(set(inputs.target_lengths.tolist())) > 1 and len(set(inputs.draft_lengths.tolist())) > 1
+    assert all(ctx // 2 <= n <= ctx for n in inputs.target_lengths.tolist() + inputs.draft_lengths.tolist())
+    out = reference_round(draft, target, inputs)
+    for b in range(3):
+        d_len, t_len = int(inputs.draft_lengths[b]), int(inputs.target_lengths[b])
+        t_cache = KVCache(inputs.target_cache.k[:, b:b + 1, :, :t_len].clone(),
+                          inputs.target_cache.v[:, b:b + 1, :, :t_len].clone())
+        t_cache = KVCache(torch.cat([t_cache.k, torch.zeros_like(inputs.target_cache.k[:, b:b + 1, :, :k + 1])], 3),
+                          torch.cat([t_cache.v, torch.zeros_like(inputs.target_cache.v[:, b:b + 1, :, :k + 1])], 3))
+        alone = forward(target, inputs.verify_tokens[b:b + 1], t_cache, t_len)
+        torch.testing.assert_close(out.target_logits[b:b + 1], alone, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out.target_cache.k[:, b, :, t_len:t_len + k + 1], t_cache.k[:, 0, :, t_len:],
+                                   atol=1e-6, rtol=1e-6)
+        d_cache = KVCache(inputs.draft_cache.k[:, b:b + 1].clone(), inputs.draft_cache.v[:, b:b + 1].clone())
+        tokens, _ = reference.draft_phase(draft, inputs.draft_last_tokens[b:b + 1], d_cache,
+                                          torch.tensor([d_len]), k)
+        assert torch.equal(out.draft_tokens[b:b + 1], tokens)
 
 
 def test_workload_weights_come_from_its_checkpoint(tmp_path):

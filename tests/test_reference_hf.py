@@ -245,7 +245,7 @@ def test_reference_round_matches_hf(ckpt, family):
     last = _tokens(23, B)
     verify = _tokens(24, B + 1, K + 1)
     inputs = RoundInputs(last, verify, _prefilled(draft, d_prompt, CTX + K + 1),
-                         _prefilled(target, t_prompt, CTX + K + 1), CTX)
+                         _prefilled(target, t_prompt, CTX + K + 1), torch.full((B,), CTX), torch.full((B + 1,), CTX))
     out = reference_round(draft, target, inputs)
 
     assert out.target_logits.shape == (B + 1, K + 1, 256)

@@ -10,12 +10,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
+from conjugate.compiler.feedback import CompileFailure, Resources
 from conjugate.compiler.round import compile_round
 from conjugate.errors import CompileError
 from conjugate.evaluate.correctness import compare_rounds
 from conjugate.models import make_round_inputs, random_weights, reference_round
 from conjugate.plan import load_plan, validate_plan
 from conjugate.plan.schema import FUSIONS, PATTERNS
+from conjugate.roles import Model
 from conjugate.workload import load_workload, workload_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,6 +107,11 @@ def test_pinned_cross_model_launches(pattern, ratio, tmp_path):
     assert pairs == {("qkv", "qkv"), ("attn", "o_proj"), ("mlp_norm", "gate_up")}
     tiles = {p.label: p.constexprs.get("BLOCK_N") for l in compiled.launches for p in l.parts}
     assert tiles["t.l0.qkv"] == 64 and tiles["d.s0.l0.qkv"] == 16
+    qkv = next(f for f in compiled.feedback() if f.parts[0].op == "t.l0.qkv")
+    launch = compiled.launches[qkv.launch]
+    assert [p.model for p in qkv.parts] == [Model.TARGET, Model.DRAFT]
+    assert [p.programs for p in qkv.parts] == [call.programs for call in launch.parts]
+    assert qkv.kernel == f"k_{launch.digest}.py" and qkv.resources == Resources()  # no GPU report here
 
 
 def test_kernel_cache_reuses_generated_source(tmp_path):
@@ -131,10 +138,12 @@ def test_lowering_errors_are_structured(tmp_path):
     plan = _plan(tiles={"target": {"gate_up": huge}})
     with pytest.raises(CompileError) as info:
         compile_round(plan, rnd.workload, rnd.draft, rnd.target, cache_dir=tmp_path)
-    err = info.value
-    assert err.part == 0 and err.ops == "t.l0.gate_up" and err.to_dict()["launch"] == err.launch
-    assert str(err).startswith(f"launch {err.launch} part 0 (t.l0.gate_up): tiles need at least ")
-    assert "shared memory" in err.reason
+    failure = info.value.failure
+    assert failure.part == 0 and [p.label for p in failure.failed] == ["t.l0.gate_up"]
+    assert failure.failed[0].model is Model.TARGET and failure.failed[0].kind == "gate_up"
+    assert CompileFailure.from_dict(failure.to_dict()) == failure
+    assert str(info.value).startswith(f"launch {failure.launch} part 0 (t.l0.gate_up): tiles need at least ")
+    assert "shared memory" in failure.reason
 
 
 _random_plans = st.fixed_dictionaries({
@@ -198,7 +207,8 @@ def test_packed_layout_needs_matching_gemms(tmp_path):
                  overrides=[{"match": "t.l0.qkv", "with": "d.s0.l0.down"}])  # store+bias beside residual
     with pytest.raises(CompileError, match="same epilogue") as info:
         compile_round(plan, rnd.workload, rnd.draft, rnd.target, cache_dir=tmp_path)
-    assert info.value.part == 1 and info.value.ops == "d.s0.l0.down"
+    failure = info.value.failure
+    assert failure.part == 1 and failure.failed[0].label == "d.s0.l0.down" and len(failure.parts) == 2
 
 
 def test_packed_plan_packs_only_gemm_pairs(tmp_path):

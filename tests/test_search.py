@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,11 +25,11 @@ from conjugate.agents import Proposal, make_proposer
 from conjugate.cli import main
 from conjugate.evaluate.pipeline import evaluate
 from conjugate.evaluate.profile import load_profile
-from conjugate.evaluate.result import EvalResult
+from conjugate.evaluate.result import EvalResult, Metrics, Stage, Status
 from conjugate.plan import load_plan, validate_plan
 from conjugate.search.context import ContextBuilder, family_of
 from conjugate.search.run import Search, SearchSettings, eval_key, evaluator_id, replay_records, reward_of
-from conjugate.search.store import Store
+from conjugate.search.store import NodeStatus, Store
 from conjugate.workload import load_workload
 
 REPO = Path(__file__).resolve().parents[1]
@@ -138,9 +139,9 @@ def assert_settled_and_consistent(db: Path, nodes) -> dict[int, dict]:
         for n in settled(nodes):
             found = store.evaluation(key_of(n.plan_hash))
             assert found is not None and found.done, n
-            assert n.status in ("evaluated", "failed", "expanded")
-            assert n.status != "evaluated" or found.result["status"] == "ok"
-            assert n.status != "failed" or found.result["status"] != "ok"
+            assert n.status in (NodeStatus.EVALUATED, NodeStatus.FAILED, NodeStatus.EXPANDED)
+            assert n.status is not NodeStatus.EVALUATED or found.result.ok
+            assert n.status is not NodeStatus.FAILED or not found.result.ok
             results[n.id] = found.result
     parent = {n.id: n.parent_id for n in nodes}
     visits, values, best = Counter(), Counter(), {}
@@ -161,7 +162,7 @@ def assert_settled_and_consistent(db: Path, nodes) -> dict[int, dict]:
 def assert_profile_used(results, profile: Path) -> None:
     """Every result came from the fast profile (its check is skipped, naming the profile file)."""
     for r in results:
-        assert str(profile) in r["checks"].get("skipped", ""), r["checks"]
+        assert str(profile) in r.checks.get("skipped", ""), r.checks
 
 
 class InProcessEvaluator:
@@ -175,7 +176,8 @@ class InProcessEvaluator:
         self.calls.append(validate_plan(plan).hash)
         if self.fail_all:
             return EvalResult(plan_hash=self.calls[-1], workload="tiny", evaluator=self.profile.name,
-                              stage="compile", status="crashed", modeled=True, error="worker exited with status -11")
+                              stage=Stage.COMPILE, status=Status.CRASHED, modeled=True,
+                              error="worker exited with status -11")
         result = evaluate(plan, load_workload(workload_path), self.profile)
         after, self.after = self.after, None
         if after:
@@ -385,7 +387,7 @@ def test_a_second_run_learns_from_the_first(env, base_run, tmp_path):
         nodes = store.nodes(second.id)
         assert second.id != first.id
         stats_after = store.edit_stats(EVALUATOR, FAMILY)
-        context = ContextBuilder(store, second.id, second.workload, second.gpu).build(nodes[0], {}, nodes)
+        context = ContextBuilder(store, second, "NVIDIA H200", 132).build(nodes[0], {}, nodes)
         lessons = store.lessons(EVALUATOR, FAMILY)
         reused = {h: store.evaluation(key_of(h)) for h in (b["plan_hash"] for b in best)}
     assert all(stats_after[k]["n"] >= s["n"] for k, s in stats.items())  # kept, and added to
@@ -409,8 +411,7 @@ def test_show_and_export(env, base_run, tmp_path):
     run, nodes = tree(db)
     with Store.open(db) as store:
         results = {n.id: store.evaluation(key_of(n.plan_hash)).result for n in settled(nodes)}
-    best = min((n for n in settled(nodes) if results[n.id]["status"] == "ok"),
-               key=lambda n: results[n.id]["metrics"]["latency_ms"])
+    best = min((n for n in settled(nodes) if results[n.id].ok), key=lambda n: results[n.id].latency_ms)
     assert "runs in" in out and "heuristic" in out and "finished" in out
     assert f"run {run.id}: best plans (modeled)" in out and f"{len(nodes)} nodes" in out
     assert re.search(rf"│ {best.id} +│", out)
@@ -435,8 +436,8 @@ def test_show_and_export(env, base_run, tmp_path):
     script = target / "reproduce.sh"
     assert os.access(script, os.X_OK)
     text = script.read_text()
-    # the workload inside the project is named relative to it; the profile outside it by its path
-    assert " examples/tiny.toml " in text and str(env["profile"]) in text and "best_plan.json" in text
+    # the shipped workload is named in the installed package's data folder; the profile outside it by its path
+    assert ' "$data"/examples/tiny.toml ' in text and str(env["profile"]) in text and "best_plan.json" in text
     ran = subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd="/", timeout=300)
     assert ran.returncode == 0, ran.stderr
     reproduced = json.loads((target / "reproduced.json").read_text())
@@ -500,6 +501,13 @@ def test_bad_input_ends_in_one_line_and_exit_2(env, tmp_path):
     Store.open(empty).close()
     assert_one_line_error(*cli("search", "--resume", empty)[::2], str(empty), "no run")
 
+    old = tmp_path / "v1.db"  # a store of schema version 1 (runs.gpu, lessons.gpu): refused, never migrated
+    shutil.copy(empty, old)
+    with contextlib.closing(sqlite3.connect(old)) as c, c:
+        c.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    for command in (("show", old), ("search", "--resume", old), ("export", old, "--out", tmp_path / "x")):
+        assert_one_line_error(*cli(*command)[::2], str(old), "store schema version 1", "reads version 2")
+
     code, _, err = cli("search", TINY, "--db", db, "--agent", "nonsense", "--evaluator", env["profile"])
     assert_one_line_error(code, err, "'nonsense'", "heuristic", "replay", "anthropic:<model>", "openai:<model>")
     assert not db.exists()  # a bad agent fails before any database is made
@@ -544,8 +552,8 @@ def test_a_failing_edit_scores_0_and_its_error_reaches_the_next_context(env, tmp
     assert failed[0].plan_hash not in seeded  # a failed plan is no warm start
     assert seeded == set(SHIPPED.values())
     result = found.result
-    assert (result["stage"], result["status"]) == ("compile", "compile_error") and found.reward == 0.0
-    assert "shared memory" in result["error"]
+    assert (result.stage, result.status) == (Stage.COMPILE, Status.COMPILE_ERROR) and found.reward == 0.0
+    assert "shared memory" in result.error and result.compile_failure is not None
     node = failed[0]
     assert node.visits == 1 and node.value_sum == 0.0 and node.best_reward == 0.0 and node.edit == HUGE_TILES
     assert sorted(evaluator.calls) == sorted(n.plan_hash for n in nodes)  # each plan evaluated once
@@ -554,8 +562,10 @@ def test_a_failing_edit_scores_0_and_its_error_reaches_the_next_context(env, tmp
     first = proposer.contexts.index(next(c for c in proposer.contexts if c.plan_hash == SHIPPED["sequential"]))
     later = proposer.contexts[first + 1:]
     assert later and proposer.contexts[first].failures == []
+    for context in proposer.contexts:  # the GPU the analytical profile stands for, and the evaluator apart
+        assert (context.evaluator, context.device, context.sms) == (EVALUATOR, "NVIDIA H200", 132)
     for context in later:  # every later expansion hears of the failure
-        assert context.failures == [{"patch": HUGE_TILES, "status": "compile_error", "error": result["error"][:300]}]
+        assert context.failures == [{"patch": HUGE_TILES, "status": "compile_error", "error": result.error[:300]}]
         assert any(lesson.startswith("tiles edit failed (compile_error)") for lesson in context.lessons)
     assert stats["tiles"] == {"n": 1, "mean_gain": -1.0}
     assert any("tiles edit failed" in lesson for lesson in lessons)
@@ -588,9 +598,12 @@ def test_a_node_another_process_held_is_settled_before_it_is_expanded(env, tmp_p
 
 
 def test_reward_and_evaluation_key():
-    ok = {"status": "ok", "metrics": {"speedups": {"sequential": 1.25, "streams": 0.9}}}
+    metrics = Metrics(latency_ms=1.0, floor_ms=0.5, floor_ratio=2.0, bandwidth_gbs=100.0, launches=3,
+                      device="NVIDIA H200", sms=132, speedups={"sequential": 1.25, "streams": 0.9})
+    ok = EvalResult("h", "tiny", "analytical", Stage.TIMING, Status.OK, True, metrics)
     assert reward_of(ok) == 1.25
-    assert reward_of({"status": "compile_error", "metrics": {}}) == 0.0
+    assert reward_of(replace(ok, metrics=replace(metrics, speedups={"streams": 0.9}))) == 0.9  # no sequential
+    assert reward_of(EvalResult("h", "tiny", "analytical", Stage.COMPILE, Status.COMPILE_ERROR, True)) == 0.0
     key = eval_key("h", WORKLOAD, "analytical")
     assert key == eval_key("h", load_workload(TINY), "analytical")
     assert len({key, eval_key("h2", WORKLOAD, "analytical"), eval_key("h", WORKLOAD, "h200")}) == 3
@@ -598,8 +611,6 @@ def test_reward_and_evaluation_key():
 
 def test_an_edited_profile_is_a_different_evaluator(tmp_path):
     """A re-calibrated profile keys its evaluations afresh; where the file lives does not matter."""
-    from dataclasses import replace
-
     shipped = load_profile("analytical")
     copy = tmp_path / "analytical.toml"
     copy.write_text((REPO / "evaluators" / "analytical.toml").read_text())

@@ -14,12 +14,15 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, select, text
 from sqlalchemy.engine import make_url
 
+from conjugate.compiler.feedback import PartRef
 from conjugate.errors import ConjugateError
-from conjugate.search.store import SCHEMA_VERSION, Store, StoreError, owner_id
-from conjugate.search.store_schema import Evaluation, Node
+from conjugate.evaluate.result import EvalResult, Metrics, Stage, Status, Verdict, VerdictKind
+from conjugate.roles import Model
+from conjugate.search.store import SCHEMA_VERSION, NodeStatus, RunStatus, Store, StoreError, owner_id
+from conjugate.search.store_schema import Evaluation, Node, VerdictRow
 
 PG_ENV = "CONJUGATE_TEST_POSTGRES_URL"
 WORKLOAD = {"name": "tiny", "family": "llama3/llama3", "k": 4}
@@ -57,8 +60,8 @@ def store(db_url):
         yield opened
 
 
-def new_run(store: Store, gpu: str = "NVIDIA H200", workload: dict = WORKLOAD, name: str = "run") -> int:
-    return store.create_run(name, workload, "examples/tiny.toml", gpu, "analytical", "heuristic", 7, {"budget": 3})
+def new_run(store: Store, evaluator: str = "analytical", workload: dict = WORKLOAD, name: str = "run") -> int:
+    return store.create_run(name, workload, "examples/tiny.toml", evaluator, "heuristic", 7, {"budget": 3})
 
 
 def add(store: Store, run_id: int, plan_hash: str, parent_id: int | None = None, **plan) -> tuple[int, bool]:
@@ -67,8 +70,16 @@ def add(store: Store, run_id: int, plan_hash: str, parent_id: int | None = None,
                           0.5)
 
 
-def result(latency_ms: float, verdicts: list[dict] | None = None) -> dict:
-    return {"status": "ok", "metrics": {"latency_ms": latency_ms}, "verdicts": verdicts or []}
+def result(latency_ms: float, verdicts: tuple[Verdict, ...] = ()) -> EvalResult:
+    metrics = Metrics(latency_ms=latency_ms, floor_ms=1.0, floor_ratio=latency_ms, bandwidth_gbs=100.0, launches=3,
+                      device="NVIDIA H200", sms=132, speedups={"sequential": 1.0 / latency_ms})
+    return EvalResult("h", "tiny", "analytical", Stage.TIMING, Status.OK, True, metrics, verdicts)
+
+
+def verdict(launch: int, gain_percent: float) -> Verdict:
+    parts = (PartRef(Model.TARGET, "qkv", (f"t.l{launch}.qkv",), 96),
+             PartRef(Model.DRAFT, "down", ("d.s0.l0.down",), 8))
+    return Verdict.judge(launch, parts, 10.0, (10.0 * (1 + gain_percent / 100),), True)
 
 
 # -- runs
@@ -76,14 +87,15 @@ def result(latency_ms: float, verdicts: list[dict] | None = None) -> dict:
 def test_runs_create_read_and_status(store):
     assert store.latest_run() is None and store.runs() == []
     first = new_run(store, name="a")
-    second = new_run(store, gpu="NVIDIA A100", name="b")
+    second = new_run(store, evaluator="h200", name="b")
     run = store.run(first)
-    assert (run.name, run.workload, run.workload_name, run.gpu, run.seed, run.settings, run.status) == \
-        ("a", WORKLOAD, "tiny", "NVIDIA H200", 7, {"budget": 3}, "running")
+    assert (run.name, run.workload, run.workload_name, run.evaluator, run.seed, run.settings, run.status) == \
+        ("a", WORKLOAD, "tiny", "analytical", 7, {"budget": 3}, RunStatus.RUNNING)
+    assert store.run(second).evaluator == "h200" and run.status is RunStatus.RUNNING
     assert run.created_at.utcoffset().total_seconds() == 0  # aware UTC
     assert [r.id for r in store.runs()] == [first, second] and store.latest_run().id == second
-    store.set_run_status(first, "finished")
-    assert store.run(first).status == "finished" and store.run(first).updated_at >= run.updated_at
+    store.set_run_status(first, RunStatus.FINISHED)
+    assert store.run(first).status is RunStatus.FINISHED and store.run(first).updated_at >= run.updated_at
     with pytest.raises(StoreError, match="run status 'bogus'"):
         store.set_run_status(first, "bogus")
     with pytest.raises(StoreError):
@@ -96,8 +108,8 @@ def test_reads_are_frozen_snapshots(store):
     with pytest.raises(dataclasses.FrozenInstanceError):
         run.status = "stopped"
     run.workload["k"] = 99  # changing a snapshot changes nothing stored
-    store.set_run_status(run_id, "stopped")
-    assert run.status == "running" and store.run(run_id).workload["k"] == 4
+    store.set_run_status(run_id, RunStatus.STOPPED)
+    assert run.status is RunStatus.RUNNING and store.run(run_id).workload["k"] == 4
 
 
 # -- the plan tree
@@ -110,29 +122,37 @@ def test_add_node_dedupes_and_sets_depth(store):
     assert created and [store.node(i).depth for i in (root, child, grandchild)] == [0, 1, 2]
     assert add(store, run_id, "c", root, other="ignored") == (child, False)
     assert store.node(child).plan == {"h": "c"} and store.node(child).edit[0]["op"] == "replace"
-    assert store.node(root).edit is None and store.node(root).status == "new"
+    assert store.node(root).edit is None and store.node(root).status is NodeStatus.NEW
     assert add(store, other_run, "c")[1]  # the same plan in another run is another node
     assert [n.id for n in store.nodes(run_id)] == [root, child, grandchild]
     assert store.node_by_hash(run_id, "g").id == grandchild and store.node_by_hash(run_id, "zz") is None
     with pytest.raises(StoreError, match="no such node in run"):
         add(store, other_run, "x", parent_id=root)
-    store.set_node_status(child, "expanded")
-    assert store.node(child).status == "expanded"
+    store.set_node_status(child, NodeStatus.EXPANDED)
+    assert store.node(child).status is NodeStatus.EXPANDED
+    with pytest.raises(StoreError, match="node status 'bogus'"):
+        store.set_node_status(child, "bogus")
 
 
-def test_backpropagate_sums_counts_and_maxes_in_one_transaction(store):
+def test_settle_counts_once_sums_and_maxes_in_one_transaction(store):
     run_id = new_run(store)
     root, _ = add(store, run_id, "r")
     child, _ = add(store, run_id, "c", root)
-    store.backpropagate([root, child], 1.0)
-    store.backpropagate([root], 3.0)
-    store.backpropagate([child, root], 0.5)
-    r, c = store.node(root), store.node(child)
-    assert (r.visits, r.value_sum, r.best_reward) == (3, 4.5, 3.0)
-    assert (c.visits, c.value_sum, c.best_reward, c.mean_reward) == (2, 1.5, 1.0, 0.75)
+    grandchild, _ = add(store, run_id, "g", child)
+    other, _ = add(store, run_id, "o", root)
+    assert store.settle(root, NodeStatus.EVALUATED, [root], 1.0)
+    assert store.settle(grandchild, NodeStatus.EVALUATED, [grandchild, root, child], 3.0)  # any order
+    assert store.settle(child, NodeStatus.FAILED, [root, child], 0.0)
+    assert not store.settle(child, NodeStatus.EVALUATED, [root, child], 9.0)  # settled before: nothing changes
+    r, c, g = store.node(root), store.node(child), store.node(grandchild)
+    assert (r.visits, r.value_sum, r.best_reward) == (3, 4.0, 3.0)
+    assert (c.visits, c.value_sum, c.best_reward, c.status) == (2, 3.0, 3.0, NodeStatus.FAILED)
+    assert (g.visits, g.value_sum, g.best_reward, g.status) == (1, 3.0, 3.0, NodeStatus.EVALUATED)
     with pytest.raises(StoreError, match="no node 424242"):
-        store.backpropagate([root, 424242], 9.0)
-    assert store.node(root).visits == 3  # the failed backpropagation changed nothing
+        store.settle(other, NodeStatus.EVALUATED, [root, other, 424242], 9.0)
+    assert store.node(root).visits == 3 and store.node(other).status is NodeStatus.NEW  # all or nothing
+    with pytest.raises(StoreError, match="node status 'bogus'"):
+        store.settle(other, "bogus", [other], 1.0)
 
 
 # -- evaluations
@@ -194,11 +214,10 @@ def test_claim_of_a_killed_search_is_taken_over(db_url):
         assert store.claim_evaluation("k", "h", run_id, owner_id(), stale_after_s=600)
 
 
-def test_finished_evaluation_is_immutable_and_keeps_verdicts(store):
+def test_finished_evaluation_is_immutable_and_keeps_verdicts(store, db_url):
     run_id = new_run(store)
-    verdicts = [{"launch": 3, "verdict": "win", "gain_percent": 12.5, "shared_us": 7.0, "separate_us": 8.0},
-                {"launch": 1, "verdict": "loss", "gain_percent": -4.0, "shared_us": 5.2, "separate_us": 5.0,
-                 "modeled": True}]
+    verdicts = (verdict(3, 12.5), verdict(1, -4.0))
+    assert [v.verdict for v in verdicts] == [VerdictKind.GAIN, VerdictKind.INTERFERENCE]
     with pytest.raises(StoreError, match="never claimed"):
         store.finish_evaluation("k", result(1.0), 1.0)
     store.claim_evaluation("k", "h", run_id, "a:1", 600)
@@ -206,8 +225,20 @@ def test_finished_evaluation_is_immutable_and_keeps_verdicts(store):
     with pytest.raises(StoreError, match="immutable"):
         store.finish_evaluation("k", result(1.0), 9.0)
     kept = store.evaluation("k")
-    assert (kept.reward, kept.latency_ms, kept.result["verdicts"]) == (1.5, 4.0, verdicts)
-    assert store.verdicts("k") == [verdicts[1], verdicts[0]]  # rows, in launch order
+    assert (kept.reward, kept.latency_ms, kept.result) == (1.5, 4.0, result(4.0, verdicts))  # typed, as it went in
+    rows = _sql(db_url, select(VerdictRow.launch, VerdictRow.verdict, VerdictRow.gain_percent, VerdictRow.data)
+                .order_by(VerdictRow.launch))
+    assert rows == [(v.launch, str(v.verdict), v.gain_percent, v.to_dict()) for v in (verdicts[1], verdicts[0])]
+
+
+def test_a_result_of_another_schema_is_refused_in_one_line(store, db_url):
+    run_id = new_run(store)
+    store.claim_evaluation("k", "h", run_id, "a:1", 600)
+    store.finish_evaluation("k", result(1.0), 1.0)
+    _sql(db_url, Evaluation.__table__.update().values(result={**result(1.0).to_dict(), "schema_version": 1}))
+    with pytest.raises(StoreError) as caught:
+        store.evaluation("k")
+    assert "evaluation 'k'" in str(caught.value) and "schema version 1" in str(caught.value)
 
 
 def test_wait_evaluation(store):
@@ -236,20 +267,20 @@ def test_lessons_order_and_dedupe(store):
     run_id = new_run(store)
     for text_, gain in [("small", 0.5), ("big loss", -3.0), ("medium", 1.0), ("older tie", 2.0), ("newer tie", -2.0),
                         ("big loss", 0.1)]:
-        store.add_lesson("H200", "llama", "tiles", text_, gain, run_id)
-    store.add_lesson("H200", "qwen", "tiles", "other family", 9.0, None)
-    store.add_lesson("A100", "llama", "tiles", "other gpu", 9.0, None)
-    assert store.lessons("H200", "llama") == ["big loss", "newer tie", "older tie", "medium", "small"]
-    assert store.lessons("H200", "llama", limit=2) == ["big loss", "newer tie"]
+        store.add_lesson("h200", "llama", "tiles", text_, gain, run_id)
+    store.add_lesson("h200", "qwen", "tiles", "other family", 9.0, None)
+    store.add_lesson("analytical", "llama", "tiles", "other evaluator", 9.0, None)
+    assert store.lessons("h200", "llama") == ["big loss", "newer tie", "older tie", "medium", "small"]
+    assert store.lessons("h200", "llama", limit=2) == ["big loss", "newer tie"]
 
 
 def test_edit_stats_means(store):
     for kind, gain in [("tiles", 1.0), ("tiles", 3.0), ("pattern", -2.0)]:
-        store.record_edit_outcome("H200", "llama", kind, gain, None)
-    store.record_edit_outcome("H200", "qwen", "tiles", 50.0, None)
-    assert store.edit_stats("H200", "llama") == {"tiles": {"n": 2, "mean_gain": 2.0},
+        store.record_edit_outcome("h200", "llama", kind, gain, None)
+    store.record_edit_outcome("h200", "qwen", "tiles", 50.0, None)
+    assert store.edit_stats("h200", "llama") == {"tiles": {"n": 2, "mean_gain": 2.0},
                                                   "pattern": {"n": 1, "mean_gain": -2.0}}
-    assert store.edit_stats("A100", "llama") == {}
+    assert store.edit_stats("analytical", "llama") == {}
 
 
 def _evaluated(store: Store, run_id: int, plan_hash: str, reward: float | None, latency_ms: float = 1.0) -> None:
@@ -260,10 +291,10 @@ def _evaluated(store: Store, run_id: int, plan_hash: str, reward: float | None, 
         store.finish_evaluation(key, result(latency_ms), reward)
 
 
-def test_best_plans_filters_by_gpu_family_and_run(store):
+def test_best_plans_filters_by_evaluator_family_and_run(store):
     llama, qwen = WORKLOAD, {**WORKLOAD, "family": "qwen3/qwen3"}
     r1, r2 = new_run(store, workload=llama), new_run(store, workload=llama)
-    r_qwen, r_a100 = new_run(store, workload=qwen), new_run(store, gpu="NVIDIA A100", workload=llama)
+    r_qwen, r_h200 = new_run(store, workload=qwen), new_run(store, evaluator="h200", workload=llama)
     r_nofamily = new_run(store, workload={"name": "x"})
     _evaluated(store, r1, "p1", 1.5, latency_ms=3.0)
     _evaluated(store, r1, "p2", 1.1)
@@ -271,17 +302,17 @@ def test_best_plans_filters_by_gpu_family_and_run(store):
     _evaluated(store, r2, "p1", 1.7, latency_ms=2.5)  # the same plan, better in another run
     _evaluated(store, r2, "p3", 1.3)
     _evaluated(store, r_qwen, "q1", 9.0)
-    _evaluated(store, r_a100, "a1", 9.0)
+    _evaluated(store, r_h200, "a1", 9.0)
     _evaluated(store, r_nofamily, "n1", 9.0)
-    best = store.best_plans("NVIDIA H200", "llama3/llama3")
+    best = store.best_plans("analytical", "llama3/llama3")
     assert [(b["plan_hash"], b["reward"], b["run_id"]) for b in best] == [("p1", 1.7, r2), ("p3", 1.3, r2),
                                                                           ("p2", 1.1, r1)]
     assert best[0] == {"plan": {"h": "p1"}, "plan_hash": "p1", "reward": 1.7, "latency_ms": 2.5, "workload": llama,
                        "run_id": r2}
-    assert [b["plan_hash"] for b in store.best_plans("NVIDIA H200", "llama3/llama3", exclude_run=r2)] == ["p1", "p2"]
-    assert [b["plan_hash"] for b in store.best_plans("NVIDIA H200", None, limit=3)] == ["q1", "n1", "p1"]
-    assert [b["plan_hash"] for b in store.best_plans("NVIDIA A100", "llama3/llama3")] == ["a1"]
-    assert store.best_plans("NVIDIA H200", "qwen3/qwen3", exclude_run=r_qwen) == []
+    assert [b["plan_hash"] for b in store.best_plans("analytical", "llama3/llama3", exclude_run=r2)] == ["p1", "p2"]
+    assert [b["plan_hash"] for b in store.best_plans("analytical", None, limit=3)] == ["q1", "n1", "p1"]
+    assert [b["plan_hash"] for b in store.best_plans("h200", "llama3/llama3")] == ["a1"]
+    assert store.best_plans("analytical", "qwen3/qwen3", exclude_run=r_qwen) == []
 
 
 # -- opening: versions, foreign files, unreachable servers
@@ -301,13 +332,15 @@ def _display(db_url: str) -> str:
     return make_url(db_url).render_as_string(hide_password=True)
 
 
-def test_other_schema_version_is_refused(db_url):
+@pytest.mark.parametrize("version", ["1", "7"])  # 1: the store before runs.gpu became runs.evaluator
+def test_other_schema_version_is_refused(db_url, version):
+    assert SCHEMA_VERSION == 2
     Store.open(db_url).close()
-    _sql(db_url, "UPDATE meta SET value = '7' WHERE key = 'schema_version'")
+    _sql(db_url, f"UPDATE meta SET value = '{version}' WHERE key = 'schema_version'")
     with pytest.raises(StoreError) as caught:
         Store.open(db_url)
     message = str(caught.value)
-    assert f"store schema version 7, this conjugate reads version {SCHEMA_VERSION}" in message
+    assert f"store schema version {version}, this conjugate reads version 2" in message
     where = db_url if "://" not in db_url else _display(db_url)  # a SQLite file goes by its path
     assert message.startswith(f"{where}: ") and "\n" not in message
 
@@ -336,14 +369,17 @@ def test_unreachable_server_is_one_line_without_password():
     assert "s3cret" not in message and "\n" not in message
 
 
-def _sql(db_url: str, statement) -> None:
+def _sql(db_url: str, statement) -> list[tuple] | None:
+    """Run one statement on the database as it is; the rows of a query."""
     if "://" not in db_url:
         Path(db_url).parent.mkdir(parents=True, exist_ok=True)
     url = db_url if "://" in db_url else f"sqlite:///{db_url}"
     engine = create_engine(url)
     with engine.begin() as conn:
-        conn.execute(text(statement) if isinstance(statement, str) else statement)
+        found = conn.execute(text(statement) if isinstance(statement, str) else statement)
+        rows = [tuple(r) for r in found] if found.returns_rows else None
     engine.dispose()
+    return rows
 
 
 # -- several processes on one database
@@ -358,9 +394,9 @@ def _add_node_worker(db_url: str, run_id: int, root: int, hashes: list[str], bar
     with Store.open(db_url) as store:
         barrier.wait(timeout=60)
         added = {h: add(store, run_id, h, root) for h in hashes}
-        for node_id, _ in added.values():  # then backpropagate along the same paths as the other process
-            store.backpropagate([root, node_id], 1.0)
-        return added
+        # then settle the same nodes as the other process, each along its path through the shared root
+        return {h: (*added[h], store.settle(added[h][0], NodeStatus.EVALUATED, [root, added[h][0]], 1.0))
+                for h in hashes}
 
 
 def _report(queue, target, *args) -> None:
@@ -394,7 +430,7 @@ def test_two_processes_claim_each_key_exactly_once(db_url):
         assert all(store.evaluation(k).attempts == 1 for k in keys) and owner_id() not in owners
 
 
-def test_two_processes_adding_and_backpropagating_the_same_plans(db_url):
+def test_two_processes_adding_and_settling_the_same_plans(db_url):
     with Store.open(db_url) as store:
         run_id = new_run(store)
         root, _ = add(store, run_id, "root")
@@ -402,10 +438,12 @@ def test_two_processes_adding_and_backpropagating_the_same_plans(db_url):
     first, second = _in_two_processes(_add_node_worker, db_url, run_id, root, hashes)
     for h in hashes:
         assert first[h][0] == second[h][0] and first[h][1] != second[h][1]  # one id; exactly one created it
+        assert first[h][2] != second[h][2]  # exactly one settled it
     with Store.open(db_url) as store:
         nodes = store.nodes(run_id)
         assert len(nodes) == 1 + len(hashes)  # one node per plan
-        assert [n.visits for n in nodes] == [2 * len(hashes)] + [2] * len(hashes)  # no update lost
+        assert [n.visits for n in nodes] == [len(hashes)] + [1] * len(hashes)  # each counted once, none lost
+        assert nodes[0].value_sum == len(hashes)
 
 
 # -- races made deterministic: a store call meets another writer's uncommitted row

@@ -11,7 +11,8 @@ from safetensors.torch import save_file
 from conjugate.errors import WorkloadError
 from conjugate.models.presets import PRESETS
 from conjugate.models.spec import ModelSpec
-from conjugate.workload import DEFAULT_WORKLOAD, Workload, load_workload
+from conjugate.paths import DEFAULT_WORKLOAD
+from conjugate.workload import Workload, load_workload
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"

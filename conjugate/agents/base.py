@@ -7,8 +7,10 @@ validate is data (see agents/llm.py).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Protocol
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from conjugate.evaluate.result import EvalResult
 
 EDIT_KINDS = ("tiles", "pattern", "pairs", "fusion", "alignment", "streams", "layout", "override", "launch",
               "other")
@@ -21,21 +23,21 @@ class Proposal:
     kind: str = "other"  # one of EDIT_KINDS
     prior: float | None = None  # the proposer's confidence in (0, 1]; None: let the search decide
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class NodeContext:
-    """What a proposer sees about the node it expands (all plain JSON-able data)."""
+    """What a proposer sees about the node it expands: its plan (JSON), its result (typed) and the
+    search's history around it."""
     plan: dict  # canonical plan JSON
     plan_hash: str
-    workload: dict  # Workload.to_dict(), plus "name"
-    gpu: str  # the device name the evaluator measured on, or the analytical profile's GPU
-    result: dict | None = None  # the node's EvalResult.to_dict(), None if not evaluated
+    workload: dict  # Workload.to_dict(), plus "family" (the lessons' key)
+    evaluator: str  # the evaluator profile's name (e.g. analytical: every latency is modeled)
+    device: str  # the GPU measured on, or the one the analytical model stands for
+    sms: int  # that GPU's multiprocessors
+    result: EvalResult | None = None  # None if not evaluated
     baselines: dict = field(default_factory=dict)  # name -> latency_ms
     best: list[dict] = field(default_factory=list)  # best plans so far: {"plan", "latency_ms", "speedups"}
-    lessons: list[str] = field(default_factory=list)  # short lessons from earlier runs on this GPU and family
+    lessons: list[str] = field(default_factory=list)  # short lessons of earlier runs: this evaluator and family
     edit_stats: dict = field(default_factory=dict)  # edit kind -> {"n": count, "mean_gain": float}
     tried: list[dict] = field(default_factory=list)  # this node's children so far: {"patch", "kind", "status", "reward"}
     failures: list[dict] = field(default_factory=list)  # recent failed plans' errors: {"patch", "status", "error"}

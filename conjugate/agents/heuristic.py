@@ -8,8 +8,9 @@ Edits come first from what the node's result says, then from broader local moves
                          drop the draft kind from pairs[target kind]
     gain                 pair the same draft kind with similar target kinds, and similar draft kinds
                          with that target kind
-    idle multiprocessors target launches with fewer programs than SMs take more draft kinds
-                         (switching a sequential plan to a cross-model alignment)
+    idle multiprocessors target launches with fewer programs than the GPU's SMs (context.sms)
+                         take more draft kinds (switching a sequential plan to a cross-model
+                         alignment)
     two streams          tile moves for the target's longest GEMMs and the draft's GEMMs, which
                          share the multiprocessors all round; giving the streams up ranks lower
     broader moves        tile-shape local search (halve/double one tile key, the kinds of
@@ -30,18 +31,20 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass
 
 from conjugate.agents.base import NodeContext, Proposal
-from conjugate.agents.heuristic_edits import (LIGHT_TARGETS, SEARCH_KEYS, SMS, Candidate, PartInfo, enable_pairing,
+from conjugate.agents.heuristic_edits import (LIGHT_TARGETS, SEARCH_KEYS, Candidate, Launches, enable_pairing,
                                               fill_by_kind, gain_edits, headroom_edits, launch_parts, repair_edits,
                                               scaled, set_pairs, set_tile, spill_edits, split_edits, tile_value)
 from conjugate.errors import ConjugateError
+from conjugate.evaluate.result import EvalResult, Verdict, VerdictKind
 from conjugate.graph import GEMM_KINDS, KINDS
 from conjugate.plan.patch import patch_plan
 from conjugate.plan.schema import FUSIONS, MODEL_KEYS, Plan, validate_plan
 from conjugate.plan.tiles import FAMILY_OF, LAUNCH_BOUNDS
+from conjugate.roles import Model
 
-_FAILED = ("invalid", "compile_error", "incorrect", "timeout", "crashed", "error")
 _DECAY = 0.85  # score factor per proposal of the same kind already chosen
 
 
@@ -58,7 +61,7 @@ class HeuristicProposer:
             return []
         rng = random.Random(f"{self.seed}:{context.plan_hash}:{len(context.tried)}")
         seen = {plan.hash} | _tried_hashes(plan, context.tried)
-        ranked = _ranked(candidates(plan, context.result, rng), context.edit_stats)
+        ranked = _ranked(candidates(plan, context.result, context.sms, rng), context.edit_stats)
         out: list[Proposal] = []
         for cand, score in ranked:
             if len(out) >= n:
@@ -108,53 +111,61 @@ def _bias(stat: dict | None) -> float:
     return 0.3 * math.tanh(gain / 0.02) * n / (n + 3)
 
 
-def candidates(plan: Plan, result: dict | None, rng: random.Random) -> list[Candidate]:
-    """Every candidate edit, result-driven first (unordered beyond their base scores)."""
-    result = result or {}
+@dataclass(frozen=True)
+class Focus:
+    """A model's op kind whose tiles to move first, and why."""
+    model: Model
+    kind: str
+    why: str
+    wider: bool  # moves that add programs come first
+    score: float
+
+
+def candidates(plan: Plan, result: EvalResult | None, sms: int, rng: random.Random) -> list[Candidate]:
+    """Every candidate edit, result-driven first (unordered beyond their base scores); `sms`: the
+    GPU's multiprocessors, which a launch's programs should fill."""
     parts = launch_parts(result)
-    verdicts = result.get("verdicts", [])
-    out = repair_edits(plan, result) if result.get("status") in _FAILED else spill_edits(plan, result)
-    out += split_edits(plan, verdicts, parts) + gain_edits(plan, verdicts, parts) + headroom_edits(plan, parts)
-    interfering = any(v.get("verdict") == "interference" for v in verdicts)
-    out += tile_edits(plan, _focus(verdicts, parts) + _two_stream_focus(plan), rng) + launch_edits(plan, rng)
+    verdicts = result.verdicts if result else ()
+    out = [] if result is None else repair_edits(plan, result) if not result.ok else spill_edits(plan, result)
+    out += split_edits(plan, verdicts) + gain_edits(plan, verdicts) + headroom_edits(plan, parts, sms)
+    interfering = any(v.verdict is VerdictKind.INTERFERENCE for v in verdicts)
+    out += tile_edits(plan, _focus(verdicts, parts, sms) + _two_stream_focus(plan), rng) + launch_edits(plan, rng)
     out += pattern_edits(plan, interfering) + fusion_edits(plan) + alignment_edits(plan)
     return out + streams_edits(plan) + layout_edits(plan)
 
 
-def _focus(verdicts: list[dict], parts: dict[int, list[PartInfo]]) -> list[tuple[PartInfo, str, bool, float]]:
-    """(part, why, wants more programs, score): parts of interfering launches, then under-filled
-    target kinds."""
+def _focus(verdicts: tuple[Verdict, ...], parts: Launches, sms: int) -> list[Focus]:
+    """Parts of interfering launches, then target kinds whose launches leave SMs idle."""
     out = []
-    for v in sorted(verdicts, key=lambda v: v.get("gain_percent", 0)):
-        if v.get("verdict") == "interference":
-            why = f"launch {v.get('launch')} interferes ({v.get('gain_percent', 0):+.1f}%)"
-            out += [(p, why, False, 0.66) for p in parts.get(v.get("launch"), [])]
+    for v in sorted(verdicts, key=lambda v: v.gain_percent):
+        if v.verdict is VerdictKind.INTERFERENCE:
+            why = f"launch {v.launch} interferes ({v.gain_percent:+.1f}%)"
+            out += [Focus(p.model, p.kind, why, False, 0.66) for p in v.parts]
     fill = fill_by_kind(parts)
-    for kind in sorted((k for k, p in fill.items() if p < SMS), key=lambda k: fill[k]):
-        why = f"target {kind} launches fill {fill[kind]} of {SMS} SMs"
-        out.append((PartInfo("target", kind, kind), why, True, 0.6))
-    return [f for f in out if FAMILY_OF[f[0].kind] in SEARCH_KEYS]
+    for kind in sorted((k for k, p in fill.items() if p < sms), key=lambda k: fill[k]):
+        out.append(Focus(Model.TARGET, kind, f"target {kind} launches fill {fill[kind]} of {sms} SMs", True, 0.6))
+    return [f for f in out if FAMILY_OF[f.kind] in SEARCH_KEYS]
 
 
-def _two_stream_focus(plan: Plan) -> list[tuple[PartInfo, str, bool, float]]:
+def _two_stream_focus(plan: Plan) -> list[Focus]:
     """Under two streams the phases share the multiprocessors for the whole round: the target's big
     GEMMs set its length, and every draft program takes a multiprocessor from them."""
     if plan["streams"] != "two":
         return []
-    out = [(PartInfo("target", k, k), "two streams: the verify stream's longest GEMMs set the round", False, 0.5)
+    out = [Focus(Model.TARGET, k, "two streams: the verify stream's longest GEMMs set the round", False, 0.5)
            for k in ("gate_up", "down", "qkv", "lm_head", "o_proj")]
-    return out + [(PartInfo("draft", k, k), "two streams: draft programs take multiprocessors from the verify "
-                   "stream", False, 0.46) for k in ("qkv", "o_proj", "down", "gate_up", "attn")]
+    return out + [Focus(Model.DRAFT, k, "two streams: draft programs take multiprocessors from the verify stream",
+                        False, 0.46) for k in ("qkv", "o_proj", "down", "gate_up", "attn")]
 
 
-def tile_edits(plan: Plan, focus: list[tuple[PartInfo, str, bool, float]], rng: random.Random) -> list[Candidate]:
+def tile_edits(plan: Plan, focus: list[Focus], rng: random.Random) -> list[Candidate]:
     """Halve or double one tile key of one op kind: focused kinds first, then every GEMM and
     attention kind of both models in a seeded random order."""
     out, done = [], set()
-    for part, why, wider, score in focus:
-        if (part.model, part.kind) not in done:
-            done.add((part.model, part.kind))
-            out += _tile_moves(plan, part.model, part.kind, why, score, wider, rng.randrange(6))
+    for f in focus:
+        if (f.model, f.kind) not in done:
+            done.add((f.model, f.kind))
+            out += _tile_moves(plan, f.model, f.kind, f.why, f.score, f.wider, rng.randrange(6))
     rest = [(m, k) for m in MODEL_KEYS for k in GEMM_KINDS + ("attn",) if (m, k) not in done]
     for m, k in rest:
         out += _tile_moves(plan, m, k, "local tile search", 0.3 + 0.1 * rng.random(), False, rng.randrange(6))

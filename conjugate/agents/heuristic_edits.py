@@ -1,22 +1,25 @@
 """Candidate plan edits for the heuristic proposer: reading a node's result, and one generator per
 family of edits. Every patch is RFC 6902 over the canonical plan; generators do not validate
-(the proposer does) and give each candidate a base score in (0, 1]: higher comes first."""
+(the proposer does) and give each candidate a base score in (0, 1]: higher comes first. What a
+result says about launches comes typed from the compiler: parts (PartRef), the failing launch
+(CompileFailure), resources (LaunchFeedback) and verdicts."""
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
+from conjugate.compiler.feedback import PartRef
+from conjugate.evaluate.result import EvalResult, Status, Verdict, VerdictKind
 from conjugate.graph import KINDS
 from conjugate.plan.schema import Plan
 from conjugate.plan.tiles import DEFAULT_TILES, FAMILY_OF, LAUNCH_BOUNDS, TILE_BOUNDS
+from conjugate.roles import Model
 
-SMS = 132  # multiprocessors of an H100/H200: a smaller grid leaves some idle
-MAIN_KINDS = ("qkv", "gate_up", "lm_head")  # the op a fused unit is named after (as in plan/expand.py)
 LIGHT_TARGETS = ("qkv", "o_proj", "attn_norm", "mlp_norm", "rope_kv")  # small grids, when nothing is measured
 DRAFT_ORDER = ("attn", "qkv", "o_proj", "down", "gate_up", "rope_kv", "attn_norm", "mlp_norm", "embed",
                "final_norm", "lm_head", "argmax")  # draft kinds worth placing first: the most work
 SEARCH_KEYS = {"gemm": ("BLOCK_N", "BLOCK_K", "SPLIT_K"), "attn": ("BLOCK_N", "SPLIT_KV")}
-_OP_ID = re.compile(r"\b[dt](?:\.[a-z0-9_]+)+")
+_OVERRIDE_PATH = re.compile(r"^\$\.overrides\[(\d+)\]")  # a plan error's path naming an override
 
 
 @dataclass(frozen=True)
@@ -27,48 +30,20 @@ class Candidate:
     score: float
 
 
-@dataclass(frozen=True)
-class PartInfo:
-    model: str  # "draft" | "target"
-    kind: str  # the unit's main op kind
-    op: str  # the unit's main op id
-    programs: int | None = None
+Launches = dict[int, tuple[PartRef, ...]]  # launch index -> its parts
 
 
-def part_info(label: str, programs: int | None = None) -> PartInfo:
-    """A part from its label: op ids joined by '+', e.g. 't.l3.attn_norm+t.l3.qkv'."""
-    ops = label.strip().split("+")
-    kinds = [o.rsplit(".", 1)[-1] for o in ops]
-    kind = next((k for k in kinds if k in MAIN_KINDS), kinds[-1])
-    return PartInfo("target" if ops[0].startswith("t.") else "draft", kind, ops[kinds.index(kind)], programs)
+def launch_parts(result: EvalResult | None) -> Launches:
+    """Launch index -> its parts (with their programs), from the compiler feedback of every launch."""
+    return {f.launch: f.parts for f in result.feedback} if result else {}
 
 
-def launch_parts(result: dict | None) -> dict[int, list[PartInfo]]:
-    """Launch index -> its parts, from the compiler feedback and (GPU) the verdicts' own labels."""
-    out: dict[int, list[PartInfo]] = {}
-    for entry in (result or {}).get("feedback", []) + (result or {}).get("verdicts", []):
-        labels = entry.get("ops")
-        if "launch" not in entry or not labels:
-            continue
-        labels = labels.split(" | ") if isinstance(labels, str) else labels
-        programs = entry.get("programs") or [None] * len(labels)
-        known = {p.op: p.programs for p in out.get(entry["launch"], [])}
-        out[entry["launch"]] = [part_info(lb, pr if pr is not None else known.get(part_info(lb).op))
-                                for lb, pr in zip(labels, programs)]
-    return out
-
-
-def failed_parts(result: dict) -> tuple[list[PartInfo], PartInfo | None]:
-    """(parts a failure names, the head part of its launch): the compile error's part (or all of
-    its launch's parts), else the op ids in the error text (and no head)."""
-    for entry in result.get("feedback", []):
-        ops = entry.get("ops")
-        if ops and "reason" in entry:
-            labels = ops.split(" | ") if isinstance(ops, str) else list(ops)
-            part = entry.get("part")
-            named = [labels[part]] if isinstance(part, int) and 0 <= part < len(labels) else labels
-            return [part_info(lb) for lb in named], part_info(labels[0])
-    return [part_info(op) for op in dict.fromkeys(_OP_ID.findall(result.get("error", "")))][:4], None
+def failed_parts(result: EvalResult) -> tuple[tuple[PartRef, ...], PartRef | None]:
+    """(parts a compile failure blames, the head part of its launch); nothing for other failures."""
+    failure = result.compile_failure
+    if failure is None or not failure.parts:
+        return (), None
+    return failure.failed, failure.parts[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,40 +97,44 @@ def unpair_override(op: str) -> list[dict]:
 # edits read from the node's result
 
 
-def repair_edits(plan: Plan, result: dict) -> list[Candidate]:
-    """A failed node: undo the likely cause, named parts first."""
-    text = (result.get("error", "") + " " + " ".join(str(f.get("reason", "")) for f in result.get("feedback", [])))
-    text, (parts, head), out = text.lower(), failed_parts(result), []
+def repair_edits(plan: Plan, result: EvalResult) -> list[Candidate]:
+    """A failed node: undo the likely cause, the parts the compile failure blames first."""
+    text, (parts, head), out = _failure_text(result), failed_parts(result), []
     if "shared memory" in text or "out of resource" in text or "outofresources" in text:
         for p in parts:
             out += shrink(plan, p, head or p, 1.0, f"{p.op} does not fit the GPU's resources")
-    if result.get("status") in ("incorrect", "crashed", "timeout") or "packed" in text:
-        out += _undo_colocation(plan, parts, result.get("status", "failure"))
-    for n in sorted({int(m) for m in re.findall(r"overrides\[(\d+)\]", text)}, reverse=True):
+    if result.status in (Status.INCORRECT, Status.CRASHED, Status.TIMEOUT) or "packed" in text:
+        out += _undo_colocation(plan, parts, result.status)
+    for n in sorted({int(m.group(1)) for e in result.plan_errors if (m := _OVERRIDE_PATH.match(e))}, reverse=True):
         if n < len(plan["overrides"]):
             out.append(Candidate("override", [{"op": "remove", "path": f"/overrides/{n}"}],
-                                 f"override {n} breaks the schedule ({result.get('status')}): remove it", 0.98))
+                                 f"override {n} breaks the schedule ({result.status}): remove it", 0.98))
     if "dependency" in text and plan["alignment"] != "sequential":
         out.append(Candidate("alignment", [{"op": "replace", "path": "/alignment", "value": "sequential"}],
                              "the schedule breaks a dependency: fall back to sequential alignment", 0.9))
     if not out:
         for p in parts:
-            out += shrink(plan, p, head or p, 0.85, f"{result.get('status')} at {p.op}")
+            out += shrink(plan, p, head or p, 0.85, f"{result.status} at {p.op}")
     return out
 
 
-def spill_edits(plan: Plan, result: dict) -> list[Candidate]:
+def _failure_text(result: EvalResult) -> str:
+    """What the failure says in words (lower case): its error, plan errors and compile failure's reason."""
+    reason = result.compile_failure.reason if result.compile_failure else ""
+    return " ".join((result.error, *result.plan_errors, reason)).lower()
+
+
+def spill_edits(plan: Plan, result: EvalResult) -> list[Candidate]:
     """GPU feedback: launches whose registers spill get smaller tiles or one stage fewer."""
     out = []
-    for entry in result.get("feedback", []):
-        labels = entry.get("ops")
-        if entry.get("spills") and isinstance(labels, list) and labels:
-            why = f"launch {entry['launch']} spills {entry['spills']} registers"
-            out += [c for lb in labels for c in shrink(plan, part_info(lb), part_info(labels[0]), 0.6, why)]
+    for f in result.feedback:
+        if f.resources.spills and f.parts:
+            why = f"launch {f.launch} spills {f.resources.spills} registers"
+            out += [c for p in f.parts for c in shrink(plan, p, f.parts[0], 0.6, why)]
     return out
 
 
-def shrink(plan: Plan, part: PartInfo, head: PartInfo, score: float, why: str) -> list[Candidate]:
+def shrink(plan: Plan, part: PartRef, head: PartRef, score: float, why: str) -> list[Candidate]:
     """Halve the part's largest tile keys, then one stage fewer for its launch (set on the head
     part, whose tile config carries the launch parameters)."""
     keys = {"gemm": ("BLOCK_K", "BLOCK_N", "BLOCK_M"), "attn": ("BLOCK_N",), "elementwise": ("BLOCK",)}
@@ -171,13 +150,13 @@ def shrink(plan: Plan, part: PartInfo, head: PartInfo, score: float, why: str) -
     return out
 
 
-def _undo_colocation(plan: Plan, parts: list[PartInfo], status: str) -> list[Candidate]:
+def _undo_colocation(plan: Plan, parts: tuple[PartRef, ...], status: Status) -> list[Candidate]:
     out = []
     if plan["operand_layout"] == "packed":
         out.append(Candidate("layout", [{"op": "replace", "path": "/operand_layout", "value": "separate"}],
                              f"{status} with packed operands: go back to separate weight buffers", 0.97))
-    for t in [p for p in parts if p.model == "target"][:1]:
-        if any(p.model == "draft" for p in parts):
+    for t in [p for p in parts if p.model is Model.TARGET][:1]:
+        if any(p.model is Model.DRAFT for p in parts):
             out.append(Candidate("override", unpair_override(t.op),
                                  f"{status} in the shared launch of {t.op}: keep draft work out of it", 0.95))
     for p in parts:
@@ -189,15 +168,15 @@ def _undo_colocation(plan: Plan, parts: list[PartInfo], status: str) -> list[Can
     return out
 
 
-def split_edits(plan: Plan, verdicts: list[dict], parts: dict[int, list[PartInfo]]) -> list[Candidate]:
+def split_edits(plan: Plan, verdicts: tuple[Verdict, ...]) -> list[Candidate]:
     """Interfering shared launches, grouped by (target kind, draft kind), worst first: drop the draft
     kind from pairs[target kind] (first when several launches interfere), or keep the draft part
     out of the worst launch with an override."""
-    groups: dict[tuple[str, str], list[tuple[float, PartInfo, int]]] = {}
+    groups: dict[tuple[str, str], list[tuple[float, PartRef, int]]] = {}
     for v in verdicts:
-        t, d = _pair(parts.get(v.get("launch"), []))
-        if v.get("verdict") == "interference" and t is not None and d is not None:
-            groups.setdefault((t.kind, d.kind), []).append((v.get("gain_percent", 0.0), t, v.get("launch")))
+        t, d = _pair(v.parts)
+        if v.verdict is VerdictKind.INTERFERENCE and t is not None and d is not None:
+            groups.setdefault((t.kind, d.kind), []).append((v.gain_percent, t, v.launch))
     out = []
     for (t_kind, d_kind), hits in sorted(groups.items(), key=lambda g: min(g[1], key=lambda h: h[0])[0])[:3]:
         gain, t, launch = min(hits, key=lambda h: h[0])
@@ -213,19 +192,19 @@ def split_edits(plan: Plan, verdicts: list[dict], parts: dict[int, list[PartInfo
     return out
 
 
-def _pair(parts: list[PartInfo]) -> tuple[PartInfo | None, PartInfo | None]:
-    t = next((p for p in parts if p.model == "target"), None)
-    return t, next((p for p in parts if p.model == "draft"), None)
+def _pair(parts: tuple[PartRef, ...]) -> tuple[PartRef | None, PartRef | None]:
+    t = next((p for p in parts if p.model is Model.TARGET), None)
+    return t, next((p for p in parts if p.model is Model.DRAFT), None)
 
 
-def gain_edits(plan: Plan, verdicts: list[dict], parts: dict[int, list[PartInfo]]) -> list[Candidate]:
+def gain_edits(plan: Plan, verdicts: tuple[Verdict, ...]) -> list[Candidate]:
     """Gaining shared launches: pair the same draft kind with similar target kinds, and vice versa."""
-    out, good = [], sorted((v for v in verdicts if v.get("verdict") == "gain"), key=lambda v: -v.get("gain_percent", 0))
+    out, good = [], sorted((v for v in verdicts if v.verdict is VerdictKind.GAIN), key=lambda v: -v.gain_percent)
     for v in good[:3]:
-        t, d = _pair(parts.get(v.get("launch"), []))
+        t, d = _pair(v.parts)
         if t is None or d is None:
             continue
-        gain = v.get("gain_percent", 0.0)
+        gain = v.gain_percent
         for other in _similar(t.kind):
             if d.kind not in allowed(plan, other):
                 out.append(Candidate("pairs", set_pairs(plan, other, allowed(plan, other) | {d.kind}),
@@ -243,28 +222,29 @@ def _similar(kind: str) -> list[str]:
     return [k for k in KINDS if k != kind and FAMILY_OF[k] == FAMILY_OF[kind]]
 
 
-def fill_by_kind(parts: dict[int, list[PartInfo]]) -> dict[str, int]:
+def fill_by_kind(parts: Launches) -> dict[str, int]:
     """Target kind -> the fewest programs of a launch holding it (launch programs, all parts)."""
     fill: dict[str, int] = {}
     for launch in parts.values():
         total = sum(p.programs or 0 for p in launch)
         for p in launch:
-            if p.model == "target" and p.programs is not None:
+            if p.model is Model.TARGET and p.programs is not None:
                 fill[p.kind] = min(fill.get(p.kind, total), total)
     return fill
 
 
-def headroom_edits(plan: Plan, parts: dict[int, list[PartInfo]]) -> list[Candidate]:
-    """Target launches that leave multiprocessors idle: let any draft unit that falls due run inside
-    them, or one more draft kind (a sequential plan switches to a cross-model alignment)."""
+def headroom_edits(plan: Plan, parts: Launches, sms: int) -> list[Candidate]:
+    """Target launches that leave some of the GPU's `sms` multiprocessors idle: let any draft unit
+    that falls due run inside them, or one more draft kind (a sequential plan switches to a
+    cross-model alignment)."""
     fill = fill_by_kind(parts)
-    low = sorted((k for k, p in fill.items() if p < SMS), key=lambda k: (fill[k], _target_rank(k))) if fill else list(
+    low = sorted((k for k, p in fill.items() if p < sms), key=lambda k: (fill[k], _target_rank(k))) if fill else list(
         LIGHT_TARGETS)
     kind = "alignment" if plan["alignment"] == "sequential" else "pairs"
     score = 0.3 if plan["streams"] == "two" else 0.7 if fill else 0.5  # two streams already share the SMs
     out = []
     for t in low[:4]:
-        why = f"target {t} launches " + (f"fill {fill[t]} of {SMS} SMs" if fill else "have small grids")
+        why = f"target {t} launches " + (f"fill {fill[t]} of {sms} SMs" if fill else "have small grids")
         missing = [d for d in DRAFT_ORDER if d not in allowed(plan, t)]
         if missing:
             out.append(Candidate(kind, enable_pairing(plan) + set_pairs(plan, t, set(KINDS)),

@@ -22,17 +22,14 @@ from types import ModuleType
 from typing import Protocol
 
 from conjugate.agents.base import LLMCallLog, NodeContext, Proposal
-# Re-exported: the prompt and reply half used to live here.
-from conjugate.agents.prompt import (PROMPTS_DIR, SCHEMA_FILE, Prompts, check_edit,  # noqa: F401
-                                     check_edits, parse_reply)
+from conjugate.agents.prompt import Prompts, check_edits, parse_reply
 from conjugate.errors import ConjugateError, PlanError
 from conjugate.files import read_text
+from conjugate.paths import PRICES_FILE, PROMPTS_DIR
 from conjugate.plan.patch import patch_plan
 from conjugate.plan.schema import Plan, validate_plan
-from conjugate.workload import REPO_ROOT
 
 log = logging.getLogger(__name__)
-PRICES_FILE = REPO_ROOT / "search" / "prices.toml"
 MAX_BACKOFF_S = 60.0
 _KEYLIKE = re.compile(r"\bsk-[A-Za-z0-9_\-*]{8,}")  # anything shaped like an API key
 

@@ -15,14 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from conjugate.agents.base import EDIT_KINDS, NodeContext, Proposal
+from conjugate.compiler.feedback import PartRef, Resources
 from conjugate.errors import ConjugateError, PlanError
 from conjugate.files import read_text
+from conjugate.paths import PLAN_SCHEMA_FILE, PROMPTS_DIR
 from conjugate.plan.patch import patch_plan
 from conjugate.plan.schema import Plan
-from conjugate.workload import REPO_ROOT
-
-PROMPTS_DIR = REPO_ROOT / "search" / "prompts"
-SCHEMA_FILE = REPO_ROOT / "plans" / "plan.schema.json"
 
 
 def _json(value: Any, limit: int = 0, sort: bool = True) -> str:
@@ -50,38 +48,59 @@ def _bullets(items: list, limit: int, fmt=str, empty: str = "none") -> str:
     return "\n".join(lines) or empty
 
 
-_VERDICT_KEYS = ("launch", "verdict", "gain_percent", "shared_us", "separate_us", "ops", "programs",
-                 "registers", "spills")
-
-
 def _scores(ctx: NodeContext) -> str:
     r = ctx.result
-    if not r:
+    if r is None:
         return "not evaluated yet"
-    out = {k: r.get(k) for k in ("status", "stage", "modeled")}
-    out |= {k: v for k, v in (r.get("metrics") or {}).items() if isinstance(v, (int, float, str, dict))}
-    if r.get("error"):
-        out["error"] = _clip(str(r["error"]), 600)
+    out: dict[str, Any] = {"status": r.status, "stage": r.stage, "modeled": r.modeled}
+    if r.metrics:
+        out |= {k: v for k, v in r.metrics.to_dict().items() if v is not None and k not in _NOT_SCORES}
+    if r.error:
+        out["error"] = _clip(r.error, 600)
+    if r.plan_errors:
+        out["plan_errors"] = [_clip(e, 200) for e in r.plan_errors[:10]]
     return _json(out)
 
 
+_NOT_SCORES = ("device", "sms", "baselines")  # said elsewhere in the prompt
+
+
+def _launch(parts: tuple[PartRef, ...], resources: Resources) -> dict[str, Any]:
+    """A launch's parts and (GPU) resources, as the prompt shows them."""
+    row = {"ops": [p.label for p in parts], "programs": [p.programs for p in parts]}
+    return row | {k: v for k, v in resources.to_dict().items() if v is not None}
+
+
 def _verdicts(ctx: NodeContext, limit: int = 15) -> str:
-    """Shared launches, largest |gain| first, joined with their compiler feedback."""
-    r = ctx.result or {}
-    feedback = {f.get("launch"): f for f in r.get("feedback") or [] if isinstance(f, dict)}
-    rows = [{k: m[k] for k in _VERDICT_KEYS if k in m}
-            for v in r.get("verdicts") or [] if isinstance(v, dict) for m in [feedback.get(v.get("launch"), {}) | v]]
-    rows.sort(key=lambda row: -abs(row.get("gain_percent") or 0))
-    return _bullets(rows, limit, lambda row: _json(row, sort=False), "none (no shared launch measured)")
+    """Shared launches, largest |gain| first, with their compiler feedback."""
+    r = ctx.result
+    if r is None or not r.verdicts:
+        return "none (no shared launch measured)"
+    feedback = {f.launch: f for f in r.feedback}
+    rows = []
+    for v in sorted(r.verdicts, key=lambda v: -abs(v.gain_percent)):
+        f = feedback.get(v.launch)
+        resources = v.resources if v.resources != Resources() or f is None else f.resources
+        rows.append({"launch": v.launch, "verdict": v.verdict, "gain_percent": v.gain_percent,
+                     "shared_us": v.shared_us, "separate_us": v.separate_us}
+                    | _launch(f.parts if f else v.parts, resources))
+    return _bullets(rows, limit, lambda row: _json(row, sort=False))
 
 
 def _feedback(ctx: NodeContext, limit: int = 10) -> str:
-    items = [f for f in (ctx.result or {}).get("feedback") or [] if isinstance(f, dict)]
-    if not items:
+    r = ctx.result
+    if r is None or not (r.feedback or r.compile_failure):
         return "none"
-    notable = [{k: v for k, v in f.items() if k != "kernel"} for f in items if f.get("reason") or f.get("spills")]
-    head = f"{len(items)} entries; {len(notable)} with a compile error or register spills"
-    return head + ("\n" + _bullets(notable, limit, lambda f: _json(f, 400)) if notable else "")
+    lines = []
+    if r.compile_failure:
+        lines.append(f"compile error at {r.compile_failure.message}")
+    spills = [f for f in r.feedback if f.resources.spills]
+    if r.feedback:
+        lines.append(f"{len(r.feedback)} launches; {len(spills)} with register spills")
+    lines += [f"- {_json({'launch': f.launch} | _launch(f.parts, f.resources), 400)}" for f in spills[:limit]]
+    if len(spills) > limit:
+        lines.append(f"- ... and {len(spills) - limit} more")
+    return "\n".join(lines)
 
 
 def _pick(entry: dict, keys: tuple[str, ...]) -> str:
@@ -97,7 +116,7 @@ def _best(entry: dict) -> str:
 class Prompts:
     """The editable templates under `directory`: system.md, expand.md and retry.md ($placeholders)."""
 
-    def __init__(self, directory: Path = PROMPTS_DIR, schema_file: Path = SCHEMA_FILE):
+    def __init__(self, directory: Path = PROMPTS_DIR, schema_file: Path = PLAN_SCHEMA_FILE):
         self.system, self.expand, self.retry = (
             string.Template(read_text(Path(directory) / f"{n}.md", ConjugateError, "prompt template"))
             for n in ("system", "expand", "retry"))
@@ -110,7 +129,8 @@ class Prompts:
     def expand_text(self, ctx: NodeContext, n: int) -> str:
         return self.expand.safe_substitute(
             plan=json.dumps(ctx.plan, indent=1, sort_keys=True), schema=self.schema, n=n, kinds=self.kinds,
-            workload=_json(ctx.workload), gpu=ctx.gpu, scores=_scores(ctx),
+            workload=_json(ctx.workload), device=ctx.device, sms=ctx.sms, evaluator=ctx.evaluator,
+            scores=_scores(ctx),
             baselines=_json(ctx.baselines) if ctx.baselines else "none measured",
             verdicts=_verdicts(ctx), feedback=_feedback(ctx), best=_bullets(ctx.best, 3, _best),
             lessons=_bullets(ctx.lessons, 20, lambda s: _clip(str(s), 300)),

@@ -25,7 +25,3 @@ class ReplayProposer:
         taken, self._by_parent[context.plan_hash] = pending[:max(n, 0)], pending[max(n, 0):]
         return [Proposal(patch=r["patch"], rationale=r.get("rationale", ""), kind=r.get("kind") or "other",
                          prior=r.get("prior")) for r in taken]
-
-    def remaining(self) -> int:
-        """Recorded edits not returned yet."""
-        return sum(len(v) for v in self._by_parent.values())

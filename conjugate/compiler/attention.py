@@ -8,6 +8,9 @@ Layout (fixed by the rest of the compiler):
   sits at position start + t and sees keys 0 .. start + t (causal among the new tokens).
 * k_cache, v_cache: [B, num_kv_heads, S_max, head_dim] contiguous, bf16/fp16/fp32 (upcast after
   every load). Positions 0 .. start + T - 1 are valid. Head h reads kv head h // GROUP.
+* lengths: int64 [B], each sequence's length before the round, read at run time (sequences may
+  differ); start = lengths[b] + offset, offset being the draft step (0 for the verify pass). Keys
+  past S_max are never read.
 
 One program per (b, kv_head, split), split fastest. It stacks the GROUP query heads of its kv head
 and the T tokens into one q tile of ROWS = next_pow2(max(16, GROUP * T)) rows (row i: head
@@ -124,7 +127,7 @@ def _combine(part_o_ptr, part_ml_ptr, bh, HEAD_DIM: tl.constexpr, ROWS: tl.const
 
 @triton.jit
 def attn_tile(pid, q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_ml_ptr, counter_ptr,
-              T, start, S_max, stride_q, stride_o, scale,
+              lengths_ptr, offset, T, S_max, stride_q, stride_o, scale,
               NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
               BLOCK_N: tl.constexpr, SPLIT_KV: tl.constexpr, DOT_DTYPE: tl.constexpr):
     """Program pid = (b * NUM_KV_HEADS + kv_head) * SPLIT_KV + split of the attention grid."""
@@ -134,7 +137,8 @@ def attn_tile(pid, q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_ml_ptr, counte
     kv_head = bh % NUM_KV_HEADS
     q_offs, row_ok, t = _row_offsets(b, kv_head, T, stride_q, GROUP, HEAD_DIM, ROWS)  # [ROWS, HEAD_DIM], [ROWS], [ROWS]
     q = tl.load(q_ptr + q_offs, mask=row_ok[:, None], other=0.0).to(tl.float32)  # [ROWS, HEAD_DIM]
-    n_keys = start + T
+    start = tl.load(lengths_ptr + b).to(tl.int32) + offset
+    n_keys = tl.minimum(start + T, S_max)
     chunk = tl.cdiv(tl.cdiv(n_keys, SPLIT_KV), BLOCK_N) * BLOCK_N  # keys per split, a BLOCK_N multiple
     lo = tl.minimum(split * chunk, n_keys)
     hi = tl.minimum(lo + chunk, n_keys)
@@ -156,16 +160,11 @@ def attn_tile(pid, q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_ml_ptr, counte
             tl.atomic_xchg(counter_ptr + bh, 0)  # ready for the next launch
 
 
-SIGNATURE = TileSignature(
-    fn="attn_tile",
-    module="conjugate.compiler.attention",
-    args=("q_ptr", "k_ptr", "v_ptr", "out_ptr", "part_o_ptr", "part_ml_ptr", "counter_ptr",
-          "T", "start", "S_max", "stride_q", "stride_o", "scale"),
-    constexprs=("NUM_KV_HEADS", "GROUP", "HEAD_DIM", "ROWS", "BLOCK_N", "SPLIT_KV", "DOT_DTYPE"),
-)
+SIGNATURE = TileSignature.of(attn_tile)
 
 
-def _check(q, k_cache, v_cache, out, batch, tokens, start, num_heads, num_kv_heads, head_dim, block_n, split_kv):
+def _check(q, k_cache, v_cache, out, lengths, batch, tokens, offset, num_heads, num_kv_heads, head_dim, block_n,
+           split_kv):
     """Raises ValueError for shapes or options the kernel cannot run."""
     if head_dim < 16 or head_dim != tile.next_pow2(head_dim):
         raise ValueError(f"attention: head_dim must be a power of two >= 16, got {head_dim}")
@@ -175,15 +174,18 @@ def _check(q, k_cache, v_cache, out, batch, tokens, start, num_heads, num_kv_hea
         raise ValueError(f"attention: split_kv must be >= 1, got {split_kv}")
     if num_kv_heads < 1 or num_heads % num_kv_heads:
         raise ValueError(f"attention: num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
-    if tokens < 1 or start < 0:
-        raise ValueError(f"attention: need tokens >= 1 and start >= 0, got tokens={tokens}, start={start}")
+    if tokens < 1 or offset < 0:
+        raise ValueError(f"attention: need tokens >= 1 and offset >= 0, got tokens={tokens}, offset={offset}")
+    if lengths.dtype != torch.int64 or tuple(lengths.shape) != (batch,) or lengths.device != q.device:
+        raise ValueError(f"attention: lengths must be int64 [{batch}] on {q.device}, got {lengths.dtype} "
+                         f"{tuple(lengths.shape)} on {lengths.device}")
     expected = (batch, num_kv_heads, k_cache.shape[2], head_dim)
     if tuple(k_cache.shape) != expected or v_cache.shape != k_cache.shape or not k_cache.is_contiguous() \
             or not v_cache.is_contiguous():
         raise ValueError(f"attention: caches must be contiguous {expected}, got {tuple(k_cache.shape)}, "
                          f"{tuple(v_cache.shape)}")
-    if start + tokens > k_cache.shape[2]:
-        raise ValueError(f"attention: start + tokens = {start + tokens} exceeds the cache length {k_cache.shape[2]}")
+    if offset + tokens > k_cache.shape[2]:
+        raise ValueError(f"attention: offset + tokens = {offset + tokens} exceeds the cache length {k_cache.shape[2]}")
     width = num_heads * head_dim
     for name, x, dtypes in (("q", q, (torch.float32,)), ("out", out, (torch.float32, torch.bfloat16, torch.float16))):
         if x.dtype not in dtypes or x.dim() != 2 or x.shape[0] != batch * tokens or x.shape[1] != width \
@@ -192,10 +194,12 @@ def _check(q, k_cache, v_cache, out, batch, tokens, start, num_heads, num_kv_hea
                              f"[{batch * tokens}, {width}] with unit column stride, got {x.dtype} {tuple(x.shape)}")
 
 
-def attn_call(q, k_cache, v_cache, out, *, batch, tokens, start, num_heads, num_kv_heads, head_dim,
+def attn_call(q, k_cache, v_cache, out, lengths, *, batch, tokens, offset, num_heads, num_kv_heads, head_dim,
               block_n=64, split_kv=1, label="") -> PartCall:
-    """Binds one layer's attention; allocates the split-KV scratch and counter (kept in PartCall.scratch)."""
-    _check(q, k_cache, v_cache, out, batch, tokens, start, num_heads, num_kv_heads, head_dim, block_n, split_kv)
+    """Binds one layer's attention at positions lengths[b] + offset + t (lengths read at run time);
+    allocates the split-KV scratch and counter (kept in PartCall.scratch)."""
+    _check(q, k_cache, v_cache, out, lengths, batch, tokens, offset, num_heads, num_kv_heads, head_dim, block_n,
+           split_kv)
     group = num_heads // num_kv_heads
     rows = tile.next_pow2(max(16, group * tokens))
     dev = q.device
@@ -206,26 +210,9 @@ def attn_call(q, k_cache, v_cache, out, *, batch, tokens, start, num_heads, num_
         part_o = part_ml = torch.empty(1, dtype=torch.float32, device=dev)
     counter = torch.zeros(max(1, batch * num_kv_heads), dtype=torch.int32, device=dev)
     args = dict(q_ptr=q, k_ptr=k_cache, v_ptr=v_cache, out_ptr=out, part_o_ptr=part_o, part_ml_ptr=part_ml,
-                counter_ptr=counter, T=tokens, start=start, S_max=k_cache.shape[2], stride_q=q.stride(0),
+                counter_ptr=counter, lengths_ptr=lengths, offset=offset, T=tokens, S_max=k_cache.shape[2], stride_q=q.stride(0),
                 stride_o=out.stride(0), scale=1.0 / math.sqrt(head_dim))
     constexprs = dict(NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim, ROWS=rows, BLOCK_N=block_n,
                       SPLIT_KV=split_kv, DOT_DTYPE=tile.dot_dtype(k_cache.dtype))
     return PartCall(SIGNATURE, args, constexprs, programs=batch * num_kv_heads * split_kv, label=label,
                     scratch=[part_o, part_ml, counter])
-
-
-@triton.jit
-def attn_kernel(q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_ml_ptr, counter_ptr,
-                T, start, S_max, stride_q, stride_o, scale,
-                NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
-                BLOCK_N: tl.constexpr, SPLIT_KV: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    attn_tile(tl.program_id(0), q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_ml_ptr, counter_ptr,
-              T, start, S_max, stride_q, stride_o, scale,
-              NUM_KV_HEADS, GROUP, HEAD_DIM, ROWS, BLOCK_N, SPLIT_KV, DOT_DTYPE)
-
-
-def run_attention(call: PartCall, num_warps=4, num_stages=2):
-    """Launches attention alone, one program per (b, kv_head, split)."""
-    args = [call.args[a] for a in call.sig.args]
-    constexprs = {c: call.constexprs[c] for c in call.sig.constexprs}
-    attn_kernel[(call.programs,)](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)

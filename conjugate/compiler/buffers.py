@@ -14,6 +14,7 @@ import torch
 
 from conjugate.models.reference import KVCache, RoundInputs, rope_cos_sin
 from conjugate.models.weights import ModelWeights
+from conjugate.roles import Model
 from conjugate.workload import Workload
 
 
@@ -54,15 +55,31 @@ class PreparedWeights:
         return self._once(("lm_folded",), lambda: self._fold(w.lm_head, w.final_norm)) if folded else w.lm_head
 
 
+def kv_capacity(workload: Workload) -> int:
+    """Positions each KV cache holds: a sequence of up to `context` tokens plus one round's k + 1."""
+    return workload.context + workload.k + 1
+
+
+def check_lengths(lengths: torch.Tensor, batch: int, longest: int) -> None:
+    """Refuse lengths a round cannot serve (the kernels would write past the cache). One small
+    host read: callers that must not synchronise check their lengths once, ahead."""
+    if tuple(lengths.shape) != (batch,) or lengths.dtype != torch.int64:
+        raise ValueError(f"lengths must be int64 [{batch}], got {lengths.dtype} {tuple(lengths.shape)}")
+    low, high = int(lengths.min()), int(lengths.max())
+    if low < 0 or high > longest:
+        raise ValueError(f"sequence lengths {low}..{high} outside 0..{longest}: the KV cache holds {longest} "
+                         "tokens before a round")
+
+
 @dataclass
 class ModelBuffers:
     prepared: PreparedWeights
     batch: int
     tokens: int  # new tokens per sequence per pass: 1 (draft decode) or k + 1 (verify)
     steps: int  # passes per round: k (draft) or 1 (target)
-    is_draft: bool
-    context: int
-    cache: KVCache
+    model: Model
+    cache: KVCache  # [layers, batch, kv_heads, capacity, head_dim]
+    lengths: torch.Tensor  # [batch] int64: each sequence's length before the round, read by the kernels
     tokens_in: torch.Tensor  # draft [Bd] last accepted token; target [Bt * (k + 1)] verify tokens
     tokens_out: torch.Tensor  # draft [Bd, k]; target [Bt * (k + 1)]
     logits: torch.Tensor  # draft [Bd, k, V]; target [Bt * (k + 1), V]
@@ -78,13 +95,17 @@ class ModelBuffers:
     def rows(self) -> int:
         return self.batch * self.tokens
 
+    @property
+    def is_draft(self) -> bool:
+        return self.model == Model.DRAFT
+
     @classmethod
-    def allocate(cls, prepared: PreparedWeights, batch: int, tokens: int, steps: int, context: int,
-                 max_len: int, is_draft: bool) -> "ModelBuffers":
-        w = prepared.weights
+    def allocate(cls, prepared: PreparedWeights, batch: int, tokens: int, steps: int, capacity: int,
+                 model: Model) -> "ModelBuffers":
+        w, is_draft = prepared.weights, model == Model.DRAFT
         spec, dev, rows = w.spec, w.device, batch * tokens
-        cache = KVCache.empty(spec, batch, max_len, w.dtype, dev)
-        cos, sin = rope_cos_sin(spec, torch.arange(max_len, device=dev))
+        cache = KVCache.empty(spec, batch, capacity, w.dtype, dev)
+        cos, sin = rope_cos_sin(spec, torch.arange(capacity, device=dev))
         token_shape = (batch, steps) if is_draft else (rows,)
         logit_shape = (batch, steps, spec.vocab_size) if is_draft else (rows, spec.vocab_size)
 
@@ -97,7 +118,7 @@ class ModelBuffers:
         act = {"x": f32(rows, spec.hidden_size), "h": operand(rows, spec.hidden_size),
                "qkv": f32(rows, spec.qkv_size), "q": f32(rows, spec.q_size),
                "attn_out": operand(rows, spec.q_size), "mlp": operand(rows, spec.ffn_size)}
-        return cls(prepared, batch, tokens, steps, is_draft, context, cache,
+        return cls(prepared, batch, tokens, steps, model, cache, torch.zeros(batch, dtype=torch.int64, device=dev),
                    torch.zeros(batch if is_draft else rows, dtype=torch.int64, device=dev),
                    torch.zeros(token_shape, dtype=torch.int64, device=dev), f32(*logit_shape), cos, sin, act)
 
@@ -119,19 +140,21 @@ class RoundBuffers:
 
     @classmethod
     def allocate(cls, workload: Workload, draft: PreparedWeights, target: PreparedWeights) -> "RoundBuffers":
-        k, context = workload.k, workload.context
-        max_len = context + k + 1  # as the reference's caches
-        return cls(ModelBuffers.allocate(draft, workload.draft_batch, 1, k, context, max_len, is_draft=True),
-                   ModelBuffers.allocate(target, workload.target_batch, k + 1, 1, context, max_len, is_draft=False))
+        k, capacity = workload.k, kv_capacity(workload)
+        return cls(ModelBuffers.allocate(draft, workload.draft_batch, 1, k, capacity, Model.DRAFT),
+                   ModelBuffers.allocate(target, workload.target_batch, k + 1, 1, capacity, Model.TARGET))
 
-    def model(self, name: str) -> ModelBuffers:
-        return self.draft if name == "draft" else self.target
+    def model(self, model: Model) -> ModelBuffers:
+        return self.draft if model == Model.DRAFT else self.target
 
     def load(self, inputs: RoundInputs) -> None:
-        """Copy a round's inputs in: tokens and both caches."""
-        for bufs, cache in ((self.draft, inputs.draft_cache), (self.target, inputs.target_cache)):
+        """Copy a round's inputs in: tokens, lengths and both caches."""
+        for bufs, cache, lengths in ((self.draft, inputs.draft_cache, inputs.draft_lengths),
+                                     (self.target, inputs.target_cache, inputs.target_lengths)):
+            check_lengths(lengths, bufs.batch, bufs.cache.k.shape[3] - (bufs.steps + bufs.tokens - 1))
             bufs.cache.k.copy_(cache.k)
             bufs.cache.v.copy_(cache.v)
+            bufs.lengths.copy_(lengths)
         self.draft.tokens_in.copy_(inputs.draft_last_tokens)
         self.target.tokens_in.copy_(inputs.verify_tokens.reshape(-1))
 

@@ -33,13 +33,7 @@ def embed_tile(pid, tokens_ptr, table_ptr, x_ptr, hidden, stride_tok, stride_tab
     tl.store(x_ptr + row * stride_x + cols, vals, mask=mask)
 
 
-EMBED_SIGNATURE = TileSignature(
-    fn="embed_tile",
-    module="conjugate.compiler.embed",
-    args=("tokens_ptr", "table_ptr", "x_ptr", "hidden", "stride_tok", "stride_table", "stride_x"),
-    constexprs=("BLOCK",),
-)
-SIGNATURE = EMBED_SIGNATURE
+EMBED_SIGNATURE = TileSignature.of(embed_tile)
 
 
 def embed_call(tokens: torch.Tensor, table: torch.Tensor, x: torch.Tensor, *, rows: int, stride_tok: int = 1,
@@ -52,15 +46,6 @@ def embed_call(tokens: torch.Tensor, table: torch.Tensor, x: torch.Tensor, *, ro
     args = dict(tokens_ptr=tokens, table_ptr=table, x_ptr=x, hidden=hidden, stride_tok=stride_tok,
                 stride_table=table.stride(0), stride_x=x.stride(0))
     return PartCall(EMBED_SIGNATURE, args, dict(BLOCK=block), rows * cdiv(hidden, block), label)
-
-
-@triton.jit
-def embed_kernel(tokens_ptr, table_ptr, x_ptr, hidden, stride_tok, stride_table, stride_x, BLOCK: tl.constexpr):
-    embed_tile(tl.program_id(0), tokens_ptr, table_ptr, x_ptr, hidden, stride_tok, stride_table, stride_x, BLOCK)
-
-
-def run_embed(call: PartCall, num_warps: int = 4) -> None:
-    embed_kernel[(call.programs,)](**call.args, **call.constexprs, num_warps=num_warps)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -85,12 +70,7 @@ def argmax_tile(pid, logits_ptr, out_ptr, vocab, stride_logits, stride_out, BLOC
     tl.store(out_ptr + row * stride_out, best_idx.to(out_ptr.dtype.element_ty))
 
 
-ARGMAX_SIGNATURE = TileSignature(
-    fn="argmax_tile",
-    module="conjugate.compiler.embed",
-    args=("logits_ptr", "out_ptr", "vocab", "stride_logits", "stride_out"),
-    constexprs=("BLOCK",),
-)
+ARGMAX_SIGNATURE = TileSignature.of(argmax_tile)
 
 
 def argmax_call(logits: torch.Tensor, out: torch.Tensor, *, rows: int, vocab: int, stride_out: int = 1,
@@ -101,12 +81,3 @@ def argmax_call(logits: torch.Tensor, out: torch.Tensor, *, rows: int, vocab: in
     block = min(block, next_pow2(vocab))
     args = dict(logits_ptr=logits, out_ptr=out, vocab=vocab, stride_logits=logits.stride(0), stride_out=stride_out)
     return PartCall(ARGMAX_SIGNATURE, args, dict(BLOCK=block), rows, label)
-
-
-@triton.jit
-def argmax_kernel(logits_ptr, out_ptr, vocab, stride_logits, stride_out, BLOCK: tl.constexpr):
-    argmax_tile(tl.program_id(0), logits_ptr, out_ptr, vocab, stride_logits, stride_out, BLOCK)
-
-
-def run_argmax(call: PartCall, num_warps: int = 4) -> None:
-    argmax_kernel[(call.programs,)](**call.args, **call.constexprs, num_warps=num_warps)

@@ -24,8 +24,13 @@ import triton.language as tl
 
 from conjugate.compiler.tile import PartCall, TileSignature, cdiv, dot_dtype
 
-STORE, RESIDUAL, SILU_MUL, ARGMAX = 0, 1, 2, 3
-EPILOGUES = {"store": STORE, "residual": RESIDUAL, "silu_mul": SILU_MUL, "argmax": ARGMAX}
+# The EPILOGUE constexpr's values, as globals the tile functions can read.
+EPILOGUE_STORE = tl.constexpr(0)
+EPILOGUE_RESIDUAL = tl.constexpr(1)
+EPILOGUE_SILU_MUL = tl.constexpr(2)
+EPILOGUE_ARGMAX = tl.constexpr(3)
+EPILOGUES = {"store": EPILOGUE_STORE.value, "residual": EPILOGUE_RESIDUAL.value,
+             "silu_mul": EPILOGUE_SILU_MUL.value, "argmax": EPILOGUE_ARGMAX.value}  # gemm_call's names
 _REDUCE_BLOCK = tl.constexpr(128)  # partial maxima reduced per step by the last program
 
 
@@ -100,7 +105,7 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
         w_offs = w_block + rows_n[:, None] * stride_w + kk[None, :]
         w = tl.load(w_ptr + w_offs, mask=w_mask, other=0.0)  # [BN, BK]
         acc += tl.dot(x.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)))  # fp32 accumulate
-        if EPILOGUE == 2:
+        if EPILOGUE == EPILOGUE_SILU_MUL:
             w2 = tl.load(w2_ptr + w_offs, mask=w_mask, other=0.0)
             acc2 += tl.dot(x.to(DOT_DTYPE), tl.trans(w2.to(DOT_DTYPE)))
     if SPLIT_K > 1:
@@ -111,7 +116,7 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
         slot = (split * M + offs_m[:, None]) * N + offs_n[None, :]  # ws: [SPLIT_K, M, N]
         ws_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         tl.store(ws_ptr + slot, acc, mask=ws_mask)
-        if EPILOGUE == 2:
+        if EPILOGUE == EPILOGUE_SILU_MUL:
             tl.store(ws_ptr + SPLIT_K * M * N + slot, acc2, mask=ws_mask)
         if NORM:
             tl.store(ws_ptr + 2 * SPLIT_K * M * N + (split * num_n + n_blk) * M + offs_m, sumsq, mask=offs_m < M)
@@ -124,7 +129,7 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
             for s in range(SPLIT_K):
                 slot = (s * M + offs_m[:, None]) * N + offs_n[None, :]
                 acc += tl.load(ws_ptr + slot, mask=ws_mask, other=0.0, cache_modifier=".cg")
-                if EPILOGUE == 2:
+                if EPILOGUE == EPILOGUE_SILU_MUL:
                     acc2 += tl.load(ws_ptr + SPLIT_K * M * N + slot, mask=ws_mask, other=0.0, cache_modifier=".cg")
                 if NORM:
                     sumsq += tl.load(ws_ptr + 2 * SPLIT_K * M * N + (s * num_n + n_blk) * M + offs_m,
@@ -152,26 +157,20 @@ def _epilogue(acc, acc2, sumsq, offs_m, offs_n, n_blk, num_n, M, N, K, eps, bias
         acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
     out_ptrs = out_ptr + offs_m[:, None] * stride_out + offs_n[None, :]
     out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    if EPILOGUE == 0:
+    if EPILOGUE == EPILOGUE_STORE:
         tl.store(out_ptrs, acc, mask=out_mask)
-    elif EPILOGUE == 1:
+    elif EPILOGUE == EPILOGUE_RESIDUAL:
         tl.store(out_ptrs, tl.load(out_ptrs, mask=out_mask, other=0.0) + acc, mask=out_mask)
-    elif EPILOGUE == 2:
+    elif EPILOGUE == EPILOGUE_SILU_MUL:
         tl.store(out_ptrs, (acc * tl.sigmoid(acc) * acc2).to(out_ptr.dtype.element_ty), mask=out_mask)
-    else:
+    else:  # EPILOGUE_ARGMAX
         if WRITE_OUT:
             tl.store(out_ptrs, acc, mask=out_mask)
         _argmax_epilogue(acc, offs_m, offs_n, n_blk, num_n, tl.cdiv(M, BLOCK_M) * num_n, M, N, part_val_ptr,
                          part_idx_ptr, counter_ptr, tok_ptr, stride_tok, BLOCK_M, BLOCK_N)
 
 
-SIGNATURE = TileSignature(
-    fn="gemm_tile", module=__name__,
-    args=("x_ptr", "w_ptr", "w2_ptr", "bias_ptr", "out_ptr", "part_val_ptr", "part_idx_ptr", "counter_ptr", "tok_ptr",
-          "ws_ptr", "M", "N", "K", "stride_x", "stride_w", "stride_out", "stride_tok", "eps", "blk_stride", "blk_pairs",
-          "tail_start"),
-    constexprs=("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "NORM", "EPILOGUE", "HAS_BIAS", "WRITE_OUT", "DOT_DTYPE"),
-)
+SIGNATURE = TileSignature.of(gemm_tile)
 
 
 def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int, epilogue: str = "store",
@@ -180,10 +179,11 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
               block_m: int = 16, block_n: int = 64, block_k: int = 128, split_k: int = 1, label: str = "") -> PartCall:
     """Bind one GEMM. x: [rows, K] fp32 or the weights' type; w, w2: [N, K]; out: [rows, N] (row strides free)."""
     n, k = w.shape
-    code = EPILOGUES[epilogue]
-    if code == SILU_MUL and w2 is None:
+    if epilogue not in EPILOGUES:
+        raise ValueError(f"unknown GEMM epilogue {epilogue!r}")
+    if epilogue == "silu_mul" and w2 is None:
         raise ValueError("the silu_mul epilogue needs w2 (the up projection)")
-    if code == ARGMAX and tokens is None:
+    if epilogue == "argmax" and tokens is None:
         raise ValueError("the argmax epilogue needs a tokens buffer")
     num_m, num_n = cdiv(rows, block_m), cdiv(n, block_n)
     ws_size = split_k * (2 * rows * n + num_n * rows) if split_k > 1 else 1  # acc, acc2, sums of squares
@@ -193,8 +193,8 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
     dev = w.device
     # counter[0]: programs done (argmax); counter[1 + tile]: splits done per output tile
     counter = torch.zeros(1 + num_m * num_n, dtype=torch.int32, device=dev)
-    part_val = torch.empty(rows * num_n if code == ARGMAX else 1, dtype=torch.float32, device=dev)
-    part_idx = torch.empty(rows * num_n if code == ARGMAX else 1, dtype=torch.int32, device=dev)
+    part_val = torch.empty(rows * num_n if epilogue == "argmax" else 1, dtype=torch.float32, device=dev)
+    part_idx = torch.empty(rows * num_n if epilogue == "argmax" else 1, dtype=torch.int32, device=dev)
     ws = torch.empty(ws_size, dtype=torch.float32, device=dev)
     scratch = [counter, part_val, part_idx, ws]
     args = dict(x_ptr=x, w_ptr=w, w2_ptr=w2 if w2 is not None else w, bias_ptr=bias if bias is not None else w,
@@ -203,25 +203,7 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
                 stride_w=w.stride(0), stride_out=out.stride(0), stride_tok=stride_tok,
                 eps=float(norm_eps or 0.0), blk_stride=0, blk_pairs=0, tail_start=0)
     constexprs = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, NORM=norm_eps is not None,
-                      EPILOGUE=code, HAS_BIAS=bias is not None, WRITE_OUT=write_out, DOT_DTYPE=dot_dtype(w.dtype))
+                      EPILOGUE=EPILOGUES[epilogue], HAS_BIAS=bias is not None, WRITE_OUT=write_out,
+                      DOT_DTYPE=dot_dtype(w.dtype))
     programs = num_m * num_n * split_k
     return PartCall(SIGNATURE, args, constexprs, programs, label, scratch)
-
-
-@triton.jit
-def gemm_kernel(x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, ws_ptr,
-                M, N, K, stride_x, stride_w, stride_out, stride_tok, eps, blk_stride, blk_pairs, tail_start,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                NORM: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr,
-                DOT_DTYPE: tl.constexpr):
-    gemm_tile(tl.program_id(0), x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_idx_ptr, counter_ptr,
-              tok_ptr, ws_ptr, M, N, K, stride_x, stride_w, stride_out, stride_tok, eps, blk_stride, blk_pairs,
-              tail_start, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K,
-              NORM, EPILOGUE, HAS_BIAS, WRITE_OUT, DOT_DTYPE)
-
-
-def run_gemm(call: PartCall, num_warps: int = 4, num_stages: int = 2) -> None:
-    """The plain launcher: one GEMM alone."""
-    gemm_kernel[(call.programs,)](*(call.args[a] for a in SIGNATURE.args),
-                                  *(call.constexprs[c] for c in SIGNATURE.constexprs),
-                                  num_warps=num_warps, num_stages=num_stages)

@@ -70,7 +70,6 @@ def lower_part(part: Part, graph: nx.DiGraph, bufs: RoundBuffers) -> PartCall:
     main = next(o for o in ops if o.kind == part.kind)
     label = "+".join(part.ops)
     spec, act, rows, tiles = b.spec, b.act, b.rows, part.tiles
-    start = b.context + main.step
     if main.kind in ("qkv", "o_proj", "gate_up", "down", "lm_head"):
         return _lower_gemm(b, main, part.fused, tiles, label)
     if len(ops) > 1:
@@ -85,12 +84,12 @@ def lower_part(part: Part, graph: nx.DiGraph, bufs: RoundBuffers) -> PartCall:
     if main.kind == "rope_kv":
         lw = b.prepared.weights.layers[main.layer]
         return rope_kv_call(act["qkv"], act["q"], b.cache.k[main.layer], b.cache.v[main.layer], b.cos, b.sin,
-                            rows=rows, tokens=b.tokens, start=start, num_heads=spec.num_heads,
+                            b.lengths, rows=rows, tokens=b.tokens, offset=main.step, num_heads=spec.num_heads,
                             num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, q_norm=lw.q_norm,
                             k_norm=lw.k_norm, eps=spec.rms_norm_eps, block=tiles["BLOCK"], label=label)
     if main.kind == "attn":
-        return attn_call(act["q"], b.cache.k[main.layer], b.cache.v[main.layer], act["attn_out"], batch=b.batch,
-                         tokens=b.tokens, start=start, num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
+        return attn_call(act["q"], b.cache.k[main.layer], b.cache.v[main.layer], act["attn_out"], b.lengths,
+                         batch=b.batch, tokens=b.tokens, offset=main.step, num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
                          head_dim=spec.head_dim, block_n=tiles["BLOCK_N"], split_kv=tiles["SPLIT_KV"], label=label)
     if main.kind == "argmax":
         _, _, tokens_out, stride_out, logits = _step_views(b, main.step)

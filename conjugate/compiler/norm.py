@@ -33,12 +33,7 @@ def rmsnorm_tile(pid, x_ptr, w_ptr, out_ptr, hidden, stride_x, stride_out, eps, 
         tl.store(out_row + start + cols, (x * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-SIGNATURE = TileSignature(
-    fn="rmsnorm_tile",
-    module="conjugate.compiler.norm",
-    args=("x_ptr", "w_ptr", "out_ptr", "hidden", "stride_x", "stride_out", "eps"),
-    constexprs=("BLOCK",),
-)
+SIGNATURE = TileSignature.of(rmsnorm_tile)
 
 
 def rmsnorm_call(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, *, rows: int, eps: float,
@@ -51,12 +46,3 @@ def rmsnorm_call(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, *, ro
     args = dict(x_ptr=x, w_ptr=weight, out_ptr=out, hidden=hidden, stride_x=x.stride(0),
                 stride_out=out.stride(0), eps=float(eps))
     return PartCall(SIGNATURE, args, dict(BLOCK=block), rows, label)
-
-
-@triton.jit
-def rmsnorm_kernel(x_ptr, w_ptr, out_ptr, hidden, stride_x, stride_out, eps, BLOCK: tl.constexpr):
-    rmsnorm_tile(tl.program_id(0), x_ptr, w_ptr, out_ptr, hidden, stride_x, stride_out, eps, BLOCK)
-
-
-def run_rmsnorm(call: PartCall, num_warps: int = 4) -> None:
-    rmsnorm_kernel[(call.programs,)](**call.args, **call.constexprs, num_warps=num_warps)

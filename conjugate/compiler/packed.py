@@ -15,6 +15,7 @@ import networkx as nx
 import torch
 
 from conjugate.compiler.buffers import RoundBuffers
+from conjugate.compiler.gemm import EPILOGUES
 from conjugate.compiler.lower import lower_part
 from conjugate.compiler.tile import PartCall, cdiv
 from conjugate.plan.expand import Launch
@@ -75,7 +76,7 @@ def pack_launch(launch: Launch, calls: list[PartCall], graph: nx.DiGraph,
     if differ:
         raise ValueError(f"the packed operand layout needs GEMMs with the same epilogue and prologue; "
                          f"{target.kind} and {draft.kind} differ in {', '.join(differ)}")
-    names = ("w_ptr", "w2_ptr") if t_call.constexprs["EPILOGUE"] == 2 else ("w_ptr",)
+    names = ("w_ptr", "w2_ptr") if t_call.constexprs["EPILOGUE"] == EPILOGUES["silu_mul"] else ("w_ptr",)
     for name in names:
         buffer, blocks_t, blocks_d = bufs.packed(t_call.args[name], d_call.args[name], t_call.constexprs["BLOCK_N"])
         _bind(t_call, name, buffer, blocks_t)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from conjugate.compiler.gemm import EPILOGUES
 from conjugate.compiler.tile import PartCall
 
 HOPPER_SHARED_BYTES = 232448  # per program (227 KB opt-in), H100 and H200
@@ -21,7 +22,8 @@ def shared_memory_estimate(part: PartCall, num_stages: int) -> int:
     c, a = part.constexprs, part.args
     if part.sig.fn == "gemm_tile":
         x_tile = c["BLOCK_M"] * c["BLOCK_K"] * a["x_ptr"].element_size()
-        w_tiles = c["BLOCK_N"] * c["BLOCK_K"] * a["w_ptr"].element_size() * (2 if c["EPILOGUE"] == 2 else 1)
+        weights = 2 if c["EPILOGUE"] == EPILOGUES["silu_mul"] else 1  # gate and up
+        w_tiles = c["BLOCK_N"] * c["BLOCK_K"] * a["w_ptr"].element_size() * weights
         return num_stages * (x_tile + w_tiles)
     if part.sig.fn == "attn_tile":
         kv_tiles = 2 * c["BLOCK_N"] * c["HEAD_DIM"] * a["k_ptr"].element_size()

@@ -3,7 +3,8 @@
 Layout.
 - qkv    fp32 [M, (NUM_HEADS + 2*NUM_KV_HEADS) * HEAD_DIM], row stride stride_qkv; per row the q
          heads, then the k heads, then the v heads, head-major, bias already added. Row r = b*T + t
-         is token t of sequence b, at position pos = start + t.
+         is token t of sequence b, at position pos = lengths[b] + offset + t (lengths: int64 [B],
+         each sequence's length before the round, read at run time; offset: the draft step).
 - q_out  fp32 [M, NUM_HEADS * HEAD_DIM], row stride stride_q: QK-norm'd (optional), rotated q.
 - k_cache, v_cache: one layer's [B, NUM_KV_HEADS, S_max, HEAD_DIM], contiguous, bf16/fp16/fp32;
          row pos of each (b, kv_head) gets the QK-norm'd rotated key / the value, cast on store.
@@ -38,7 +39,7 @@ def _qk_norm(x, xp, is_q, d, partner, q_norm_ptr, k_norm_ptr, eps, HEAD_DIM: tl.
 
 @triton.jit
 def rope_kv_tile(pid, qkv_ptr, q_out_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr,
-                 rows, tokens, start, s_max, stride_qkv, stride_q, eps,
+                 lengths_ptr, offset, rows, tokens, s_max, stride_qkv, stride_q, eps,
                  NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
                  HEADS_PER_PROG: tl.constexpr, QK_NORM: tl.constexpr):
     ALL_HEADS: tl.constexpr = NUM_HEADS + 2 * NUM_KV_HEADS
@@ -46,7 +47,9 @@ def rope_kv_tile(pid, qkv_ptr, q_out_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, q_norm
     pair = pid.to(tl.int64) * HEADS_PER_PROG + tl.arange(0, HEADS_PER_PROG)  # [P]
     valid = pair < rows * ALL_HEADS
     row, head = pair // ALL_HEADS, pair % ALL_HEADS  # [P]
-    pos = start + row % tokens  # [P]
+    seq = row // tokens  # [P]
+    pos = tl.load(lengths_ptr + seq, mask=valid, other=0).to(tl.int32) + offset + row % tokens  # [P]
+    valid = valid & (pos < s_max)  # a length past the cache writes nothing
     is_q, is_v = head < NUM_HEADS, head >= NUM_HEADS + NUM_KV_HEADS
     is_k = ~is_q & ~is_v
     d = tl.arange(0, HEAD_DIM)  # [D]
@@ -66,27 +69,22 @@ def rope_kv_tile(pid, qkv_ptr, q_out_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, q_norm
     q_dst = q_out_ptr + row[:, None] * stride_q + head[:, None] * HEAD_DIM + d[None, :]
     tl.store(q_dst, y, mask=m & is_q[:, None])
     kv_head = tl.where(is_k, head - NUM_HEADS, head - NUM_HEADS - NUM_KV_HEADS)  # [P]
-    seq = row // tokens
     dst = ((seq * NUM_KV_HEADS + kv_head) * s_max + pos)[:, None] * HEAD_DIM + d[None, :]  # [P, D]
     tl.store(k_ptr + dst, y.to(k_ptr.dtype.element_ty), mask=m & is_k[:, None])
     tl.store(v_ptr + dst, x.to(v_ptr.dtype.element_ty), mask=m & is_v[:, None])
 
 
-SIGNATURE = TileSignature(
-    fn="rope_kv_tile",
-    module="conjugate.compiler.rope",
-    args=("qkv_ptr", "q_out_ptr", "k_ptr", "v_ptr", "cos_ptr", "sin_ptr", "q_norm_ptr", "k_norm_ptr",
-          "rows", "tokens", "start", "s_max", "stride_qkv", "stride_q", "eps"),
-    constexprs=("NUM_HEADS", "NUM_KV_HEADS", "HEAD_DIM", "HEADS_PER_PROG", "QK_NORM"),
-)
+SIGNATURE = TileSignature.of(rope_kv_tile)
 
 
 def rope_kv_call(qkv: torch.Tensor, q_out: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 cos: torch.Tensor, sin: torch.Tensor, *, rows: int, tokens: int, start: int, num_heads: int,
+                 cos: torch.Tensor, sin: torch.Tensor, lengths: torch.Tensor, *, rows: int, tokens: int, offset: int,
+                 num_heads: int,
                  num_kv_heads: int, head_dim: int, q_norm: torch.Tensor | None = None,
                  k_norm: torch.Tensor | None = None, eps: float = 1e-6, block: int = 256,
                  label: str = "") -> PartCall:
-    """Rotate rows' q into q_out and write their k, v at positions start..start+tokens-1 of one layer's caches."""
+    """Rotate rows' q into q_out and write their k, v at positions lengths[b] + offset + t of one layer's
+    caches (lengths read at run time)."""
     if not (head_dim & (head_dim - 1) == 0):
         raise ValueError(f"rope_kv: head_dim {head_dim} must be a power of two")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()):
@@ -95,8 +93,13 @@ def rope_kv_call(qkv: torch.Tensor, q_out: torch.Tensor, k_cache: torch.Tensor, 
         raise ValueError("rope_kv: rows must be contiguous")
     if not ((q_norm is None) == (k_norm is None)):
         raise ValueError("rope_kv: q_norm and k_norm go together")
-    if not (start + tokens <= min(k_cache.shape[2], cos.shape[0])):
+    # positions are read at run time, up to S_max - 1: the tables must cover the whole cache
+    if not (offset + tokens <= k_cache.shape[2] <= min(cos.shape[0], sin.shape[0])):
         raise ValueError("rope_kv: positions past the cache or the tables")
+    if lengths.dtype != torch.int64 or lengths.dim() != 1 or lengths.shape[0] * tokens != rows \
+            or lengths.device != qkv.device:  # one length per sequence: the tile reads lengths[row // tokens]
+        raise ValueError(f"rope_kv: lengths must be int64 [batch] on {qkv.device}, got {lengths.dtype} "
+                         f"{tuple(lengths.shape)} on {lengths.device}")
     if not (cos.shape[1] == head_dim and k_cache.shape[1:] == (num_kv_heads, k_cache.shape[2], head_dim)):
         raise ValueError("rope: unsupported layout (cos.shape[1] == head_dim and k_cache.shape[1:] == (num_kv_heads, k_cache.shape[2], head_dim))")
     heads_per_prog = max(1, block // head_dim)
@@ -105,23 +108,9 @@ def rope_kv_call(qkv: torch.Tensor, q_out: torch.Tensor, k_cache: torch.Tensor, 
     qk_norm = q_norm is not None
     args = dict(qkv_ptr=qkv, q_out_ptr=q_out, k_ptr=k_cache, v_ptr=v_cache, cos_ptr=cos, sin_ptr=sin,
                 q_norm_ptr=q_norm if qk_norm else cos, k_norm_ptr=k_norm if qk_norm else cos,  # dummies: never read
-                rows=rows, tokens=tokens, start=start, s_max=k_cache.shape[2], stride_qkv=qkv.stride(0),
+                lengths_ptr=lengths, offset=offset, rows=rows, tokens=tokens, s_max=k_cache.shape[2], stride_qkv=qkv.stride(0),
                 stride_q=q_out.stride(0), eps=float(eps))
     constexprs = dict(NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
                       HEADS_PER_PROG=heads_per_prog, QK_NORM=qk_norm)
     programs = cdiv(rows * (num_heads + 2 * num_kv_heads), heads_per_prog)
     return PartCall(SIGNATURE, args, constexprs, programs, label)
-
-
-@triton.jit
-def rope_kv_kernel(qkv_ptr, q_out_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr,
-                   rows, tokens, start, s_max, stride_qkv, stride_q, eps,
-                   NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   HEADS_PER_PROG: tl.constexpr, QK_NORM: tl.constexpr):
-    rope_kv_tile(tl.program_id(0), qkv_ptr, q_out_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr,
-                 rows, tokens, start, s_max, stride_qkv, stride_q, eps,
-                 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, HEADS_PER_PROG, QK_NORM)
-
-
-def run_rope_kv(call: PartCall, num_warps: int = 4) -> None:
-    rope_kv_kernel[(call.programs,)](**call.args, **call.constexprs, num_warps=num_warps)

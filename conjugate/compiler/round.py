@@ -14,7 +14,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import torch
 
 from conjugate.compiler.buffers import PreparedWeights, RoundBuffers
 from conjugate.compiler.codegen import Dispatch, KernelCache, kernel_args, kernel_source
+from conjugate.compiler.feedback import CompileFailure, LaunchFeedback, PartRef, Resources
 from conjugate.compiler.lower import lower_part
 from conjugate.compiler.packed import pack_launch
 from conjugate.compiler.resources import check_shared_memory
@@ -33,6 +35,7 @@ from conjugate.models.reference import KVCache, RoundInputs, RoundOutputs
 from conjugate.models.weights import ModelWeights
 from conjugate.plan.expand import Launch, Schedule, expand
 from conjugate.plan.schema import Plan
+from conjugate.roles import Model
 from conjugate.workload import Workload
 
 
@@ -56,7 +59,16 @@ class CompiledLaunch:
     num_stages: int
     stream: str
     parts: list[PartCall]
-    resources: dict = field(default_factory=dict)  # registers, spills, shared memory (GPU only)
+    resources: Resources = Resources()  # the compiler's report (GPU only)
+
+    @classmethod
+    def build(cls, index: int, parts: list[PartCall], cache: KernelCache, *, dispatch: Dispatch | None = None,
+              packed: bool = False, num_warps: int = 4, num_stages: int = 2, stream: str = "main") -> "CompiledLaunch":
+        """The generated kernel of `parts` (loaded through `cache`), bound to their buffers."""
+        kernel, digest = cache.load(kernel_source(parts, dispatch, packed))
+        args, constexprs = kernel_args(parts, dispatch)
+        return cls(index, kernel, digest, sum(p.programs for p in parts), args, constexprs, num_warps, num_stages,
+                   stream, list(parts))
 
     def __call__(self) -> None:
         self.kernel[(self.grid,)](*self.args, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages)
@@ -66,8 +78,12 @@ class CompiledLaunch:
         compiled = self.kernel.warmup(*self.args, **self.constexprs, grid=(self.grid,), num_warps=self.num_warps,
                                       num_stages=self.num_stages)
         compiled._init_handles()  # loads the module; fills in the register and spill counts
-        self.resources = {"registers": compiled.n_regs, "spills": compiled.n_spills,
-                          "shared_bytes": compiled.metadata.shared}
+        self.resources = Resources(compiled.n_regs, compiled.n_spills, compiled.metadata.shared)
+
+
+def _compile_error(launch: Launch, part: int | None, reason: str) -> CompileError:
+    """The error of a planned launch that could not be lowered or compiled (`part` None: the whole launch)."""
+    return CompileError(CompileFailure(launch.index, part, tuple(PartRef.of(p) for p in launch.parts), reason))
 
 
 def _compile_launch(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers, cache: KernelCache) -> CompiledLaunch:
@@ -78,53 +94,56 @@ def _compile_launch(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers, cache
             parts.append(lower_part(part, graph, bufs))
             check_shared_memory(parts[-1], launch.num_stages, device)
         except ValueError as e:
-            raise CompileError(launch.index, p, str(e), "+".join(part.ops)) from e
+            raise _compile_error(launch, p, str(e)) from e
     packed = launch.operand_layout == "packed" and len(parts) == 2
     if packed:
         try:
             parts, packed = pack_launch(launch, parts, graph, bufs)
             check_shared_memory(parts[1], launch.num_stages, device)  # now at the target's tile shape
         except ValueError as e:
-            raise CompileError(launch.index, 1, str(e), "+".join(launch.parts[1].ops)) from e
+            raise _compile_error(launch, 1, str(e)) from e
     dispatch = None
     if len(parts) == 2:
         dispatch = Dispatch.of(launch.pattern, launch.ratio, (parts[0].programs, parts[1].programs))
-    kernel, digest = cache.load(kernel_source(parts, dispatch, packed))
-    args, constexprs = kernel_args(parts, dispatch)
-    return CompiledLaunch(launch.index, kernel, digest, sum(p.programs for p in parts), args, constexprs,
-                          launch.num_warps, launch.num_stages, launch.stream, parts)
+    return CompiledLaunch.build(launch.index, parts, cache, dispatch=dispatch, packed=packed,
+                                num_warps=launch.num_warps, num_stages=launch.num_stages, stream=launch.stream)
 
 
 class CompiledRound:
     def __init__(self, schedule: Schedule, workload: Workload, bufs: RoundBuffers, launches: list[CompiledLaunch],
-                 source_dir: Path):
+                 source_dir: Path, op_graph: nx.DiGraph, kernels: KernelCache):
         self.schedule, self.workload, self.bufs = schedule, workload, bufs
         self.launches, self.source_dir = launches, source_dir
+        self._op_graph, self._kernels = op_graph, kernels  # for solo launches
         self.device = bufs.target.cache.k.device
         self.graph: torch.cuda.CUDAGraph | None = None
         self._streams = None
         if schedule.streams == "two" and self.device.type == "cuda":
-            self._streams = {"draft": torch.cuda.Stream(self.device), "target": torch.cuda.Stream(self.device)}
+            self._streams = {model: torch.cuda.Stream(self.device) for model in Model}
 
     # -- running ---------------------------------------------------------------------------
     def load(self, inputs: RoundInputs) -> None:
         self.bufs.load(inputs)
 
+    @contextmanager
+    def _compiling(self, launch: CompiledLaunch):
+        """Triton's compile and resource errors of `launch` (its own exception types) as CompileError."""
+        try:
+            yield
+        except Exception as e:
+            if not _is_compile_failure(e):
+                raise
+            reason = f"{type(e).__name__}: {str(e).strip().splitlines()[-1]}"
+            raise _compile_error(self.schedule.launches[launch.index], None, reason) from e
+
     def _launch_all(self) -> None:
         for launch in self.launches:
-            try:
+            with self._compiling(launch):
                 if self._streams:
                     with torch.cuda.stream(self._streams[launch.stream]):
                         launch()
                 else:
                     launch()
-            except CompileError:
-                raise
-            except Exception as e:  # Triton raises its own types for compile and resource errors
-                if not _is_compile_failure(e):
-                    raise
-                raise CompileError(launch.index, None, f"{type(e).__name__}: {str(e).strip().splitlines()[-1]}",
-                                   " | ".join(p.label for p in launch.parts)) from e
 
     def run_eager(self) -> None:
         if not self._streams:
@@ -140,13 +159,8 @@ class CompiledRound:
         """Compile every kernel (GPU: recording its resources) before anything is timed or captured."""
         if self.device.type == "cuda" and not INTERPRETING:
             for launch in self.launches:
-                try:
+                with self._compiling(launch):
                     launch.warmup()
-                except Exception as e:
-                    if not _is_compile_failure(e):
-                        raise
-                    raise CompileError(launch.index, None, f"{type(e).__name__}: {str(e).strip().splitlines()[-1]}",
-                                       " | ".join(p.label for p in launch.parts)) from e
         self.run_eager()
 
     def capture(self) -> None:
@@ -174,7 +188,7 @@ class CompiledRound:
             self.run_eager()
 
     # -- results ---------------------------------------------------------------------------
-    def writes_logits(self, model: str) -> bool:
+    def writes_logits(self, model: Model) -> bool:
         """False where the plan fused argmax into lm_head: that model's logits are never written."""
         return not any(p.model == model and "argmax" in p.fused and "lm_head" in p.fused
                        for launch in self.schedule.launches for p in launch.parts)
@@ -184,8 +198,8 @@ class CompiledRound:
         k = self.workload.k
         return RoundOutputs(
             draft_tokens=d.tokens_out.clone(),
-            draft_logits=d.logits.clone() if self.writes_logits("draft") else None,
-            target_logits=t.logits.view(t.batch, k + 1, -1).clone() if self.writes_logits("target") else None,
+            draft_logits=d.logits.clone() if self.writes_logits(Model.DRAFT) else None,
+            target_logits=t.logits.view(t.batch, k + 1, -1).clone() if self.writes_logits(Model.TARGET) else None,
             target_tokens=t.tokens_out.view(t.batch, k + 1).clone(),
             draft_cache=KVCache(d.cache.k.clone(), d.cache.v.clone()),
             target_cache=KVCache(t.cache.k.clone(), t.cache.v.clone()))
@@ -195,15 +209,17 @@ class CompiledRound:
         tiles; for a packed launch, its own unpacked weights): what a launch's verdict compares it with."""
         planned = self.schedule.launches[launch]
         call = lower_part(planned.parts[part], self._op_graph, self.bufs)
-        kernel, digest = self._kernels.load(kernel_source([call], None))
-        args, constexprs = kernel_args([call], None)
-        return CompiledLaunch(launch, kernel, digest, call.programs, args, constexprs, planned.num_warps,
-                              planned.num_stages, planned.stream, [call])
+        return CompiledLaunch.build(launch, [call], self._kernels, num_warps=planned.num_warps,
+                                    num_stages=planned.num_stages, stream=planned.stream)
 
-    def feedback(self) -> list[dict]:
-        """Per launch: its kernel file, programs per part and (GPU) the compiler's resource report."""
-        return [{"launch": l.index, "kernel": f"k_{l.digest}.py", "programs": [p.programs for p in l.parts],
-                 "ops": [p.label for p in l.parts], **l.resources} for l in self.launches]
+    def feedback(self) -> tuple[LaunchFeedback, ...]:
+        """Per launch: its kernel file, its parts with their programs and (GPU) the compiler's resource report."""
+        return tuple(self._feedback(launch) for launch in self.launches)
+
+    def _feedback(self, launch: CompiledLaunch) -> LaunchFeedback:
+        planned = self.schedule.launches[launch.index].parts
+        parts = tuple(PartRef.of(part, call.programs) for part, call in zip(planned, launch.parts))
+        return LaunchFeedback(launch.index, f"k_{launch.digest}.py", parts, launch.resources)
 
 
 def _is_compile_failure(e: Exception) -> bool:
@@ -233,6 +249,4 @@ def compile_round(plan: Plan, workload: Workload, draft: ModelWeights | Prepared
         {"launch": l.index, "kernel": f"k_{l.digest}.py", "grid": l.grid, "stream": l.stream,
          "parts": [{"ops": p.label, "tile": p.sig.fn, "programs": p.programs} for p in l.parts]} for l in launches]}
     (directory / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    compiled = CompiledRound(schedule, workload, bufs, launches, directory)
-    compiled._op_graph, compiled._kernels = graph, cache
-    return compiled
+    return CompiledRound(schedule, workload, bufs, launches, directory, graph, cache)

@@ -4,12 +4,14 @@ Every op family (one file in this package) provides a `@triton.jit` tile functio
 
     def <family>_tile(pid, <runtime args...>, <CONSTEXPR args...>)
 
-that computes program `pid` of the op's grid, a TileSignature naming its arguments, and a
-`<family>_call(...) -> PartCall` that binds one op's tensors and sizes. A launch of one or more
-parts becomes a generated kernel that splits its program ids among the parts' tile functions.
+that computes program `pid` of the op's grid, its TileSignature (`TileSignature.of(<family>_tile)`,
+read from the function's own parameters), and a `<family>_call(...) -> PartCall` that binds one
+op's tensors and sizes. A launch of one or more parts becomes a generated kernel that splits its
+program ids among the parts' tile functions (round.CompiledLaunch.build).
 """
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +27,21 @@ class TileSignature:
     module: str  # module defining it, e.g. "conjugate.compiler.gemm"
     args: tuple[str, ...]  # runtime arguments after pid, in order
     constexprs: tuple[str, ...]  # compile-time arguments, in order
+
+    @classmethod
+    def of(cls, tile) -> "TileSignature":
+        """The signature of a @triton.jit tile function `(pid, <runtime args>, <CONSTEXPR args>)`;
+        a parameter is a constexpr when annotated `tl.constexpr` (Triton's own rule)."""
+        fn = tile.fn  # the Python function under JITFunction and the interpreter's wrapper alike
+        params = list(inspect.signature(fn).parameters.values())
+        if not params or params[0].name != "pid":
+            raise TypeError(f"{fn.__name__}: a tile function's first parameter is pid")
+        is_constexpr = ["constexpr" in str(p.annotation) for p in params[1:]]
+        if is_constexpr != sorted(is_constexpr):
+            raise TypeError(f"{fn.__name__}: runtime parameters must precede the constexprs")
+        names = [p.name for p in params[1:]]
+        args = tuple(n for n, c in zip(names, is_constexpr) if not c)
+        return cls(fn.__name__, fn.__module__, args, tuple(names[len(args):]))
 
 
 @dataclass

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 import networkx as nx
 
+from conjugate.compiler.feedback import PartRef
 from conjugate.evaluate.profile import ModelConstants
+from conjugate.evaluate.result import Verdict
 from conjugate.plan.expand import Launch, Schedule
 from conjugate.plan.tiles import FAMILY_OF
 
@@ -36,13 +38,9 @@ class LaunchEstimate:
     us: float
     alone_us: tuple[float, ...]  # each part as a launch of its own (overhead included)
 
-    def verdict(self) -> dict:
+    def verdict(self, parts: tuple[PartRef, ...]) -> Verdict:
         """Gain, neutral or interference of a shared launch against its parts launched separately."""
-        separate = sum(self.alone_us)
-        change = (separate - self.us) / separate * 100
-        kind = "gain" if change > 2 else "interference" if change < -2 else "neutral"
-        return {"launch": self.index, "verdict": kind, "shared_us": round(self.us, 2),
-                "separate_us": round(separate, 2), "gain_percent": round(change, 1), "modeled": True}
+        return Verdict.judge(self.index, parts, self.us, self.alone_us, modeled=True)
 
 
 class AnalyticalModel:
@@ -99,3 +97,8 @@ def model_round(model: AnalyticalModel, graph: nx.DiGraph, schedule: Schedule,
     estimates = [model.estimate(launch, part_costs(graph, launch, counts))
                  for launch, counts in zip(schedule.launches, programs)]
     return model.round_ms(estimates), estimates
+
+
+def launch_programs(compiled) -> list[list[int]]:
+    """Programs of every part of every launch of a compiled round (what lowering chose)."""
+    return [[p.programs for p in launch.parts] for launch in compiled.launches]

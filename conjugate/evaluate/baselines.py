@@ -5,68 +5,64 @@
 - `streams`: the same two graphs replayed concurrently on two streams;
 - `sequential`: this project's kernels, one model after the other (plans/sequential.json).
 
-Each is checked against the reference before it is timed. A session measures them once; a caller
-asks for them again with `refresh`.
+Each is checked against the reference before it is timed. The evaluation session keeps them for
+its workload; a caller asks for them again with `refresh_baselines`.
 """
 from __future__ import annotations
 
-import time
 from functools import partial
+from pathlib import Path
 
 import torch
 
 from conjugate.compiler.round import compile_round
 from conjugate.evaluate.conventional import ConventionalRound
-from conjugate.evaluate.gpu_session import GpuSession
-from conjugate.evaluate.measured import checked_run, time_round
+from conjugate.evaluate.correctness import CheckReport
+from conjugate.evaluate.measured import time_round
+from conjugate.evaluate.profile import EvaluatorProfile, TimingSettings
+from conjugate.evaluate.result import Baseline
+from conjugate.evaluate.rounds import checked_run
+from conjugate.evaluate.session import RoundSetup
+from conjugate.paths import shipped_plan
 from conjugate.plan import load_plan
-from conjugate.workload import REPO_ROOT
-
-SEQUENTIAL_PLAN = REPO_ROOT / "plans" / "sequential.json"
 
 
-def measure_baselines(session: GpuSession, refresh: bool = False) -> dict[str, dict]:
-    """name -> {latency_ms, p20_ms, p80_ms, replays, correct, ...} for the profile's baselines."""
-    wanted = session.profile.timing.baselines
-    if refresh or not set(wanted) <= set(session.baselines):
-        session.baselines = {}
-        if {"conventional", "streams"} & set(wanted):
-            session.baselines |= _conventional(session, wanted)
-            torch.cuda.empty_cache()  # the baseline's compiled models and graphs are gone with it
-        if "sequential" in wanted:
-            session.baselines["sequential"] = _sequential(session)
-            torch.cuda.empty_cache()
-    return {name: session.baselines[name] for name in wanted}
-
-
-def _timed(session: GpuSession, run, load_fresh, check: dict, started: float) -> dict:
-    if not check["ok"]:
-        return {"status": "incorrect", "check": check, "error": "; ".join(check["problems"][:5])}
-    t = session.profile.timing
-    timing = time_round(run, load_fresh, t.replays, t.warmup)
-    return {"status": "ok", "latency_ms": timing.median_ms, **timing.to_dict(), "check": check,
-            "wall_s": round(time.perf_counter() - started, 1)}
-
-
-def _conventional(session: GpuSession, wanted) -> dict[str, dict]:
-    started = time.perf_counter()
-    rnd = ConventionalRound(session.draft, session.target, session.inputs)
-    rnd.capture()  # compiles both models, then captures each phase on its own side stream
-    out = {}
-    for name, run in (("conventional", rnd.run), ("streams", rnd.run_streams)):
-        if name in wanted:
-            rnd.load(session.inputs)
-            run()
-            torch.cuda.synchronize()
-            check = session.check(rnd.outputs()).to_dict()
-            out[name] = _timed(session, run, partial(rnd.load, session.timing_inputs), check, started)
+def measure_baselines(setup: RoundSetup, profile: EvaluatorProfile, cache_dir: Path | None) -> dict[str, Baseline]:
+    """name -> Baseline for the profile's baselines, each checked, then timed."""
+    wanted, out = profile.timing.baselines, {}
+    if {"conventional", "streams"} & set(wanted):
+        out |= _conventional(setup, profile.timing)
+        torch.cuda.empty_cache()  # the baseline's compiled models and graphs are gone with it
+    if "sequential" in wanted:
+        out["sequential"] = _sequential(setup, profile.timing, cache_dir)
+        torch.cuda.empty_cache()
     return out
 
 
-def _sequential(session: GpuSession) -> dict:
-    started = time.perf_counter()
-    compiled = compile_round(load_plan(SEQUENTIAL_PLAN), session.workload, *session.prepared,
-                             cache_dir=session.cache_dir)
+def _timed(run, load_fresh, check: CheckReport, timing: TimingSettings) -> Baseline:
+    if not check.ok:
+        return Baseline("incorrect", error="; ".join(check.problems[:5]))
+    measured = time_round(run, load_fresh, timing.replays, timing.warmup)
+    return Baseline("ok", measured.median_ms, measured.p20_ms, measured.p80_ms)
+
+
+def _conventional(setup: RoundSetup, timing: TimingSettings) -> dict[str, Baseline]:
+    draft, target = (prepared.weights for prepared in setup.weights)
+    rnd = ConventionalRound(draft, target, setup.inputs)
+    rnd.capture()  # compiles both models, then captures each phase on its own side stream
+    out = {}
+    for name, run in (("conventional", rnd.run), ("streams", rnd.run_streams)):
+        if name in timing.baselines:
+            rnd.load(setup.inputs)
+            run()
+            torch.cuda.synchronize()
+            out[name] = _timed(run, partial(rnd.load, setup.timing_inputs), setup.check(rnd.outputs()), timing)
+    return out
+
+
+def _sequential(setup: RoundSetup, timing: TimingSettings, cache_dir: Path | None) -> Baseline:
+    compiled = compile_round(load_plan(shipped_plan("sequential")), setup.workload, *setup.weights,
+                             cache_dir=cache_dir)
     compiled.prepare()
-    check = checked_run(compiled, session, graph=True)
-    return _timed(session, compiled.run, partial(compiled.load, session.timing_inputs), check, started)
+    check = checked_run(compiled, setup.inputs, setup.check, graph=True)
+    return _timed(compiled.run, partial(compiled.load, setup.timing_inputs), check, timing)

@@ -14,7 +14,7 @@ from pathlib import Path
 import networkx as nx
 
 from conjugate.compiler.round import compile_round
-from conjugate.evaluate.analytical import AnalyticalModel, model_round
+from conjugate.evaluate.analytical import AnalyticalModel, launch_programs, model_round
 from conjugate.evaluate.profile import ModelConstants
 from conjugate.graph import build_graph
 from conjugate.models.weights import meta_weights
@@ -41,8 +41,7 @@ def make_case(plan: Plan, workload: Workload, measured_ms: float, cache_dir: Pat
     compiled = compile_round(plan, workload, meta_weights(workload.draft, workload.torch_dtype),
                              meta_weights(workload.target, workload.torch_dtype), cache_dir=cache_dir,
                              schedule=schedule)
-    programs = [[p.programs for p in launch.parts] for launch in compiled.launches]
-    return Case(f"{workload.name}/{plan.name}", graph, schedule, programs, measured_ms)
+    return Case(f"{workload.name}/{plan.name}", graph, schedule, launch_programs(compiled), measured_ms)
 
 
 def _with(constants: ModelConstants, key: str, value: float) -> ModelConstants:

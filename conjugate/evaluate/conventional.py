@@ -119,6 +119,14 @@ def compile_static(fn: Callable) -> Callable:
     return run
 
 
+def _one_length(inputs: RoundInputs) -> int:
+    """The length every sequence has before the round: static steps run all of them at one position."""
+    lengths = set(inputs.draft_lengths.tolist()) | set(inputs.target_lengths.tolist())
+    if len(lengths) != 1:
+        raise ValueError(f"the conventional baseline needs every sequence at one length, got {sorted(lengths)}")
+    return lengths.pop()
+
+
 class ConventionalRound:
     """Both phases as torch.compile'd static steps over their own buffers: the conventional baseline.
 
@@ -128,7 +136,7 @@ class ConventionalRound:
 
     def __init__(self, draft: ModelWeights, target: ModelWeights, inputs: RoundInputs,
                  compile_fn: Callable = compile_static):
-        self.k, self.context = inputs.k, inputs.context
+        self.k, self.context = inputs.k, _one_length(inputs)
         self.draft_cache, self.target_cache = inputs.draft_cache.clone(), inputs.target_cache.clone()
         self.draft_step = StaticStep(draft, self.draft_cache, 1, compile_fn)
         self.verify_step = StaticStep(target, self.target_cache, self.k + 1, compile_fn)

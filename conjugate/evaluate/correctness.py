@@ -73,13 +73,15 @@ def _check_draft_tokens(ref: RoundOutputs, got: RoundOutputs, tol: Tolerance, re
             report.problems.append(f"draft token [{b}, {s}]: {g}, reference {int(ref_tokens[b, s])}")
 
 
-def _check_cache(name: str, ref, got, context: int, written: list[int], tol: Tolerance, report: CheckReport) -> None:
+def _check_cache(name: str, ref, got, lengths: list[int], written: int, tol: Tolerance, report: CheckReport) -> None:
+    """Caches [layers, B, kv_heads, positions, head_dim]: sequence b's first lengths[b] positions
+    unchanged, the `written` after them within tolerance."""
     for part in ("k", "v"):
         r, g = getattr(ref, part).cpu(), getattr(got, part).cpu()
-        if not torch.equal(r[:, :, :, :context], g[:, :, :, :context]):
+        if any(not torch.equal(r[:, b, :, :n], g[:, b, :, :n]) for b, n in enumerate(lengths)):
             report.problems.append(f"{name} cache {part}: positions before the context were changed")
-        new_ref = torch.cat([r[:, b, :, context:context + n] for b, n in enumerate(written)], dim=2)
-        new_got = torch.cat([g[:, b, :, context:context + n] for b, n in enumerate(written)], dim=2)
+        new_ref = torch.cat([r[:, b, :, n:n + written] for b, n in enumerate(lengths)], dim=2)
+        new_got = torch.cat([g[:, b, :, n:n + written] for b, n in enumerate(lengths)], dim=2)
         report.errors[f"{name}_cache_{part}"] = err = _rel(new_got, new_ref)
         # Each (layer, position) on its own too, at twice the tolerance: one wrong vector among
         # thousands barely moves the whole-cache error but stands out in its own group.
@@ -98,20 +100,22 @@ def tolerance_for(dtype: str, overrides: dict[str, dict[str, float]] | None = No
     return Tolerance(given["rel"], given["tie_margin"]) if given else TOLERANCES[dtype]
 
 
-def compare_rounds(ref: RoundOutputs, got: RoundOutputs, dtype: str, context: int,
+def compare_rounds(ref: RoundOutputs, got: RoundOutputs, dtype: str, lengths: int | tuple[torch.Tensor, torch.Tensor],
                    tol: Tolerance | None = None) -> CheckReport:
     """Compare a compiled round with a reference round of the same inputs (teacher-forced where the
-    draft took a near tie: see check_round)."""
+    draft took a near tie: see check_round). `lengths`: the sequences' lengths before the round, one
+    for all, or (draft lengths [Bd], target lengths [Bt]) as RoundInputs holds them."""
     tol = tol or TOLERANCES[dtype]
     report = CheckReport(ok=True)
     _check_target(ref, got, tol, report)
     _check_draft_tokens(ref, got, tol, report)
     if got.draft_logits is not None:
         report.errors["draft_logits"] = _rel(got.draft_logits.cpu(), ref.draft_logits.cpu())
-    k = ref.draft_tokens.shape[1]
-    _check_cache("draft", ref.draft_cache, got.draft_cache, context, [k] * ref.draft_tokens.shape[0], tol, report)
-    target_written = [ref.target_tokens.shape[1]] * ref.target_tokens.shape[0]
-    _check_cache("target", ref.target_cache, got.target_cache, context, target_written, tol, report)
+    draft_lengths, target_lengths = (lengths, lengths) if isinstance(lengths, int) else lengths
+    _check_cache("draft", ref.draft_cache, got.draft_cache, _listed(draft_lengths, ref.draft_tokens.shape[0]),
+                 ref.draft_tokens.shape[1], tol, report)
+    _check_cache("target", ref.target_cache, got.target_cache, _listed(target_lengths, ref.target_tokens.shape[0]),
+                 ref.target_tokens.shape[1], tol, report)
     for name, err in report.errors.items():
         if not name.endswith("_worst_group") and not err <= tol.rel:
             report.problems.append(f"{name}: relative error {err:.2e} over the {dtype} tolerance {tol.rel:.0e}")
@@ -119,11 +123,19 @@ def compare_rounds(ref: RoundOutputs, got: RoundOutputs, dtype: str, context: in
     return report
 
 
+def _listed(lengths: int | torch.Tensor, batch: int) -> list[int]:
+    return [lengths] * batch if isinstance(lengths, int) else [int(n) for n in lengths.tolist()]
+
+
+def _lengths(inputs: RoundInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    return inputs.draft_lengths, inputs.target_lengths
+
+
 def check_round(draft, target, inputs: RoundInputs, got: RoundOutputs, dtype: str,
                 tol: Tolerance | None = None) -> CheckReport:
     """The reference round teacher-forced by the compiled round's draft tokens, compared with it."""
     forced = got.draft_tokens.to(inputs.draft_last_tokens.device)
-    return compare_rounds(reference_round(draft, target, inputs, forced), got, dtype, inputs.context, tol)
+    return compare_rounds(reference_round(draft, target, inputs, forced), got, dtype, _lengths(inputs), tol)
 
 
 class ReferenceChecker:
@@ -141,4 +153,4 @@ class ReferenceChecker:
             if len(self._refs) >= 2:  # a reference holds fp32 KV caches: keep few
                 self._refs.pop(next(iter(self._refs)))
             self._refs[key] = reference_round(self.draft, self.target, self.inputs, forced)
-        return compare_rounds(self._refs[key], got, self.dtype, self.inputs.context, self.tol)
+        return compare_rounds(self._refs[key], got, self.dtype, _lengths(self.inputs), self.tol)

@@ -1,30 +1,114 @@
-"""Measured stages of a GPU evaluation: check a compiled round (eagerly and replayed from its
-CUDA graph), time it, and time each multi-part launch against its parts launched separately.
+"""The measured evaluator: every stage on this process's GPU. The round is checked against the
+reference eagerly and replayed from its CUDA graph, timed on fresh random inputs, compared with the
+baselines (measured once per workload, baselines.py) and the floor, and each multi-part launch
+gets a measured verdict.
 
 A verdict compares one shared launch with the sum of its parts' solo launches, each timed in a CUDA
 graph of `calls` back-to-back launches with the L2 cache flushed before each (its weights come from
-memory, as in a round): `gain` when the shared launch is more than 2% faster,
-`interference` when more than 2% slower, else `neutral`. Launches built from the same kernels with
-the same grids (the same op in every layer) are timed once and reported together.
+memory, as in a round); `Verdict.judge` applies the one verdict rule. Launches built from the same
+kernels with the same grids (the same op in every layer) are timed once and reported together.
 """
 from __future__ import annotations
 
+import re
+import traceback
+from functools import partial
+from pathlib import Path
+
 import torch
 
+from conjugate.compiler.buffers import PreparedWeights
 from conjugate.compiler.round import CompiledRound
-from conjugate.evaluate.gpu_session import GpuSession
+from conjugate.evaluate.correctness import ReferenceChecker, tolerance_for
+from conjugate.evaluate.harness import Timed, speedups
+from conjugate.evaluate.profile import EvaluatorProfile
+from conjugate.evaluate.result import Baseline, Metrics, Verdict
+from conjugate.evaluate.rounds import checked_run, round_inputs
+from conjugate.evaluate.session import EvaluationSession, RoundSetup
 from conjugate.evaluate.timing import Timing, l2_flush_bytes, time_per_call, time_replays
+from conjugate.graph import build_graph, graph_totals
+from conjugate.roles import Model
+from conjugate.workload import Workload
 
-VERDICT_THRESHOLD_PERCENT = 2.0
+
+class MeasuredHarness:
+    modeled = False
+
+    def __init__(self, profile: EvaluatorProfile, cache_dir: Path | None, session: EvaluationSession):
+        self.profile, self.cache_dir, self.session = profile, cache_dir, session
+        self.baselines_wanted = profile.timing.baselines
+
+    def unavailable(self) -> str:
+        p = self.profile
+        if not torch.cuda.is_available():
+            return (f"evaluator {p.name!r} measures on a GPU and this machine has no CUDA device; "
+                    "use --evaluator analytical")
+        device = torch.cuda.get_device_name()
+        if not names_device(p.device, device):
+            return (f"{p.source}: field 'device' is {p.device!r} and this GPU is {device!r}: measure with a "
+                    "profile for it (a copy of this one with its own name and device)")
+        return ""
+
+    def prepare(self, workload: Workload) -> RoundSetup:
+        w, device = workload, torch.device("cuda")
+        draft, target = w.weights(Model.DRAFT, device), w.weights(Model.TARGET, device)
+        inputs = round_inputs(w, draft, target)
+        check = ReferenceChecker(draft, target, inputs, w.dtype, tolerance_for(w.dtype, self.profile.tolerances))
+        return RoundSetup(w, build_graph(w), (PreparedWeights(draft), PreparedWeights(target)), inputs,
+                          timing_inputs=round_inputs(w, draft, target, w.seed + 1), check=check)
+
+    def ready(self, compiled: CompiledRound, setup: RoundSetup) -> None:
+        compiled.load(setup.inputs)
+        compiled.warmup()  # every kernel compiled (resources recorded) before anything is checked
+
+    def check(self, compiled: CompiledRound, setup: RoundSetup) -> dict:
+        checks = {"eager": checked_run(compiled, setup.inputs, setup.check).to_dict()}
+        if checks["eager"]["ok"]:
+            compiled.prepare()  # the whole round in one CUDA graph when the plan says capture: graph
+            checks["replayed"] = checked_run(compiled, setup.inputs, setup.check, graph=True).to_dict()
+        checks["ok"] = all(c["ok"] for c in checks.values())
+        return checks
+
+    def time(self, compiled: CompiledRound, setup: RoundSetup) -> Timed:
+        t = self.profile.timing
+        timing = time_round(compiled.run, partial(compiled.load, setup.timing_inputs), t.replays, t.warmup)
+        return Timed(timing.median_ms, launch_verdicts(compiled, t.verdict_calls), len(compiled.schedule.launches),
+                     timing.p20_ms, timing.p80_ms, timing.replays)
+
+    def baselines(self, setup: RoundSetup) -> dict[str, Baseline]:
+        from conjugate.evaluate.baselines import measure_baselines
+
+        try:
+            return measure_baselines(setup, self.profile, self.cache_dir)
+        except Exception as e:  # the plan's own measurement stands; the speedups say what is missing
+            last = traceback.format_exception_only(type(e), e)[-1].strip()
+            return {name: Baseline("error", error=last) for name in self.baselines_wanted}
+
+    def metrics(self, timed: Timed, setup: RoundSetup, baselines: dict[str, Baseline]) -> Metrics:
+        device, floor = torch.device("cuda"), self.floor(setup)
+        latency = timed.latency_ms
+        return Metrics(latency_ms=latency, floor_ratio=latency / floor["floor_ms"],
+                       bandwidth_gbs=floor["bytes"] / (latency * 1e-3) / 1e9, launches=timed.launches,
+                       device=torch.cuda.get_device_name(device),
+                       sms=torch.cuda.get_device_properties(device).multi_processor_count, baselines=baselines,
+                       speedups=speedups(baselines, latency), p20_ms=timed.p20_ms, p80_ms=timed.p80_ms,
+                       replays=timed.replays, **floor)
+
+    def floor(self, setup: RoundSetup) -> dict:
+        """The round's floor: its bytes at copy bandwidth, its FLOPs at the matmul rate, whichever is longer."""
+        totals, rates = graph_totals(setup.graph), self.session.device_rates(torch.device("cuda"))
+        memory_ms = totals["bytes"] / (rates["copy_bandwidth_gbs"] * 1e9) * 1e3
+        compute_ms = totals["flops"] / (rates["matmul_tflops"] * 1e12) * 1e3
+        return {"floor_ms": max(memory_ms, compute_ms), "floor_memory_ms": memory_ms, "floor_compute_ms": compute_ms,
+                "bytes": totals["bytes"], "flops": totals["flops"], **rates}
 
 
-def checked_run(compiled: CompiledRound, session: GpuSession, graph: bool) -> dict:
-    """Run the round once on poisoned outputs (from its CUDA graph when `graph`) and check it."""
-    compiled.load(session.inputs)
-    compiled.bufs.poison()
-    compiled.run() if graph else compiled.run_eager()
-    torch.cuda.synchronize()
-    return session.check(compiled.outputs()).to_dict()
+def names_device(wanted: str, device: str) -> bool:
+    """Whether a profile's `device` ("H200"; "" for any) names this GPU ("NVIDIA H200"): whole words
+    only, so "H20" is not an H200."""
+    if not wanted:
+        return True
+    return re.search(rf"(?<![A-Za-z0-9]){re.escape(wanted)}(?![A-Za-z0-9])", device, re.IGNORECASE) is not None
 
 
 def time_round(run, load_fresh, replays: int, warmup: int) -> Timing:
@@ -34,24 +118,16 @@ def time_round(run, load_fresh, replays: int, warmup: int) -> Timing:
     return time_replays(run, replays, warmup)
 
 
-def verdict(kind_ops: list[str], shared_us: float, solo_us: list[float]) -> dict:
-    separate = sum(solo_us)
-    change = (separate - shared_us) / separate * 100
-    kind = ("gain" if change > VERDICT_THRESHOLD_PERCENT else
-            "interference" if change < -VERDICT_THRESHOLD_PERCENT else "neutral")
-    return {"verdict": kind, "shared_us": round(shared_us, 2), "separate_us": round(separate, 2),
-            "parts_us": [round(u, 2) for u in solo_us], "gain_percent": round(change, 1), "ops": kind_ops,
-            "modeled": False}
-
-
-def launch_verdicts(compiled: CompiledRound, calls: int) -> list[dict]:
-    """Verdicts of every multi-part launch, one measurement per group of identical launches."""
+def launch_verdicts(compiled: CompiledRound, calls: int) -> tuple[Verdict, ...]:
+    """Verdicts of every multi-part launch, one measurement per group of identical launches, most
+    interfering first."""
     groups: dict[tuple, list] = {}
     for launch in compiled.launches:
         if len(launch.parts) > 1:
             key = (launch.digest, tuple(p.programs for p in launch.parts), tuple(p.sig.fn for p in launch.parts),
                    launch.num_warps, launch.num_stages)
             groups.setdefault(key, []).append(launch)
+    parts = {f.launch: f.parts for f in compiled.feedback()}
     out, device = [], compiled.device
     flush = l2_flush_bytes(device)  # weights come from memory in a round, not from the L2 of the last call
     for members in groups.values():
@@ -59,7 +135,6 @@ def launch_verdicts(compiled: CompiledRound, calls: int) -> list[dict]:
         shared = time_per_call(first, device, calls, flush_bytes=flush)
         solo = [time_per_call(compiled.solo(first.index, p), device, calls, flush_bytes=flush)
                 for p in range(len(first.parts))]
-        out.append({"launch": first.index, "launches": [m.index for m in members], **verdict(
-            [p.label for p in first.parts], shared, solo), "programs": [p.programs for p in first.parts],
-            **first.resources})
-    return sorted(out, key=lambda v: v["gain_percent"])
+        out.append(Verdict.judge(first.index, parts[first.index], shared, tuple(solo), modeled=False,
+                                 launches=tuple(m.index for m in members), resources=first.resources))
+    return tuple(sorted(out, key=lambda v: v.gain_percent))

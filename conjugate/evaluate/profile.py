@@ -12,9 +12,9 @@ from typing import Any
 
 from conjugate.errors import ConjugateError
 from conjugate.files import read_text
-from conjugate.workload import REPO_ROOT
+from conjugate.paths import PROFILES_DIR
 
-PROFILE_DIR = REPO_ROOT / "evaluators"
+PROFILE_DIR = PROFILES_DIR
 KINDS = ("analytical", "gpu")
 _MODEL_KEYS = {"gpu": str, "bandwidth_gbs": float, "matmul_tflops": float, "sms": int, "programs_per_sm": int,
                "launch_overhead_us": float, "colocation_penalty": float, "streams_overlap": float}

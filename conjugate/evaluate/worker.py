@@ -3,9 +3,12 @@ only the worker. The result records the stage reached and the error; the next ev
 fresh worker.
 
 Protocol: one JSON object a line. The parent writes a request {"plan", "workload" (a path),
-"profile" (the EvaluatorProfile as a dict), "cache_dir", "entry", "refresh_baselines"} to the worker's stdin; the worker answers with {"stage": ...} lines as it
-enters each stage and ends with {"result": EvalResult}. `entry` ("module:function") names the
-function that evaluates: `conjugate.evaluate.pipeline:evaluate` unless a caller says otherwise.
+"profile" (the EvaluatorProfile as a dict), "cache_dir", "entry", "refresh_baselines"} to the
+worker's stdin; the worker answers with {"stage": ...} lines as it enters each stage and ends with
+{"result": EvalResult.to_dict()}. `entry` ("module:function") names the function that evaluates:
+`conjugate.evaluate.pipeline:evaluate` unless a caller says otherwise; it is called as
+`entry(plan, workload, profile, cache_dir=, on_stage=, session=[, refresh_baselines=True])`, with
+the one EvaluationSession the worker keeps for all its evaluations.
 
     python -m conjugate.evaluate.worker     # the worker's own entry point
 """
@@ -22,7 +25,7 @@ import time
 from pathlib import Path
 
 from conjugate.evaluate.profile import EvaluatorProfile
-from conjugate.evaluate.result import EvalResult
+from conjugate.evaluate.result import EvalResult, Stage, Status
 
 DEFAULT_ENTRY = "conjugate.evaluate.pipeline:evaluate"
 
@@ -54,34 +57,35 @@ class IsolatedEvaluator:
         request = {"plan": plan, "workload": str(workload_path), "profile": self.profile.to_dict(),
                    "cache_dir": str(self.cache_dir) if self.cache_dir else None, "entry": self.entry,
                    "refresh_baselines": refresh_baselines}
-        start, stage = time.monotonic(), "validate"
+        start, stage = time.monotonic(), Stage.VALIDATE
         try:
             worker.stdin.write(json.dumps(request) + "\n")
             worker.stdin.flush()
         except BrokenPipeError:
-            return self._lost(plan, workload_path, stage, start, "crashed", "the worker exited before the request")
+            return self._lost(plan, workload_path, stage, start, Status.CRASHED, "the worker exited before the request")
         selector = selectors.DefaultSelector()
         selector.register(worker.stdout, selectors.EVENT_READ)
         pending = b""
         while True:
             left = self.time_limit_s - (time.monotonic() - start)
             if left <= 0 or not selector.select(timeout=left):
-                return self._lost(plan, workload_path, stage, start, "timeout",
+                return self._lost(plan, workload_path, stage, start, Status.TIMEOUT,
                                   f"no result within the time limit of {self.time_limit_s:g} s")
             chunk = os.read(worker.stdout.fileno(), 1 << 16)  # unbuffered: select sees what is unread
             if not chunk:  # the worker died: a crash, an abort, the OOM killer
-                return self._lost(plan, workload_path, stage, start, "crashed", self._exit_reason())
+                return self._lost(plan, workload_path, stage, start, Status.CRASHED, self._exit_reason())
             *lines, pending = (pending + chunk).split(b"\n")
             for line in lines:
                 message = json.loads(line)
                 if "result" in message:
                     result = EvalResult.from_dict(message["result"])
-                    if result.status == "error":  # an unforeseen failure may leave the GPU unusable
+                    if result.status is Status.ERROR:  # an unforeseen failure may leave the GPU unusable
                         self._retire()
                     return result
-                stage = message.get("stage", stage)
-                if on_stage is not None and "stage" in message:
-                    on_stage(stage)
+                if "stage" in message:
+                    stage = Stage(message["stage"])
+                    if on_stage is not None:
+                        on_stage(str(stage))
 
     def _exit_reason(self) -> str:
         code = self._worker.wait()
@@ -97,11 +101,11 @@ class IsolatedEvaluator:
         self._worker = None
         self.restarts += 1
 
-    def _lost(self, plan: dict, workload_path, stage: str, start: float, status: str, error: str) -> EvalResult:
+    def _lost(self, plan: dict, workload_path, stage: Stage, start: float, status: Status, error: str) -> EvalResult:
         """The worker is gone or hung: kill it, restart on the next call, report what was seen."""
         self._retire()
         return EvalResult(plan_hash=_plan_hash(plan), workload=Path(workload_path).stem, evaluator=self.profile.name,
-                          stage=stage, status=status, modeled=self.profile.kind == "analytical",
+                          stage=stage, status=status, modeled=self.profile.kind != "gpu",
                           wall_s=round(time.monotonic() - start, 3), error=error)
 
     def close(self) -> None:
@@ -132,6 +136,7 @@ def _plan_hash(plan: dict) -> str:
 
 def _serve() -> None:
     """The worker's loop: read requests, evaluate, write stage lines and the result."""
+    from conjugate.evaluate.session import EvaluationSession
     from conjugate.workload import load_workload
 
     protocol = os.fdopen(os.dup(1), "w")  # the parent reads this; anything else printed goes to stderr
@@ -142,6 +147,7 @@ def _serve() -> None:
         protocol.write(json.dumps(message) + "\n")
         protocol.flush()
 
+    session = EvaluationSession()  # what this worker's evaluations share: prepared rounds, baselines, rates
     for line in sys.stdin:
         request = json.loads(line)
         module, name = request["entry"].split(":")
@@ -150,7 +156,7 @@ def _serve() -> None:
         profile = EvaluatorProfile.from_dict(request["profile"])
         extra = {"refresh_baselines": True} if request.get("refresh_baselines") else {}
         result = evaluate(request["plan"], load_workload(request["workload"]), profile,
-                          cache_dir=cache_dir, on_stage=lambda stage: say({"stage": stage}), **extra)
+                          cache_dir=cache_dir, on_stage=lambda stage: say({"stage": stage}), session=session, **extra)
         say({"result": result.to_dict()})
 
 

@@ -28,6 +28,10 @@ class KVCache:
     def clone(self) -> "KVCache":
         return KVCache(self.k.clone(), self.v.clone())
 
+    def rows(self, b: int) -> "KVCache":
+        """Sequence b's caches, as views: writes go through."""
+        return KVCache(self.k[:, b:b + 1], self.v[:, b:b + 1])
+
 
 def rope_inv_freq(spec: ModelSpec) -> torch.Tensor:
     """[head_dim / 2] inverse frequencies, with Llama-3 scaling when the spec has it."""
@@ -83,11 +87,17 @@ def attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: 
     return (scores.softmax(-1) @ values).transpose(1, 2).reshape(b, t, heads * hd)
 
 
-def forward(w: ModelWeights, tokens: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
+def forward(w: ModelWeights, tokens: torch.Tensor, cache: KVCache, start: int | torch.Tensor) -> torch.Tensor:
     """One forward over T new tokens per sequence at positions start..start+T-1.
 
-    tokens: [B, T]; writes the new keys and values into `cache`; returns fp32 logits [B, T, V].
+    tokens: [B, T]; start: one position for every sequence, or int64 [B] (sequences at different
+    lengths); writes the new keys and values into `cache`; returns fp32 logits [B, T, V].
     """
+    if isinstance(start, torch.Tensor):
+        starts = start.tolist()
+        if len(set(starts)) > 1:  # ragged: each sequence on its own, through views of the caches
+            return torch.cat([forward(w, tokens[b:b + 1], cache.rows(b), s) for b, s in enumerate(starts)])
+        start = starts[0]
     spec = w.spec
     b, t = tokens.shape
     x = w.embed[tokens].float()  # [B, T, H]
@@ -111,13 +121,15 @@ def forward(w: ModelWeights, tokens: torch.Tensor, cache: KVCache, start: int) -
 
 @dataclass
 class RoundInputs:
-    """One round: group A's draft phase and group B's verify phase, both after `context` tokens."""
+    """One round: group A's draft phase and group B's verify phase, each sequence after its own
+    number of tokens (its length)."""
 
     draft_last_tokens: torch.Tensor  # [Bd] the last accepted token of each draft sequence
     verify_tokens: torch.Tensor  # [Bt, k + 1] last accepted token + k proposed tokens
-    draft_cache: KVCache  # positions [0, context) filled
+    draft_cache: KVCache  # positions [0, draft_lengths[b]) filled
     target_cache: KVCache
-    context: int
+    draft_lengths: torch.Tensor  # [Bd] int64
+    target_lengths: torch.Tensor  # [Bt] int64
 
     @property
     def k(self) -> int:
@@ -134,14 +146,14 @@ class RoundOutputs:
     target_cache: KVCache
 
 
-def draft_phase(draft: ModelWeights, last_tokens: torch.Tensor, cache: KVCache, context: int, k: int,
+def draft_phase(draft: ModelWeights, last_tokens: torch.Tensor, cache: KVCache, lengths: torch.Tensor, k: int,
                 forced: torch.Tensor | None = None):
     """k greedy decode steps; returns tokens [Bd, k] and logits [Bd, k, V]. With `forced` [Bd, k]
     (teacher forcing) step s + 1 decodes from forced[:, s] instead of step s's own argmax."""
     tokens, logits = [], []
     current = last_tokens[:, None]  # [Bd, 1]
     for step in range(k):
-        step_logits = forward(draft, current, cache, context + step)[:, 0]  # [Bd, V]
+        step_logits = forward(draft, current, cache, lengths + step)[:, 0]  # [Bd, V]
         chosen = step_logits.argmax(-1)
         tokens.append(chosen)
         logits.append(step_logits)
@@ -154,35 +166,45 @@ def reference_round(draft: ModelWeights, target: ModelWeights, inputs: RoundInpu
     """Runs both phases on copies of the caches; the inputs are left untouched. `forced_draft_tokens`
     teacher-forces the draft phase (see draft_phase)."""
     draft_cache, target_cache = inputs.draft_cache.clone(), inputs.target_cache.clone()
-    draft_tokens, draft_logits = draft_phase(draft, inputs.draft_last_tokens, draft_cache, inputs.context, inputs.k,
+    draft_tokens, draft_logits = draft_phase(draft, inputs.draft_last_tokens, draft_cache, inputs.draft_lengths, inputs.k,
                                              forced_draft_tokens)
-    target_logits = forward(target, inputs.verify_tokens, target_cache, inputs.context)
+    target_logits = forward(target, inputs.verify_tokens, target_cache, inputs.target_lengths)
     return RoundOutputs(draft_tokens, draft_logits, target_logits, target_logits.argmax(-1), draft_cache, target_cache)
 
 
 def make_round_inputs(draft: ModelWeights, target: ModelWeights, *, k: int, draft_batch: int, target_batch: int,
-                      context: int, seed: int, kv_init: str = "random") -> RoundInputs:
+                      context: int, seed: int, kv_init: str = "random", ragged: bool = False) -> RoundInputs:
     """Seeded inputs. kv_init 'random' fills the caches with N(0, 1) data; 'prefill' runs each model
-    over a random prompt of `context` tokens, so the caches hold real keys and values."""
+    over a random prompt, so the caches hold real keys and values. Every sequence is `context` tokens
+    long, or with `ragged` of a seeded length in context // 2 .. context (the cache past each length
+    then holds noise the round must not read)."""
     if kv_init not in ("random", "prefill"):
         raise ValueError(f"kv_init must be 'random' or 'prefill', got {kv_init!r}")
     device = draft.device
     gen = torch.Generator(device="cpu").manual_seed(seed)
     vocab = draft.spec.vocab_size  # proposals come from the draft's vocabulary
-    max_len = context + k + 1
+    capacity = context + k + 1
 
     def tokens(*shape: int) -> torch.Tensor:
         return torch.randint(0, vocab, shape, generator=gen).to(device)
 
-    def cache_for(w: ModelWeights, batch: int) -> KVCache:
-        cache = KVCache.empty(w.spec, batch, max_len, w.dtype, device)
+    def lengths(batch: int) -> torch.Tensor:
+        if not ragged:
+            return torch.full((batch,), context, dtype=torch.int64, device=device)
+        return torch.randint(context // 2, context + 1, (batch,), generator=gen).to(device)
+
+    def cache_for(w: ModelWeights, lens: torch.Tensor) -> KVCache:
+        cache = KVCache.empty(w.spec, len(lens), capacity, w.dtype, device)
         if kv_init == "prefill" and context:
-            forward(w, tokens(batch, context), cache, 0)
-        elif context:
-            for buf in (cache.k, cache.v):
-                noise = torch.randn(buf[:, :, :, :context].shape, generator=gen)
-                buf[:, :, :, :context] = noise.to(device=device, dtype=buf.dtype)
+            forward(w, tokens(len(lens), context), cache, 0)  # positions past a sequence's length are unread
+            return cache
+        filled = capacity if ragged else context
+        for buf in (cache.k, cache.v):
+            noise = torch.randn(buf[:, :, :, :filled].shape, generator=gen)
+            buf[:, :, :, :filled] = noise.to(device=device, dtype=buf.dtype)
         return cache
 
-    draft_cache, target_cache = cache_for(draft, draft_batch), cache_for(target, target_batch)
-    return RoundInputs(tokens(draft_batch), tokens(target_batch, k + 1), draft_cache, target_cache, context)
+    draft_lengths, target_lengths = lengths(draft_batch), lengths(target_batch)
+    draft_cache, target_cache = cache_for(draft, draft_lengths), cache_for(target, target_lengths)
+    return RoundInputs(tokens(draft_batch), tokens(target_batch, k + 1), draft_cache, target_cache,
+                       draft_lengths, target_lengths)

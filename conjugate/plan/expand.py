@@ -23,9 +23,10 @@ from dataclasses import asdict, dataclass, field
 import networkx as nx
 
 from conjugate.errors import ScheduleError
-from conjugate.graph import MODELS, build_graph
+from conjugate.graph import build_graph
 from conjugate.plan.schema import Plan
 from conjugate.plan.tiles import DEFAULT_TILES, FAMILY_OF, LAUNCH_BOUNDS
+from conjugate.roles import Model
 from conjugate.workload import Workload
 
 _MAIN_KIND = ("qkv", "gate_up", "lm_head")  # the op a fused unit is named after
@@ -35,7 +36,7 @@ _MAIN_KIND = ("qkv", "gate_up", "lm_head")  # the op a fused unit is named after
 class Part:
     """One model's share of a launch: an op, or a fused chain of consecutive ops."""
 
-    model: str  # "draft" | "target"
+    model: Model
     ops: tuple[str, ...]
     kind: str  # the unit's main op kind; a fused norm+GEMM is a GEMM part
     fused: tuple[str, ...]  # kinds of every op in the chain
@@ -83,7 +84,7 @@ class Schedule:
 
 @dataclass(frozen=True)
 class _Unit:
-    model: str  # "d" | "t"
+    model: Model
     ops: tuple[str, ...]
     kinds: tuple[str, ...]
 
@@ -92,7 +93,7 @@ class _Unit:
         return next((k for k in self.kinds if k in _MAIN_KIND), self.kinds[-1])
 
 
-def _units(graph: nx.DiGraph, model: str, fusions: list[str]) -> list[_Unit]:
+def _units(graph: nx.DiGraph, model: Model, fusions: list[str]) -> list[_Unit]:
     """Group the model's op chain into units by the enabled fusions (which may overlap: a chain
     final_norm -> lm_head -> argmax forms when both of its fusions are on)."""
     links = {tuple(f.split("+")) for f in fusions}
@@ -177,7 +178,7 @@ def _launch_settings(plan: Plan, units: list[_Unit]) -> dict:
     """Interleave, layout, launch parameters and tile overrides of the launch holding `units`.
     Launch parameters: plan default < the head part's tile config < overrides (tiles, then launch)."""
     settings = {"interleave": plan["interleave"], "operand_layout": plan["operand_layout"],
-                "tiles": {"draft": {}, "target": {}}}
+                "tiles": {model: {} for model in Model}}
     launch_overrides: dict[str, int] = {}
     for o in plan["overrides"]:
         if not any(_matches(o["match"], u) for u in units):
@@ -185,28 +186,27 @@ def _launch_settings(plan: Plan, units: list[_Unit]) -> dict:
         for key in ("interleave", "operand_layout"):
             settings[key] = o.get(key, settings[key])
         launch_overrides |= o.get("launch", {})
-        for model in ("draft", "target"):
+        for model in Model:
             for kind, cfg in o.get("tiles", {}).get(model, {}).items():
                 settings["tiles"][model][kind] = settings["tiles"][model].get(kind, {}) | cfg
-    head = next((u for u in units if u.model == "t"), units[0])
-    head_tiles = plan["tiles"][MODELS[head.model]].get(head.kind, {}) | settings["tiles"][MODELS[head.model]].get(head.kind, {})
+    head = next((u for u in units if u.model == Model.TARGET), units[0])
+    head_tiles = plan["tiles"][head.model].get(head.kind, {}) | settings["tiles"][head.model].get(head.kind, {})
     settings["launch"] = plan["launch"] | {k: v for k, v in head_tiles.items() if k in LAUNCH_BOUNDS} | launch_overrides
     return settings
 
 
 def _part(plan: Plan, unit: _Unit, settings: dict) -> Part:
-    model = MODELS[unit.model]
     tiles = dict(DEFAULT_TILES[FAMILY_OF[unit.kind]])
-    tiles |= plan["tiles"][model].get(unit.kind, {})
-    tiles |= settings["tiles"][model].get(unit.kind, {})
+    tiles |= plan["tiles"][unit.model].get(unit.kind, {})
+    tiles |= settings["tiles"][unit.model].get(unit.kind, {})
     tiles = {k: v for k, v in tiles.items() if k not in LAUNCH_BOUNDS}
-    return Part(model, unit.ops, unit.kind, unit.kinds, tiles)
+    return Part(unit.model, unit.ops, unit.kind, unit.kinds, tiles)
 
 
 def _launch(plan: Plan, graph: nx.DiGraph, index: int, units: list[_Unit]) -> Launch:
     s = _launch_settings(plan, units)
     ops = [graph.nodes[o]["op"] for u in units for o in u.ops]
-    stream = "main" if plan["streams"] == "one" else MODELS[units[0].model]
+    stream = "main" if plan["streams"] == "one" else units[0].model.value
     return Launch(index=index, parts=tuple(_part(plan, u, s) for u in units), stream=stream,
                   pattern=s["interleave"]["pattern"], ratio=tuple(s["interleave"]["ratio"]),
                   operand_layout=s["operand_layout"], num_warps=s["launch"]["num_warps"],
@@ -237,8 +237,8 @@ def check_dependencies(graph: nx.DiGraph, launches: tuple[Launch, ...]) -> None:
 
 def expand(plan: Plan, workload: Workload, graph: nx.DiGraph | None = None) -> Schedule:
     graph = graph if graph is not None else build_graph(workload)
-    target = _units(graph, "t", plan["fusions"]["target"])
-    draft = _units(graph, "d", plan["fusions"]["draft"])
+    target = _units(graph, Model.TARGET, plan["fusions"][Model.TARGET])
+    draft = _units(graph, Model.DRAFT, plan["fusions"][Model.DRAFT])
     slots = _align(plan, target, draft)
     _apply_pins(plan, target, draft, slots)
     groups: list[list[_Unit]] = []

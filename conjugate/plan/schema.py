@@ -17,6 +17,7 @@ from conjugate.errors import PlanError
 from conjugate.files import read_text
 from conjugate.graph import KINDS
 from conjugate.plan.tiles import DEFAULT_LAUNCH, LAUNCH_BOUNDS, is_power_of_two, tile_keys
+from conjugate.roles import Model
 
 SCHEMA = "conjugate.plan/1"
 ALIGNMENTS = ("sequential", "proportional", "greedy")
@@ -25,7 +26,7 @@ LAYOUTS = ("separate", "packed")
 CAPTURES = ("graph", "none")
 STREAMS = ("one", "two")
 FUSIONS = ("attn_norm+qkv", "mlp_norm+gate_up", "final_norm+lm_head", "lm_head+argmax")
-MODEL_KEYS = ("draft", "target")
+MODEL_KEYS = tuple(model.value for model in Model)  # plain strings: the plan stays plain JSON
 _TOP_KEYS = ("schema", "name", "description", "alignment", "pairs", "interleave", "tiles", "fusions",
              "operand_layout", "capture", "streams", "launch", "overrides")
 _OVERRIDE_KEYS = ("match", "pair", "with", "interleave", "tiles", "launch", "operand_layout")
@@ -171,7 +172,7 @@ def _override(c: _Checker, value: Any, path: str) -> dict:
         out["pair"] = value["pair"]
     if "with" in value:
         out["with"] = c.string(value["with"], f"{path}.with")
-        if not out["with"].startswith("d."):
+        if not out["with"].startswith(f"{Model.DRAFT.short}."):
             c.fail(f"{path}.with", f"{json.dumps(out['with'])} should name a draft op id, such as 'd.s0.l3.down'")
     if "interleave" in value:
         out["interleave"] = c.interleave(value["interleave"], f"{path}.interleave")

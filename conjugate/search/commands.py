@@ -4,16 +4,22 @@ from __future__ import annotations
 import argparse
 import re
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from conjugate.errors import ConjugateError
-from conjugate.workload import DEFAULT_WORKLOAD, REPO_ROOT
+from conjugate.paths import DEFAULT_WORKLOAD, RUNS_DIR
 
-RUNS_DIR = REPO_ROOT / "runs"
+if TYPE_CHECKING:
+    from conjugate.agents.base import Proposer
+    from conjugate.evaluate.profile import EvaluatorProfile
+    from conjugate.search.run import Search, SearchSettings
+    from conjugate.search.store import Store
 
 
 def parse_duration(text: str) -> float:
@@ -48,59 +54,98 @@ def _count(text: str) -> int:
     return int(text)
 
 
+@dataclass(frozen=True)
+class AgentSettings:
+    """The agent a search command runs: named on the command line, or recorded by the run it resumes."""
+    spec: str  # heuristic, replay, anthropic:<model>, openai:<model>
+    seed: int
+    base_url: str | None  # as given, credentials included (the run stores it without them)
+    max_cost_usd: float | None
+    replay_from: str | None  # with the replay agent: the database whose edits to replay
+
+
 def cmd_search(args: argparse.Namespace, out: Console) -> None:
+    deadline = time.monotonic() + parse_duration(args.time) if args.time else None
+    (_resume if args.resume else _start)(args, out, deadline)
+
+
+def _start(args: argparse.Namespace, out: Console, deadline: float | None) -> None:
+    """A new run of the workload, evaluator and agent the command line names."""
+    from conjugate.evaluate.profile import load_profile
+    from conjugate.evaluate.worker import IsolatedEvaluator
+    from conjugate.search.run import Search, SearchSettings
+    from conjugate.workload import load_workload
+
+    workload_path = str(Path(args.workload or DEFAULT_WORKLOAD).resolve())  # resumed or exported elsewhere
+    agent = AgentSettings(args.agent, args.seed, args.base_url, args.max_llm_cost, args.replay_from)
+    call_log = _CallLog(None, None)
+    proposer = _proposer(agent, call_log)  # a bad --agent fails before a database exists
+    workload, profile = load_workload(workload_path), load_profile(args.evaluator)
+    settings = _scored_by(SearchSettings(budget=args.budget or 20, expand_width=args.width,
+                                         base_url=_without_userinfo(args.base_url or "")), profile)
+    name = args.name or Path(workload_path).stem
+    with open_store(args.db or str(RUNS_DIR / f"{name}.db"), create=True) as store, \
+            IsolatedEvaluator(profile) as evaluator:
+        call_log.store = store
+
+        def start() -> Search:
+            search = Search.start(store, name, workload, workload_path, evaluator, proposer, settings, agent.seed)
+            call_log.run_id = search.run_id
+            return search
+        _drive(store, start, out, deadline)
+
+
+def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> None:
+    """The latest run of the database (or --run) where it stopped, with its own workload, evaluator
+    profile and agent; only the budget, the LLM server and the cost cap may be given anew."""
     from conjugate.evaluate.profile import load_profile
     from conjugate.evaluate.worker import IsolatedEvaluator
     from conjugate.search.run import Search, SearchSettings, check_workload, evaluator_id, run_evaluator_id
+    from conjugate.search.store import RunStatus
     from conjugate.workload import load_workload
 
-    deadline = time.monotonic() + parse_duration(args.time) if args.time else None
-    if args.resume:
-        store = open_store(args.resume)
+    with open_store(args.resume) as store:
         run = store.latest_run() if args.run is None else store.run(args.run)
         if run is None:
             raise ConjugateError(f"{args.resume}: holds no run to resume")
-        workload_path, agent, evaluator_name, seed = run.workload_path, run.agent, run.evaluator, run.seed
-        settings = SearchSettings(**{**run.settings, "evaluator_id": run_evaluator_id(run),
-                                     **({"budget": args.budget} if args.budget else {})})
-    else:
-        workload_path = str(Path(args.workload or DEFAULT_WORKLOAD).resolve())  # resumed or exported elsewhere
-        agent, evaluator_name, seed = args.agent, args.evaluator, args.seed
-        settings = SearchSettings(budget=args.budget or 20, expand_width=args.width, base_url=_without_userinfo(args.base_url or ""))
-        name = args.name or Path(workload_path).stem
-        call_log = _CallLog(None, None)
-        proposer = _proposer(agent, seed, args, None, call_log)  # a bad --agent fails before a database exists
-        RUNS_DIR.mkdir(exist_ok=True)
-        store = call_log.store = open_store(args.db or str(RUNS_DIR / f"{name}.db"), create=True)
-    workload = load_workload(workload_path)
-    profile = load_profile(settings.evaluator_profile or evaluator_name)  # a resume: the run's own profile file
-    if args.resume:
+        workload = load_workload(run.workload_path)
         check_workload(run, workload)
-        if run.settings.get("evaluator_id") and evaluator_id(profile) != run.settings["evaluator_id"]:
+        stored = SearchSettings.from_dict(run.settings)
+        profile = load_profile(stored.evaluator_profile or run.evaluator)  # the run's own profile file
+        if evaluator_id(profile) != run_evaluator_id(run):
             raise ConjugateError(f"{profile.source}: the evaluator profile changed since run {run.id} started; "
                                  "start a new run to score with it")
-    settings = SearchSettings(**{**settings.to_dict(), "stale_after_s": 2 * profile.time_limit_s,
-                                 "evaluator_profile": str(Path(profile.source).resolve())})
-    with IsolatedEvaluator(profile) as evaluator:
-        search = None
-        try:
-            if args.resume:
-                args.base_url = args.base_url or settings.base_url  # the run's own server unless told otherwise
-                call_log = _CallLog(store, run.id)
-                proposer = _proposer(agent, seed, args, store, call_log)
-                search = Search(store, run.id, workload, workload_path, evaluator, proposer, settings)
-                store.set_run_status(run.id, "running")
-            else:
-                search = Search.start(store, name, workload, workload_path, evaluator, proposer, settings, seed)
-                call_log.run_id = search.run_id
-            _run(search, out, deadline)
-        except KeyboardInterrupt:
-            if search is not None:
-                store.set_run_status(search.run_id, "stopped")
-                out.print(f"stopped; resume with: conjugate search --resume {store.url_for_display}")
-            raise
-        finally:
-            store.close()
+        settings = _scored_by(replace(stored, budget=args.budget or stored.budget), profile)
+        agent = AgentSettings(run.agent, run.seed, args.base_url or stored.base_url or None,  # the run's own server
+                              args.max_llm_cost, args.replay_from)
+        proposer = _proposer(agent, _CallLog(store, run.id))
+        with IsolatedEvaluator(profile) as evaluator:
+            def resume() -> Search:
+                search = Search(store, run.id, workload, run.workload_path, evaluator, proposer, settings)
+                store.set_run_status(run.id, RunStatus.RUNNING)
+                return search
+            _drive(store, resume, out, deadline)
+
+
+def _scored_by(settings: SearchSettings, profile: EvaluatorProfile) -> SearchSettings:
+    """The settings with what the evaluator profile decides: its file, and when a claim is stale."""
+    return replace(settings, stale_after_s=2 * profile.time_limit_s,
+                   evaluator_profile=str(Path(profile.source).resolve()))
+
+
+def _drive(store: Store, make: Callable[[], Search], out: Console, deadline: float | None) -> None:
+    """Make the search and run it; Ctrl-C marks the run stopped and says how to resume it."""
+    from conjugate.search.store import RunStatus
+
+    search = None
+    try:
+        search = make()
+        _run(search, out, deadline)
+    except KeyboardInterrupt:
+        if search is not None:
+            store.set_run_status(search.run_id, RunStatus.STOPPED)
+            out.print(f"stopped; resume with: conjugate search --resume {store.url_for_display}")
+        raise
 
 
 class _CallLog:
@@ -113,24 +158,25 @@ class _CallLog:
         self.store.record_llm_call(self.run_id, **record)
 
 
-def _proposer(agent: str, seed: int, args, store, call_log: _CallLog):
+def _proposer(agent: AgentSettings, call_log: _CallLog) -> Proposer:
     from conjugate.agents import make_proposer
     from conjugate.search.run import replay_records
 
     records = None
-    if agent == "replay":
-        if not args.replay_from:
+    if agent.spec == "replay":
+        if not agent.replay_from:
             raise ConjugateError("--agent replay needs --replay-from DB (the database of the run to replay)")
-        with open_store(args.replay_from) as recorded:
+        with open_store(agent.replay_from) as recorded:
             records = replay_records(recorded)
-    spent = store.llm_cost(call_log.run_id) if store is not None and call_log.run_id else 0.0
-    return make_proposer(agent, seed=seed, base_url=args.base_url, log_call=call_log,
-                         max_cost_usd=args.max_llm_cost, spent_usd=spent, replay_records=records)
+    spent = call_log.store.llm_cost(call_log.run_id) if call_log.run_id is not None else 0.0
+    return make_proposer(agent.spec, seed=agent.seed, base_url=agent.base_url, log_call=call_log,
+                         max_cost_usd=agent.max_cost_usd, spent_usd=spent, replay_records=records)
 
 
-def _run(search, out: Console, deadline: float | None) -> None:
+def _run(search: Search, out: Console, deadline: float | None) -> None:
     from conjugate.agents.llm import LLMBudgetExceeded
     from conjugate.search.live import LiveView
+    from conjugate.search.store import RunStatus
 
     out.print(f"run {search.run_id} in {search.store.url_for_display}: {search.workload.name}, agent "
               f"{search.proposer.name}, evaluator {search.evaluator.profile.name}, budget {search.settings.budget}")
@@ -140,7 +186,7 @@ def _run(search, out: Console, deadline: float | None) -> None:
             why = search.run_loop(deadline)
         except LLMBudgetExceeded as e:
             why = f"LLM cost cap reached: {e}"
-    status = "finished" if why in ("budget", "exhausted") else "stopped"
+    status = RunStatus.FINISHED if why in ("budget", "exhausted") else RunStatus.STOPPED
     search.store.set_run_status(search.run_id, status)
     out.print(f"search {status} ({why}) after {search.evaluations_done()} evaluations")
     show_run(search.store, search.store.run(search.run_id), out, limit=5)

@@ -1,10 +1,13 @@
-"""What the proposer is told about a node: its plan and evaluation, the baselines, the best plans
-so far, the edits already tried from it, recent failures, and what earlier runs on this GPU and
-model family learned (lessons, per-edit-kind statistics)."""
+"""What the proposer is told about a node: its plan and evaluation, the GPU, the baselines, the best
+plans so far, the edits already tried from it, recent failures, and what earlier runs with this
+evaluator on this model family learned (lessons, per-edit-kind statistics)."""
 from __future__ import annotations
 
 from conjugate.agents.base import NodeContext
-from conjugate.search.store import NodeRecord, Store
+from conjugate.evaluate.result import EvalResult
+from conjugate.search.store import NodeRecord, RunRecord, Store
+
+FALLBACK_SMS = 132  # an H100/H200's multiprocessors: a GPU profile's count until a measurement names its GPU
 
 
 def family_of(workload: dict) -> str:
@@ -12,40 +15,55 @@ def family_of(workload: dict) -> str:
     return f"{workload['draft']['family']}->{workload['target']['family']}"
 
 
-class ContextBuilder:
-    def __init__(self, store: Store, run_id: int, workload: dict, gpu: str):
-        self.store, self.run_id, self.workload, self.gpu = store, run_id, workload, gpu
-        self.family = family_of(workload)
+def device_of(profile) -> tuple[str, int]:
+    """(GPU name, multiprocessors) an evaluator profile stands for before anything is measured: the
+    analytical model's GPU, or a GPU profile's device pattern with FALLBACK_SMS."""
+    if profile.model is not None:
+        return profile.model.gpu, profile.model.sms
+    return profile.device or "unknown GPU", FALLBACK_SMS
 
-    def build(self, node: NodeRecord, results: dict[str, dict], nodes: list[NodeRecord]) -> NodeContext:
-        """`results`: plan hash -> EvalResult dict of every evaluated node of the run."""
-        result = results.get(node.plan_hash)
+
+class ContextBuilder:
+    def __init__(self, store: Store, run: RunRecord, device: str, sms: int):
+        """`device`, `sms`: the GPU the evaluator stands for, until a result names the one measured on."""
+        self.store, self.run, self.device, self.sms = store, run, device, sms
+        self.family = family_of(run.workload)
+
+    def build(self, node: NodeRecord, results: dict[str, EvalResult], nodes: list[NodeRecord]) -> NodeContext:
+        """`results`: plan hash -> result of every evaluated node of the run."""
         children = [n for n in nodes if n.parent_id == node.id]
+        device, sms = _measured_device(results) or (self.device, self.sms)
         return NodeContext(
-            plan=node.plan, plan_hash=node.plan_hash, workload=self.workload, gpu=self.gpu, result=result,
-            baselines=_baselines(results), best=_best(results, nodes), lessons=self.store.lessons(self.gpu, self.family),
-            edit_stats=self.store.edit_stats(self.gpu, self.family),
-            tried=[{"patch": c.edit, "kind": c.edit_kind, "status": (results.get(c.plan_hash) or {}).get("status", "new"),
+            plan=node.plan, plan_hash=node.plan_hash, workload=self.run.workload, evaluator=self.run.evaluator,
+            device=device, sms=sms, result=results.get(node.plan_hash), baselines=_baselines(results),
+            best=_best(results, nodes), lessons=self.store.lessons(self.run.evaluator, self.family),
+            edit_stats=self.store.edit_stats(self.run.evaluator, self.family),
+            tried=[{"patch": c.edit, "kind": c.edit_kind, "status": _status(results.get(c.plan_hash)),
                     "reward": c.best_reward} for c in children],
             failures=_failures(results, nodes))
 
 
-def _baselines(results: dict[str, dict]) -> dict[str, float]:
+def _measured_device(results: dict[str, EvalResult]) -> tuple[str, int] | None:
+    return next(((r.metrics.device, r.metrics.sms) for r in results.values() if r.metrics), None)
+
+
+def _status(result: EvalResult | None) -> str:
+    return str(result.status) if result else "new"
+
+
+def _baselines(results: dict[str, EvalResult]) -> dict[str, float]:
     for r in results.values():
-        found = (r.get("metrics") or {}).get("baselines")
-        if found:
-            return {name: b["latency_ms"] for name, b in found.items() if b.get("latency_ms")}
+        if r.metrics and r.metrics.baselines:
+            return {name: b.latency_ms for name, b in r.metrics.baselines.items() if b.latency_ms}
     return {}
 
 
-def _best(results: dict[str, dict], nodes: list[NodeRecord], limit: int = 3) -> list[dict]:
-    ok = [(results[n.plan_hash], n) for n in nodes if results.get(n.plan_hash, {}).get("status") == "ok"]
-    ok.sort(key=lambda rn: rn[0]["metrics"]["latency_ms"])
-    return [{"plan": n.plan, "latency_ms": r["metrics"]["latency_ms"], "speedups": r["metrics"].get("speedups", {})}
-            for r, n in ok[:limit]]
+def _best(results: dict[str, EvalResult], nodes: list[NodeRecord], limit: int = 3) -> list[dict]:
+    ok = [(results[n.plan_hash], n) for n in nodes if n.plan_hash in results and results[n.plan_hash].ok]
+    ok.sort(key=lambda rn: rn[0].latency_ms)
+    return [{"plan": n.plan, "latency_ms": r.latency_ms, "speedups": r.speedups} for r, n in ok[:limit]]
 
 
-def _failures(results: dict[str, dict], nodes: list[NodeRecord], limit: int = 5) -> list[dict]:
-    failed = [(n, results[n.plan_hash]) for n in nodes
-              if n.plan_hash in results and results[n.plan_hash]["status"] != "ok"]
-    return [{"patch": n.edit, "status": r["status"], "error": r["error"][:300]} for n, r in failed[-limit:]]
+def _failures(results: dict[str, EvalResult], nodes: list[NodeRecord], limit: int = 5) -> list[dict]:
+    failed = [(n, results[n.plan_hash]) for n in nodes if n.plan_hash in results and not results[n.plan_hash].ok]
+    return [{"patch": n.edit, "status": str(r.status), "error": r.error[:300]} for n, r in failed[-limit:]]

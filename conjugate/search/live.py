@@ -2,17 +2,27 @@
 being tried, failures. A rich live panel on a terminal, one line per event elsewhere (logs, CI)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from conjugate.evaluate.result import EvalResult
+
+
+@dataclass(frozen=True)
+class Best:
+    node: int
+    result: EvalResult  # an ok one
+
 
 class LiveView:
     def __init__(self, console: Console, budget: int, done: int = 0):
         self.console, self.budget, self.done = console, budget, done
-        self.best: dict | None = None  # {"node", "latency_ms", "speedups", "modeled"}
+        self.best: Best | None = None
         self.failures, self.now, self.recent = 0, "starting", []
         self._live = Live(self._render(), console=console, refresh_per_second=4) if console.is_terminal else None
 
@@ -38,20 +48,19 @@ class LiveView:
             self._live.update(self._render())
 
     def _result(self, data: dict) -> None:
-        r, node = data["result"], data["node"]
+        r: EvalResult = data["result"]
+        node = data["node"]
         if not data.get("settled", True):  # another process sharing the run counted it
             return
         self.done += 1
-        if r["status"] != "ok":
+        if not r.ok:
             self.failures += 1
-            self._say(f"[{self.done}/{self.budget}] node {node}: {r['status']} at {r['stage']}: {r['error'][:110]}")
+            self._say(f"[{self.done}/{self.budget}] node {node}: {r.status} at {r.stage}: {r.error[:110]}")
             return
-        m = r["metrics"]
-        if self.best is None or m["latency_ms"] < self.best["latency_ms"]:
-            self.best = {"node": node, "latency_ms": m["latency_ms"], "speedups": m.get("speedups", {}),
-                         "modeled": r["modeled"]}
-        speedups = ", ".join(f"{s:.3f}x vs {b}" for b, s in m.get("speedups", {}).items())
-        self._say(f"[{self.done}/{self.budget}] node {node}: {m['latency_ms']:.3f} ms ({speedups})")
+        if self.best is None or r.latency_ms < self.best.result.latency_ms:
+            self.best = Best(node, r)
+        speedups = ", ".join(f"{s:.3f}x vs {b}" for b, s in r.speedups.items())
+        self._say(f"[{self.done}/{self.budget}] node {node}: {r.latency_ms:.3f} ms ({speedups})")
 
     def _say(self, line: str) -> None:
         self.recent = (self.recent + [line])[-6:]
@@ -62,8 +71,9 @@ class LiveView:
         table = Table.grid(padding=(0, 2))
         table.add_row("evaluations", f"{self.done}/{self.budget}", "failures", str(self.failures))
         if self.best:
-            what = "modeled" if self.best["modeled"] else "measured"
-            table.add_row("best", f"node {self.best['node']}: {self.best['latency_ms']:.3f} ms ({what})", "", "")
-            for baseline, s in self.best["speedups"].items():
+            best = self.best.result
+            what = f"modeled for {best.metrics.device}" if best.modeled else f"measured on {best.metrics.device}"
+            table.add_row("best", f"node {self.best.node}: {best.latency_ms:.3f} ms ({what})", "", "")
+            for baseline, s in best.speedups.items():
                 table.add_row("", f"{s:.3f}x vs {baseline}", "", "")
         return Group(table, Text(self.now, style="bold"), *(Text(line) for line in self.recent))

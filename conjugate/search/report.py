@@ -10,8 +10,10 @@ from pathlib import Path
 from rich.console import Console
 
 from conjugate.errors import ConjugateError
+from conjugate.evaluate.result import EvalResult
 from conjugate.search.run import check_workload, eval_key, reward_of, run_evaluator_id
-from conjugate.workload import REPO_ROOT, load_workload
+from conjugate.paths import DATA_ROOT, EXAMPLES_DIR, PROFILES_DIR
+from conjugate.workload import load_workload
 
 BASELINES = ("conventional", "sequential", "streams")
 
@@ -24,16 +26,21 @@ def run_history(store, run) -> list[dict]:
     for n in store.nodes(run.id):
         found = store.evaluation(eval_key(n.plan_hash, workload, run_evaluator_id(run)))
         r = found.result if found is not None and found.done else None
-        m = (r or {}).get("metrics") or {}
         rows.append({"node": n.id, "parent": n.parent_id, "depth": n.depth, "kind": n.edit_kind,
                      "proposer": n.proposer, "rationale": n.rationale, "edit": n.edit, "plan_hash": n.plan_hash,
-                     "visits": n.visits, "status": r["status"] if r else "pending",
-                     "stage": r["stage"] if r else "", "error": r["error"] if r else "",
-                     "latency_ms": m.get("latency_ms"), "speedups": m.get("speedups", {}),
-                     "floor_ratio": m.get("floor_ratio"), "reward": reward_of(r) if r else None,
-                     "modeled": r["modeled"] if r else None, "finished_at": found.finished_at.isoformat()
+                     "visits": n.visits, **_outcome(r), "finished_at": found.finished_at.isoformat()
                      if found is not None and found.finished_at else None})
     return rows
+
+
+def _outcome(r: EvalResult | None) -> dict:
+    """A history row's evaluation columns (status pending while there is no result)."""
+    if r is None:
+        return {"status": "pending", "stage": "", "error": "", "latency_ms": None, "speedups": {},
+                "floor_ratio": None, "reward": None, "modeled": None}
+    return {"status": str(r.status), "stage": str(r.stage), "error": r.error, "latency_ms": r.latency_ms,
+            "speedups": r.speedups, "floor_ratio": r.metrics.floor_ratio if r.metrics else None,
+            "reward": reward_of(r), "modeled": r.modeled}
 
 
 def best_so_far(history: list[dict]) -> list[float]:
@@ -59,8 +66,9 @@ def export_run(store, run, out_dir: Path, console: Console) -> list[Path]:
     plan = _named(node.plan, run, best["node"], history)
     written = [_write(out_dir / "best_plan.json", json.dumps(plan, indent=2) + "\n")]
     written.append(_kernels(node.plan, workload, out_dir / "kernels"))
-    report = {"run": run.to_dict(), "best": {**best, "plan": plan, "metrics": result["metrics"],
-                                             "verdicts": result["verdicts"], "feedback": result["feedback"]},
+    report = {"run": run.to_dict(), "best": {**best, "plan": plan, "metrics": result.metrics.to_dict(),
+                                             "verdicts": [v.to_dict() for v in result.verdicts],
+                                             "feedback": [f.to_dict() for f in result.feedback]},
               "history": history, "best_so_far": best_so_far(history)}
     written.append(_write(out_dir / "report.json", json.dumps(report, indent=1, default=str) + "\n"))
     written.append(_write(out_dir / "report.md", _markdown(run, best, result, history)))
@@ -99,25 +107,26 @@ def _kernels(plan: dict, workload, directory: Path) -> Path:
     return compiled.source_dir
 
 
-def _markdown(run, best: dict, result: dict, history: list[dict]) -> str:
-    m = result["metrics"]
-    what = "MODELED by the analytical evaluator, not measured" if result["modeled"] else f"measured on {m.get('gpu')}"
+def _markdown(run, best: dict, result: EvalResult, history: list[dict]) -> str:
+    m = result.metrics
+    what = (f"MODELED by the analytical evaluator for {m.device}, not measured" if result.modeled
+            else f"measured on {m.device}")
+    spread = f" (p20 {m.p20_ms:.3f}, p80 {m.p80_ms:.3f}, {m.replays} replays)" if m.p20_ms is not None else ""
     lines = [f"# Search run {run.id}: {run.workload_name}", "",
              f"Evaluator `{run.evaluator}` ({what}); agent `{run.agent}`, seed {run.seed}; "
              f"{len(history)} nodes, {sum(1 for h in history if h['status'] == 'ok')} ok.", "",
              f"## Best plan: node {best['node']} (depth {best['depth']})", "",
-             f"- round latency: {m['latency_ms']:.3f} ms" + (f" (p20 {m['p20_ms']:.3f}, p80 {m['p80_ms']:.3f}, "
-                                                             f"{m['replays']} replays)" if "p20_ms" in m else ""),
-             f"- floor ratio: {m['floor_ratio']:.2f} (floor {m['floor_ms']:.3f} ms)"]
+             f"- round latency: {m.latency_ms:.3f} ms{spread}",
+             f"- floor ratio: {m.floor_ratio:.2f} (floor {m.floor_ms:.3f} ms)"]
     for b in BASELINES:
-        base = (m.get("baselines") or {}).get(b, {})
-        if base.get("latency_ms"):
-            lines.append(f"- vs {b}: {m['speedups'][b]:.3f}x ({base['latency_ms']:.3f} ms)")
+        base = m.baselines.get(b)
+        if base is not None and base.latency_ms and b in m.speedups:
+            lines.append(f"- vs {b}: {m.speedups[b]:.3f}x ({base.latency_ms:.3f} ms)")
     lines += ["", "## Verdicts of its multi-part launches (worst first)", "",
               "| launch | ops | verdict | shared us | separate us | gain % |", "|---|---|---|---|---|---|"]
-    for v in result["verdicts"][:20]:
-        lines.append(f"| {v['launch']} | {' + '.join(v.get('ops', []))[:80]} | {v['verdict']} | {v['shared_us']} "
-                     f"| {v['separate_us']} | {v['gain_percent']} |")
+    for v in result.verdicts[:20]:
+        ops = " + ".join(p.label for p in v.parts)[:80]
+        lines.append(f"| {v.launch} | {ops} | {v.verdict} | {v.shared_us} | {v.separate_us} | {v.gain_percent} |")
     lines += ["", "## History", "", "| node | parent | kind | status | latency ms | reward | edit |",
               "|---|---|---|---|---|---|---|"]
     for h in history:
@@ -147,19 +156,26 @@ def _plot(best: list[float], path: Path, run) -> Path:
 
 def _script(run) -> str:
     """The bench command for the best plan, with the run's workload file and evaluator profile file.
-    Paths inside the project are written relative to it, so the script runs on any checkout."""
-    evaluator = run.settings.get("evaluator_profile") or run.evaluator  # runs of older versions kept the name only
+    It runs from any directory, on a checkout or an installed wheel: a file the package ships (a
+    workload of examples/, a profile of evaluators/) is named in the data folder of the conjugate
+    python3 imports, any other file by its path as the run recorded it."""
+    evaluator = run.settings["evaluator_profile"] or run.evaluator  # a run started in code may name no file
     return ("#!/usr/bin/env bash\n# Measure the exported best plan again beside the baselines.\nset -euo pipefail\n"
             'here="$(cd "$(dirname "$0")" && pwd)"\n'
-            'cd "$(python3 -c \'import conjugate.workload as w; print(w.REPO_ROOT)\')"\n'
-            f"conjugate bench {shlex.quote(_in_project(run.workload_path))} --plan \"$here/best_plan.json\" "
-            f"--evaluator {shlex.quote(_in_project(evaluator))} --json \"$here/reproduced.json\"\n")
+            'data="$(python3 -c \'import conjugate.paths as p; print(p.DATA_ROOT)\')"  # its examples/ and evaluators/\n'
+            f"python3 -m conjugate bench {_portable(run.workload_path)} --plan \"$here/best_plan.json\" "
+            f"--evaluator {_portable(evaluator)} --json \"$here/reproduced.json\"\n")
 
 
-def _in_project(path: str) -> str:
-    """A path relative to the project root when it lies inside the project (as given otherwise)."""
-    candidate = Path(path) if Path(path).is_absolute() else REPO_ROOT / path
-    try:
-        return str(candidate.resolve().relative_to(REPO_ROOT)) if candidate.exists() else path
-    except ValueError:
-        return path
+def _portable(path: str) -> str:
+    """A shell word for a file: "$data"/<folder>/<name> when it is a shipped workload or evaluator
+    profile (a relative path is read from the data folder), otherwise the path as given."""
+    candidate = Path(path) if Path(path).is_absolute() else DATA_ROOT / path
+    for folder in (EXAMPLES_DIR, PROFILES_DIR):
+        try:
+            inside = candidate.resolve().relative_to(folder.resolve())
+        except ValueError:
+            continue
+        if candidate.exists():
+            return '"$data"/' + shlex.quote(f"{folder.name}/{inside}")
+    return shlex.quote(path)

@@ -27,14 +27,12 @@ from typing import Any, Callable, Protocol
 from conjugate.agents.base import Proposal, Proposer
 from conjugate.errors import ConjugateError, PatchError, PlanError
 from conjugate.evaluate.result import EvalResult
+from conjugate.paths import REWARD_BASELINE, SEED_PLANS, shipped_plan
 from conjugate.plan import load_plan, patch_plan, validate_plan
-from conjugate.search.context import ContextBuilder, family_of
+from conjugate.search.context import ContextBuilder, device_of, family_of
 from conjugate.search.mcts import MCTS, TreeNode, rebuild
-from conjugate.search.store import NodeRecord, Store, StoreError, owner_id
-from conjugate.workload import REPO_ROOT, Workload
-
-SEED_PLANS = ("sequential", "streams", "interleave")
-REWARD_BASELINE = "sequential"
+from conjugate.search.store import NodeRecord, NodeStatus, RunRecord, Store, StoreError, owner_id
+from conjugate.workload import Workload
 
 
 @dataclass(frozen=True)
@@ -51,6 +49,10 @@ class SearchSettings:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "SearchSettings":
+        return cls(**data)
+
 
 class Evaluator(Protocol):
     """IsolatedEvaluator's interface: one plan on one workload file, never raising."""
@@ -59,11 +61,11 @@ class Evaluator(Protocol):
     def evaluate(self, plan: dict, workload_path: str | Path) -> EvalResult: ...
 
 
-def reward_of(result: dict) -> float:
+def reward_of(result: EvalResult) -> float:
     """A plan's speedup over the sequential baseline; 0 for a plan that failed."""
-    if result["status"] != "ok":
+    if not result.ok:
         return 0.0
-    speedups = result["metrics"].get("speedups") or {}
+    speedups = result.speedups
     return float(speedups.get(REWARD_BASELINE) or next(iter(speedups.values()), 0.0))
 
 
@@ -82,7 +84,7 @@ def evaluator_id(profile) -> str:
     return f"{profile.name}@{digest}"
 
 
-def check_workload(run, workload: Workload) -> None:
+def check_workload(run: RunRecord, workload: Workload) -> None:
     """A run's evaluations are keyed by its workload as it was: refuse a workload file edited since."""
     stored = {k: v for k, v in run.workload.items() if k != "family"}
     if json.dumps(stored, sort_keys=True, default=str) != json.dumps(workload.to_dict(), sort_keys=True, default=str):
@@ -90,9 +92,9 @@ def check_workload(run, workload: Workload) -> None:
                              "start a new run for the new workload")
 
 
-def run_evaluator_id(run) -> str:
-    """The evaluator id a stored run keyed its evaluations by (runs of older versions: the name)."""
-    return run.settings.get("evaluator_id") or run.evaluator
+def run_evaluator_id(run: RunRecord) -> str:
+    """The evaluator id a stored run keyed its evaluations by."""
+    return run.settings["evaluator_id"]
 
 
 class Search:
@@ -102,33 +104,33 @@ class Search:
         self.evaluator, self.proposer, self.settings = evaluator, proposer, settings
         self.on_event = on_event or (lambda kind, data: None)
         self.run = store.run(run_id)
-        self.context = ContextBuilder(store, run_id, self.run.workload, self.run.gpu)
+        self.context = ContextBuilder(store, self.run, *device_of(evaluator.profile))
         self.mcts = MCTS(c_puct=settings.c_puct)
         self.evaluator_id = settings.evaluator_id or evaluator_id(evaluator.profile)
-        self.results: dict[str, dict] = {}  # plan hash -> EvalResult dict of this run's settled nodes
+        self.results: dict[str, EvalResult] = {}  # plan hash -> result of this run's settled nodes
         self.tree: dict[int, TreeNode] = {}
 
     # -- starting and resuming -------------------------------------------------------------
     @classmethod
     def start(cls, store: Store, name: str, workload: Workload, workload_path: str, evaluator: Evaluator,
               proposer: Proposer, settings: SearchSettings, seed: int, on_event=None) -> "Search":
-        gpu = evaluator.profile.name  # lessons and warm starts are per evaluator: measured and modeled apart
         data = {**workload.to_dict(), "family": f"{workload.draft.family}->{workload.target.family}"}
         settings = replace(settings, evaluator_id=settings.evaluator_id or evaluator_id(evaluator.profile))
-        run_id = store.create_run(name, data, workload_path, gpu, evaluator.profile.name, proposer.name, seed,
+        run_id = store.create_run(name, data, workload_path, evaluator.profile.name, proposer.name, seed,
                                   settings.to_dict())
         search = cls(store, run_id, workload, workload_path, evaluator, proposer, settings, on_event)
         search._seed()
         return search
 
     def _seed(self) -> None:
-        root_plan = load_plan(REPO_ROOT / "plans" / "sequential.json")
+        root_plan = load_plan(shipped_plan(SEED_PLANS[0]))
         root_id, _ = self.store.add_node(self.run_id, root_plan.to_dict(), root_plan.hash, None, None,
                                          "baseline: draft phase, then verify phase", "seed", "other", 1.0)
-        seeds = [(load_plan(REPO_ROOT / "plans" / f"{n}.json").to_dict(), f"shipped plan {n}", "seed")
-                 for n in SEED_PLANS[1:]]
-        warm = [w for w in self.store.best_plans(self.run.gpu, family_of(self.run.workload), self.settings.warm_start,
-                                                 exclude_run=self.run_id) if w["reward"] > 0]  # no failed plan
+        seeds = [(load_plan(shipped_plan(n)).to_dict(), f"shipped plan {n}", "seed") for n in SEED_PLANS[1:]]
+        # lessons and warm starts are per evaluator: measured and modeled apart
+        warm = [w for w in self.store.best_plans(self.run.evaluator, family_of(self.run.workload),
+                                                 self.settings.warm_start, exclude_run=self.run_id)
+                if w["reward"] > 0]  # no failed plan
         seeds += [(w["plan"], f"best plan of run {w['run_id']} ({w['workload'].get('name')}): "
                               f"reward {w['reward']:.3f}", "warm-start") for w in warm]
         for plan, why, proposer in seeds:
@@ -143,10 +145,10 @@ class Search:
         nodes = self.store.nodes(self.run_id)
         for n in nodes:
             found = self.store.evaluation(eval_key(n.plan_hash, self.workload, self.evaluator_id))
-            if found is not None and found.done and n.status != "new":
+            if found is not None and found.done and n.status is not NodeStatus.NEW:
                 self.results[n.plan_hash] = found.result
         rows = [{**n.to_dict(), "reward": reward_of(self.results[n.plan_hash]) if n.plan_hash in self.results
-                 else None, "closed": n.status == "expanded"} for n in nodes]
+                 else None, "closed": n.status is NodeStatus.EXPANDED} for n in nodes]
         self.tree = rebuild(rows)
         return nodes
 
@@ -154,14 +156,14 @@ class Search:
     def evaluations_done(self) -> int:
         """The run's settled nodes as the store has them: those of earlier sessions (a resumed run) and of
         other processes sharing the run count too. A node is marked expanded only once settled."""
-        return sum(1 for n in self.store.nodes(self.run_id) if n.status != "new")
+        return sum(1 for n in self.store.nodes(self.run_id) if n.status is not NodeStatus.NEW)
 
     def run_loop(self, deadline: float | None = None) -> str:
         """Search until the budget, the deadline or exhaustion; returns why it stopped."""
         nodes = self._load_tree()
         root_id = min(self.tree)
         for n in nodes:  # resume: what was created but not settled comes first
-            if n.status == "new" and not self._over(deadline):
+            if n.status is NodeStatus.NEW and not self._over(deadline):
                 self._evaluate(n)
         while not self._over(deadline):
             root = self.tree[root_id]  # a reload (another process's nodes) replaces the objects
@@ -177,7 +179,7 @@ class Search:
     def _expand(self, path: list[TreeNode], deadline: float | None = None) -> None:
         leaf = path[-1]
         record = self.store.node(leaf.id)
-        if record.status == "new":  # not settled yet (another process had its evaluation): settle it first
+        if record.status is NodeStatus.NEW:  # not settled yet (another process had its evaluation): settle it first
             self._evaluate(record, deadline)
             return
         self.on_event("expand", {"node": leaf.id, "depth": len(path) - 1})
@@ -186,7 +188,7 @@ class Search:
         children = self._add_children(record, proposals)
         if not children:  # nothing new to offer from here
             leaf.closed = True
-            self.store.set_node_status(leaf.id, "expanded")
+            self.store.set_node_status(leaf.id, NodeStatus.EXPANDED)
             return
         for child in children:
             if self._over(deadline):
@@ -217,8 +219,8 @@ class Search:
             return  # another process is still on it; a later pass (or a resume) settles the node
         reward = reward_of(result)
         path = self._tree_node(node).path()
-        settled = self.store.settle(node.id, "evaluated" if result["status"] == "ok" else "failed",
-                                    [n.id for n in path], reward)
+        status = NodeStatus.EVALUATED if result.ok else NodeStatus.FAILED
+        settled = self.store.settle(node.id, status, [n.id for n in path], reward)
         if settled:
             self.mcts.backpropagate(path, reward)
             path[-1].reward = reward
@@ -226,9 +228,9 @@ class Search:
         self.results[node.plan_hash] = result
         self.on_event("result", {"node": node.id, "result": result, "reward": reward, "settled": settled})
 
-    def _result(self, key: str, node: NodeRecord, deadline: float | None) -> dict | None:
+    def _result(self, key: str, node: NodeRecord, deadline: float | None) -> EvalResult | None:
         if self.store.claim_evaluation(key, node.plan_hash, self.run_id, owner_id(), self.settings.stale_after_s):
-            result = self.evaluator.evaluate(node.plan, self.workload_path).to_dict()
+            result = self.evaluator.evaluate(node.plan, self.workload_path)
             try:
                 self.store.finish_evaluation(key, result, reward_of(result))
                 return result
@@ -244,7 +246,7 @@ class Search:
             self._load_tree()
         return self.tree[node.id]
 
-    def _learn(self, node: NodeRecord, result: dict, reward: float) -> None:
+    def _learn(self, node: NodeRecord, result: EvalResult, reward: float) -> None:
         """Edit-kind statistics and, for clear wins and losses, a lesson in words."""
         if node.parent_id is None or node.proposer in ("seed", "warm-start"):
             return
@@ -253,19 +255,19 @@ class Search:
         if not parent_result or reward_of(parent_result) <= 0:
             return
         gain = reward / reward_of(parent_result) - 1
-        gpu, family = self.run.gpu, family_of(self.run.workload)
-        self.store.record_edit_outcome(gpu, family, node.edit_kind, gain, self.run_id)
-        if result["status"] != "ok":
-            text = f"{node.edit_kind} edit failed ({result['status']}): {node.rationale} -> {result['error'][:120]}"
-            self.store.add_lesson(gpu, family, node.edit_kind, text, -1.0, self.run_id)
+        evaluator, family = self.run.evaluator, family_of(self.run.workload)
+        self.store.record_edit_outcome(evaluator, family, node.edit_kind, gain, self.run_id)
+        if not result.ok:
+            text = f"{node.edit_kind} edit failed ({result.status}): {node.rationale} -> {result.error[:120]}"
+            self.store.add_lesson(evaluator, family, node.edit_kind, text, -1.0, self.run_id)
         elif abs(gain) >= 0.03:
             text = f"{node.rationale}: {gain * 100:+.1f}% on {self.workload.name}"
-            self.store.add_lesson(gpu, family, node.edit_kind, text, gain, self.run_id)
+            self.store.add_lesson(evaluator, family, node.edit_kind, text, gain, self.run_id)
 
 
-def replay_records(store: Store, run_id: int | None = None) -> list[dict]:
-    """The edits a recorded run made, in order, for the replay proposer."""
-    run = store.run(run_id) if run_id else store.latest_run()
+def replay_records(store: Store) -> list[dict]:
+    """The edits the latest run of the store made, in order, for the replay proposer."""
+    run = store.latest_run()
     if run is None:
         raise ConjugateError(f"{store.url_for_display}: no run to replay")
     nodes = store.nodes(run.id)

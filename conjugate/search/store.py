@@ -12,7 +12,8 @@ Concurrency rules (after Optuna's BaseStorage):
   ("<hostname>:<pid>", see owner_id()) names a process of this host that no longer exists.
 - Finished evaluations are immutable: finish_evaluation on a done key raises StoreError.
 - Tree statistics change only through atomic SQL updates (visits = visits + 1), never by
-  read-modify-write, so concurrent backpropagations all count.
+  read-modify-write, so concurrent settlements all count.
+- Results go in as EvalResult and come back as EvalResult; the JSON column holds its to_dict().
 - SQLite: WAL journal, a 30 s busy timeout, writes in BEGIN IMMEDIATE transactions, retried with
   backoff on "database is locked". PostgreSQL: READ COMMITTED, retried on deadlock/serialization.
 - The schema carries SCHEMA_VERSION in table `meta`; a database of another version is refused,
@@ -34,16 +35,18 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModu
 from sqlalchemy.orm import Session, sessionmaker
 
 from conjugate.errors import ConjugateError
+from conjugate.evaluate.result import EvalResult, Verdict
 from conjugate.search.store_schema import (SCHEMA_VERSION, Base, EditOutcome, Evaluation, EvaluationRecord, LLMCall,
-                                           Lesson, Meta, Node, NodeRecord, Run, RunRecord, Verdict, utcnow)
+                                           Lesson, Meta, Node, NodeRecord, NodeStatus, Run, RunRecord, RunStatus,
+                                           VerdictRow, utcnow)
 
-RUN_STATUSES = ("running", "stopped", "finished", "failed")
-NODE_STATUSES = ("new", "evaluated", "failed", "expanded")
 SQLITE_BUSY_S = 30.0
 WRITE_TRIES = 8
 RETRY_SQLSTATES = ("40001", "40P01")  # PostgreSQL serialization failure, deadlock
 T = TypeVar("T")
-__all__ = ["SCHEMA_VERSION", "Store", "StoreError", "RunRecord", "NodeRecord", "EvaluationRecord", "owner_id"]
+E = TypeVar("E", RunStatus, NodeStatus)
+__all__ = ["SCHEMA_VERSION", "Store", "StoreError", "RunRecord", "NodeRecord", "EvaluationRecord", "RunStatus",
+           "NodeStatus", "owner_id"]
 
 
 class StoreError(ConjugateError):
@@ -91,12 +94,12 @@ class Store:
 
     # -- runs
 
-    def create_run(self, name: str, workload: dict, workload_path: str, gpu: str, evaluator: str, agent: str,
-                   seed: int, settings: dict) -> int:
+    def create_run(self, name: str, workload: dict, workload_path: str, evaluator: str, agent: str, seed: int,
+                   settings: dict) -> int:
         return self._write(lambda s: _insert(s, Run(
             name=name, workload_name=str(workload.get("name", "")), workload=workload,
-            workload_path=str(workload_path), gpu=gpu, evaluator=evaluator, agent=agent, seed=int(seed),
-            settings=settings, status="running")))
+            workload_path=str(workload_path), evaluator=evaluator, agent=agent, seed=int(seed),
+            settings=settings, status=RunStatus.RUNNING)))
 
     def run(self, run_id: int) -> RunRecord:
         return self._read(lambda s: _snapshot(RunRecord, _get(s, Run, run_id)))
@@ -108,9 +111,8 @@ class Store:
         stmt = select(Run).order_by(Run.id.desc()).limit(1)
         return self._read(lambda s: _snapshot(RunRecord, s.scalar(stmt)))
 
-    def set_run_status(self, run_id: int, status: str) -> None:
-        _check_choice("run status", status, RUN_STATUSES)
-        self._update_one(Run, run_id, status=status, updated_at=utcnow())
+    def set_run_status(self, run_id: int, status: RunStatus) -> None:
+        self._update_one(Run, run_id, status=_choice("run status", RunStatus, status), updated_at=utcnow())
 
     # -- the plan tree
 
@@ -124,7 +126,7 @@ class Store:
             depth = _child_depth(s, run_id, parent_id)
             return _insert(s, Node(run_id=run_id, plan=plan, plan_hash=plan_hash, parent_id=parent_id, edit=edit,
                                    rationale=rationale, proposer=proposer, edit_kind=edit_kind, depth=depth,
-                                   prior=float(prior), status="new")), True
+                                   prior=float(prior), status=NodeStatus.NEW)), True
         try:
             return self._write(add)
         except IntegrityError as e:  # a concurrent add of the same plan won: its node is this one
@@ -144,37 +146,26 @@ class Store:
         stmt = select(Node).where(Node.run_id == run_id, Node.plan_hash == plan_hash)
         return self._read(lambda s: _snapshot(NodeRecord, s.scalar(stmt)))
 
-    def set_node_status(self, node_id: int, status: str) -> None:
-        _check_choice("node status", status, NODE_STATUSES)
-        self._update_one(Node, node_id, status=status)
+    def set_node_status(self, node_id: int, status: NodeStatus) -> None:
+        self._update_one(Node, node_id, status=_choice("node status", NodeStatus, status))
 
-    def backpropagate(self, node_ids: list[int], reward: float) -> None:
-        """In one transaction, for each id: visits + 1, value_sum + reward, best_reward = max(best, reward)."""
-        reward = float(reward)
-        best = case((Node.best_reward.is_(None), reward), (Node.best_reward < reward, reward),
-                    else_=Node.best_reward)
-        values = dict(visits=Node.visits + 1, value_sum=Node.value_sum + reward, best_reward=best)
-
-        def apply(s: Session) -> None:
-            for node_id in sorted(node_ids):  # one lock order, so concurrent paths cannot deadlock
-                _execute_one(s, update(Node).where(Node.id == node_id).values(**values), f"node {node_id}")
-        self._write(apply)
-
-    def settle(self, node_id: int, status: str, path_ids: list[int], reward: float) -> bool:
-        """Exactly once per node, in one transaction: mark a "new" node evaluated (or failed) and
-        backpropagate its reward along its path. False (nothing changed) if it was settled before,
-        so a resumed search never counts an evaluation twice."""
-        _check_choice("node status", status, NODE_STATUSES)
+    def settle(self, node_id: int, status: NodeStatus, path_ids: list[int], reward: float) -> bool:
+        """Exactly once per node, in one transaction: mark a "new" node evaluated (or failed) and,
+        for each id of its path: visits + 1, value_sum + reward, best_reward = max(best, reward).
+        False (nothing changed) if it was settled before, so a resumed search never counts an
+        evaluation twice; an unknown path id changes nothing and raises StoreError."""
+        status = _choice("node status", NodeStatus, status)
         reward = float(reward)
         best = case((Node.best_reward.is_(None), reward), (Node.best_reward < reward, reward),
                     else_=Node.best_reward)
         values = dict(visits=Node.visits + 1, value_sum=Node.value_sum + reward, best_reward=best)
 
         def apply(s: Session) -> bool:
-            marked = s.execute(update(Node).where(Node.id == node_id, Node.status == "new").values(status=status))
+            marked = s.execute(update(Node).where(Node.id == node_id, Node.status == NodeStatus.NEW)
+                               .values(status=status))
             if marked.rowcount != 1:
                 return False
-            for path_id in sorted(path_ids):
+            for path_id in sorted(path_ids):  # one lock order, so concurrent paths cannot deadlock
                 _execute_one(s, update(Node).where(Node.id == path_id).values(**values), f"node {path_id}")
             return True
         return self._write(apply)
@@ -189,23 +180,23 @@ class Store:
         except IntegrityError:  # a concurrent claim inserted the key first: judge that claim
             return self._write(lambda s: _claim(s, *args))
 
-    def finish_evaluation(self, eval_key: str, result: dict, reward: float) -> None:
-        """Store the result, its reward and latency, and one verdicts row per result["verdicts"] entry."""
-        latency = (result.get("metrics") or {}).get("latency_ms")
+    def finish_evaluation(self, eval_key: str, result: EvalResult, reward: float) -> None:
+        """Store the result, its reward and latency, and one verdicts row per verdict of the result."""
+        latency = result.latency_ms
 
         def finish(s: Session) -> None:
             row = s.scalar(select(Evaluation).where(Evaluation.eval_key == eval_key).with_for_update())
             if row is None or row.status == "done":
                 why = "was never claimed" if row is None else "is finished, and finished evaluations are immutable"
                 raise StoreError(f"evaluation {eval_key!r} {why}")
-            row.status, row.result, row.reward, row.finished_at = "done", result, float(reward), utcnow()
+            row.status, row.result, row.reward, row.finished_at = "done", result.to_dict(), float(reward), utcnow()
             row.latency_ms = None if latency is None else float(latency)
-            s.add_all(_verdict(row.id, v) for v in result.get("verdicts") or [])
+            s.add_all(_verdict_row(row.id, v) for v in result.verdicts)
         self._write(finish)
 
     def evaluation(self, eval_key: str) -> EvaluationRecord | None:
         stmt = select(Evaluation).where(Evaluation.eval_key == eval_key)
-        return self._read(lambda s: _snapshot(EvaluationRecord, s.scalar(stmt)))
+        return self._read(lambda s: self._evaluation(s.scalar(stmt)))
 
     def wait_evaluation(self, eval_key: str, timeout_s: float, poll_s: float = 0.2) -> EvaluationRecord | None:
         """The evaluation once done; None if it is not done within timeout_s."""
@@ -218,12 +209,6 @@ class Store:
             if left <= 0:
                 return None
             time.sleep(min(poll_s, left))
-
-    def verdicts(self, eval_key: str) -> list[dict]:
-        """The verdicts recorded for a finished evaluation, in launch order."""
-        stmt = (select(Verdict.data).join(Evaluation, Evaluation.id == Verdict.evaluation_id)
-                .where(Evaluation.eval_key == eval_key).order_by(Verdict.launch, Verdict.id))
-        return self._read(lambda s: list(s.scalars(stmt)))
 
     # -- LLM calls, lessons, edit statistics
 
@@ -239,29 +224,34 @@ class Store:
         stmt = select(func.coalesce(func.sum(LLMCall.cost_usd), 0.0)).where(LLMCall.run_id == run_id)
         return float(self._read(lambda s: s.scalar(stmt)))
 
-    def add_lesson(self, gpu: str, family: str, edit_kind: str, text: str, gain: float, run_id: int | None) -> None:
-        self._write(lambda s: _insert(s, Lesson(gpu=gpu, family=family, edit_kind=edit_kind, text=text,
+    def add_lesson(self, evaluator: str, family: str, edit_kind: str, text: str, gain: float,
+                   run_id: int | None) -> None:
+        self._write(lambda s: _insert(s, Lesson(evaluator=evaluator, family=family, edit_kind=edit_kind, text=text,
                                                 gain=float(gain), run_id=run_id)))
 
-    def lessons(self, gpu: str, family: str, limit: int = 10) -> list[str]:
+    def lessons(self, evaluator: str, family: str, limit: int = 10) -> list[str]:
         """Distinct lesson texts, largest |gain| first, then newest."""
-        stmt = (select(Lesson.text).where(Lesson.gpu == gpu, Lesson.family == family)
+        stmt = (select(Lesson.text).where(Lesson.evaluator == evaluator, Lesson.family == family)
                 .order_by(func.abs(Lesson.gain).desc(), Lesson.created_at.desc(), Lesson.id.desc()))
         return _distinct(self._read(lambda s: list(s.scalars(stmt))), lambda t: t, limit)
 
-    def record_edit_outcome(self, gpu: str, family: str, edit_kind: str, gain: float, run_id: int | None) -> None:
-        self._write(lambda s: _insert(s, EditOutcome(gpu=gpu, family=family, edit_kind=edit_kind, gain=float(gain),
-                                                     run_id=run_id)))
+    def record_edit_outcome(self, evaluator: str, family: str, edit_kind: str, gain: float,
+                            run_id: int | None) -> None:
+        self._write(lambda s: _insert(s, EditOutcome(evaluator=evaluator, family=family, edit_kind=edit_kind,
+                                                     gain=float(gain), run_id=run_id)))
 
-    def edit_stats(self, gpu: str, family: str) -> dict[str, dict]:
+    def edit_stats(self, evaluator: str, family: str) -> dict[str, dict]:
         """edit kind -> {"n": outcomes recorded, "mean_gain": their mean gain}."""
         stmt = (select(EditOutcome.edit_kind, func.count(), func.avg(EditOutcome.gain))
-                .where(EditOutcome.gpu == gpu, EditOutcome.family == family).group_by(EditOutcome.edit_kind))
+                .where(EditOutcome.evaluator == evaluator, EditOutcome.family == family)
+                .group_by(EditOutcome.edit_kind))
         rows = self._read(lambda s: s.execute(stmt).all())
         return {kind: {"n": int(n), "mean_gain": float(mean)} for kind, n, mean in rows}
 
-    def best_plans(self, gpu: str, family: str | None, limit: int = 5, exclude_run: int | None = None) -> list[dict]:
-        """The best evaluated plans of the runs on `gpu` (of workload family `family` when given), unique by hash.
+    def best_plans(self, evaluator: str, family: str | None, limit: int = 5,
+                   exclude_run: int | None = None) -> list[dict]:
+        """The best evaluated plans of the runs scored by `evaluator` (of workload family `family` when
+        given), unique by hash.
 
         A plan's reward is that of the done evaluation its run claimed (evaluations.run_id, plan_hash),
         joined to that run's node of the same plan_hash; an evaluation a run reused from another run
@@ -271,7 +261,7 @@ class Store:
                        Run.id.label("run_id"))
                 .join(Node, (Node.run_id == Evaluation.run_id) & (Node.plan_hash == Evaluation.plan_hash))
                 .join(Run, Run.id == Evaluation.run_id)
-                .where(Run.gpu == gpu, Evaluation.status == "done", Evaluation.reward.is_not(None))
+                .where(Run.evaluator == evaluator, Evaluation.status == "done", Evaluation.reward.is_not(None))
                 .order_by(Evaluation.reward.desc(), Evaluation.id))
         if family is not None:
             stmt = stmt.where(Run.workload["family"].as_string() == family)
@@ -295,8 +285,18 @@ class Store:
             raise StoreError(f"{self._where}: a database with tables but no 'meta' table: not a conjugate store")
         found = s.scalar(select(Meta.value).where(Meta.key == "schema_version"))
         if found != str(SCHEMA_VERSION):
-            raise StoreError(f"{self._where}: store schema version {found or 'unknown'}, "
-                             f"this conjugate reads version {SCHEMA_VERSION}")
+            raise StoreError(f"{self._where}: store schema version {found or 'unknown'}, this conjugate reads "
+                             f"version {SCHEMA_VERSION} (stores are never migrated: start a new database)")
+
+    def _evaluation(self, row: Evaluation | None) -> EvaluationRecord | None:
+        if row is None:
+            return None
+        values = {f.name: getattr(row, f.name) for f in fields(EvaluationRecord)}
+        try:
+            values["result"] = EvalResult.from_dict(row.result) if row.result is not None else None
+        except (ValueError, KeyError, TypeError) as e:
+            raise StoreError(f"{self._where}: evaluation {row.eval_key!r}: unreadable result: {e}") from e
+        return EvaluationRecord(**values)
 
     def _update_one(self, table: type, row_id: int, **values: Any) -> None:
         stmt = update(table).where(table.id == row_id).values(**values)
@@ -412,9 +412,11 @@ def _execute_one(s: Session, stmt: Any, what: str) -> None:
         raise StoreError(f"no {what}")
 
 
-def _check_choice(what: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise StoreError(f"{what} {value!r}: expected one of {', '.join(choices)}")
+def _choice(what: str, enum: type[E], value: str) -> E:
+    try:
+        return enum(value)
+    except ValueError:
+        raise StoreError(f"{what} {value!r}: expected one of {', '.join(enum)}") from None
 
 
 def _child_depth(s: Session, run_id: int, parent_id: int | None) -> int:
@@ -458,12 +460,9 @@ def _owner_gone(owner: str) -> bool:
         return False
 
 
-def _verdict(evaluation_id: int, v: dict) -> Verdict:
-    num = lambda k: None if v.get(k) is None else float(v[k])  # noqa: E731
-    launch = v.get("launch")
-    return Verdict(evaluation_id=evaluation_id, launch=None if launch is None else int(launch),
-                   verdict=None if v.get("verdict") is None else str(v["verdict"]), gain_percent=num("gain_percent"),
-                   shared_us=num("shared_us"), separate_us=num("separate_us"), data=v)
+def _verdict_row(evaluation_id: int, v: Verdict) -> VerdictRow:
+    return VerdictRow(evaluation_id=evaluation_id, launch=v.launch, verdict=str(v.verdict),
+                      gain_percent=v.gain_percent, shared_us=v.shared_us, separate_us=v.separate_us, data=v.to_dict())
 
 
 def _distinct(items: list, key: Callable[[Any], Any], limit: int) -> list:

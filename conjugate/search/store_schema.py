@@ -1,7 +1,8 @@
 """The search store's tables (SQLAlchemy 2 declarative, typed mappings) and the frozen snapshots read from them.
 
 store.py is the only user of the tables; callers see the snapshots (RunRecord, NodeRecord,
-EvaluationRecord), which store.py re-exports.
+EvaluationRecord) and the status enums (RunStatus, NodeStatus), which store.py re-exports. An
+evaluation's result is an EvalResult: its JSON column holds `EvalResult.to_dict()`.
 
 Every time column holds timezone-aware UTC; JSON columns use sqlalchemy.JSON so that the same
 schema serves SQLite and PostgreSQL. Changing a table means bumping SCHEMA_VERSION: the store
@@ -11,12 +12,29 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import JSON, DateTime, ForeignKey, Index, String, Text, TypeDecorator, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-SCHEMA_VERSION = 1
+from conjugate.evaluate.result import EvalResult
+
+SCHEMA_VERSION = 2  # 2: runs.gpu dropped (runs.evaluator holds it), lessons and edit_outcomes keyed by evaluator
+
+
+class RunStatus(StrEnum):
+    RUNNING = "running"
+    STOPPED = "stopped"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+class NodeStatus(StrEnum):
+    NEW = "new"  # created, not settled yet
+    EVALUATED = "evaluated"  # settled with an ok result
+    FAILED = "failed"  # settled with a failed result
+    EXPANDED = "expanded"  # settled, and the proposer had nothing more to offer from it
 
 
 class UTCDateTime(TypeDecorator):
@@ -59,8 +77,7 @@ class Run(Base):
     workload_name: Mapped[str]
     workload: Mapped[dict[str, Any]]
     workload_path: Mapped[str] = mapped_column(Text)
-    gpu: Mapped[str] = mapped_column(index=True)
-    evaluator: Mapped[str]
+    evaluator: Mapped[str] = mapped_column(index=True)  # the evaluator profile's name
     agent: Mapped[str]
     seed: Mapped[int]
     settings: Mapped[dict[str, Any]]
@@ -106,7 +123,7 @@ class Evaluation(Base):
     finished_at: Mapped[datetime | None]
 
 
-class Verdict(Base):
+class VerdictRow(Base):
     __tablename__ = "verdicts"
     id: Mapped[int] = mapped_column(primary_key=True)
     evaluation_id: Mapped[int] = mapped_column(ForeignKey("evaluations.id"), index=True)
@@ -115,7 +132,7 @@ class Verdict(Base):
     gain_percent: Mapped[float | None]
     shared_us: Mapped[float | None]
     separate_us: Mapped[float | None]
-    data: Mapped[dict[str, Any]]  # the verdict as the evaluator reported it
+    data: Mapped[dict[str, Any]]  # Verdict.to_dict()
 
 
 class LLMCall(Base):
@@ -136,9 +153,9 @@ class LLMCall(Base):
 
 class Lesson(Base):
     __tablename__ = "lessons"
-    __table_args__ = (Index("ix_lessons_gpu_family", "gpu", "family"),)
+    __table_args__ = (Index("ix_lessons_evaluator_family", "evaluator", "family"),)
     id: Mapped[int] = mapped_column(primary_key=True)
-    gpu: Mapped[str]
+    evaluator: Mapped[str]
     family: Mapped[str]
     edit_kind: Mapped[str] = mapped_column(String(32))
     text: Mapped[str] = mapped_column(Text)
@@ -149,9 +166,9 @@ class Lesson(Base):
 
 class EditOutcome(Base):
     __tablename__ = "edit_outcomes"
-    __table_args__ = (Index("ix_edit_outcomes_gpu_family", "gpu", "family"),)
+    __table_args__ = (Index("ix_edit_outcomes_evaluator_family", "evaluator", "family"),)
     id: Mapped[int] = mapped_column(primary_key=True)
-    gpu: Mapped[str]
+    evaluator: Mapped[str]
     family: Mapped[str]
     edit_kind: Mapped[str] = mapped_column(String(32))
     gain: Mapped[float]
@@ -172,14 +189,16 @@ class RunRecord(_Record):
     workload_name: str
     workload: dict
     workload_path: str
-    gpu: str
     evaluator: str
     agent: str
     seed: int
     settings: dict
-    status: str
+    status: RunStatus
     created_at: datetime
     updated_at: datetime
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", RunStatus(self.status))
 
 
 @dataclass(frozen=True)
@@ -198,12 +217,11 @@ class NodeRecord(_Record):
     value_sum: float
     best_reward: float | None
     prior: float
-    status: str
+    status: NodeStatus
     created_at: datetime
 
-    @property
-    def mean_reward(self) -> float | None:
-        return self.value_sum / self.visits if self.visits else None
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", NodeStatus(self.status))
 
 
 @dataclass(frozen=True)
@@ -215,7 +233,7 @@ class EvaluationRecord(_Record):
     owner: str
     status: str
     attempts: int
-    result: dict | None
+    result: EvalResult | None  # None while running
     reward: float | None
     latency_ms: float | None
     started_at: datetime

@@ -19,21 +19,21 @@ def _spin(flag_ptr):
         pass
 
 
-def hang_in_kernel(plan, workload, profile, cache_dir=None, on_stage=None):
+def hang_in_kernel(plan, workload, profile, cache_dir=None, on_stage=None, **options):
     on_stage("validate")
     on_stage("compile")
     _spin[(1,)](torch.zeros(1, dtype=torch.int32))
     raise AssertionError("unreachable")
 
 
-def crash_in_correctness(plan, workload, profile, cache_dir=None, on_stage=None):
+def crash_in_correctness(plan, workload, profile, cache_dir=None, on_stage=None, **options):
     for stage in ("validate", "compile", "correctness"):
         on_stage(stage)
     print("illegal memory access (simulated)", flush=True)  # goes to stderr, never into the protocol
     os.abort()
 
 
-def chatty_then_evaluate(plan, workload, profile, cache_dir=None, on_stage=None):
+def chatty_then_evaluate(plan, workload, profile, cache_dir=None, on_stage=None, **options):
     for _ in range(2000):  # far more than a pipe buffer of stderr
         print("x" * 100, flush=True)
-    return evaluate(plan, workload, profile, cache_dir, on_stage)
+    return evaluate(plan, workload, profile, cache_dir, on_stage, **options)

@@ -2,5 +2,5 @@
 # Measure the exported best plan again beside the baselines.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-cd "$(python3 -c 'import conjugate.workload as w; print(w.REPO_ROOT)')"
-conjugate bench examples/llama-1b-8b-b8.toml --plan "$here/best_plan.json" --evaluator evaluators/h200.toml --json "$here/reproduced.json"
+data="$(python3 -c 'import conjugate.paths as p; print(p.DATA_ROOT)')"  # its examples/ and evaluators/
+python3 -m conjugate bench "$data"/examples/llama-1b-8b-b8.toml --plan "$here/best_plan.json" --evaluator "$data"/evaluators/h200.toml --json "$here/reproduced.json"
