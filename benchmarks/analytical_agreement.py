@@ -84,8 +84,9 @@ def search_agreement(db: Path, profile, session: EvaluationSession) -> dict:
         plans = {n.id: n.plan for n in store.nodes(run.id) if n.id in history}
     workload = load_workload(ROOT / "examples" / f"{run.workload_name}.toml")
     check_workload(run, workload)  # the example file as the search measured it
-    pairs = [(history[i]["latency_ms"], evaluate(validate_plan(plans[i]), workload, profile, session=session).latency_ms)
-             for i in sorted(plans)]
+    estimate = {i: evaluate(validate_plan(plans[i]), workload, profile, session=session).latency_ms
+                for i in sorted(plans)}
+    pairs = [(history[i]["latency_ms"], estimate[i]) for i in sorted(plans)]
     measured, modeled = [m for m, _ in pairs], [e for _, e in pairs]
     return {"db": _shown(db), "workload": run.workload_name, "plans": len(pairs),
             "spearman": spearman(measured, modeled), "measured_best_ms": min(measured),

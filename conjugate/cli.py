@@ -311,7 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
             action.add_argument("--out", required=True, help="directory for the kernel sources")
         action.set_defaults(func=func)
     from conjugate.search.commands import add_commands
+    from conjugate.serving.command import add_command
     add_commands(sub, out)
+    add_command(sub, out)
     return parser
 
 

@@ -114,6 +114,13 @@ def workload_from_dict(data: dict[str, Any], path: Path) -> Workload:
         raise WorkloadError(f"{path}: field 'kv_init' is {kv_init!r}; one of random, prefill")
     draft, draft_source = _resolve_model(data["draft"], "draft", path)
     target, target_source = _resolve_model(data["target"], "target", path)
+    for key, spec in (("draft", draft), ("target", target)):
+        if spec.head_dim < 16 or spec.head_dim & (spec.head_dim - 1):
+            raise WorkloadError(f"{path}: field {key!r}: head_dim {spec.head_dim} is not a power of two >= 16, "
+                                "which the attention and RoPE kernels need")
+    if not same_tokenizer(draft_source, target_source):
+        raise WorkloadError(f"{path}: fields 'draft' and 'target': the checkpoints ship different tokenizers "
+                            "(tokenizer.json); a draft must propose in the target's tokens")
     if draft.vocab_size > target.vocab_size:
         raise WorkloadError(f"{path}: field 'draft': vocabulary {draft.vocab_size} is larger than the target's "
                             f"{target.vocab_size}; the target must be able to verify every draft token")
@@ -121,6 +128,14 @@ def workload_from_dict(data: dict[str, Any], path: Path) -> Workload:
                     draft_batch=data["draft_batch"], target_batch=data["target_batch"], context=data["context"],
                     dtype=data["dtype"], seed=data.get("seed", 0), kv_init=kv_init,
                     draft_source=draft_source, target_source=target_source)
+
+
+def same_tokenizer(draft_source: str, target_source: str) -> bool:
+    """False when both models are checkpoints whose tokenizer.json files differ (a preset has none)."""
+    files = [Path(source) / "tokenizer.json" for source in (draft_source, target_source) if source not in PRESETS]
+    if len(files) < 2 or not all(f.is_file() for f in files):
+        return True
+    return files[0].read_bytes() == files[1].read_bytes()
 
 
 def _resolve_model(value: str, key: str, path: Path) -> tuple[ModelSpec, str]:

@@ -149,7 +149,8 @@ def test_round_inputs_are_the_workloads(tmp_path):
     ours = round_inputs(TINY, draft, target, seed=5)
     theirs = make_round_inputs(draft, target, k=TINY.k, draft_batch=TINY.draft_batch, target_batch=TINY.target_batch,
                                context=TINY.context, seed=5, kv_init=TINY.kv_init)
-    assert torch.equal(ours.verify_tokens, theirs.verify_tokens) and torch.equal(ours.draft_cache.k, theirs.draft_cache.k)
+    assert torch.equal(ours.verify_tokens, theirs.verify_tokens)
+    assert torch.equal(ours.draft_cache.k, theirs.draft_cache.k)
     assert torch.equal(round_inputs(TINY, draft, target).verify_tokens,
                        make_round_inputs(draft, target, k=TINY.k, draft_batch=TINY.draft_batch,
                                          target_batch=TINY.target_batch, context=TINY.context,

@@ -253,7 +253,7 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(MeasuredHarness, "prepare", prepare)
     monkeypatch.setattr(MeasuredHarness, "ready", lambda self, compiled, setup: None)  # warm-up: GPU only
     monkeypatch.setattr(MeasuredHarness, "time", timed)
-    monkeypatch.setattr("conjugate.evaluate.baselines.measure_baselines",
+    monkeypatch.setattr("conjugate.evaluate.measured.measure_baselines",
                         lambda setup, profile, cache_dir: baselines(None, setup))
     return log
 
@@ -287,7 +287,8 @@ def test_the_measured_flow_checks_twice_times_then_measures_the_baselines_once(f
 # --- bench with measured rows ----------------------------------------------------------------------
 
 def _measured(plan: str, latency: float, **changes) -> EvalResult:
-    baselines = {name: Baseline("ok", ms) for name, ms in (("conventional", 0.5), ("sequential", 0.4), ("streams", 0.3))}
+    baselines = {name: Baseline("ok", ms)
+                 for name, ms in (("conventional", 0.5), ("sequential", 0.4), ("streams", 0.3))}
     metrics = Metrics(latency, latency / 1.8, 1.8, 4000.0, 40, "NVIDIA H200", 132, baselines,
                       {name: b.latency_ms / latency for name, b in baselines.items()}, latency * 0.98, latency * 1.03,
                       200)

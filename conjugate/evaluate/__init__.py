@@ -1,2 +1,3 @@
 """Evaluation: correctness against the reference round, EvalResult, evaluator profiles, the
-analytical model and its calibration, the pipeline, worker isolation, the conventional baseline."""
+pipeline and its two harnesses (measured on a GPU, modeled by the analytical cost model and its
+calibration), the evaluation session, worker isolation, the baselines."""

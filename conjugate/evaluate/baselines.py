@@ -18,11 +18,11 @@ import torch
 from conjugate.compiler.round import compile_round
 from conjugate.evaluate.conventional import ConventionalRound
 from conjugate.evaluate.correctness import CheckReport
-from conjugate.evaluate.measured import time_round
 from conjugate.evaluate.profile import EvaluatorProfile, TimingSettings
 from conjugate.evaluate.result import Baseline
 from conjugate.evaluate.rounds import checked_run
 from conjugate.evaluate.session import RoundSetup
+from conjugate.evaluate.timing import time_round
 from conjugate.paths import shipped_plan
 from conjugate.plan import load_plan
 

@@ -126,7 +126,10 @@ def ranks(values: list[float]) -> list[float]:
 
 
 def spearman(a: list[float], b: list[float]) -> float:
-    """Spearman's rank correlation (ties share their mean rank); nan when either side is constant."""
+    """Spearman's rank correlation (ties share their mean rank); nan when either side is constant
+    or there are no values."""
+    if not a:
+        return float("nan")
     ra, rb = ranks(a), ranks(b)
     ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
     cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))

@@ -19,13 +19,14 @@ import torch
 
 from conjugate.compiler.buffers import PreparedWeights
 from conjugate.compiler.round import CompiledRound
+from conjugate.evaluate.baselines import measure_baselines
 from conjugate.evaluate.correctness import ReferenceChecker, tolerance_for
 from conjugate.evaluate.harness import Timed, speedups
 from conjugate.evaluate.profile import EvaluatorProfile
 from conjugate.evaluate.result import Baseline, Metrics, Verdict
 from conjugate.evaluate.rounds import checked_run, round_inputs
 from conjugate.evaluate.session import EvaluationSession, RoundSetup
-from conjugate.evaluate.timing import Timing, l2_flush_bytes, time_per_call, time_replays
+from conjugate.evaluate.timing import l2_flush_bytes, time_per_call, time_round
 from conjugate.graph import build_graph, graph_totals
 from conjugate.roles import Model
 from conjugate.workload import Workload
@@ -76,8 +77,6 @@ class MeasuredHarness:
                      timing.p20_ms, timing.p80_ms, timing.replays)
 
     def baselines(self, setup: RoundSetup) -> dict[str, Baseline]:
-        from conjugate.evaluate.baselines import measure_baselines
-
         try:
             return measure_baselines(setup, self.profile, self.cache_dir)
         except Exception as e:  # the plan's own measurement stands; the speedups say what is missing
@@ -109,13 +108,6 @@ def names_device(wanted: str, device: str) -> bool:
     if not wanted:
         return True
     return re.search(rf"(?<![A-Za-z0-9]){re.escape(wanted)}(?![A-Za-z0-9])", device, re.IGNORECASE) is not None
-
-
-def time_round(run, load_fresh, replays: int, warmup: int) -> Timing:
-    """Load fresh random inputs, then time the round's replays."""
-    load_fresh()
-    torch.cuda.synchronize()
-    return time_replays(run, replays, warmup)
 
 
 def launch_verdicts(compiled: CompiledRound, calls: int) -> tuple[Verdict, ...]:

@@ -51,13 +51,12 @@ class EvaluationSession:
 
     def setup(self, kind: str, key: str, prepare: Callable[[], RoundSetup]) -> RoundSetup:
         """The current setup of this kind for `key` (workload and profile), prepared on first use."""
-        current = self._current.get(kind)
-        if current is None or current.key != key:
+        if kind not in self._current or self._current[kind].key != key:
             self._current.pop(kind, None)  # its weights and references go before the new ones arrive
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-            self._current[kind] = current = _Current(key, prepare())
-        return current.setup
+            self._current[kind] = _Current(key, prepare())
+        return self._current[kind].setup
 
     def baselines(self, kind: str, wanted: tuple[str, ...], refresh: bool,
                   obtain: Callable[[], dict[str, Baseline]]) -> dict[str, Baseline]:

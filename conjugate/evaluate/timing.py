@@ -61,6 +61,13 @@ def time_replays(run: Callable[[], None], replays: int, warmup: int) -> Timing:
     return Timing(statistics.median(ms), deciles[1], deciles[7], replays)
 
 
+def time_round(run: Callable[[], None], load_fresh: Callable[[], None], replays: int, warmup: int) -> Timing:
+    """Load fresh random inputs, then time the round's replays."""
+    load_fresh()
+    torch.cuda.synchronize()
+    return time_replays(run, replays, warmup)
+
+
 def time_per_call(fn: Callable[[], None], device: torch.device, calls: int = 10, replays: int = 5,
                   flush_bytes: int = 0) -> float:
     """Microseconds per call of fn, from a CUDA graph of `calls` back-to-back calls. With

@@ -53,12 +53,24 @@ def best_so_far(history: list[dict]) -> list[float]:
     return out
 
 
-def export_run(store, run, out_dir: Path, console: Console) -> list[Path]:
-    history = run_history(store, run)
+def best_of(history: list[dict], run) -> dict:
+    """The history row of the run's fastest plan that passed every check."""
     ok = [h for h in history if h["status"] == "ok"]
     if not ok:
-        raise ConjugateError(f"run {run.id}: no plan was evaluated successfully; nothing to export")
-    best = min(ok, key=lambda h: h["latency_ms"])
+        raise ConjugateError(f"run {run.id}: no plan was evaluated successfully")
+    return min(ok, key=lambda h: h["latency_ms"])
+
+
+def best_plan(store, run) -> dict:
+    """The run's fastest plan, under its exported name."""
+    history = run_history(store, run)
+    best = best_of(history, run)
+    return _named(store.node(best["node"]).plan, run, best["node"], history)
+
+
+def export_run(store, run, out_dir: Path, console: Console) -> list[Path]:
+    history = run_history(store, run)
+    best = best_of(history, run)
     node = store.node(best["node"])
     workload = load_workload(run.workload_path)
     result = store.evaluation(eval_key(node.plan_hash, workload, run_evaluator_id(run))).result

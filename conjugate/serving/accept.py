@@ -35,12 +35,12 @@ def accept(draft_tokens: torch.Tensor, target_tokens: torch.Tensor) -> Accepted:
 def append_emitted(out: torch.Tensor, produced: torch.Tensor, accepted: Accepted) -> None:
     """Write each sequence's emitted tokens after what it produced so far and advance `produced`.
 
-    out: [B, capacity] int64 (room for k - 1 tokens past the last one wanted); produced: [B] int64.
+    out: [B, width] int64, its last column scratch (what is not emitted lands there), so every
+    emitted position must lie before it; produced: [B] int64.
     """
     k = accepted.tokens.shape[1]
     j = torch.arange(k, device=out.device)  # [k]
-    cols = (produced[:, None] + j[None, :]).clamp(max=out.shape[1] - 1)  # [B, k]
     keep = j[None, :] < accepted.counts[:, None]  # [B, k]
-    current = out.gather(1, cols)
-    out.scatter_(1, cols, torch.where(keep, accepted.tokens, current))
+    cols = torch.where(keep, produced[:, None] + j[None, :], out.shape[1] - 1)  # [B, k]
+    out.scatter_(1, cols, accepted.tokens)
     produced.add_(accepted.counts)

@@ -90,7 +90,7 @@ class _Group:
     draft: ModelBuffers
     target: ModelBuffers
     size: int  # real sequences (the first `size` rows)
-    out: torch.Tensor = field(default=None)  # [size, max_new + k] emitted ids
+    out: torch.Tensor = field(default=None)  # [size, max_new + k + 1] emitted ids (see append_emitted)
     produced: torch.Tensor = field(default=None)  # [size] int64
     limit: torch.Tensor = field(default=None)  # [size] int64: max_new, or 0 for a padding row
     accepted: torch.Tensor = field(default=None)  # [2] int64: drafts proposed, drafts accepted
@@ -199,7 +199,7 @@ class SpeculativeDecoder:
         for g, group in enumerate(groups):
             chunk = prompts[g * self.slots:(g + 1) * self.slots]
             group.size = self.slots
-            group.out = torch.zeros(self.slots, max_new + k, dtype=torch.int64, device=dev)
+            group.out = torch.zeros(self.slots, max_new + k + 1, dtype=torch.int64, device=dev)  # + scratch
             group.produced = torch.zeros(self.slots, dtype=torch.int64, device=dev)
             group.limit = torch.tensor([max_new] * len(chunk) + [0] * (self.slots - len(chunk)), device=dev)
             group.accepted = torch.zeros(2, dtype=torch.int64, device=dev)
@@ -222,8 +222,9 @@ class SpeculativeDecoder:
             steps = [_phase(rnd, Model.DRAFT), _phase(rnd, Model.TARGET)]
         else:
             steps = [rnd.run_eager for rnd in self.rounds]
-        for rnd in self.rounds:
-            rnd.warmup()
+        if self.device.type == "cuda":
+            for rnd in self.rounds:
+                rnd.warmup()  # every kernel compiled before anything is captured
         self._graphs = [_captured(step, self.device) for step in steps]
 
     def _loop(self, groups: list[_Group], max_new: int, on_progress, started: float) -> int:
@@ -233,8 +234,9 @@ class SpeculativeDecoder:
             self._round(groups, rounds)
             counters[rounds % 2].copy()
             rounds += 1
-            if rounds > 1:  # the round before this one: this one is queued while it is read
-                done, progress = counters[rounds % 2].read(rounds - 1, started)
+            lag = 1 if self.device.type == "cuda" else 0  # a GPU reads the round before, the next one queued
+            if rounds > lag:
+                done, progress = counters[(rounds - lag - 1) % 2].read(rounds - lag, started)
                 if on_progress:
                     on_progress(progress)
                 if done:

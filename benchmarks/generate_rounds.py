@@ -1,0 +1,103 @@
+"""`conjugate generate` on the GPU: the time per round inside the decoding loop against the same
+plan's round benchmarked alone, and tokens per second, in both modes.
+
+    python benchmarks/generate_rounds.py [--workloads llama-1b-8b-b1 llama-1b-8b-b8] [--plans streams interleave]
+                                         [--new 64] [--json benchmarks/results/generate_h200.json]
+
+For every workload two pairs are run: the workload's own (random weights: the draft rarely agrees
+with the target) and its draft model drafting for itself (identical weights: every draft token is
+accepted). The loop serves as many prompts as the mode's round holds (seeded random ids of 24 to 64
+tokens, different lengths). Its round time is the loop's wall time over its rounds (prefill
+excluded, the accept step between rounds included). The benchmarked round is the one the loop
+replays, timed alone from its CUDA graph on the workload's round inputs: the plan's round
+(pipelined) or its draft phase plus its verify phase (simple).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from conjugate.compiler.round import device_name  # noqa: E402
+from conjugate.evaluate.rounds import round_inputs  # noqa: E402
+from conjugate.evaluate.timing import time_replays  # noqa: E402
+from conjugate.paths import EXAMPLES_DIR, shipped_plan  # noqa: E402
+from conjugate.plan import load_plan  # noqa: E402
+from conjugate.serving import SpeculativeDecoder  # noqa: E402
+from conjugate.workload import load_workload  # noqa: E402
+
+
+def prompts(count: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(24, 65, (count,), generator=gen).tolist()
+    return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
+
+
+def self_drafting(workload):
+    """The workload with its draft model as the target too: every draft token is accepted."""
+    return dataclasses.replace(workload, name=f"{workload.name}-self", target=workload.draft,
+                               target_source=workload.draft_source)
+
+
+def bench_round(decoder: SpeculativeDecoder, replays: int = 100) -> float:
+    """The round the loop replays, timed alone on the workload's inputs (median ms)."""
+    for rnd in decoder.rounds:
+        rnd.load(round_inputs(decoder.workload, rnd.bufs.draft.prepared.weights, rnd.bufs.target.prepared.weights))
+    steps = decoder._graphs
+
+    def one_round() -> None:
+        for step in (steps if decoder.mode == "simple" else steps[:1]):
+            step()
+    return time_replays(one_round, replays, warmup=10).median_ms
+
+
+def run_case(workload, plan, mode: str, new: int) -> dict:
+    decoder = SpeculativeDecoder.build(workload, plan, mode)
+    asked = prompts(decoder.capacity, workload.draft.vocab_size)
+    decoder.generate(asked, 4)  # warm: kernels compiled, graphs captured
+    result = decoder.generate(asked, new)
+    bench_ms = bench_round(decoder)
+    row = {"workload": workload.name, "mode": mode, "plan": plan.name, "round_ms_in_loop": result.round_ms,
+           "round_ms_bench": bench_ms, "loop_over_bench": result.round_ms / bench_ms,
+           "tokens_per_s": result.tokens_per_s, "acceptance": result.acceptance, "rounds": result.rounds,
+           "tokens": result.tokens, "prompts": len(asked), "max_new_tokens": new}
+    print(json.dumps(row), flush=True)
+    del decoder
+    torch.cuda.empty_cache()
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", nargs="+", default=["llama-1b-8b-b1", "llama-1b-8b-b8"])
+    parser.add_argument("--plans", nargs="+", default=["streams", "interleave"])
+    parser.add_argument("--modes", nargs="+", default=["simple", "pipelined"])
+    parser.add_argument("--new", type=int, default=64, help="tokens generated per prompt")
+    parser.add_argument("--json", help="write the rows here")
+    args = parser.parse_args()
+    rows = []
+    for name in args.workloads:
+        base = load_workload(EXAMPLES_DIR / f"{name}.toml")
+        for workload in (base, self_drafting(base)):
+            for plan_name in args.plans:
+                plan = load_plan(Path(plan_name) if plan_name.endswith(".json") else shipped_plan(plan_name))
+                for mode in args.modes:
+                    rows.append(run_case(workload, plan, mode, args.new))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"gpu": device_name(torch.device("cuda")), "runs": rows}, indent=1)
+                                   + "\n")
+    print(f"{'workload':26} {'mode':9} {'plan':11} {'loop ms':>8} {'bench ms':>8} {'ratio':>6} {'tok/s':>8} {'acc':>5}")
+    for r in rows:
+        print(f"{r['workload']:26} {r['mode']:9} {r['plan']:11} {r['round_ms_in_loop']:8.3f} {r['round_ms_bench']:8.3f} "
+              f"{r['loop_over_bench']:6.3f} {r['tokens_per_s']:8.1f} {r['acceptance']:5.2f}")
+
+
+if __name__ == "__main__":
+    main()

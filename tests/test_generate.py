@@ -1,0 +1,173 @@
+"""`conjugate generate`: speculative decoding with a compiled round is lossless (its tokens are the
+target's own greedy decoding, here transformers' `generate` on checkpoints transformers wrote), in
+both modes, with ragged batches; acceptance; and bad input refused in one line."""
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+
+from conjugate.cli import main
+from conjugate.serving.accept import accept, append_emitted
+
+transformers = pytest.importorskip("transformers")
+from test_reference_hf import FAMILIES, _make_model, _save  # noqa: E402
+
+PROMPTS = {"simple": [[5, 17, 3], [9, 200, 41, 7, 7, 1]], "pipelined": [[3], [250, 4, 4, 90], [11, 12, 13, 14, 15, 16]]}
+NEW = 5
+
+
+# ---------------------------------------------------------------------------------------------
+# acceptance, on tensors
+
+
+def test_accept_keeps_the_agreeing_prefix_and_the_targets_next_token():
+    drafts = torch.tensor([[5, 6, 7], [1, 2, 3], [9, 9, 9], [4, 8, 8]])
+    target = torch.tensor([[5, 6, 7, 8], [1, 4, 3, 0], [2, 2, 2, 2], [4, 8, 1, 1]])
+    got = accept(drafts, target)
+    assert got.drafts_accepted.tolist() == [3, 1, 0, 2]
+    assert got.counts.tolist() == [3, 2, 1, 3]  # all k accepted: t_k waits for the next round
+    assert got.last.tolist() == [7, 4, 2, 1]
+    out, produced = torch.full((4, 7), -1), torch.tensor([0, 2, 5, 1])
+    append_emitted(out, produced, got)
+    assert out[:, :-1].tolist() == [[5, 6, 7, -1, -1, -1], [-1, -1, 1, 4, -1, -1], [-1, -1, -1, -1, -1, 2],
+                                    [-1, 4, 8, 1, -1, -1]]  # the last column is scratch
+    assert produced.tolist() == [3, 4, 6, 4]
+
+
+# ---------------------------------------------------------------------------------------------
+# lossless against transformers
+
+
+@torch.no_grad()
+def _perturbed(model, seed: int):
+    """A draft that agrees with the target often but not always: its weights plus noise."""
+    draft = _make_model(_family_of(model), seed=0)
+    draft.load_state_dict(model.state_dict())
+    gen = torch.Generator().manual_seed(seed)
+    for p in draft.parameters():
+        p.add_(torch.randn(p.shape, generator=gen) * 0.15 * p.float().std().clamp_min(1e-3))
+    return draft
+
+
+def _family_of(model) -> str:
+    return {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}[type(model).__name__]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """family -> (workload file, HF target model)."""
+    made = {}
+
+    def get(family: str):
+        if family not in made:
+            root = tmp_path_factory.mktemp(f"gen-{family}")
+            target = _make_model(family, seed=7 + FAMILIES.index(family))
+            _save(target, root / "target")
+            _save(_perturbed(target, 3), root / "draft")
+            made[family] = _workload(root, "draft", "target"), target
+        return made[family]
+
+    return get
+
+
+def _workload(root, draft: str, target: str, **fields) -> str:
+    values = dict(k=2, draft_batch=2, target_batch=2, context=16, dtype="fp32", seed=0) | fields
+    text = f'draft = "{draft}"\ntarget = "{target}"\n' + "".join(
+        f"{key} = {json.dumps(value)}\n" for key, value in values.items())
+    path = root / "generate.toml"
+    path.write_text(text)
+    return str(path)
+
+
+@torch.no_grad()
+def _hf_greedy(model, prompt: list[int], new: int) -> list[int]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def _generate(workload: str, mode: str, prompts: list[list[int]], tmp_path, *extra: str) -> dict:
+    args = ["generate", workload, "--mode", mode, "--max-new-tokens", str(NEW), "--json", str(tmp_path / "g.json")]
+    for p in prompts:
+        args += ["--prompt-ids", ",".join(map(str, p))]
+    assert main(args + list(extra)) == 0
+    return json.loads((tmp_path / "g.json").read_text())
+
+
+@pytest.mark.parametrize("mode", ["simple", "pipelined"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_generate_equals_transformers_greedy(pair, family, mode, tmp_path):
+    workload, target = pair(family)
+    result = _generate(workload, mode, PROMPTS[mode], tmp_path, "--plan", "interleave" if mode == "pipelined" else "streams")
+    for entry, prompt in zip(result["outputs"], PROMPTS[mode]):
+        assert entry["prompt_ids"] == prompt
+        assert entry["generated_ids"] == _hf_greedy(target, prompt, NEW), (family, mode, prompt)
+    assert len(result["outputs"]) == len(PROMPTS[mode])
+    assert result["drafts_proposed"] > 0 and 0 <= result["drafts_accepted"] <= result["drafts_proposed"]
+    assert result["rounds"] >= NEW // 2 and result["tokens"] == NEW * len(PROMPTS[mode])
+
+
+def test_a_draft_identical_to_the_target_accepts_every_token(tmp_path):
+    workload = _workload(tmp_path, "tiny-llama-d", "tiny-llama-d", k=3, context=24)
+    result = _generate(workload, "simple", [[1, 2, 3], [4]], tmp_path)
+    assert result["drafts_accepted"] == result["drafts_proposed"] > 0
+    assert result["acceptance"] == 1.0
+    assert result["rounds"] == -(-NEW // 3)  # k tokens a round
+
+
+# ---------------------------------------------------------------------------------------------
+# bad input: one line, exit 2, before any work
+
+
+def _refused(capsys, args: list[str], *needles: str) -> None:
+    capsys.readouterr()  # what the test printed itself (transformers' progress bars)
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ")
+    for needle in needles:
+        assert needle in err, err
+
+
+def test_bad_prompts_are_refused(tmp_path, capsys):
+    workload = _workload(tmp_path, "tiny-llama-d", "tiny-llama-t", context=12)
+    _refused(capsys, ["generate", workload, "--prompt-ids", ""], "prompt 0 is empty")
+    _refused(capsys, ["generate", workload, "--prompt-ids", "1,2,3,4,5,6,7,8,9", "--max-new-tokens", "4"],
+             "prompt 0", "KV capacity", "context is 12")
+    _refused(capsys, ["generate", workload, "--prompt-ids", "1,99999"], "token ids")
+    _refused(capsys, ["generate", workload, "--prompt", "hello"], "tokenizer", "--prompt-ids")
+    _refused(capsys, ["generate", workload], "no prompts")
+    _refused(capsys, ["generate", workload] + ["--prompt-ids", "1"] * 5, "5 prompts", "at most 4")
+
+
+def test_unservable_checkpoint_pairs_are_refused_when_the_workload_loads(tmp_path, capsys):
+    tokenizers = pytest.importorskip("tokenizers")
+    target = _make_model("llama", seed=1)
+    for name, vocab in (("a", {"x": 0, "y": 1}), ("b", {"x": 0, "z": 1})):
+        _save(target, tmp_path / name)
+        tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="x"))
+        tok.save(str(tmp_path / name / "tokenizer.json"))
+    _refused(capsys, ["generate", _workload(tmp_path, "a", "b"), "--prompt-ids", "1"], "different tokenizers")
+
+    odd = _make_model("qwen3", seed=1)  # head_dim 32 -> 24: not a power of two
+    config = odd.config
+    config.head_dim = 24
+    _save(transformers.Qwen3ForCausalLM(config), tmp_path / "odd")
+    _refused(capsys, ["generate", _workload(tmp_path, "odd", "odd"), "--prompt-ids", "1"], "head_dim 24")
+
+
+def test_text_prompts_use_the_checkpoints_tokenizer(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    target = _make_model("qwen2", seed=5)
+    _save(target, tmp_path / "t")
+    words = {w: i for i, w in enumerate("<unk> the cat sat on a mat".split())}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(words, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "t" / "tokenizer.json"))
+    result = _generate(_workload(tmp_path, "t", "t"), "simple", [], tmp_path, "--prompt", "the cat sat")
+    assert result["outputs"][0]["prompt_ids"] == [1, 2, 3]
+    assert result["outputs"][0]["generated_ids"] == _hf_greedy(target, [1, 2, 3], NEW)
