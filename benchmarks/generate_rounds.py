@@ -6,8 +6,8 @@ plan's round benchmarked alone, and tokens per second, in both modes.
 
 For every workload two pairs are run: the workload's own (random weights: the draft rarely agrees
 with the target) and its draft model drafting for itself (identical weights: every draft token is
-accepted). The loop serves as many prompts as the mode's round holds (seeded random ids of 24 to 64
-tokens, different lengths). Its round time is the loop's wall time over its rounds (prefill
+accepted). The loop serves as many prompts as the mode's round holds (seeded random ids of different
+lengths, so that every context ends within 32 tokens of the workload's, as in the benchmarked round). Its round time is the loop's wall time over its rounds (prefill
 excluded, the accept step between rounds included). The benchmarked round is the one the loop
 replays, timed alone from its CUDA graph on the workload's round inputs: the plan's round
 (pipelined) or its draft phase plus its verify phase (simple).
@@ -34,9 +34,10 @@ from conjugate.serving import SpeculativeDecoder  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 
 
-def prompts(count: int, vocab: int, seed: int = 0) -> list[list[int]]:
+def prompts(count: int, vocab: int, longest: int, seed: int = 0) -> list[list[int]]:
+    """Seeded random prompts of different lengths, the longest `longest` tokens."""
     gen = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(24, 65, (count,), generator=gen).tolist()
+    lengths = torch.randint(longest - 32, longest + 1, (count,), generator=gen).tolist()
     return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
 
 
@@ -60,7 +61,8 @@ def bench_round(decoder: SpeculativeDecoder, replays: int = 100) -> float:
 
 def run_case(workload, plan, mode: str, new: int) -> dict:
     decoder = SpeculativeDecoder.build(workload, plan, mode)
-    asked = prompts(decoder.capacity, workload.draft.vocab_size)
+    # contexts end near the workload's, as in the benchmarked round
+    asked = prompts(decoder.capacity, workload.draft.vocab_size, workload.context - new - workload.k)
     decoder.generate(asked, 4)  # warm: kernels compiled, graphs captured
     result = decoder.generate(asked, new)
     bench_ms = bench_round(decoder)
@@ -90,9 +92,9 @@ def main() -> None:
                 plan = load_plan(Path(plan_name) if plan_name.endswith(".json") else shipped_plan(plan_name))
                 for mode in args.modes:
                     rows.append(run_case(workload, plan, mode, args.new))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"gpu": device_name(torch.device("cuda")), "runs": rows}, indent=1)
-                                   + "\n")
+                    if args.json:  # after every row: a run cut short keeps what it measured
+                        Path(args.json).write_text(json.dumps({"gpu": device_name(torch.device("cuda")),
+                                                               "runs": rows}, indent=1) + "\n")
     print(f"{'workload':26} {'mode':9} {'plan':11} {'loop ms':>8} {'bench ms':>8} {'ratio':>6} {'tok/s':>8} {'acc':>5}")
     for r in rows:
         print(f"{r['workload']:26} {r['mode']:9} {r['plan']:11} {r['round_ms_in_loop']:8.3f} {r['round_ms_bench']:8.3f} "

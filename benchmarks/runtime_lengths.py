@@ -52,6 +52,12 @@ def measure(root: Path, workload: str, plan: str) -> float:
     return json.loads(done.stdout.strip().splitlines()[-1])["median_ms"]
 
 
+def _gpu() -> str:
+    import torch
+
+    return torch.cuda.get_device_name()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--old", required=True, help="the fixed-length copy of the package (see above)")
@@ -70,10 +76,8 @@ def main() -> None:
                "cost_percent": (statistics.median(runtime) / statistics.median(fixed) - 1) * 100}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    if args.json:
-        import torch
-
-        Path(args.json).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "runs": rows}, indent=1) + "\n")
+        if args.json:  # after every workload: a run cut short keeps what it measured
+            Path(args.json).write_text(json.dumps({"gpu": _gpu(), "runs": rows}, indent=1) + "\n")
     print(f"{'workload':24} {'fixed ms':>9} {'runtime ms':>10} {'cost':>7}")
     for r in rows:
         print(f"{r['workload']:24} {statistics.median(r['fixed_ms']):9.3f} {statistics.median(r['runtime_ms']):10.3f} "
