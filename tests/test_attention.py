@@ -11,7 +11,7 @@ import torch
 import conjugate  # noqa: F401  (sets TRITON_INTERPRET before triton is imported)
 from conjugate.compiler.attention import SIGNATURE, attn_call
 from conjugate.models.reference import attention
-from kernels import run_part  # tests/kernels.py
+from kernels import WRONG_LENGTH_IDS, WRONG_LENGTHS, run_part  # tests/kernels.py
 
 
 def _junk(k, v, lengths, offset, tokens):
@@ -220,16 +220,7 @@ def test_rejects_invalid_options(hd, block_n, match):
                   num_kv_heads=2, head_dim=hd, block_n=block_n)
 
 
-@pytest.mark.parametrize("lengths", [
-    torch.tensor([4, 4], dtype=torch.int32),  # wrong dtype
-    torch.tensor([4.0, 4.0]),  # floating
-    torch.tensor([4], dtype=torch.int64),  # too short: the kernel would read past it
-    torch.tensor([4, 4, 4], dtype=torch.int64),  # too long
-    torch.tensor([[4, 4]], dtype=torch.int64),  # 2-D
-    torch.tensor(4, dtype=torch.int64),  # 0-D
-    torch.tensor([4] * 8, dtype=torch.int64),  # one per row (batch * tokens), not per sequence
-    torch.empty(2, dtype=torch.int64, device="meta"),  # another device
-], ids=["int32", "float", "short", "long", "2d", "0d", "per_row", "device"])
+@pytest.mark.parametrize("lengths", WRONG_LENGTHS, ids=WRONG_LENGTH_IDS)
 def test_rejects_wrong_lengths(lengths):
     q, k, v = _inputs([4, 4], 4, 0, 2, 2, 16, torch.float32)
     with pytest.raises(ValueError, match="lengths"):

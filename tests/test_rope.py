@@ -12,7 +12,7 @@ from conjugate.compiler.tile import INTERPRETING
 from conjugate.compiler.rope import SIGNATURE, rope_kv_call
 from conjugate.models.presets import PRESETS
 from conjugate.models.reference import apply_rope, rms_norm, rope_cos_sin
-from kernels import run_part  # tests/kernels.py
+from kernels import WRONG_LENGTH_IDS, WRONG_LENGTHS, run_part  # tests/kernels.py
 
 SENTINEL = 7.0
 
@@ -180,16 +180,7 @@ def test_rope_kv_signature():
     assert "lengths_ptr" in SIGNATURE.args and "offset" in SIGNATURE.args and "start" not in SIGNATURE.args
 
 
-@pytest.mark.parametrize("lengths", [
-    torch.tensor([4, 4], dtype=torch.int32),  # wrong dtype
-    torch.tensor([4.0, 4.0]),  # floating
-    torch.tensor([4], dtype=torch.int64),  # too short: the kernel would read past it
-    torch.tensor([4, 4, 4], dtype=torch.int64),  # too long
-    torch.tensor([[4, 4]], dtype=torch.int64),  # 2-D
-    torch.tensor(4, dtype=torch.int64),  # 0-D
-    torch.tensor([4] * 8, dtype=torch.int64),  # one per row (batch * tokens), not per sequence
-    torch.empty(2, dtype=torch.int64, device="meta"),  # another device
-], ids=["int32", "float", "short", "long", "2d", "0d", "per_row", "device"])
+@pytest.mark.parametrize("lengths", WRONG_LENGTHS, ids=WRONG_LENGTH_IDS)
 def test_rope_kv_rejects_wrong_lengths(lengths):
     spec, tokens = PRESETS["tiny-llama-t"], 4
     qkv, _, _ = _inputs(spec, 2 * tokens, torch.float32, seed=0)
