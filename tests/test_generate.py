@@ -92,8 +92,8 @@ def _hf_greedy(model, prompt: list[int], new: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-def _generate(workload: str, mode: str, prompts: list[list[int]], tmp_path, *extra: str) -> dict:
-    args = ["generate", workload, "--mode", mode, "--max-new-tokens", str(NEW), "--json", str(tmp_path / "g.json")]
+def _generate(workload: str, mode: str, prompts: list[list[int]], tmp_path, *extra: str, new: int = NEW) -> dict:
+    args = ["generate", workload, "--mode", mode, "--max-new-tokens", str(new), "--json", str(tmp_path / "g.json")]
     for p in prompts:
         args += ["--prompt-ids", ",".join(map(str, p))]
     assert main(args + list(extra)) == 0
@@ -172,3 +172,15 @@ def test_text_prompts_use_the_checkpoints_tokenizer(tmp_path):
     result = _generate(_workload(tmp_path, "t", "t"), "simple", [], tmp_path, "--prompt", "the cat sat")
     assert result["outputs"][0]["prompt_ids"] == [1, 2, 3]
     assert result["outputs"][0]["generated_ids"] == _hf_greedy(target, [1, 2, 3], NEW)
+
+
+def test_the_best_plan_of_a_search_database_generates(tmp_path):
+    """--db: the latest run's fastest plan; the output is still the target's greedy decoding."""
+    from conjugate.paths import DEFAULT_WORKLOAD
+
+    db = tmp_path / "s.db"
+    assert main(["search", str(DEFAULT_WORKLOAD), "--budget", "2", "--db", str(db)]) == 0
+    result = _generate(str(DEFAULT_WORKLOAD), "simple", [[1, 2]], tmp_path, "--db", str(db), new=1)
+    assert "-node" in result["plan"]
+    streams = _generate(str(DEFAULT_WORKLOAD), "simple", [[1, 2]], tmp_path, "--plan", "streams", new=1)
+    assert result["outputs"] == streams["outputs"]
