@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import Progress as Bar, TextColumn
 
 from conjugate.errors import ConjugateError
-from conjugate.serving.decoder import MODES, GenerationError, Progress, SpeculativeDecoder
+from conjugate.serving.decoder import MODES, GenerationError, Progress, SpeculativeDecoder, check_prompts
 from conjugate.serving.tokens import Tokenizer
 
 
@@ -47,10 +47,10 @@ def cmd_generate(args: argparse.Namespace, out: Console) -> None:
     prompts = [tokenizer.encode(text) for text in args.prompt] + args.prompt_ids
     if not prompts:
         raise GenerationError("no prompts: give --prompt TEXT or --prompt-ids 1,2,3")
+    check_prompts(workload, args.mode, prompts, args.max_new_tokens)
     plan = _plan(args)
     with out.status(f"compiling {plan.name!r} for {workload.name} ({args.mode})"):
         decoder = SpeculativeDecoder.build(workload, plan, args.mode)
-    decoder.check(prompts, args.max_new_tokens)
     with Bar(TextColumn("{task.description}"), console=out, transient=True) as bar:
         task = bar.add_task("prefill")
         result = decoder.generate(prompts, args.max_new_tokens, lambda p: bar.update(task, description=_line(p)))

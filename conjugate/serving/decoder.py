@@ -145,7 +145,7 @@ class SpeculativeDecoder:
     @property
     def capacity(self) -> int:
         """Prompts (in total) one generate call serves."""
-        return self.slots * (1 if self.mode == "simple" else 2)
+        return capacity(self.workload, self.mode)
 
     # -- the loop ------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], max_new_tokens: int,
@@ -165,26 +165,7 @@ class SpeculativeDecoder:
                                 accepted, seconds, prefill_s, seconds / max(rounds, 1) * 1e3)
 
     def check(self, prompts: list[list[int]], max_new_tokens: int) -> None:
-        """Refuse what this decoder cannot serve, before any work."""
-        if not prompts:
-            raise GenerationError("no prompts")
-        if len(prompts) > self.capacity:
-            raise GenerationError(f"{len(prompts)} prompts: the {self.mode} round of {self.workload.name} serves at "
-                                  f"most {self.capacity} (its batch sizes {self.workload.draft_batch}/"
-                                  f"{self.workload.target_batch})")
-        if max_new_tokens < 1:
-            raise GenerationError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-        vocab = self.workload.draft.vocab_size
-        for i, prompt in enumerate(prompts):
-            if not prompt:
-                raise GenerationError(f"prompt {i} is empty")
-            if min(prompt) < 0 or max(prompt) >= vocab:
-                raise GenerationError(f"prompt {i}: token ids must lie in 0..{vocab - 1}")
-            need = len(prompt) - 1 + max_new_tokens + self.k
-            if need > self.workload.context:
-                raise GenerationError(f"prompt {i}: {len(prompt)} tokens + {max_new_tokens} new + k = {self.k} "
-                                      f"need a KV capacity of {need}; the workload's context is "
-                                      f"{self.workload.context}")
+        check_prompts(self.workload, self.mode, prompts, max_new_tokens)
 
     def _groups(self) -> list[_Group]:
         if self.mode == "simple":
@@ -265,6 +246,33 @@ class SpeculativeDecoder:
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+def capacity(workload: Workload, mode: str) -> int:
+    """Prompts (in total) one generate call serves: a group's worth, two groups when pipelined."""
+    return min(workload.draft_batch, workload.target_batch) * (1 if mode == "simple" else 2)
+
+
+def check_prompts(workload: Workload, mode: str, prompts: list[list[int]], max_new_tokens: int) -> None:
+    """Refuse what a decoder of this workload and mode cannot serve, before any work."""
+    if not prompts:
+        raise GenerationError("no prompts")
+    if len(prompts) > capacity(workload, mode):
+        raise GenerationError(f"{len(prompts)} prompts: the {mode} round of {workload.name} serves at most "
+                              f"{capacity(workload, mode)} (its batch sizes {workload.draft_batch}/"
+                              f"{workload.target_batch})")
+    if max_new_tokens < 1:
+        raise GenerationError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    vocab = workload.draft.vocab_size
+    for i, prompt in enumerate(prompts):
+        if not prompt:
+            raise GenerationError(f"prompt {i} is empty")
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise GenerationError(f"prompt {i}: token ids must lie in 0..{vocab - 1}")
+        need = len(prompt) - 1 + max_new_tokens + workload.k
+        if need > workload.context:
+            raise GenerationError(f"prompt {i}: {len(prompt)} tokens + {max_new_tokens} new + k = {workload.k} "
+                                  f"need a KV capacity of {need}; the workload's context is {workload.context}")
 
 
 class _Counters:
