@@ -51,12 +51,7 @@ def bench_round(decoder: SpeculativeDecoder, replays: int = 100) -> float:
     """The round the loop replays, timed alone on the workload's inputs (median ms)."""
     for rnd in decoder.rounds:
         rnd.load(round_inputs(decoder.workload, rnd.bufs.draft.prepared.weights, rnd.bufs.target.prepared.weights))
-    steps = decoder._graphs
-
-    def one_round() -> None:
-        for step in (steps if decoder.mode == "simple" else steps[:1]):
-            step()
-    return time_replays(one_round, replays, warmup=10).median_ms
+    return time_replays(decoder.replay_round, replays, warmup=10).median_ms
 
 
 def run_case(workload, plan, mode: str, new: int) -> dict:

@@ -43,7 +43,7 @@ def cmd_generate(args: argparse.Namespace, out: Console) -> None:
     from conjugate.workload import load_workload
 
     workload = load_workload(args.workload)
-    tokenizer = Tokenizer.of(workload) if args.prompt else None
+    tokenizer = Tokenizer.of(workload, required=bool(args.prompt))  # also decodes the output, where there is one
     prompts = [tokenizer.encode(text) for text in args.prompt] + args.prompt_ids
     if not prompts:
         raise GenerationError("no prompts: give --prompt TEXT or --prompt-ids 1,2,3")
@@ -54,7 +54,7 @@ def cmd_generate(args: argparse.Namespace, out: Console) -> None:
     with Bar(TextColumn("{task.description}"), console=out, transient=True) as bar:
         task = bar.add_task("prefill")
         result = decoder.generate(prompts, args.max_new_tokens, lambda p: bar.update(task, description=_line(p)))
-    _summary(out, result, tokenizer or Tokenizer.of(workload, required=False))
+    _summary(out, result, tokenizer)
     if args.json:
         Path(args.json).write_text(json.dumps(result.to_dict() | {"workload": workload.name}, indent=1) + "\n")
 

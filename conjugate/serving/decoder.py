@@ -21,7 +21,7 @@ reading, which lags one round behind (the next round is already queued when it w
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -89,12 +89,25 @@ class _Group:
     """Sequences that advance together: where their draft and target state lives, and what they produced."""
     draft: ModelBuffers
     target: ModelBuffers
-    size: int  # real sequences (the first `size` rows)
-    out: torch.Tensor = field(default=None)  # [size, max_new + k + 1] emitted ids (see append_emitted)
-    produced: torch.Tensor = field(default=None)  # [size] int64
-    limit: torch.Tensor = field(default=None)  # [size] int64: max_new, or 0 for a padding row
-    accepted: torch.Tensor = field(default=None)  # [2] int64: drafts proposed, drafts accepted
+    out: torch.Tensor  # [size, max_new + k + 1] emitted ids (the last column scratch: see append_emitted)
+    produced: torch.Tensor  # [size] int64
+    limit: torch.Tensor  # [size] int64: max_new, or 0 for a padding row
+    accepted: torch.Tensor  # [2] int64: drafts proposed, drafts accepted
     proposed: bool = False  # proposals were handed to the target: the next verify pass is real
+
+    @classmethod
+    def of(cls, draft: ModelBuffers, target: ModelBuffers, size: int, real: int, max_new: int,
+           k: int) -> "_Group":
+        """A group of `size` rows, the first `real` of them prompts to serve (the rest padding)."""
+        dev = draft.lengths.device
+        return cls(draft, target, torch.zeros(size, max_new + k + 1, dtype=torch.int64, device=dev),
+                   torch.zeros(size, dtype=torch.int64, device=dev),
+                   torch.tensor([max_new] * real + [0] * (size - real), device=dev),
+                   torch.zeros(2, dtype=torch.int64, device=dev))
+
+    @property
+    def size(self) -> int:
+        return self.produced.shape[0]
 
     def propose(self, k: int) -> None:
         """Hand the draft's proposals to the target: verify [last, d_1..d_k]."""
@@ -125,7 +138,7 @@ class SpeculativeDecoder:
         self.device = rounds[0].device
         self.k = workload.k
         self.slots = min(workload.draft_batch, workload.target_batch)  # sequences per group
-        self._graphs: list[Callable[[], None]] = []
+        self._steps: list[Callable[[], None]] = []  # a round's steps, each a CUDA graph on a GPU
 
     @classmethod
     def build(cls, workload: Workload, plan: Plan, mode: str = "pipelined", device: str | None = None,
@@ -153,7 +166,8 @@ class SpeculativeDecoder:
         self.check(prompts, max_new_tokens)
         started = time.perf_counter()
         groups = self._prefill(prompts, max_new_tokens)
-        self._prepare()
+        if not self._steps:  # captured once: later calls and rounds replay the same graphs
+            self._steps = self._captured_steps()
         self._sync()
         prefill_s, started = time.perf_counter() - started, time.perf_counter()
         rounds = self._loop(groups, max_new_tokens, on_progress, started)
@@ -167,25 +181,23 @@ class SpeculativeDecoder:
     def check(self, prompts: list[list[int]], max_new_tokens: int) -> None:
         check_prompts(self.workload, self.mode, prompts, max_new_tokens)
 
-    def _groups(self) -> list[_Group]:
+    def _buffers(self) -> list[tuple[ModelBuffers, ModelBuffers]]:
+        """Each group's (draft, target) buffers."""
         if self.mode == "simple":
             bufs = self.rounds[0].bufs
-            return [_Group(bufs.draft, bufs.target, 0)]
+            return [(bufs.draft, bufs.target)]
         r0, r1 = self.rounds[0].bufs, self.rounds[1].bufs
-        return [_Group(r0.draft, r1.target, 0), _Group(r1.draft, r0.target, 0)]
+        return [(r0.draft, r1.target), (r1.draft, r0.target)]
 
     def _prefill(self, prompts: list[list[int]], max_new: int) -> list[_Group]:
         """Every prompt's tokens but its last into both caches; the last is the first round's input."""
-        groups, dev, k = self._groups(), self.device, self.k
-        for g, group in enumerate(groups):
+        groups = []
+        for g, (draft, target) in enumerate(self._buffers()):
             chunk = prompts[g * self.slots:(g + 1) * self.slots]
-            group.size = self.slots
-            group.out = torch.zeros(self.slots, max_new + k + 1, dtype=torch.int64, device=dev)  # + scratch
-            group.produced = torch.zeros(self.slots, dtype=torch.int64, device=dev)
-            group.limit = torch.tensor([max_new] * len(chunk) + [0] * (self.slots - len(chunk)), device=dev)
-            group.accepted = torch.zeros(2, dtype=torch.int64, device=dev)
+            group = _Group.of(draft, target, self.slots, len(chunk), max_new, self.k)
             for row in range(self.slots):
                 self._prefill_row(group, row, chunk[row] if row < len(chunk) else prompts[0])  # padding: a copy
+            groups.append(group)
         return groups
 
     def _prefill_row(self, group: _Group, row: int, prompt: list[int]) -> None:
@@ -196,7 +208,12 @@ class SpeculativeDecoder:
             bufs.lengths[row] = len(prompt) - 1
         group.draft.tokens_in[row] = tokens[-1]
 
-    def _prepare(self) -> None:
+    def replay_round(self) -> None:
+        """One round's kernels as the loop replays them, without the accept step (for timing it alone)."""
+        for step in self._steps if self.mode == "simple" else self._steps[:1]:
+            step()
+
+    def _captured_steps(self) -> list[Callable[[], None]]:
         """The steps of a round, each a CUDA graph on a GPU (kernels compiled first)."""
         if self.mode == "simple":
             rnd = self.rounds[0]
@@ -206,16 +223,16 @@ class SpeculativeDecoder:
         if self.device.type == "cuda":
             for rnd in self.rounds:
                 rnd.warmup()  # every kernel compiled before anything is captured
-        self._graphs = [_captured(step, self.device) for step in steps]
+        return [_captured(step, self.device) for step in steps]
 
     def _loop(self, groups: list[_Group], max_new: int, on_progress, started: float) -> int:
         counters = [_Counters(groups, self.device) for _ in range(2)]  # one being copied, one being read
+        lag = 1 if self.device.type == "cuda" else 0  # a GPU reads the round before, the next one queued
         rounds = 0
         while True:
             self._round(groups, rounds)
             counters[rounds % 2].copy()
             rounds += 1
-            lag = 1 if self.device.type == "cuda" else 0  # a GPU reads the round before, the next one queued
             if rounds > lag:
                 done, progress = counters[(rounds - lag - 1) % 2].read(rounds - lag, started)
                 if on_progress:
@@ -224,20 +241,18 @@ class SpeculativeDecoder:
                     return rounds
             if rounds > 2 * max_new + 4:  # every two rounds emit a token per active sequence
                 raise GenerationError(f"no progress after {rounds} rounds")
-            if rounds > 2 * max_new + 2:  # every round emits a token per active sequence: cannot happen
-                raise GenerationError(f"no progress after {rounds} rounds")
 
     def _round(self, groups: list[_Group], index: int) -> None:
         k = self.k
         if self.mode == "simple":
             group = groups[0]
-            self._graphs[0]()
+            self._steps[0]()
             group.propose(k)
-            self._graphs[1]()
+            self._steps[1]()
             group.settle(k)
             return
         drafting, verifying = groups[index % 2], groups[1 - index % 2]
-        self._graphs[index % 2]()
+        self._steps[index % 2]()
         if verifying.proposed:
             verifying.settle(k)
         drafting.propose(k)
