@@ -1,8 +1,12 @@
 """`conjugate generate` on the GPU: the time per round inside the decoding loop against the same
 plan's round benchmarked alone, and tokens per second, in both modes.
 
-    python benchmarks/generate_rounds.py [--workloads llama-1b-8b-b1 llama-1b-8b-b8] [--plans streams interleave]
-                                         [--new 64] [--json benchmarks/results/generate_h200.json]
+    python benchmarks/generate_rounds.py [--workloads llama-1b-8b-b1 llama-1b-8b-b8]
+                                         [--plans conventional conventional-streams streams PLAN.json]
+                                         [--variants DRAFT/VERIFY] [--new 64] [--json benchmarks/results/generate_h200.json]
+
+A plan is a shipped plan's name, a plan file, or `conventional` / `conventional-streams` (torch's
+own execution of each model, its steps in `--variants`; the streams form in pipelined mode only).
 
 For every workload two pairs are run: the workload's own (random weights: the draft rarely agrees
 with the target) and its draft model drafting for itself (identical weights: every draft token is
@@ -30,7 +34,9 @@ from conjugate.evaluate.rounds import round_inputs  # noqa: E402
 from conjugate.evaluate.timing import time_replays  # noqa: E402
 from conjugate.paths import EXAMPLES_DIR, shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
+from conjugate.evaluate.conventional import Variant  # noqa: E402
 from conjugate.serving import SpeculativeDecoder  # noqa: E402
+from conjugate.serving.decoder import CONVENTIONAL  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 
 
@@ -54,14 +60,14 @@ def bench_round(decoder: SpeculativeDecoder, replays: int = 100) -> float:
     return time_replays(decoder.replay_round, replays, warmup=10).median_ms
 
 
-def run_case(workload, plan, mode: str, new: int) -> dict:
-    decoder = SpeculativeDecoder.build(workload, plan, mode)
+def run_case(workload, plan, mode: str, new: int, variants) -> dict:
+    decoder = SpeculativeDecoder.build(workload, plan, mode, variants=variants)
     # contexts end near the workload's, as in the benchmarked round
     asked = prompts(decoder.capacity, workload.draft.vocab_size, workload.context - new - workload.k)
     decoder.generate(asked, 4)  # warm: kernels compiled, graphs captured
     result = decoder.generate(asked, new)
     bench_ms = bench_round(decoder)
-    row = {"workload": workload.name, "mode": mode, "plan": plan.name, "round_ms_in_loop": result.round_ms,
+    row = {"workload": workload.name, "mode": mode, "plan": decoder.plan_name, "round_ms_in_loop": result.round_ms,
            "round_ms_bench": bench_ms, "loop_over_bench": result.round_ms / bench_ms,
            "tokens_per_s": result.tokens_per_s, "acceptance": result.acceptance, "rounds": result.rounds,
            "tokens": result.tokens, "prompts": len(asked), "max_new_tokens": new}
@@ -74,25 +80,31 @@ def run_case(workload, plan, mode: str, new: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", default=["llama-1b-8b-b1", "llama-1b-8b-b8"])
-    parser.add_argument("--plans", nargs="+", default=["streams", "interleave"])
+    parser.add_argument("--plans", nargs="+", default=["conventional", "conventional-streams", "streams"])
+    parser.add_argument("--variants", default="layers-sdpa/layers-sdpa", help="the conventional steps' variants")
     parser.add_argument("--modes", nargs="+", default=["simple", "pipelined"])
     parser.add_argument("--new", type=int, default=64, help="tokens generated per prompt")
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args()
+    variants = tuple(Variant.parse(v) for v in args.variants.split("/"))
     rows = []
     for name in args.workloads:
         base = load_workload(EXAMPLES_DIR / f"{name}.toml")
         for workload in (base, self_drafting(base)):
             for plan_name in args.plans:
-                plan = load_plan(Path(plan_name) if plan_name.endswith(".json") else shipped_plan(plan_name))
+                plan = plan_name if plan_name in CONVENTIONAL else load_plan(
+                    Path(plan_name) if plan_name.endswith(".json") else shipped_plan(plan_name))
                 for mode in args.modes:
-                    rows.append(run_case(workload, plan, mode, args.new))
+                    if plan == "conventional-streams" and mode == "simple":
+                        continue  # one group's phases depend on each other: nothing to overlap
+                    rows.append(run_case(workload, plan, mode, args.new, variants))
                     if args.json:  # after every row: a run cut short keeps what it measured
                         Path(args.json).write_text(json.dumps({"gpu": device_name(torch.device("cuda")),
+                                                               "command": " ".join(sys.argv), "variants": args.variants,
                                                                "runs": rows}, indent=1) + "\n")
-    print(f"{'workload':26} {'mode':9} {'plan':11} {'loop ms':>8} {'bench ms':>8} {'ratio':>6} {'tok/s':>8} {'acc':>5}")
+    print(f"{'workload':26} {'mode':9} {'plan':20} {'loop ms':>8} {'bench ms':>8} {'ratio':>6} {'tok/s':>8} {'acc':>5}")
     for r in rows:
-        print(f"{r['workload']:26} {r['mode']:9} {r['plan']:11} {r['round_ms_in_loop']:8.3f} {r['round_ms_bench']:8.3f} "
+        print(f"{r['workload']:26} {r['mode']:9} {r['plan'][:20]:20} {r['round_ms_in_loop']:8.3f} {r['round_ms_bench']:8.3f} "
               f"{r['loop_over_bench']:6.3f} {r['tokens_per_s']:8.1f} {r['acceptance']:5.2f}")
 
 

@@ -85,13 +85,17 @@ class Workload:
 
 def load_workload(path: str | Path) -> Workload:
     """Read and check a workload file; every problem raises WorkloadError naming the file and field."""
+    return workload_from_dict(read_workload_fields(path), Path(path))
+
+
+def read_workload_fields(path: str | Path) -> dict[str, Any]:
+    """A workload file's fields as written, unchecked (see workload_from_dict)."""
     path = Path(path)
     text = read_text(path, WorkloadError, "workload file")
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise WorkloadError(f"{path}: malformed TOML: {e}") from e
-    return workload_from_dict(data, path)
 
 
 def workload_from_dict(data: dict[str, Any], path: Path) -> Workload:

@@ -1,59 +1,119 @@
-"""The conventional baseline's static-shape model steps compute the reference round."""
+"""The conventional baseline's static-shape model steps compute the reference round, in every variant."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
 
 import conjugate  # noqa: F401
-from conjugate.evaluate.conventional import ConventionalRound, compile_static
+from conjugate.compiler.buffers import PreparedWeights
+from conjugate.evaluate.baselines import VariantTrial, choose_variants
+from conjugate.evaluate.conventional import ConventionalRound, Variant
 from conjugate.evaluate.correctness import compare_rounds
+from conjugate.models import make_round_inputs, random_weights, reference_round
 from test_round import FAMILIES, _round
 
+EAGER = (Variant("eager", "sdpa"), Variant("eager", "grouped"))
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_static_steps_equal_the_reference(family):
+
+def _conventional(rnd, draft_variant=EAGER[0], verify_variant=EAGER[0], workload=None, draft=None, target=None):
+    return ConventionalRound(workload or rnd.workload, PreparedWeights(draft or rnd.draft),
+                             PreparedWeights(target or rnd.target), draft_variant, verify_variant)
+
+
+def _lengths(inputs):
+    return inputs.draft_lengths, inputs.target_lengths
+
+
+@pytest.mark.parametrize("family,attention", [(f, v) for f in FAMILIES for v in EAGER])
+def test_static_steps_equal_the_reference(family, attention):
     rnd = _round(family)
     before = rnd.inputs.draft_cache.k.clone(), rnd.inputs.target_cache.v.clone()
-    conventional = ConventionalRound(rnd.draft, rnd.target, rnd.inputs, compile_fn=lambda fn: fn)
+    conventional = _conventional(rnd, attention, attention)
     for _ in range(2):  # a second round over the same buffers gives the same result
+        conventional.load(rnd.inputs)
+        conventional.bufs.poison()
         conventional.run()
         report = compare_rounds(rnd.ref, conventional.outputs(), "fp32", rnd.workload.context)
         assert report.ok and report.near_ties == 0, report.problems
     assert torch.equal(rnd.inputs.draft_cache.k, before[0]) and torch.equal(rnd.inputs.target_cache.v, before[1])
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_ragged_lengths_read_at_run_time(family):
+    """Sequences at different lengths in one batch, in both attention variants (one per phase)."""
+    rnd = _round(family)
+    w = rnd.workload
+    inputs = make_round_inputs(rnd.draft, rnd.target, k=w.k, draft_batch=w.draft_batch, target_batch=w.target_batch,
+                               context=w.context, seed=w.seed + 7, ragged=True)
+    assert len(set(inputs.draft_lengths.tolist()) | set(inputs.target_lengths.tolist())) > 1
+    conventional = _conventional(rnd, *EAGER)
+    conventional.load(inputs)
+    conventional.run()
+    report = compare_rounds(reference_round(rnd.draft, rnd.target, inputs), conventional.outputs(), "fp32",
+                            _lengths(inputs))
+    assert report.ok and report.near_ties == 0, report.problems
+
+
 def test_torch_compile_for_many_models_in_one_process():
     """More distinct step shapes than dynamo's default recompile limit (8): every one compiled, none eager."""
     from torch._dynamo.utils import counters
-
-    from conjugate.models import make_round_inputs, random_weights, reference_round
 
     workload = _round("qwen3").workload
     graphs = counters["stats"]["unique_graphs"]
     for seed in range(5):
         draft, target = random_weights(workload.draft, seed), random_weights(workload.target, seed)
         batch = seed + 1  # a new batch size: new shapes, a new graph for each step
-        inputs = make_round_inputs(draft, target, k=workload.k, draft_batch=batch, target_batch=batch, context=5,
-                                   seed=seed)
-        conventional = ConventionalRound(draft, target, inputs, compile_fn=compile_static)
+        w = replace(workload, draft_batch=batch, target_batch=batch)
+        inputs = make_round_inputs(draft, target, k=w.k, draft_batch=batch, target_batch=batch, context=5, seed=seed)
+        conventional = _conventional(None, Variant("layers", "sdpa"), Variant("layers", "grouped"), w, draft, target)
+        conventional.load(inputs)
         conventional.run()
         assert compare_rounds(reference_round(draft, target, inputs), conventional.outputs(), "fp32", 5).ok
     assert counters["stats"]["unique_graphs"] - graphs >= 2 * 5  # a graph per step shape, past the limit of 8
+
+
+def test_whole_step_compiled_as_one_graph_writes_the_cache_in_place():
+    """The `whole` variant: each step one graph; its cache writes land in the round's own buffers."""
+    rnd = _round("llama")
+    conventional = _conventional(rnd, Variant("whole", "sdpa"), Variant("whole", "grouped"))
+    cache = conventional.bufs.target.cache.k
+    conventional.load(rnd.inputs)
+    conventional.run()
+    assert conventional.bufs.target.cache.k is cache
+    report = compare_rounds(rnd.ref, conventional.outputs(), "fp32", rnd.workload.context)
+    assert report.ok and report.near_ties == 0, report.problems
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_bf16_steps_hold_the_bf16_tolerance(family):
     """In bf16 the GEMMs and the cache round to bf16 while norms, softmax and the residual stream
     stay fp32; the round must stay within the bf16 tolerance of the fp32 reference."""
-    from conjugate.models import make_round_inputs, random_weights, reference_round
-
-    workload = _round(family).workload
+    workload = replace(_round(family).workload, dtype="bf16")
     draft, target = (random_weights(spec, 3, dtype=torch.bfloat16) for spec in (workload.draft, workload.target))
     inputs = make_round_inputs(draft, target, k=workload.k, draft_batch=2, target_batch=2, context=5, seed=3)
-    conventional = ConventionalRound(draft, target, inputs, compile_fn=lambda fn: fn)
+    conventional = _conventional(None, *EAGER, workload, draft, target)
+    conventional.load(inputs)
     conventional.run()
-    assert conventional.draft_cache.k.dtype == torch.bfloat16
-    report = compare_rounds(reference_round(draft, target, inputs, conventional.draft_tokens), conventional.outputs(),
-                            "bf16", 5)
+    assert conventional.bufs.draft.cache.k.dtype == torch.bfloat16
+    out = conventional.outputs()
+    report = compare_rounds(reference_round(draft, target, inputs, out.draft_tokens), out, "bf16", 5)
     assert report.ok, report.problems
     assert 0 < report.errors["target_logits"] < 0.05  # rounded, so not exact, and within tolerance
+
+
+def test_variant_names():
+    assert Variant.parse("whole-grouped") == Variant("whole", "grouped")
+    assert Variant("layers", "sdpa").name == "layers-sdpa"
+    for bad in ("whole", "layers-flash", "jit-sdpa", ""):
+        with pytest.raises(ValueError, match="conventional variant"):
+            Variant.parse(bad)
+
+
+def test_each_phase_runs_its_fastest_correct_variant():
+    trials = [VariantTrial("a", True, {"draft": 5.0, "verify": 7.0}),
+              VariantTrial("b", True, {"draft": 6.0, "verify": 4.0}),
+              VariantTrial("c", False, {}, "target_logits off")]
+    assert choose_variants(trials) == {"draft": "a", "verify": "b"}
+    assert choose_variants(trials[2:]) is None

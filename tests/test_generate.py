@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -92,8 +93,11 @@ def _hf_greedy(model, prompt: list[int], new: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-def _generate(workload: str, mode: str, prompts: list[list[int]], tmp_path, *extra: str, new: int = NEW) -> dict:
-    args = ["generate", workload, "--mode", mode, "--max-new-tokens", str(new), "--json", str(tmp_path / "g.json")]
+def _generate(workload: str | list[str], mode: str, prompts: list[list[int]], tmp_path, *extra: str,
+              new: int = NEW) -> dict:
+    """Run `conjugate generate` on a workload file (or the flags naming a pair) and read its JSON."""
+    pair = [workload] if isinstance(workload, str) else workload
+    args = ["generate", *pair, "--mode", mode, "--max-new-tokens", str(new), "--json", str(tmp_path / "g.json")]
     for p in prompts:
         args += ["--prompt-ids", ",".join(map(str, p))]
     assert main(args + list(extra)) == 0
@@ -111,6 +115,31 @@ def test_generate_equals_transformers_greedy(pair, family, mode, tmp_path):
     assert len(result["outputs"]) == len(PROMPTS[mode])
     assert result["drafts_proposed"] > 0 and 0 <= result["drafts_accepted"] <= result["drafts_proposed"]
     assert result["rounds"] >= NEW // 2 and result["tokens"] == NEW * len(PROMPTS[mode])
+
+
+@pytest.mark.parametrize("mode,backend,variants", [("simple", "conventional", "eager-sdpa/eager-grouped"),
+                                                   ("pipelined", "conventional", "eager-grouped/eager-sdpa"),
+                                                   ("pipelined", "conventional-streams", "eager-sdpa/eager-sdpa")])
+def test_the_conventional_backends_equal_transformers_greedy(pair, mode, backend, variants, tmp_path):
+    """torch's own execution of both models in the same loop: ragged prompts, lossless."""
+    workload, target = pair("qwen3")
+    result = _generate(workload, mode, PROMPTS[mode], tmp_path, "--plan", backend, "--variants", variants)
+    assert result["plan"] == backend
+    for entry, prompt in zip(result["outputs"], PROMPTS[mode]):
+        assert entry["generated_ids"] == _hf_greedy(target, prompt, NEW), (mode, backend, prompt)
+
+
+def test_a_pair_given_by_flags_is_sized_for_its_prompts(pair, tmp_path):
+    """No workload file: --draft/--target, with k and dtype flags; batch and KV capacity from the prompts."""
+    workload, target = pair("llama")
+    checkpoints = Path(workload).parent
+    prompts = [[5, 17, 3], [9, 200, 41, 7, 7, 1], [8]]
+    flags = ["--draft", str(checkpoints / "draft"), "--target", str(checkpoints / "target"), "--k", "3",
+             "--dtype", "fp32"]
+    result = _generate(flags, "simple", prompts, tmp_path, "--plan", "streams", new=5)
+    for entry, prompt in zip(result["outputs"], prompts):
+        assert entry["generated_ids"] == _hf_greedy(target, prompt, 5)
+    assert result["workload"] == "draft-target"
 
 
 def test_a_draft_identical_to_the_target_accepts_every_token(tmp_path):
@@ -143,6 +172,14 @@ def test_bad_prompts_are_refused(tmp_path, capsys):
     _refused(capsys, ["generate", workload, "--prompt", "hello"], "tokenizer", "--prompt-ids")
     _refused(capsys, ["generate", workload], "no prompts")
     _refused(capsys, ["generate", workload] + ["--prompt-ids", "1"] * 5, "5 prompts", "at most 4")
+    _refused(capsys, ["generate", "--prompt-ids", "1"], "no model pair", "--draft and --target")
+    _refused(capsys, ["generate", "--draft", "tiny-llama-d", "--target", "tiny-llama-t", "--k", "0",
+                      "--prompt-ids", "1"], "field 'k' is 0")
+    _refused(capsys, ["generate", workload, "--prompt-ids", "1", "--plan", "conventional", "--variants", "fast"],
+             "--variants", "conventional variant 'fast'")
+    _refused(capsys, ["generate", workload, "--prompt-ids", "1", "--plan", "conventional-streams", "--mode", "simple",
+                      "--max-new-tokens", "2"],
+             "--mode pipelined")
 
 
 def test_unservable_checkpoint_pairs_are_refused_when_the_workload_loads(tmp_path, capsys):

@@ -17,7 +17,8 @@ import conjugate  # noqa: F401  (selects the interpreter before triton is import
 from conjugate.cli import main
 from conjugate.evaluate import correctness
 from conjugate.evaluate.calibrate import ranks, spearman
-from conjugate.evaluate.conventional import ConventionalRound
+from conjugate.compiler.buffers import PreparedWeights
+from conjugate.evaluate.conventional import ConventionalRound, Variant
 from conjugate.evaluate.correctness import TOLERANCES, ReferenceChecker, Tolerance, check_round, compare_rounds, \
     tolerance_for
 from conjugate.compiler.feedback import PartRef
@@ -175,7 +176,9 @@ def test_reference_checker_computes_each_reference_once(monkeypatch):
 
 def test_conventional_round_reload_computes_the_new_inputs(tmp_path):
     rnd = _round("qwen2")
-    conventional = ConventionalRound(rnd.draft, rnd.target, rnd.inputs, compile_fn=lambda fn: fn)
+    conventional = ConventionalRound(rnd.workload, PreparedWeights(rnd.draft), PreparedWeights(rnd.target),
+                                     Variant("eager", "sdpa"), Variant("eager", "grouped"))
+    conventional.load(rnd.inputs)
     conventional.run()
     assert compare_rounds(rnd.ref, conventional.outputs(), "fp32", rnd.workload.context).ok
     fresh = _other_inputs(rnd, rnd.workload.seed + 1)

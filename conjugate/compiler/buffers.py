@@ -50,6 +50,11 @@ class PreparedWeights:
         return (self._once(("gate_folded", layer), lambda: self._fold(lw.w_gate, lw.mlp_norm)),
                 self._once(("up_folded", layer), lambda: self._fold(lw.w_up, lw.mlp_norm)))
 
+    def gate_up_stacked(self, layer: int) -> torch.Tensor:
+        """Gate and up projections as one [2 * F, H] weight (the conventional baseline's one GEMM)."""
+        lw = self.weights.layers[layer]
+        return self._once(("gate_up_stacked", layer), lambda: torch.cat([lw.w_gate, lw.w_up]))
+
     def lm_head(self, folded: bool) -> torch.Tensor:
         w = self.weights
         return self._once(("lm_folded",), lambda: self._fold(w.lm_head, w.final_norm)) if folded else w.lm_head

@@ -17,7 +17,7 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import networkx as nx
 import torch
@@ -154,6 +154,17 @@ class CompiledRound:
         self._launch_all()
         for s in self._streams.values():
             main.wait_stream(s)
+
+    def phase(self, model: Model) -> Callable[[], None]:
+        """The launches that run only `model`'s ops, in order: one model's phase of a plan whose launches
+        are each one model's (see serving's phase_plan)."""
+        launches = [launch for launch in self.launches
+                    if all(p.model == model for p in self.schedule.launches[launch.index].parts)]
+
+        def run() -> None:
+            for launch in launches:
+                launch()
+        return run
 
     def warmup(self) -> None:
         """Compile every kernel (GPU: recording its resources) before anything is timed or captured."""

@@ -1,8 +1,11 @@
 """The baselines every plan is compared with, measured on the GPU in the evaluating process:
 
-- `conventional`: each model compiled on its own with torch.compile, each phase captured in a CUDA
-  graph, the draft phase then the verify phase;
-- `streams`: the same two graphs replayed concurrently on two streams;
+- `conventional`: each model run on its own by torch (conventional.py), each phase captured in a
+  CUDA graph, the draft phase then the verify phase. Each phase runs the fastest correct of the
+  profile's variants (`[timing] conventional`): every variant is built, checked and its phases timed
+  alone once per workload and device; the choice is kept on disk beside the compiled kernels, so
+  later processes build only the chosen one;
+- `streams`: the same two phase graphs replayed concurrently on two streams;
 - `sequential`: this project's kernels, one model after the other (plans/sequential.json).
 
 Each is checked against the reference before it is timed. The evaluation session keeps them for
@@ -10,28 +13,35 @@ its workload; a caller asks for them again with `refresh_baselines`.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import torch
 
-from conjugate.compiler.round import compile_round
-from conjugate.evaluate.conventional import ConventionalRound
+from conjugate.compiler.round import compile_round, default_cache_dir, device_name
+from conjugate.evaluate.conventional import ConventionalRound, Variant
 from conjugate.evaluate.correctness import CheckReport
 from conjugate.evaluate.profile import EvaluatorProfile, TimingSettings
 from conjugate.evaluate.result import Baseline
 from conjugate.evaluate.rounds import checked_run
 from conjugate.evaluate.session import RoundSetup
 from conjugate.evaluate.timing import time_round
+from conjugate.files import write_atomic
 from conjugate.paths import shipped_plan
 from conjugate.plan import load_plan
+from conjugate.roles import Model
+
+PHASES = {Model.DRAFT: "draft", Model.TARGET: "verify"}
 
 
 def measure_baselines(setup: RoundSetup, profile: EvaluatorProfile, cache_dir: Path | None) -> dict[str, Baseline]:
     """name -> Baseline for the profile's baselines, each checked, then timed."""
     wanted, out = profile.timing.baselines, {}
     if {"conventional", "streams"} & set(wanted):
-        out |= _conventional(setup, profile.timing)
+        out |= _conventional(setup, profile.timing, cache_dir)
         torch.cuda.empty_cache()  # the baseline's compiled models and graphs are gone with it
     if "sequential" in wanted:
         out["sequential"] = _sequential(setup, profile.timing, cache_dir)
@@ -39,24 +49,102 @@ def measure_baselines(setup: RoundSetup, profile: EvaluatorProfile, cache_dir: P
     return out
 
 
-def _timed(run, load_fresh, check: CheckReport, timing: TimingSettings) -> Baseline:
+def _timed(run, load_fresh, check: CheckReport, timing: TimingSettings, **extra) -> Baseline:
     if not check.ok:
-        return Baseline("incorrect", error="; ".join(check.problems[:5]))
+        return Baseline("incorrect", error="; ".join(check.problems[:5]), **extra)
     measured = time_round(run, load_fresh, timing.replays, timing.warmup)
-    return Baseline("ok", measured.median_ms, measured.p20_ms, measured.p80_ms)
+    return Baseline("ok", measured.median_ms, measured.p20_ms, measured.p80_ms, **extra)
 
 
-def _conventional(setup: RoundSetup, timing: TimingSettings) -> dict[str, Baseline]:
-    draft, target = (prepared.weights for prepared in setup.weights)
-    rnd = ConventionalRound(draft, target, setup.inputs)
-    rnd.capture()  # compiles both models, then captures each phase on its own side stream
+@dataclass(frozen=True)
+class VariantTrial:
+    """One conventional variant built for both phases: correct or not, and each phase's graph timed alone."""
+    variant: str
+    correct: bool
+    phase_ms: dict[str, float]  # "draft"/"verify" -> median ms (empty when incorrect)
+    problem: str = ""
+
+
+def try_variant(setup: RoundSetup, variant: Variant, timing: TimingSettings) -> VariantTrial:
+    rnd = ConventionalRound(setup.workload, *setup.weights, variant, variant)
+    rnd.capture()
+    check = _checked(rnd, setup)
+    if not check.ok:
+        return VariantTrial(variant.name, False, {}, "; ".join(check.problems[:3]))
+    rnd.load(setup.timing_inputs)
+    phase_ms = {PHASES[m]: time_round(rnd.graphs[m].replay, lambda: None, timing.replays, timing.warmup).median_ms
+                for m in Model}
+    return VariantTrial(variant.name, True, phase_ms)
+
+
+def choose_variants(trials: list[VariantTrial]) -> dict[str, str] | None:
+    """Per phase the fastest correct variant; None when no variant was correct."""
+    correct = [t for t in trials if t.correct]
+    if not correct:
+        return None
+    return {phase: min(correct, key=lambda t: t.phase_ms[phase]).variant for phase in PHASES.values()}
+
+
+def _choice_file(setup: RoundSetup, timing: TimingSettings, cache_dir: Path | None) -> Path:
+    device = setup.weights[1].weights.device
+    body = json.dumps({"workload": setup.workload.to_dict(), "device": device_name(device), "torch": torch.__version__,
+                       "variants": timing.conventional}, sort_keys=True, default=str)
+    return (cache_dir or default_cache_dir()) / "conventional" / f"{hashlib.sha256(body.encode()).hexdigest()[:16]}.json"
+
+
+def chosen_variants(setup: RoundSetup, timing: TimingSettings, cache_dir: Path | None) -> dict[str, str] | dict:
+    """The variant each phase runs: read from an earlier choice for this workload and device, else
+    chosen now from every variant of the profile (and kept). {} when none was correct."""
+    path = _choice_file(setup, timing, cache_dir)
+    try:
+        kept = json.loads(path.read_text())
+        if {kept["draft"], kept["verify"]} <= set(timing.conventional):
+            return {"draft": kept["draft"], "verify": kept["verify"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # absent or unreadable: choose again
+    trials = []
+    for name in timing.conventional:
+        trials.append(try_variant(setup, Variant.parse(name), timing))
+        torch.cuda.empty_cache()
+    chosen = choose_variants(trials)
+    if chosen is None:
+        return {}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(chosen | {"workload": setup.workload.name, "trials": [vars(t) for t in trials]},
+                                  indent=1) + "\n")
+    return chosen
+
+
+def _checked(rnd: ConventionalRound, setup: RoundSetup) -> CheckReport:
+    rnd.load(setup.inputs)
+    rnd.bufs.poison()
+    rnd.run()
+    torch.cuda.synchronize()
+    return setup.check(rnd.outputs())
+
+
+def _conventional(setup: RoundSetup, timing: TimingSettings, cache_dir: Path | None) -> dict[str, Baseline]:
+    return conventional_baselines(setup, timing, chosen_variants(setup, timing, cache_dir))
+
+
+def conventional_baselines(setup: RoundSetup, timing: TimingSettings, chosen: dict[str, str]) -> dict[str, Baseline]:
+    """`conventional` and `streams` (those the profile wants) with each phase in its chosen variant."""
+    if not chosen:
+        problem = "no conventional variant computed the reference round (" + ", ".join(timing.conventional) + ")"
+        return {name: Baseline("incorrect", error=problem) for name in ("conventional", "streams")
+                if name in timing.baselines}
+    rnd = ConventionalRound(setup.workload, *setup.weights, Variant.parse(chosen["draft"]),
+                            Variant.parse(chosen["verify"]))
+    rnd.capture()  # compiles both models (or finds them compiled), then captures each phase
+    check = _checked(rnd, setup)
+    rnd.load(setup.timing_inputs)
+    phase_ms = {PHASES[m]: time_round(rnd.graphs[m].replay, lambda: None, timing.replays, timing.warmup).median_ms
+                for m in Model} if check.ok else {}
     out = {}
     for name, run in (("conventional", rnd.run), ("streams", rnd.run_streams)):
         if name in timing.baselines:
-            rnd.load(setup.inputs)
-            run()
-            torch.cuda.synchronize()
-            out[name] = _timed(run, partial(rnd.load, setup.timing_inputs), setup.check(rnd.outputs()), timing)
+            out[name] = _timed(run, partial(rnd.load, setup.timing_inputs), check, timing, variants=chosen,
+                               phase_ms=phase_ms)
     return out
 
 

@@ -1,27 +1,43 @@
-"""The `conventional` baseline: each model compiled on its own with torch.compile, as a serving
-engine would run it, the draft phase then the verify phase.
+"""The `conventional` baseline: each model run on its own by torch, as a serving engine would run it.
 
-`StaticStep` is the model's forward with every shape fixed (the KV cache at its full length, the
-position a tensor), so torch.compile traces it once and a CUDA graph can replay it: attention is
-F.scaled_dot_product_attention over the whole cache under a mask (key position <= query position),
-grouped-query heads sharing their KV head, and the new keys and values are written with index_copy_.
-GEMMs and attention run in the weights' dtype; norms, RoPE (q and k rounded back to that dtype) and
-softmax compute in fp32, and the residual stream is fp32 as in this project's kernels, so both are
-held to the same tolerance against the fp32 reference.
+`StaticStep` is a model's forward with every shape fixed: the KV cache at its full capacity, each
+sequence's position read from its length at run time (ragged batches allowed), so torch.compile
+traces it once and a CUDA graph replays it as contexts grow. Attention is
+F.scaled_dot_product_attention over the whole cache under a per-sequence mask (key position <=
+query position); new keys and values are written into the cache in place. GEMMs and attention run
+in the weights' dtype; norms, RoPE (q and k rounded back to that dtype) and softmax compute in fp32,
+and the residual stream is fp32 as in this project's kernels, so both are held to one tolerance.
+
+A step is built in one of several variants (`Variant`: how it is compiled x how attention runs);
+the baselines time each and use the fastest correct one per phase (baselines.py):
+- compile `layers`: one compiled graph per layer shape, reused by every layer (the weights are its
+  arguments), and one for the head; `whole`: the whole step one graph, each layer's cache passed as
+  a view of its own so that its in-place write stays in place (a view of one cache for all layers
+  became a copy of every layer's cache per write: 40 ms a round); `eager`: not compiled (tests);
+- attention `sdpa`: one SDPA call with grouped-query heads sharing their KV head (`enable_gqa`);
+  `grouped`: a KV head's query heads stacked as rows of one SDPA call (each KV head read once).
 
 Attention by explicit matmuls over the cache made the round 40% slower: cuBLAS ran the score GEMMs
-in its path without tensor cores, most likely because the cache's odd length (context + k + 1)
-leaves their rows unaligned (benchmarks/conventional_profile.py).
+in its path without tensor cores (benchmarks/conventional_profile.py).
+
+`ConventionalRound` runs both phases over the same `RoundBuffers` a compiled plan uses, with the
+same interface (load, phase, run_eager, warmup, capture, run, outputs), so the checks, the timing
+and the serving loop take either.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from conjugate.models.reference import KVCache, RoundInputs, RoundOutputs, rope_cos_sin
-from conjugate.models.weights import ModelWeights
+from conjugate.compiler.buffers import ModelBuffers, PreparedWeights, RoundBuffers
+from conjugate.models.reference import KVCache, RoundInputs, RoundOutputs
+from conjugate.roles import Model
+from conjugate.workload import Workload
+
+COMPILES = ("layers", "whole", "eager")
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -30,16 +46,61 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, T, heads, hd]; cos/sin: [T, hd] fp32."""
+    """x: [B, T, heads, hd]; cos/sin: [B, T, hd] fp32."""
     half = x.shape[-1] // 2
     xf = x.float()
     rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
-    return (xf * cos[None, :, None] + rotated * sin[None, :, None]).to(x.dtype)
+    return (xf * cos[:, :, None] + rotated * sin[:, :, None]).to(x.dtype)
 
 
-def _layer(x, positions, cos, sin, visible, cache_k, cache_v, w: tuple, spec):
+def _sdpa_attention(q, cache_k, cache_v, visible):
+    """q: [B, T, heads, hd]; cache_k/v: [B, kv_heads, capacity, hd]; visible: [B, T, capacity] ->
+    [B, T, heads * hd] in the cache's dtype. Each KV head serves its group of query heads."""
+    b, t, heads, hd = q.shape
+    out = F.scaled_dot_product_attention(q.transpose(1, 2).to(cache_k.dtype), cache_k, cache_v,
+                                         attn_mask=visible[:, None], enable_gqa=heads != cache_k.shape[1])
+    return out.transpose(1, 2).reshape(b, t, heads * hd)
+
+
+def _grouped_attention(q, cache_k, cache_v, visible):
+    """As _sdpa_attention, a KV head's query heads stacked as the rows of one attention problem."""
+    b, t, heads, hd = q.shape
+    kv_heads = cache_k.shape[1]
+    group = heads // kv_heads
+    rows = q.to(cache_k.dtype).view(b, t, kv_heads, group, hd).permute(0, 2, 3, 1, 4).reshape(b, kv_heads, group * t, hd)
+    out = F.scaled_dot_product_attention(rows, cache_k, cache_v, attn_mask=visible.repeat(1, group, 1)[:, None])
+    return out.view(b, kv_heads, group, t, hd).permute(0, 3, 1, 2, 4).reshape(b, t, heads * hd)
+
+
+ATTENTION: dict[str, Callable] = {"sdpa": _sdpa_attention, "grouped": _grouped_attention}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """How a conventional step is built: its compilation and its attention."""
+    compile: str
+    attention: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.compile}-{self.attention}"
+
+    @classmethod
+    def parse(cls, name: str) -> "Variant":
+        compile_, _, attention = name.partition("-")
+        if compile_ not in COMPILES or attention not in ATTENTION:
+            raise ValueError(f"conventional variant {name!r}: expected <{'|'.join(COMPILES)}>-"
+                             f"<{'|'.join(ATTENTION)}>")
+        return cls(compile_, attention)
+
+
+VARIANTS = tuple(Variant(c, a) for c in ("layers", "whole") for a in ATTENTION)  # tried on a GPU
+DEFAULT = Variant("layers", "sdpa")
+
+
+def _layer(x, positions, cos, sin, visible, cache_k, cache_v, w: tuple, spec, attention: str):
     """One decoder layer over the fp32 residual stream x [B, T, H]; writes its new keys and values
-    into cache_k/cache_v [B, kv_heads, max_len, hd] at `positions` and returns the new x."""
+    into cache_k/cache_v [B, kv_heads, capacity, hd] at `positions` [B, T] and returns the new x."""
     attn_norm, w_qkv, b_qkv, q_norm, k_norm, wo, mlp_norm, w_gate_up, w_down = w
     b, t, _ = x.shape
     q_size, kv_size = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
@@ -51,62 +112,47 @@ def _layer(x, positions, cos, sin, visible, cache_k, cache_v, w: tuple, spec):
     if spec.qk_norm:
         q, k = _rms(q, q_norm, spec.rms_norm_eps), _rms(k, k_norm, spec.rms_norm_eps)
     q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-    cache_k.index_copy_(2, positions, k.transpose(1, 2).to(cache_k.dtype))
-    cache_v.index_copy_(2, positions, v.transpose(1, 2).to(cache_v.dtype))
-    x = x + F.linear(_attention(q, cache_k, cache_v, visible), wo).float()
+    rows = torch.arange(b, device=x.device)[:, None]  # [B, 1]: with positions, each sequence's own slots
+    cache_k[rows, :, positions] = k.to(cache_k.dtype)  # [B, T, kv_heads, hd] into [B, kv_heads, capacity, hd]
+    cache_v[rows, :, positions] = v.to(cache_v.dtype)
+    x = x + F.linear(ATTENTION[attention](q, cache_k, cache_v, visible), wo).float()
     h = _rms(x, mlp_norm, spec.rms_norm_eps).to(w_gate_up.dtype)
     gate, up = F.linear(h, w_gate_up).chunk(2, dim=-1)
     return x + F.linear(F.silu(gate) * up, w_down).float()
-
-
-def _attention(q, cache_k, cache_v, visible):
-    """q: [B, T, heads, hd]; cache_k/v: [B, kv_heads, max_len, hd]; visible: [T, max_len] ->
-    [B, T, heads * hd] in the cache's dtype. Each KV head serves its group of query heads."""
-    b, t, heads, hd = q.shape
-    out = F.scaled_dot_product_attention(q.transpose(1, 2).to(cache_k.dtype), cache_k, cache_v,
-                                         attn_mask=visible, enable_gqa=heads != cache_k.shape[1])
-    return out.transpose(1, 2).reshape(b, t, heads * hd)
 
 
 def _head(x, final_norm, lm_head, eps: float):
     return F.linear(_rms(x, final_norm, eps).to(lm_head.dtype), lm_head).float()
 
 
-def _fused(l) -> tuple:
-    """A layer's weights as engines hold them: q/k/v in one projection, gate/up in another."""
-    b_qkv = torch.cat([l.bq, l.bk, l.bv]) if l.bq is not None else None
-    return (l.attn_norm, torch.cat([l.wq, l.wk, l.wv]), b_qkv, l.q_norm, l.k_norm, l.wo, l.mlp_norm,
-            torch.cat([l.w_gate, l.w_up]), l.w_down)
+def _forward(layer, head, tokens, positions, embed, cos_table, sin_table, caches_k, caches_v, layer_weights,
+             final_norm, lm_head, spec, attention: str):
+    """tokens, positions: [B, T] -> fp32 logits [B, T, V]; `layer`/`head` as compiled (or not)."""
+    capacity = cos_table.shape[0]
+    cos, sin = cos_table[positions], sin_table[positions]  # [B, T, hd]
+    visible = torch.arange(capacity, device=tokens.device)[None, None, :] <= positions[:, :, None]  # [B, T, capacity]
+    x = embed[tokens].float()  # [B, T, H], the fp32 residual stream
+    for cache_k, cache_v, lw in zip(caches_k, caches_v, layer_weights):
+        x = layer(x, positions, cos, sin, visible, cache_k, cache_v, lw, spec, attention)
+    return head(x, final_norm, lm_head, spec.rms_norm_eps)
 
 
-class StaticStep:
-    """One forward over `tokens` new tokens per sequence at a position given as a tensor.
+def _whole(tokens, positions, embed, cos_table, sin_table, caches_k, caches_v, layer_weights, final_norm, lm_head,
+           spec, attention: str):
+    return _forward(_layer, _head, tokens, positions, embed, cos_table, sin_table, caches_k, caches_v, layer_weights,
+                    final_norm, lm_head, spec, attention)
 
-    Compiled piecewise, as serving engines do: every layer has the same shapes, so one compiled
-    layer graph serves them all (the weights are its arguments), and the head is a second graph.
-    Projections are fused as in engines (q/k/v one GEMM, gate/up one GEMM)."""
 
-    def __init__(self, weights: ModelWeights, cache: KVCache, tokens: int, compile_fn: Callable = lambda fn: fn):
-        self.w, self.cache, self.tokens = weights, cache, tokens
-        self.max_len = cache.k.shape[3]
-        self.cos, self.sin = rope_cos_sin(weights.spec, torch.arange(self.max_len, device=weights.device))
-        self.layer, self.head = compile_fn(_layer), compile_fn(_head)
-        self.layer_weights = [_fused(l) for l in weights.layers]
-
-    def __call__(self, tokens: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
-        """tokens: [B, T] int64; start: [] int64. Returns fp32 logits [B, T, V]."""
-        w, spec = self.w, self.w.spec
-        positions = start + torch.arange(tokens.shape[1], device=tokens.device)  # [T]
-        cos, sin = self.cos[positions], self.sin[positions]
-        visible = torch.arange(self.max_len, device=tokens.device)[None, :] <= positions[:, None]  # [T, max_len]
-        x = w.embed[tokens].float()  # [B, T, H], the fp32 residual stream
-        for i, lw in enumerate(self.layer_weights):
-            x = self.layer(x, positions, cos, sin, visible, self.cache.k[i], self.cache.v[i], lw, spec)
-        return self.head(x, w.final_norm, w.lm_head, spec.rms_norm_eps)
+def _fused(prepared: PreparedWeights, i: int) -> tuple:
+    """Layer i's weights as engines hold them: q/k/v in one projection, gate/up in another (made once
+    per model and shared with every round over the same prepared weights)."""
+    l = prepared.weights.layers[i]
+    w_qkv, b_qkv = prepared.qkv(i, folded=False)
+    return (l.attn_norm, w_qkv, b_qkv, l.q_norm, l.k_norm, l.wo, l.mlp_norm, prepared.gate_up_stacked(i), l.w_down)
 
 
 def compile_static(fn: Callable) -> Callable:
-    """torch.compile for a StaticStep piece. All steps share these code objects, so dynamo's
+    """torch.compile with static shapes. Every step shares these code objects, so dynamo's
     per-code recompile limit (8) would silently send later models back to eager: lift it."""
     compiled = torch.compile(fn, dynamic=False)
     limits = {key: 4096 for key in ("recompile_limit", "accumulated_recompile_limit", "cache_size_limit")
@@ -119,83 +165,125 @@ def compile_static(fn: Callable) -> Callable:
     return run
 
 
-def _one_length(inputs: RoundInputs) -> int:
-    """The length every sequence has before the round: static steps run all of them at one position."""
-    lengths = set(inputs.draft_lengths.tolist()) | set(inputs.target_lengths.tolist())
-    if len(lengths) != 1:
-        raise ValueError(f"the conventional baseline needs every sequence at one length, got {sorted(lengths)}")
-    return lengths.pop()
+class StaticStep:
+    """One forward over a model's buffers: `tokens` new tokens per sequence at each sequence's
+    length plus an offset, the keys and values written into the buffers' cache."""
+
+    def __init__(self, bufs: ModelBuffers, variant: Variant):
+        w = bufs.prepared.weights
+        self.bufs, self.variant = bufs, variant
+        self.layer_weights = [_fused(bufs.prepared, i) for i in range(len(w.layers))]
+        # each layer's cache a view of its own: see the module's note on `whole`
+        self.caches_k, self.caches_v = list(bufs.cache.k.unbind(0)), list(bufs.cache.v.unbind(0))
+        self.arange = torch.arange(bufs.tokens, device=w.device)
+        if variant.compile == "whole":
+            self.body = compile_static(_whole)
+        else:
+            pieces = (compile_static(_layer), compile_static(_head)) if variant.compile == "layers" else (_layer, _head)
+            self.body = lambda *args: _forward(*pieces, *args)
+
+    def __call__(self, tokens: torch.Tensor, offset: int) -> torch.Tensor:
+        """tokens: [B, T] int64 at positions lengths + offset + (0..T-1). Returns fp32 logits [B, T, V]."""
+        w, bufs = self.bufs.prepared.weights, self.bufs
+        positions = (bufs.lengths + offset)[:, None] + self.arange[:tokens.shape[1]]  # [B, T]
+        return self.body(tokens, positions, w.embed, bufs.cos, bufs.sin, self.caches_k, self.caches_v,
+                         self.layer_weights, w.final_norm, w.lm_head, w.spec, self.variant.attention)
 
 
 class ConventionalRound:
-    """Both phases as torch.compile'd static steps over their own buffers: the conventional baseline.
+    """Both phases as static steps over a round's buffers: the draft's k decode steps, then (or, with
+    `streams`, beside) the target's verification of k + 1 tokens per sequence.
 
-    On a GPU `capture()` records each phase as a CUDA graph on a side stream of its own; then
-    `run()` replays draft then verify (conventional) and `run_streams()` replays the two graphs
-    concurrently on two streams (the streams baseline)."""
+    On a GPU `capture()` records each phase as a CUDA graph on a side stream of its own; `run()`
+    replays draft then verify (the conventional baseline), `run_streams()` the two concurrently (the
+    streams baseline)."""
 
-    def __init__(self, draft: ModelWeights, target: ModelWeights, inputs: RoundInputs,
-                 compile_fn: Callable = compile_static):
-        self.k, self.context = inputs.k, _one_length(inputs)
-        self.draft_cache, self.target_cache = inputs.draft_cache.clone(), inputs.target_cache.clone()
-        self.draft_step = StaticStep(draft, self.draft_cache, 1, compile_fn)
-        self.verify_step = StaticStep(target, self.target_cache, self.k + 1, compile_fn)
-        device = self.device = draft.device
-        self.draft_last = inputs.draft_last_tokens.clone()
-        self.verify_tokens = inputs.verify_tokens.clone()
-        self.starts = [torch.tensor(self.context + s, device=device) for s in range(self.k + 1)]
-        self.draft_tokens = torch.zeros(self.draft_last.shape[0], self.k, dtype=torch.int64, device=device)
-        self.draft_logits = torch.zeros(self.draft_last.shape[0], self.k, draft.spec.vocab_size, device=device)
-        self.target_logits = torch.zeros(*self.verify_tokens.shape, target.spec.vocab_size, device=device)
-        self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+    def __init__(self, workload: Workload, draft: PreparedWeights, target: PreparedWeights,
+                 draft_variant: Variant = DEFAULT, verify_variant: Variant = DEFAULT, streams: bool = False):
+        self.workload, self.k = workload, workload.k
+        self.variants = {Model.DRAFT: draft_variant, Model.TARGET: verify_variant}
+        self.bufs = RoundBuffers.allocate(workload, draft, target)
+        self.device = self.bufs.target.cache.k.device
+        self.draft_step = StaticStep(self.bufs.draft, draft_variant)
+        self.verify_step = StaticStep(self.bufs.target, verify_variant)
+        self.streams = streams
+        self.graphs: dict[Model, torch.cuda.CUDAGraph] = {}
+        self._streams = None
+
+    @property
+    def name(self) -> str:
+        d, t = self.variants[Model.DRAFT].name, self.variants[Model.TARGET].name
+        return f"conventional ({d} / {t})" + (" on two streams" if self.streams else "")
 
     def load(self, inputs: RoundInputs) -> None:
-        """New round inputs into the same buffers (captured graphs read them from there)."""
-        for mine, theirs in ((self.draft_cache, inputs.draft_cache), (self.target_cache, inputs.target_cache)):
-            mine.k.copy_(theirs.k)
-            mine.v.copy_(theirs.v)
-        self.draft_last.copy_(inputs.draft_last_tokens)
-        self.verify_tokens.copy_(inputs.verify_tokens)
+        self.bufs.load(inputs)
 
     def draft_phase(self) -> None:
-        current = self.draft_last[:, None]
+        d = self.bufs.draft
+        current = d.tokens_in[:, None]
         for s in range(self.k):
-            logits = self.draft_step(current, self.starts[s])[:, 0]  # [Bd, V]
-            self.draft_logits[:, s] = logits
-            self.draft_tokens[:, s] = logits.argmax(-1)
-            current = self.draft_tokens[:, s:s + 1]
+            logits = self.draft_step(current, s)[:, 0]  # [Bd, V]
+            d.logits[:, s] = logits
+            d.tokens_out[:, s] = logits.argmax(-1)
+            current = d.tokens_out[:, s:s + 1]
 
     def verify_phase(self) -> None:
-        self.target_logits.copy_(self.verify_step(self.verify_tokens, self.starts[0]))
+        t = self.bufs.target
+        logits = self.verify_step(t.tokens_in.view(t.batch, t.tokens), 0)  # [Bt, k + 1, V]
+        t.logits.copy_(logits.view(t.rows, -1))
+        t.tokens_out.copy_(t.logits.argmax(-1))
+
+    def phase(self, model: Model) -> Callable[[], None]:
+        return self.draft_phase if model == Model.DRAFT else self.verify_phase
+
+    def run_eager(self) -> None:
+        """Both phases launched kernel by kernel: one after the other, or on two streams."""
+        if not (self.streams and self.device.type == "cuda"):
+            self.draft_phase()
+            self.verify_phase()
+            return
+        self._on_two_streams(self.draft_phase, self.verify_phase)
+
+    def _on_two_streams(self, *work: Callable[[], None]) -> None:
+        """Each of `work` on a stream forked from and joined to the current one."""
+        main = torch.cuda.current_stream(self.device)
+        if self._streams is None:
+            self._streams = (torch.cuda.Stream(self.device), torch.cuda.Stream(self.device))
+        for stream, fn in zip(self._streams, work):
+            stream.wait_stream(main)
+            with torch.cuda.stream(stream):
+                fn()
+        for stream in self._streams:
+            main.wait_stream(stream)
+
+    def warmup(self) -> None:
+        """Compile both steps (torch.compile traces on the first call)."""
+        self.draft_phase()
+        self.verify_phase()
 
     def capture(self) -> None:
         """Each phase in a CUDA graph of its own, captured on its own side stream (GPU only)."""
         from conjugate.evaluate.timing import capture
 
-        self.graphs = {"draft": capture(self.draft_phase, self.device, warmup=3),
-                       "verify": capture(self.verify_phase, self.device, warmup=3)}
+        self.graphs = {model: capture(self.phase(model), self.device, warmup=3) for model in Model}
+
+    def prepare(self) -> None:
+        self.capture() if self.device.type == "cuda" else self.warmup()
 
     def run(self) -> None:
-        if self.graphs:
-            self.graphs["draft"].replay()
-            self.graphs["verify"].replay()
-        else:
-            self.draft_phase()
-            self.verify_phase()
+        """The round as captured (each phase's graph; on two streams with `streams`), else eagerly."""
+        if not self.graphs:
+            return self.run_eager()
+        if self.streams:
+            return self.run_streams()
+        self.graphs[Model.DRAFT].replay()
+        self.graphs[Model.TARGET].replay()
 
     def run_streams(self) -> None:
-        """The two captured phases at once, each on a stream forked from and joined to the current one."""
-        main = torch.cuda.current_stream(self.device)
-        if not hasattr(self, "_streams"):
-            self._streams = (torch.cuda.Stream(self.device), torch.cuda.Stream(self.device))
-        for stream, phase in zip(self._streams, ("draft", "verify")):
-            stream.wait_stream(main)
-            with torch.cuda.stream(stream):
-                self.graphs[phase].replay()
-        for stream in self._streams:
-            main.wait_stream(stream)
+        self._on_two_streams(self.graphs[Model.DRAFT].replay, self.graphs[Model.TARGET].replay)
 
     def outputs(self) -> RoundOutputs:
-        return RoundOutputs(self.draft_tokens.clone(), self.draft_logits.clone(), self.target_logits.clone(),
-                            self.target_logits.argmax(-1), KVCache(self.draft_cache.k.clone(), self.draft_cache.v.clone()),
-                            KVCache(self.target_cache.k.clone(), self.target_cache.v.clone()))
+        d, t = self.bufs.draft, self.bufs.target
+        return RoundOutputs(d.tokens_out.clone(), d.logits.clone(), t.logits.view(t.batch, t.tokens, -1).clone(),
+                            t.tokens_out.view(t.batch, t.tokens).clone(), KVCache(d.cache.k.clone(), d.cache.v.clone()),
+                            KVCache(t.cache.k.clone(), t.cache.v.clone()))

@@ -44,6 +44,8 @@ class TimingSettings:
     warmup: int = 20  # untimed replays first
     verdict_calls: int = 10  # launches per CUDA graph when timing one launch for its verdict
     baselines: tuple[str, ...] = ("conventional", "sequential", "streams")
+    # the conventional baseline's variants tried per phase (conventional.py); the fastest correct one runs
+    conventional: tuple[str, ...] = ("layers-sdpa", "layers-grouped", "whole-sdpa", "whole-grouped")
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,7 @@ class EvaluatorProfile:
     def from_dict(cls, data: dict[str, Any]) -> "EvaluatorProfile":
         timing = {**data.get("timing", {})}
         timing["baselines"] = tuple(timing.get("baselines", TimingSettings.baselines))
+        timing["conventional"] = tuple(timing.get("conventional", TimingSettings.conventional))
         return cls(**{**data, "model": ModelConstants(**data["model"]) if data.get("model") else None,
                       "timing": TimingSettings(**timing)})
 
@@ -138,7 +141,7 @@ def _model(model: dict, where: str) -> ModelConstants:
 
 
 def _timing(timing: dict, where: str) -> TimingSettings:
-    allowed = ("replays", "warmup", "verdict_calls", "baselines")
+    allowed = ("replays", "warmup", "verdict_calls", "baselines", "conventional")
     if not isinstance(timing, dict):
         raise ProfileError(f"{where}: field 'timing' should be a table, got {timing!r}")
     for key in timing:
@@ -151,7 +154,21 @@ def _timing(timing: dict, where: str) -> TimingSettings:
     if not isinstance(baselines, list) or not all(b in TimingSettings.baselines for b in baselines):
         raise ProfileError(f"{where}: field 'timing.baselines' should be a list drawn from "
                            f"{', '.join(TimingSettings.baselines)}, got {baselines!r}")
-    return TimingSettings(**values, baselines=tuple(baselines))
+    variants = timing.get("conventional", list(TimingSettings.conventional))
+    if not isinstance(variants, list) or not variants or not all(_is_variant(v) for v in variants):
+        raise ProfileError(f"{where}: field 'timing.conventional' should be a non-empty list of variants "
+                           f"<layers|whole|eager>-<sdpa|grouped>, got {variants!r}")
+    return TimingSettings(**values, baselines=tuple(baselines), conventional=tuple(variants))
+
+
+def _is_variant(name) -> bool:
+    from conjugate.evaluate.conventional import Variant
+
+    try:
+        Variant.parse(name)
+    except (ValueError, AttributeError):
+        return False
+    return True
 
 
 def _tolerances(correctness: dict, where: str) -> dict[str, dict[str, float]]:

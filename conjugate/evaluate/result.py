@@ -54,6 +54,8 @@ class Baseline:
     p80_ms: float | None = None
     modeled: bool = False
     error: str = ""
+    variants: dict[str, str] = field(default_factory=dict)  # conventional: phase -> the variant it runs
+    phase_ms: dict[str, float] = field(default_factory=dict)  # conventional: phase -> its graph's median alone
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -9,15 +9,32 @@ from rich.console import Console
 from rich.progress import Progress as Bar, TextColumn
 
 from conjugate.errors import ConjugateError
-from conjugate.serving.decoder import MODES, GenerationError, Progress, SpeculativeDecoder, check_prompts
+from conjugate.serving.decoder import (CONVENTIONAL, MODES, GenerationError, Progress, SpeculativeDecoder,
+                                       check_prompts)
 from conjugate.serving.tokens import Tokenizer
+
+# flags that set (or override) a workload field: flag -> field(s)
+_PAIR_FLAGS = {"draft": ("draft",), "target": ("target",), "k": ("k",), "dtype": ("dtype",),
+               "batch": ("draft_batch", "target_batch"), "context": ("context",)}
 
 
 def add_command(sub, out: Console) -> None:
     gen = sub.add_parser("generate", help="greedy speculative decoding with a plan's compiled round")
-    gen.add_argument("workload", help="workload TOML: the checkpoint or preset pair, k, the largest batches and the "
-                                      "KV capacity (its context)")
-    gen.add_argument("--plan", help="plan name (plans/) or JSON file (default: the best plan of --db, else streams)")
+    gen.add_argument("workload", nargs="?", help="workload TOML: the checkpoint or preset pair, k, the largest "
+                                                 "batches and the KV capacity (its context); or give --draft and "
+                                                 "--target")
+    pair = gen.add_argument_group("the model pair without a workload file (or overriding its fields)")
+    pair.add_argument("--draft", help="draft: a checkpoint directory or preset name")
+    pair.add_argument("--target", help="target: a checkpoint directory or preset name")
+    pair.add_argument("--k", type=int, help="draft tokens proposed per round (default: 4)")
+    pair.add_argument("--batch", type=int, help="sequences per group (default: what the prompts need)")
+    pair.add_argument("--context", type=int, help="KV capacity in tokens (default: what the prompts need)")
+    pair.add_argument("--dtype", help="bf16 (default), fp16 or fp32")
+    gen.add_argument("--plan", help="plan name (plans/) or JSON file, or conventional / conventional-streams for "
+                                    "torch's own execution (default: the best plan of --db, else streams)")
+    gen.add_argument("--variants", default="layers-sdpa/layers-sdpa", metavar="DRAFT/VERIFY",
+                     help="with --plan conventional*: the variant of each model's step (default: "
+                          "layers-sdpa/layers-sdpa; see `conjugate bench`)")
     gen.add_argument("--db", help="a search database whose latest run's best plan to use")
     gen.add_argument("--mode", choices=MODES, default="pipelined",
                      help="simple: one group, draft then verify; pipelined (default): two groups alternate, every "
@@ -40,17 +57,25 @@ def _ids(text: str) -> list[int]:
 
 
 def cmd_generate(args: argparse.Namespace, out: Console) -> None:
-    from conjugate.workload import load_workload
+    from conjugate.workload import workload_from_dict
 
-    workload = load_workload(args.workload)
+    plan, variants = _plan(args)  # a bad plan or variant is refused before any model loads
+    fields, where = _workload_fields(args)
+    provisional = {"draft_batch": 1, "target_batch": 1, "context": 0} | fields  # until the prompts are known
+    workload = workload_from_dict(provisional, where)
     tokenizer = Tokenizer.of(workload, required=bool(args.prompt))  # also decodes the output, where there is one
     prompts = [tokenizer.encode(text) for text in args.prompt] + args.prompt_ids
     if not prompts:
         raise GenerationError("no prompts: give --prompt TEXT or --prompt-ids 1,2,3")
+    if provisional != fields:  # sized for these prompts
+        groups = 1 if args.mode == "simple" else 2
+        batch = max(-(-len(prompts) // groups), 1)
+        need = max(len(p) for p in prompts) - 1 + max(args.max_new_tokens, 1) + workload.k
+        workload = workload_from_dict({"draft_batch": batch, "target_batch": batch, "context": need} | fields, where)
     check_prompts(workload, args.mode, prompts, args.max_new_tokens)
-    plan = _plan(args)
-    with out.status(f"compiling {plan.name!r} for {workload.name} ({args.mode})"):
-        decoder = SpeculativeDecoder.build(workload, plan, args.mode)
+    name = plan if isinstance(plan, str) else plan.name
+    with out.status(f"compiling {name!r} for {workload.name} ({args.mode})"):
+        decoder = SpeculativeDecoder.build(workload, plan, args.mode, variants=variants)
     with Bar(TextColumn("{task.description}"), console=out, transient=True) as bar:
         task = bar.add_task("prefill")
         result = decoder.generate(prompts, args.max_new_tokens, lambda p: bar.update(task, description=_line(p)))
@@ -59,13 +84,41 @@ def cmd_generate(args: argparse.Namespace, out: Console) -> None:
         Path(args.json).write_text(json.dumps(result.to_dict() | {"workload": workload.name}, indent=1) + "\n")
 
 
+def _workload_fields(args: argparse.Namespace) -> tuple[dict, Path]:
+    """The workload's fields (from its file, flags overriding) and the path errors name."""
+    from conjugate.workload import read_workload_fields
+
+    if args.workload:
+        fields, where = read_workload_fields(args.workload), Path(args.workload)
+    elif args.draft and args.target:
+        fields = {"name": f"{Path(args.draft).name}-{Path(args.target).name}", "k": 4, "dtype": "bf16"}
+        where = Path.cwd() / "(command line)"  # checkpoint directories are relative to the current one
+    else:
+        raise GenerationError("no model pair: give a WORKLOAD file, or --draft and --target")
+    for flag, keys in _PAIR_FLAGS.items():
+        value = getattr(args, flag)
+        if value is not None:
+            fields |= {key: value for key in keys}
+    return fields, where
+
+
 def _plan(args: argparse.Namespace):
+    """The plan (or conventional backend) to run, and the conventional variants."""
+    from conjugate.evaluate.conventional import Variant
     from conjugate.paths import shipped_plan
     from conjugate.plan import load_plan, validate_plan
 
+    try:
+        variants = tuple(Variant.parse(v) for v in args.variants.split("/"))
+    except ValueError as e:
+        raise GenerationError(f"--variants: {e}") from None
+    if len(variants) != 2:
+        raise GenerationError(f"--variants {args.variants!r}: expected DRAFT/VERIFY, e.g. layers-sdpa/whole-grouped")
+    if args.plan in CONVENTIONAL:
+        return args.plan, variants
     if args.plan:
         path = Path(args.plan)
-        return load_plan(path if path.suffix == ".json" or path.exists() else shipped_plan(args.plan))
+        return load_plan(path if path.suffix == ".json" or path.exists() else shipped_plan(args.plan)), variants
     if args.db:
         from conjugate.search.commands import open_store
         from conjugate.search.report import best_plan
@@ -74,8 +127,8 @@ def _plan(args: argparse.Namespace):
             run = store.latest_run()
             if run is None:
                 raise ConjugateError(f"{args.db}: no search run in this database")
-            return validate_plan(best_plan(store, run), f"{args.db} run {run.id}")
-    return load_plan(shipped_plan("streams"))
+            return validate_plan(best_plan(store, run), f"{args.db} run {run.id}"), variants
+    return load_plan(shipped_plan("streams")), variants
 
 
 def _line(p: Progress) -> str:

@@ -15,6 +15,10 @@ plus the target's next token; a sequence's caches are rolled back by its length 
   plan share the weights; round 0 drafts group 0 and verifies group 1, round 1 the reverse, so
   each group's draft cache lives in one and its target cache in the other.
 
+In place of a plan, `conventional` runs each model on its own by torch (the conventional baseline's
+static steps, evaluate/conventional.py: simple or pipelined, the phases one after the other) and
+`conventional-streams` runs the two groups' phases on two streams (pipelined only).
+
 Between rounds only device-side tensor operations run: nothing waits for the GPU but the progress
 reading, which lags one round behind (the next round is already queued when it waits).
 """
@@ -30,6 +34,7 @@ import torch
 from conjugate.compiler.buffers import ModelBuffers, PreparedWeights
 from conjugate.compiler.round import CompiledRound, compile_round
 from conjugate.errors import ConjugateError
+from conjugate.evaluate.conventional import DEFAULT, ConventionalRound, Variant
 from conjugate.models.reference import forward
 from conjugate.plan import Plan, validate_plan
 from conjugate.roles import Model
@@ -37,6 +42,7 @@ from conjugate.serving.accept import accept, append_emitted
 from conjugate.workload import Workload
 
 MODES = ("simple", "pipelined")
+CONVENTIONAL = ("conventional", "conventional-streams")  # torch backends usable in place of a plan
 
 
 class GenerationError(ConjugateError):
@@ -133,27 +139,36 @@ class _Group:
 class SpeculativeDecoder:
     """A compiled round (two in pipelined mode) and the decoding loop around it."""
 
-    def __init__(self, workload: Workload, plan: Plan, mode: str, rounds: list[CompiledRound]):
-        self.workload, self.plan, self.mode, self.rounds = workload, plan, mode, rounds
+    def __init__(self, workload: Workload, plan_name: str, mode: str, rounds: list[CompiledRound | ConventionalRound]):
+        self.workload, self.plan_name, self.mode, self.rounds = workload, plan_name, mode, rounds
         self.device = rounds[0].device
         self.k = workload.k
         self.slots = min(workload.draft_batch, workload.target_batch)  # sequences per group
         self._steps: list[Callable[[], None]] = []  # a round's steps, each a CUDA graph on a GPU
 
     @classmethod
-    def build(cls, workload: Workload, plan: Plan, mode: str = "pipelined", device: str | None = None,
-              cache_dir: Path | None = None) -> "SpeculativeDecoder":
-        """Load both models' weights and compile the plan's round(s) for this workload."""
+    def build(cls, workload: Workload, plan: Plan | str, mode: str = "pipelined", device: str | None = None,
+              cache_dir: Path | None = None, variants: tuple[Variant, Variant] = (DEFAULT, DEFAULT)
+              ) -> "SpeculativeDecoder":
+        """Load both models' weights and compile the plan's round(s) for this workload. `plan`: a plan,
+        or one of CONVENTIONAL, whose draft and verify steps are built in `variants`."""
         if mode not in MODES:
             raise GenerationError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
+        if isinstance(plan, str) and plan not in CONVENTIONAL:
+            raise GenerationError(f"backend {plan!r}: expected a plan or one of {', '.join(CONVENTIONAL)}")
+        if plan == "conventional-streams" and mode == "simple":
+            raise GenerationError("conventional-streams runs two groups' phases at once: it needs --mode pipelined")
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         draft = PreparedWeights(workload.weights(Model.DRAFT, device))
         target = PreparedWeights(workload.weights(Model.TARGET, device))
-        if mode == "simple":
-            rounds = [compile_round(phase_plan(plan), workload, draft, target, cache_dir=cache_dir)]
-        else:
-            rounds = [compile_round(plan, workload, draft, target, cache_dir=cache_dir) for _ in range(2)]
-        return cls(workload, plan, mode, rounds)
+        count = 1 if mode == "simple" else 2
+        if isinstance(plan, str):
+            rounds = [ConventionalRound(workload, draft, target, *variants, streams=plan == "conventional-streams")
+                      for _ in range(count)]
+            return cls(workload, plan, mode, rounds)
+        compiled = phase_plan(plan) if mode == "simple" else plan
+        rounds = [compile_round(compiled, workload, draft, target, cache_dir=cache_dir) for _ in range(count)]
+        return cls(workload, plan.name, mode, rounds)
 
     @property
     def capacity(self) -> int:
@@ -175,7 +190,7 @@ class SpeculativeDecoder:
         seconds = time.perf_counter() - started
         outputs = [row[:max_new_tokens] for g in groups for row in g.out[:g.size].tolist()][:len(prompts)]
         proposed, accepted = (int(x) for x in sum(g.accepted for g in groups).tolist())
-        return GenerationResult(self.mode, self.plan.name, [list(p) for p in prompts], outputs, rounds, proposed,
+        return GenerationResult(self.mode, self.plan_name, [list(p) for p in prompts], outputs, rounds, proposed,
                                 accepted, seconds, prefill_s, seconds / max(rounds, 1) * 1e3)
 
     def check(self, prompts: list[list[int]], max_new_tokens: int) -> None:
@@ -217,7 +232,7 @@ class SpeculativeDecoder:
         """The steps of a round, each a CUDA graph on a GPU (kernels compiled first)."""
         if self.mode == "simple":
             rnd = self.rounds[0]
-            steps = [_phase(rnd, Model.DRAFT), _phase(rnd, Model.TARGET)]
+            steps = [rnd.phase(Model.DRAFT), rnd.phase(Model.TARGET)]
         else:
             steps = [rnd.run_eager for rnd in self.rounds]
         if self.device.type == "cuda":
@@ -322,16 +337,6 @@ def phase_plan(plan: Plan) -> Plan:
     data |= {"alignment": "sequential", "streams": "one",
              "overrides": [o for o in overrides if set(o) - {"match"}]}
     return validate_plan(data, f"{plan.name} (phases)")
-
-
-def _phase(rnd: CompiledRound, model: Model) -> Callable[[], None]:
-    launches = [launch for launch in rnd.launches
-                if all(p.model == model for p in rnd.schedule.launches[launch.index].parts)]
-
-    def run() -> None:
-        for launch in launches:
-            launch()
-    return run
 
 
 def _captured(step: Callable[[], None], device: torch.device) -> Callable[[], None]:

@@ -1,0 +1,161 @@
+"""The conventional baseline's variants per phase, the baselines as the evaluator measures them, and
+how steady a measurement is, on the six example workloads.
+
+    python benchmarks/baselines.py [--workloads llama-1b-8b-b8 ...] [--json benchmarks/results/baselines_h200.json]
+
+Per workload, in one process (the evaluator's own setup: seeded random weights, the round checked
+on one set of inputs and timed on another):
+1. every conventional variant (evaluate/conventional.py) built for both phases, checked against the
+   fp32 reference and each phase's CUDA graph timed alone; per phase the fastest correct one;
+2. `conventional` (the chosen variants, draft then verify) and `streams` (both on two streams), as
+   the evaluator's baselines; then measured again after other work (the in-process spread);
+3. steadiness: the shipped `streams` plan timed in the sequence an evaluation meets (right after it
+   is compiled, again at once, after the GPU idled, as a second compiled copy), with the SM clock
+   read after each, to find where the spread between two measurements of one round comes from.
+The probe columns are the torch.compile reference measured on this GPU model on 2026-11-30 (each
+model's decode step compiled whole with static shapes, each phase in a CUDA graph; draft then
+verify, and the two graphs on two streams).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from conjugate.compiler.round import compile_round, device_name  # noqa: E402
+from conjugate.evaluate.baselines import (VariantTrial, choose_variants, conventional_baselines,  # noqa: E402
+                                          try_variant)
+from conjugate.evaluate.conventional import Variant  # noqa: E402
+from conjugate.evaluate.measured import MeasuredHarness  # noqa: E402
+from conjugate.evaluate.profile import load_profile  # noqa: E402
+from conjugate.evaluate.rounds import checked_run  # noqa: E402
+from conjugate.evaluate.session import EvaluationSession  # noqa: E402
+from conjugate.evaluate.timing import time_round  # noqa: E402
+from conjugate.paths import EXAMPLES_DIR, shipped_plan  # noqa: E402
+from conjugate.plan import load_plan  # noqa: E402
+from conjugate.workload import load_workload  # noqa: E402
+
+WORKLOADS = ("llama-1b-8b-b1", "llama-1b-8b-b8", "qwen25-05b-7b-b8", "qwen3-06b-8b-b4", "qwen25-15b-14b-b4",
+             "llama-1b-3b-b16-ctx4k")
+PROBE_MS = {"llama-1b-8b-b8": (11.10, 9.68), "llama-1b-8b-b1": (10.02, 7.97), "qwen25-05b-7b-b8": (10.22, 8.14)}
+
+
+def sm_clock_mhz() -> dict:
+    """This GPU's SM clock, temperature and power as nvidia-smi reads them now ({} if it cannot)."""
+    bus = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "pci_bus_id", None)
+    try:
+        text = subprocess.run(["nvidia-smi", "--query-gpu=pci.bus_id,clocks.sm,temperature.gpu,power.draw",
+                               "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    for line in text.strip().splitlines():
+        row = [c.strip() for c in line.split(",")]
+        if len(row) == 4 and (bus is None or int(row[0].split(":")[-2], 16) == bus):
+            return {"sm_mhz": row[1], "temp_c": row[2], "power_w": row[3]}
+    return {}
+
+
+def timed(label: str, run, load, replays: int, warmup: int) -> dict:
+    t = time_round(run, load, replays, warmup)
+    return {"when": label, "median_ms": t.median_ms, "p20_ms": t.p20_ms, "p80_ms": t.p80_ms, **sm_clock_mhz()}
+
+
+def spread_pct(values: list[float]) -> float:
+    return (max(values) - min(values)) / min(values) * 100
+
+
+def steadiness(setup, timing, cache_dir: Path) -> dict:
+    """The shipped streams plan measured as an evaluation meets it, and after idling."""
+    plan = load_plan(shipped_plan("streams"))
+    w = setup.workload
+    rows = []
+    compiled = compile_round(plan, w, *setup.weights, cache_dir=cache_dir)
+    compiled.load(setup.inputs)
+    compiled.warmup()
+    assert checked_run(compiled, setup.inputs, setup.check).ok
+    compiled.prepare()
+    load = lambda: compiled.load(setup.timing_inputs)  # noqa: E731
+    rows.append(timed("after compile", compiled.run, load, timing.replays, timing.warmup))
+    rows.append(timed("at once again", compiled.run, load, timing.replays, timing.warmup))
+    time.sleep(5)
+    rows.append(timed("after 5 s idle, 20 warm-up replays", compiled.run, load, timing.replays, timing.warmup))
+    time.sleep(5)
+    rows.append(timed("after 5 s idle, 400 warm-up replays", compiled.run, load, timing.replays, 400))
+    second = compile_round(plan, w, *setup.weights, cache_dir=cache_dir)  # new buffers, same kernels
+    second.load(setup.inputs)
+    second.prepare()
+    rows.append(timed("a second compiled copy", second.run, lambda: second.load(setup.timing_inputs),
+                      timing.replays, timing.warmup))
+    rows.append(timed("the first again", compiled.run, load, timing.replays, timing.warmup))
+    # alternating blocks: drift shows up in both alike
+    blocks = {"first": [], "second": []}
+    for _ in range(8):
+        for name, rnd in (("first", compiled), ("second", second)):
+            blocks[name].append(time_round(rnd.run, lambda: None, 25, 5).median_ms)
+    return {"sequence": rows, "spread_pct": spread_pct([r["median_ms"] for r in rows]),
+            "alternating_blocks": blocks,
+            "alternating_spread_pct": spread_pct([sorted(v)[len(v) // 2] for v in blocks.values()])}
+
+
+def bench_workload(name: str, profile, cache_dir: Path) -> dict:
+    w = load_workload(EXAMPLES_DIR / f"{name}.toml")
+    session = EvaluationSession()
+    harness = MeasuredHarness(profile, cache_dir, session)
+    setup = harness.prepare(w)
+    timing = profile.timing
+    trials = []
+    for variant in timing.conventional:
+        started = time.perf_counter()
+        trial = try_variant(setup, Variant.parse(variant), timing)
+        trials.append(vars(trial) | {"build_s": time.perf_counter() - started})
+        print(json.dumps({"workload": name} | trials[-1]), flush=True)
+        torch.cuda.empty_cache()
+    chosen = choose_variants([VariantTrial(t["variant"], t["correct"], t["phase_ms"], t["problem"]) for t in trials])
+    first = conventional_baselines(setup, timing, chosen)
+    steady = steadiness(setup, timing, cache_dir)
+    again = conventional_baselines(setup, timing, chosen)
+    conv = [first["conventional"].latency_ms, again["conventional"].latency_ms]
+    streams = [first["streams"].latency_ms, again["streams"].latency_ms]
+    probe = PROBE_MS.get(name)
+    row = {"workload": name, "conventional_ms": conv[0], "conventional_streams_ms": streams[0], "variants": chosen,
+           "phase_ms": first["conventional"].phase_ms, "conventional_again_ms": conv[1],
+           "conventional_streams_again_ms": streams[1],
+           "baseline_spread_pct": max(spread_pct(conv), spread_pct(streams)),
+           "repeat_spread_pct": steady["spread_pct"], "probe_ms": probe, "trials": trials, "steadiness": steady,
+           "checks": {k: b.status for k, b in first.items()}}
+    del setup, harness, session
+    torch.cuda.empty_cache()
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
+    parser.add_argument("--json", help="write the rows here (after every workload)")
+    args = parser.parse_args()
+    profile = load_profile("h200")
+    cache_dir = Path(tempfile.mkdtemp(prefix="conjugate-baselines-"))
+    out = {"gpu": device_name(torch.device("cuda")), "torch": torch.__version__, "command": " ".join(sys.argv),
+           "date": time.strftime("%Y-%m-%d"), "workloads": []}
+    for name in args.workloads:
+        out["workloads"].append(bench_workload(name, profile, cache_dir))
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=1, default=str) + "\n")
+    print(f"{'workload':24} {'draft':14} {'verify':14} {'conv':>7} {'streams':>7} {'probe':>13} {'spread%':>7}")
+    for r in out["workloads"]:
+        probe = "/".join(f"{x:.2f}" for x in r["probe_ms"]) if r["probe_ms"] else "-"
+        print(f"{r['workload']:24} {r['variants']['draft']:14} {r['variants']['verify']:14} {r['conventional_ms']:7.2f} "
+              f"{r['conventional_streams_ms']:7.2f} {probe:>13} {r['repeat_spread_pct']:7.2f}")
+
+
+if __name__ == "__main__":
+    main()
