@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-import conjugate  # noqa: F401
+import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
 from conjugate.compiler.buffers import PreparedWeights
 from conjugate.evaluate.baselines import VariantTrial, choose_variants
 from conjugate.evaluate.conventional import ConventionalRound, Variant
