@@ -42,7 +42,7 @@ BASELINES = ("conventional", "sequential", "streams")
 
 def plan_row(plan, result: EvalResult, modeled: EvalResult) -> dict:
     row = {"plan": plan.name, "plan_hash": plan.hash[:12], "status": str(result.status), "stage": str(result.stage),
-           "error": result.error, "wall_s": result.wall_s, "modeled_ms": modeled.latency_ms}
+           "error": result.error, "wall_s": result.wall_s, "seconds": result.seconds, "modeled_ms": modeled.latency_ms}
     if result.ok:
         m, resources = result.metrics, [f.resources for f in result.feedback]
         counts = {str(k): sum(1 for v in result.verdicts if v.verdict is k) for k in VerdictKind}

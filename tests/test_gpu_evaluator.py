@@ -368,3 +368,37 @@ def test_a_profile_device_names_whole_words(wanted, device, expected):
     from conjugate.evaluate.measured import names_device
 
     assert names_device(wanted, device) is expected
+
+
+# --- what an evaluation's time went to, and verdict times kept between plans -----------------------
+
+def test_a_result_says_where_its_time_went(tmp_path):
+    r = evaluate(CHEAP, TINY, load_profile("analytical"), cache_dir=tmp_path)
+    assert r.ok and {"setup", "baselines", "compile", "warmup", "check"} <= set(r.seconds)
+    assert all(v >= 0 for v in r.seconds.values()) and sum(r.seconds.values()) <= r.wall_s + 0.01
+    assert EvalResult.from_dict(json.loads(json.dumps(r.to_dict()))).seconds == r.seconds
+
+
+def test_verdicts_measure_only_launches_not_measured_before(tmp_path, monkeypatch):
+    """A plan whose shared launches were timed for an earlier plan of the workload reuses those times."""
+    from conjugate.compiler.round import compile_round
+    from conjugate.evaluate import measured
+
+    calls = []
+
+    def fake_time(launch, device, calls_in_row, flush_bytes=0):
+        calls.append(launch)
+        return 10.0 + len(calls)  # each measurement a new number: reuse shows as equal verdicts
+
+    monkeypatch.setattr(measured, "time_per_call", fake_time)
+    monkeypatch.setattr(measured, "l2_flush_bytes", lambda device: 0)
+    rnd = _round("llama")
+    plan = load_plan(ROOT / "plans" / "interleave.json")
+    compiled = compile_round(plan, rnd.workload, rnd.draft, rnd.target, cache_dir=tmp_path)
+    known: dict = {}
+    first = measured.launch_verdicts(compiled, 10, known)
+    measured_once = len(calls)
+    assert first and measured_once == len(known) + sum(len(v[1]) for v in known.values())
+    again = compile_round(plan, rnd.workload, rnd.draft, rnd.target, cache_dir=tmp_path)  # another plan's round
+    assert measured.launch_verdicts(again, 10, known) == first and len(calls) == measured_once
+    assert measured.launch_verdicts(again, 10, {}) != first and len(calls) == 2 * measured_once  # nothing known

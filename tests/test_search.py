@@ -353,6 +353,20 @@ def test_replay_proposes_the_recorded_edits_in_order(env, base_run, tmp_path):
     assert [r["patch"] for r in records] == [n.edit for n in original if n.proposer == "heuristic"]
 
 
+def test_a_seed_reproduces_the_search_edit_for_edit(env, base_run, tmp_path):
+    """The same seed (the default, 0) on the same workload and evaluator: the same edits, in the same
+    order, under the same parents; another seed orders near-equal edits otherwise."""
+    def edits(db: Path) -> list[tuple]:
+        return [(n.id, n.parent_id, n.plan_hash, n.edit, n.edit_kind, n.proposer) for n in tree(db)[1]]
+
+    again = tmp_path / "again.db"
+    assert search_cli(again, env["profile"], BASE_BUDGET, "--seed", 0)[0] == 0
+    assert edits(again) == edits(base_run["db"])
+    other = tmp_path / "other.db"
+    assert search_cli(other, env["profile"], BASE_BUDGET, "--seed", 7)[0] == 0
+    assert [e[2] for e in edits(other)] != [e[2] for e in edits(base_run["db"])]
+
+
 def test_replay_of_a_longer_run_is_exact(env, tmp_path):
     """Replayed with their recorded priors, a 20-evaluation run's edits rebuild the same tree (records do
     not say which edits came in one expansion, so much longer runs can part: agents/replay.py)."""

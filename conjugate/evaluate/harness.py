@@ -6,7 +6,7 @@ pipeline (pipeline.py) sequences the stages the same way for both.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from conjugate.compiler.round import CompiledRound
@@ -24,6 +24,7 @@ class Timed:
     p20_ms: float | None = None
     p80_ms: float | None = None
     replays: int | None = None
+    seconds: dict[str, float] = field(default_factory=dict)  # "replays" and "verdicts": how long each took
 
 
 class Harness(Protocol):

@@ -11,6 +11,7 @@ kernels with the same grids (the same op in every layer) are timed once and repo
 from __future__ import annotations
 
 import re
+import time
 from functools import partial
 from pathlib import Path
 
@@ -71,9 +72,13 @@ class MeasuredHarness:
 
     def time(self, compiled: CompiledRound, setup: RoundSetup) -> Timed:
         t = self.profile.timing
+        started = time.perf_counter()
         timing = time_round(compiled.run, partial(compiled.load, setup.timing_inputs), t.replays, t.warmup)
-        return Timed(timing.median_ms, launch_verdicts(compiled, t.verdict_calls), len(compiled.schedule.launches),
-                     timing.p20_ms, timing.p80_ms, timing.replays)
+        timed_at = time.perf_counter()
+        verdicts = launch_verdicts(compiled, t.verdict_calls, self.session.launch_times(self.profile.kind))
+        seconds = {"replays": timed_at - started, "verdicts": time.perf_counter() - timed_at}
+        return Timed(timing.median_ms, verdicts, len(compiled.schedule.launches), timing.p20_ms, timing.p80_ms,
+                     timing.replays, seconds)
 
     def baselines(self, setup: RoundSetup) -> dict[str, Baseline]:
         return measure_baselines(setup, self.profile, self.cache_dir)
@@ -105,9 +110,14 @@ def names_device(wanted: str, device: str) -> bool:
     return re.search(rf"(?<![A-Za-z0-9]){re.escape(wanted)}(?![A-Za-z0-9])", device, re.IGNORECASE) is not None
 
 
-def launch_verdicts(compiled: CompiledRound, calls: int) -> tuple[Verdict, ...]:
+def launch_verdicts(compiled: CompiledRound, calls: int,
+                    known: dict[tuple, tuple[float, tuple[float, ...]]] | None = None) -> tuple[Verdict, ...]:
     """Verdicts of every multi-part launch, one measurement per group of identical launches, most
-    interfering first."""
+    interfering first. `known` (the session's, for one workload) holds the times measured for
+    launches of earlier plans: a launch built the same way (the same kernel, grids, tiles, warps and
+    stages over the same buffers) is not measured again, so an edit costs verdicts only for the
+    launches it changed."""
+    known = {} if known is None else known
     groups: dict[tuple, list] = {}
     for launch in compiled.launches:
         if len(launch.parts) > 1:
@@ -117,11 +127,13 @@ def launch_verdicts(compiled: CompiledRound, calls: int) -> tuple[Verdict, ...]:
     parts = {f.launch: f.parts for f in compiled.feedback()}
     out, device = [], compiled.device
     flush = l2_flush_bytes(device)  # weights come from memory in a round, not from the L2 of the last call
-    for members in groups.values():
+    for key, members in groups.items():
         first = members[0]
-        shared = time_per_call(first, device, calls, flush_bytes=flush)
-        solo = [time_per_call(compiled.solo(first.index, p), device, calls, flush_bytes=flush)
-                for p in range(len(first.parts))]
+        if key not in known:
+            shared = time_per_call(first, device, calls, flush_bytes=flush)
+            known[key] = shared, tuple(time_per_call(compiled.solo(first.index, p), device, calls, flush_bytes=flush)
+                                       for p in range(len(first.parts)))
+        shared, solo = known[key]
         out.append(Verdict.judge(first.index, parts[first.index], shared, tuple(solo), modeled=False,
                                  launches=tuple(m.index for m in members), resources=first.resources))
     return tuple(sorted(out, key=lambda v: v.gain_percent))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -50,10 +51,12 @@ def _stages(raw: Plan | dict, run: "_Run", harness: Harness, session: Evaluation
     if refused:
         return run.result(Status.ERROR, error=refused)
     kind, key = run.profile.kind, _setup_key(run.workload, run.profile)
-    setup = session.setup(kind, key, partial(harness.prepare, run.workload))
+    with run.step("setup"):
+        setup = session.setup(kind, key, partial(harness.prepare, run.workload))
     # Baselines first (once per workload): running them slows later rounds on the GPU by up to 4%
     # for the rest of the process (benchmarks/steadiness.py), so every plan is timed after them.
-    baselines = session.baselines(kind, harness.baselines_wanted, refresh, partial(_baselines, harness, setup))
+    with run.step("baselines"):
+        baselines = session.baselines(kind, harness.baselines_wanted, refresh, partial(_baselines, harness, setup))
     compiled = build(raw, setup, harness, run)
     if isinstance(compiled, EvalResult):
         return compiled
@@ -62,6 +65,7 @@ def _stages(raw: Plan | dict, run: "_Run", harness: Harness, session: Evaluation
         return checks
     run.enter(Stage.TIMING)
     timed = harness.time(compiled, setup)
+    run.seconds |= timed.seconds
     return run.result(Status.OK, metrics=harness.metrics(timed, setup, baselines), checks=checks,
                       verdicts=timed.verdicts)
 
@@ -86,9 +90,11 @@ def build(raw: Plan | dict, setup: RoundSetup, harness: Harness, run: "_Run") ->
         return run.result(Status.INVALID, error=str(e), plan_errors=tuple(getattr(e, "errors", [str(e)])))
     run.enter(Stage.COMPILE)
     try:
-        compiled = compile_round(plan, setup.workload, *setup.weights, cache_dir=run.cache_dir,
-                                 schedule=schedule)
-        harness.ready(compiled, setup)
+        with run.step("compile"):
+            compiled = compile_round(plan, setup.workload, *setup.weights, cache_dir=run.cache_dir,
+                                     schedule=schedule)
+        with run.step("warmup"):
+            harness.ready(compiled, setup)
     except CompileError as e:
         return run.result(Status.COMPILE_ERROR, error=str(e), compile_failure=e.failure)
     run.compiled(compiled)
@@ -98,7 +104,8 @@ def build(raw: Plan | dict, setup: RoundSetup, harness: Harness, run: "_Run") ->
 def check(compiled: CompiledRound, setup: RoundSetup, harness: Harness, run: "_Run") -> dict | EvalResult:
     """The correctness report, or the result of an incorrect round."""
     run.enter(Stage.CORRECTNESS)
-    checks = harness.check(compiled, setup)
+    with run.step("check"):
+        checks = harness.check(compiled, setup)
     if checks.get("ok", True):
         return checks
     reports = [c for c in checks.values() if isinstance(c, dict) and "problems" in c] or [checks]  # eager, replayed
@@ -118,7 +125,16 @@ class _Run:
         self.workload, self.profile, self.cache_dir, self.on_stage = workload, profile, cache_dir, on_stage
         self.start = time.perf_counter()
         self.plan_hash, self.known = "", {}
+        self.seconds: dict[str, float] = {}  # step -> seconds spent in it (result.STEPS)
         self.enter(Stage.VALIDATE)
+
+    @contextmanager
+    def step(self, name: str):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
 
     def enter(self, stage: Stage) -> None:
         self.stage = stage
@@ -130,4 +146,5 @@ class _Run:
     def result(self, status: Status, **fields: Any) -> EvalResult:
         return EvalResult(plan_hash=self.plan_hash, workload=self.workload.name, evaluator=self.profile.name,
                           stage=self.stage, status=status, modeled=self.profile.kind != "gpu",
-                          wall_s=round(time.perf_counter() - self.start, 3), **self.known, **fields)
+                          wall_s=round(time.perf_counter() - self.start, 3),
+                          seconds={k: round(v, 3) for k, v in self.seconds.items()}, **self.known, **fields)

@@ -136,6 +136,12 @@ class Verdict:
                    Resources.from_dict(data.get("resources")))
 
 
+# Where an evaluation's wall time goes, in order: the workload's setup (weights, inputs, reference
+# checker) and baselines (both once per workload and process), the plan's compile and warm-up, its
+# correctness checks (with the CUDA-graph capture on a GPU), the timed replays, the verdicts.
+STEPS = ("setup", "baselines", "compile", "warmup", "check", "replays", "verdicts")
+
+
 @dataclass(frozen=True)
 class EvalResult:
     plan_hash: str
@@ -154,6 +160,7 @@ class EvalResult:
     wall_s: float = 0.0
     error: str = ""
     schema_version: int = RESULT_SCHEMA_VERSION
+    seconds: dict[str, float] = field(default_factory=dict)  # where wall_s went: step -> seconds (STEPS)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stage", Stage(self.stage))
@@ -179,7 +186,7 @@ class EvalResult:
                 "plan_errors": list(self.plan_errors),
                 "compile_failure": self.compile_failure.to_dict() if self.compile_failure else None,
                 "checks": self.checks, "artifacts": self.artifacts, "wall_s": self.wall_s, "error": self.error,
-                "schema_version": self.schema_version}
+                "schema_version": self.schema_version, "seconds": self.seconds}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "EvalResult":
@@ -196,4 +203,4 @@ class EvalResult:
                    tuple(data.get("plan_errors") or ()),
                    CompileFailure.from_dict(failure) if failure else None,
                    data.get("checks") or {}, data.get("artifacts") or {}, data.get("wall_s", 0.0),
-                   data.get("error", ""), version)
+                   data.get("error", ""), version, data.get("seconds") or {})

@@ -3,8 +3,9 @@
 
 Per kind of evaluator (measured, modeled) it holds the current workload's RoundSetup (weights and
 their compile-time re-layouts, the inputs correctness is checked on, fresh inputs for timing, the
-reference checker) and that workload's baselines, measured or modeled once and again on request;
-and each device's measured copy bandwidth and matmul rate. One workload per kind at a time: a new
+reference checker), that workload's baselines, measured or modeled once and again on request, and
+the times of its launches measured for verdicts; and each device's measured copy bandwidth and
+matmul rate. One workload per kind at a time: a new
 one replaces it (weights of two 8B targets do not both fit next to their fp32 references).
 """
 from __future__ import annotations
@@ -40,6 +41,7 @@ class _Current:
     key: str
     setup: RoundSetup
     baselines: dict[str, Baseline] = field(default_factory=dict)
+    launch_times: dict[tuple, tuple] = field(default_factory=dict)  # measured.launch_verdicts' known times
 
 
 class EvaluationSession:
@@ -66,6 +68,10 @@ class EvaluationSession:
             current.baselines = {}
             current.baselines = obtain()
         return {name: current.baselines[name] for name in wanted}
+
+    def launch_times(self, kind: str) -> dict[tuple, tuple]:
+        """Times of the current workload's launches measured for verdicts, kept for later plans."""
+        return self._current[kind].launch_times
 
     def device_rates(self, device: torch.device) -> dict[str, float]:
         """The device's copy bandwidth (GB/s) and bf16 matmul rate (TFLOP/s), measured once."""
