@@ -191,6 +191,13 @@ def test_unservable_checkpoint_pairs_are_refused_when_the_workload_loads(tmp_pat
         tok.save(str(tmp_path / name / "tokenizer.json"))
     _refused(capsys, ["generate", _workload(tmp_path, "a", "b"), "--prompt-ids", "1"], "different tokenizers")
 
+    config = target.config
+    config.vocab_size += 16  # a draft that can propose tokens the target cannot verify
+    _save(transformers.LlamaForCausalLM(config), tmp_path / "big")
+    _save(_make_model("llama", seed=1), tmp_path / "plain")
+    _refused(capsys, ["generate", _workload(tmp_path, "big", "plain"), "--prompt-ids", "1"], "field 'draft'",
+             "larger than the target's")
+
     odd = _make_model("qwen3", seed=1)  # head_dim 32 -> 24: not a power of two
     config = odd.config
     config.head_dim = 24
