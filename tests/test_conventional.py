@@ -117,3 +117,33 @@ def test_each_phase_runs_its_fastest_correct_variant():
               VariantTrial("c", False, {}, "target_logits off")]
     assert choose_variants(trials) == {"draft": "a", "verify": "b"}
     assert choose_variants(trials[2:]) is None
+
+
+def test_the_variant_choice_is_kept_per_workload_and_device(tmp_path, monkeypatch):
+    """Chosen once (every variant tried), then read back: a later process builds only the chosen ones."""
+    from types import SimpleNamespace
+
+    from conjugate.evaluate import baselines
+    from conjugate.evaluate.profile import TimingSettings
+
+    tried = []
+
+    def fake_trial(setup, variant, timing):
+        tried.append(variant.name)
+        fast = {"layers-sdpa": (5.0, 9.0), "whole-grouped": (7.0, 4.0)}.get(variant.name)
+        return VariantTrial(variant.name, fast is not None, dict(zip(("draft", "verify"), fast or ())),
+                            "" if fast else "wrong")
+
+    monkeypatch.setattr(baselines, "try_variant", fake_trial)
+    monkeypatch.setattr(baselines.torch.cuda, "empty_cache", lambda: None)
+    workload = _round("llama").workload
+    setup = SimpleNamespace(workload=workload, weights=(None, SimpleNamespace(weights=SimpleNamespace(
+        device=torch.device("cpu")))))
+    timing = TimingSettings()
+    assert baselines.chosen_variants(setup, timing, tmp_path) == {"draft": "layers-sdpa", "verify": "whole-grouped"}
+    assert tried == list(timing.conventional)
+    assert baselines.chosen_variants(setup, timing, tmp_path) == {"draft": "layers-sdpa", "verify": "whole-grouped"}
+    assert len(tried) == len(timing.conventional)  # read back, nothing tried again
+    other = replace(workload, k=workload.k + 1)  # another workload: chosen afresh
+    baselines.chosen_variants(SimpleNamespace(workload=other, weights=setup.weights), timing, tmp_path)
+    assert len(tried) == 2 * len(timing.conventional)
