@@ -38,3 +38,9 @@ REWARD_BASELINE = "sequential"  # a plan's reward is its speedup over this basel
 def shipped_plan(name: str) -> Path:
     """A plan of the shipped library by name: plans/<name>.json."""
     return PLANS_DIR / f"{name}.json"
+
+
+def plan_path(name_or_file: str) -> Path:
+    """What a `--plan` argument names: a JSON file, or a shipped plan by name."""
+    path = Path(name_or_file)
+    return path if path.suffix == ".json" or path.exists() else shipped_plan(name_or_file)

@@ -65,7 +65,8 @@ def _call(part: PartCall, index: int, pid: str) -> str:
 
 
 def kernel_source(parts: list[PartCall], dispatch: Dispatch | None, packed: bool = False) -> str:
-    """The text of a module defining `kernel`, the launch's @triton.jit entry point. It depends only
+    """The text of a module defining `kernel`, the launch's @triton.jit entry point (renamed after
+    the text's digest when KernelCache loads it). It depends only
     on the parts' tile functions, their constexprs and the dispatch, so launches that differ only in
     buffers and sizes share one kernel. `packed`: both parts run one call of the same tile
     function, every runtime argument chosen per program (the packed operand layout)."""
@@ -128,16 +129,20 @@ class KernelCache:
         self.directory.mkdir(parents=True, exist_ok=True)
 
     def load(self, source: str):
+        """The kernel of `source` and its digest. The module names its entry point `k_<digest>`, as
+        its file is named, so that profiler records name the kernel (ledger.py)."""
         digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-        path = self.directory / f"k_{digest}.py"
-        if not path.exists() or path.read_text() != source:
-            write_atomic(path, source)  # a concurrent reader never sees half a file
+        entry = f"k_{digest}"
+        text = source.replace("\ndef kernel(", f"\ndef {entry}(", 1)
+        path = self.directory / f"{entry}.py"
+        if not path.exists() or path.read_text() != text:
+            write_atomic(path, text)  # a concurrent reader never sees half a file
         if digest in self._loaded:
             return self._loaded[digest], digest
-        name = f"conjugate_generated.k_{digest}"
+        name = f"conjugate_generated.{entry}"
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
-        self._loaded[digest] = module.kernel
-        return module.kernel, digest
+        self._loaded[digest] = getattr(module, entry)
+        return self._loaded[digest], digest

@@ -105,7 +105,7 @@ def _workload_fields(args: argparse.Namespace) -> tuple[dict, Path]:
 def _plan(args: argparse.Namespace):
     """The plan (or conventional backend) to run, and the conventional variants."""
     from conjugate.evaluate.conventional import Variant
-    from conjugate.paths import shipped_plan
+    from conjugate.paths import plan_path, shipped_plan
     from conjugate.plan import load_plan, validate_plan
 
     try:
@@ -117,8 +117,7 @@ def _plan(args: argparse.Namespace):
     if args.plan in CONVENTIONAL:
         return args.plan, variants
     if args.plan:
-        path = Path(args.plan)
-        return load_plan(path if path.suffix == ".json" or path.exists() else shipped_plan(args.plan)), variants
+        return load_plan(plan_path(args.plan)), variants
     if args.db:
         from conjugate.search.commands import open_store
         from conjugate.search.report import best_plan

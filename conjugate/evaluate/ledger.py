@@ -1,0 +1,205 @@
+"""Where a round's time goes: per launch and per op kind, its time, bytes and achieved bandwidth
+against the device's copy bandwidth, and each stream's busy and idle time, from the GPU's kernel
+records of the round replayed from its CUDA graph.
+
+    replays = kernel_records(compiled.run, device, replays=5)        # GPU: torch.profiler's kernels
+    ledger = Ledger.of(compiled, graph, replays, copy_gbs=4300.0)
+    print(ledger.summary())                                          # a few lines, biggest loss first
+
+A generated kernel is named after its source's digest (`k_<digest>`, codegen.KernelCache), so a
+record names its launch's kernel; launches that share a kernel (the same op in every layer) take
+that kernel's records in the order they were launched.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import networkx as nx
+
+from conjugate.compiler.round import CompiledRound
+from conjugate.errors import ConjugateError
+
+class LedgerError(ConjugateError):
+    """Kernel records that do not match the round's launches."""
+
+
+@dataclass(frozen=True)
+class KernelRecord:
+    name: str
+    stream: int
+    start_us: float
+    end_us: float
+
+    @property
+    def us(self) -> float:
+        return self.end_us - self.start_us
+
+
+@dataclass(frozen=True)
+class LaunchEntry:
+    launch: int
+    kind: str  # e.g. "target qkv" or, for a shared launch, "target gate_up + draft qkv"
+    stream: str  # the plan's stream
+    us: float  # median over the replays
+    bytes: int  # what its ops must move (the op graph's count)
+
+    @property
+    def gbs(self) -> float:
+        return self.bytes / (self.us * 1e-6) / 1e9 if self.us else 0.0
+
+
+@dataclass(frozen=True)
+class KindEntry:
+    kind: str
+    launches: int
+    us: float
+    bytes: int
+    bandwidth_fraction: float  # achieved bandwidth over the copy bandwidth
+
+    @property
+    def floor_us(self) -> float:
+        """These bytes at the copy bandwidth: what the kind would take at the floor."""
+        return self.us * self.bandwidth_fraction
+
+
+@dataclass(frozen=True)
+class StreamEntry:
+    stream: int  # the device's stream id, as the records give it
+    busy_us: float  # union of its kernels' intervals within the round
+    idle_us: float  # the rest of the round
+
+
+@dataclass(frozen=True)
+class Ledger:
+    round_us: float  # one replay: first kernel start to last kernel end (median over replays)
+    floor_us: float  # the round's bytes at the copy bandwidth
+    busy_us: float  # time some kernel ran
+    copy_gbs: float
+    launches: tuple[LaunchEntry, ...]
+    kinds: tuple[KindEntry, ...]  # longest first
+    streams: tuple[StreamEntry, ...]
+
+    @property
+    def idle_us(self) -> float:
+        return self.round_us - self.busy_us
+
+    @classmethod
+    def of(cls, compiled: CompiledRound, graph: nx.DiGraph, replays: list[list[KernelRecord]],
+           copy_gbs: float) -> "Ledger":
+        if not replays:
+            raise LedgerError("no kernel records: nothing was replayed")
+        matched = [match_launches(compiled, records) for records in replays]
+        launches = tuple(_launch_entry(compiled, graph, index, [m[index].us for m in matched])
+                         for index in range(len(compiled.launches)))
+        spans = [_span(records) for records in replays]
+        middle = sorted(range(len(replays)), key=lambda i: spans[i])[len(replays) // 2]  # the median replay
+        records = replays[middle]
+        total_bytes = sum(graph.nodes[n]["op"].bytes for n in graph.nodes)
+        return cls(round_us=spans[middle], floor_us=total_bytes / (copy_gbs * 1e9) * 1e6,
+                   busy_us=_union([(r.start_us, r.end_us) for r in records]), copy_gbs=copy_gbs,
+                   launches=launches, kinds=_kinds(launches, copy_gbs), streams=_streams(records, spans[middle]))
+
+    def summary(self, top: int = 6) -> str:
+        """Where the time goes, a few lines: the round against its floor, idle time, then the op kinds
+        that lose most against their own bytes' floor."""
+        lines = [f"round {self.round_us / 1e3:.2f} ms = {self.round_us / self.floor_us:.2f}x its floor "
+                 f"{self.floor_us / 1e3:.2f} ms; GPU idle {self.idle_us / 1e3:.2f} ms; "
+                 + ", ".join(f"stream {s.stream} busy {s.busy_us / 1e3:.2f} ms" for s in self.streams)]
+        for k in sorted(self.kinds, key=lambda k: k.floor_us - k.us)[:top]:
+            lines.append(f"  {k.kind}: {k.us / 1e3:.2f} ms in {k.launches} launches, "
+                         f"{k.bandwidth_fraction:.0%} of copy bandwidth (loses {(k.us - k.floor_us) / 1e3:.2f} ms)")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"round_us": self.round_us, "floor_us": self.floor_us, "busy_us": self.busy_us,
+                "idle_us": self.idle_us, "copy_gbs": self.copy_gbs,
+                "kinds": [asdict(k) | {"floor_us": k.floor_us} for k in self.kinds],
+                "streams": [asdict(s) for s in self.streams],
+                "launches": [asdict(l) | {"gbs": l.gbs} for l in self.launches]}
+
+
+def match_launches(compiled: CompiledRound, records: list[KernelRecord]) -> dict[int, KernelRecord]:
+    """Launch index -> its kernel record, for one replay's records."""
+    by_name: dict[str, list[KernelRecord]] = defaultdict(list)
+    for r in sorted(records, key=lambda r: r.start_us):
+        by_name[r.name].append(r)
+    out = {}
+    for name, launches in _launches_by_kernel(compiled).items():
+        got = by_name.get(name, [])
+        if len(got) != len(launches):
+            raise LedgerError(f"kernel {name}: {len(got)} records for {len(launches)} launches in one replay")
+        out |= dict(zip(launches, got))
+    return out
+
+
+def _launches_by_kernel(compiled: CompiledRound) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = defaultdict(list)
+    for launch in compiled.launches:  # in launch order
+        out[f"k_{launch.digest}"].append(launch.index)
+    return out
+
+
+def _launch_entry(compiled: CompiledRound, graph: nx.DiGraph, index: int, us: list[float]) -> LaunchEntry:
+    parts = compiled.schedule.launches[index].parts
+    kind = " + ".join(f"{p.model} {p.kind}" for p in parts)
+    nbytes = sum(graph.nodes[op]["op"].bytes for p in parts for op in p.ops)
+    return LaunchEntry(index, kind, compiled.launches[index].stream, statistics.median(us), nbytes)
+
+
+def _kinds(launches: tuple[LaunchEntry, ...], copy_gbs: float) -> tuple[KindEntry, ...]:
+    groups: dict[str, list[LaunchEntry]] = defaultdict(list)
+    for launch in launches:
+        groups[launch.kind].append(launch)
+    out = []
+    for kind, members in groups.items():
+        us, nbytes = sum(m.us for m in members), sum(m.bytes for m in members)
+        achieved = nbytes / (us * 1e-6) / 1e9 if us else 0.0
+        out.append(KindEntry(kind, len(members), us, nbytes, achieved / copy_gbs))
+    return tuple(sorted(out, key=lambda k: -k.us))
+
+
+def _span(records: list[KernelRecord]) -> float:
+    return max(r.end_us for r in records) - min(r.start_us for r in records)
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    """Total length covered by the intervals."""
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
+
+
+def _streams(records: list[KernelRecord], span: float) -> tuple[StreamEntry, ...]:
+    by_stream: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for r in records:
+        by_stream[r.stream].append((r.start_us, r.end_us))
+    return tuple(StreamEntry(s, busy, span - busy) for s, busy in
+                 sorted((s, _union(iv)) for s, iv in by_stream.items()))
+
+
+def kernel_records(run: Callable[[], None], device, replays: int = 5, warmup: int = 3) -> list[list[KernelRecord]]:
+    """The CUDA kernels of `replays` calls of `run` (a round's graph replay), one list per call (GPU only)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmup):
+        run()
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            run()
+        torch.cuda.synchronize(device)
+    records = sorted((KernelRecord(e.name, int(getattr(e, "device_resource_id", 0) or 0), e.time_range.start,
+                                   e.time_range.end)
+                      for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda r: r.start_us)
+    if not records or len(records) % replays:
+        raise LedgerError(f"{len(records)} kernel records for {replays} replays: cannot split them per replay")
+    per = len(records) // replays
+    return [records[i * per:(i + 1) * per] for i in range(replays)]
