@@ -402,3 +402,39 @@ def test_verdicts_measure_only_launches_not_measured_before(tmp_path, monkeypatc
     again = compile_round(plan, rnd.workload, rnd.draft, rnd.target, cache_dir=tmp_path)  # another plan's round
     assert measured.launch_verdicts(again, 10, known) == first and len(calls) == measured_once
     assert measured.launch_verdicts(again, 10, {}) != first and len(calls) == 2 * measured_once  # nothing known
+
+
+def test_replays_stop_once_the_median_is_pinned(monkeypatch):
+    """Steady times stop after the first check (50 replays); noisy ones run to the cap."""
+    import random
+
+    from conjugate.evaluate import timing
+
+    def fake_cuda(times):
+        source = iter(times)
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                pass
+
+            def record(self):
+                pass
+
+            def elapsed_time(self, end):
+                return next(source)
+
+        monkeypatch.setattr(timing.torch.cuda, "Event", Event)
+        monkeypatch.setattr(timing.torch.cuda, "synchronize", lambda *a: None)
+
+    rng = random.Random(0)
+    calls = []
+    enough = timing.median_known_within(0.1, at_least=50)
+    fake_cuda([10 + rng.gauss(0, 0.01) for _ in range(1000)])  # 0.1% noise: pinned at once
+    steady = timing.time_replays(lambda: calls.append(1), replays=200, warmup=5, enough=enough)
+    assert steady.replays == 50 and len(calls) == 55 and steady.median_ms == pytest.approx(10, rel=1e-3)
+    fake_cuda([10 + rng.gauss(0, 1.0) for _ in range(1000)])  # 10% noise: never within 0.1%
+    noisy = timing.time_replays(lambda: None, replays=200, warmup=0, enough=enough)
+    assert noisy.replays == 200
+    fake_cuda([10.0] * 300)
+    assert timing.time_replays(lambda: None, replays=120, warmup=0).replays == 120  # no `enough`: every replay
+    assert not enough([10.0] * 49)  # too few to judge

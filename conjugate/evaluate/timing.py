@@ -43,29 +43,54 @@ def capture(fn: Callable[[], None], device: torch.device, warmup: int = 2) -> to
     return graph
 
 
-def time_replays(run: Callable[[], None], replays: int, warmup: int) -> Timing:
-    """Median and p20/p80 of `replays` timed calls of `run` (each bracketed by CUDA events on the
-    current stream), after `warmup` untimed ones."""
+def time_replays(run: Callable[[], None], replays: int, warmup: int,
+                 enough: Callable[[list[float]], bool] | None = None, block: int = 25) -> Timing:
+    """Median and p20/p80 of up to `replays` timed calls of `run` (each bracketed by CUDA events on
+    the current stream), after `warmup` untimed ones. With `enough`, the calls stop early once
+    `enough(times so far)` holds, asked after every `block` calls."""
     for _ in range(warmup):
         run()
-    events = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        events.append((start, end))
-    torch.cuda.synchronize()
-    ms = sorted(s.elapsed_time(e) for s, e in events)
+    ms: list[float] = []
+    while len(ms) < replays:
+        events = []
+        for _ in range(min(block if enough else replays, replays - len(ms))):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            run()
+            end.record()
+            events.append((start, end))
+        torch.cuda.synchronize()
+        ms += [s.elapsed_time(e) for s, e in events]
+        if enough and enough(ms):
+            break
+    return summarize(ms)
+
+
+def summarize(ms: list[float]) -> Timing:
+    ms = sorted(ms)
     deciles = statistics.quantiles(ms, n=10) if len(ms) > 1 else [ms[0]] * 9
-    return Timing(statistics.median(ms), deciles[1], deciles[7], replays)
+    return Timing(statistics.median(ms), deciles[1], deciles[7], len(ms))
 
 
-def time_round(run: Callable[[], None], load_fresh: Callable[[], None], replays: int, warmup: int) -> Timing:
-    """Load fresh random inputs, then time the round's replays."""
+def median_known_within(percent: float, at_least: int = 50) -> Callable[[list[float]], bool]:
+    """Whether `at_least` times pin their median to within `percent` of it: its standard error,
+    1.25 sigma / sqrt(n) with sigma estimated from the p20-p80 range (1.68 sigma for a normal
+    spread), under that share of the median."""
+    def enough(ms: list[float]) -> bool:
+        if len(ms) < max(at_least, 2):
+            return False
+        t = summarize(ms)
+        sigma = (t.p80_ms - t.p20_ms) / 1.683
+        return 1.2533 * sigma / len(ms) ** 0.5 <= percent / 100 * t.median_ms
+    return enough
+
+
+def time_round(run: Callable[[], None], load_fresh: Callable[[], None], replays: int, warmup: int,
+               enough: Callable[[list[float]], bool] | None = None) -> Timing:
+    """Load fresh random inputs, then time the round's replays (see time_replays for `enough`)."""
     load_fresh()
     torch.cuda.synchronize()
-    return time_replays(run, replays, warmup)
+    return time_replays(run, replays, warmup, enough)
 
 
 def time_per_call(fn: Callable[[], None], device: torch.device, calls: int = 10, replays: int = 5,
