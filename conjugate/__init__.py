@@ -9,4 +9,9 @@ if "TRITON_INTERPRET" not in _os.environ:
     if not _torch.cuda.is_available():
         _os.environ["TRITON_INTERPRET"] = "1"
 
+# No log record of a process that imports the package carries an API key (conjugate/secrets.py).
+from conjugate.secrets import scrub_log_records as _scrub_log_records
+
+_scrub_log_records()
+
 __version__ = "0.1.0"

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from conjugate.errors import ConjugateError, PlanError
 from conjugate.paths import DEFAULT_WORKLOAD, EXAMPLES_DIR, PLANS_DIR, SEED_PLANS, shipped_plan
+from conjugate.secrets import scrub
 
 if TYPE_CHECKING:
     from conjugate.evaluate.result import EvalResult
@@ -236,21 +237,14 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     """Fit the analytical evaluator's constants to measured rounds (a compiler_rounds result file)."""
     import tempfile
 
-    from conjugate.evaluate.calibrate import fit, loss, make_case, profile_text
-    from conjugate.evaluate.profile import ProfileError, load_profile
+    from conjugate.evaluate.calibrate import fit, loss, make_case, measured_rounds, profile_text
+    from conjugate.evaluate.profile import load_profile
     from conjugate.plan import load_plan
     from conjugate.workload import load_workload
 
     profile = load_profile(args.evaluator)
     source = Path(args.measured)
-    try:
-        measured = json.loads(source.read_text())
-        rows = [(w["workload"], p["plan"], p["median_ms"]) for w in measured["workloads"] for p in w["plans"]
-                if "median_ms" in p]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ProfileError(f"{source}: not a measured-rounds file (workloads[].plans[].median_ms): {e}") from e
-    if not rows:
-        raise ProfileError(f"{source}: no measured round to fit to")
+    rows = measured_rounds(source)
     cases = []
     with tempfile.TemporaryDirectory() as tmp, out.status(f"lowering {len(rows)} measured rounds"):
         for workload, plan, ms in rows:
@@ -310,10 +304,12 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "compile":
             action.add_argument("--out", required=True, help="directory for the kernel sources")
         action.set_defaults(func=func)
+    from conjugate.evaluate.ledger_command import add_command as add_profile_command
     from conjugate.search.commands import add_commands
     from conjugate.serving.command import add_command
     add_commands(sub, out)
     add_command(sub, out)
+    add_profile_command(sub, out)
     return parser
 
 
@@ -322,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         status = args.func(args)
     except ConjugateError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {scrub(str(e))}", file=sys.stderr)
         return 2
     except OSError as e:  # writing outputs: a path that is not a directory, no permission, a full disk
         print(f"error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)

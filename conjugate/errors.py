@@ -35,7 +35,13 @@ class PatchError(ConjugateError):
 
 
 class ScheduleError(ConjugateError):
-    """A plan expanded to a schedule that breaks a dependency or cannot be honoured."""
+    """A plan expanded to a schedule that breaks a dependency or cannot be honoured. `errors` holds the
+    problem as 'PATH: reason' (or the ops it names), without the plan file the message starts with."""
+
+    def __init__(self, error: str, source: str | None = None):
+        self.errors = [error]
+        self.source = source
+        super().__init__(f"{source}: {error}" if source else error)
 
 
 class CompileError(ConjugateError):

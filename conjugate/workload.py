@@ -13,13 +13,12 @@
 """
 from __future__ import annotations
 
-import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from conjugate.errors import CheckpointError, WorkloadError
-from conjugate.files import read_text
+from conjugate.files import read_toml, shown
 from conjugate.models.presets import PRESETS
 from conjugate.models.spec import ModelSpec
 from conjugate.models.weights import DTYPES, checkpoint_files
@@ -28,7 +27,8 @@ from conjugate.roles import Model
 _FIELDS: dict[str, type] = {"name": str, "draft": str, "target": str, "k": int, "draft_batch": int,
                             "target_batch": int, "context": int, "dtype": str, "seed": int, "kv_init": str}
 _REQUIRED = ("draft", "target", "k", "draft_batch", "target_batch", "context", "dtype")
-_LIMITS = {"k": (1, 16), "draft_batch": (1, 256), "target_batch": (1, 256), "context": (0, 131072)}
+_LIMITS = {"k": (1, 16), "draft_batch": (1, 256), "target_batch": (1, 256), "context": (0, 131072),
+           "seed": (0, 2**63 - 1)}  # a seed seeds torch's generators: a signed 64-bit integer
 
 
 @dataclass(frozen=True)
@@ -90,12 +90,7 @@ def load_workload(path: str | Path) -> Workload:
 
 def read_workload_fields(path: str | Path) -> dict[str, Any]:
     """A workload file's fields as written, unchecked (see workload_from_dict)."""
-    path = Path(path)
-    text = read_text(path, WorkloadError, "workload file")
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise WorkloadError(f"{path}: malformed TOML: {e}") from e
+    return read_toml(Path(path), WorkloadError, "workload file")
 
 
 def workload_from_dict(data: dict[str, Any], path: Path) -> Workload:
@@ -104,18 +99,18 @@ def workload_from_dict(data: dict[str, Any], path: Path) -> Workload:
             raise WorkloadError(f"{path}: unknown field {key!r}; known: {', '.join(_FIELDS)}")
         kind = _FIELDS[key]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise WorkloadError(f"{path}: field {key!r} should be {kind.__name__}, got {value!r}")
+            raise WorkloadError(f"{path}: field {key!r} should be {kind.__name__}, got {shown(value)}")
     for key in _REQUIRED:
         if key not in data:
             raise WorkloadError(f"{path}: missing field {key!r}")
     for key, (low, high) in _LIMITS.items():
-        if not low <= data[key] <= high:
-            raise WorkloadError(f"{path}: field {key!r} is {data[key]}, must be in [{low}, {high}]")
+        if key in data and not low <= data[key] <= high:
+            raise WorkloadError(f"{path}: field {key!r} is {shown(data[key])}, must be in [{low}, {high}]")
     if data["dtype"] not in DTYPES:
-        raise WorkloadError(f"{path}: field 'dtype' is {data['dtype']!r}; one of {', '.join(DTYPES)}")
+        raise WorkloadError(f"{path}: field 'dtype' is {shown(data['dtype'])}; one of {', '.join(DTYPES)}")
     kv_init = data.get("kv_init", "random")
     if kv_init not in ("random", "prefill"):
-        raise WorkloadError(f"{path}: field 'kv_init' is {kv_init!r}; one of random, prefill")
+        raise WorkloadError(f"{path}: field 'kv_init' is {shown(kv_init)}; one of random, prefill")
     draft, draft_source = _resolve_model(data["draft"], "draft", path)
     target, target_source = _resolve_model(data["target"], "target", path)
     for key, spec in (("draft", draft), ("target", target)):
@@ -145,15 +140,16 @@ def same_tokenizer(draft_source: str, target_source: str) -> bool:
 def _resolve_model(value: str, key: str, path: Path) -> tuple[ModelSpec, str]:
     if value in PRESETS:
         return PRESETS[value], value
-    directory = (path.parent / value).resolve()
-    if not directory.is_dir():
-        raise WorkloadError(f"{path}: field {key!r}: {value!r} is neither a model preset nor a checkpoint "
+    directory = (path.parent / value).resolve() if "\0" not in value else None  # no path holds a NUL
+    if directory is None or not directory.is_dir():
+        raise WorkloadError(f"{path}: field {key!r}: {shown(value)} is neither a model preset nor a checkpoint "
                             f"directory (presets: conjugate models)")
     try:
         spec = ModelSpec.from_hf_config(directory)
         for shard in sorted(set(checkpoint_files(directory).values())):
-            if not shard.exists():
-                raise CheckpointError(f"{shard}: missing safetensors shard")
+            if not shard.exists():  # only an index names shards; a single model.safetensors was opened
+                raise CheckpointError(f"{directory / 'model.safetensors.index.json'}: field 'weight_map' names "
+                                      f"a missing safetensors shard, {shard}")
     except CheckpointError as e:
         raise WorkloadError(f"{path}: field {key!r}: {e}") from e
     return spec, str(directory)

@@ -11,7 +11,7 @@ import pytest
 
 from conjugate.agents import make_proposer
 from conjugate.agents.anthropic_agent import AnthropicClient
-from conjugate.agents.base import NodeContext, Proposal
+from conjugate.agents.base import NodeContext, Proposal, ProposerUnavailable
 from conjugate.agents.llm import ChatReply, LLMBudgetExceeded, LLMProposer, cost_usd, load_prices
 from conjugate.agents.openai_agent import OpenAIClient
 from conjugate.agents.prompt import parse_reply
@@ -143,7 +143,7 @@ class FakeClient:
     def __init__(self, *texts: str):
         self.texts, self.calls = list(texts), []
 
-    def complete(self, system, messages, max_tokens):
+    def complete(self, system, messages, max_tokens, time_left_s=None):
         self.calls.append(messages)
         return ChatReply(self.texts.pop(0), 1, 1)
 
@@ -179,7 +179,8 @@ def test_persistent_server_error_gives_up(provider, server, context):
     for _ in range(3):
         server.fail(500)
     agent = make_agent(provider, server, records, max_retries=2)
-    assert agent.propose(context, 2) == []
+    with pytest.raises(ProposerUnavailable, match="gave up after 3 attempts"):  # no answer: the node stays open
+        agent.propose(context, 2)
     assert len(server.requests) == 3 and len(records) == 3
     assert all("LLMTransientError" in r["error"] and "500" in r["error"] for r in records)
     assert "500" in agent.last_error
@@ -198,7 +199,8 @@ def test_auth_failure_is_fatal(provider, server, context):
     records = []
     server.fail(401, "invalid x-api-key")
     agent = make_agent(provider, server, records)
-    assert agent.propose(context, 2) == []
+    with pytest.raises(ProposerUnavailable, match="401"):
+        agent.propose(context, 2)
     assert len(server.requests) == 1 and "LLMFatalError" in records[0]["error"] and "401" in agent.last_error
 
 
@@ -222,7 +224,9 @@ def test_key_reaches_the_server_but_no_record(provider, server, context):
     server.reply("not json")
     server.reply(edits(GOOD[0]))
     agent = make_agent(provider, server, records)
-    agent.propose(context, 1)  # the 401
+    with pytest.raises(ProposerUnavailable) as unavailable:  # the 401
+        agent.propose(context, 1)
+    assert KEYS[provider] not in str(unavailable.value)
     agent.propose(context, 1)
     sent = {r.headers.get("x-api-key") or r.headers.get("authorization", "").removeprefix("Bearer ")
             for r in server.requests}

@@ -295,6 +295,22 @@ def test_resume_continues_the_stored_tree_exactly(env, tmp_path):
     assert shape(nodes) == shape(uninterrupted)
 
 
+def test_a_resume_reads_settings_of_another_version(env, tmp_path):
+    """A stored setting this version does not know is dropped; one of the wrong type is one line."""
+    import sqlite3
+
+    db = tmp_path / "settings.db"
+    assert search_cli(db, env["profile"], 3)[0] == 0
+    with contextlib.closing(sqlite3.connect(db)) as con, con:
+        settings = json.loads(con.execute("select settings from runs").fetchone()[0])
+        con.execute("update runs set settings = ?", (json.dumps(settings | {"retired_knob": 1}),))
+    code, _, err = cli("search", "--resume", db, "--budget", 4)
+    assert code == 0, err
+    with contextlib.closing(sqlite3.connect(db)) as con, con:
+        con.execute("update runs set settings = ?", (json.dumps(settings | {"c_puct": "wide"}),))
+    assert_one_line_error(*cli("search", "--resume", db, "--budget", 5)[::2], str(db), "'c_puct'")
+
+
 # -- 4. two searches on one database
 
 def test_two_searches_on_one_database_never_evaluate_a_plan_twice(env, tmp_path):

@@ -6,21 +6,23 @@
     openai:<model>     an OpenAI model, or any OpenAI-compatible server given its base URL
                        (key: OPENAI_API_KEY; optional with a base URL)
 
-`make_proposer(spec)` builds one from its command-line spec; base.py holds the interface.
+`make_proposer(spec)` builds one from its command-line spec; base.py holds the interface. Every LLM
+reply passes one boundary (agents/wire.py, then agents/prompt.py) before any of it is used.
 """
 from __future__ import annotations
 
-from conjugate.agents.base import EDIT_KINDS, LLMCallLog, NodeContext, Proposal, Proposer
+from conjugate.agents.base import EDIT_KINDS, LLMCallLog, NodeContext, Proposal, Proposer, ProposerUnavailable
 from conjugate.errors import ConjugateError
 
-__all__ = ["EDIT_KINDS", "NodeContext", "Proposal", "Proposer", "make_proposer"]
+__all__ = ["EDIT_KINDS", "NodeContext", "Proposal", "Proposer", "ProposerUnavailable", "make_proposer"]
 _FORMS = "heuristic, replay, anthropic:<model> or openai:<model>"
 
 
 def make_proposer(spec: str, *, seed: int = 0, base_url: str | None = None, log_call: LLMCallLog | None = None,
                   max_cost_usd: float | None = None, spent_usd: float = 0.0,
-                  replay_records: list[dict] | None = None) -> Proposer:
-    """The proposer a spec names; ConjugateError (one line) for an unknown spec or a missing key."""
+                  replay_records: list[dict] | None = None, timeout_s: float | None = None) -> Proposer:
+    """The proposer a spec names; ConjugateError (one line) for an unknown spec or a missing key.
+    `timeout_s`: an LLM request's timeout (default DEFAULT_TIMEOUT_S)."""
     if spec == "heuristic":
         from conjugate.agents.heuristic import HeuristicProposer
         return HeuristicProposer(seed=seed)
@@ -32,10 +34,10 @@ def make_proposer(spec: str, *, seed: int = 0, base_url: str | None = None, log_
     provider, _, model = spec.partition(":")
     if provider not in ("anthropic", "openai") or not model.strip():
         raise ConjugateError(f"--agent: unknown agent {spec!r}; use {_FORMS}")
-    from conjugate.agents.llm import LLMProposer
+    from conjugate.agents.llm import DEFAULT_TIMEOUT_S, LLMProposer
     if provider == "anthropic":
         from conjugate.agents.anthropic_agent import AnthropicClient as Client
     else:
         from conjugate.agents.openai_agent import OpenAIClient as Client
-    return LLMProposer(Client(model, base_url=base_url), provider, model, log_call=log_call,
-                       max_cost_usd=max_cost_usd, spent_usd=spent_usd)
+    client = Client(model, base_url=base_url, timeout_s=timeout_s or DEFAULT_TIMEOUT_S)
+    return LLMProposer(client, provider, model, log_call=log_call, max_cost_usd=max_cost_usd, spent_usd=spent_usd)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from conjugate.errors import ConjugateError
 from conjugate.evaluate.result import EvalResult
 
 EDIT_KINDS = ("tiles", "pattern", "pairs", "fusion", "alignment", "streams", "layout", "override", "launch",
@@ -41,6 +42,12 @@ class NodeContext:
     edit_stats: dict = field(default_factory=dict)  # edit kind -> {"n": count, "mean_gain": float}
     tried: list[dict] = field(default_factory=list)  # this node's children so far: {"patch", "kind", "status", "reward"}
     failures: list[dict] = field(default_factory=list)  # recent failed plans' errors: {"patch", "status", "error"}
+    deadline: float | None = None  # time.monotonic() at which the search stops; None: no time limit
+
+
+class ProposerUnavailable(ConjugateError):
+    """The proposer gave no answer: its service failed past retrying, or the search's time ran out.
+    Unlike an empty proposal list, it says nothing about the node."""
 
 
 class Proposer(Protocol):

@@ -1,71 +1,86 @@
 """The LLM proposer: asks a chat model for plan edits and keeps what validates.
 
 Provider-agnostic: a ChatClient (agents/anthropic_agent.py, agents/openai_agent.py) sends one chat
-request and maps its SDK's failures to LLMTransientError (worth repeating) or LLMFatalError
-(`sdk_error`). The prompts are rendered and the reply read by agents/prompt.py: the reply is data,
-parsed as JSON, never executed; every edit is applied and validated before it becomes a Proposal,
-and a reply without a valid edit is answered once with the reasons (retry.md).
+request and reads its reply through agents/wire.py, the one boundary every reply passes: whatever
+arrives becomes a ChatReply or LLMTransientError (worth repeating: rate limits, 5xx, timeouts, lost
+connections, malformed bodies) or LLMFatalError (`sdk_error`). The prompts are rendered and the
+reply's text read by agents/prompt.py: the text is data, parsed as JSON within size and depth
+limits, never executed; every edit is applied and validated before it becomes a Proposal, and a
+reply without a valid edit is answered once with the reasons (retry.md).
+
+Time: each request's timeout is the client's own (--llm-timeout) or what is left of the search's
+time, whichever is less; retries wait only while time is left. When no reply comes (retries spent,
+a fatal error, the time up) propose() raises ProposerUnavailable.
+
 Every request, successful or not, goes to `log_call` as one record with the keys provider, model,
-prompt, reply, input_tokens, output_tokens, cost_usd, latency_s and error.
+prompt, reply, input_tokens, output_tokens, cost_usd, latency_s and error. Prompt and reply are kept
+up to STORED_CHARS characters each, with the original length noted; token counts a reply does not
+give as counts are estimated from the text (about four characters a token), so the cost cap holds.
 """
 from __future__ import annotations
 
 import fnmatch
 import logging
 import random
-import re
 import time
 import tomllib
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Protocol
 
-from conjugate.agents.base import LLMCallLog, NodeContext, Proposal
-from conjugate.agents.prompt import Prompts, check_edits, parse_reply
+from conjugate.agents.base import LLMCallLog, NodeContext, Proposal, ProposerUnavailable
+from conjugate.agents.prompt import Prompts, check_edits, clip, parse_reply
+from conjugate.agents.wire import ChatReply, LLMFatalError, LLMMalformedReply, LLMTransientError
 from conjugate.errors import ConjugateError, PlanError
 from conjugate.files import read_text
 from conjugate.paths import PRICES_FILE, PROMPTS_DIR
 from conjugate.plan.patch import patch_plan
 from conjugate.plan.schema import Plan, validate_plan
+from conjugate.secrets import REDACTED, scrub
 
 log = logging.getLogger(__name__)
 MAX_BACKOFF_S = 60.0
-_KEYLIKE = re.compile(r"\bsk-[A-Za-z0-9_\-*]{8,}")  # anything shaped like an API key
-
-
-class LLMTransientError(ConjugateError):
-    """A request that may succeed if repeated: rate limit, server error, timeout, lost connection."""
-
-    def __init__(self, message: str, retry_after_s: float | None = None):
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-class LLMFatalError(ConjugateError):
-    """A request that will not succeed as it is: bad key, no permission, bad request, unknown model."""
+DEFAULT_TIMEOUT_S = 600.0  # one request's timeout unless --llm-timeout says otherwise
+STORED_CHARS = 64 * 1024  # of a call's prompt and of its reply, kept in its record
+ECHOED_CHARS = 16 * 1024  # of an unusable reply, quoted back to the model with the reasons
+CHARS_PER_TOKEN = 4  # for estimating token counts a reply does not give
+__all__ = ["ChatReply", "LLMBudgetExceeded", "LLMFatalError", "LLMMalformedReply", "LLMProposer",
+           "LLMTransientError", "ProposerUnavailable", "cost_usd", "http_error", "load_prices", "sdk_error"]
 
 
 class LLMBudgetExceeded(ConjugateError):
     """The LLM spending reached its cap; raised before a request would be made."""
 
 
-@dataclass(frozen=True)
-class ChatReply:
-    text: str
-    input_tokens: int = 0
-    output_tokens: int = 0
-
-
 class ChatClient(Protocol):
-    def complete(self, system: str, messages: list[dict], max_tokens: int) -> ChatReply:
-        """One chat request (messages: {"role", "content"}); raises LLMTransientError or LLMFatalError."""
+    def complete(self, system: str, messages: list[dict], max_tokens: int,
+                 time_left_s: float | None = None) -> ChatReply:
+        """One chat request (messages: {"role", "content"}) taking at most its own timeout or
+        `time_left_s`, whichever is less; raises LLMTransientError or LLMFatalError."""
         ...
 
 
+def request_timeout(timeout_s: float, time_left_s: float | None) -> float:
+    """A request's timeout: the client's own, or the time left when that is less."""
+    return timeout_s if time_left_s is None else max(0.001, min(timeout_s, time_left_s))
+
+
+def stored(text: str, limit: int = STORED_CHARS) -> str:
+    """`text` as a record keeps it: scrubbed of secrets first (a key cut in two would no longer be
+    recognised), then its first `limit` characters, and its length when longer."""
+    text = scrub(text)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n[... stored {limit} of {len(text)} characters]"
+
+
+def estimated_tokens(text: str) -> int:
+    return -(-len(text) // CHARS_PER_TOKEN)
+
+
 def redact(text: str, secret: str | None) -> str:
-    """`text` without the secret and without anything shaped like an API key."""
-    return _KEYLIKE.sub("***", text.replace(secret, "***") if secret else text)
+    """`text` without the secret (configured or not) and without anything shaped like an API key."""
+    return scrub(text.replace(secret, REDACTED) if secret else text)
 
 
 def http_error(status: int, message: str, retry_after: str | None = None) -> ConjugateError:
@@ -112,8 +127,8 @@ def cost_usd(model: str, input_tokens: int, output_tokens: int, prices: dict[str
 
 
 class LLMProposer:
-    """Proposes edits by asking a chat model. Never raises out of propose() except LLMBudgetExceeded;
-    a failed request leaves its reason in `last_error`."""
+    """Proposes edits by asking a chat model. Out of propose() come only proposals,
+    ProposerUnavailable (no reply came; the reason is also in `last_error`) and LLMBudgetExceeded."""
 
     def __init__(self, client: ChatClient, provider: str, model: str, log_call: LLMCallLog | None = None,
                  max_cost_usd: float | None = None, spent_usd: float = 0.0, prompts_dir: Path = PROMPTS_DIR,
@@ -133,6 +148,7 @@ class LLMProposer:
     def propose(self, context: NodeContext, n: int) -> list[Proposal]:
         if n <= 0:
             return []
+        self.last_error = ""
         try:
             current = validate_plan(context.plan)
         except PlanError as e:
@@ -147,13 +163,13 @@ class LLMProposer:
         system = self.prompts.system_text()
         messages = [{"role": "user", "content": self.prompts.expand_text(context, n)}]
         for attempt in range(2):  # the first reply, then one answer to an invalid reply
-            reply = self._request(system, messages)
-            if reply is None:
-                return []
+            reply = self._request(system, messages, context.deadline)
             edits, reasons = self._read(reply.text, current, seen, n)
             if edits or attempt:
+                if not edits:
+                    self.last_error = f"{self.name}: no usable edit: {'; '.join(reasons[:3])}"
                 return edits
-            messages += [{"role": "assistant", "content": reply.text or "(empty reply)"},
+            messages += [{"role": "assistant", "content": clip(reply.text, ECHOED_CHARS) or "(empty reply)"},
                          {"role": "user", "content": self.prompts.retry_text(reasons, n)}]
         return []
 
@@ -164,46 +180,70 @@ class LLMProposer:
             return [], [str(e)]
         return check_edits(edits, current, seen, n) if edits else ([], ['the "edits" list is empty'])
 
-    def _request(self, system: str, messages: list[dict]) -> ChatReply | None:
-        """One reply, repeating transient failures with exponential backoff; None if none came."""
+    def _request(self, system: str, messages: list[dict], deadline: float | None) -> ChatReply:
+        """One reply, repeating transient failures with exponential backoff while time is left;
+        ProposerUnavailable when none came."""
         for attempt in range(self.max_retries + 1):
             try:
-                return self._send(system, messages)
+                return self._send(system, messages, self._time_left(deadline))
             except LLMTransientError as e:
                 self.last_error = f"{self.name}: {e}"
                 if attempt < self.max_retries:
-                    time.sleep(self._delay(attempt, e.retry_after_s))
+                    self._wait(self._delay(attempt, e.retry_after_s), deadline)
             except LLMFatalError as e:
                 self.last_error = f"{self.name}: {e}"
                 log.error("%s", self.last_error)
-                return None
+                raise ProposerUnavailable(self.last_error) from e
         log.warning("%s (gave up after %d attempts)", self.last_error, self.max_retries + 1)
-        return None
+        raise ProposerUnavailable(f"{self.last_error} (gave up after {self.max_retries + 1} attempts)")
+
+    def _time_left(self, deadline: float | None) -> float | None:
+        """Seconds until the search's deadline (None: no deadline); ProposerUnavailable when none are left."""
+        if deadline is None:
+            return None
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ProposerUnavailable(f"{self.name}: the search's time is up" +
+                                      (f" (last failure: {self.last_error})" if self.last_error else ""))
+        return left
+
+    def _wait(self, delay: float, deadline: float | None) -> None:
+        """Sleep before a retry, unless the deadline comes first."""
+        if deadline is not None and time.monotonic() + delay >= deadline:
+            raise ProposerUnavailable(f"{self.last_error} (no time left to try again)")
+        time.sleep(delay)
 
     def _delay(self, attempt: int, retry_after_s: float | None) -> float:
         delay = max(self.backoff_s * 2 ** attempt, retry_after_s or 0.0)
         return min(delay, MAX_BACKOFF_S) * (1 + 0.25 * self._jitter.random())
 
-    def _send(self, system: str, messages: list[dict]) -> ChatReply:
+    def _send(self, system: str, messages: list[dict], time_left_s: float | None) -> ChatReply:
         if self.max_cost_usd is not None and self.spent_usd >= self.max_cost_usd:
             raise LLMBudgetExceeded(f"{self.name}: LLM spending ${self.spent_usd:.4f} reached the cap "
                                     f"${self.max_cost_usd:.4f}")
         prompt = "\n\n".join([f"[system]\n{system}"] + [f"[{m['role']}]\n{m['content']}" for m in messages])
-        record = {"provider": self.provider, "model": self.model, "prompt": prompt, "reply": "",
+        record = {"provider": self.provider, "model": self.model, "prompt": stored(prompt), "reply": "",
                   "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0, "latency_s": 0.0, "error": ""}
         start = time.monotonic()
         try:
-            reply = self.client.complete(system, messages, self.max_tokens)
+            reply = self.client.complete(system, messages, self.max_tokens, time_left_s)
         except (LLMTransientError, LLMFatalError) as e:
             record["error"] = f"{type(e).__name__}: {e}"
             raise
         else:
-            cost = cost_usd(self.model, reply.input_tokens, reply.output_tokens, self.prices)
-            self.spent_usd += cost
-            record |= {"reply": reply.text, "input_tokens": reply.input_tokens,
-                       "output_tokens": reply.output_tokens, "cost_usd": cost}
+            record |= self._account(reply, prompt)
             return reply
         finally:
             record["latency_s"] = round(time.monotonic() - start, 3)
             if self.log_call is not None:
                 self.log_call(record)
+
+    def _account(self, reply: ChatReply, prompt: str) -> dict:
+        """The record's fields for a reply: its text as stored, token counts (estimated where the
+        reply gave none), their cost (added to the spending), and notes on what was odd."""
+        tokens_in = estimated_tokens(prompt) if reply.input_tokens is None else reply.input_tokens
+        tokens_out = estimated_tokens(reply.text) if reply.output_tokens is None else reply.output_tokens
+        cost = cost_usd(self.model, tokens_in, tokens_out, self.prices)
+        self.spent_usd += cost
+        return {"reply": stored(reply.text), "input_tokens": tokens_in, "output_tokens": tokens_out,
+                "cost_usd": cost, "error": "; ".join(reply.notes)}

@@ -3,8 +3,10 @@ read back as plan edits.
 
 The templates (search/prompts/system.md, expand.md, retry.md) are editable files with $placeholders;
 `Prompts` fills them with compact JSON (floats to 4 significant digits, long values clipped). A reply
-is data: `parse_reply` finds its "edits" list, `check_edits` applies and validates every edit and
-says why each dropped one was dropped, in the patch's own JSON Pointer paths.
+is data: `parse_reply` finds its "edits" list in time linear in the reply's length (at most
+MAX_REPLY_CHARS of it, JSON nested at most MAX_DEPTH deep), `check_edits` applies and validates
+every edit (the first MAX_EDITS, each of at most MAX_PATCH_OPS operations) and says why each dropped
+one was dropped, in the patch's own JSON Pointer paths.
 """
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ import json
 import re
 import string
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from conjugate.agents.base import EDIT_KINDS, NodeContext, Proposal
+from conjugate.agents.wire import MAX_DEPTH, Span, json_spans
 from conjugate.compiler.feedback import PartRef, Resources
 from conjugate.errors import ConjugateError, PlanError
 from conjugate.files import read_text
@@ -22,13 +25,18 @@ from conjugate.paths import PLAN_SCHEMA_FILE, PROMPTS_DIR
 from conjugate.plan.patch import patch_plan
 from conjugate.plan.schema import Plan
 
+MAX_REPLY_CHARS = 128 * 1024  # twice the text of the proposer's max_tokens (16384)
+MAX_RESCANS = 8  # unclosed "{" (in prose) after which a reply is scanned again from the next "{"
+MAX_EDITS = 32  # edits of one reply that are read
+MAX_PATCH_OPS = 64  # operations of one edit
+
 
 def _json(value: Any, limit: int = 0, sort: bool = True) -> str:
     text = json.dumps(_short(value), sort_keys=sort, separators=(",", ":"), default=str)
-    return _clip(text, limit) if limit else text
+    return clip(text, limit) if limit else text
 
 
-def _clip(text: str, limit: int) -> str:
+def clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
@@ -56,9 +64,9 @@ def _scores(ctx: NodeContext) -> str:
     if r.metrics:
         out |= {k: v for k, v in r.metrics.to_dict().items() if v is not None and k not in _NOT_SCORES}
     if r.error:
-        out["error"] = _clip(r.error, 600)
+        out["error"] = clip(r.error, 600)
     if r.plan_errors:
-        out["plan_errors"] = [_clip(e, 200) for e in r.plan_errors[:10]]
+        out["plan_errors"] = [clip(e, 200) for e in r.plan_errors[:10]]
     return _json(out)
 
 
@@ -133,13 +141,13 @@ class Prompts:
             scores=_scores(ctx),
             baselines=_json(ctx.baselines) if ctx.baselines else "none measured",
             verdicts=_verdicts(ctx), feedback=_feedback(ctx), best=_bullets(ctx.best, 3, _best),
-            lessons=_bullets(ctx.lessons, 20, lambda s: _clip(str(s), 300)),
+            lessons=_bullets(ctx.lessons, 20, lambda s: clip(str(s), 300)),
             edit_stats=_bullets(sorted(ctx.edit_stats.items()), 20, lambda kv: f"{kv[0]}: {_json(kv[1])}"),
             tried=_bullets(ctx.tried, 20, lambda t: _pick(t, ("kind", "status", "reward", "patch"))),
             failures=_bullets(ctx.failures, 8, lambda f: _pick(f, ("status", "error", "patch"))))
 
     def retry_text(self, reasons: list[str], n: int) -> str:
-        reasons_text = _bullets(reasons, 20, lambda s: _clip(s, 400))
+        reasons_text = _bullets(reasons, 20, lambda s: clip(s, 400))
         return self.retry.safe_substitute(reasons=reasons_text, n=n, kinds=self.kinds)
 
 
@@ -149,20 +157,43 @@ _FENCE = re.compile(r"```[A-Za-z]*[ \t]*\n?(.*?)```", re.S)
 def parse_reply(text: str) -> list:
     """The "edits" list of the reply's JSON (a fenced block, else the first object that has one);
     raises ValueError saying what is wrong."""
-    decoder, first_error, found = json.JSONDecoder(), "", False
+    if len(text) > MAX_REPLY_CHARS:
+        raise ValueError(f"the reply is {len(text)} characters long; keep it under {MAX_REPLY_CHARS}")
+    first_error, found = "", False
     for chunk in [m.group(1) for m in _FENCE.finditer(text)] + [text]:
-        start = chunk.find("{")
-        while start != -1:
-            try:
-                obj, end = decoder.raw_decode(chunk, start)
-            except json.JSONDecodeError as e:
-                first_error = first_error or f"malformed JSON ({e.msg} at line {e.lineno} column {e.colno})"
-                start = chunk.find("{", start + 1)
-                continue
+        for obj, error in _objects(chunk):
+            first_error = first_error or error
             if isinstance(obj, dict) and isinstance(obj.get("edits"), list):
                 return obj["edits"]
-            found, start = True, chunk.find("{", end)
+            found = found or not error
     raise ValueError(first_error or ('the JSON object has no "edits" list' if found else "no JSON object in the reply"))
+
+
+def _objects(chunk: str) -> Iterator[tuple[Any, str]]:
+    """Each {...} span of the chunk decoded: (value, "") or (None, why it is not usable JSON). After
+    an unclosed span (a stray "{" before the JSON) the chunk is scanned again from the next "{", at
+    most MAX_RESCANS times, so the work stays linear in the chunk's length."""
+    start = 0
+    for _ in range(MAX_RESCANS + 1):
+        span = None
+        for span in json_spans(chunk, start):
+            yield _decode(chunk, span)
+        if span is None or span.closed:
+            return
+        start = span.start + 1
+
+
+def _decode(chunk: str, span: Span) -> tuple[Any, str]:
+    if span.depth > MAX_DEPTH:
+        return None, f"the JSON is nested deeper than {MAX_DEPTH} levels"
+    try:
+        return json.loads(chunk[span.start:span.end]), ""
+    except json.JSONDecodeError as e:
+        at = span.start + e.pos
+        line, column = chunk.count("\n", 0, at) + 1, at - chunk.rfind("\n", 0, at)
+        return None, f"malformed JSON ({e.msg} at line {line} column {column})"
+    except ValueError as e:  # a number past int's digit limit
+        return None, f"malformed JSON ({e})"
 
 
 def _reason(e: Exception) -> str:
@@ -186,9 +217,11 @@ def check_edit(edit: Any, current: Plan) -> tuple[Proposal, str]:
     patch = [edit["patch"]] if isinstance(edit.get("patch"), dict) else edit.get("patch")
     if not isinstance(patch, list) or not patch:
         raise ValueError('"patch" should be a non-empty list of RFC 6902 operations')
+    if len(patch) > MAX_PATCH_OPS:
+        raise ValueError(f'"patch" has {len(patch)} operations; at most {MAX_PATCH_OPS} are read')
     new = patch_plan(current, patch)
     kind = edit.get("kind") if edit.get("kind") in EDIT_KINDS else "other"
-    rationale = _clip(" ".join(str(edit.get("rationale") or "").split()), 300)
+    rationale = clip(" ".join(str(edit.get("rationale") or "").split()), 300)
     return Proposal(patch=patch, rationale=rationale, kind=kind), new.hash
 
 
@@ -196,7 +229,9 @@ def check_edits(edits: list, current: Plan, seen: dict[str, str], n: int) -> tup
     """The valid, distinct edits (at most n) and a reason for each one dropped. `seen` maps plan
     hashes already taken to why they are not new; it is updated."""
     valid, reasons = [], []
-    for i, edit in enumerate(edits, 1):
+    if len(edits) > MAX_EDITS:
+        reasons.append(f"only the first {MAX_EDITS} of {len(edits)} edits were read")
+    for i, edit in enumerate(edits[:MAX_EDITS], 1):
         try:
             proposal, digest = check_edit(edit, current)
         except (ConjugateError, ValueError, TypeError) as e:  # TypeError: unhashable values in lists

@@ -15,7 +15,8 @@ import networkx as nx
 
 from conjugate.compiler.round import compile_round
 from conjugate.evaluate.analytical import AnalyticalModel, launch_programs, model_round
-from conjugate.evaluate.profile import ModelConstants
+from conjugate.evaluate.profile import ModelConstants, ProfileError
+from conjugate.files import read_json, shown
 from conjugate.graph import build_graph
 from conjugate.models.weights import meta_weights
 from conjugate.plan import Schedule, expand
@@ -33,6 +34,27 @@ class Case:
     schedule: Schedule
     programs: list[list[int]]
     measured_ms: float
+
+
+def measured_rounds(source: Path) -> list[tuple[str, str, float]]:
+    """(workload, plan, median ms) of every measured round of a compiler_rounds result file; a file
+    of another shape, or a latency that is not a positive number, raises ProfileError naming it."""
+    measured = read_json(source, ProfileError, "measured-rounds file")
+    try:
+        rows = [(w["workload"], p["plan"], p["median_ms"]) for w in measured["workloads"] for p in w["plans"]
+                if "median_ms" in p]
+    except (KeyError, TypeError) as e:
+        raise ProfileError(f"{source}: not a measured-rounds file (workloads[].plans[].median_ms): {e}") from e
+    for workload, plan, ms in rows:
+        if not isinstance(workload, str) or not isinstance(plan, str):
+            raise ProfileError(f"{source}: fields 'workload' and 'plan' should be names, got {shown(workload)} "
+                               f"and {shown(plan)}")
+        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 < ms < math.inf:
+            raise ProfileError(f"{source}: field 'median_ms' of {shown(plan)} on {shown(workload)} should be "
+                               f"a positive number of milliseconds, got {shown(ms)}")
+    if not rows:
+        raise ProfileError(f"{source}: no measured round to fit to")
+    return rows
 
 
 def make_case(plan: Plan, workload: Workload, measured_ms: float, cache_dir: Path) -> Case:

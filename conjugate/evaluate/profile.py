@@ -5,13 +5,13 @@ modeled) and `gpu` (measured on the GPU: [timing] replays and warm-up, [correctn
 """
 from __future__ import annotations
 
-import tomllib
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from conjugate.errors import ConjugateError
-from conjugate.files import read_text
+from conjugate.files import read_toml, shown
 from conjugate.paths import PROFILES_DIR
 
 PROFILE_DIR = PROFILES_DIR
@@ -19,6 +19,15 @@ KINDS = ("analytical", "gpu")
 _MODEL_KEYS = {"gpu": str, "bandwidth_gbs": float, "matmul_tflops": float, "sms": int, "programs_per_sm": int,
                "launch_overhead_us": float, "colocation_penalty": float, "streams_overlap": float}
 _FAMILIES = ("gemm", "attn", "elementwise")
+# field -> (low, high): the range of every number a profile may hold (none is infinite or NaN)
+_BOUNDS: dict[str, tuple[float, float]] = {
+    "time_limit_s": (1, 7 * 86400),  # below a second every evaluation would time out
+    "max_params": (0, 10**15),
+    "bandwidth_gbs": (1, 10**6), "matmul_tflops": (0.001, 10**6), "sms": (1, 10**5), "programs_per_sm": (1, 1024),
+    "launch_overhead_us": (0, 10**6), "colocation_penalty": (0, 1), "streams_overlap": (0, 1),
+    "replays": (0, 10**6), "warmup": (0, 10**6), "verdict_calls": (0, 10**4),  # 0 replays: refused below
+    "rel": (1e-6, 1), "tie_margin": (0, 10),  # a relative error under 1e-6 is below fp32's own rounding
+}
 
 
 class ProfileError(ConjugateError):
@@ -85,23 +94,44 @@ def load_profile(name_or_path: str | Path) -> EvaluatorProfile:
         if not path.exists():
             known = ", ".join(sorted(p.stem for p in PROFILE_DIR.glob("*.toml")))
             raise ProfileError(f"--evaluator: no evaluator profile named {str(name_or_path)!r}; known: {known}")
-    try:
-        data = tomllib.loads(read_text(path, ProfileError, "evaluator profile"))
-    except tomllib.TOMLDecodeError as e:
-        raise ProfileError(f"{path}: malformed TOML: {e}") from e
-    return _profile(data, path)
+    return _profile(read_toml(path, ProfileError, "evaluator profile"), path)
 
 
 def _need(data: dict, key: str, kind: type, where: str) -> Any:
+    """data[key] checked: present, of its kind, and a number finite and within _BOUNDS."""
     if key not in data:
         raise ProfileError(f"{where}: missing field {key!r}")
     value = data[key]
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
+        value = _as_float(value)
     if not isinstance(value, kind) or isinstance(value, bool):
-        raise ProfileError(f"{where}: field {key!r} should be {kind.__name__}, got {value!r}")
+        raise ProfileError(f"{where}: field {key!r} should be {kind.__name__}, got {shown(value)}")
+    if kind is float and not math.isfinite(value):
+        raise ProfileError(f"{where}: field {key!r} should be a finite number, got {value!r}")
     if kind in (int, float) and value < 0:
-        raise ProfileError(f"{where}: field {key!r} should not be negative, got {value!r}")
+        raise ProfileError(f"{where}: field {key!r} should not be negative, got {shown(value)}")
+    low, high = _BOUNDS.get(key, (-math.inf, math.inf))
+    if kind in (int, float) and not low <= value <= high:
+        raise ProfileError(f"{where}: field {key!r} is {shown(value)}, must be in [{low:g}, {high:g}]")
+    return value
+
+
+def _as_float(value: int) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # an integer past the largest float
+        return math.inf if value > 0 else -math.inf
+
+
+def _dotted(*names: str) -> str:
+    """A field's dotted name, quoted for an error line (a key may hold any character)."""
+    return shown(".".join(names))
+
+
+def _table(value: Any, name: str, where: str) -> dict:
+    """A section that must be a TOML table (`[name]`), not a value."""
+    if not isinstance(value, dict):
+        raise ProfileError(f"{where}: field {name!r} should be a table, got {shown(value)}")
     return value
 
 
@@ -109,16 +139,18 @@ def _profile(data: dict, path: Path) -> EvaluatorProfile:
     where = str(path)
     for key in data:
         if key not in ("name", "kind", "description", "time_limit_s", "correctness", "model", "timing", "device"):
-            raise ProfileError(f"{where}: unknown field {key!r}")
+            raise ProfileError(f"{where}: unknown field {_dotted(key)}")
     kind = _need(data, "kind", str, where)
     if kind not in KINDS:
-        raise ProfileError(f"{where}: field 'kind' is {kind!r}; supported: {', '.join(KINDS)}")
-    correctness = data.get("correctness", {})
+        raise ProfileError(f"{where}: field 'kind' is {shown(kind)}; supported: {', '.join(KINDS)}")
+    correctness = _table(data.get("correctness", {}), "correctness", where)
     return EvaluatorProfile(
-        name=_need(data, "name", str, where), kind=kind, description=data.get("description", ""),
+        name=_need(data, "name", str, where), kind=kind,
+        description=_need(data, "description", str, where) if "description" in data else "",
         time_limit_s=_need(data, "time_limit_s", float, where),
         max_check_params=_need(correctness, "max_params", int, f"{where}: [correctness]"),
-        model=_model(data.get("model", {}), where) if kind == "analytical" or "model" in data else None,
+        model=_model(_table(data.get("model", {}), "model", where), where)
+        if kind == "analytical" or "model" in data else None,
         timing=_timing(data.get("timing", {}), where), tolerances=_tolerances(correctness, where), source=where,
         device=_need(data, "device", str, where) if "device" in data else "")
 
@@ -126,38 +158,35 @@ def _profile(data: dict, path: Path) -> EvaluatorProfile:
 def _model(model: dict, where: str) -> ModelConstants:
     unknown = set(model) - set(_MODEL_KEYS) - {"efficiency"}
     if unknown:
-        raise ProfileError(f"{where}: unknown field 'model.{sorted(unknown)[0]}'")
+        raise ProfileError(f"{where}: unknown field {_dotted('model', sorted(unknown)[0])}")
     values = {k: _need(model, k, t, f"{where}: [model]") for k, t in _MODEL_KEYS.items()}
-    efficiency = model.get("efficiency", {})
+    efficiency = _table(model.get("efficiency", {}), "model.efficiency", where)
     for extra in set(efficiency) - set(_FAMILIES):
-        raise ProfileError(f"{where}: unknown field 'model.efficiency.{extra}'")
+        raise ProfileError(f"{where}: unknown field {_dotted('model.efficiency', extra)}")
     for family in _FAMILIES:
         e = _need(efficiency, family, float, f"{where}: [model.efficiency]")
         if not 0 < e <= 1:
             raise ProfileError(f"{where}: field 'model.efficiency.{family}' should be in (0, 1], got {e}")
-    if values["sms"] < 1 or values["programs_per_sm"] < 1 or values["bandwidth_gbs"] <= 0:
-        raise ProfileError(f"{where}: [model] needs positive sms, programs_per_sm and bandwidth_gbs")
     return ModelConstants(**values, efficiency={f: float(efficiency[f]) for f in _FAMILIES})
 
 
 def _timing(timing: dict, where: str) -> TimingSettings:
     allowed = ("replays", "warmup", "verdict_calls", "baselines", "conventional")
-    if not isinstance(timing, dict):
-        raise ProfileError(f"{where}: field 'timing' should be a table, got {timing!r}")
+    _table(timing, "timing", where)
     for key in timing:
         if key not in allowed:
-            raise ProfileError(f"{where}: unknown field 'timing.{key}'")
+            raise ProfileError(f"{where}: unknown field {_dotted('timing', key)}")
     values = {k: _need(timing, k, int, f"{where}: [timing]") for k in allowed[:3] if k in timing}
     if values.get("replays", 1) < 1 or values.get("verdict_calls", 1) < 1:
         raise ProfileError(f"{where}: [timing] replays and verdict_calls should be at least 1")
     baselines = timing.get("baselines", list(TimingSettings.baselines))
     if not isinstance(baselines, list) or not all(b in TimingSettings.baselines for b in baselines):
         raise ProfileError(f"{where}: field 'timing.baselines' should be a list drawn from "
-                           f"{', '.join(TimingSettings.baselines)}, got {baselines!r}")
+                           f"{', '.join(TimingSettings.baselines)}, got {shown(baselines)}")
     variants = timing.get("conventional", list(TimingSettings.conventional))
     if not isinstance(variants, list) or not variants or not all(_is_variant(v) for v in variants):
         raise ProfileError(f"{where}: field 'timing.conventional' should be a non-empty list of variants "
-                           f"<layers|whole|eager>-<sdpa|grouped>, got {variants!r}")
+                           f"<layers|whole|eager>-<sdpa|grouped>, got {shown(variants)}")
     return TimingSettings(**values, baselines=tuple(baselines), conventional=tuple(variants))
 
 
@@ -176,9 +205,10 @@ def _tolerances(correctness: dict, where: str) -> dict[str, dict[str, float]]:
     for key, value in correctness.items():
         if key == "max_params":
             continue
-        if key not in ("fp32", "fp16", "bf16") or not isinstance(value, dict):
-            raise ProfileError(f"{where}: unknown field 'correctness.{key}'")
+        if key not in ("fp32", "fp16", "bf16"):
+            raise ProfileError(f"{where}: unknown field {_dotted('correctness', key)}")
+        _table(value, f"correctness.{key}", where)
         for extra in set(value) - {"rel", "tie_margin"}:
-            raise ProfileError(f"{where}: unknown field 'correctness.{key}.{extra}'")
+            raise ProfileError(f"{where}: unknown field {_dotted('correctness', key, extra)}")
         out[key] = {k: _need(value, k, float, f"{where}: [correctness.{key}]") for k in ("rel", "tie_margin")}
     return out

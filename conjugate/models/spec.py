@@ -1,13 +1,13 @@
 """Model shapes of the Llama 3.x, Qwen2/2.5 and Qwen3 families, as their public configs state them."""
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from conjugate.errors import CheckpointError
-from conjugate.files import read_text
+from conjugate.files import read_json, shown
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 
@@ -93,10 +93,7 @@ class ModelSpec:
         """Read a Hugging Face `config.json` (a checkpoint directory or the file itself)."""
         path = Path(path)
         file = path / "config.json" if path.is_dir() else path
-        try:
-            config = json.loads(read_text(file, CheckpointError, "config.json"))
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{file}: malformed JSON at line {e.lineno}: {e.msg}") from e
+        config = read_json(file, CheckpointError, "config.json")
         if not isinstance(config, dict):
             raise CheckpointError(f"{file}: expected a JSON object")
         return _spec_from_hf(config, file)
@@ -107,6 +104,13 @@ class ModelSpec:
 
 _HF_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 
+# The largest value of each size in config.json: several times any public model's, far below what
+# would exhaust memory while the op graph or the weights are built.
+_HF_MAX = {"hidden_size": 65536, "num_hidden_layers": 1024, "num_attention_heads": 1024, "num_key_value_heads": 1024,
+           "head_dim": 1024, "intermediate_size": 1 << 20, "vocab_size": 1 << 22, "rms_norm_eps": 0.5}
+_LLAMA3_ROPE_KEYS = {"factor": float, "low_freq_factor": float, "high_freq_factor": float,
+                     "original_max_position_embeddings": int}
+
 
 def _spec_from_hf(config: dict[str, Any], file: Path) -> ModelSpec:
     def field(key: str, kind: type = int, default: Any = None) -> Any:
@@ -115,31 +119,31 @@ def _spec_from_hf(config: dict[str, Any], file: Path) -> ModelSpec:
             value = default  # absent or null: the family's default
         elif key not in config:
             raise CheckpointError(f"{file}: missing field {key!r}")
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-            raise CheckpointError(f"{file}: field {key!r} should be {kind.__name__}, got {value!r}")
-        if kind in (int, float) and value <= 0:
-            raise CheckpointError(f"{file}: field {key!r} should be positive, got {value!r}")
-        return value
+        return _hf_value(value, key, kind, file)
 
     model_type = config.get("model_type")
-    if model_type not in _HF_MODEL_TYPES:
-        raise CheckpointError(f"{file}: field 'model_type' is {model_type!r}; supported: {', '.join(_HF_MODEL_TYPES)}")
+    if not isinstance(model_type, str) or model_type not in _HF_MODEL_TYPES:
+        raise CheckpointError(f"{file}: field 'model_type' is {shown(model_type)}; "
+                              f"supported: {', '.join(_HF_MODEL_TYPES)}")
     family = _HF_MODEL_TYPES[model_type]
     for key in ("attention_bias", "mlp_bias"):  # Qwen2's q/k/v bias is implied by its model_type
         if config.get(key) and family != "qwen2":
-            raise CheckpointError(f"{file}: field {key!r}: true is not supported for {model_type} models")
+            raise CheckpointError(f"{file}: field {key!r} is {shown(config[key])}; only false is supported "
+                                  f"for {model_type} models")
     hidden, heads = field("hidden_size"), field("num_attention_heads")
+    kv_heads = field("num_key_value_heads", default=heads)
+    if heads % kv_heads:
+        raise CheckpointError(f"{file}: field 'num_key_value_heads' is {kv_heads}, which does not divide "
+                              f"num_attention_heads {heads}")
     theta, scaling = _rope_from_hf(config, file)
     try:
         return ModelSpec(
-            name=config.get("_name_or_path") or file.parent.name,
+            name=_model_name(config, file),
             family=family,
             hidden_size=hidden,
             num_layers=field("num_hidden_layers"),
             num_heads=heads,
-            num_kv_heads=field("num_key_value_heads", default=heads),
+            num_kv_heads=kv_heads,
             head_dim=field("head_dim", default=hidden // heads),
             ffn_size=field("intermediate_size"),
             vocab_size=field("vocab_size"),
@@ -154,29 +158,51 @@ def _spec_from_hf(config: dict[str, Any], file: Path) -> ModelSpec:
         raise CheckpointError(f"{file}: {e}") from e
 
 
+def _hf_value(value: Any, key: str, kind: type, file: Path) -> Any:
+    """A config.json value of `kind`; a number positive, finite and at most _HF_MAX[key]."""
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value) if abs(value) < 2**1023 else math.inf
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise CheckpointError(f"{file}: field {key!r} should be {kind.__name__}, got {shown(value)}")
+    if kind is float and not math.isfinite(value):
+        raise CheckpointError(f"{file}: field {key!r} should be a finite number, got {value!r}")
+    if kind in (int, float) and value <= 0:
+        raise CheckpointError(f"{file}: field {key!r} should be positive, got {shown(value)}")
+    if kind in (int, float) and value > _HF_MAX.get(key, math.inf):
+        raise CheckpointError(f"{file}: field {key!r} is {shown(value)}, at most {_HF_MAX[key]}")
+    return value
+
+
+def _model_name(config: dict[str, Any], file: Path) -> str:
+    """`_name_or_path` when the config has one, else the checkpoint directory's name."""
+    name = config.get("_name_or_path")
+    if name is not None and not isinstance(name, str):
+        raise CheckpointError(f"{file}: field '_name_or_path' should be str, got {shown(name)}")
+    return name or file.parent.name
+
+
 def _rope_from_hf(config: dict[str, Any], file: Path) -> tuple[float, RopeScaling | None]:
     """RoPE theta and scaling from either transformers 4 (`rope_theta`, `rope_scaling`) or 5 (`rope_parameters`)."""
     params = config.get("rope_parameters") or {}
     scaling = config.get("rope_scaling") or params
     for key, value in (("rope_parameters", params), ("rope_scaling", scaling)):
         if not isinstance(value, dict):
-            raise CheckpointError(f"{file}: field {key!r} should be an object, got {value!r}")
-    theta = config.get("rope_theta", params.get("rope_theta", 10000.0))
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
-        raise CheckpointError(f"{file}: field 'rope_theta' should be a positive number, got {theta!r}")
+            raise CheckpointError(f"{file}: field {key!r} should be an object, got {shown(value)}")
+    theta = _hf_value(config.get("rope_theta", params.get("rope_theta", 10000.0)), "rope_theta", float, file)
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type == "default":
-        return float(theta), None
+        return theta, None
     if rope_type != "llama3":
-        raise CheckpointError(f"{file}: field 'rope_scaling.rope_type' is {rope_type!r}; supported: default, llama3")
-    try:
-        return float(theta), RopeScaling(
-            factor=float(scaling["factor"]),
-            low_freq_factor=float(scaling["low_freq_factor"]),
-            high_freq_factor=float(scaling["high_freq_factor"]),
-            original_max_position_embeddings=int(scaling["original_max_position_embeddings"]),
-        )
-    except KeyError as e:
-        raise CheckpointError(f"{file}: field 'rope_scaling' lacks {e.args[0]!r}") from e
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{file}: field 'rope_scaling' has a non-numeric value ({e})") from e
+        raise CheckpointError(f"{file}: field 'rope_scaling.rope_type' is {shown(rope_type)}; "
+                              "supported: default, llama3")
+    values = {key: _rope_value(scaling, key, file) for key in _LLAMA3_ROPE_KEYS}
+    if values["high_freq_factor"] <= values["low_freq_factor"]:  # the smoothing between them divides by the gap
+        raise CheckpointError(f"{file}: field 'rope_scaling.high_freq_factor' is {values['high_freq_factor']}, "
+                              f"it must exceed low_freq_factor {values['low_freq_factor']}")
+    return theta, RopeScaling(**values)
+
+
+def _rope_value(scaling: dict[str, Any], key: str, file: Path) -> float | int:
+    if key not in scaling:
+        raise CheckpointError(f"{file}: field 'rope_scaling' lacks {key!r}")
+    return _hf_value(scaling[key], f"rope_scaling.{key}", _LLAMA3_ROPE_KEYS[key], file)

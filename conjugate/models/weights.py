@@ -5,7 +5,6 @@ Linear weights keep the Hugging Face layout [out_features, in_features]; the com
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import torch
 
 from conjugate.errors import CheckpointError
-from conjugate.files import read_text
+from conjugate.files import read_json
 from conjugate.models.spec import ModelSpec
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -156,10 +155,10 @@ def checkpoint_files(directory: Path) -> dict[str, Path]:
     """Tensor name -> safetensors file, from `model.safetensors` or a sharded index."""
     index = directory / "model.safetensors.index.json"
     if index.exists():
-        try:
-            weight_map = json.loads(read_text(index, CheckpointError, "index file"))["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{index}: malformed index (needs a 'weight_map' object)") from e
+        contents = read_json(index, CheckpointError, "index file")
+        weight_map = contents.get("weight_map") if isinstance(contents, dict) else None
+        if weight_map is None:
+            raise CheckpointError(f"{index}: malformed index (needs a 'weight_map' object)")
         if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
             raise CheckpointError(f"{index}: field 'weight_map' should map tensor names to file names")
         return {name: directory / file for name, file in weight_map.items()}

@@ -236,7 +236,16 @@ def check_dependencies(graph: nx.DiGraph, launches: tuple[Launch, ...]) -> None:
 
 
 def expand(plan: Plan, workload: Workload, graph: nx.DiGraph | None = None) -> Schedule:
-    graph = graph if graph is not None else build_graph(workload)
+    """The plan's launch schedule on the workload; a ScheduleError names the plan's file when it has one."""
+    try:
+        return _expand(plan, workload, graph if graph is not None else build_graph(workload))
+    except ScheduleError as e:
+        if not plan.source or e.source:
+            raise
+        raise ScheduleError(e.errors[0], plan.source) from e
+
+
+def _expand(plan: Plan, workload: Workload, graph: nx.DiGraph) -> Schedule:
     target = _units(graph, Model.TARGET, plan["fusions"][Model.TARGET])
     draft = _units(graph, Model.DRAFT, plan["fusions"][Model.DRAFT])
     slots = _align(plan, target, draft)

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from conjugate.errors import PatchError
+from conjugate.files import check_nesting
 from conjugate.plan.schema import Plan, validate_plan
 
 _OPS = {"add": ("path", "value"), "remove": ("path",), "replace": ("path", "value"),
@@ -79,6 +80,7 @@ def apply_patch(document: Any, patch: Any) -> Any:
     operation raises PatchError naming it, and nothing is applied."""
     if not isinstance(patch, list):
         raise PatchError(f"a patch is a list of operations, got {type(patch).__name__}")
+    check_nesting(patch, "patch", PatchError)  # before anything copies it recursively
     doc = copy.deepcopy(document)
     for i, op in enumerate(patch):
         doc = _apply_one(doc, op, i)

@@ -9,12 +9,13 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from conjugate.errors import PlanError
-from conjugate.files import read_text
+from conjugate.files import check_nesting, read_json, shown, shown_json
 from conjugate.graph import KINDS
 from conjugate.plan.tiles import DEFAULT_LAUNCH, LAUNCH_BOUNDS, is_power_of_two, tile_keys
 from conjugate.roles import Model
@@ -30,6 +31,7 @@ MODEL_KEYS = tuple(model.value for model in Model)  # plain strings: the plan st
 _TOP_KEYS = ("schema", "name", "description", "alignment", "pairs", "interleave", "tiles", "fusions",
              "operand_layout", "capture", "streams", "launch", "overrides")
 _OVERRIDE_KEYS = ("match", "pair", "with", "interleave", "tiles", "launch", "operand_layout")
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_+*]{1,40}")  # a key shown in a JSON path as .key, any other as ["key"]
 _HASH_IGNORED = ("name", "description")  # cosmetic: two plans differing only here are the same plan
 
 
@@ -48,12 +50,12 @@ class _Checker:
             return {}
         for key in value:
             if key not in keys:
-                self.fail(f"{path}.{key}", f"unknown key; allowed: {', '.join(keys)}")
+                self.fail(_member(path, key), f"unknown key; allowed: {', '.join(keys)}")
         return value
 
     def choice(self, value: Any, path: str, options: tuple[str, ...]) -> Any:
         if value not in options:
-            self.fail(path, f"{json.dumps(value)} is not one of {', '.join(options)}")
+            self.fail(path, f"{shown_json(value)} is not one of {', '.join(options)}")
         return value
 
     def string(self, value: Any, path: str) -> str:
@@ -69,7 +71,7 @@ class _Checker:
         if power_of_two and not is_power_of_two(value):
             self.fail(path, f"{value} is not a power of two")
         elif not low <= value <= high:
-            self.fail(path, f"{value} is out of range [{low}, {high}]")
+            self.fail(path, f"{shown(value)} is out of range [{low}, {high}]")
         return value
 
     def names(self, value: Any, path: str, options: tuple[str, ...], item: str, items: str) -> list[str]:
@@ -94,7 +96,7 @@ class _Checker:
         pattern = self.choice(value.get("pattern", "strided"), f"{path}.pattern", PATTERNS)
         ratio = value.get("ratio", [1, 1])
         if not (isinstance(ratio, list) and len(ratio) == 2):
-            self.fail(f"{path}.ratio", f"should be a list of two integers [target, draft], got {json.dumps(ratio)}")
+            self.fail(f"{path}.ratio", f"should be a list of two integers [target, draft], got {shown_json(ratio)}")
             ratio = [1, 1]
         ratio = [self.integer(r, f"{path}.ratio[{i}]", 1, 64) for i, r in enumerate(ratio)]
         return {"pattern": pattern, "ratio": ratio if pattern == "ratio" else [1, 1]}
@@ -122,14 +124,21 @@ class _Checker:
 
 def _kind(value: Any) -> str:
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
-        type(value), type(value).__name__ if not isinstance(value, (int, float)) else f"the number {value}")
+        type(value), type(value).__name__ if not isinstance(value, (int, float)) else f"the number {shown(value)}")
+
+
+def _member(path: str, key: str) -> str:
+    """The JSON path of an object's member: `$.tiles.target`, or `$.tiles["odd key"]` for a key that is
+    not a plain name (spaces, line breaks, punctuation, or too long to show)."""
+    key = str(key)
+    return f"{path}.{key}" if _PLAIN_KEY.fullmatch(key) else f"{path}[{shown_json(key)}]"
 
 
 def _canonical(raw: Any) -> tuple[dict, list[str]]:
     c = _Checker()
     raw = c.obj(raw, "$", _TOP_KEYS)
     if raw.get("schema") != SCHEMA:
-        c.fail("$.schema", f"should be {json.dumps(SCHEMA)}, got {json.dumps(raw.get('schema'))}")
+        c.fail("$.schema", f"should be {json.dumps(SCHEMA)}, got {shown_json(raw.get('schema'))}")
     plan = {
         "schema": SCHEMA,
         "name": c.string(raw.get("name", ""), "$.name"),
@@ -172,8 +181,8 @@ def _override(c: _Checker, value: Any, path: str) -> dict:
         out["pair"] = value["pair"]
     if "with" in value:
         out["with"] = c.string(value["with"], f"{path}.with")
-        if not out["with"].startswith(f"{Model.DRAFT.short}."):
-            c.fail(f"{path}.with", f"{json.dumps(out['with'])} should name a draft op id, such as 'd.s0.l3.down'")
+        if isinstance(value["with"], str) and not out["with"].startswith(f"{Model.DRAFT.short}."):
+            c.fail(f"{path}.with", f"{shown_json(out['with'])} should name a draft op id, such as 'd.s0.l3.down'")
     if "interleave" in value:
         out["interleave"] = c.interleave(value["interleave"], f"{path}.interleave")
     if "tiles" in value:
@@ -187,9 +196,11 @@ def _override(c: _Checker, value: Any, path: str) -> dict:
 
 @dataclass(frozen=True)
 class Plan:
-    """A validated plan. `data` is its canonical dict: defaults filled, sets sorted."""
+    """A validated plan. `data` is its canonical dict: defaults filled, sets sorted; `source` says where
+    it was read from (a file), for error lines, and takes no part in comparisons."""
 
     data: dict
+    source: str = field(default="", compare=False)
 
     @property
     def hash(self) -> str:
@@ -211,19 +222,16 @@ class Plan:
 
 def validate_plan(raw: Any, source: str | None = None) -> Plan:
     """Check a plan dict; raises PlanError listing every problem as 'JSON path: reason'."""
+    check_nesting(raw, source or "plan", PlanError)  # before anything walks it recursively
     data, errors = _canonical(copy.deepcopy(raw))
     if errors:
         raise PlanError(errors, source)
-    return Plan(data)
+    return Plan(data, source or "")
 
 
 def load_plan(path: str | Path) -> Plan:
     path = Path(path)
-    try:
-        raw = json.loads(read_text(path, PlanError, "plan file"))
-    except json.JSONDecodeError as e:
-        raise PlanError([f"malformed JSON at line {e.lineno} column {e.colno}: {e.msg}"], str(path)) from e
-    return validate_plan(raw, str(path))
+    return validate_plan(read_json(path, PlanError, "plan file"), str(path))
 
 
 def plan_hash(data: dict) -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import time
 from dataclasses import dataclass, replace
@@ -30,6 +31,17 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
 
 
+def parse_seconds(text: str, option: str) -> float:
+    """A positive, finite number of seconds, or a one-line error naming the option."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConjugateError(f"{option}: {text!r} is not a positive number of seconds")
+    return seconds
+
+
 def _without_userinfo(url: str) -> str:
     """A base URL as the run may store it: credentials in it (user:password@) are dropped, never kept."""
     from urllib.parse import urlsplit, urlunsplit
@@ -54,6 +66,33 @@ def _count(text: str) -> int:
     return int(text)
 
 
+def _integer(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer in [low, high]."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:  # not a number, or past the interpreter's digit limit
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an integer in [{low}, {high}]")
+        return value
+    return parse
+
+
+_SEED = _integer(0, 2**63 - 1)  # seeds and run ids are stored as signed 64-bit integers
+_RUN_ID = _integer(1, 2**63 - 1)
+
+
+def _dollars(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an amount of US dollars")
+    return value
+
+
 @dataclass(frozen=True)
 class AgentSettings:
     """The agent a search command runs: named on the command line, or recorded by the run it resumes."""
@@ -62,14 +101,17 @@ class AgentSettings:
     base_url: str | None  # as given, credentials included (the run stores it without them)
     max_cost_usd: float | None
     replay_from: str | None  # with the replay agent: the database whose edits to replay
+    llm_timeout_s: float | None = None  # one LLM request's timeout (the search's time left caps it too)
 
 
-def cmd_search(args: argparse.Namespace, out: Console) -> None:
+def cmd_search(args: argparse.Namespace, out: Console) -> int:
     deadline = time.monotonic() + parse_duration(args.time) if args.time else None
-    (_resume if args.resume else _start)(args, out, deadline)
+    if args.llm_timeout is not None:
+        args.llm_timeout = parse_seconds(args.llm_timeout, "--llm-timeout")
+    return (_resume if args.resume else _start)(args, out, deadline)
 
 
-def _start(args: argparse.Namespace, out: Console, deadline: float | None) -> None:
+def _start(args: argparse.Namespace, out: Console, deadline: float | None) -> int:
     """A new run of the workload, evaluator and agent the command line names."""
     from conjugate.evaluate.profile import load_profile
     from conjugate.evaluate.worker import IsolatedEvaluator
@@ -77,7 +119,7 @@ def _start(args: argparse.Namespace, out: Console, deadline: float | None) -> No
     from conjugate.workload import load_workload
 
     workload_path = str(Path(args.workload or DEFAULT_WORKLOAD).resolve())  # resumed or exported elsewhere
-    agent = AgentSettings(args.agent, args.seed, args.base_url, args.max_llm_cost, args.replay_from)
+    agent = AgentSettings(args.agent, args.seed, args.base_url, args.max_llm_cost, args.replay_from, args.llm_timeout)
     call_log = _CallLog(None, None)
     proposer = _proposer(agent, call_log)  # a bad --agent fails before a database exists
     workload, profile = load_workload(workload_path), load_profile(args.evaluator)
@@ -92,10 +134,10 @@ def _start(args: argparse.Namespace, out: Console, deadline: float | None) -> No
             search = Search.start(store, name, workload, workload_path, evaluator, proposer, settings, agent.seed)
             call_log.run_id = search.run_id
             return search
-        _drive(store, start, out, deadline)
+        return _drive(store, start, out, deadline)
 
 
-def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> None:
+def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> int:
     """The latest run of the database (or --run) where it stopped, with its own workload, evaluator
     profile and agent; only the budget, the LLM server and the cost cap may be given anew."""
     from conjugate.evaluate.profile import load_profile
@@ -110,21 +152,24 @@ def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> N
             raise ConjugateError(f"{args.resume}: holds no run to resume")
         workload = load_workload(run.workload_path)
         check_workload(run, workload)
-        stored = SearchSettings.from_dict(run.settings)
+        try:
+            stored = SearchSettings.from_dict(run.settings)
+        except ValueError as e:
+            raise ConjugateError(f"{args.resume}: run {run.id}: {e}") from None
         profile = load_profile(stored.evaluator_profile or run.evaluator)  # the run's own profile file
         if evaluator_id(profile) != run_evaluator_id(run):
             raise ConjugateError(f"{profile.source}: the evaluator profile changed since run {run.id} started; "
                                  "start a new run to score with it")
         settings = _scored_by(replace(stored, budget=args.budget or stored.budget), profile)
         agent = AgentSettings(run.agent, run.seed, args.base_url or stored.base_url or None,  # the run's own server
-                              args.max_llm_cost, args.replay_from)
+                              args.max_llm_cost, args.replay_from, args.llm_timeout)
         proposer = _proposer(agent, _CallLog(store, run.id))
         with IsolatedEvaluator(profile) as evaluator:
             def resume() -> Search:
                 search = Search(store, run.id, workload, run.workload_path, evaluator, proposer, settings)
                 store.set_run_status(run.id, RunStatus.RUNNING)
                 return search
-            _drive(store, resume, out, deadline)
+            return _drive(store, resume, out, deadline)
 
 
 def _scored_by(settings: SearchSettings, profile: EvaluatorProfile) -> SearchSettings:
@@ -133,15 +178,16 @@ def _scored_by(settings: SearchSettings, profile: EvaluatorProfile) -> SearchSet
                    evaluator_profile=str(Path(profile.source).resolve()))
 
 
-def _drive(store: Store, make: Callable[[], Search], out: Console, deadline: float | None) -> None:
-    """Make the search and run it; Ctrl-C marks the run stopped and says how to resume it."""
+def _drive(store: Store, make: Callable[[], Search], out: Console, deadline: float | None) -> int:
+    """Make the search and run it; Ctrl-C marks the run stopped and says how to resume it, and so
+    does any error that ends it: no run is left marked running."""
     from conjugate.search.store import RunStatus
 
     search = None
     try:
         search = make()
-        _run(search, out, deadline)
-    except KeyboardInterrupt:
+        return _run(search, out, deadline)
+    except (KeyboardInterrupt, Exception):
         if search is not None:
             store.set_run_status(search.run_id, RunStatus.STOPPED)
             out.print(f"stopped; resume with: conjugate search --resume {store.url_for_display}")
@@ -170,10 +216,12 @@ def _proposer(agent: AgentSettings, call_log: _CallLog) -> Proposer:
             records = replay_records(recorded)
     spent = call_log.store.llm_cost(call_log.run_id) if call_log.run_id is not None else 0.0
     return make_proposer(agent.spec, seed=agent.seed, base_url=agent.base_url, log_call=call_log,
-                         max_cost_usd=agent.max_cost_usd, spent_usd=spent, replay_records=records)
+                         max_cost_usd=agent.max_cost_usd, spent_usd=spent, replay_records=records,
+                         timeout_s=agent.llm_timeout_s)
 
 
-def _run(search: Search, out: Console, deadline: float | None) -> None:
+def _run(search: Search, out: Console, deadline: float | None) -> int:
+    """Run the search to its end; exit status 1 when evaluations ran and not one of them succeeded."""
     from conjugate.agents.llm import LLMBudgetExceeded
     from conjugate.search.live import LiveView
     from conjugate.search.store import RunStatus
@@ -188,8 +236,17 @@ def _run(search: Search, out: Console, deadline: float | None) -> None:
             why = f"LLM cost cap reached: {e}"
     status = RunStatus.FINISHED if why in ("budget", "exhausted") else RunStatus.STOPPED
     search.store.set_run_status(search.run_id, status)
-    out.print(f"search {status} ({why}) after {search.evaluations_done()} evaluations")
+    none_ok = _none_succeeded(search)
+    out.print(f"search {status} ({why}) after {search.evaluations_done()} evaluations"
+              + (": no evaluation succeeded (every plan failed; the failures are below)" if none_ok else ""))
     show_run(search.store, search.store.run(search.run_id), out, limit=5)
+    return 1 if none_ok else 0
+
+
+def _none_succeeded(search: Search) -> bool:
+    """The run has settled evaluations, and not one of them gave a working plan."""
+    results = search.results.values()
+    return bool(results) and not any(r.ok for r in results)
 
 
 def cmd_show(args: argparse.Namespace, out: Console) -> None:
@@ -249,23 +306,25 @@ def add_commands(sub, out: Console) -> None:
                         "openai:<model>")
     search.add_argument("--budget", type=_count, help="evaluations in the run, seeds included (default 20)")
     search.add_argument("--time", help="stop after this long: 90s, 30m, 2h")
-    search.add_argument("--seed", type=int, default=0)
+    search.add_argument("--seed", type=_SEED, default=0)
     search.add_argument("--evaluator", default="analytical", help="evaluator profile name or TOML path "
                         "(default: analytical)")
     search.add_argument("--width", type=_count, default=3, help="edits asked for per expansion (default 3)")
     search.add_argument("--base-url", help="an OpenAI-compatible server (vLLM, llama.cpp, Ollama) or API proxy")
-    search.add_argument("--max-llm-cost", type=float, help="stop asking the LLM after this many US dollars")
+    search.add_argument("--max-llm-cost", type=_dollars, help="stop asking the LLM after this many US dollars")
+    search.add_argument("--llm-timeout", metavar="SECONDS", help="one LLM request's timeout (default 600; "
+                        "never past what is left of --time)")
     search.add_argument("--replay-from", help="with --agent replay: the database whose edits to replay")
     search.add_argument("--resume", metavar="DB", help="continue the latest run (or --run) of this database")
-    search.add_argument("--run", type=int, help="with --resume: the run id")
+    search.add_argument("--run", type=_RUN_ID, help="with --resume: the run id")
     search.set_defaults(func=lambda a: cmd_search(a, out))
     show = sub.add_parser("show", help="runs of a search database, the best plans, failures")
     show.add_argument("db", help="SQLAlchemy URL or SQLite file")
-    show.add_argument("--run", type=int, help="the run to detail (default: the latest)")
+    show.add_argument("--run", type=_RUN_ID, help="the run to detail (default: the latest)")
     show.add_argument("--limit", type=int, default=10)
     show.set_defaults(func=lambda a: cmd_show(a, out))
     export = sub.add_parser("export", help="write a run's best plan, its kernels, a report and a plot")
     export.add_argument("db", help="SQLAlchemy URL or SQLite file")
     export.add_argument("--out", required=True, help="directory to write into")
-    export.add_argument("--run", type=int, help="the run to export (default: the latest)")
+    export.add_argument("--run", type=_RUN_ID, help="the run to export (default: the latest)")
     export.set_defaults(func=lambda a: cmd_export(a, out))

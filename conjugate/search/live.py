@@ -1,5 +1,7 @@
 """The search's live view: evaluations done, the best speedup over each baseline so far, what is
-being tried, failures. A rich live panel on a terminal, one line per event elsewhere (logs, CI)."""
+being tried, failures. A rich live panel on a terminal, one line per event elsewhere (logs, CI).
+Text that came from an agent or an evaluator is scrubbed of secrets (conjugate/secrets.py) before
+it is cut short."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from conjugate.evaluate.result import EvalResult
+from conjugate.secrets import scrub
 
 
 @dataclass(frozen=True)
@@ -39,11 +42,11 @@ class LiveView:
         if kind == "expand":
             self.now = f"expanding node {data['node']} (depth {data['depth']})"
         elif kind == "evaluate":
-            self.now = f"evaluating node {data['node']} [{data['kind']}]: {data['rationale'][:90]}"
+            self.now = f"evaluating node {data['node']} [{data['kind']}]: {scrub(data['rationale'])[:90]}"
         elif kind == "result":
             self._result(data)
         elif kind == "rejected":
-            self._say(f"rejected an edit of node {data['node']}: {data['error'][:120]}")
+            self._say(f"rejected an edit of node {data['node']}: {scrub(data['error'])[:120]}")
         if self._live:
             self._live.update(self._render())
 
@@ -55,7 +58,7 @@ class LiveView:
         self.done += 1
         if not r.ok:
             self.failures += 1
-            self._say(f"[{self.done}/{self.budget}] node {node}: {r.status} at {r.stage}: {r.error[:110]}")
+            self._say(f"[{self.done}/{self.budget}] node {node}: {r.status} at {r.stage}: {scrub(r.error)[:110]}")
             return
         if self.best is None or r.latency_ms < self.best.result.latency_ms:
             self.best = Best(node, r)

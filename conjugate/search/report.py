@@ -1,6 +1,8 @@
 """A run's history and its export: the best plan, its generated kernels, a report (markdown and
 JSON: speedups over each baseline, floor ratio, verdicts, the search history), a plot of the best
-speedup so far against evaluations, and a script that reproduces the measurement."""
+speedup so far against evaluations, and a script that reproduces the measurement. Whatever it
+writes or returns is scrubbed of secrets (conjugate/secrets.py), also when it reads a database
+written before the store scrubbed its columns."""
 from __future__ import annotations
 
 import json
@@ -13,13 +15,14 @@ from conjugate.errors import ConjugateError
 from conjugate.evaluate.result import EvalResult
 from conjugate.search.run import check_workload, eval_key, reward_of, run_evaluator_id
 from conjugate.paths import DATA_ROOT, EXAMPLES_DIR, PROFILES_DIR
+from conjugate.secrets import scrub, scrub_tree
 from conjugate.workload import load_workload
 
 BASELINES = ("conventional", "sequential", "streams")
 
 
 def run_history(store, run) -> list[dict]:
-    """Every node of the run in creation order, with its evaluation (or status pending)."""
+    """Every node of the run in creation order, with its evaluation (or status pending); scrubbed."""
     workload = load_workload(run.workload_path)
     check_workload(run, workload)
     rows = []
@@ -30,7 +33,7 @@ def run_history(store, run) -> list[dict]:
                      "proposer": n.proposer, "rationale": n.rationale, "edit": n.edit, "plan_hash": n.plan_hash,
                      "visits": n.visits, **_outcome(r), "finished_at": found.finished_at.isoformat()
                      if found is not None and found.finished_at else None})
-    return rows
+    return scrub_tree(rows)
 
 
 def _outcome(r: EvalResult | None) -> dict:
@@ -77,11 +80,11 @@ def export_run(store, run, out_dir: Path, console: Console) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     plan = _named(node.plan, run, best["node"], history)
     written = [_write(out_dir / "best_plan.json", json.dumps(plan, indent=2) + "\n")]
-    written.append(_kernels(node.plan, workload, out_dir / "kernels"))
-    report = {"run": run.to_dict(), "best": {**best, "plan": plan, "metrics": result.metrics.to_dict(),
-                                             "verdicts": [v.to_dict() for v in result.verdicts],
-                                             "feedback": [f.to_dict() for f in result.feedback]},
-              "history": history, "best_so_far": best_so_far(history)}
+    written.append(_kernels(scrub_tree(node.plan), workload, out_dir / "kernels"))  # its manifest holds the plan
+    report = scrub_tree({"run": run.to_dict(), "best": {**best, "plan": plan, "metrics": result.metrics.to_dict(),
+                                                        "verdicts": [v.to_dict() for v in result.verdicts],
+                                                        "feedback": [f.to_dict() for f in result.feedback]},
+                         "history": history, "best_so_far": best_so_far(history)})
     written.append(_write(out_dir / "report.json", json.dumps(report, indent=1, default=str) + "\n"))
     written.append(_write(out_dir / "report.md", _markdown(run, best, result, history)))
     written.append(_plot(report["best_so_far"], out_dir / "best_so_far.png", run))
@@ -99,12 +102,14 @@ def _named(plan: dict, run, node_id: int, history: list[dict]) -> dict:
         branch.append(at["rationale"])
         at = rows.get(at["parent"])
     steps = " -> ".join(reversed(branch))
-    return {**plan, "name": f"{run.name}-node{node_id}",
-            "description": f"Found by search run {run.id} ({run.agent} agent, {run.evaluator} evaluator): {steps}"}
+    return scrub_tree({**plan, "name": f"{run.name}-node{node_id}",
+                       "description": f"Found by search run {run.id} ({run.agent} agent, {run.evaluator} evaluator): "
+                                      f"{steps}"})
 
 
 def _write(path: Path, text: str) -> Path:
-    path.write_text(text)
+    """Every text file of an export is written here, scrubbed."""
+    path.write_text(scrub(text))
     return path
 
 
@@ -158,7 +163,7 @@ def _plot(best: list[float], path: Path, run) -> Path:
     ax.plot(range(1, len(best) + 1), best, marker="o", markersize=3)
     ax.set_xlabel("evaluations")
     ax.set_ylabel("best speedup over sequential")
-    ax.set_title(f"run {run.id}: {run.workload_name} ({run.evaluator}, {run.agent})")
+    ax.set_title(scrub(f"run {run.id}: {run.workload_name} ({run.evaluator}, {run.agent})"))
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)

@@ -20,11 +20,11 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from conjugate.agents.base import Proposal, Proposer
+from conjugate.agents.base import Proposal, Proposer, ProposerUnavailable
 from conjugate.errors import ConjugateError, PatchError, PlanError
 from conjugate.evaluate.result import EvalResult
 from conjugate.paths import REWARD_BASELINE, SEED_PLANS, shipped_plan
@@ -32,6 +32,7 @@ from conjugate.plan import load_plan, patch_plan, validate_plan
 from conjugate.search.context import ContextBuilder, device_of, family_of
 from conjugate.search.mcts import MCTS, TreeNode, rebuild
 from conjugate.search.store import NodeRecord, NodeStatus, RunRecord, Store, StoreError, owner_id
+from conjugate.secrets import scrub
 from conjugate.workload import Workload
 
 
@@ -51,7 +52,15 @@ class SearchSettings:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "SearchSettings":
-        return cls(**data)
+        """The settings a run stored; a field this version does not know is dropped, one it lacks
+        takes its default, one of the wrong type is refused."""
+        known = {f.name: f.type for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        for key, value in values.items():
+            kind = {"int": int, "float": (int, float), "str": str}[known[key]]
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise ValueError(f"stored search setting {key!r} is {value!r}")
+        return cls(**values)
 
 
 class Evaluator(Protocol):
@@ -170,11 +179,18 @@ class Search:
             path = self.mcts.select(root)
             if path == [root] and root.closed:
                 return "exhausted"
-            self._expand(path, deadline)
-        return "deadline" if deadline and time.monotonic() >= deadline else "budget"
+            try:
+                self._expand(path, deadline)
+            except ProposerUnavailable as e:  # no answer: the node stays open for a later session
+                return "deadline" if self._past(deadline) else f"the agent did not answer: {e}"
+        return "deadline" if self._past(deadline) else "budget"
+
+    @staticmethod
+    def _past(deadline: float | None) -> bool:
+        return deadline is not None and time.monotonic() >= deadline
 
     def _over(self, deadline: float | None) -> bool:
-        return self.evaluations_done() >= self.settings.budget or (deadline is not None and time.monotonic() >= deadline)
+        return self.evaluations_done() >= self.settings.budget or self._past(deadline)
 
     def _expand(self, path: list[TreeNode], deadline: float | None = None) -> None:
         leaf = path[-1]
@@ -183,7 +199,7 @@ class Search:
             self._evaluate(record, deadline)
             return
         self.on_event("expand", {"node": leaf.id, "depth": len(path) - 1})
-        context = self.context.build(record, self.results, self.store.nodes(self.run_id))
+        context = replace(self.context.build(record, self.results, self.store.nodes(self.run_id)), deadline=deadline)
         proposals = self.proposer.propose(context, self.settings.expand_width)
         children = self._add_children(record, proposals)
         if not children:  # nothing new to offer from here
@@ -258,7 +274,7 @@ class Search:
         evaluator, family = self.run.evaluator, family_of(self.run.workload)
         self.store.record_edit_outcome(evaluator, family, node.edit_kind, gain, self.run_id)
         if not result.ok:
-            text = f"{node.edit_kind} edit failed ({result.status}): {node.rationale} -> {result.error[:120]}"
+            text = f"{node.edit_kind} edit failed ({result.status}): {node.rationale} -> {scrub(result.error)[:120]}"
             self.store.add_lesson(evaluator, family, node.edit_kind, text, -1.0, self.run_id)
         elif abs(gain) >= 0.03:
             text = f"{node.rationale}: {gain * 100:+.1f}% on {self.workload.name}"

@@ -17,7 +17,9 @@ Concurrency rules (after Optuna's BaseStorage):
 - SQLite: WAL journal, a 30 s busy timeout, writes in BEGIN IMMEDIATE transactions, retried with
   backoff on "database is locked". PostgreSQL: READ COMMITTED, retried on deadlock/serialization.
 - The schema carries SCHEMA_VERSION in table `meta`; a database of another version is refused,
-  never migrated. Nothing here takes or stores an API key.
+  never migrated.
+- Nothing here takes an API key, and none is stored: every text and JSON column scrubs the values
+  bound to it, writes and query values alike (store_schema.py, conjugate/secrets.py).
 """
 from __future__ import annotations
 
@@ -281,12 +283,18 @@ class Store:
             Base.metadata.create_all(conn)
             s.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
             return
-        if "meta" not in tables:
-            raise StoreError(f"{self._where}: a database with tables but no 'meta' table: not a conjugate store")
+        meta_columns = {c["name"] for c in inspect(conn).get_columns("meta")} if "meta" in tables else set()
+        if not {"key", "value"} <= meta_columns:
+            raise StoreError(f"{self._where}: a database with tables but no 'meta' table of keys and values: "
+                             "not a conjugate store")
         found = s.scalar(select(Meta.value).where(Meta.key == "schema_version"))
         if found != str(SCHEMA_VERSION):
             raise StoreError(f"{self._where}: store schema version {found or 'unknown'}, this conjugate reads "
                              f"version {SCHEMA_VERSION} (stores are never migrated: start a new database)")
+        missing = sorted(set(Base.metadata.tables) - tables)
+        if missing:
+            raise StoreError(f"{self._where}: a store of schema version {found} without its table {missing[0]!r}: "
+                             "not a conjugate store, or a damaged one (start a new database)")
 
     def _evaluation(self, row: Evaluation | None) -> EvaluationRecord | None:
         if row is None:
@@ -294,8 +302,8 @@ class Store:
         values = {f.name: getattr(row, f.name) for f in fields(EvaluationRecord)}
         try:
             values["result"] = EvalResult.from_dict(row.result) if row.result is not None else None
-        except (ValueError, KeyError, TypeError) as e:
-            raise StoreError(f"{self._where}: evaluation {row.eval_key!r}: unreadable result: {e}") from e
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise StoreError(f"{self._where}: evaluation {row.eval_key!r}: unreadable result: {_first_line(e)}") from e
         return EvaluationRecord(**values)
 
     def _update_one(self, table: type, row_id: int, **values: Any) -> None:
@@ -309,6 +317,9 @@ class Store:
                 return fn(s)
         except DBAPIError as e:
             raise self._error(e) from e
+        except ValueError as e:  # a stored value this schema cannot decode: JSON, a status, a date
+            raise StoreError(f"{self._where}: a row that cannot be read ({_first_line(e)}): "
+                             "a damaged store, or one of another schema") from e
 
     def _write(self, fn: Callable[[Session], T]) -> T:
         """Run fn in one write transaction, retried with backoff while the database is busy."""
@@ -382,6 +393,10 @@ def _sqlite_events(engine: Engine) -> None:
     @event.listens_for(engine, "begin")
     def _begin(conn: Any) -> None:  # writers take the write lock up front: no lock upgrade, no deadlock
         conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("store_write") else "BEGIN")
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def _retryable(e: DBAPIError) -> bool:

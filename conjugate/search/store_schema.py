@@ -5,8 +5,10 @@ EvaluationRecord) and the status enums (RunStatus, NodeStatus), which store.py r
 evaluation's result is an EvalResult: its JSON column holds `EvalResult.to_dict()`.
 
 Every time column holds timezone-aware UTC; JSON columns use sqlalchemy.JSON so that the same
-schema serves SQLite and PostgreSQL. Changing a table means bumping SCHEMA_VERSION: the store
-never migrates silently.
+schema serves SQLite and PostgreSQL. Every text and JSON column scrubs what goes in of secrets
+(ScrubbedText, ScrubbedString, ScrubbedJSON: conjugate/secrets.py), writes and query values alike,
+so no API key reaches the database whoever writes it; their DDL is that of Text, String and JSON.
+Changing a table means bumping SCHEMA_VERSION: the store never migrates silently.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from sqlalchemy import JSON, DateTime, ForeignKey, Index, String, Text, TypeDeco
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from conjugate.evaluate.result import EvalResult
+from conjugate.secrets import scrub, scrub_tree
 
 SCHEMA_VERSION = 2  # 2: runs.gpu dropped (runs.evaluator holds it), lessons and edit_outcomes keyed by evaluator
 
@@ -60,13 +63,40 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+class ScrubbedText(TypeDecorator):
+    """Text without secrets: each value bound to it is scrubbed on its way to the database."""
+    impl = Text
+    cache_ok = True
+    scrubs_secrets = True
+
+    def process_bind_param(self, value: str | None, dialect: Any) -> str | None:
+        return scrub(value) if isinstance(value, str) else value
+
+
+class ScrubbedString(ScrubbedText):
+    """String(length) without secrets."""
+    impl = String
+    cache_ok = True
+
+
+class ScrubbedJSON(TypeDecorator):
+    """JSON without secrets: every string in the value, keys included, is scrubbed."""
+    impl = JSON
+    cache_ok = True
+    scrubs_secrets = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> Any:
+        return scrub_tree(value)
+
+
 class Base(DeclarativeBase):
-    type_annotation_map = {dict[str, Any]: JSON(none_as_null=True), list[Any]: JSON(none_as_null=True), datetime: UTCDateTime, str: Text}
+    type_annotation_map = {dict[str, Any]: ScrubbedJSON(none_as_null=True), list[Any]: ScrubbedJSON(none_as_null=True),
+                           datetime: UTCDateTime, str: ScrubbedText}
 
 
 class Meta(Base):
     __tablename__ = "meta"
-    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key: Mapped[str] = mapped_column(ScrubbedString(64), primary_key=True)
     value: Mapped[str]
 
 
@@ -76,12 +106,12 @@ class Run(Base):
     name: Mapped[str]
     workload_name: Mapped[str]
     workload: Mapped[dict[str, Any]]
-    workload_path: Mapped[str] = mapped_column(Text)
+    workload_path: Mapped[str] = mapped_column(ScrubbedText)
     evaluator: Mapped[str] = mapped_column(index=True)  # the evaluator profile's name
     agent: Mapped[str]
     seed: Mapped[int]
     settings: Mapped[dict[str, Any]]
-    status: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(ScrubbedString(16))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
 
@@ -92,29 +122,29 @@ class Node(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
     plan: Mapped[dict[str, Any]]
-    plan_hash: Mapped[str] = mapped_column(String(128))
+    plan_hash: Mapped[str] = mapped_column(ScrubbedString(128))
     parent_id: Mapped[int | None] = mapped_column(ForeignKey("nodes.id"))
     edit: Mapped[list[Any] | None]  # RFC 6902 patch from the parent; None for a root
-    rationale: Mapped[str] = mapped_column(Text)
+    rationale: Mapped[str] = mapped_column(ScrubbedText)
     proposer: Mapped[str]
-    edit_kind: Mapped[str] = mapped_column(String(32))
+    edit_kind: Mapped[str] = mapped_column(ScrubbedString(32))
     depth: Mapped[int]
     visits: Mapped[int] = mapped_column(default=0)
     value_sum: Mapped[float] = mapped_column(default=0.0)
     best_reward: Mapped[float | None]  # None until a reward was backpropagated through the node
     prior: Mapped[float]
-    status: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(ScrubbedString(16))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class Evaluation(Base):
     __tablename__ = "evaluations"
     id: Mapped[int] = mapped_column(primary_key=True)
-    eval_key: Mapped[str] = mapped_column(String(255), unique=True)
-    plan_hash: Mapped[str] = mapped_column(String(128), index=True)
+    eval_key: Mapped[str] = mapped_column(ScrubbedString(255), unique=True)
+    plan_hash: Mapped[str] = mapped_column(ScrubbedString(128), index=True)
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))  # the run that claimed it
     owner: Mapped[str]  # "<hostname>:<pid>" of the evaluating process
-    status: Mapped[str] = mapped_column(String(16))  # "running" | "done"
+    status: Mapped[str] = mapped_column(ScrubbedString(16))  # "running" | "done"
     attempts: Mapped[int] = mapped_column(default=1)  # claims so far; take-overs compare-and-swap on it
     result: Mapped[dict[str, Any] | None]  # EvalResult.to_dict()
     reward: Mapped[float | None]
@@ -128,7 +158,7 @@ class VerdictRow(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     evaluation_id: Mapped[int] = mapped_column(ForeignKey("evaluations.id"), index=True)
     launch: Mapped[int | None]
-    verdict: Mapped[str | None] = mapped_column(String(64))
+    verdict: Mapped[str | None] = mapped_column(ScrubbedString(64))
     gain_percent: Mapped[float | None]
     shared_us: Mapped[float | None]
     separate_us: Mapped[float | None]
@@ -141,13 +171,13 @@ class LLMCall(Base):
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"), index=True)
     provider: Mapped[str]
     model: Mapped[str]
-    prompt: Mapped[str] = mapped_column(Text)
-    reply: Mapped[str] = mapped_column(Text)
+    prompt: Mapped[str] = mapped_column(ScrubbedText)
+    reply: Mapped[str] = mapped_column(ScrubbedText)
     input_tokens: Mapped[int]
     output_tokens: Mapped[int]
     cost_usd: Mapped[float]
     latency_s: Mapped[float]
-    error: Mapped[str] = mapped_column(Text)
+    error: Mapped[str] = mapped_column(ScrubbedText)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -157,8 +187,8 @@ class Lesson(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     evaluator: Mapped[str]
     family: Mapped[str]
-    edit_kind: Mapped[str] = mapped_column(String(32))
-    text: Mapped[str] = mapped_column(Text)
+    edit_kind: Mapped[str] = mapped_column(ScrubbedString(32))
+    text: Mapped[str] = mapped_column(ScrubbedText)
     gain: Mapped[float]
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -170,7 +200,7 @@ class EditOutcome(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     evaluator: Mapped[str]
     family: Mapped[str]
-    edit_kind: Mapped[str] = mapped_column(String(32))
+    edit_kind: Mapped[str] = mapped_column(ScrubbedString(32))
     gain: Mapped[float]
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id"))
 
@@ -199,6 +229,8 @@ class RunRecord(_Record):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", RunStatus(self.status))
+        if not isinstance(self.workload, dict) or not isinstance(self.settings, dict):
+            raise ValueError(f"run {self.id}: its workload and settings should be JSON objects")
 
 
 @dataclass(frozen=True)
