@@ -311,6 +311,19 @@ def test_a_resume_reads_settings_of_another_version(env, tmp_path):
     assert_one_line_error(*cli("search", "--resume", db, "--budget", 5)[::2], str(db), "'c_puct'")
 
 
+def test_a_run_that_fails_to_start_is_not_left_running(env, tmp_path, monkeypatch):
+    def broken(self):
+        raise RuntimeError("seeding failed")
+
+    monkeypatch.setattr(Search, "_seed", broken)
+    db = tmp_path / "unstarted.db"
+    with Store.open(db) as store, pytest.raises(RuntimeError, match="seeding failed"):
+        Search.start(store, "x", WORKLOAD, str(TINY), InProcessEvaluator(env["profile"]), make_proposer("heuristic"),
+                     SearchSettings(budget=2), seed=0)
+    run, _ = tree(db)
+    assert run.status == "stopped"
+
+
 # -- 4. two searches on one database
 
 def test_two_searches_on_one_database_never_evaluate_a_plan_twice(env, tmp_path):

@@ -31,7 +31,7 @@ from conjugate.paths import REWARD_BASELINE, SEED_PLANS, shipped_plan
 from conjugate.plan import load_plan, patch_plan, validate_plan
 from conjugate.search.context import ContextBuilder, device_of, family_of
 from conjugate.search.mcts import MCTS, TreeNode, rebuild
-from conjugate.search.store import NodeRecord, NodeStatus, RunRecord, Store, StoreError, owner_id
+from conjugate.search.store import NodeRecord, NodeStatus, RunRecord, RunStatus, Store, StoreError, owner_id
 from conjugate.secrets import scrub
 from conjugate.workload import Workload
 
@@ -127,8 +127,12 @@ class Search:
         settings = replace(settings, evaluator_id=settings.evaluator_id or evaluator_id(evaluator.profile))
         run_id = store.create_run(name, data, workload_path, evaluator.profile.name, proposer.name, seed,
                                   settings.to_dict())
-        search = cls(store, run_id, workload, workload_path, evaluator, proposer, settings, on_event)
-        search._seed()
+        try:
+            search = cls(store, run_id, workload, workload_path, evaluator, proposer, settings, on_event)
+            search._seed()
+        except BaseException:  # a run that never started is not left "running"
+            store.set_run_status(run_id, RunStatus.STOPPED)
+            raise
         return search
 
     def _seed(self) -> None:
