@@ -1,6 +1,7 @@
 """Proposers: what suggests the next plan edits to the search.
 
     heuristic          rule-based edits driven by the measured verdicts (agents/heuristic.py)
+    random, greedy     the search's baselines: random edits of random nodes, hill-climbing (agents/baselines.py)
     replay             the edits of a recorded run, in their order (agents/replay.py)
     anthropic:<model>  a Claude model through the anthropic SDK (key: ANTHROPIC_API_KEY)
     openai:<model>     an OpenAI model, or any OpenAI-compatible server given its base URL
@@ -15,7 +16,7 @@ from conjugate.agents.base import EDIT_KINDS, LLMCallLog, NodeContext, Proposal,
 from conjugate.errors import ConjugateError
 
 __all__ = ["EDIT_KINDS", "NodeContext", "Proposal", "Proposer", "ProposerUnavailable", "make_proposer"]
-_FORMS = "heuristic, replay, anthropic:<model> or openai:<model>"
+_FORMS = "heuristic, random, greedy, replay, anthropic:<model> or openai:<model>"
 
 
 def make_proposer(spec: str, *, seed: int = 0, base_url: str | None = None, log_call: LLMCallLog | None = None,
@@ -26,6 +27,9 @@ def make_proposer(spec: str, *, seed: int = 0, base_url: str | None = None, log_
     if spec == "heuristic":
         from conjugate.agents.heuristic import HeuristicProposer
         return HeuristicProposer(seed=seed)
+    if spec in ("random", "greedy"):
+        from conjugate.agents.baselines import GreedyProposer, RandomProposer
+        return (RandomProposer if spec == "random" else GreedyProposer)(seed=seed)
     if spec == "replay":
         if not replay_records:
             raise ConjugateError("--agent replay: no recorded edits to replay")

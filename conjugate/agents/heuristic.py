@@ -60,20 +60,30 @@ class HeuristicProposer:
         except ConjugateError:
             return []
         rng = random.Random(f"{self.seed}:{context.plan_hash}:{len(context.tried)}")
-        seen = {plan.hash} | _tried_hashes(plan, context.tried)
+        return fresh_proposals(plan, context.tried, self.ordered(plan, context, rng), n)
+
+    def ordered(self, plan: Plan, context: NodeContext, rng: random.Random):
+        """(candidate, prior) pairs, the most promising first: base scores shifted by the edit statistics."""
         ranked = _ranked(candidates(plan, context.result, context.sms, rng), context.edit_stats)
-        out: list[Proposal] = []
-        for cand, score in ranked:
-            if len(out) >= n:
-                break
-            try:
-                new = patch_plan(plan, cand.patch)
-            except ConjugateError:
-                continue
-            if new.hash not in seen:
-                seen.add(new.hash)
-                out.append(Proposal(cand.patch, cand.rationale, cand.kind, round(min(1.0, max(0.05, score)), 3)))
-        return out
+        return ((c, round(min(1.0, max(0.05, s)), 3)) for c, s in ranked)
+
+
+def fresh_proposals(plan: Plan, tried: list[dict], ordered, n: int) -> list[Proposal]:
+    """Up to `n` proposals from (candidate, prior) pairs, first first: each applies to the plan,
+    changes it, and was neither tried from this node before nor proposed already."""
+    seen = {plan.hash} | _tried_hashes(plan, tried)
+    out: list[Proposal] = []
+    for cand, prior in ordered:
+        if len(out) >= n:
+            break
+        try:
+            new = patch_plan(plan, cand.patch)
+        except ConjugateError:
+            continue
+        if new.hash not in seen:
+            seen.add(new.hash)
+            out.append(Proposal(cand.patch, cand.rationale, cand.kind, prior))
+    return out
 
 
 def _tried_hashes(plan: Plan, tried: list[dict]) -> set[str]:

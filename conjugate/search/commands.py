@@ -302,8 +302,8 @@ def add_commands(sub, out: Console) -> None:
     search.add_argument("workload", nargs="?", help="workload TOML (default: the tiny CPU one)")
     search.add_argument("--db", help="SQLAlchemy URL or SQLite file (default: runs/<name>.db)")
     search.add_argument("--name", help="run name (default: the workload file's stem)")
-    search.add_argument("--agent", default="heuristic", help="heuristic (default), replay, anthropic:<model>, "
-                        "openai:<model>")
+    search.add_argument("--agent", default="heuristic", help="heuristic (default), random, greedy (the search's "
+                        "baselines), replay, anthropic:<model>, openai:<model>")
     search.add_argument("--budget", type=_count, help="evaluations in the run, seeds included (default 20)")
     search.add_argument("--time", help="stop after this long: 90s, 30m, 2h")
     search.add_argument("--seed", type=_SEED, default=0)

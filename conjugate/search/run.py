@@ -31,6 +31,7 @@ from conjugate.paths import REWARD_BASELINE, SEED_PLANS, shipped_plan
 from conjugate.plan import load_plan, patch_plan, validate_plan
 from conjugate.search.context import ContextBuilder, device_of, family_of
 from conjugate.search.mcts import MCTS, TreeNode, rebuild
+from conjugate.search.selection import select
 from conjugate.search.store import NodeRecord, NodeStatus, RunRecord, RunStatus, Store, StoreError, owner_id
 from conjugate.secrets import scrub
 from conjugate.workload import Workload
@@ -180,7 +181,8 @@ class Search:
                 self._evaluate(n)
         while not self._over(deadline):
             root = self.tree[root_id]  # a reload (another process's nodes) replaces the objects
-            path = self.mcts.select(root)
+            path = select(getattr(self.proposer, "selection", "mcts"), self.mcts, root, self.tree, self.run.seed,
+                          self.evaluations_done())
             if path == [root] and root.closed:
                 return "exhausted"
             try:
