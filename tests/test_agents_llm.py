@@ -331,5 +331,5 @@ def test_make_proposer_specs(monkeypatch):
     for spec in ("x", "openai:", "gemini:pro", ""):
         with pytest.raises(ConjugateError) as e:
             make_proposer(spec)
-        assert str(e.value) == (f"--agent: unknown agent {spec!r}; use heuristic, replay, anthropic:<model> "
-                                "or openai:<model>")
+        assert str(e.value) == (f"--agent: unknown agent {spec!r}; use heuristic, random, greedy, replay, "
+                                "anthropic:<model> or openai:<model>")
