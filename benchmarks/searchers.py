@@ -1,5 +1,5 @@
 """The search against its own baselines at an equal budget: heuristic MCTS, `random` and `greedy`
-(agents/baselines.py), each a fresh run on the same workload, evaluator and seed.
+(agents/search_baselines.py), each a fresh run on the same workload, evaluator and seed.
 
     python benchmarks/searchers.py WORKLOAD.toml [...] [--agents heuristic random greedy] [--budget 40]
                                    [--evaluator h200] [--seed 0] [--out DIR] [--json OUT.json]

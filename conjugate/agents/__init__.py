@@ -1,7 +1,7 @@
 """Proposers: what suggests the next plan edits to the search.
 
     heuristic          rule-based edits driven by the measured verdicts (agents/heuristic.py)
-    random, greedy     the search's baselines: random edits of random nodes, hill-climbing (agents/baselines.py)
+    random, greedy     the search's baselines: random edits of random nodes, hill-climbing (agents/search_baselines.py)
     replay             the edits of a recorded run, in their order (agents/replay.py)
     anthropic:<model>  a Claude model through the anthropic SDK (key: ANTHROPIC_API_KEY)
     openai:<model>     an OpenAI model, or any OpenAI-compatible server given its base URL
@@ -28,7 +28,7 @@ def make_proposer(spec: str, *, seed: int = 0, base_url: str | None = None, log_
         from conjugate.agents.heuristic import HeuristicProposer
         return HeuristicProposer(seed=seed)
     if spec in ("random", "greedy"):
-        from conjugate.agents.baselines import GreedyProposer, RandomProposer
+        from conjugate.agents.search_baselines import GreedyProposer, RandomProposer
         return (RandomProposer if spec == "random" else GreedyProposer)(seed=seed)
     if spec == "replay":
         if not replay_records:

@@ -34,7 +34,8 @@ def add_command(sub, out: Console) -> None:
                                     "torch's own execution (default: the best plan of --db, else streams)")
     gen.add_argument("--variants", default="layers-sdpa/layers-sdpa", metavar="DRAFT/VERIFY",
                      help="with --plan conventional*: the variant of each model's step (default: "
-                          "layers-sdpa/layers-sdpa; see `conjugate bench`)")
+                          "layers-sdpa/layers-sdpa; the evaluator's fastest per workload is named in its results' "
+                          "conventional baseline, `variants`)")
     gen.add_argument("--db", help="a search database whose latest run's best plan to use")
     gen.add_argument("--mode", choices=MODES, default="pipelined",
                      help="simple: one group, draft then verify; pipelined (default): two groups alternate, every "
