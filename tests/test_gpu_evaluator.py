@@ -46,8 +46,9 @@ CHEAP = {"schema": "conjugate.plan/1"}
 def test_the_h200_profile_loads_and_round_trips():
     p = load_profile("h200")
     assert (p.kind, p.model, p.gpu) == ("gpu", None, "")
-    assert p.timing == TimingSettings(replays=200, warmup=20, verdict_calls=10,
+    assert p.timing == TimingSettings(replays=200, warmup=20, verdict_calls=10, replays_within_pct=0.2,
                                       baselines=("conventional", "sequential", "streams"))
+    assert p.timing.reuse_verdicts  # the default
     assert p.tolerances == {"bf16": {"rel": 0.05, "tie_margin": 0.2}}
     assert p.max_check_params == 10**11 and p.source.endswith("h200.toml")
     assert EvaluatorProfile.from_dict(json.loads(json.dumps(p.to_dict()))) == p
@@ -76,8 +77,12 @@ def _edited(tmp_path, old: str, new: str) -> Path:
     ("max_params = 100000000000", "", "[correctness]: missing field 'max_params'"),
     ('baselines = ["conventional", "sequential", "streams"]', 'baselines = [["streams"]]', "field 'timing.baselines'"),
     ("tie_margin = 0.2", "tie_margin = 0.2\natol = 3", "unknown field 'correctness.bf16.atol'"),
-    ("[timing]\nreplays = 200\nwarmup = 20\nverdict_calls = 10\n"
-     'baselines = ["conventional", "sequential", "streams"]\n', "timing = 3\n", "field 'timing' should be a table"),
+    (H200_TOML[H200_TOML.index("[timing]"):H200_TOML.index("[correctness]")], "timing = 3\n",
+     "field 'timing' should be a table"),
+    ("replays_within_pct = 0.2", "replays_within_pct = -1", "field 'replays_within_pct' should not be negative"),
+    ("replays_within_pct = 0.2", "replays_within_pct = 150", "field 'replays_within_pct' is 150"),
+    ("replays_within_pct = 0.2", 'replays_within_pct = "tight"', "field 'replays_within_pct' should be float"),
+    ("warmup = 20", "warmup = 20\nreuse_verdicts = 1", "field 'timing.reuse_verdicts' should be true or false"),
 ])
 def test_bad_gpu_profiles_name_the_file_and_field(tmp_path, old, new, expected):
     path = _edited(tmp_path, old, new)
@@ -386,7 +391,7 @@ def test_verdicts_measure_only_launches_not_measured_before(tmp_path, monkeypatc
 
     calls = []
 
-    def fake_time(launch, device, calls_in_row, flush_bytes=0):
+    def fake_time(launch, **how):
         calls.append(launch)
         return 10.0 + len(calls)  # each measurement a new number: reuse shows as equal verdicts
 

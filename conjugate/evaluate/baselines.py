@@ -33,6 +33,7 @@ from conjugate.files import write_atomic
 from conjugate.paths import shipped_plan
 from conjugate.plan import load_plan
 from conjugate.roles import Model
+from conjugate.workload import Workload
 
 PHASES = {Model.DRAFT: "draft", Model.TARGET: "verify"}
 
@@ -85,17 +86,22 @@ def choose_variants(trials: list[VariantTrial]) -> dict[str, str] | None:
     return {phase: min(correct, key=lambda t: t.phase_ms[phase]).variant for phase in PHASES.values()}
 
 
-def _choice_file(setup: RoundSetup, timing: TimingSettings, cache_dir: Path | None) -> Path:
-    device = setup.weights[1].weights.device
-    body = json.dumps({"workload": setup.workload.to_dict(), "device": device_name(device), "torch": torch.__version__,
+def choice_file(workload: Workload, device: str, timing: TimingSettings, cache_dir: Path | None) -> Path:
+    """Where the variant choice for this workload, device (its name) and variant list is kept."""
+    body = json.dumps({"workload": workload.to_dict(), "device": device, "torch": torch.__version__,
                        "variants": timing.conventional}, sort_keys=True, default=str)
     return (cache_dir or default_cache_dir()) / "conventional" / f"{hashlib.sha256(body.encode()).hexdigest()[:16]}.json"
+
+
+def keep_choice(path: Path, chosen: dict[str, str], workload: str, trials: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(chosen | {"workload": workload, "trials": trials}, indent=1) + "\n")
 
 
 def chosen_variants(setup: RoundSetup, timing: TimingSettings, cache_dir: Path | None) -> dict[str, str] | dict:
     """The variant each phase runs: read from an earlier choice for this workload and device, else
     chosen now from every variant of the profile (and kept). {} when none was correct."""
-    path = _choice_file(setup, timing, cache_dir)
+    path = choice_file(setup.workload, device_name(setup.weights[1].weights.device), timing, cache_dir)
     try:
         kept = json.loads(path.read_text())
         if {kept["draft"], kept["verify"]} <= set(timing.conventional):
@@ -109,9 +115,7 @@ def chosen_variants(setup: RoundSetup, timing: TimingSettings, cache_dir: Path |
     chosen = choose_variants(trials)
     if chosen is None:
         return {}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(chosen | {"workload": setup.workload.name, "trials": [vars(t) for t in trials]},
-                                  indent=1) + "\n")
+    keep_choice(path, chosen, setup.workload.name, [vars(t) for t in trials])
     return chosen
 
 

@@ -26,7 +26,7 @@ from conjugate.evaluate.profile import EvaluatorProfile
 from conjugate.evaluate.result import Baseline, Metrics, Verdict
 from conjugate.evaluate.rounds import checked_run, round_inputs
 from conjugate.evaluate.session import EvaluationSession, RoundSetup
-from conjugate.evaluate.timing import l2_flush_bytes, time_per_call, time_round
+from conjugate.evaluate.timing import flush_time_us, l2_flush_bytes, median_known_within, time_per_call, time_round
 from conjugate.graph import build_graph, graph_totals
 from conjugate.roles import Model
 from conjugate.workload import Workload
@@ -73,9 +73,11 @@ class MeasuredHarness:
     def time(self, compiled: CompiledRound, setup: RoundSetup) -> Timed:
         t = self.profile.timing
         started = time.perf_counter()
-        timing = time_round(compiled.run, partial(compiled.load, setup.timing_inputs), t.replays, t.warmup)
+        enough = median_known_within(t.replays_within_pct) if t.replays_within_pct > 0 else None
+        timing = time_round(compiled.run, partial(compiled.load, setup.timing_inputs), t.replays, t.warmup, enough)
         timed_at = time.perf_counter()
-        verdicts = launch_verdicts(compiled, t.verdict_calls, self.session.launch_times(self.profile.kind))
+        known = self.session.launch_times(self.profile.kind) if t.reuse_verdicts else None
+        verdicts = launch_verdicts(compiled, t.verdict_calls, known)
         seconds = {"replays": timed_at - started, "verdicts": time.perf_counter() - timed_at}
         return Timed(timing.median_ms, verdicts, len(compiled.schedule.launches), timing.p20_ms, timing.p80_ms,
                      timing.replays, seconds)
@@ -127,12 +129,13 @@ def launch_verdicts(compiled: CompiledRound, calls: int,
     parts = {f.launch: f.parts for f in compiled.feedback()}
     out, device = [], compiled.device
     flush = l2_flush_bytes(device)  # weights come from memory in a round, not from the L2 of the last call
+    flush_us = None  # the flushes' own time, measured once (for the first launch not known)
     for key, members in groups.items():
         first = members[0]
         if key not in known:
-            shared = time_per_call(first, device, calls, flush_bytes=flush)
-            known[key] = shared, tuple(time_per_call(compiled.solo(first.index, p), device, calls, flush_bytes=flush)
-                                       for p in range(len(first.parts)))
+            flush_us = flush_time_us(device, calls, flush) if flush_us is None else flush_us
+            timed = partial(time_per_call, device=device, calls=calls, flush_bytes=flush, flush_us=flush_us)
+            known[key] = timed(first), tuple(timed(compiled.solo(first.index, p)) for p in range(len(first.parts)))
         shared, solo = known[key]
         out.append(Verdict.judge(first.index, parts[first.index], shared, tuple(solo), modeled=False,
                                  launches=tuple(m.index for m in members), resources=first.resources))

@@ -26,6 +26,7 @@ _BOUNDS: dict[str, tuple[float, float]] = {
     "bandwidth_gbs": (1, 10**6), "matmul_tflops": (0.001, 10**6), "sms": (1, 10**5), "programs_per_sm": (1, 1024),
     "launch_overhead_us": (0, 10**6), "colocation_penalty": (0, 1), "streams_overlap": (0, 1),
     "replays": (0, 10**6), "warmup": (0, 10**6), "verdict_calls": (0, 10**4),  # 0 replays: refused below
+    "replays_within_pct": (0, 100),
     "rel": (1e-6, 1), "tie_margin": (0, 10),  # a relative error under 1e-6 is below fp32's own rounding
 }
 
@@ -49,9 +50,13 @@ class ModelConstants:
 
 @dataclass(frozen=True)
 class TimingSettings:
-    replays: int = 200  # timed replays of the round's CUDA graph
+    replays: int = 200  # timed replays of the round's CUDA graph (at most, with replays_within_pct)
     warmup: int = 20  # untimed replays first
     verdict_calls: int = 10  # launches per CUDA graph when timing one launch for its verdict
+    # stop replaying once the median is known within this percent (timing.median_known_within); 0: all
+    replays_within_pct: float = 0.0
+    # a launch built as one of an earlier plan of the workload keeps that plan's verdict times
+    reuse_verdicts: bool = True
     baselines: tuple[str, ...] = ("conventional", "sequential", "streams")
     # the conventional baseline's variants tried per phase (conventional.py); the fastest correct one runs
     conventional: tuple[str, ...] = ("layers-sdpa", "layers-grouped", "whole-sdpa", "whole-grouped")
@@ -171,12 +176,20 @@ def _model(model: dict, where: str) -> ModelConstants:
 
 
 def _timing(timing: dict, where: str) -> TimingSettings:
-    allowed = ("replays", "warmup", "verdict_calls", "baselines", "conventional")
+    allowed = ("replays", "warmup", "verdict_calls", "baselines", "conventional", "replays_within_pct",
+               "reuse_verdicts")
     _table(timing, "timing", where)
     for key in timing:
         if key not in allowed:
             raise ProfileError(f"{where}: unknown field {_dotted('timing', key)}")
     values = {k: _need(timing, k, int, f"{where}: [timing]") for k in allowed[:3] if k in timing}
+    if "replays_within_pct" in timing:
+        values["replays_within_pct"] = _need(timing, "replays_within_pct", float, f"{where}: [timing]")
+    if "reuse_verdicts" in timing:
+        if not isinstance(timing["reuse_verdicts"], bool):
+            raise ProfileError(f"{where}: field 'timing.reuse_verdicts' should be true or false, "
+                               f"got {shown(timing['reuse_verdicts'])}")
+        values["reuse_verdicts"] = timing["reuse_verdicts"]
     if values.get("replays", 1) < 1 or values.get("verdict_calls", 1) < 1:
         raise ProfileError(f"{where}: [timing] replays and verdict_calls should be at least 1")
     baselines = timing.get("baselines", list(TimingSettings.baselines))

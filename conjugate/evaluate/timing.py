@@ -94,27 +94,47 @@ def time_round(run: Callable[[], None], load_fresh: Callable[[], None], replays:
 
 
 def time_per_call(fn: Callable[[], None], device: torch.device, calls: int = 10, replays: int = 5,
-                  flush_bytes: int = 0) -> float:
+                  flush_bytes: int = 0, flush_us: float | None = None) -> float:
     """Microseconds per call of fn, from a CUDA graph of `calls` back-to-back calls. With
     `flush_bytes`, a buffer that large is overwritten before every call (evicting the L2 cache, as the
-    rest of a round would) and the flushes' own time, measured alone, is subtracted."""
-    scratch = torch.empty(flush_bytes // 4, dtype=torch.float32, device=device) if flush_bytes >= 4 else None
+    rest of a round would) and the flushes' own time is subtracted: `flush_us` when the caller
+    measured it already (flush_time_us), else measured here."""
+    scratch = _flush_buffer(device, flush_bytes)
 
-    def calls_in_a_row(with_fn: bool = True) -> None:
+    def calls_in_a_row() -> None:
         for _ in range(calls):
             if scratch is not None:
                 scratch.zero_()
-            if with_fn:
-                fn()
+            fn()
 
-    def per_call_us(body) -> float:
-        graph = capture(body, device, warmup=1)
-        return time_replays(graph.replay, replays, warmup=1).median_ms * 1e3 / calls
-
-    total = per_call_us(calls_in_a_row)
+    total = _per_call_us(calls_in_a_row, device, calls, replays)
     if scratch is None:
         return total
-    return max(total - per_call_us(lambda: calls_in_a_row(with_fn=False)), 0.0)
+    if flush_us is None:
+        flush_us = flush_time_us(device, calls, flush_bytes, replays)
+    return max(total - flush_us, 0.0)
+
+
+def flush_time_us(device: torch.device, calls: int, flush_bytes: int, replays: int = 5) -> float:
+    """Microseconds per flush of `flush_bytes` in a CUDA graph of `calls` flushes (time_per_call)."""
+    scratch = _flush_buffer(device, flush_bytes)
+    if scratch is None:
+        return 0.0
+
+    def flushes() -> None:
+        for _ in range(calls):
+            scratch.zero_()
+
+    return _per_call_us(flushes, device, calls, replays)
+
+
+def _flush_buffer(device: torch.device, flush_bytes: int) -> torch.Tensor | None:
+    return torch.empty(flush_bytes // 4, dtype=torch.float32, device=device) if flush_bytes >= 4 else None
+
+
+def _per_call_us(body: Callable[[], None], device: torch.device, calls: int, replays: int) -> float:
+    graph = capture(body, device, warmup=1)
+    return time_replays(graph.replay, replays, warmup=1).median_ms * 1e3 / calls
 
 
 def l2_flush_bytes(device: torch.device) -> int:

@@ -1,0 +1,124 @@
+"""Where a search's evaluations spend their time, and how long each takes: one measured search per
+workload and evaluator profile, each a process of its own (`conjugate search`, heuristic agent,
+same seed), then from its database every evaluation's wall time split into steps (setup, baselines,
+compile, warmup, check, replays, verdicts: EvalResult.seconds) and its baselines.
+
+    python benchmarks/eval_time.py WORKLOAD.toml [...] --evaluators PROFILE [PROFILE ...]
+                                   [--budget 16] [--time 240s] [--out DIR] [--json OUT.json]
+
+The first evaluation of a run also prepares the workload and measures the baselines; the medians
+leave it aside. Two runs of one workload on one GPU also give the baselines measured in two
+processes (`baseline_spread_pct`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from conjugate.evaluate.result import STEPS  # noqa: E402
+from conjugate.search.run import eval_key, run_evaluator_id  # noqa: E402
+from conjugate.search.store import Store  # noqa: E402
+from conjugate.workload import load_workload  # noqa: E402
+
+BASELINES = ("conventional", "streams", "sequential")
+
+
+def search(workload: Path, evaluator: str, budget: int, limit: str, db: Path) -> float:
+    db.unlink(missing_ok=True)
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "conjugate", "search", str(workload), "--evaluator", evaluator,
+                    "--budget", str(budget), "--time", limit, "--seed", "0", "--db", str(db)], check=True, cwd=ROOT)
+    return time.perf_counter() - started
+
+
+def evaluations(db: Path, workload: Path) -> list[dict]:
+    """The run's finished evaluations in the order they finished."""
+    w = load_workload(workload)
+    with Store.open(db) as store:
+        run = store.latest_run()
+        found = [(n, store.evaluation(eval_key(n.plan_hash, w, run_evaluator_id(run)))) for n in store.nodes(run.id)]
+    rows = []
+    for node, record in sorted(((n, f) for n, f in found if f is not None and f.done), key=lambda nf: nf[1].finished_at):
+        r, m = record.result, record.result.metrics
+        baselines = m.baselines if m else {}
+        rows.append({"node": node.id, "proposer": node.proposer, "rationale": node.rationale,
+                     "status": str(r.status), "latency_ms": r.latency_ms, "floor_ms": m.floor_ms if m else None,
+                     "speedups": r.speedups, "wall_s": r.wall_s, "seconds": r.seconds,
+                     "replays": r.metrics.replays if r.metrics else None,
+                     "verdicts": len(r.verdicts), "baselines": {k: b.latency_ms for k, b in baselines.items()},
+                     "variants": baselines["conventional"].variants if "conventional" in baselines else {}})
+    return rows
+
+
+def summary(rows: list[dict], search_s: float) -> dict:
+    later = rows[1:]  # the first also prepared the workload and measured the baselines
+    median = (lambda xs: round(statistics.median(xs), 3) if xs else None)
+    first = rows[0] if rows else {}
+    ok = [r for r in rows if r["latency_ms"]]
+    best = min(ok, key=lambda r: r["latency_ms"], default={})
+    seeds = {r["rationale"].split()[-1] if r["rationale"].startswith("shipped plan") else "sequential": r["latency_ms"]
+             for r in rows if r["proposer"] == "seed"}
+    return {"evaluations": len(rows), "search_s": round(search_s, 1),
+            "first_eval_s": first.get("wall_s"), "eval_seconds_median": median([r["wall_s"] for r in later]),
+            "eval_seconds_max": max((r["wall_s"] for r in later), default=None),
+            "step_seconds_median": {s: median([r["seconds"].get(s, 0.0) for r in later]) for s in STEPS},
+            "replays_median": median([r["replays"] for r in later if r["replays"]]),
+            "baselines_ms": first.get("baselines", {}), "variants": first.get("variants", {}),
+            "seeds_ms": seeds, "best_ms": best.get("latency_ms"), "best_node": best.get("node"),
+            "best_rationale": best.get("rationale"), "floor_ms": best.get("floor_ms"),
+            "best_speedups": best.get("speedups", {})}
+
+
+def spread_pct(runs: list[dict]) -> dict[str, float]:
+    """Per baseline, (max - min) / min over the runs (processes) that measured it, in percent."""
+    out = {}
+    for name in BASELINES:
+        values = [r["baselines_ms"][name] for r in runs if r["baselines_ms"].get(name)]
+        if len(values) > 1:
+            out[name] = round((max(values) - min(values)) / min(values) * 100, 3)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workloads", nargs="+", type=Path)
+    parser.add_argument("--evaluators", nargs="+", default=["h200"])
+    parser.add_argument("--budget", type=int, default=16)
+    parser.add_argument("--time", default="240s")
+    parser.add_argument("--out", type=Path, default=Path("eval_time"))
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    import torch
+    out = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None, "torch": torch.__version__,
+           "command": " ".join(sys.argv), "budget": args.budget, "time": args.time, "workloads": []}
+    for path in args.workloads:
+        name = load_workload(path).name
+        runs = []
+        for evaluator in args.evaluators:
+            db = args.out / f"{name}_{Path(evaluator).stem}.db"
+            search_s = search(path, evaluator, args.budget, args.time, db)
+            rows = evaluations(db, path)
+            runs.append({"evaluator": evaluator, **summary(rows, search_s), "rows": rows})
+        out["workloads"].append({"workload": name, "runs": runs, "baseline_spread_pct": spread_pct(runs)})
+        if args.json:
+            args.json.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"{'workload':24} {'evaluator':18} {'evals':>5} {'first s':>8} {'median s':>8} {'max s':>7}  steps (median s)")
+    for w in out["workloads"]:
+        for r in w["runs"]:
+            steps = " ".join(f"{k}={v:.2f}" for k, v in r["step_seconds_median"].items() if v)
+            print(f"{w['workload']:24} {Path(r['evaluator']).stem:18} {r['evaluations']:5d} {r['first_eval_s'] or 0:8.1f} "
+                  f"{r['eval_seconds_median'] or 0:8.2f} {r['eval_seconds_max'] or 0:7.2f}  {steps}")
+        print(f"{'':24} baselines across processes: spread % {w['baseline_spread_pct']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""Keep the conventional variants chosen by an earlier `baselines.py` run as this machine's choice,
+so a later process builds only the chosen variant per phase instead of trying every variant again
+(evaluate/baselines.py: `chosen_variants` reads the kept choice first).
+
+    python benchmarks/seed_choices.py benchmarks/results/baselines_h200.json [--evaluator h200]
+
+Only when the earlier run was measured on a GPU of this name with this torch version; a choice
+already kept is left alone. Where the choice is kept: $CONJUGATE_CACHE (default ~/.cache/conjugate).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from conjugate.evaluate.baselines import choice_file, keep_choice  # noqa: E402
+from conjugate.evaluate.profile import load_profile  # noqa: E402
+from conjugate.workload import load_workload  # noqa: E402
+
+
+def seed(results: Path, evaluator: str) -> list[str]:
+    data = json.loads(results.read_text())
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "triton-interpreter"
+    if data["gpu"] != device or data["torch"] != torch.__version__:
+        raise SystemExit(f"{results}: measured on {data['gpu']} with torch {data['torch']}; this is {device} "
+                         f"with torch {torch.__version__}: choose again instead")
+    timing, kept = load_profile(evaluator).timing, []
+    for row in data["workloads"]:
+        workload = load_workload(ROOT / "examples" / f"{row['workload']}.toml")
+        path = choice_file(workload, device, timing, None)
+        if set(row["variants"].values()) <= set(timing.conventional) and not path.exists():
+            keep_choice(path, row["variants"], workload.name, row.get("trials", []))
+            kept.append(f"{workload.name}: draft {row['variants']['draft']}, verify {row['variants']['verify']}")
+    return kept
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", type=Path)
+    parser.add_argument("--evaluator", default="h200")
+    args = parser.parse_args()
+    for line in seed(args.results, args.evaluator):
+        print("kept", line)
+
+
+if __name__ == "__main__":
+    main()
