@@ -2,7 +2,10 @@
 before the baselines ran, after torch.compile's conventional baseline only, after a garbage
 collection and a dynamo reset, and as a second compiled copy, with the SM clock read after each.
 
-    python benchmarks/steadiness.py WORKLOAD_NAME OUT.json      # e.g. qwen3-06b-8b-b4
+    python benchmarks/steadiness.py WORKLOAD_NAME OUT.json [--pinpoint]     # e.g. qwen3-06b-8b-b4
+
+`--pinpoint` first times the round after one eager SDPA call, one eager GEMM, and two tiny
+torch.compile'd functions, to find which first use starts the slowdown.
 
 Result (H200, benchmarks/results/steadiness_qwen3_h200.json): the same CUDA graph replays 4% slower
 once the conventional baseline has run, at the same SM clock, for the rest of the process; nothing
@@ -33,7 +36,7 @@ from conjugate.workload import load_workload  # noqa: E402
 
 
 
-def main(name: str, out: str) -> None:
+def main(name: str, out: str, pinpoint: bool = False) -> None:
     profile = load_profile("h200")
     timing, cache = profile.timing, Path(tempfile.mkdtemp())
     workload = load_workload(EXAMPLES_DIR / f"{name}.toml")
@@ -52,6 +55,20 @@ def main(name: str, out: str) -> None:
     first.prepare()
     checked_run(first, setup.inputs, setup.check, graph=True)
     record("plan path, before any baseline", first)
+    if pinpoint:  # which first use of torch's machinery starts it
+        q = torch.randn(8, 32, 5, 128, dtype=torch.bfloat16, device="cuda")
+        kv = torch.randn(8, 32, 1029, 128, dtype=torch.bfloat16, device="cuda")
+        torch.nn.functional.scaled_dot_product_attention(q, kv, kv)
+        record("after one eager SDPA call", first)
+        a = torch.randn(40, 4096, dtype=torch.bfloat16, device="cuda")
+        w = torch.randn(4096, 4096, dtype=torch.bfloat16, device="cuda")
+        torch.nn.functional.linear(a, w)
+        record("after one eager cuBLAS GEMM", first)
+        torch.compile(lambda x: (x * 2).relu().sum(-1), dynamic=False)(a)
+        record("after a torch.compile'd elementwise function", first)
+        torch.compile(lambda x, y: torch.nn.functional.linear(x, y).float().softmax(-1), dynamic=False)(a, w)
+        record("after a torch.compile'd GEMM + softmax", first)
+        torch.cuda.synchronize()
     conventional_baselines(setup, timing, {"draft": "layers-sdpa", "verify": "layers-sdpa"})
     record("after conventional (layers-sdpa) only", first)
     gc.collect()
@@ -70,4 +87,4 @@ def main(name: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(sys.argv[1], sys.argv[2], "--pinpoint" in sys.argv[3:])
