@@ -17,7 +17,7 @@ from conjugate.evaluate.analytical import AnalyticalModel, LaunchEstimate, PartC
 from conjugate.evaluate.correctness import ReferenceChecker
 from conjugate.evaluate.pipeline import evaluate
 from conjugate.evaluate.profile import ProfileError, load_profile
-from conjugate.evaluate.result import Baseline, EvalResult, Metrics, VerdictKind
+from conjugate.evaluate.result import Baseline, EvalResult, Metrics, Verdict, VerdictKind
 from conjugate.evaluate.rounds import checked_run, round_inputs
 from conjugate.evaluate.session import EvaluationSession
 from conjugate.models import make_round_inputs
@@ -175,6 +175,25 @@ def test_modeled_verdicts_follow_the_one_rule():
     for shared, kind in ((9.7, "gain"), (10.0, "neutral"), (10.3, "interference")):
         v = LaunchEstimate(3, "main", shared, (6.0, 4.0)).verdict(parts)
         assert (v.launch, v.verdict, v.modeled, v.separate_us, v.parts_us) == (3, kind, True, 10.0, (6.0, 4.0))
+
+
+def test_verdicts_also_compare_with_the_parts_on_two_streams(tmp_path):
+    """A shared launch is judged against its parts back to back and against them overlapped on
+    streams of their own (modeled: the longest plus the share of the rest two streams do not hide)."""
+    model = AnalyticalModel(PROFILE.model)
+    overlap = model.overlap_us((6.0, 4.0))
+    assert overlap == pytest.approx(6.0 + (1 - PROFILE.model.streams_overlap) * 4.0)
+    v = LaunchEstimate(3, "main", 8.0, (6.0, 4.0), overlap).verdict(())
+    assert v.verdict is VerdictKind.GAIN and v.overlap_us == round(overlap, 2)
+    assert v.overlap_gain_percent == round((overlap - 8.0) / overlap * 100, 1)
+    assert v.overlap_verdict is VerdictKind.of(v.overlap_gain_percent)
+    assert Verdict.from_dict(json.loads(json.dumps(v.to_dict()))) == v
+    assert LaunchEstimate(3, "main", 8.0, (6.0, 4.0)).verdict(()).overlap_verdict is None
+    old = {k: x for k, x in v.to_dict().items() if not k.startswith("overlap")}  # stored before overlap existed
+    assert Verdict.from_dict(old).overlap_us is None
+    r = evaluate(load_plan(ROOT / "plans" / "interleave.json"), load_workload(ROOT / "examples" / "llama-1b-8b-b8.toml"), PROFILE, cache_dir=tmp_path)
+    assert r.verdicts and all(x.overlap_us and x.overlap_verdict is not None for x in r.verdicts)
+    assert all(x.overlap_us <= x.separate_us for x in r.verdicts)
 
 
 def test_large_rounds_compile_on_shapes_and_skip_the_numerical_check(tmp_path):

@@ -47,7 +47,7 @@ def test_the_h200_profile_loads_and_round_trips():
     p = load_profile("h200")
     assert (p.kind, p.model, p.gpu) == ("gpu", None, "")
     assert p.timing == TimingSettings(replays=200, warmup=20, verdict_calls=10, replays_within_pct=0.2,
-                                      baselines=("conventional", "sequential", "streams"))
+                                      ledger_replays=3, baselines=("conventional", "sequential", "streams"))
     assert p.timing.reuse_verdicts  # the default
     assert p.tolerances == {"bf16": {"rel": 0.05, "tie_margin": 0.2}}
     assert p.max_check_params == 10**11 and p.source.endswith("h200.toml")
@@ -83,6 +83,8 @@ def _edited(tmp_path, old: str, new: str) -> Path:
     ("replays_within_pct = 0.2", "replays_within_pct = 150", "field 'replays_within_pct' is 150"),
     ("replays_within_pct = 0.2", 'replays_within_pct = "tight"', "field 'replays_within_pct' should be float"),
     ("warmup = 20", "warmup = 20\nreuse_verdicts = 1", "field 'timing.reuse_verdicts' should be true or false"),
+    ("ledger_replays = 3", "ledger_replays = 2.0", "field 'ledger_replays' should be int"),
+    ("ledger_replays = 3", "ledger_replays = 5000", "field 'ledger_replays' is 5000"),
 ])
 def test_bad_gpu_profiles_name_the_file_and_field(tmp_path, old, new, expected):
     path = _edited(tmp_path, old, new)
@@ -396,6 +398,7 @@ def test_verdicts_measure_only_launches_not_measured_before(tmp_path, monkeypatc
         return 10.0 + len(calls)  # each measurement a new number: reuse shows as equal verdicts
 
     monkeypatch.setattr(measured, "time_per_call", fake_time)
+    monkeypatch.setattr(measured, "concurrently", lambda fns, device: ("at once", tuple(fns)))
     monkeypatch.setattr(measured, "l2_flush_bytes", lambda device: 0)
     rnd = _round("llama")
     plan = load_plan(ROOT / "plans" / "interleave.json")
@@ -403,7 +406,8 @@ def test_verdicts_measure_only_launches_not_measured_before(tmp_path, monkeypatc
     known: dict = {}
     first = measured.launch_verdicts(compiled, 10, known)
     measured_once = len(calls)
-    assert first and measured_once == len(known) + sum(len(v[1]) for v in known.values())
+    assert first and measured_once == 2 * len(known) + sum(len(v[1]) for v in known.values())  # shared, overlap
+    assert sum(1 for c in calls if isinstance(c, tuple)) == len(known) and all(v.overlap_us for v in first)
     again = compile_round(plan, rnd.workload, rnd.draft, rnd.target, cache_dir=tmp_path)  # another plan's round
     assert measured.launch_verdicts(again, 10, known) == first and len(calls) == measured_once
     assert measured.launch_verdicts(again, 10, {}) != first and len(calls) == 2 * measured_once  # nothing known

@@ -241,3 +241,22 @@ def test_tile_moves_that_add_programs_come_first_when_wanted(start):
     assert adds[0] and adds == sorted(adds, reverse=True)  # every move that adds programs before the rest
     assert [m.score for m in moves] == sorted((m.score for m in moves), reverse=True)
     assert len({m.rationale for m in moves}) == len(moves)
+
+
+def test_a_launch_that_loses_to_two_streams_is_split():
+    """Beating its parts back to back is not enough: a shared launch slower than its parts overlapped
+    on two streams gets the override that keeps its draft part out."""
+    plan = PLANS["interleave"]
+    result = _ok_result(plan)
+    launch = next(l for l in expand(plan, TINY).launches if l.cross_model)
+    parts = result.feedback[launch.index].parts
+    losing = Verdict.judge(launch.index, parts, 9.0, (6.0, 4.0), modeled=True, overlap_us=7.0)
+    assert losing.verdict is VerdictKind.GAIN and losing.overlap_verdict is VerdictKind.INTERFERENCE
+    proposals = HeuristicProposer().propose(_context(plan, replace(result, verdicts=(losing,))), 40)
+    split = [p for p in proposals if "loses to them on two streams" in p.rationale]
+    target = next(p for p in parts if p.model.value == "target")
+    assert split and split[0].kind == "override" and target.op in split[0].rationale
+    assert patch_plan(plan, split[0].patch)["overrides"][-1] == {"match": target.op, "pair": False}
+    winning = Verdict.judge(launch.index, parts, 6.5, (6.0, 4.0), modeled=True, overlap_us=7.0)
+    again = HeuristicProposer().propose(_context(plan, replace(result, verdicts=(winning,))), 40)
+    assert not any("loses to them on two streams" in p.rationale for p in again)

@@ -1,11 +1,14 @@
 """The time ledger: kernel records matched to a round's launches and summed by op kind and stream."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
 from conjugate.compiler.round import compile_round
 from conjugate.evaluate.ledger import KernelRecord, Ledger, LedgerError, match_launches
+from conjugate.evaluate.result import LedgerSummary
 from conjugate.graph import build_graph
 from conjugate.plan import load_plan
 from test_round import ROOT, _round
@@ -82,3 +85,140 @@ def test_profile_without_a_gpu_is_one_line(capsys):
     assert main(["profile", str(ROOT / "examples" / "tiny.toml")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and len(err.splitlines()) == 1 and "GPU" in err
+
+
+# --- the condensed ledger: in every result, and what the agents read ---------------------------------
+
+def test_the_condensed_ledger_lists_the_biggest_losses_first(compiled):
+    rnd, graph = compiled
+    ledger = Ledger.of(rnd, graph, [replay(rnd)], copy_gbs=1000.0)
+    summary = ledger.condensed(top=4)
+    assert len(summary.kinds) == 4 and not summary.modeled
+    losses = [k.loss_ms for k in summary.kinds]
+    assert losses == sorted(losses, reverse=True)
+    assert losses[0] == pytest.approx(max(k.us - k.floor_us for k in ledger.kinds) / 1e3)
+    assert summary.streams == pytest.approx({s: sum(l.index + 1 for l in rnd.launches if l.stream == s) / 1e3
+                                             for s in {l.stream for l in rnd.launches}})
+    assert LedgerSummary.from_dict(json.loads(json.dumps(summary.to_dict()))) == summary
+    head, *rest = summary.lines(top=2)
+    assert head.startswith(f"round {summary.round_ms:.3f} ms (measured; GPU idle") and len(rest) == 2
+    assert summary.kinds[0].kind in rest[0] and "over its floor" in rest[0]
+
+
+def test_modeled_results_carry_a_modeled_ledger(tmp_path):
+    from conjugate.evaluate.pipeline import evaluate
+    from conjugate.evaluate.profile import load_profile
+    from conjugate.evaluate.result import EvalResult
+    from conjugate.workload import load_workload
+
+    workload = load_workload(ROOT / "examples" / "llama-1b-8b-b8.toml")  # shapes only: no weights made
+    r = evaluate(load_plan(ROOT / "plans" / "streams.json"), workload, load_profile("analytical"), cache_dir=tmp_path)
+    ledger = r.metrics.ledger
+    assert r.ok and ledger.modeled and ledger.idle_ms == 0
+    assert ledger.round_ms == pytest.approx(r.latency_ms) and ledger.floor_ms == pytest.approx(r.metrics.floor_ms)
+    assert set(ledger.streams) == {"draft", "target"} and len(ledger.kinds) == 8
+    assert all(k.ms >= k.floor_ms and 0 < k.bandwidth_fraction <= 1 for k in ledger.kinds)
+    assert EvalResult.from_dict(json.loads(json.dumps(r.to_dict()))).metrics.ledger == ledger
+    assert "(modeled)" in ledger.lines()[0] and "idle" not in ledger.lines()[0]
+
+
+def test_the_measured_harness_condenses_the_rounds_kernel_records(compiled, monkeypatch):
+    """MeasuredHarness.ledger on recorded kernels (a GPU's records stood in for): the condensed
+    ledger, or None when the records do not match the launches (the round is still timed)."""
+    from conjugate.evaluate import measured
+    from conjugate.evaluate.profile import load_profile
+    from conjugate.evaluate.session import EvaluationSession, RoundSetup
+
+    rnd, graph = compiled
+    session = EvaluationSession()
+    monkeypatch.setattr(session, "device_rates", lambda device: {"copy_bandwidth_gbs": 1000.0})
+    harness = measured.MeasuredHarness(load_profile("h200"), None, session)
+    setup = RoundSetup(None, graph, ())
+    asked = []
+    monkeypatch.setattr(measured, "kernel_records",
+                        lambda run, device, replays: asked.append(replays) or [replay(rnd) for _ in range(replays)])
+    summary = harness.ledger(rnd, setup)
+    assert asked == [3]  # the h200 profile's ledger_replays
+    assert summary == Ledger.of(rnd, graph, [replay(rnd)], copy_gbs=1000.0).condensed()
+    monkeypatch.setattr(measured, "kernel_records", lambda run, device, replays: [replay(rnd)[1:]])
+    assert harness.ledger(rnd, setup) is None
+
+
+def _context_with_ledger(plan, kinds):
+    from conjugate.agents.base import NodeContext
+    from conjugate.evaluate.result import EvalResult, KindLoss, Metrics, Stage, Status
+
+    ledger = LedgerSummary(9.0, 6.0, 0.1, False, {"draft": 5.0, "target": 8.0},
+                           tuple(KindLoss(kind, 64, ms, floor, floor / ms) for kind, ms, floor in kinds))
+    metrics = Metrics(latency_ms=9.0, floor_ms=6.0, floor_ratio=1.5, bandwidth_gbs=3000.0, launches=400,
+                      device="NVIDIA H200", sms=132, ledger=ledger)
+    result = EvalResult("h", "w", "h200", Stage.TIMING, Status.OK, False, metrics=metrics)
+    return NodeContext(plan=plan, plan_hash=load_plan_hash(plan), workload={}, evaluator="h200",
+                       device="NVIDIA H200", sms=132, result=result, baselines={}, best=[], lessons=[],
+                       edit_stats={}, tried=[], failures=[])
+
+
+def load_plan_hash(plan) -> str:
+    from conjugate.plan import validate_plan
+    return validate_plan(plan).hash
+
+
+def test_the_heuristic_aims_at_the_biggest_loss_first():
+    """Tile moves for the kind losing most come first; a norm losing time ranks the fusion that
+    removes its launches above the other fusions."""
+    from conjugate.agents.heuristic import HeuristicProposer
+
+    plan = json.loads((ROOT / "plans" / "streams.json").read_text())
+    losses = [("draft down", 1.55, 0.52), ("target gate_up", 2.74, 1.77), ("draft attn_norm", 0.27, 0.001)]
+    proposals = HeuristicProposer().propose(_context_with_ledger(plan, losses), 40)
+    tiles = [p for p in proposals if p.kind == "tiles"]
+    assert "draft down" in tiles[0].rationale and "the ledger" in tiles[0].rationale
+    fusions = [p for p in proposals if p.kind == "fusion"]
+    assert fusions and "attn_norm+qkv in the draft" in fusions[0].rationale and "the ledger" in fusions[0].rationale
+    without = HeuristicProposer().propose(_context_with_ledger(plan, []), 40)
+    assert not any("the ledger" in p.rationale for p in without)
+    assert tiles[0].prior > max(p.prior for p in without if p.kind == "tiles")
+
+
+def test_the_llm_prompt_carries_the_ledger():
+    from conjugate.agents.prompt import Prompts
+
+    plan = json.loads((ROOT / "plans" / "streams.json").read_text())
+    text = Prompts().expand_text(_context_with_ledger(plan, [("draft down", 1.55, 0.52)]), 3)
+    section = text[text.index("## Where the round's time goes"):text.index("## Shared launches")]
+    assert "round 9.000 ms (measured; GPU idle 0.100 ms) = 1.50x its floor 6.000 ms" in section
+    assert "- draft down: 1.550 ms in 64 launches at 34% of copy bandwidth, 1.030 ms over its floor" in section
+    assert '"ledger"' not in text[text.index("## This plan's scores"):text.index("## Where the round")]
+
+
+def test_the_heuristic_serves_the_busier_stream_first():
+    """With two streams, `priority` for the stream the ledger says is busier ranks first; without a
+    ledger, the draft's; leaving two streams also clears the priority (the patch stays valid)."""
+    from conjugate.agents.heuristic import streams_edits
+    from conjugate.plan import patch_plan, validate_plan
+
+    plan = validate_plan(json.loads((ROOT / "plans" / "streams.json").read_text()))
+    ledger = _context_with_ledger(plan.data, []).result.metrics.ledger  # target busy 8.0 ms, draft 5.0
+    edits = sorted(streams_edits(plan, ledger), key=lambda c: -c.score)
+    assert edits[0].patch == [{"op": "replace", "path": "/priority", "value": "target"}]
+    assert "busier (8.00 ms against 5.00)" in edits[0].rationale
+    assert sorted(streams_edits(plan), key=lambda c: -c.score)[0].patch[0]["value"] == "draft"
+    favoured = patch_plan(plan, edits[0].patch)
+    back = [c for c in streams_edits(favoured, ledger) if c.patch[0]["path"] == "/streams"]
+    assert patch_plan(favoured, back[0].patch)["priority"] == "none"
+    assert all(patch_plan(favoured, c.patch) for c in streams_edits(favoured, ledger))
+
+
+def test_the_llm_prompt_shows_each_shared_launch_against_two_streams():
+    from dataclasses import replace
+
+    from conjugate.agents.prompt import Prompts
+    from conjugate.evaluate.result import Verdict
+
+    plan = json.loads((ROOT / "plans" / "interleave.json").read_text())
+    ctx = _context_with_ledger(plan, [])
+    verdict = Verdict.judge(4, (), 9.0, (6.0, 4.0), modeled=False, overlap_us=7.0)
+    text = Prompts().expand_text(replace(ctx, result=replace(ctx.result, verdicts=(verdict,))), 3)
+    row = next(line for line in text.splitlines() if line.startswith('- {"launch":4'))
+    assert '"verdict":"gain"' in row and '"overlap_us":7.0' in row and '"vs_overlap":"interference"' in row
+    assert '"gain_vs_overlap_percent":-28.6' in row and "two-stream plan would make of them" in text

@@ -15,7 +15,7 @@ from conjugate.errors import PatchError, PlanError, ScheduleError
 from conjugate.graph import KINDS, build_graph
 from conjugate.plan import (Launch, Part, apply_patch, check_dependencies, expand, load_plan, patch_plan,
                             validate_plan)
-from conjugate.plan.schema import ALIGNMENTS, FUSIONS, PATTERNS
+from conjugate.plan.schema import ALIGNMENTS, FUSIONS, PATTERNS, plan_hash
 from conjugate.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,6 +42,8 @@ def test_shipped_plans_are_valid_under_both_validators():
 
 BAD_PLANS = [
     ({"schema": "conjugate.plan/2"}, "$.schema"),
+    (dict(BASE, priority="draft"), "$.priority: 'draft' favours one model's stream, so it needs $.streams 'two'"),
+    (dict(BASE, streams="two", priority="both"), "$.priority"),
     (dict(BASE, bogus=1), "$.bogus: unknown key"),
     (dict(BASE, alignment="diagonal"), "$.alignment"),
     (dict(BASE, alignment=3), "$.alignment"),
@@ -335,3 +337,24 @@ def test_pins_need_one_stream_and_one_launch_per_unit():
                  overrides=[{"match": "t.l0.qkv", "with": "d.s0.l0.attn_norm"}, {"match": "t.l1.qkv", "with": "d.s0.l0.qkv"}])
     with pytest.raises(ScheduleError, match="already pinned into another target launch"):
         expand(validate_plan(twice), TINY)
+
+
+def test_stream_priority_is_a_two_stream_knob_that_keeps_older_hashes():
+    """`priority` names the model whose stream the GPU serves first; unset, a plan hashes as it did
+    before the key existed, so stored runs still find their plans."""
+    from conjugate.compiler.round import stream_priority
+    from conjugate.roles import Model
+
+    streams = json.loads((ROOT / "plans" / "streams.json").read_text())
+    favoured = validate_plan(dict(streams, priority="draft"))
+    jsonschema.validate(dict(streams, priority="draft"), SCHEMA)
+    assert validate_plan(streams)["priority"] == "none"
+    assert validate_plan(dict(streams, priority="none")).hash == validate_plan(streams).hash
+    assert favoured.hash != validate_plan(streams).hash != validate_plan(dict(streams, priority="target")).hash
+    assert validate_plan(streams).hash == plan_hash({k: v for k, v in validate_plan(streams).data.items()
+                                                     if k != "priority"})
+    schedule = expand(favoured, TINY, build_graph(TINY))
+    assert schedule.priority == "draft" and {l.stream for l in schedule.launches} == {"draft", "target"}
+    assert (stream_priority(schedule, Model.DRAFT), stream_priority(schedule, Model.TARGET)) == (-1, 0)
+    plain = expand(validate_plan(streams), TINY, build_graph(TINY))
+    assert (stream_priority(plain, Model.DRAFT), stream_priority(plain, Model.TARGET)) == (0, 0)

@@ -2,6 +2,9 @@
 
 Edits come first from what the node's result says, then from broader local moves:
 
+    time ledger          tile moves for the GEMM and attention kinds that lose most against their
+                         bytes' floor (the result's ledger), and the fusions that remove the launches
+                         of norm kinds losing most, scored by their share of the loss
     failed node          undo the likely cause: smaller tiles or fewer stages for the part the
                          compile error names, separate operands, no pairing in a failing launch
     interference         keep the draft part out of that target launch (override pair: false) or
@@ -12,7 +15,8 @@ Edits come first from what the node's result says, then from broader local moves
                          take more draft kinds (switching a sequential plan to a cross-model
                          alignment)
     two streams          tile moves for the target's longest GEMMs and the draft's GEMMs, which
-                         share the multiprocessors all round; giving the streams up ranks lower
+                         share the multiprocessors all round; the busier stream (the ledger's)
+                         served first (`priority`); giving the streams up ranks lower
     broader moves        tile-shape local search (halve/double one tile key, the kinds of
                          interfering or under-filled launches first), launch parameters, interleave
                          pattern and ratio, fusions, alignment, streams, operand layout
@@ -38,7 +42,7 @@ from conjugate.agents.heuristic_edits import (LIGHT_TARGETS, SEARCH_KEYS, Candid
                                               fill_by_kind, gain_edits, headroom_edits, launch_parts, repair_edits,
                                               scaled, set_pairs, set_tile, spill_edits, split_edits, tile_value)
 from conjugate.errors import ConjugateError
-from conjugate.evaluate.result import EvalResult, Verdict, VerdictKind
+from conjugate.evaluate.result import EvalResult, KindLoss, LedgerSummary, Verdict, VerdictKind
 from conjugate.graph import GEMM_KINDS, KINDS
 from conjugate.plan.patch import patch_plan
 from conjugate.plan.schema import FUSIONS, MODEL_KEYS, Plan, validate_plan
@@ -139,9 +143,27 @@ def candidates(plan: Plan, result: EvalResult | None, sms: int, rng: random.Rand
     out = [] if result is None else repair_edits(plan, result) if not result.ok else spill_edits(plan, result)
     out += split_edits(plan, verdicts) + gain_edits(plan, verdicts) + headroom_edits(plan, parts, sms)
     interfering = any(v.verdict is VerdictKind.INTERFERENCE for v in verdicts)
-    out += tile_edits(plan, _focus(verdicts, parts, sms) + _two_stream_focus(plan), rng) + launch_edits(plan, rng)
-    out += pattern_edits(plan, interfering) + fusion_edits(plan) + alignment_edits(plan)
-    return out + streams_edits(plan) + layout_edits(plan)
+    ledger = result.metrics.ledger if result is not None and result.metrics is not None else None
+    focus = _ledger_focus(ledger) + _focus(verdicts, parts, sms) + _two_stream_focus(plan)
+    out += tile_edits(plan, focus, rng) + launch_edits(plan, rng)
+    out += pattern_edits(plan, interfering) + fusion_edits(plan, ledger) + alignment_edits(plan)
+    return out + streams_edits(plan, ledger) + layout_edits(plan)
+
+
+def _loss_shares(ledger: LedgerSummary | None) -> list[tuple[str, str, float, KindLoss]]:
+    """(model, op kind, share of the ledger's listed loss, its entry) for every part of every listed kind."""
+    if ledger is None:
+        return []
+    total = sum(max(k.loss_ms, 0.0) for k in ledger.kinds) or 1.0
+    return [(model, kind, max(k.loss_ms, 0.0) / total, k) for k in ledger.kinds for model, kind in k.parts
+            if model in MODEL_KEYS and kind in FAMILY_OF]
+
+
+def _ledger_focus(ledger: LedgerSummary | None) -> list[Focus]:
+    """The GEMM and attention kinds the ledger says lose most, biggest loss first."""
+    return [Focus(Model(model), kind, f"the ledger: {k.kind} runs {k.loss_ms:.2f} ms over its floor at "
+                                      f"{k.bandwidth_fraction:.0%} of copy bandwidth", False, 0.5 + 0.25 * share)
+            for model, kind, share, k in _loss_shares(ledger) if FAMILY_OF[kind] in SEARCH_KEYS]
 
 
 def _focus(verdicts: tuple[Verdict, ...], parts: Launches, sms: int) -> list[Focus]:
@@ -172,7 +194,7 @@ def tile_edits(plan: Plan, focus: list[Focus], rng: random.Random) -> list[Candi
     """Halve or double one tile key of one op kind: focused kinds first, then every GEMM and
     attention kind of both models in a seeded random order."""
     out, done = [], set()
-    for f in focus:
+    for f in sorted(focus, key=lambda f: -f.score):  # stable: equal scores keep their order
         if (f.model, f.kind) not in done:
             done.add((f.model, f.kind))
             out += _tile_moves(plan, f.model, f.kind, f.why, f.score, f.wider, rng.randrange(6))
@@ -230,7 +252,10 @@ def pattern_edits(plan: Plan, interfering: bool) -> list[Candidate]:
             for p, r in options]
 
 
-def fusion_edits(plan: Plan) -> list[Candidate]:
+def fusion_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candidate]:
+    """Each fusion on or off; a fusion whose absorbed op (the first of its name) the ledger lists as
+    losing time ranks by that loss's share."""
+    losing = {(model, kind): (share, k) for model, kind, share, k in reversed(_loss_shares(ledger))}
     out = []
     for model in MODEL_KEYS:
         on = plan["fusions"][model]
@@ -238,9 +263,13 @@ def fusion_edits(plan: Plan) -> list[Candidate]:
             if f in on:
                 out.append(Candidate("fusion", [{"op": "remove", "path": f"/fusions/{model}/{on.index(f)}"}],
                                      f"unfuse {f} in the {model}: smaller units pair more easily", 0.25))
-            else:
-                out.append(Candidate("fusion", [{"op": "add", "path": f"/fusions/{model}/-", "value": f}],
-                                     f"fuse {f} in the {model}: one launch fewer each time it runs", 0.4))
+                continue
+            why, score = f"fuse {f} in the {model}: one launch fewer each time it runs", 0.4
+            if (model, f.split("+")[0]) in losing:
+                share, k = losing[(model, f.split("+")[0])]
+                why += f" (the ledger: {k.kind} runs {k.loss_ms:.2f} ms over its floor)"
+                score += 0.25 * share
+            out.append(Candidate("fusion", [{"op": "add", "path": f"/fusions/{model}/-", "value": f}], why, score))
     return out
 
 
@@ -262,10 +291,26 @@ def alignment_edits(plan: Plan) -> list[Candidate]:
             for a, score in (("proportional", 0.3 if two else 0.65), ("greedy", 0.24 if two else 0.5))]
 
 
-def streams_edits(plan: Plan) -> list[Candidate]:
+def streams_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candidate]:
+    """One stream or two; with two, which model's stream the GPU serves first: the one the ledger
+    says is busier (the round's critical path), else the draft's chain of short kernels."""
     if plan["streams"] == "two":
-        return [Candidate("streams", [{"op": "replace", "path": "/streams", "value": "one"}],
-                          "streams two -> one: no cross-stream joins", 0.25)]
+        unset = [{"op": "replace", "path": "/priority", "value": "none"}] if plan["priority"] != "none" else []
+        out = [Candidate("streams", [{"op": "replace", "path": "/streams", "value": "one"}] + unset,
+                         "streams two -> one: no cross-stream joins", 0.25)]
+        busy = ledger.streams if ledger is not None else {}
+        first = max(MODEL_KEYS, key=lambda m: busy.get(m, 0.0)) if len(busy) > 1 else Model.DRAFT.value
+        why = (f"its stream is busier ({busy[first]:.2f} ms against {min(busy.values()):.2f}): the critical path"
+               if len(busy) > 1 else "its chain of short dependent kernels sets the round")
+        for choice in (first, next(m for m in MODEL_KEYS if m != first), "none"):
+            if choice != plan["priority"]:
+                reason = f"priority {plan['priority']} -> {choice}: " + (
+                    f"the GPU serves the {choice} stream first, {why}" if choice == first else
+                    "the GPU serves neither stream first" if choice == "none" else
+                    f"the GPU serves the {choice} stream first")
+                out.append(Candidate("streams", [{"op": "replace", "path": "/priority", "value": choice}], reason,
+                                     0.5 if choice == first else 0.3))
+        return out
     if plan["alignment"] != "sequential" or any("with" in o for o in plan["overrides"]):
         return []
     return [Candidate("streams", [{"op": "replace", "path": "/streams", "value": "two"}],

@@ -171,13 +171,14 @@ def _undo_colocation(plan: Plan, parts: tuple[PartRef, ...], status: Status) -> 
 def split_edits(plan: Plan, verdicts: tuple[Verdict, ...]) -> list[Candidate]:
     """Interfering shared launches, grouped by (target kind, draft kind), worst first: drop the draft
     kind from pairs[target kind] (first when several launches interfere), or keep the draft part
-    out of the worst launch with an override."""
+    out of the worst launch with an override. Then launches that beat their parts back to back but
+    lose to them launched at once on two streams: keep the draft part out of the worst."""
     groups: dict[tuple[str, str], list[tuple[float, PartRef, int]]] = {}
     for v in verdicts:
         t, d = _pair(v.parts)
         if v.verdict is VerdictKind.INTERFERENCE and t is not None and d is not None:
             groups.setdefault((t.kind, d.kind), []).append((v.gain_percent, t, v.launch))
-    out = []
+    out = _overlap_losses(verdicts)
     for (t_kind, d_kind), hits in sorted(groups.items(), key=lambda g: min(g[1], key=lambda h: h[0])[0])[:3]:
         gain, t, launch = min(hits, key=lambda h: h[0])
         many = len(hits) > 1
@@ -189,6 +190,20 @@ def split_edits(plan: Plan, verdicts: tuple[Verdict, ...]) -> list[Candidate]:
             out.append(Candidate("pairs", set_pairs(plan, t_kind, allowed(plan, t_kind) - {d_kind}),
                                  f"target {t_kind} launches interfere ({count}): stop pairing draft {d_kind} "
                                  f"with {t_kind}", 0.92 if many else 0.9))
+    return out
+
+
+def _overlap_losses(verdicts: tuple[Verdict, ...], limit: int = 3) -> list[Candidate]:
+    losing = sorted((v for v in verdicts if v.verdict is not VerdictKind.INTERFERENCE
+                     and v.overlap_verdict is VerdictKind.INTERFERENCE), key=lambda v: v.overlap_gain_percent)
+    out = []
+    for v in losing[:limit]:
+        t, d = _pair(v.parts)
+        if t is not None and d is not None:
+            out.append(Candidate("override", unpair_override(t.op),
+                                 f"launch {v.launch} beats its parts back to back ({v.gain_percent:+.1f}%) but loses "
+                                 f"to them on two streams ({v.overlap_gain_percent:+.1f}%): keep draft {d.kind} "
+                                 f"out of {t.op}", 0.6))
     return out
 
 

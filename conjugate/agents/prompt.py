@@ -70,7 +70,16 @@ def _scores(ctx: NodeContext) -> str:
     return _json(out)
 
 
-_NOT_SCORES = ("device", "sms", "baselines")  # said elsewhere in the prompt
+_NOT_SCORES = ("device", "sms", "baselines", "ledger")  # said elsewhere in the prompt
+
+
+def _ledger(ctx: NodeContext, top: int = 8) -> str:
+    """The time ledger's lines: the round against its floor, then the op kinds losing most."""
+    r = ctx.result
+    if r is None or r.metrics is None or r.metrics.ledger is None:
+        return "none (no ledger for this plan)"
+    head, *kinds = r.metrics.ledger.lines(top)
+    return "\n".join([head] + [f"- {line}" for line in kinds])
 
 
 def _launch(parts: tuple[PartRef, ...], resources: Resources) -> dict[str, Any]:
@@ -89,8 +98,10 @@ def _verdicts(ctx: NodeContext, limit: int = 15) -> str:
     for v in sorted(r.verdicts, key=lambda v: -abs(v.gain_percent)):
         f = feedback.get(v.launch)
         resources = v.resources if v.resources != Resources() or f is None else f.resources
+        overlap = {} if v.overlap_us is None else {
+            "overlap_us": v.overlap_us, "vs_overlap": v.overlap_verdict, "gain_vs_overlap_percent": v.overlap_gain_percent}
         rows.append({"launch": v.launch, "verdict": v.verdict, "gain_percent": v.gain_percent,
-                     "shared_us": v.shared_us, "separate_us": v.separate_us}
+                     "shared_us": v.shared_us, "separate_us": v.separate_us} | overlap
                     | _launch(f.parts if f else v.parts, resources))
     return _bullets(rows, limit, lambda row: _json(row, sort=False))
 
@@ -140,7 +151,7 @@ class Prompts:
             workload=_json(ctx.workload), device=ctx.device, sms=ctx.sms, evaluator=ctx.evaluator,
             scores=_scores(ctx),
             baselines=_json(ctx.baselines) if ctx.baselines else "none measured",
-            verdicts=_verdicts(ctx), feedback=_feedback(ctx), best=_bullets(ctx.best, 3, _best),
+            ledger=_ledger(ctx), verdicts=_verdicts(ctx), feedback=_feedback(ctx), best=_bullets(ctx.best, 3, _best),
             lessons=_bullets(ctx.lessons, 20, lambda s: clip(str(s), 300)),
             edit_stats=_bullets(sorted(ctx.edit_stats.items()), 20, lambda kv: f"{kv[0]}: {_json(kv[1])}"),
             tried=_bullets(ctx.tried, 20, lambda t: _pick(t, ("kind", "status", "reward", "patch"))),

@@ -109,6 +109,13 @@ def _compile_launch(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers, cache
                                 num_warps=launch.num_warps, num_stages=launch.num_stages, stream=launch.stream)
 
 
+def stream_priority(schedule: Schedule, model: Model) -> int:
+    """The CUDA stream priority of `model`'s stream (lower runs first): -1 for the model the plan
+    favours, else 0. A CUDA graph keeps each kernel's priority from the stream it was captured on
+    (torch instantiates graphs with per-node priorities)."""
+    return -1 if schedule.priority == model.value else 0
+
+
 class CompiledRound:
     def __init__(self, schedule: Schedule, workload: Workload, bufs: RoundBuffers, launches: list[CompiledLaunch],
                  source_dir: Path, op_graph: nx.DiGraph, kernels: KernelCache):
@@ -119,7 +126,8 @@ class CompiledRound:
         self.graph: torch.cuda.CUDAGraph | None = None
         self._streams = None
         if schedule.streams == "two" and self.device.type == "cuda":
-            self._streams = {model: torch.cuda.Stream(self.device) for model in Model}
+            self._streams = {model: torch.cuda.Stream(self.device, priority=stream_priority(schedule, model))
+                             for model in Model}
 
     # -- running ---------------------------------------------------------------------------
     def load(self, inputs: RoundInputs) -> None:

@@ -37,10 +37,11 @@ class LaunchEstimate:
     stream: str
     us: float
     alone_us: tuple[float, ...]  # each part as a launch of its own (overhead included)
+    overlap_us: float | None = None  # the parts launched at once on streams of their own (shared launches)
 
     def verdict(self, parts: tuple[PartRef, ...]) -> Verdict:
         """Gain, neutral or interference of a shared launch against its parts launched separately."""
-        return Verdict.judge(self.index, parts, self.us, self.alone_us, modeled=True)
+        return Verdict.judge(self.index, parts, self.us, self.alone_us, modeled=True, overlap_us=self.overlap_us)
 
 
 class AnalyticalModel:
@@ -71,7 +72,13 @@ class AnalyticalModel:
 
     def estimate(self, launch: Launch, parts: list[PartCost]) -> LaunchEstimate:
         alone = tuple(self.launch_us([p]) for p in parts)
-        return LaunchEstimate(launch.index, launch.stream, self.launch_us(parts), alone)
+        return LaunchEstimate(launch.index, launch.stream, self.launch_us(parts), alone,
+                              self.overlap_us(alone) if len(parts) > 1 else None)
+
+    def overlap_us(self, alone: tuple[float, ...]) -> float:
+        """Launches on streams of their own, as round_ms overlaps two streams: the longest, plus the
+        share of the rest that does not overlap it."""
+        return max(alone) + (1 - self.c.streams_overlap) * (sum(alone) - max(alone))
 
     def round_ms(self, estimates: list[LaunchEstimate]) -> float:
         per_stream: dict[str, float] = {}

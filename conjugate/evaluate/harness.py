@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from conjugate.compiler.round import CompiledRound
-from conjugate.evaluate.result import Baseline, Metrics, Verdict
+from conjugate.evaluate.result import Baseline, LedgerSummary, Metrics, Verdict
 from conjugate.evaluate.session import RoundSetup
 from conjugate.workload import Workload
 
@@ -24,7 +24,8 @@ class Timed:
     p20_ms: float | None = None
     p80_ms: float | None = None
     replays: int | None = None
-    seconds: dict[str, float] = field(default_factory=dict)  # "replays" and "verdicts": how long each took
+    seconds: dict[str, float] = field(default_factory=dict)  # "replays", "verdicts", "ledger": how long each took
+    ledger: LedgerSummary | None = None  # where the round's time goes
 
 
 class Harness(Protocol):

@@ -21,6 +21,7 @@ import networkx as nx
 
 from conjugate.compiler.round import CompiledRound
 from conjugate.errors import ConjugateError
+from conjugate.evaluate.result import KindLoss, LedgerSummary
 
 class LedgerError(ConjugateError):
     """Kernel records that do not match the round's launches."""
@@ -101,6 +102,26 @@ class Ledger:
         return cls(round_us=spans[middle], floor_us=total_bytes / (copy_gbs * 1e9) * 1e6,
                    busy_us=_union([(r.start_us, r.end_us) for r in records]), copy_gbs=copy_gbs,
                    launches=launches, kinds=_kinds(launches, copy_gbs), streams=_streams(records, spans[middle]))
+
+    @classmethod
+    def modeled(cls, compiled: CompiledRound, graph: nx.DiGraph, launch_us: list[float], round_us: float,
+                copy_gbs: float) -> "Ledger":
+        """The ledger the analytical model gives: each launch's modeled time, no idle time."""
+        launches = tuple(_launch_entry(compiled, graph, index, [us]) for index, us in enumerate(launch_us))
+        total_bytes = sum(graph.nodes[n]["op"].bytes for n in graph.nodes)
+        return cls(round_us=round_us, floor_us=total_bytes / (copy_gbs * 1e9) * 1e6, busy_us=round_us,
+                   copy_gbs=copy_gbs, launches=launches, kinds=_kinds(launches, copy_gbs), streams=())
+
+    def condensed(self, modeled: bool = False, top: int = 8) -> LedgerSummary:
+        """What the agents are told: the `top` op kinds losing most against their floor, and each of
+        the plan's streams' busy time."""
+        streams: dict[str, float] = defaultdict(float)
+        for launch in self.launches:
+            streams[str(launch.stream)] += launch.us / 1e3
+        losses = sorted(self.kinds, key=lambda k: k.floor_us - k.us)[:top]
+        return LedgerSummary(self.round_us / 1e3, self.floor_us / 1e3, self.idle_us / 1e3, modeled, dict(streams),
+                             tuple(KindLoss(k.kind, k.launches, k.us / 1e3, k.floor_us / 1e3, k.bandwidth_fraction)
+                                   for k in losses))
 
     def summary(self, top: int = 6) -> str:
         """Where the time goes, a few lines: the round against its floor, idle time, then the op kinds

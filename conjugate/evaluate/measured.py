@@ -5,7 +5,9 @@ gets a measured verdict.
 
 A verdict compares one shared launch with the sum of its parts' solo launches, each timed in a CUDA
 graph of `calls` back-to-back launches with the L2 cache flushed before each (its weights come from
-memory, as in a round); `Verdict.judge` applies the one verdict rule. Launches built from the same
+memory, as in a round); `Verdict.judge` applies the one verdict rule. It also compares the shared
+launch with its parts launched at once, each on a stream of its own (what two streams would make of
+them): a shared launch may beat its parts back to back and still lose to them overlapped. Launches built from the same
 kernels with the same grids (the same op in every layer) are timed once and reported together.
 """
 from __future__ import annotations
@@ -23,10 +25,12 @@ from conjugate.evaluate.baselines import measure_baselines
 from conjugate.evaluate.correctness import ReferenceChecker, tolerance_for
 from conjugate.evaluate.harness import Timed, speedups
 from conjugate.evaluate.profile import EvaluatorProfile
-from conjugate.evaluate.result import Baseline, Metrics, Verdict
+from conjugate.evaluate.ledger import Ledger, LedgerError, kernel_records
+from conjugate.evaluate.result import Baseline, LedgerSummary, Metrics, Verdict
 from conjugate.evaluate.rounds import checked_run, round_inputs
 from conjugate.evaluate.session import EvaluationSession, RoundSetup
-from conjugate.evaluate.timing import flush_time_us, l2_flush_bytes, median_known_within, time_per_call, time_round
+from conjugate.evaluate.timing import (concurrently, flush_time_us, l2_flush_bytes, median_known_within, time_per_call,
+                                       time_round)
 from conjugate.graph import build_graph, graph_totals
 from conjugate.roles import Model
 from conjugate.workload import Workload
@@ -78,9 +82,22 @@ class MeasuredHarness:
         timed_at = time.perf_counter()
         known = self.session.launch_times(self.profile.kind) if t.reuse_verdicts else None
         verdicts = launch_verdicts(compiled, t.verdict_calls, known)
-        seconds = {"replays": timed_at - started, "verdicts": time.perf_counter() - timed_at}
+        judged_at = time.perf_counter()
+        ledger = self.ledger(compiled, setup) if t.ledger_replays else None
+        seconds = {"replays": timed_at - started, "verdicts": judged_at - timed_at,
+                   "ledger": time.perf_counter() - judged_at}
         return Timed(timing.median_ms, verdicts, len(compiled.schedule.launches), timing.p20_ms, timing.p80_ms,
-                     timing.replays, seconds)
+                     timing.replays, seconds, ledger)
+
+    def ledger(self, compiled: CompiledRound, setup: RoundSetup) -> LedgerSummary | None:
+        """The round's time ledger from its kernel records, condensed; None where the records do not
+        match the launches (the round is timed all the same)."""
+        rates = self.session.device_rates(compiled.device)
+        try:
+            records = kernel_records(compiled.run, compiled.device, self.profile.timing.ledger_replays)
+            return Ledger.of(compiled, setup.graph, records, rates["copy_bandwidth_gbs"]).condensed()
+        except LedgerError:
+            return None
 
     def baselines(self, setup: RoundSetup) -> dict[str, Baseline]:
         return measure_baselines(setup, self.profile, self.cache_dir)
@@ -93,7 +110,7 @@ class MeasuredHarness:
                        device=torch.cuda.get_device_name(device),
                        sms=torch.cuda.get_device_properties(device).multi_processor_count, baselines=baselines,
                        speedups=speedups(baselines, latency), p20_ms=timed.p20_ms, p80_ms=timed.p80_ms,
-                       replays=timed.replays, **floor)
+                       replays=timed.replays, ledger=timed.ledger, **floor)
 
     def floor(self, setup: RoundSetup) -> dict:
         """The round's floor: its bytes at copy bandwidth, its FLOPs at the matmul rate, whichever is longer."""
@@ -135,8 +152,10 @@ def launch_verdicts(compiled: CompiledRound, calls: int,
         if key not in known:
             flush_us = flush_time_us(device, calls, flush) if flush_us is None else flush_us
             timed = partial(time_per_call, device=device, calls=calls, flush_bytes=flush, flush_us=flush_us)
-            known[key] = timed(first), tuple(timed(compiled.solo(first.index, p)) for p in range(len(first.parts)))
-        shared, solo = known[key]
+            solos = [compiled.solo(first.index, p) for p in range(len(first.parts))]
+            known[key] = timed(first), tuple(timed(s) for s in solos), timed(concurrently(solos, device))
+        shared, solo, overlap = known[key]
         out.append(Verdict.judge(first.index, parts[first.index], shared, tuple(solo), modeled=False,
-                                 launches=tuple(m.index for m in members), resources=first.resources))
+                                 overlap_us=overlap, launches=tuple(m.index for m in members),
+                                 resources=first.resources))
     return tuple(sorted(out, key=lambda v: v.gain_percent))

@@ -15,6 +15,7 @@ from conjugate.compiler.round import CompiledRound, compile_round
 from conjugate.evaluate.analytical import AnalyticalModel, launch_programs, model_round
 from conjugate.evaluate.correctness import ReferenceChecker
 from conjugate.evaluate.harness import Timed, speedups
+from conjugate.evaluate.ledger import Ledger
 from conjugate.evaluate.profile import EvaluatorProfile
 from conjugate.evaluate.result import Baseline, Metrics
 from conjugate.evaluate.rounds import checked_run, round_inputs
@@ -62,7 +63,9 @@ class ModeledHarness:
         latency_ms, estimates = model_round(self.model, setup.graph, compiled.schedule, launch_programs(compiled))
         parts = {f.launch: f.parts for f in compiled.feedback()}
         verdicts = tuple(e.verdict(parts[e.index]) for e in estimates if len(e.alone_us) > 1)
-        return Timed(latency_ms, verdicts, len(compiled.schedule.launches))
+        ledger = Ledger.modeled(compiled, setup.graph, [e.us for e in estimates], latency_ms * 1e3,
+                                self.profile.model.bandwidth_gbs).condensed(modeled=True)
+        return Timed(latency_ms, verdicts, len(compiled.schedule.launches), ledger=ledger)
 
     def baselines(self, setup: RoundSetup) -> dict[str, Baseline]:
         """This project's baseline plans, compiled on shape-only weights and modeled the same way."""
@@ -79,7 +82,7 @@ class ModeledHarness:
         floor_ms = nbytes / (c.bandwidth_gbs * 1e9) * 1e3
         return Metrics(latency_ms=latency, floor_ms=floor_ms, floor_ratio=latency / floor_ms,
                        bandwidth_gbs=nbytes / (latency * 1e-3) / 1e9, launches=timed.launches, device=c.gpu,
-                       sms=c.sms, baselines=baselines, speedups=speedups(baselines, latency))
+                       sms=c.sms, baselines=baselines, speedups=speedups(baselines, latency), ledger=timed.ledger)
 
 
 def _shapes_only(w: Workload) -> tuple[PreparedWeights, PreparedWeights]:

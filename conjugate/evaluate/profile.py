@@ -26,7 +26,7 @@ _BOUNDS: dict[str, tuple[float, float]] = {
     "bandwidth_gbs": (1, 10**6), "matmul_tflops": (0.001, 10**6), "sms": (1, 10**5), "programs_per_sm": (1, 1024),
     "launch_overhead_us": (0, 10**6), "colocation_penalty": (0, 1), "streams_overlap": (0, 1),
     "replays": (0, 10**6), "warmup": (0, 10**6), "verdict_calls": (0, 10**4),  # 0 replays: refused below
-    "replays_within_pct": (0, 100),
+    "replays_within_pct": (0, 100), "ledger_replays": (0, 1000),
     "rel": (1e-6, 1), "tie_margin": (0, 10),  # a relative error under 1e-6 is below fp32's own rounding
 }
 
@@ -57,6 +57,8 @@ class TimingSettings:
     replays_within_pct: float = 0.0
     # a launch built as one of an earlier plan of the workload keeps that plan's verdict times
     reuse_verdicts: bool = True
+    # replays recorded under the profiler for the plan's time ledger (what the agents are told); 0: none
+    ledger_replays: int = 0
     baselines: tuple[str, ...] = ("conventional", "sequential", "streams")
     # the conventional baseline's variants tried per phase (conventional.py); the fastest correct one runs
     conventional: tuple[str, ...] = ("layers-sdpa", "layers-grouped", "whole-sdpa", "whole-grouped")
@@ -177,12 +179,12 @@ def _model(model: dict, where: str) -> ModelConstants:
 
 def _timing(timing: dict, where: str) -> TimingSettings:
     allowed = ("replays", "warmup", "verdict_calls", "baselines", "conventional", "replays_within_pct",
-               "reuse_verdicts")
+               "reuse_verdicts", "ledger_replays")
     _table(timing, "timing", where)
     for key in timing:
         if key not in allowed:
             raise ProfileError(f"{where}: unknown field {_dotted('timing', key)}")
-    values = {k: _need(timing, k, int, f"{where}: [timing]") for k in allowed[:3] if k in timing}
+    values = {k: _need(timing, k, int, f"{where}: [timing]") for k in allowed[:3] + ("ledger_replays",) if k in timing}
     if "replays_within_pct" in timing:
         values["replays_within_pct"] = _need(timing, "replays_within_pct", float, f"{where}: [timing]")
     if "reuse_verdicts" in timing:

@@ -66,6 +66,57 @@ class Baseline:
 
 
 @dataclass(frozen=True)
+class KindLoss:
+    """One op kind's launches in a round: their time against what their bytes take at copy bandwidth."""
+    kind: str  # "draft qkv"; a shared launch's kind names its parts: "target gate_up + draft qkv"
+    launches: int
+    ms: float
+    floor_ms: float  # its bytes at the copy bandwidth
+    bandwidth_fraction: float  # achieved bandwidth over the copy bandwidth
+
+    @property
+    def loss_ms(self) -> float:
+        return self.ms - self.floor_ms
+
+    @property
+    def parts(self) -> list[tuple[str, str]]:
+        """(model, op kind) of each part: [("target", "gate_up"), ("draft", "qkv")]."""
+        return [tuple(part.split(" ", 1)) for part in self.kind.split(" + ")]  # type: ignore[misc]
+
+
+@dataclass(frozen=True)
+class LedgerSummary:
+    """Where a round's time goes, condensed for the agents (evaluate/ledger.py has the whole ledger):
+    the op kinds that lose most against their bytes' floor, and each stream's busy time. Measured
+    from the GPU's kernel records, or modeled per launch by the analytical model."""
+    round_ms: float
+    floor_ms: float
+    idle_ms: float  # no kernel running (0 when modeled: the model has no gaps)
+    modeled: bool
+    streams: dict[str, float]  # the plan's stream -> ms its launches ran
+    kinds: tuple[KindLoss, ...]  # the biggest losses first
+
+    def lines(self, top: int = 6) -> list[str]:
+        """A few lines of text: the round against its floor, then the biggest losses."""
+        how = "modeled" if self.modeled else f"measured; GPU idle {self.idle_ms:.3f} ms"
+        head = (f"round {self.round_ms:.3f} ms ({how}) = {self.round_ms / self.floor_ms:.2f}x its floor "
+                f"{self.floor_ms:.3f} ms; " + ", ".join(f"stream {name} busy {ms:.3f} ms"
+                                                       for name, ms in self.streams.items()))
+        return [head] + [f"{k.kind}: {k.ms:.3f} ms in {k.launches} launches at {k.bandwidth_fraction:.0%} of copy "
+                         f"bandwidth, {k.loss_ms:.3f} ms over its floor" for k in self.kinds[:top]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"round_ms": self.round_ms, "floor_ms": self.floor_ms, "idle_ms": self.idle_ms,
+                "modeled": self.modeled, "streams": dict(self.streams),
+                "kinds": [{f.name: getattr(k, f.name) for f in fields(k)} for k in self.kinds]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "LedgerSummary":
+        return cls(data["round_ms"], data["floor_ms"], data["idle_ms"], data["modeled"], dict(data["streams"]),
+                   tuple(KindLoss(**k) for k in data["kinds"]))
+
+
+@dataclass(frozen=True)
 class Metrics:
     """A timed round: its latency, floor, baselines and speedups over them."""
     latency_ms: float
@@ -86,16 +137,19 @@ class Metrics:
     flops: int | None = None
     copy_bandwidth_gbs: float | None = None
     matmul_tflops: float | None = None
+    ledger: LedgerSummary | None = None  # where the round's time goes
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["baselines"] = {name: b.to_dict() for name, b in self.baselines.items()}
+        out["ledger"] = self.ledger.to_dict() if self.ledger else None
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Metrics":
         known = {f.name: data[f.name] for f in fields(cls) if f.name in data}
         known["baselines"] = {name: Baseline.from_dict(b) for name, b in (data.get("baselines") or {}).items()}
+        known["ledger"] = LedgerSummary.from_dict(data["ledger"]) if data.get("ledger") else None
         return cls(**known)
 
 
@@ -112,34 +166,48 @@ class Verdict:
     parts_us: tuple[float, ...] = ()  # each part launched alone (measured verdicts)
     launches: tuple[int, ...] = ()  # every launch this one stands for (the same kernels and grids)
     resources: Resources = Resources()
+    # the same parts launched at once, each on a stream of its own: what two streams would give
+    overlap_us: float | None = None
+    overlap_gain_percent: float | None = None  # the shared launch against overlap_us
+    overlap_verdict: VerdictKind | None = None  # the one verdict rule applied to overlap_gain_percent
 
     @classmethod
     def judge(cls, launch: int, parts: tuple[PartRef, ...], shared_us: float, parts_us: tuple[float, ...],
-              modeled: bool, **extra: Any) -> "Verdict":
+              modeled: bool, overlap_us: float | None = None, **extra: Any) -> "Verdict":
         separate = sum(parts_us)
         gain = (separate - shared_us) / separate * 100
+        overlap = {}
+        if overlap_us:
+            against = (overlap_us - shared_us) / overlap_us * 100
+            overlap = {"overlap_us": round(overlap_us, 2), "overlap_gain_percent": round(against, 1),
+                       "overlap_verdict": VerdictKind.of(against)}
         return cls(launch, VerdictKind.of(gain), round(shared_us, 2), round(separate, 2), round(gain, 1),
-                   tuple(parts), modeled, tuple(round(u, 2) for u in parts_us), **extra)
+                   tuple(parts), modeled, tuple(round(u, 2) for u in parts_us), **extra, **overlap)
 
     def to_dict(self) -> dict[str, Any]:
         return {"launch": self.launch, "verdict": str(self.verdict), "shared_us": self.shared_us,
                 "separate_us": self.separate_us, "gain_percent": self.gain_percent,
                 "parts": [p.to_dict() for p in self.parts], "modeled": self.modeled,
                 "parts_us": list(self.parts_us), "launches": list(self.launches),
-                "resources": self.resources.to_dict()}
+                "resources": self.resources.to_dict(), "overlap_us": self.overlap_us,
+                "overlap_gain_percent": self.overlap_gain_percent,
+                "overlap_verdict": str(self.overlap_verdict) if self.overlap_verdict else None}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Verdict":
+        overlap = data.get("overlap_verdict")
         return cls(data["launch"], VerdictKind(data["verdict"]), data["shared_us"], data["separate_us"],
                    data["gain_percent"], tuple(PartRef.from_dict(p) for p in data["parts"]), data["modeled"],
                    tuple(data.get("parts_us", ())), tuple(data.get("launches", ())),
-                   Resources.from_dict(data.get("resources")))
+                   Resources.from_dict(data.get("resources")), data.get("overlap_us"),
+                   data.get("overlap_gain_percent"), VerdictKind(overlap) if overlap else None)
 
 
 # Where an evaluation's wall time goes, in order: the workload's setup (weights, inputs, reference
 # checker) and baselines (both once per workload and process), the plan's compile and warm-up, its
-# correctness checks (with the CUDA-graph capture on a GPU), the timed replays, the verdicts.
-STEPS = ("setup", "baselines", "compile", "warmup", "check", "replays", "verdicts")
+# correctness checks (with the CUDA-graph capture on a GPU), the timed replays, the verdicts, the
+# ledger (the round's kernels recorded under the profiler).
+STEPS = ("setup", "baselines", "compile", "warmup", "check", "replays", "verdicts", "ledger")
 
 
 @dataclass(frozen=True)

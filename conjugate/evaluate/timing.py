@@ -137,6 +137,23 @@ def _per_call_us(body: Callable[[], None], device: torch.device, calls: int, rep
     return time_replays(graph.replay, replays, warmup=1).median_ms * 1e3 / calls
 
 
+def concurrently(fns: list[Callable[[], None]], device: torch.device) -> Callable[[], None]:
+    """A call that runs each of `fns` on a stream of its own, forked from and joined back to the
+    current stream (inside a CUDA graph capture: parallel branches)."""
+    streams = [torch.cuda.Stream(device) for _ in fns]
+
+    def run() -> None:
+        main = torch.cuda.current_stream(device)
+        for stream, fn in zip(streams, fns):
+            stream.wait_stream(main)
+            with torch.cuda.stream(stream):
+                fn()
+        for stream in streams:
+            main.wait_stream(stream)
+
+    return run
+
+
 def l2_flush_bytes(device: torch.device) -> int:
     """Twice the device's L2 cache: enough writing to evict what a launch left there."""
     return 2 * getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20)

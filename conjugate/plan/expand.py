@@ -73,6 +73,7 @@ class Schedule:
     capture: str
     launches: tuple[Launch, ...]
     warnings: tuple[str, ...] = field(default=())
+    priority: str = "none"  # with two streams: the model whose stream the GPU serves first
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -267,7 +268,7 @@ def _expand(plan: Plan, workload: Workload, graph: nx.DiGraph) -> Schedule:
     launches = tuple(_launch(plan, graph, n, units) for n, units in enumerate(groups))
     check_dependencies(graph, launches)
     return Schedule(plan.hash, workload.name, plan["streams"], plan["capture"], launches,
-                    _unmatched_overrides(plan, target + draft))
+                    _unmatched_overrides(plan, target + draft), plan["priority"])
 
 
 def _unmatched_overrides(plan: Plan, units: list[_Unit]) -> tuple[str, ...]:

@@ -26,13 +26,16 @@ PATTERNS = ("blocked", "strided", "ratio")
 LAYOUTS = ("separate", "packed")
 CAPTURES = ("graph", "none")
 STREAMS = ("one", "two")
+PRIORITIES = ("none", "draft", "target")  # with two streams: whose stream the GPU serves first
 FUSIONS = ("attn_norm+qkv", "mlp_norm+gate_up", "final_norm+lm_head", "lm_head+argmax")
 MODEL_KEYS = tuple(model.value for model in Model)  # plain strings: the plan stays plain JSON
 _TOP_KEYS = ("schema", "name", "description", "alignment", "pairs", "interleave", "tiles", "fusions",
-             "operand_layout", "capture", "streams", "launch", "overrides")
+             "operand_layout", "capture", "streams", "priority", "launch", "overrides")
 _OVERRIDE_KEYS = ("match", "pair", "with", "interleave", "tiles", "launch", "operand_layout")
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_+*]{1,40}")  # a key shown in a JSON path as .key, any other as ["key"]
 _HASH_IGNORED = ("name", "description")  # cosmetic: two plans differing only here are the same plan
+# keys added after plans were first stored: hashed only when set, so earlier plans keep their hashes
+_HASH_WHEN_SET = {"priority": "none"}
 
 
 class _Checker:
@@ -149,6 +152,7 @@ def _canonical(raw: Any) -> tuple[dict, list[str]]:
         "operand_layout": c.choice(raw.get("operand_layout", "separate"), "$.operand_layout", LAYOUTS),
         "capture": c.choice(raw.get("capture", "graph"), "$.capture", CAPTURES),
         "streams": c.choice(raw.get("streams", "one"), "$.streams", STREAMS),
+        "priority": c.choice(raw.get("priority", "none"), "$.priority", PRIORITIES),
         "launch": DEFAULT_LAUNCH | c.launch(raw.get("launch", {}), "$.launch"),
     }
     pairs = c.obj(raw.get("pairs", {}), "$.pairs", KINDS)
@@ -164,6 +168,8 @@ def _canonical(raw: Any) -> tuple[dict, list[str]]:
     for i, o in enumerate(plan["overrides"]):
         if plan["streams"] == "two" and "with" in o:
             c.fail(f"$.overrides[{i}].with", "a pinned cross-model launch needs $.streams 'one'")
+    if plan["priority"] != "none" and plan["streams"] != "two":
+        c.fail("$.priority", f"{plan['priority']!r} favours one model's stream, so it needs $.streams 'two'")
     if plan["streams"] == "two" and plan["alignment"] != "sequential":
         c.fail("$.streams", "'two' runs each model on its own stream, so it needs $.alignment 'sequential' "
                             "(cross-model launches belong to one stream)")
@@ -234,7 +240,10 @@ def load_plan(path: str | Path) -> Plan:
     return validate_plan(read_json(path, PlanError, "plan file"), str(path))
 
 
+_UNSET = object()
+
+
 def plan_hash(data: dict) -> str:
     """sha256 of the canonical JSON, without the cosmetic name and description."""
-    body = {k: v for k, v in data.items() if k not in _HASH_IGNORED}
+    body = {k: v for k, v in data.items() if k not in _HASH_IGNORED and _HASH_WHEN_SET.get(k, _UNSET) != v}
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
