@@ -399,6 +399,7 @@ def test_verdicts_measure_only_launches_not_measured_before(tmp_path, monkeypatc
 
     monkeypatch.setattr(measured, "time_per_call", fake_time)
     monkeypatch.setattr(measured, "concurrently", lambda fns, device: ("at once", tuple(fns)))
+    monkeypatch.setattr(measured, "fork_join_us", lambda *args: 1.5)
     monkeypatch.setattr(measured, "l2_flush_bytes", lambda device: 0)
     rnd = _round("llama")
     plan = load_plan(ROOT / "plans" / "interleave.json")
@@ -408,6 +409,7 @@ def test_verdicts_measure_only_launches_not_measured_before(tmp_path, monkeypatc
     measured_once = len(calls)
     assert first and measured_once == 2 * len(known) + sum(len(v[1]) for v in known.values())  # shared, overlap
     assert sum(1 for c in calls if isinstance(c, tuple)) == len(known) and all(v.overlap_us for v in first)
+    assert all(v.overlap_us >= max(v.parts_us) for v in first)  # less the fork and join, never under a part
     again = compile_round(plan, rnd.workload, rnd.draft, rnd.target, cache_dir=tmp_path)  # another plan's round
     assert measured.launch_verdicts(again, 10, known) == first and len(calls) == measured_once
     assert measured.launch_verdicts(again, 10, {}) != first and len(calls) == 2 * measured_once  # nothing known

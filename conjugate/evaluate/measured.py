@@ -7,7 +7,9 @@ A verdict compares one shared launch with the sum of its parts' solo launches, e
 graph of `calls` back-to-back launches with the L2 cache flushed before each (its weights come from
 memory, as in a round); `Verdict.judge` applies the one verdict rule. It also compares the shared
 launch with its parts launched at once, each on a stream of its own (what two streams would make of
-them): a shared launch may beat its parts back to back and still lose to them overlapped. Launches built from the same
+them, less the fork and join that a round pays once, not per launch, measured once per plan with
+two one-element kernels): a shared launch may beat its parts back to back and still lose to them
+overlapped. Launches built from the same
 kernels with the same grids (the same op in every layer) are timed once and reported together.
 """
 from __future__ import annotations
@@ -29,8 +31,8 @@ from conjugate.evaluate.ledger import Ledger, LedgerError, kernel_records
 from conjugate.evaluate.result import Baseline, LedgerSummary, Metrics, Verdict
 from conjugate.evaluate.rounds import checked_run, round_inputs
 from conjugate.evaluate.session import EvaluationSession, RoundSetup
-from conjugate.evaluate.timing import (concurrently, flush_time_us, l2_flush_bytes, median_known_within, time_per_call,
-                                       time_round)
+from conjugate.evaluate.timing import (concurrently, flush_time_us, fork_join_us, l2_flush_bytes, median_known_within,
+                                       time_per_call, time_round)
 from conjugate.graph import build_graph, graph_totals
 from conjugate.roles import Model
 from conjugate.workload import Workload
@@ -146,14 +148,18 @@ def launch_verdicts(compiled: CompiledRound, calls: int,
     parts = {f.launch: f.parts for f in compiled.feedback()}
     out, device = [], compiled.device
     flush = l2_flush_bytes(device)  # weights come from memory in a round, not from the L2 of the last call
-    flush_us = None  # the flushes' own time, measured once (for the first launch not known)
+    flush_us = fork_us = None  # the flushes' and the fork/join's own time, measured once (when needed)
     for key, members in groups.items():
         first = members[0]
         if key not in known:
             flush_us = flush_time_us(device, calls, flush) if flush_us is None else flush_us
+            fork_us = fork_join_us(device, calls, flush, flush_us) if fork_us is None else fork_us
             timed = partial(time_per_call, device=device, calls=calls, flush_bytes=flush, flush_us=flush_us)
             solos = [compiled.solo(first.index, p) for p in range(len(first.parts))]
-            known[key] = timed(first), tuple(timed(s) for s in solos), timed(concurrently(solos, device))
+            alone = tuple(timed(s) for s in solos)
+            # a round forks its two streams once, not once per launch: the fork and join are not counted
+            overlap = max(timed(concurrently(solos, device)) - fork_us, max(alone))
+            known[key] = timed(first), alone, overlap
         shared, solo, overlap = known[key]
         out.append(Verdict.judge(first.index, parts[first.index], shared, tuple(solo), modeled=False,
                                  overlap_us=overlap, launches=tuple(m.index for m in members),

@@ -154,6 +154,16 @@ def concurrently(fns: list[Callable[[], None]], device: torch.device) -> Callabl
     return run
 
 
+def fork_join_us(device: torch.device, calls: int, flush_bytes: int = 0, flush_us: float | None = None) -> float:
+    """What `concurrently` itself adds per call in a CUDA graph (a fork to two streams and the join
+    back): two one-element kernels on two streams against one alone, timed as time_per_call times."""
+    a, b = torch.zeros(1, device=device), torch.zeros(1, device=device)
+    timed = partial(time_per_call, device=device, calls=calls, flush_bytes=flush_bytes, flush_us=flush_us)
+    alone = timed(lambda: a.add_(1))
+    both = timed(concurrently([lambda: a.add_(1), lambda: b.add_(1)], device))
+    return max(both - alone, 0.0)
+
+
 def l2_flush_bytes(device: torch.device) -> int:
     """Twice the device's L2 cache: enough writing to evict what a launch left there."""
     return 2 * getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20)
