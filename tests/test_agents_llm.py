@@ -333,3 +333,40 @@ def test_make_proposer_specs(monkeypatch):
             make_proposer(spec)
         assert str(e.value) == (f"--agent: unknown agent {spec!r}; use heuristic, random, greedy, replay, "
                                 "anthropic:<model> or openai:<model>")
+
+
+def test_the_prompt_carries_ledger_and_overlap_within_its_budget(provider, server, context, plan):
+    """Through the provider's wire: the time ledger and the verdicts against two streams reach the
+    model, and with every section at its cap the prompt stays inside its stated budget."""
+    from dataclasses import replace
+
+    from conjugate.agents.prompt import PROMPT_BUDGET_CHARS
+    from conjugate.evaluate.result import KindLoss, LedgerSummary
+
+    ledger = LedgerSummary(9.8765, 6.45, 0.04, False, {"main": 9.8},
+                           tuple(KindLoss(f"target {k} + draft {d}", 28, 1.0 + i / 10, 0.6, 0.6 / (1.0 + i / 10))
+                                 for i, (k, d) in enumerate(zip(["qkv", "down", "attn", "gate_up", "o_proj"] * 2,
+                                                                ["down", "attn", "o_proj", "qkv", "gate_up"] * 2))))
+    parts = context.result.verdicts[0].parts
+    verdicts = tuple(Verdict.judge(i, parts, 20.0 + i, (15.0, 10.0), modeled=False, overlap_us=18.0) for i in range(40))
+    result = replace(context.result, metrics=replace(context.result.metrics, ledger=ledger), verdicts=verdicts)
+    long = "x" * 5000
+    full = replace(context, result=result, lessons=[long] * 50,
+                   best=[{"plan": plan.to_dict() | {"overrides": [{"match": f"t.l{i}.*", "pair": False}
+                                                                   for i in range(200)]},
+                          "latency_ms": 8.0, "speedups": {"sequential": 1.3}}] * 10,
+                   tried=[{"patch": [{"op": "add", "path": "/overrides/-", "value": {"match": long}}], "kind": "override",
+                           "status": "ok", "reward": 1.2}] * 50,
+                   failures=[{"patch": [{"op": "add", "path": "/x", "value": long}], "status": "compile_error",
+                              "error": long}] * 50,
+                   edit_stats={f"kind{i}": {"n": 5, "mean_gain": 0.01} for i in range(50)})
+    server.reply(edits(GOOD[0]))
+    make_agent(provider, server, []).propose(full, 3)
+    text = server.requests[0].text()
+    assert "round 9.877 ms (measured; GPU idle 0.040 ms) = 1.53x its floor 6.450 ms" in text
+    assert "- target qkv + draft down: 1.000 ms in 28 launches at 60% of copy bandwidth" in text
+    assert '"overlap_us":18.0' in text and '"vs_overlap":"interference"' in text
+    sent = sum(len(part) for part in [server.requests[0].body.get("system")] +
+               [m["content"] for m in server.requests[0].body["messages"]] if isinstance(part, str))
+    plan_json = len(json.dumps(full.plan, indent=1, sort_keys=True))
+    assert sent - plan_json <= PROMPT_BUDGET_CHARS, sent - plan_json

@@ -207,3 +207,48 @@ def test_mcts_beats_random_search_at_equal_evaluations(first_seed):
     guided, blind = search_margin(range(first_seed, first_seed + 48))
     # over 40 disjoint groups of 48 seeds: MCTS about 0.20, random about 0.11, margin 0.051 to 0.125
     assert guided > blind + 0.04, (guided, blind)
+
+
+# ---------------------------------------------------------------------------------------------
+# branches clearly behind: the shape of a search's start (sequential, then streams far ahead of
+# interleave), where a small budget used to go to the branches measured behind
+
+
+def _start(margin: float) -> tuple[MCTS, TreeNode, TreeNode, TreeNode]:
+    m = MCTS(c_puct=0.7, behind_margin=margin)
+    root = TreeNode(1, reward=1.0)  # sequential
+    m.backpropagate([root], 1.0)
+    streams, interleave = root.add_child(2, 0.5), root.add_child(3, 0.5)
+    streams.reward, interleave.reward = 1.30, 1.15  # interleave 12% behind streams
+    m.backpropagate([root, streams], 1.30)
+    m.backpropagate([root, interleave], 1.15)
+    return m, root, streams, interleave
+
+
+def test_a_branch_clearly_behind_is_not_expanded_while_another_is_open():
+    m, root, streams, interleave = _start(0.05)
+    assert m.pruned(interleave) and not m.pruned(streams) and not m.pruned(root)
+    assert m.full(root)  # the root (sequential, behind) gets no new child while streams is open
+    for step in range(12):  # streams' subtree grows; neither the root nor interleave is expanded
+        path = m.select(root)
+        assert path[-1] is not root and interleave not in path
+        child = path[-1].add_child(10 + step, 1.0)
+        child.reward = 1.28
+        m.backpropagate(path + [child], 1.28)
+    assert not interleave.children and len(root.children) == 2
+    for node in _walk(streams):
+        node.closed = True  # streams' branch has nothing left: the search comes back to the rest
+    assert m.select(root)[-1] in (root, interleave)
+
+
+def test_without_a_margin_behind_branches_are_expanded_as_before():
+    m, root, streams, interleave = _start(0.0)
+    assert not m.pruned(interleave)
+    elsewhere = 0
+    for step in range(12):
+        path = m.select(root)
+        elsewhere += streams not in path  # expanded the root or interleave's branch
+        child = path[-1].add_child(10 + step, 1.0)
+        child.reward = 1.28 if streams in path else 1.1
+        m.backpropagate(path + [child], child.reward)
+    assert elsewhere >= 3

@@ -28,7 +28,8 @@ from conjugate.evaluate.profile import load_profile
 from conjugate.evaluate.result import EvalResult, Metrics, Stage, Status
 from conjugate.plan import load_plan, validate_plan
 from conjugate.search.context import ContextBuilder, family_of
-from conjugate.search.run import Search, SearchSettings, eval_key, evaluator_id, replay_records, reward_of
+from conjugate.search.run import (Search, SearchSettings, eval_key, evaluator_id, replay_records, reward_of,
+                                  run_evaluator_id)
 from conjugate.search.store import NodeStatus, Store
 from conjugate.workload import load_workload
 
@@ -410,6 +411,30 @@ def test_replay_of_a_longer_run_is_exact(env, tmp_path):
     with Store.open(tmp_path / "a.db") as store:
         records = replay_records(store)
     assert run(tmp_path / "b.db", make_proposer("replay", replay_records=records)) == original
+
+
+def test_a_small_budget_stays_with_the_branches_that_measure_best(env, tmp_path):
+    """Past the seeds, the search expands no branch whose best is clearly behind the run's best
+    (`behind_margin`); with margin 0 (runs stored before it) it widens the behind root as before."""
+    def behind_expansions(margin: float) -> tuple[int, int]:
+        with Store.open(tmp_path / f"m{margin}.db") as store:
+            search = Search.start(store, "margin", WORKLOAD, str(TINY), InProcessEvaluator(env["profile"]),
+                                  make_proposer("heuristic"), SearchSettings(budget=14, behind_margin=margin), seed=0)
+            search.run_loop()
+            nodes = store.nodes(search.run_id)
+            key = run_evaluator_id(store.run(search.run_id))
+            found = {n.id: store.evaluation(eval_key(n.plan_hash, WORKLOAD, key)) for n in nodes}
+            rewards = {i: reward_of(f.result) for i, f in found.items() if f is not None and f.done}
+        seeds = [n for n in nodes if n.proposer == "seed"]
+        best = max(rewards[n.id] for n in seeds)
+        behind = {n.id for n in seeds if rewards[n.id] < 0.95 * best}
+        parents = [n.parent_id for n in nodes if n.proposer != "seed"]
+        return sum(p in behind for p in parents), len(parents)
+
+    pruned, later = behind_expansions(0.05)
+    assert later >= 8 and pruned == 0
+    unpruned, _ = behind_expansions(0.0)
+    assert unpruned >= 3
 
 
 # -- 6. lessons, edit statistics and warm starts across runs

@@ -7,6 +7,10 @@ is data: `parse_reply` finds its "edits" list in time linear in the reply's leng
 MAX_REPLY_CHARS of it, JSON nested at most MAX_DEPTH deep), `check_edits` applies and validates
 every edit (the first MAX_EDITS, each of at most MAX_PATCH_OPS operations) and says why each dropped
 one was dropped, in the patch's own JSON Pointer paths.
+
+The budget: every section has a cap (items and characters), so a prompt with every section full
+stays under PROMPT_BUDGET_CHARS (about 13K tokens) besides the current plan's own JSON, which is
+sent whole (the edits' JSON Pointers need it).
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ MAX_REPLY_CHARS = 128 * 1024  # twice the text of the proposer's max_tokens (163
 MAX_RESCANS = 8  # unclosed "{" (in prose) after which a reply is scanned again from the next "{"
 MAX_EDITS = 32  # edits of one reply that are read
 MAX_PATCH_OPS = 64  # operations of one edit
+PROMPT_BUDGET_CHARS = 52_000  # system and expand prompts with every section full, the current plan aside
 
 
 def _json(value: Any, limit: int = 0, sort: bool = True) -> str:

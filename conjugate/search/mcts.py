@@ -11,6 +11,12 @@ each child's reward along the path. Rewards are non-negative (speedup ratios; fa
 Q lies in [0, 1]. It blends the subtree's mean reward with its best one: the search wants the best
 plan, not the best average, and a branch whose edits often fail (reward 0) may still hold it.
 
+Clearly behind (`behind_margin`, a fraction of the best reward): a branch whose best reward so far
+is that far under the run's best is not descended into while a sibling branch that is not behind
+can be, and a node whose own reward is behind gets no new children while one of its branches is
+still in the running. A small budget goes where the measurements point; a behind branch comes
+back only when nothing else is open (and a run with margin 0 never prunes).
+
 First-play urgency: a child not visited yet takes its parent's Q, so a fresh child is neither
 favoured nor shunned against its siblings, and its prior decides. The exploration term uses
 sqrt(max(1, visits)) so priors order the children of a node visited once or never.
@@ -65,16 +71,28 @@ def is_open(node: TreeNode) -> bool:
 
 class MCTS:
     def __init__(self, c_puct: float = 1.4, widen_alpha: float = 0.5, widen_c: float = 1.0,
-                 best_weight: float = 0.5):
+                 best_weight: float = 0.5, behind_margin: float = 0.0):
         self.c_puct, self.widen_alpha, self.widen_c = c_puct, widen_alpha, widen_c
-        self.best_weight = best_weight
+        self.best_weight, self.behind_margin = best_weight, behind_margin
         self.max_reward = 0.0  # Q's normalizer; select() also refreshes it from the root's best
 
     def max_children(self, node: TreeNode) -> int:
         return math.ceil(self.widen_c * (node.visits + 1) ** self.widen_alpha)
 
     def full(self, node: TreeNode) -> bool:
-        return node.closed or len(node.children) >= self.max_children(node)
+        """No new child for `node` now: closed, widened enough for its visits, or behind itself while
+        one of its branches is still in the running."""
+        if node.closed or len(node.children) >= self.max_children(node):
+            return True
+        return self._behind(node.reward) and any(is_open(c) and not self.pruned(c) for c in node.children)
+
+    def _behind(self, reward: float | None) -> bool:
+        return (self.behind_margin > 0 and reward is not None and self.max_reward > 0
+                and reward < (1 - self.behind_margin) * self.max_reward)
+
+    def pruned(self, node: TreeNode) -> bool:
+        """A branch measured (visited) whose best reward is clearly behind the run's best."""
+        return node.visits > 0 and self._behind(node.best)
 
     def q(self, node: TreeNode) -> float:
         if self.max_reward <= 0:
@@ -95,6 +113,7 @@ class MCTS:
         node = root
         while self.full(node):
             candidates = [c for c in node.children if is_open(c)]
+            candidates = [c for c in candidates if not self.pruned(c)] or candidates
             if not candidates:
                 return path
             node = max(candidates, key=lambda c: (self.score(node, c), -c.id))

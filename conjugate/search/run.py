@@ -42,6 +42,7 @@ class SearchSettings:
     budget: int = 20  # evaluations in the run, seeds included
     expand_width: int = 3  # edits asked for per expansion
     c_puct: float = 0.7
+    behind_margin: float = 0.05  # a branch this far under the best reward is not expanded (mcts.py)
     warm_start: int = 2  # best plans of earlier runs (same evaluator, same model family) seeded
     stale_after_s: float = 1800.0  # a "running" evaluation older than this is taken over
     evaluator_profile: str = ""  # the profile file the run scores with: a resume loads it again
@@ -56,7 +57,7 @@ class SearchSettings:
         """The settings a run stored; a field this version does not know is dropped, one it lacks
         takes its default, one of the wrong type is refused."""
         known = {f.name: f.type for f in fields(cls)}
-        values = {k: v for k, v in data.items() if k in known}
+        values = {"behind_margin": 0.0} | {k: v for k, v in data.items() if k in known}  # runs stored before it: none
         for key, value in values.items():
             kind = {"int": int, "float": (int, float), "str": str}[known[key]]
             if not isinstance(value, kind) or isinstance(value, bool):
@@ -115,7 +116,7 @@ class Search:
         self.on_event = on_event or (lambda kind, data: None)
         self.run = store.run(run_id)
         self.context = ContextBuilder(store, self.run, *device_of(evaluator.profile))
-        self.mcts = MCTS(c_puct=settings.c_puct)
+        self.mcts = MCTS(c_puct=settings.c_puct, behind_margin=settings.behind_margin)
         self.evaluator_id = settings.evaluator_id or evaluator_id(evaluator.profile)
         self.results: dict[str, EvalResult] = {}  # plan hash -> result of this run's settled nodes
         self.tree: dict[int, TreeNode] = {}
