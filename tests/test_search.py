@@ -26,7 +26,8 @@ from conjugate.cli import main
 from conjugate.evaluate.pipeline import evaluate
 from conjugate.evaluate.profile import load_profile
 from conjugate.evaluate.result import EvalResult, Metrics, Stage, Status
-from conjugate.plan import load_plan, validate_plan
+from conjugate.graph import build_graph
+from conjugate.plan import expand, load_plan, validate_plan
 from conjugate.search.context import ContextBuilder, family_of
 from conjugate.search.run import (Search, SearchSettings, eval_key, evaluator_id, replay_records, reward_of,
                                   run_evaluator_id)
@@ -438,6 +439,36 @@ def test_a_small_budget_stays_with_the_branches_that_measure_best(env, tmp_path)
 
 
 # -- 6. lessons, edit statistics and warm starts across runs
+
+def test_a_new_pair_starts_from_what_other_pairs_learned(env, base_run, tmp_path):
+    """A pair of another family (and another k) is seeded with the best plans of the earlier run,
+    translated to its op ids, and hears that run's lessons and edit statistics."""
+    db = tmp_path / "other_pair.db"
+    shutil.copy(base_run["db"], db)
+    pair = tmp_path / "qwen2-tiny.toml"
+    pair.write_text('name = "qwen2-tiny"\ndraft = "tiny-qwen2-d"\ntarget = "tiny-qwen2-t"\nk = 2\n'
+                    'draft_batch = 2\ntarget_batch = 2\ncontext = 16\ndtype = "fp32"\nseed = 0\n')
+    with Store.open(db) as store:
+        first = store.latest_run()
+        store.add_lesson(EVALUATOR, FAMILY, "tiles", "target down: SPLIT_K 4 -> 2 gained 3%", 0.03, first.id)
+        lessons_first = store.lessons(EVALUATOR, FAMILY)
+        stats_first = store.edit_stats(EVALUATOR, FAMILY)
+    with contextlib.chdir(REPO):
+        code, out, err = cli("search", pair, "--db", db, "--budget", 4, "--evaluator", env["profile"])
+    assert code == 0, err
+    with Store.open(db) as store:
+        second = store.latest_run()
+        nodes = store.nodes(second.id)
+        context = ContextBuilder(store, second, "NVIDIA H200", 132).build(nodes[0], {}, nodes)
+    assert family_of(second.workload) == "qwen2->qwen2" != FAMILY and second.id != first.id
+    warm = [n for n in nodes if n.proposer == "warm-start"]
+    assert warm and all("translated to this pair" in n.rationale and f"run {first.id}" in n.rationale for n in warm)
+    new_pair = load_workload(pair)
+    for n in warm:  # every translated plan expands on the new pair
+        expand(validate_plan(n.plan), new_pair, build_graph(new_pair))
+    assert lessons_first and context.lessons[:len(lessons_first)] == [f"(on {FAMILY}) {t}" for t in lessons_first]
+    assert context.edit_stats == stats_first  # the new family has none yet: every family's
+
 
 def test_a_second_run_learns_from_the_first(env, base_run, tmp_path):
     db = tmp_path / "two_runs.db"

@@ -1,6 +1,8 @@
 """What the proposer is told about a node: its plan and evaluation, the GPU, the baselines, the best
 plans so far, the edits already tried from it, recent failures, and what earlier runs with this
-evaluator on this model family learned (lessons, per-edit-kind statistics)."""
+evaluator learned (lessons, per-edit-kind statistics): on this model family first; a family with
+few lessons of its own hears those of other families, and one with no statistics of its own gets
+the statistics of every family."""
 from __future__ import annotations
 
 from conjugate.agents.base import NodeContext
@@ -36,11 +38,19 @@ class ContextBuilder:
         return NodeContext(
             plan=node.plan, plan_hash=node.plan_hash, workload=self.run.workload, evaluator=self.run.evaluator,
             device=device, sms=sms, result=results.get(node.plan_hash), baselines=_baselines(results),
-            best=_best(results, nodes), lessons=self.store.lessons(self.run.evaluator, self.family),
-            edit_stats=self.store.edit_stats(self.run.evaluator, self.family),
+            best=_best(results, nodes), lessons=self._lessons(),
+            edit_stats=self.store.edit_stats(self.run.evaluator, self.family)
+            or self.store.edit_stats(self.run.evaluator, None),
             tried=[{"patch": c.edit, "kind": c.edit_kind, "status": _status(results.get(c.plan_hash)),
                     "reward": c.best_reward} for c in children],
             failures=_failures(results, nodes))
+
+
+    def _lessons(self, limit: int = 10) -> list[str]:
+        own = self.store.lessons(self.run.evaluator, self.family, limit)
+        if len(own) >= limit:
+            return own
+        return own + self.store.lessons_elsewhere(self.run.evaluator, self.family, limit - len(own))
 
 
 def _measured_device(results: dict[str, EvalResult]) -> tuple[str, int] | None:

@@ -1,7 +1,8 @@
 """The search loop: Monte Carlo tree search over plans, every step persisted in the store.
 
     seed     the sequential plan is the root; the shipped streams and interleave plans (and the best
-             plans of earlier runs on this evaluator and model family) are its children
+             plans of earlier runs on this evaluator: this model family's first, then any other's
+             translated to this pair, transfer.py) are its children
     select   PUCT with priors and progressive widening (mcts.py) picks the node to expand
     expand   the proposer suggests a few edits of it; each new plan becomes a child (a plan already
              in the run is not added again)
@@ -27,12 +28,14 @@ from typing import Any, Callable, Protocol
 from conjugate.agents.base import Proposal, Proposer, ProposerUnavailable
 from conjugate.errors import ConjugateError, PatchError, PlanError
 from conjugate.evaluate.result import EvalResult
+from conjugate.graph import build_graph
 from conjugate.paths import REWARD_BASELINE, SEED_PLANS, shipped_plan
 from conjugate.plan import load_plan, patch_plan, validate_plan
 from conjugate.search.context import ContextBuilder, device_of, family_of
 from conjugate.search.mcts import MCTS, TreeNode, rebuild
 from conjugate.search.selection import select
 from conjugate.search.store import NodeRecord, NodeStatus, RunRecord, RunStatus, Store, StoreError, owner_id
+from conjugate.search.transfer import same_pair_shape, translate_plan
 from conjugate.secrets import scrub
 from conjugate.workload import Workload
 
@@ -43,7 +46,7 @@ class SearchSettings:
     expand_width: int = 3  # edits asked for per expansion
     c_puct: float = 0.7
     behind_margin: float = 0.05  # a branch this far under the best reward is not expanded (mcts.py)
-    warm_start: int = 2  # best plans of earlier runs (same evaluator, same model family) seeded
+    warm_start: int = 2  # best plans of earlier runs seeded (same evaluator; this model family first)
     stale_after_s: float = 1800.0  # a "running" evaluation older than this is taken over
     evaluator_profile: str = ""  # the profile file the run scores with: a resume loads it again
     evaluator_id: str = ""  # its evaluator_id(): the evaluations' key
@@ -142,12 +145,7 @@ class Search:
         root_id, _ = self.store.add_node(self.run_id, root_plan.to_dict(), root_plan.hash, None, None,
                                          "baseline: draft phase, then verify phase", "seed", "other", 1.0)
         seeds = [(load_plan(shipped_plan(n)).to_dict(), f"shipped plan {n}", "seed") for n in SEED_PLANS[1:]]
-        # lessons and warm starts are per evaluator: measured and modeled apart
-        warm = [w for w in self.store.best_plans(self.run.evaluator, family_of(self.run.workload),
-                                                 self.settings.warm_start, exclude_run=self.run_id)
-                if w["reward"] > 0]  # no failed plan
-        seeds += [(w["plan"], f"best plan of run {w['run_id']} ({w['workload'].get('name')}): "
-                              f"reward {w['reward']:.3f}", "warm-start") for w in warm]
+        seeds += self._warm_starts()
         for plan, why, proposer in seeds:
             try:
                 plan = validate_plan(plan)
@@ -155,6 +153,23 @@ class Search:
                 continue
             self.store.add_node(self.run_id, plan.to_dict(), plan.hash, root_id,
                                 [{"op": "replace", "path": "", "value": plan.to_dict()}], why, proposer, "other", 1.0)
+
+    def _warm_starts(self) -> list[tuple[dict, str, str]]:
+        """The best plans of earlier runs with this evaluator (measured and modeled apart): of this
+        model family first, then of any other, their op ids translated to this pair (transfer.py)."""
+        family, wanted = family_of(self.run.workload), self.settings.warm_start
+        mine = self.store.best_plans(self.run.evaluator, family, wanted, exclude_run=self.run_id)
+        others = self.store.best_plans(self.run.evaluator, None, 4 * wanted, exclude_run=self.run_id)
+        chosen = [w for w in mine if w["reward"] > 0]  # no failed plan
+        chosen += [w for w in others if w["reward"] > 0 and family_of(w["workload"]) != family][:wanted - len(chosen)]
+        out, graph = [], None
+        for w in chosen[:wanted]:
+            plan, why = w["plan"], f"best plan of run {w['run_id']} ({w['workload'].get('name')}): reward {w['reward']:.3f}"
+            if not same_pair_shape(w["workload"], self.run.workload):
+                graph = graph or build_graph(self.workload)
+                plan, why = translate_plan(plan, w["workload"], self.run.workload, graph), why + ", translated to this pair"
+            out.append((plan, why, "warm-start"))
+        return out
 
     def _load_tree(self) -> list[NodeRecord]:
         nodes = self.store.nodes(self.run_id)

@@ -237,16 +237,26 @@ class Store:
                 .order_by(func.abs(Lesson.gain).desc(), Lesson.created_at.desc(), Lesson.id.desc()))
         return _distinct(self._read(lambda s: list(s.scalars(stmt))), lambda t: t, limit)
 
+    def lessons_elsewhere(self, evaluator: str, family: str, limit: int = 10) -> list[str]:
+        """Lessons of other model families with this evaluator, each prefixed with its family, in
+        the order `lessons` gives them."""
+        stmt = (select(Lesson.family, Lesson.text).where(Lesson.evaluator == evaluator, Lesson.family != family)
+                .order_by(func.abs(Lesson.gain).desc(), Lesson.created_at.desc(), Lesson.id.desc()))
+        rows = self._read(lambda s: s.execute(stmt).all())
+        return _distinct([f"(on {fam}) {text}" for fam, text in rows], lambda t: t, limit)
+
     def record_edit_outcome(self, evaluator: str, family: str, edit_kind: str, gain: float,
                             run_id: int | None) -> None:
         self._write(lambda s: _insert(s, EditOutcome(evaluator=evaluator, family=family, edit_kind=edit_kind,
                                                      gain=float(gain), run_id=run_id)))
 
-    def edit_stats(self, evaluator: str, family: str) -> dict[str, dict]:
-        """edit kind -> {"n": outcomes recorded, "mean_gain": their mean gain}."""
+    def edit_stats(self, evaluator: str, family: str | None) -> dict[str, dict]:
+        """edit kind -> {"n": outcomes recorded, "mean_gain": their mean gain}; over every family
+        when `family` is None."""
         stmt = (select(EditOutcome.edit_kind, func.count(), func.avg(EditOutcome.gain))
-                .where(EditOutcome.evaluator == evaluator, EditOutcome.family == family)
-                .group_by(EditOutcome.edit_kind))
+                .where(EditOutcome.evaluator == evaluator).group_by(EditOutcome.edit_kind))
+        if family is not None:
+            stmt = stmt.where(EditOutcome.family == family)
         rows = self._read(lambda s: s.execute(stmt).all())
         return {kind: {"n": int(n), "mean_gain": float(mean)} for kind, n, mean in rows}
 
