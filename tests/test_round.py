@@ -274,3 +274,30 @@ def test_teacher_forced_check_follows_the_compiled_tokens(monkeypatch):
     inconsistent = run_reference(rnd.draft, rnd.target, rnd.inputs)
     inconsistent.draft_tokens[0, 0] = second_best[0]
     assert not check_round(rnd.draft, rnd.target, rnd.inputs, inconsistent, "fp32").ok
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_qkv_with_rope_and_the_cache_write_in_its_epilogue(family, tmp_path):
+    """`qkv+rope_kv`: the projection's tiles are heads; bias, QK-norm (qwen3), RoPE and the cache
+    write run in its epilogue, with and without the norm prologue and split-K, in shared launches
+    too; no rope_kv launch is left."""
+    plan = _plan(alignment="proportional", pairs={"qkv": ["*"], "gate_up": ["*"], "attn": ["*"]},
+                 fusions={"draft": ["attn_norm+qkv", "qkv+rope_kv"], "target": ["qkv+rope_kv"]})
+    compiled, _ = _round(family).check(plan, tmp_path)
+    kinds = [(p.kind, p.fused) for l in compiled.schedule.launches for p in l.parts]
+    assert not any(kind == "rope_kv" for kind, _ in kinds)
+    assert ("qkv", ("attn_norm", "qkv", "rope_kv")) in kinds and ("qkv", ("qkv", "rope_kv")) in kinds
+    rope_tiles = [p for l in compiled.launches for p in l.parts if p.constexprs.get("EPILOGUE") == 4]
+    spec = _round(family).workload.target
+    assert rope_tiles and all(p.constexprs["BLOCK_N"] == p.constexprs["HEAD_DIM"] // 2 for p in rope_tiles)
+    assert any(p.constexprs["SPLIT_K"] == 2 for p in rope_tiles) and spec.head_dim in {p.constexprs["HEAD_DIM"]
+                                                                                       for p in rope_tiles}
+
+
+def test_the_packed_layout_refuses_qkv_with_rope(tmp_path):
+    rnd = _round("llama")
+    fused = ["qkv+rope_kv"]
+    plan = _plan(alignment="proportional", operand_layout="packed", fusions={"draft": fused, "target": fused},
+                 overrides=[{"match": "t.l0.qkv", "with": "d.s0.l0.qkv"}])
+    with pytest.raises(CompileError, match="cannot hold a qkv\\+rope_kv GEMM"):
+        compile_round(plan, rnd.workload, rnd.draft, rnd.target, cache_dir=tmp_path)

@@ -44,6 +44,7 @@ from conjugate.agents.heuristic_edits import (LIGHT_TARGETS, SEARCH_KEYS, Candid
 from conjugate.errors import ConjugateError
 from conjugate.evaluate.result import EvalResult, KindLoss, LedgerSummary, Verdict, VerdictKind
 from conjugate.graph import GEMM_KINDS, KINDS
+from conjugate.plan.expand import MAIN_KINDS
 from conjugate.plan.patch import patch_plan
 from conjugate.plan.schema import FUSIONS, MODEL_KEYS, Plan, validate_plan
 from conjugate.plan.tiles import FAMILY_OF, LAUNCH_BOUNDS
@@ -253,8 +254,8 @@ def pattern_edits(plan: Plan, interfering: bool) -> list[Candidate]:
 
 
 def fusion_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candidate]:
-    """Each fusion on or off; a fusion whose absorbed op (the first of its name) the ledger lists as
-    losing time ranks by that loss's share."""
+    """Each fusion on or off; a fusion whose absorbed op (the one not named after the unit) the
+    ledger lists as losing time ranks by that loss's share."""
     losing = {(model, kind): (share, k) for model, kind, share, k in reversed(_loss_shares(ledger))}
     out = []
     for model in MODEL_KEYS:
@@ -265,8 +266,9 @@ def fusion_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candid
                                      f"unfuse {f} in the {model}: smaller units pair more easily", 0.25))
                 continue
             why, score = f"fuse {f} in the {model}: one launch fewer each time it runs", 0.4
-            if (model, f.split("+")[0]) in losing:
-                share, k = losing[(model, f.split("+")[0])]
+            absorbed = next(k for k in f.split("+") if k not in MAIN_KINDS)  # the op whose launches go
+            if (model, absorbed) in losing:
+                share, k = losing[(model, absorbed)]
                 why += f" (the ledger: {k.kind} runs {k.loss_ms:.2f} ms over its floor)"
                 score += 0.25 * share
             out.append(Candidate("fusion", [{"op": "add", "path": f"/fusions/{model}/-", "value": f}], why, score))

@@ -15,6 +15,11 @@ last split adds them up, in split order, and runs the epilogue: deterministic, n
     ARGMAX    per-tile row max and index to scratch; the last program to finish reduces them to
               one token per row (first index on ties, like torch.argmax); logits are written only
               when WRITE_OUT
+    ROPE_KV   the qkv projection with RoPE and the KV-cache write (rope.py's op) in its epilogue:
+              a tile is one head, its two halves accumulated apart (acc: the first HEAD_DIM/2
+              columns, acc2: the second), so rotate-half pairs meet in registers; bias, Qwen3's
+              QK-norm and the rotation follow, then q goes to q_out, k and v into the layer's caches
+              at each row's position (lengths read at run time). N counts half-head columns.
 """
 from __future__ import annotations
 
@@ -22,15 +27,19 @@ import torch
 import triton
 import triton.language as tl
 
-from conjugate.compiler.tile import PartCall, TileSignature, cdiv, dot_dtype
+from dataclasses import dataclass
+
+from conjugate.compiler.tile import INTERPRETING, PartCall, TileSignature, cdiv, dot_dtype
 
 # The EPILOGUE constexpr's values, as globals the tile functions can read.
 EPILOGUE_STORE = tl.constexpr(0)
 EPILOGUE_RESIDUAL = tl.constexpr(1)
 EPILOGUE_SILU_MUL = tl.constexpr(2)
 EPILOGUE_ARGMAX = tl.constexpr(3)
+EPILOGUE_ROPE_KV = tl.constexpr(4)
 EPILOGUES = {"store": EPILOGUE_STORE.value, "residual": EPILOGUE_RESIDUAL.value,
-             "silu_mul": EPILOGUE_SILU_MUL.value, "argmax": EPILOGUE_ARGMAX.value}  # gemm_call's names
+             "silu_mul": EPILOGUE_SILU_MUL.value, "argmax": EPILOGUE_ARGMAX.value,
+             "rope_kv": EPILOGUE_ROPE_KV.value}  # gemm_call's names
 _REDUCE_BLOCK = tl.constexpr(128)  # partial maxima reduced per step by the last program
 
 
@@ -67,11 +76,56 @@ def _argmax_epilogue(acc, offs_m, offs_n, n_blk, num_n, pid_count, M, N, part_va
 
 
 @triton.jit
+def _rope_kv_epilogue(acc, acc2, offs_m, head, M, bias_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr,
+                      q_norm_ptr, k_norm_ptr, lengths_ptr, rope_offset, rope_tokens, s_max, stride_q, eps,
+                      HAS_BIAS: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+                      HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr):
+    """One head of rows offs_m: acc, acc2 [BLOCK_M, HEAD_DIM/2] its two halves (rope.py's treatment)."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    j = tl.arange(0, HALF)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + head * HEAD_DIM + j).to(tl.float32)[None, :]
+        acc2 += tl.load(bias_ptr + head * HEAD_DIM + HALF + j).to(tl.float32)[None, :]
+    seq = offs_m // rope_tokens
+    pos = tl.load(lengths_ptr + seq, mask=offs_m < M, other=0).to(tl.int32) + rope_offset + offs_m % rope_tokens
+    ok = ((offs_m < M) & (pos < s_max))[:, None]  # a length past the cache writes nothing
+    cs = pos[:, None] * HEAD_DIM + j[None, :]
+    if head >= NUM_HEADS + NUM_KV_HEADS:  # a value head: stored as computed
+        dst = ((seq * NUM_KV_HEADS + head - NUM_HEADS - NUM_KV_HEADS) * s_max + pos)[:, None] * HEAD_DIM + j[None, :]
+        tl.store(v_cache_ptr + dst, acc.to(v_cache_ptr.dtype.element_ty), mask=ok)
+        tl.store(v_cache_ptr + dst + HALF, acc2.to(v_cache_ptr.dtype.element_ty), mask=ok)
+    else:
+        if QK_NORM:  # both weights loaded, one chosen: no branch on which pointer to read
+            rstd = tl.rsqrt((tl.sum(acc * acc, axis=1) + tl.sum(acc2 * acc2, axis=1)) / HEAD_DIM + eps)[:, None]
+            is_q = head < NUM_HEADS
+            w1 = tl.where(is_q, tl.load(q_norm_ptr + j).to(tl.float32), tl.load(k_norm_ptr + j).to(tl.float32))
+            w2 = tl.where(is_q, tl.load(q_norm_ptr + HALF + j).to(tl.float32),
+                          tl.load(k_norm_ptr + HALF + j).to(tl.float32))
+            acc = acc * rstd * w1[None, :]
+            acc2 = acc2 * rstd * w2[None, :]
+        y1 = acc * tl.load(cos_ptr + cs, mask=ok, other=0.0) - acc2 * tl.load(sin_ptr + cs, mask=ok, other=0.0)
+        y2 = acc2 * tl.load(cos_ptr + cs + HALF, mask=ok, other=0.0) + acc * tl.load(sin_ptr + cs + HALF, mask=ok,
+                                                                                      other=0.0)
+        if head < NUM_HEADS:
+            dst = offs_m[:, None] * stride_q + head * HEAD_DIM + j[None, :]
+            tl.store(q_out_ptr + dst, y1, mask=ok)
+            tl.store(q_out_ptr + dst + HALF, y2, mask=ok)
+        else:
+            dst = ((seq * NUM_KV_HEADS + head - NUM_HEADS) * s_max + pos)[:, None] * HEAD_DIM + j[None, :]
+            tl.store(k_cache_ptr + dst, y1.to(k_cache_ptr.dtype.element_ty), mask=ok)
+            tl.store(k_cache_ptr + dst + HALF, y2.to(k_cache_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
 def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, ws_ptr,
               M, N, K, stride_x, stride_w, stride_out, stride_tok, eps, blk_stride, blk_pairs, tail_start,
+              q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, lengths_ptr,
+              rope_offset, rope_tokens, s_max, stride_q, rope_eps,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
               NORM: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr,
-              DOT_DTYPE: tl.constexpr):
+              DOT_DTYPE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+              HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr):
+    TWO_ACC: tl.constexpr = (EPILOGUE == EPILOGUE_SILU_MUL) or (EPILOGUE == EPILOGUE_ROPE_KV)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     m_blk = pid % num_m
@@ -105,7 +159,7 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
         w_offs = w_block + rows_n[:, None] * stride_w + kk[None, :]
         w = tl.load(w_ptr + w_offs, mask=w_mask, other=0.0)  # [BN, BK]
         acc += tl.dot(x.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)))  # fp32 accumulate
-        if EPILOGUE == EPILOGUE_SILU_MUL:
+        if TWO_ACC:
             w2 = tl.load(w2_ptr + w_offs, mask=w_mask, other=0.0)
             acc2 += tl.dot(x.to(DOT_DTYPE), tl.trans(w2.to(DOT_DTYPE)))
     if SPLIT_K > 1:
@@ -116,7 +170,7 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
         slot = (split * M + offs_m[:, None]) * N + offs_n[None, :]  # ws: [SPLIT_K, M, N]
         ws_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         tl.store(ws_ptr + slot, acc, mask=ws_mask)
-        if EPILOGUE == EPILOGUE_SILU_MUL:
+        if TWO_ACC:
             tl.store(ws_ptr + SPLIT_K * M * N + slot, acc2, mask=ws_mask)
         if NORM:
             tl.store(ws_ptr + 2 * SPLIT_K * M * N + (split * num_n + n_blk) * M + offs_m, sumsq, mask=offs_m < M)
@@ -129,58 +183,123 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
             for s in range(SPLIT_K):
                 slot = (s * M + offs_m[:, None]) * N + offs_n[None, :]
                 acc += tl.load(ws_ptr + slot, mask=ws_mask, other=0.0, cache_modifier=".cg")
-                if EPILOGUE == EPILOGUE_SILU_MUL:
+                if TWO_ACC:
                     acc2 += tl.load(ws_ptr + SPLIT_K * M * N + slot, mask=ws_mask, other=0.0, cache_modifier=".cg")
                 if NORM:
                     sumsq += tl.load(ws_ptr + 2 * SPLIT_K * M * N + (s * num_n + n_blk) * M + offs_m,
                                      mask=offs_m < M, other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(counter_ptr + 1 + tile, 0)  # ready for the next launch
             _epilogue(acc, acc2, sumsq, offs_m, offs_n, n_blk, num_n, M, N, K, eps, bias_ptr, out_ptr, stride_out,
-                      part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, stride_tok, BLOCK_M, BLOCK_N, NORM, EPILOGUE,
-                      HAS_BIAS, WRITE_OUT)
+                      part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, stride_tok, q_out_ptr, k_cache_ptr,
+                      v_cache_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, lengths_ptr, rope_offset, rope_tokens,
+                      s_max, stride_q, rope_eps, BLOCK_M, BLOCK_N, NORM, EPILOGUE, HAS_BIAS, WRITE_OUT, NUM_HEADS, NUM_KV_HEADS,
+                      HEAD_DIM, QK_NORM)
     else:
         _epilogue(acc, acc2, sumsq, offs_m, offs_n, n_blk, num_n, M, N, K, eps, bias_ptr, out_ptr, stride_out,
-                  part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, stride_tok, BLOCK_M, BLOCK_N, NORM, EPILOGUE,
-                  HAS_BIAS, WRITE_OUT)
+                  part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, stride_tok, q_out_ptr, k_cache_ptr, v_cache_ptr,
+                  cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, lengths_ptr, rope_offset, rope_tokens, s_max, stride_q,
+                  rope_eps, BLOCK_M, BLOCK_N, NORM, EPILOGUE, HAS_BIAS, WRITE_OUT, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, QK_NORM)
 
 
 @triton.jit
 def _epilogue(acc, acc2, sumsq, offs_m, offs_n, n_blk, num_n, M, N, K, eps, bias_ptr, out_ptr, stride_out,
-              part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, stride_tok, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr, NORM: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr,
-              WRITE_OUT: tl.constexpr):
+              part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, stride_tok, q_out_ptr, k_cache_ptr, v_cache_ptr,
+              cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, lengths_ptr, rope_offset, rope_tokens, s_max, stride_q,
+              rope_eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NORM: tl.constexpr, EPILOGUE: tl.constexpr,
+              HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+              HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr):
     if NORM:
         rstd = 1.0 / tl.sqrt(sumsq / K + eps)  # [BLOCK_M]
         acc = acc * rstd[:, None]
         acc2 = acc2 * rstd[:, None]
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    out_ptrs = out_ptr + offs_m[:, None] * stride_out + offs_n[None, :]
-    out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    if EPILOGUE == EPILOGUE_STORE:
-        tl.store(out_ptrs, acc, mask=out_mask)
-    elif EPILOGUE == EPILOGUE_RESIDUAL:
-        tl.store(out_ptrs, tl.load(out_ptrs, mask=out_mask, other=0.0) + acc, mask=out_mask)
-    elif EPILOGUE == EPILOGUE_SILU_MUL:
-        tl.store(out_ptrs, (acc * tl.sigmoid(acc) * acc2).to(out_ptr.dtype.element_ty), mask=out_mask)
-    else:  # EPILOGUE_ARGMAX
-        if WRITE_OUT:
+    if EPILOGUE == EPILOGUE_ROPE_KV:
+        _rope_kv_epilogue(acc, acc2, offs_m, n_blk, M, bias_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr,
+                          q_norm_ptr, k_norm_ptr, lengths_ptr, rope_offset, rope_tokens, s_max, stride_q, rope_eps,
+                          HAS_BIAS, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, QK_NORM)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        out_ptrs = out_ptr + offs_m[:, None] * stride_out + offs_n[None, :]
+        out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        if EPILOGUE == EPILOGUE_STORE:
             tl.store(out_ptrs, acc, mask=out_mask)
-        _argmax_epilogue(acc, offs_m, offs_n, n_blk, num_n, tl.cdiv(M, BLOCK_M) * num_n, M, N, part_val_ptr,
-                         part_idx_ptr, counter_ptr, tok_ptr, stride_tok, BLOCK_M, BLOCK_N)
+        elif EPILOGUE == EPILOGUE_RESIDUAL:
+            tl.store(out_ptrs, tl.load(out_ptrs, mask=out_mask, other=0.0) + acc, mask=out_mask)
+        elif EPILOGUE == EPILOGUE_SILU_MUL:
+            tl.store(out_ptrs, (acc * tl.sigmoid(acc) * acc2).to(out_ptr.dtype.element_ty), mask=out_mask)
+        else:  # EPILOGUE_ARGMAX
+            if WRITE_OUT:
+                tl.store(out_ptrs, acc, mask=out_mask)
+            _argmax_epilogue(acc, offs_m, offs_n, n_blk, num_n, tl.cdiv(M, BLOCK_M) * num_n, M, N, part_val_ptr,
+                             part_idx_ptr, counter_ptr, tok_ptr, stride_tok, BLOCK_M, BLOCK_N)
 
 
 SIGNATURE = TileSignature.of(gemm_tile)
 
 
+@dataclass(frozen=True)
+class RopeKV:
+    """Where the ROPE_KV epilogue puts a qkv projection's heads (rope.py's op, the same buffers)."""
+    q_out: torch.Tensor  # fp32 [rows, num_heads * head_dim]
+    k_cache: torch.Tensor  # one layer's [B, num_kv_heads, S_max, head_dim]
+    v_cache: torch.Tensor
+    cos: torch.Tensor  # fp32 [S_max, head_dim]
+    sin: torch.Tensor
+    lengths: torch.Tensor  # int64 [B]
+    offset: int  # the draft step
+    tokens: int  # rows per sequence
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    q_norm: torch.Tensor | None = None  # Qwen3's QK-norm weights
+    k_norm: torch.Tensor | None = None
+    eps: float = 1e-6
+
+
+def _rope_args(rope: RopeKV | None, dummy: torch.Tensor) -> tuple[dict, dict]:
+    """The ROPE_KV epilogue's arguments (dummies, never read, for every other epilogue)."""
+    if rope is None:
+        return (dict(q_out_ptr=dummy, k_cache_ptr=dummy, v_cache_ptr=dummy, cos_ptr=dummy, sin_ptr=dummy,
+                     q_norm_ptr=dummy, k_norm_ptr=dummy, lengths_ptr=dummy, rope_offset=0, rope_tokens=1, s_max=1,
+                     stride_q=0, rope_eps=0.0),
+                dict(NUM_HEADS=1, NUM_KV_HEADS=1, HEAD_DIM=2, QK_NORM=False))
+    qk_norm = rope.q_norm is not None
+    return (dict(q_out_ptr=rope.q_out, k_cache_ptr=rope.k_cache, v_cache_ptr=rope.v_cache, cos_ptr=rope.cos,
+                 sin_ptr=rope.sin, q_norm_ptr=rope.q_norm if qk_norm else rope.cos,
+                 k_norm_ptr=rope.k_norm if qk_norm else rope.cos, lengths_ptr=rope.lengths, rope_offset=rope.offset,
+                 rope_tokens=rope.tokens, s_max=rope.k_cache.shape[2], stride_q=rope.q_out.stride(0),
+                 rope_eps=float(rope.eps)),
+            dict(NUM_HEADS=rope.num_heads, NUM_KV_HEADS=rope.num_kv_heads, HEAD_DIM=rope.head_dim, QK_NORM=qk_norm))
+
+
 def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int, epilogue: str = "store",
               w2: torch.Tensor | None = None, bias: torch.Tensor | None = None, norm_eps: float | None = None,
               tokens: torch.Tensor | None = None, stride_tok: int = 1, write_out: bool = True,
-              block_m: int = 16, block_n: int = 64, block_k: int = 128, split_k: int = 1, label: str = "") -> PartCall:
-    """Bind one GEMM. x: [rows, K] fp32 or the weights' type; w, w2: [N, K]; out: [rows, N] (row strides free)."""
+              block_m: int = 16, block_n: int = 64, block_k: int = 128, split_k: int = 1, label: str = "",
+              rope: RopeKV | None = None) -> PartCall:
+    """Bind one GEMM. x: [rows, K] fp32 or the weights' type; w, w2: [N, K]; out: [rows, N] (row strides free).
+    With `rope` (epilogue rope_kv), w is the qkv projection and each tile is one head: block_n is
+    taken as head_dim / 2 and `out` is not written."""
     n, k = w.shape
     if epilogue not in EPILOGUES:
         raise ValueError(f"unknown GEMM epilogue {epilogue!r}")
+    if (epilogue == "rope_kv") != (rope is not None):
+        raise ValueError("the rope_kv epilogue and its RopeKV buffers go together")
+    blocks = {}
+    if rope is not None:  # one head per tile: its halves as two accumulators (w2: the second halves)
+        from conjugate.compiler.rope import check_rope_buffers
+
+        check_rope_buffers(x, rope.q_out, rope.k_cache, rope.v_cache, rope.cos, rope.sin, rope.lengths, rows=rows,
+                           tokens=rope.tokens, offset=rope.offset, num_kv_heads=rope.num_kv_heads,
+                           head_dim=rope.head_dim, q_norm=rope.q_norm, k_norm=rope.k_norm)
+        heads, half = rope.num_heads + 2 * rope.num_kv_heads, rope.head_dim // 2
+        if n != heads * rope.head_dim:
+            raise ValueError(f"rope_kv: the qkv projection has {n} rows, not {heads} heads of {rope.head_dim}")
+        if half < 16 and not INTERPRETING:  # tl.dot's smallest tile side on the GPU
+            raise ValueError(f"qkv+rope_kv: head_dim {rope.head_dim} gives half-head tiles of {half} columns; "
+                             f"the GPU's dot needs at least 16")
+        w2, n, block_n = w[half:], heads * half, half
+        blocks = dict(blk_stride=rope.head_dim * w.stride(0), blk_pairs=heads)
     if epilogue == "silu_mul" and w2 is None:
         raise ValueError("the silu_mul epilogue needs w2 (the up projection)")
     if epilogue == "argmax" and tokens is None:
@@ -201,9 +320,11 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
                 out_ptr=out, part_val_ptr=part_val, part_idx_ptr=part_idx, counter_ptr=counter,
                 tok_ptr=tokens if tokens is not None else counter, ws_ptr=ws, M=rows, N=n, K=k, stride_x=x.stride(0),
                 stride_w=w.stride(0), stride_out=out.stride(0), stride_tok=stride_tok,
-                eps=float(norm_eps or 0.0), blk_stride=0, blk_pairs=0, tail_start=0)
+                eps=float(norm_eps or 0.0), blk_stride=0, blk_pairs=0, tail_start=0) | blocks
+    rope_args, rope_constexprs = _rope_args(rope, counter)
+    args |= rope_args
     constexprs = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, NORM=norm_eps is not None,
                       EPILOGUE=EPILOGUES[epilogue], HAS_BIAS=bias is not None, WRITE_OUT=write_out,
-                      DOT_DTYPE=dot_dtype(w.dtype))
+                      DOT_DTYPE=dot_dtype(w.dtype)) | rope_constexprs
     programs = num_m * num_n * split_k
     return PartCall(SIGNATURE, args, constexprs, programs, label, scratch)

@@ -2,7 +2,9 @@
 
 Vertical fusions lower as follows: `attn_norm+qkv`, `mlp_norm+gate_up` and `final_norm+lm_head`
 become a GEMM with the RMSNorm prologue and the norm weight folded into the GEMM weight;
-`lm_head+argmax` becomes the GEMM's argmax epilogue, which writes tokens and no logits.
+`lm_head+argmax` becomes the GEMM's argmax epilogue, which writes tokens and no logits;
+`qkv+rope_kv` becomes the GEMM's rope_kv epilogue (one head per tile: the plan's BLOCK_N for qkv
+gives way to head_dim / 2), which writes q and the layer's caches and no qkv activations.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import networkx as nx
 from conjugate.compiler.attention import attn_call
 from conjugate.compiler.buffers import ModelBuffers, RoundBuffers
 from conjugate.compiler.embed import argmax_call, embed_call
-from conjugate.compiler.gemm import gemm_call
+from conjugate.compiler.gemm import RopeKV, gemm_call
 from conjugate.compiler.norm import rmsnorm_call
 from conjugate.compiler.rope import rope_kv_call
 from conjugate.compiler.tile import PartCall
@@ -47,6 +49,8 @@ def _lower_gemm(b: ModelBuffers, op: Op, fused: tuple[str, ...], tiles: dict, la
     common = dict(rows=rows, norm_eps=eps, label=label, **_gemm_tiles(tiles))
     if op.kind == "qkv":
         w, bias = b.prepared.qkv(op.layer, norm)
+        if "rope_kv" in fused:
+            return gemm_call(x, w, act["q"], bias=bias, epilogue="rope_kv", rope=_rope_target(b, op), **common)
         return gemm_call(x, w, act["qkv"], bias=bias, **common)
     if op.kind == "gate_up":
         gate, up = b.prepared.gate_up(op.layer, norm)
@@ -61,6 +65,14 @@ def _lower_gemm(b: ModelBuffers, op: Op, fused: tuple[str, ...], tiles: dict, la
         return gemm_call(x, w, logits, epilogue="argmax", tokens=tokens_out, stride_tok=stride_out,
                          write_out=False, **common)
     return gemm_call(x, w, logits, **common)
+
+
+def _rope_target(b: ModelBuffers, op: Op) -> RopeKV:
+    """Where layer op.layer's rope_kv puts q, k and v (the rope_kv op's own buffers)."""
+    spec, lw = b.spec, b.prepared.weights.layers[op.layer]
+    return RopeKV(b.act["q"], b.cache.k[op.layer], b.cache.v[op.layer], b.cos, b.sin, b.lengths, offset=op.step,
+                  tokens=b.tokens, num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+                  q_norm=lw.q_norm, k_norm=lw.k_norm, eps=spec.rms_norm_eps)
 
 
 def lower_part(part: Part, graph: nx.DiGraph, bufs: RoundBuffers) -> PartCall:

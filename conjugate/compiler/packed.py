@@ -72,6 +72,9 @@ def pack_launch(launch: Launch, calls: list[PartCall], graph: nx.DiGraph,
         return calls, False
     t_call = calls[0]
     d_call = lower_part(replace(draft, tiles=target.tiles), graph, bufs)  # the homogeneous tile shape
+    if t_call.constexprs["EPILOGUE"] == EPILOGUES["rope_kv"] or d_call.constexprs["EPILOGUE"] == EPILOGUES["rope_kv"]:
+        raise ValueError(f"the packed operand layout cannot hold a qkv+rope_kv GEMM ({target.kind} beside "
+                         f"{draft.kind}): its tiles are heads read as two halves")
     differ = [c for c in _MUST_MATCH if t_call.constexprs[c] != d_call.constexprs[c]]
     if differ:
         raise ValueError(f"the packed operand layout needs GEMMs with the same epilogue and prologue; "

@@ -77,14 +77,11 @@ def rope_kv_tile(pid, qkv_ptr, q_out_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, q_norm
 SIGNATURE = TileSignature.of(rope_kv_tile)
 
 
-def rope_kv_call(qkv: torch.Tensor, q_out: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 cos: torch.Tensor, sin: torch.Tensor, lengths: torch.Tensor, *, rows: int, tokens: int, offset: int,
-                 num_heads: int,
-                 num_kv_heads: int, head_dim: int, q_norm: torch.Tensor | None = None,
-                 k_norm: torch.Tensor | None = None, eps: float = 1e-6, block: int = 256,
-                 label: str = "") -> PartCall:
-    """Rotate rows' q into q_out and write their k, v at positions lengths[b] + offset + t of one layer's
-    caches (lengths read at run time)."""
+def check_rope_buffers(qkv: torch.Tensor, q_out: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       cos: torch.Tensor, sin: torch.Tensor, lengths: torch.Tensor, *, rows: int, tokens: int,
+                       offset: int, num_kv_heads: int, head_dim: int, q_norm: torch.Tensor | None,
+                       k_norm: torch.Tensor | None) -> None:
+    """ValueError unless the buffers fit the rope_kv op (and the GEMM epilogue doing its work)."""
     if not (head_dim & (head_dim - 1) == 0):
         raise ValueError(f"rope_kv: head_dim {head_dim} must be a power of two")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()):
@@ -102,6 +99,18 @@ def rope_kv_call(qkv: torch.Tensor, q_out: torch.Tensor, k_cache: torch.Tensor, 
                          f"{tuple(lengths.shape)} on {lengths.device}")
     if not (cos.shape[1] == head_dim and k_cache.shape[1:] == (num_kv_heads, k_cache.shape[2], head_dim)):
         raise ValueError("rope: unsupported layout (cos.shape[1] == head_dim and k_cache.shape[1:] == (num_kv_heads, k_cache.shape[2], head_dim))")
+
+
+def rope_kv_call(qkv: torch.Tensor, q_out: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 cos: torch.Tensor, sin: torch.Tensor, lengths: torch.Tensor, *, rows: int, tokens: int, offset: int,
+                 num_heads: int,
+                 num_kv_heads: int, head_dim: int, q_norm: torch.Tensor | None = None,
+                 k_norm: torch.Tensor | None = None, eps: float = 1e-6, block: int = 256,
+                 label: str = "") -> PartCall:
+    """Rotate rows' q into q_out and write their k, v at positions lengths[b] + offset + t of one layer's
+    caches (lengths read at run time)."""
+    check_rope_buffers(qkv, q_out, k_cache, v_cache, cos, sin, lengths, rows=rows, tokens=tokens, offset=offset,
+                       num_kv_heads=num_kv_heads, head_dim=head_dim, q_norm=q_norm, k_norm=k_norm)
     heads_per_prog = max(1, block // head_dim)
     if not (heads_per_prog & (heads_per_prog - 1) == 0):
         raise ValueError(f"rope_kv: block {block} // head_dim must be a power of two")

@@ -29,7 +29,7 @@ from conjugate.plan.tiles import DEFAULT_TILES, FAMILY_OF, LAUNCH_BOUNDS
 from conjugate.roles import Model
 from conjugate.workload import Workload
 
-_MAIN_KIND = ("qkv", "gate_up", "lm_head")  # the op a fused unit is named after
+MAIN_KINDS = ("qkv", "gate_up", "lm_head")  # the op a fused unit is named after
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class _Unit:
 
     @property
     def kind(self) -> str:
-        return next((k for k in self.kinds if k in _MAIN_KIND), self.kinds[-1])
+        return next((k for k in self.kinds if k in MAIN_KINDS), self.kinds[-1])
 
 
 def _units(graph: nx.DiGraph, model: Model, fusions: list[str]) -> list[_Unit]:

@@ -27,7 +27,7 @@ LAYOUTS = ("separate", "packed")
 CAPTURES = ("graph", "none")
 STREAMS = ("one", "two")
 PRIORITIES = ("none", "draft", "target")  # with two streams: whose stream the GPU serves first
-FUSIONS = ("attn_norm+qkv", "mlp_norm+gate_up", "final_norm+lm_head", "lm_head+argmax")
+FUSIONS = ("attn_norm+qkv", "qkv+rope_kv", "mlp_norm+gate_up", "final_norm+lm_head", "lm_head+argmax")
 MODEL_KEYS = tuple(model.value for model in Model)  # plain strings: the plan stays plain JSON
 _TOP_KEYS = ("schema", "name", "description", "alignment", "pairs", "interleave", "tiles", "fusions",
              "operand_layout", "capture", "streams", "priority", "launch", "overrides")
