@@ -438,6 +438,25 @@ def test_a_small_budget_stays_with_the_branches_that_measure_best(env, tmp_path)
     assert unpruned >= 3
 
 
+def test_one_command_searches_on_several_gpus(env, tmp_path, monkeypatch):
+    """--gpus 0,1: this process on GPU 0, a process joining the run on GPU 1; one tree, one budget
+    (give or take the evaluation each extra process has in flight), the helper's output logged."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # restored afterwards: the command pins this process
+    db = tmp_path / "gpus.db"
+    code, out, err = search_cli(db, env["profile"], 20, "--gpus", "0,1")
+    assert code == 0, err
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"
+    log = tmp_path / "search-run1-gpu1.log"
+    assert "GPU 1: helper exited 0" in out and str(log) in out and "run 1" in log.read_text()
+    run, nodes = tree(db)
+    with Store.open(db) as store:
+        owners = {store.evaluation(key_of(n.plan_hash)).owner for n in settled(nodes)}
+    assert len(owners) == 2 and 20 <= len(settled(nodes)) <= 21 and run.status == "finished"
+    code, _, err = search_cli(tmp_path / "bad.db", env["profile"], 3, "--gpus", "0,0")
+    assert code != 0 and "--gpus: '0,0' is not a comma-separated list of distinct GPU indices" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 # -- 6. lessons, edit statistics and warm starts across runs
 
 def test_a_new_pair_starts_from_what_other_pairs_learned(env, base_run, tmp_path):

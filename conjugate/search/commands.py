@@ -15,6 +15,7 @@ from rich.table import Table
 
 from conjugate.errors import ConjugateError
 from conjugate.paths import DEFAULT_WORKLOAD, RUNS_DIR
+from conjugate.search.gpus import Helpers, parse_gpus, pin_this_process
 
 if TYPE_CHECKING:
     from conjugate.agents.base import Proposer
@@ -108,7 +109,21 @@ def cmd_search(args: argparse.Namespace, out: Console) -> int:
     deadline = time.monotonic() + parse_duration(args.time) if args.time else None
     if args.llm_timeout is not None:
         args.llm_timeout = parse_seconds(args.llm_timeout, "--llm-timeout")
+    args.gpus = parse_gpus(args.gpus) if args.gpus else []
+    if args.gpus:
+        pin_this_process(args.gpus[0])  # before the evaluation worker starts
     return (_resume if args.resume else _start)(args, out, deadline)
+
+
+def _joiners(args: argparse.Namespace, db: str, deadline: float | None) -> Callable[[int], Helpers] | None:
+    """With --gpus, a process per further GPU joining the run once it exists (gpus.py)."""
+    if len(args.gpus) < 2:
+        return None
+    extra = [flag for flag, value in (("--base-url", args.base_url), ("--max-llm-cost", args.max_llm_cost),
+                                      ("--llm-timeout", args.llm_timeout)) if value is not None
+             for flag in (flag, str(value))]
+    log_dir = Path(db).resolve().parent if "://" not in db else RUNS_DIR
+    return lambda run_id: Helpers(db, run_id, args.gpus[1:], log_dir, deadline, extra)
 
 
 def _start(args: argparse.Namespace, out: Console, deadline: float | None) -> int:
@@ -126,15 +141,15 @@ def _start(args: argparse.Namespace, out: Console, deadline: float | None) -> in
     settings = _scored_by(SearchSettings(budget=args.budget or 20, expand_width=args.width,
                                          base_url=_without_userinfo(args.base_url or "")), profile)
     name = args.name or Path(workload_path).stem
-    with open_store(args.db or str(RUNS_DIR / f"{name}.db"), create=True) as store, \
-            IsolatedEvaluator(profile) as evaluator:
+    db = args.db or str(RUNS_DIR / f"{name}.db")
+    with open_store(db, create=True) as store, IsolatedEvaluator(profile) as evaluator:
         call_log.store = store
 
         def start() -> Search:
             search = Search.start(store, name, workload, workload_path, evaluator, proposer, settings, agent.seed)
             call_log.run_id = search.run_id
             return search
-        return _drive(store, start, out, deadline)
+        return _drive(store, start, out, deadline, _joiners(args, db, deadline))
 
 
 def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> int:
@@ -169,7 +184,7 @@ def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> i
                 search = Search(store, run.id, workload, run.workload_path, evaluator, proposer, settings)
                 store.set_run_status(run.id, RunStatus.RUNNING)
                 return search
-            return _drive(store, resume, out, deadline)
+            return _drive(store, resume, out, deadline, _joiners(args, args.resume, deadline))
 
 
 def _scored_by(settings: SearchSettings, profile: EvaluatorProfile) -> SearchSettings:
@@ -178,15 +193,25 @@ def _scored_by(settings: SearchSettings, profile: EvaluatorProfile) -> SearchSet
                    evaluator_profile=str(Path(profile.source).resolve()))
 
 
-def _drive(store: Store, make: Callable[[], Search], out: Console, deadline: float | None) -> int:
-    """Make the search and run it; Ctrl-C marks the run stopped and says how to resume it, and so
-    does any error that ends it: no run is left marked running."""
+def _drive(store: Store, make: Callable[[], Search], out: Console, deadline: float | None,
+           joiners: Callable[[int], Helpers] | None = None) -> int:
+    """Make the search and run it (with `joiners`, beside processes on other GPUs); Ctrl-C marks the
+    run stopped and says how to resume it, and so does any error that ends it: no run is left
+    marked running."""
     from conjugate.search.store import RunStatus
 
     search = None
     try:
         search = make()
-        return _run(search, out, deadline)
+        if joiners is None:
+            return _run(search, out, deadline)
+        with joiners(search.run_id) as helpers:
+            out.print(f"GPUs {', '.join(h[0] for h in helpers.procs)} join run {search.run_id}: logs in "
+                      f"{helpers.log_dir}")
+            code = _run(search, out, deadline)
+        for line in helpers.report():
+            out.print(line)
+        return code
     except (KeyboardInterrupt, Exception):
         if search is not None:
             store.set_run_status(search.run_id, RunStatus.STOPPED)
@@ -317,6 +342,8 @@ def add_commands(sub, out: Console) -> None:
     search.add_argument("--replay-from", help="with --agent replay: the database whose edits to replay")
     search.add_argument("--resume", metavar="DB", help="continue the latest run (or --run) of this database")
     search.add_argument("--run", type=_RUN_ID, help="with --resume: the run id")
+    search.add_argument("--gpus", help="search on these GPUs at once, e.g. 0,1: this process on the first, one "
+                        "joining the run per other GPU (one tree, one budget)")
     search.set_defaults(func=lambda a: cmd_search(a, out))
     show = sub.add_parser("show", help="runs of a search database, the best plans, failures")
     show.add_argument("db", help="SQLAlchemy URL or SQLite file")
