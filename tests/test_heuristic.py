@@ -260,3 +260,28 @@ def test_a_launch_that_loses_to_two_streams_is_split():
     winning = Verdict.judge(launch.index, parts, 6.5, (6.0, 4.0), modeled=True, overlap_us=7.0)
     again = HeuristicProposer().propose(_context(plan, replace(result, verdicts=(winning,))), 40)
     assert not any("loses to them on two streams" in p.rationale for p in again)
+
+
+def test_mixed_plans_pin_where_both_phases_meet_and_follow_their_verdicts():
+    """From two streams: pin a draft op into the target launch at the same point of its phase;
+    a pin whose launch beat its parts on two streams earns more of its pair, one that lost is undone."""
+    from conjugate.agents.heuristic import mixed_edits
+
+    plan, workload = PLANS["streams"], TINY.to_dict()  # 3 target layers, 2 draft layers, k 3
+    fresh = mixed_edits(plan, (), workload)
+    assert fresh and all(c.kind == "override" and c.score == 0.3 for c in fresh)
+    assert fresh[0].patch == [{"op": "add", "path": "/overrides/-", "value": {"match": "t.l1.o_proj",
+                                                                            "with": "d.s1.l1.down"}}]
+    for c in fresh:  # each a valid mixed plan
+        assert any(l.cross_model for l in expand(patch_plan(plan, c.patch), TINY).launches)
+    pinned = patch_plan(plan, fresh[0].patch)
+    shared = next(l for l in expand(pinned, TINY).launches if l.cross_model)
+    parts = tuple(PartRef.of(p, 8) for p in shared.parts)
+    won = Verdict.judge(shared.index, parts, 9.0, (8.0, 4.0), modeled=True, overlap_us=10.0)
+    more = mixed_edits(pinned, (won,), workload)
+    assert [c.score for c in more[:2]] == [0.55, 0.55] and "beat two streams" in more[0].rationale
+    assert all(c.patch[0]["value"]["with"] != "d.s1.l1.down" for c in more)  # not the op pinned already
+    lost = Verdict.judge(shared.index, parts, 9.0, (8.0, 4.0), modeled=True, overlap_us=8.5)
+    undo = [c for c in mixed_edits(pinned, (lost,), workload) if c.patch[0]["op"] == "remove"]
+    assert undo and patch_plan(pinned, undo[0].patch).hash == plan.hash and undo[0].score == 0.7
+    assert mixed_edits(PLANS["interleave"], (), workload) == []  # one stream: nothing to mix

@@ -329,10 +329,26 @@ def test_random_valid_plans_expand_to_valid_schedules(raw):
         assert not any(l.cross_model for l in schedule.launches)
 
 
-def test_pins_need_one_stream_and_one_launch_per_unit():
-    raw = dict(BASE, streams="two", overrides=[{"match": "t.l0.qkv", "with": "d.s0.l0.qkv"}])
-    with pytest.raises(PlanError, match=r"\$.overrides\[0\].with: a pinned cross-model launch needs"):
-        validate_plan(raw)
+def test_pins_with_two_streams_make_a_mixed_plan():
+    """Two streams with a pinned draft op: that one launch is shared, on the target's stream; the
+    streams wait for each other around it and nowhere else."""
+    from conjugate.compiler.round import cross_stream_waits
+
+    raw = dict(BASE, streams="two", overrides=[{"match": "t.l1.o_proj", "with": "d.s1.l0.down"}])
+    jsonschema.validate(raw, SCHEMA)
+    graph = build_graph(TINY)
+    schedule = expand(validate_plan(raw), TINY, graph)
+    shared = [l for l in schedule.launches if l.cross_model]
+    assert [l.ops for l in shared] == [("t.l1.o_proj", "d.s1.l0.down")] and shared[0].stream == "target"
+    waits = cross_stream_waits(schedule.launches, graph)
+    before = max(l.index for l in schedule.launches if l.index < shared[0].index and l.stream == "draft")
+    after = min(l.index for l in schedule.launches if l.index > shared[0].index and l.stream == "draft")
+    assert waits[shared[0].index] == (before,) and waits[after] == (shared[0].index,)
+    assert set(waits) <= {shared[0].index} | {l.index for l in schedule.launches if l.stream == "draft"}
+    assert cross_stream_waits(expand(validate_plan(dict(BASE, streams="two")), TINY, graph).launches, graph) == {}
+
+
+def test_pins_need_one_launch_per_unit():
     twice = dict(BASE, alignment="proportional", fusions={"draft": ["attn_norm+qkv"]},
                  overrides=[{"match": "t.l0.qkv", "with": "d.s0.l0.attn_norm"}, {"match": "t.l1.qkv", "with": "d.s0.l0.qkv"}])
     with pytest.raises(ScheduleError, match="already pinned into another target launch"):

@@ -301,3 +301,12 @@ def test_the_packed_layout_refuses_qkv_with_rope(tmp_path):
                  overrides=[{"match": "t.l0.qkv", "with": "d.s0.l0.qkv"}])
     with pytest.raises(CompileError, match="cannot hold a qkv\\+rope_kv GEMM"):
         compile_round(plan, rnd.workload, rnd.draft, rnd.target, cache_dir=tmp_path)
+
+
+def test_a_mixed_plan_computes_the_reference_round(tmp_path):
+    """Two streams, one draft op pinned into a target launch (on a CPU the launches run in order)."""
+    streams = load_plan(ROOT / "plans" / "streams.json").to_dict()
+    streams.update(tiles=SMALL_TILES, overrides=[{"match": "t.l1.o_proj", "with": "d.s1.l0.down"}])
+    compiled, _ = _round("qwen2").check(validate_plan(streams), tmp_path)
+    shared = [l for l in compiled.schedule.launches if l.cross_model]
+    assert len(shared) == 1 and compiled.waits[shared[0].index]

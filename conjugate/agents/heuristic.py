@@ -69,7 +69,7 @@ class HeuristicProposer:
 
     def ordered(self, plan: Plan, context: NodeContext, rng: random.Random):
         """(candidate, prior) pairs, the most promising first: base scores shifted by the edit statistics."""
-        ranked = _ranked(candidates(plan, context.result, context.sms, rng), context.edit_stats)
+        ranked = _ranked(candidates(plan, context.result, context.sms, rng, context.workload), context.edit_stats)
         return ((c, round(min(1.0, max(0.05, s)), 3)) for c, s in ranked)
 
 
@@ -136,9 +136,11 @@ class Focus:
     score: float
 
 
-def candidates(plan: Plan, result: EvalResult | None, sms: int, rng: random.Random) -> list[Candidate]:
+def candidates(plan: Plan, result: EvalResult | None, sms: int, rng: random.Random,
+               workload: dict | None = None) -> list[Candidate]:
     """Every candidate edit, result-driven first (unordered beyond their base scores); `sms`: the
-    GPU's multiprocessors, which a launch's programs should fill."""
+    GPU's multiprocessors, which a launch's programs should fill; `workload` (its layer counts and
+    k) places pins of mixed plans."""
     parts = launch_parts(result)
     verdicts = result.verdicts if result else ()
     out = [] if result is None else repair_edits(plan, result) if not result.ok else spill_edits(plan, result)
@@ -148,7 +150,7 @@ def candidates(plan: Plan, result: EvalResult | None, sms: int, rng: random.Rand
     focus = _ledger_focus(ledger) + _focus(verdicts, parts, sms) + _two_stream_focus(plan)
     out += tile_edits(plan, focus, rng) + launch_edits(plan, rng)
     out += pattern_edits(plan, interfering) + fusion_edits(plan, ledger) + alignment_edits(plan)
-    return out + streams_edits(plan, ledger) + layout_edits(plan)
+    return out + streams_edits(plan, ledger) + mixed_edits(plan, verdicts, workload) + layout_edits(plan)
 
 
 def _loss_shares(ledger: LedgerSummary | None) -> list[tuple[str, str, float, KindLoss]]:
@@ -317,6 +319,46 @@ def streams_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candi
         return []
     return [Candidate("streams", [{"op": "replace", "path": "/streams", "value": "two"}],
                       "streams one -> two: the draft phase overlaps the verify pass", 0.45)]
+
+
+MIXED_PAIRS = (("o_proj", "down"), ("qkv", "attn"), ("o_proj", "attn"), ("qkv", "down"))  # target, draft
+
+
+def mixed_edits(plan: Plan, verdicts: tuple[Verdict, ...], workload: dict | None) -> list[Candidate]:
+    """Two streams with a few shared launches: pin a draft op into the target launch running at the
+    same point of its chain (halfway through both phases); from the verdicts of pins already made,
+    more pins of a pair that beat its parts on two streams, and the undoing of one that lost."""
+    if plan["streams"] != "two" or not workload or "k" not in workload:
+        return []
+    pins = [(n, o) for n, o in enumerate(plan["overrides"]) if "with" in o]
+    out = []
+    for v in verdicts:
+        if v.overlap_verdict is None or len(v.parts) != 2:
+            continue
+        n = next((n for n, o in pins if o["with"] in v.parts[1].ops + v.parts[0].ops), None)
+        if n is not None and v.overlap_verdict is VerdictKind.INTERFERENCE:
+            out.append(Candidate("override", [{"op": "remove", "path": f"/overrides/{n}"}],
+                                 f"pinned launch {v.launch} loses to its parts on two streams "
+                                 f"({v.overlap_gain_percent:+.1f}%): unpin {plan['overrides'][n]['with']}", 0.7))
+    gaining = {(v.parts[0].kind, v.parts[1].kind) for v in verdicts
+               if v.overlap_verdict is VerdictKind.GAIN and len(v.parts) == 2}
+    taken_t = {o["match"] for _, o in pins}
+    taken_d = {o["with"] for _, o in pins}
+    k, layers_d, layers_t = int(workload["k"]), workload["draft"]["num_layers"], workload["target"]["num_layers"]
+    for t_kind, d_kind in sorted(gaining) + [p for p in MIXED_PAIRS if p not in gaining]:
+        for share in ((0.25, 0.5, 0.75) if (t_kind, d_kind) in gaining else (0.5,)):
+            step, layer = divmod(int(share * k * layers_d), layers_d)
+            t_op, d_op = f"t.l{int(share * layers_t)}.{t_kind}", f"d.s{step}.l{layer}.{d_kind}"
+            if t_op in taken_t or d_op in taken_d:
+                continue
+            why = (f"draft {d_kind} beside target {t_kind} beat two streams: pin {d_op} into {t_op} too"
+                   if (t_kind, d_kind) in gaining else
+                   f"mixed plan: pin {d_op} into {t_op}, which runs at the same point of its phase "
+                   f"({share:.0%}): one shared launch, the rest on two streams")
+            out.append(Candidate("override", [{"op": "add", "path": "/overrides/-",
+                                               "value": {"match": t_op, "with": d_op}}],
+                                 why, 0.55 if (t_kind, d_kind) in gaining else 0.3))
+    return out
 
 
 def layout_edits(plan: Plan) -> list[Candidate]:

@@ -86,7 +86,7 @@ def _rope_kv_epilogue(acc, acc2, offs_m, head, M, bias_ptr, q_out_ptr, k_cache_p
     if HAS_BIAS:
         acc += tl.load(bias_ptr + head * HEAD_DIM + j).to(tl.float32)[None, :]
         acc2 += tl.load(bias_ptr + head * HEAD_DIM + HALF + j).to(tl.float32)[None, :]
-    seq = offs_m // rope_tokens
+    seq = (offs_m // rope_tokens).to(tl.int64)  # cache offsets in int64: a layer's cache may pass 2^31
     pos = tl.load(lengths_ptr + seq, mask=offs_m < M, other=0).to(tl.int32) + rope_offset + offs_m % rope_tokens
     ok = ((offs_m < M) & (pos < s_max))[:, None]  # a length past the cache writes nothing
     cs = pos[:, None] * HEAD_DIM + j[None, :]
@@ -306,7 +306,7 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
         raise ValueError("the argmax epilogue needs a tokens buffer")
     num_m, num_n = cdiv(rows, block_m), cdiv(n, block_n)
     ws_size = split_k * (2 * rows * n + num_n * rows) if split_k > 1 else 1  # acc, acc2, sums of squares
-    if max(n * k, ws_size, rows * out.stride(0)) >= 2**31:
+    if max(w.shape[0] * k, ws_size, rows * out.stride(0)) >= 2**31:  # w.shape[0]: all rows (rope: n counts halves)
         raise ValueError(f"GEMM {n}x{k} over {rows} rows (split-K {split_k}): element offsets past 2^31 "
                          f"are not supported")
     dev = w.device

@@ -109,6 +109,25 @@ def _compile_launch(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers, cache
                                 num_warps=launch.num_warps, num_stages=launch.num_stages, stream=launch.stream)
 
 
+def cross_stream_waits(launches: tuple[Launch, ...], graph: nx.DiGraph) -> dict[int, tuple[int, ...]]:
+    """Launch index -> the launches of other streams it must wait for: for each other stream, the
+    last launch holding an op it depends on. With two streams only a launch shared across models
+    (a pinned draft op in a target launch) has any: before it, the draft's previous op; after it,
+    the draft's next op waits for it."""
+    where = {op: launch for launch in launches for op in launch.ops}
+    out = {}
+    for launch in launches:
+        latest: dict[str, int] = {}
+        for op in launch.ops:
+            for before in graph.predecessors(op):
+                other = where[before]
+                if other.stream != launch.stream:
+                    latest[other.stream] = max(latest.get(other.stream, -1), other.index)
+        if latest:
+            out[launch.index] = tuple(sorted(latest.values()))
+    return out
+
+
 def stream_priority(schedule: Schedule, model: Model) -> int:
     """The CUDA stream priority of `model`'s stream (lower runs first): -1 for the model the plan
     favours, else 0. A CUDA graph keeps each kernel's priority from the stream it was captured on
@@ -125,9 +144,12 @@ class CompiledRound:
         self.device = bufs.target.cache.k.device
         self.graph: torch.cuda.CUDAGraph | None = None
         self._streams = None
+        self.waits = cross_stream_waits(schedule.launches, op_graph)
+        self._events: dict[int, torch.cuda.Event] = {}
         if schedule.streams == "two" and self.device.type == "cuda":
             self._streams = {model: torch.cuda.Stream(self.device, priority=stream_priority(schedule, model))
                              for model in Model}
+            self._events = {i: torch.cuda.Event() for waited in self.waits.values() for i in waited}
 
     # -- running ---------------------------------------------------------------------------
     def load(self, inputs: RoundInputs) -> None:
@@ -148,8 +170,13 @@ class CompiledRound:
         for launch in self.launches:
             with self._compiling(launch):
                 if self._streams:
-                    with torch.cuda.stream(self._streams[launch.stream]):
+                    stream = self._streams[launch.stream]
+                    for waited in self.waits.get(launch.index, ()):  # the other stream's work it reads
+                        stream.wait_event(self._events[waited])
+                    with torch.cuda.stream(stream):
                         launch()
+                    if launch.index in self._events:
+                        self._events[launch.index].record(stream)
                 else:
                     launch()
 

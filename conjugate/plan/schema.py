@@ -165,9 +165,6 @@ def _canonical(raw: Any) -> tuple[dict, list[str]]:
         c.fail("$.overrides", f"should be a list, got {_kind(overrides)}")
         overrides = []
     plan["overrides"] = [_override(c, o, f"$.overrides[{i}]") for i, o in enumerate(overrides)]
-    for i, o in enumerate(plan["overrides"]):
-        if plan["streams"] == "two" and "with" in o:
-            c.fail(f"$.overrides[{i}].with", "a pinned cross-model launch needs $.streams 'one'")
     if plan["priority"] != "none" and plan["streams"] != "two":
         c.fail("$.priority", f"{plan['priority']!r} favours one model's stream, so it needs $.streams 'two'")
     if plan["streams"] == "two" and plan["alignment"] != "sequential":

@@ -334,7 +334,7 @@ def phase_plan(plan: Plan) -> Plan:
     phase): what a round whose target verifies its own draft's proposals can run."""
     data = plan.to_dict()
     overrides = [{k: v for k, v in o.items() if k not in ("pair", "with")} for o in data.get("overrides", [])]
-    data |= {"alignment": "sequential", "streams": "one",
+    data |= {"alignment": "sequential", "streams": "one", "priority": "none",
              "overrides": [o for o in overrides if set(o) - {"match"}]}
     return validate_plan(data, f"{plan.name} (phases)")
 
