@@ -374,3 +374,7 @@ def test_stream_priority_is_a_two_stream_knob_that_keeps_older_hashes():
     assert (stream_priority(schedule, Model.DRAFT), stream_priority(schedule, Model.TARGET)) == (-1, 0)
     plain = expand(validate_plan(streams), TINY, build_graph(TINY))
     assert (stream_priority(plain, Model.DRAFT), stream_priority(plain, Model.TARGET)) == (0, 0)
+    from conjugate.serving.decoder import phase_plan
+
+    phases = phase_plan(favoured)  # what the serving loop runs phase by phase: one stream, no priority
+    assert (phases["streams"], phases["priority"]) == ("one", "none")
