@@ -107,9 +107,9 @@ def _rope_kv_epilogue(acc, acc2, offs_m, head, M, bias_ptr, q_out_ptr, k_cache_p
         y2 = acc2 * tl.load(cos_ptr + cs + HALF, mask=ok, other=0.0) + acc * tl.load(sin_ptr + cs + HALF, mask=ok,
                                                                                       other=0.0)
         if head < NUM_HEADS:
-            dst = offs_m[:, None] * stride_q + head * HEAD_DIM + j[None, :]
-            tl.store(q_out_ptr + dst, y1, mask=ok)
-            tl.store(q_out_ptr + dst + HALF, y2, mask=ok)
+            q_dst = offs_m[:, None] * stride_q + head * HEAD_DIM + j[None, :]  # its own name: int32, dst int64
+            tl.store(q_out_ptr + q_dst, y1, mask=ok)
+            tl.store(q_out_ptr + q_dst + HALF, y2, mask=ok)
         else:
             dst = ((seq * NUM_KV_HEADS + head - NUM_HEADS) * s_max + pos)[:, None] * HEAD_DIM + j[None, :]
             tl.store(k_cache_ptr + dst, y1.to(k_cache_ptr.dtype.element_ty), mask=ok)

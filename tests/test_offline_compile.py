@@ -1,0 +1,87 @@
+"""`python -m conjugate.compiler.offline`: a plan's kernels compiled for sm_90 by Triton's bundled ptxas,
+without a GPU, each launch's registers, spills and shared memory reported."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
+import triton
+
+ROOT = Path(__file__).resolve().parents[1]
+PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+pytestmark = pytest.mark.skipif(not PTXAS.exists(), reason="this Triton bundles no ptxas")
+
+GEMM = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": 2}  # split-K everywhere it is set
+TILES = {m: {"qkv": GEMM, "o_proj": GEMM, "down": GEMM, "attn": {"BLOCK_N": 16, "SPLIT_KV": 2}}
+         for m in ("draft", "target")}
+DRAFT_FUSIONS = ["attn_norm+qkv", "mlp_norm+gate_up", "lm_head+argmax"]  # draft head_dim 16: no rope_kv on a GPU
+
+
+def _plan(tmp_path: Path, target_fusions: list[str]) -> Path:
+    plan = {"schema": "conjugate.plan/1", "name": "offline", "alignment": "proportional", "tiles": TILES,
+            "fusions": {"draft": DRAFT_FUSIONS, "target": target_fusions},
+            "pairs": {"qkv": ["*"], "attn": ["o_proj"]}, "launch": {"num_warps": 4, "num_stages": 2}}
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    return path
+
+
+@pytest.fixture(scope="module")
+def triton_cache(tmp_path_factory) -> Path:
+    """A fresh Triton cache for this module: the kernels are really compiled, once."""
+    return tmp_path_factory.mktemp("triton-cache")
+
+
+def _offline(plan: Path, cache: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = os.environ | {"TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(cache)}
+    return subprocess.run([sys.executable, "-m", "conjugate.compiler.offline", str(plan), "--workload",
+                           str(ROOT / "examples" / "tiny.toml"), *extra], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=300)
+
+
+def _rows(stdout: str) -> dict[str, tuple[int, int, int]]:
+    """The table's rows: ops -> (registers, spills, shared bytes)."""
+    rows = [line.split() for line in stdout.splitlines() if line.split() and line.split()[0].isdigit()]
+    return {" ".join(r[1:-3]): (int(r[-3]), int(r[-2]), int(r[-1])) for r in rows}
+
+
+@pytest.mark.parametrize("target_fusions", [
+    ["attn_norm+qkv", "mlp_norm+gate_up", "lm_head+argmax"],
+    ["qkv+rope_kv", "mlp_norm+gate_up", "lm_head+argmax"],  # target head_dim 32: half-heads of 16
+], ids=["norm-prologues", "qkv+rope_kv"])
+def test_every_launch_compiles_for_hopper(tmp_path, triton_cache, target_fusions):
+    proc = _offline(_plan(tmp_path, target_fusions), triton_cache)
+    assert proc.returncode == 0, proc.stderr
+    header = proc.stdout.splitlines()[0]
+    assert header.startswith("offline on tiny: ") and header.endswith("compiled for sm_90")
+    assert proc.stdout.splitlines()[1].split() == ["launch", "ops", "regs", "spills", "shared"]
+    rows = _rows(proc.stdout)
+    assert len(rows) == int(header.split(": ")[1].split()[0])  # one row a launch
+    assert all(regs > 0 and spills >= 0 and shared >= 0 for regs, spills, shared in rows.values())
+    ops = " ".join(rows)
+    wanted = ["d.s0.l0.attn_norm+d.s0.l0.qkv", "t.l0.mlp_norm+t.l0.gate_up", "t.lm_head+t.argmax", "t.l0.attn"]
+    wanted.append("t.l0.qkv+t.l0.rope_kv" if "qkv+rope_kv" in target_fusions else "t.l0.attn_norm+t.l0.qkv")
+    assert all(w in ops for w in wanted), ops
+    assert any(" | " in label for label in rows)  # a launch shared by the two models
+    assert any(shared > 0 for _, _, shared in rows.values())
+
+
+def test_an_unknown_arch_is_one_line_error(tmp_path, triton_cache):
+    proc = _offline(_plan(tmp_path, ["lm_head+argmax"]), triton_cache, "--arch", "12")
+    assert proc.returncode != 0 and not proc.stdout
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("error: arch 12:"), proc.stderr
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="this process is not in interpreter mode")
+def test_refuses_a_process_already_interpreting(tmp_path, capsys):
+    from conjugate.compiler.offline import main
+
+    assert main([str(_plan(tmp_path, [])), "--workload", str(ROOT / "examples" / "tiny.toml")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "interpreter mode" in err
