@@ -281,6 +281,12 @@ def test_mixed_plans_pin_where_both_phases_meet_and_follow_their_verdicts():
     more = mixed_edits(pinned, (won,), workload)
     assert [c.score for c in more[:2]] == [0.55, 0.55] and "beat two streams" in more[0].rationale
     assert all(c.patch[0]["value"]["with"] != "d.s1.l1.down" for c in more)  # not the op pinned already
+    for c in more:  # every proposal schedules: no pin crosses one made already
+        expand(patch_plan(pinned, c.patch), TINY)
+    crossed = patch_plan(plan, [{"op": "add", "path": "/overrides/-",
+                                 "value": {"match": "t.l1.o_proj", "with": "d.s1.l1.attn"}}])
+    for c in mixed_edits(crossed, (), workload):  # e.g. not t.l1.qkv <- d.s1.l1.down, after that attn
+        expand(patch_plan(crossed, c.patch), TINY)
     lost = Verdict.judge(shared.index, parts, 9.0, (8.0, 4.0), modeled=True, overlap_us=8.5)
     undo = [c for c in mixed_edits(pinned, (lost,), workload) if c.patch[0]["op"] == "remove"]
     assert undo and patch_plan(pinned, undo[0].patch).hash == plan.hash and undo[0].score == 0.7

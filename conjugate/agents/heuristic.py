@@ -43,7 +43,7 @@ from conjugate.agents.heuristic_edits import (LIGHT_TARGETS, SEARCH_KEYS, Candid
                                               scaled, set_pairs, set_tile, spill_edits, split_edits, tile_value)
 from conjugate.errors import ConjugateError
 from conjugate.evaluate.result import EvalResult, KindLoss, LedgerSummary, Verdict, VerdictKind
-from conjugate.graph import GEMM_KINDS, KINDS
+from conjugate.graph import GEMM_KINDS, KINDS, LAYER_KINDS
 from conjugate.plan.expand import MAIN_KINDS
 from conjugate.plan.patch import patch_plan
 from conjugate.plan.schema import FUSIONS, MODEL_KEYS, Plan, validate_plan
@@ -342,15 +342,15 @@ def mixed_edits(plan: Plan, verdicts: tuple[Verdict, ...], workload: dict | None
                                  f"({v.overlap_gain_percent:+.1f}%): unpin {plan['overrides'][n]['with']}", 0.7))
     gaining = {(v.parts[0].kind, v.parts[1].kind) for v in verdicts
                if v.overlap_verdict is VerdictKind.GAIN and len(v.parts) == 2}
-    taken_t = {o["match"] for _, o in pins}
-    taken_d = {o["with"] for _, o in pins}
+    placed = [(_chain_position(o["match"]), _chain_position(o["with"])) for _, o in pins]
     k, layers_d, layers_t = int(workload["k"]), workload["draft"]["num_layers"], workload["target"]["num_layers"]
     for t_kind, d_kind in sorted(gaining) + [p for p in MIXED_PAIRS if p not in gaining]:
         for share in ((0.25, 0.5, 0.75) if (t_kind, d_kind) in gaining else (0.5,)):
             step, layer = divmod(int(share * k * layers_d), layers_d)
             t_op, d_op = f"t.l{int(share * layers_t)}.{t_kind}", f"d.s{step}.l{layer}.{d_kind}"
-            if t_op in taken_t or d_op in taken_d:
-                continue
+            t_at, d_at = _chain_position(t_op), _chain_position(d_op)
+            if any(t_at == t or d_at == d or (t_at < t) != (d_at < d) for t, d in placed):
+                continue  # a taken op, or a pin crossing one made already (it could not be scheduled)
             why = (f"draft {d_kind} beside target {t_kind} beat two streams: pin {d_op} into {t_op} too"
                    if (t_kind, d_kind) in gaining else
                    f"mixed plan: pin {d_op} into {t_op}, which runs at the same point of its phase "
@@ -359,6 +359,15 @@ def mixed_edits(plan: Plan, verdicts: tuple[Verdict, ...], workload: dict | None
                                                "value": {"match": t_op, "with": d_op}}],
                                  why, 0.55 if (t_kind, d_kind) in gaining else 0.3))
     return out
+
+
+def _chain_position(op: str) -> tuple:
+    """Where an op id (t.l<layer>.<kind>, d.s<step>.l<layer>.<kind>) stands in its model's chain;
+    ids of another form (globs, embed, lm_head) come last."""
+    parts = op.split(".")
+    numbers = tuple(int(p[1:]) for p in parts[1:-1] if p[:1] in "ls" and p[1:].isdigit())
+    kind = LAYER_KINDS.index(parts[-1]) if parts[-1] in LAYER_KINDS else len(LAYER_KINDS)
+    return numbers + (kind,) if len(numbers) == len(parts) - 2 else (float("inf"),)
 
 
 def layout_edits(plan: Plan) -> list[Candidate]:

@@ -5,6 +5,7 @@ result says about launches comes typed from the compiler: parts (PartRef), the f
 (CompileFailure), resources (LaunchFeedback) and verdicts."""
 from __future__ import annotations
 
+import fnmatch
 import re
 from dataclasses import dataclass
 
@@ -178,7 +179,7 @@ def split_edits(plan: Plan, verdicts: tuple[Verdict, ...]) -> list[Candidate]:
         t, d = _pair(v.parts)
         if v.verdict is VerdictKind.INTERFERENCE and t is not None and d is not None:
             groups.setdefault((t.kind, d.kind), []).append((v.gain_percent, t, v.launch))
-    out = _overlap_losses(verdicts)
+    out = _overlap_losses(plan, verdicts)
     for (t_kind, d_kind), hits in sorted(groups.items(), key=lambda g: min(g[1], key=lambda h: h[0])[0])[:3]:
         gain, t, launch = min(hits, key=lambda h: h[0])
         many = len(hits) > 1
@@ -193,13 +194,15 @@ def split_edits(plan: Plan, verdicts: tuple[Verdict, ...]) -> list[Candidate]:
     return out
 
 
-def _overlap_losses(verdicts: tuple[Verdict, ...], limit: int = 3) -> list[Candidate]:
+def _overlap_losses(plan: Plan, verdicts: tuple[Verdict, ...], limit: int = 3) -> list[Candidate]:
+    """(A pinned launch is not among them: `pair: false` does not undo a pin; mixed_edits unpins.)"""
     losing = sorted((v for v in verdicts if v.verdict is not VerdictKind.INTERFERENCE
                      and v.overlap_verdict is VerdictKind.INTERFERENCE), key=lambda v: v.overlap_gain_percent)
+    pinned = [o["match"] for o in plan["overrides"] if "with" in o]
     out = []
     for v in losing[:limit]:
         t, d = _pair(v.parts)
-        if t is not None and d is not None:
+        if t is not None and d is not None and not any(fnmatch.fnmatchcase(t.op, m) for m in pinned):
             out.append(Candidate("override", unpair_override(t.op),
                                  f"launch {v.launch} beats its parts back to back ({v.gain_percent:+.1f}%) but loses "
                                  f"to them on two streams ({v.overlap_gain_percent:+.1f}%): keep draft {d.kind} "

@@ -93,12 +93,13 @@ class MeasuredHarness:
 
     def ledger(self, compiled: CompiledRound, setup: RoundSetup) -> LedgerSummary | None:
         """The round's time ledger from its kernel records, condensed; None where the records do not
-        match the launches (the round is timed all the same)."""
+        match the launches or the profiler fails (the round is timed all the same: the ledger only
+        informs the agents)."""
         rates = self.session.device_rates(compiled.device)
         try:
             records = kernel_records(compiled.run, compiled.device, self.profile.timing.ledger_replays)
             return Ledger.of(compiled, setup.graph, records, rates["copy_bandwidth_gbs"]).condensed()
-        except LedgerError:
+        except (LedgerError, RuntimeError):  # RuntimeError: the profiler's own (CUPTI unavailable, say)
             return None
 
     def baselines(self, setup: RoundSetup) -> dict[str, Baseline]:
@@ -132,7 +133,7 @@ def names_device(wanted: str, device: str) -> bool:
 
 
 def launch_verdicts(compiled: CompiledRound, calls: int,
-                    known: dict[tuple, tuple[float, tuple[float, ...]]] | None = None) -> tuple[Verdict, ...]:
+                    known: dict[tuple, tuple[float, tuple[float, ...], float]] | None = None) -> tuple[Verdict, ...]:
     """Verdicts of every multi-part launch, one measurement per group of identical launches, most
     interfering first. `known` (the session's, for one workload) holds the times measured for
     launches of earlier plans: a launch built the same way (the same kernel, grids, tiles, warps and

@@ -119,9 +119,9 @@ def _joiners(args: argparse.Namespace, db: str, deadline: float | None) -> Calla
     """With --gpus, a process per further GPU joining the run once it exists (gpus.py)."""
     if len(args.gpus) < 2:
         return None
-    extra = [flag for flag, value in (("--base-url", args.base_url), ("--max-llm-cost", args.max_llm_cost),
-                                      ("--llm-timeout", args.llm_timeout)) if value is not None
-             for flag in (flag, str(value))]
+    extra = [item for flag, value in (("--base-url", args.base_url), ("--max-llm-cost", args.max_llm_cost),
+                                      ("--llm-timeout", args.llm_timeout), ("--replay-from", args.replay_from))
+             if value is not None for item in (flag, str(value))]
     log_dir = Path(db).resolve().parent if "://" not in db else RUNS_DIR
     return lambda run_id: Helpers(db, run_id, args.gpus[1:], log_dir, deadline, extra)
 
