@@ -5,7 +5,8 @@ so a later process builds only the chosen variant per phase instead of trying ev
     python benchmarks/seed_choices.py benchmarks/results/baselines_h200.json [--evaluator h200]
 
 Only when the earlier run was measured on a GPU of this name with this torch version; a choice
-already kept is left alone. Where the choice is kept: $CONJUGATE_CACHE (default ~/.cache/conjugate).
+already kept is left alone. Where the choice is kept: $CONJUGATE_CACHE/kernels/conventional/ (default
+~/.cache/conjugate/kernels/conventional/), as evaluate/baselines.py keeps it.
 """
 from __future__ import annotations
 
