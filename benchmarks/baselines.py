@@ -1,7 +1,8 @@
 """The conventional baseline's variants per phase, the baselines as the evaluator measures them, and
 how steady a measurement is, on the six example workloads.
 
-    python benchmarks/baselines.py [--workloads llama-1b-8b-b8 ...] [--json benchmarks/results/baselines_h200.json]
+    python benchmarks/baselines.py [--workloads llama-1b-8b-b8 ...] [--variants whole-flex ...]
+                                   [--json benchmarks/results/baselines_h200.json]
 
 Per workload, in one process (the evaluator's own setup: seeded random weights, the round checked
 on one set of inputs and timed on another):
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -53,14 +55,14 @@ def sm_clock_mhz() -> dict:
     """This GPU's SM clock, temperature and power as nvidia-smi reads them now ({} if it cannot)."""
     bus = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "pci_bus_id", None)
     try:
-        text = subprocess.run(["nvidia-smi", "--query-gpu=pci.bus_id,clocks.sm,temperature.gpu,power.draw",
+        text = subprocess.run(["nvidia-smi", "--query-gpu=pci.bus_id,clocks.sm,temperature.gpu,power.draw,clocks.mem",
                                "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return {}
     for line in text.strip().splitlines():
         row = [c.strip() for c in line.split(",")]
-        if len(row) == 4 and (bus is None or int(row[0].split(":")[-2], 16) == bus):
-            return {"sm_mhz": row[1], "temp_c": row[2], "power_w": row[3]}
+        if len(row) == 5 and (bus is None or int(row[0].split(":")[-2], 16) == bus):
+            return {"sm_mhz": row[1], "temp_c": row[2], "power_w": row[3], "mem_mhz": row[4]}
     return {}
 
 
@@ -140,9 +142,12 @@ def bench_workload(name: str, profile, cache_dir: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
+    parser.add_argument("--variants", nargs="+", help="conventional variants to try (default: the profile's)")
     parser.add_argument("--json", help="write the rows here (after every workload)")
     args = parser.parse_args()
     profile = load_profile("h200")
+    if args.variants:
+        profile = replace(profile, timing=replace(profile.timing, conventional=tuple(args.variants)))
     cache_dir = Path(tempfile.mkdtemp(prefix="conjugate-baselines-"))
     out = {"gpu": device_name(torch.device("cuda")), "torch": torch.__version__, "command": " ".join(sys.argv),
            "date": time.strftime("%Y-%m-%d"), "workloads": []}

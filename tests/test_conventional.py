@@ -15,6 +15,7 @@ from conjugate.models import make_round_inputs, random_weights, reference_round
 from test_round import FAMILIES, _round
 
 EAGER = (Variant("eager", "sdpa"), Variant("eager", "grouped"))
+FLEX = Variant("eager", "flex")  # FlexAttention's unfused form; compiled on a GPU it is a Triton kernel
 
 
 def _conventional(rnd, draft_variant=EAGER[0], verify_variant=EAGER[0], workload=None, draft=None, target=None):
@@ -26,7 +27,7 @@ def _lengths(inputs):
     return inputs.draft_lengths, inputs.target_lengths
 
 
-@pytest.mark.parametrize("family,attention", [(f, v) for f in FAMILIES for v in EAGER])
+@pytest.mark.parametrize("family,attention", [(f, v) for f in FAMILIES for v in (*EAGER, FLEX)])
 def test_static_steps_equal_the_reference(family, attention):
     rnd = _round(family)
     before = rnd.inputs.draft_cache.k.clone(), rnd.inputs.target_cache.v.clone()
@@ -48,12 +49,13 @@ def test_ragged_lengths_read_at_run_time(family):
     inputs = make_round_inputs(rnd.draft, rnd.target, k=w.k, draft_batch=w.draft_batch, target_batch=w.target_batch,
                                context=w.context, seed=w.seed + 7, ragged=True)
     assert len(set(inputs.draft_lengths.tolist()) | set(inputs.target_lengths.tolist())) > 1
-    conventional = _conventional(rnd, *EAGER)
-    conventional.load(inputs)
-    conventional.run()
-    report = compare_rounds(reference_round(rnd.draft, rnd.target, inputs), conventional.outputs(), "fp32",
-                            _lengths(inputs))
-    assert report.ok and report.near_ties == 0, report.problems
+    for draft_variant, verify_variant in (EAGER, (FLEX, FLEX)):
+        conventional = _conventional(rnd, draft_variant, verify_variant)
+        conventional.load(inputs)
+        conventional.run()
+        report = compare_rounds(reference_round(rnd.draft, rnd.target, inputs), conventional.outputs(), "fp32",
+                                _lengths(inputs))
+        assert report.ok and report.near_ties == 0, (draft_variant, report.problems)
 
 
 def test_torch_compile_for_many_models_in_one_process():
@@ -109,6 +111,27 @@ def test_variant_names():
     for bad in ("whole", "layers-flash", "jit-sdpa", ""):
         with pytest.raises(ValueError, match="conventional variant"):
             Variant.parse(bad)
+
+
+def test_a_variant_torch_cannot_build_is_a_failed_trial(monkeypatch):
+    """A compile error in one variant leaves the others to compete; the trial says why."""
+    from types import SimpleNamespace
+
+    from conjugate.evaluate import baselines
+    from conjugate.evaluate.profile import TimingSettings
+
+    class Unbuildable:
+        def __init__(self, *args):
+            pass
+
+        def capture(self):
+            raise RuntimeError("NoValidChoicesError: No choices to select\n(long trace)")
+
+    monkeypatch.setattr(baselines, "ConventionalRound", Unbuildable)
+    setup = SimpleNamespace(workload=_round("llama").workload, weights=(None, None))
+    trial = baselines.try_variant(setup, Variant("whole", "flex"), TimingSettings())
+    assert (trial.variant, trial.correct, trial.phase_ms) == ("whole-flex", False, {})
+    assert trial.problem == "not built: RuntimeError: NoValidChoicesError: No choices to select"
 
 
 def test_each_phase_runs_its_fastest_correct_variant():

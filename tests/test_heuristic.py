@@ -182,12 +182,12 @@ def test_a_plan_error_naming_an_override_removes_it():
 def test_edit_stats_reorder_kinds():
     plan = PLANS["interleave"]
     plain = [p.kind for p in HeuristicProposer().propose(_context(plan), 6)]
-    stats = {"fusion": {"n": 30, "mean_gain": 0.05}, "pattern": {"n": 30, "mean_gain": -0.04},
+    stats = {"pattern": {"n": 30, "mean_gain": 0.05}, "fusion": {"n": 30, "mean_gain": -0.04},
              "alignment": {"n": 30, "mean_gain": -0.04}}
     biased = HeuristicProposer().propose(_context(plan, stats=stats), 6)
-    assert plain[0] != "fusion" and biased[0].kind == "fusion"
-    assert [p.kind for p in biased].index("fusion") < plain.index("fusion")
-    assert "pattern" not in [p.kind for p in biased[:3]]
+    assert plain[0] != "pattern" and biased[0].kind == "pattern"
+    assert [p.kind for p in biased].index("pattern") < plain.index("pattern")
+    assert "fusion" not in [p.kind for p in biased[:3]] and plain[0] == "fusion"
     assert biased[0].prior >= max(p.prior for p in biased[1:])
 
 
@@ -291,3 +291,28 @@ def test_mixed_plans_pin_where_both_phases_meet_and_follow_their_verdicts():
     undo = [c for c in mixed_edits(pinned, (lost,), workload) if c.patch[0]["op"] == "remove"]
     assert undo and patch_plan(pinned, undo[0].patch).hash == plan.hash and undo[0].score == 0.7
     assert mixed_edits(PLANS["interleave"], (), workload) == []  # one stream: nothing to mix
+
+
+def test_fusions_a_model_lacks_are_offered_together_first():
+    from conjugate.plan.schema import FUSIONS
+
+    plan = PLANS["streams"]
+    fusions = [p for p in HeuristicProposer().propose(_context(plan, _ok_result(plan)), 12) if p.kind == "fusion"]
+    together = patch_plan(plan, fusions[0].patch)
+    assert set(together["fusions"]["draft"]) == set(FUSIONS) and together["fusions"]["target"] == plan["fusions"]["target"]
+    assert fusions[0].prior > max(p.prior for p in fusions[1:])
+    # one fusion missing: only single edits
+    almost = patch_plan(plan, [{"op": "replace", "path": "/fusions/draft", "value": list(FUSIONS[1:])}])
+    props = HeuristicProposer().propose(_context(almost, _ok_result(almost)), 30)
+    added = [len([op for op in p.patch if op["path"].startswith("/fusions/draft")]) for p in props if p.kind == "fusion"]
+    assert added and max(added) == 1
+
+
+def test_under_two_streams_idle_target_sms_rank_below_streams_and_fusions():
+    """The draft's stream takes SMs a target launch leaves idle, so widening it comes later there."""
+    plan = PLANS["streams"]
+    props = HeuristicProposer().propose(_context(plan, _ok_result(plan, programs=40)), 12)
+    firsts = [p.rationale for p in props[:4]]
+    assert not any("of 132 SMs" in r for r in firsts), firsts
+    assert any("of 132 SMs" in p.rationale for p in props)  # still offered, later
+    assert {p.kind for p in props[:4]} >= {"fusion", "streams"}

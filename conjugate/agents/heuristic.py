@@ -147,7 +147,7 @@ def candidates(plan: Plan, result: EvalResult | None, sms: int, rng: random.Rand
     out += split_edits(plan, verdicts) + gain_edits(plan, verdicts) + headroom_edits(plan, parts, sms)
     interfering = any(v.verdict is VerdictKind.INTERFERENCE for v in verdicts)
     ledger = result.metrics.ledger if result is not None and result.metrics is not None else None
-    focus = _ledger_focus(ledger) + _focus(verdicts, parts, sms) + _two_stream_focus(plan)
+    focus = _ledger_focus(ledger) + _focus(verdicts, parts, sms, plan["streams"] == "two") + _two_stream_focus(plan)
     out += tile_edits(plan, focus, rng) + launch_edits(plan, rng)
     out += pattern_edits(plan, interfering) + fusion_edits(plan, ledger) + alignment_edits(plan)
     return out + streams_edits(plan, ledger) + mixed_edits(plan, verdicts, workload) + layout_edits(plan)
@@ -169,8 +169,10 @@ def _ledger_focus(ledger: LedgerSummary | None) -> list[Focus]:
             for model, kind, share, k in _loss_shares(ledger) if FAMILY_OF[kind] in SEARCH_KEYS]
 
 
-def _focus(verdicts: tuple[Verdict, ...], parts: Launches, sms: int) -> list[Focus]:
-    """Parts of interfering launches, then target kinds whose launches leave SMs idle."""
+def _focus(verdicts: tuple[Verdict, ...], parts: Launches, sms: int, two_streams: bool = False) -> list[Focus]:
+    """Parts of interfering launches, then target kinds whose launches leave SMs idle. Under two
+    streams the draft's kernels take the idle SMs already, so those rank lower: on the H200, widening
+    such target launches of `streams` lost in all five workloads tried (benchmarks/results/eval_time_h200.json)."""
     out = []
     for v in sorted(verdicts, key=lambda v: v.gain_percent):
         if v.verdict is VerdictKind.INTERFERENCE:
@@ -178,7 +180,8 @@ def _focus(verdicts: tuple[Verdict, ...], parts: Launches, sms: int) -> list[Foc
             out += [Focus(p.model, p.kind, why, False, 0.66) for p in v.parts]
     fill = fill_by_kind(parts)
     for kind in sorted((k for k, p in fill.items() if p < sms), key=lambda k: fill[k]):
-        out.append(Focus(Model.TARGET, kind, f"target {kind} launches fill {fill[kind]} of {sms} SMs", True, 0.6))
+        out.append(Focus(Model.TARGET, kind, f"target {kind} launches fill {fill[kind]} of {sms} SMs", True,
+                         0.42 if two_streams else 0.6))
     return [f for f in out if FAMILY_OF[f.kind] in SEARCH_KEYS]
 
 
@@ -257,24 +260,37 @@ def pattern_edits(plan: Plan, interfering: bool) -> list[Candidate]:
 
 def fusion_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candidate]:
     """Each fusion on or off; a fusion whose absorbed op (the one not named after the unit) the
-    ledger lists as losing time ranks by that loss's share."""
+    ledger lists as losing time ranks by that loss's share. Where a model lacks two or more, also
+    all of them at once, first: each fusion that the H200 searches tried on a draft gained, and
+    one evaluation then does the work of several (benchmarks/results/eval_time_h200.json)."""
     losing = {(model, kind): (share, k) for model, kind, share, k in reversed(_loss_shares(ledger))}
     out = []
     for model in MODEL_KEYS:
         on = plan["fusions"][model]
+        missing = [f for f in FUSIONS if f not in on]
+        if len(missing) > 1:
+            shares = sum(losing[(model, a)][0] for a in map(_absorbed, missing) if (model, a) in losing)
+            out.append(Candidate("fusion", [{"op": "add", "path": f"/fusions/{model}/-", "value": f} for f in missing],
+                                 f"fuse {', '.join(missing)} in the {model}: {len(missing)} launches fewer per "
+                                 f"layer or step", 0.55 + 0.25 * shares))
         for f in FUSIONS:
             if f in on:
                 out.append(Candidate("fusion", [{"op": "remove", "path": f"/fusions/{model}/{on.index(f)}"}],
                                      f"unfuse {f} in the {model}: smaller units pair more easily", 0.25))
                 continue
             why, score = f"fuse {f} in the {model}: one launch fewer each time it runs", 0.4
-            absorbed = next(k for k in f.split("+") if k not in MAIN_KINDS)  # the op whose launches go
+            absorbed = _absorbed(f)
             if (model, absorbed) in losing:
                 share, k = losing[(model, absorbed)]
                 why += f" (the ledger: {k.kind} runs {k.loss_ms:.2f} ms over its floor)"
                 score += 0.25 * share
             out.append(Candidate("fusion", [{"op": "add", "path": f"/fusions/{model}/-", "value": f}], why, score))
     return out
+
+
+def _absorbed(fusion: str) -> str:
+    """The op whose launches a fusion removes (the one not named after the unit)."""
+    return next(k for k in fusion.split("+") if k not in MAIN_KINDS)
 
 
 def alignment_edits(plan: Plan) -> list[Candidate]:

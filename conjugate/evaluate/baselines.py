@@ -67,8 +67,14 @@ class VariantTrial:
 
 
 def try_variant(setup: RoundSetup, variant: Variant, timing: TimingSettings) -> VariantTrial:
-    rnd = ConventionalRound(setup.workload, *setup.weights, variant, variant)
-    rnd.capture()
+    """A variant that torch cannot build for these shapes (a compile error) is a failed trial, not
+    a failed evaluation: the other variants still compete."""
+    try:
+        rnd = ConventionalRound(setup.workload, *setup.weights, variant, variant)
+        rnd.capture()
+    except Exception as error:  # noqa: BLE001 - torch.compile raises many kinds; the trial records which
+        text = str(error).strip().splitlines()
+        return VariantTrial(variant.name, False, {}, f"not built: {type(error).__name__}: {text[0][:200] if text else ''}")
     check = _checked(rnd, setup)
     if not check.ok:
         return VariantTrial(variant.name, False, {}, "; ".join(check.problems[:3]))

@@ -15,7 +15,11 @@ the baselines time each and use the fastest correct one per phase (baselines.py)
   a view of its own so that its in-place write stays in place (a view of one cache for all layers
   became a copy of every layer's cache per write: 40 ms a round); `eager`: not compiled (tests);
 - attention `sdpa`: one SDPA call with grouped-query heads sharing their KV head (`enable_gqa`);
-  `grouped`: a KV head's query heads stacked as rows of one SDPA call (each KV head read once).
+  `grouped`: a KV head's query heads stacked as rows of one SDPA call (each KV head read once);
+  `flex`: FlexAttention with the per-sequence mask as a score modification (compiled: a Triton
+  kernel). Not among the variants tried by default: on the H200 it was correct but slower in every
+  phase measured (1.5-1.7x the fastest draft, 1.2-1.3x the fastest verify, 19x on qwen2.5-0.5b's
+  draft: benchmarks/README.md).
 
 Attention by explicit matmuls over the cache made the round 40% slower: cuBLAS ran the score GEMMs
 in its path without tensor cores (benchmarks/conventional_profile.py).
@@ -72,7 +76,21 @@ def _grouped_attention(q, cache_k, cache_v, visible):
     return out.view(b, kv_heads, group, t, hd).permute(0, 3, 1, 2, 4).reshape(b, t, heads * hd)
 
 
-ATTENTION: dict[str, Callable] = {"sdpa": _sdpa_attention, "grouped": _grouped_attention}
+def _flex_attention(q, cache_k, cache_v, visible):
+    """As _sdpa_attention, by FlexAttention: compiled, a Triton kernel generated for this mask."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    b, t, heads, hd = q.shape
+
+    def hide_unseen(score, batch, head, q_idx, kv_idx):
+        return torch.where(visible[batch, q_idx, kv_idx], score, float("-inf"))
+
+    out = flex_attention(q.transpose(1, 2).to(cache_k.dtype), cache_k, cache_v, score_mod=hide_unseen,
+                         enable_gqa=heads != cache_k.shape[1])
+    return out.transpose(1, 2).reshape(b, t, heads * hd)
+
+
+ATTENTION: dict[str, Callable] = {"sdpa": _sdpa_attention, "grouped": _grouped_attention, "flex": _flex_attention}
 
 
 @dataclass(frozen=True)

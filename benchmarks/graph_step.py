@@ -1,0 +1,192 @@
+"""Which first use of the GPU makes an already captured CUDA graph replay slower for the rest of the
+process (benchmarks/steadiness.py found a 4% step on a round of ~1,400 launches).
+
+Each trigger runs in a fresh process: a chain of many small kernels is captured in one CUDA graph
+and timed, the trigger runs once, and the same graph is timed again (twice).
+
+    python benchmarks/graph_step.py OUT.json [--nodes 1500] [--triggers NAME ...]
+
+Triggers: `nothing`, `streams` (two new streams, a kernel on each), `graph` (a second one-kernel
+graph captured on a new side stream), `graph-same-stream` (that graph captured on the stream the
+chain was captured on), `cublas-graph` (a graph of one cuBLAS GEMM), `sdpa-graph` (a graph of one
+masked SDPA call, torch's choice of backend; `sdpa-graph-<backend>`: that backend forced, flash
+without the mask, which it does not take), `rng-graph` (a graph of one torch.rand call),
+`alloc-graph-small`/`-large` (a graph that allocates and fills 4 KiB / 32 MiB), `sdpa-graph-expandable`
+(`sdpa-graph` with the caching allocator's expandable segments); the math backend without grouped
+heads or without the mask, and graphs of its parts alone: `bmm-graph`, `softmax-graph`,
+`where-graph` (the bool mask made additive), `repeat-graph` (KV heads repeated);
+`softmax-graph-preloaded`: its kernel run once before the chain was captured; the ops the
+serving loop and the conventional round capture: `argmax-graph`, `sum-graph`, `where-tensor-graph`,
+`where-same-shape-graph`, `cumprod-graph`, `index-put-graph`, `strided-copy-graph`, `add-out-graph`
+(an out-of-place contiguous add), and softmax's parts: `convert-graph` (bf16 -> fp32),
+`softmax-fp32-graph`; `h2d-copy-graph` (a memcpy node from pinned host memory). `--env KEY=VALUE`
+sets a variable in every child (e.g. CUDA_MODULE_LOADING=EAGER).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+OP_TRIGGERS = ("bmm-graph", "softmax-graph", "softmax-graph-preloaded", "where-graph", "repeat-graph", "argmax-graph",
+               "sum-graph", "where-tensor-graph", "where-same-shape-graph", "cumprod-graph", "index-put-graph",
+               "strided-copy-graph", "add-out-graph", "convert-graph", "softmax-fp32-graph", "h2d-copy-graph")
+SDPA_BACKENDS = {"sdpa-graph-efficient": "EFFICIENT_ATTENTION", "sdpa-graph-cudnn": "CUDNN_ATTENTION",
+                 "sdpa-graph-math": "MATH", "sdpa-graph-flash-unmasked": "FLASH_ATTENTION",
+                 "sdpa-graph-math-nogqa": "MATH", "sdpa-graph-math-unmasked": "MATH"}
+TRIGGERS = ("nothing", "streams", "graph", "graph-same-stream", "cublas-graph", "sdpa-graph", "rng-graph",
+            *SDPA_BACKENDS, "alloc-graph-small", "alloc-graph-large", "sdpa-graph-expandable", *OP_TRIGGERS)
+
+
+def _median_replay_us(graph, replays: int = 60) -> float:
+    from conjugate.evaluate.timing import time_replays
+
+    return time_replays(graph.replay, replays, warmup=5).median_ms * 1e3
+
+
+def _captured(fn, stream):
+    import torch
+
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    return graph
+
+
+def _op_parts(scores) -> dict:
+    """One torch op (or two) per trigger name, on tensors shaped like a round's; each returns its output."""
+    import torch
+
+    dev = scores.device
+    kv = torch.randn(4 * 32, 1029, 128, dtype=torch.bfloat16, device=dev)
+    mask = torch.ones(4, 1, 5, 1029, dtype=torch.bool, device=dev)
+    logits = torch.randn(8, 32000, device=dev)
+    active, counts = torch.ones(8, dtype=torch.bool, device=dev), torch.arange(8, device=dev)
+    drafts, targets = torch.zeros(8, 5, dtype=torch.long, device=dev), torch.zeros(8, 6, dtype=torch.long, device=dev)
+    cache, new = torch.zeros(8, 8, 1029, 128, device=dev), torch.randn(8, 1, 8, 128, device=dev)
+    rows, positions = torch.arange(8, device=dev)[:, None], torch.full((8, 1), 7, device=dev)
+    out = torch.zeros(8, 5, 32000, device=dev)
+    a, b = torch.randn(1 << 18, device=dev), torch.randn(1 << 18, device=dev)
+    scores32 = scores.float()
+    pinned = torch.ones(4096).pin_memory() if dev.type == "cuda" else torch.ones(4096)
+    softmax = lambda: scores.float().softmax(-1)  # noqa: E731
+    return {"bmm-graph": lambda: torch.bmm(scores, kv), "softmax-graph": softmax, "softmax-graph-preloaded": softmax,
+            "where-graph": lambda: torch.where(mask, 0.0, float("-inf")),
+            "repeat-graph": lambda: kv.view(4, 32, 1029, 128)[:, :8].repeat_interleave(4, dim=1),
+            "argmax-graph": lambda: logits.argmax(-1),
+            "sum-graph": lambda: logits.sum(),
+            "where-tensor-graph": lambda: torch.where(active, counts, 0),
+            "where-same-shape-graph": lambda: torch.where(a > 0, a, b),
+            "cumprod-graph": lambda: (drafts == targets[:, :5]).long().cumprod(1).sum(1),
+            "index-put-graph": lambda: cache.__setitem__((rows, slice(None), positions), new),
+            "strided-copy-graph": lambda: out[:, 2].copy_(logits),
+            "add-out-graph": lambda: a + b,
+            "convert-graph": lambda: scores.float(),
+            "softmax-fp32-graph": lambda: scores32.softmax(-1),
+            "h2d-copy-graph": lambda: a[:4096].copy_(pinned, non_blocking=True)}
+
+
+def one_process(trigger: str, nodes: int) -> dict:
+    """The chain timed before the trigger and twice after it, in microseconds."""
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.zeros(1 << 18, device="cuda")
+    scores = torch.randn(4 * 32, 5, 1029, dtype=torch.bfloat16, device="cuda")
+    if trigger.endswith("preloaded"):
+        scores.float().softmax(-1)
+        torch.cuda.synchronize()
+    chain_stream = torch.cuda.Stream()
+    chain = _captured(lambda: [x.add_(1.0) for _ in range(nodes)], chain_stream)
+    before = _median_replay_us(chain)
+    kept = []  # what the trigger made stays alive while the chain is timed again
+    if trigger == "streams":
+        for _ in range(2):
+            s = torch.cuda.Stream()
+            with torch.cuda.stream(s):
+                x.mul_(1.0)
+            kept.append(s)
+        torch.cuda.synchronize()
+    elif trigger in ("graph", "graph-same-stream"):
+        stream = chain_stream if trigger == "graph-same-stream" else torch.cuda.Stream()
+        kept.append(_captured(lambda: x.mul_(1.0), stream))
+    elif trigger == "cublas-graph":
+        a = torch.randn(40, 4096, dtype=torch.bfloat16, device="cuda")
+        w = torch.randn(4096, 4096, dtype=torch.bfloat16, device="cuda")
+        kept.append(_captured(lambda: F.linear(a, w), torch.cuda.Stream()))
+    elif trigger.startswith("alloc-graph"):
+        size = 1 << (12 if trigger.endswith("small") else 25)
+        kept.append(_captured(lambda: torch.empty(size, dtype=torch.uint8, device="cuda").fill_(1), torch.cuda.Stream()))
+    elif trigger in OP_TRIGGERS:
+        kept.append(_captured(_op_parts(scores)[trigger], torch.cuda.Stream()))
+    elif trigger == "rng-graph":
+        kept.append(_captured(lambda: torch.rand(1024, device="cuda"), torch.cuda.Stream()))
+    elif trigger.startswith("sdpa-graph"):  # -expandable: set in the child's environment
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        q = torch.randn(4, 32, 5, 128, dtype=torch.bfloat16, device="cuda")
+        kv = torch.randn(4, 32 if trigger.endswith("nogqa") else 8, 1029, 128, dtype=torch.bfloat16, device="cuda")
+        gqa = kv.shape[1] != q.shape[1]
+        mask = None if trigger.endswith("unmasked") else torch.ones(4, 1, 5, 1029, dtype=torch.bool, device="cuda")
+        forced = getattr(SDPBackend, SDPA_BACKENDS[trigger]) if trigger in SDPA_BACKENDS else None
+
+        def attend():
+            if forced is None:
+                return F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask, enable_gqa=gqa)
+            with sdpa_kernel([forced]):
+                return F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask, enable_gqa=gqa)
+
+        kept.append(_captured(attend, torch.cuda.Stream()))
+    for graph in kept:
+        if isinstance(graph, torch.cuda.CUDAGraph):
+            graph.replay()
+    torch.cuda.synchronize()
+    after = [_median_replay_us(chain), _median_replay_us(chain)]
+    return {"trigger": trigger, "nodes": nodes, "before_us": round(before, 1), "after_us": [round(a, 1) for a in after],
+            "step_pct": round((statistics.median(after) - before) / before * 100, 2),
+            "step_us_per_node": round((statistics.median(after) - before) / nodes, 4)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--nodes", type=int, default=1500)
+    parser.add_argument("--triggers", nargs="+", choices=TRIGGERS, default=list(TRIGGERS))
+    parser.add_argument("--env", nargs="*", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--one", choices=TRIGGERS, help=argparse.SUPPRESS)  # the child process
+    args = parser.parse_args()
+    if args.one:
+        print(json.dumps(one_process(args.one, args.nodes)))
+        return
+    import torch
+
+    rows = []
+    for trigger in args.triggers:
+        env = os.environ | dict(kv.split("=", 1) for kv in args.env)
+        if trigger.endswith("expandable"):
+            env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+        done = subprocess.run([sys.executable, __file__, str(args.out), "--nodes", str(args.nodes), "--one", trigger],
+                              capture_output=True, text=True, env=env)
+        if done.returncode:
+            rows.append({"trigger": trigger, "error": done.stderr.strip().splitlines()[-1][:300]})
+        else:
+            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(json.dumps(rows[-1]), flush=True)
+    args.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "env": args.env,
+                                    "command": " ".join(sys.argv), "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
