@@ -15,13 +15,19 @@ lengths, so that every context ends within 32 tokens of the workload's, as in th
 excluded, the accept step between rounds included). The benchmarked round is the one the loop
 replays, timed alone from its CUDA graph on the workload's round inputs: the plan's round
 (pipelined) or its draft phase plus its verify phase (simple).
+
+Each plan runs in a process of its own (`--together` runs them all in one): once torch's
+conventional graphs are captured, every CUDA graph of a process replays slower
+(benchmarks/graph_step.py), and a server runs one backend, not the others beside it.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -85,11 +91,17 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["simple", "pipelined"])
     parser.add_argument("--new", type=int, default=64, help="tokens generated per prompt")
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--together", action="store_true", help="every plan in this one process")
     args = parser.parse_args()
     variants = tuple(Variant.parse(v) for v in args.variants.split("/"))
     rows = []
     for name in args.workloads:
         base = load_workload(EXAMPLES_DIR / f"{name}.toml")
+        if not args.together and len(args.plans) > 1:
+            for plan_name in args.plans:
+                rows += _apart(name, plan_name, args)
+                _write(args, rows)
+            continue
         for workload in (base, self_drafting(base)):
             for plan_name in args.plans:
                 plan = plan_name if plan_name in CONVENTIONAL else load_plan(
@@ -98,14 +110,27 @@ def main() -> None:
                     if plan == "conventional-streams" and mode == "simple":
                         continue  # one group's phases depend on each other: nothing to overlap
                     rows.append(run_case(workload, plan, mode, args.new, variants))
-                    if args.json:  # after every row: a run cut short keeps what it measured
-                        Path(args.json).write_text(json.dumps({"gpu": device_name(torch.device("cuda")),
-                                                               "command": " ".join(sys.argv), "variants": args.variants,
-                                                               "runs": rows}, indent=1) + "\n")
+                    _write(args, rows)  # after every row: a run cut short keeps what it measured
     print(f"{'workload':26} {'mode':9} {'plan':20} {'loop ms':>8} {'bench ms':>8} {'ratio':>6} {'tok/s':>8} {'acc':>5}")
     for r in rows:
         print(f"{r['workload']:26} {r['mode']:9} {r['plan'][:20]:20} {r['round_ms_in_loop']:8.3f} {r['round_ms_bench']:8.3f} "
               f"{r['loop_over_bench']:6.3f} {r['tokens_per_s']:8.1f} {r['acceptance']:5.2f}")
+
+
+def _write(args, rows: list[dict]) -> None:
+    if args.json:
+        Path(args.json).write_text(json.dumps({"gpu": device_name(torch.device("cuda")), "command": " ".join(sys.argv),
+                                               "variants": args.variants, "runs": rows}, indent=1) + "\n")
+
+
+def _apart(workload: str, plan: str, args) -> list[dict]:
+    """One workload's rows for one plan, from a process of its own."""
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "rows.json"
+        subprocess.run([sys.executable, __file__, "--workloads", workload, "--plans", plan, "--modes", *args.modes,
+                        "--variants", args.variants, "--new", str(args.new), "--json", str(out), "--together"],
+                       check=True)
+        return json.loads(out.read_text())["runs"]
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ and timed, the trigger runs once, and the same graph is timed again (twice).
 Triggers: `nothing`, `streams` (two new streams, a kernel on each), `graph` (a second one-kernel
 graph captured on a new side stream), `graph-same-stream` (that graph captured on the stream the
 chain was captured on), `cublas-graph` (a graph of one cuBLAS GEMM), `sdpa-graph` (a graph of one
-masked SDPA call, torch's choice of backend; `sdpa-graph-<backend>`: that backend forced, flash
-without the mask, which it does not take), `rng-graph` (a graph of one torch.rand call),
+masked SDPA call, torch's choice of backend; `sdpa-graph-<backend>`: cudnn, math, or flash without
+the mask, which it does not take; the efficient backend takes no grouped KV heads), `rng-graph` (a graph of one torch.rand call),
 `alloc-graph-small`/`-large` (a graph that allocates and fills 4 KiB / 32 MiB), `sdpa-graph-expandable`
 (`sdpa-graph` with the caching allocator's expandable segments); the math backend without grouped
 heads or without the mask, and graphs of its parts alone: `bmm-graph`, `softmax-graph`,
@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 OP_TRIGGERS = ("bmm-graph", "softmax-graph", "softmax-graph-preloaded", "where-graph", "repeat-graph", "argmax-graph",
                "sum-graph", "where-tensor-graph", "where-same-shape-graph", "cumprod-graph", "index-put-graph",
                "strided-copy-graph", "add-out-graph", "convert-graph", "softmax-fp32-graph", "h2d-copy-graph")
-SDPA_BACKENDS = {"sdpa-graph-efficient": "EFFICIENT_ATTENTION", "sdpa-graph-cudnn": "CUDNN_ATTENTION",
+SDPA_BACKENDS = {"sdpa-graph-cudnn": "CUDNN_ATTENTION",
                  "sdpa-graph-math": "MATH", "sdpa-graph-flash-unmasked": "FLASH_ATTENTION",
                  "sdpa-graph-math-nogqa": "MATH", "sdpa-graph-math-unmasked": "MATH"}
 TRIGGERS = ("nothing", "streams", "graph", "graph-same-stream", "cublas-graph", "sdpa-graph", "rng-graph",
@@ -65,37 +65,51 @@ def _captured(fn, stream):
     return graph
 
 
-def _op_parts(scores) -> dict:
-    """One torch op (or two) per trigger name, on tensors shaped like a round's; each returns its output."""
+def _op_part(trigger: str, scores):
+    """The torch op (or two) of one op trigger, on tensors shaped like a round's, made for it alone."""
     import torch
 
     dev = scores.device
-    kv = torch.randn(4 * 32, 1029, 128, dtype=torch.bfloat16, device=dev)
-    mask = torch.ones(4, 1, 5, 1029, dtype=torch.bool, device=dev)
-    logits = torch.randn(8, 32000, device=dev)
-    active, counts = torch.ones(8, dtype=torch.bool, device=dev), torch.arange(8, device=dev)
-    drafts, targets = torch.zeros(8, 5, dtype=torch.long, device=dev), torch.zeros(8, 6, dtype=torch.long, device=dev)
-    cache, new = torch.zeros(8, 8, 1029, 128, device=dev), torch.randn(8, 1, 8, 128, device=dev)
-    rows, positions = torch.arange(8, device=dev)[:, None], torch.full((8, 1), 7, device=dev)
-    out = torch.zeros(8, 5, 32000, device=dev)
+    if trigger.startswith("softmax-graph"):
+        return lambda: scores.float().softmax(-1)
+    if trigger == "softmax-fp32-graph":
+        scores32 = scores.float()
+        return lambda: scores32.softmax(-1)
+    if trigger == "convert-graph":
+        return lambda: scores.float()
+    if trigger in ("bmm-graph", "repeat-graph"):
+        kv = torch.randn(4 * 32, 1029, 128, dtype=torch.bfloat16, device=dev)
+        if trigger == "bmm-graph":
+            return lambda: torch.bmm(scores, kv)
+        return lambda: kv.view(4, 32, 1029, 128)[:, :8].repeat_interleave(4, dim=1)
+    if trigger == "where-graph":
+        mask = torch.ones(4, 1, 5, 1029, dtype=torch.bool, device=dev)
+        return lambda: torch.where(mask, 0.0, float("-inf"))
+    if trigger in ("argmax-graph", "sum-graph", "strided-copy-graph"):
+        logits = torch.randn(8, 32000, device=dev)
+        if trigger == "strided-copy-graph":
+            out = torch.zeros(8, 5, 32000, device=dev)
+            return lambda: out[:, 2].copy_(logits)
+        return (lambda: logits.argmax(-1)) if trigger == "argmax-graph" else (lambda: logits.sum())
+    if trigger == "where-tensor-graph":
+        active, counts = torch.ones(8, dtype=torch.bool, device=dev), torch.arange(8, device=dev)
+        return lambda: torch.where(active, counts, 0)
+    if trigger == "cumprod-graph":
+        drafts, targets = torch.zeros(8, 5, dtype=torch.long, device=dev), torch.zeros(8, 6, dtype=torch.long, device=dev)
+        return lambda: (drafts == targets[:, :5]).long().cumprod(1).sum(1)
+    if trigger == "index-put-graph":
+        cache, new = torch.zeros(8, 8, 1029, 128, device=dev), torch.randn(8, 1, 8, 128, device=dev)
+        rows, positions = torch.arange(8, device=dev)[:, None], torch.full((8, 1), 7, device=dev)
+        return lambda: cache.__setitem__((rows, slice(None), positions), new)
     a, b = torch.randn(1 << 18, device=dev), torch.randn(1 << 18, device=dev)
-    scores32 = scores.float()
-    pinned = torch.ones(4096).pin_memory() if dev.type == "cuda" else torch.ones(4096)
-    softmax = lambda: scores.float().softmax(-1)  # noqa: E731
-    return {"bmm-graph": lambda: torch.bmm(scores, kv), "softmax-graph": softmax, "softmax-graph-preloaded": softmax,
-            "where-graph": lambda: torch.where(mask, 0.0, float("-inf")),
-            "repeat-graph": lambda: kv.view(4, 32, 1029, 128)[:, :8].repeat_interleave(4, dim=1),
-            "argmax-graph": lambda: logits.argmax(-1),
-            "sum-graph": lambda: logits.sum(),
-            "where-tensor-graph": lambda: torch.where(active, counts, 0),
-            "where-same-shape-graph": lambda: torch.where(a > 0, a, b),
-            "cumprod-graph": lambda: (drafts == targets[:, :5]).long().cumprod(1).sum(1),
-            "index-put-graph": lambda: cache.__setitem__((rows, slice(None), positions), new),
-            "strided-copy-graph": lambda: out[:, 2].copy_(logits),
-            "add-out-graph": lambda: a + b,
-            "convert-graph": lambda: scores.float(),
-            "softmax-fp32-graph": lambda: scores32.softmax(-1),
-            "h2d-copy-graph": lambda: a[:4096].copy_(pinned, non_blocking=True)}
+    if trigger == "where-same-shape-graph":
+        return lambda: torch.where(a > 0, a, b)
+    if trigger == "add-out-graph":
+        return lambda: a + b
+    if trigger == "h2d-copy-graph":
+        pinned = torch.ones(4096).pin_memory() if dev.type == "cuda" else torch.ones(4096)
+        return lambda: a[:4096].copy_(pinned, non_blocking=True)
+    raise ValueError(f"not an op trigger: {trigger}")
 
 
 def one_process(trigger: str, nodes: int) -> dict:
@@ -130,7 +144,7 @@ def one_process(trigger: str, nodes: int) -> dict:
         size = 1 << (12 if trigger.endswith("small") else 25)
         kept.append(_captured(lambda: torch.empty(size, dtype=torch.uint8, device="cuda").fill_(1), torch.cuda.Stream()))
     elif trigger in OP_TRIGGERS:
-        kept.append(_captured(_op_parts(scores)[trigger], torch.cuda.Stream()))
+        kept.append(_captured(_op_part(trigger, scores), torch.cuda.Stream()))
     elif trigger == "rng-graph":
         kept.append(_captured(lambda: torch.rand(1024, device="cuda"), torch.cuda.Stream()))
     elif trigger.startswith("sdpa-graph"):  # -expandable: set in the child's environment
@@ -170,23 +184,36 @@ def main() -> None:
     if args.one:
         print(json.dumps(one_process(args.one, args.nodes)))
         return
+    bad = [kv for kv in args.env if "=" not in kv or kv.startswith("=")]
+    if bad:
+        parser.error(f"--env {bad[0]!r}: expected KEY=VALUE")
     import torch
 
+    if not torch.cuda.is_available():
+        sys.exit("graph_step.py: needs an NVIDIA GPU (it times CUDA graphs)")
+    header = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "env": args.env,
+              "command": " ".join(sys.argv)}
     rows = []
     for trigger in args.triggers:
-        env = os.environ | dict(kv.split("=", 1) for kv in args.env)
-        if trigger.endswith("expandable"):
-            env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
-        done = subprocess.run([sys.executable, __file__, str(args.out), "--nodes", str(args.nodes), "--one", trigger],
-                              capture_output=True, text=True, env=env)
-        if done.returncode:
-            rows.append({"trigger": trigger, "error": done.stderr.strip().splitlines()[-1][:300]})
-        else:
-            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        rows.append(_child(trigger, args))
         print(json.dumps(rows[-1]), flush=True)
-    args.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "env": args.env,
-                                    "command": " ".join(sys.argv), "rows": rows}, indent=1) + "\n")
+        args.out.write_text(json.dumps(header | {"rows": rows}, indent=1) + "\n")  # kept row by row
 
+
+def _child(trigger: str, args) -> dict:
+    """One trigger's row from a process of its own; a child that fails gives a row that says why."""
+    env = os.environ | dict(kv.split("=", 1) for kv in args.env)
+    if trigger.endswith("expandable"):
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    try:
+        done = subprocess.run([sys.executable, __file__, str(args.out), "--nodes", str(args.nodes), "--one", trigger],
+                              capture_output=True, text=True, env=env, timeout=300)
+    except subprocess.TimeoutExpired:
+        return {"trigger": trigger, "error": "ran past 300 s"}
+    lines = (done.stdout if done.returncode == 0 else done.stderr).strip().splitlines()
+    if done.returncode or not lines:
+        return {"trigger": trigger, "error": f"exited with status {done.returncode}: " + (lines[-1][:300] if lines else "")}
+    return json.loads(lines[-1])
 
 if __name__ == "__main__":
     main()

@@ -34,7 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from conjugate.evaluate.timing import time_replays  # noqa: E402
 
 MODES = ("plain", "prefetch", "pdl", "pdl-early", "pdl-prefetch", "pdl-prefetch-early")
-LINE = 64  # bf16 elements per 128-byte line
 
 
 @triton.jit
@@ -52,7 +51,7 @@ def chain_gemm(x_ptr, w_ptr, y_ptr, M, N, K: tl.constexpr, BLOCK_M: tl.constexpr
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     if PREFETCH:  # the weights do not depend on the previous kernel: start pulling them now
-        lines = tl.arange(0, K // 64)
+        lines = tl.arange(0, K // 64)  # one prefetch per 128-byte line (64 bf16)
         _prefetch_l2(w_ptr + offs_n[:, None] * K + lines[None, :] * 64)
     if PDL:
         if EARLY:
@@ -127,6 +126,9 @@ def measure(args, square: bool) -> dict:
     graphs, outs = {}, {}
     for mode in MODES:
         graphs[mode] = _graph(chains, mode)
+        for c in chains:  # a kernel that read its input too early, or wrote nothing, cannot pass
+            for a in c.acts:
+                a.fill_(float("nan"))
         graphs[mode].replay()
         torch.cuda.synchronize()
         outs[mode] = [c.out() for c in chains]
@@ -152,6 +154,12 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--streams", type=int, default=1, choices=(1, 2))
     args = parser.parse_args()
+    for name in ("hidden", "ffn"):
+        size = getattr(args, name)
+        if size < 2048 or size & (size - 1):
+            parser.error(f"--{name} {size}: the kernel's blocks need a power of two of at least 2048")
+    if not 1 <= args.rows <= 16:
+        parser.error(f"--rows {args.rows}: one 16-row block, so 1 to 16")
     if not torch.cuda.is_available():
         sys.exit("pdl_chain.py: needs an NVIDIA GPU (programmatic dependent launch is sm_90+)")
     rows = [measure(args, square) for square in (False, True)]

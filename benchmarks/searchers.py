@@ -4,9 +4,12 @@
     python benchmarks/searchers.py WORKLOAD.toml [...] [--agents heuristic random greedy] [--budget 40]
                                    [--evaluator h200] [--seed 0] [--out DIR] [--json OUT.json]
 
-Per workload and agent: `conjugate search` into DIR/<workload>_<agent>.db, then from its history the
-best latency after each evaluation (in the order evaluations finished), the best plan and the
-`sequential` root's latency. One best-so-far plot per workload (DIR/<workload>_searchers.png).
+Per workload and agent: a search run (as `conjugate search` starts one) into
+DIR/<workload>_<agent>.db, then from its history the best latency after each evaluation (in the
+order evaluations finished), the best plan and the `sequential` root's latency. The agents of one
+workload share one evaluation worker, so its baselines are measured and its kernels compiled once
+(each run still evaluates every plan it reaches: their databases are apart, so no run sees another's
+results, lessons or best plans). One best-so-far plot per workload (DIR/<workload>_searchers.png).
 JSON: {"gpu", "workloads": [{"workload", "runs": [{"agent", "best_ms", "sequential_ms",
 "best_so_far_ms": [...], "evaluations"}]}]}.
 """
@@ -21,19 +24,27 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from conjugate.cli import main as conjugate  # noqa: E402
+from conjugate.agents import make_proposer  # noqa: E402
+from conjugate.evaluate.profile import load_profile  # noqa: E402
+from conjugate.evaluate.worker import IsolatedEvaluator  # noqa: E402
+from conjugate.search.commands import open_store, scored_by  # noqa: E402
 from conjugate.search.report import run_history  # noqa: E402
-from conjugate.search.store import Store  # noqa: E402
+from conjugate.search.run import Search, SearchSettings  # noqa: E402
+from conjugate.search.store import RunStatus, Store  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 
 
-def search(workload: Path, agent: str, budget: int, evaluator: str, seed: int, db: Path) -> dict:
+def search(workload: Path, agent: str, budget: int, evaluator: IsolatedEvaluator, seed: int, db: Path) -> dict:
     db.unlink(missing_ok=True)
     started = time.perf_counter()
-    code = conjugate(["search", str(workload), "--agent", agent, "--budget", str(budget), "--evaluator", evaluator,
-                      "--seed", str(seed), "--db", str(db)])
-    if code != 0:
-        raise SystemExit(f"{workload} {agent}: search exited {code}")
+    settings = scored_by(SearchSettings(budget=budget), evaluator.profile)
+    w = load_workload(workload)
+    with open_store(str(db), create=True) as store:
+        run = Search.start(store, w.name, w, str(workload.resolve()), evaluator, make_proposer(agent, seed=seed),
+                           settings, seed)
+        why = run.run_loop()
+        store.set_run_status(run.run_id, RunStatus.FINISHED if why in ("budget", "exhausted") else RunStatus.STOPPED)
+        print(f"{w.name} {agent}: {why} after {run.evaluations_done()} evaluations", flush=True)
     with Store.open(db) as store:
         run = store.latest_run()
         history = run_history(store, run)
@@ -81,8 +92,9 @@ def main() -> None:
            "workloads": []}
     for path in args.workloads:
         name = load_workload(path).name
-        runs = [search(path, agent, args.budget, args.evaluator, args.seed, args.out / f"{name}_{agent}.db")
-                for agent in args.agents]
+        with IsolatedEvaluator(load_profile(args.evaluator)) as shared:
+            runs = [search(path, agent, args.budget, shared, args.seed, args.out / f"{name}_{agent}.db")
+                    for agent in args.agents]
         plot(name, runs, args.out / f"{name}_searchers.png")
         out["workloads"].append({"workload": name, "runs": runs})
         if out["gpu"] is None:

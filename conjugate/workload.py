@@ -82,6 +82,12 @@ class Workload:
         data["draft"], data["target"] = self.draft.to_dict(), self.target.to_dict()
         return data
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Workload":
+        """The inverse of to_dict, for a workload this program checked already (a file goes
+        through load_workload)."""
+        return cls(**{**data, "draft": ModelSpec.from_dict(data["draft"]), "target": ModelSpec.from_dict(data["target"])})
+
 
 def load_workload(path: str | Path) -> Workload:
     """Read and check a workload file; every problem raises WorkloadError naming the file and field."""

@@ -366,6 +366,7 @@ def test_the_prompt_carries_ledger_and_overlap_within_its_budget(provider, serve
     assert "round 9.877 ms (measured; GPU idle 0.040 ms) = 1.53x its floor 6.450 ms" in text
     assert "- target qkv + draft down: 1.000 ms in 28 launches at 60% of copy bandwidth" in text
     assert '"overlap_us":18.0' in text and '"vs_overlap":"interference"' in text
+    assert "## Measured on this GPU model" in text and "(`priority: draft`) measured 0.1-2.4%" in text
     sent = sum(len(part) for part in [server.requests[0].body.get("system")] +
                [m["content"] for m in server.requests[0].body["messages"]] if isinstance(part, str))
     plan_json = len(json.dumps(full.plan, indent=1, sort_keys=True))

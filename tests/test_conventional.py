@@ -130,8 +130,51 @@ def test_a_variant_torch_cannot_build_is_a_failed_trial(monkeypatch):
     monkeypatch.setattr(baselines, "ConventionalRound", Unbuildable)
     setup = SimpleNamespace(workload=_round("llama").workload, weights=(None, None))
     trial = baselines.try_variant(setup, Variant("whole", "flex"), TimingSettings())
-    assert (trial.variant, trial.correct, trial.phase_ms) == ("whole-flex", False, {})
-    assert trial.problem == "not built: RuntimeError: NoValidChoicesError: No choices to select"
+    assert (trial.variant, trial.correct, trial.built, trial.phase_ms) == ("whole-flex", False, False, {})
+    assert trial.problem == "not built: RuntimeError: NoValidChoicesError: No choices to select (long trace)"
+
+
+@pytest.mark.parametrize("error", [RuntimeError("CUDA error: an illegal memory access was encountered"),
+                                   torch.cuda.OutOfMemoryError("CUDA out of memory")])
+def test_running_out_of_memory_or_a_cuda_error_is_not_the_variants_fault(monkeypatch, error):
+    from types import SimpleNamespace
+
+    from conjugate.evaluate import baselines
+    from conjugate.evaluate.profile import TimingSettings
+
+    class Failing:
+        def __init__(self, *args):
+            pass
+
+        def capture(self):
+            raise error
+
+    monkeypatch.setattr(baselines, "ConventionalRound", Failing)
+    setup = SimpleNamespace(workload=_round("llama").workload, weights=(None, None))
+    with pytest.raises(type(error)):
+        baselines.try_variant(setup, Variant("whole", "sdpa"), TimingSettings())
+
+
+@pytest.mark.parametrize("built, status", [(False, "error"), (True, "incorrect")])
+def test_when_no_variant_is_correct_the_baselines_say_what_each_did(monkeypatch, tmp_path, built, status):
+    from types import SimpleNamespace
+
+    from conjugate.evaluate import baselines
+    from conjugate.evaluate.profile import TimingSettings
+
+    def trial(setup, variant, timing):
+        problem = "target_logits off" if built else "not built: RuntimeError: no choices"
+        return VariantTrial(variant.name, False, {}, problem, built=built)
+
+    monkeypatch.setattr(baselines, "try_variant", trial)
+    monkeypatch.setattr(baselines.torch.cuda, "empty_cache", lambda: None)
+    setup = SimpleNamespace(workload=_round("llama").workload, weights=(None, SimpleNamespace(weights=SimpleNamespace(
+        device=torch.device("cpu")))))
+    out = baselines._conventional(setup, TimingSettings(), tmp_path)
+    assert set(out) == {"conventional", "streams"} and {b.status for b in out.values()} == {status}
+    assert out["streams"].error.startswith("no conventional variant computed the reference round: layers-sdpa: ")
+    assert out["conventional"].error.count("whole-grouped: ") == 1
+    assert not list((tmp_path / "conventional").glob("*.json"))  # nothing kept: the next process tries again
 
 
 def test_each_phase_runs_its_fastest_correct_variant():

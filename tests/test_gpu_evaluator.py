@@ -83,6 +83,7 @@ def _edited(tmp_path, old: str, new: str) -> Path:
     ("replays_within_pct = 0.2", "replays_within_pct = 150", "field 'replays_within_pct' is 150"),
     ("replays_within_pct = 0.2", 'replays_within_pct = "tight"', "field 'replays_within_pct' should be float"),
     ("warmup = 20", "warmup = 20\nreuse_verdicts = 1", "field 'timing.reuse_verdicts' should be true or false"),
+    ("warmup = 20", "warmup = 20\nbaselines_apart = \"yes\"", "field 'timing.baselines_apart' should be true or false"),
     ("ledger_replays = 3", "ledger_replays = 2.0", "field 'ledger_replays' should be int"),
     ("ledger_replays = 3", "ledger_replays = 5000", "field 'ledger_replays' is 5000"),
 ])

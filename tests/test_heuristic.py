@@ -301,6 +301,8 @@ def test_fusions_a_model_lacks_are_offered_together_first():
     together = patch_plan(plan, fusions[0].patch)
     assert set(together["fusions"]["draft"]) == set(FUSIONS) and together["fusions"]["target"] == plan["fusions"]["target"]
     assert fusions[0].prior > max(p.prior for p in fusions[1:])
+    assert "3 launches fewer per layer and 1 per step" in fusions[0].rationale
+    assert not any(len([op for op in p.patch if op["path"].startswith("/fusions/target")]) > 1 for p in fusions)
     # one fusion missing: only single edits
     almost = patch_plan(plan, [{"op": "replace", "path": "/fusions/draft", "value": list(FUSIONS[1:])}])
     props = HeuristicProposer().propose(_context(almost, _ok_result(almost)), 30)

@@ -174,7 +174,9 @@ def test_the_heuristic_aims_at_the_biggest_loss_first():
     tiles = [p for p in proposals if p.kind == "tiles"]
     assert "draft down" in tiles[0].rationale and "the ledger" in tiles[0].rationale
     fusions = [p for p in proposals if p.kind == "fusion"]
-    assert fusions and "attn_norm+qkv in the draft" in fusions[0].rationale and "the ledger" in fusions[0].rationale
+    assert "attn_norm+qkv, " in fusions[0].rationale and "the ledger" in fusions[0].rationale  # all at once first
+    single = [p for p in fusions if len(p.patch) == 1 and p.patch[0]["op"] == "add"]
+    assert "attn_norm+qkv in the draft" in single[0].rationale and "the ledger" in single[0].rationale
     without = HeuristicProposer().propose(_context_with_ledger(plan, []), 40)
     assert not any("the ledger" in p.rationale for p in without)
     assert tiles[0].prior > max(p.prior for p in without if p.kind == "tiles")

@@ -172,7 +172,8 @@ def _ledger_focus(ledger: LedgerSummary | None) -> list[Focus]:
 def _focus(verdicts: tuple[Verdict, ...], parts: Launches, sms: int, two_streams: bool = False) -> list[Focus]:
     """Parts of interfering launches, then target kinds whose launches leave SMs idle. Under two
     streams the draft's kernels take the idle SMs already, so those rank lower: on the H200, widening
-    such target launches of `streams` lost in all five workloads tried (benchmarks/results/eval_time_h200.json)."""
+    such target launches of `streams` never gained more than 0.2% in five workloads and mostly lost
+    (benchmarks/results/eval_time_h200.json)."""
     out = []
     for v in sorted(verdicts, key=lambda v: v.gain_percent):
         if v.verdict is VerdictKind.INTERFERENCE:
@@ -260,19 +261,18 @@ def pattern_edits(plan: Plan, interfering: bool) -> list[Candidate]:
 
 def fusion_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candidate]:
     """Each fusion on or off; a fusion whose absorbed op (the one not named after the unit) the
-    ledger lists as losing time ranks by that loss's share. Where a model lacks two or more, also
-    all of them at once, first: each fusion that the H200 searches tried on a draft gained, and
-    one evaluation then does the work of several (benchmarks/results/eval_time_h200.json)."""
+    ledger lists as losing time ranks by that loss's share. Where the draft lacks two or more, also
+    all of them at once, first: most fusions the H200 searches tried on a draft gained, and one
+    evaluation then does the work of several (benchmarks/results/eval_time_h200.json). Not for the
+    target, whose large GEMMs can lose by a fused prologue (benchmarks/README.md)."""
     losing = {(model, kind): (share, k) for model, kind, share, k in reversed(_loss_shares(ledger))}
     out = []
     for model in MODEL_KEYS:
         on = plan["fusions"][model]
         missing = [f for f in FUSIONS if f not in on]
-        if len(missing) > 1:
-            shares = sum(losing[(model, a)][0] for a in map(_absorbed, missing) if (model, a) in losing)
-            out.append(Candidate("fusion", [{"op": "add", "path": f"/fusions/{model}/-", "value": f} for f in missing],
-                                 f"fuse {', '.join(missing)} in the {model}: {len(missing)} launches fewer per "
-                                 f"layer or step", 0.55 + 0.25 * shares))
+        if model == Model.DRAFT.value and len(missing) > 1:
+            out.append(_all_fusions(model, missing, [losing[(model, a)] for a in {_absorbed(f) for f in missing}
+                                                     if (model, a) in losing]))
         for f in FUSIONS:
             if f in on:
                 out.append(Candidate("fusion", [{"op": "remove", "path": f"/fusions/{model}/{on.index(f)}"}],
@@ -286,6 +286,19 @@ def fusion_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candid
                 score += 0.25 * share
             out.append(Candidate("fusion", [{"op": "add", "path": f"/fusions/{model}/-", "value": f}], why, score))
     return out
+
+
+PER_STEP_FUSIONS = ("final_norm+", "lm_head+")  # run once per decode step, not per layer
+
+
+def _all_fusions(model: str, missing: list[str], lost: list[tuple[float, KindLoss]]) -> Candidate:
+    per_step = [f for f in missing if f.startswith(PER_STEP_FUSIONS)]
+    fewer = f"{len(missing) - len(per_step)} launches fewer per layer" + (f" and {len(per_step)} per step" if per_step else "")
+    why = f"fuse {', '.join(missing)} in the {model}: {fewer}"
+    if lost:
+        why += f" (the ledger: their ops run {sum(k.loss_ms for _, k in lost):.2f} ms over their floor)"
+    return Candidate("fusion", [{"op": "add", "path": f"/fusions/{model}/-", "value": f} for f in missing], why,
+                     0.55 + 0.25 * sum(share for share, _ in lost))
 
 
 def _absorbed(fusion: str) -> str:

@@ -1,7 +1,8 @@
 """The LLM proposer's words: the prompt templates rendered from a node's context, and the reply
 read back as plan edits.
 
-The templates (search/prompts/system.md, expand.md, retry.md) are editable files with $placeholders;
+The templates (search/prompts/system.md, expand.md, retry.md) are editable files with $placeholders
+(the expand prompt also shows what the benchmarks measured on this GPU model: search/facts.toml);
 `Prompts` fills them with compact JSON (floats to 4 significant digits, long values clipped). A reply
 is data: `parse_reply` finds its "edits" list in time linear in the reply's length (at most
 MAX_REPLY_CHARS of it, JSON nested at most MAX_DEPTH deep), `check_edits` applies and validates
@@ -21,11 +22,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from conjugate.agents.base import EDIT_KINDS, NodeContext, Proposal
+from conjugate.agents.facts import MAX_FACTS, facts_for, load_facts
 from conjugate.agents.wire import MAX_DEPTH, Span, json_spans
 from conjugate.compiler.feedback import PartRef, Resources
 from conjugate.errors import ConjugateError, PlanError
 from conjugate.files import read_text
-from conjugate.paths import PLAN_SCHEMA_FILE, PROMPTS_DIR
+from conjugate.paths import FACTS_FILE, PLAN_SCHEMA_FILE, PROMPTS_DIR
 from conjugate.plan.patch import patch_plan
 from conjugate.plan.schema import Plan
 
@@ -140,10 +142,12 @@ def _best(entry: dict) -> str:
 class Prompts:
     """The editable templates under `directory`: system.md, expand.md and retry.md ($placeholders)."""
 
-    def __init__(self, directory: Path = PROMPTS_DIR, schema_file: Path = PLAN_SCHEMA_FILE):
+    def __init__(self, directory: Path = PROMPTS_DIR, schema_file: Path = PLAN_SCHEMA_FILE,
+                 facts_file: Path = FACTS_FILE):
         self.system, self.expand, self.retry = (
             string.Template(read_text(Path(directory) / f"{n}.md", ConjugateError, "prompt template"))
             for n in ("system", "expand", "retry"))
+        self.facts = load_facts(facts_file)
         self.schema = _json(json.loads(read_text(schema_file, ConjugateError, "plan schema")))
         self.kinds = ", ".join(EDIT_KINDS)
 
@@ -160,7 +164,14 @@ class Prompts:
             lessons=_bullets(ctx.lessons, 20, lambda s: clip(str(s), 300)),
             edit_stats=_bullets(sorted(ctx.edit_stats.items()), 20, lambda kv: f"{kv[0]}: {_json(kv[1])}"),
             tried=_bullets(ctx.tried, 20, lambda t: _pick(t, ("kind", "status", "reward", "patch"))),
-            failures=_bullets(ctx.failures, 8, lambda f: _pick(f, ("status", "error", "patch"))))
+            failures=_bullets(ctx.failures, 8, lambda f: _pick(f, ("status", "error", "patch"))),
+            facts=self._facts(ctx.device))
+
+    def _facts(self, device: str) -> str:
+        found = facts_for(device, self.facts)
+        if found is None:
+            return f"none recorded for {device or 'this device'}"
+        return f"{found.device}, {found.date} ({found.source}):\n" + _bullets(list(found.facts), MAX_FACTS)
 
     def retry_text(self, reasons: list[str], n: int) -> str:
         reasons_text = _bullets(reasons, 20, lambda s: clip(s, 400))

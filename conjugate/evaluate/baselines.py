@@ -8,6 +8,9 @@
 - `streams`: the same two phase graphs replayed concurrently on two streams;
 - `sequential`: this project's kernels, one model after the other (plans/sequential.json).
 
+With `[timing] baselines_apart`, `conventional` and `streams` are measured in a process of their own
+(baselines_apart.py: their CUDA graphs would slow every graph of this process).
+
 Each is checked against the reference before it is timed. The evaluation session keeps them for
 its workload; a caller asks for them again with `refresh_baselines`.
 """
@@ -22,6 +25,8 @@ from pathlib import Path
 import torch
 
 from conjugate.compiler.round import compile_round, default_cache_dir, device_name
+from conjugate.errors import ConjugateError
+from conjugate.evaluate.baselines_apart import measure_apart
 from conjugate.evaluate.conventional import ConventionalRound, Variant
 from conjugate.evaluate.correctness import CheckReport
 from conjugate.evaluate.profile import EvaluatorProfile, TimingSettings
@@ -41,7 +46,9 @@ PHASES = {Model.DRAFT: "draft", Model.TARGET: "verify"}
 def measure_baselines(setup: RoundSetup, profile: EvaluatorProfile, cache_dir: Path | None) -> dict[str, Baseline]:
     """name -> Baseline for the profile's baselines, each checked, then timed."""
     wanted, out = profile.timing.baselines, {}
-    if {"conventional", "streams"} & set(wanted):
+    if {"conventional", "streams"} & set(wanted) and profile.timing.baselines_apart:
+        out |= measure_apart(setup.workload, profile, cache_dir)
+    elif {"conventional", "streams"} & set(wanted):
         out |= _conventional(setup, profile.timing, cache_dir)
         torch.cuda.empty_cache()  # the baseline's compiled models and graphs are gone with it
     if "sequential" in wanted:
@@ -64,17 +71,32 @@ class VariantTrial:
     correct: bool
     phase_ms: dict[str, float]  # "draft"/"verify" -> median ms (empty when incorrect)
     problem: str = ""
+    built: bool = True  # False: torch could not build it for these shapes (problem says why)
+
+
+class NoCorrectVariant(ConjugateError):
+    """No conventional variant computed the reference round; says what each one did."""
+
+    def __init__(self, trials: list[VariantTrial]):
+        self.status = "incorrect" if any(t.built for t in trials) else "error"
+        super().__init__("no conventional variant computed the reference round: "
+                         + "; ".join(f"{t.variant}: {t.problem}" for t in trials))
 
 
 def try_variant(setup: RoundSetup, variant: Variant, timing: TimingSettings) -> VariantTrial:
     """A variant that torch cannot build for these shapes (a compile error) is a failed trial, not
-    a failed evaluation: the other variants still compete."""
+    a failed evaluation: the other variants still compete. Running out of GPU memory or a CUDA
+    error is not the variant's fault, so it ends the evaluation rather than rule the variant out."""
     try:
         rnd = ConventionalRound(setup.workload, *setup.weights, variant, variant)
         rnd.capture()
-    except Exception as error:  # noqa: BLE001 - torch.compile raises many kinds; the trial records which
-        text = str(error).strip().splitlines()
-        return VariantTrial(variant.name, False, {}, f"not built: {type(error).__name__}: {text[0][:200] if text else ''}")
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except Exception as error:  # torch.compile raises many kinds; the trial records which
+        text = " ".join(str(error).split())
+        if "CUDA error" in text:
+            raise
+        return VariantTrial(variant.name, False, {}, f"not built: {type(error).__name__}: {text[:300]}", built=False)
     check = _checked(rnd, setup)
     if not check.ok:
         return VariantTrial(variant.name, False, {}, "; ".join(check.problems[:3]))
@@ -104,9 +126,9 @@ def keep_choice(path: Path, chosen: dict[str, str], workload: str, trials: list[
     write_atomic(path, json.dumps(chosen | {"workload": workload, "trials": trials}, indent=1) + "\n")
 
 
-def chosen_variants(setup: RoundSetup, timing: TimingSettings, cache_dir: Path | None) -> dict[str, str] | dict:
+def chosen_variants(setup: RoundSetup, timing: TimingSettings, cache_dir: Path | None) -> dict[str, str]:
     """The variant each phase runs: read from an earlier choice for this workload and device, else
-    chosen now from every variant of the profile (and kept). {} when none was correct."""
+    chosen now from every variant of the profile (and kept). NoCorrectVariant when none was correct."""
     path = choice_file(setup.workload, device_name(setup.weights[1].weights.device), timing, cache_dir)
     try:
         kept = json.loads(path.read_text())
@@ -120,7 +142,7 @@ def chosen_variants(setup: RoundSetup, timing: TimingSettings, cache_dir: Path |
         torch.cuda.empty_cache()
     chosen = choose_variants(trials)
     if chosen is None:
-        return {}
+        raise NoCorrectVariant(trials)
     keep_choice(path, chosen, setup.workload.name, [vars(t) for t in trials])
     return chosen
 
@@ -134,7 +156,22 @@ def _checked(rnd: ConventionalRound, setup: RoundSetup) -> CheckReport:
 
 
 def _conventional(setup: RoundSetup, timing: TimingSettings, cache_dir: Path | None) -> dict[str, Baseline]:
-    return conventional_baselines(setup, timing, chosen_variants(setup, timing, cache_dir))
+    try:
+        chosen = chosen_variants(setup, timing, cache_dir)
+    except NoCorrectVariant as none:
+        return {name: Baseline(none.status, error=str(none)) for name in ("conventional", "streams")
+                if name in timing.baselines}
+    return conventional_baselines(setup, timing, chosen)
+
+
+def conventional_alone(workload: Workload, profile: EvaluatorProfile, cache_dir: Path | None) -> dict[str, Baseline]:
+    """`conventional` and `streams` in a process that prepares the workload for them alone (the
+    child of baselines_apart.measure_apart)."""
+    from conjugate.evaluate.measured import MeasuredHarness
+    from conjugate.evaluate.session import EvaluationSession
+
+    return _conventional(MeasuredHarness(profile, cache_dir, EvaluationSession()).prepare(workload), profile.timing,
+                         cache_dir)
 
 
 def conventional_baselines(setup: RoundSetup, timing: TimingSettings, chosen: dict[str, str]) -> dict[str, Baseline]:

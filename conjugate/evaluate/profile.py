@@ -60,6 +60,8 @@ class TimingSettings:
     # replays recorded under the profiler for the plan's time ledger (what the agents are told); 0: none
     ledger_replays: int = 0
     baselines: tuple[str, ...] = ("conventional", "sequential", "streams")
+    # `conventional` and `streams` measured in a process of their own (evaluate/baselines_apart.py)
+    baselines_apart: bool = False
     # the conventional baseline's variants tried per phase (conventional.py); the fastest correct one runs
     conventional: tuple[str, ...] = ("layers-sdpa", "layers-grouped", "whole-sdpa", "whole-grouped")
 
@@ -179,7 +181,7 @@ def _model(model: dict, where: str) -> ModelConstants:
 
 def _timing(timing: dict, where: str) -> TimingSettings:
     allowed = ("replays", "warmup", "verdict_calls", "baselines", "conventional", "replays_within_pct",
-               "reuse_verdicts", "ledger_replays")
+               "reuse_verdicts", "ledger_replays", "baselines_apart")
     _table(timing, "timing", where)
     for key in timing:
         if key not in allowed:
@@ -187,11 +189,11 @@ def _timing(timing: dict, where: str) -> TimingSettings:
     values = {k: _need(timing, k, int, f"{where}: [timing]") for k in allowed[:3] + ("ledger_replays",) if k in timing}
     if "replays_within_pct" in timing:
         values["replays_within_pct"] = _need(timing, "replays_within_pct", float, f"{where}: [timing]")
-    if "reuse_verdicts" in timing:
-        if not isinstance(timing["reuse_verdicts"], bool):
-            raise ProfileError(f"{where}: field 'timing.reuse_verdicts' should be true or false, "
-                               f"got {shown(timing['reuse_verdicts'])}")
-        values["reuse_verdicts"] = timing["reuse_verdicts"]
+    for key in ("reuse_verdicts", "baselines_apart"):
+        if key in timing:
+            if not isinstance(timing[key], bool):
+                raise ProfileError(f"{where}: field 'timing.{key}' should be true or false, got {shown(timing[key])}")
+            values[key] = timing[key]
     if values.get("replays", 1) < 1 or values.get("verdict_calls", 1) < 1:
         raise ProfileError(f"{where}: [timing] replays and verdict_calls should be at least 1")
     baselines = timing.get("baselines", list(TimingSettings.baselines))
@@ -200,8 +202,10 @@ def _timing(timing: dict, where: str) -> TimingSettings:
                            f"{', '.join(TimingSettings.baselines)}, got {shown(baselines)}")
     variants = timing.get("conventional", list(TimingSettings.conventional))
     if not isinstance(variants, list) or not variants or not all(_is_variant(v) for v in variants):
+        from conjugate.evaluate.conventional import ATTENTION, COMPILES
+
         raise ProfileError(f"{where}: field 'timing.conventional' should be a non-empty list of variants "
-                           f"<layers|whole|eager>-<sdpa|grouped>, got {shown(variants)}")
+                           f"<{'|'.join(COMPILES)}>-<{'|'.join(ATTENTION)}>, got {shown(variants)}")
     return TimingSettings(**values, baselines=tuple(baselines), conventional=tuple(variants))
 
 

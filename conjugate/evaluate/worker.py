@@ -90,8 +90,7 @@ class IsolatedEvaluator:
     def _exit_reason(self) -> str:
         code = self._worker.wait()
         self._stderr.seek(0)
-        tail = [line for line in self._stderr.read().strip().splitlines() if "Warning" not in line][-3:]
-        return f"worker exited with status {code}" + (f": {' | '.join(tail)}" if tail else "")
+        return f"worker exited with status {code}" + log_tail(self._stderr.read())
 
     def _retire(self) -> None:
         """Kill the worker; the next evaluation starts a fresh one."""
@@ -122,6 +121,12 @@ class IsolatedEvaluator:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def log_tail(text: str, lines: int = 3) -> str:
+    """": a | b | c": the last lines of a process's log that are not warnings ("" when none)."""
+    tail = [line.strip() for line in text.strip().splitlines() if line.strip() and "Warning" not in line][-lines:]
+    return f": {' | '.join(tail)}" if tail else ""
 
 
 def _plan_hash(plan: dict) -> str:

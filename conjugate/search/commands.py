@@ -138,7 +138,7 @@ def _start(args: argparse.Namespace, out: Console, deadline: float | None) -> in
     call_log = _CallLog(None, None)
     proposer = _proposer(agent, call_log)  # a bad --agent fails before a database exists
     workload, profile = load_workload(workload_path), load_profile(args.evaluator)
-    settings = _scored_by(SearchSettings(budget=args.budget or 20, expand_width=args.width,
+    settings = scored_by(SearchSettings(budget=args.budget or 20, expand_width=args.width,
                                          base_url=_without_userinfo(args.base_url or "")), profile)
     name = args.name or Path(workload_path).stem
     db = args.db or str(RUNS_DIR / f"{name}.db")
@@ -175,7 +175,7 @@ def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> i
         if evaluator_id(profile) != run_evaluator_id(run):
             raise ConjugateError(f"{profile.source}: the evaluator profile changed since run {run.id} started; "
                                  "start a new run to score with it")
-        settings = _scored_by(replace(stored, budget=args.budget or stored.budget), profile)
+        settings = scored_by(replace(stored, budget=args.budget or stored.budget), profile)
         agent = AgentSettings(run.agent, run.seed, args.base_url or stored.base_url or None,  # the run's own server
                               args.max_llm_cost, args.replay_from, args.llm_timeout)
         proposer = _proposer(agent, _CallLog(store, run.id))
@@ -187,7 +187,7 @@ def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> i
             return _drive(store, resume, out, deadline, _joiners(args, args.resume, deadline))
 
 
-def _scored_by(settings: SearchSettings, profile: EvaluatorProfile) -> SearchSettings:
+def scored_by(settings: SearchSettings, profile: EvaluatorProfile) -> SearchSettings:
     """The settings with what the evaluator profile decides: its file, and when a claim is stale."""
     return replace(settings, stale_after_s=2 * profile.time_limit_s,
                    evaluator_profile=str(Path(profile.source).resolve()))

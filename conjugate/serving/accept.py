@@ -1,4 +1,5 @@
-"""Greedy acceptance of a verified draft, on the device, without a host synchronisation.
+"""Greedy acceptance of a verified draft: the rules, as torch operations on the device. The decoder
+runs them as one launch (settle.py), which is checked against these.
 
 The draft proposed d_1..d_k after the last accepted token; the target, fed [last, d_1..d_k], predicts
 t_0..t_k (t_j: the token after position L + j). Draft token d_{j+1} is accepted while it equals t_j.

@@ -5,8 +5,8 @@
     result.outputs   # per prompt: exactly the target model's own greedy continuation
 
 Each prompt is prefilled (every token but its last) into both models' caches, then rounds run:
-the draft proposes k tokens, the target verifies k + 1, and accept.py keeps the agreeing prefix
-plus the target's next token; a sequence's caches are rolled back by its length alone.
+the draft proposes k tokens, the target verifies k + 1, and the accept step (accept.py's rules, one
+launch: settle.py) keeps the agreeing prefix plus the target's next token; a sequence's caches are rolled back by its length alone.
 
 - `simple`: one group of sequences; the plan's kernels run as a draft phase, then a verify phase
   (the plan made sequential, each phase in a CUDA graph of its own on a GPU).
@@ -25,7 +25,7 @@ reading, which lags one round behind (the next round is already queued when it w
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -38,7 +38,7 @@ from conjugate.evaluate.conventional import DEFAULT, ConventionalRound, Variant
 from conjugate.models.reference import forward
 from conjugate.plan import Plan, validate_plan
 from conjugate.roles import Model
-from conjugate.serving.accept import accept, append_emitted
+from conjugate.serving.settle import settle
 from conjugate.workload import Workload
 
 MODES = ("simple", "pipelined")
@@ -95,7 +95,7 @@ class _Group:
     """Sequences that advance together: where their draft and target state lives, and what they produced."""
     draft: ModelBuffers
     target: ModelBuffers
-    out: torch.Tensor  # [size, max_new + k + 1] emitted ids (the last column scratch: see append_emitted)
+    out: torch.Tensor  # [size, max_new + k + 1] emitted ids: room for a last round's k past max_new
     produced: torch.Tensor  # [size] int64
     limit: torch.Tensor  # [size] int64: max_new, or 0 for a padding row
     accepted: torch.Tensor  # [2] int64: drafts proposed, drafts accepted
@@ -122,18 +122,12 @@ class _Group:
         rows[:, 1:] = self.draft.tokens_out[:self.size]
 
     def settle(self, k: int) -> None:
-        """Accept what the target agreed with; advance lengths and the next round's input token."""
+        """Accept what the target agreed with; advance lengths and the next round's input token (one
+        launch: settle.py, the rules of accept.py)."""
         verify = self.target.tokens_in.view(self.target.batch, k + 1)[:self.size]
         target = self.target.tokens_out.view(self.target.batch, k + 1)[:self.size]
-        result = accept(verify[:, 1:], target)
-        active = self.produced < self.limit  # [size]
-        counts = torch.where(active, result.counts, 0)
-        self.accepted += torch.stack([active.sum() * k, torch.where(active, result.drafts_accepted, 0).sum()])
-        append_emitted(self.out, self.produced, replace(result, counts=counts))
-        for lengths in (self.draft.lengths, self.target.lengths):
-            lengths[:self.size] += counts
-        tokens_in = self.draft.tokens_in[:self.size]
-        tokens_in.copy_(torch.where(active, result.last, tokens_in))
+        settle(verify, target, self.draft.tokens_in[:self.size], self.draft.lengths[:self.size],
+               self.target.lengths[:self.size], self.out, self.produced, self.limit, self.accepted)
 
 
 class SpeculativeDecoder:

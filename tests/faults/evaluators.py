@@ -37,3 +37,46 @@ def chatty_then_evaluate(plan, workload, profile, cache_dir=None, on_stage=None,
     for _ in range(2000):  # far more than a pipe buffer of stderr
         print("x" * 100, flush=True)
     return evaluate(plan, workload, profile, cache_dir, on_stage, **options)
+
+
+def conventional_on_cpu(workload, profile, cache_dir):
+    """baselines_apart's child, on the CPU: the conventional round built eagerly over the workload's
+    seeded weights, checked against the reference and timed by the clock; its process id left in
+    cache_dir/child.pid."""
+    import time
+    from pathlib import Path
+
+    from conjugate.compiler.buffers import PreparedWeights
+    from conjugate.evaluate.conventional import ConventionalRound, Variant
+    from conjugate.evaluate.correctness import ReferenceChecker, tolerance_for
+    from conjugate.evaluate.result import Baseline
+    from conjugate.evaluate.rounds import round_inputs
+    from conjugate.roles import Model
+
+    Path(cache_dir, "child.pid").write_text(str(os.getpid()))
+    draft, target = workload.weights(Model.DRAFT, "cpu"), workload.weights(Model.TARGET, "cpu")
+    inputs = round_inputs(workload, draft, target)
+    check = ReferenceChecker(draft, target, inputs, workload.dtype, tolerance_for(workload.dtype, profile.tolerances))
+    eager = Variant.parse("eager-sdpa")
+    rnd = ConventionalRound(workload, PreparedWeights(draft), PreparedWeights(target), eager, eager)
+    rnd.load(inputs)
+    started = time.perf_counter()
+    rnd.run()
+    ms = (time.perf_counter() - started) * 1e3
+    report = check(rnd.outputs())
+    status = "ok" if report.ok else "incorrect"
+    chosen = {"draft": eager.name, "verify": eager.name}
+    return {name: Baseline(status, ms, variants=chosen, error="; ".join(report.problems[:2]))
+            for name in ("conventional", "streams")}
+
+
+def apart_raises(workload, profile, cache_dir):
+    raise RuntimeError("CUDA error: no kernel image is available (simulated)")
+
+
+def apart_sleeps(workload, profile, cache_dir):
+    import time
+    from pathlib import Path
+
+    Path(cache_dir, "child.pid").write_text(str(os.getpid()))
+    time.sleep(60)
