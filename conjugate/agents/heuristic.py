@@ -16,10 +16,12 @@ Edits come first from what the node's result says, then from broader local moves
                          alignment)
     two streams          tile moves for the target's longest GEMMs and the draft's GEMMs, which
                          share the multiprocessors all round; the busier stream (the ledger's)
-                         served first (`priority`); giving the streams up ranks lower
+                         served first (`priority`); giving the streams up ranks lower, and so do
+                         the idle-multiprocessor moves (the other stream fills those SMs)
     broader moves        tile-shape local search (halve/double one tile key, the kinds of
                          interfering or under-filled launches first), launch parameters, interleave
-                         pattern and ratio, fusions, alignment, streams, operand layout
+                         pattern and ratio, fusions (every fusion the draft lacks in one edit
+                         first), alignment, streams, operand layout
 
 Each candidate has a base score; the search's edit statistics shift the scores of their kinds
 (kinds with a positive mean gain rise), a kind already chosen loses a little for the next pick so

@@ -31,6 +31,7 @@ from pathlib import Path
 from conjugate.evaluate.profile import EvaluatorProfile
 from conjugate.evaluate.result import Baseline
 from conjugate.evaluate.worker import log_tail
+from conjugate.files import write_atomic
 from conjugate.workload import Workload
 
 DEFAULT_ENTRY = "conjugate.evaluate.baselines:conventional_alone"
@@ -88,10 +89,7 @@ def _serve() -> None:
     profile = EvaluatorProfile.from_dict(request["profile"])
     cache_dir = Path(request["cache_dir"]) if request["cache_dir"] else None
     baselines = measure(Workload.from_dict(request["workload"]), profile, cache_dir)
-    out = Path(request["out"])
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({name: b.to_dict() for name, b in baselines.items()}))
-    tmp.replace(out)
+    write_atomic(Path(request["out"]), json.dumps({name: b.to_dict() for name, b in baselines.items()}))
 
 
 if __name__ == "__main__":
