@@ -35,12 +35,26 @@ def test_store_with_bias(split_k, block_m, block_n, block_k):
 
 
 @pytest.mark.parametrize("split_k", [1, 4])
-def test_residual_add(split_k):
+@pytest.mark.parametrize("atomic", [False, True])
+def test_residual_add(split_k, atomic):
+    """Split-K sums in split order, or each split adding its partial atomically (split_reduce)."""
     x, w, _, _ = _inputs(1)
     residual = torch.randn(M, N)
     out = residual.clone()
-    run_part(gemm_call(x, w, out, rows=M, epilogue="residual", split_k=split_k, block_k=32))
+    call = gemm_call(x, w, out, rows=M, epilogue="residual", split_k=split_k, block_k=32, atomic_split=atomic)
+    run_part(call)
     torch.testing.assert_close(out, residual + x @ w.T, atol=1e-4, rtol=1e-4)
+    assert call.constexprs["ATOMIC_SPLIT"] == (atomic and split_k > 1)
+    if call.constexprs["ATOMIC_SPLIT"]:
+        assert call.scratch[3].numel() == 1  # no workspace for partial sums
+
+
+def test_an_atomic_split_sum_is_for_the_residual_epilogue_alone():
+    x, w, _, b = _inputs()
+    out = torch.empty(M, N)
+    for bad in (dict(epilogue="store"), dict(epilogue="residual", bias=b), dict(epilogue="residual", norm_eps=1e-5)):
+        with pytest.raises(ValueError, match="atomic split-K sum is for the residual epilogue alone"):
+            gemm_call(x, w, out, rows=M, split_k=2, atomic_split=True, **bad)
 
 
 @pytest.mark.parametrize("split_k", [1, 2])

@@ -318,3 +318,21 @@ def test_under_two_streams_idle_target_sms_rank_below_streams_and_fusions():
     assert not any("of 132 SMs" in r for r in firsts), firsts
     assert any("of 132 SMs" in p.rationale for p in props)  # still offered, later
     assert {p.kind for p in props[:4]} >= {"fusion", "streams"}
+
+
+def test_residual_gemms_that_split_k_are_offered_an_atomic_sum_and_back():
+    plan = PLANS["streams"]  # its o_proj and down split K in both models
+    props = HeuristicProposer().propose(_context(plan, _ok_result(plan)), 12)
+    atomic = [p for p in props if p.patch[0]["path"] == "/split_reduce/draft"]
+    assert atomic and atomic[0].kind == "launch" and "8 split-K partials atomically" in atomic[0].rationale
+    new = patch_plan(plan, atomic[0].patch)
+    assert new["split_reduce"]["draft"] == "atomic"
+    back = [p for p in HeuristicProposer().propose(_context(new, _ok_result(new)), 60)
+            if p.patch[0]["path"] == "/split_reduce/draft"]
+    assert back and patch_plan(new, back[0].patch).hash == plan.hash
+    one_split = [{"op": "replace", "path": f"/tiles/{m}/{k}/SPLIT_K", "value": 1}
+                 for m in ("draft", "target") for k in ("o_proj", "down")]
+    unsplit = patch_plan(plan, one_split)
+    offered = [p for p in HeuristicProposer().propose(_context(unsplit, _ok_result(unsplit)), 60)
+               if any("split_reduce" in op["path"] for op in p.patch)]
+    assert offered == []  # nothing to sum when no residual GEMM splits K

@@ -66,6 +66,9 @@ BAD_PLANS = [
     (dict(BASE, pairs={"attn": ["qkv", ["attn"]]}), "$.pairs.attn[1]: should be an op kind string, got a list"),
     (dict(BASE, fusions={"target": [["lm_head+argmax"]]}), "$.fusions.target[0]: should be a fusion string"),
     (dict(BASE, streams="two", alignment="proportional"), "$.streams"),
+    (dict(BASE, split_reduce={"draft": "fast"}), "$.split_reduce.draft"),
+    (dict(BASE, split_reduce={"drafts": "atomic"}), "$.split_reduce.drafts: unknown key"),
+    (dict(BASE, split_reduce="atomic"), "$.split_reduce: should be an object"),
     (dict(BASE, overrides=[{"pair": False}]), "$.overrides[0].match: required"),
     (dict(BASE, overrides=[{"match": "t.l0.qkv", "with": "t.l1.qkv"}]), "$.overrides[0].with"),
     (dict(BASE, overrides=[{"match": "t.l0.qkv", "pair": "no"}]), "$.overrides[0].pair: should be a boolean"),
@@ -378,3 +381,16 @@ def test_stream_priority_is_a_two_stream_knob_that_keeps_older_hashes():
 
     phases = phase_plan(favoured)  # what the serving loop runs phase by phase: one stream, no priority
     assert (phases["streams"], phases["priority"]) == ("one", "none")
+
+
+def test_split_reduce_keeps_earlier_hashes_and_marks_the_residual_gemms():
+    from conjugate.plan import expand
+    from conjugate.workload import load_workload
+
+    plan = load_plan(ROOT / "plans" / "streams.json")
+    ordered = validate_plan(plan.to_dict() | {"split_reduce": {"draft": "ordered", "target": "ordered"}})
+    atomic = validate_plan(plan.to_dict() | {"split_reduce": {"draft": "atomic"}})
+    assert ordered.hash == plan.hash != atomic.hash and atomic["split_reduce"] == {"draft": "atomic", "target": "ordered"}
+    parts = [p for l in expand(atomic, load_workload(ROOT / "examples" / "tiny.toml")).launches for p in l.parts]
+    marked = {(p.model.value, p.kind) for p in parts if p.atomic_split}
+    assert marked == {("draft", "o_proj"), ("draft", "down")}

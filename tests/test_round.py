@@ -310,3 +310,18 @@ def test_a_mixed_plan_computes_the_reference_round(tmp_path):
     compiled, _ = _round("qwen2").check(validate_plan(streams), tmp_path)
     shared = [l for l in compiled.schedule.launches if l.cross_model]
     assert len(shared) == 1 and compiled.waits[shared[0].index]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_residual_gemms_summing_their_splits_atomically(family, tmp_path):
+    """split_reduce atomic: o_proj's and down's split-K partials added straight into the residual
+    stream, in one model or both, in a two-stream plan; the round is still the reference round."""
+    tiles = {m: SMALL_TILES[m] | {"o_proj": {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "SPLIT_K": 4}}
+             for m in ("draft", "target")}
+    for reduce in ({"draft": "atomic"}, {"draft": "atomic", "target": "atomic"}):
+        plan = validate_plan({"schema": "conjugate.plan/1", "tiles": tiles, "streams": "two", "split_reduce": reduce})
+        compiled, _ = _round(family).check(plan, tmp_path)
+        atomic = {(c.label.split(".")[0], c.label.split(".")[-1]) for launch in compiled.launches for c in launch.parts
+                  if c.constexprs.get("ATOMIC_SPLIT")}
+        models = {"d"} | ({"t"} if "target" in reduce else set())
+        assert atomic == {(m, kind) for m in models for kind in ("o_proj", "down")}

@@ -21,7 +21,8 @@ Edits come first from what the node's result says, then from broader local moves
     broader moves        tile-shape local search (halve/double one tile key, the kinds of
                          interfering or under-filled launches first), launch parameters, interleave
                          pattern and ratio, fusions (every fusion the draft lacks in one edit
-                         first), alignment, streams, operand layout
+                         first), alignment, streams, operand layout, how split-K residual GEMMs
+                         sum their splits
 
 Each candidate has a base score; the search's edit statistics shift the scores of their kinds
 (kinds with a positive mean gain rise), a kind already chosen loses a little for the next pick so
@@ -46,7 +47,7 @@ from conjugate.agents.heuristic_edits import (LIGHT_TARGETS, SEARCH_KEYS, Candid
 from conjugate.errors import ConjugateError
 from conjugate.evaluate.result import EvalResult, KindLoss, LedgerSummary, Verdict, VerdictKind
 from conjugate.graph import GEMM_KINDS, KINDS, LAYER_KINDS
-from conjugate.plan.expand import MAIN_KINDS
+from conjugate.plan.expand import MAIN_KINDS, RESIDUAL_GEMMS
 from conjugate.plan.patch import patch_plan
 from conjugate.plan.schema import FUSIONS, MODEL_KEYS, Plan, validate_plan
 from conjugate.plan.tiles import FAMILY_OF, LAUNCH_BOUNDS
@@ -152,7 +153,8 @@ def candidates(plan: Plan, result: EvalResult | None, sms: int, rng: random.Rand
     focus = _ledger_focus(ledger) + _focus(verdicts, parts, sms, plan["streams"] == "two") + _two_stream_focus(plan)
     out += tile_edits(plan, focus, rng) + launch_edits(plan, rng)
     out += pattern_edits(plan, interfering) + fusion_edits(plan, ledger) + alignment_edits(plan)
-    return out + streams_edits(plan, ledger) + mixed_edits(plan, verdicts, workload) + layout_edits(plan)
+    out += streams_edits(plan, ledger) + mixed_edits(plan, verdicts, workload) + layout_edits(plan)
+    return out + reduce_edits(plan)
 
 
 def _loss_shares(ledger: LedgerSummary | None) -> list[tuple[str, str, float, KindLoss]]:
@@ -301,6 +303,25 @@ def _all_fusions(model: str, missing: list[str], lost: list[tuple[float, KindLos
         why += f" (the ledger: their ops run {sum(k.loss_ms for _, k in lost):.2f} ms over their floor)"
     return Candidate("fusion", [{"op": "add", "path": f"/fusions/{model}/-", "value": f} for f in missing], why,
                      0.55 + 0.25 * sum(share for share, _ in lost))
+
+
+def reduce_edits(plan: Plan) -> list[Candidate]:
+    """Per model whose residual GEMMs (o_proj, down) split K: their splits summed atomically, which
+    takes the fix-up step (a counter, then the last split reading every partial back) off the
+    chain of dependent kernels; or back to the ordered, deterministic sum."""
+    out = []
+    for model in MODEL_KEYS:
+        splits = {k: plan["tiles"][model].get(k, {}).get("SPLIT_K", 1) for k in RESIDUAL_GEMMS}
+        split = [k for k, n in splits.items() if n > 1]
+        if plan["split_reduce"][model] == "atomic":
+            out.append(Candidate("launch", [{"op": "replace", "path": f"/split_reduce/{model}", "value": "ordered"}],
+                                 f"{model} split-K sums in split order again: deterministic", 0.2))
+        elif split:
+            out.append(Candidate("launch", [{"op": "replace", "path": f"/split_reduce/{model}", "value": "atomic"}],
+                                 f"{model} {' and '.join(split)} add their {max(splits.values())} split-K partials "
+                                 f"atomically: no fix-up step in each launch", 0.45 if model == Model.DRAFT.value
+                                 else 0.35))
+    return out
 
 
 def _absorbed(fusion: str) -> str:

@@ -12,6 +12,9 @@ multiplied into `w` at compile time). Epilogues (EPILOGUE constexpr):
     SILU_MUL  out = silu(x @ w^T) * (x @ w2^T): gate and up projections in one tile
 With SPLIT_K > 1 each split stores its partial sums in a workspace slot of its own and the tile's
 last split adds them up, in split order, and runs the epilogue: deterministic, no float atomics.
+With ATOMIC_SPLIT (the RESIDUAL epilogue only, no bias, no norm prologue) each split instead adds
+its partial into `out` with a float atomic: no workspace, counter or fix-up step on the critical
+path, the sum's rounding order varying from run to run (plan `split_reduce: atomic`).
     ARGMAX    per-tile row max and index to scratch; the last program to finish reduces them to
               one token per row (first index on ties, like torch.argmax); logits are written only
               when WRITE_OUT
@@ -124,7 +127,7 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
               NORM: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr,
               DOT_DTYPE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
-              HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr):
+              HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr, ATOMIC_SPLIT: tl.constexpr):
     TWO_ACC: tl.constexpr = (EPILOGUE == EPILOGUE_SILU_MUL) or (EPILOGUE == EPILOGUE_ROPE_KV)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -162,7 +165,10 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
         if TWO_ACC:
             w2 = tl.load(w2_ptr + w_offs, mask=w_mask, other=0.0)
             acc2 += tl.dot(x.to(DOT_DTYPE), tl.trans(w2.to(DOT_DTYPE)))
-    if SPLIT_K > 1:
+    if ATOMIC_SPLIT:  # out += this split's partial, the splits in any order
+        out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        tl.atomic_add(out_ptr + offs_m[:, None] * stride_out + offs_n[None, :], acc, mask=out_mask, sem="relaxed")
+    elif SPLIT_K > 1:
         # Split-K fix-up: each split stores its partials in a slot of its own; the tile's last split
         # (a counter says which) sums the slots in split order and runs the epilogue alone. No
         # floating-point atomics, so the result does not depend on the programs' timing.
@@ -276,7 +282,7 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
               w2: torch.Tensor | None = None, bias: torch.Tensor | None = None, norm_eps: float | None = None,
               tokens: torch.Tensor | None = None, stride_tok: int = 1, write_out: bool = True,
               block_m: int = 16, block_n: int = 64, block_k: int = 128, split_k: int = 1, label: str = "",
-              rope: RopeKV | None = None) -> PartCall:
+              rope: RopeKV | None = None, atomic_split: bool = False) -> PartCall:
     """Bind one GEMM. x: [rows, K] fp32 or the weights' type; w, w2: [N, K]; out: [rows, N] (row strides free).
     With `rope` (epilogue rope_kv), w is the qkv projection and each tile is one head: block_n is
     taken as head_dim / 2 and `out` is not written."""
@@ -300,12 +306,15 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
                              f"the GPU's dot needs at least 16")
         w2, n, block_n = w[half:], heads * half, half
         blocks = dict(blk_stride=rope.head_dim * w.stride(0), blk_pairs=heads)
+    if atomic_split and (epilogue != "residual" or bias is not None or norm_eps is not None):
+        raise ValueError("an atomic split-K sum is for the residual epilogue alone (no bias, no norm prologue)")
+    atomic_split = atomic_split and split_k > 1  # one split: the plain residual add
     if epilogue == "silu_mul" and w2 is None:
         raise ValueError("the silu_mul epilogue needs w2 (the up projection)")
     if epilogue == "argmax" and tokens is None:
         raise ValueError("the argmax epilogue needs a tokens buffer")
     num_m, num_n = cdiv(rows, block_m), cdiv(n, block_n)
-    ws_size = split_k * (2 * rows * n + num_n * rows) if split_k > 1 else 1  # acc, acc2, sums of squares
+    ws_size = split_k * (2 * rows * n + num_n * rows) if split_k > 1 and not atomic_split else 1  # acc, acc2, sums
     if max(w.shape[0] * k, ws_size, rows * out.stride(0)) >= 2**31:  # w.shape[0]: all rows (rope: n counts halves)
         raise ValueError(f"GEMM {n}x{k} over {rows} rows (split-K {split_k}): element offsets past 2^31 "
                          f"are not supported")
@@ -325,6 +334,6 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
     args |= rope_args
     constexprs = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, NORM=norm_eps is not None,
                       EPILOGUE=EPILOGUES[epilogue], HAS_BIAS=bias is not None, WRITE_OUT=write_out,
-                      DOT_DTYPE=dot_dtype(w.dtype)) | rope_constexprs
+                      DOT_DTYPE=dot_dtype(w.dtype), ATOMIC_SPLIT=atomic_split) | rope_constexprs
     programs = num_m * num_n * split_k
     return PartCall(SIGNATURE, args, constexprs, programs, label, scratch)

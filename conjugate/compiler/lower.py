@@ -41,7 +41,8 @@ def _step_views(b: ModelBuffers, step: int):
     return tokens_in, stride_in, b.tokens_out[:, step], b.steps, b.logits[:, step]
 
 
-def _lower_gemm(b: ModelBuffers, op: Op, fused: tuple[str, ...], tiles: dict, label: str) -> PartCall:
+def _lower_gemm(b: ModelBuffers, op: Op, fused: tuple[str, ...], tiles: dict, label: str,
+                atomic_split: bool = False) -> PartCall:
     spec, act, rows = b.spec, b.act, b.rows
     norm = _NORM_OF.get(op.kind) in fused
     eps = spec.rms_norm_eps if norm else None
@@ -58,7 +59,7 @@ def _lower_gemm(b: ModelBuffers, op: Op, fused: tuple[str, ...], tiles: dict, la
     if op.kind in ("o_proj", "down"):
         lw = b.prepared.weights.layers[op.layer]
         source, w = (act["attn_out"], lw.wo) if op.kind == "o_proj" else (act["mlp"], lw.w_down)
-        return gemm_call(source, w, act["x"], epilogue="residual", **common)
+        return gemm_call(source, w, act["x"], epilogue="residual", atomic_split=atomic_split, **common)
     _, _, tokens_out, stride_out, logits = _step_views(b, op.step)
     w = b.prepared.lm_head(norm)
     if "argmax" in fused:
@@ -83,7 +84,7 @@ def lower_part(part: Part, graph: nx.DiGraph, bufs: RoundBuffers) -> PartCall:
     label = "+".join(part.ops)
     spec, act, rows, tiles = b.spec, b.act, b.rows, part.tiles
     if main.kind in ("qkv", "o_proj", "gate_up", "down", "lm_head"):
-        return _lower_gemm(b, main, part.fused, tiles, label)
+        return _lower_gemm(b, main, part.fused, tiles, label, part.atomic_split)
     if len(ops) > 1:
         raise ValueError(f"no fused lowering for the chain {'+'.join(part.fused)}")
     if main.kind == "embed":

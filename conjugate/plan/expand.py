@@ -32,6 +32,9 @@ from conjugate.workload import Workload
 MAIN_KINDS = ("qkv", "gate_up", "lm_head")  # the op a fused unit is named after
 
 
+RESIDUAL_GEMMS = ("o_proj", "down")  # GEMMs that add into the residual stream (plan split_reduce)
+
+
 @dataclass(frozen=True)
 class Part:
     """One model's share of a launch: an op, or a fused chain of consecutive ops."""
@@ -41,6 +44,7 @@ class Part:
     kind: str  # the unit's main op kind; a fused norm+GEMM is a GEMM part
     fused: tuple[str, ...]  # kinds of every op in the chain
     tiles: dict[str, int]
+    atomic_split: bool = False  # a residual GEMM's split-K partials added atomically (plan split_reduce)
 
 
 @dataclass(frozen=True)
@@ -201,7 +205,8 @@ def _part(plan: Plan, unit: _Unit, settings: dict) -> Part:
     tiles |= plan["tiles"][unit.model].get(unit.kind, {})
     tiles |= settings["tiles"][unit.model].get(unit.kind, {})
     tiles = {k: v for k, v in tiles.items() if k not in LAUNCH_BOUNDS}
-    return Part(unit.model, unit.ops, unit.kind, unit.kinds, tiles)
+    atomic = unit.kind in RESIDUAL_GEMMS and plan["split_reduce"][unit.model.value] == "atomic"
+    return Part(unit.model, unit.ops, unit.kind, unit.kinds, tiles, atomic)
 
 
 def _launch(plan: Plan, graph: nx.DiGraph, index: int, units: list[_Unit]) -> Launch:

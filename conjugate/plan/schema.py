@@ -27,15 +27,18 @@ LAYOUTS = ("separate", "packed")
 CAPTURES = ("graph", "none")
 STREAMS = ("one", "two")
 PRIORITIES = ("none", "draft", "target")  # with two streams: whose stream the GPU serves first
+# how a split-K GEMM that adds into the residual stream (o_proj, down) sums its splits: in split
+# order by the tile's last split (deterministic), or each split adding its partial atomically
+REDUCTIONS = ("ordered", "atomic")
 FUSIONS = ("attn_norm+qkv", "qkv+rope_kv", "mlp_norm+gate_up", "final_norm+lm_head", "lm_head+argmax")
 MODEL_KEYS = tuple(model.value for model in Model)  # plain strings: the plan stays plain JSON
 _TOP_KEYS = ("schema", "name", "description", "alignment", "pairs", "interleave", "tiles", "fusions",
-             "operand_layout", "capture", "streams", "priority", "launch", "overrides")
+             "operand_layout", "capture", "streams", "priority", "split_reduce", "launch", "overrides")
 _OVERRIDE_KEYS = ("match", "pair", "with", "interleave", "tiles", "launch", "operand_layout")
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_+*]{1,40}")  # a key shown in a JSON path as .key, any other as ["key"]
 _HASH_IGNORED = ("name", "description")  # cosmetic: two plans differing only here are the same plan
 # keys added after plans were first stored: hashed only when set, so earlier plans keep their hashes
-_HASH_WHEN_SET = {"priority": "none"}
+_HASH_WHEN_SET = {"priority": "none", "split_reduce": {"draft": "ordered", "target": "ordered"}}
 
 
 class _Checker:
@@ -155,6 +158,8 @@ def _canonical(raw: Any) -> tuple[dict, list[str]]:
         "priority": c.choice(raw.get("priority", "none"), "$.priority", PRIORITIES),
         "launch": DEFAULT_LAUNCH | c.launch(raw.get("launch", {}), "$.launch"),
     }
+    reduce = c.obj(raw.get("split_reduce", {}), "$.split_reduce", MODEL_KEYS)
+    plan["split_reduce"] = {m: c.choice(reduce.get(m, "ordered"), f"$.split_reduce.{m}", REDUCTIONS) for m in MODEL_KEYS}
     pairs = c.obj(raw.get("pairs", {}), "$.pairs", KINDS)
     plan["pairs"] = {k: c.kinds(v, f"$.pairs.{k}", allow_any=True) for k, v in sorted(pairs.items()) if k in KINDS}
     fusions = c.obj(raw.get("fusions", {}), "$.fusions", MODEL_KEYS)
