@@ -10,7 +10,8 @@ Triggers: `nothing`, `streams` (two new streams, a kernel on each), `graph` (a s
 graph captured on a new side stream), `graph-same-stream` (that graph captured on the stream the
 chain was captured on), `cublas-graph` (a graph of one cuBLAS GEMM), `sdpa-graph` (a graph of one
 masked SDPA call, torch's choice of backend; `sdpa-graph-<backend>`: cudnn, math, or flash without
-the mask, which it does not take; the efficient backend takes no grouped KV heads), `rng-graph` (a graph of one torch.rand call),
+the mask, which it does not take; the efficient backend takes no grouped KV heads), `rng-graph` (a
+graph of one torch.rand call),
 `alloc-graph-small`/`-large` (a graph that allocates and fills 4 KiB / 32 MiB), `sdpa-graph-expandable`
 (`sdpa-graph` with the caching allocator's expandable segments); the math backend without grouped
 heads or without the mask, and graphs of its parts alone: `bmm-graph`, `softmax-graph`,
@@ -95,7 +96,8 @@ def _op_part(trigger: str, scores):
         active, counts = torch.ones(8, dtype=torch.bool, device=dev), torch.arange(8, device=dev)
         return lambda: torch.where(active, counts, 0)
     if trigger == "cumprod-graph":
-        drafts, targets = torch.zeros(8, 5, dtype=torch.long, device=dev), torch.zeros(8, 6, dtype=torch.long, device=dev)
+        drafts = torch.zeros(8, 5, dtype=torch.long, device=dev)
+        targets = torch.zeros(8, 6, dtype=torch.long, device=dev)
         return lambda: (drafts == targets[:, :5]).long().cumprod(1).sum(1)
     if trigger == "index-put-graph":
         cache, new = torch.zeros(8, 8, 1029, 128, device=dev), torch.randn(8, 1, 8, 128, device=dev)
@@ -142,7 +144,8 @@ def one_process(trigger: str, nodes: int) -> dict:
         kept.append(_captured(lambda: F.linear(a, w), torch.cuda.Stream()))
     elif trigger.startswith("alloc-graph"):
         size = 1 << (12 if trigger.endswith("small") else 25)
-        kept.append(_captured(lambda: torch.empty(size, dtype=torch.uint8, device="cuda").fill_(1), torch.cuda.Stream()))
+        fill = lambda: torch.empty(size, dtype=torch.uint8, device="cuda").fill_(1)  # noqa: E731
+        kept.append(_captured(fill, torch.cuda.Stream()))
     elif trigger in OP_TRIGGERS:
         kept.append(_captured(_op_part(trigger, scores), torch.cuda.Stream()))
     elif trigger == "rng-graph":
@@ -212,7 +215,8 @@ def _child(trigger: str, args) -> dict:
         return {"trigger": trigger, "error": "ran past 300 s"}
     lines = (done.stdout if done.returncode == 0 else done.stderr).strip().splitlines()
     if done.returncode or not lines:
-        return {"trigger": trigger, "error": f"exited with status {done.returncode}: " + (lines[-1][:300] if lines else "")}
+        last = lines[-1][:300] if lines else ""
+        return {"trigger": trigger, "error": f"exited with status {done.returncode}: {last}"}
     return json.loads(lines[-1])
 
 if __name__ == "__main__":

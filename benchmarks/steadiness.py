@@ -2,7 +2,8 @@
 before the baselines ran, after torch.compile's conventional baseline only, after a garbage
 collection and a dynamo reset, and as a second compiled copy, with the SM clock read after each.
 
-    python benchmarks/steadiness.py WORKLOAD_NAME OUT.json [--pinpoint | --graphs | --bisect] [--variant V]     # e.g. qwen3-06b-8b-b4
+    python benchmarks/steadiness.py WORKLOAD_NAME OUT.json [--pinpoint | --graphs | --bisect] [--variant V]
+    (WORKLOAD_NAME: an example's, e.g. qwen3-06b-8b-b4)
 
 `--pinpoint` first times the round after one eager SDPA call, one eager GEMM, and two tiny
 torch.compile'd functions, to find which first use starts the slowdown. `--bisect` takes the
