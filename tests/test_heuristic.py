@@ -336,3 +336,11 @@ def test_residual_gemms_that_split_k_are_offered_an_atomic_sum_and_back():
     offered = [p for p in HeuristicProposer().propose(_context(unsplit, _ok_result(unsplit)), 60)
                if any("split_reduce" in op["path"] for op in p.patch)]
     assert offered == []  # nothing to sum when no residual GEMM splits K
+
+
+def test_a_packed_plan_switches_both_models_split_k_sums_together():
+    plan = patch_plan(PLANS["interleave"], [{"op": "replace", "path": "/operand_layout", "value": "packed"}])
+    offered = [p for p in HeuristicProposer().propose(_context(plan, _ok_result(plan)), 60)
+               if any("split_reduce" in op["path"] for op in p.patch)]
+    assert len(offered) == 1 and patch_plan(plan, offered[0].patch)["split_reduce"] == {"draft": "atomic",
+                                                                                       "target": "atomic"}

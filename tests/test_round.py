@@ -205,7 +205,7 @@ def test_packed_layout_needs_matching_gemms(tmp_path):
     rnd = _round("qwen2")
     plan = _plan(alignment="proportional", operand_layout="packed",
                  overrides=[{"match": "t.l0.qkv", "with": "d.s0.l0.down"}])  # store+bias beside residual
-    with pytest.raises(CompileError, match="same epilogue") as info:
+    with pytest.raises(CompileError, match="same epilogue, prologue and split-K sum") as info:
         compile_round(plan, rnd.workload, rnd.draft, rnd.target, cache_dir=tmp_path)
     failure = info.value.failure
     assert failure.part == 1 and failure.failed[0].label == "d.s0.l0.down" and len(failure.parts) == 2
@@ -325,3 +325,19 @@ def test_residual_gemms_summing_their_splits_atomically(family, tmp_path):
                   if c.constexprs.get("ATOMIC_SPLIT")}
         models = {"d"} | ({"t"} if "target" in reduce else set())
         assert atomic == {(m, kind) for m in models for kind in ("o_proj", "down")}
+
+
+def test_a_packed_launch_sums_both_models_splits_one_way(tmp_path):
+    """Packed, a target o_proj and a draft down run one tile loop: their split-K sums must agree
+    (a compile error naming it when they do not), and both atomic computes the reference round."""
+    rnd = _round("qwen2")
+    tiles = {m: SMALL_TILES[m] | {"o_proj": {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "SPLIT_K": 4}}
+             for m in ("draft", "target")}
+    pinned = dict(alignment="proportional", operand_layout="packed", tiles=tiles,
+                  overrides=[{"match": "t.l1.o_proj", "with": "d.s0.l0.down"}])
+    with pytest.raises(CompileError, match="differ in ATOMIC_SPLIT"):
+        compile_round(_plan(**pinned, split_reduce={"draft": "atomic"}), rnd.workload, rnd.draft, rnd.target,
+                      cache_dir=tmp_path)
+    compiled, _ = rnd.check(_plan(**pinned, split_reduce={"draft": "atomic", "target": "atomic"}), tmp_path)
+    shared = next(l for l in compiled.launches if len(l.parts) == 2 and l.parts[0].label == "t.l1.o_proj")
+    assert [p.constexprs["ATOMIC_SPLIT"] for p in shared.parts] == [True, True]

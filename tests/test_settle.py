@@ -58,3 +58,11 @@ def test_rows_that_are_not_contiguous_are_refused():
     vec = torch.zeros(3, dtype=torch.int64)
     with pytest.raises(ValueError, match="verify_in must hold its"):
         settle(rows, ok, vec, vec, vec, torch.zeros(3, 8, dtype=torch.int64), vec, vec, torch.zeros(2, dtype=torch.int64))
+
+
+def test_state_vectors_must_be_contiguous():
+    vec = torch.zeros(3, dtype=torch.int64)
+    with pytest.raises(ValueError, match="produced must be one contiguous vector"):
+        settle(torch.zeros(3, 5, dtype=torch.int64), torch.zeros(3, 5, dtype=torch.int64), vec, vec, vec,
+               torch.zeros(3, 8, dtype=torch.int64), torch.zeros(3, 2, dtype=torch.int64)[:, 0], vec,
+               torch.zeros(2, dtype=torch.int64))

@@ -309,6 +309,12 @@ def reduce_edits(plan: Plan) -> list[Candidate]:
     """Per model whose residual GEMMs (o_proj, down) split K: their splits summed atomically, which
     takes the fix-up step (a counter, then the last split reading every partial back) off the
     chain of dependent kernels; or back to the ordered, deterministic sum."""
+    if _packs(plan):  # a packed launch runs both models' GEMMs in one tile loop: one sum for both
+        now = plan["split_reduce"][Model.TARGET.value]
+        other = "ordered" if now == "atomic" else "atomic"
+        both = [{"op": "replace", "path": f"/split_reduce/{m}", "value": other} for m in MODEL_KEYS]
+        return [Candidate("launch", both, f"split-K residual GEMMs of both models (packed) sum {other}",
+                          0.4 if other == "atomic" else 0.2)]
     out = []
     for model in MODEL_KEYS:
         splits = {k: plan["tiles"][model].get(k, {}).get("SPLIT_K", 1) for k in RESIDUAL_GEMMS}
@@ -322,6 +328,10 @@ def reduce_edits(plan: Plan) -> list[Candidate]:
                                  f"atomically: no fix-up step in each launch", 0.45 if model == Model.DRAFT.value
                                  else 0.35))
     return out
+
+
+def _packs(plan: Plan) -> bool:
+    return plan["operand_layout"] == "packed" or any(o.get("operand_layout") == "packed" for o in plan["overrides"])
 
 
 def _absorbed(fusion: str) -> str:

@@ -20,7 +20,7 @@ from conjugate.compiler.lower import lower_part
 from conjugate.compiler.tile import PartCall, cdiv
 from conjugate.plan.expand import Launch
 
-_MUST_MATCH = ("NORM", "EPILOGUE", "HAS_BIAS", "WRITE_OUT", "DOT_DTYPE")
+_MUST_MATCH = ("NORM", "EPILOGUE", "HAS_BIAS", "WRITE_OUT", "DOT_DTYPE", "ATOMIC_SPLIT")  # one tile loop runs both
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def pack_launch(launch: Launch, calls: list[PartCall], graph: nx.DiGraph,
                          f"{draft.kind}): its tiles are heads read as two halves")
     differ = [c for c in _MUST_MATCH if t_call.constexprs[c] != d_call.constexprs[c]]
     if differ:
-        raise ValueError(f"the packed operand layout needs GEMMs with the same epilogue and prologue; "
+        raise ValueError(f"the packed operand layout needs GEMMs with the same epilogue, prologue and split-K sum; "
                          f"{target.kind} and {draft.kind} differ in {', '.join(differ)}")
     names = ("w_ptr", "w2_ptr") if t_call.constexprs["EPILOGUE"] == EPILOGUES["silu_mul"] else ("w_ptr",)
     for name in names:

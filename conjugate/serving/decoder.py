@@ -38,7 +38,7 @@ from conjugate.evaluate.conventional import DEFAULT, ConventionalRound, Variant
 from conjugate.models.reference import forward
 from conjugate.plan import Plan, validate_plan
 from conjugate.roles import Model
-from conjugate.serving.settle import settle
+from conjugate.serving.settle import settle, warm_settle
 from conjugate.workload import Workload
 
 MODES = ("simple", "pipelined")
@@ -232,6 +232,7 @@ class SpeculativeDecoder:
         if self.device.type == "cuda":
             for rnd in self.rounds:
                 rnd.warmup()  # every kernel compiled before anything is captured
+        warm_settle(self.k, self.device)  # the accept step's kernel too, before the loop is timed
         return [_captured(step, self.device) for step in steps]
 
     def _loop(self, groups: list[_Group], max_new: int, on_progress, started: float) -> int:

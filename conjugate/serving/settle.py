@@ -52,6 +52,19 @@ def settle(verify_in: torch.Tensor, verify_out: torch.Tensor, tokens_in: torch.T
             raise ValueError(f"{name} must hold its [{b}, {k1}] rows contiguously")
     if out.stride(1) != 1:
         raise ValueError("out's rows must be contiguous")
+    for name, t in (("tokens_in", tokens_in), ("draft_lengths", draft_lengths), ("target_lengths", target_lengths),
+                    ("produced", produced), ("limit", limit), ("accepted", accepted)):
+        if t.dim() != 1 or t.stride(0) != 1:
+            raise ValueError(f"{name} must be one contiguous vector")
     k = k1 - 1
     _settle[(b,)](verify_in, verify_out, tokens_in, draft_lengths, target_lengths, out, produced, limit, accepted,
                   out.stride(0), K=k, KP=triton.next_power_of_2(k), num_warps=1)
+
+
+def warm_settle(k: int, device: torch.device) -> None:
+    """Compile the kernel for this k ahead (on one inactive row of scratch tensors), so that the first
+    round of a timed loop does not pay for it."""
+    z = torch.zeros(1, dtype=torch.int64, device=device)
+    rows = torch.zeros(1, k + 1, dtype=torch.int64, device=device)
+    settle(rows, rows.clone(), z.clone(), z.clone(), z.clone(), torch.zeros(1, k + 1, dtype=torch.int64, device=device),
+           z.clone(), z.clone(), torch.zeros(2, dtype=torch.int64, device=device))
