@@ -23,6 +23,7 @@ import argparse
 import json
 import statistics
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -31,7 +32,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from conjugate.evaluate.timing import time_replays  # noqa: E402
+from conjugate.evaluate.timing import capture, concurrently, time_replays  # noqa: E402
 
 MODES = ("plain", "prefetch", "pdl", "pdl-early", "pdl-prefetch", "pdl-prefetch-early")
 
@@ -97,24 +98,9 @@ class Chain:
 
 
 def _graph(chains: list[Chain], mode: str) -> torch.cuda.CUDAGraph:
-    streams = [torch.cuda.Stream() for _ in chains]
-    main = torch.cuda.current_stream()
-    for _ in range(2):  # compile and warm up outside the capture
-        for c in chains:
-            c.run(mode)
-    torch.cuda.synchronize()
-    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
-    with torch.cuda.graph(graph, stream=side):
-        fork = torch.cuda.current_stream()
-        for s, c in zip(streams, chains):
-            s.wait_stream(fork)
-            with torch.cuda.stream(s):
-                c.run(mode)
-        for s in streams:
-            fork.wait_stream(s)
-    main.wait_stream(side)
-    torch.cuda.synchronize()
-    return graph
+    """The chains, each on a stream of its own, in one CUDA graph (compiled and warmed up first)."""
+    device = torch.device("cuda")
+    return capture(concurrently([partial(c.run, mode) for c in chains], device), device, warmup=2)
 
 
 def _median_us(graph: torch.cuda.CUDAGraph, replays: int = 100) -> float:
