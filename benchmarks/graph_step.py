@@ -20,7 +20,9 @@ heads or without the mask, and graphs of its parts alone: `bmm-graph`, `softmax-
 serving loop and the conventional round capture: `argmax-graph`, `sum-graph`, `where-tensor-graph`,
 `where-same-shape-graph`, `cumprod-graph`, `index-put-graph`, `strided-copy-graph`, `add-out-graph`
 (an out-of-place contiguous add), and softmax's parts: `convert-graph` (bf16 -> fp32),
-`softmax-fp32-graph`; `h2d-copy-graph` (a memcpy node from pinned host memory). `--env KEY=VALUE`
+`softmax-fp32-graph`; `h2d-copy-graph` (a memcpy node from pinned host memory); `softmax-eager`
+(softmax run once outside any graph, after the chain's capture); `stack-limit` (the per-thread stack
+raised to 32 KiB with cudaDeviceSetLimit, then one kernel launched). `--env KEY=VALUE`
 sets a variable in every child (e.g. CUDA_MODULE_LOADING=EAGER).
 """
 from __future__ import annotations
@@ -43,7 +45,25 @@ SDPA_BACKENDS = {"sdpa-graph-cudnn": "CUDNN_ATTENTION",
                  "sdpa-graph-math": "MATH", "sdpa-graph-flash-unmasked": "FLASH_ATTENTION",
                  "sdpa-graph-math-nogqa": "MATH", "sdpa-graph-math-unmasked": "MATH"}
 TRIGGERS = ("nothing", "streams", "graph", "graph-same-stream", "cublas-graph", "sdpa-graph", "rng-graph",
-            *SDPA_BACKENDS, "alloc-graph-small", "alloc-graph-large", "sdpa-graph-expandable", *OP_TRIGGERS)
+            *SDPA_BACKENDS, "alloc-graph-small", "alloc-graph-large", "sdpa-graph-expandable", *OP_TRIGGERS,
+            "softmax-eager", "stack-limit")
+
+
+def _raise_stack_limit(size: int) -> None:
+    """cudaDeviceSetLimit(cudaLimitStackSize, size) through the CUDA runtime torch has loaded."""
+    import ctypes
+
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            runtime = ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+    else:
+        raise RuntimeError("no CUDA runtime library found to set the stack limit")
+    code = runtime.cudaDeviceSetLimit(ctypes.c_int(0), ctypes.c_size_t(size))  # 0: cudaLimitStackSize
+    if code != 0:
+        raise RuntimeError(f"cudaDeviceSetLimit failed with error {code}")
 
 
 def _median_replay_us(graph, replays: int = 60) -> float:
@@ -148,6 +168,11 @@ def one_process(trigger: str, nodes: int) -> dict:
         kept.append(_captured(fill, torch.cuda.Stream()))
     elif trigger in OP_TRIGGERS:
         kept.append(_captured(_op_part(trigger, scores), torch.cuda.Stream()))
+    elif trigger == "softmax-eager":
+        scores.float().softmax(-1)
+    elif trigger == "stack-limit":
+        _raise_stack_limit(32 << 10)
+        x.mul_(1.0)
     elif trigger == "rng-graph":
         kept.append(_captured(lambda: torch.rand(1024, device="cuda"), torch.cuda.Stream()))
     elif trigger.startswith("sdpa-graph"):  # -expandable: set in the child's environment

@@ -3,6 +3,7 @@
 
     python benchmarks/searchers.py WORKLOAD.toml [...] [--agents heuristic random greedy] [--budget 40]
                                    [--evaluator h200] [--seed 0] [--out DIR] [--json OUT.json]
+                                   [--time SECONDS] [--resume]
 
 Per workload and agent: a search run (as `conjugate search` starts one) into
 DIR/<workload>_<agent>.db, then from its history the best latency after each evaluation (in the
@@ -11,7 +12,13 @@ workload share one evaluation worker, so its baselines are measured and its kern
 (each run still evaluates every plan it reaches: their databases are apart, so no run sees another's
 results, lessons or best plans). One best-so-far plot per workload (DIR/<workload>_searchers.png).
 JSON: {"gpu", "workloads": [{"workload", "runs": [{"agent", "best_ms", "sequential_ms",
-"best_so_far_ms": [...], "evaluations"}]}]}.
+"best_so_far_ms": [...], "evaluations", "complete"}]}]}.
+
+`--time` bounds the whole command: the seconds left are shared evenly among the runs not yet done,
+and a run cut short is stored `stopped` (its JSON row says "complete": false). `--resume` continues
+each run from its database in DIR where one is there (to a larger --budget too), so a
+comparison can be spread over several sessions of a machine; a resumed run's agent starts afresh
+from the stored tree (its seed again), so its later edits may differ from those of one unbroken run.
 """
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,20 +37,31 @@ from conjugate.evaluate.profile import load_profile  # noqa: E402
 from conjugate.evaluate.worker import IsolatedEvaluator  # noqa: E402
 from conjugate.search.commands import open_store, scored_by  # noqa: E402
 from conjugate.search.report import run_history  # noqa: E402
-from conjugate.search.run import Search, SearchSettings  # noqa: E402
+from conjugate.search.run import Search, SearchSettings, check_workload  # noqa: E402
 from conjugate.search.store import RunStatus, Store  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 
 
-def search(workload: Path, agent: str, budget: int, evaluator: IsolatedEvaluator, seed: int, db: Path) -> dict:
-    db.unlink(missing_ok=True)
+def search(workload: Path, agent: str, budget: int, evaluator: IsolatedEvaluator, seed: int, db: Path,
+           deadline: float | None = None, resume: bool = False) -> dict:
     started = time.perf_counter()
     settings = scored_by(SearchSettings(budget=budget), evaluator.profile)
     w = load_workload(workload)
+    if not (resume and db.exists()):
+        db.unlink(missing_ok=True)
     with open_store(str(db), create=True) as store:
-        run = Search.start(store, w.name, w, str(workload.resolve()), evaluator, make_proposer(agent, seed=seed),
-                           settings, seed)
-        why = run.run_loop()
+        stored = store.latest_run()
+        if stored is None:
+            run = Search.start(store, w.name, w, str(workload.resolve()), evaluator, make_proposer(agent, seed=seed),
+                               settings, seed)
+        elif stored.agent != agent:
+            _refuse(db, f"holds a run of agent {stored.agent}, not {agent}")
+        else:  # a finished run too: a larger --budget continues it
+            check_workload(stored, w)
+            run = Search(store, stored.id, w, str(workload.resolve()), evaluator, make_proposer(agent, seed=stored.seed),
+                         replace(SearchSettings.from_dict(stored.settings), budget=budget))
+            store.set_run_status(stored.id, RunStatus.RUNNING)
+        why = run.run_loop(deadline)
         store.set_run_status(run.run_id, RunStatus.FINISHED if why in ("budget", "exhausted") else RunStatus.STOPPED)
         print(f"{w.name} {agent}: {why} after {run.evaluations_done()} evaluations", flush=True)
     with Store.open(db) as store:
@@ -55,8 +74,15 @@ def search(workload: Path, agent: str, budget: int, evaluator: IsolatedEvaluator
         best = min(best, h["latency_ms"])
         curve.append(best)
     root = next(h for h in history if h["parent"] is None)
-    return {"agent": agent, "best_ms": curve[-1], "sequential_ms": root["latency_ms"], "best_so_far_ms": curve,
-            "evaluations": len(done), "seconds": time.perf_counter() - started, "db": str(db)}
+    with Store.open(db) as store:
+        complete = store.latest_run().status is RunStatus.FINISHED
+    return {"agent": agent, "best_ms": curve[-1] if curve else None, "sequential_ms": root["latency_ms"],
+            "best_so_far_ms": curve, "evaluations": len(done), "complete": complete,
+            "seconds": time.perf_counter() - started, "db": str(db)}
+
+
+def _refuse(db: Path, why: str) -> None:
+    raise SystemExit(f"{db}: {why}; remove it or give another --out")
 
 
 def plot(name: str, runs: list[dict], path: Path) -> None:
@@ -86,15 +112,22 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("searchers"))
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--time", type=float, help="seconds for the whole command, shared among the runs")
+    parser.add_argument("--resume", action="store_true", help="continue the runs whose databases are in --out")
     args = parser.parse_args()
+    end = None if args.time is None else time.monotonic() + args.time
     args.out.mkdir(parents=True, exist_ok=True)
     out = {"gpu": None, "evaluator": args.evaluator, "budget": args.budget, "command": " ".join(sys.argv),
            "workloads": []}
     for path in args.workloads:
         name = load_workload(path).name
+        runs, left = [], len(args.workloads[args.workloads.index(path):]) * len(args.agents)
         with IsolatedEvaluator(load_profile(args.evaluator)) as shared:
-            runs = [search(path, agent, args.budget, shared, args.seed, args.out / f"{name}_{agent}.db")
-                    for agent in args.agents]
+            for agent in args.agents:
+                deadline = None if end is None else time.monotonic() + (end - time.monotonic()) / left
+                runs.append(search(path, agent, args.budget, shared, args.seed, args.out / f"{name}_{agent}.db",
+                                   deadline, args.resume))
+                left -= 1
         plot(name, runs, args.out / f"{name}_searchers.png")
         out["workloads"].append({"workload": name, "runs": runs})
         if out["gpu"] is None:
@@ -105,7 +138,10 @@ def main() -> None:
     print(f"{'workload':24} {'agent':10} {'sequential':>10} {'best':>8} {'evals':>5}")
     for w in out["workloads"]:
         for r in w["runs"]:
-            print(f"{w['workload']:24} {r['agent']:10} {r['sequential_ms']:10.3f} {r['best_ms']:8.3f} {r['evaluations']:5d}")
+            best = "-" if r["best_ms"] is None else f"{r['best_ms']:.3f}"
+            seq = "-" if r["sequential_ms"] is None else f"{r['sequential_ms']:.3f}"
+            print(f"{w['workload']:24} {r['agent']:10} {seq:>10} {best:>8} {r['evaluations']:5d}"
+                  f"{'' if r['complete'] else '  (cut short)'}")
 
 
 if __name__ == "__main__":
