@@ -22,7 +22,9 @@ serving loop and the conventional round capture: `argmax-graph`, `sum-graph`, `w
 (an out-of-place contiguous add), and softmax's parts: `convert-graph` (bf16 -> fp32),
 `softmax-fp32-graph`; `h2d-copy-graph` (a memcpy node from pinned host memory); `softmax-eager`
 (softmax run once outside any graph, after the chain's capture); `stack-limit` (the per-thread stack
-raised to 32 KiB with cudaDeviceSetLimit, then one kernel launched). `--env KEY=VALUE`
+raised to 32 KiB with cudaDeviceSetLimit, then one kernel launched); `two-kernel-graph` (a graph of
+two in-place elementwise kernels, nothing allocated), `two-alloc-graph` (two kernels, each writing a
+new tensor). `--env KEY=VALUE`
 sets a variable in every child (e.g. CUDA_MODULE_LOADING=EAGER).
 """
 from __future__ import annotations
@@ -46,7 +48,7 @@ SDPA_BACKENDS = {"sdpa-graph-cudnn": "CUDNN_ATTENTION",
                  "sdpa-graph-math-nogqa": "MATH", "sdpa-graph-math-unmasked": "MATH"}
 TRIGGERS = ("nothing", "streams", "graph", "graph-same-stream", "cublas-graph", "sdpa-graph", "rng-graph",
             *SDPA_BACKENDS, "alloc-graph-small", "alloc-graph-large", "sdpa-graph-expandable", *OP_TRIGGERS,
-            "softmax-eager", "stack-limit")
+            "softmax-eager", "stack-limit", "two-kernel-graph", "two-alloc-graph")
 
 
 def _raise_stack_limit(size: int) -> None:
@@ -168,6 +170,10 @@ def one_process(trigger: str, nodes: int) -> dict:
         kept.append(_captured(fill, torch.cuda.Stream()))
     elif trigger in OP_TRIGGERS:
         kept.append(_captured(_op_part(trigger, scores), torch.cuda.Stream()))
+    elif trigger == "two-kernel-graph":
+        kept.append(_captured(lambda: (x.mul_(1.0), x.add_(0.0)), torch.cuda.Stream()))
+    elif trigger == "two-alloc-graph":
+        kept.append(_captured(lambda: (x * 1.0) + 0.0, torch.cuda.Stream()))
     elif trigger == "softmax-eager":
         scores.float().softmax(-1)
     elif trigger == "stack-limit":

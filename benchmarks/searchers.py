@@ -36,9 +36,8 @@ from conjugate.agents import make_proposer  # noqa: E402
 from conjugate.evaluate.profile import load_profile  # noqa: E402
 from conjugate.evaluate.worker import IsolatedEvaluator  # noqa: E402
 from conjugate.search.commands import open_store, scored_by  # noqa: E402
-from conjugate.search.report import run_history  # noqa: E402
-from conjugate.search.run import Search, SearchSettings, check_workload  # noqa: E402
-from conjugate.search.store import RunStatus, Store  # noqa: E402
+from conjugate.search.run import Search, SearchSettings, check_workload, eval_key, run_evaluator_id  # noqa: E402
+from conjugate.search.store import NodeStatus, RunStatus, Store  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 
 
@@ -64,25 +63,46 @@ def search(workload: Path, agent: str, budget: int, evaluator: IsolatedEvaluator
         why = run.run_loop(deadline)
         store.set_run_status(run.run_id, RunStatus.FINISHED if why in ("budget", "exhausted") else RunStatus.STOPPED)
         print(f"{w.name} {agent}: {why} after {run.evaluations_done()} evaluations", flush=True)
+    return {**summary(db, agent, w), "seconds": time.perf_counter() - started}
+
+
+def summary(db: Path, agent: str, workload) -> dict:
+    """One run's row of the JSON, read from its database (the workload given: the stored path may be
+    another machine's)."""
     with Store.open(db) as store:
         run = store.latest_run()
-        history = run_history(store, run)
-    done = sorted((h for h in history if h["latency_ms"] is not None and h["status"] == "ok"),
-                  key=lambda h: h["finished_at"] or "")
+        check_workload(run, workload)
+        nodes = store.nodes(run.id)
+        found = [store.evaluation(eval_key(n.plan_hash, workload, run_evaluator_id(run))) for n in nodes]
+        complete = run.status is RunStatus.FINISHED
+    done = sorted((f for f in found if f is not None and f.done and f.result.status == "ok"),
+                  key=lambda f: f.finished_at)
     best, curve = float("inf"), []
-    for h in done:
-        best = min(best, h["latency_ms"])
+    for f in done:
+        best = min(best, f.result.latency_ms)
         curve.append(best)
-    root = next(h for h in history if h["parent"] is None)
-    with Store.open(db) as store:
-        complete = store.latest_run().status is RunStatus.FINISHED
-    return {"agent": agent, "best_ms": curve[-1] if curve else None, "sequential_ms": root["latency_ms"],
-            "best_so_far_ms": curve, "evaluations": len(done), "complete": complete,
-            "seconds": time.perf_counter() - started, "db": str(db)}
+    root = next((f for n, f in zip(nodes, found) if n.parent_id is None), None)
+    root_ms = root.result.latency_ms if root is not None and root.done and root.result.status == "ok" else None
+    return {"agent": agent, "best_ms": curve[-1] if curve else None, "sequential_ms": root_ms,
+            "best_so_far_ms": curve, "evaluations": len(done),
+            "settled": sum(1 for n in nodes if n.status is not NodeStatus.NEW), "complete": complete,
+            "device": done[0].result.metrics.device if done and done[0].result.metrics else None, "db": db.name}
 
 
 def _refuse(db: Path, why: str) -> None:
     raise SystemExit(f"{db}: {why}; remove it or give another --out")
+
+
+def searches(path: Path, name: str, args: argparse.Namespace, end: float | None, left: int) -> list[dict]:
+    """Each agent's run on one workload, all scored by one evaluation worker; `left` runs share the time."""
+    runs = []
+    with IsolatedEvaluator(load_profile(args.evaluator)) as shared:
+        for agent in args.agents:
+            deadline = None if end is None else time.monotonic() + (end - time.monotonic()) / left
+            runs.append(search(path, agent, args.budget, shared, args.seed, args.out / f"{name}_{agent}.db",
+                               deadline, args.resume))
+            left -= 1
+    return runs
 
 
 def plot(name: str, runs: list[dict], path: Path) -> None:
@@ -114,25 +134,21 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--time", type=float, help="seconds for the whole command, shared among the runs")
     parser.add_argument("--resume", action="store_true", help="continue the runs whose databases are in --out")
+    parser.add_argument("--report", action="store_true", help="only read the databases in --out: no evaluation")
     args = parser.parse_args()
     end = None if args.time is None else time.monotonic() + args.time
     args.out.mkdir(parents=True, exist_ok=True)
     out = {"gpu": None, "evaluator": args.evaluator, "budget": args.budget, "command": " ".join(sys.argv),
            "workloads": []}
-    for path in args.workloads:
+    for index, path in enumerate(args.workloads):
         name = load_workload(path).name
-        runs, left = [], len(args.workloads[args.workloads.index(path):]) * len(args.agents)
-        with IsolatedEvaluator(load_profile(args.evaluator)) as shared:
-            for agent in args.agents:
-                deadline = None if end is None else time.monotonic() + (end - time.monotonic()) / left
-                runs.append(search(path, agent, args.budget, shared, args.seed, args.out / f"{name}_{agent}.db",
-                                   deadline, args.resume))
-                left -= 1
+        if args.report:
+            runs = [summary(args.out / f"{name}_{agent}.db", agent, load_workload(path)) for agent in args.agents]
+        else:
+            runs = searches(path, name, args, end, left=(len(args.workloads) - index) * len(args.agents))
         plot(name, runs, args.out / f"{name}_searchers.png")
         out["workloads"].append({"workload": name, "runs": runs})
-        if out["gpu"] is None:
-            import torch
-            out["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "none (" + args.evaluator + ")"
+        out["gpu"] = out["gpu"] or next((r["device"] for r in runs if r.get("device")), None)
         if args.json:
             args.json.write_text(json.dumps(out, indent=1) + "\n")
     print(f"{'workload':24} {'agent':10} {'sequential':>10} {'best':>8} {'evals':>5}")

@@ -33,7 +33,8 @@ def seed(results: Path, evaluator: str) -> list[str]:
                          f"with torch {torch.__version__}: choose again instead")
     timing, kept = load_profile(evaluator).timing, []
     for row in data["workloads"]:
-        workload = load_workload(ROOT / "examples" / f"{row['workload']}.toml")
+        found = [d / f"{row['workload']}.toml" for d in (ROOT / "examples", ROOT / "benchmarks" / "workloads")]
+        workload = load_workload(next((f for f in found if f.exists()), found[0]))
         path = choice_file(workload, device, timing, None)
         if set(row["variants"].values()) <= set(timing.conventional) and not path.exists():
             keep_choice(path, row["variants"], workload.name, row.get("trials", []))
