@@ -1,0 +1,110 @@
+"""How close the best plans found come to the bandwidth floor: per workload the floor, `streams`,
+the strengthened `conventional`, the best plan of its searches and where that plan's time still goes
+(its time ledger), read from search databases.
+
+    python benchmarks/floor.py WORKLOAD.toml [...] --dbs DB [...] [--json OUT.json] [--plans DIR]
+
+A workload's best plan is the fastest plan that passed every check in any database given whose run is
+of that workload; `streams_ms` is the shipped `streams` plan as measured in that same run, and
+`conventional_ms` and the floor are that best evaluation's own. The best plan is written to
+DIR/<workload>.json. JSON: {"gpu", "workloads": [{"workload", "floor_ms", "streams_ms",
+"conventional_ms", "best_ms", "best_plan", "evaluations", "ledger", ...}]}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from conjugate.search.run import check_workload, eval_key, run_evaluator_id  # noqa: E402
+from conjugate.search.store import NodeStatus, Store  # noqa: E402
+from conjugate.workload import load_workload  # noqa: E402
+
+STREAMS_SEED = "shipped plan streams"
+
+
+def runs_of(db: Path, workload):
+    """(run, [(node, evaluation)]) for each run of this workload in the database."""
+    with Store.open(db) as store:
+        for run in store.runs():
+            if run.workload_name != workload.name:
+                continue
+            check_workload(run, workload)
+            nodes = store.nodes(run.id)
+            yield run, [(n, store.evaluation(eval_key(n.plan_hash, workload, run_evaluator_id(run)))) for n in nodes]
+
+
+def ok(evaluation) -> bool:
+    return evaluation is not None and evaluation.done and evaluation.result.status == "ok"
+
+
+def best_row(path: Path, dbs: list[Path], plans: Path) -> dict | None:
+    workload = load_workload(path)
+    best = None
+    for db in dbs:
+        for run, pairs in runs_of(db, workload):
+            measured = [(n, e) for n, e in pairs if ok(e)]
+            if not measured:
+                continue
+            node, ev = min(measured, key=lambda p: p[1].result.latency_ms)
+            if best is None or ev.result.latency_ms < best["best_ms"]:
+                streams = next((e for n, e in measured if n.rationale == STREAMS_SEED), None)
+                metrics = ev.result.metrics
+                best = {"workload": workload.name, "example": path.resolve().parent == ROOT / "examples",
+                        "floor_ms": metrics.floor_ms,
+                        "streams_ms": streams.result.latency_ms if streams else None,
+                        "conventional_ms": metrics.baselines["conventional"].latency_ms,
+                        "best_ms": ev.result.latency_ms, "floor_ratio": metrics.floor_ratio,
+                        "evaluations": sum(1 for n, _ in pairs if n.status is not NodeStatus.NEW),
+                        "agent": run.agent, "db": db.name, "node": node.id, "lineage": lineage(pairs, node),
+                        "device": metrics.device, "plan": node.plan,
+                        "ledger": metrics.ledger.to_dict() if metrics.ledger else None}
+    if best is None:
+        return None
+    plans.mkdir(parents=True, exist_ok=True)
+    out = plans / f"{workload.name}.json"
+    out.write_text(json.dumps(best.pop("plan"), indent=1) + "\n")
+    best["best_plan"] = str(out.relative_to(ROOT)) if out.resolve().is_relative_to(ROOT) else str(out)
+    return best
+
+
+def lineage(pairs, node) -> list[str]:
+    """The edits from the root to this node, each with the latency measured after it."""
+    by_id = {n.id: (n, e) for n, e in pairs}
+    chain, current = [], node.id
+    while current is not None:
+        n, e = by_id[current]
+        chain.append(f"{e.result.latency_ms:.3f} ms: {n.rationale}" if ok(e) else n.rationale)
+        current = n.parent_id
+    return chain[::-1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workloads", nargs="+", type=Path)
+    parser.add_argument("--dbs", nargs="+", type=Path, required=True)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--plans", type=Path, default=ROOT / "benchmarks" / "results" / "plans")
+    args = parser.parse_args()
+    rows = [r for r in (best_row(p, args.dbs, args.plans) for p in args.workloads) if r is not None]
+    out = {"gpu": next((r["device"] for r in rows), None), "command": " ".join(sys.argv), "workloads": rows}
+    print(f"{'workload':24} {'floor':>7} {'conv':>7} {'streams':>7} {'best':>7} {'xfloor':>6} {'/streams':>8} "
+          f"{'/conv':>6} {'evals':>5}")
+    for r in rows:
+        print(f"{r['workload']:24} {r['floor_ms']:7.3f} {r['conventional_ms']:7.3f} {r['streams_ms']:7.3f} "
+              f"{r['best_ms']:7.3f} {r['floor_ratio']:6.3f} {r['streams_ms'] / r['best_ms']:8.3f} "
+              f"{r['conventional_ms'] / r['best_ms']:6.3f} {r['evaluations']:5d}")
+    if rows:
+        gm = lambda key: math.exp(sum(math.log(r[key] / r["best_ms"]) for r in rows) / len(rows))  # noqa: E731
+        print(f"geometric mean: {gm('streams_ms'):.3f}x over streams, {gm('conventional_ms'):.3f}x over conventional")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
