@@ -785,3 +785,55 @@ def test_a_resume_refuses_an_edited_workload_or_profile(env, tmp_path):
     workload.write_text(TINY.read_text().replace("seed = 0", "seed = 7"))
     assert_one_line_error(*cli("search", "--resume", db, "--budget", 4)[::2], str(workload), "workload changed")
     assert_one_line_error(*cli("show", db)[::2], str(workload), "workload changed")
+
+
+def test_a_database_moved_away_from_its_workload_file_shows_exports_and_resumes(env, tmp_path):
+    """A committed or copied database outlives the checkout it was made in: with its workload file gone,
+    show, export and resume use the workload the run stored (its models are presets); a file given
+    with --workload / the positional argument relocates it and must be the same workload."""
+    workload, db = tmp_path / "w.toml", tmp_path / "moved.db"
+    workload.write_text(TINY.read_text())
+    assert cli("search", workload, "--db", db, "--budget", 3, "--evaluator", env["profile"])[0] == 0
+    workload.unlink()
+
+    code, out, err = cli("show", db)
+    assert code == 0 and "3 nodes, 3 ok" in out, err
+    code, out, err = cli("export", db, "--out", tmp_path / "ex")
+    assert code == 0 and (tmp_path / "ex" / "best_plan.json").exists(), err
+    code, out, err = cli("search", "--resume", db, "--budget", 4)
+    assert code == 0, err
+    assert done_evaluations(db) == 4
+
+    assert cli("export", db, "--out", tmp_path / "ex2", "--workload", TINY)[0] == 0  # the same workload, elsewhere
+    other = tmp_path / "other.toml"
+    other.write_text(TINY.read_text().replace("seed = 0", "seed = 7"))
+    assert_one_line_error(*cli("export", db, "--out", tmp_path / "ex3", "--workload", other)[::2], str(other),
+                          "not the workload run 1 searched")
+    assert_one_line_error(*cli("search", other, "--resume", db, "--budget", 5)[::2], str(other),
+                          "not the workload run 1 searched")
+
+
+def test_a_moved_run_whose_checkpoint_is_gone_asks_for_its_workload_file(tmp_path):
+    from types import SimpleNamespace
+
+    from conjugate.errors import ConjugateError
+    from conjugate.search.run import run_workload
+
+    stored = replace(WORKLOAD, draft_source=str(tmp_path / "gone-checkpoint"))
+    run = SimpleNamespace(id=1, workload_name=stored.name, workload_path=str(tmp_path / "gone.toml"),
+                          workload={**stored.to_dict(), "family": FAMILY})
+    with pytest.raises(ConjugateError, match=r"gone\.toml: no such workload file, and the checkpoint it names "
+                                             r".*gone-checkpoint.* give the workload file with --workload"):
+        run_workload(run)
+    with_presets = SimpleNamespace(**{**vars(run), "workload": {**WORKLOAD.to_dict(), "family": FAMILY}})
+    assert run_workload(with_presets) == WORKLOAD  # rebuilt from what the run stored
+
+
+def test_a_resume_falls_back_to_the_profile_of_its_name_where_its_file_is_gone(tmp_path):
+    from conjugate.search.commands import _run_profile
+
+    kept = tmp_path / "p.toml"
+    kept.write_text("")
+    assert _run_profile(str(kept), "h200") == str(kept)
+    assert _run_profile(str(tmp_path / "gone.toml"), "h200") == "h200"
+    assert _run_profile("", "analytical") == "analytical"

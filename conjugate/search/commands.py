@@ -122,6 +122,7 @@ def _joiners(args: argparse.Namespace, db: str, deadline: float | None) -> Calla
     extra = [item for flag, value in (("--base-url", args.base_url), ("--max-llm-cost", args.max_llm_cost),
                                       ("--llm-timeout", args.llm_timeout), ("--replay-from", args.replay_from))
              if value is not None for item in (flag, str(value))]
+    extra += [str(args.workload)] if args.workload else []  # a resumed run's workload file, where it moved
     log_dir = Path(db).resolve().parent if "://" not in db else RUNS_DIR
     return lambda run_id: Helpers(db, run_id, args.gpus[1:], log_dir, deadline, extra)
 
@@ -157,21 +158,19 @@ def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> i
     profile and agent; only the budget, the LLM server and the cost cap may be given anew."""
     from conjugate.evaluate.profile import load_profile
     from conjugate.evaluate.worker import IsolatedEvaluator
-    from conjugate.search.run import Search, SearchSettings, check_workload, evaluator_id, run_evaluator_id
+    from conjugate.search.run import Search, SearchSettings, evaluator_id, run_evaluator_id, run_workload
     from conjugate.search.store import RunStatus
-    from conjugate.workload import load_workload
 
     with open_store(args.resume) as store:
         run = store.latest_run() if args.run is None else store.run(args.run)
         if run is None:
             raise ConjugateError(f"{args.resume}: holds no run to resume")
-        workload = load_workload(run.workload_path)
-        check_workload(run, workload)
+        workload = run_workload(run, args.workload)
         try:
             stored = SearchSettings.from_dict(run.settings)
         except ValueError as e:
             raise ConjugateError(f"{args.resume}: run {run.id}: {e}") from None
-        profile = load_profile(stored.evaluator_profile or run.evaluator)  # the run's own profile file
+        profile = load_profile(_run_profile(stored.evaluator_profile, run.evaluator))
         if evaluator_id(profile) != run_evaluator_id(run):
             raise ConjugateError(f"{profile.source}: the evaluator profile changed since run {run.id} started; "
                                  "start a new run to score with it")
@@ -185,6 +184,12 @@ def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> i
                 store.set_run_status(run.id, RunStatus.RUNNING)
                 return search
             return _drive(store, resume, out, deadline, _joiners(args, args.resume, deadline))
+
+
+def _run_profile(stored_path: str, name: str) -> str:
+    """The run's own profile file, or (a database moved to another machine or checkout, the file not
+    there) the shipped profile of its name; the evaluator id check refuses it if its settings differ."""
+    return stored_path if stored_path and Path(stored_path).exists() else name
 
 
 def scored_by(settings: SearchSettings, profile: EvaluatorProfile) -> SearchSettings:
@@ -318,13 +323,14 @@ def cmd_export(args: argparse.Namespace, out: Console) -> None:
         run = store.run(args.run) if args.run else store.latest_run()
         if run is None:
             raise ConjugateError(f"{args.db}: holds no run to export")
-        written = export_run(store, run, Path(args.out), out)
+        written = export_run(store, run, Path(args.out), out, args.workload)
     out.print(f"exported run {run.id} to {args.out}: " + ", ".join(sorted(p.name for p in written)))
 
 
 def add_commands(sub, out: Console) -> None:
     search = sub.add_parser("search", help="search for the fastest plan: MCTS over a persistent plan tree")
-    search.add_argument("workload", nargs="?", help="workload TOML (default: the tiny CPU one)")
+    search.add_argument("workload", nargs="?", help="workload TOML (default: the tiny CPU one); with --resume, "
+                        "the run's workload file where the database moved away from it")
     search.add_argument("--db", help="SQLAlchemy URL or SQLite file (default: runs/<name>.db)")
     search.add_argument("--name", help="run name (default: the workload file's stem)")
     search.add_argument("--agent", default="heuristic", help="heuristic (default), random, greedy (the search's "
@@ -354,4 +360,6 @@ def add_commands(sub, out: Console) -> None:
     export.add_argument("db", help="SQLAlchemy URL or SQLite file")
     export.add_argument("--out", required=True, help="directory to write into")
     export.add_argument("--run", type=_RUN_ID, help="the run to export (default: the latest)")
+    export.add_argument("--workload", help="the run's workload file, where the database moved away from it "
+                        "(default: the file the run was started with, else the workload the run stored)")
     export.set_defaults(func=lambda a: cmd_export(a, out))

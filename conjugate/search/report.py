@@ -13,18 +13,17 @@ from rich.console import Console
 
 from conjugate.errors import ConjugateError
 from conjugate.evaluate.result import EvalResult
-from conjugate.search.run import check_workload, eval_key, reward_of, run_evaluator_id
+from conjugate.search.run import eval_key, reward_of, run_evaluator_id, run_workload
 from conjugate.paths import DATA_ROOT, EXAMPLES_DIR, PROFILES_DIR
 from conjugate.secrets import scrub, scrub_tree
-from conjugate.workload import load_workload
+from conjugate.workload import Workload
 
 BASELINES = ("conventional", "sequential", "streams")
 
 
-def run_history(store, run) -> list[dict]:
+def run_history(store, run, workload: Workload | None = None) -> list[dict]:
     """Every node of the run in creation order, with its evaluation (or status pending); scrubbed."""
-    workload = load_workload(run.workload_path)
-    check_workload(run, workload)
+    workload = workload or run_workload(run)
     rows = []
     for n in store.nodes(run.id):
         found = store.evaluation(eval_key(n.plan_hash, workload, run_evaluator_id(run)))
@@ -71,11 +70,11 @@ def best_plan(store, run) -> dict:
     return _named(store.node(best["node"]).plan, run, best["node"], history)
 
 
-def export_run(store, run, out_dir: Path, console: Console) -> list[Path]:
-    history = run_history(store, run)
+def export_run(store, run, out_dir: Path, console: Console, workload_file: str | None = None) -> list[Path]:
+    workload = run_workload(run, workload_file)
+    history = run_history(store, run, workload)
     best = best_of(history, run)
     node = store.node(best["node"])
-    workload = load_workload(run.workload_path)
     result = store.evaluation(eval_key(node.plan_hash, workload, run_evaluator_id(run))).result
     out_dir.mkdir(parents=True, exist_ok=True)
     plan = _named(node.plan, run, best["node"], history)

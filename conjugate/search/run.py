@@ -37,6 +37,7 @@ from conjugate.search.selection import select
 from conjugate.search.store import NodeRecord, NodeStatus, RunRecord, RunStatus, Store, StoreError, owner_id
 from conjugate.search.transfer import same_pair_shape, translate_plan
 from conjugate.secrets import scrub
+from conjugate.roles import Model
 from conjugate.workload import Workload
 
 
@@ -98,12 +99,37 @@ def evaluator_id(profile) -> str:
     return f"{profile.name}@{digest}"
 
 
-def check_workload(run: RunRecord, workload: Workload) -> None:
+def check_workload(run: RunRecord, workload: Workload, path: str | Path | None = None) -> None:
     """A run's evaluations are keyed by its workload as it was: refuse a workload file edited since."""
-    stored = {k: v for k, v in run.workload.items() if k != "family"}
-    if json.dumps(stored, sort_keys=True, default=str) != json.dumps(workload.to_dict(), sort_keys=True, default=str):
+    if json.dumps(_stored_workload(run), sort_keys=True, default=str) != json.dumps(workload.to_dict(), sort_keys=True,
+                                                                                   default=str):
+        if path is not None:
+            raise ConjugateError(f"{path}: not the workload run {run.id} searched ({run.workload_name}, "
+                                 f"from {run.workload_path})")
         raise ConjugateError(f"{run.workload_path}: the workload changed since run {run.id} started; "
                              "start a new run for the new workload")
+
+
+def _stored_workload(run: RunRecord) -> dict[str, Any]:
+    return {k: v for k, v in run.workload.items() if k != "family"}
+
+
+def run_workload(run: RunRecord, given: str | Path | None = None) -> Workload:
+    """The workload a stored run searched, checked against the one it stored: the file given, else
+    the file the run was started with, else (a database moved to another machine or checkout) the
+    workload as the run stored it, where its models are presets or checkpoints still at their place."""
+    from conjugate.workload import load_workload
+
+    if given is not None or Path(run.workload_path).exists():
+        workload = load_workload(given if given is not None else run.workload_path)
+    else:
+        workload = Workload.from_dict(_stored_workload(run))
+        for directory in filter(None, (workload.checkpoint_dir(m) for m in (Model.DRAFT, Model.TARGET))):
+            if not directory.is_dir():
+                raise ConjugateError(f"{run.workload_path}: no such workload file, and the checkpoint it names "
+                                     f"({directory}) is not here either; give the workload file with --workload")
+    check_workload(run, workload, given)
+    return workload
 
 
 def run_evaluator_id(run: RunRecord) -> str:
