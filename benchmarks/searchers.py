@@ -3,7 +3,7 @@
 
     python benchmarks/searchers.py WORKLOAD.toml [...] [--agents heuristic random greedy] [--budget 40]
                                    [--evaluator h200] [--seed 0] [--out DIR] [--json OUT.json]
-                                   [--time SECONDS] [--resume]
+                                   [--time SECONDS] [--resume] [--report] [--confirm ROUNDS]
 
 Per workload and agent: a search run (as `conjugate search` starts one) into
 DIR/<workload>_<agent>.db, then from its history the best latency after each evaluation (in the
@@ -19,11 +19,17 @@ and a run cut short is stored `stopped` (its JSON row says "complete": false). `
 each run from its database in DIR where one is there (to a larger --budget too), so a
 comparison can be spread over several sessions of a machine; a resumed run's agent starts afresh
 from the stored tree (its seed again), so its later edits may differ from those of one unbroken run.
+`--report` only reads the databases. `--confirm ROUNDS` then times each run's best plan and the
+shipped `streams` plan again in one worker process, in turn, ROUNDS times (per run `confirmed_ms`,
+the median; per workload `confirmed_streams_ms`): runs whose evaluations were spread over processes
+(resumed, or on other GPUs) differ by the processes' spread, up to a few percent on a busy host.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import statistics
 import sys
 import time
 from dataclasses import replace
@@ -34,6 +40,8 @@ sys.path.insert(0, str(ROOT))
 
 from conjugate.agents import make_proposer  # noqa: E402
 from conjugate.evaluate.profile import load_profile  # noqa: E402
+from conjugate.paths import shipped_plan  # noqa: E402
+from conjugate.plan import load_plan  # noqa: E402
 from conjugate.evaluate.worker import IsolatedEvaluator  # noqa: E402
 from conjugate.search.commands import open_store, scored_by  # noqa: E402
 from conjugate.search.run import Search, SearchSettings, check_workload, eval_key, run_evaluator_id  # noqa: E402
@@ -81,27 +89,55 @@ def summary(db: Path, agent: str, workload) -> dict:
     for f in done:
         best = min(best, f.result.latency_ms)
         curve.append(best)
+    fastest = min(((n, f) for n, f in zip(nodes, found) if f in done), key=lambda p: p[1].result.latency_ms,
+                  default=(None, None))[0]
     root = next((f for n, f in zip(nodes, found) if n.parent_id is None), None)
     root_ms = root.result.latency_ms if root is not None and root.done and root.result.status == "ok" else None
     return {"agent": agent, "best_ms": curve[-1] if curve else None, "sequential_ms": root_ms,
             "best_so_far_ms": curve, "evaluations": len(done),
             "settled": sum(1 for n in nodes if n.status is not NodeStatus.NEW), "complete": complete,
-            "device": done[0].result.metrics.device if done and done[0].result.metrics else None, "db": db.name}
+            "device": done[0].result.metrics.device if done and done[0].result.metrics else None, "db": db.name,
+            "best_node": fastest.id if fastest else None}
+
+
+def best_plan(db: Path, node_id: int) -> dict:
+    with Store.open(db) as store:
+        return store.node(node_id).plan
+
+
+def confirm(runs: list[dict], workload: Path, out: Path, evaluator: IsolatedEvaluator, rounds: int) -> float:
+    """Each run's best plan and the shipped `streams` plan timed again in one worker process, in turn,
+    `rounds` times: latencies that compare across runs whose evaluations were spread over processes.
+    Sets each run's `confirmed_ms` (median) and returns `streams`' median."""
+    plans = {"streams": load_plan(shipped_plan("streams")).to_dict()}
+    plans |= {r["agent"]: best_plan(out / r["db"], r["best_node"]) for r in runs if r["best_node"] is not None}
+    times: dict[str, list[float]] = {name: [] for name in plans}
+    for turn in range(rounds):
+        for name, plan in plans.items():
+            result = evaluator.evaluate(plan, workload)
+            if result.status != "ok":
+                raise SystemExit(f"{workload}: confirming {name}'s best plan: {result.status}: {result.error}")
+            times[name].append(result.latency_ms)
+        print(f"confirm round {turn + 1}/{rounds}: " + ", ".join(f"{n} {t[-1]:.3f}" for n, t in times.items()), flush=True)
+    for r in runs:
+        r["confirmed_ms"] = statistics.median(times[r["agent"]]) if r["agent"] in times else None
+        r["confirmed_all_ms"] = times.get(r["agent"], [])
+    return statistics.median(times["streams"])
 
 
 def _refuse(db: Path, why: str) -> None:
     raise SystemExit(f"{db}: {why}; remove it or give another --out")
 
 
-def searches(path: Path, name: str, args: argparse.Namespace, end: float | None, left: int) -> list[dict]:
+def searches(path: Path, name: str, args: argparse.Namespace, end: float | None, left: int,
+             shared: IsolatedEvaluator) -> list[dict]:
     """Each agent's run on one workload, all scored by one evaluation worker; `left` runs share the time."""
     runs = []
-    with IsolatedEvaluator(load_profile(args.evaluator)) as shared:
-        for agent in args.agents:
-            deadline = None if end is None else time.monotonic() + (end - time.monotonic()) / left
-            runs.append(search(path, agent, args.budget, shared, args.seed, args.out / f"{name}_{agent}.db",
-                               deadline, args.resume))
-            left -= 1
+    for agent in args.agents:
+        deadline = None if end is None else time.monotonic() + (end - time.monotonic()) / left
+        runs.append(search(path, agent, args.budget, shared, args.seed, args.out / f"{name}_{agent}.db",
+                           deadline, args.resume))
+        left -= 1
     return runs
 
 
@@ -134,7 +170,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--time", type=float, help="seconds for the whole command, shared among the runs")
     parser.add_argument("--resume", action="store_true", help="continue the runs whose databases are in --out")
-    parser.add_argument("--report", action="store_true", help="only read the databases in --out: no evaluation")
+    parser.add_argument("--report", action="store_true", help="only read the databases in --out: no search")
+    parser.add_argument("--confirm", type=int, default=0, metavar="ROUNDS",
+                        help="time each run's best plan and `streams` again in one process, in turn, ROUNDS times")
     args = parser.parse_args()
     end = None if args.time is None else time.monotonic() + args.time
     args.out.mkdir(parents=True, exist_ok=True)
@@ -142,22 +180,29 @@ def main() -> None:
            "workloads": []}
     for index, path in enumerate(args.workloads):
         name = load_workload(path).name
-        if args.report:
-            runs = [summary(args.out / f"{name}_{agent}.db", agent, load_workload(path)) for agent in args.agents]
-        else:
-            runs = searches(path, name, args, end, left=(len(args.workloads) - index) * len(args.agents))
+        row = {"workload": name}
+        with contextlib.ExitStack() as stack:
+            shared = None if args.report and not args.confirm else stack.enter_context(
+                IsolatedEvaluator(load_profile(args.evaluator)))
+            if args.report:
+                runs = [summary(args.out / f"{name}_{agent}.db", agent, load_workload(path)) for agent in args.agents]
+            else:
+                runs = searches(path, name, args, end, (len(args.workloads) - index) * len(args.agents), shared)
+            if args.confirm:
+                row["confirmed_streams_ms"] = confirm(runs, path, args.out, shared, args.confirm)
         plot(name, runs, args.out / f"{name}_searchers.png")
-        out["workloads"].append({"workload": name, "runs": runs})
+        out["workloads"].append({**row, "runs": runs})
         out["gpu"] = out["gpu"] or next((r["device"] for r in runs if r.get("device")), None)
         if args.json:
             args.json.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"{'workload':24} {'agent':10} {'sequential':>10} {'best':>8} {'evals':>5}")
+    print(f"{'workload':24} {'agent':10} {'sequential':>10} {'best':>8} {'confirmed':>9} {'evals':>5}")
     for w in out["workloads"]:
         for r in w["runs"]:
-            best = "-" if r["best_ms"] is None else f"{r['best_ms']:.3f}"
-            seq = "-" if r["sequential_ms"] is None else f"{r['sequential_ms']:.3f}"
-            print(f"{w['workload']:24} {r['agent']:10} {seq:>10} {best:>8} {r['evaluations']:5d}"
+            cells = [("-" if r.get(k) is None else f"{r[k]:.3f}") for k in ("sequential_ms", "best_ms", "confirmed_ms")]
+            print(f"{w['workload']:24} {r['agent']:10} {cells[0]:>10} {cells[1]:>8} {cells[2]:>9} {r['evaluations']:5d}"
                   f"{'' if r['complete'] else '  (cut short)'}")
+        if "confirmed_streams_ms" in w:
+            print(f"{w['workload']:24} {'streams':10} {'':>10} {'':>8} {w['confirmed_streams_ms']:9.3f}")
 
 
 if __name__ == "__main__":
