@@ -25,7 +25,7 @@ from conjugate.agents import Proposal, make_proposer
 from conjugate.cli import main
 from conjugate.evaluate.pipeline import evaluate
 from conjugate.evaluate.profile import load_profile
-from conjugate.evaluate.result import EvalResult, Metrics, Stage, Status
+from conjugate.evaluate.result import Baseline, EvalResult, Metrics, Stage, Status
 from conjugate.graph import build_graph
 from conjugate.plan import expand, load_plan, validate_plan
 from conjugate.search.context import ContextBuilder, family_of
@@ -837,3 +837,66 @@ def test_a_resume_falls_back_to_the_profile_of_its_name_where_its_file_is_gone(t
     assert _run_profile(str(kept), "h200") == str(kept)
     assert _run_profile(str(tmp_path / "gone.toml"), "h200") == "h200"
     assert _run_profile("", "analytical") == "analytical"
+
+
+# Moves that commute, each with the factor it puts on the round's latency wherever it is made.
+LANDSCAPE = [([{"op": "replace", "path": "/tiles/draft/qkv/BLOCK_N", "value": 32}], 1.05),
+             ([{"op": "replace", "path": "/tiles/draft/o_proj/BLOCK_N", "value": 32}], 1.04),
+             ([{"op": "replace", "path": "/split_reduce/draft", "value": "atomic"}], 0.97),
+             ([{"op": "replace", "path": "/tiles/target/qkv/BLOCK_N", "value": 32}], 0.99),
+             ([{"op": "replace", "path": "/tiles/draft/down/BLOCK_N", "value": 32}], 1.0)]
+
+
+def _holds(plan: dict, move: list[dict]) -> bool:
+    _, *keys = move[0]["path"].split("/")
+    value = plan
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value == move[0]["value"]
+
+
+class LandscapeEvaluator:
+    """Latency: the plan's layout (two streams 0.8 ms, else 1 ms) times the factor of each LANDSCAPE move
+    it holds; the sequential baseline 2 ms."""
+
+    def __init__(self, profile_path: Path):
+        self.profile = load_profile(profile_path)
+
+    def evaluate(self, plan: dict, workload_path) -> EvalResult:
+        latency = 0.8 if plan["streams"] == "two" else 1.0
+        for move, factor in LANDSCAPE:
+            latency *= factor if _holds(plan, move) else 1.0
+        metrics = Metrics(latency, 0.5, latency / 0.5, 100.0, 3, "none", 1,
+                          {"sequential": Baseline("ok", 2.0, modeled=True)}, {"sequential": 2.0 / latency})
+        return EvalResult(validate_plan(plan).hash, "tiny", self.profile.name, Stage.TIMING, Status.OK, True,
+                          metrics=metrics)
+
+
+class LandscapeProposer:
+    """Offers every LANDSCAPE move the plan does not hold yet, the harmful ones first and most confidently."""
+    name = "landscape"
+
+    def propose(self, context, n: int) -> list[Proposal]:
+        return [Proposal(move, f"move {i}", "tiles", 0.9 if factor > 1 else 0.5)
+                for i, (move, factor) in enumerate(LANDSCAPE) if not _holds(context.plan, move)][:n]
+
+
+def test_move_memory_stops_offering_a_move_that_lost_wherever_it_was_made(env, tmp_path):
+    """MCTS with move memory makes each harmful move at most `move_memory` times (it commutes with the
+    others, so every branch offers it again); without it the same budget keeps re-trying them and
+    ends no better."""
+    def run(memory: int) -> tuple[Counter, float]:
+        with Store.open(tmp_path / f"moves{memory}.db") as store:
+            search = Search.start(store, "moves", WORKLOAD, str(TINY), LandscapeEvaluator(env["profile"]),
+                                  LandscapeProposer(), SearchSettings(budget=30, move_memory=memory), seed=0)
+            search.run_loop()
+            nodes = store.nodes(search.run_id)
+            made = Counter(n.rationale.split(" (")[0] for n in nodes if n.proposer == "landscape")
+            best = min(search.results[n.plan_hash].latency_ms for n in nodes if n.plan_hash in search.results)
+        return made, best
+
+    remembered, best_remembered = run(2)
+    forgetful, best_forgetful = run(0)
+    assert remembered["move 0"] <= 2 and remembered["move 1"] <= 2, remembered
+    assert forgetful["move 0"] + forgetful["move 1"] >= 8, forgetful
+    assert best_remembered == pytest.approx(0.8 * 0.97 * 0.99) and best_remembered <= best_forgetful

@@ -47,6 +47,8 @@ class LiveView:
             self._result(data)
         elif kind == "rejected":
             self._say(f"rejected an edit of node {data['node']}: {scrub(data['error'])[:120]}")
+        elif kind == "skipped":
+            self._say(f"skipped at node {data['node']}, it lost wherever it was made: {scrub(data['rationale'])[:100]}")
         if self._live:
             self._live.update(self._render())
 

@@ -33,6 +33,7 @@ from conjugate.paths import REWARD_BASELINE, SEED_PLANS, shipped_plan
 from conjugate.plan import load_plan, patch_plan, validate_plan
 from conjugate.search.context import ContextBuilder, device_of, family_of
 from conjugate.search.mcts import MCTS, TreeNode, rebuild
+from conjugate.search.moves import MoveMemory
 from conjugate.search.selection import select
 from conjugate.search.store import NodeRecord, NodeStatus, RunRecord, RunStatus, Store, StoreError, owner_id
 from conjugate.search.transfer import same_pair_shape, translate_plan
@@ -47,6 +48,7 @@ class SearchSettings:
     expand_width: int = 3  # edits asked for per expansion
     c_puct: float = 0.7
     behind_margin: float = 0.05  # a branch this far under the best reward is not expanded (mcts.py)
+    move_memory: int = 2  # with MCTS, a move that lost in this many branches is not offered again (moves.py); 0: off
     warm_start: int = 2  # best plans of earlier runs seeded (same evaluator; this model family first)
     stale_after_s: float = 1800.0  # a "running" evaluation older than this is taken over
     evaluator_profile: str = ""  # the profile file the run scores with: a resume loads it again
@@ -61,7 +63,8 @@ class SearchSettings:
         """The settings a run stored; a field this version does not know is dropped, one it lacks
         takes its default, one of the wrong type is refused."""
         known = {f.name: f.type for f in fields(cls)}
-        values = {"behind_margin": 0.0} | {k: v for k, v in data.items() if k in known}  # runs stored before it: none
+        stored_before = {"behind_margin": 0.0, "move_memory": 0}  # runs stored before these settings: without them
+        values = stored_before | {k: v for k, v in data.items() if k in known}
         for key, value in values.items():
             kind = {"int": int, "float": (int, float), "str": str}[known[key]]
             if not isinstance(value, kind) or isinstance(value, bool):
@@ -248,7 +251,11 @@ class Search:
             return
         self.on_event("expand", {"node": leaf.id, "depth": len(path) - 1})
         context = replace(self.context.build(record, self.results, self.store.nodes(self.run_id)), deadline=deadline)
-        proposals = self.proposer.propose(context, self.settings.expand_width)
+        memory = self._move_memory()
+        width = self.settings.expand_width
+        proposals = self.proposer.propose(context, 2 * width if memory else width)  # room for what memory drops
+        if memory:
+            proposals = self._remembered(proposals, memory, leaf.id)[:width]
         children = self._add_children(record, proposals)
         if not children:  # nothing new to offer from here
             leaf.closed = True
@@ -258,6 +265,36 @@ class Search:
             if self._over(deadline):
                 return
             self._evaluate(child, deadline)
+
+    def _move_memory(self) -> MoveMemory | None:
+        """What each move of this run did where it was measured, or None when off: MCTS only (the
+        search's baselines, random and greedy, stay as they are), and not for a replay (its recorded
+        priors and rationales already carry what the memory did)."""
+        if (self.settings.move_memory <= 0 or getattr(self.proposer, "selection", "mcts") != "mcts"
+                or self.proposer.name == "replay"):
+            return None
+        nodes = self.store.nodes(self.run_id)
+        hashes = {n.id: n.plan_hash for n in nodes}
+        memory = MoveMemory()
+        for n in nodes:
+            if n.parent_id is None or n.proposer in ("seed", "warm-start") or not n.edit:
+                continue
+            child, parent = self.results.get(n.plan_hash), self.results.get(hashes[n.parent_id])
+            if child is not None and parent is not None and reward_of(parent) > 0:
+                memory.add(n.edit, reward_of(child) / reward_of(parent) - 1)
+        return memory
+
+    def _remembered(self, proposals: list[Proposal], memory: MoveMemory, parent_id: int) -> list[Proposal]:
+        """The proposals without moves that lost everywhere they were made, the others' priors scaled
+        by how they did elsewhere (best first)."""
+        kept = []
+        for p in proposals:
+            if memory.lost_everywhere(p.patch, self.settings.move_memory):
+                self.on_event("skipped", {"node": parent_id, "rationale": p.rationale + memory.note(p.patch)})
+                continue
+            prior = memory.prior(p.patch, p.prior if p.prior is not None else 0.5)
+            kept.append(replace(p, prior=min(1.0, prior), rationale=p.rationale + memory.note(p.patch)))
+        return sorted(kept, key=lambda p: -p.prior)
 
     def _add_children(self, parent: NodeRecord, proposals: list[Proposal]) -> list[NodeRecord]:
         priors = MCTS.priors([p.prior for p in proposals]) if proposals else []
