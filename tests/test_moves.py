@@ -1,0 +1,43 @@
+"""Move memory (search/moves.py): moves keyed by their patch wherever they are made."""
+import math
+
+import pytest
+
+from conjugate.search.moves import LOSS, MoveMemory, move_key
+
+ATOMIC = [{"op": "replace", "path": "/split_reduce/draft", "value": "atomic"}]
+TWO = [{"op": "replace", "path": "/tiles/draft/qkv/BLOCK_N", "value": 32},
+       {"op": "replace", "path": "/priority", "value": "draft"}]
+
+
+def test_a_move_is_the_same_whatever_the_order_of_its_operations():
+    assert move_key(TWO) == move_key(TWO[::-1])
+    assert move_key(TWO) != move_key(TWO[:1])
+    assert move_key(ATOMIC) != move_key([{**ATOMIC[0], "value": "ordered"}])
+
+
+def test_a_move_is_dropped_only_once_it_lost_clearly_in_enough_branches():
+    memory = MoveMemory()
+    assert not memory.lost_everywhere(ATOMIC, 2)
+    memory.add(ATOMIC, -0.03)
+    assert not memory.lost_everywhere(ATOMIC, 2)  # once is not enough
+    memory.add(ATOMIC, -LOSS / 2)
+    assert not memory.lost_everywhere(ATOMIC, 2)  # a loss within the measurements' spread
+    memory.add(ATOMIC, -0.02)
+    assert not memory.lost_everywhere(ATOMIC, 2)  # the small loss still counts against dropping it
+    lost = MoveMemory()
+    lost.add(ATOMIC, -0.03)
+    lost.add(ATOMIC, -0.01)
+    assert lost.lost_everywhere(ATOMIC, 2) and not lost.lost_everywhere(ATOMIC, 0) and not lost.lost_everywhere(TWO, 2)
+
+
+def test_priors_follow_the_mean_gain_elsewhere_within_bounds():
+    memory = MoveMemory()
+    assert memory.prior(ATOMIC, 0.4) == 0.4 and memory.note(ATOMIC) == ""
+    memory.add(ATOMIC, 0.02)
+    assert memory.prior(ATOMIC, 0.4) == pytest.approx(0.4 * math.e)
+    assert memory.note(ATOMIC) == " (elsewhere in this run: +2.0% over 1)"
+    memory.add(ATOMIC, 0.5)
+    assert memory.prior(ATOMIC, 0.4) == pytest.approx(1.6)  # at most 4x
+    memory.add(TWO, -0.5)
+    assert memory.prior(TWO, 0.4) == pytest.approx(0.1)  # at least a quarter
