@@ -64,7 +64,8 @@ def main() -> None:
                      "spread_pct": {b: round(spread_pct([s[b] for s in sets]), 2) for b in BASELINES}})
     print(f"{'workload':24} {'sets':>4} " + " ".join(f"{b + ' spread %':>22}" for b in BASELINES))
     for r in rows:
-        print(f"{r['workload']:24} {len(r['processes']):4d} " + " ".join(f"{r['spread_pct'][b]:22.2f}" for b in BASELINES))
+        spreads = " ".join(f"{r['spread_pct'][b]:22.2f}" for b in BASELINES)
+        print(f"{r['workload']:24} {len(r['processes']):4d} {spreads}")
     if args.json:
         args.json.write_text(json.dumps({"command": " ".join(sys.argv), "workloads": rows}, indent=1) + "\n")
 

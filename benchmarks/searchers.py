@@ -65,7 +65,8 @@ def search(workload: Path, agent: str, budget: int, evaluator: IsolatedEvaluator
             _refuse(db, f"holds a run of agent {stored.agent}, not {agent}")
         else:  # a finished run too: a larger --budget continues it
             check_workload(stored, w)
-            run = Search(store, stored.id, w, str(workload.resolve()), evaluator, make_proposer(agent, seed=stored.seed),
+            proposer = make_proposer(agent, seed=stored.seed)
+            run = Search(store, stored.id, w, str(workload.resolve()), evaluator, proposer,
                          replace(SearchSettings.from_dict(stored.settings), budget=budget))
             store.set_run_status(stored.id, RunStatus.RUNNING)
         why = run.run_loop(deadline)
@@ -118,7 +119,8 @@ def confirm(runs: list[dict], workload: Path, out: Path, evaluator: IsolatedEval
             if result.status != "ok":
                 raise SystemExit(f"{workload}: confirming {name}'s best plan: {result.status}: {result.error}")
             times[name].append(result.latency_ms)
-        print(f"confirm round {turn + 1}/{rounds}: " + ", ".join(f"{n} {t[-1]:.3f}" for n, t in times.items()), flush=True)
+        latest = ", ".join(f"{n} {t[-1]:.3f}" for n, t in times.items())
+        print(f"confirm round {turn + 1}/{rounds}: {latest}", flush=True)
     for r in runs:
         r["confirmed_ms"] = statistics.median(times[r["agent"]]) if r["agent"] in times else None
         r["confirmed_all_ms"] = times.get(r["agent"], [])

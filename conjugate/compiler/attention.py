@@ -20,7 +20,8 @@ kv_head * GROUP + i // T, token i % T; rows >= GROUP * T are masked), then runs 
 Split-KV (flash-decoding): the keys 0 .. start + T - 1 are cut into SPLIT_KV contiguous chunks of
 a BLOCK_N multiple each. With SPLIT_KV == 1 the program normalises and writes `out` itself. With
 SPLIT_KV > 1 every split writes its partial (m, l, unnormalised acc) to scratch
-(part_o [B * KVH, SPLIT_KV, ROWS, HEAD_DIM], part_ml [B * KVH, SPLIT_KV, 2, ROWS]) and bumps the
+(part_o [B * KVH, SPLIT_KV, ROWS, HEAD_DIM], part_ml [B * KVH, SPLIT_KV, 2, ROWS]; the rows of real
+heads and tokens only, GROUP * T of ROWS) and bumps the
 (b, kv_head) counter with an acq_rel atomic; the program that sees the count SPLIT_KV - 1 is the
 last one, so every partial is visible to it: it combines them with a log-sum-exp rescale
     M = max_s m_s,  l = sum_s 2^(m_s - M) l_s,  o = sum_s 2^(m_s - M) acc_s / l
@@ -92,18 +93,21 @@ def _attend(k_ptr, v_ptr, q, t, kv_base, lo, hi, start, qk_scale, HEAD_DIM: tl.c
 
 
 @triton.jit
-def _store_partial(part_o_ptr, part_ml_ptr, slot, m, l, acc, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr):
-    """Writes one split's m, l [ROWS] and acc [ROWS, HEAD_DIM] at scratch slot bh * SPLIT_KV + split."""
+def _store_partial(part_o_ptr, part_ml_ptr, slot, m, l, acc, row_ok, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr):
+    """Writes one split's m, l [ROWS] and acc [ROWS, HEAD_DIM] at scratch slot bh * SPLIT_KV + split: the
+    rows of real heads and tokens only (a draft step with two query heads per KV head uses 2 of 16)."""
     i = tl.arange(0, ROWS)  # [ROWS]
     d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
-    tl.store(part_o_ptr + slot * ROWS * HEAD_DIM + i[:, None] * HEAD_DIM + d[None, :], acc)
-    tl.store(part_ml_ptr + slot * 2 * ROWS + i, m)
-    tl.store(part_ml_ptr + slot * 2 * ROWS + ROWS + i, l)
+    tl.store(part_o_ptr + slot * ROWS * HEAD_DIM + i[:, None] * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None])
+    tl.store(part_ml_ptr + slot * 2 * ROWS + i, m, mask=row_ok)
+    tl.store(part_ml_ptr + slot * 2 * ROWS + ROWS + i, l, mask=row_ok)
 
 
 @triton.jit
-def _combine(part_o_ptr, part_ml_ptr, bh, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, SPLIT_KV: tl.constexpr):
-    """Log-sum-exp merge of the SPLIT_KV partials of (b, kv_head) `bh`; returns l [ROWS], o [ROWS, HEAD_DIM]."""
+def _combine(part_o_ptr, part_ml_ptr, bh, row_ok, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
+             SPLIT_KV: tl.constexpr):
+    """Log-sum-exp merge of the SPLIT_KV partials of (b, kv_head) `bh`; returns l [ROWS], o [ROWS, HEAD_DIM]
+    (rows not `row_ok` read nothing and weigh 0)."""
     i = tl.arange(0, ROWS)  # [ROWS]
     d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
     m = tl.full([ROWS], float("-inf"), tl.float32)  # [ROWS]
@@ -111,10 +115,11 @@ def _combine(part_o_ptr, part_ml_ptr, bh, HEAD_DIM: tl.constexpr, ROWS: tl.const
     o = tl.zeros([ROWS, HEAD_DIM], tl.float32)  # [ROWS, HEAD_DIM]
     for s in range(SPLIT_KV):
         slot = bh * SPLIT_KV + s
-        m_s = tl.load(part_ml_ptr + slot * 2 * ROWS + i, cache_modifier=".cg")  # [ROWS]
-        l_s = tl.load(part_ml_ptr + slot * 2 * ROWS + ROWS + i, cache_modifier=".cg")  # [ROWS]
-        o_s = tl.load(part_o_ptr + slot * ROWS * HEAD_DIM + i[:, None] * HEAD_DIM + d[None, :],
-                      cache_modifier=".cg")  # [ROWS, HEAD_DIM]
+        m_s = tl.load(part_ml_ptr + slot * 2 * ROWS + i, mask=row_ok, other=float("-inf"),
+                      cache_modifier=".cg")  # [ROWS]
+        l_s = tl.load(part_ml_ptr + slot * 2 * ROWS + ROWS + i, mask=row_ok, other=0.0, cache_modifier=".cg")
+        o_s = tl.load(part_o_ptr + slot * ROWS * HEAD_DIM + i[:, None] * HEAD_DIM + d[None, :], mask=row_ok[:, None],
+                      other=0.0, cache_modifier=".cg")  # [ROWS, HEAD_DIM]
         m_new = tl.maximum(m, m_s)  # [ROWS]
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # [ROWS]
         a_old = tl.exp2(m - m_safe)  # [ROWS] 0 when m = -inf
@@ -150,11 +155,12 @@ def attn_tile(pid, q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_ml_ptr, counte
         l = tl.where(l == 0.0, 1.0, l)  # [ROWS] only masked rows have l == 0
         tl.store(out_ptr + o_offs, (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
     else:
-        _store_partial(part_o_ptr, part_ml_ptr, pid, m, l, acc, HEAD_DIM, ROWS)
+        _store_partial(part_o_ptr, part_ml_ptr, pid, m, l, acc, row_ok, HEAD_DIM, ROWS)
         tl.debug_barrier()  # every thread's partial stores precede the release below
         prev = tl.atomic_add(counter_ptr + bh, 1)  # acq_rel, gpu scope
         if prev == SPLIT_KV - 1:
-            l_all, o_all = _combine(part_o_ptr, part_ml_ptr, bh, HEAD_DIM, ROWS, SPLIT_KV)  # [ROWS], [ROWS, HEAD_DIM]
+            # [ROWS], [ROWS, HEAD_DIM]
+            l_all, o_all = _combine(part_o_ptr, part_ml_ptr, bh, row_ok, HEAD_DIM, ROWS, SPLIT_KV)
             l_all = tl.where(l_all == 0.0, 1.0, l_all)
             tl.store(out_ptr + o_offs, (o_all / l_all[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
             tl.atomic_xchg(counter_ptr + bh, 0)  # ready for the next launch
