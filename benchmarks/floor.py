@@ -28,13 +28,15 @@ from conjugate.workload import load_workload  # noqa: E402
 STREAMS_SEED = "shipped plan streams"
 
 
-def runs_of(db: Path, workload):
+def runs_of(db: Path, workload, path: Path):
     """(run, [(node, evaluation)]) for each run of this workload in the database."""
+    if not db.is_file():
+        raise SystemExit(f"{db}: no such database")
     with Store.open(db) as store:
         for run in store.runs():
             if run.workload_name != workload.name:
                 continue
-            check_workload(run, workload)
+            check_workload(run, workload, path)
             nodes = store.nodes(run.id)
             yield run, [(n, store.evaluation(eval_key(n.plan_hash, workload, run_evaluator_id(run)))) for n in nodes]
 
@@ -47,7 +49,7 @@ def best_row(path: Path, dbs: list[Path], plans: Path) -> dict | None:
     workload = load_workload(path)
     best = None
     for db in dbs:
-        for run, pairs in runs_of(db, workload):
+        for run, pairs in runs_of(db, workload, path):
             measured = [(n, e) for n, e in pairs if ok(e)]
             if not measured:
                 continue
@@ -58,7 +60,7 @@ def best_row(path: Path, dbs: list[Path], plans: Path) -> dict | None:
                 best = {"workload": workload.name, "example": path.resolve().parent == ROOT / "examples",
                         "floor_ms": metrics.floor_ms,
                         "streams_ms": streams.result.latency_ms if streams else None,
-                        "conventional_ms": metrics.baselines["conventional"].latency_ms,
+                        "conventional_ms": _baseline(metrics, "conventional"),
                         "best_ms": ev.result.latency_ms, "floor_ratio": metrics.floor_ratio,
                         "evaluations": sum(1 for n, _ in pairs if n.status is not NodeStatus.NEW),
                         "agent": run.agent, "db": db.name, "node": node.id, "lineage": lineage(pairs, node),
@@ -67,10 +69,19 @@ def best_row(path: Path, dbs: list[Path], plans: Path) -> dict | None:
     if best is None:
         return None
     plans.mkdir(parents=True, exist_ok=True)
-    out = plans / f"{workload.name}.json"
+    out = (plans / f"{workload.name}.json").resolve()
     out.write_text(json.dumps(best.pop("plan"), indent=1) + "\n")
-    best["best_plan"] = str(out.relative_to(ROOT)) if out.resolve().is_relative_to(ROOT) else str(out)
+    best["best_plan"] = str(out.relative_to(ROOT)) if out.is_relative_to(ROOT) else str(out)
     return best
+
+
+def _baseline(metrics, name: str) -> float | None:
+    found = metrics.baselines.get(name)
+    return found.latency_ms if found is not None and found.latency_ms else None
+
+
+def _ratio(a: float | None, b: float) -> str:
+    return "-" if a is None else f"{a / b:.3f}"
 
 
 def lineage(pairs, node) -> list[str]:
@@ -96,12 +107,15 @@ def main() -> None:
     print(f"{'workload':24} {'floor':>7} {'conv':>7} {'streams':>7} {'best':>7} {'xfloor':>6} {'/streams':>8} "
           f"{'/conv':>6} {'evals':>5}")
     for r in rows:
-        print(f"{r['workload']:24} {r['floor_ms']:7.3f} {r['conventional_ms']:7.3f} {r['streams_ms']:7.3f} "
-              f"{r['best_ms']:7.3f} {r['floor_ratio']:6.3f} {r['streams_ms'] / r['best_ms']:8.3f} "
-              f"{r['conventional_ms'] / r['best_ms']:6.3f} {r['evaluations']:5d}")
-    if rows:
-        gm = lambda key: math.exp(sum(math.log(r[key] / r["best_ms"]) for r in rows) / len(rows))  # noqa: E731
-        print(f"geometric mean: {gm('streams_ms'):.3f}x over streams, {gm('conventional_ms'):.3f}x over conventional")
+        ms = [("-" if r[k] is None else f"{r[k]:.3f}") for k in ("conventional_ms", "streams_ms")]
+        print(f"{r['workload']:24} {r['floor_ms']:7.3f} {ms[0]:>7} {ms[1]:>7} {r['best_ms']:7.3f} {r['floor_ratio']:6.3f} "
+              f"{_ratio(r['streams_ms'], r['best_ms']):>8} {_ratio(r['conventional_ms'], r['best_ms']):>6} "
+              f"{r['evaluations']:5d}")
+    for key, name in (("streams_ms", "streams"), ("conventional_ms", "conventional")):
+        measured = [r for r in rows if r[key] is not None and r["example"]]
+        if measured:
+            gm = math.exp(sum(math.log(r[key] / r["best_ms"]) for r in measured) / len(measured))
+            print(f"geometric mean over {len(measured)} examples: {gm:.3f}x over {name}")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
 

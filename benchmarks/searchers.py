@@ -11,8 +11,9 @@ order evaluations finished), the best plan and the `sequential` root's latency. 
 workload share one evaluation worker, so its baselines are measured and its kernels compiled once
 (each run still evaluates every plan it reaches: their databases are apart, so no run sees another's
 results, lessons or best plans). One best-so-far plot per workload (DIR/<workload>_searchers.png).
-JSON: {"gpu", "workloads": [{"workload", "runs": [{"agent", "best_ms", "sequential_ms",
-"best_so_far_ms": [...], "evaluations", "complete"}]}]}.
+JSON: {"gpu", "modeled", "workloads": [{"workload", "confirmed_streams_ms"?, "runs": [{"agent", "best_ms",
+"sequential_ms", "best_so_far_ms": [...], "evaluations" (plans that passed every check), "settled"
+(evaluations the budget spent), "complete", "device", "db", "best_node", "confirmed_ms"?}]}]}.
 
 `--time` bounds the whole command: the seconds left are shared evenly among the runs not yet done,
 and a run cut short is stored `stopped` (its JSON row says "complete": false). `--resume` continues
@@ -44,7 +45,8 @@ from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
 from conjugate.evaluate.worker import IsolatedEvaluator  # noqa: E402
 from conjugate.search.commands import open_store, scored_by  # noqa: E402
-from conjugate.search.run import Search, SearchSettings, check_workload, eval_key, run_evaluator_id  # noqa: E402
+from conjugate.search.run import (Search, SearchSettings, check_workload, eval_key, evaluator_id,  # noqa: E402
+                                  run_evaluator_id)
 from conjugate.search.store import NodeStatus, RunStatus, Store  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 
@@ -64,7 +66,9 @@ def search(workload: Path, agent: str, budget: int, evaluator: IsolatedEvaluator
         elif stored.agent != agent:
             _refuse(db, f"holds a run of agent {stored.agent}, not {agent}")
         else:  # a finished run too: a larger --budget continues it
-            check_workload(stored, w)
+            check_workload(stored, w, workload)
+            if evaluator_id(evaluator.profile) != run_evaluator_id(stored):
+                _refuse(db, f"was scored by {run_evaluator_id(stored)}, not by --evaluator {args_evaluator(evaluator)}")
             proposer = make_proposer(agent, seed=stored.seed)
             run = Search(store, stored.id, w, str(workload.resolve()), evaluator, proposer,
                          replace(SearchSettings.from_dict(stored.settings), budget=budget))
@@ -72,15 +76,19 @@ def search(workload: Path, agent: str, budget: int, evaluator: IsolatedEvaluator
         why = run.run_loop(deadline)
         store.set_run_status(run.run_id, RunStatus.FINISHED if why in ("budget", "exhausted") else RunStatus.STOPPED)
         print(f"{w.name} {agent}: {why} after {run.evaluations_done()} evaluations", flush=True)
-    return {**summary(db, agent, w), "seconds": time.perf_counter() - started}
+    return {**summary(db, agent, w, workload), "seconds": time.perf_counter() - started}
 
 
-def summary(db: Path, agent: str, workload) -> dict:
-    """One run's row of the JSON, read from its database (the workload given: the stored path may be
-    another machine's)."""
+def summary(db: Path, agent: str, workload, path: Path) -> dict:
+    """One run's row of the JSON, read from its database (the workload file given: the stored path may
+    be another machine's)."""
+    if not db.is_file():
+        raise SystemExit(f"{db}: no such database")
     with Store.open(db) as store:
         run = store.latest_run()
-        check_workload(run, workload)
+        if run is None or run.agent != agent:
+            _refuse(db, "holds no run" if run is None else f"holds a run of agent {run.agent}, not {agent}")
+        check_workload(run, workload, path)
         nodes = store.nodes(run.id)
         found = [store.evaluation(eval_key(n.plan_hash, workload, run_evaluator_id(run))) for n in nodes]
         complete = run.status is RunStatus.FINISHED
@@ -117,7 +125,8 @@ def confirm(runs: list[dict], workload: Path, out: Path, evaluator: IsolatedEval
         for name, plan in plans.items():
             result = evaluator.evaluate(plan, workload)
             if result.status != "ok":
-                raise SystemExit(f"{workload}: confirming {name}'s best plan: {result.status}: {result.error}")
+                what = "the streams plan" if name == "streams" else f"{name}'s best plan"
+                raise SystemExit(f"{workload}: confirming {what}: {result.status}: {result.error}")
             times[name].append(result.latency_ms)
         latest = ", ".join(f"{n} {t[-1]:.3f}" for n, t in times.items())
         print(f"confirm round {turn + 1}/{rounds}: {latest}", flush=True)
@@ -125,6 +134,10 @@ def confirm(runs: list[dict], workload: Path, out: Path, evaluator: IsolatedEval
         r["confirmed_ms"] = statistics.median(times[r["agent"]]) if r["agent"] in times else None
         r["confirmed_all_ms"] = times.get(r["agent"], [])
     return statistics.median(times["streams"])
+
+
+def args_evaluator(evaluator: IsolatedEvaluator) -> str:
+    return str(evaluator.profile.source)
 
 
 def _refuse(db: Path, why: str) -> None:
@@ -187,7 +200,8 @@ def main() -> None:
             shared = None if args.report and not args.confirm else stack.enter_context(
                 IsolatedEvaluator(load_profile(args.evaluator)))
             if args.report:
-                runs = [summary(args.out / f"{name}_{agent}.db", agent, load_workload(path)) for agent in args.agents]
+                runs = [summary(args.out / f"{name}_{agent}.db", agent, load_workload(path), path)
+                    for agent in args.agents]
             else:
                 runs = searches(path, name, args, end, (len(args.workloads) - index) * len(args.agents), shared)
             if args.confirm:
@@ -195,6 +209,7 @@ def main() -> None:
         plot(name, runs, args.out / f"{name}_searchers.png")
         out["workloads"].append({**row, "runs": runs})
         out["gpu"] = out["gpu"] or next((r["device"] for r in runs if r.get("device")), None)
+        out["modeled"] = load_profile(args.evaluator).kind != "gpu"  # then "gpu" is the GPU modeled
         if args.json:
             args.json.write_text(json.dumps(out, indent=1) + "\n")
     print(f"{'workload':24} {'agent':10} {'sequential':>10} {'best':>8} {'confirmed':>9} {'evals':>5}")

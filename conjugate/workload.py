@@ -13,6 +13,8 @@
 """
 from __future__ import annotations
 
+import json
+
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -87,6 +89,14 @@ class Workload:
         """The inverse of to_dict, for a workload this program checked already (a file goes
         through load_workload)."""
         return cls(**{**data, "draft": ModelSpec.from_dict(data["draft"]), "target": ModelSpec.from_dict(data["target"])})
+
+
+def workload_toml(workload: Workload) -> str:
+    """A workload file that load_workload reads back as this workload."""
+    values = {"name": workload.name, "draft": workload.draft_source, "target": workload.target_source,
+              "k": workload.k, "draft_batch": workload.draft_batch, "target_batch": workload.target_batch,
+              "context": workload.context, "dtype": workload.dtype, "seed": workload.seed, "kv_init": workload.kv_init}
+    return "".join(f"{key} = {json.dumps(value)}\n" for key, value in values.items())
 
 
 def load_workload(path: str | Path) -> Workload:

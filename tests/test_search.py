@@ -800,20 +800,26 @@ def test_a_database_moved_away_from_its_workload_file_shows_exports_and_resumes(
     assert code == 0 and "3 nodes, 3 ok" in out, err
     code, out, err = cli("export", db, "--out", tmp_path / "ex")
     assert code == 0 and (tmp_path / "ex" / "best_plan.json").exists(), err
+    assert load_workload(tmp_path / "ex" / "workload.toml") == WORKLOAD  # the export carries it
+    assert '"$here/workload.toml"' in (tmp_path / "ex" / "reproduce.sh").read_text()
     code, out, err = cli("search", "--resume", db, "--budget", 4)
     assert code == 0, err
-    assert done_evaluations(db) == 4
+    code, out, err = cli("search", TINY, "--resume", db, "--budget", 5)  # the same workload, given elsewhere
+    assert code == 0, err
+    code, out, err = cli("show", db, "--workload", TINY)
+    assert code == 0 and "5 ok, 0 failed" in out, out + err  # evaluated, not crashed on the lost file
 
-    assert cli("export", db, "--out", tmp_path / "ex2", "--workload", TINY)[0] == 0  # the same workload, elsewhere
+    assert cli("export", db, "--out", tmp_path / "ex2", "--workload", TINY)[0] == 0
+    assert not (tmp_path / "ex2" / "workload.toml").exists() and str(TINY.name) in (tmp_path / "ex2" / "reproduce.sh").read_text()
     other = tmp_path / "other.toml"
     other.write_text(TINY.read_text().replace("seed = 0", "seed = 7"))
-    assert_one_line_error(*cli("export", db, "--out", tmp_path / "ex3", "--workload", other)[::2], str(other),
-                          "not the workload run 1 searched")
-    assert_one_line_error(*cli("search", other, "--resume", db, "--budget", 5)[::2], str(other),
-                          "not the workload run 1 searched")
+    for argv in (("export", db, "--out", tmp_path / "ex3", "--workload", other), ("show", db, "--workload", other),
+                 ("search", other, "--resume", db, "--budget", 6)):
+        assert_one_line_error(*cli(*argv)[::2], str(other), "not the workload run 1 searched",
+                              "field 'seed' is 7, the run's 0")
 
 
-def test_a_moved_run_whose_checkpoint_is_gone_asks_for_its_workload_file(tmp_path):
+def test_a_moved_run_whose_checkpoint_is_gone_names_the_field_and_the_path(tmp_path):
     from types import SimpleNamespace
 
     from conjugate.errors import ConjugateError
@@ -822,21 +828,31 @@ def test_a_moved_run_whose_checkpoint_is_gone_asks_for_its_workload_file(tmp_pat
     stored = replace(WORKLOAD, draft_source=str(tmp_path / "gone-checkpoint"))
     run = SimpleNamespace(id=1, workload_name=stored.name, workload_path=str(tmp_path / "gone.toml"),
                           workload={**stored.to_dict(), "family": FAMILY})
-    with pytest.raises(ConjugateError, match=r"gone\.toml: no such workload file, and the checkpoint it names "
-                                             r".*gone-checkpoint.* give the workload file with --workload"):
+    with pytest.raises(ConjugateError, match=r"gone\.toml: no such workload file, and its field 'draft' names a "
+                                             r"checkpoint that is not here either \(.*gone-checkpoint\); the run "
+                                             r"needs it at that path"):
         run_workload(run)
     with_presets = SimpleNamespace(**{**vars(run), "workload": {**WORKLOAD.to_dict(), "family": FAMILY}})
     assert run_workload(with_presets) == WORKLOAD  # rebuilt from what the run stored
 
 
 def test_a_resume_falls_back_to_the_profile_of_its_name_where_its_file_is_gone(tmp_path):
-    from conjugate.search.commands import _run_profile
+    """A copy of a shipped profile, gone by the resume: the shipped one of its name scores the rest (the
+    same settings, so the same evaluations' key); a profile file of other settings, gone: refused."""
+    copy, db = tmp_path / "analytical.toml", tmp_path / "profile.db"
+    copy.write_text((REPO / "evaluators" / "analytical.toml").read_text())
+    assert cli("search", TINY, "--db", db, "--budget", 3, "--evaluator", copy)[0] == 0
+    copy.unlink()
+    code, out, err = cli("search", "--resume", db, "--budget", 4)
+    assert code == 0, err
+    assert "4 ok, 0 failed" in cli("show", db)[1]
 
-    kept = tmp_path / "p.toml"
-    kept.write_text("")
-    assert _run_profile(str(kept), "h200") == str(kept)
-    assert _run_profile(str(tmp_path / "gone.toml"), "h200") == "h200"
-    assert _run_profile("", "analytical") == "analytical"
+    edited, db2 = tmp_path / "edited.toml", tmp_path / "edited.db"
+    shipped = (REPO / "evaluators" / "analytical.toml").read_text()
+    edited.write_text(re.sub(r"(?m)^launch_overhead_us = .*$", "launch_overhead_us = 9.0", shipped))
+    assert cli("search", TINY, "--db", db2, "--budget", 3, "--evaluator", edited)[0] == 0
+    edited.unlink()
+    assert_one_line_error(*cli("search", "--resume", db2, "--budget", 4)[::2], "profile changed")
 
 
 # Moves that commute, each with the factor it puts on the round's latency wherever it is made.

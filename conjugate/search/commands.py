@@ -158,19 +158,21 @@ def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> i
     profile and agent; only the budget, the LLM server and the cost cap may be given anew."""
     from conjugate.evaluate.profile import load_profile
     from conjugate.evaluate.worker import IsolatedEvaluator
-    from conjugate.search.run import Search, SearchSettings, evaluator_id, run_evaluator_id, run_workload
+    from conjugate.search.run import (Search, SearchSettings, evaluator_id, run_evaluator_id, run_profile_source,
+                                      run_workload_file)
     from conjugate.search.store import RunStatus
 
     with open_store(args.resume) as store:
         run = store.latest_run() if args.run is None else store.run(args.run)
         if run is None:
             raise ConjugateError(f"{args.resume}: holds no run to resume")
-        workload = run_workload(run, args.workload)
+        workload, workload_file = run_workload_file(run, args.workload)
+        args.workload = workload_file  # the processes joining on other GPUs read it too
         try:
             stored = SearchSettings.from_dict(run.settings)
         except ValueError as e:
             raise ConjugateError(f"{args.resume}: run {run.id}: {e}") from None
-        profile = load_profile(_run_profile(stored.evaluator_profile, run.evaluator))
+        profile = load_profile(run_profile_source(stored.evaluator_profile, run.evaluator))
         if evaluator_id(profile) != run_evaluator_id(run):
             raise ConjugateError(f"{profile.source}: the evaluator profile changed since run {run.id} started; "
                                  "start a new run to score with it")
@@ -180,16 +182,10 @@ def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> i
         proposer = _proposer(agent, _CallLog(store, run.id))
         with IsolatedEvaluator(profile) as evaluator:
             def resume() -> Search:
-                search = Search(store, run.id, workload, run.workload_path, evaluator, proposer, settings)
+                search = Search(store, run.id, workload, workload_file, evaluator, proposer, settings)
                 store.set_run_status(run.id, RunStatus.RUNNING)
                 return search
             return _drive(store, resume, out, deadline, _joiners(args, args.resume, deadline))
-
-
-def _run_profile(stored_path: str, name: str) -> str:
-    """The run's own profile file, or (a database moved to another machine or checkout, the file not
-    there) the shipped profile of its name; the evaluator id check refuses it if its settings differ."""
-    return stored_path if stored_path and Path(stored_path).exists() else name
 
 
 def scored_by(settings: SearchSettings, profile: EvaluatorProfile) -> SearchSettings:
@@ -293,13 +289,14 @@ def cmd_show(args: argparse.Namespace, out: Console) -> None:
         out.print(table)
         chosen = [store.run(args.run)] if args.run else runs[-1:]
         for run in chosen:
-            show_run(store, run, out, limit=args.limit)
+            show_run(store, run, out, limit=args.limit, workload_file=args.workload)
 
 
-def show_run(store, run, out: Console, limit: int = 10) -> None:
+def show_run(store, run, out: Console, limit: int = 10, workload_file: str | None = None) -> None:
     from conjugate.search.report import run_history
+    from conjugate.search.run import run_workload
 
-    history = run_history(store, run)
+    history = run_history(store, run, run_workload(run, workload_file))
     ok = sorted((h for h in history if h["status"] == "ok"), key=lambda h: h["latency_ms"])
     table = Table(title=f"run {run.id}: best plans ({'modeled' if history and history[0]['modeled'] else 'measured'})")
     for col in ("node", "depth", "latency", *(f"vs {b}" for b in ("conventional", "sequential", "streams")),
@@ -355,6 +352,7 @@ def add_commands(sub, out: Console) -> None:
     show.add_argument("db", help="SQLAlchemy URL or SQLite file")
     show.add_argument("--run", type=_RUN_ID, help="the run to detail (default: the latest)")
     show.add_argument("--limit", type=int, default=10)
+    show.add_argument("--workload", help="the run's workload file, where the database moved away from it")
     show.set_defaults(func=lambda a: cmd_show(a, out))
     export = sub.add_parser("export", help="write a run's best plan, its kernels, a report and a plot")
     export.add_argument("db", help="SQLAlchemy URL or SQLite file")

@@ -13,10 +13,10 @@ from rich.console import Console
 
 from conjugate.errors import ConjugateError
 from conjugate.evaluate.result import EvalResult
-from conjugate.search.run import eval_key, reward_of, run_evaluator_id, run_workload
+from conjugate.search.run import eval_key, reward_of, run_evaluator_id, run_profile_source, run_workload
 from conjugate.paths import DATA_ROOT, EXAMPLES_DIR, PROFILES_DIR
 from conjugate.secrets import scrub, scrub_tree
-from conjugate.workload import Workload
+from conjugate.workload import Workload, workload_toml
 
 BASELINES = ("conventional", "sequential", "streams")
 
@@ -87,7 +87,12 @@ def export_run(store, run, out_dir: Path, console: Console, workload_file: str |
     written.append(_write(out_dir / "report.json", json.dumps(report, indent=1, default=str) + "\n"))
     written.append(_write(out_dir / "report.md", _markdown(run, best, result, history)))
     written.append(_plot(report["best_so_far"], out_dir / "best_so_far.png", run))
-    written.append(_write(out_dir / "reproduce.sh", _script(run)))
+    if workload_file is not None or Path(run.workload_path).exists():
+        workload_word = _portable(str(Path(workload_file).resolve()) if workload_file else run.workload_path)
+    else:  # the run's own file is gone (a moved database): the export carries the workload
+        written.append(_write(out_dir / "workload.toml", workload_toml(workload)))
+        workload_word = '"$here/workload.toml"'
+    written.append(_write(out_dir / "reproduce.sh", _script(run, workload_word)))
     (out_dir / "reproduce.sh").chmod(0o755)
     return written
 
@@ -170,16 +175,17 @@ def _plot(best: list[float], path: Path, run) -> Path:
     return path
 
 
-def _script(run) -> str:
+def _script(run, workload_word: str) -> str:
     """The bench command for the best plan, with the run's workload file and evaluator profile file.
     It runs from any directory, on a checkout or an installed wheel: a file the package ships (a
     workload of examples/, a profile of evaluators/) is named in the data folder of the conjugate
-    python3 imports, any other file by its path as the run recorded it."""
-    evaluator = run.settings["evaluator_profile"] or run.evaluator  # a run started in code may name no file
+    python3 imports, any other file by its path as the run recorded it (or as given to export); a
+    run whose workload file is gone gets the workload.toml the export wrote beside the script."""
+    evaluator = run_profile_source(run.settings.get("evaluator_profile", ""), run.evaluator)
     return ("#!/usr/bin/env bash\n# Measure the exported best plan again beside the baselines.\nset -euo pipefail\n"
             'here="$(cd "$(dirname "$0")" && pwd)"\n'
             'data="$(python3 -c \'import conjugate.paths as p; print(p.DATA_ROOT)\')"  # its examples/ and evaluators/\n'
-            f"python3 -m conjugate bench {_portable(run.workload_path)} --plan \"$here/best_plan.json\" "
+            f"python3 -m conjugate bench {workload_word} --plan \"$here/best_plan.json\" "
             f"--evaluator {_portable(evaluator)} --json \"$here/reproduced.json\"\n")
 
 

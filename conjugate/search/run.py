@@ -31,6 +31,7 @@ from conjugate.evaluate.result import EvalResult
 from conjugate.graph import build_graph
 from conjugate.paths import REWARD_BASELINE, SEED_PLANS, shipped_plan
 from conjugate.plan import load_plan, patch_plan, validate_plan
+from conjugate.roles import Model
 from conjugate.search.context import ContextBuilder, device_of, family_of
 from conjugate.search.mcts import MCTS, TreeNode, rebuild
 from conjugate.search.moves import MoveMemory
@@ -38,7 +39,6 @@ from conjugate.search.selection import select
 from conjugate.search.store import NodeRecord, NodeStatus, RunRecord, RunStatus, Store, StoreError, owner_id
 from conjugate.search.transfer import same_pair_shape, translate_plan
 from conjugate.secrets import scrub
-from conjugate.roles import Model
 from conjugate.workload import Workload
 
 
@@ -103,36 +103,87 @@ def evaluator_id(profile) -> str:
 
 
 def check_workload(run: RunRecord, workload: Workload, path: str | Path | None = None) -> None:
-    """A run's evaluations are keyed by its workload as it was: refuse a workload file edited since."""
-    if json.dumps(_stored_workload(run), sort_keys=True, default=str) != json.dumps(workload.to_dict(), sort_keys=True,
-                                                                                   default=str):
-        if path is not None:
-            raise ConjugateError(f"{path}: not the workload run {run.id} searched ({run.workload_name}, "
-                                 f"from {run.workload_path})")
-        raise ConjugateError(f"{run.workload_path}: the workload changed since run {run.id} started; "
-                             "start a new run for the new workload")
+    """A run's evaluations are keyed by its workload as it was: refuse a workload file edited since (or,
+    `path` given, another workload), naming the first field that differs."""
+    stored, now = _stored_workload(run), workload.to_dict()
+    differs = next((k for k in sorted(set(stored) | set(now))
+                    if json.dumps(stored.get(k), sort_keys=True, default=str) != json.dumps(now.get(k), sort_keys=True,
+                                                                                             default=str)), None)
+    if differs is None:
+        return
+    what = f"field {differs!r} is {_short(now.get(differs))}, the run's {_short(stored.get(differs))}"
+    if path is not None:
+        raise ConjugateError(f"{path}: not the workload run {run.id} searched ({run.workload_name}): {what}")
+    raise ConjugateError(f"{run.workload_path}: the workload changed since run {run.id} started ({what}); "
+                         "start a new run for the new workload")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _stored_workload(run: RunRecord) -> dict[str, Any]:
     return {k: v for k, v in run.workload.items() if k != "family"}
 
 
+GIVE_WORKLOAD = "give its file (conjugate search W --resume DB, conjugate show|export DB --workload W)"
+
+
 def run_workload(run: RunRecord, given: str | Path | None = None) -> Workload:
     """The workload a stored run searched, checked against the one it stored: the file given, else
     the file the run was started with, else (a database moved to another machine or checkout) the
-    workload as the run stored it, where its models are presets or checkpoints still at their place."""
+    workload as the run stored it, where its models are presets or checkpoints still where the run
+    found them (their paths are part of the workload, so they must be there in any case)."""
     from conjugate.workload import load_workload
 
     if given is not None or Path(run.workload_path).exists():
         workload = load_workload(given if given is not None else run.workload_path)
-    else:
+        check_workload(run, workload, given)
+        return workload
+    try:
         workload = Workload.from_dict(_stored_workload(run))
-        for directory in filter(None, (workload.checkpoint_dir(m) for m in (Model.DRAFT, Model.TARGET))):
-            if not directory.is_dir():
-                raise ConjugateError(f"{run.workload_path}: no such workload file, and the checkpoint it names "
-                                     f"({directory}) is not here either; give the workload file with --workload")
-    check_workload(run, workload, given)
+    except (TypeError, KeyError, ValueError) as e:
+        raise ConjugateError(f"{run.workload_path}: no such workload file, and run {run.id} stored its workload "
+                             f"in a form this version cannot read ({e}); {GIVE_WORKLOAD}") from None
+    for field_name, model in (("draft", Model.DRAFT), ("target", Model.TARGET)):
+        directory = workload.checkpoint_dir(model)
+        if directory is not None and not directory.is_dir():
+            raise ConjugateError(f"{run.workload_path}: no such workload file, and its field {field_name!r} names a "
+                                 f"checkpoint that is not here either ({directory}); the run needs it at that path")
     return workload
+
+
+def run_workload_file(run: RunRecord, given: str | Path | None = None) -> tuple[Workload, str]:
+    """The run's workload (run_workload) and a file holding it for the evaluation worker and the
+    processes joining the run: the file given, the run's own, or the stored workload written to a
+    file of this process (removed when it exits)."""
+    workload = run_workload(run, given)
+    if given is not None:
+        return workload, str(Path(given).resolve())
+    if Path(run.workload_path).exists():
+        return workload, run.workload_path
+    return workload, str(_written(workload))
+
+
+def _written(workload: Workload) -> Path:
+    import atexit
+    import shutil
+    import tempfile
+
+    from conjugate.workload import workload_toml
+
+    folder = Path(tempfile.mkdtemp(prefix="conjugate-workload-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    path = folder / f"{workload.name}.toml"
+    path.write_text(workload_toml(workload))
+    return path
+
+
+def run_profile_source(stored_path: str, name: str) -> str:
+    """The run's own profile file, or (a database moved to another machine or checkout, the file not
+    there) the shipped profile of its name; the evaluator id check refuses it if its settings differ."""
+    return stored_path if stored_path and Path(stored_path).exists() else name
 
 
 def run_evaluator_id(run: RunRecord) -> str:
