@@ -15,8 +15,9 @@ JSON: {"gpu", "modeled", "workloads": [{"workload", "confirmed_streams_ms"?, "ru
 "sequential_ms", "best_so_far_ms": [...], "evaluations" (plans that passed every check), "settled"
 (evaluations the budget spent), "complete", "device", "db", "best_node", "confirmed_ms"?}]}]}.
 
-`--time` bounds the whole command: the seconds left are shared evenly among the runs not yet done,
-and a run cut short is stored `stopped` (its JSON row says "complete": false). `--resume` continues
+`--time` bounds the searches (not `--confirm`, nor an evaluation under way): the seconds left are
+shared evenly among the runs not yet done, and a run cut short is stored `stopped` (its JSON row
+says "complete": false). `--resume` continues
 each run from its database in DIR where one is there (to a larger --budget too), so a
 comparison can be spread over several sessions of a machine; a resumed run's agent starts afresh
 from the stored tree (its seed again), so its later edits may differ from those of one unbroken run.
