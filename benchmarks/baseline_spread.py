@@ -18,6 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from conjugate.errors import ConjugateError  # noqa: E402
 from conjugate.search.store import Store  # noqa: E402
 
 BASELINES = ("conventional", "sequential", "streams")
@@ -76,4 +77,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ConjugateError as e:  # bad input: one line, no traceback
+        raise SystemExit(f"error: {e}") from None

@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from conjugate.errors import ConjugateError  # noqa: E402
 from conjugate.search.run import check_workload, eval_key, run_evaluator_id  # noqa: E402
 from conjugate.search.store import NodeStatus, Store  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
@@ -121,4 +122,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ConjugateError as e:  # bad input: one line, no traceback
+        raise SystemExit(f"error: {e}") from None

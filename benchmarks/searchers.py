@@ -40,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from conjugate.errors import ConjugateError  # noqa: E402
 from conjugate.agents import make_proposer  # noqa: E402
 from conjugate.evaluate.profile import load_profile  # noqa: E402
 from conjugate.paths import shipped_plan  # noqa: E402
@@ -224,4 +225,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ConjugateError as e:  # bad input: one line, no traceback
+        raise SystemExit(f"error: {e}") from None

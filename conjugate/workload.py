@@ -13,8 +13,6 @@
 """
 from __future__ import annotations
 
-import json
-
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,7 +94,16 @@ def workload_toml(workload: Workload) -> str:
     values = {"name": workload.name, "draft": workload.draft_source, "target": workload.target_source,
               "k": workload.k, "draft_batch": workload.draft_batch, "target_batch": workload.target_batch,
               "context": workload.context, "dtype": workload.dtype, "seed": workload.seed, "kv_init": workload.kv_init}
-    return "".join(f"{key} = {json.dumps(value)}\n" for key, value in values.items())
+    return "".join(f"{key} = {_toml_value(value)}\n" for key, value in values.items())
+
+
+def _toml_value(value: Any) -> str:
+    """A TOML integer, or a basic string: backslash, quote and control characters escaped, the rest raw."""
+    if isinstance(value, int):
+        return str(value)
+    escaped = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+    return '"' + "".join(escaped.get(c) or (f"\\u{ord(c):04X}" if ord(c) < 0x20 or ord(c) == 0x7F else c)
+                         for c in value) + '"'
 
 
 def load_workload(path: str | Path) -> Workload:

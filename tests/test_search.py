@@ -916,3 +916,31 @@ def test_move_memory_stops_offering_a_move_that_lost_wherever_it_was_made(env, t
     assert remembered["move 0"] <= 2 and remembered["move 1"] <= 2, remembered
     assert forgetful["move 0"] + forgetful["move 1"] >= 8, forgetful
     assert best_remembered == pytest.approx(0.8 * 0.97 * 0.99) and best_remembered <= best_forgetful
+
+
+@pytest.mark.filterwarnings("ignore:Glyph")  # the plot's font lacks the rocket
+def test_a_moved_run_with_an_odd_name_resumes_from_the_workload_it_stored(env, tmp_path):
+    """A workload name that is no file name, with characters TOML escapes differently from JSON: the
+    file written for the worker (and the export's workload.toml) reads back as the run's workload."""
+    workload, db = tmp_path / "w.toml", tmp_path / "odd.db"
+    workload.write_text(TINY.read_text().replace('name = "tiny"', 'name = "llama/tiny \\"q\\" \U0001F680"'))
+    assert cli("search", workload, "--db", db, "--budget", 3, "--evaluator", env["profile"])[0] == 0
+    workload.unlink()
+    code, out, err = cli("search", "--resume", db, "--budget", 4)
+    assert code == 0, err
+    assert "4 ok, 0 failed" in cli("show", db)[1]
+    assert cli("export", db, "--out", tmp_path / "ex")[0] == 0
+    assert load_workload(tmp_path / "ex" / "workload.toml").name == 'llama/tiny "q" \U0001F680'
+
+
+def test_a_workload_mismatch_names_the_nested_field(env, tmp_path):
+    from types import SimpleNamespace
+
+    from conjugate.errors import ConjugateError
+    from conjugate.search.run import check_workload
+
+    stored = WORKLOAD.to_dict()
+    stored["draft"] = {**stored["draft"], "rms_norm_eps": 1e-3}
+    run = SimpleNamespace(id=1, workload_name="tiny", workload_path="w.toml", workload=stored)
+    with pytest.raises(ConjugateError, match=r"field 'draft.rms_norm_eps' is 1e-05, the run's 0.001"):
+        check_workload(run, WORKLOAD)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from conjugate.evaluate.profile import EvaluatorProfile
     from conjugate.search.run import Search, SearchSettings
     from conjugate.search.store import Store
+    from conjugate.workload import Workload
 
 
 def parse_duration(text: str) -> float:
@@ -120,7 +121,8 @@ def _joiners(args: argparse.Namespace, db: str, deadline: float | None) -> Calla
     if len(args.gpus) < 2:
         return None
     extra = [item for flag, value in (("--base-url", args.base_url), ("--max-llm-cost", args.max_llm_cost),
-                                      ("--llm-timeout", args.llm_timeout), ("--replay-from", args.replay_from))
+                                      ("--llm-timeout", args.llm_timeout), ("--replay-from", args.replay_from),
+                                      ("--budget", args.budget))
              if value is not None for item in (flag, str(value))]
     extra += [str(args.workload)] if args.workload else []  # a resumed run's workload file, where it moved
     log_dir = Path(db).resolve().parent if "://" not in db else RUNS_DIR
@@ -265,7 +267,7 @@ def _run(search: Search, out: Console, deadline: float | None) -> int:
     none_ok = _none_succeeded(search)
     out.print(f"search {status} ({why}) after {search.evaluations_done()} evaluations"
               + (": no evaluation succeeded (every plan failed; the failures are below)" if none_ok else ""))
-    show_run(search.store, search.store.run(search.run_id), out, limit=5)
+    show_run(search.store, search.store.run(search.run_id), out, limit=5, workload=search.workload)
     return 1 if none_ok else 0
 
 
@@ -292,11 +294,12 @@ def cmd_show(args: argparse.Namespace, out: Console) -> None:
             show_run(store, run, out, limit=args.limit, workload_file=args.workload)
 
 
-def show_run(store, run, out: Console, limit: int = 10, workload_file: str | None = None) -> None:
+def show_run(store, run, out: Console, limit: int = 10, workload_file: str | None = None,
+             workload: Workload | None = None) -> None:
     from conjugate.search.report import run_history
     from conjugate.search.run import run_workload
 
-    history = run_history(store, run, run_workload(run, workload_file))
+    history = run_history(store, run, workload or run_workload(run, workload_file))
     ok = sorted((h for h in history if h["status"] == "ok"), key=lambda h: h["latency_ms"])
     table = Table(title=f"run {run.id}: best plans ({'modeled' if history and history[0]['modeled'] else 'measured'})")
     for col in ("node", "depth", "latency", *(f"vs {b}" for b in ("conventional", "sequential", "streams")),

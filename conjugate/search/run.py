@@ -105,17 +105,27 @@ def evaluator_id(profile) -> str:
 def check_workload(run: RunRecord, workload: Workload, path: str | Path | None = None) -> None:
     """A run's evaluations are keyed by its workload as it was: refuse a workload file edited since (or,
     `path` given, another workload), naming the first field that differs."""
-    stored, now = _stored_workload(run), workload.to_dict()
-    differs = next((k for k in sorted(set(stored) | set(now))
-                    if json.dumps(stored.get(k), sort_keys=True, default=str) != json.dumps(now.get(k), sort_keys=True,
-                                                                                             default=str)), None)
+    differs = _first_difference(workload.to_dict(), _stored_workload(run))
     if differs is None:
         return
-    what = f"field {differs!r} is {_short(now.get(differs))}, the run's {_short(stored.get(differs))}"
+    key, now, then = differs
+    what = f"field {key!r} is {_short(now)}, the run's {_short(then)}"
     if path is not None:
         raise ConjugateError(f"{path}: not the workload run {run.id} searched ({run.workload_name}): {what}")
     raise ConjugateError(f"{run.workload_path}: the workload changed since run {run.id} started ({what}); "
                          "start a new run for the new workload")
+
+
+def _first_difference(now: Any, then: Any, key: str = "") -> tuple[str, Any, Any] | None:
+    """The first (dotted key, value now, value then) where two workload dicts differ, or None."""
+    if isinstance(now, dict) and isinstance(then, dict):
+        for k in sorted(set(now) | set(then)):
+            found = _first_difference(now.get(k), then.get(k), f"{key}.{k}" if key else k)
+            if found is not None:
+                return found
+        return None
+    same = json.dumps(now, sort_keys=True, default=str) == json.dumps(then, sort_keys=True, default=str)
+    return None if same else (key, now, then)
 
 
 def _short(value: Any) -> str:
@@ -158,12 +168,16 @@ def run_workload_file(run: RunRecord, given: str | Path | None = None) -> tuple[
     """The run's workload (run_workload) and a file holding it for the evaluation worker and the
     processes joining the run: the file given, the run's own, or the stored workload written to a
     file of this process (removed when it exits)."""
+    from conjugate.workload import load_workload
+
     workload = run_workload(run, given)
     if given is not None:
         return workload, str(Path(given).resolve())
     if Path(run.workload_path).exists():
         return workload, run.workload_path
-    return workload, str(_written(workload))
+    written = _written(workload)
+    check_workload(run, load_workload(written), written)  # as the worker will read it (checkpoints included)
+    return workload, str(written)
 
 
 def _written(workload: Workload) -> Path:
@@ -175,7 +189,7 @@ def _written(workload: Workload) -> Path:
 
     folder = Path(tempfile.mkdtemp(prefix="conjugate-workload-"))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    path = folder / f"{workload.name}.toml"
+    path = folder / "workload.toml"  # the workload's name may be no file name
     path.write_text(workload_toml(workload))
     return path
 
@@ -306,8 +320,8 @@ class Search:
         width = self.settings.expand_width
         proposals = self.proposer.propose(context, 2 * width if memory else width)  # room for what memory drops
         if memory:
-            proposals = self._remembered(proposals, memory, leaf.id)[:width]
-        children = self._add_children(record, proposals)
+            proposals = self._remembered(proposals, memory, leaf.id)
+        children = self._add_children(record, proposals, limit=width)
         if not children:  # nothing new to offer from here
             leaf.closed = True
             self.store.set_node_status(leaf.id, NodeStatus.EXPANDED)
@@ -323,7 +337,7 @@ class Search:
         priors and rationales already carry what the memory did)."""
         if (self.settings.move_memory <= 0 or getattr(self.proposer, "selection", "mcts") != "mcts"
                 or self.proposer.name == "replay"):
-            return None
+            return None  # (and None while no move was measured: see the end)
         nodes = self.store.nodes(self.run_id)
         hashes = {n.id: n.plan_hash for n in nodes}
         memory = MoveMemory()
@@ -333,24 +347,31 @@ class Search:
             child, parent = self.results.get(n.plan_hash), self.results.get(hashes[n.parent_id])
             if child is not None and parent is not None and reward_of(parent) > 0:
                 memory.add(n.edit, reward_of(child) / reward_of(parent) - 1)
-        return memory
+        return memory if memory.gains else None
 
     def _remembered(self, proposals: list[Proposal], memory: MoveMemory, parent_id: int) -> list[Proposal]:
         """The proposals without moves that lost everywhere they were made, the others' priors scaled
         by how they did elsewhere (best first)."""
+        given = [p.prior for p in proposals if p.prior is not None]
+        default = sum(given) / len(given) if given else 1.0  # as MCTS.priors fills a missing prior
         kept = []
         for p in proposals:
             if memory.lost_everywhere(p.patch, self.settings.move_memory):
                 self.on_event("skipped", {"node": parent_id, "rationale": p.rationale + memory.note(p.patch)})
-                continue
-            prior = memory.prior(p.patch, p.prior if p.prior is not None else 0.5)
-            kept.append(replace(p, prior=min(1.0, prior), rationale=p.rationale + memory.note(p.patch)))
-        return sorted(kept, key=lambda p: -p.prior)
+            elif memory.note(p.patch):  # priors are normalised per expansion: no cap needed
+                kept.append(replace(p, prior=memory.prior(p.patch, p.prior if p.prior is not None else default),
+                                    rationale=p.rationale + memory.note(p.patch)))
+            else:
+                kept.append(p)
+        return sorted(kept, key=lambda p: -(p.prior if p.prior is not None else default))
 
-    def _add_children(self, parent: NodeRecord, proposals: list[Proposal]) -> list[NodeRecord]:
+    def _add_children(self, parent: NodeRecord, proposals: list[Proposal],
+                      limit: int | None = None) -> list[NodeRecord]:
         priors = MCTS.priors([p.prior for p in proposals]) if proposals else []
         children = []
         for proposal, prior in zip(proposals, priors):
+            if limit is not None and len(children) >= limit:
+                break
             try:
                 plan = patch_plan(validate_plan(parent.plan), proposal.patch)
             except (PatchError, PlanError) as e:
