@@ -944,3 +944,20 @@ def test_a_workload_mismatch_names_the_nested_field(env, tmp_path):
     run = SimpleNamespace(id=1, workload_name="tiny", workload_path="w.toml", workload=stored)
     with pytest.raises(ConjugateError, match=r"field 'draft.rms_norm_eps' is 1e-05, the run's 0.001"):
         check_workload(run, WORKLOAD)
+
+
+def test_reproduce_sh_names_a_profile_that_scores_as_the_run_did(env, tmp_path):
+    """A moved run's reproduce.sh: its profile file is gone; the shipped profile of its name scores
+    otherwise (the fast profile skips the check), so the script keeps the run's own path rather than
+    silently measuring with other settings; a second export leaves no stale workload.toml."""
+    workload, profile, db = tmp_path / "w.toml", tmp_path / "fast.toml", tmp_path / "repro.db"
+    workload.write_text(TINY.read_text())
+    profile.write_text(Path(env["profile"]).read_text())
+    assert cli("search", workload, "--db", db, "--budget", 3, "--evaluator", profile)[0] == 0
+    workload.unlink()
+    profile.unlink()
+    assert cli("export", db, "--out", tmp_path / "ex")[0] == 0
+    script = (tmp_path / "ex" / "reproduce.sh").read_text()
+    assert str(profile) in script and '"$here/workload.toml"' in script
+    assert cli("export", db, "--out", tmp_path / "ex", "--workload", TINY)[0] == 0
+    assert not (tmp_path / "ex" / "workload.toml").exists()

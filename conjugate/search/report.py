@@ -89,6 +89,7 @@ def export_run(store, run, out_dir: Path, console: Console, workload_file: str |
     written.append(_plot(report["best_so_far"], out_dir / "best_so_far.png", run))
     if workload_file is not None or Path(run.workload_path).exists():
         workload_word = _portable(str(Path(workload_file).resolve()) if workload_file else run.workload_path)
+        (out_dir / "workload.toml").unlink(missing_ok=True)  # an earlier export's, from a moved database
     else:  # the run's own file is gone (a moved database): the export carries the workload
         written.append(_write(out_dir / "workload.toml", workload_toml(workload)))
         workload_word = '"$here/workload.toml"'
@@ -182,11 +183,25 @@ def _script(run, workload_word: str) -> str:
     python3 imports, any other file by its path as the run recorded it (or as given to export); a
     run whose workload file is gone gets the workload.toml the export wrote beside the script."""
     evaluator = run_profile_source(run.settings.get("evaluator_profile", ""), run.evaluator)
+    if evaluator == run.evaluator and run.settings.get("evaluator_profile") and not _same_settings(run):
+        evaluator = run.settings["evaluator_profile"]  # gone, and the shipped one scores otherwise: say which
     return ("#!/usr/bin/env bash\n# Measure the exported best plan again beside the baselines.\nset -euo pipefail\n"
             'here="$(cd "$(dirname "$0")" && pwd)"\n'
             'data="$(python3 -c \'import conjugate.paths as p; print(p.DATA_ROOT)\')"  # its examples/ and evaluators/\n'
             f"python3 -m conjugate bench {workload_word} --plan \"$here/best_plan.json\" "
             f"--evaluator {_portable(evaluator)} --json \"$here/reproduced.json\"\n")
+
+
+def _same_settings(run) -> bool:
+    """Whether the shipped profile of the run's evaluator name has the settings the run scored with."""
+    from conjugate.errors import ConjugateError
+    from conjugate.evaluate.profile import load_profile
+    from conjugate.search.run import evaluator_id
+
+    try:
+        return evaluator_id(load_profile(run.evaluator)) == run_evaluator_id(run)
+    except ConjugateError:  # no shipped profile of that name
+        return False
 
 
 def _portable(path: str) -> str:
