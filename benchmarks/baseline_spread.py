@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from conjugate.errors import ConjugateError  # noqa: E402
+from conjugate.search.report import node_evaluations  # noqa: E402
+from conjugate.search.run import run_workload  # noqa: E402
 from conjugate.search.store import Store  # noqa: E402
 
 BASELINES = ("conventional", "sequential", "streams")
@@ -26,24 +28,18 @@ BASELINES = ("conventional", "sequential", "streams")
 
 def measured_sets(dbs: list[Path]) -> dict[str, list[dict]]:
     """Per workload name, each distinct set of baseline latencies with when it was first seen."""
-    from conjugate.search.run import run_workload
-
     out: dict[str, dict[tuple, dict]] = {}
     for db in dbs:
         if not db.is_file():
             raise SystemExit(f"{db}: no such database")
         with Store.open(db) as store:
             for run in store.runs():
-                workload = run_workload(run)
-                for node in store.nodes(run.id):
-                    _add(out.setdefault(run.workload_name, {}), store, node, run, workload, db)
+                for _, found in node_evaluations(store, run, run_workload(run)):
+                    _add(out.setdefault(run.workload_name, {}), found, run, db)
     return {name: sorted(sets.values(), key=lambda s: s["first_seen"]) for name, sets in out.items()}
 
 
-def _add(sets: dict, store: Store, node, run, workload, db: Path) -> None:
-    from conjugate.search.run import eval_key, run_evaluator_id
-
-    found = store.evaluation(eval_key(node.plan_hash, workload, run_evaluator_id(run)))
+def _add(sets: dict, found, run, db: Path) -> None:
     if found is None or not found.done or found.result.metrics is None:
         return
     baselines = found.result.metrics.baselines

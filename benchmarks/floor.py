@@ -22,11 +22,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from conjugate.errors import ConjugateError  # noqa: E402
-from conjugate.search.run import check_workload, eval_key, run_evaluator_id  # noqa: E402
+from conjugate.paths import shipped_plan  # noqa: E402
+from conjugate.plan import load_plan  # noqa: E402
+from conjugate.search.report import node_evaluations, passed  # noqa: E402
+from conjugate.search.run import check_workload  # noqa: E402
 from conjugate.search.store import NodeStatus, Store  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 
-STREAMS_SEED = "shipped plan streams"
+STREAMS = load_plan(shipped_plan("streams")).hash  # the seed every run measures beside its best
 
 
 def runs_of(db: Path, workload, path: Path):
@@ -38,12 +41,7 @@ def runs_of(db: Path, workload, path: Path):
             if run.workload_name != workload.name:
                 continue
             check_workload(run, workload, path)
-            nodes = store.nodes(run.id)
-            yield run, [(n, store.evaluation(eval_key(n.plan_hash, workload, run_evaluator_id(run)))) for n in nodes]
-
-
-def ok(evaluation) -> bool:
-    return evaluation is not None and evaluation.done and evaluation.result.status == "ok"
+            yield run, node_evaluations(store, run, workload)
 
 
 def best_row(path: Path, dbs: list[Path], plans: Path) -> dict | None:
@@ -51,12 +49,12 @@ def best_row(path: Path, dbs: list[Path], plans: Path) -> dict | None:
     best = None
     for db in dbs:
         for run, pairs in runs_of(db, workload, path):
-            measured = [(n, e) for n, e in pairs if ok(e)]
+            measured = [(n, e) for n, e in pairs if passed(e)]
             if not measured:
                 continue
             node, ev = min(measured, key=lambda p: p[1].result.latency_ms)
             if best is None or ev.result.latency_ms < best["best_ms"]:
-                streams = next((e for n, e in measured if n.rationale == STREAMS_SEED), None)
+                streams = next((e for n, e in measured if n.plan_hash == STREAMS), None)
                 metrics = ev.result.metrics
                 best = {"workload": workload.name, "example": path.resolve().parent == ROOT / "examples",
                         "floor_ms": metrics.floor_ms,
@@ -91,7 +89,7 @@ def lineage(pairs, node) -> list[str]:
     chain, current = [], node.id
     while current is not None:
         n, e = by_id[current]
-        chain.append(f"{e.result.latency_ms:.3f} ms: {n.rationale}" if ok(e) else n.rationale)
+        chain.append(f"{e.result.latency_ms:.3f} ms: {n.rationale}" if passed(e) else n.rationale)
         current = n.parent_id
     return chain[::-1]
 
@@ -109,7 +107,8 @@ def main() -> None:
           f"{'/conv':>6} {'evals':>5}")
     for r in rows:
         ms = [("-" if r[k] is None else f"{r[k]:.3f}") for k in ("conventional_ms", "streams_ms")]
-        print(f"{r['workload']:24} {r['floor_ms']:7.3f} {ms[0]:>7} {ms[1]:>7} {r['best_ms']:7.3f} {r['floor_ratio']:6.3f} "
+        print(f"{r['workload']:24} {r['floor_ms']:7.3f} {ms[0]:>7} {ms[1]:>7} {r['best_ms']:7.3f} "
+              f"{r['floor_ratio']:6.3f} "
               f"{_ratio(r['streams_ms'], r['best_ms']):>8} {_ratio(r['conventional_ms'], r['best_ms']):>6} "
               f"{r['evaluations']:5d}")
     for key, name in (("streams_ms", "streams"), ("conventional_ms", "conventional")):

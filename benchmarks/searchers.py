@@ -40,14 +40,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from conjugate.errors import ConjugateError  # noqa: E402
 from conjugate.agents import make_proposer  # noqa: E402
+from conjugate.errors import ConjugateError  # noqa: E402
 from conjugate.evaluate.profile import load_profile  # noqa: E402
+from conjugate.evaluate.worker import IsolatedEvaluator  # noqa: E402
 from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
-from conjugate.evaluate.worker import IsolatedEvaluator  # noqa: E402
 from conjugate.search.commands import open_store, scored_by  # noqa: E402
-from conjugate.search.run import (Search, SearchSettings, check_workload, eval_key, evaluator_id,  # noqa: E402
+from conjugate.search.report import node_evaluations, passed  # noqa: E402
+from conjugate.search.run import (Search, SearchSettings, check_workload, evaluator_id,  # noqa: E402
                                   run_evaluator_id)
 from conjugate.search.store import NodeStatus, RunStatus, Store  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
@@ -70,7 +71,7 @@ def search(workload: Path, agent: str, budget: int, evaluator: IsolatedEvaluator
         else:  # a finished run too: a larger --budget continues it
             check_workload(stored, w, workload)
             if evaluator_id(evaluator.profile) != run_evaluator_id(stored):
-                _refuse(db, f"was scored by {run_evaluator_id(stored)}, not by --evaluator {args_evaluator(evaluator)}")
+                _refuse(db, f"was scored by {run_evaluator_id(stored)}, not by --evaluator {evaluator.profile.source}")
             proposer = make_proposer(agent, seed=stored.seed)
             run = Search(store, stored.id, w, str(workload.resolve()), evaluator, proposer,
                          replace(SearchSettings.from_dict(stored.settings), budget=budget))
@@ -91,11 +92,10 @@ def summary(db: Path, agent: str, workload, path: Path) -> dict:
         if run is None or run.agent != agent:
             _refuse(db, "holds no run" if run is None else f"holds a run of agent {run.agent}, not {agent}")
         check_workload(run, workload, path)
-        nodes = store.nodes(run.id)
-        found = [store.evaluation(eval_key(n.plan_hash, workload, run_evaluator_id(run))) for n in nodes]
+        pairs = node_evaluations(store, run, workload)
         complete = run.status is RunStatus.FINISHED
-    done = sorted((f for f in found if f is not None and f.done and f.result.status == "ok"),
-                  key=lambda f: f.finished_at)
+    nodes, found = [n for n, _ in pairs], [f for _, f in pairs]
+    done = sorted((f for f in found if passed(f)), key=lambda f: f.finished_at)
     best, curve = float("inf"), []
     for f in done:
         best = min(best, f.result.latency_ms)
@@ -103,7 +103,7 @@ def summary(db: Path, agent: str, workload, path: Path) -> dict:
     fastest = min(((n, f) for n, f in zip(nodes, found) if f in done), key=lambda p: p[1].result.latency_ms,
                   default=(None, None))[0]
     root = next((f for n, f in zip(nodes, found) if n.parent_id is None), None)
-    root_ms = root.result.latency_ms if root is not None and root.done and root.result.status == "ok" else None
+    root_ms = root.result.latency_ms if passed(root) else None
     return {"agent": agent, "best_ms": curve[-1] if curve else None, "sequential_ms": root_ms,
             "best_so_far_ms": curve, "evaluations": len(done),
             "settled": sum(1 for n in nodes if n.status is not NodeStatus.NEW), "complete": complete,
@@ -136,10 +136,6 @@ def confirm(runs: list[dict], workload: Path, out: Path, evaluator: IsolatedEval
         r["confirmed_ms"] = statistics.median(times[r["agent"]]) if r["agent"] in times else None
         r["confirmed_all_ms"] = times.get(r["agent"], [])
     return statistics.median(times["streams"])
-
-
-def args_evaluator(evaluator: IsolatedEvaluator) -> str:
-    return str(evaluator.profile.source)
 
 
 def _refuse(db: Path, why: str) -> None:

@@ -36,6 +36,9 @@ class MoveMemory:
     def add(self, patch: list[dict], gain: float) -> None:
         self.gains.setdefault(move_key(patch), []).append(gain)
 
+    def knows(self, patch: list[dict]) -> bool:
+        return move_key(patch) in self.gains
+
     def lost_everywhere(self, patch: list[dict], times: int) -> bool:
         """Measured at least `times` times, and slower than its parent by more than LOSS each time."""
         seen = self.gains.get(move_key(patch), [])

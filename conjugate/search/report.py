@@ -13,7 +13,8 @@ from rich.console import Console
 
 from conjugate.errors import ConjugateError
 from conjugate.evaluate.result import EvalResult
-from conjugate.search.run import eval_key, reward_of, run_evaluator_id, run_profile_source, run_workload
+from conjugate.search.run import (eval_key, evaluator_id, reward_of, run_evaluator_id, run_profile_source,
+                                  run_workload)
 from conjugate.paths import DATA_ROOT, EXAMPLES_DIR, PROFILES_DIR
 from conjugate.secrets import scrub, scrub_tree
 from conjugate.workload import Workload, workload_toml
@@ -21,12 +22,21 @@ from conjugate.workload import Workload, workload_toml
 BASELINES = ("conventional", "sequential", "streams")
 
 
+def node_evaluations(store, run, workload: Workload) -> list[tuple]:
+    """(node, its evaluation record or None) for every node of the run, in creation order."""
+    key = run_evaluator_id(run)
+    return [(n, store.evaluation(eval_key(n.plan_hash, workload, key))) for n in store.nodes(run.id)]
+
+
+def passed(found) -> bool:
+    """An evaluation record that is finished and passed every check."""
+    return found is not None and found.done and found.result.status == "ok"
+
+
 def run_history(store, run, workload: Workload | None = None) -> list[dict]:
     """Every node of the run in creation order, with its evaluation (or status pending); scrubbed."""
-    workload = workload or run_workload(run)
     rows = []
-    for n in store.nodes(run.id):
-        found = store.evaluation(eval_key(n.plan_hash, workload, run_evaluator_id(run)))
+    for n, found in node_evaluations(store, run, workload or run_workload(run)):
         r = found.result if found is not None and found.done else None
         rows.append({"node": n.id, "parent": n.parent_id, "depth": n.depth, "kind": n.edit_kind,
                      "proposer": n.proposer, "rationale": n.rationale, "edit": n.edit, "plan_hash": n.plan_hash,
@@ -194,9 +204,7 @@ def _script(run, workload_word: str) -> str:
 
 def _same_settings(run) -> bool:
     """Whether the shipped profile of the run's evaluator name has the settings the run scored with."""
-    from conjugate.errors import ConjugateError
     from conjugate.evaluate.profile import load_profile
-    from conjugate.search.run import evaluator_id
 
     try:
         return evaluator_id(load_profile(run.evaluator)) == run_evaluator_id(run)

@@ -137,7 +137,7 @@ def _stored_workload(run: RunRecord) -> dict[str, Any]:
     return {k: v for k, v in run.workload.items() if k != "family"}
 
 
-GIVE_WORKLOAD = "give its file (conjugate search W --resume DB, conjugate show|export DB --workload W)"
+_GIVE_WORKLOAD = "give its file (conjugate search W --resume DB, conjugate show|export DB --workload W)"
 
 
 def run_workload(run: RunRecord, given: str | Path | None = None) -> Workload:
@@ -155,7 +155,7 @@ def run_workload(run: RunRecord, given: str | Path | None = None) -> Workload:
         workload = Workload.from_dict(_stored_workload(run))
     except (TypeError, KeyError, ValueError) as e:
         raise ConjugateError(f"{run.workload_path}: no such workload file, and run {run.id} stored its workload "
-                             f"in a form this version cannot read ({e}); {GIVE_WORKLOAD}") from None
+                             f"in a form this version cannot read ({e}); {_GIVE_WORKLOAD}") from None
     for field_name, model in (("draft", Model.DRAFT), ("target", Model.TARGET)):
         directory = workload.checkpoint_dir(model)
         if directory is not None and not directory.is_dir():
@@ -358,7 +358,7 @@ class Search:
         for p in proposals:
             if memory.lost_everywhere(p.patch, self.settings.move_memory):
                 self.on_event("skipped", {"node": parent_id, "rationale": p.rationale + memory.note(p.patch)})
-            elif memory.note(p.patch):  # priors are normalised per expansion: no cap needed
+            elif memory.knows(p.patch):  # priors are normalised per expansion: no cap needed
                 kept.append(replace(p, prior=memory.prior(p.patch, p.prior if p.prior is not None else default),
                                     rationale=p.rationale + memory.note(p.patch)))
             else:
