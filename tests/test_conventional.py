@@ -15,6 +15,7 @@ from conjugate.models import make_round_inputs, random_weights, reference_round
 from test_round import FAMILIES, _round
 
 EAGER = (Variant("eager", "sdpa"), Variant("eager", "grouped"))
+ROWS = (Variant("eager", "efficient"), Variant("eager", "matmul"), Variant("eager", "split"))  # a KV head's heads as rows
 FLEX = Variant("eager", "flex")  # FlexAttention's unfused form; compiled on a GPU it is a Triton kernel
 
 
@@ -27,7 +28,7 @@ def _lengths(inputs):
     return inputs.draft_lengths, inputs.target_lengths
 
 
-@pytest.mark.parametrize("family,attention", [(f, v) for f in FAMILIES for v in (*EAGER, FLEX)])
+@pytest.mark.parametrize("family,attention", [(f, v) for f in FAMILIES for v in (*EAGER, *ROWS, FLEX)])
 def test_static_steps_equal_the_reference(family, attention):
     rnd = _round(family)
     before = rnd.inputs.draft_cache.k.clone(), rnd.inputs.target_cache.v.clone()
@@ -49,7 +50,7 @@ def test_ragged_lengths_read_at_run_time(family):
     inputs = make_round_inputs(rnd.draft, rnd.target, k=w.k, draft_batch=w.draft_batch, target_batch=w.target_batch,
                                context=w.context, seed=w.seed + 7, ragged=True)
     assert len(set(inputs.draft_lengths.tolist()) | set(inputs.target_lengths.tolist())) > 1
-    for draft_variant, verify_variant in (EAGER, (FLEX, FLEX)):
+    for draft_variant, verify_variant in (EAGER, ROWS[:2], (ROWS[2], ROWS[2]), (FLEX, FLEX)):
         conventional = _conventional(rnd, draft_variant, verify_variant)
         conventional.load(inputs)
         conventional.run()
@@ -76,10 +77,11 @@ def test_torch_compile_for_many_models_in_one_process():
     assert counters["stats"]["unique_graphs"] - graphs >= 2 * 5  # a graph per step shape, past the limit of 8
 
 
-def test_whole_step_compiled_as_one_graph_writes_the_cache_in_place():
+@pytest.mark.parametrize("attention", [("sdpa", "grouped"), ("matmul", "efficient"), ("split", "split")])
+def test_whole_step_compiled_as_one_graph_writes_the_cache_in_place(attention):
     """The `whole` variant: each step one graph; its cache writes land in the round's own buffers."""
     rnd = _round("llama")
-    conventional = _conventional(rnd, Variant("whole", "sdpa"), Variant("whole", "grouped"))
+    conventional = _conventional(rnd, Variant("whole", attention[0]), Variant("whole", attention[1]))
     cache = conventional.bufs.target.cache.k
     conventional.load(rnd.inputs)
     conventional.run()
@@ -108,7 +110,9 @@ def test_bf16_steps_hold_the_bf16_tolerance(family):
 def test_variant_names():
     assert Variant.parse("whole-grouped") == Variant("whole", "grouped")
     assert Variant("layers", "sdpa").name == "layers-sdpa"
-    for bad in ("whole", "layers-flash", "jit-sdpa", ""):
+    assert Variant.parse("tuned-sdpa-bf16") == Variant("tuned", "sdpa", "bf16")
+    assert Variant("tuned", "sdpa", "bf16").name == "tuned-sdpa-bf16"
+    for bad in ("whole", "layers-flash", "jit-sdpa", "", "whole-sdpa-fp32", "whole-sdpa-fp16", "whole-sdpa-bf16-x"):
         with pytest.raises(ValueError, match="conventional variant"):
             Variant.parse(bad)
 
@@ -213,3 +217,66 @@ def test_the_variant_choice_is_kept_per_workload_and_device(tmp_path, monkeypatc
     other = replace(workload, k=workload.k + 1)  # another workload: chosen afresh
     baselines.chosen_variants(SimpleNamespace(workload=other, weights=setup.weights), timing, tmp_path)
     assert len(tried) == 2 * len(timing.conventional)
+
+
+def test_tuned_step_compiled_with_autotuning_computes_the_reference():
+    """`tuned`: the whole step under inductor's autotuning mode, still the reference round."""
+    rnd = _round("qwen3")
+    conventional = _conventional(rnd, Variant("tuned", "sdpa"), Variant("tuned", "grouped"))
+    conventional.load(rnd.inputs)
+    conventional.run()
+    report = compare_rounds(rnd.ref, conventional.outputs(), "fp32", rnd.workload.context)
+    assert report.ok and report.near_ties == 0, report.problems
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_bf16_residual_stream_rounds_more_and_is_judged_by_the_same_check(family):
+    """`-bf16`: the residual stream in the weights' dtype, as engines keep it. In bf16 it rounds after
+    every add, so its logits differ from the fp32 stream's; the bf16 check still passes at this depth."""
+    workload = replace(_round(family).workload, dtype="bf16")
+    draft, target = (random_weights(spec, 3, dtype=torch.bfloat16) for spec in (workload.draft, workload.target))
+    inputs = make_round_inputs(draft, target, k=workload.k, draft_batch=2, target_batch=2, context=5, seed=3)
+    logits = {}
+    for residual in ("fp32", "bf16"):
+        conventional = _conventional(None, Variant("eager", "sdpa", residual), Variant("eager", "grouped", residual),
+                                     workload, draft, target)
+        conventional.load(inputs)
+        conventional.run()
+        out = conventional.outputs()
+        report = compare_rounds(reference_round(draft, target, inputs, out.draft_tokens), out, "bf16", 5)
+        assert report.ok, (residual, report.problems)
+        logits[residual] = out.target_logits
+    assert not torch.equal(logits["fp32"], logits["bf16"])
+
+
+def test_split_count_divides_the_cache_evenly_until_the_gpu_is_full():
+    from conjugate.evaluate.conventional import split_count
+
+    assert split_count(1029, 8) == 21  # 168 problems of 49 keys: 1029 = 3 * 7^3
+    assert split_count(1029, 64) == 7  # 448 problems of 147 keys
+    assert split_count(4100, 128) == 2
+    assert split_count(1031, 8) == 1  # a prime: one chunk, the plain memory-efficient attention
+    assert split_count(40, 1) == 1  # chunks never shorter than 32 keys
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_split_attention_combines_chunks_some_all_masked(family, monkeypatch):
+    """The cache cut into chunks of 2-4 keys, ragged lengths: the chunks past a sequence's length are
+    all masked and weigh nothing; the combined result is the reference round's."""
+    from conjugate.evaluate import conventional as conventional_module
+
+    monkeypatch.setattr(conventional_module, "SPLIT_MIN_KEYS", 2)
+    rnd = _round(family)
+    w = rnd.workload
+    inputs = make_round_inputs(rnd.draft, rnd.target, k=w.k, draft_batch=w.draft_batch, target_batch=w.target_batch,
+                               context=w.context, seed=w.seed + 7, ragged=True)
+    split = Variant("eager", "split")
+    conventional = _conventional(rnd, split, split)
+    capacity = conventional.bufs.target.cache.k.shape[-2]
+    assert conventional_module.split_count(capacity, 1) > 1
+    conventional.load(inputs)
+    conventional.run()
+    out = conventional.outputs()
+    assert torch.isfinite(out.target_logits).all()
+    report = compare_rounds(reference_round(rnd.draft, rnd.target, inputs), out, "fp32", _lengths(inputs))
+    assert report.ok and report.near_ties == 0, report.problems

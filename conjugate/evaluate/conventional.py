@@ -6,16 +6,24 @@ traces it once and a CUDA graph replays it as contexts grow. Attention is
 F.scaled_dot_product_attention over the whole cache under a per-sequence mask (key position <=
 query position); new keys and values are written into the cache in place. GEMMs and attention run
 in the weights' dtype; norms, RoPE (q and k rounded back to that dtype) and softmax compute in fp32,
-and the residual stream is fp32 as in this project's kernels, so both are held to one tolerance.
+and the residual stream is fp32 as in this project's kernels, so both are held to one tolerance
+(the `-bf16` variants keep it in the weights' dtype, as serving engines do: chosen only where that
+passes the same check).
 
 A step is built in one of several variants (`Variant`: how it is compiled x how attention runs);
 the baselines time each and use the fastest correct one per phase (baselines.py):
 - compile `layers`: one compiled graph per layer shape, reused by every layer (the weights are its
   arguments), and one for the head; `whole`: the whole step one graph, each layer's cache passed as
   a view of its own so that its in-place write stays in place (a view of one cache for all layers
-  became a copy of every layer's cache per write: 40 ms a round); `eager`: not compiled (tests);
+  became a copy of every layer's cache per write: 40 ms a round); `tuned`: as `whole`, compiled with
+  inductor's autotuning (each GEMM timed as cuBLAS and as Triton templates that can take the
+  residual add and other epilogues into the GEMM; reductions tuned by coordinate descent);
+  `eager`: not compiled (tests);
 - attention `sdpa`: one SDPA call with grouped-query heads sharing their KV head (`enable_gqa`);
   `grouped`: a KV head's query heads stacked as rows of one SDPA call (each KV head read once);
+  `efficient`: `grouped` held to SDPA's memory-efficient kernel; `matmul`: `grouped` as two batched
+  GEMMs around a compiled masked softmax; `split`: `grouped` with the cache cut into chunks attended
+  apart and combined (flash-decoding from torch's kernels);
   `flex`: FlexAttention with the per-sequence mask as a score modification (compiled: a Triton
   kernel). Not among the variants tried by default: on the H200 it was correct but slower in every
   phase measured (1.5-1.7x the fastest draft, 1.2-1.3x the fastest verify, 19x on qwen2.5-0.5b's
@@ -41,7 +49,8 @@ from conjugate.models.reference import KVCache, RoundInputs, RoundOutputs
 from conjugate.roles import Model
 from conjugate.workload import Workload
 
-COMPILES = ("layers", "whole", "eager")
+COMPILES = ("layers", "whole", "tuned", "eager")
+RESIDUALS = ("fp32", "bf16")  # the residual stream's dtype: fp32, or the weights' dtype (named by its suffix)
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -76,6 +85,109 @@ def _grouped_attention(q, cache_k, cache_v, visible):
     return out.view(b, kv_heads, group, t, hd).permute(0, 3, 1, 2, 4).reshape(b, t, heads * hd)
 
 
+def _grouped_rows(q, cache_k):
+    """q [B, T, heads, hd] -> [B, kv_heads, group * T, hd] in the cache's dtype: a KV head's query heads as rows."""
+    b, t, heads, hd = q.shape
+    kv_heads = cache_k.shape[1]
+    return q.to(cache_k.dtype).view(b, t, kv_heads, heads // kv_heads, hd).permute(0, 2, 3, 1, 4).reshape(
+        b, kv_heads, heads // kv_heads * t, hd)
+
+
+def _from_grouped_rows(out, q_shape):
+    """The inverse of _grouped_rows for the attention's output: -> [B, T, heads * hd]."""
+    b, t, heads, hd = q_shape
+    kv_heads = out.shape[1]
+    return out.view(b, kv_heads, heads // kv_heads, t, hd).permute(0, 3, 1, 2, 4).reshape(b, t, heads * hd)
+
+
+def _efficient_attention(q, cache_k, cache_v, visible):
+    """As _grouped_attention, with SDPA held to its memory-efficient kernel where it can run (else its
+    math form): on the H200 torch otherwise picks cuDNN's flash kernel, which walks the whole cache in
+    one program per head and query tile."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    group = q.shape[2] // cache_k.shape[1]
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
+        out = F.scaled_dot_product_attention(_grouped_rows(q, cache_k), cache_k, cache_v,
+                                             attn_mask=visible.repeat(1, group, 1)[:, None])
+    return _from_grouped_rows(out, q.shape)
+
+
+def _matmul_attention(q, cache_k, cache_v, visible):
+    """Attention as two batched GEMMs in the cache's dtype (tensor cores) around an fp32 masked softmax,
+    a KV head's query heads as rows: the compiler fuses the scale, mask and softmax into one kernel."""
+    rows = _grouped_rows(q, cache_k)
+    group = q.shape[2] // cache_k.shape[1]
+    scores = torch.matmul(rows, cache_k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5  # [B, kvh, rows, capacity]
+    scores = scores.masked_fill(~visible.repeat(1, group, 1)[:, None], float("-inf"))
+    out = torch.matmul(scores.softmax(-1).to(cache_v.dtype), cache_v)
+    return _from_grouped_rows(out, q.shape)
+
+
+SPLIT_PROGRAMS = 256  # `split` divides the cache until this many attention problems run at once
+SPLIT_MIN_KEYS = 32  # ... but no chunk shorter than this
+
+
+def split_count(capacity: int, problems: int) -> int:
+    """Into how many equal chunks `split` cuts a cache of `capacity` positions: the fewest that give
+    SPLIT_PROGRAMS problems (`problems` before the split), chunks of at least SPLIT_MIN_KEYS keys."""
+    chosen = 1
+    for count in range(1, capacity + 1):
+        if capacity % count:
+            continue
+        if capacity // count < SPLIT_MIN_KEYS:
+            break
+        chosen = count
+        if problems * count >= SPLIT_PROGRAMS:
+            break
+    return chosen
+
+
+def _split_bias(visible, spec, dtype):
+    """`split`'s additive mask, made once per step for every layer: [B, T, capacity] bool ->
+    [B, kv_heads * chunks, group * T, chunk] (0 or -inf) in `dtype`, its rows padded to 16 elements
+    as the memory-efficient kernel needs."""
+    b, t, capacity = visible.shape
+    kv_heads, group = spec.num_kv_heads, spec.num_heads // spec.num_kv_heads
+    chunks = split_count(capacity, b * kv_heads)
+    chunk, rows = capacity // chunks, group * t
+    per_chunk = visible.repeat(1, group, 1).view(b, rows, chunks, chunk).permute(0, 2, 1, 3)  # [B, chunks, rows, chunk]
+    bias = torch.where(per_chunk, 0.0, float("-inf")).to(dtype)
+    bias = F.pad(bias, (0, -chunk % 16))[:, None].expand(b, kv_heads, chunks, rows, chunk - chunk % -16)
+    return bias.reshape(b, kv_heads * chunks, rows, chunk - chunk % -16)[..., :chunk]
+
+
+def _chunk_attention(q, k, v, bias):
+    """Attention of each chunk on its own: (out [.., rows, hd] in q's dtype, log-sum-exp [.., rows] fp32).
+    On a GPU, SDPA's memory-efficient kernel; elsewhere the same in explicit fp32 operations."""
+    if q.is_cuda:
+        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, True)[:2]
+        return out, lse[..., :q.shape[2]]
+    scores = q.float() @ k.float().transpose(-1, -2) * q.shape[-1] ** -0.5 + bias.float()
+    lse = torch.logsumexp(scores, -1)
+    return (torch.exp(scores - lse[..., None]) @ v.float()).to(q.dtype), lse
+
+
+def _split_attention(q, cache_k, cache_v, bias):
+    """Flash-decoding from torch's own kernels: a KV head's query heads as rows (as `grouped`), the
+    cache cut into equal chunks, each chunk one attention problem (so a decode step's few heads fill
+    the GPU instead of each walking the whole cache in one program), the chunks' results combined by
+    their log-sum-exp. `bias`: _split_bias of the step's mask."""
+    b, t, heads, hd = q.shape
+    kv_heads, capacity = cache_k.shape[1], cache_k.shape[2]
+    chunks = bias.shape[1] // kv_heads
+    rows = _grouped_rows(q, cache_k)  # [B, kv_heads, R, hd]
+    r = rows.shape[2]
+    queries = rows[:, :, None].expand(b, kv_heads, chunks, r, hd).reshape(b, kv_heads * chunks, r, hd)
+    keys = cache_k.view(b, kv_heads * chunks, capacity // chunks, hd)
+    values = cache_v.view(b, kv_heads * chunks, capacity // chunks, hd)
+    out, lse = _chunk_attention(queries, keys, values, bias)
+    out, lse = out.view(b, kv_heads, chunks, r, hd).float(), lse.view(b, kv_heads, chunks, r)
+    weight = torch.exp(lse - lse.amax(2, keepdim=True))[..., None]  # chunk 0 always holds a visible key
+    out = torch.where(weight > 0, out, 0.0).mul(weight).sum(2) / weight.sum(2)  # a chunk all masked weighs 0
+    return _from_grouped_rows(out.to(cache_k.dtype), q.shape)
+
+
 def _flex_attention(q, cache_k, cache_v, visible):
     """As _sdpa_attention, by FlexAttention: compiled, a Triton kernel generated for this mask."""
     from torch.nn.attention.flex_attention import flex_attention
@@ -90,26 +202,34 @@ def _flex_attention(q, cache_k, cache_v, visible):
     return out.transpose(1, 2).reshape(b, t, heads * hd)
 
 
-ATTENTION: dict[str, Callable] = {"sdpa": _sdpa_attention, "grouped": _grouped_attention, "flex": _flex_attention}
+ATTENTION: dict[str, Callable] = {"sdpa": _sdpa_attention, "grouped": _grouped_attention, "efficient": _efficient_attention,
+                                  "matmul": _matmul_attention, "split": _split_attention, "flex": _flex_attention}
+MASKS: dict[str, Callable] = {"split": _split_bias}  # attentions that take the step's mask in a form of their own
 
 
 @dataclass(frozen=True)
 class Variant:
-    """How a conventional step is built: its compilation and its attention."""
+    """How a conventional step is built: its compilation, its attention and its residual stream."""
     compile: str
     attention: str
+    residual: str = "fp32"
 
     @property
     def name(self) -> str:
-        return f"{self.compile}-{self.attention}"
+        return f"{self.compile}-{self.attention}" + ("" if self.residual == "fp32" else f"-{self.residual}")
+
+    @property
+    def low_precision_residual(self) -> bool:
+        return self.residual != "fp32"
 
     @classmethod
     def parse(cls, name: str) -> "Variant":
-        compile_, _, attention = name.partition("-")
-        if compile_ not in COMPILES or attention not in ATTENTION:
+        parts = name.split("-") if isinstance(name, str) else []
+        residual = parts.pop() if len(parts) == 3 and parts[2] in RESIDUALS[1:] else "fp32"
+        if len(parts) != 2 or parts[0] not in COMPILES or parts[1] not in ATTENTION:
             raise ValueError(f"conventional variant {name!r}: expected <{'|'.join(COMPILES)}>-"
-                             f"<{'|'.join(ATTENTION)}>")
-        return cls(compile_, attention)
+                             f"<{'|'.join(ATTENTION)}>[-{'|'.join(RESIDUALS[1:])}]")
+        return cls(parts[0], parts[1], residual)
 
 
 VARIANTS = tuple(Variant(c, a) for c in ("layers", "whole") for a in ("sdpa", "grouped"))  # tried on a GPU
@@ -117,8 +237,9 @@ DEFAULT = Variant("layers", "sdpa")
 
 
 def _layer(x, positions, cos, sin, visible, cache_k, cache_v, w: tuple, spec, attention: str):
-    """One decoder layer over the fp32 residual stream x [B, T, H]; writes its new keys and values
-    into cache_k/cache_v [B, kv_heads, capacity, hd] at `positions` [B, T] and returns the new x."""
+    """One decoder layer over the residual stream x [B, T, H] (fp32, or the weights' dtype); writes its
+    new keys and values into cache_k/cache_v [B, kv_heads, capacity, hd] at `positions` [B, T] and
+    returns the new x, in x's dtype."""
     attn_norm, w_qkv, b_qkv, q_norm, k_norm, wo, mlp_norm, w_gate_up, w_down = w
     b, t, _ = x.shape
     q_size, kv_size = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
@@ -133,10 +254,10 @@ def _layer(x, positions, cos, sin, visible, cache_k, cache_v, w: tuple, spec, at
     rows = torch.arange(b, device=x.device)[:, None]  # [B, 1]: with positions, each sequence's own slots
     cache_k[rows, :, positions] = k.to(cache_k.dtype)  # [B, T, kv_heads, hd] into [B, kv_heads, capacity, hd]
     cache_v[rows, :, positions] = v.to(cache_v.dtype)
-    x = x + F.linear(ATTENTION[attention](q, cache_k, cache_v, visible), wo).float()
+    x = x + F.linear(ATTENTION[attention](q, cache_k, cache_v, visible), wo).to(x.dtype)
     h = _rms(x, mlp_norm, spec.rms_norm_eps).to(w_gate_up.dtype)
     gate, up = F.linear(h, w_gate_up).chunk(2, dim=-1)
-    return x + F.linear(F.silu(gate) * up, w_down).float()
+    return x + F.linear(F.silu(gate) * up, w_down).to(x.dtype)
 
 
 def _head(x, final_norm, lm_head, eps: float):
@@ -144,21 +265,24 @@ def _head(x, final_norm, lm_head, eps: float):
 
 
 def _forward(layer, head, tokens, positions, embed, cos_table, sin_table, caches_k, caches_v, layer_weights,
-             final_norm, lm_head, spec, attention: str):
+             final_norm, lm_head, spec, attention: str, residual_fp32: bool = True):
     """tokens, positions: [B, T] -> fp32 logits [B, T, V]; `layer`/`head` as compiled (or not)."""
     capacity = cos_table.shape[0]
     cos, sin = cos_table[positions], sin_table[positions]  # [B, T, hd]
     visible = torch.arange(capacity, device=tokens.device)[None, None, :] <= positions[:, :, None]  # [B, T, capacity]
-    x = embed[tokens].float()  # [B, T, H], the fp32 residual stream
+    if attention in MASKS:
+        visible = MASKS[attention](visible, spec, caches_k[0].dtype)
+    x = embed[tokens]  # [B, T, H], the residual stream
+    x = x.float() if residual_fp32 else x
     for cache_k, cache_v, lw in zip(caches_k, caches_v, layer_weights):
         x = layer(x, positions, cos, sin, visible, cache_k, cache_v, lw, spec, attention)
     return head(x, final_norm, lm_head, spec.rms_norm_eps)
 
 
 def _whole(tokens, positions, embed, cos_table, sin_table, caches_k, caches_v, layer_weights, final_norm, lm_head,
-           spec, attention: str):
+           spec, attention: str, residual_fp32: bool = True):
     return _forward(_layer, _head, tokens, positions, embed, cos_table, sin_table, caches_k, caches_v, layer_weights,
-                    final_norm, lm_head, spec, attention)
+                    final_norm, lm_head, spec, attention, residual_fp32)
 
 
 def _fused(prepared: PreparedWeights, i: int) -> tuple:
@@ -169,10 +293,10 @@ def _fused(prepared: PreparedWeights, i: int) -> tuple:
     return (l.attn_norm, w_qkv, b_qkv, l.q_norm, l.k_norm, l.wo, l.mlp_norm, prepared.gate_up_stacked(i), l.w_down)
 
 
-def compile_static(fn: Callable) -> Callable:
-    """torch.compile with static shapes. Every step shares these code objects, so dynamo's
-    per-code recompile limit (8) would silently send later models back to eager: lift it."""
-    compiled = torch.compile(fn, dynamic=False)
+def compile_static(fn: Callable, mode: str | None = None) -> Callable:
+    """torch.compile with static shapes (and inductor's `mode`). Every step shares these code objects,
+    so dynamo's per-code recompile limit (8) would silently send later models back to eager: lift it."""
+    compiled = torch.compile(fn, dynamic=False, mode=mode)
     limits = {key: 4096 for key in ("recompile_limit", "accumulated_recompile_limit", "cache_size_limit")
               if hasattr(torch._dynamo.config, key)}
 
@@ -194,8 +318,8 @@ class StaticStep:
         # each layer's cache a view of its own: see the module's note on `whole`
         self.caches_k, self.caches_v = list(bufs.cache.k.unbind(0)), list(bufs.cache.v.unbind(0))
         self.arange = torch.arange(bufs.tokens, device=w.device)
-        if variant.compile == "whole":
-            self.body = compile_static(_whole)
+        if variant.compile in ("whole", "tuned"):
+            self.body = compile_static(_whole, "max-autotune-no-cudagraphs" if variant.compile == "tuned" else None)
         else:
             pieces = (compile_static(_layer), compile_static(_head)) if variant.compile == "layers" else (_layer, _head)
             self.body = lambda *args: _forward(*pieces, *args)
@@ -205,7 +329,8 @@ class StaticStep:
         w, bufs = self.bufs.prepared.weights, self.bufs
         positions = (bufs.lengths + offset)[:, None] + self.arange[:tokens.shape[1]]  # [B, T]
         return self.body(tokens, positions, w.embed, bufs.cos, bufs.sin, self.caches_k, self.caches_v,
-                         self.layer_weights, w.final_norm, w.lm_head, w.spec, self.variant.attention)
+                         self.layer_weights, w.final_norm, w.lm_head, w.spec, self.variant.attention,
+                         not self.variant.low_precision_residual)
 
 
 class ConventionalRound:

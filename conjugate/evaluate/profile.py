@@ -202,10 +202,11 @@ def _timing(timing: dict, where: str) -> TimingSettings:
                            f"{', '.join(TimingSettings.baselines)}, got {shown(baselines)}")
     variants = timing.get("conventional", list(TimingSettings.conventional))
     if not isinstance(variants, list) or not variants or not all(_is_variant(v) for v in variants):
-        from conjugate.evaluate.conventional import ATTENTION, COMPILES
+        from conjugate.evaluate.conventional import ATTENTION, COMPILES, RESIDUALS
 
         raise ProfileError(f"{where}: field 'timing.conventional' should be a non-empty list of variants "
-                           f"<{'|'.join(COMPILES)}>-<{'|'.join(ATTENTION)}>, got {shown(variants)}")
+                           f"<{'|'.join(COMPILES)}>-<{'|'.join(ATTENTION)}>[-{'|'.join(RESIDUALS[1:])}], "
+                           f"got {shown(variants)}")
     return TimingSettings(**values, baselines=tuple(baselines), conventional=tuple(variants))
 
 
