@@ -7,7 +7,8 @@ how steady a measurement is, on the six example workloads.
 Per workload, in one process (the evaluator's own setup: seeded random weights, the round checked
 on one set of inputs and timed on another):
 1. every conventional variant (evaluate/conventional.py) built for both phases, checked against the
-   fp32 reference and each phase's CUDA graph timed alone; per phase the fastest correct one;
+   fp32 reference and each phase's CUDA graph timed alone; per phase the fastest correct one; every
+   pair of correct variants timed on two streams, the fastest pair the `streams` baseline's;
 2. `conventional` (the chosen variants, draft then verify) and `streams` (both on two streams), as
    the evaluator's baselines; then measured again after other work (the in-process spread);
 3. steadiness: the shipped `streams` plan timed in the sequence an evaluation meets (right after it
@@ -34,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from conjugate.compiler.round import compile_round, device_name  # noqa: E402
-from conjugate.evaluate.baselines import (VariantTrial, choose_variants, conventional_baselines,  # noqa: E402
-                                          try_variant)
+from conjugate.evaluate.baselines import (VariantTrial, choose_streams_pair, choose_variants,  # noqa: E402
+                                          conventional_baselines, try_variant)
 from conjugate.evaluate.conventional import Variant  # noqa: E402
 from conjugate.evaluate.measured import MeasuredHarness  # noqa: E402
 from conjugate.evaluate.profile import load_profile  # noqa: E402
@@ -114,21 +115,29 @@ def bench_workload(name: str, profile, cache_dir: Path) -> dict:
     harness = MeasuredHarness(profile, cache_dir, session)
     setup = harness.prepare(w)
     timing = profile.timing
-    trials = []
+    trials, rounds = [], {}
     for variant in timing.conventional:
         started = time.perf_counter()
-        trial = try_variant(setup, Variant.parse(variant), timing)
+        trial = try_variant(setup, Variant.parse(variant), timing, rounds)
         trials.append(vars(trial) | {"build_s": time.perf_counter() - started})
         print(json.dumps({"workload": name} | trials[-1]), flush=True)
         torch.cuda.empty_cache()
     chosen = choose_variants([VariantTrial(t["variant"], t["correct"], t["phase_ms"], t["problem"]) for t in trials])
+    pair, pairs_ms = choose_streams_pair(rounds, timing)
+    print(json.dumps({"workload": name, "streams_pairs_ms": pairs_ms}), flush=True)
+    del rounds
+    torch.cuda.empty_cache()
+    chosen |= pair
     first = conventional_baselines(setup, timing, chosen)
     steady = steadiness(setup, timing, cache_dir)
     again = conventional_baselines(setup, timing, chosen)
     conv = [first["conventional"].latency_ms, again["conventional"].latency_ms]
     streams = [first["streams"].latency_ms, again["streams"].latency_ms]
     probe = PROBE_MS.get(name)
-    row = {"workload": name, "conventional_ms": conv[0], "conventional_streams_ms": streams[0], "variants": chosen,
+    row = {"workload": name, "conventional_ms": conv[0], "conventional_streams_ms": streams[0],
+           "variants": {"draft": chosen["draft"], "verify": chosen["verify"]},
+           "streams_variants": {"draft": chosen["streams_draft"], "verify": chosen["streams_verify"]},
+           "streams_pairs_ms": pairs_ms,
            "phase_ms": first["conventional"].phase_ms, "conventional_again_ms": conv[1],
            "conventional_streams_again_ms": streams[1],
            "baseline_spread_pct": max(spread_pct(conv), spread_pct(streams)),

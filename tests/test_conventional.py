@@ -1,6 +1,7 @@
 """The conventional baseline's static-shape model steps compute the reference round, in every variant."""
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -166,7 +167,7 @@ def test_when_no_variant_is_correct_the_baselines_say_what_each_did(monkeypatch,
     from conjugate.evaluate import baselines
     from conjugate.evaluate.profile import TimingSettings
 
-    def trial(setup, variant, timing):
+    def trial(setup, variant, timing, keep=None):
         problem = "target_logits off" if built else "not built: RuntimeError: no choices"
         return VariantTrial(variant.name, False, {}, problem, built=built)
 
@@ -176,9 +177,70 @@ def test_when_no_variant_is_correct_the_baselines_say_what_each_did(monkeypatch,
         device=torch.device("cpu")))))
     out = baselines._conventional(setup, TimingSettings(), tmp_path)
     assert set(out) == {"conventional", "streams"} and {b.status for b in out.values()} == {status}
-    assert out["streams"].error.startswith("no conventional variant computed the reference round: layers-sdpa: ")
+    assert out["streams"].error.startswith("no conventional variant computed the reference round: layers-grouped: ")
     assert out["conventional"].error.count("whole-grouped: ") == 1
     assert not list((tmp_path / "conventional").glob("*.json"))  # nothing kept: the next process tries again
+
+
+def test_a_choice_kept_before_the_streams_pair_was_chosen_is_made_again(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from conjugate.evaluate import baselines
+    from conjugate.evaluate.profile import TimingSettings
+
+    timing = TimingSettings()
+    workload = _round("llama").workload
+    setup = SimpleNamespace(workload=workload, weights=(None, SimpleNamespace(weights=SimpleNamespace(
+        device=torch.device("cpu")))))
+    path = baselines.choice_file(workload, "cpu", timing, tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"draft": timing.conventional[0], "verify": timing.conventional[0]}))
+    tried = []
+    monkeypatch.setattr(baselines, "try_variant", lambda setup, variant, timing, keep: tried.append(variant) or
+                        VariantTrial(variant.name, False, {}, "wrong"))
+    with pytest.raises(baselines.NoCorrectVariant):
+        baselines.chosen_variants(setup, timing, tmp_path)
+    assert len(tried) == len(timing.conventional)
+
+
+def test_the_streams_baseline_runs_the_pair_chosen_for_two_streams(monkeypatch):
+    """conventional runs the phases' own choice; streams the pair chosen on two streams, built apart."""
+    from types import SimpleNamespace
+
+    from conjugate.evaluate import baselines
+    from conjugate.evaluate.profile import TimingSettings
+    from conjugate.evaluate.timing import Timing
+
+    built = []
+
+    class FakeRound:
+        def __init__(self, workload, draft, target, draft_variant, verify_variant):
+            self.pair = (draft_variant.name, verify_variant.name)
+            built.append(self.pair)
+
+        def load(self, inputs):
+            pass
+
+        def run(self):
+            pass
+
+        run_streams = run
+
+    def checked_build(setup, timing, draft, verify):
+        return FakeRound(None, None, None, Variant.parse(draft), Variant.parse(verify)), SimpleNamespace(ok=True), {}
+
+    monkeypatch.setattr(baselines, "_built_and_checked", checked_build)
+    monkeypatch.setattr(baselines, "time_round", lambda *a, **k: Timing(1.0, 0.9, 1.1, 50))
+    chosen = {"draft": "whole-sdpa", "verify": "whole-split", "streams_draft": "whole-sdpa",
+              "streams_verify": "whole-grouped"}
+    out = baselines.conventional_baselines(SimpleNamespace(timing_inputs=None), TimingSettings(), chosen)
+    assert built == [("whole-sdpa", "whole-split"), ("whole-sdpa", "whole-grouped")]
+    assert out["conventional"].variants == {"draft": "whole-sdpa", "verify": "whole-split"}
+    assert out["streams"].variants == {"draft": "whole-sdpa", "verify": "whole-grouped"}
+    built.clear()
+    same = {"draft": "whole-sdpa", "verify": "whole-split"}  # a choice without a pair: the phases' own, built once
+    out = baselines.conventional_baselines(SimpleNamespace(timing_inputs=None), TimingSettings(), same)
+    assert built == [("whole-sdpa", "whole-split")] and out["streams"].variants == same
 
 
 def test_each_phase_runs_its_fastest_correct_variant():
@@ -198,22 +260,35 @@ def test_the_variant_choice_is_kept_per_workload_and_device(tmp_path, monkeypatc
 
     tried = []
 
-    def fake_trial(setup, variant, timing):
+    timing = TimingSettings()
+    fast_ones = dict(zip(timing.conventional[:2], ((5.0, 9.0), (7.0, 4.0))))
+
+    def fake_trial(setup, variant, timing, keep):
         tried.append(variant.name)
-        fast = {"layers-sdpa": (5.0, 9.0), "whole-grouped": (7.0, 4.0)}.get(variant.name)
+        fast = fast_ones.get(variant.name)
+        if fast:
+            keep[variant.name] = variant.name  # the kept round, here its name
         return VariantTrial(variant.name, fast is not None, dict(zip(("draft", "verify"), fast or ())),
                             "" if fast else "wrong")
 
+    def fake_pair(draft, verify, timing):  # the phase choice overlaps worse than the first variant alone
+        return 10.0 if draft == verify == timing_names[0] else 11.0
+
+    timing_names = list(timing.conventional)
     monkeypatch.setattr(baselines, "try_variant", fake_trial)
+    monkeypatch.setattr(baselines, "pair_on_two_streams", fake_pair)
     monkeypatch.setattr(baselines.torch.cuda, "empty_cache", lambda: None)
     workload = _round("llama").workload
     setup = SimpleNamespace(workload=workload, weights=(None, SimpleNamespace(weights=SimpleNamespace(
         device=torch.device("cpu")))))
-    timing = TimingSettings()
-    assert baselines.chosen_variants(setup, timing, tmp_path) == {"draft": "layers-sdpa", "verify": "whole-grouped"}
+    a, b = timing_names[:2]
+    expected = {"draft": a, "verify": b, "streams_draft": a, "streams_verify": a}
+    assert baselines.chosen_variants(setup, timing, tmp_path) == expected
     assert tried == list(timing.conventional)
-    assert baselines.chosen_variants(setup, timing, tmp_path) == {"draft": "layers-sdpa", "verify": "whole-grouped"}
+    assert baselines.chosen_variants(setup, timing, tmp_path) == expected
     assert len(tried) == len(timing.conventional)  # read back, nothing tried again
+    kept = json.loads(next((tmp_path / "conventional").glob("*.json")).read_text())
+    assert kept["streams_pairs_ms"] == {f"{a}/{a}": 10.0, f"{a}/{b}": 11.0, f"{b}/{a}": 11.0, f"{b}/{b}": 11.0}
     other = replace(workload, k=workload.k + 1)  # another workload: chosen afresh
     baselines.chosen_variants(SimpleNamespace(workload=other, weights=setup.weights), timing, tmp_path)
     assert len(tried) == 2 * len(timing.conventional)

@@ -5,7 +5,9 @@
   profile's variants (`[timing] conventional`): every variant is built, checked and its phases timed
   alone once per workload and device; the choice is kept on disk beside the compiled kernels, so
   later processes build only the chosen one;
-- `streams`: the same two phase graphs replayed concurrently on two streams;
+- `streams`: a draft phase graph and a verify phase graph replayed concurrently on two streams: the
+  pair of correct variants fastest together, chosen with the phases (a variant that fills the GPU
+  alone can overlap worse than one that leaves it room);
 - `sequential`: this project's kernels, one model after the other (plans/sequential.json).
 
 With `[timing] baselines_apart`, `conventional` and `streams` are measured in a process of their own
@@ -27,7 +29,7 @@ import torch
 from conjugate.compiler.round import compile_round, default_cache_dir, device_name
 from conjugate.errors import ConjugateError
 from conjugate.evaluate.baselines_apart import measure_apart
-from conjugate.evaluate.conventional import ConventionalRound, Variant
+from conjugate.evaluate.conventional import ConventionalRound, Variant, on_two_streams
 from conjugate.evaluate.correctness import CheckReport
 from conjugate.evaluate.profile import EvaluatorProfile, TimingSettings
 from conjugate.evaluate.result import Baseline
@@ -83,10 +85,12 @@ class NoCorrectVariant(ConjugateError):
                          + "; ".join(f"{t.variant}: {t.problem}" for t in trials))
 
 
-def try_variant(setup: RoundSetup, variant: Variant, timing: TimingSettings) -> VariantTrial:
+def try_variant(setup: RoundSetup, variant: Variant, timing: TimingSettings,
+                keep: dict[str, ConventionalRound] | None = None) -> VariantTrial:
     """A variant that torch cannot build for these shapes (a compile error) is a failed trial, not
     a failed evaluation: the other variants still compete. Running out of GPU memory or a CUDA
-    error is not the variant's fault, so it ends the evaluation rather than rule the variant out."""
+    error is not the variant's fault, so it ends the evaluation rather than rule the variant out.
+    With `keep`, a correct variant's round (captured, timing inputs loaded) is kept there by name."""
     try:
         rnd = ConventionalRound(setup.workload, *setup.weights, variant, variant)
         rnd.capture()
@@ -103,6 +107,8 @@ def try_variant(setup: RoundSetup, variant: Variant, timing: TimingSettings) -> 
     rnd.load(setup.timing_inputs)
     phase_ms = {PHASES[m]: time_round(rnd.graphs[m].replay, lambda: None, timing.replays, timing.warmup).median_ms
                 for m in Model}
+    if keep is not None:
+        keep[variant.name] = rnd
     return VariantTrial(variant.name, True, phase_ms)
 
 
@@ -114,6 +120,21 @@ def choose_variants(trials: list[VariantTrial]) -> dict[str, str] | None:
     return {phase: min(correct, key=lambda t: t.phase_ms[phase]).variant for phase in PHASES.values()}
 
 
+def pair_on_two_streams(draft: ConventionalRound, verify: ConventionalRound, timing: TimingSettings) -> float:
+    """Median ms of one round's draft phase graph and another's verify phase graph on two streams."""
+    run = partial(on_two_streams, draft.device, draft.graphs[Model.DRAFT].replay, verify.graphs[Model.TARGET].replay)
+    return time_round(run, lambda: None, timing.replays, timing.warmup).median_ms
+
+
+def choose_streams_pair(rounds: dict[str, ConventionalRound],
+                        timing: TimingSettings) -> tuple[dict[str, str], dict[str, float]]:
+    """The (draft, verify) variants fastest on two streams, of every pair of the correct `rounds`:
+    ({"streams_draft": .., "streams_verify": ..}, {"DRAFT/VERIFY": ms for every pair})."""
+    pairs = {(d, v): pair_on_two_streams(rounds[d], rounds[v], timing) for d in rounds for v in rounds}
+    draft, verify = min(pairs, key=pairs.get)
+    return {"streams_draft": draft, "streams_verify": verify}, {f"{d}/{v}": ms for (d, v), ms in pairs.items()}
+
+
 def choice_file(workload: Workload, device: str, timing: TimingSettings, cache_dir: Path | None) -> Path:
     """Where the variant choice for this workload, device (its name) and variant list is kept."""
     body = json.dumps({"workload": workload.to_dict(), "device": device, "torch": torch.__version__,
@@ -121,9 +142,14 @@ def choice_file(workload: Workload, device: str, timing: TimingSettings, cache_d
     return (cache_dir or default_cache_dir()) / "conventional" / f"{hashlib.sha256(body.encode()).hexdigest()[:16]}.json"
 
 
-def keep_choice(path: Path, chosen: dict[str, str], workload: str, trials: list[dict]) -> None:
+CHOICE_KEYS = ("draft", "verify", "streams_draft", "streams_verify")
+
+
+def keep_choice(path: Path, chosen: dict[str, str], workload: str, trials: list[dict],
+                streams_pairs_ms: dict[str, float]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(chosen | {"workload": workload, "trials": trials}, indent=1) + "\n")
+    write_atomic(path, json.dumps(chosen | {"workload": workload, "trials": trials,
+                                            "streams_pairs_ms": streams_pairs_ms}, indent=1) + "\n")
 
 
 def chosen_variants(setup: RoundSetup, timing: TimingSettings, cache_dir: Path | None) -> dict[str, str]:
@@ -132,19 +158,23 @@ def chosen_variants(setup: RoundSetup, timing: TimingSettings, cache_dir: Path |
     path = choice_file(setup.workload, device_name(setup.weights[1].weights.device), timing, cache_dir)
     try:
         kept = json.loads(path.read_text())
-        if {kept["draft"], kept["verify"]} <= set(timing.conventional):
-            return {"draft": kept["draft"], "verify": kept["verify"]}
+        chosen = {key: kept[key] for key in CHOICE_KEYS}
+        if set(chosen.values()) <= set(timing.conventional):
+            return chosen
     except (OSError, ValueError, KeyError, TypeError):
-        pass  # absent or unreadable: choose again
-    trials = []
+        pass  # absent, unreadable or from before the streams pair was chosen: choose again
+    trials, rounds = [], {}
     for name in timing.conventional:
-        trials.append(try_variant(setup, Variant.parse(name), timing))
+        trials.append(try_variant(setup, Variant.parse(name), timing, rounds))
         torch.cuda.empty_cache()
     chosen = choose_variants(trials)
     if chosen is None:
         raise NoCorrectVariant(trials)
-    keep_choice(path, chosen, setup.workload.name, [vars(t) for t in trials])
-    return chosen
+    pair, pairs_ms = choose_streams_pair(rounds, timing)
+    del rounds
+    torch.cuda.empty_cache()
+    keep_choice(path, chosen | pair, setup.workload.name, [vars(t) for t in trials], pairs_ms)
+    return chosen | pair
 
 
 def _checked(rnd: ConventionalRound, setup: RoundSetup) -> CheckReport:
@@ -175,24 +205,35 @@ def conventional_alone(workload: Workload, profile: EvaluatorProfile, cache_dir:
 
 
 def conventional_baselines(setup: RoundSetup, timing: TimingSettings, chosen: dict[str, str]) -> dict[str, Baseline]:
-    """`conventional` and `streams` (those the profile wants) with each phase in its chosen variant."""
+    """`conventional` and `streams` (those the profile wants): each phase in its chosen variant, and
+    on two streams the chosen pair (`streams_draft`/`streams_verify`; the phases' own where absent)."""
     if not chosen:
         problem = "no conventional variant computed the reference round (" + ", ".join(timing.conventional) + ")"
         return {name: Baseline("incorrect", error=problem) for name in ("conventional", "streams")
                 if name in timing.baselines}
-    rnd = ConventionalRound(setup.workload, *setup.weights, Variant.parse(chosen["draft"]),
-                            Variant.parse(chosen["verify"]))
+    pairs = {"conventional": (chosen["draft"], chosen["verify"]),
+             "streams": (chosen.get("streams_draft", chosen["draft"]), chosen.get("streams_verify", chosen["verify"]))}
+    out, built = {}, {}
+    for name, pair in pairs.items():
+        if name not in timing.baselines:
+            continue
+        if pair not in built:
+            built[pair] = _built_and_checked(setup, timing, *pair)
+        rnd, check, phase_ms = built[pair]
+        out[name] = _timed(rnd.run_streams if name == "streams" else rnd.run, partial(rnd.load, setup.timing_inputs),
+                           check, timing, variants={"draft": pair[0], "verify": pair[1]}, phase_ms=phase_ms)
+    return out
+
+
+def _built_and_checked(setup: RoundSetup, timing: TimingSettings, draft: str, verify: str):
+    """A conventional round in these variants, captured and checked: (round, check, phase ms)."""
+    rnd = ConventionalRound(setup.workload, *setup.weights, Variant.parse(draft), Variant.parse(verify))
     rnd.capture()  # compiles both models (or finds them compiled), then captures each phase
     check = _checked(rnd, setup)
     rnd.load(setup.timing_inputs)
     phase_ms = {PHASES[m]: time_round(rnd.graphs[m].replay, lambda: None, timing.replays, timing.warmup).median_ms
                 for m in Model} if check.ok else {}
-    out = {}
-    for name, run in (("conventional", rnd.run), ("streams", rnd.run_streams)):
-        if name in timing.baselines:
-            out[name] = _timed(run, partial(rnd.load, setup.timing_inputs), check, timing, variants=chosen,
-                               phase_ms=phase_ms)
-    return out
+    return rnd, check, phase_ms
 
 
 def _sequential(setup: RoundSetup, timing: TimingSettings, cache_dir: Path | None) -> Baseline:

@@ -333,6 +333,23 @@ class StaticStep:
                          not self.variant.low_precision_residual)
 
 
+_SIDE_STREAMS: dict[torch.device, tuple] = {}
+
+
+def on_two_streams(device: torch.device, *work: Callable[[], None]) -> None:
+    """Each of `work` on a side stream of its own (two per device, made once), forked from and joined
+    to the current stream."""
+    main = torch.cuda.current_stream(device)
+    if device not in _SIDE_STREAMS:
+        _SIDE_STREAMS[device] = (torch.cuda.Stream(device), torch.cuda.Stream(device))
+    for stream, fn in zip(_SIDE_STREAMS[device], work):
+        stream.wait_stream(main)
+        with torch.cuda.stream(stream):
+            fn()
+    for stream in _SIDE_STREAMS[device]:
+        main.wait_stream(stream)
+
+
 class ConventionalRound:
     """Both phases as static steps over a round's buffers: the draft's k decode steps, then (or, with
     `streams`, beside) the target's verification of k + 1 tokens per sequence.
@@ -351,7 +368,6 @@ class ConventionalRound:
         self.verify_step = StaticStep(self.bufs.target, verify_variant)
         self.streams = streams
         self.graphs: dict[Model, torch.cuda.CUDAGraph] = {}
-        self._streams = None
 
     @property
     def name(self) -> str:
@@ -385,19 +401,7 @@ class ConventionalRound:
             self.draft_phase()
             self.verify_phase()
             return
-        self._on_two_streams(self.draft_phase, self.verify_phase)
-
-    def _on_two_streams(self, *work: Callable[[], None]) -> None:
-        """Each of `work` on a stream forked from and joined to the current one."""
-        main = torch.cuda.current_stream(self.device)
-        if self._streams is None:
-            self._streams = (torch.cuda.Stream(self.device), torch.cuda.Stream(self.device))
-        for stream, fn in zip(self._streams, work):
-            stream.wait_stream(main)
-            with torch.cuda.stream(stream):
-                fn()
-        for stream in self._streams:
-            main.wait_stream(stream)
+        on_two_streams(self.device, self.draft_phase, self.verify_phase)
 
     def warmup(self) -> None:
         """Compile both steps (torch.compile traces on the first call)."""
@@ -423,7 +427,7 @@ class ConventionalRound:
         self.graphs[Model.TARGET].replay()
 
     def run_streams(self) -> None:
-        self._on_two_streams(self.graphs[Model.DRAFT].replay, self.graphs[Model.TARGET].replay)
+        on_two_streams(self.device, self.graphs[Model.DRAFT].replay, self.graphs[Model.TARGET].replay)
 
     def outputs(self) -> RoundOutputs:
         d, t = self.bufs.draft, self.bufs.target

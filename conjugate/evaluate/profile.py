@@ -63,7 +63,7 @@ class TimingSettings:
     # `conventional` and `streams` measured in a process of their own (evaluate/baselines_apart.py)
     baselines_apart: bool = False
     # the conventional baseline's variants tried per phase (conventional.py); the fastest correct one runs
-    conventional: tuple[str, ...] = ("layers-sdpa", "layers-grouped", "whole-sdpa", "whole-grouped")
+    conventional: tuple[str, ...] = ("layers-grouped", "whole-sdpa", "whole-grouped", "whole-split")
 
 
 @dataclass(frozen=True)
