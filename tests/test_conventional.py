@@ -334,13 +334,24 @@ def test_split_count_divides_the_cache_evenly_until_the_gpu_is_full():
     assert split_count(40, 1) == 1  # chunks never shorter than 32 keys
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_split_attention_combines_chunks_some_all_masked(family, monkeypatch):
+@pytest.mark.parametrize("family,garbage", [(f, g) for f in FAMILIES for g in (False, True)])
+def test_split_attention_combines_chunks_some_all_masked(family, garbage, monkeypatch):
     """The cache cut into chunks of 2-4 keys, ragged lengths: the chunks past a sequence's length are
-    all masked and weigh nothing; the combined result is the reference round's."""
+    all masked and weigh nothing (`garbage`: whatever the kernel wrote there, +inf or NaN); the
+    combined result is the reference round's."""
     from conjugate.evaluate import conventional as conventional_module
 
     monkeypatch.setattr(conventional_module, "SPLIT_MIN_KEYS", 2)
+    if garbage:
+        chunk_attention = conventional_module._chunk_attention
+
+        def writes_garbage_where_all_masked(q, k, v, bias):
+            out, lse = chunk_attention(q, k, v, bias)
+            masked = torch.isinf(bias).all(-1)
+            assert masked.any()  # some chunk of some row sees nothing
+            return out.masked_fill(masked[..., None], float("nan")), lse.masked_fill(masked, float("inf"))
+
+        monkeypatch.setattr(conventional_module, "_chunk_attention", writes_garbage_where_all_masked)
     rnd = _round(family)
     w = rnd.workload
     inputs = make_round_inputs(rnd.draft, rnd.target, k=w.k, draft_batch=w.draft_batch, target_batch=w.target_batch,

@@ -144,9 +144,9 @@ def split_count(capacity: int, problems: int) -> int:
 
 
 def _split_bias(visible, spec, dtype):
-    """`split`'s additive mask, made once per step for every layer: [B, T, capacity] bool ->
-    [B, kv_heads * chunks, group * T, chunk] (0 or -inf) in `dtype`, its rows padded to 16 elements
-    as the memory-efficient kernel needs."""
+    """`split`'s mask, made once per step for every layer, from [B, T, capacity] bool: (the additive
+    mask [B, kv_heads * chunks, group * T, chunk] (0 or -inf) in `dtype`, its rows padded to 16 elements
+    as the memory-efficient kernel needs; which chunks hold a visible key [B, 1, chunks, group * T])."""
     b, t, capacity = visible.shape
     kv_heads, group = spec.num_kv_heads, spec.num_heads // spec.num_kv_heads
     chunks = split_count(capacity, b * kv_heads)
@@ -154,7 +154,7 @@ def _split_bias(visible, spec, dtype):
     per_chunk = visible.repeat(1, group, 1).view(b, rows, chunks, chunk).permute(0, 2, 1, 3)  # [B, chunks, rows, chunk]
     bias = torch.where(per_chunk, 0.0, float("-inf")).to(dtype)
     bias = F.pad(bias, (0, -chunk % 16))[:, None].expand(b, kv_heads, chunks, rows, chunk - chunk % -16)
-    return bias.reshape(b, kv_heads * chunks, rows, chunk - chunk % -16)[..., :chunk]
+    return bias.reshape(b, kv_heads * chunks, rows, chunk - chunk % -16)[..., :chunk], per_chunk.any(-1)[:, None]
 
 
 def _chunk_attention(q, k, v, bias):
@@ -168,11 +168,13 @@ def _chunk_attention(q, k, v, bias):
     return (torch.exp(scores - lse[..., None]) @ v.float()).to(q.dtype), lse
 
 
-def _split_attention(q, cache_k, cache_v, bias):
+def _split_attention(q, cache_k, cache_v, mask):
     """Flash-decoding from torch's own kernels: a KV head's query heads as rows (as `grouped`), the
     cache cut into equal chunks, each chunk one attention problem (so a decode step's few heads fill
     the GPU instead of each walking the whole cache in one program), the chunks' results combined by
-    their log-sum-exp. `bias`: _split_bias of the step's mask."""
+    their log-sum-exp. `mask`: _split_bias of the step's mask. A chunk with no visible key weighs
+    nothing, whatever the kernel wrote for it."""
+    bias, seen = mask
     b, t, heads, hd = q.shape
     kv_heads, capacity = cache_k.shape[1], cache_k.shape[2]
     chunks = bias.shape[1] // kv_heads
@@ -183,8 +185,9 @@ def _split_attention(q, cache_k, cache_v, bias):
     values = cache_v.view(b, kv_heads * chunks, capacity // chunks, hd)
     out, lse = _chunk_attention(queries, keys, values, bias)
     out, lse = out.view(b, kv_heads, chunks, r, hd).float(), lse.view(b, kv_heads, chunks, r)
+    lse = torch.where(seen, lse, float("-inf"))
     weight = torch.exp(lse - lse.amax(2, keepdim=True))[..., None]  # chunk 0 always holds a visible key
-    out = torch.where(weight > 0, out, 0.0).mul(weight).sum(2) / weight.sum(2)  # a chunk all masked weighs 0
+    out = torch.where(seen[..., None], out, 0.0).mul(weight).sum(2) / weight.sum(2)
     return _from_grouped_rows(out.to(cache_k.dtype), q.shape)
 
 
