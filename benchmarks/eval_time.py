@@ -5,6 +5,10 @@ compile, warmup, check, replays, verdicts: EvalResult.seconds) and its baselines
 
     python benchmarks/eval_time.py WORKLOAD.toml [...] --evaluators PROFILE [PROFILE ...]
                                    [--budget 16] [--time 240s] [--out DIR] [--json OUT.json]
+                                   [--code DIR]
+
+`--code DIR` runs the searches with the code of another checkout (e.g. `git worktree add DIR COMMIT`
+for the evaluator as it was at COMMIT: the "before" stage), read back with this one's.
 
 The first evaluation of a run also prepares the workload and measures the baselines; the medians
 leave it aside. Two runs of one workload on one GPU also give the baselines measured in two
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -31,12 +36,28 @@ from conjugate.workload import load_workload  # noqa: E402
 BASELINES = ("conventional", "streams", "sequential")
 
 
-def search(workload: Path, evaluator: str, budget: int, limit: str, db: Path) -> float:
+def search(workload: Path, evaluator: str, budget: int, limit: str, db: Path, code: Path = ROOT) -> float:
+    """A `conjugate search` process run with the code at `code`; its seconds."""
     db.unlink(missing_ok=True)
+    if Path(evaluator).exists():
+        evaluator = str(Path(evaluator).resolve())
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "conjugate", "search", str(workload), "--evaluator", evaluator,
-                    "--budget", str(budget), "--time", limit, "--seed", "0", "--db", str(db)], check=True, cwd=ROOT)
+    subprocess.run([sys.executable, "-m", "conjugate", "search", str(workload.resolve()), "--evaluator", evaluator,
+                    "--budget", str(budget), "--time", limit, "--seed", "0", "--db", str(db.resolve())],
+                   check=True, cwd=code, env=env)
     return time.perf_counter() - started
+
+
+def code_version(code: Path) -> str:
+    """The commit checked out at `code` (with "+changes" when its tracked files differ), or "unknown"."""
+    def git(*args):
+        return subprocess.run(["git", "-C", str(code), *args], capture_output=True, text=True).stdout.strip()
+    try:
+        commit = git("rev-parse", "--short", "HEAD")
+        return (commit + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")) or "unknown"
+    except OSError:
+        return "unknown"
 
 
 def evaluations(db: Path, workload: Path) -> list[dict]:
@@ -95,17 +116,20 @@ def main() -> None:
     parser.add_argument("--time", default="240s")
     parser.add_argument("--out", type=Path, default=Path("eval_time"))
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--code", type=Path, default=ROOT, help="the checkout whose code runs the searches")
     args = parser.parse_args()
+    if not (args.code / "conjugate" / "__main__.py").exists():
+        raise SystemExit(f"--code {args.code}: no conjugate package there")
     args.out.mkdir(parents=True, exist_ok=True)
     import torch
     out = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None, "torch": torch.__version__,
-           "command": " ".join(sys.argv), "budget": args.budget, "time": args.time, "workloads": []}
+           "command": " ".join(sys.argv), "code": code_version(args.code), "budget": args.budget, "time": args.time, "workloads": []}
     for path in args.workloads:
         name = load_workload(path).name
         runs = []
         for evaluator in args.evaluators:
             db = args.out / f"{name}_{Path(evaluator).stem}.db"
-            search_s = search(path, evaluator, args.budget, args.time, db)
+            search_s = search(path, evaluator, args.budget, args.time, db, args.code.resolve())
             rows = evaluations(db, path)
             runs.append({"evaluator": evaluator, **summary(rows, search_s), "rows": rows})
         out["workloads"].append({"workload": name, "runs": runs, "baseline_spread_pct": spread_pct(runs)})
