@@ -71,9 +71,10 @@ def profile_variant(variant, w, draft, target, inputs, timing_inputs, checker, r
         ("draft_ms", rnd.graphs[Model.DRAFT].replay), ("verify_ms", rnd.graphs[Model.TARGET].replay),
         ("round_ms", rnd.run), ("streams_ms", rnd.run_streams))}
     kernels = {"draft": kernel_table(rnd.draft_phase, top), "verify": kernel_table(rnd.verify_phase, top)}
+    chunks = {"draft": rnd.draft_step.chunks, "verify": rnd.verify_step.chunks}  # split attention's cut (else 1)
     del rnd
     torch.cuda.empty_cache()
-    return {"variant": variant, "correct": check["ok"], "check": check, "compile_s": round(compile_s, 1),
+    return {"variant": variant, "correct": check["ok"], "check": check, "compile_s": round(compile_s, 1), "chunks": chunks,
             **{k: round(v, 3) for k, v in times.items()}, "kernels": kernels}
 
 

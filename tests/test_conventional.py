@@ -325,7 +325,7 @@ def test_a_bf16_residual_stream_rounds_more_and_is_judged_by_the_same_check(fami
 
 
 def test_split_count_divides_the_cache_evenly_until_the_gpu_is_full():
-    from conjugate.evaluate.conventional import split_count
+    from conjugate.evaluate.split_attention import split_count
 
     assert split_count(1029, 8) == 21  # 168 problems of 49 keys: 1029 = 3 * 7^3
     assert split_count(1029, 64) == 7  # 448 problems of 147 keys
@@ -339,11 +339,11 @@ def test_split_attention_combines_chunks_some_all_masked(family, garbage, monkey
     """The cache cut into chunks of 2-4 keys, ragged lengths: the chunks past a sequence's length are
     all masked and weigh nothing (`garbage`: whatever the kernel wrote there, +inf or NaN); the
     combined result is the reference round's."""
-    from conjugate.evaluate import conventional as conventional_module
+    from conjugate.evaluate import split_attention as split_module
 
-    monkeypatch.setattr(conventional_module, "SPLIT_MIN_KEYS", 2)
+    monkeypatch.setattr(split_module, "SPLIT_MIN_KEYS", 2)
     if garbage:
-        chunk_attention = conventional_module._chunk_attention
+        chunk_attention = split_module.chunk_attention
 
         def writes_garbage_where_all_masked(q, k, v, bias):
             out, lse = chunk_attention(q, k, v, bias)
@@ -351,7 +351,7 @@ def test_split_attention_combines_chunks_some_all_masked(family, garbage, monkey
             assert masked.any()  # some chunk of some row sees nothing
             return out.masked_fill(masked[..., None], float("nan")), lse.masked_fill(masked, float("inf"))
 
-        monkeypatch.setattr(conventional_module, "_chunk_attention", writes_garbage_where_all_masked)
+        monkeypatch.setattr(split_module, "chunk_attention", writes_garbage_where_all_masked)
     rnd = _round(family)
     w = rnd.workload
     inputs = make_round_inputs(rnd.draft, rnd.target, k=w.k, draft_batch=w.draft_batch, target_batch=w.target_batch,
@@ -359,10 +359,32 @@ def test_split_attention_combines_chunks_some_all_masked(family, garbage, monkey
     split = Variant("eager", "split")
     conventional = _conventional(rnd, split, split)
     capacity = conventional.bufs.target.cache.k.shape[-2]
-    assert conventional_module.split_count(capacity, 1) > 1
+    assert conventional.draft_step.chunks > 1 and conventional.verify_step.chunks > 1
     conventional.load(inputs)
     conventional.run()
     out = conventional.outputs()
     assert torch.isfinite(out.target_logits).all()
     report = compare_rounds(reference_round(rnd.draft, rnd.target, inputs), out, "fp32", _lengths(inputs))
     assert report.ok and report.near_ties == 0, report.problems
+
+
+def test_on_a_gpu_the_split_is_timed_once_per_shape_and_the_fastest_kept(monkeypatch):
+    """choose_chunks times every even cut (here with a stand-in clock whose fastest is 7 chunks) and
+    keeps the choice per shape, so a second step of that shape times nothing."""
+    from conjugate.evaluate import split_attention as split_module
+
+    monkeypatch.setattr(split_module, "_CHOSEN", {})
+    timed, results = [], []
+
+    def clock(fn, device):
+        fn()  # the split attention runs, over random data, for this cut
+        chunks = split_module.even_cuts(1029)[len(timed)]
+        timed.append(chunks)
+        return abs(chunks - 7) + 1.0
+
+    args = (2, 3, 8, 2, 1029, 16, torch.float32, torch.device("cpu"))
+    results.append(split_module.choose_chunks(*args, time_us=clock))
+    assert timed == [1, 3, 7, 21] and results == [7]
+    results.append(split_module.choose_chunks(*args, time_us=clock))
+    assert timed == [1, 3, 7, 21] and results == [7, 7]
+    assert split_module.choose_chunks(*args) == split_module.split_count(1029, 2 * 2)  # no clock, no GPU: the rule

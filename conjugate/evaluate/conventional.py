@@ -23,7 +23,7 @@ the baselines time each and use the fastest correct one per phase (baselines.py)
   `grouped`: a KV head's query heads stacked as rows of one SDPA call (each KV head read once);
   `efficient`: `grouped` held to SDPA's memory-efficient kernel; `matmul`: `grouped` as two batched
   GEMMs around a compiled masked softmax; `split`: `grouped` with the cache cut into chunks attended
-  apart and combined (flash-decoding from torch's kernels);
+  apart and combined (flash-decoding from torch's kernels: split_attention.py);
   `flex`: FlexAttention with the per-sequence mask as a score modification (compiled: a Triton
   kernel). Not among the variants tried by default: on the H200 it was correct but slower in every
   phase measured (1.5-1.7x the fastest draft, 1.2-1.3x the fastest verify, 19x on qwen2.5-0.5b's
@@ -45,6 +45,8 @@ import torch
 import torch.nn.functional as F
 
 from conjugate.compiler.buffers import ModelBuffers, PreparedWeights, RoundBuffers
+from conjugate.evaluate.split_attention import (choose_chunks, from_grouped_rows, grouped_rows, split_attention,
+                                                split_mask)
 from conjugate.models.reference import KVCache, RoundInputs, RoundOutputs
 from conjugate.roles import Model
 from conjugate.workload import Workload
@@ -85,21 +87,6 @@ def _grouped_attention(q, cache_k, cache_v, visible):
     return out.view(b, kv_heads, group, t, hd).permute(0, 3, 1, 2, 4).reshape(b, t, heads * hd)
 
 
-def _grouped_rows(q, cache_k):
-    """q [B, T, heads, hd] -> [B, kv_heads, group * T, hd] in the cache's dtype: a KV head's query heads as rows."""
-    b, t, heads, hd = q.shape
-    kv_heads = cache_k.shape[1]
-    return q.to(cache_k.dtype).view(b, t, kv_heads, heads // kv_heads, hd).permute(0, 2, 3, 1, 4).reshape(
-        b, kv_heads, heads // kv_heads * t, hd)
-
-
-def _from_grouped_rows(out, q_shape):
-    """The inverse of _grouped_rows for the attention's output: -> [B, T, heads * hd]."""
-    b, t, heads, hd = q_shape
-    kv_heads = out.shape[1]
-    return out.view(b, kv_heads, heads // kv_heads, t, hd).permute(0, 3, 1, 2, 4).reshape(b, t, heads * hd)
-
-
 def _efficient_attention(q, cache_k, cache_v, visible):
     """As _grouped_attention, with SDPA held to its memory-efficient kernel where it can run (else its
     math form): on the H200 torch otherwise picks cuDNN's flash kernel, which walks the whole cache in
@@ -108,87 +95,20 @@ def _efficient_attention(q, cache_k, cache_v, visible):
 
     group = q.shape[2] // cache_k.shape[1]
     with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
-        out = F.scaled_dot_product_attention(_grouped_rows(q, cache_k), cache_k, cache_v,
+        out = F.scaled_dot_product_attention(grouped_rows(q, cache_k), cache_k, cache_v,
                                              attn_mask=visible.repeat(1, group, 1)[:, None])
-    return _from_grouped_rows(out, q.shape)
+    return from_grouped_rows(out, q.shape)
 
 
 def _matmul_attention(q, cache_k, cache_v, visible):
     """Attention as two batched GEMMs in the cache's dtype (tensor cores) around an fp32 masked softmax,
     a KV head's query heads as rows: the compiler fuses the scale, mask and softmax into one kernel."""
-    rows = _grouped_rows(q, cache_k)
+    rows = grouped_rows(q, cache_k)
     group = q.shape[2] // cache_k.shape[1]
     scores = torch.matmul(rows, cache_k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5  # [B, kvh, rows, capacity]
     scores = scores.masked_fill(~visible.repeat(1, group, 1)[:, None], float("-inf"))
     out = torch.matmul(scores.softmax(-1).to(cache_v.dtype), cache_v)
-    return _from_grouped_rows(out, q.shape)
-
-
-SPLIT_PROGRAMS = 256  # `split` divides the cache until this many attention problems run at once
-SPLIT_MIN_KEYS = 32  # ... but no chunk shorter than this
-
-
-def split_count(capacity: int, problems: int) -> int:
-    """Into how many equal chunks `split` cuts a cache of `capacity` positions: the fewest that give
-    SPLIT_PROGRAMS problems (`problems` before the split), chunks of at least SPLIT_MIN_KEYS keys."""
-    chosen = 1
-    for count in range(1, capacity + 1):
-        if capacity % count:
-            continue
-        if capacity // count < SPLIT_MIN_KEYS:
-            break
-        chosen = count
-        if problems * count >= SPLIT_PROGRAMS:
-            break
-    return chosen
-
-
-def _split_bias(visible, spec, dtype):
-    """`split`'s mask, made once per step for every layer, from [B, T, capacity] bool: (the additive
-    mask [B, kv_heads * chunks, group * T, chunk] (0 or -inf) in `dtype`, its rows padded to 16 elements
-    as the memory-efficient kernel needs; which chunks hold a visible key [B, 1, chunks, group * T])."""
-    b, t, capacity = visible.shape
-    kv_heads, group = spec.num_kv_heads, spec.num_heads // spec.num_kv_heads
-    chunks = split_count(capacity, b * kv_heads)
-    chunk, rows = capacity // chunks, group * t
-    per_chunk = visible.repeat(1, group, 1).view(b, rows, chunks, chunk).permute(0, 2, 1, 3)  # [B, chunks, rows, chunk]
-    bias = torch.where(per_chunk, 0.0, float("-inf")).to(dtype)
-    bias = F.pad(bias, (0, -chunk % 16))[:, None].expand(b, kv_heads, chunks, rows, chunk - chunk % -16)
-    return bias.reshape(b, kv_heads * chunks, rows, chunk - chunk % -16)[..., :chunk], per_chunk.any(-1)[:, None]
-
-
-def _chunk_attention(q, k, v, bias):
-    """Attention of each chunk on its own: (out [.., rows, hd] in q's dtype, log-sum-exp [.., rows] fp32).
-    On a GPU, SDPA's memory-efficient kernel; elsewhere the same in explicit fp32 operations."""
-    if q.is_cuda:
-        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, bias, True)[:2]
-        return out, lse[..., :q.shape[2]]
-    scores = q.float() @ k.float().transpose(-1, -2) * q.shape[-1] ** -0.5 + bias.float()
-    lse = torch.logsumexp(scores, -1)
-    return (torch.exp(scores - lse[..., None]) @ v.float()).to(q.dtype), lse
-
-
-def _split_attention(q, cache_k, cache_v, mask):
-    """Flash-decoding from torch's own kernels: a KV head's query heads as rows (as `grouped`), the
-    cache cut into equal chunks, each chunk one attention problem (so a decode step's few heads fill
-    the GPU instead of each walking the whole cache in one program), the chunks' results combined by
-    their log-sum-exp. `mask`: _split_bias of the step's mask. A chunk with no visible key weighs
-    nothing, whatever the kernel wrote for it."""
-    bias, seen = mask
-    b, t, heads, hd = q.shape
-    kv_heads, capacity = cache_k.shape[1], cache_k.shape[2]
-    chunks = bias.shape[1] // kv_heads
-    rows = _grouped_rows(q, cache_k)  # [B, kv_heads, R, hd]
-    r = rows.shape[2]
-    queries = rows[:, :, None].expand(b, kv_heads, chunks, r, hd).reshape(b, kv_heads * chunks, r, hd)
-    keys = cache_k.view(b, kv_heads * chunks, capacity // chunks, hd)
-    values = cache_v.view(b, kv_heads * chunks, capacity // chunks, hd)
-    out, lse = _chunk_attention(queries, keys, values, bias)
-    out, lse = out.view(b, kv_heads, chunks, r, hd).float(), lse.view(b, kv_heads, chunks, r)
-    lse = torch.where(seen, lse, float("-inf"))
-    weight = torch.exp(lse - lse.amax(2, keepdim=True))[..., None]  # chunk 0 always holds a visible key
-    out = torch.where(seen[..., None], out, 0.0).mul(weight).sum(2) / weight.sum(2)
-    return _from_grouped_rows(out.to(cache_k.dtype), q.shape)
+    return from_grouped_rows(out, q.shape)
 
 
 def _flex_attention(q, cache_k, cache_v, visible):
@@ -206,8 +126,7 @@ def _flex_attention(q, cache_k, cache_v, visible):
 
 
 ATTENTION: dict[str, Callable] = {"sdpa": _sdpa_attention, "grouped": _grouped_attention, "efficient": _efficient_attention,
-                                  "matmul": _matmul_attention, "split": _split_attention, "flex": _flex_attention}
-MASKS: dict[str, Callable] = {"split": _split_bias}  # attentions that take the step's mask in a form of their own
+                                  "matmul": _matmul_attention, "split": split_attention, "flex": _flex_attention}
 
 
 @dataclass(frozen=True)
@@ -268,13 +187,14 @@ def _head(x, final_norm, lm_head, eps: float):
 
 
 def _forward(layer, head, tokens, positions, embed, cos_table, sin_table, caches_k, caches_v, layer_weights,
-             final_norm, lm_head, spec, attention: str, residual_fp32: bool = True):
-    """tokens, positions: [B, T] -> fp32 logits [B, T, V]; `layer`/`head` as compiled (or not)."""
+             final_norm, lm_head, spec, attention: str, residual_fp32: bool = True, chunks: int = 1):
+    """tokens, positions: [B, T] -> fp32 logits [B, T, V]; `layer`/`head` as compiled (or not);
+    `chunks`: the cut of the cache for `split` attention."""
     capacity = cos_table.shape[0]
     cos, sin = cos_table[positions], sin_table[positions]  # [B, T, hd]
     visible = torch.arange(capacity, device=tokens.device)[None, None, :] <= positions[:, :, None]  # [B, T, capacity]
-    if attention in MASKS:
-        visible = MASKS[attention](visible, spec, caches_k[0].dtype)
+    if attention == "split":  # its mask made once for every layer
+        visible = split_mask(visible, spec.num_heads, spec.num_kv_heads, caches_k[0].dtype, chunks)
     x = embed[tokens]  # [B, T, H], the residual stream
     x = x.float() if residual_fp32 else x
     for cache_k, cache_v, lw in zip(caches_k, caches_v, layer_weights):
@@ -283,9 +203,9 @@ def _forward(layer, head, tokens, positions, embed, cos_table, sin_table, caches
 
 
 def _whole(tokens, positions, embed, cos_table, sin_table, caches_k, caches_v, layer_weights, final_norm, lm_head,
-           spec, attention: str, residual_fp32: bool = True):
+           spec, attention: str, residual_fp32: bool = True, chunks: int = 1):
     return _forward(_layer, _head, tokens, positions, embed, cos_table, sin_table, caches_k, caches_v, layer_weights,
-                    final_norm, lm_head, spec, attention, residual_fp32)
+                    final_norm, lm_head, spec, attention, residual_fp32, chunks)
 
 
 def _fused(prepared: PreparedWeights, i: int) -> tuple:
@@ -321,6 +241,9 @@ class StaticStep:
         # each layer's cache a view of its own: see the module's note on `whole`
         self.caches_k, self.caches_v = list(bufs.cache.k.unbind(0)), list(bufs.cache.v.unbind(0))
         self.arange = torch.arange(bufs.tokens, device=w.device)
+        cache = bufs.cache.k  # [layers, B, kv_heads, capacity, hd]
+        self.chunks = choose_chunks(cache.shape[1], bufs.tokens, w.spec.num_heads, cache.shape[2], cache.shape[3],
+                                    cache.shape[4], cache.dtype, cache.device) if variant.attention == "split" else 1
         if variant.compile in ("whole", "tuned"):
             self.body = compile_static(_whole, "max-autotune-no-cudagraphs" if variant.compile == "tuned" else None)
         else:
@@ -333,7 +256,7 @@ class StaticStep:
         positions = (bufs.lengths + offset)[:, None] + self.arange[:tokens.shape[1]]  # [B, T]
         return self.body(tokens, positions, w.embed, bufs.cos, bufs.sin, self.caches_k, self.caches_v,
                          self.layer_weights, w.final_norm, w.lm_head, w.spec, self.variant.attention,
-                         not self.variant.low_precision_residual)
+                         not self.variant.low_precision_residual, self.chunks)
 
 
 _SIDE_STREAMS: dict[torch.device, tuple] = {}
