@@ -35,9 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from conjugate.compiler.round import compile_round, device_name  # noqa: E402
-from conjugate.evaluate.baselines import (VariantTrial, choose_streams_pair, choose_variants,  # noqa: E402
-                                          conventional_baselines, try_variant)
-from conjugate.evaluate.conventional import Variant  # noqa: E402
+from conjugate.evaluate.baselines import conventional_baselines, try_all  # noqa: E402
 from conjugate.evaluate.measured import MeasuredHarness  # noqa: E402
 from conjugate.evaluate.profile import load_profile  # noqa: E402
 from conjugate.evaluate.rounds import checked_run  # noqa: E402
@@ -115,19 +113,18 @@ def bench_workload(name: str, profile, cache_dir: Path) -> dict:
     harness = MeasuredHarness(profile, cache_dir, session)
     setup = harness.prepare(w)
     timing = profile.timing
-    trials, rounds = [], {}
-    for variant in timing.conventional:
-        started = time.perf_counter()
-        trial = try_variant(setup, Variant.parse(variant), timing, rounds)
-        trials.append(vars(trial) | {"build_s": time.perf_counter() - started})
+    trials, clock = [], [time.perf_counter()]
+
+    def told(trial) -> None:
+        trials.append(vars(trial) | {"build_s": time.perf_counter() - clock[0]})
+        clock[0] = time.perf_counter()
         print(json.dumps({"workload": name} | trials[-1]), flush=True)
-        torch.cuda.empty_cache()
-    chosen = choose_variants([VariantTrial(t["variant"], t["correct"], t["phase_ms"], t["problem"]) for t in trials])
-    pair, pairs_ms = choose_streams_pair(rounds, timing)
+
+    _, chosen, pairs_ms = try_all(setup, timing, told)
     print(json.dumps({"workload": name, "streams_pairs_ms": pairs_ms}), flush=True)
-    del rounds
-    torch.cuda.empty_cache()
-    chosen |= pair
+    if chosen is None:
+        raise SystemExit(f"{name}: no conventional variant computed the reference round: "
+                         + "; ".join(f"{t['variant']}: {t['problem']}" for t in trials))
     first = conventional_baselines(setup, timing, chosen)
     steady = steadiness(setup, timing, cache_dir)
     again = conventional_baselines(setup, timing, chosen)

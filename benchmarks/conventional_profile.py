@@ -27,8 +27,9 @@ sys.path.insert(0, str(ROOT))
 
 from conjugate.compiler.buffers import PreparedWeights  # noqa: E402
 from conjugate.compiler.round import device_name  # noqa: E402
-from conjugate.evaluate.conventional import VARIANTS, ConventionalRound, Variant  # noqa: E402
+from conjugate.evaluate.conventional import ConventionalRound, Variant  # noqa: E402
 from conjugate.evaluate.correctness import ReferenceChecker, tolerance_for  # noqa: E402
+from conjugate.evaluate.profile import TimingSettings  # noqa: E402
 from conjugate.evaluate.rounds import round_inputs  # noqa: E402
 from conjugate.evaluate.timing import time_replays  # noqa: E402
 from conjugate.roles import Model  # noqa: E402
@@ -81,7 +82,8 @@ def profile_variant(variant, w, draft, target, inputs, timing_inputs, checker, r
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("workload", nargs="?", default=str(ROOT / "examples" / "llama-1b-8b-b8.toml"))
-    parser.add_argument("--variants", nargs="+", default=[v.name for v in VARIANTS])
+    parser.add_argument("--variants", nargs="+", default=list(TimingSettings.conventional),
+                        help="conventional variants (default: the profiles' default list)")
     parser.add_argument("--replays", type=int, default=100)
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--json", type=Path)

@@ -5,7 +5,8 @@ so a later process builds only the chosen variant per phase instead of trying ev
     python benchmarks/seed_choices.py benchmarks/results/baselines_h200.json [--evaluator h200]
 
 Only when the earlier run was measured on a GPU of this name with this torch version, tried every
-variant the profile lists and chose the pair for two streams; a choice already kept is left alone. Where the choice is kept: $CONJUGATE_CACHE/kernels/conventional/ (default
+variant the profile lists (and chose among them) and chose the pair for two streams; a choice already
+kept is left alone. (Rows written before `baselines.py` chose the pair for two streams seed nothing.) Where the choice is kept: $CONJUGATE_CACHE/kernels/conventional/ (default
 ~/.cache/conjugate/kernels/conventional/), as evaluate/baselines.py keeps it.
 """
 from __future__ import annotations
@@ -38,8 +39,9 @@ def seed(results: Path, evaluator: str) -> list[str]:
         path = choice_file(workload, device, timing, None)
         tried = {t["variant"] for t in row.get("trials", [])}
         pair = row.get("streams_variants")
-        if tried >= set(timing.conventional) and pair and not path.exists():  # chosen from all of this profile's
-            chosen = row["variants"] | {"streams_draft": pair["draft"], "streams_verify": pair["verify"]}
+        chosen = row["variants"] | ({"streams_draft": pair["draft"], "streams_verify": pair["verify"]} if pair else {})
+        if (tried >= set(timing.conventional) and pair and set(chosen.values()) <= set(timing.conventional)
+                and not path.exists()):  # chosen from every variant this profile lists, among them
             keep_choice(path, chosen, workload.name, row["trials"], row.get("streams_pairs_ms", {}))
             kept.append(f"{workload.name}: draft {chosen['draft']}, verify {chosen['verify']}, two streams "
                         f"{pair['draft']} / {pair['verify']}")

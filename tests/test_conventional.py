@@ -243,6 +243,59 @@ def test_the_streams_baseline_runs_the_pair_chosen_for_two_streams(monkeypatch):
     assert built == [("whole-sdpa", "whole-split")] and out["streams"].variants == same
 
 
+def _fake_trials(monkeypatch, times: dict[str, tuple[float, float] | None]):
+    """try_variant stand-in: a variant is correct with (draft, verify) ms, or wrong (None); its kept
+    round is a record of which rounds are alive. Returns that record and the pairs timed."""
+    from conjugate.evaluate import baselines
+
+    alive, paired = {}, []
+
+    class Round:
+        def __init__(self, name):
+            self.name = name
+            alive[name] = True
+
+        def __del__(self):
+            alive[self.name] = False
+
+    def trial(setup, variant, timing, keep):
+        if times[variant.name] is None:
+            return VariantTrial(variant.name, False, {}, "wrong")
+        keep[variant.name] = Round(variant.name)
+        return VariantTrial(variant.name, True, dict(zip(("draft", "verify"), times[variant.name])))
+
+    def pair(draft, verify, timing):
+        paired.append((draft.name, verify.name))
+        return sum(times[draft.name]) + sum(times[verify.name])
+
+    monkeypatch.setattr(baselines, "try_variant", trial)
+    monkeypatch.setattr(baselines, "pair_on_two_streams", pair)
+    monkeypatch.setattr(baselines.torch.cuda, "empty_cache", lambda: None)
+    return alive, paired
+
+
+def test_only_the_fastest_two_per_phase_stay_alive_to_be_paired_on_two_streams(monkeypatch):
+    from dataclasses import replace as replaced
+
+    from conjugate.evaluate import baselines
+    from conjugate.evaluate.profile import TimingSettings
+
+    a, b, c, d, e, f = "layers-sdpa", "layers-grouped", "whole-sdpa", "whole-grouped", "whole-flex", "whole-split"
+    times = {a: (1.0, 9.0), b: (2.0, 8.0), c: (3.0, 1.0), d: (9.0, 2.0), e: None, f: (5.0, 5.0)}
+    alive, paired = _fake_trials(monkeypatch, times)
+    timing = replaced(TimingSettings(), conventional=tuple(times))
+    trials, chosen, pairs_ms = baselines.try_all(None, timing)
+    assert chosen == {"draft": a, "verify": c, "streams_draft": c, "streams_verify": c}  # 4 + 4 ms: the least
+    assert {d for d, _ in paired} == {a, b, c, d} and len(paired) == 16  # f was neither phase's top two
+    assert alive == {a: False, b: False, c: False, d: False, f: False}  # f let go at once, the rest at the end
+    assert len(pairs_ms) == 16 and [t.variant for t in trials] == list(times)
+    paired.clear()
+    no_streams = replaced(timing, baselines=("conventional", "sequential"))
+    _, chosen, pairs_ms = baselines.try_all(None, no_streams)
+    assert paired == [] and pairs_ms == {}  # nobody wants the streams baseline: no pair timed
+    assert chosen == {"draft": a, "verify": c, "streams_draft": a, "streams_verify": c}
+
+
 def test_each_phase_runs_its_fastest_correct_variant():
     trials = [VariantTrial("a", True, {"draft": 5.0, "verify": 7.0}),
               VariantTrial("b", True, {"draft": 6.0, "verify": 4.0}),
@@ -388,3 +441,23 @@ def test_on_a_gpu_the_split_is_timed_once_per_shape_and_the_fastest_kept(monkeyp
     results.append(split_module.choose_chunks(*args, time_us=clock))
     assert timed == [1, 3, 7, 21] and results == [7, 7]
     assert split_module.choose_chunks(*args) == split_module.split_count(1029, 2 * 2)  # no clock, no GPU: the rule
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the memory-efficient kernel runs on CUDA")
+def test_on_cuda_the_chunk_kernel_agrees_with_its_cpu_form_and_fully_masked_chunks_weigh_nothing():
+    """The CUDA branch of chunk_attention (the aten memory-efficient op and its log-sum-exp) against
+    the explicit CPU form, with ragged lengths so that some chunks see no key."""
+    from conjugate.evaluate import split_attention as split_module
+
+    gen = torch.Generator().manual_seed(0)
+    b, t, heads, kv_heads, capacity, hd = 3, 5, 8, 2, 192, 64
+    q = torch.randn(b, t, heads, hd, generator=gen).bfloat16()
+    k, v = (torch.randn(b, kv_heads, capacity, hd, generator=gen).bfloat16() for _ in range(2))
+    positions = torch.tensor([[3], [100], [186]]) + torch.arange(t)
+    visible = torch.arange(capacity)[None, None, :] <= positions[:, :, None]
+    mask = split_module.split_mask(visible, heads, kv_heads, torch.bfloat16, 6)  # chunks of 32 keys
+    assert not mask[1].all()
+    on_cpu = split_module.split_attention(q, k, v, mask)
+    on_gpu = split_module.split_attention(q.cuda(), k.cuda(), v.cuda(), tuple(m.cuda() for m in mask))
+    assert torch.isfinite(on_gpu).all()
+    torch.testing.assert_close(on_gpu.cpu().float(), on_cpu.float(), atol=2e-2, rtol=2e-2)

@@ -25,6 +25,7 @@ def _seed_module():
 
 def test_only_choices_made_from_every_listed_variant_with_a_streams_pair_are_kept(tmp_path, monkeypatch):
     monkeypatch.setenv("CONJUGATE_CACHE", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the device name seed() compares with
     variants = list(load_profile("h200").timing.conventional)
     trials = [{"variant": v, "correct": True, "phase_ms": {"draft": 1.0, "verify": 1.0}} for v in variants]
     pair = {"draft": variants[0], "verify": variants[1]}
@@ -32,7 +33,9 @@ def test_only_choices_made_from_every_listed_variant_with_a_streams_pair_are_kep
              "streams_variants": pair, "streams_pairs_ms": {"a/b": 1.0}, "trials": trials},
             {"workload": "llama-1b-8b-b8", "variants": pair, "trials": trials},  # no streams pair: chosen before it
             {"workload": "qwen3-06b-8b-b4", "variants": pair, "streams_variants": pair,
-             "trials": trials[1:]}]  # chosen from fewer variants than the profile now lists
+             "trials": trials[1:]},  # chosen from fewer variants than the profile now lists
+            {"workload": "qwen25-05b-7b-b8", "variants": {"draft": "whole-flex", "verify": variants[0]},
+             "streams_variants": pair, "trials": trials + [{"variant": "whole-flex"}]}]  # chose one it no longer lists
     results = tmp_path / "baselines.json"
     results.write_text(json.dumps({"gpu": "triton-interpreter", "torch": torch.__version__, "workloads": rows}))
     kept = _seed_module().seed(results, "h200")
@@ -42,6 +45,6 @@ def test_only_choices_made_from_every_listed_variant_with_a_streams_pair_are_kep
     written = json.loads(path.read_text())
     assert {k: written[k] for k in CHOICE_KEYS} == {"draft": variants[1], "verify": variants[2],
                                                      "streams_draft": variants[0], "streams_verify": variants[1]}
-    for name in ("llama-1b-8b-b8", "qwen3-06b-8b-b4"):
+    for name in ("llama-1b-8b-b8", "qwen3-06b-8b-b4", "qwen25-05b-7b-b8"):
         assert not choice_file(load_workload(EXAMPLES_DIR / f"{name}.toml"), "triton-interpreter", timing,
                                None).exists()

@@ -35,7 +35,7 @@ from conjugate.evaluate.profile import EvaluatorProfile, TimingSettings
 from conjugate.evaluate.result import Baseline
 from conjugate.evaluate.rounds import checked_run
 from conjugate.evaluate.session import RoundSetup
-from conjugate.evaluate.timing import time_round
+from conjugate.evaluate.timing import median_known_within, time_round
 from conjugate.files import write_atomic
 from conjugate.paths import shipped_plan
 from conjugate.plan import load_plan
@@ -120,10 +120,21 @@ def choose_variants(trials: list[VariantTrial]) -> dict[str, str] | None:
     return {phase: min(correct, key=lambda t: t.phase_ms[phase]).variant for phase in PHASES.values()}
 
 
+PAIR_CANDIDATES = 2  # per phase, the fastest variants alone whose rounds stay alive to be paired on two streams
+
+
+def pair_candidates(trials: list[VariantTrial]) -> set[str]:
+    """The correct variants among the PAIR_CANDIDATES fastest alone in either phase."""
+    correct = [t for t in trials if t.correct]
+    return {t.variant for phase in PHASES.values()
+            for t in sorted(correct, key=lambda t: t.phase_ms[phase])[:PAIR_CANDIDATES]}
+
+
 def pair_on_two_streams(draft: ConventionalRound, verify: ConventionalRound, timing: TimingSettings) -> float:
     """Median ms of one round's draft phase graph and another's verify phase graph on two streams."""
     run = partial(on_two_streams, draft.device, draft.graphs[Model.DRAFT].replay, verify.graphs[Model.TARGET].replay)
-    return time_round(run, lambda: None, timing.replays, timing.warmup).median_ms
+    enough = median_known_within(timing.replays_within_pct) if timing.replays_within_pct > 0 else None
+    return time_round(run, lambda: None, timing.replays, timing.warmup, enough).median_ms
 
 
 def choose_streams_pair(rounds: dict[str, ConventionalRound],
@@ -135,10 +146,42 @@ def choose_streams_pair(rounds: dict[str, ConventionalRound],
     return {"streams_draft": draft, "streams_verify": verify}, {f"{d}/{v}": ms for (d, v), ms in pairs.items()}
 
 
+def try_all(setup: RoundSetup, timing: TimingSettings, on_trial=None) -> tuple[list[VariantTrial], dict | None,
+                                                                                  dict[str, float]]:
+    """Every variant of the profile tried; per phase the fastest correct; and, where the profile wants
+    `streams`, the pair fastest on two streams among the PAIR_CANDIDATES fastest per phase (the
+    other rounds are let go as the trials go). -> (trials, choice or None when none was correct,
+    each pair's ms). `on_trial(trial)` is told of each trial as it ends."""
+    trials, rounds = [], {}
+    for name in timing.conventional:
+        trials.append(try_variant(setup, Variant.parse(name), timing, rounds))
+        for dropped in set(rounds) - pair_candidates(trials):
+            del rounds[dropped]
+        torch.cuda.empty_cache()
+        if on_trial:
+            on_trial(trials[-1])
+    chosen = choose_variants(trials)
+    if chosen is None:
+        return trials, None, {}
+    pair, pairs_ms = {"streams_draft": chosen["draft"], "streams_verify": chosen["verify"]}, {}
+    if "streams" in timing.baselines:
+        pair, pairs_ms = choose_streams_pair(rounds, timing)
+    del rounds
+    torch.cuda.empty_cache()
+    return trials, chosen | pair, pairs_ms
+
+
+def variants_code() -> str:
+    """A digest of the code the variants are built from: a choice made with other code is made again."""
+    from conjugate.evaluate import conventional, split_attention
+
+    return hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in (conventional, split_attention))).hexdigest()[:16]
+
+
 def choice_file(workload: Workload, device: str, timing: TimingSettings, cache_dir: Path | None) -> Path:
-    """Where the variant choice for this workload, device (its name) and variant list is kept."""
+    """Where the variant choice for this workload, device (its name), variant list and variants' code is kept."""
     body = json.dumps({"workload": workload.to_dict(), "device": device, "torch": torch.__version__,
-                       "variants": timing.conventional}, sort_keys=True, default=str)
+                       "variants": timing.conventional, "code": variants_code()}, sort_keys=True, default=str)
     return (cache_dir or default_cache_dir()) / "conventional" / f"{hashlib.sha256(body.encode()).hexdigest()[:16]}.json"
 
 
@@ -163,18 +206,11 @@ def chosen_variants(setup: RoundSetup, timing: TimingSettings, cache_dir: Path |
             return chosen
     except (OSError, ValueError, KeyError, TypeError):
         pass  # absent, unreadable or from before the streams pair was chosen: choose again
-    trials, rounds = [], {}
-    for name in timing.conventional:
-        trials.append(try_variant(setup, Variant.parse(name), timing, rounds))
-        torch.cuda.empty_cache()
-    chosen = choose_variants(trials)
+    trials, chosen, pairs_ms = try_all(setup, timing)
     if chosen is None:
         raise NoCorrectVariant(trials)
-    pair, pairs_ms = choose_streams_pair(rounds, timing)
-    del rounds
-    torch.cuda.empty_cache()
-    keep_choice(path, chosen | pair, setup.workload.name, [vars(t) for t in trials], pairs_ms)
-    return chosen | pair
+    keep_choice(path, chosen, setup.workload.name, [vars(t) for t in trials], pairs_ms)
+    return chosen
 
 
 def _checked(rnd: ConventionalRound, setup: RoundSetup) -> CheckReport:

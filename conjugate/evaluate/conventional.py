@@ -7,8 +7,8 @@ F.scaled_dot_product_attention over the whole cache under a per-sequence mask (k
 query position); new keys and values are written into the cache in place. GEMMs and attention run
 in the weights' dtype; norms, RoPE (q and k rounded back to that dtype) and softmax compute in fp32,
 and the residual stream is fp32 as in this project's kernels, so both are held to one tolerance
-(the `-bf16` variants keep it in the weights' dtype, as serving engines do: chosen only where that
-passes the same check).
+(the `-bf16` variants keep it in the weights' dtype, as serving engines do: bf16 on the bf16
+workloads, and fp32, so no change, on fp32 ones; chosen only where that passes the same check).
 
 A step is built in one of several variants (`Variant`: how it is compiled x how attention runs);
 the baselines time each and use the fastest correct one per phase (baselines.py):
@@ -101,8 +101,10 @@ def _efficient_attention(q, cache_k, cache_v, visible):
 
 
 def _matmul_attention(q, cache_k, cache_v, visible):
-    """Attention as two batched GEMMs in the cache's dtype (tensor cores) around an fp32 masked softmax,
-    a KV head's query heads as rows: the compiler fuses the scale, mask and softmax into one kernel."""
+    """Attention as two batched GEMMs in the cache's dtype around a masked softmax in fp32 (over scores
+    the GEMM rounded to that dtype), a KV head's query heads as rows: the compiler fuses the scale,
+    mask and softmax into one kernel. (On the H200 cuBLAS ran these small batched products in kernels
+    without tensor cores: benchmarks/README.md.)"""
     rows = grouped_rows(q, cache_k)
     group = q.shape[2] // cache_k.shape[1]
     scores = torch.matmul(rows, cache_k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5  # [B, kvh, rows, capacity]
@@ -154,7 +156,6 @@ class Variant:
         return cls(parts[0], parts[1], residual)
 
 
-VARIANTS = tuple(Variant(c, a) for c in ("layers", "whole") for a in ("sdpa", "grouped"))  # tried on a GPU
 DEFAULT = Variant("layers", "sdpa")
 
 
