@@ -377,14 +377,36 @@ def test_a_bf16_residual_stream_rounds_more_and_is_judged_by_the_same_check(fami
     assert not torch.equal(logits["fp32"], logits["bf16"])
 
 
-def test_split_count_divides_the_cache_evenly_until_the_gpu_is_full():
-    from conjugate.evaluate.split_attention import split_count
+def test_split_count_cuts_the_cache_until_the_gpu_is_full():
+    from conjugate.evaluate.split_attention import cut, split_count
 
-    assert split_count(1029, 8) == 21  # 168 problems of 49 keys: 1029 = 3 * 7^3
-    assert split_count(1029, 64) == 7  # 448 problems of 147 keys
+    assert split_count(1029, 8) == 32  # 256 problems, chunks of 37 keys
+    assert split_count(1029, 64) == 4
     assert split_count(4100, 128) == 2
-    assert split_count(1031, 8) == 1  # a prime: one chunk, the plain memory-efficient attention
     assert split_count(40, 1) == 1  # chunks never shorter than 32 keys
+    assert cut(1029, 7) == (147, 147) and cut(1029, 1) == (1029, 1029)  # 7 divides 1029: equal chunks
+    assert cut(1029, 8) == (133, 128) and cut(1029, 32) == (37, 32)  # else chunks overlapping a little
+    for capacity in (8, 37, 1029, 1030, 4100):
+        for chunks in range(1, min(capacity, 200) + 1):
+            chunk, stride = cut(capacity, chunks)
+            assert (chunks - 1) * stride + chunk == capacity and 0 < stride <= chunk
+            assert chunk < -(-capacity // chunks) + chunks  # little overlap
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 3, 4, 5])
+def test_split_attention_over_uneven_cuts_counts_each_key_once(chunks):
+    """Capacity 8 in 3 chunks is chunks of 4 keys every 2: the overlap is masked in the earlier chunk."""
+    from conjugate.evaluate.conventional import _grouped_attention
+    from conjugate.evaluate.split_attention import split_attention, split_mask
+
+    gen = torch.Generator().manual_seed(chunks)
+    b, t, heads, kv_heads, capacity, hd = 3, 2, 4, 2, 8, 16
+    q = torch.randn(b, t, heads, hd, generator=gen)
+    k, v = (torch.randn(b, kv_heads, capacity, hd, generator=gen) for _ in range(2))
+    positions = torch.tensor([[0], [3], [6]]) + torch.arange(t)
+    visible = torch.arange(capacity)[None, None, :] <= positions[:, :, None]
+    got = split_attention(q, k, v, split_mask(visible, heads, kv_heads, torch.float32, chunks))
+    torch.testing.assert_close(got, _grouped_attention(q, k, v, visible), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("family,garbage", [(f, g) for f in FAMILIES for g in (False, True)])
@@ -422,7 +444,7 @@ def test_split_attention_combines_chunks_some_all_masked(family, garbage, monkey
 
 
 def test_on_a_gpu_the_split_is_timed_once_per_shape_and_the_fastest_kept(monkeypatch):
-    """choose_chunks times every even cut (here with a stand-in clock whose fastest is 7 chunks) and
+    """choose_chunks times every cut it knows (here with a stand-in clock whose fastest is 8 chunks) and
     keeps the choice per shape, so a second step of that shape times nothing."""
     from conjugate.evaluate import split_attention as split_module
 
@@ -431,15 +453,16 @@ def test_on_a_gpu_the_split_is_timed_once_per_shape_and_the_fastest_kept(monkeyp
 
     def clock(fn, device):
         fn()  # the split attention runs, over random data, for this cut
-        chunks = split_module.even_cuts(1029)[len(timed)]
+        chunks = split_module.chunk_counts(1029)[len(timed)]
         timed.append(chunks)
-        return abs(chunks - 7) + 1.0
+        return abs(chunks - 8) + 1.0
 
     args = (2, 3, 8, 2, 1029, 16, torch.float32, torch.device("cpu"))
     results.append(split_module.choose_chunks(*args, time_us=clock))
-    assert timed == [1, 3, 7, 21] and results == [7]
+    cuts = [1, 2, 3, 4, 6, 8, 12, 16, 32]  # 24 chunks would read 1.47x the keys, 48 chunks 1.96x
+    assert timed == cuts and results == [8]
     results.append(split_module.choose_chunks(*args, time_us=clock))
-    assert timed == [1, 3, 7, 21] and results == [7, 7]
+    assert timed == cuts and results == [8, 8]
     assert split_module.choose_chunks(*args) == split_module.split_count(1029, 2 * 2)  # no clock, no GPU: the rule
 
 

@@ -3,12 +3,14 @@
 A decode step has few query rows per KV head, so attention that gives each head (and query tile) one
 program walks the whole cache in a handful of programs: on the H200, torch's cuDNN kernel took
 45.6 us a layer to read 4.2 MB of llama-3.1-8b's cache at B=1. Here a KV head's query heads become
-the rows of one problem (`grouped_rows`), the cache [B, kv_heads, capacity, hd] is viewed as
-kv_heads x chunks problems of equal chunks (no copy), each attended by SDPA's memory-efficient kernel
-with its log-sum-exp, and the chunks' results are combined by their log-sum-exp.
+the rows of one problem (`grouped_rows`), the cache [B, kv_heads, capacity, hd] is viewed (no copy)
+as B x kv_heads x chunks problems of `chunk` keys starting every `stride` keys (`cut`: equal chunks
+where the chunk count divides the capacity, else chunks that overlap a little, each key counted by
+one chunk only), each attended by SDPA's memory-efficient kernel with its log-sum-exp, and the
+chunks' results are combined by their log-sum-exp.
 
-How many chunks: on a GPU, timed once per shape (`choose_chunks`: every even cut into chunks of at
-least SPLIT_MIN_KEYS keys, the fastest kept for the process); elsewhere `split_count`'s rule.
+How many chunks: on a GPU, timed once per shape (`choose_chunks`: CHUNK_COUNTS, chunks of at least
+SPLIT_MIN_KEYS keys, the fastest kept for the process); elsewhere `split_count`'s rule.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import torch.nn.functional as F
 
 SPLIT_PROGRAMS = 256  # split_count cuts the cache until this many attention problems run at once
 SPLIT_MIN_KEYS = 32  # ... and no chunk is shorter than this
+CHUNK_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)  # the cuts choose_chunks times
 
 _CHOSEN: dict[tuple, int] = {}  # shape -> chunks, timed once per process
 
@@ -36,16 +39,29 @@ def from_grouped_rows(out, q_shape):
     return out.view(b, kv_heads, heads // kv_heads, t, hd).permute(0, 3, 1, 2, 4).reshape(b, t, heads * hd)
 
 
-def even_cuts(capacity: int) -> list[int]:
-    """Every chunk count that cuts `capacity` positions evenly into chunks of at least SPLIT_MIN_KEYS."""
-    return [n for n in range(1, capacity + 1) if capacity % n == 0 and capacity // n >= SPLIT_MIN_KEYS] or [1]
+def cut(capacity: int, chunks: int) -> tuple[int, int]:
+    """(chunk, stride): `chunks` chunks of `chunk` keys, one starting every `stride` keys, that cover
+    `capacity` keys exactly: the shortest chunk of at least capacity / chunks keys for which the
+    stride is whole (then stride <= chunk; they are equal when chunks divides capacity)."""
+    if chunks == 1:
+        return capacity, capacity
+    chunk = -(-capacity // chunks)
+    chunk += (capacity - chunk) % (chunks - 1)
+    return chunk, (capacity - chunk) // (chunks - 1)
+
+
+def chunk_counts(capacity: int) -> list[int]:
+    """The cuts worth timing: CHUNK_COUNTS whose chunks hold at least SPLIT_MIN_KEYS keys and overlap
+    by at most a quarter of the cache in all."""
+    return [n for n in CHUNK_COUNTS if cut(capacity, n)[0] >= SPLIT_MIN_KEYS
+            and n * cut(capacity, n)[0] <= 1.25 * capacity] or [1]
 
 
 def split_count(capacity: int, problems: int) -> int:
-    """The rule without a GPU to time on: the fewest even cuts that give SPLIT_PROGRAMS problems
-    (`problems` before the cut), else the most there are."""
-    cuts = even_cuts(capacity)
-    return next((n for n in cuts if problems * n >= SPLIT_PROGRAMS), cuts[-1])
+    """The rule without a GPU to time on: chunks enough for SPLIT_PROGRAMS problems (`problems` before
+    the cut), as long as a chunk holds SPLIT_MIN_KEYS keys."""
+    wanted = -(-SPLIT_PROGRAMS // max(problems, 1))
+    return max(1, min(wanted, capacity // SPLIT_MIN_KEYS))
 
 
 def choose_chunks(batch: int, tokens: int, heads: int, kv_heads: int, capacity: int, head_dim: int,
@@ -65,7 +81,7 @@ def choose_chunks(batch: int, tokens: int, heads: int, kv_heads: int, capacity: 
         positions = torch.arange(capacity - tokens, capacity, device=device).expand(batch, tokens)
         visible = torch.arange(capacity, device=device)[None, None, :] <= positions[:, :, None]
         timed = {}
-        for chunks in even_cuts(capacity):
+        for chunks in chunk_counts(capacity):
             mask = split_mask(visible, heads, kv_heads, dtype, chunks)
             timed[chunks] = time_us(lambda: split_attention(q, k, v, mask), device)
         _CHOSEN[key] = min(timed, key=timed.get)
@@ -74,16 +90,22 @@ def choose_chunks(batch: int, tokens: int, heads: int, kv_heads: int, capacity: 
 
 def split_mask(visible, heads: int, kv_heads: int, dtype, chunks: int):
     """The split's mask, made once per step for every layer, from [B, T, capacity] bool: (the additive
-    mask [B, kv_heads * chunks, group * T, chunk] (0 or -inf) in `dtype`, its rows padded to 16
-    elements as the memory-efficient kernel needs; which chunks hold a visible key [B, 1, chunks, group * T])."""
+    mask [B * kv_heads, chunks, group * T, chunk] (0 or -inf) in `dtype`, its rows padded to 16
+    elements as the memory-efficient kernel needs; which chunks hold a key to count
+    [B, 1, chunks, group * T]). A key counts in a chunk when it is visible and the chunk owns it: the
+    keys from its start to the next chunk's start (the last chunk: to the end)."""
     b, t, capacity = visible.shape
     group = heads // kv_heads
-    chunk, rows = capacity // chunks, group * t
+    (chunk, stride), rows = cut(capacity, chunks), group * t
     padded = chunk - chunk % -16
-    per_chunk = visible.repeat(1, group, 1).view(b, rows, chunks, chunk).permute(0, 2, 1, 3)  # [B, chunks, rows, chunk]
+    start = torch.arange(chunks, device=visible.device)[:, None] * stride
+    keys = start + torch.arange(chunk, device=visible.device)  # [chunks, chunk]: each chunk's key positions
+    owned = (keys < start + stride) | (start == (chunks - 1) * stride)
+    per_chunk = visible.repeat(1, group, 1)[:, :, keys] & owned  # [B, rows, chunks, chunk]
+    per_chunk = per_chunk.permute(0, 2, 1, 3)  # [B, chunks, rows, chunk]
     bias = torch.where(per_chunk, 0.0, float("-inf")).to(dtype)
     bias = F.pad(bias, (0, padded - chunk))[:, None].expand(b, kv_heads, chunks, rows, padded)
-    return bias.reshape(b, kv_heads * chunks, rows, padded)[..., :chunk], per_chunk.any(-1)[:, None]
+    return bias.reshape(b * kv_heads, chunks, rows, padded)[..., :chunk], per_chunk.any(-1)[:, None]
 
 
 def chunk_attention(q, k, v, bias):
@@ -102,14 +124,18 @@ def split_attention(q, cache_k, cache_v, mask):
     cache's dtype. `mask`: split_mask of the step's mask. A chunk with no visible key weighs nothing,
     whatever the kernel wrote for it."""
     bias, seen = mask
+    if not (cache_k.is_contiguous() and cache_v.is_contiguous()):
+        raise ValueError("split attention views the cache as it lies: it must be contiguous")
     b, t, heads, hd = q.shape
     kv_heads, capacity = cache_k.shape[1], cache_k.shape[2]
-    chunks = bias.shape[1] // kv_heads
+    chunks = bias.shape[1]
+    chunk, stride = cut(capacity, chunks)
     rows = grouped_rows(q, cache_k)  # [B, kv_heads, R, hd]
     r = rows.shape[2]
-    queries = rows[:, :, None].expand(b, kv_heads, chunks, r, hd).reshape(b, kv_heads * chunks, r, hd)
-    keys = cache_k.view(b, kv_heads * chunks, capacity // chunks, hd)
-    values = cache_v.view(b, kv_heads * chunks, capacity // chunks, hd)
+    queries = rows[:, :, None].expand(b, kv_heads, chunks, r, hd).reshape(b * kv_heads, chunks, r, hd)
+    # [B * kv_heads, chunks, chunk, hd] over the cache as it lies (its rows contiguous per KV head)
+    keys, values = (c.as_strided((b * kv_heads, chunks, chunk, hd), (capacity * hd, stride * hd, hd, 1),
+                                 c.storage_offset()) for c in (cache_k, cache_v))
     out, lse = chunk_attention(queries, keys, values, bias)
     out, lse = out.view(b, kv_heads, chunks, r, hd).float(), lse.view(b, kv_heads, chunks, r)
     lse = torch.where(seen, lse, float("-inf"))
