@@ -419,7 +419,7 @@ FAULTS = [
     # -- search databases: show DB (and a few through export and search --resume)
     F("database-text-file", "database", b"not a database\n" * 10, "file is not a database"),
     F("database-truncated-header", "database", b"SQLite format 3\x00" + b"\x00" * 50, "file is not a database"),
-    F("database-directory", "database", directory, "unable to open"),
+    F("database-directory", "database", directory, "a directory, not a database file"),
     F("database-missing", "database", missing, "no such database file"),
     F("database-of-another-program", "database", sqlite("CREATE TABLE songs (title text);"), "not a conjugate store"),
     F("database-meta-without-values", "database", sqlite("CREATE TABLE meta (a int);"), "not a conjugate store"),

@@ -5,6 +5,7 @@ import argparse
 import math
 import re
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -53,13 +54,22 @@ def _without_userinfo(url: str) -> str:
         if parts.username or parts.password else url
 
 
+@contextmanager
 def open_store(target: str, create: bool = False):
-    """The store at a URL or SQLite path; a path that does not exist is an error unless `create`."""
+    """The store at a URL or SQLite path, as a context. Without `create` nothing is made or written on
+    opening (a missing file, an empty or foreign database is refused); a damaged row met inside the
+    context ends in an error that names the database."""
     from conjugate.search.store import Store
 
-    if not create and "://" not in target and not Path(target).expanduser().exists():
-        raise ConjugateError(f"{target}: no such database file")
-    return Store.open(target)
+    store = Store.open(target, create=create)
+    try:
+        yield store
+    except ConjugateError as e:
+        if target in str(e) or store.url_for_display in str(e):
+            raise
+        raise ConjugateError(f"{target}: {e}") from e
+    finally:
+        store.close()
 
 
 def _count(text: str) -> int:
@@ -160,6 +170,7 @@ def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> i
     profile and agent; only the budget, the LLM server and the cost cap may be given anew."""
     from conjugate.evaluate.profile import load_profile
     from conjugate.evaluate.worker import IsolatedEvaluator
+    from conjugate.search.report import run_history
     from conjugate.search.run import (Search, SearchSettings, evaluator_id, run_evaluator_id, run_profile_source,
                                       run_workload_file)
     from conjugate.search.store import RunStatus
@@ -182,6 +193,7 @@ def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> i
         agent = AgentSettings(run.agent, run.seed, args.base_url or stored.base_url or None,  # the run's own server
                               args.max_llm_cost, args.replay_from, args.llm_timeout)
         proposer = _proposer(agent, _CallLog(store, run.id))
+        run_history(store, run, workload)  # every row read before the run is marked running: a damaged one ends here
         with IsolatedEvaluator(profile) as evaluator:
             def resume() -> Search:
                 search = Search(store, run.id, workload, workload_file, evaluator, proposer, settings)
@@ -201,7 +213,7 @@ def _drive(store: Store, make: Callable[[], Search], out: Console, deadline: flo
     """Make the search and run it (with `joiners`, beside processes on other GPUs); Ctrl-C marks the
     run stopped and says how to resume it, and so does any error that ends it: no run is left
     marked running."""
-    from conjugate.search.store import RunStatus
+    from conjugate.search.store import RunStatus, StoreError
 
     search = None
     try:
@@ -215,10 +227,11 @@ def _drive(store: Store, make: Callable[[], Search], out: Console, deadline: flo
         for line in helpers.report():
             out.print(line)
         return code
-    except (KeyboardInterrupt, Exception):
+    except (KeyboardInterrupt, Exception) as e:
         if search is not None:
             store.set_run_status(search.run_id, RunStatus.STOPPED)
-            out.print(f"stopped; resume with: conjugate search --resume {store.url_for_display}")
+            if not isinstance(e, StoreError):  # a damaged store would only fail again
+                out.print(f"stopped; resume with: conjugate search --resume {store.url_for_display}")
         raise
 
 

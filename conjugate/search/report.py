@@ -81,13 +81,16 @@ def best_plan(store, run) -> dict:
 
 
 def export_run(store, run, out_dir: Path, console: Console, workload_file: str | None = None) -> list[Path]:
+    from conjugate.plan import validate_plan
+
     workload = run_workload(run, workload_file)
     history = run_history(store, run, workload)
     best = best_of(history, run)
     node = store.node(best["node"])
     result = store.evaluation(eval_key(node.plan_hash, workload, run_evaluator_id(run))).result
-    out_dir.mkdir(parents=True, exist_ok=True)
     plan = _named(node.plan, run, best["node"], history)
+    validate_plan(node.plan, f"run {run.id} node {best['node']}")  # before anything is written
+    out_dir.mkdir(parents=True, exist_ok=True)
     written = [_write(out_dir / "best_plan.json", json.dumps(plan, indent=2) + "\n")]
     written.append(_kernels(scrub_tree(node.plan), workload, out_dir / "kernels"))  # its manifest holds the plan
     report = scrub_tree({"run": run.to_dict(), "best": {**best, "plan": plan, "metrics": result.metrics.to_dict(),
@@ -112,8 +115,11 @@ def _named(plan: dict, run, node_id: int, history: list[dict]) -> dict:
     """The plan under a name of its own, its description the branch of edits that made it (both
     cosmetic: the plan's hash is unchanged)."""
     rows = {h["node"]: h for h in history}
-    branch, at = [], rows.get(node_id)
+    branch, at, seen = [], rows.get(node_id), set()
     while at is not None:
+        if at["node"] in seen:
+            raise ConjugateError(f"run {run.id}: node {at['node']} is its own ancestor: a damaged store")
+        seen.add(at["node"])
         branch.append(at["rationale"])
         at = rows.get(at["parent"])
     steps = " -> ".join(reversed(branch))

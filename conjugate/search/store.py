@@ -69,13 +69,18 @@ class Store:
         self._writer = sessionmaker(engine.execution_options(store_write=True), expire_on_commit=False)
 
     @classmethod
-    def open(cls, target: str | Path) -> "Store":
-        """A SQLAlchemy URL, or a plain file path (a SQLite file; parent folders are created)."""
-        url = _url(target)
+    def open(cls, target: str | Path, create: bool = True) -> "Store":
+        """A SQLAlchemy URL, or a plain file path (a SQLite file). With `create`, parent folders and the
+        store's tables are made where missing and a SQLite file is switched to WAL; without, nothing is
+        written: a database that is not a conjugate store, or an empty one, is refused as found."""
+        url = _url(target, create)
         where = url.database if _is_sqlite_file(url) else url.render_as_string(hide_password=True)
-        store = cls(_engine(url, where), url, where)
+        store = cls(_engine(url, where, wal=create), url, where)
         try:
-            store._write(store._check_schema)
+            if create:
+                store._write(store._check_schema)
+            else:
+                store._read(lambda s: store._check_schema(s, create=False))
         except BaseException:
             store.close()
             raise
@@ -284,11 +289,13 @@ class Store:
 
     # -- plumbing
 
-    def _check_schema(self, s: Session) -> None:
+    def _check_schema(self, s: Session, create: bool = True) -> None:
         conn = s.connection()
-        if conn.dialect.name == "postgresql":  # serialise schema creation between processes
+        if conn.dialect.name == "postgresql" and create:  # serialise schema creation between processes
             conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7146359)")
         tables = set(inspect(conn).get_table_names())
+        if not tables and not create:
+            raise StoreError(f"{self._where}: an empty database, not a conjugate store")
         if not tables:
             Base.metadata.create_all(conn)
             s.add(Meta(key="schema_version", value=str(SCHEMA_VERSION)))
@@ -358,18 +365,24 @@ class Store:
 
 # -- helpers (module level, so that transactions stay small functions)
 
-def _url(target: str | Path) -> URL:
+def _url(target: str | Path, create: bool = True) -> URL:
+    """The URL of `target`; with `create`, a SQLite file's folders are made, else the file must exist."""
     text = str(target)
     if "://" not in text:  # a plain file path: SQLite
-        path = Path(text).expanduser()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return URL.create("sqlite", database=str(path))
-    try:
-        url = make_url(text)
-    except ArgumentError as e:
-        raise StoreError(f"{text}: not a database URL") from e
+        url = URL.create("sqlite", database=str(Path(text).expanduser()))
+    else:
+        try:
+            url = make_url(text)
+        except ArgumentError as e:
+            raise StoreError(f"{text}: not a database URL") from e
     if _is_sqlite_file(url):
-        Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        path = Path(url.database).expanduser()
+        if create:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        elif path.is_dir():
+            raise StoreError(f"{url.database}: a directory, not a database file")
+        elif not path.exists():
+            raise StoreError(f"{url.database}: no such database file")
     return url
 
 
@@ -377,11 +390,11 @@ def _is_sqlite_file(url: URL) -> bool:
     return url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:")
 
 
-def _engine(url: URL, where: str) -> Engine:
+def _engine(url: URL, where: str, wal: bool = True) -> Engine:
     try:
         if url.get_backend_name() == "sqlite":
             engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_S})
-            _sqlite_events(engine)
+            _sqlite_events(engine, wal)
             return engine
         timeout = url.get_driver_name() == "psycopg" and "connect_timeout" not in url.query
         args = {"connect_timeout": 10} if timeout else {}
@@ -390,13 +403,17 @@ def _engine(url: URL, where: str) -> Engine:
         raise StoreError(f"{where}: cannot use this database: {e}") from e
 
 
-def _sqlite_events(engine: Engine) -> None:
+def _sqlite_events(engine: Engine, wal: bool) -> None:
+    """Per connection: busy timeout, foreign keys, and (`wal`: a store this process may create) the
+    WAL journal, a setting the file keeps, so later opens of a store find it there."""
     @event.listens_for(engine, "connect")
     def _pragmas(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None  # the driver's own BEGIN off: _begin below emits it
         cursor = dbapi_conn.cursor()
-        for pragma in ("journal_mode=WAL", f"busy_timeout={int(SQLITE_BUSY_S * 1000)}", "foreign_keys=ON",
-                       "synchronous=NORMAL"):
+        for pragma in ("journal_mode=WAL" if wal else None, f"busy_timeout={int(SQLITE_BUSY_S * 1000)}",
+                       "foreign_keys=ON", "synchronous=NORMAL"):
+            if pragma is None:
+                continue
             cursor.execute(f"PRAGMA {pragma}")
         cursor.close()
 

@@ -1,0 +1,98 @@
+"""A damaged or foreign search database: one line naming the database, nothing written to it on a
+read, no half-written export, and no run status changed by a resume that cannot read its rows."""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_cli import REPO
+from test_search import cli, env, search_cli, wide_console  # noqa: F401  (fixtures)
+
+
+@pytest.fixture(scope="module")
+def good_db(env, tmp_path_factory):  # noqa: F811
+    db = tmp_path_factory.mktemp("damage") / "good.db"
+    code, out, err = search_cli(db, env["profile"], 3)
+    assert code == 0, out + err
+    return db
+
+
+def damaged_copy(good: Path, tmp: Path, *sql: str) -> Path:
+    db = tmp / "damaged.db"
+    shutil.copy(good, db)
+    with contextlib.closing(sqlite3.connect(db)) as c, c:
+        for statement in sql:
+            c.execute(statement)
+    return db
+
+
+def one_line(code: int, err: str, *fragments: str) -> str:
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+def run_status(db: Path) -> str:
+    with contextlib.closing(sqlite3.connect(db)) as c:
+        return c.execute("SELECT status FROM runs ORDER BY id DESC LIMIT 1").fetchone()[0]
+
+
+def test_an_export_whose_plan_tree_loops_ends_in_one_line_and_writes_nothing(good_db, tmp_path):
+    db = damaged_copy(good_db, tmp_path, "UPDATE nodes SET parent_id = id")  # every node its own parent
+    proc = subprocess.run([sys.executable, "-m", "conjugate", "export", str(db), "--out", str(tmp_path / "out")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ})
+    one_line(proc.returncode, proc.stderr, str(db), "is its own ancestor")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv", [["show"], ["export", "--out", "OUT"], ["search", "--resume"]])
+def test_a_run_without_its_evaluator_id_is_named_as_damaged(good_db, tmp_path, argv):
+    db = damaged_copy(good_db, tmp_path, "UPDATE runs SET settings = json_remove(settings, '$.evaluator_id')")
+    command = [str(tmp_path / "out") if a == "OUT" else a for a in argv]
+    command = command[:1] + ([] if command[0] == "search" else [db]) + command[1:] + ([db] if command[0] == "search" else [])
+    code, _, err = cli(*command)
+    one_line(code, err, str(db), "settings.evaluator_id")
+
+
+def test_a_resume_that_cannot_read_its_rows_leaves_the_run_as_it_was(good_db, tmp_path):
+    db = damaged_copy(good_db, tmp_path, "UPDATE evaluations SET result = '{\"latency\": \"soon\"}'")
+    before = run_status(db)
+    code, out, err = cli("search", "--resume", db)
+    one_line(code, err, str(db), "unreadable result")
+    assert run_status(db) == before and "resume with" not in out
+
+
+def test_an_export_of_an_invalid_best_plan_names_it_and_writes_nothing(good_db, tmp_path):
+    db = damaged_copy(good_db, tmp_path, "UPDATE nodes SET plan = json_set(plan, '$.alignment', 'nope')")
+    code, _, err = cli("export", db, "--out", tmp_path / "out")
+    one_line(code, err, str(db), "node", "$.alignment")
+    assert not (tmp_path / "out").exists()
+
+
+def test_reading_a_foreign_or_empty_database_writes_nothing_to_it(tmp_path):
+    foreign = tmp_path / "songs.db"
+    with contextlib.closing(sqlite3.connect(foreign)) as c, c:
+        c.execute("CREATE TABLE songs (title text)")
+    with contextlib.closing(sqlite3.connect(foreign)) as c:
+        assert c.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    for db, fragment in ((foreign, "not a conjugate store"), (empty, "an empty database")):
+        for argv in (["show", db], ["export", db, "--out", tmp_path / "out"]):
+            code, _, err = cli(*argv)
+            one_line(code, err, str(db), fragment)
+    with contextlib.closing(sqlite3.connect(foreign)) as c:
+        assert c.execute("PRAGMA journal_mode").fetchone()[0] == "delete"  # not switched to WAL
+    assert empty.stat().st_size == 0 and not (tmp_path / "out").exists()
+    code, _, err = cli("show", f"sqlite:///{tmp_path}/nowhere/runs.db")
+    one_line(code, err, "no such database file")
+    assert not (tmp_path / "nowhere").exists()
