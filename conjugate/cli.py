@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
+from conjugate.arguments import output_file, positive
 from conjugate.errors import ConjugateError, PlanError
 from conjugate.paths import DEFAULT_WORKLOAD, EXAMPLES_DIR, PLANS_DIR, SEED_PLANS, shipped_plan
 from conjugate.secrets import scrub
@@ -259,12 +260,6 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     out.print(f"fitted {len(cases)} rounds: mean squared log error {before:.4f} -> {after:.4f}; wrote {target}")
 
 
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return int(text)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="conjugate", description="Compile the draft and target models of "
                                      "speculative decoding together.")
@@ -273,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
                                          "round and a plan's compiled round and compare them")
     check.add_argument("workload", nargs="?", default=str(DEFAULT_WORKLOAD), help="workload TOML (default: the tiny CPU one)")
     check.add_argument("--plan", default="interleave", help="the plan to print and run (default: interleave)")
-    check.add_argument("--limit", type=_positive, default=40, help="launches to print (default: 40)")
+    check.add_argument("--limit", type=positive, default=40, help="launches to print (default: 40)")
     check.set_defaults(func=cmd_check)
     sub.add_parser("models", help="list the model presets").set_defaults(func=cmd_models)
     bench = sub.add_parser("bench", help="evaluate plans on a workload beside the baselines")
@@ -281,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--plan", action="append", help="plan JSON file (repeatable; default: the shipped plans)")
     bench.add_argument("--evaluator", default="analytical", help="evaluator profile name or TOML path "
                        "(default: analytical)")
-    bench.add_argument("--json", help="also write the results as JSON to this file")
+    bench.add_argument("--json", type=output_file, help="also write the results as JSON to this file")
     bench.add_argument("--remeasure", action="store_true", help="measure the baselines again (GPU evaluators "
                        "measure them once per workload in a worker process)")
     bench.set_defaults(func=cmd_bench)
@@ -300,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
         action.add_argument("plan", help="plan JSON file")
         action.add_argument("--workload", required=True, help="workload TOML file")
         if name == "explain":
-            action.add_argument("--json", help="also write the schedule as JSON to this file")
+            action.add_argument("--json", type=output_file, help="also write the schedule as JSON to this file")
         if name == "compile":
             action.add_argument("--out", required=True, help="directory for the kernel sources")
         action.set_defaults(func=func)
@@ -321,7 +316,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {scrub(str(e))}", file=sys.stderr)
         return 2
     except OSError as e:  # writing outputs: a path that is not a directory, no permission, a full disk
-        print(f"error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        why = e.strerror or str(e)
+        if isinstance(e, FileExistsError) and e.filename and not Path(e.filename).is_dir():
+            why = "a file where a folder is needed"  # mkdir over a file, or a file as a parent folder
+        print(f"error: {e.filename or ''}: {why}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

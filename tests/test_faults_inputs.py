@@ -538,8 +538,14 @@ def test_the_table_covers_every_reader():
     (["search", "--resume", "runs.db", "--run", "0"], "--run"),
     (["search", "--max-llm-cost", "nan"], "--max-llm-cost"),
     (["search", "--max-llm-cost", "-1"], "--max-llm-cost"),
+    (["generate", "--k", "0"], "--k"),
+    (["generate", "--batch", "-1"], "--batch"),
+    (["generate", "--context", "1e3"], "--context"),
+    (["bench", "--json", "/nonexistent-folder/out.json"], "--json"),
+    (["generate", "--json", "."], "--json"),
 ], ids=["seed-past-64-bits", "seed-negative", "seed-huge", "run-past-64-bits", "run-zero", "cost-nan",
-        "cost-negative"])
+        "cost-negative", "k-zero", "batch-negative", "context-not-an-integer", "json-in-a-missing-folder",
+        "json-a-folder"])
 def test_a_bad_number_on_the_command_line_is_a_usage_error(argv, option, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(argv)

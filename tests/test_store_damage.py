@@ -96,3 +96,23 @@ def test_reading_a_foreign_or_empty_database_writes_nothing_to_it(tmp_path):
     code, _, err = cli("show", f"sqlite:///{tmp_path}/nowhere/runs.db")
     one_line(code, err, "no such database file")
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_an_export_onto_a_file_says_a_folder_is_needed(good_db, tmp_path):
+    (tmp_path / "taken").write_text("mine")
+    code, _, err = cli("export", good_db, "--out", tmp_path / "taken")
+    one_line(code, err, str(tmp_path / "taken"), "a file where a folder is needed")
+    assert (tmp_path / "taken").read_text() == "mine"
+
+
+def test_a_resume_whose_own_profile_file_is_gone_says_so(env, tmp_path):  # noqa: F811
+    import re
+
+    profile = tmp_path / "mine.toml"
+    profile.write_text(re.sub(r'(?m)^name\s*=.*$', 'name = "mine"', env["profile"].read_text()))
+    db = tmp_path / "runs.db"
+    code, out, err = search_cli(db, profile, 2)
+    assert code == 0, out + err
+    profile.unlink()
+    code, _, err = cli("search", "--resume", db)
+    one_line(code, err, str(db), str(profile), "is gone", "'mine'")

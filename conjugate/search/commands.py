@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from conjugate.errors import ConjugateError
-from conjugate.paths import DEFAULT_WORKLOAD, RUNS_DIR
+from conjugate.paths import DEFAULT_WORKLOAD, PROFILES_DIR, RUNS_DIR
 from conjugate.search.gpus import Helpers, parse_gpus, pin_this_process
 
 if TYPE_CHECKING:
@@ -185,7 +185,12 @@ def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> i
             stored = SearchSettings.from_dict(run.settings)
         except ValueError as e:
             raise ConjugateError(f"{args.resume}: run {run.id}: {e}") from None
-        profile = load_profile(run_profile_source(stored.evaluator_profile, run.evaluator))
+        source = run_profile_source(stored.evaluator_profile, run.evaluator)
+        if source != stored.evaluator_profile and not (PROFILES_DIR / f"{source}.toml").exists():
+            raise ConjugateError(f"run {run.id}: its evaluator profile {stored.evaluator_profile or '(none)'} is "
+                                 f"gone and no shipped profile is named {run.evaluator!r}: give the run's "
+                                 "profile file back at that path")
+        profile = load_profile(source)
         if evaluator_id(profile) != run_evaluator_id(run):
             raise ConjugateError(f"{profile.source}: the evaluator profile changed since run {run.id} started; "
                                  "start a new run to score with it")

@@ -8,6 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress as Bar, TextColumn
 
+from conjugate.arguments import output_file, positive
 from conjugate.errors import ConjugateError
 from conjugate.serving.decoder import (CONVENTIONAL, MODES, GenerationError, Progress, SpeculativeDecoder,
                                        check_prompts)
@@ -26,9 +27,9 @@ def add_command(sub, out: Console) -> None:
     pair = gen.add_argument_group("the model pair without a workload file (or overriding its fields)")
     pair.add_argument("--draft", help="draft: a checkpoint directory or preset name")
     pair.add_argument("--target", help="target: a checkpoint directory or preset name")
-    pair.add_argument("--k", type=int, help="draft tokens proposed per round (default: 4)")
-    pair.add_argument("--batch", type=int, help="sequences per group (default: what the prompts need)")
-    pair.add_argument("--context", type=int, help="KV capacity in tokens (default: what the prompts need)")
+    pair.add_argument("--k", type=positive, help="draft tokens proposed per round (default: 4)")
+    pair.add_argument("--batch", type=positive, help="sequences per group (default: what the prompts need)")
+    pair.add_argument("--context", type=positive, help="KV capacity in tokens (default: what the prompts need)")
     pair.add_argument("--dtype", help="bf16 (default), fp16 or fp32")
     gen.add_argument("--plan", help="plan name (plans/) or JSON file, or conventional / conventional-streams for "
                                     "torch's own execution (default: the best plan of --db, else streams)")
@@ -45,7 +46,7 @@ def add_command(sub, out: Console) -> None:
     gen.add_argument("--prompt-ids", action="append", default=[], type=_ids, metavar="1,2,3",
                      help="a prompt as token ids (repeatable)")
     gen.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate per prompt (default: 32)")
-    gen.add_argument("--json", help="also write the outputs and figures as JSON to this file")
+    gen.add_argument("--json", type=output_file, help="also write the outputs and figures as JSON to this file")
     gen.set_defaults(func=lambda args: cmd_generate(args, out))
 
 
