@@ -57,17 +57,17 @@ def _without_userinfo(url: str) -> str:
 @contextmanager
 def open_store(target: str, create: bool = False):
     """The store at a URL or SQLite path, as a context. Without `create` nothing is made or written on
-    opening (a missing file, an empty or foreign database is refused); a damaged row met inside the
-    context ends in an error that names the database."""
-    from conjugate.search.store import Store
+    opening (a missing file, an empty or foreign database is refused); a store error met inside the
+    context (a damaged row, a missing one) names the database."""
+    from conjugate.search.store import Store, StoreError
 
     store = Store.open(target, create=create)
     try:
         yield store
-    except ConjugateError as e:
+    except StoreError as e:
         if target in str(e) or store.url_for_display in str(e):
             raise
-        raise ConjugateError(f"{target}: {e}") from e
+        raise StoreError(f"{target}: {e}") from e
     finally:
         store.close()
 
@@ -187,9 +187,10 @@ def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> i
             raise ConjugateError(f"{args.resume}: run {run.id}: {e}") from None
         source = run_profile_source(stored.evaluator_profile, run.evaluator)
         if source != stored.evaluator_profile and not (PROFILES_DIR / f"{source}.toml").exists():
-            raise ConjugateError(f"run {run.id}: its evaluator profile {stored.evaluator_profile or '(none)'} is "
-                                 f"gone and no shipped profile is named {run.evaluator!r}: give the run's "
-                                 "profile file back at that path")
+            gone = stored.evaluator_profile or "(none stored)"
+            raise ConjugateError(f"{args.resume}: run {run.id}: its evaluator profile {gone} is gone and no "
+                                 f"shipped profile is named {run.evaluator!r}: give the run's profile file back "
+                                 "at that path")
         profile = load_profile(source)
         if evaluator_id(profile) != run_evaluator_id(run):
             raise ConjugateError(f"{profile.source}: the evaluator profile changed since run {run.id} started; "

@@ -16,6 +16,7 @@ from conjugate.evaluate.result import EvalResult
 from conjugate.search.run import (eval_key, evaluator_id, reward_of, run_evaluator_id, run_profile_source,
                                   run_workload)
 from conjugate.paths import DATA_ROOT, EXAMPLES_DIR, PROFILES_DIR
+from conjugate.search.store import StoreError
 from conjugate.secrets import scrub, scrub_tree
 from conjugate.workload import Workload, workload_toml
 
@@ -89,7 +90,7 @@ def export_run(store, run, out_dir: Path, console: Console, workload_file: str |
     node = store.node(best["node"])
     result = store.evaluation(eval_key(node.plan_hash, workload, run_evaluator_id(run))).result
     plan = _named(node.plan, run, best["node"], history)
-    validate_plan(node.plan, f"run {run.id} node {best['node']}")  # before anything is written
+    validate_plan(node.plan, f"{store.url_for_display} run {run.id} node {best['node']}")  # before anything is written
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [_write(out_dir / "best_plan.json", json.dumps(plan, indent=2) + "\n")]
     written.append(_kernels(scrub_tree(node.plan), workload, out_dir / "kernels"))  # its manifest holds the plan
@@ -118,7 +119,7 @@ def _named(plan: dict, run, node_id: int, history: list[dict]) -> dict:
     branch, at, seen = [], rows.get(node_id), set()
     while at is not None:
         if at["node"] in seen:
-            raise ConjugateError(f"run {run.id}: node {at['node']} is its own ancestor: a damaged store")
+            raise StoreError(f"run {run.id}: node {at['node']} is its own ancestor: a damaged store")
         seen.add(at["node"])
         branch.append(at["rationale"])
         at = rows.get(at["parent"])

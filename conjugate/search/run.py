@@ -204,7 +204,7 @@ def run_evaluator_id(run: RunRecord) -> str:
     """The evaluator id a stored run keyed its evaluations by."""
     found = run.settings.get("evaluator_id") if isinstance(run.settings, dict) else None
     if not isinstance(found, str) or not found:
-        raise ConjugateError(f"run {run.id}: field 'settings.evaluator_id' is missing or not text: a damaged store")
+        raise StoreError(f"run {run.id}: field 'settings.evaluator_id' is missing or not text: a damaged store")
     return found
 
 
