@@ -3,9 +3,9 @@
     python benchmarks/conventional_profile.py [WORKLOAD.toml] [--variants layers-sdpa whole-grouped ...]
                                               [--json OUT.json]
 
-Per variant (evaluate/conventional.py: `layers`, `whole` or `eager` x `sdpa` or `grouped`), both
-phases are built as the baseline builds them, checked against the fp32 reference, captured as CUDA
-graphs and timed (median of replays on fresh inputs): draft phase alone, verify phase alone, back to
+Per variant (evaluate/conventional.py: its compile x attention [x residual]; default: the profiles'
+default list), both phases are built as the baseline builds them, checked against the fp32
+reference, captured as CUDA graphs and timed (median of replays on fresh inputs): draft phase alone, verify phase alone, back to
 back, on two streams. Then each phase runs once eagerly under torch.profiler and its CUDA kernels
 are summed by name, so the table shows which kernels take the time. (The results committed before
 2026-11-30's variants were measured with this script's earlier form, which patched the attention

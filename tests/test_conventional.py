@@ -16,7 +16,7 @@ from conjugate.models import make_round_inputs, random_weights, reference_round
 from test_round import FAMILIES, _round
 
 EAGER = (Variant("eager", "sdpa"), Variant("eager", "grouped"))
-ROWS = (Variant("eager", "efficient"), Variant("eager", "matmul"), Variant("eager", "split"))  # a KV head's heads as rows
+ROWS = (Variant("eager", "efficient"), Variant("eager", "matmul"), Variant("eager", "split"))  # query heads as rows
 FLEX = Variant("eager", "flex")  # FlexAttention's unfused form; compiled on a GPU it is a Triton kernel
 
 
@@ -433,7 +433,6 @@ def test_split_attention_combines_chunks_some_all_masked(family, garbage, monkey
                                context=w.context, seed=w.seed + 7, ragged=True)
     split = Variant("eager", "split")
     conventional = _conventional(rnd, split, split)
-    capacity = conventional.bufs.target.cache.k.shape[-2]
     assert conventional.draft_step.chunks > 1 and conventional.verify_step.chunks > 1
     conventional.load(inputs)
     conventional.run()

@@ -54,12 +54,10 @@ def test_an_export_whose_plan_tree_loops_ends_in_one_line_and_writes_nothing(goo
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("argv", [["show"], ["export", "--out", "OUT"], ["search", "--resume"]])
+@pytest.mark.parametrize("argv", [["show", "DB"], ["export", "DB", "--out", "OUT"], ["search", "--resume", "DB"]])
 def test_a_run_without_its_evaluator_id_is_named_as_damaged(good_db, tmp_path, argv):
     db = damaged_copy(good_db, tmp_path, "UPDATE runs SET settings = json_remove(settings, '$.evaluator_id')")
-    command = [str(tmp_path / "out") if a == "OUT" else a for a in argv]
-    command = command[:1] + ([] if command[0] == "search" else [db]) + command[1:] + ([db] if command[0] == "search" else [])
-    code, _, err = cli(*command)
+    code, _, err = cli(*[{"DB": db, "OUT": tmp_path / "out"}.get(a, a) for a in argv])
     one_line(code, err, str(db), "settings.evaluator_id")
 
 

@@ -105,8 +105,7 @@ def try_variant(setup: RoundSetup, variant: Variant, timing: TimingSettings,
     if not check.ok:
         return VariantTrial(variant.name, False, {}, "; ".join(check.problems[:3]))
     rnd.load(setup.timing_inputs)
-    phase_ms = {PHASES[m]: time_round(rnd.graphs[m].replay, lambda: None, timing.replays, timing.warmup).median_ms
-                for m in Model}
+    phase_ms = _phase_ms(rnd, timing)
     if keep is not None:
         keep[variant.name] = rnd
     return VariantTrial(variant.name, True, phase_ms)
@@ -175,11 +174,13 @@ def variants_code() -> str:
     """A digest of the code the variants are built from: a choice made with other code is made again."""
     from conjugate.evaluate import conventional, split_attention
 
-    return hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in (conventional, split_attention))).hexdigest()[:16]
+    sources = b"".join(Path(m.__file__).read_bytes() for m in (conventional, split_attention))
+    return hashlib.sha256(sources).hexdigest()[:16]
 
 
 def choice_file(workload: Workload, device: str, timing: TimingSettings, cache_dir: Path | None) -> Path:
-    """Where the variant choice for this workload, device (its name), variant list and variants' code is kept."""
+    """Where the variant choice for this workload, device (its name), variant list and variants' code
+    is kept."""
     body = json.dumps({"workload": workload.to_dict(), "device": device, "torch": torch.__version__,
                        "variants": timing.conventional, "code": variants_code()}, sort_keys=True, default=str)
     return (cache_dir or default_cache_dir()) / "conventional" / f"{hashlib.sha256(body.encode()).hexdigest()[:16]}.json"
@@ -267,9 +268,13 @@ def _built_and_checked(setup: RoundSetup, timing: TimingSettings, draft: str, ve
     rnd.capture()  # compiles both models (or finds them compiled), then captures each phase
     check = _checked(rnd, setup)
     rnd.load(setup.timing_inputs)
-    phase_ms = {PHASES[m]: time_round(rnd.graphs[m].replay, lambda: None, timing.replays, timing.warmup).median_ms
-                for m in Model} if check.ok else {}
-    return rnd, check, phase_ms
+    return rnd, check, _phase_ms(rnd, timing) if check.ok else {}
+
+
+def _phase_ms(rnd: ConventionalRound, timing: TimingSettings) -> dict[str, float]:
+    """Each phase's CUDA graph timed alone: "draft"/"verify" -> median ms."""
+    return {PHASES[m]: time_round(rnd.graphs[m].replay, lambda: None, timing.replays, timing.warmup).median_ms
+            for m in Model}
 
 
 def _sequential(setup: RoundSetup, timing: TimingSettings, cache_dir: Path | None) -> Baseline:

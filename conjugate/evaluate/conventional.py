@@ -79,12 +79,10 @@ def _sdpa_attention(q, cache_k, cache_v, visible):
 
 def _grouped_attention(q, cache_k, cache_v, visible):
     """As _sdpa_attention, a KV head's query heads stacked as the rows of one attention problem."""
-    b, t, heads, hd = q.shape
-    kv_heads = cache_k.shape[1]
-    group = heads // kv_heads
-    rows = q.to(cache_k.dtype).view(b, t, kv_heads, group, hd).permute(0, 2, 3, 1, 4).reshape(b, kv_heads, group * t, hd)
-    out = F.scaled_dot_product_attention(rows, cache_k, cache_v, attn_mask=visible.repeat(1, group, 1)[:, None])
-    return out.view(b, kv_heads, group, t, hd).permute(0, 3, 1, 2, 4).reshape(b, t, heads * hd)
+    group = q.shape[2] // cache_k.shape[1]
+    out = F.scaled_dot_product_attention(grouped_rows(q, cache_k), cache_k, cache_v,
+                                         attn_mask=visible.repeat(1, group, 1)[:, None])
+    return from_grouped_rows(out, q.shape)
 
 
 def _efficient_attention(q, cache_k, cache_v, visible):
@@ -127,8 +125,9 @@ def _flex_attention(q, cache_k, cache_v, visible):
     return out.transpose(1, 2).reshape(b, t, heads * hd)
 
 
-ATTENTION: dict[str, Callable] = {"sdpa": _sdpa_attention, "grouped": _grouped_attention, "efficient": _efficient_attention,
-                                  "matmul": _matmul_attention, "split": split_attention, "flex": _flex_attention}
+ATTENTION: dict[str, Callable] = {"sdpa": _sdpa_attention, "grouped": _grouped_attention,
+                                  "efficient": _efficient_attention, "matmul": _matmul_attention,
+                                  "split": split_attention, "flex": _flex_attention}
 
 
 @dataclass(frozen=True)
@@ -185,7 +184,8 @@ def _layer(x, positions, cos, sin, visible, cache_k, cache_v, w: tuple, spec, at
 
 def _head(x, final_norm, lm_head, eps: float):
     """-> (fp32 logits, their greedy tokens): the argmax compiled with the head (torch's own argmax
-    kernel took 27 us a row of a 128k vocabulary on the H200)."""
+    kernel took 26-27 us a call over 1 or 8 rows of a 128k vocabulary on the H200:
+    benchmarks/results/conventional_variants_h200.json)."""
     logits = F.linear(_rms(x, final_norm, eps).to(lm_head.dtype), lm_head).float()
     return logits, logits.argmax(-1)
 
@@ -193,8 +193,7 @@ def _head(x, final_norm, lm_head, eps: float):
 def _forward(layer, head, tokens, positions, embed, cos_table, sin_table, caches_k, caches_v, layer_weights,
              final_norm, lm_head, spec, attention: str, residual_fp32: bool = True, chunks: int = 1):
     """tokens, positions: [B, T] -> (fp32 logits [B, T, V], greedy tokens [B, T]); `layer`/`head` as
-    compiled (or not);
-    `chunks`: the cut of the cache for `split` attention."""
+    compiled (or not); `chunks`: the cut of the cache for `split` attention."""
     capacity = cos_table.shape[0]
     cos, sin = cos_table[positions], sin_table[positions]  # [B, T, hd]
     visible = torch.arange(capacity, device=tokens.device)[None, None, :] <= positions[:, :, None]  # [B, T, capacity]

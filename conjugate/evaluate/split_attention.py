@@ -66,8 +66,8 @@ def split_count(capacity: int, problems: int) -> int:
 
 def choose_chunks(batch: int, tokens: int, heads: int, kv_heads: int, capacity: int, head_dim: int,
                   dtype: torch.dtype, device: torch.device, time_us=None) -> int:
-    """Chunks for this attention shape: on a GPU the fastest even cut, each timed on random data as
-    a CUDA graph (`time_us(fn, device)`, default timing.time_per_call), kept for the process."""
+    """Chunks for this attention shape: on a GPU the fastest of chunk_counts, each timed on random data
+    as a CUDA graph (`time_us(fn, device)`, default timing.time_per_call), kept for the process."""
     if device.type != "cuda" and time_us is None:
         return split_count(capacity, batch * kv_heads)
     key = (batch, tokens, heads, kv_heads, capacity, head_dim, dtype, str(device))

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from conjugate.arguments import positive
 from conjugate.errors import ConjugateError
 from conjugate.paths import DEFAULT_WORKLOAD, PROFILES_DIR, RUNS_DIR
 from conjugate.search.gpus import Helpers, parse_gpus, pin_this_process
@@ -70,12 +71,6 @@ def open_store(target: str, create: bool = False):
         raise StoreError(f"{target}: {e}") from e
     finally:
         store.close()
-
-
-def _count(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return int(text)
 
 
 def _integer(low: int, high: int) -> Callable[[str], int]:
@@ -354,12 +349,12 @@ def add_commands(sub, out: Console) -> None:
     search.add_argument("--name", help="run name (default: the workload file's stem)")
     search.add_argument("--agent", default="heuristic", help="heuristic (default), random, greedy (the search's "
                         "baselines), replay, anthropic:<model>, openai:<model>")
-    search.add_argument("--budget", type=_count, help="evaluations in the run, seeds included (default 20)")
+    search.add_argument("--budget", type=positive, help="evaluations in the run, seeds included (default 20)")
     search.add_argument("--time", help="stop after this long: 90s, 30m, 2h")
     search.add_argument("--seed", type=_SEED, default=0)
     search.add_argument("--evaluator", default="analytical", help="evaluator profile name or TOML path "
                         "(default: analytical)")
-    search.add_argument("--width", type=_count, default=3, help="edits asked for per expansion (default 3)")
+    search.add_argument("--width", type=positive, default=3, help="edits asked for per expansion (default 3)")
     search.add_argument("--base-url", help="an OpenAI-compatible server (vLLM, llama.cpp, Ollama) or API proxy")
     search.add_argument("--max-llm-cost", type=_dollars, help="stop asking the LLM after this many US dollars")
     search.add_argument("--llm-timeout", metavar="SECONDS", help="one LLM request's timeout (default 600; "
