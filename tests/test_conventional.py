@@ -465,6 +465,33 @@ def test_on_a_gpu_the_split_is_timed_once_per_shape_and_the_fastest_kept(monkeyp
     assert split_module.choose_chunks(*args) == split_module.split_count(1029, 2 * 2)  # no clock, no GPU: the rule
 
 
+def test_each_cut_is_timed_over_caches_too_large_for_the_l2_cache(monkeypatch):
+    """A timed call streams COLD_BYTES of distinct caches (a model's layers read theirs from memory;
+    one cache timed again and again stays in the L2 cache and favours other cuts), and no more than
+    COLD_SETS of them."""
+    from conjugate.evaluate import split_attention as split_module
+
+    monkeypatch.setattr(split_module, "_CHOSEN", {})
+    monkeypatch.setattr(split_module, "COLD_BYTES", 5 << 20)
+    seen = []
+    monkeypatch.setattr(split_module, "split_attention",
+                        lambda q, k, v, mask: seen.append((k.data_ptr(), v.data_ptr(), k.nbytes + v.nbytes)))
+
+    def clock(fn, device):
+        seen.clear()
+        fn()
+        assert len({ptr for k, v, _ in seen for ptr in (k, v)}) == 2 * len(seen)  # every cache its own
+        return 1.0
+
+    one_cache = 2 * 2 * 2 * 1029 * 16 * 4  # K and V: B=2, 2 KV heads, 1029 slots, head dim 16, fp32
+    split_module.choose_chunks(2, 3, 8, 2, 1029, 16, torch.float32, torch.device("cpu"), time_us=clock)
+    assert len(seen) == 10 and {n for *_, n in seen} == {one_cache} and 9 * one_cache < 5 << 20 <= 10 * one_cache
+    monkeypatch.setattr(split_module, "COLD_SETS", 4)
+    split_module._CHOSEN.clear()
+    split_module.choose_chunks(2, 3, 8, 2, 1029, 16, torch.float32, torch.device("cpu"), time_us=clock)
+    assert len(seen) == 4
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the memory-efficient kernel runs on CUDA")
 def test_on_cuda_the_chunk_kernel_agrees_with_its_cpu_form_and_fully_masked_chunks_weigh_nothing():
     """The CUDA branch of chunk_attention (the aten memory-efficient op and its log-sum-exp) against
