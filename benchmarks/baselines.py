@@ -40,6 +40,7 @@ from conjugate.evaluate.measured import MeasuredHarness  # noqa: E402
 from conjugate.evaluate.profile import load_profile  # noqa: E402
 from conjugate.evaluate.rounds import checked_run  # noqa: E402
 from conjugate.evaluate.session import EvaluationSession  # noqa: E402
+from conjugate.evaluate.split_attention import chosen_cuts  # noqa: E402
 from conjugate.evaluate.timing import time_round  # noqa: E402
 from conjugate.paths import EXAMPLES_DIR, shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
@@ -134,7 +135,7 @@ def bench_workload(name: str, profile, cache_dir: Path) -> dict:
     row = {"workload": name, "conventional_ms": conv[0], "conventional_streams_ms": streams[0],
            "variants": {"draft": chosen["draft"], "verify": chosen["verify"]},
            "streams_variants": {"draft": chosen["streams_draft"], "verify": chosen["streams_verify"]},
-           "streams_pairs_ms": pairs_ms,
+           "streams_pairs_ms": pairs_ms, "split_chunks": chosen_cuts(),
            "phase_ms": first["conventional"].phase_ms, "conventional_again_ms": conv[1],
            "conventional_streams_again_ms": streams[1],
            "baseline_spread_pct": max(spread_pct(conv), spread_pct(streams)),

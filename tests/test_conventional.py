@@ -462,6 +462,7 @@ def test_on_a_gpu_the_split_is_timed_once_per_shape_and_the_fastest_kept(monkeyp
     assert timed == cuts and results == [8]
     results.append(split_module.choose_chunks(*args, time_us=clock))
     assert timed == cuts and results == [8, 8]
+    assert split_module.chosen_cuts() == {"B2 T3 heads8 kv2 capacity1029 hd16": 8}
     assert split_module.choose_chunks(*args) == split_module.split_count(1029, 2 * 2)  # no clock, no GPU: the rule
 
 

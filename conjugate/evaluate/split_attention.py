@@ -95,6 +95,11 @@ def choose_chunks(batch: int, tokens: int, heads: int, kv_heads: int, capacity: 
     return _CHOSEN[key]
 
 
+def chosen_cuts() -> dict[str, int]:
+    """The chunks choose_chunks has kept in this process, per shape as "B.. T.. heads.. kv.. capacity.. hd.."."""
+    return {"B{} T{} heads{} kv{} capacity{} hd{}".format(*key[:6]): chunks for key, chunks in _CHOSEN.items()}
+
+
 def split_mask(visible, heads: int, kv_heads: int, dtype, chunks: int):
     """The split's mask, made once per step for every layer, from [B, T, capacity] bool: (the additive
     mask [B * kv_heads, chunks, group * T, chunk] (0 or -inf) in `dtype`, its rows padded to 16
