@@ -1,13 +1,14 @@
 """Where the `conventional` baseline's time goes, variant by variant.
 
     python benchmarks/conventional_profile.py [WORKLOAD.toml] [--variants layers-sdpa whole-grouped ...]
-                                              [--json OUT.json]
+                                              [--split-chunks 4 8 ...] [--json OUT.json]
 
 Per variant (evaluate/conventional.py: its compile x attention [x residual]; default: the profiles'
 default list), both phases are built as the baseline builds them, checked against the fp32
 reference, captured as CUDA graphs and timed (median of replays on fresh inputs): draft phase alone, verify phase alone, back to
 back, on two streams. Then each phase runs once eagerly under torch.profiler and its CUDA kernels
-are summed by name, so the table shows which kernels take the time. (The results committed before
+are summed by name, so the table shows which kernels take the time. With `--split-chunks`, each
+`split` variant is built once per chunk count given, in place of the cut the baseline would choose. (The results committed before
 2026-11-30's variants were measured with this script's earlier form, which patched the attention
 function in place: `git log benchmarks/conventional_profile.py`.)
 """
@@ -27,7 +28,9 @@ sys.path.insert(0, str(ROOT))
 
 from conjugate.compiler.buffers import PreparedWeights  # noqa: E402
 from conjugate.compiler.round import device_name  # noqa: E402
+from conjugate.evaluate import conventional  # noqa: E402
 from conjugate.evaluate.conventional import ConventionalRound, Variant  # noqa: E402
+from conjugate.evaluate.split_attention import choose_chunks  # noqa: E402
 from conjugate.evaluate.correctness import ReferenceChecker, tolerance_for  # noqa: E402
 from conjugate.evaluate.profile import TimingSettings  # noqa: E402
 from conjugate.evaluate.rounds import round_inputs  # noqa: E402
@@ -57,10 +60,16 @@ def kernel_table(fn, top: int) -> list[dict]:
            [{"kernel": "(all kernels)", "calls": sum(v[0] for _, v in rows), "us": round(all_us, 1)}]
 
 
-def profile_variant(variant, w, draft, target, inputs, timing_inputs, checker, replays, top) -> dict:
+def profile_variant(variant, w, draft, target, inputs, timing_inputs, checker, replays, top,
+                    split_chunks: int | None = None) -> dict:
     started = time.perf_counter()
     v = Variant.parse(variant)
-    rnd = ConventionalRound(w, draft, target, v, v)
+    if split_chunks is not None:  # every split step of this round cut into this many chunks
+        conventional.choose_chunks = lambda *shape: split_chunks
+    try:
+        rnd = ConventionalRound(w, draft, target, v, v)
+    finally:
+        conventional.choose_chunks = choose_chunks
     rnd.capture()
     compile_s = time.perf_counter() - started
     rnd.load(inputs)
@@ -84,6 +93,7 @@ def main() -> None:
     parser.add_argument("workload", nargs="?", default=str(ROOT / "examples" / "llama-1b-8b-b8.toml"))
     parser.add_argument("--variants", nargs="+", default=list(TimingSettings.conventional),
                         help="conventional variants (default: the profiles' default list)")
+    parser.add_argument("--split-chunks", type=int, nargs="+", help="build each split variant with these cuts")
     parser.add_argument("--replays", type=int, default=100)
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--json", type=Path)
@@ -95,11 +105,13 @@ def main() -> None:
     inputs, timing_inputs = round_inputs(w, draft, target), round_inputs(w, draft, target, w.seed + 1)
     checker = ReferenceChecker(draft, target, inputs, w.dtype, tolerance_for(w.dtype, {}))
     out = {"gpu": device_name(device), "torch": torch.__version__, "workload": w.name, "variants": []}
-    for variant in args.variants:
+    builds = [(v, n) for v in args.variants
+              for n in (args.split_chunks if args.split_chunks and Variant.parse(v).attention == "split" else [None])]
+    for variant, chunks in builds:
         row = profile_variant(variant, w, PreparedWeights(draft), PreparedWeights(target), inputs, timing_inputs,
-                              checker, args.replays, args.top)
+                              checker, args.replays, args.top, chunks)
         out["variants"].append(row)
-        print(f"{variant:10s} correct={row['correct']} compile {row['compile_s']:6.1f}s  draft {row['draft_ms']:.3f}"
+        print(f"{variant:10s} chunks {row['chunks']} correct={row['correct']} compile {row['compile_s']:6.1f}s  draft {row['draft_ms']:.3f}"
               f"  verify {row['verify_ms']:.3f}  round {row['round_ms']:.3f}  streams {row['streams_ms']:.3f} ms",
               flush=True)
         if not row["correct"]:
