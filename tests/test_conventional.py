@@ -466,6 +466,23 @@ def test_on_a_gpu_the_split_is_timed_once_per_shape_and_the_fastest_kept(monkeyp
     assert split_module.choose_chunks(*args) == split_module.split_count(1029, 2 * 2)  # no clock, no GPU: the rule
 
 
+def test_split_cuts_the_cache_by_a_view_op_compilers_follow():
+    """The chunks are unfold views of the cache: cut by as_strided, inductor's whole-step graph ran
+    nearly twice the kernels and the H200's verify phase took 18% longer (the module's note)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from conjugate.evaluate.split_attention import split_attention, split_mask
+
+    b, t, heads, kv_heads, capacity, hd = 2, 3, 8, 2, 1029, 16
+    q, k, v = torch.randn(b, t, heads, hd), torch.randn(b, kv_heads, capacity, hd), torch.randn(b, kv_heads, capacity, hd)
+    positions = torch.arange(capacity - t, capacity).expand(b, t)
+    visible = torch.arange(capacity)[None, None, :] <= positions[:, :, None]
+    for chunks in (3, 4):  # equal chunks, and chunks that overlap
+        mask = split_mask(visible, heads, kv_heads, torch.float32, chunks)
+        ops = {str(n.target) for n in make_fx(split_attention)(q, k, v, mask).graph.nodes if n.op == "call_function"}
+        assert "aten.unfold.default" in ops and not any("as_strided" in op for op in ops), sorted(ops)
+
+
 def test_each_cut_is_timed_over_caches_too_large_for_the_l2_cache(monkeypatch):
     """A timed call streams COLD_BYTES of distinct caches (a model's layers read theirs from memory;
     one cache timed again and again stays in the L2 cache and favours other cuts), and no more than

@@ -11,8 +11,12 @@ chunks' results are combined by their log-sum-exp.
 
 How many chunks: on a GPU, timed once per shape (`choose_chunks`: CHUNK_COUNTS, chunks of at least
 SPLIT_MIN_KEYS keys, the fastest kept for the process) over caches that do not fit in the L2 cache,
-as a model's layers stream theirs (timed over one hot cache, the cut chosen on the H200 made the
-verify phase 13-15% slower than the fixed rule); elsewhere `split_count`'s rule.
+as a model's layers stream theirs; elsewhere `split_count`'s rule.
+
+The chunks are views of the cache by `unfold`. Cut by `as_strided`, the whole-step graph under
+inductor ran nearly twice the kernels (944 against 497 in llama-1b-8b-b1's verify phase on the H200)
+and the verify phase took 5.9-6.3 ms against 5.0-5.1
+(benchmarks/results/conventional_variants_h200.json, runs 13 and 17).
 """
 from __future__ import annotations
 
@@ -145,9 +149,10 @@ def split_attention(q, cache_k, cache_v, mask):
     rows = grouped_rows(q, cache_k)  # [B, kv_heads, R, hd]
     r = rows.shape[2]
     queries = rows[:, :, None].expand(b, kv_heads, chunks, r, hd).reshape(b * kv_heads, chunks, r, hd)
-    # [B * kv_heads, chunks, chunk, hd] over the cache as it lies (its rows contiguous per KV head)
-    keys, values = (c.as_strided((b * kv_heads, chunks, chunk, hd), (capacity * hd, stride * hd, hd, 1),
-                                 c.storage_offset()) for c in (cache_k, cache_v))
+    # [B * kv_heads, chunks, chunk, hd], views of the cache as it lies: by unfold, a view op compilers
+    # follow (as_strided of a cache written in the same graph costs a copy under inductor)
+    keys, values = (c.unfold(2, chunk, stride).transpose(-1, -2).reshape(b * kv_heads, chunks, chunk, hd)
+                    for c in (cache_k, cache_v))
     out, lse = chunk_attention(queries, keys, values, bias)
     out, lse = out.view(b, kv_heads, chunks, r, hd).float(), lse.view(b, kv_heads, chunks, r)
     lse = torch.where(seen, lse, float("-inf"))
