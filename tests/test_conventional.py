@@ -16,7 +16,8 @@ from conjugate.models import make_round_inputs, random_weights, reference_round
 from test_round import FAMILIES, _round
 
 EAGER = (Variant("eager", "sdpa"), Variant("eager", "grouped"))
-ROWS = (Variant("eager", "efficient"), Variant("eager", "matmul"), Variant("eager", "split"))  # query heads as rows
+ROWS = (Variant("eager", "efficient"), Variant("eager", "matmul"), Variant("eager", "split"),
+        Variant("eager", "reduce"))  # query heads as rows
 FLEX = Variant("eager", "flex")  # FlexAttention's unfused form; compiled on a GPU it is a Triton kernel
 
 
@@ -51,7 +52,7 @@ def test_ragged_lengths_read_at_run_time(family):
     inputs = make_round_inputs(rnd.draft, rnd.target, k=w.k, draft_batch=w.draft_batch, target_batch=w.target_batch,
                                context=w.context, seed=w.seed + 7, ragged=True)
     assert len(set(inputs.draft_lengths.tolist()) | set(inputs.target_lengths.tolist())) > 1
-    for draft_variant, verify_variant in (EAGER, ROWS[:2], (ROWS[2], ROWS[2]), (FLEX, FLEX)):
+    for draft_variant, verify_variant in (EAGER, ROWS[:2], ROWS[2:], (FLEX, FLEX)):
         conventional = _conventional(rnd, draft_variant, verify_variant)
         conventional.load(inputs)
         conventional.run()
@@ -78,7 +79,8 @@ def test_torch_compile_for_many_models_in_one_process():
     assert counters["stats"]["unique_graphs"] - graphs >= 2 * 5  # a graph per step shape, past the limit of 8
 
 
-@pytest.mark.parametrize("attention", [("sdpa", "grouped"), ("matmul", "efficient"), ("split", "split")])
+@pytest.mark.parametrize("attention", [("sdpa", "grouped"), ("matmul", "efficient"), ("split", "split"),
+                                       ("reduce", "reduce")])
 def test_whole_step_compiled_as_one_graph_writes_the_cache_in_place(attention):
     """The `whole` variant: each step one graph; its cache writes land in the round's own buffers."""
     rnd = _round("llama")

@@ -23,7 +23,8 @@ the baselines time each and use the fastest correct one per phase (baselines.py)
   `grouped`: a KV head's query heads stacked as rows of one SDPA call (each KV head read once);
   `efficient`: `grouped` held to SDPA's memory-efficient kernel; `matmul`: `grouped` as two batched
   GEMMs around a compiled masked softmax; `split`: `grouped` with the cache cut into chunks attended
-  apart and combined (flash-decoding from torch's kernels: split_attention.py);
+  apart and combined (flash-decoding from torch's kernels: split_attention.py); `reduce`: products
+  and sums in fp32 that the compiler turns into reductions of its own (no attention kernel);
   `flex`: FlexAttention with the per-sequence mask as a score modification (compiled: a Triton
   kernel). Not among the variants tried by default: on the H200 it was correct but slower in every
   phase measured (1.5-1.7x the fastest draft, 1.2-1.3x the fastest verify, 19x on qwen2.5-0.5b's
@@ -111,6 +112,21 @@ def _matmul_attention(q, cache_k, cache_v, visible):
     return from_grouped_rows(out, q.shape)
 
 
+def _reduce_attention(q, cache_k, cache_v, visible):
+    """Attention as plain products and sums in fp32, with no attention kernel: compiled, inductor
+    generates its own fused reductions (the scores over the head dimension, the output over the
+    cache), one program per row of outputs rather than per head and query tile, so a decode step's
+    few query rows still spread over the whole GPU. A KV head's query heads share its cache."""
+    b, t, heads, hd = q.shape
+    kv_heads = cache_k.shape[1]
+    rows = q.float().view(b, t, kv_heads, heads // kv_heads, hd).permute(0, 2, 3, 1, 4)  # [B, kvh, group, T, hd]
+    keys, values = cache_k[:, :, None, None].float(), cache_v[:, :, None].float()  # [B, kvh, 1, 1, capacity, hd]
+    scores = (rows[..., None, :] * keys).sum(-1) * hd ** -0.5  # [B, kvh, group, T, capacity]
+    weights = scores.masked_fill(~visible[:, None, None], float("-inf")).softmax(-1)
+    out = (weights[..., None] * values[:, :, :, None]).sum(-2)  # [B, kvh, group, T, hd]
+    return out.permute(0, 3, 1, 2, 4).reshape(b, t, heads * hd).to(cache_k.dtype)
+
+
 def _flex_attention(q, cache_k, cache_v, visible):
     """As _sdpa_attention, by FlexAttention: compiled, a Triton kernel generated for this mask."""
     from torch.nn.attention.flex_attention import flex_attention
@@ -127,7 +143,7 @@ def _flex_attention(q, cache_k, cache_v, visible):
 
 ATTENTION: dict[str, Callable] = {"sdpa": _sdpa_attention, "grouped": _grouped_attention,
                                   "efficient": _efficient_attention, "matmul": _matmul_attention,
-                                  "split": split_attention, "flex": _flex_attention}
+                                  "split": split_attention, "reduce": _reduce_attention, "flex": _flex_attention}
 
 
 @dataclass(frozen=True)
