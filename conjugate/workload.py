@@ -117,6 +117,28 @@ def read_workload_fields(path: str | Path) -> dict[str, Any]:
 
 
 def workload_from_dict(data: dict[str, Any], path: Path) -> Workload:
+    check_fields(data, path)
+    draft, draft_source = _resolve_model(data["draft"], "draft", path)
+    target, target_source = _resolve_model(data["target"], "target", path)
+    for key, spec in (("draft", draft), ("target", target)):
+        if spec.head_dim < 16 or spec.head_dim & (spec.head_dim - 1):
+            raise WorkloadError(f"{path}: field {key!r}: head_dim {spec.head_dim} is not a power of two >= 16, "
+                                "which the attention and RoPE kernels need")
+    if not same_tokenizer(draft_source, target_source):
+        raise WorkloadError(f"{path}: fields 'draft' and 'target': the checkpoints ship different tokenizers "
+                            "(tokenizer.json); a draft must propose in the target's tokens")
+    if draft.vocab_size > target.vocab_size:
+        raise WorkloadError(f"{path}: field 'draft': vocabulary {draft.vocab_size} is larger than the target's "
+                            f"{target.vocab_size}; the target must be able to verify every draft token")
+    return Workload(name=data.get("name", path.stem), draft=draft, target=target, k=data["k"],
+                    draft_batch=data["draft_batch"], target_batch=data["target_batch"], context=data["context"],
+                    dtype=data["dtype"], seed=data.get("seed", 0), kv_init=data.get("kv_init", "random"),
+                    draft_source=draft_source, target_source=target_source)
+
+
+def check_fields(data: dict[str, Any], path: Path | str) -> None:
+    """A workload's fields as a file gives them (models named by preset or directory): known, of their
+    types, within their limits; WorkloadError naming `path` and the field otherwise."""
     for key, value in data.items():
         if key not in _FIELDS:
             raise WorkloadError(f"{path}: unknown field {key!r}; known: {', '.join(_FIELDS)}")
@@ -134,22 +156,6 @@ def workload_from_dict(data: dict[str, Any], path: Path) -> Workload:
     kv_init = data.get("kv_init", "random")
     if kv_init not in ("random", "prefill"):
         raise WorkloadError(f"{path}: field 'kv_init' is {shown(kv_init)}; one of random, prefill")
-    draft, draft_source = _resolve_model(data["draft"], "draft", path)
-    target, target_source = _resolve_model(data["target"], "target", path)
-    for key, spec in (("draft", draft), ("target", target)):
-        if spec.head_dim < 16 or spec.head_dim & (spec.head_dim - 1):
-            raise WorkloadError(f"{path}: field {key!r}: head_dim {spec.head_dim} is not a power of two >= 16, "
-                                "which the attention and RoPE kernels need")
-    if not same_tokenizer(draft_source, target_source):
-        raise WorkloadError(f"{path}: fields 'draft' and 'target': the checkpoints ship different tokenizers "
-                            "(tokenizer.json); a draft must propose in the target's tokens")
-    if draft.vocab_size > target.vocab_size:
-        raise WorkloadError(f"{path}: field 'draft': vocabulary {draft.vocab_size} is larger than the target's "
-                            f"{target.vocab_size}; the target must be able to verify every draft token")
-    return Workload(name=data.get("name", path.stem), draft=draft, target=target, k=data["k"],
-                    draft_batch=data["draft_batch"], target_batch=data["target_batch"], context=data["context"],
-                    dtype=data["dtype"], seed=data.get("seed", 0), kv_init=kv_init,
-                    draft_source=draft_source, target_source=target_source)
 
 
 def same_tokenizer(draft_source: str, target_source: str) -> bool:

@@ -114,3 +114,16 @@ def test_a_resume_whose_own_profile_file_is_gone_says_so(env, tmp_path):  # noqa
     profile.unlink()
     code, _, err = cli("search", "--resume", db)
     one_line(code, err, str(db), str(profile), "is gone", "'mine'")
+
+
+@pytest.mark.parametrize("edit,named", [("json_set(workload, '$.k', 'four')", "field 'k' should be int"),
+                                        ("json_remove(workload, '$.draft')", "no 'draft'"),
+                                        ("json_set(workload, '$.draft.num_kv_heads', 0)", "'num_kv_heads' is 0"),
+                                        ("json_set(workload, '$.target.hidden_size', 'x')", "'hidden_size' should be int")])
+@pytest.mark.parametrize("argv", [["show", "DB"], ["search", "--resume", "DB"]])
+def test_a_damaged_stored_workload_is_named_damaged_not_changed(good_db, tmp_path, argv, edit, named):
+    db = damaged_copy(good_db, tmp_path, f"UPDATE runs SET workload = {edit}")
+    before = run_status(db)
+    code, out, err = cli(*[{"DB": db}.get(a, a) for a in argv])
+    line = one_line(code, err, str(db), "run 1's stored workload", named, "a damaged store")
+    assert "changed" not in line and run_status(db) == before and "resume with" not in out

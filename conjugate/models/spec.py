@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +10,7 @@ from conjugate.errors import CheckpointError
 from conjugate.files import read_json, shown
 
 FAMILIES = ("llama", "qwen2", "qwen3")
+_FIELD_KINDS = {"str": str, "int": int, "float": (int, float), "bool": bool}  # ModelSpec.from_dict's checks
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,17 @@ class ModelSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelSpec":
+        """The inverse of to_dict; ValueError naming the first field of the wrong type or size."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a model should be an object, got {shown(data)}")
+        for f in fields(cls):
+            kind, value = _FIELD_KINDS.get(f.type), data.get(f.name)
+            if kind is None or f.name not in data:
+                continue
+            if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+                raise ValueError(f"model field {f.name!r} should be {f.type}, got {shown(value)}")
+            if kind is int and f.name != "schema_version" and value < 1:
+                raise ValueError(f"model field {f.name!r} is {value}, should be positive")
         data = dict(data)
         if data.get("rope_scaling"):
             data["rope_scaling"] = RopeScaling(**data["rope_scaling"])

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from conjugate.agents.base import Proposal, Proposer, ProposerUnavailable
-from conjugate.errors import ConjugateError, PatchError, PlanError
+from conjugate.errors import ConjugateError, PatchError, PlanError, WorkloadError
 from conjugate.evaluate.result import EvalResult
 from conjugate.graph import build_graph
 from conjugate.paths import REWARD_BASELINE, SEED_PLANS, shipped_plan
@@ -105,6 +105,7 @@ def evaluator_id(profile) -> str:
 def check_workload(run: RunRecord, workload: Workload, path: str | Path | None = None) -> None:
     """A run's evaluations are keyed by its workload as it was: refuse a workload file edited since (or,
     `path` given, another workload), naming the first field that differs."""
+    stored_workload(run)
     differs = _first_difference(workload.to_dict(), _stored_workload(run))
     if differs is None:
         return
@@ -137,6 +138,25 @@ def _stored_workload(run: RunRecord) -> dict[str, Any]:
     return {k: v for k, v in run.workload.items() if k != "family"}
 
 
+def stored_workload(run: RunRecord) -> Workload:
+    """The workload as the run stored it, its fields checked as a file's are; StoreError when they
+    cannot be read (a damaged store, or one written by another version)."""
+    from conjugate.workload import check_fields
+
+    data = _stored_workload(run)
+    where = f"run {run.id}'s stored workload"
+    try:
+        check_fields({k: v for k, v in data.items() if k in ("name", "k", "draft_batch", "target_batch", "context",
+                                                            "dtype", "seed", "kv_init")}
+                     | {"draft": data.get("draft_source", ""), "target": data.get("target_source", "")}, where)
+        return Workload.from_dict(data)
+    except WorkloadError as e:
+        raise StoreError(f"{e}: a damaged store, or one of another version") from None
+    except (TypeError, KeyError, ValueError) as e:
+        reason = f"no {e}" if isinstance(e, KeyError) else str(e)
+        raise StoreError(f"{where} cannot be read ({reason}): a damaged store, or one of another version") from None
+
+
 _GIVE_WORKLOAD = "give its file (conjugate search W --resume DB, conjugate show|export DB --workload W)"
 
 
@@ -152,10 +172,9 @@ def run_workload(run: RunRecord, given: str | Path | None = None) -> Workload:
         check_workload(run, workload, given)
         return workload
     try:
-        workload = Workload.from_dict(_stored_workload(run))
-    except (TypeError, KeyError, ValueError) as e:
-        raise ConjugateError(f"{run.workload_path}: no such workload file, and run {run.id} stored its workload "
-                             f"in a form this version cannot read ({e}); {_GIVE_WORKLOAD}") from None
+        workload = stored_workload(run)
+    except StoreError as e:
+        raise ConjugateError(f"{run.workload_path}: no such workload file, and {e}; {_GIVE_WORKLOAD}") from None
     for field_name, model in (("draft", Model.DRAFT), ("target", Model.TARGET)):
         directory = workload.checkpoint_dir(model)
         if directory is not None and not directory.is_dir():
