@@ -10,7 +10,9 @@ on one set of inputs and timed on another):
    fp32 reference and each phase's CUDA graph timed alone; per phase the fastest correct one; every
    pair of correct variants timed on two streams, the fastest pair the `streams` baseline's;
 2. `conventional` (the chosen variants, draft then verify) and `streams` (both on two streams), as
-   the evaluator's baselines; then measured again after other work (the in-process spread);
+   the evaluator's baselines; then measured again after other work (the in-process spread), and
+   once more in a process of their own on the same GPU, reading the kept choice as a later
+   evaluation would (the spread across processes);
 3. steadiness: the shipped `streams` plan timed in the sequence an evaluation meets (right after it
    is compiled, again at once, after the GPU idled, as a second compiled copy), with the SM clock
    read after each, to find where the spread between two measurements of one round comes from.
@@ -35,7 +37,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from conjugate.compiler.round import compile_round, device_name  # noqa: E402
-from conjugate.evaluate.baselines import conventional_baselines, try_all  # noqa: E402
+from conjugate.evaluate.baselines import choice_file, conventional_baselines, keep_choice, try_all  # noqa: E402
+from conjugate.evaluate.baselines_apart import measure_apart  # noqa: E402
 from conjugate.evaluate.measured import MeasuredHarness  # noqa: E402
 from conjugate.evaluate.profile import load_profile  # noqa: E402
 from conjugate.evaluate.rounds import checked_run  # noqa: E402
@@ -121,11 +124,13 @@ def bench_workload(name: str, profile, cache_dir: Path) -> dict:
         clock[0] = time.perf_counter()
         print(json.dumps({"workload": name} | trials[-1]), flush=True)
 
-    _, chosen, pairs_ms = try_all(setup, timing, told)
+    tried, chosen, pairs_ms = try_all(setup, timing, told)
     print(json.dumps({"workload": name, "streams_pairs_ms": pairs_ms}), flush=True)
     if chosen is None:
         raise SystemExit(f"{name}: no conventional variant computed the reference round: "
                          + "; ".join(f"{t['variant']}: {t['problem']}" for t in trials))
+    keep_choice(choice_file(w, device_name(torch.device("cuda")), timing, cache_dir), chosen, name,
+                [vars(t) for t in tried], pairs_ms)  # for the process of their own, below
     first = conventional_baselines(setup, timing, chosen)
     steady = steadiness(setup, timing, cache_dir)
     again = conventional_baselines(setup, timing, chosen)
@@ -143,6 +148,12 @@ def bench_workload(name: str, profile, cache_dir: Path) -> dict:
            "checks": {k: b.status for k, b in first.items()}}
     del setup, harness, session
     torch.cuda.empty_cache()
+    apart = measure_apart(w, profile, cache_dir)
+    row["apart_ms"] = {k: b.latency_ms for k, b in apart.items()}
+    row["apart_problems"] = {k: b.error for k, b in apart.items() if b.status != "ok"}
+    if not row["apart_problems"]:
+        row["process_spread_pct"] = max(spread_pct([conv[0], apart["conventional"].latency_ms]),
+                                        spread_pct([streams[0], apart["streams"].latency_ms]))
     return row
 
 
@@ -162,11 +173,13 @@ def main() -> None:
         out["workloads"].append(bench_workload(name, profile, cache_dir))
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=1, default=str) + "\n")
-    print(f"{'workload':24} {'draft':14} {'verify':14} {'conv':>7} {'streams':>7} {'probe':>13} {'spread%':>7}")
+    print(f"{'workload':24} {'draft':14} {'verify':14} {'conv':>7} {'streams':>7} {'probe':>13} {'spread%':>7} "
+          f"{'process%':>8}")
     for r in out["workloads"]:
         probe = "/".join(f"{x:.2f}" for x in r["probe_ms"]) if r["probe_ms"] else "-"
         print(f"{r['workload']:24} {r['variants']['draft']:14} {r['variants']['verify']:14} {r['conventional_ms']:7.2f} "
-              f"{r['conventional_streams_ms']:7.2f} {probe:>13} {r['repeat_spread_pct']:7.2f}")
+              f"{r['conventional_streams_ms']:7.2f} {probe:>13} {r['repeat_spread_pct']:7.2f} "
+              f"{r.get('process_spread_pct', float('nan')):8.2f}")
 
 
 if __name__ == "__main__":
