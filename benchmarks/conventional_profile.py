@@ -60,12 +60,19 @@ def kernel_table(fn, top: int) -> list[dict]:
            [{"kernel": "(all kernels)", "calls": sum(v[0] for _, v in rows), "us": round(all_us, 1)}]
 
 
+def forced_cut(chunks: int, capacity: int) -> int:
+    """--split-chunks' count for a cache of `capacity` keys, if it can cut it (at least a key a chunk)."""
+    if not 1 <= chunks <= capacity:
+        raise SystemExit(f"--split-chunks {chunks}: a {capacity}-key cache takes 1 to {capacity} chunks")
+    return chunks
+
+
 def profile_variant(variant, w, draft, target, inputs, timing_inputs, checker, replays, top,
                     split_chunks: int | None = None) -> dict:
     started = time.perf_counter()
     v = Variant.parse(variant)
     if split_chunks is not None:  # every split step of this round cut into this many chunks
-        conventional.choose_chunks = lambda *shape: split_chunks
+        conventional.choose_chunks = lambda *shape: forced_cut(split_chunks, shape[4])
     try:
         rnd = ConventionalRound(w, draft, target, v, v)
     finally:

@@ -120,20 +120,26 @@ def workload_from_dict(data: dict[str, Any], path: Path) -> Workload:
     check_fields(data, path)
     draft, draft_source = _resolve_model(data["draft"], "draft", path)
     target, target_source = _resolve_model(data["target"], "target", path)
-    for key, spec in (("draft", draft), ("target", target)):
-        if spec.head_dim < 16 or spec.head_dim & (spec.head_dim - 1):
-            raise WorkloadError(f"{path}: field {key!r}: head_dim {spec.head_dim} is not a power of two >= 16, "
-                                "which the attention and RoPE kernels need")
+    check_models(draft, target, path)
     if not same_tokenizer(draft_source, target_source):
         raise WorkloadError(f"{path}: fields 'draft' and 'target': the checkpoints ship different tokenizers "
                             "(tokenizer.json); a draft must propose in the target's tokens")
-    if draft.vocab_size > target.vocab_size:
-        raise WorkloadError(f"{path}: field 'draft': vocabulary {draft.vocab_size} is larger than the target's "
-                            f"{target.vocab_size}; the target must be able to verify every draft token")
     return Workload(name=data.get("name", path.stem), draft=draft, target=target, k=data["k"],
                     draft_batch=data["draft_batch"], target_batch=data["target_batch"], context=data["context"],
                     dtype=data["dtype"], seed=data.get("seed", 0), kv_init=data.get("kv_init", "random"),
                     draft_source=draft_source, target_source=target_source)
+
+
+def check_models(draft: ModelSpec, target: ModelSpec, path: Path | str) -> None:
+    """What the kernels need of the two models: head dims powers of two >= 16, and a draft vocabulary
+    the target's covers; WorkloadError naming `path` and the field otherwise."""
+    for key, spec in (("draft", draft), ("target", target)):
+        if spec.head_dim < 16 or spec.head_dim & (spec.head_dim - 1):
+            raise WorkloadError(f"{path}: field {key!r}: head_dim {spec.head_dim} is not a power of two >= 16, "
+                                "which the attention and RoPE kernels need")
+    if draft.vocab_size > target.vocab_size:
+        raise WorkloadError(f"{path}: field 'draft': vocabulary {draft.vocab_size} is larger than the target's "
+                            f"{target.vocab_size}; the target must be able to verify every draft token")
 
 
 def check_fields(data: dict[str, Any], path: Path | str) -> None:

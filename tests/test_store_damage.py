@@ -119,7 +119,11 @@ def test_a_resume_whose_own_profile_file_is_gone_says_so(env, tmp_path):  # noqa
 @pytest.mark.parametrize("edit,named", [("json_set(workload, '$.k', 'four')", "field 'k' should be int"),
                                         ("json_remove(workload, '$.draft')", "no 'draft'"),
                                         ("json_set(workload, '$.draft.num_kv_heads', 0)", "'num_kv_heads' is 0"),
-                                        ("json_set(workload, '$.target.hidden_size', 'x')", "'hidden_size' should be int")])
+                                        ("json_set(workload, '$.target.hidden_size', 'x')", "'hidden_size' should be int"),
+                                        ("json_set(workload, '$.target.rope_theta', -1)", "'rope_theta' is -1"),
+                                        ("json_set(workload, '$.draft.rope_scaling', json('{\"factor\": \"x\"}'))",
+                                         "'factor' should be float"),
+                                        ("json_set(workload, '$.draft.head_dim', 8)", "head_dim 8 is not a power of two")])
 @pytest.mark.parametrize("argv", [["show", "DB"], ["search", "--resume", "DB"]])
 def test_a_damaged_stored_workload_is_named_damaged_not_changed(good_db, tmp_path, argv, edit, named):
     db = damaged_copy(good_db, tmp_path, f"UPDATE runs SET workload = {edit}")
@@ -127,3 +131,22 @@ def test_a_damaged_stored_workload_is_named_damaged_not_changed(good_db, tmp_pat
     code, out, err = cli(*[{"DB": db}.get(a, a) for a in argv])
     line = one_line(code, err, str(db), "run 1's stored workload", named, "a damaged store")
     assert "changed" not in line and run_status(db) == before and "resume with" not in out
+
+
+@pytest.mark.parametrize("argv", [["show", "DB"], ["search", "--resume", "DB"]])
+def test_a_damaged_stored_workload_whose_file_is_gone_names_the_database(good_db, tmp_path, argv):
+    db = damaged_copy(good_db, tmp_path, "UPDATE runs SET workload = json_set(workload, '$.k', 'four'), "
+                                         "workload_path = '/nonexistent/w.toml'")
+    code, _, err = cli(*[{"DB": db}.get(a, a) for a in argv])
+    one_line(code, err, str(db), "/nonexistent/w.toml: no such workload file", "field 'k' should be int", "give its file")
+
+
+def test_a_resume_whose_stored_workload_does_not_read_back_as_itself_names_the_database(good_db, tmp_path):
+    """The run's file is gone and its stored model differs from the preset it names: the file written
+    from it would be another workload."""
+    db = damaged_copy(good_db, tmp_path, "UPDATE runs SET workload = json_set(workload, '$.draft.ffn_size', 4096), "
+                                         "workload_path = '/nonexistent/w.toml'")
+    before = run_status(db)
+    code, out, err = cli("search", "--resume", db)
+    one_line(code, err, str(db), "does not read back as itself", "ffn_size", "a damaged store")
+    assert run_status(db) == before

@@ -120,10 +120,16 @@ def _reduce_attention(q, cache_k, cache_v, visible):
     b, t, heads, hd = q.shape
     kv_heads = cache_k.shape[1]
     rows = q.float().view(b, t, kv_heads, heads // kv_heads, hd).permute(0, 2, 3, 1, 4)  # [B, kvh, group, T, hd]
-    keys, values = cache_k[:, :, None, None].float(), cache_v[:, :, None].float()  # [B, kvh, 1, 1, capacity, hd]
-    scores = (rows[..., None, :] * keys).sum(-1) * hd ** -0.5  # [B, kvh, group, T, capacity]
-    weights = scores.masked_fill(~visible[:, None, None], float("-inf")).softmax(-1)
-    out = (weights[..., None] * values[:, :, :, None]).sum(-2)  # [B, kvh, group, T, hd]
+    if torch.compiler.is_compiling():  # fused by the compiler: the products are never held in memory
+        keys, values = cache_k[:, :, None, None].float(), cache_v[:, :, None].float()  # [B, kvh, 1, 1, capacity, hd]
+        scores = (rows[..., None, :] * keys).sum(-1)  # [B, kvh, group, T, capacity]
+    else:  # run eagerly they would be [.., capacity, hd] tensors: the same sums by einsum
+        scores = torch.einsum("bkgtd,bkcd->bkgtc", rows, cache_k.float())
+    weights = (scores * hd ** -0.5).masked_fill(~visible[:, None, None], float("-inf")).softmax(-1)
+    if torch.compiler.is_compiling():
+        out = (weights[..., None] * values[:, :, :, None]).sum(-2)  # [B, kvh, group, T, hd]
+    else:
+        out = torch.einsum("bkgtc,bkcd->bkgtd", weights, cache_v.float())
     return out.permute(0, 3, 1, 2, 4).reshape(b, t, heads * hd).to(cache_k.dtype)
 
 

@@ -27,7 +27,7 @@ SPLIT_PROGRAMS = 256  # split_count cuts the cache until this many attention pro
 SPLIT_MIN_KEYS = 32  # ... and no chunk is shorter than this
 CHUNK_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)  # the cuts choose_chunks times
 COLD_BYTES = 256 << 20  # ... each over this many bytes of distinct caches (the H200's L2 holds 50 MB)
-COLD_SETS = 64  # ... in at most this many caches
+COLD_SETS = 512  # ... in at most this many caches (a 0.5 MB cache: 256 MB)
 
 _CHOSEN: dict[tuple, int] = {}  # shape -> chunks, timed once per process
 

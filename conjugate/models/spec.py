@@ -10,7 +10,8 @@ from conjugate.errors import CheckpointError
 from conjugate.files import read_json, shown
 
 FAMILIES = ("llama", "qwen2", "qwen3")
-_FIELD_KINDS = {"str": str, "int": int, "float": (int, float), "bool": bool}  # ModelSpec.from_dict's checks
+# ModelSpec.from_dict's checks, by the fields' annotations as written (this module's annotations are strings)
+_FIELD_KINDS = {"str": str, "int": int, "float": (int, float), "bool": bool}
 
 
 @dataclass(frozen=True)
@@ -79,17 +80,14 @@ class ModelSpec:
         """The inverse of to_dict; ValueError naming the first field of the wrong type or size."""
         if not isinstance(data, dict):
             raise ValueError(f"a model should be an object, got {shown(data)}")
-        for f in fields(cls):
-            kind, value = _FIELD_KINDS.get(f.type), data.get(f.name)
-            if kind is None or f.name not in data:
-                continue
-            if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-                raise ValueError(f"model field {f.name!r} should be {f.type}, got {shown(value)}")
-            if kind is int and f.name != "schema_version" and value < 1:
-                raise ValueError(f"model field {f.name!r} is {value}, should be positive")
+        _check_kinds(cls, data, "model field")
         data = dict(data)
-        if data.get("rope_scaling"):
-            data["rope_scaling"] = RopeScaling(**data["rope_scaling"])
+        scaling = data.get("rope_scaling")
+        if scaling is not None:
+            if not isinstance(scaling, dict):
+                raise ValueError(f"model field 'rope_scaling' should be an object or null, got {shown(scaling)}")
+            _check_kinds(RopeScaling, scaling, "model field 'rope_scaling':")
+            data["rope_scaling"] = RopeScaling(**scaling)
         return cls(**data)
 
     @classmethod
@@ -218,3 +216,16 @@ def _rope_value(scaling: dict[str, Any], key: str, file: Path) -> float | int:
     if key not in scaling:
         raise CheckpointError(f"{file}: field 'rope_scaling' lacks {key!r}")
     return _hf_value(scaling[key], f"rope_scaling.{key}", _LLAMA3_ROPE_KEYS[key], file)
+
+
+def _check_kinds(cls, data: dict[str, Any], what: str) -> None:
+    """ValueError naming the first of `data`'s fields (of dataclass `cls`) of the wrong type, or a
+    number (but a schema version) that is not positive."""
+    for f in fields(cls):
+        kind, value = _FIELD_KINDS.get(f.type), data.get(f.name)
+        if kind is None or f.name not in data:
+            continue
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+            raise ValueError(f"{what} {f.name!r} should be {f.type}, got {shown(value)}")
+        if kind is not bool and kind is not str and f.name != "schema_version" and not value > 0:
+            raise ValueError(f"{what} {f.name!r} is {shown(value)}, should be positive")

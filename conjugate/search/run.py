@@ -141,20 +141,29 @@ def _stored_workload(run: RunRecord) -> dict[str, Any]:
 def stored_workload(run: RunRecord) -> Workload:
     """The workload as the run stored it, its fields checked as a file's are; StoreError when they
     cannot be read (a damaged store, or one written by another version)."""
-    from conjugate.workload import check_fields
+    from conjugate.models.spec import ModelSpec
+    from conjugate.workload import check_fields, check_models
 
     data = _stored_workload(run)
     where = f"run {run.id}'s stored workload"
+    damaged = "a damaged store, or one of another version"
     try:
         check_fields({k: v for k, v in data.items() if k in ("name", "k", "draft_batch", "target_batch", "context",
                                                             "dtype", "seed", "kv_init")}
                      | {"draft": data.get("draft_source", ""), "target": data.get("target_source", "")}, where)
-        return Workload.from_dict(data)
+        specs = {}
+        for key in ("draft", "target"):
+            try:
+                specs[key] = ModelSpec.from_dict(data[key])
+            except (TypeError, KeyError, ValueError) as e:
+                reason = f"no {e}" if isinstance(e, KeyError) else str(e)
+                raise StoreError(f"{where}: field {key!r} cannot be read ({reason}): {damaged}") from None
+        check_models(specs["draft"], specs["target"], where)
+        return Workload(**{**data, **specs})
     except WorkloadError as e:
-        raise StoreError(f"{e}: a damaged store, or one of another version") from None
-    except (TypeError, KeyError, ValueError) as e:
-        reason = f"no {e}" if isinstance(e, KeyError) else str(e)
-        raise StoreError(f"{where} cannot be read ({reason}): a damaged store, or one of another version") from None
+        raise StoreError(f"{e}: {damaged}") from None
+    except TypeError as e:
+        raise StoreError(f"{where} cannot be read ({e}): {damaged}") from None
 
 
 _GIVE_WORKLOAD = "give its file (conjugate search W --resume DB, conjugate show|export DB --workload W)"
@@ -174,7 +183,7 @@ def run_workload(run: RunRecord, given: str | Path | None = None) -> Workload:
     try:
         workload = stored_workload(run)
     except StoreError as e:
-        raise ConjugateError(f"{run.workload_path}: no such workload file, and {e}; {_GIVE_WORKLOAD}") from None
+        raise StoreError(f"{run.workload_path}: no such workload file, and {e}; {_GIVE_WORKLOAD}") from None
     for field_name, model in (("draft", Model.DRAFT), ("target", Model.TARGET)):
         directory = workload.checkpoint_dir(model)
         if directory is not None and not directory.is_dir():
@@ -195,7 +204,11 @@ def run_workload_file(run: RunRecord, given: str | Path | None = None) -> tuple[
     if Path(run.workload_path).exists():
         return workload, run.workload_path
     written = _written(workload)
-    check_workload(run, load_workload(written), written)  # as the worker will read it (checkpoints included)
+    try:  # as the worker will read it (checkpoints included)
+        check_workload(run, load_workload(written), written)
+    except ConjugateError as e:
+        raise StoreError(f"run {run.id}'s stored workload does not read back as itself ({e}): a damaged store, "
+                         "or one of another version") from None
     return workload, str(written)
 
 
