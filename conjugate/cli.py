@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from conjugate.arguments import output_file, positive
 from conjugate.errors import ConjugateError, PlanError
@@ -19,7 +20,8 @@ if TYPE_CHECKING:
     from conjugate.evaluate.result import EvalResult
 
 PLAN_DIR = PLANS_DIR
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+# no markup: names and paths from files, flags and stores are printed as they are (a "[/]" in one is text)
+out = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 160)
 
 
 def _human_bytes(n: int) -> str:
@@ -161,7 +163,7 @@ def _run_rounds(workload, plan) -> None:
     ref = reference_round(draft, target, inputs)
     out.print(f"reference round on {device}: draft tokens {ref.draft_tokens.tolist()}, "
               f"target tokens {ref.target_tokens.tolist()}")
-    with out.status(f"compiling and running {plan.name!r} ({'GPU' if device == 'cuda' else 'Triton interpreter'})"):
+    with out.status(Text(f"compiling and running {plan.name!r} ({'GPU' if device == 'cuda' else 'Triton interpreter'})")):
         compiled = compile_round(plan, workload, draft, target)
         report = checked_run(compiled, inputs, ReferenceChecker(draft, target, inputs, workload.dtype))
     verdict = "equals the reference round" if report.ok else "DIFFERS from the reference: " + "; ".join(report.problems)
@@ -190,9 +192,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     with IsolatedEvaluator(profile) as isolated:  # a crash or a hang costs one result, not the run
         for i, plan in enumerate(plans):
             head = f"{profile.name}: {plan.name} on {workload.name} ({i + 1}/{len(plans)})"
-            with out.status(f"{head}: starting") as status:
+            with out.status(Text(f"{head}: starting")) as status:
                 result = isolated.evaluate(plan.to_dict(), args.workload, refresh_baselines=args.remeasure and i == 0,
-                                           on_stage=lambda stage: status.update(f"{head}: {_STAGE_TEXT[stage]}"))
+                                           on_stage=lambda stage: status.update(Text(f"{head}: {_STAGE_TEXT[stage]}")))
             rows.append((plan.name, result))
             out.print(f"{plan.name}: {_bench_cell(result)}")
     _bench_table(workload, profile, rows)
@@ -247,12 +249,12 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     source = Path(args.measured)
     rows = measured_rounds(source)
     cases = []
-    with tempfile.TemporaryDirectory() as tmp, out.status(f"lowering {len(rows)} measured rounds"):
+    with tempfile.TemporaryDirectory() as tmp, out.status(Text(f"lowering {len(rows)} measured rounds")):
         for workload, plan, ms in rows:
             cases.append(make_case(load_plan(PLAN_DIR / f"{plan}.json"),
                                    load_workload(EXAMPLES_DIR / f"{workload}.toml"), ms, Path(tmp)))
     before = loss(profile.model, cases)
-    with out.status("fitting"):
+    with out.status(Text("fitting")):
         fitted = fit(profile.model, cases)
     after = loss(fitted, cases)
     target = Path(args.out) if args.out else Path(profile.source)

@@ -101,6 +101,20 @@ def test_plan_explain_table(capsys):
         assert op in out, op
 
 
+@pytest.mark.parametrize("command", ["validate", "explain"])
+def test_names_and_paths_are_printed_as_they_are_not_read_as_markup(capsys, tmp_path, command):
+    """A "[/]" in a plan's name, a workload's name or a path is text (read as console markup, it
+    ended the command in a traceback)."""
+    folder = tmp_path / "x[" / "]y[bold]"
+    folder.mkdir(parents=True)
+    plan = json.loads(INTERLEAVE.read_text()) | {"name": "evil[/]x[/bold]"}
+    (folder / "p[bold].json").write_text(json.dumps(plan))
+    (folder / "w.toml").write_text(TINY.read_text().replace('name = "tiny"', 'name = "w[/]"'))
+    code, out, err = run(capsys, "plan", command, folder / "p[bold].json", "--workload", folder / "w.toml")
+    assert code == 0, err
+    assert "evil[/]x[/bold]" in out and "w[/]" in out and "Traceback" not in err
+
+
 def test_plan_explain_json(capsys, tmp_path):
     out_file = tmp_path / "schedule.json"
     code, out, err = run(capsys, "plan", "explain", INTERLEAVE, "--workload", TINY, "--json", out_file)

@@ -150,3 +150,9 @@ def test_a_resume_whose_stored_workload_does_not_read_back_as_itself_names_the_d
     code, out, err = cli("search", "--resume", db)
     one_line(code, err, str(db), "does not read back as itself", "ffn_size", "a damaged store")
     assert run_status(db) == before
+
+
+def test_a_run_name_with_console_markup_is_shown_as_it_is(good_db, tmp_path):
+    db = damaged_copy(good_db, tmp_path, "UPDATE runs SET name = 'r[/]x[/bold]'")
+    code, out, err = cli("show", db)
+    assert code == 0 and "r[/]x[/bold]" in out and "Traceback" not in err, err

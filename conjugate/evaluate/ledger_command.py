@@ -7,6 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from conjugate.errors import ConjugateError
 
@@ -34,7 +35,7 @@ def cmd_profile(args: argparse.Namespace, out: Console) -> None:
     from conjugate.workload import load_workload
 
     workload, plan = load_workload(args.workload), load_plan(plan_path(args.plan))
-    with out.status(f"compiling and checking {plan.name!r} on {workload.name}"):
+    with out.status(Text(f"compiling and checking {plan.name!r} on {workload.name}")):
         ledger = measure_ledger(plan, workload, args.replays)
     out.print(_table(ledger))
     out.print(ledger.summary(), markup=False)

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from conjugate.arguments import positive
@@ -323,7 +322,7 @@ def show_run(store, run, out: Console, limit: int = 10, workload_file: str | Non
         table.add_row(str(h["node"]), str(h["depth"]), f"{h['latency_ms']:.3f} ms",
                       *(f"{h['speedups'][b]:.3f}x" if b in h["speedups"] else "-"
                         for b in ("conventional", "sequential", "streams")),
-                      str(h["visits"]), escape(f"[{h['kind']}] {h['rationale'][:70]}"))
+                      str(h["visits"]), f"[{h['kind']}] {h['rationale'][:70]}")
     out.print(table)
     failed = [h for h in history if h["status"] not in ("ok", "pending")]
     out.print(f"{len(history)} nodes, {len(ok)} ok, {len(failed)} failed" +

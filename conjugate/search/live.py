@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -70,7 +69,7 @@ class LiveView:
     def _say(self, line: str) -> None:
         self.recent = (self.recent + [line])[-6:]
         if not self._live:
-            self.console.print(escape(line), highlight=False)
+            self.console.print(line, highlight=False, markup=False)
 
     def _render(self) -> Group:
         table = Table.grid(padding=(0, 2))

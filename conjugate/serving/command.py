@@ -7,6 +7,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.progress import Progress as Bar, TextColumn
+from rich.text import Text
 
 from conjugate.arguments import output_file, positive
 from conjugate.errors import ConjugateError
@@ -76,9 +77,9 @@ def cmd_generate(args: argparse.Namespace, out: Console) -> None:
         workload = workload_from_dict({"draft_batch": batch, "target_batch": batch, "context": need} | fields, where)
     check_prompts(workload, args.mode, prompts, args.max_new_tokens)
     name = plan if isinstance(plan, str) else plan.name
-    with out.status(f"compiling {name!r} for {workload.name} ({args.mode})"):
+    with out.status(Text(f"compiling {name!r} for {workload.name} ({args.mode})")):
         decoder = SpeculativeDecoder.build(workload, plan, args.mode, variants=variants)
-    with Bar(TextColumn("{task.description}"), console=out, transient=True) as bar:
+    with Bar(TextColumn("{task.description}", markup=False), console=out, transient=True) as bar:
         task = bar.add_task("prefill")
         result = decoder.generate(prompts, args.max_new_tokens, lambda p: bar.update(task, description=_line(p)))
     _summary(out, result, tokenizer)
