@@ -181,6 +181,16 @@ def test_plan_wrong_type(capsys, tmp_path):
     assert_one_line_error(code, err, str(path), "$.tiles.draft.down.SPLIT_K", "integer")
 
 
+def test_a_long_override_glob_is_refused_at_once(capsys, tmp_path):
+    """Globbing costs the square of a pattern's length (50,000 '[' took 46 s to refuse): the length
+    is refused before any glob runs."""
+    plan = interleave_plan() | {"overrides": [{"match": "[" * 50000, "pair": False}]}
+    path = write_json(tmp_path / "plan.json", plan)
+    code, _, err = run(capsys, "plan", "validate", path, "--workload", TINY)
+    line = assert_one_line_error(code, err, str(path), "$.overrides[0].match", "50000 characters", "at most 200")
+    assert len(line) < 400
+
+
 def test_plan_several_errors_stay_on_one_line(capsys, tmp_path):
     plan = interleave_plan()
     plan["alignment"] = "diagonal"

@@ -31,6 +31,7 @@ PRIORITIES = ("none", "draft", "target")  # with two streams: whose stream the G
 # order by the tile's last split (deterministic), or each split adding its partial atomically
 REDUCTIONS = ("ordered", "atomic")
 FUSIONS = ("attn_norm+qkv", "qkv+rope_kv", "mlp_norm+gate_up", "final_norm+lm_head", "lm_head+argmax")
+MATCH_MAX = 200  # characters of an override's glob
 MODEL_KEYS = tuple(model.value for model in Model)  # plain strings: the plan stays plain JSON
 _TOP_KEYS = ("schema", "name", "description", "alignment", "pairs", "interleave", "tiles", "fusions",
              "operand_layout", "capture", "streams", "priority", "split_reduce", "launch", "overrides")
@@ -183,6 +184,8 @@ def _override(c: _Checker, value: Any, path: str) -> dict:
     if "match" not in value:
         c.fail(f"{path}.match", "required: a glob over op ids, such as 't.l*.qkv'")
     out = {"match": c.string(value.get("match", ""), f"{path}.match")}
+    if len(out["match"]) > MATCH_MAX:  # globbing costs the square of a pattern's length
+        c.fail(f"{path}.match", f"is {len(out['match'])} characters long; at most {MATCH_MAX} (op ids are short)")
     if "pair" in value:
         if not isinstance(value["pair"], bool):
             c.fail(f"{path}.pair", f"should be a boolean, got {_kind(value['pair'])}")
