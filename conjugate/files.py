@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import tempfile
 import tomllib
@@ -17,9 +18,17 @@ SHOWN_CHARS = 60  # a value quoted in an error line is cut to this length
 
 
 def read_text(path: Path, error: type[ConjugateError], what: str = "file") -> str:
-    """The file's text, or `error` naming the path: missing, a directory, unreadable, not UTF-8, too large."""
+    """The file's text, or `error` naming the path: missing, a directory or not a regular file (a pipe
+    would block the reader), unreadable, not UTF-8, too large."""
     try:
-        with open(path, encoding="utf-8") as f:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a pipe opens without a writer
+        kind = os.fstat(fd).st_mode
+        if not stat.S_ISREG(kind):
+            os.close(fd)
+            if stat.S_ISDIR(kind):
+                raise IsADirectoryError(path)
+            raise error(f"{path}: not a regular file (a pipe, socket or device), expected a {what}")
+        with os.fdopen(fd, encoding="utf-8") as f:
             text = f.read(MAX_TEXT_CHARS + 1)
     except FileNotFoundError as e:
         raise error(f"{path}: no such {what}") from e

@@ -175,8 +175,12 @@ def same_tokenizer(draft_source: str, target_source: str) -> bool:
 def _resolve_model(value: str, key: str, path: Path) -> tuple[ModelSpec, str]:
     if value in PRESETS:
         return PRESETS[value], value
-    directory = (path.parent / value).resolve() if "\0" not in value else None  # no path holds a NUL
-    if directory is None or not directory.is_dir():
+    try:
+        directory = (path.parent / value).resolve() if "\0" not in value else None  # no path holds a NUL
+        is_directory = directory is not None and directory.is_dir()
+    except (OSError, RuntimeError) as e:  # a symlink loop, a name too long
+        raise WorkloadError(f"{path}: field {key!r}: {shown(value)}: {getattr(e, 'strerror', None) or e}") from None
+    if not is_directory:
         raise WorkloadError(f"{path}: field {key!r}: {shown(value)} is neither a model preset nor a checkpoint "
                             f"directory (presets: conjugate models)")
     try:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -188,6 +189,24 @@ def test_a_long_override_glob_is_refused_at_once(capsys, tmp_path):
     path = write_json(tmp_path / "plan.json", plan)
     code, _, err = run(capsys, "plan", "validate", path, "--workload", TINY)
     line = assert_one_line_error(code, err, str(path), "$.overrides[0].match", "50000 characters", "at most 200")
+    assert len(line) < 400
+
+
+def test_a_pipe_in_place_of_a_plan_is_refused_without_waiting_for_a_writer(tmp_path):
+    pipe = tmp_path / "plan.json"
+    os.mkfifo(pipe)
+    proc = subprocess.run([sys.executable, "-m", "conjugate", "plan", "validate", str(pipe), "--workload", str(TINY)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert_one_line_error(proc.returncode, proc.stderr, str(pipe), "not a regular file")
+
+
+@pytest.mark.parametrize("name,reason", [("loop", "ymlink loop"), ("a" * 5000, "File name too long")])
+def test_a_checkpoint_path_that_cannot_resolve_names_the_workload_field(capsys, tmp_path, name, reason):
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    workload = tmp_path / "w.toml"
+    workload.write_text(f'draft = "{name}"\ntarget = "tiny-llama-t"\n' + TINY_FIELDS)
+    code, _, err = run(capsys, "plan", "validate", INTERLEAVE, "--workload", workload)
+    line = assert_one_line_error(code, err, str(workload), "field 'draft'", reason)
     assert len(line) < 400
 
 
