@@ -117,7 +117,10 @@ _HF_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 # The largest value of each size in config.json: several times any public model's, far below what
 # would exhaust memory while the op graph or the weights are built.
 _HF_MAX = {"hidden_size": 65536, "num_hidden_layers": 1024, "num_attention_heads": 1024, "num_key_value_heads": 1024,
-           "head_dim": 1024, "intermediate_size": 1 << 20, "vocab_size": 1 << 22, "rms_norm_eps": 0.5}
+           "head_dim": 1024, "intermediate_size": 1 << 20, "vocab_size": 1 << 22, "rms_norm_eps": 0.5,
+           "rope_theta": 1e12, "rope_scaling.original_max_position_embeddings": 1 << 24, "rope_scaling.factor": 1024.0,
+           "rope_scaling.low_freq_factor": 1024.0, "rope_scaling.high_freq_factor": 1024.0}
+_HF_MIN = {"rope_theta": 1.0}  # the smallest: a rotation base under 1 turns every angle to inf or NaN
 _LLAMA3_ROPE_KEYS = {"factor": float, "low_freq_factor": float, "high_freq_factor": float,
                      "original_max_position_embeddings": int}
 
@@ -169,7 +172,7 @@ def _spec_from_hf(config: dict[str, Any], file: Path) -> ModelSpec:
 
 
 def _hf_value(value: Any, key: str, kind: type, file: Path) -> Any:
-    """A config.json value of `kind`; a number positive, finite and at most _HF_MAX[key]."""
+    """A config.json value of `kind`; a number positive, finite and within _HF_MIN[key].._HF_MAX[key]."""
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value) if abs(value) < 2**1023 else math.inf
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
@@ -179,7 +182,9 @@ def _hf_value(value: Any, key: str, kind: type, file: Path) -> Any:
     if kind in (int, float) and value <= 0:
         raise CheckpointError(f"{file}: field {key!r} should be positive, got {shown(value)}")
     if kind in (int, float) and value > _HF_MAX.get(key, math.inf):
-        raise CheckpointError(f"{file}: field {key!r} is {shown(value)}, at most {_HF_MAX[key]}")
+        raise CheckpointError(f"{file}: field {key!r} is {shown(value)}, at most {_HF_MAX[key]:g}")
+    if kind in (int, float) and value < _HF_MIN.get(key, -math.inf):
+        raise CheckpointError(f"{file}: field {key!r} is {shown(value)}, at least {_HF_MIN[key]:g}")
     return value
 
 
