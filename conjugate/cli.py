@@ -174,8 +174,8 @@ def _run_rounds(workload, plan) -> None:
 
 
 BASELINES = ("conventional", "sequential", "streams")
-_STAGE_TEXT = {"validate": "validating", "compile": "compiling", "correctness": "checking against the reference",
-               "timing": "timing (and, first, measuring the baselines)"}
+_STAGE_TEXT = {"setup": "preparing the workload (and, first, measuring the baselines)", "validate": "validating",
+               "compile": "compiling", "correctness": "checking against the reference", "timing": "timing"}
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

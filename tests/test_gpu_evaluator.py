@@ -206,7 +206,7 @@ def test_conventional_round_reload_computes_the_new_inputs(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the failure on a machine without CUDA")
 def test_a_gpu_evaluation_without_cuda_is_an_error_result(tmp_path):
     r = evaluate(load_plan(ROOT / "plans" / "sequential.json"), TINY, load_profile("h200"), cache_dir=tmp_path)
-    assert (r.stage, r.status, r.modeled, r.evaluator) == ("validate", "error", False, "h200")
+    assert (r.stage, r.status, r.modeled, r.evaluator) == ("setup", "error", False, "h200")
     assert r.error and not r.metrics
 
 
@@ -214,7 +214,7 @@ def test_a_gpu_evaluation_without_cuda_is_an_error_result(tmp_path):
 def test_an_error_retires_the_worker(tmp_path):
     with IsolatedEvaluator(load_profile("h200"), time_limit_s=120, cache_dir=tmp_path) as isolated:
         failed = isolated.evaluate(CHEAP, TINY_PATH)
-        assert (failed.stage, failed.status) == ("validate", "error") and isolated.restarts == 1
+        assert (failed.stage, failed.status) == ("setup", "error") and isolated.restarts == 1
         first_worker = isolated._worker
         assert first_worker is None
         isolated.profile = load_profile("analytical")
@@ -278,7 +278,7 @@ def test_the_measured_flow_measures_the_baselines_once_then_checks_twice_and_tim
 
     session, profile, heard = EvaluationSession(), load_profile("h200"), []
     r = evaluate(CHEAP, TINY, profile, cache_dir=tmp_path, on_stage=heard.append, session=session)
-    assert r.ok and not r.modeled and heard == ["validate", "compile", "correctness", "timing"]
+    assert r.ok and not r.modeled and heard == ["setup", "validate", "compile", "correctness", "timing"]
     assert r.checks["ok"] and r.checks["eager"]["ok"] and r.checks["replayed"]["ok"]
     m = r.metrics
     assert (m.device, m.sms, m.latency_ms, m.p20_ms, m.replays) == ("NVIDIA H200", 132, 0.5, 0.49, 200)
@@ -354,7 +354,7 @@ def test_a_gpu_profile_measures_only_on_its_device(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
     r = evaluate(load_plan(ROOT / "plans" / "sequential.json"), TINY, load_profile("h200"), cache_dir=tmp_path)
-    assert (r.stage, r.status) == ("validate", "error") and not r.metrics
+    assert (r.stage, r.status) == ("setup", "error") and not r.metrics
     assert "field 'device' is 'H200'" in r.error and "NVIDIA H100 80GB HBM3" in r.error
     with pytest.raises(ProfileError, match="field 'device' should be str"):
         load_profile(_edited(tmp_path, 'device = "H200"', "device = 200"))

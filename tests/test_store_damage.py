@@ -156,3 +156,17 @@ def test_a_run_name_with_console_markup_is_shown_as_it_is(good_db, tmp_path):
     db = damaged_copy(good_db, tmp_path, "UPDATE runs SET name = 'r[/]x[/bold]'")
     code, out, err = cli("show", db)
     assert code == 0 and "r[/]x[/bold]" in out and "Traceback" not in err, err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs an evaluator this machine cannot run")
+def test_a_search_whose_evaluator_cannot_prepare_the_workload_records_nothing_for_the_plans(tmp_path):
+    """No CUDA device for a GPU evaluator: every plan would fail alike, and a result stored for the
+    plan would be reused on a machine that has one. The search stops in one line, nothing stored."""
+    from test_search import TINY
+
+    db = tmp_path / "s.db"
+    code, out, err = cli("search", TINY, "--db", db, "--budget", 2, "--evaluator", "h200")
+    one_line(code, err, str(TINY), "could not prepare the workload", "no CUDA device", "nothing was recorded")
+    with contextlib.closing(sqlite3.connect(db)) as c:
+        assert c.execute("SELECT COUNT(*) FROM evaluations").fetchone()[0] == 0
+    assert run_status(db) == "stopped" and "resume with" in out

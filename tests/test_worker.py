@@ -31,7 +31,7 @@ def test_failing_plans_come_back_as_results(profile, tmp_path):
         heard = []
         good = isolated.evaluate(CHEAP, TINY, on_stage=heard.append)
         assert good.ok and good.checks["ok"] and isolated.restarts == 0
-        assert heard == ["validate", "compile", "correctness", "timing"]  # progress, as the worker moves on
+        assert heard == ["setup", "validate", "compile", "correctness", "timing"]  # progress, as the worker moves on
 
 
 def test_a_hung_kernel_times_out_and_the_next_evaluation_proceeds(profile, tmp_path):

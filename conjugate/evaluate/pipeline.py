@@ -57,6 +57,7 @@ def _stages(raw: Plan | dict, run: "_Run", harness: Harness, session: Evaluation
     # for the rest of the process (benchmarks/steadiness.py), so every plan is timed after them.
     with run.step("baselines"):
         baselines = session.baselines(kind, harness.baselines_wanted, refresh, partial(_baselines, harness, setup))
+    run.enter(Stage.VALIDATE)
     compiled = build(raw, setup, harness, run)
     if isinstance(compiled, EvalResult):
         return compiled
@@ -126,7 +127,7 @@ class _Run:
         self.start = time.perf_counter()
         self.plan_hash, self.known = "", {}
         self.seconds: dict[str, float] = {}  # step -> seconds spent in it (result.STEPS)
-        self.enter(Stage.VALIDATE)
+        self.enter(Stage.SETUP)
 
     @contextmanager
     def step(self, name: str):

@@ -14,6 +14,7 @@ VERDICT_THRESHOLD_PERCENT = 2.0  # a shared launch this much faster (slower) tha
 
 
 class Stage(StrEnum):
+    SETUP = "setup"  # the workload prepared (weights, reference) and the baselines measured: not the plan's doing
     VALIDATE = "validate"
     COMPILE = "compile"
     CORRECTNESS = "correctness"

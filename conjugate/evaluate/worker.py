@@ -57,7 +57,7 @@ class IsolatedEvaluator:
         request = {"plan": plan, "workload": str(workload_path), "profile": self.profile.to_dict(),
                    "cache_dir": str(self.cache_dir) if self.cache_dir else None, "entry": self.entry,
                    "refresh_baselines": refresh_baselines}
-        start, stage = time.monotonic(), Stage.VALIDATE
+        start, stage = time.monotonic(), Stage.SETUP
         try:
             worker.stdin.write(json.dumps(request) + "\n")
             worker.stdin.flush()

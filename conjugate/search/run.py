@@ -27,7 +27,7 @@ from typing import Any, Callable, Protocol
 
 from conjugate.agents.base import Proposal, Proposer, ProposerUnavailable
 from conjugate.errors import ConjugateError, PatchError, PlanError, WorkloadError
-from conjugate.evaluate.result import EvalResult
+from conjugate.evaluate.result import EvalResult, Stage
 from conjugate.graph import build_graph
 from conjugate.paths import REWARD_BASELINE, SEED_PLANS, shipped_plan
 from conjugate.plan import load_plan, patch_plan, validate_plan
@@ -77,6 +77,11 @@ class Evaluator(Protocol):
     profile: Any
 
     def evaluate(self, plan: dict, workload_path: str | Path) -> EvalResult: ...
+
+
+class SetupFailed(ConjugateError):
+    """An evaluation failed before its plan was looked at (no GPU, unreadable weights): every plan
+    would fail alike, so the search stops instead of recording it as the plan's failure."""
 
 
 def reward_of(result: EvalResult) -> float:
@@ -439,6 +444,11 @@ class Search:
     def _result(self, key: str, node: NodeRecord, deadline: float | None) -> EvalResult | None:
         if self.store.claim_evaluation(key, node.plan_hash, self.run_id, owner_id(), self.settings.stale_after_s):
             result = self.evaluator.evaluate(node.plan, self.workload_path)
+            if not result.ok and result.stage is Stage.SETUP:  # the machine's or the workload's, not the plan's
+                self.store.release_evaluation(key, owner_id())
+                raise SetupFailed(f"{self.workload_path}: the evaluator could not prepare the workload "
+                                  f"({result.status}: {scrub(result.error or '')[:300]}); nothing was recorded "
+                                  "for the plan")
             try:
                 self.store.finish_evaluation(key, result, reward_of(result))
                 return result

@@ -31,7 +31,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
-from sqlalchemy import Engine, case, create_engine, event, func, inspect, select, update
+from sqlalchemy import Engine, case, create_engine, delete, event, func, inspect, select, update
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
@@ -200,6 +200,12 @@ class Store:
             row.latency_ms = None if latency is None else float(latency)
             s.add_all(_verdict_row(row.id, v) for v in result.verdicts)
         self._write(finish)
+
+    def release_evaluation(self, eval_key: str, owner: str) -> None:
+        """Give up a claim that found nothing to store: the evaluation is as if never claimed."""
+        self._write(lambda s: s.execute(delete(Evaluation).where(Evaluation.eval_key == eval_key,
+                                                                 Evaluation.status == "running",
+                                                                 Evaluation.owner == owner)))
 
     def evaluation(self, eval_key: str) -> EvaluationRecord | None:
         stmt = select(Evaluation).where(Evaluation.eval_key == eval_key)
