@@ -118,7 +118,8 @@ def main() -> None:
         row = profile_variant(variant, w, PreparedWeights(draft), PreparedWeights(target), inputs, timing_inputs,
                               checker, args.replays, args.top, chunks)
         out["variants"].append(row)
-        print(f"{variant:10s} chunks {row['chunks']} correct={row['correct']} compile {row['compile_s']:6.1f}s  draft {row['draft_ms']:.3f}"
+        print(f"{variant:10s} chunks {row['chunks']} correct={row['correct']} compile {row['compile_s']:6.1f}s"
+              f"  draft {row['draft_ms']:.3f}"
               f"  verify {row['verify_ms']:.3f}  round {row['round_ms']:.3f}  streams {row['streams_ms']:.3f} ms",
               flush=True)
         if not row["correct"]:

@@ -163,7 +163,8 @@ def _run_rounds(workload, plan) -> None:
     ref = reference_round(draft, target, inputs)
     out.print(f"reference round on {device}: draft tokens {ref.draft_tokens.tolist()}, "
               f"target tokens {ref.target_tokens.tolist()}")
-    with out.status(Text(f"compiling and running {plan.name!r} ({'GPU' if device == 'cuda' else 'Triton interpreter'})")):
+    where = "GPU" if device == "cuda" else "Triton interpreter"
+    with out.status(Text(f"compiling and running {plan.name!r} ({where})")):
         compiled = compile_round(plan, workload, draft, target)
         report = checked_run(compiled, inputs, ReferenceChecker(draft, target, inputs, workload.dtype))
     verdict = "equals the reference round" if report.ok else "DIFFERS from the reference: " + "; ".join(report.problems)

@@ -21,7 +21,7 @@ from conjugate.errors import CheckpointError, WorkloadError
 from conjugate.files import read_toml, shown
 from conjugate.models.presets import PRESETS
 from conjugate.models.spec import ModelSpec
-from conjugate.models.weights import DTYPES, checkpoint_files
+from conjugate.models.weights import DTYPES, check_checkpoint, checkpoint_files
 from conjugate.roles import Model
 
 _FIELDS: dict[str, type] = {"name": str, "draft": str, "target": str, "k": int, "draft_batch": int,
@@ -189,6 +189,7 @@ def _resolve_model(value: str, key: str, path: Path) -> tuple[ModelSpec, str]:
             if not shard.exists():  # only an index names shards; a single model.safetensors was opened
                 raise CheckpointError(f"{directory / 'model.safetensors.index.json'}: field 'weight_map' names "
                                       f"a missing safetensors shard, {shard}")
+        check_checkpoint(directory, spec)  # every tensor there, shaped and typed as a weight: headers only
     except CheckpointError as e:
         raise WorkloadError(f"{path}: field {key!r}: {e}") from e
     return spec, str(directory)

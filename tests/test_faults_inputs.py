@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import re
 import shutil
 import sqlite3
@@ -561,16 +562,23 @@ def test_a_bad_number_on_the_command_line_is_a_usage_error(argv, option, capsys)
 
 @pytest.fixture(scope="module")
 def failed_search(tmp_path_factory):
-    """A search of 2 evaluations on a workload whose draft checkpoint lacks its tensors: the workload
-    loads (config.json and the shard are there), every evaluation fails reading the weights."""
+    """A search of 2 evaluations in which every plan comes back incorrect (an evaluation entry that
+    says so: tests/faults/evaluators.py)."""
+    from conjugate.evaluate import worker
+
+    class EveryPlanIncorrect(worker.IsolatedEvaluator):
+        def __init__(self, profile, **options):
+            faults = str(Path(__file__).parent / "faults")
+            super().__init__(profile, entry="evaluators:incorrect_every_plan", **options,
+                             env={"PYTHONPATH": os.pathsep.join([faults, os.environ.get("PYTHONPATH", "")])})
+
     root = tmp_path_factory.mktemp("failed")
-    checkpoint(root / "ck")
-    (root / "w.toml").write_text(workload(draft='"ck"'))
     db = root / "runs.db"
     out, err = io.StringIO(), io.StringIO()
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         patch.setenv("CONJUGATE_CACHE", str(root / "cache"))
-        code = main(["search", str(root / "w.toml"), "--db", str(db), "--budget", "2"])
+        patch.setattr(worker, "IsolatedEvaluator", EveryPlanIncorrect)
+        code = main(["search", str(TINY), "--db", str(db), "--budget", "2"])
     return {"code": code, "out": out.getvalue(), "err": err.getvalue(), "db": db}
 
 

@@ -373,6 +373,48 @@ def test_shape_mismatch(tmp_path):
     assert "(255, 128)" in message and "(256, 128)" in message
 
 
+@pytest.mark.parametrize("dtype", [torch.int8, torch.bool])
+def test_a_weight_stored_in_a_non_float_dtype_is_refused_from_the_header(tmp_path, dtype):
+    """Converted silently, an int8 or bool weight computed a round that looked right."""
+    from conjugate.models.weights import check_checkpoint
+
+    w, tensors = _write_checkpoint(tmp_path)
+    name = "model.layers.0.self_attn.o_proj.weight"
+    tensors[name] = tensors[name].to(dtype)
+    _write_checkpoint(tmp_path, tensors=tensors)
+    for read in (lambda: check_checkpoint(tmp_path, w.spec), lambda: load_checkpoint(tmp_path, torch.float32)):
+        with pytest.raises(CheckpointError) as info:
+            read()
+        assert repr(name) in str(info.value) and "dtype" in str(info.value) and "BF16" in str(info.value)
+
+
+def test_a_weight_holding_nan_is_refused_when_loaded(tmp_path):
+    _, tensors = _write_checkpoint(tmp_path)
+    name = "model.layers.1.mlp.down_proj.weight"
+    tensors[name][3, 5] = float("nan")
+    _write_checkpoint(tmp_path, tensors=tensors)
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(tmp_path, torch.float32)
+    assert repr(name) in str(info.value) and "not finite" in str(info.value)
+
+
+def test_a_workload_whose_checkpoint_lacks_a_tensor_is_refused_when_read(tmp_path):
+    """Every tensor is checked from the headers when the workload is read, before any evaluation."""
+    from conjugate.errors import WorkloadError
+    from conjugate.workload import load_workload
+
+    checkpoint = tmp_path / "ck"
+    checkpoint.mkdir()
+    _, tensors = _write_checkpoint(checkpoint)
+    del tensors["model.layers.2.self_attn.k_proj.bias"]
+    _write_checkpoint(checkpoint, tensors=tensors)
+    (tmp_path / "w.toml").write_text('draft = "tiny-qwen2-d"\ntarget = "ck"\nk = 2\ndraft_batch = 1\n'
+                                     'target_batch = 1\ncontext = 4\ndtype = "fp32"\n')
+    with pytest.raises(WorkloadError) as info:
+        load_workload(tmp_path / "w.toml")
+    assert "field 'target'" in str(info.value) and "'model.layers.2.self_attn.k_proj.bias'" in str(info.value)
+
+
 def _shard(tmp_path, tensors):
     """Writes tensors as two shards plus an index; returns the shard paths."""
     from safetensors.torch import save_file

@@ -230,9 +230,16 @@ def make_checkpoint(directory: Path, config: dict | None = LLAMA_CONFIG, safeten
     if config is not None:
         (directory / "config.json").write_text(json.dumps(config))
     if safetensors:
-        save_file({"model.embed_tokens.weight": torch.zeros(config["vocab_size"] if config else 8, 4)},
-                  str(directory / "model.safetensors"))
+        tensors = all_tensors(directory) if config else {"model.embed_tokens.weight": torch.zeros(8, 4)}
+        save_file(tensors, str(directory / "model.safetensors"))
     return directory
+
+
+def all_tensors(directory: Path) -> dict[str, torch.Tensor]:
+    """Every tensor the checkpoint's config.json asks for, zeros of its shape."""
+    from conjugate.models.weights import checkpoint_tensors
+
+    return {name: torch.zeros(shape) for name, shape in checkpoint_tensors(ModelSpec.from_hf_config(directory)).items()}
 
 
 def test_checkpoint_dir_relative_to_toml(tmp_path, monkeypatch):
@@ -258,11 +265,13 @@ def test_checkpoint_dir_relative_to_toml(tmp_path, monkeypatch):
 def test_checkpoint_dir_as_target_with_sharded_index(tmp_path):
     ckpt = make_checkpoint(tmp_path / "big", dict(LLAMA_CONFIG, vocab_size=300, tie_word_embeddings=False),
                            safetensors=False)
-    save_file({"a": torch.zeros(2)}, str(ckpt / "model-00001-of-00002.safetensors"))
-    save_file({"b": torch.zeros(2)}, str(ckpt / "model-00002-of-00002.safetensors"))
+    tensors = sorted(all_tensors(ckpt).items())
+    shards = {"model-00001-of-00002.safetensors": dict(tensors[::2]),
+              "model-00002-of-00002.safetensors": dict(tensors[1::2])}
+    for file, part in shards.items():
+        save_file(part, str(ckpt / file))
     (ckpt / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {}, "weight_map": {"a": "model-00001-of-00002.safetensors",
-                                        "b": "model-00002-of-00002.safetensors"}}))
+        {"metadata": {}, "weight_map": {name: file for file, part in shards.items() for name in part}}))
     w = load_workload(write_workload(tmp_path / "w.toml", with_fields(target="big")))
     assert w.target.vocab_size == 300 and not w.target.tied_embeddings
     assert w.checkpoint_dir("target") == ckpt.resolve()

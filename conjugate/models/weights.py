@@ -180,6 +180,9 @@ def _open_safetensors(path: Path, safe_open):
         raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from e
 
 
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors' names of the dtypes a weight may be stored in
+
+
 class _TensorReader:
     """Reads named tensors from a checkpoint, opening each shard once."""
 
@@ -191,23 +194,62 @@ class _TensorReader:
         self.directory, self.dtype, self.device = directory, dtype, device
         self._open: dict[Path, object] = {}
 
-    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    def _shard(self, name: str) -> tuple[Path, object]:
         if name not in self.files:
             raise CheckpointError(f"{self.directory}: tensor {name!r} is missing from the checkpoint")
         path = self.files[name]
         if path not in self._open:
             self._open[path] = _open_safetensors(path, self._safe_open).__enter__()
+        return path, self._open[path]
+
+    def check(self, name: str, shape: tuple[int, ...]) -> None:
+        """From the shard's header only: the tensor is there, of this shape, in a float dtype."""
+        path, shard = self._shard(name)
         try:
-            tensor = self._open[path].get_tensor(name)
+            part = shard.get_slice(name)
+            found, dtype = tuple(part.get_shape()), part.get_dtype()
         except Exception as e:
             raise CheckpointError(f"{path}: cannot read tensor {name!r} ({e})") from e
-        if tuple(tensor.shape) != shape:
-            raise CheckpointError(f"{path}: tensor {name!r} has shape {tuple(tensor.shape)}, config.json implies {shape}")
-        return tensor.to(device=self.device, dtype=self.dtype)
+        if found != shape:
+            raise CheckpointError(f"{path}: tensor {name!r} has shape {found}, config.json implies {shape}")
+        if dtype not in FLOAT_DTYPES:
+            raise CheckpointError(f"{path}: tensor {name!r} has dtype {dtype}; weights are one of "
+                                  f"{', '.join(FLOAT_DTYPES)}")
+
+    def get(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        self.check(name, shape)
+        path, shard = self._shard(name)
+        try:
+            tensor = shard.get_tensor(name).to(device=self.device, dtype=self.dtype)
+        except Exception as e:
+            raise CheckpointError(f"{path}: cannot read tensor {name!r} ({e})") from e
+        if not torch.isfinite(tensor).all():
+            raise CheckpointError(f"{path}: tensor {name!r} holds values that are not finite (inf or NaN)")
+        return tensor
 
     def close(self) -> None:
         for handle in self._open.values():
             handle.__exit__(None, None, None)
+
+
+def checkpoint_tensors(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
+    """Every tensor a checkpoint of this model holds: its name -> its shape."""
+    shapes = _layer_shapes(spec)
+    out = {n: shapes[f] for i in range(spec.num_layers) for f, n in _hf_names(spec, i).items()}
+    vh = (spec.vocab_size, spec.hidden_size)
+    out |= {"model.embed_tokens.weight": vh, "model.norm.weight": (spec.hidden_size,)}
+    return out if spec.tied_embeddings else out | {"lm_head.weight": vh}
+
+
+def check_checkpoint(directory: str | Path, spec: ModelSpec) -> None:
+    """Every tensor the model needs is in the checkpoint with its shape and a float dtype, read from
+    the shards' headers alone (CheckpointError naming the file and tensor otherwise)."""
+    reader = _TensorReader(Path(directory), torch.float32, torch.device("cpu"))
+    try:
+        for name, shape in checkpoint_tensors(spec).items():
+            reader.check(name, shape)
+    finally:
+        reader.close()
 
 
 def load_checkpoint(directory: str | Path, dtype: torch.dtype = torch.bfloat16, device="cpu",
@@ -216,14 +258,10 @@ def load_checkpoint(directory: str | Path, dtype: torch.dtype = torch.bfloat16, 
     spec = spec or ModelSpec.from_hf_config(directory)
     reader = _TensorReader(directory, dtype, torch.device(device))
     try:
-        layers = []
-        for i in range(spec.num_layers):
-            shapes = _layer_shapes(spec)
-            layers.append(LayerWeights(**{f: reader.get(n, shapes[f]) for f, n in _hf_names(spec, i).items()}))
-        vh = (spec.vocab_size, spec.hidden_size)
-        embed = reader.get("model.embed_tokens.weight", vh)
-        lm_head = embed if spec.tied_embeddings else reader.get("lm_head.weight", vh)
-        final_norm = reader.get("model.norm.weight", (spec.hidden_size,))
+        tensors = {name: reader.get(name, shape) for name, shape in checkpoint_tensors(spec).items()}
     finally:
         reader.close()
-    return ModelWeights(spec, embed, layers, final_norm, lm_head)
+    layers = [LayerWeights(**{f: tensors[n] for f, n in _hf_names(spec, i).items()}) for i in range(spec.num_layers)]
+    embed = tensors["model.embed_tokens.weight"]
+    lm_head = embed if spec.tied_embeddings else tensors["lm_head.weight"]
+    return ModelWeights(spec, embed, layers, tensors["model.norm.weight"], lm_head)

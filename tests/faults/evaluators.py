@@ -80,3 +80,13 @@ def apart_sleeps(workload, profile, cache_dir):
 
     Path(cache_dir, "child.pid").write_text(str(os.getpid()))
     time.sleep(60)
+
+
+def incorrect_every_plan(plan, workload, profile, cache_dir=None, on_stage=None, **options):
+    """Every plan evaluated, then reported wrong: a search in which no evaluation succeeds."""
+    from dataclasses import replace
+
+    from conjugate.evaluate.result import Stage, Status
+
+    result = evaluate(plan, workload, profile, cache_dir, on_stage, **options)
+    return replace(result, status=Status.INCORRECT, stage=Stage.CORRECTNESS, error="wrong on purpose", metrics=None)
