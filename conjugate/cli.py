@@ -13,6 +13,7 @@ from rich.text import Text
 
 from conjugate.arguments import output_file, positive
 from conjugate.errors import ConjugateError, PlanError
+from conjugate.files import write_output
 from conjugate.paths import DEFAULT_WORKLOAD, EXAMPLES_DIR, PLANS_DIR, SEED_PLANS, shipped_plan
 from conjugate.secrets import scrub
 
@@ -84,7 +85,7 @@ def _schedule_table(schedule, title: str, limit: int | None = None) -> Table:
 def cmd_plan_explain(args: argparse.Namespace) -> None:
     plan, workload, schedule = _load(args.plan, args.workload)
     if args.json:
-        Path(args.json).write_text(json.dumps(schedule.to_dict(), indent=1) + "\n")
+        write_output(args.json, json.dumps(schedule.to_dict(), indent=1) + "\n")
     s = schedule.summary()
     out.print(_schedule_table(schedule, f"{plan.name} on {workload.name}: {s['launches']} launches, "
                                         f"{s['cross_model']} cross-model, {_human_bytes(s['bytes'])}"))
@@ -200,7 +201,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             out.print(f"{plan.name}: {_bench_cell(result)}")
     _bench_table(workload, profile, rows)
     if args.json:
-        Path(args.json).write_text(json.dumps({"workload": workload.name, "evaluator": profile.name,
+        write_output(args.json, json.dumps({"workload": workload.name, "evaluator": profile.name,
                                                "modeled": profile.kind != "gpu",
                                                "plans": [{"plan": name, "result": r.to_dict()} for name, r in rows]},
                                               indent=1) + "\n")

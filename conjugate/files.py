@@ -122,6 +122,14 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def write_output(path: str | Path, text: str) -> None:
+    """Write a file the user named (--json); a failure names it (a full disk says which file)."""
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(path)) from None
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write `text` to `path` through a temporary file beside it: a concurrent reader, or a crash,
     never leaves half a file."""

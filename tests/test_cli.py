@@ -210,6 +210,12 @@ def test_a_checkpoint_path_that_cannot_resolve_names_the_workload_field(capsys, 
     assert len(line) < 400
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs a device that is always full")
+def test_a_json_output_that_cannot_be_written_names_its_path(capsys):
+    code, _, err = run(capsys, "plan", "explain", INTERLEAVE, "--workload", TINY, "--json", "/dev/full")
+    assert_one_line_error(code, err, "/dev/full", "No space left")
+
+
 def test_plan_several_errors_stay_on_one_line(capsys, tmp_path):
     plan = interleave_plan()
     plan["alignment"] = "diagonal"

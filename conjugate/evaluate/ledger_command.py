@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from conjugate.errors import ConjugateError
+from conjugate.files import write_output
 
 
 def add_command(sub, out: Console) -> None:
@@ -40,7 +40,7 @@ def cmd_profile(args: argparse.Namespace, out: Console) -> None:
     out.print(_table(ledger))
     out.print(ledger.summary(), markup=False)
     if args.json:
-        Path(args.json).write_text(json.dumps({"workload": workload.name, "plan": plan.name,
+        write_output(args.json, json.dumps({"workload": workload.name, "plan": plan.name,
                                                "ledger": ledger.to_dict()}, indent=1) + "\n")
 
 

@@ -11,6 +11,7 @@ from rich.text import Text
 
 from conjugate.arguments import output_file, positive
 from conjugate.errors import ConjugateError
+from conjugate.files import write_output
 from conjugate.serving.decoder import (CONVENTIONAL, MODES, GenerationError, Progress, SpeculativeDecoder,
                                        check_prompts)
 from conjugate.serving.tokens import Tokenizer
@@ -84,7 +85,7 @@ def cmd_generate(args: argparse.Namespace, out: Console) -> None:
         result = decoder.generate(prompts, args.max_new_tokens, lambda p: bar.update(task, description=_line(p)))
     _summary(out, result, tokenizer)
     if args.json:
-        Path(args.json).write_text(json.dumps(result.to_dict() | {"workload": workload.name}, indent=1) + "\n")
+        write_output(args.json, json.dumps(result.to_dict() | {"workload": workload.name}, indent=1) + "\n")
 
 
 def _workload_fields(args: argparse.Namespace) -> tuple[dict, Path]:
