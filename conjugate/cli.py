@@ -14,7 +14,7 @@ from rich.text import Text
 from conjugate.arguments import output_file, positive
 from conjugate.errors import ConjugateError, PlanError
 from conjugate.files import write_output
-from conjugate.paths import DEFAULT_WORKLOAD, EXAMPLES_DIR, PLANS_DIR, SEED_PLANS, shipped_plan
+from conjugate.paths import DEFAULT_WORKLOAD, EXAMPLES_DIR, PLANS_DIR, SEED_PLANS, plan_path, shipped_plan
 from conjugate.secrets import scrub
 
 if TYPE_CHECKING:
@@ -189,7 +189,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     workload = load_workload(args.workload)
     profile = load_profile(args.evaluator)
-    plans = [load_plan(p) for p in (args.plan or [shipped_plan(n) for n in SEED_PLANS])]
+    plans = [load_plan(plan_path(p)) for p in (args.plan or [shipped_plan(n) for n in SEED_PLANS])]
     rows = []
     with IsolatedEvaluator(profile) as isolated:  # a crash or a hang costs one result, not the run
         for i, plan in enumerate(plans):
@@ -277,7 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("models", help="list the model presets").set_defaults(func=cmd_models)
     bench = sub.add_parser("bench", help="evaluate plans on a workload beside the baselines")
     bench.add_argument("workload", help="workload TOML file")
-    bench.add_argument("--plan", action="append", help="plan JSON file (repeatable; default: the shipped plans)")
+    bench.add_argument("--plan", action="append",
+                       help="a plan JSON file or a shipped plan by name (repeatable; default: the shipped plans)")
     bench.add_argument("--evaluator", default="analytical", help="evaluator profile name or TOML path "
                        "(default: analytical)")
     bench.add_argument("--json", type=output_file, help="also write the results as JSON to this file")

@@ -217,6 +217,12 @@ def test_bench_command(tmp_path, capsys):
     assert main(["bench", str(ROOT / "examples" / "tiny.toml"), "--evaluator", "nope"]) == 2
 
 
+def test_bench_takes_shipped_plans_by_name(capsys):
+    assert main(["bench", str(ROOT / "examples" / "tiny.toml"), "--plan", "streams"]) == 0
+    printed = capsys.readouterr().out
+    assert "streams" in printed and "interleave" not in printed
+
+
 def test_calibration_fits_known_constants(tmp_path):
     from conjugate.evaluate.analytical import model_round
     from conjugate.evaluate.calibrate import fit, loss, make_case
