@@ -26,6 +26,7 @@ from conjugate.roles import Model
 
 _FIELDS: dict[str, type] = {"name": str, "draft": str, "target": str, "k": int, "draft_batch": int,
                             "target_batch": int, "context": int, "dtype": str, "seed": int, "kv_init": str}
+NAME_MAX = 200  # characters of a workload's name
 _REQUIRED = ("draft", "target", "k", "draft_batch", "target_batch", "context", "dtype")
 _LIMITS = {"k": (1, 16), "draft_batch": (1, 256), "target_batch": (1, 256), "context": (0, 131072),
            "seed": (0, 2**63 - 1)}  # a seed seeds torch's generators: a signed 64-bit integer
@@ -154,6 +155,9 @@ def check_fields(data: dict[str, Any], path: Path | str) -> None:
     for key in _REQUIRED:
         if key not in data:
             raise WorkloadError(f"{path}: missing field {key!r}")
+    name = data.get("name", "-")
+    if not (0 < len(name) <= NAME_MAX and name.isprintable()):  # shown in tables, logs and stores
+        raise WorkloadError(f"{path}: field 'name' is {shown(name)}; 1 to {NAME_MAX} printable characters")
     for key, (low, high) in _LIMITS.items():
         if key in data and not low <= data[key] <= high:
             raise WorkloadError(f"{path}: field {key!r} is {shown(data[key])}, must be in [{low}, {high}]")

@@ -260,6 +260,10 @@ FAULTS = [
     F("workload-k-past-limit", "workload", workload(k=17), "'k'"),
     F("workload-k-float", "workload", workload(k="3.0"), "'k'"),
     F("workload-k-boolean", "workload", workload(k="true"), "'k'"),
+    F("workload-name-empty", "workload", workload(name='""'), "'name'", "printable"),
+    F("workload-name-escape", "workload", workload(name='"w\\u001b[2J"'), "'name'", "printable"),
+    F("workload-name-newline", "workload", workload(name='"a\\nb"'), "'name'", "printable"),
+    F("workload-name-huge", "workload", workload(name='"' + "w" * 5000 + '"'), "'name'", "1 to 200"),
     F("workload-k-string", "workload", workload(k='"3"'), "'k'"),
     F("workload-k-missing", "workload", workload(k=DROP), "missing field 'k'"),
     F("workload-draft-batch-zero", "workload", workload(draft_batch=0), "'draft_batch'"),
@@ -419,6 +423,10 @@ FAULTS = [
     F("index-weight-map-number", "index", index({"a": 5}), "'weight_map'"),
     F("index-shard-missing", "index", index({"a": "model-00002-of-00002.safetensors"}),
       "'weight_map'", "model-00002-of-00002.safetensors", "missing"),
+    F("index-shard-absolute", "index", index({"a": "/etc/passwd"}), "'weight_map'", "/etc/passwd", "checkpoint's folder"),
+    F("index-shard-above", "index", index({"a": "../model.safetensors"}), "'weight_map'", "checkpoint's folder"),
+    F("index-shard-empty", "index", index({"a": ""}), "'weight_map'", "checkpoint's folder"),
+    F("index-shard-nul", "index", index({"a": "model\u0000.safetensors"}), "'weight_map'", "checkpoint's folder"),
 
     # -- search databases: show DB (and a few through export and search --resume)
     F("database-text-file", "database", b"not a database\n" * 10, "file is not a database"),

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from conjugate.errors import CheckpointError
-from conjugate.files import read_json
+from conjugate.files import read_json, shown
 from conjugate.models.spec import ModelSpec
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -161,6 +161,10 @@ def checkpoint_files(directory: Path) -> dict[str, Path]:
             raise CheckpointError(f"{index}: malformed index (needs a 'weight_map' object)")
         if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
             raise CheckpointError(f"{index}: field 'weight_map' should map tensor names to file names")
+        for name, file in weight_map.items():  # a shard is a file of this folder: no path, no "..", no NUL
+            if not file or file in (".", "..") or "/" in file or "\\" in file or "\0" in file:
+                raise CheckpointError(f"{index}: field 'weight_map' maps {shown(name)} to {shown(file)}, which is "
+                                      "not the name of a file in the checkpoint's folder")
         return {name: directory / file for name, file in weight_map.items()}
     single = directory / "model.safetensors"
     if not single.exists():
