@@ -154,9 +154,12 @@ def _run_rounds(workload, plan) -> None:
     from conjugate.evaluate.rounds import checked_run, round_inputs
     from conjugate.models import reference_round
     from conjugate.roles import Model
+    from conjugate.workload import CHECK_CACHE_BYTES
 
-    if workload.draft.num_params() + workload.target.num_params() > 2e8 and not torch.cuda.is_available():
-        out.print("rounds: skipped (models too large for this CPU; run it where a GPU is)")
+    too_large = workload.draft.num_params() + workload.target.num_params() > 2e8 or \
+        workload.cache_bytes() > CHECK_CACHE_BYTES
+    if too_large and not torch.cuda.is_available():
+        out.print("rounds: skipped (models or KV caches too large for this CPU; run it where a GPU is)")
         return
     device = "cuda" if torch.cuda.is_available() else "cpu"
     draft, target = workload.weights(Model.DRAFT, device), workload.weights(Model.TARGET, device)

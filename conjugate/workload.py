@@ -27,6 +27,7 @@ from conjugate.roles import Model
 _FIELDS: dict[str, type] = {"name": str, "draft": str, "target": str, "k": int, "draft_batch": int,
                             "target_batch": int, "context": int, "dtype": str, "seed": int, "kv_init": str}
 NAME_MAX = 200  # characters of a workload's name
+CHECK_CACHE_BYTES = 2 << 30  # KV caches past this are not checked numerically on a CPU (the reference copies them)
 _REQUIRED = ("draft", "target", "k", "draft_batch", "target_batch", "context", "dtype")
 _LIMITS = {"k": (1, 16), "draft_batch": (1, 256), "target_batch": (1, 256), "context": (0, 131072),
            "seed": (0, 2**63 - 1)}  # a seed seeds torch's generators: a signed 64-bit integer
@@ -57,6 +58,14 @@ class Workload:
     def target_rows(self) -> int:
         """GEMM rows of the verify pass: k + 1 tokens per sequence."""
         return self.target_batch * (self.k + 1)
+
+    def cache_bytes(self) -> int:
+        """The two models' KV caches at the round's full length, in bytes (the round's reference and
+        its buffers each hold a copy)."""
+        element = DTYPES[self.dtype].itemsize
+        positions = self.context + self.k + 1
+        return sum(2 * spec.num_layers * batch * spec.num_kv_heads * positions * spec.head_dim * element
+                   for spec, batch in ((self.draft, self.draft_batch), (self.target, self.target_batch)))
 
     @property
     def torch_dtype(self):

@@ -216,6 +216,23 @@ def test_a_json_output_that_cannot_be_written_names_its_path(capsys):
     assert_one_line_error(code, err, "/dev/full", "No space left")
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="where a GPU is, check runs the round there")
+def test_check_skips_rounds_whose_kv_caches_would_not_fit_a_cpu(capsys, tmp_path):
+    """Tiny models, but context 131072 x batch 256: about 51 GB of caches, never allocated here."""
+    from conjugate.evaluate.modeled import ModeledHarness
+    from conjugate.evaluate.profile import load_profile
+    from conjugate.evaluate.session import EvaluationSession
+    from conjugate.workload import load_workload
+
+    path = tmp_path / "w.toml"
+    path.write_text('draft = "tiny-llama-d"\ntarget = "tiny-llama-t"\nk = 16\ndraft_batch = 256\n'
+                    'target_batch = 256\ncontext = 131072\ndtype = "fp32"\n')
+    code, out, err = run(capsys, "check", path, "--plan", "sequential")
+    assert code == 0 and "rounds: skipped" in out and "KV caches" in out, err
+    setup = ModeledHarness(load_profile("analytical"), tmp_path, EvaluationSession()).prepare(load_workload(path))
+    assert setup.check is None and "KV caches of" in setup.skipped
+
+
 def test_plan_several_errors_stay_on_one_line(capsys, tmp_path):
     plan = interleave_plan()
     plan["alignment"] = "diagonal"

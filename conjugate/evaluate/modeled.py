@@ -25,7 +25,7 @@ from conjugate.models.weights import meta_weights
 from conjugate.paths import BASELINE_PLANS, shipped_plan
 from conjugate.plan import load_plan
 from conjugate.roles import Model
-from conjugate.workload import Workload
+from conjugate.workload import CHECK_CACHE_BYTES, Workload
 
 
 class ModeledHarness:
@@ -45,6 +45,9 @@ class ModeledHarness:
         if params > self.profile.max_check_params:
             return RoundSetup(w, graph, _shapes_only(w), skipped=f"{params:.3g} parameters: over the interpreter's "
                               f"limit of {self.profile.max_check_params:.3g} in {self.profile.source}")
+        if w.cache_bytes() > CHECK_CACHE_BYTES:
+            return RoundSetup(w, graph, _shapes_only(w), skipped=f"KV caches of {w.cache_bytes() / 2**30:.3g} GiB: "
+                              f"over the {CHECK_CACHE_BYTES >> 30} GiB the check holds in memory")
         device = "cuda" if torch.cuda.is_available() else "cpu"  # kernels need GPU tensors where a GPU is
         draft, target = w.weights(Model.DRAFT, device), w.weights(Model.TARGET, device)
         inputs = round_inputs(w, draft, target)
