@@ -29,7 +29,7 @@ _FIELDS: dict[str, type] = {"name": str, "draft": str, "target": str, "k": int, 
 NAME_MAX = 200  # characters of a workload's name
 CHECK_CACHE_BYTES = 2 << 30  # KV caches past this are not checked numerically on a CPU (the reference copies them)
 _REQUIRED = ("draft", "target", "k", "draft_batch", "target_batch", "context", "dtype")
-_LIMITS = {"k": (1, 16), "draft_batch": (1, 256), "target_batch": (1, 256), "context": (0, 131072),
+LIMITS = {"k": (1, 16), "draft_batch": (1, 256), "target_batch": (1, 256), "context": (0, 131072),
            "seed": (0, 2**63 - 1)}  # a seed seeds torch's generators: a signed 64-bit integer
 
 
@@ -167,7 +167,7 @@ def check_fields(data: dict[str, Any], path: Path | str) -> None:
     name = data.get("name", "-")
     if not (0 < len(name) <= NAME_MAX and name.isprintable()):  # shown in tables, logs and stores
         raise WorkloadError(f"{path}: field 'name' is {shown(name)}; 1 to {NAME_MAX} printable characters")
-    for key, (low, high) in _LIMITS.items():
+    for key, (low, high) in LIMITS.items():
         if key in data and not low <= data[key] <= high:
             raise WorkloadError(f"{path}: field {key!r} is {shown(data[key])}, must be in [{low}, {high}]")
     if data["dtype"] not in DTYPES:

@@ -542,6 +542,15 @@ def test_the_table_covers_every_reader():
 
 # -- numbers on the command line --------------------------------------------------------------
 
+@pytest.mark.parametrize("flag,value,limits", [("--k", "17", "[1, 16]"), ("--batch", "100000", "[1, 256]"),
+                                               ("--context", "200000", "[0, 131072]")])
+def test_a_generate_flag_past_the_workload_limits_names_the_flag(flag, value, limits, capsys):
+    """Not the workload file's field, which may hold another value."""
+    code = main(["generate", str(TINY), flag, value, "--prompt-ids", "1,2"])
+    line = assert_one_line_error(code, capsys.readouterr().err, f"{flag} {value}", limits)
+    assert "tiny.toml" not in line
+
+
 @pytest.mark.parametrize("argv,option", [
     (["search", "--seed", str(2**64)], "--seed"),
     (["search", "--seed", "-1"], "--seed"),

@@ -90,7 +90,7 @@ def cmd_generate(args: argparse.Namespace, out: Console) -> None:
 
 def _workload_fields(args: argparse.Namespace) -> tuple[dict, Path]:
     """The workload's fields (from its file, flags overriding) and the path errors name."""
-    from conjugate.workload import read_workload_fields
+    from conjugate.workload import LIMITS, read_workload_fields
 
     if args.workload:
         fields, where = read_workload_fields(args.workload), Path(args.workload)
@@ -101,8 +101,12 @@ def _workload_fields(args: argparse.Namespace) -> tuple[dict, Path]:
         raise GenerationError("no model pair: give a WORKLOAD file, or --draft and --target")
     for flag, keys in _PAIR_FLAGS.items():
         value = getattr(args, flag)
-        if value is not None:
-            fields |= {key: value for key in keys}
+        if value is None:
+            continue
+        low, high = LIMITS.get(keys[0], (value, value)) if isinstance(value, int) else (value, value)
+        if not low <= value <= high:  # named as the flag: the file's field may say something else
+            raise GenerationError(f"--{flag} {value}: must be in [{low}, {high}]")
+        fields |= {key: value for key in keys}
     return fields, where
 
 
