@@ -151,10 +151,10 @@ def _run_rounds(workload, plan) -> None:
 
     from conjugate.compiler.round import compile_round
     from conjugate.evaluate.correctness import ReferenceChecker
+    from conjugate.evaluate.modeled import CHECK_CACHE_BYTES
     from conjugate.evaluate.rounds import checked_run, round_inputs
     from conjugate.models import reference_round
     from conjugate.roles import Model
-    from conjugate.workload import CHECK_CACHE_BYTES
 
     too_large = workload.draft.num_params() + workload.target.num_params() > 2e8 or \
         workload.cache_bytes() > CHECK_CACHE_BYTES

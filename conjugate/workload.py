@@ -27,7 +27,6 @@ from conjugate.roles import Model
 _FIELDS: dict[str, type] = {"name": str, "draft": str, "target": str, "k": int, "draft_batch": int,
                             "target_batch": int, "context": int, "dtype": str, "seed": int, "kv_init": str}
 NAME_MAX = 200  # characters of a workload's name
-CHECK_CACHE_BYTES = 2 << 30  # KV caches past this are not checked numerically on a CPU (the reference copies them)
 _REQUIRED = ("draft", "target", "k", "draft_batch", "target_batch", "context", "dtype")
 LIMITS = {"k": (1, 16), "draft_batch": (1, 256), "target_batch": (1, 256), "context": (0, 131072),
            "seed": (0, 2**63 - 1)}  # a seed seeds torch's generators: a signed 64-bit integer

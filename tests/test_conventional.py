@@ -477,7 +477,8 @@ def test_split_cuts_the_cache_by_a_view_op_compilers_follow():
     from conjugate.evaluate.split_attention import split_attention, split_mask
 
     b, t, heads, kv_heads, capacity, hd = 2, 3, 8, 2, 1029, 16
-    q, k, v = torch.randn(b, t, heads, hd), torch.randn(b, kv_heads, capacity, hd), torch.randn(b, kv_heads, capacity, hd)
+    q = torch.randn(b, t, heads, hd)
+    k, v = torch.randn(b, kv_heads, capacity, hd), torch.randn(b, kv_heads, capacity, hd)
     positions = torch.arange(capacity - t, capacity).expand(b, t)
     visible = torch.arange(capacity)[None, None, :] <= positions[:, :, None]
     for chunks in (3, 4):  # equal chunks, and chunks that overlap

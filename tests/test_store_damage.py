@@ -116,14 +116,15 @@ def test_a_resume_whose_own_profile_file_is_gone_says_so(env, tmp_path):  # noqa
     one_line(code, err, str(db), str(profile), "is gone", "'mine'")
 
 
-@pytest.mark.parametrize("edit,named", [("json_set(workload, '$.k', 'four')", "field 'k' should be int"),
-                                        ("json_remove(workload, '$.draft')", "no 'draft'"),
-                                        ("json_set(workload, '$.draft.num_kv_heads', 0)", "'num_kv_heads' is 0"),
-                                        ("json_set(workload, '$.target.hidden_size', 'x')", "'hidden_size' should be int"),
-                                        ("json_set(workload, '$.target.rope_theta', -1)", "'rope_theta' is -1"),
-                                        ("json_set(workload, '$.draft.rope_scaling', json('{\"factor\": \"x\"}'))",
-                                         "'factor' should be float"),
-                                        ("json_set(workload, '$.draft.head_dim', 8)", "head_dim 8 is not a power of two")])
+@pytest.mark.parametrize("edit,named", [
+    ("json_set(workload, '$.k', 'four')", "field 'k' should be int"),
+    ("json_remove(workload, '$.draft')", "no 'draft'"),
+    ("json_set(workload, '$.draft.num_kv_heads', 0)", "'num_kv_heads' is 0"),
+    ("json_set(workload, '$.target.hidden_size', 'x')", "'hidden_size' should be int"),
+    ("json_set(workload, '$.target.rope_theta', -1)", "'rope_theta' is -1"),
+    ("json_set(workload, '$.draft.rope_scaling', json('{\"factor\": \"x\"}'))", "'factor' should be float"),
+    ("json_set(workload, '$.draft.head_dim', 8)", "head_dim 8 is not a power of two"),
+])
 @pytest.mark.parametrize("argv", [["show", "DB"], ["search", "--resume", "DB"]])
 def test_a_damaged_stored_workload_is_named_damaged_not_changed(good_db, tmp_path, argv, edit, named):
     db = damaged_copy(good_db, tmp_path, f"UPDATE runs SET workload = {edit}")
@@ -138,7 +139,8 @@ def test_a_damaged_stored_workload_whose_file_is_gone_names_the_database(good_db
     db = damaged_copy(good_db, tmp_path, "UPDATE runs SET workload = json_set(workload, '$.k', 'four'), "
                                          "workload_path = '/nonexistent/w.toml'")
     code, _, err = cli(*[{"DB": db}.get(a, a) for a in argv])
-    one_line(code, err, str(db), "/nonexistent/w.toml: no such workload file", "field 'k' should be int", "give its file")
+    one_line(code, err, str(db), "/nonexistent/w.toml: no such workload file", "field 'k' should be int",
+             "give its file")
 
 
 def test_a_resume_whose_stored_workload_does_not_read_back_as_itself_names_the_database(good_db, tmp_path):

@@ -25,7 +25,9 @@ from conjugate.models.weights import meta_weights
 from conjugate.paths import BASELINE_PLANS, shipped_plan
 from conjugate.plan import load_plan
 from conjugate.roles import Model
-from conjugate.workload import CHECK_CACHE_BYTES, Workload
+from conjugate.workload import Workload
+
+CHECK_CACHE_BYTES = 2 << 30  # KV caches past this are not checked numerically on a CPU (the reference copies them)
 
 
 class ModeledHarness:

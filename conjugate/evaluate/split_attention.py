@@ -149,8 +149,8 @@ def split_attention(q, cache_k, cache_v, mask):
     rows = grouped_rows(q, cache_k)  # [B, kv_heads, R, hd]
     r = rows.shape[2]
     queries = rows[:, :, None].expand(b, kv_heads, chunks, r, hd).reshape(b * kv_heads, chunks, r, hd)
-    # [B * kv_heads, chunks, chunk, hd], views of the cache as it lies: by unfold, a view op compilers
-    # follow (as_strided of a cache written in the same graph costs a copy under inductor)
+    # [B * kv_heads, chunks, chunk, hd], views of the cache as it lies, by unfold (with as_strided over
+    # a cache written in the same graph, inductor's graph ran nearly twice the kernels: module note)
     keys, values = (c.unfold(2, chunk, stride).transpose(-1, -2).reshape(b * kv_heads, chunks, chunk, hd)
                     for c in (cache_k, cache_v))
     out, lse = chunk_attention(queries, keys, values, bias)

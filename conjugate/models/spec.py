@@ -232,5 +232,5 @@ def _check_kinds(cls, data: dict[str, Any], what: str) -> None:
             continue
         if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
             raise ValueError(f"{what} {f.name!r} should be {f.type}, got {shown(value)}")
-        if kind is not bool and kind is not str and f.name != "schema_version" and not value > 0:
+        if f.type in ("int", "float") and f.name != "schema_version" and not value > 0:
             raise ValueError(f"{what} {f.name!r} is {shown(value)}, should be positive")

@@ -103,9 +103,9 @@ def _workload_fields(args: argparse.Namespace) -> tuple[dict, Path]:
         value = getattr(args, flag)
         if value is None:
             continue
-        low, high = LIMITS.get(keys[0], (value, value)) if isinstance(value, int) else (value, value)
-        if not low <= value <= high:  # named as the flag: the file's field may say something else
-            raise GenerationError(f"--{flag} {value}: must be in [{low}, {high}]")
+        limits = LIMITS.get(keys[0])  # the numeric flags'
+        if limits and not limits[0] <= value <= limits[1]:  # named as the flag: the file may say otherwise
+            raise GenerationError(f"--{flag} {value}: must be in [{limits[0]}, {limits[1]}]")
         fields |= {key: value for key in keys}
     return fields, where
 
