@@ -3,6 +3,7 @@ how steady a measurement is, on the six example workloads.
 
     python benchmarks/baselines.py [--workloads llama-1b-8b-b8 ...] [--variants whole-flex ...]
                                    [--json benchmarks/results/baselines_h200.json]
+    python benchmarks/baselines.py --merge RUN.json [RUN.json ...] --json benchmarks/results/baselines_h200.json
 
 Per workload, in one process (the evaluator's own setup: seeded random weights, the round checked
 on one set of inputs and timed on another):
@@ -111,7 +112,9 @@ def steadiness(setup, timing, cache_dir: Path) -> dict:
             "alternating_spread_pct": spread_pct([sorted(v)[len(v) // 2] for v in blocks.values()])}
 
 
-def bench_workload(name: str, profile, cache_dir: Path) -> dict:
+def bench_workload(name: str, profile, cache_dir: Path, save_partial=lambda row: None) -> dict:
+    """The workload's row; `save_partial(row)` is given what is measured so far after each trial (a run
+    cut short by its time limit keeps its trials)."""
     w = load_workload(EXAMPLES_DIR / f"{name}.toml")
     session = EvaluationSession()
     harness = MeasuredHarness(profile, cache_dir, session)
@@ -123,9 +126,11 @@ def bench_workload(name: str, profile, cache_dir: Path) -> dict:
         trials.append(vars(trial) | {"build_s": time.perf_counter() - clock[0]})
         clock[0] = time.perf_counter()
         print(json.dumps({"workload": name} | trials[-1]), flush=True)
+        save_partial({"workload": name, "partial": True, "trials": trials})
 
     tried, chosen, pairs_ms = try_all(setup, timing, told)
     print(json.dumps({"workload": name, "streams_pairs_ms": pairs_ms}), flush=True)
+    save_partial({"workload": name, "partial": True, "trials": trials, "streams_pairs_ms": pairs_ms})
     if chosen is None:
         raise SystemExit(f"{name}: no conventional variant computed the reference round: "
                          + "; ".join(f"{t['variant']}: {t['problem']}" for t in trials))
@@ -157,29 +162,57 @@ def bench_workload(name: str, profile, cache_dir: Path) -> dict:
     return row
 
 
+def merged(paths: list[Path]) -> dict:
+    """Several runs' JSON as one (the rows in order; each run's command kept); partial rows left out."""
+    runs = [json.loads(p.read_text()) for p in paths]
+    gpus = {r["gpu"] for r in runs}
+    if len(gpus) != 1:
+        raise SystemExit(f"--merge: the runs were measured on different GPUs: {sorted(gpus)}")
+    return {"gpu": gpus.pop(), "torch": runs[0]["torch"], "date": max(r["date"] for r in runs),
+            "commands": [r["command"] for r in runs],
+            "workloads": [w for r in runs for w in r["workloads"] if not w.get("partial")]}
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"{'workload':24} {'draft':14} {'verify':14} {'conv':>7} {'streams':>7} {'probe':>13} {'spread%':>7} "
+          f"{'process%':>8}")
+    for r in rows:
+        probe = "/".join(f"{x:.2f}" for x in r["probe_ms"]) if r["probe_ms"] else "-"
+        print(f"{r['workload']:24} {r['variants']['draft']:14} {r['variants']['verify']:14} {r['conventional_ms']:7.2f} "
+              f"{r['conventional_streams_ms']:7.2f} {probe:>13} {r['repeat_spread_pct']:7.2f} "
+              f"{r.get('process_spread_pct', float('nan')):8.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
     parser.add_argument("--variants", nargs="+", help="conventional variants to try (default: the profile's)")
-    parser.add_argument("--json", help="write the rows here (after every workload)")
+    parser.add_argument("--json", help="write the rows here (after every trial)")
+    parser.add_argument("--merge", nargs="+", type=Path, metavar="RUN.json",
+                        help="measure nothing: join these runs' JSON into --json")
     args = parser.parse_args()
+    if args.merge:
+        out = merged(args.merge)
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=1, default=str) + "\n")
+        print_table(out["workloads"])
+        return
     profile = load_profile("h200")
     if args.variants:
         profile = replace(profile, timing=replace(profile.timing, conventional=tuple(args.variants)))
     cache_dir = Path(tempfile.mkdtemp(prefix="conjugate-baselines-"))
     out = {"gpu": device_name(torch.device("cuda")), "torch": torch.__version__, "command": " ".join(sys.argv),
            "date": time.strftime("%Y-%m-%d"), "workloads": []}
-    for name in args.workloads:
-        out["workloads"].append(bench_workload(name, profile, cache_dir))
+
+    def save(rows: list[dict]) -> None:
         if args.json:
-            Path(args.json).write_text(json.dumps(out, indent=1, default=str) + "\n")
-    print(f"{'workload':24} {'draft':14} {'verify':14} {'conv':>7} {'streams':>7} {'probe':>13} {'spread%':>7} "
-          f"{'process%':>8}")
-    for r in out["workloads"]:
-        probe = "/".join(f"{x:.2f}" for x in r["probe_ms"]) if r["probe_ms"] else "-"
-        print(f"{r['workload']:24} {r['variants']['draft']:14} {r['variants']['verify']:14} {r['conventional_ms']:7.2f} "
-              f"{r['conventional_streams_ms']:7.2f} {probe:>13} {r['repeat_spread_pct']:7.2f} "
-              f"{r.get('process_spread_pct', float('nan')):8.2f}")
+            Path(args.json).write_text(json.dumps(out | {"workloads": rows}, indent=1, default=str) + "\n")
+
+    for name in args.workloads:
+        done = list(out["workloads"])
+        out["workloads"].append(bench_workload(name, profile, cache_dir, lambda row: save(done + [row])))
+        save(out["workloads"])
+    print_table(out["workloads"])
 
 
 if __name__ == "__main__":

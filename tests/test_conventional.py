@@ -276,21 +276,22 @@ def _fake_trials(monkeypatch, times: dict[str, tuple[float, float] | None]):
     return alive, paired
 
 
-def test_only_the_fastest_two_per_phase_stay_alive_to_be_paired_on_two_streams(monkeypatch):
+def test_only_the_fastest_three_per_phase_stay_alive_to_be_paired_on_two_streams(monkeypatch):
     from dataclasses import replace as replaced
 
     from conjugate.evaluate import baselines
     from conjugate.evaluate.profile import TimingSettings
 
-    a, b, c, d, e, f = "layers-sdpa", "layers-grouped", "whole-sdpa", "whole-grouped", "whole-flex", "whole-split"
-    times = {a: (1.0, 9.0), b: (2.0, 8.0), c: (3.0, 1.0), d: (9.0, 2.0), e: None, f: (5.0, 5.0)}
+    a, b, c, d, e, f, g = ("layers-sdpa", "layers-grouped", "whole-sdpa", "whole-grouped", "whole-flex", "whole-split",
+                           "whole-efficient")
+    times = {a: (1.0, 9.0), b: (2.0, 8.0), c: (3.0, 1.0), d: (9.0, 2.0), e: None, f: (5.0, 5.0), g: (8.0, 7.0)}
     alive, paired = _fake_trials(monkeypatch, times)
     timing = replaced(TimingSettings(), conventional=tuple(times))
     trials, chosen, pairs_ms = baselines.try_all(None, timing)
     assert chosen == {"draft": a, "verify": c, "streams_draft": c, "streams_verify": c}  # 4 + 4 ms: the least
-    assert {d for d, _ in paired} == {a, b, c, d} and len(paired) == 16  # f was neither phase's top two
-    assert alive == {a: False, b: False, c: False, d: False, f: False}  # f let go at once, the rest at the end
-    assert len(pairs_ms) == 16 and [t.variant for t in trials] == list(times)
+    assert {d for d, _ in paired} == {a, b, c, d, f} and len(paired) == 25  # g: neither phase's top three
+    assert alive == {a: False, b: False, c: False, d: False, f: False, g: False}  # g let go at once, others at the end
+    assert len(pairs_ms) == 25 and [t.variant for t in trials] == list(times)
     paired.clear()
     no_streams = replaced(timing, baselines=("conventional", "sequential"))
     _, chosen, pairs_ms = baselines.try_all(None, no_streams)

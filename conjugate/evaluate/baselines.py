@@ -119,7 +119,10 @@ def choose_variants(trials: list[VariantTrial]) -> dict[str, str] | None:
     return {phase: min(correct, key=lambda t: t.phase_ms[phase]).variant for phase in PHASES.values()}
 
 
-PAIR_CANDIDATES = 2  # per phase, the fastest variants alone whose rounds stay alive to be paired on two streams
+# Per phase, the fastest variants alone whose rounds stay alive to be paired on two streams. Three:
+# on llama-1b-8b-b1 (H200) the fastest pair took the third-fastest verify variant alone
+# (benchmarks/results/conventional_variants_h200.json, runs 12 and 22).
+PAIR_CANDIDATES = 3
 
 
 def pair_candidates(trials: list[VariantTrial]) -> set[str]:
