@@ -24,7 +24,9 @@ the baselines time each and use the fastest correct one per phase (baselines.py)
   `efficient`: `grouped` held to SDPA's memory-efficient kernel; `matmul`: `grouped` as two batched
   GEMMs around a compiled masked softmax; `split`: `grouped` with the cache cut into chunks attended
   apart and combined (flash-decoding from torch's kernels: split_attention.py); `reduce`: products
-  and sums in fp32 that the compiler turns into reductions of its own (no attention kernel);
+  and sums in fp32 that the compiler turns into reductions of its own (no attention kernel; not
+  tried by default: on the H200 correct but 1.9x the fastest draft and 4.5x the fastest verify on
+  llama-1b-8b-b8, benchmarks/README.md);
   `flex`: FlexAttention with the per-sequence mask as a score modification (compiled: a Triton
   kernel). Not among the variants tried by default: on the H200 it was correct but slower in every
   phase measured (1.5-1.7x the fastest draft, 1.2-1.3x the fastest verify, 19x on qwen2.5-0.5b's
