@@ -49,7 +49,7 @@ from conjugate.evaluate.result import EvalResult, KindLoss, LedgerSummary, Verdi
 from conjugate.graph import GEMM_KINDS, KINDS, LAYER_KINDS
 from conjugate.plan.expand import MAIN_KINDS, RESIDUAL_GEMMS
 from conjugate.plan.patch import patch_plan
-from conjugate.plan.schema import FUSIONS, MODEL_KEYS, Plan, validate_plan
+from conjugate.plan.schema import FUSIONS, MODEL_KEYS, SPANS, Plan, validate_plan
 from conjugate.plan.tiles import FAMILY_OF, LAUNCH_BOUNDS
 from conjugate.roles import Model
 
@@ -154,7 +154,7 @@ def candidates(plan: Plan, result: EvalResult | None, sms: int, rng: random.Rand
     out += tile_edits(plan, focus, rng) + launch_edits(plan, rng)
     out += pattern_edits(plan, interfering) + fusion_edits(plan, ledger) + alignment_edits(plan)
     out += streams_edits(plan, ledger) + mixed_edits(plan, verdicts, workload) + layout_edits(plan)
-    return out + reduce_edits(plan)
+    return out + reduce_edits(plan) + persist_edits(plan, sms)
 
 
 def _loss_shares(ledger: LedgerSummary | None) -> list[tuple[str, str, float, KindLoss]]:
@@ -303,6 +303,33 @@ def _all_fusions(model: str, missing: list[str], lost: list[tuple[float, KindLos
         why += f" (the ledger: their ops run {sum(k.loss_ms for _, k in lost):.2f} ms over their floor)"
     return Candidate("fusion", [{"op": "add", "path": f"/fusions/{model}/-", "value": f} for f in missing], why,
                      0.55 + 0.25 * sum(share for share, _ in lost))
+
+
+def persist_edits(plan: Plan, sms: int) -> list[Candidate]:
+    """Per model, its launches joined into one persistent launch per layer or per decode step, or
+    back to separate launches; a persistent launch on all SMs or on half of them (two streams: the
+    other model's kernels keep the rest). Aimed at the draft first: its chain of short, latency-bound
+    launches is the longer stream for small drafts (benchmarks/README.md, floor.py). Whether a
+    grid-wide barrier costs less than a launch boundary is for the measurements to say."""
+    out = []
+    for model in MODEL_KEYS:
+        now, draft = plan["persist"][model], model == Model.DRAFT.value
+        for span in SPANS:
+            if span == now["span"]:
+                continue
+            value = {"span": span, "programs": now["programs"] if span != "none" else 0}
+            why = {"none": f"the {model}'s launches run separately again",
+                   "layer": f"each {model} layer in one persistent launch: grid barriers instead of launch boundaries",
+                   "step": f"each {model} decode step in one persistent launch"}[span]
+            score = {"none": 0.2, "layer": 0.45 if draft else 0.25, "step": 0.3 if draft else 0.15}[span]
+            out.append(Candidate("launch", [{"op": "replace", "path": f"/persist/{model}", "value": value}], why, score))
+        if now["span"] != "none":
+            programs = 0 if now["programs"] else max(1, sms // 2)
+            why = (f"{model} persistent launches on every SM" if not programs else
+                   f"{model} persistent launches on {programs} of {sms} SMs: the other stream keeps the rest")
+            out.append(Candidate("launch", [{"op": "replace", "path": f"/persist/{model}/programs",
+                                             "value": programs}], why, 0.35 if plan["streams"] == "two" else 0.2))
+    return out
 
 
 def reduce_edits(plan: Plan) -> list[Candidate]:

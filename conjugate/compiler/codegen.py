@@ -8,6 +8,9 @@ of the larger part:
     pid < C*(A+B):  round pid // (A+B); the first A slots go to part 0, the next B to part 1
     otherwise:      part 0's remaining programs, then part 1's
 
+A persistent launch (`persistent_source`) runs its parts in sequence on one grid: each program
+loops over a part's tiles with the grid's stride, then waits at a grid-wide barrier (persist.py).
+
 Identical sources are written once (the file is named by its hash) and imported from the cache.
 """
 from __future__ import annotations
@@ -108,9 +111,37 @@ def kernel_source(parts: list[PartCall], dispatch: Dispatch | None, packed: bool
     return "\n".join(lines) + "\n"
 
 
-def kernel_args(parts: list[PartCall], dispatch: Dispatch | None) -> tuple[list, dict]:
-    """Positional runtime arguments and constexpr keywords of a generated kernel."""
+def persistent_source(parts: list[PartCall]) -> str:
+    """The text of a persistent launch's module: part i's `programs` tiles taken by the grid's
+    programs in turn, a barrier on sync[i] after each part but the last, then the exit that resets
+    the counters. Its runtime arguments: the parts', then `sync` (len(parts) int32 counters)."""
+    if len(parts) < 2:
+        raise ValueError("a persistent launch has two parts or more")
+    imports = sorted({f"from {p.sig.module} import {p.sig.fn}" for p in parts}
+                     | {"from conjugate.compiler.persist import grid_barrier, grid_exit"})
+    params = [", ".join(f"p{i}_{a}" for a in p.sig.args) for i, p in enumerate(parts)] + ["sync"]
+    params += [", ".join(f"P{i}_{c}: tl.constexpr" for c in p.sig.constexprs) for i, p in enumerate(parts)
+               if p.sig.constexprs]
+    notes = [f"# part {i}: {p.sig.fn}(" + ", ".join(f"{c}={_literal(p.constexprs[c])}" for c in p.sig.constexprs)
+             + f"), {p.programs} tiles" for i, p in enumerate(parts)]
+    lines = [_HEADER.rstrip(), *imports, "", "", *notes]
+    lines += ["@triton.jit", "def kernel(", *(f"    {group}," for group in params), "):",
+              "    pid = tl.program_id(0)", "    programs = tl.num_programs(0)"]
+    for i, part in enumerate(parts):
+        lines += ["    tile = pid  # a tensor, as a launched tile's pid is (a range variable is a plain int)",
+                  f"    while tile < {part.programs}:", f"        {_call(part, i, 'tile')}", "        tile += programs"]
+        if i < len(parts) - 1:
+            lines.append(f"    grid_barrier(sync, {i}, programs)")
+    lines.append(f"    grid_exit(sync, {len(parts) - 1}, programs)")
+    return "\n".join(lines) + "\n"
+
+
+def kernel_args(parts: list[PartCall], dispatch: Dispatch | None, sync=None) -> tuple[list, dict]:
+    """Positional runtime arguments and constexpr keywords of a generated kernel (`sync`: a
+    persistent launch's counters)."""
     args = [p.args[a] for p in parts for a in p.sig.args]
+    if sync is not None:
+        args.append(sync)
     if dispatch:
         args.append(parts[0].programs)
     constexprs = {f"P{i}_{c}": p.constexprs[c] for i, p in enumerate(parts) for c in p.sig.constexprs}

@@ -23,7 +23,7 @@ import networkx as nx
 import torch
 
 from conjugate.compiler.buffers import PreparedWeights, RoundBuffers
-from conjugate.compiler.codegen import Dispatch, KernelCache, kernel_args, kernel_source
+from conjugate.compiler.codegen import Dispatch, KernelCache, kernel_args, kernel_source, persistent_source
 from conjugate.compiler.feedback import CompileFailure, LaunchFeedback, PartRef, Resources
 from conjugate.compiler.lower import lower_part
 from conjugate.compiler.packed import pack_launch
@@ -60,6 +60,7 @@ class CompiledLaunch:
     stream: str
     parts: list[PartCall]
     resources: Resources = Resources()  # the compiler's report (GPU only)
+    sync: Any = None  # a persistent launch's barrier counters (persist.py)
 
     @classmethod
     def build(cls, index: int, parts: list[PartCall], cache: KernelCache, *, dispatch: Dispatch | None = None,
@@ -69,6 +70,17 @@ class CompiledLaunch:
         args, constexprs = kernel_args(parts, dispatch)
         return cls(index, kernel, digest, sum(p.programs for p in parts), args, constexprs, num_warps, num_stages,
                    stream, list(parts))
+
+    @classmethod
+    def build_persistent(cls, index: int, parts: list[PartCall], cache: KernelCache, programs: int,
+                         device: torch.device, *, num_warps: int = 4, num_stages: int = 2,
+                         stream: str = "main") -> "CompiledLaunch":
+        """`parts` in sequence on `programs` programs (persist.py), with the counters it needs."""
+        sync = torch.zeros(len(parts), dtype=torch.int32, device=device)
+        kernel, digest = cache.load(persistent_source(parts))
+        args, constexprs = kernel_args(parts, None, sync)
+        return cls(index, kernel, digest, programs, args, constexprs, num_warps, num_stages, stream, list(parts),
+                   sync=sync)
 
     def __call__(self) -> None:
         self.kernel[(self.grid,)](*self.args, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages)
@@ -102,11 +114,28 @@ def _compile_launch(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers, cache
             check_shared_memory(parts[1], launch.num_stages, device)  # now at the target's tile shape
         except ValueError as e:
             raise _compile_error(launch, 1, str(e)) from e
+    if launch.persistent:
+        return CompiledLaunch.build_persistent(launch.index, parts, cache, persistent_programs(launch, parts, device),
+                                               device, num_warps=launch.num_warps, num_stages=launch.num_stages,
+                                               stream=launch.stream)
     dispatch = None
     if len(parts) == 2:
         dispatch = Dispatch.of(launch.pattern, launch.ratio, (parts[0].programs, parts[1].programs))
     return CompiledLaunch.build(launch.index, parts, cache, dispatch=dispatch, packed=packed,
                                 num_warps=launch.num_warps, num_stages=launch.num_stages, stream=launch.stream)
+
+
+def persistent_programs(launch: Launch, parts: list[PartCall], device: torch.device) -> int:
+    """A persistent launch's grid: the plan's count (0: one program per SM), no more than its largest
+    part has tiles. Every program must be resident at once (persist.py): more than the GPU's SMs is
+    refused, and the interpreter, which runs programs one after another, gets one."""
+    if INTERPRETING or device.type != "cuda":
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if launch.programs > sms:
+        raise _compile_error(launch, None, f"persist programs {launch.programs} is more than the GPU's {sms} SMs: "
+                                           "a program would wait for one that cannot start")
+    return min(launch.programs or sms, max(p.programs for p in parts))
 
 
 def cross_stream_waits(launches: tuple[Launch, ...], graph: nx.DiGraph) -> dict[int, tuple[int, ...]]:

@@ -6,6 +6,9 @@ Per part (one op or fused chain of one model, `p` programs):
 so a grid smaller than one wave cannot draw the whole bandwidth (wave quantization).
 A launch costs the launch overhead plus its part; two parts share the launch's slots:
     time = overhead + sum_i(bytes_i / bandwidth_i) / fill(p_0 + p_1) + penalty * min(part times)
+A persistent launch runs its parts in sequence, each grid-wide barrier costing what a launch does
+(not fitted yet: no persistent round has been measured to fit it to, so the model sees joining
+launches as neither gain nor loss).
 One stream runs launches back to back; two streams hide `streams_overlap` of the shorter stream.
 Every number it produces is modeled, not measured.
 """
@@ -72,6 +75,8 @@ class AnalyticalModel:
 
     def estimate(self, launch: Launch, parts: list[PartCost]) -> LaunchEstimate:
         alone = tuple(self.launch_us([p]) for p in parts)
+        if launch.persistent:
+            return LaunchEstimate(launch.index, launch.stream, sum(alone), alone)
         return LaunchEstimate(launch.index, launch.stream, self.launch_us(parts), alone,
                               self.overlap_us(alone) if len(parts) > 1 else None)
 

@@ -12,13 +12,18 @@ unit's launch:
 
 Overrides (in order, later ones win) select target units by a glob over op ids: `pair` forbids
 or forces pairing, `with` pins a draft op's unit into that launch, and tiles, launch parameters,
-interleave and operand layout apply to every launch holding a matching op. The finished schedule
-is checked against every dependency of both models.
+interleave and operand layout apply to every launch holding a matching op.
+
+`persist` then joins a model's consecutive launches of one decoder layer (span `layer`) or one
+decode step (`step`) into one persistent launch: its parts run one after another, each over all
+of the launch's programs, a grid-wide barrier between them (compiler/persist.py). Launches shared
+with the other model are never joined, and with one stream only launches next to each other in the
+schedule. The finished schedule is checked against every dependency of both models.
 """
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import networkx as nx
 
@@ -59,6 +64,8 @@ class Launch:
     num_stages: int
     bytes: int
     flops: int
+    persistent: bool = False  # parts in sequence, a grid-wide barrier between them (plan `persist`)
+    programs: int = 0  # a persistent launch's programs; 0: as many as the GPU has SMs
 
     @property
     def ops(self) -> tuple[str, ...]:
@@ -220,9 +227,58 @@ def _launch(plan: Plan, graph: nx.DiGraph, index: int, units: list[_Unit]) -> La
                   flops=sum(o.flops for o in ops))
 
 
+def _span_key(graph: nx.DiGraph, launch: Launch, span: str) -> tuple | None:
+    """The layer (step, layer) or step (step,) a one-model launch belongs to; None when its ops
+    straddle two."""
+    ops = [graph.nodes[o]["op"] for o in launch.ops]
+    keys = {(op.step, op.layer) if span == "layer" else (op.step,) for op in ops}
+    return keys.pop() if len(keys) == 1 else None
+
+
+def _persist(plan: Plan, graph: nx.DiGraph, launches: list[Launch]) -> tuple[Launch, ...]:
+    """Join runs of a model's launches per the plan's `persist` (see the module doc); re-indexed."""
+    runs: dict[int, list[Launch]] = {}  # first member's position -> the run
+    open_run: dict[Model, tuple[tuple, list[Launch]] | None] = {m: None for m in Model}
+    for launch in launches:
+        model = launch.parts[0].model
+        for m in Model:  # a launch of the other model breaks a run where both share one stream
+            if m != model and plan["streams"] == "one" or launch.cross_model and m in {p.model for p in launch.parts}:
+                open_run[m] = None
+        span = plan["persist"][model.value]["span"]
+        key = None if launch.cross_model or span == "none" else _span_key(graph, launch, span)
+        if key is None:
+            open_run[model] = None
+            continue
+        current = open_run[model]
+        if current is not None and current[0] == key:
+            current[1].append(launch)
+        else:
+            open_run[model] = (key, [launch])
+            runs[launch.index] = open_run[model][1]
+    joined = {first: run for first, run in runs.items() if len(run) > 1}
+    members = {l.index for run in joined.values() for l in run}
+    out = []
+    for launch in launches:
+        if launch.index in joined:
+            launch = _joined(plan, joined[launch.index])
+        elif launch.index in members:
+            continue
+        out.append(replace(launch, index=len(out)))
+    return tuple(out)
+
+
+def _joined(plan: Plan, run: list[Launch]) -> Launch:
+    first = run[0]
+    return replace(first, parts=tuple(p for l in run for p in l.parts), persistent=True,
+                   programs=plan["persist"][first.parts[0].model.value]["programs"],
+                   num_warps=max(l.num_warps for l in run), num_stages=max(l.num_stages for l in run),
+                   bytes=sum(l.bytes for l in run), flops=sum(l.flops for l in run))
+
+
 def check_dependencies(graph: nx.DiGraph, launches: tuple[Launch, ...]) -> None:
-    """Every op exactly once, after everything it depends on (earlier launch, or earlier in its own
-    fused part). Raises ScheduleError naming both ops of the first broken dependency."""
+    """Every op exactly once, after everything it depends on (earlier launch, earlier in its own
+    fused part, or an earlier part of a persistent launch). Raises ScheduleError naming both ops of
+    the first broken dependency."""
     where: dict[str, tuple[int, int, int]] = {}
     for launch in launches:
         for p, part in enumerate(launch.parts):
@@ -235,7 +291,7 @@ def check_dependencies(graph: nx.DiGraph, launches: tuple[Launch, ...]) -> None:
         raise ScheduleError(f"{len(missing)} ops are never scheduled, first {missing[0]}")
     for before, after in graph.edges:
         (lb, pb, cb), (la, pa, ca) = where[before], where[after]
-        if lb < la or (lb == la and pb == pa and cb < ca):
+        if lb < la or (lb == la and pb == pa and cb < ca) or (lb == la and launches[la].persistent and pb < pa):
             continue
         raise ScheduleError(f"launch {la} runs {after} before its dependency {before}"
                             + (f" (launch {lb})" if lb != la else " (same launch, another part)"))
@@ -270,7 +326,7 @@ def _expand(plan: Plan, workload: Workload, graph: nx.DiGraph) -> Schedule:
                 group.append(draft[next_draft])
                 next_draft = next(pending, None)
             groups.append(group)
-    launches = tuple(_launch(plan, graph, n, units) for n, units in enumerate(groups))
+    launches = _persist(plan, graph, [_launch(plan, graph, n, units) for n, units in enumerate(groups)])
     check_dependencies(graph, launches)
     return Schedule(plan.hash, workload.name, plan["streams"], plan["capture"], launches,
                     _unmatched_overrides(plan, target + draft), plan["priority"])

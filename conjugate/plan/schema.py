@@ -30,16 +30,21 @@ PRIORITIES = ("none", "draft", "target")  # with two streams: whose stream the G
 # how a split-K GEMM that adds into the residual stream (o_proj, down) sums its splits: in split
 # order by the tile's last split (deterministic), or each split adding its partial atomically
 REDUCTIONS = ("ordered", "atomic")
+# a persistent launch: a model's consecutive launches of one decoder layer (or one decode step) run
+# as one launch whose programs take each part's tiles in turn, with a grid-wide barrier between parts
+SPANS = ("none", "layer", "step")
+PERSIST_PROGRAMS_MAX = 1024  # 0: as many programs as the GPU has SMs
 FUSIONS = ("attn_norm+qkv", "qkv+rope_kv", "mlp_norm+gate_up", "final_norm+lm_head", "lm_head+argmax")
 MATCH_MAX = 200  # characters of an override's glob
 MODEL_KEYS = tuple(model.value for model in Model)  # plain strings: the plan stays plain JSON
 _TOP_KEYS = ("schema", "name", "description", "alignment", "pairs", "interleave", "tiles", "fusions",
-             "operand_layout", "capture", "streams", "priority", "split_reduce", "launch", "overrides")
+             "operand_layout", "capture", "streams", "priority", "split_reduce", "persist", "launch", "overrides")
 _OVERRIDE_KEYS = ("match", "pair", "with", "interleave", "tiles", "launch", "operand_layout")
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_+*]{1,40}")  # a key shown in a JSON path as .key, any other as ["key"]
 _HASH_IGNORED = ("name", "description")  # cosmetic: two plans differing only here are the same plan
 # keys added after plans were first stored: hashed only when set, so earlier plans keep their hashes
-_HASH_WHEN_SET = {"priority": "none", "split_reduce": {"draft": "ordered", "target": "ordered"}}
+_HASH_WHEN_SET = {"priority": "none", "split_reduce": {"draft": "ordered", "target": "ordered"},
+                  "persist": {m: {"span": "none", "programs": 0} for m in MODEL_KEYS}}
 
 
 class _Checker:
@@ -113,6 +118,11 @@ class _Checker:
         return {key: self.integer(v, f"{path}.{key}", *LAUNCH_BOUNDS[key], power_of_two=key == "num_warps")
                 for key, v in sorted(value.items()) if key in LAUNCH_BOUNDS}
 
+    def persist(self, value: Any, path: str) -> dict:
+        value = self.obj(value, path, ("span", "programs"))
+        return {"span": self.choice(value.get("span", "none"), f"{path}.span", SPANS),
+                "programs": self.integer(value.get("programs", 0), f"{path}.programs", 0, PERSIST_PROGRAMS_MAX)}
+
     def tiles(self, value: Any, path: str) -> dict:
         value = self.obj(value, path, MODEL_KEYS)
         out = {}
@@ -161,6 +171,8 @@ def _canonical(raw: Any) -> tuple[dict, list[str]]:
     }
     reduce = c.obj(raw.get("split_reduce", {}), "$.split_reduce", MODEL_KEYS)
     plan["split_reduce"] = {m: c.choice(reduce.get(m, "ordered"), f"$.split_reduce.{m}", REDUCTIONS) for m in MODEL_KEYS}
+    persist = c.obj(raw.get("persist", {}), "$.persist", MODEL_KEYS)
+    plan["persist"] = {m: c.persist(persist.get(m, {}), f"$.persist.{m}") for m in MODEL_KEYS}
     pairs = c.obj(raw.get("pairs", {}), "$.pairs", KINDS)
     plan["pairs"] = {k: c.kinds(v, f"$.pairs.{k}", allow_any=True) for k, v in sorted(pairs.items()) if k in KINDS}
     fusions = c.obj(raw.get("fusions", {}), "$.fusions", MODEL_KEYS)

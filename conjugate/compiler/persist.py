@@ -1,0 +1,38 @@
+"""Grid-wide ordering inside a persistent launch (plan `persist`).
+
+A persistent launch runs its parts one after another on a fixed grid: program `pid` of P takes
+tiles pid, pid + P, ... of each part, then waits at a barrier until every program has finished
+that part, so the next part reads what the whole grid wrote. The barrier is a counter per part in
+global memory: each program adds one with release semantics after its stores, then spins with
+acquire reads until the count reaches P. The last program to leave resets the counters for the
+next launch (a stream runs the next launch only after this one ended).
+
+Every program must be resident at once, or a waiting program holds its SM while a program it
+waits for never starts: the compiler keeps P at or under the GPU's SM count (round.py). Under the
+Triton interpreter programs run one after another, so P is 1 there.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def grid_barrier(sync_ptr, index, programs):
+    """Wait until all `programs` programs have passed barrier `index`."""
+    tl.debug_barrier()  # every thread of this program has stored its part of the tile
+    tl.atomic_add(sync_ptr + index, 1, sem="release", scope="gpu")
+    arrived = tl.atomic_add(sync_ptr + index, 0, sem="acquire", scope="gpu")
+    while arrived < programs:
+        arrived = tl.atomic_add(sync_ptr + index, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+
+
+@triton.jit
+def grid_exit(sync_ptr, barriers, programs):
+    """After the last part: the last program out zeroes the `barriers` counters and its own."""
+    tl.debug_barrier()
+    left = tl.atomic_add(sync_ptr + barriers, 1, sem="acq_rel", scope="gpu")
+    if left == programs - 1:
+        for i in range(barriers + 1):
+            tl.atomic_xchg(sync_ptr + i, 0, sem="relaxed", scope="gpu")

@@ -1,0 +1,133 @@
+"""Persistent launches (plan `persist`): a model's launches of one layer or one decode step joined
+into one launch whose parts run in sequence, a grid-wide barrier between them."""
+from __future__ import annotations
+
+import pytest
+
+import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
+from conjugate.compiler.codegen import persistent_source
+from conjugate.errors import PlanError
+from conjugate.graph import build_graph
+from conjugate.plan import load_plan, validate_plan
+from conjugate.plan.expand import check_dependencies, expand
+from conjugate.roles import Model
+from test_round import FAMILIES, ROOT, SMALL_TILES, _round
+
+FUSED = ["attn_norm+qkv", "qkv+rope_kv", "mlp_norm+gate_up", "lm_head+argmax"]
+
+
+def _streams(**fields) -> dict:
+    plan = load_plan(ROOT / "plans" / "streams.json").to_dict()
+    return plan | {"tiles": SMALL_TILES} | fields
+
+
+def _persist(draft: str, target: str = "none", programs: int = 0) -> dict:
+    return {"draft": {"span": draft, "programs": programs}, "target": {"span": target}}
+
+
+def _layers(schedule, model: Model) -> list[tuple]:
+    graph = build_graph(_round("llama").workload)
+    return [tuple(sorted({(graph.nodes[o]["op"].step, graph.nodes[o]["op"].layer) for o in l.ops}))
+            for l in schedule.launches if l.parts[0].model == model]
+
+
+def test_layer_span_joins_each_layers_launches_and_nothing_across_layers():
+    w = _round("llama").workload
+    plain = expand(validate_plan(_streams()), w)
+    joined = expand(validate_plan(_streams(persist=_persist("layer"))), w)
+    assert [l.index for l in joined.launches] == list(range(len(joined.launches)))
+    draft = [l for l in joined.launches if l.parts[0].model == Model.DRAFT]
+    keys = _layers(joined, Model.DRAFT)
+    assert all(len(keys[i]) == 1 for i, l in enumerate(draft) if l.persistent)  # one (step, layer) each
+    layers = {key for key in _layers(plain, Model.DRAFT) for key in key}
+    assert {keys[i][0] for i, l in enumerate(draft) if l.persistent} == {k for k in layers if k[1] is not None} | {
+        (s, None) for s in range(w.k)}  # every layer, and each step's head (final norm, lm_head, argmax)
+    assert not any(l.persistent for l in joined.launches if l.parts[0].model == Model.TARGET)
+    assert sum(l.bytes for l in joined.launches) == sum(l.bytes for l in plain.launches)
+    assert sorted(op for l in joined.launches for op in l.ops) == sorted(op for l in plain.launches for op in l.ops)
+
+
+def test_step_span_joins_a_whole_decode_step():
+    w = _round("llama").workload
+    joined = expand(validate_plan(_streams(persist=_persist("step", "step"))), w)
+    draft = [l for l in joined.launches if l.parts[0].model == Model.DRAFT]
+    target = [l for l in joined.launches if l.parts[0].model == Model.TARGET]
+    assert len(draft) == w.k and all(l.persistent for l in draft)  # one launch per decode step
+    assert len(target) == 1 and target[0].persistent
+
+
+def test_launches_shared_across_models_are_never_joined():
+    w = _round("llama").workload
+    plan = validate_plan(_streams(streams="one", alignment="greedy", pairs={"qkv": ["*"], "gate_up": ["*"]},
+                                  persist=_persist("layer", "layer")))
+    schedule = expand(plan, w)
+    assert any(l.cross_model for l in schedule.launches)
+    assert not any(l.cross_model and l.persistent for l in schedule.launches)
+    check_dependencies(build_graph(w), schedule.launches)
+
+
+def test_persistent_source_runs_parts_in_order_with_a_barrier_between():
+    from conjugate.compiler.lower import lower_part
+    from conjugate.compiler.buffers import PreparedWeights, RoundBuffers
+
+    rnd = _round("llama")
+    w, graph = rnd.workload, build_graph(rnd.workload)
+    schedule = expand(validate_plan(_streams(persist=_persist("layer"))), w)
+    launch = next(l for l in schedule.launches if l.persistent)
+    bufs = RoundBuffers.allocate(w, PreparedWeights(rnd.draft), PreparedWeights(rnd.target))
+    parts = [lower_part(p, graph, bufs) for p in launch.parts]
+    text = persistent_source(parts)
+    loops = [i for i, line in enumerate(text.splitlines()) if line.startswith("    while tile < ")]
+    barriers = [i for i, line in enumerate(text.splitlines()) if "grid_barrier(sync," in line]
+    assert len(loops) == len(parts) and len(barriers) == len(parts) - 1
+    assert all(a < b < c for a, b, c in zip(loops, barriers, loops[1:]))
+    assert text.rstrip().endswith(f"grid_exit(sync, {len(parts) - 1}, programs)")
+    with pytest.raises(ValueError, match="two parts or more"):
+        persistent_source(parts[:1])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("draft,target,fusions", [("layer", "none", FUSED), ("step", "layer", [])])
+def test_persistent_rounds_compute_the_reference_round(family, draft, target, fusions, tmp_path):
+    plan = validate_plan(_streams(persist=_persist(draft, target), fusions={"draft": fusions, "target": fusions}))
+    compiled, _ = _round(family).check(plan, tmp_path)
+    persistent = [l for l in compiled.launches if l.sync is not None]
+    assert persistent and all(l.grid == 1 for l in persistent)  # the interpreter runs one program
+    assert all(int(l.sync.abs().sum()) == 0 for l in persistent)  # counters reset for the next launch
+
+
+@pytest.mark.parametrize("value,error", [
+    ({"draft": {"span": "block"}}, "$.persist.draft.span: \"block\" is not one of none, layer, step"),
+    ({"draft": {"span": "layer", "programs": 5000}}, "$.persist.draft.programs: 5000 is out of range [0, 1024]"),
+    ({"draft": {"span": "layer", "programs": "all"}}, "$.persist.draft.programs: should be an integer"),
+    ({"draft": "layer"}, "$.persist.draft: should be an object"),
+    ({"model": {}}, "$.persist.model: unknown key"),
+])
+def test_bad_persist_values_are_named(value, error):
+    with pytest.raises(PlanError) as caught:
+        validate_plan(_streams(persist=value))
+    assert any(e.startswith(error) for e in caught.value.errors), caught.value.errors
+
+
+def test_plans_without_persist_keep_their_hash():
+    plain = validate_plan(_streams())
+    spelled = validate_plan(_streams(persist=_persist("none")))
+    assert plain.hash == spelled.hash
+    assert validate_plan(_streams(persist=_persist("layer"))).hash != plain.hash
+
+
+def test_the_heuristic_proposes_persistent_launches_as_valid_edits():
+    from conjugate.agents.heuristic import persist_edits
+    from conjugate.plan.patch import apply_patch
+
+    plan = validate_plan(_streams())
+    edits = persist_edits(plan, sms=132)
+    applied = [validate_plan(apply_patch(plan.to_dict(), c.patch)) for c in edits]
+    spans = {(p["persist"]["draft"]["span"], p["persist"]["target"]["span"]) for p in applied}
+    assert spans == {("layer", "none"), ("step", "none"), ("none", "layer"), ("none", "step")}
+    best = max(edits, key=lambda c: c.score)
+    assert best.patch[0]["path"] == "/persist/draft" and best.patch[0]["value"]["span"] == "layer"
+    layered = applied[[c.patch[0]["value"]["span"] for c in edits].index("layer")]
+    halves = [c for c in persist_edits(layered, sms=132) if c.patch[0]["path"] == "/persist/draft/programs"]
+    assert [c.patch[0]["value"] for c in halves] == [66]
+    assert validate_plan(apply_patch(layered.to_dict(), halves[0].patch))["persist"]["draft"]["programs"] == 66
