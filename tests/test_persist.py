@@ -2,6 +2,8 @@
 into one launch whose parts run in sequence, a grid-wide barrier between them."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
@@ -128,6 +130,42 @@ def test_the_heuristic_proposes_persistent_launches_as_valid_edits():
     best = max(edits, key=lambda c: c.score)
     assert best.patch[0]["path"] == "/persist/draft" and best.patch[0]["value"]["span"] == "layer"
     layered = applied[[c.patch[0]["value"]["span"] for c in edits].index("layer")]
-    halves = [c for c in persist_edits(layered, sms=132) if c.patch[0]["path"] == "/persist/draft/programs"]
-    assert [c.patch[0]["value"] for c in halves] == [66]
-    assert validate_plan(apply_patch(layered.to_dict(), halves[0].patch))["persist"]["draft"]["programs"] == 66
+    grids = [c for c in persist_edits(layered, sms=132) if c.patch[0]["path"] == "/persist/draft/programs"]
+    assert [c.patch[0]["value"] for c in grids] == [66, 132]
+    half = validate_plan(apply_patch(layered.to_dict(), grids[0].patch))
+    assert half["persist"]["draft"]["programs"] == 66
+    back = [c.patch[0]["value"] for c in persist_edits(half, sms=132) if c.patch[0]["path"].endswith("/programs")]
+    assert back == [0]  # as many as fit at once again
+
+
+def test_resident_programs_follow_registers_shared_memory_and_warps():
+    from conjugate.compiler.persist import resident_programs
+
+    assert resident_programs(32, 0, 4, 132) == 132 * 16  # 2048 threads / 128 a program
+    assert resident_programs(128, 0, 4, 132) == 132 * 4  # 65536 registers / (128 x 128)
+    assert resident_programs(100, 0, 4, 132) == resident_programs(104, 0, 4, 132)  # given in units of 8 a thread
+    assert resident_programs(32, 100_000, 4, 132) == 132 * 2  # 228 KB of shared memory
+    assert resident_programs(32, 0, 1, 132) == 132 * 32  # at most 32 programs an SM
+    assert resident_programs(255, 240_000, 8, 132) == 0  # fits nowhere: never a grid
+
+
+def test_a_grid_larger_than_the_gpu_holds_at_once_is_refused(monkeypatch):
+    from types import SimpleNamespace
+
+    import torch
+
+    from conjugate.compiler import round as rounds
+    from conjugate.compiler.feedback import Resources
+    from conjugate.errors import CompileError
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=132))
+    schedule = expand(validate_plan(_streams(persist=_persist("layer", programs=600))), _round("llama").workload)
+    planned = next(l for l in schedule.launches if l.persistent)
+    tiles = [SimpleNamespace(programs=1000)]
+    launch = SimpleNamespace(resources=Resources(128, 0, 0), num_warps=4, parts=tiles)
+    with pytest.raises(CompileError, match="persist programs 600: the GPU holds 528 programs"):
+        rounds.resident_grid(launch, planned, torch.device("cuda"))
+    planned = replace(planned, programs=0)
+    assert rounds.resident_grid(launch, planned, torch.device("cuda")) == 528
+    launch.parts = [SimpleNamespace(programs=48)]
+    assert rounds.resident_grid(launch, planned, torch.device("cuda")) == 48  # no more than its tiles

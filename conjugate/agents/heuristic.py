@@ -307,8 +307,8 @@ def _all_fusions(model: str, missing: list[str], lost: list[tuple[float, KindLos
 
 def persist_edits(plan: Plan, sms: int) -> list[Candidate]:
     """Per model, its launches joined into one persistent launch per layer or per decode step, or
-    back to separate launches; a persistent launch on all SMs or on half of them (two streams: the
-    other model's kernels keep the rest). Aimed at the draft first: its chain of short, latency-bound
+    back to separate launches; a persistent launch on as many programs as fit at once, one per SM,
+    or one per SM on half of them (two streams: the other model's kernels keep the rest). Aimed at the draft first: its chain of short, latency-bound
     launches is the longer stream for small drafts (benchmarks/README.md, floor.py). Whether a
     grid-wide barrier costs less than a launch boundary is for the measurements to say."""
     out = []
@@ -324,11 +324,15 @@ def persist_edits(plan: Plan, sms: int) -> list[Candidate]:
             score = {"none": 0.2, "layer": 0.45 if draft else 0.25, "step": 0.3 if draft else 0.15}[span]
             out.append(Candidate("launch", [{"op": "replace", "path": f"/persist/{model}", "value": value}], why, score))
         if now["span"] != "none":
-            programs = 0 if now["programs"] else max(1, sms // 2)
-            why = (f"{model} persistent launches on every SM" if not programs else
-                   f"{model} persistent launches on {programs} of {sms} SMs: the other stream keeps the rest")
-            out.append(Candidate("launch", [{"op": "replace", "path": f"/persist/{model}/programs",
-                                             "value": programs}], why, 0.35 if plan["streams"] == "two" else 0.2))
+            choices = [0] if now["programs"] else [max(1, sms // 2), sms]
+            for programs in choices:
+                why = {0: f"{model} persistent launches on as many programs as the GPU holds at once",
+                       sms: f"{model} persistent launches on one program per SM",
+                       }.get(programs, f"{model} persistent launches on {programs} programs, one per SM on half the "
+                                       f"{sms} SMs: the other stream keeps the rest")
+                score = 0.35 if plan["streams"] == "two" and programs == sms // 2 else 0.25
+                out.append(Candidate("launch", [{"op": "replace", "path": f"/persist/{model}/programs",
+                                                 "value": programs}], why, score))
     return out
 
 

@@ -27,6 +27,7 @@ from conjugate.compiler.codegen import Dispatch, KernelCache, kernel_args, kerne
 from conjugate.compiler.feedback import CompileFailure, LaunchFeedback, PartRef, Resources
 from conjugate.compiler.lower import lower_part
 from conjugate.compiler.packed import pack_launch
+from conjugate.compiler.persist import resident_programs
 from conjugate.compiler.resources import check_shared_memory
 from conjugate.compiler.tile import INTERPRETING, PartCall
 from conjugate.errors import CompileError
@@ -126,16 +127,27 @@ def _compile_launch(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers, cache
 
 
 def persistent_programs(launch: Launch, parts: list[PartCall], device: torch.device) -> int:
-    """A persistent launch's grid: the plan's count (0: one program per SM), no more than its largest
-    part has tiles. Every program must be resident at once (persist.py): more than the GPU's SMs is
-    refused, and the interpreter, which runs programs one after another, gets one."""
+    """A persistent launch's first grid: one program per SM (the plan's count if smaller), no more
+    than its largest part has tiles; 1 under the interpreter, which runs programs one after another.
+    Once compiled, `CompiledRound.warmup` grows it to what the GPU holds at once (persist.py)."""
     if INTERPRETING or device.type != "cuda":
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    if launch.programs > sms:
-        raise _compile_error(launch, None, f"persist programs {launch.programs} is more than the GPU's {sms} SMs: "
-                                           "a program would wait for one that cannot start")
-    return min(launch.programs or sms, max(p.programs for p in parts))
+    return min(launch.programs or sms, sms, max(p.programs for p in parts))
+
+
+def resident_grid(launch: CompiledLaunch, planned: Launch, device: torch.device) -> int:
+    """A compiled persistent launch's grid: the plan's `programs`, else as many as the GPU holds at
+    once, no more than its largest part has tiles; a CompileError when the plan asks for more
+    programs than can be resident (one would wait for another that never starts)."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    r = launch.resources
+    fits = resident_programs(r.registers or 255, r.shared_bytes or 0, launch.num_warps, sms)
+    if planned.programs > fits:
+        raise _compile_error(planned, None, f"persist programs {planned.programs}: the GPU holds {fits} programs of "
+                                            f"this kernel at once ({r.registers} registers, {r.shared_bytes} bytes "
+                                            f"of shared memory, {launch.num_warps} warps each)")
+    return min(planned.programs or fits, max(p.programs for p in launch.parts))
 
 
 def cross_stream_waits(launches: tuple[Launch, ...], graph: nx.DiGraph) -> dict[int, tuple[int, ...]]:
@@ -236,6 +248,8 @@ class CompiledRound:
             for launch in self.launches:
                 with self._compiling(launch):
                     launch.warmup()
+                if launch.sync is not None:  # a persistent launch: as many programs as fit at once
+                    launch.grid = resident_grid(launch, self.schedule.launches[launch.index], self.device)
         self.run_eager()
 
     def capture(self) -> None:
