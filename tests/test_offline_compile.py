@@ -85,3 +85,19 @@ def test_refuses_a_process_already_interpreting(tmp_path, capsys):
     assert main([str(_plan(tmp_path, [])), "--workload", str(ROOT / "examples" / "tiny.toml")]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "interpreter mode" in err
+
+
+def test_persistent_launches_with_prefetch_compile_for_hopper(tmp_path, triton_cache):
+    """A draft layer and a target layer each one persistent launch, the next part's weights and keys
+    prefetched into L2 before each barrier (the inline PTX is only checked by a real compile)."""
+    plan = json.loads(_plan(tmp_path, ["mlp_norm+gate_up", "lm_head+argmax"]).read_text())
+    plan |= {"alignment": "sequential", "pairs": {}, "streams": "two",
+             "persist": {"draft": {"span": "layer"}, "target": {"span": "layer", "programs": 8}}}
+    path = tmp_path / "persist.json"
+    path.write_text(json.dumps(plan))
+    proc = _offline(path, triton_cache)
+    assert proc.returncode == 0, proc.stderr
+    rows = _rows(proc.stdout)
+    joined = [ops for ops in rows if ops.startswith("t.l0.attn_norm") and "t.l0.down" in ops]
+    assert joined and all(regs > 0 for regs, _, _ in (rows[ops] for ops in joined))
+    assert any(ops.startswith("d.s0.l0.attn_norm") and "d.s0.l0.down" in ops for ops in rows)

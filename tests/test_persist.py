@@ -86,6 +86,15 @@ def test_persistent_source_runs_parts_in_order_with_a_barrier_between():
     assert text.rstrip().endswith(f"grid_exit(sync, {len(parts) - 1}, programs)")
     with pytest.raises(ValueError, match="two parts or more"):
         persistent_source(parts[:1])
+    assert "prefetch" not in text  # not asked for (and the interpreter has no L2 to prefetch into)
+    ahead = persistent_source(parts, prefetch=True).splitlines()
+    calls = [i for i, line in enumerate(ahead) if "_prefetch(tile, " in line]
+    families = [p.sig.fn for p in parts[1:] if p.sig.fn in ("gemm_tile", "attn_tile")]
+    assert len(calls) == len(families) > 0  # one loop per GEMM or attention part after the first
+    barriers = [i for i, line in enumerate(ahead) if "grid_barrier(sync," in line]
+    for call in calls:  # each just ahead of the barrier that precedes its part
+        after = min(b for b in barriers if b > call)
+        assert all("_tile(tile, " not in line for line in ahead[call:after])
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -103,6 +112,7 @@ def test_persistent_rounds_compute_the_reference_round(family, draft, target, fu
     ({"draft": {"span": "layer", "programs": 5000}}, "$.persist.draft.programs: 5000 is out of range [0, 1024]"),
     ({"draft": {"span": "layer", "programs": "all"}}, "$.persist.draft.programs: should be an integer"),
     ({"draft": "layer"}, "$.persist.draft: should be an object"),
+    ({"draft": {"span": "layer", "prefetch": "yes"}}, "$.persist.draft.prefetch: should be a boolean"),
     ({"model": {}}, "$.persist.model: unknown key"),
 ])
 def test_bad_persist_values_are_named(value, error):
@@ -169,3 +179,22 @@ def test_a_grid_larger_than_the_gpu_holds_at_once_is_refused(monkeypatch):
     assert rounds.resident_grid(launch, planned, torch.device("cuda")) == 528
     launch.parts = [SimpleNamespace(programs=48)]
     assert rounds.resident_grid(launch, planned, torch.device("cuda")) == 48  # no more than its tiles
+
+
+def test_a_persistent_launch_slower_than_its_parts_points_the_heuristic_back():
+    """The H200's first persistent draft layer: 127.8 us against 84.7 us for its parts one by one."""
+    from conjugate.agents.heuristic import persist_edits
+    from conjugate.compiler.feedback import PartRef
+    from conjugate.evaluate.result import Verdict
+
+    plan = validate_plan(_streams(persist=_persist("layer")))
+    parts = tuple(PartRef(Model.DRAFT, k, (f"d.s0.l0.{k}",), 64) for k in ("qkv", "attn", "o_proj", "gate_up", "down"))
+    slow = Verdict.judge(1, parts, 127.8, (11.4, 14.4, 8.3, 32.9, 17.8), modeled=False)
+    edits = persist_edits(plan, 132, (slow,))
+    back = next(c for c in edits if c.patch[0]["path"] == "/persist/draft" and c.patch[0]["value"]["span"] == "none")
+    assert back.score == max(c.score for c in edits)
+    assert "persistent launch 1 took 127.8 us against 84.8 for its parts" in back.rationale
+    gaining = Verdict.judge(1, parts, 70.0, (11.4, 14.4, 8.3, 32.9, 17.8), modeled=False)
+    step = next(c for c in persist_edits(plan, 132, (gaining,)) if c.patch[0]["value"] == {
+        "span": "step", "programs": 0, "prefetch": True})
+    assert step.score > 0.5 and "gained +17.5%" in step.rationale

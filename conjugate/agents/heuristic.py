@@ -154,7 +154,7 @@ def candidates(plan: Plan, result: EvalResult | None, sms: int, rng: random.Rand
     out += tile_edits(plan, focus, rng) + launch_edits(plan, rng)
     out += pattern_edits(plan, interfering) + fusion_edits(plan, ledger) + alignment_edits(plan)
     out += streams_edits(plan, ledger) + mixed_edits(plan, verdicts, workload) + layout_edits(plan)
-    return out + reduce_edits(plan) + persist_edits(plan, sms)
+    return out + reduce_edits(plan) + persist_edits(plan, sms, verdicts)
 
 
 def _loss_shares(ledger: LedgerSummary | None) -> list[tuple[str, str, float, KindLoss]]:
@@ -305,7 +305,13 @@ def _all_fusions(model: str, missing: list[str], lost: list[tuple[float, KindLos
                      0.55 + 0.25 * sum(share for share, _ in lost))
 
 
-def persist_edits(plan: Plan, sms: int) -> list[Candidate]:
+def _persistent_verdicts(verdicts: tuple[Verdict, ...], model: str) -> list[Verdict]:
+    """Verdicts of `model`'s persistent launches (several parts, all of that model), worst first."""
+    return sorted((v for v in verdicts if len(v.parts) > 1 and {p.model.value for p in v.parts} == {model}),
+                  key=lambda v: v.gain_percent)
+
+
+def persist_edits(plan: Plan, sms: int, verdicts: tuple[Verdict, ...] = ()) -> list[Candidate]:
     """Per model, its launches joined into one persistent launch per layer or per decode step, or
     back to separate launches; a persistent launch on as many programs as fit at once, one per SM,
     or one per SM on half of them (two streams: the other model's kernels keep the rest). Aimed at the draft first: its chain of short, latency-bound
@@ -314,16 +320,29 @@ def persist_edits(plan: Plan, sms: int) -> list[Candidate]:
     out = []
     for model in MODEL_KEYS:
         now, draft = plan["persist"][model], model == Model.DRAFT.value
+        measured = _persistent_verdicts(verdicts, model)
+        worst, best = (measured[0], measured[-1]) if measured else (None, None)
         for span in SPANS:
             if span == now["span"]:
                 continue
-            value = {"span": span, "programs": now["programs"] if span != "none" else 0}
+            value = now | {"span": span} if span != "none" else {"span": "none", "programs": 0, "prefetch": True}
             why = {"none": f"the {model}'s launches run separately again",
                    "layer": f"each {model} layer in one persistent launch: grid barriers instead of launch boundaries",
                    "step": f"each {model} decode step in one persistent launch"}[span]
             score = {"none": 0.2, "layer": 0.45 if draft else 0.25, "step": 0.3 if draft else 0.15}[span]
+            if worst is not None and worst.verdict is VerdictKind.INTERFERENCE and span == "none":
+                why += (f": persistent launch {worst.launch} took {worst.shared_us:.1f} us against "
+                        f"{worst.separate_us:.1f} for its parts launched one by one")
+                score = 0.7
+            elif best is not None and best.verdict is VerdictKind.GAIN and span == "step":
+                why += f": persistent launch {best.launch} gained {best.gain_percent:+.1f}% over its parts"
+                score = 0.55
             out.append(Candidate("launch", [{"op": "replace", "path": f"/persist/{model}", "value": value}], why, score))
         if now["span"] != "none":
+            on = not now["prefetch"]
+            out.append(Candidate("launch", [{"op": "replace", "path": f"/persist/{model}/prefetch", "value": on}],
+                                 f"{model} persistent launches {'prefetch' if on else 'no longer prefetch'} the next "
+                                 f"part's weights while waiting at a barrier", 0.3 if on else 0.2))
             choices = [0] if now["programs"] else [max(1, sms // 2), sms]
             for programs in choices:
                 why = {0: f"{model} persistent launches on as many programs as the GPU holds at once",

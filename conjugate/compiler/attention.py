@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from conjugate.compiler import tile
+from conjugate.compiler.persist import L2_LINE_ELEMENTS, prefetch_l2
 from conjugate.compiler.tile import PartCall, TileSignature
 
 LOG2E = tl.constexpr(1.4426950408889634)  # softmax runs in base 2
@@ -164,6 +165,30 @@ def attn_tile(pid, q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_ml_ptr, counte
             l_all = tl.where(l_all == 0.0, 1.0, l_all)
             tl.store(out_ptr + o_offs, (o_all / l_all[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
             tl.atomic_xchg(counter_ptr + bh, 0)  # ready for the next launch
+
+
+@triton.jit
+def attn_prefetch(pid, q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_ml_ptr, counter_ptr,
+                  lengths_ptr, offset, T, S_max, stride_q, stride_o, scale,
+                  NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
+                  BLOCK_N: tl.constexpr, SPLIT_KV: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """attn_tile's keys and values for program `pid`, prefetched into L2 (persist.py)."""
+    LINES: tl.constexpr = (HEAD_DIM + L2_LINE_ELEMENTS - 1) // L2_LINE_ELEMENTS
+    split = pid % SPLIT_KV
+    bh = pid // SPLIT_KV
+    start = tl.load(lengths_ptr + bh // NUM_KV_HEADS).to(tl.int32) + offset
+    n_keys = tl.minimum(start + T, S_max)
+    chunk = tl.cdiv(tl.cdiv(n_keys, SPLIT_KV), BLOCK_N) * BLOCK_N
+    lo = tl.minimum(split * chunk, n_keys)
+    hi = tl.minimum(lo + chunk, n_keys)
+    kv_base = bh.to(tl.int64) * S_max * HEAD_DIM
+    lines = tl.arange(0, LINES) * L2_LINE_ELEMENTS
+    for n0 in range(lo, hi, BLOCK_N):
+        keys = n0 + tl.arange(0, BLOCK_N)
+        keys = tl.where(keys < hi, keys, lo)
+        offs = kv_base + keys[:, None] * HEAD_DIM + lines[None, :]  # [BLOCK_N, LINES]
+        prefetch_l2(k_ptr + offs)
+        prefetch_l2(v_ptr + offs)
 
 
 SIGNATURE = TileSignature.of(attn_tile)

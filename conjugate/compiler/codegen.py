@@ -23,6 +23,7 @@ from pathlib import Path
 
 import triton.language as tl
 
+from conjugate.compiler.persist import PREFETCHES
 from conjugate.compiler.tile import PartCall
 from conjugate.files import write_atomic
 
@@ -62,9 +63,10 @@ def _literal(value) -> str:
     return repr(value)
 
 
-def _call(part: PartCall, index: int, pid: str) -> str:
+def _call(part: PartCall, index: int, pid: str, fn: str | None = None) -> str:
+    """`fn` (the part's tile function by default) called on the part's arguments for program `pid`."""
     args = [pid] + [f"p{index}_{a}" for a in part.sig.args] + [f"P{index}_{c}" for c in part.sig.constexprs]
-    return f"{part.sig.fn}({', '.join(args)})"
+    return f"{fn or part.sig.fn}({', '.join(args)})"
 
 
 def kernel_source(parts: list[PartCall], dispatch: Dispatch | None, packed: bool = False) -> str:
@@ -111,13 +113,17 @@ def kernel_source(parts: list[PartCall], dispatch: Dispatch | None, packed: bool
     return "\n".join(lines) + "\n"
 
 
-def persistent_source(parts: list[PartCall]) -> str:
+def persistent_source(parts: list[PartCall], prefetch: bool = False) -> str:
     """The text of a persistent launch's module: part i's `programs` tiles taken by the grid's
     programs in turn, a barrier on sync[i] after each part but the last, then the exit that resets
-    the counters. Its runtime arguments: the parts', then `sync` (len(parts) int32 counters)."""
+    the counters; with `prefetch`, before each barrier every program asks L2 for the weights of its
+    tiles of the next part (the parts whose tile family has a prefetch function, persist.py). Its
+    runtime arguments: the parts', then `sync` (len(parts) int32 counters)."""
     if len(parts) < 2:
         raise ValueError("a persistent launch has two parts or more")
+    ahead = {i: PREFETCHES[p.sig.fn] for i, p in enumerate(parts) if i and prefetch and p.sig.fn in PREFETCHES}
     imports = sorted({f"from {p.sig.module} import {p.sig.fn}" for p in parts}
+                     | {f"from {module} import {fn}" for module, fn in ahead.values()}
                      | {"from conjugate.compiler.persist import grid_barrier, grid_exit"})
     params = [", ".join(f"p{i}_{a}" for a in p.sig.args) for i, p in enumerate(parts)] + ["sync"]
     params += [", ".join(f"P{i}_{c}: tl.constexpr" for c in p.sig.constexprs) for i, p in enumerate(parts)
@@ -130,6 +136,10 @@ def persistent_source(parts: list[PartCall]) -> str:
     for i, part in enumerate(parts):
         lines += ["    tile = pid  # a tensor, as a launched tile's pid is (a range variable is a plain int)",
                   f"    while tile < {part.programs}:", f"        {_call(part, i, 'tile')}", "        tile += programs"]
+        if i + 1 in ahead:  # the next part's weights, while the grid finishes this one
+            nxt = parts[i + 1]
+            lines += ["    tile = pid", f"    while tile < {nxt.programs}:",
+                      f"        {_call(nxt, i + 1, 'tile', ahead[i + 1][1])}", "        tile += programs"]
         if i < len(parts) - 1:
             lines.append(f"    grid_barrier(sync, {i}, programs)")
     lines.append(f"    grid_exit(sync, {len(parts) - 1}, programs)")

@@ -32,6 +32,7 @@ import triton.language as tl
 
 from dataclasses import dataclass
 
+from conjugate.compiler.persist import L2_LINE_ELEMENTS, prefetch_l2
 from conjugate.compiler.tile import INTERPRETING, PartCall, TileSignature, cdiv, dot_dtype
 
 # The EPILOGUE constexpr's values, as globals the tile functions can read.
@@ -205,6 +206,34 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
                   part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, stride_tok, q_out_ptr, k_cache_ptr, v_cache_ptr,
                   cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, lengths_ptr, rope_offset, rope_tokens, s_max, stride_q,
                   rope_eps, BLOCK_M, BLOCK_N, NORM, EPILOGUE, HAS_BIAS, WRITE_OUT, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, QK_NORM)
+
+
+@triton.jit
+def gemm_prefetch(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr,
+                  ws_ptr, M, N, K, stride_x, stride_w, stride_out, stride_tok, eps, blk_stride, blk_pairs, tail_start,
+                  q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, lengths_ptr,
+                  rope_offset, rope_tokens, s_max, stride_q, rope_eps,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                  NORM: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr,
+                  DOT_DTYPE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr, ATOMIC_SPLIT: tl.constexpr):
+    """gemm_tile's weight rows and K range for program `pid`, prefetched into L2 (persist.py): one
+    request per 128-byte line, out-of-range rows clamped to the block's first."""
+    TWO_ACC: tl.constexpr = (EPILOGUE == EPILOGUE_SILU_MUL) or (EPILOGUE == EPILOGUE_ROPE_KV)
+    num_m = tl.cdiv(M, BLOCK_M)
+    split = (pid // num_m) % SPLIT_K
+    n_blk = pid // (num_m * SPLIT_K)
+    k_span = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+    k_lo = split * k_span
+    k_hi = tl.minimum(k_lo + k_span, K)
+    rows_n = tl.arange(0, BLOCK_N)
+    rows = tl.where(n_blk * BLOCK_N + rows_n < N, rows_n, 0)
+    w_block = tl.where(n_blk < blk_pairs, n_blk * blk_stride, tail_start + (n_blk - blk_pairs) * BLOCK_N * stride_w)
+    if pid % num_m == 0:  # the M blocks of one weight tile share it: one of them asks
+        for k0 in range(k_lo, k_hi, L2_LINE_ELEMENTS):
+            prefetch_l2(w_ptr + w_block + rows * stride_w + k0)
+            if TWO_ACC:
+                prefetch_l2(w2_ptr + w_block + rows * stride_w + k0)
 
 
 @triton.jit

@@ -7,6 +7,11 @@ global memory: each program adds one with release semantics after its stores, th
 acquire reads until the count reaches P. The last program to leave resets the counters for the
 next launch (a stream runs the next launch only after this one ended).
 
+While it waits at a barrier a program can already pull the next part's weights toward the GPU's L2
+cache (`prefetch`: weights never depend on the part before; prefetching into L2 is coherent, so a
+prefetched KV-cache line a previous part rewrites is read fresh): tile families that have a
+prefetch function take the same arguments as their tile function (PREFETCHES).
+
 Every program must be resident at once, or a waiting program holds its SM while a program it
 waits for never starts. P starts at one program per SM (always resident); once the kernel is
 compiled, `resident_programs` says how many fit on the GPU at once by its registers, shared memory
@@ -33,6 +38,19 @@ def resident_programs(registers: int, shared_bytes: int, num_warps: int, sms: in
     per_sm = min(SM_REGISTERS // (per_warp * num_warps), SM_THREADS // (32 * num_warps), SM_PROGRAMS,
                  SM_SHARED_BYTES // (shared_bytes + 1024))
     return max(per_sm, 0) * sms
+
+
+# tile function -> (module, function) issuing its weight prefetches, same arguments as the tile
+PREFETCHES = {"gemm_tile": ("conjugate.compiler.gemm", "gemm_prefetch"),
+              "attn_tile": ("conjugate.compiler.attention", "attn_prefetch")}
+L2_LINE_ELEMENTS = tl.constexpr(64)  # elements of 2 bytes a 128-byte line holds
+
+
+@triton.jit
+def prefetch_l2(ptrs):
+    """Ask the L2 cache for the lines at `ptrs` (no registers wait for them; GPU only)."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n    mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
 
 
 @triton.jit

@@ -74,11 +74,12 @@ class CompiledLaunch:
 
     @classmethod
     def build_persistent(cls, index: int, parts: list[PartCall], cache: KernelCache, programs: int,
-                         device: torch.device, *, num_warps: int = 4, num_stages: int = 2,
+                         device: torch.device, *, prefetch: bool = False, num_warps: int = 4, num_stages: int = 2,
                          stream: str = "main") -> "CompiledLaunch":
-        """`parts` in sequence on `programs` programs (persist.py), with the counters it needs."""
+        """`parts` in sequence on `programs` programs (persist.py), with the counters it needs;
+        `prefetch`: weights asked for ahead of each barrier (GPU only: the interpreter has no L2)."""
         sync = torch.zeros(len(parts), dtype=torch.int32, device=device)
-        kernel, digest = cache.load(persistent_source(parts))
+        kernel, digest = cache.load(persistent_source(parts, prefetch and not INTERPRETING))
         args, constexprs = kernel_args(parts, None, sync)
         return cls(index, kernel, digest, programs, args, constexprs, num_warps, num_stages, stream, list(parts),
                    sync=sync)
@@ -117,7 +118,7 @@ def _compile_launch(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers, cache
             raise _compile_error(launch, 1, str(e)) from e
     if launch.persistent:
         return CompiledLaunch.build_persistent(launch.index, parts, cache, persistent_programs(launch, parts, device),
-                                               device, num_warps=launch.num_warps, num_stages=launch.num_stages,
+                                               device, prefetch=launch.prefetch, num_warps=launch.num_warps, num_stages=launch.num_stages,
                                                stream=launch.stream)
     dispatch = None
     if len(parts) == 2:

@@ -65,7 +65,8 @@ class Launch:
     bytes: int
     flops: int
     persistent: bool = False  # parts in sequence, a grid-wide barrier between them (plan `persist`)
-    programs: int = 0  # a persistent launch's programs; 0: as many as the GPU has SMs
+    programs: int = 0  # a persistent launch's programs; 0: as many as the GPU holds at once
+    prefetch: bool = False  # a persistent launch's programs prefetch the next part's weights before a barrier
 
     @property
     def ops(self) -> tuple[str, ...]:
@@ -269,8 +270,9 @@ def _persist(plan: Plan, graph: nx.DiGraph, launches: list[Launch]) -> tuple[Lau
 
 def _joined(plan: Plan, run: list[Launch]) -> Launch:
     first = run[0]
+    persist = plan["persist"][first.parts[0].model.value]
     return replace(first, parts=tuple(p for l in run for p in l.parts), persistent=True,
-                   programs=plan["persist"][first.parts[0].model.value]["programs"],
+                   programs=persist["programs"], prefetch=persist["prefetch"],
                    num_warps=max(l.num_warps for l in run), num_stages=max(l.num_stages for l in run),
                    bytes=sum(l.bytes for l in run), flops=sum(l.flops for l in run))
 

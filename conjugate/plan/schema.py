@@ -44,7 +44,7 @@ _PLAIN_KEY = re.compile(r"[A-Za-z0-9_+*]{1,40}")  # a key shown in a JSON path a
 _HASH_IGNORED = ("name", "description")  # cosmetic: two plans differing only here are the same plan
 # keys added after plans were first stored: hashed only when set, so earlier plans keep their hashes
 _HASH_WHEN_SET = {"priority": "none", "split_reduce": {"draft": "ordered", "target": "ordered"},
-                  "persist": {m: {"span": "none", "programs": 0} for m in MODEL_KEYS}}
+                  "persist": {m: {"span": "none", "programs": 0, "prefetch": True} for m in MODEL_KEYS}}
 
 
 class _Checker:
@@ -119,9 +119,13 @@ class _Checker:
                 for key, v in sorted(value.items()) if key in LAUNCH_BOUNDS}
 
     def persist(self, value: Any, path: str) -> dict:
-        value = self.obj(value, path, ("span", "programs"))
+        value = self.obj(value, path, ("span", "programs", "prefetch"))
+        prefetch = value.get("prefetch", True)
+        if not isinstance(prefetch, bool):
+            self.fail(f"{path}.prefetch", f"should be a boolean, got {_kind(prefetch)}")
         return {"span": self.choice(value.get("span", "none"), f"{path}.span", SPANS),
-                "programs": self.integer(value.get("programs", 0), f"{path}.programs", 0, PERSIST_PROGRAMS_MAX)}
+                "programs": self.integer(value.get("programs", 0), f"{path}.programs", 0, PERSIST_PROGRAMS_MAX),
+                "prefetch": prefetch}
 
     def tiles(self, value: Any, path: str) -> dict:
         value = self.obj(value, path, MODEL_KEYS)
@@ -260,7 +264,13 @@ def load_plan(path: str | Path) -> Plan:
 _UNSET = object()
 
 
+def without_late_defaults(data: dict) -> dict:
+    """A canonical plan without the keys added after plans were first stored where they hold their
+    defaults (what a plan that never set them means)."""
+    return {k: v for k, v in data.items() if _HASH_WHEN_SET.get(k, _UNSET) != v}
+
+
 def plan_hash(data: dict) -> str:
     """sha256 of the canonical JSON, without the cosmetic name and description."""
-    body = {k: v for k, v in data.items() if k not in _HASH_IGNORED and _HASH_WHEN_SET.get(k, _UNSET) != v}
+    body = {k: v for k, v in without_late_defaults(data).items() if k not in _HASH_IGNORED}
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
