@@ -121,6 +121,20 @@ def _rope_kv_epilogue(acc, acc2, offs_m, head, M, bias_ptr, q_out_ptr, k_cache_p
 
 
 @triton.jit
+def _tile_of(pid, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+             SPLIT_K: tl.constexpr):
+    """Program pid's tile: (num_m, num_n, m_blk, split, n_blk, k_lo, k_hi), M blocks varying fastest."""
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    m_blk = pid % num_m
+    split = (pid // num_m) % SPLIT_K
+    n_blk = pid // (num_m * SPLIT_K)
+    k_span = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+    k_lo = split * k_span
+    return num_m, num_n, m_blk, split, n_blk, k_lo, tl.minimum(k_lo + k_span, K)
+
+
+@triton.jit
 def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, ws_ptr,
               M, N, K, stride_x, stride_w, stride_out, stride_tok, eps, blk_stride, blk_pairs, tail_start,
               q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, lengths_ptr,
@@ -130,14 +144,7 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
               DOT_DTYPE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
               HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr, ATOMIC_SPLIT: tl.constexpr):
     TWO_ACC: tl.constexpr = (EPILOGUE == EPILOGUE_SILU_MUL) or (EPILOGUE == EPILOGUE_ROPE_KV)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    m_blk = pid % num_m
-    split = (pid // num_m) % SPLIT_K
-    n_blk = pid // (num_m * SPLIT_K)
-    k_span = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
-    k_lo = split * k_span
-    k_hi = tl.minimum(k_lo + k_span, K)
+    num_m, num_n, m_blk, split, n_blk, k_lo, k_hi = _tile_of(pid, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K)
 
     offs_m = m_blk * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_n = tl.arange(0, BLOCK_N)
@@ -220,16 +227,11 @@ def gemm_prefetch(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, pa
     """gemm_tile's weight rows and K range for program `pid`, prefetched into L2 (persist.py): one
     request per 128-byte line, out-of-range rows clamped to the block's first."""
     TWO_ACC: tl.constexpr = (EPILOGUE == EPILOGUE_SILU_MUL) or (EPILOGUE == EPILOGUE_ROPE_KV)
-    num_m = tl.cdiv(M, BLOCK_M)
-    split = (pid // num_m) % SPLIT_K
-    n_blk = pid // (num_m * SPLIT_K)
-    k_span = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
-    k_lo = split * k_span
-    k_hi = tl.minimum(k_lo + k_span, K)
+    num_m, num_n, m_blk, split, n_blk, k_lo, k_hi = _tile_of(pid, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K)
     rows_n = tl.arange(0, BLOCK_N)
     rows = tl.where(n_blk * BLOCK_N + rows_n < N, rows_n, 0)
     w_block = tl.where(n_blk < blk_pairs, n_blk * blk_stride, tail_start + (n_blk - blk_pairs) * BLOCK_N * stride_w)
-    if pid % num_m == 0:  # the M blocks of one weight tile share it: one of them asks
+    if m_blk == 0:  # the M blocks of one weight tile share it: one of them asks
         for k0 in range(k_lo, k_hi, L2_LINE_ELEMENTS):
             prefetch_l2(w_ptr + w_block + rows * stride_w + k0)
             if TWO_ACC:
