@@ -77,7 +77,7 @@ def _schedule_table(schedule, title: str, limit: int | None = None) -> Table:
         if launch.cross_model:
             parts += f"  [{launch.pattern}{'' if launch.pattern != 'ratio' else ' %d:%d' % launch.ratio}]"
         if launch.persistent:
-            grid = f"{launch.programs} programs" if launch.programs else "one program per SM"
+            grid = f"{launch.programs} programs" if launch.programs else "all programs that fit at once"
             parts += f"  [persistent: {grid}, parts in sequence]"
         tiles = " | ".join(",".join(f"{k.replace('BLOCK_', '')}{v}" for k, v in p.tiles.items()) for p in launch.parts)
         table.add_row(str(launch.index), launch.stream, parts, "\n".join(" + ".join(p.ops) for p in launch.parts),

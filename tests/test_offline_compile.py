@@ -91,7 +91,7 @@ def test_persistent_launches_with_prefetch_compile_for_hopper(tmp_path, triton_c
     """A draft layer and a target layer each one persistent launch, the next part's weights and keys
     prefetched into L2 before each barrier (the inline PTX is only checked by a real compile)."""
     plan = json.loads(_plan(tmp_path, ["mlp_norm+gate_up", "lm_head+argmax"]).read_text())
-    plan |= {"alignment": "sequential", "pairs": {}, "streams": "two",
+    plan |= {"alignment": "sequential", "pairs": {}, "streams": "one",
              "persist": {"draft": {"span": "layer"}, "target": {"span": "layer", "programs": 8}}}
     path = tmp_path / "persist.json"
     path.write_text(json.dumps(plan))

@@ -51,7 +51,7 @@ def test_layer_span_joins_each_layers_launches_and_nothing_across_layers():
 
 def test_step_span_joins_a_whole_decode_step():
     w = _round("llama").workload
-    joined = expand(validate_plan(_streams(persist=_persist("step", "step"))), w)
+    joined = expand(validate_plan(_streams(streams="one", persist=_persist("step", "step"))), w)
     draft = [l for l in joined.launches if l.parts[0].model == Model.DRAFT]
     target = [l for l in joined.launches if l.parts[0].model == Model.TARGET]
     assert len(draft) == w.k and all(l.persistent for l in draft)  # one launch per decode step
@@ -87,10 +87,12 @@ def test_persistent_source_runs_parts_in_order_with_a_barrier_between():
     with pytest.raises(ValueError, match="two parts or more"):
         persistent_source(parts[:1])
     assert "prefetch" not in text  # not asked for (and the interpreter has no L2 to prefetch into)
-    ahead = persistent_source(parts, prefetch=True).splitlines()
+    ahead = persistent_source(parts, prefetch=frozenset(range(len(parts)))).splitlines()
     calls = [i for i, line in enumerate(ahead) if "_prefetch(tile, " in line]
     families = [p.sig.fn for p in parts[1:] if p.sig.fn in ("gemm_tile", "attn_tile")]
     assert len(calls) == len(families) > 0  # one loop per GEMM or attention part after the first
+    only = persistent_source(parts, prefetch=frozenset({1})).splitlines()
+    assert sum("_prefetch(tile, " in line for line in only) == (parts[1].sig.fn in ("gemm_tile", "attn_tile"))
     barriers = [i for i, line in enumerate(ahead) if "grid_barrier(sync," in line]
     for call in calls:  # each just ahead of the barrier that precedes its part
         after = min(b for b in barriers if b > call)
@@ -98,9 +100,10 @@ def test_persistent_source_runs_parts_in_order_with_a_barrier_between():
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("draft,target,fusions", [("layer", "none", FUSED), ("step", "layer", [])])
-def test_persistent_rounds_compute_the_reference_round(family, draft, target, fusions, tmp_path):
-    plan = validate_plan(_streams(persist=_persist(draft, target), fusions={"draft": fusions, "target": fusions}))
+@pytest.mark.parametrize("draft,target,fusions,streams", [("layer", "none", FUSED, "two"), ("step", "layer", [], "one")])
+def test_persistent_rounds_compute_the_reference_round(family, draft, target, fusions, streams, tmp_path):
+    plan = validate_plan(_streams(persist=_persist(draft, target), fusions={"draft": fusions, "target": fusions},
+                                  streams=streams))
     compiled, _ = _round(family).check(plan, tmp_path)
     persistent = [l for l in compiled.launches if l.sync is not None]
     assert persistent and all(l.grid == 1 for l in persistent)  # the interpreter runs one program
@@ -140,6 +143,8 @@ def test_the_heuristic_proposes_persistent_launches_as_valid_edits():
     best = max(edits, key=lambda c: c.score)
     assert best.patch[0]["path"] == "/persist/draft" and best.patch[0]["value"]["span"] == "layer"
     layered = applied[[c.patch[0]["value"]["span"] for c in edits].index("layer")]
+    for c in persist_edits(layered, sms=132):  # never both models persistent on two streams
+        validate_plan(apply_patch(layered.to_dict(), c.patch))
     grids = [c for c in persist_edits(layered, sms=132) if c.patch[0]["path"] == "/persist/draft/programs"]
     assert [c.patch[0]["value"] for c in grids] == [66, 132]
     half = validate_plan(apply_patch(layered.to_dict(), grids[0].patch))
@@ -157,6 +162,8 @@ def test_resident_programs_follow_registers_shared_memory_and_warps():
     assert resident_programs(32, 100_000, 4, 132) == 132 * 2  # 228 KB of shared memory
     assert resident_programs(32, 0, 1, 132) == 132 * 32  # at most 32 programs an SM
     assert resident_programs(255, 240_000, 8, 132) == 0  # fits nowhere: never a grid
+    # registers come per sub-partition (16384 each): CUDA's occupancy calculator's counts
+    assert resident_programs(136, 0, 2, 1) == 6 and resident_programs(176, 0, 1, 1) == 8
 
 
 def test_a_grid_larger_than_the_gpu_holds_at_once_is_refused(monkeypatch):
@@ -198,3 +205,28 @@ def test_a_persistent_launch_slower_than_its_parts_points_the_heuristic_back():
     step = next(c for c in persist_edits(plan, 132, (gaining,)) if c.patch[0]["value"] == {
         "span": "step", "programs": 0, "prefetch": True})
     assert step.score > 0.5 and "gained +17.5%" in step.rationale
+
+
+def test_only_parts_that_fit_half_the_l2_cache_are_prefetched():
+    """llama-3.2-1b at batch 8: qkv (12.6 MB), attention and o_proj are; gate_up (67 MB) and down
+    (34 MB) would evict the part still running from a 50 MB L2."""
+    import torch
+
+    from conjugate.compiler.round import prefetched_parts
+    from conjugate.workload import load_workload
+
+    w = load_workload(ROOT / "examples" / "llama-1b-8b-b8.toml")
+    schedule = expand(validate_plan(_streams(persist=_persist("layer"),
+                                             fusions={"draft": FUSED, "target": []})), w)
+    layer = next(l for l in schedule.launches if l.persistent and any(".l0." in op for op in l.ops))
+    kinds = [p.kind for p in layer.parts]
+    chosen = {kinds[i] for i in prefetched_parts(layer, build_graph(w), torch.device("cpu"))}
+    assert chosen == {"qkv", "attn", "o_proj"}, kinds
+    assert prefetched_parts(replace(layer, prefetch=False), build_graph(w), torch.device("cpu")) == frozenset()
+
+
+def test_both_models_persistent_on_two_streams_is_refused():
+    with pytest.raises(PlanError) as caught:
+        validate_plan(_streams(persist=_persist("layer", "layer")))
+    assert caught.value.errors[0].startswith("$.persist: both models persistent on two streams")
+    assert validate_plan(_streams(streams="one", persist=_persist("layer", "layer")))["persist"]["target"]["span"] == "layer"

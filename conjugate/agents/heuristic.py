@@ -322,8 +322,10 @@ def persist_edits(plan: Plan, sms: int, verdicts: tuple[Verdict, ...] = ()) -> l
         now, draft = plan["persist"][model], model == Model.DRAFT.value
         measured = _persistent_verdicts(verdicts, model)
         worst, best = (measured[0], measured[-1]) if measured else (None, None)
+        other = next(m for m in MODEL_KEYS if m != model)
+        both = plan["streams"] == "two" and plan["persist"][other]["span"] != "none"  # refused: see schema
         for span in SPANS:
-            if span == now["span"]:
+            if span == now["span"] or (both and span != "none"):
                 continue
             value = now | {"span": span} if span != "none" else {"span": "none", "programs": 0, "prefetch": True}
             why = {"none": f"the {model}'s launches run separately again",

@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from conjugate.compiler import tile
-from conjugate.compiler.persist import L2_LINE_ELEMENTS, prefetch_l2
+from conjugate.compiler.persist import L2_LINE_BITS, prefetch_l2
 from conjugate.compiler.tile import PartCall, TileSignature
 
 LOG2E = tl.constexpr(1.4426950408889634)  # softmax runs in base 2
@@ -173,7 +173,8 @@ def attn_prefetch(pid, q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_ml_ptr, co
                   NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
                   BLOCK_N: tl.constexpr, SPLIT_KV: tl.constexpr, DOT_DTYPE: tl.constexpr):
     """attn_tile's keys and values for program `pid`, prefetched into L2 (persist.py)."""
-    LINES: tl.constexpr = (HEAD_DIM + L2_LINE_ELEMENTS - 1) // L2_LINE_ELEMENTS
+    LINE: tl.constexpr = L2_LINE_BITS // k_ptr.dtype.element_ty.primitive_bitwidth
+    LINES: tl.constexpr = (HEAD_DIM + LINE - 1) // LINE
     split = pid % SPLIT_KV
     bh = pid // SPLIT_KV
     start = tl.load(lengths_ptr + bh // NUM_KV_HEADS).to(tl.int32) + offset
@@ -182,7 +183,7 @@ def attn_prefetch(pid, q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_ml_ptr, co
     lo = tl.minimum(split * chunk, n_keys)
     hi = tl.minimum(lo + chunk, n_keys)
     kv_base = bh.to(tl.int64) * S_max * HEAD_DIM
-    lines = tl.arange(0, LINES) * L2_LINE_ELEMENTS
+    lines = tl.arange(0, LINES) * LINE
     for n0 in range(lo, hi, BLOCK_N):
         keys = n0 + tl.arange(0, BLOCK_N)
         keys = tl.where(keys < hi, keys, lo)

@@ -113,15 +113,15 @@ def kernel_source(parts: list[PartCall], dispatch: Dispatch | None, packed: bool
     return "\n".join(lines) + "\n"
 
 
-def persistent_source(parts: list[PartCall], prefetch: bool = False) -> str:
+def persistent_source(parts: list[PartCall], prefetch: frozenset[int] = frozenset()) -> str:
     """The text of a persistent launch's module: part i's `programs` tiles taken by the grid's
     programs in turn, a barrier on sync[i] after each part but the last, then the exit that resets
-    the counters; with `prefetch`, before each barrier every program asks L2 for the weights of its
-    tiles of the next part (the parts whose tile family has a prefetch function, persist.py). Its
-    runtime arguments: the parts', then `sync` (len(parts) int32 counters)."""
+    the counters; for each part index in `prefetch`, before the barrier ahead of it every program
+    asks L2 for the weights of its tiles of that part (parts whose tile family has a prefetch
+    function, persist.py). Its runtime arguments: the parts', then `sync` (len(parts) int32 counters)."""
     if len(parts) < 2:
         raise ValueError("a persistent launch has two parts or more")
-    ahead = {i: PREFETCHES[p.sig.fn] for i, p in enumerate(parts) if i and prefetch and p.sig.fn in PREFETCHES}
+    ahead = {i: PREFETCHES[p.sig.fn] for i, p in enumerate(parts) if i and i in prefetch and p.sig.fn in PREFETCHES}
     imports = sorted({f"from {p.sig.module} import {p.sig.fn}" for p in parts}
                      | {f"from {module} import {fn}" for module, fn in ahead.values()}
                      | {"from conjugate.compiler.persist import grid_barrier, grid_exit"})

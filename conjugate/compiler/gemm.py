@@ -32,7 +32,7 @@ import triton.language as tl
 
 from dataclasses import dataclass
 
-from conjugate.compiler.persist import L2_LINE_ELEMENTS, prefetch_l2
+from conjugate.compiler.persist import L2_LINE_BITS, prefetch_l2
 from conjugate.compiler.tile import INTERPRETING, PartCall, TileSignature, cdiv, dot_dtype
 
 # The EPILOGUE constexpr's values, as globals the tile functions can read.
@@ -231,8 +231,9 @@ def gemm_prefetch(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, pa
     rows_n = tl.arange(0, BLOCK_N)
     rows = tl.where(n_blk * BLOCK_N + rows_n < N, rows_n, 0)
     w_block = tl.where(n_blk < blk_pairs, n_blk * blk_stride, tail_start + (n_blk - blk_pairs) * BLOCK_N * stride_w)
+    LINE: tl.constexpr = L2_LINE_BITS // w_ptr.dtype.element_ty.primitive_bitwidth
     if m_blk == 0:  # the M blocks of one weight tile share it: one of them asks
-        for k0 in range(k_lo, k_hi, L2_LINE_ELEMENTS):
+        for k0 in range(k_lo, k_hi, LINE):
             prefetch_l2(w_ptr + w_block + rows * stride_w + k0)
             if TWO_ACC:
                 prefetch_l2(w2_ptr + w_block + rows * stride_w + k0)

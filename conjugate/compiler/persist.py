@@ -24,26 +24,32 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# Hopper (H100, H200) per multiprocessor
-SM_REGISTERS = 65536
+# Hopper (H100, H200) per multiprocessor: four sub-partitions, each with its own register file
+SUBPARTITIONS = 4
+SUBPARTITION_REGISTERS = 16384
 SM_THREADS = 2048
 SM_PROGRAMS = 32
 SM_SHARED_BYTES = 233472  # 228 KB, 1 KB of it reserved per program
 REGISTER_UNIT = 256  # registers are given to a warp in units of 256
+SHARED_UNIT = 128  # and shared memory to a program in units of 128 bytes
 
 
 def resident_programs(registers: int, shared_bytes: int, num_warps: int, sms: int) -> int:
-    """How many programs of a kernel the GPU holds at once (occupancy, Hopper's limits)."""
+    """How many programs of a kernel the GPU holds at once (occupancy by Hopper's limits, as CUDA's
+    occupancy calculator counts: a warp's registers come from one sub-partition's file)."""
     per_warp = -(-max(registers, 1) * 32 // REGISTER_UNIT) * REGISTER_UNIT
-    per_sm = min(SM_REGISTERS // (per_warp * num_warps), SM_THREADS // (32 * num_warps), SM_PROGRAMS,
-                 SM_SHARED_BYTES // (shared_bytes + 1024))
+    warps = SUBPARTITION_REGISTERS // per_warp * SUBPARTITIONS
+    shared = -(-shared_bytes // SHARED_UNIT) * SHARED_UNIT + 1024
+    per_sm = min(warps // num_warps, SM_THREADS // (32 * num_warps), SM_PROGRAMS, SM_SHARED_BYTES // shared)
     return max(per_sm, 0) * sms
 
 
 # tile function -> (module, function) issuing its weight prefetches, same arguments as the tile
 PREFETCHES = {"gemm_tile": ("conjugate.compiler.gemm", "gemm_prefetch"),
               "attn_tile": ("conjugate.compiler.attention", "attn_prefetch")}
-L2_LINE_ELEMENTS = tl.constexpr(64)  # elements of 2 bytes a 128-byte line holds
+L2_LINE_BITS = tl.constexpr(1024)  # a 128-byte line: 1024 // an element's bits = its elements
+PREFETCH_L2_SHARE = 0.5  # a part is prefetched only when its bytes fit in this share of the L2 cache
+ASSUMED_L2_BYTES = 50 * 2**20  # an H100's or H200's L2 cache, where no GPU says (offline compiles)
 
 
 @triton.jit

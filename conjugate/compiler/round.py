@@ -27,7 +27,7 @@ from conjugate.compiler.codegen import Dispatch, KernelCache, kernel_args, kerne
 from conjugate.compiler.feedback import CompileFailure, LaunchFeedback, PartRef, Resources
 from conjugate.compiler.lower import lower_part
 from conjugate.compiler.packed import pack_launch
-from conjugate.compiler.persist import resident_programs
+from conjugate.compiler.persist import ASSUMED_L2_BYTES, PREFETCH_L2_SHARE, resident_programs
 from conjugate.compiler.resources import check_shared_memory
 from conjugate.compiler.tile import INTERPRETING, PartCall
 from conjugate.errors import CompileError
@@ -74,12 +74,13 @@ class CompiledLaunch:
 
     @classmethod
     def build_persistent(cls, index: int, parts: list[PartCall], cache: KernelCache, programs: int,
-                         device: torch.device, *, prefetch: bool = False, num_warps: int = 4, num_stages: int = 2,
-                         stream: str = "main") -> "CompiledLaunch":
+                         device: torch.device, *, prefetch: frozenset[int] = frozenset(), num_warps: int = 4,
+                         num_stages: int = 2, stream: str = "main") -> "CompiledLaunch":
         """`parts` in sequence on `programs` programs (persist.py), with the counters it needs;
-        `prefetch`: weights asked for ahead of each barrier (GPU only: the interpreter has no L2)."""
+        `prefetch`: the parts whose weights are asked for ahead of their barrier (none under the
+        interpreter, which has no L2 and no inline PTX)."""
         sync = torch.zeros(len(parts), dtype=torch.int32, device=device)
-        kernel, digest = cache.load(persistent_source(parts, prefetch and not INTERPRETING))
+        kernel, digest = cache.load(persistent_source(parts, frozenset() if INTERPRETING else prefetch))
         args, constexprs = kernel_args(parts, None, sync)
         return cls(index, kernel, digest, programs, args, constexprs, num_warps, num_stages, stream, list(parts),
                    sync=sync)
@@ -109,7 +110,7 @@ def _compile_launch(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers, cache
             check_shared_memory(parts[-1], launch.num_stages, device)
         except ValueError as e:
             raise _compile_error(launch, p, str(e)) from e
-    packed = launch.operand_layout == "packed" and len(parts) == 2
+    packed = launch.operand_layout == "packed" and len(parts) == 2 and not launch.persistent
     if packed:
         try:
             parts, packed = pack_launch(launch, parts, graph, bufs)
@@ -118,7 +119,8 @@ def _compile_launch(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers, cache
             raise _compile_error(launch, 1, str(e)) from e
     if launch.persistent:
         return CompiledLaunch.build_persistent(launch.index, parts, cache, persistent_programs(launch, parts, device),
-                                               device, prefetch=launch.prefetch, num_warps=launch.num_warps, num_stages=launch.num_stages,
+                                               device, prefetch=prefetched_parts(launch, graph, device),
+                                               num_warps=launch.num_warps, num_stages=launch.num_stages,
                                                stream=launch.stream)
     dispatch = None
     if len(parts) == 2:
@@ -137,18 +139,35 @@ def persistent_programs(launch: Launch, parts: list[PartCall], device: torch.dev
     return min(launch.programs or sms, sms, max(p.programs for p in parts))
 
 
+def prefetched_parts(launch: Launch, graph: nx.DiGraph, device: torch.device) -> frozenset[int]:
+    """The parts of a persistent launch whose weights its programs prefetch ahead of their barrier:
+    with the plan's `prefetch`, those whose bytes fit in PREFETCH_L2_SHARE of the L2 cache (a
+    larger part would evict the one still running)."""
+    if not launch.prefetch:
+        return frozenset()
+    l2 = ASSUMED_L2_BYTES
+    if device.type == "cuda":
+        l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", l2)
+    return frozenset(i for i, part in enumerate(launch.parts)
+                     if sum(graph.nodes[op]["op"].bytes for op in part.ops) <= PREFETCH_L2_SHARE * l2)
+
+
 def resident_grid(launch: CompiledLaunch, planned: Launch, device: torch.device) -> int:
     """A compiled persistent launch's grid: the plan's `programs`, else as many as the GPU holds at
     once, no more than its largest part has tiles; a CompileError when the plan asks for more
-    programs than can be resident (one would wait for another that never starts)."""
+    programs than can be resident (one would wait for another that never starts). Without the
+    compiler's report, one program per SM (always resident when it compiled at all)."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     r = launch.resources
-    fits = resident_programs(r.registers or 255, r.shared_bytes or 0, launch.num_warps, sms)
-    if planned.programs > fits:
-        raise _compile_error(planned, None, f"persist programs {planned.programs}: the GPU holds {fits} programs of "
-                                            f"this kernel at once ({r.registers} registers, {r.shared_bytes} bytes "
-                                            f"of shared memory, {launch.num_warps} warps each)")
-    return min(planned.programs or fits, max(p.programs for p in launch.parts))
+    tiles = max(p.programs for p in launch.parts)
+    if r.registers is None or r.shared_bytes is None:
+        return min(planned.programs or sms, sms, tiles)
+    fits = resident_programs(r.registers, r.shared_bytes, launch.num_warps, sms)
+    if planned.programs > fits or fits == 0:
+        raise _compile_error(planned, None, f"persist programs {planned.programs or 'all that fit'}: the GPU holds "
+                                            f"{fits} programs of this kernel at once ({r.registers} registers, "
+                                            f"{r.shared_bytes} bytes of shared memory, {launch.num_warps} warps each)")
+    return min(planned.programs or fits, tiles)
 
 
 def cross_stream_waits(launches: tuple[Launch, ...], graph: nx.DiGraph) -> dict[int, tuple[int, ...]]:

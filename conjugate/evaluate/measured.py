@@ -144,7 +144,7 @@ def launch_verdicts(compiled: CompiledRound, calls: int,
     for launch in compiled.launches:
         if len(launch.parts) > 1:
             key = (launch.digest, tuple(p.programs for p in launch.parts), tuple(p.sig.fn for p in launch.parts),
-                   launch.num_warps, launch.num_stages)
+                   launch.num_warps, launch.num_stages, launch.grid)  # a persistent launch's grid is its own
             groups.setdefault(key, []).append(launch)
     parts = {f.launch: f.parts for f in compiled.feedback()}
     out, device = [], compiled.device

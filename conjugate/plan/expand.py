@@ -271,7 +271,7 @@ def _persist(plan: Plan, graph: nx.DiGraph, launches: list[Launch]) -> tuple[Lau
 def _joined(plan: Plan, run: list[Launch]) -> Launch:
     first = run[0]
     persist = plan["persist"][first.parts[0].model.value]
-    return replace(first, parts=tuple(p for l in run for p in l.parts), persistent=True,
+    return replace(first, parts=tuple(p for l in run for p in l.parts), persistent=True, operand_layout="separate",
                    programs=persist["programs"], prefetch=persist["prefetch"],
                    num_warps=max(l.num_warps for l in run), num_stages=max(l.num_stages for l in run),
                    bytes=sum(l.bytes for l in run), flops=sum(l.flops for l in run))
