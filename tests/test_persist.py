@@ -45,6 +45,9 @@ def test_layer_span_joins_each_layers_launches_and_nothing_across_layers():
     assert {keys[i][0] for i, l in enumerate(draft) if l.persistent} == {k for k in layers if k[1] is not None} | {
         (s, None) for s in range(w.k)}  # every layer, and each step's head (final norm, lm_head, argmax)
     assert not any(l.persistent for l in joined.launches if l.parts[0].model == Model.TARGET)
+    first = next(l for l in joined.launches if l.persistent)
+    assert first.part_launch == tuple((l.num_warps, l.num_stages) for l in plain.launches
+                                      if l.ops[0] in first.ops)  # what a verdict times each part with
     assert sum(l.bytes for l in joined.launches) == sum(l.bytes for l in plain.launches)
     assert sorted(op for l in joined.launches for op in l.ops) == sorted(op for l in plain.launches for op in l.ops)
 

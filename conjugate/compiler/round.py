@@ -315,11 +315,13 @@ class CompiledRound:
 
     def solo(self, launch: int, part: int) -> CompiledLaunch:
         """One part of a launch as a launch of its own, lowered as the plan would lower it alone (its own
-        tiles; for a packed launch, its own unpacked weights): what a launch's verdict compares it with."""
+        tiles; for a packed launch, its own unpacked weights; for a persistent one, the warps and stages
+        of the launch it was joined from): what a launch's verdict compares it with."""
         planned = self.schedule.launches[launch]
         call = lower_part(planned.parts[part], self._op_graph, self.bufs)
-        return CompiledLaunch.build(launch, [call], self._kernels, num_warps=planned.num_warps,
-                                    num_stages=planned.num_stages, stream=planned.stream)
+        warps, stages = planned.part_launch[part] if planned.part_launch else (planned.num_warps, planned.num_stages)
+        return CompiledLaunch.build(launch, [call], self._kernels, num_warps=warps, num_stages=stages,
+                                    stream=planned.stream)
 
     def feedback(self) -> tuple[LaunchFeedback, ...]:
         """Per launch: its kernel file, its parts with their programs and (GPU) the compiler's resource report."""

@@ -67,6 +67,7 @@ class Launch:
     persistent: bool = False  # parts in sequence, a grid-wide barrier between them (plan `persist`)
     programs: int = 0  # a persistent launch's programs; 0: as many as the GPU holds at once
     prefetch: bool = False  # a persistent launch's programs prefetch the next part's weights before a barrier
+    part_launch: tuple[tuple[int, int], ...] = ()  # a persistent launch's parts' own (num_warps, num_stages)
 
     @property
     def ops(self) -> tuple[str, ...]:
@@ -273,6 +274,7 @@ def _joined(plan: Plan, run: list[Launch]) -> Launch:
     persist = plan["persist"][first.parts[0].model.value]
     return replace(first, parts=tuple(p for l in run for p in l.parts), persistent=True, operand_layout="separate",
                    programs=persist["programs"], prefetch=persist["prefetch"],
+                   part_launch=tuple((l.num_warps, l.num_stages) for l in run for _ in l.parts),
                    num_warps=max(l.num_warps for l in run), num_stages=max(l.num_stages for l in run),
                    bytes=sum(l.bytes for l in run), flops=sum(l.flops for l in run))
 
