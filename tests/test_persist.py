@@ -233,3 +233,20 @@ def test_both_models_persistent_on_two_streams_is_refused():
         validate_plan(_streams(persist=_persist("layer", "layer")))
     assert caught.value.errors[0].startswith("$.persist: both models persistent on two streams")
     assert validate_plan(_streams(streams="one", persist=_persist("layer", "layer")))["persist"]["target"]["span"] == "layer"
+
+
+def test_the_persist_layer_benchmark_builds_the_plans_it_compares():
+    """benchmarks/persist_layer.py (GPU only): its plans differ from each other only where it says."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("persist_layer", ROOT / "benchmarks" / "persist_layer.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    separate, joined, plain = bench.persist_plan(8, True, False), bench.persist_plan(8, True), bench.persist_plan(8, False)
+    assert separate["persist"]["draft"]["span"] == "none" and joined["persist"]["draft"]["span"] == "layer"
+    assert joined["persist"]["draft"]["prefetch"] and not plain["persist"]["draft"]["prefetch"]
+    assert {k for k in joined.data if joined[k] != separate[k]} == {"name", "persist"}
+    assert joined["launch"]["num_warps"] == 8
+    w = _round("llama").workload
+    assert any(l.persistent for l in expand(joined, w).launches)
+    assert not any(l.persistent for l in expand(separate, w).launches)

@@ -1,0 +1,122 @@
+"""A draft layer as one persistent launch against its parts launched one after another, alone.
+
+    python benchmarks/persist_layer.py examples/llama-1b-8b-b8.toml [...] [--warps 4 8]
+                                       [--grids 132 264 396 528] [--json OUT.json]
+
+Per workload (seeded random weights on the GPU), from `benchmarks/variants/streams-fused.json` with
+the draft's `persist` span set to `layer`, for each number of warps and with prefetch on and off:
+1. correctness first: the whole persistent round's outputs equal, bit for bit, those of the same
+   plan with separate launches (the same tile functions over the same inputs);
+2. the first draft layer's persistent launch timed alone at each grid the GPU can hold at once
+   (`--grids`, and its largest, which `programs: 0` takes), and its parts launched one after
+   another in one graph at their own settings; each from a CUDA graph of ten calls with the L2
+   cache flushed before every call, as a round's launch verdicts are timed.
+One process, every variant in it: compare within a run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from conjugate.compiler.round import compile_round  # noqa: E402
+from conjugate.evaluate.rounds import round_inputs  # noqa: E402
+from conjugate.evaluate.timing import flush_time_us, l2_flush_bytes, time_per_call  # noqa: E402
+from conjugate.plan import load_plan, validate_plan  # noqa: E402
+from conjugate.roles import Model  # noqa: E402
+from conjugate.workload import load_workload  # noqa: E402
+
+BASE = ROOT / "benchmarks" / "variants" / "streams-fused.json"
+CALLS = 10
+
+
+def persist_plan(warps: int, prefetch: bool, persist: bool = True):
+    """streams-fused with the draft's layers persistent (or not), all launches at `warps` warps."""
+    plan = load_plan(BASE).to_dict()
+    plan["name"] = f"persist-layer-w{warps}-{'prefetch' if prefetch else 'plain'}" if persist else f"separate-w{warps}"
+    plan["launch"] = plan["launch"] | {"num_warps": warps}
+    plan["persist"] = {"draft": {"span": "layer" if persist else "none", "prefetch": prefetch}}
+    return validate_plan(plan)
+
+
+def same_outputs(a, b) -> list[str]:
+    """The output fields where two rounds differ (an empty list: bit for bit the same)."""
+    fields = {"draft_tokens": (a.draft_tokens, b.draft_tokens), "target_tokens": (a.target_tokens, b.target_tokens),
+              "draft_cache_k": (a.draft_cache.k, b.draft_cache.k), "draft_cache_v": (a.draft_cache.v, b.draft_cache.v),
+              "target_cache_k": (a.target_cache.k, b.target_cache.k)}
+    if a.target_logits is not None and b.target_logits is not None:
+        fields["target_logits"] = (a.target_logits, b.target_logits)
+    return [name for name, (x, y) in fields.items() if not torch.equal(x, y)]
+
+
+def bench(path: Path, warps_list: list[int], grids: list[int], cache: Path) -> list[dict]:
+    w = load_workload(path)
+    device = torch.device("cuda")
+    draft, target = w.weights(Model.DRAFT, device), w.weights(Model.TARGET, device)
+    inputs = round_inputs(w, draft, target)
+    flush = l2_flush_bytes(device)
+    flush_us = flush_time_us(device, CALLS, flush)
+    rows = []
+    for warps in warps_list:
+        separate = compile_round(persist_plan(warps, True, persist=False), w, draft, target, cache_dir=cache)
+        separate.load(inputs)
+        separate.warmup()
+        separate.load(inputs)
+        separate.run()
+        expected = separate.outputs()
+        for prefetch in (True, False):
+            compiled = compile_round(persist_plan(warps, prefetch), w, draft, target, cache_dir=cache)
+            compiled.load(inputs)
+            compiled.warmup()  # compiles, records resources, sizes each persistent grid to what fits
+            compiled.load(inputs)
+            compiled.run()
+            differ = same_outputs(compiled.outputs(), expected)
+            index = next(i for i, l in enumerate(compiled.schedule.launches)
+                         if l.persistent and any(".l0." in op for op in l.ops))
+            launch = compiled.launches[index]
+            fits = launch.grid
+            solos = [compiled.solo(index, p) for p in range(len(launch.parts))]
+            sequence_us = time_per_call(lambda: [s() for s in solos], device, CALLS, flush_bytes=flush, flush_us=flush_us)
+            parts_us = [time_per_call(s, device, CALLS, flush_bytes=flush, flush_us=flush_us) for s in solos]
+            row = {"workload": w.name, "warps": warps, "prefetch": prefetch, "correct": not differ, "differ": differ,
+                   "registers": launch.resources.registers, "shared_bytes": launch.resources.shared_bytes,
+                   "resident": fits, "parts": [f"{p.model.value} {p.kind}" for p in compiled.schedule.launches[index].parts],
+                   "parts_us": parts_us, "sequence_us": sequence_us, "grids_us": {}}
+            for grid in sorted({g for g in grids if g <= fits} | {fits}):
+                launch.grid = grid
+                row["grids_us"][grid] = time_per_call(launch, device, CALLS, flush_bytes=flush, flush_us=flush_us)
+            launch.grid = fits
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workloads", nargs="+", type=Path)
+    parser.add_argument("--warps", nargs="+", type=int, default=[4, 8])
+    parser.add_argument("--grids", nargs="+", type=int, default=[66, 132, 264, 396])
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "command": " ".join(sys.argv), "rows": []}
+    with tempfile.TemporaryDirectory(prefix="persist-layer-") as cache:
+        for path in args.workloads:
+            out["rows"] += bench(path, args.warps, args.grids, Path(cache))
+            if args.json:
+                args.json.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"{'workload':22} {'warps':>5} {'prefetch':>8} {'ok':>3} {'parts back to back':>18}  persistent by grid (us)")
+    for r in out["rows"]:
+        grids = "  ".join(f"{g}: {us:.1f}" for g, us in r["grids_us"].items())
+        print(f"{r['workload']:22} {r['warps']:5d} {str(r['prefetch']):>8} {'yes' if r['correct'] else 'NO':>3} "
+              f"{r['sequence_us']:18.1f}  {grids}")
+
+
+if __name__ == "__main__":
+    main()
