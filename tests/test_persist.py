@@ -250,3 +250,13 @@ def test_the_persist_layer_benchmark_builds_the_plans_it_compares():
     w = _round("llama").workload
     assert any(l.persistent for l in expand(joined, w).launches)
     assert not any(l.persistent for l in expand(separate, w).launches)
+
+
+def test_a_persistent_launchs_parts_each_fill_the_grid_alone():
+    """Side by side, a shared launch's parts fill it together; in sequence, each part alone."""
+    from conjugate.agents.heuristic_edits import fill_by_kind
+    from conjugate.compiler.feedback import PartRef
+
+    persistent = (PartRef(Model.TARGET, "qkv", ("t.l0.qkv",), 48), PartRef(Model.TARGET, "down", ("t.l0.down",), 256))
+    shared = (PartRef(Model.TARGET, "o_proj", ("t.l0.o_proj",), 64), PartRef(Model.DRAFT, "qkv", ("d.s0.l0.qkv",), 40))
+    assert fill_by_kind({0: persistent, 1: shared}) == {"qkv": 48, "down": 256, "o_proj": 104}

@@ -241,13 +241,17 @@ def _similar(kind: str) -> list[str]:
 
 
 def fill_by_kind(parts: Launches) -> dict[str, int]:
-    """Target kind -> the fewest programs of a launch holding it (launch programs, all parts)."""
+    """Target kind -> the fewest programs of a launch holding it: a shared launch's parts side by side
+    fill it together; a persistent launch's (several parts, one model) run one after another, each
+    filling it alone."""
     fill: dict[str, int] = {}
     for launch in parts.values():
+        in_sequence = len(launch) > 1 and len({p.model for p in launch}) == 1
         total = sum(p.programs or 0 for p in launch)
         for p in launch:
             if p.model is Model.TARGET and p.programs is not None:
-                fill[p.kind] = min(fill.get(p.kind, total), total)
+                programs = p.programs if in_sequence else total
+                fill[p.kind] = min(fill.get(p.kind, programs), programs)
     return fill
 
 
