@@ -101,7 +101,7 @@ def bench(path: Path, warps_list: list[int], grids: list[int], cache: Path) -> l
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("workloads", nargs="+", type=Path)
-    parser.add_argument("--warps", nargs="+", type=int, default=[4, 8])
+    parser.add_argument("--warps", nargs="+", type=int, default=[4])
     parser.add_argument("--grids", nargs="+", type=int, default=[66, 132, 264, 396])
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
