@@ -841,18 +841,18 @@ def test_a_resume_falls_back_to_the_profile_of_its_name_where_its_file_is_gone(t
     same settings, so the same evaluations' key); a profile file of other settings, gone: refused."""
     copy, db = tmp_path / "analytical.toml", tmp_path / "profile.db"
     copy.write_text((REPO / "evaluators" / "analytical.toml").read_text())
-    assert cli("search", TINY, "--db", db, "--budget", 3, "--evaluator", copy)[0] == 0
+    assert cli("search", TINY, "--db", db, "--budget", 1, "--evaluator", copy)[0] == 0
     copy.unlink()
-    code, out, err = cli("search", "--resume", db, "--budget", 4)
+    code, out, err = cli("search", "--resume", db, "--budget", 2)
     assert code == 0, err
-    assert "4 ok, 0 failed" in cli("show", db)[1]
+    assert "2 ok, 0 failed" in cli("show", db)[1]
 
     edited, db2 = tmp_path / "edited.toml", tmp_path / "edited.db"
     shipped = (REPO / "evaluators" / "analytical.toml").read_text()
     edited.write_text(re.sub(r"(?m)^launch_overhead_us = .*$", "launch_overhead_us = 9.0", shipped))
-    assert cli("search", TINY, "--db", db2, "--budget", 3, "--evaluator", edited)[0] == 0
+    assert cli("search", TINY, "--db", db2, "--budget", 1, "--evaluator", edited)[0] == 0
     edited.unlink()
-    assert_one_line_error(*cli("search", "--resume", db2, "--budget", 4)[::2], "profile changed")
+    assert_one_line_error(*cli("search", "--resume", db2, "--budget", 2)[::2], "profile changed")
 
 
 # Moves that commute, each with the factor it puts on the round's latency wherever it is made.
