@@ -260,3 +260,19 @@ def test_a_persistent_launchs_parts_each_fill_the_grid_alone():
     persistent = (PartRef(Model.TARGET, "qkv", ("t.l0.qkv",), 48), PartRef(Model.TARGET, "down", ("t.l0.down",), 256))
     shared = (PartRef(Model.TARGET, "o_proj", ("t.l0.o_proj",), 64), PartRef(Model.DRAFT, "qkv", ("d.s0.l0.qkv",), 40))
     assert fill_by_kind({0: persistent, 1: shared}) == {"qkv": 48, "down": 256, "o_proj": 104}
+
+
+def test_a_pinned_draft_op_splits_its_layer_around_the_shared_launch(tmp_path):
+    """A mixed plan (two streams, one draft op pinned into a target launch): the draft layer holding
+    it is joined before and after the shared launch, the streams wait on each other around it, and
+    the round still computes the reference (launches one by one, no graph)."""
+    rnd = _round("llama")
+    plan = validate_plan(_streams(persist=_persist("layer"), capture="none",
+                                  overrides=[{"match": "t.l1.qkv", "with": "d.s1.l0.o_proj"}]))
+    launches = expand(plan, rnd.workload).launches
+    shared = next(l for l in launches if l.cross_model)
+    before, after = (next(l for l in launches if l.persistent and op in l.ops)
+                     for op in ("d.s1.l0.attn", "d.s1.l0.down"))
+    assert before.index < shared.index < after.index and "d.s1.l0.o_proj" in shared.ops
+    compiled, _ = rnd.check(plan, tmp_path)
+    assert compiled.waits[shared.index] == (before.index,) and compiled.waits[after.index] == (shared.index,)
