@@ -46,7 +46,7 @@ def persist_plan(warps: int, prefetch: bool, persist: bool = True):
     return validate_plan(plan)
 
 
-def same_outputs(a, b) -> list[str]:
+def differing_outputs(a, b) -> list[str]:
     """The output fields where two rounds differ (an empty list: bit for bit the same)."""
     fields = {"draft_tokens": (a.draft_tokens, b.draft_tokens), "target_tokens": (a.target_tokens, b.target_tokens),
               "draft_cache_k": (a.draft_cache.k, b.draft_cache.k), "draft_cache_v": (a.draft_cache.v, b.draft_cache.v),
@@ -77,17 +77,19 @@ def bench(path: Path, warps_list: list[int], grids: list[int], cache: Path) -> l
             compiled.warmup()  # compiles, records resources, sizes each persistent grid to what fits
             compiled.load(inputs)
             compiled.run()
-            differ = same_outputs(compiled.outputs(), expected)
+            differ = differing_outputs(compiled.outputs(), expected)
             index = next(i for i, l in enumerate(compiled.schedule.launches)
                          if l.persistent and any(".l0." in op for op in l.ops))
             launch = compiled.launches[index]
             fits = launch.grid
             solos = [compiled.solo(index, p) for p in range(len(launch.parts))]
-            sequence_us = time_per_call(lambda: [s() for s in solos], device, CALLS, flush_bytes=flush, flush_us=flush_us)
+            sequence_us = time_per_call(lambda: [s() for s in solos], device, CALLS, flush_bytes=flush,
+                                        flush_us=flush_us)
             parts_us = [time_per_call(s, device, CALLS, flush_bytes=flush, flush_us=flush_us) for s in solos]
             row = {"workload": w.name, "warps": warps, "prefetch": prefetch, "correct": not differ, "differ": differ,
                    "registers": launch.resources.registers, "shared_bytes": launch.resources.shared_bytes,
-                   "resident": fits, "parts": [f"{p.model.value} {p.kind}" for p in compiled.schedule.launches[index].parts],
+                   "resident": fits,
+                   "parts": [f"{p.model.value} {p.kind}" for p in compiled.schedule.launches[index].parts],
                    "parts_us": parts_us, "sequence_us": sequence_us, "grids_us": {}}
             for grid in sorted({g for g in grids if g <= fits} | {fits}):
                 launch.grid = grid

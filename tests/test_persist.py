@@ -103,7 +103,8 @@ def test_persistent_source_runs_parts_in_order_with_a_barrier_between():
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("draft,target,fusions,streams", [("layer", "none", FUSED, "two"), ("step", "layer", [], "one")])
+@pytest.mark.parametrize("draft,target,fusions,streams",
+                         [("layer", "none", FUSED, "two"), ("step", "layer", [], "one")])
 def test_persistent_rounds_compute_the_reference_round(family, draft, target, fusions, streams, tmp_path):
     plan = validate_plan(_streams(persist=_persist(draft, target), fusions={"draft": fusions, "target": fusions},
                                   streams=streams))
@@ -232,7 +233,8 @@ def test_both_models_persistent_on_two_streams_is_refused():
     with pytest.raises(PlanError) as caught:
         validate_plan(_streams(persist=_persist("layer", "layer")))
     assert caught.value.errors[0].startswith("$.persist: both models persistent on two streams")
-    assert validate_plan(_streams(streams="one", persist=_persist("layer", "layer")))["persist"]["target"]["span"] == "layer"
+    one_stream = validate_plan(_streams(streams="one", persist=_persist("layer", "layer")))
+    assert one_stream["persist"]["target"]["span"] == "layer"
 
 
 def test_the_persist_layer_benchmark_builds_the_plans_it_compares():
@@ -242,7 +244,8 @@ def test_the_persist_layer_benchmark_builds_the_plans_it_compares():
     spec = importlib.util.spec_from_file_location("persist_layer", ROOT / "benchmarks" / "persist_layer.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    separate, joined, plain = bench.persist_plan(8, True, False), bench.persist_plan(8, True), bench.persist_plan(8, False)
+    separate, joined = bench.persist_plan(8, True, persist=False), bench.persist_plan(8, True)
+    plain = bench.persist_plan(8, False)
     assert separate["persist"]["draft"]["span"] == "none" and joined["persist"]["draft"]["span"] == "layer"
     assert joined["persist"]["draft"]["prefetch"] and not plain["persist"]["draft"]["prefetch"]
     assert {k for k in joined.data if joined[k] != separate[k]} == {"name", "persist"}
@@ -276,3 +279,19 @@ def test_a_pinned_draft_op_splits_its_layer_around_the_shared_launch(tmp_path):
     assert before.index < shared.index < after.index and "d.s1.l0.o_proj" in shared.ops
     compiled, _ = rnd.check(plan, tmp_path)
     assert compiled.waits[shared.index] == (before.index,) and compiled.waits[after.index] == (shared.index,)
+
+
+def test_each_prefetch_function_takes_its_tile_functions_arguments():
+    """The generated kernel calls a part's prefetch function with the tile function's argument list."""
+    import importlib
+
+    from conjugate.compiler import attention, gemm
+    from conjugate.compiler.persist import PREFETCHES
+    from conjugate.compiler.tile import TileSignature
+
+    tiles = {"gemm_tile": gemm.gemm_tile, "attn_tile": attention.attn_tile}
+    assert set(PREFETCHES) == set(tiles)
+    for tile, (module, fn) in PREFETCHES.items():
+        prefetch = getattr(importlib.import_module(module), fn)
+        ours, theirs = TileSignature.of(prefetch), TileSignature.of(tiles[tile])
+        assert (ours.args, ours.constexprs) == (theirs.args, theirs.constexprs), tile

@@ -314,9 +314,10 @@ def _persistent_verdicts(verdicts: tuple[Verdict, ...], model: str) -> list[Verd
 def persist_edits(plan: Plan, sms: int, verdicts: tuple[Verdict, ...] = ()) -> list[Candidate]:
     """Per model, its launches joined into one persistent launch per layer or per decode step, or
     back to separate launches; a persistent launch on as many programs as fit at once, one per SM,
-    or one per SM on half of them (two streams: the other model's kernels keep the rest). Aimed at the draft first: its chain of short, latency-bound
-    launches is the longer stream for small drafts (benchmarks/README.md, floor.py). Whether a
-    grid-wide barrier costs less than a launch boundary is for the measurements to say."""
+    or one per SM on half of them (two streams: the other model's kernels keep the rest); prefetch
+    on or off. Aimed at the draft first: its chain of short, latency-bound launches is the longer
+    stream for small drafts (benchmarks/README.md, floor.py). Whether a grid-wide barrier costs less
+    than a launch boundary is for the measurements (the launches' verdicts) to say."""
     out = []
     for model in MODEL_KEYS:
         now, draft = plan["persist"][model], model == Model.DRAFT.value
@@ -339,7 +340,8 @@ def persist_edits(plan: Plan, sms: int, verdicts: tuple[Verdict, ...] = ()) -> l
             elif best is not None and best.verdict is VerdictKind.GAIN and span == "step":
                 why += f": persistent launch {best.launch} gained {best.gain_percent:+.1f}% over its parts"
                 score = 0.55
-            out.append(Candidate("launch", [{"op": "replace", "path": f"/persist/{model}", "value": value}], why, score))
+            patch = [{"op": "replace", "path": f"/persist/{model}", "value": value}]
+            out.append(Candidate("launch", patch, why, score))
         if now["span"] != "none":
             on = not now["prefetch"]
             out.append(Candidate("launch", [{"op": "replace", "path": f"/persist/{model}/prefetch", "value": on}],

@@ -172,7 +172,8 @@ def attn_prefetch(pid, q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_ml_ptr, co
                   lengths_ptr, offset, T, S_max, stride_q, stride_o, scale,
                   NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
                   BLOCK_N: tl.constexpr, SPLIT_KV: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """attn_tile's keys and values for program `pid`, prefetched into L2 (persist.py)."""
+    """attn_tile's keys and values for program `pid`, prefetched into L2 (persist.py). Its parameters
+    are attn_tile's, in order: a persistent launch calls both with one argument list."""
     LINE: tl.constexpr = L2_LINE_BITS // k_ptr.dtype.element_ty.primitive_bitwidth
     LINES: tl.constexpr = (HEAD_DIM + LINE - 1) // LINE
     split = pid % SPLIT_KV

@@ -225,7 +225,8 @@ def gemm_prefetch(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, pa
                   DOT_DTYPE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
                   HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr, ATOMIC_SPLIT: tl.constexpr):
     """gemm_tile's weight rows and K range for program `pid`, prefetched into L2 (persist.py): one
-    request per 128-byte line, out-of-range rows clamped to the block's first."""
+    request per 128-byte line, out-of-range rows clamped to the block's first. Its parameters are
+    gemm_tile's, in order: a persistent launch calls both with one argument list."""
     TWO_ACC: tl.constexpr = (EPILOGUE == EPILOGUE_SILU_MUL) or (EPILOGUE == EPILOGUE_ROPE_KV)
     num_m, num_n, m_blk, split, n_blk, k_lo, k_hi = _tile_of(pid, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K)
     rows_n = tl.arange(0, BLOCK_N)

@@ -243,8 +243,10 @@ def _persist(plan: Plan, graph: nx.DiGraph, launches: list[Launch]) -> tuple[Lau
     open_run: dict[Model, tuple[tuple, list[Launch]] | None] = {m: None for m in Model}
     for launch in launches:
         model = launch.parts[0].model
-        for m in Model:  # a launch of the other model breaks a run where both share one stream
-            if m != model and plan["streams"] == "one" or launch.cross_model and m in {p.model for p in launch.parts}:
+        for m in Model:  # a launch of the other model breaks its run where both share one stream;
+            # a launch shared by both breaks both models' runs
+            shared_by_m = launch.cross_model and m in {p.model for p in launch.parts}
+            if (m != model and plan["streams"] == "one") or shared_by_m:
                 open_run[m] = None
         span = plan["persist"][model.value]["span"]
         key = None if launch.cross_model or span == "none" else _span_key(graph, launch, span)
