@@ -4,6 +4,11 @@ how steady a measurement is, on the six example workloads.
     python benchmarks/baselines.py [--workloads llama-1b-8b-b8 ...] [--variants whole-flex ...]
                                    [--json benchmarks/results/baselines_h200.json]
     python benchmarks/baselines.py --merge RUN.json [RUN.json ...] --json benchmarks/results/baselines_h200.json
+    python benchmarks/baselines.py --resume CUT.json --json OUT.json
+
+`--resume` finishes the workloads a run cut short by its time limit left partial: their trials (and
+the pairs on two streams, when they were timed) are kept, as a later evaluation keeps the choice; the
+pairs are timed if they were not; then steps 2 and 3.
 
 Per workload, in one process (the evaluator's own setup: seeded random weights, the round checked
 on one set of inputs and timed on another):
@@ -38,7 +43,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from conjugate.compiler.round import compile_round, device_name  # noqa: E402
-from conjugate.evaluate.baselines import choice_file, conventional_baselines, keep_choice, try_all  # noqa: E402
+from conjugate.evaluate.baselines import (VariantTrial, choice_file, choose_streams_pair, choose_variants,  # noqa: E402
+                                          conventional_baselines, keep_choice, pair_candidates, try_all, try_variant)
+from conjugate.evaluate.conventional import Variant  # noqa: E402
 from conjugate.evaluate.baselines_apart import measure_apart  # noqa: E402
 from conjugate.evaluate.measured import MeasuredHarness  # noqa: E402
 from conjugate.evaluate.profile import load_profile  # noqa: E402
@@ -112,9 +119,29 @@ def steadiness(setup, timing, cache_dir: Path) -> dict:
             "alternating_spread_pct": spread_pct([sorted(v)[len(v) // 2] for v in blocks.values()])}
 
 
-def bench_workload(name: str, profile, cache_dir: Path, save_partial=lambda row: None) -> dict:
+def resumed_choice(setup, timing, partial: dict) -> tuple[list[VariantTrial], dict | None, dict[str, float]]:
+    """try_all's answer from a cut-short run's trials; the pairs on two streams timed now if that run
+    did not time them (the candidate variants built again)."""
+    tried = [VariantTrial(**{k: t[k] for k in ("variant", "correct", "phase_ms", "problem", "built")})
+             for t in partial["trials"]]
+    chosen = choose_variants(tried)
+    if chosen is None:
+        return tried, None, {}
+    pairs_ms = partial.get("streams_pairs_ms")
+    if not pairs_ms:
+        rounds = {}
+        for name in sorted(pair_candidates(tried)):
+            try_variant(setup, Variant.parse(name), timing, rounds)
+        _, pairs_ms = choose_streams_pair(rounds, timing)
+        del rounds
+        torch.cuda.empty_cache()
+    draft, verify = min(pairs_ms, key=pairs_ms.get).split("/")
+    return tried, chosen | {"streams_draft": draft, "streams_verify": verify}, pairs_ms
+
+
+def bench_workload(name: str, profile, cache_dir: Path, save_partial=lambda row: None, resume: dict | None = None) -> dict:
     """The workload's row; `save_partial(row)` is given what is measured so far after each trial (a run
-    cut short by its time limit keeps its trials)."""
+    cut short by its time limit keeps its trials). `resume`: a cut-short run's partial row to finish."""
     w = load_workload(EXAMPLES_DIR / f"{name}.toml")
     session = EvaluationSession()
     harness = MeasuredHarness(profile, cache_dir, session)
@@ -128,7 +155,11 @@ def bench_workload(name: str, profile, cache_dir: Path, save_partial=lambda row:
         print(json.dumps({"workload": name} | trials[-1]), flush=True)
         save_partial({"workload": name, "partial": True, "trials": trials})
 
-    tried, chosen, pairs_ms = try_all(setup, timing, told)
+    if resume:
+        tried, chosen, pairs_ms = resumed_choice(setup, timing, resume)
+        trials = resume["trials"]
+    else:
+        tried, chosen, pairs_ms = try_all(setup, timing, told)
     print(json.dumps({"workload": name, "streams_pairs_ms": pairs_ms}), flush=True)
     save_partial({"workload": name, "partial": True, "trials": trials, "streams_pairs_ms": pairs_ms})
     if chosen is None:
@@ -151,6 +182,8 @@ def bench_workload(name: str, profile, cache_dir: Path, save_partial=lambda row:
            "baseline_spread_pct": max(spread_pct(conv), spread_pct(streams)),
            "repeat_spread_pct": steady["spread_pct"], "probe_ms": probe, "trials": trials, "steadiness": steady,
            "checks": {k: b.status for k, b in first.items()}}
+    if resume:
+        row["resumed"] = "trials" + (" and pairs" if resume.get("streams_pairs_ms") else "") + " from a run cut short"
     del setup, harness, session
     torch.cuda.empty_cache()
     apart = measure_apart(w, profile, cache_dir)
@@ -190,6 +223,8 @@ def main() -> None:
     parser.add_argument("--json", help="write the rows here (after every trial)")
     parser.add_argument("--merge", nargs="+", type=Path, metavar="RUN.json",
                         help="measure nothing: join these runs' JSON into --json")
+    parser.add_argument("--resume", type=Path, metavar="CUT.json",
+                        help="finish the partial workloads of a run cut short (their trials kept)")
     args = parser.parse_args()
     if args.merge:
         out = merged(args.merge)
@@ -208,9 +243,17 @@ def main() -> None:
         if args.json:
             Path(args.json).write_text(json.dumps(out | {"workloads": rows}, indent=1, default=str) + "\n")
 
-    for name in args.workloads:
+    partial = {}
+    if args.resume:
+        cut = json.loads(args.resume.read_text())
+        partial = {w["workload"]: w for w in cut["workloads"] if w.get("partial") and w.get("trials")}
+        if not partial:
+            raise SystemExit(f"--resume {args.resume}: no workload there was cut short after its trials")
+        out["resumed_from"] = cut["command"]
+    for name in (list(partial) if args.resume else args.workloads):
         done = list(out["workloads"])
-        out["workloads"].append(bench_workload(name, profile, cache_dir, lambda row: save(done + [row])))
+        out["workloads"].append(bench_workload(name, profile, cache_dir, lambda row: save(done + [row]),
+                                               partial.get(name)))
         save(out["workloads"])
     print_table(out["workloads"])
 
