@@ -5,8 +5,10 @@
 
 Per workload (seeded random weights on the GPU), from `benchmarks/variants/streams-fused.json` with
 the draft's `persist` span set to `layer`, for each number of warps and with prefetch on and off:
-1. correctness first: the whole persistent round's outputs equal, bit for bit, those of the same
-   plan with separate launches (the same tile functions over the same inputs);
+1. correctness first: the whole persistent round against the fp32 reference (the evaluator's
+   check), and whether its outputs equal those of the same plan with separate launches bit for bit
+   (information only: the persistent kernel is compiled apart, and Triton may order a reduction
+   differently there; benchmarks/persist_check.py tells a race from that);
 2. the first draft layer's persistent launch timed alone at each grid the GPU can hold at once
    (`--grids`, and its largest, which `programs: 0` takes), and its parts launched one after
    another in one graph at their own settings; each from a CUDA graph of ten calls with the L2
@@ -27,10 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from conjugate.compiler.round import compile_round  # noqa: E402
-from conjugate.evaluate.rounds import round_inputs  # noqa: E402
+from conjugate.evaluate.measured import MeasuredHarness  # noqa: E402
+from conjugate.evaluate.profile import load_profile  # noqa: E402
+from conjugate.evaluate.rounds import checked_run  # noqa: E402
+from conjugate.evaluate.session import EvaluationSession  # noqa: E402
 from conjugate.evaluate.timing import flush_time_us, l2_flush_bytes, time_per_call  # noqa: E402
 from conjugate.plan import load_plan, validate_plan  # noqa: E402
-from conjugate.roles import Model  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 
 BASE = ROOT / "benchmarks" / "variants" / "streams-fused.json"
@@ -59,8 +63,8 @@ def differing_outputs(a, b) -> list[str]:
 def bench(path: Path, warps_list: list[int], grids: list[int], cache: Path) -> list[dict]:
     w = load_workload(path)
     device = torch.device("cuda")
-    draft, target = w.weights(Model.DRAFT, device), w.weights(Model.TARGET, device)
-    inputs = round_inputs(w, draft, target)
+    setup = MeasuredHarness(load_profile("h200"), cache, EvaluationSession()).prepare(w)
+    draft, target, inputs = *setup.weights, setup.inputs
     flush = l2_flush_bytes(device)
     flush_us = flush_time_us(device, CALLS, flush)
     rows = []
@@ -78,6 +82,7 @@ def bench(path: Path, warps_list: list[int], grids: list[int], cache: Path) -> l
             compiled.load(inputs)
             compiled.run()
             differ = differing_outputs(compiled.outputs(), expected)
+            check = checked_run(compiled, inputs, setup.check)
             index = next(i for i, l in enumerate(compiled.schedule.launches)
                          if l.persistent and any(".l0." in op for op in l.ops))
             launch = compiled.launches[index]
@@ -86,7 +91,8 @@ def bench(path: Path, warps_list: list[int], grids: list[int], cache: Path) -> l
             sequence_us = time_per_call(lambda: [s() for s in solos], device, CALLS, flush_bytes=flush,
                                         flush_us=flush_us)
             parts_us = [time_per_call(s, device, CALLS, flush_bytes=flush, flush_us=flush_us) for s in solos]
-            row = {"workload": w.name, "warps": warps, "prefetch": prefetch, "correct": not differ, "differ": differ,
+            row = {"workload": w.name, "warps": warps, "prefetch": prefetch, "correct": check.ok, "problems": check.problems[:3],
+                   "bit_equal": not differ, "differ": differ,
                    "registers": launch.resources.registers, "shared_bytes": launch.resources.shared_bytes,
                    "resident": fits,
                    "parts": [f"{p.model.value} {p.kind}" for p in compiled.schedule.launches[index].parts],
@@ -113,10 +119,12 @@ def main() -> None:
             out["rows"] += bench(path, args.warps, args.grids, Path(cache))
             if args.json:
                 args.json.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"{'workload':22} {'warps':>5} {'prefetch':>8} {'ok':>3} {'parts back to back':>18}  persistent by grid (us)")
+    print(f"{'workload':22} {'warps':>5} {'prefetch':>8} {'ok':>3} {'bits':>4} {'parts back to back':>18}  "
+          f"persistent by grid (us)")
     for r in out["rows"]:
         grids = "  ".join(f"{g}: {us:.1f}" for g, us in r["grids_us"].items())
         print(f"{r['workload']:22} {r['warps']:5d} {str(r['prefetch']):>8} {'yes' if r['correct'] else 'NO':>3} "
+              f"{'same' if r['bit_equal'] else 'diff':>4} "
               f"{r['sequence_us']:18.1f}  {grids}")
 
 

@@ -295,3 +295,23 @@ def test_each_prefetch_function_takes_its_tile_functions_arguments():
         prefetch = getattr(importlib.import_module(module), fn)
         ours, theirs = TileSignature.of(prefetch), TileSignature.of(tiles[tile])
         assert (ours.args, ours.constexprs) == (theirs.args, theirs.constexprs), tile
+
+
+def test_the_persist_check_benchmark_names_where_two_rounds_differ(tmp_path):
+    """benchmarks/persist_check.py (GPU only): its report of two rounds' outputs names the fields,
+    the number of elements, the largest difference, and a cache's layers and positions."""
+    import importlib.util
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("persist_check", ROOT / "benchmarks" / "persist_check.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    _, out = _round("llama").check(validate_plan(_streams()), tmp_path)
+    same = replace(out, draft_cache=type(out.draft_cache)(out.draft_cache.k.clone(), out.draft_cache.v.clone()))
+    assert bench.differences(same, out) == {}
+    same.draft_cache.k[1, 0, 0, 6, 3] += 0.5
+    found = bench.differences(same, out)
+    assert set(found) == {"draft_cache_k"}
+    assert found["draft_cache_k"]["elements"] == 1 and found["draft_cache_k"]["max_abs"] == pytest.approx(0.5)
+    assert found["draft_cache_k"]["layers"] == [1] and found["draft_cache_k"]["positions"] == [6]
