@@ -10,6 +10,10 @@ how steady a measurement is, on the six example workloads.
 the pairs on two streams, when they were timed) are kept, as a later evaluation keeps the choice; the
 pairs are timed if they were not; then steps 2 and 3.
 
+`--prewarm N` first builds every variant in N processes at once (nothing timed; `--build-only`),
+which fills torch's compile caches on disk, so the process that times them builds each from its
+caches: on a fresh machine a whole-step variant takes 57-90 s to compile, one at a time.
+
 Per workload, in one process (the evaluator's own setup: seeded random weights, the round checked
 on one set of inputs and timed on another):
 1. every conventional variant (evaluate/conventional.py) built for both phases, checked against the
@@ -42,10 +46,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from conjugate.compiler.buffers import PreparedWeights  # noqa: E402
 from conjugate.compiler.round import compile_round, device_name  # noqa: E402
 from conjugate.evaluate.baselines import (VariantTrial, choice_file, choose_streams_pair, choose_variants,  # noqa: E402
                                           conventional_baselines, keep_choice, pair_candidates, try_all, try_variant)
-from conjugate.evaluate.conventional import Variant  # noqa: E402
+from conjugate.evaluate.conventional import ConventionalRound, Variant  # noqa: E402
 from conjugate.evaluate.baselines_apart import measure_apart  # noqa: E402
 from conjugate.evaluate.measured import MeasuredHarness  # noqa: E402
 from conjugate.evaluate.profile import load_profile  # noqa: E402
@@ -55,6 +60,7 @@ from conjugate.evaluate.split_attention import chosen_cuts  # noqa: E402
 from conjugate.evaluate.timing import time_round  # noqa: E402
 from conjugate.paths import EXAMPLES_DIR, shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
+from conjugate.roles import Model  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 
 WORKLOADS = ("llama-1b-8b-b1", "llama-1b-8b-b8", "qwen25-05b-7b-b8", "qwen3-06b-8b-b4", "qwen25-15b-14b-b4",
@@ -119,11 +125,16 @@ def steadiness(setup, timing, cache_dir: Path) -> dict:
             "alternating_spread_pct": spread_pct([sorted(v)[len(v) // 2] for v in blocks.values()])}
 
 
+def kept_trials(partial: dict) -> list[VariantTrial]:
+    """A cut-short run's trials of one workload, as try_all made them."""
+    return [VariantTrial(**{k: t[k] for k in ("variant", "correct", "phase_ms", "problem", "built")})
+            for t in partial["trials"]]
+
+
 def resumed_choice(setup, timing, partial: dict) -> tuple[list[VariantTrial], dict | None, dict[str, float]]:
     """try_all's answer from a cut-short run's trials; the pairs on two streams timed now if that run
     did not time them (the candidate variants built again)."""
-    tried = [VariantTrial(**{k: t[k] for k in ("variant", "correct", "phase_ms", "problem", "built")})
-             for t in partial["trials"]]
+    tried = kept_trials(partial)
     chosen = choose_variants(tried)
     if chosen is None:
         return tried, None, {}
@@ -195,6 +206,28 @@ def bench_workload(name: str, profile, cache_dir: Path, save_partial=lambda row:
     return row
 
 
+def cut_short(path: Path) -> tuple[dict[str, dict], str]:
+    """The workloads of a cut-short run's JSON left partial after their trials, by name, and its command."""
+    try:
+        cut = json.loads(path.read_text())
+        partial = {w["workload"]: w for w in cut["workloads"] if w.get("partial") and w.get("trials")}
+        command = cut["command"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise SystemExit(f"--resume {path}: not a baselines.py run's JSON ({type(error).__name__}: {error})")
+    if not partial:
+        raise SystemExit(f"--resume {path}: no workload there was cut short after its trials")
+    return partial, command
+
+
+def pair_variants(partial: dict) -> set[str]:
+    """The variants a resumed workload builds: the chosen ones and, where its pairs were not timed,
+    every pair candidate."""
+    tried = kept_trials(partial)
+    chosen = choose_variants(tried) or {}
+    pairs = partial.get("streams_pairs_ms")
+    return set(chosen.values()) | (set(min(pairs, key=pairs.get).split("/")) if pairs else pair_candidates(tried))
+
+
 def merged(paths: list[Path]) -> dict:
     """Several runs' JSON as one (the rows in order; each run's command kept); partial rows left out."""
     runs = [json.loads(p.read_text()) for p in paths]
@@ -216,6 +249,43 @@ def print_table(rows: list[dict]) -> None:
               f"{r.get('process_spread_pct', float('nan')):8.2f}")
 
 
+def build_only(name: str, variants: list[str]) -> None:
+    """Build (compile and capture) each variant of workload `name` for both phases, timing nothing:
+    what --prewarm runs in each of its processes."""
+    w = load_workload(EXAMPLES_DIR / f"{name}.toml")
+    device = torch.device("cuda")
+    weights = [PreparedWeights(w.weights(model, device)) for model in (Model.DRAFT, Model.TARGET)]
+    for variant in variants:
+        started = time.perf_counter()
+        try:
+            ConventionalRound(w, *weights, Variant.parse(variant), Variant.parse(variant)).capture()
+            said = f"built in {time.perf_counter() - started:.1f} s"
+        except Exception as error:  # the timing process meets it again and records it as the trial's
+            said = f"not built: {type(error).__name__}: {' '.join(str(error).split())[:200]}"
+        print(json.dumps({"workload": name, "variant": variant, "prewarm": said}), flush=True)
+        torch.cuda.empty_cache()
+
+
+def prewarm_shares(variants: list[str], processes: int) -> list[list[str]]:
+    """The variants dealt out to at most `processes` processes, whole-step variants (the slow ones to
+    compile) spread first."""
+    ordered = sorted(variants, key=lambda v: not v.startswith("whole"))
+    shares = [ordered[i::processes] for i in range(max(1, min(processes, len(ordered))))]
+    return [share for share in shares if share]
+
+
+def prewarm(name: str, variants: list[str], processes: int, run=subprocess.Popen) -> float:
+    """Every variant of `name` built in `processes` processes at once; their seconds. A process that
+    fails costs only its warm caches: the timing process builds what it left cold."""
+    started = time.perf_counter()
+    workers = [run([sys.executable, __file__, "--build-only", name, "--variants", *share])
+               for share in prewarm_shares(variants, processes)]
+    for worker in workers:
+        if worker.wait() != 0:
+            print(json.dumps({"workload": name, "prewarm": f"a process exited with {worker.returncode}"}), flush=True)
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
@@ -225,6 +295,9 @@ def main() -> None:
                         help="measure nothing: join these runs' JSON into --json")
     parser.add_argument("--resume", type=Path, metavar="CUT.json",
                         help="finish the partial workloads of a run cut short (their trials kept)")
+    parser.add_argument("--prewarm", type=int, default=0, metavar="N",
+                        help="first build the variants in N processes at once, to fill the compile caches")
+    parser.add_argument("--build-only", metavar="WORKLOAD", help=argparse.SUPPRESS)  # a --prewarm process
     args = parser.parse_args()
     if args.merge:
         out = merged(args.merge)
@@ -232,7 +305,10 @@ def main() -> None:
             Path(args.json).write_text(json.dumps(out, indent=1, default=str) + "\n")
         print_table(out["workloads"])
         return
+    partial, resumed_from = cut_short(args.resume) if args.resume else ({}, None)
     profile = load_profile("h200")
+    if args.build_only:
+        return build_only(args.build_only, args.variants or list(profile.timing.conventional))
     if args.variants:
         profile = replace(profile, timing=replace(profile.timing, conventional=tuple(args.variants)))
     cache_dir = Path(tempfile.mkdtemp(prefix="conjugate-baselines-"))
@@ -243,14 +319,12 @@ def main() -> None:
         if args.json:
             Path(args.json).write_text(json.dumps(out | {"workloads": rows}, indent=1, default=str) + "\n")
 
-    partial = {}
-    if args.resume:
-        cut = json.loads(args.resume.read_text())
-        partial = {w["workload"]: w for w in cut["workloads"] if w.get("partial") and w.get("trials")}
-        if not partial:
-            raise SystemExit(f"--resume {args.resume}: no workload there was cut short after its trials")
-        out["resumed_from"] = cut["command"]
+    if resumed_from:
+        out["resumed_from"] = resumed_from
     for name in (list(partial) if args.resume else args.workloads):
+        if args.prewarm:
+            variants = sorted(pair_variants(partial[name]) if name in partial else profile.timing.conventional)
+            out.setdefault("prewarm_s", {})[name] = round(prewarm(name, variants, args.prewarm), 1)
         done = list(out["workloads"])
         out["workloads"].append(bench_workload(name, profile, cache_dir, lambda row: save(done + [row]),
                                                partial.get(name)))

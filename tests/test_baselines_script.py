@@ -1,0 +1,115 @@
+"""benchmarks/baselines.py's parts that need no GPU: --merge joins runs measured in separate calls into
+one results file; --resume reads a cut-short run; --prewarm deals the variants out to processes."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _row(name: str, **extra) -> dict:
+    return {"workload": name, "variants": {"draft": "whole-sdpa", "verify": "whole-split"}, "conventional_ms": 9.9,
+            "conventional_streams_ms": 8.2, "probe_ms": None, "repeat_spread_pct": 0.1, **extra}
+
+
+def _run(tmp_path: Path, name: str, gpu: str, rows: list[dict]) -> Path:
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({"gpu": gpu, "torch": "2.11", "date": "2026-12-01", "command": f"run {name}",
+                                "workloads": rows}))
+    return path
+
+
+def _merge(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "baselines.py"), "--merge", *map(str, args)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_runs_are_joined_in_order_without_their_cut_short_rows(tmp_path):
+    a = _run(tmp_path, "a", "NVIDIA H200", [_row("llama-1b-8b-b8", process_spread_pct=0.13)])
+    b = _run(tmp_path, "b", "NVIDIA H200", [_row("llama-1b-8b-b1"), {"workload": "qwen3-06b-8b-b4", "partial": True,
+                                                                       "trials": []}])
+    out = tmp_path / "joined.json"
+    done = _merge(a, b, "--json", out)
+    assert done.returncode == 0, done.stderr
+    joined = json.loads(out.read_text())
+    assert [w["workload"] for w in joined["workloads"]] == ["llama-1b-8b-b8", "llama-1b-8b-b1"]
+    assert joined["commands"] == ["run a", "run b"] and joined["gpu"] == "NVIDIA H200"
+    assert "llama-1b-8b-b1" in done.stdout and "qwen3" not in done.stdout
+
+
+def test_runs_from_different_gpus_are_not_joined(tmp_path):
+    a = _run(tmp_path, "a", "NVIDIA H200", [_row("llama-1b-8b-b8")])
+    b = _run(tmp_path, "b", "NVIDIA B300", [_row("llama-1b-8b-b1")])
+    done = _merge(a, b, "--json", tmp_path / "joined.json")
+    assert done.returncode != 0 and "different GPUs" in done.stderr
+    assert not (tmp_path / "joined.json").exists()
+
+
+def _script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("baselines_script", ROOT / "benchmarks" / "baselines.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _trial(variant: str, draft: float, verify: float, correct: bool = True) -> dict:
+    return {"variant": variant, "correct": correct, "phase_ms": {"draft": draft, "verify": verify} if correct else {},
+            "problem": "" if correct else "tokens differ", "built": True, "build_s": 50.0}
+
+
+CUT = {"workload": "qwen25-05b-7b-b8", "partial": True,
+       "trials": [_trial("layers-grouped", 7.85, 6.16), _trial("whole-sdpa", 4.62, 7.10),
+                  _trial("whole-grouped", 7.69, 6.14), _trial("whole-split", 5.40, 5.36), _trial("whole-flex", 0, 0, False)]}
+
+
+def test_a_resumed_run_keeps_the_cut_short_choice_and_its_pairs():
+    bench = _script()
+    pairs = {"whole-sdpa/whole-grouped": 7.90, "whole-sdpa/whole-split": 8.09, "whole-split/whole-split": 8.65}
+    tried, chosen, kept = bench.resumed_choice(None, None, CUT | {"streams_pairs_ms": pairs})  # nothing built
+    assert [t.variant for t in tried] == [t["variant"] for t in CUT["trials"]] and kept == pairs
+    assert chosen == {"draft": "whole-sdpa", "verify": "whole-split", "streams_draft": "whole-sdpa",
+                      "streams_verify": "whole-grouped"}
+    # what a prewarm builds for it: the chosen variants and the pair's; without pairs, every candidate
+    assert bench.pair_variants(CUT | {"streams_pairs_ms": pairs}) == {"whole-sdpa", "whole-split", "whole-grouped"}
+    assert bench.pair_variants(CUT) == {"layers-grouped", "whole-sdpa", "whole-grouped", "whole-split"}
+
+
+def test_resume_names_a_file_it_cannot_use(tmp_path):
+    def resume(path):
+        return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "baselines.py"), "--resume", str(path)],
+                              capture_output=True, text=True, timeout=120)
+
+    done = _run(tmp_path, "done", "NVIDIA H200", [_row("llama-1b-8b-b8")])
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    for path, said in ((done, "no workload there was cut short after its trials"),
+                       (broken, "not a baselines.py run's JSON (JSONDecodeError"),
+                       (tmp_path / "absent.json", "not a baselines.py run's JSON (FileNotFoundError")):
+        failed = resume(path)
+        assert failed.returncode == 1 and f"--resume {path}: {said}" in failed.stderr, failed.stderr
+
+
+def test_prewarm_deals_whole_step_variants_out_first_and_survives_a_failed_process():
+    bench = _script()
+    variants = ["layers-grouped", "whole-sdpa", "whole-grouped", "whole-split"]
+    assert bench.prewarm_shares(variants, 2) == [["whole-sdpa", "whole-split"], ["whole-grouped", "layers-grouped"]]
+    assert bench.prewarm_shares(variants, 8) == [["whole-sdpa"], ["whole-grouped"], ["whole-split"], ["layers-grouped"]]
+    started = []
+
+    class Worker:
+        def __init__(self, command):
+            started.append(command)
+            self.returncode = 1 if "whole-grouped" in command else 0
+
+        def wait(self):
+            return self.returncode
+
+    seconds = bench.prewarm("qwen25-05b-7b-b8", variants, 3, run=Worker)
+    assert seconds >= 0 and len(started) == 3
+    assert all(c[2:4] == ["--build-only", "qwen25-05b-7b-b8"] and c[4] == "--variants" for c in started)
+    assert sorted(v for c in started for v in c[5:]) == sorted(variants)
