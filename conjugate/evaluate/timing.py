@@ -93,43 +93,58 @@ def time_round(run: Callable[[], None], load_fresh: Callable[[], None], replays:
     return time_replays(run, replays, warmup, enough)
 
 
+# How a timed call's L2 cache is emptied first: "write" overwrites a buffer twice the cache (which
+# leaves the cache full of dirty lines the call's own misses then write back to memory), "read" reads
+# one (leaving clean lines that are dropped for free).
+FLUSHES = ("write", "read")
+
+
 def time_per_call(fn: Callable[[], None], device: torch.device, calls: int = 10, replays: int = 5,
-                  flush_bytes: int = 0, flush_us: float | None = None) -> float:
+                  flush_bytes: int = 0, flush_us: float | None = None, flush: str = "write") -> float:
     """Microseconds per call of fn, from a CUDA graph of `calls` back-to-back calls. With
-    `flush_bytes`, a buffer that large is overwritten before every call (evicting the L2 cache, as the
-    rest of a round would) and the flushes' own time is subtracted: `flush_us` when the caller
-    measured it already (flush_time_us), else measured here."""
-    scratch = _flush_buffer(device, flush_bytes)
+    `flush_bytes`, a buffer that large is overwritten (or read: `flush`) before every call (evicting
+    the L2 cache, as the rest of a round would) and the flushes' own time is subtracted: `flush_us`
+    when the caller measured it already (flush_time_us, with the same `flush`), else measured here."""
+    evict = _flusher(device, flush_bytes, flush)
 
     def calls_in_a_row() -> None:
         for _ in range(calls):
-            if scratch is not None:
-                scratch.zero_()
+            if evict is not None:
+                evict()
             fn()
 
     total = _per_call_us(calls_in_a_row, device, calls, replays)
-    if scratch is None:
+    if evict is None:
         return total
     if flush_us is None:
-        flush_us = flush_time_us(device, calls, flush_bytes, replays)
+        flush_us = flush_time_us(device, calls, flush_bytes, replays, flush)
     return max(total - flush_us, 0.0)
 
 
-def flush_time_us(device: torch.device, calls: int, flush_bytes: int, replays: int = 5) -> float:
+def flush_time_us(device: torch.device, calls: int, flush_bytes: int, replays: int = 5, flush: str = "write") -> float:
     """Microseconds per flush of `flush_bytes` in a CUDA graph of `calls` flushes (time_per_call)."""
-    scratch = _flush_buffer(device, flush_bytes)
-    if scratch is None:
+    evict = _flusher(device, flush_bytes, flush)
+    if evict is None:
         return 0.0
 
     def flushes() -> None:
         for _ in range(calls):
-            scratch.zero_()
+            evict()
 
     return _per_call_us(flushes, device, calls, replays)
 
 
-def _flush_buffer(device: torch.device, flush_bytes: int) -> torch.Tensor | None:
-    return torch.empty(flush_bytes // 4, dtype=torch.float32, device=device) if flush_bytes >= 4 else None
+def _flusher(device: torch.device, flush_bytes: int, flush: str) -> Callable[[], None] | None:
+    """A call that empties the L2 cache by writing or reading `flush_bytes` (None below 4 bytes)."""
+    if flush not in FLUSHES:
+        raise ValueError(f"flush {flush!r}: should be one of {', '.join(FLUSHES)}")
+    if flush_bytes < 4096:
+        return None
+    scratch = torch.zeros(flush_bytes // 4096, 1024, dtype=torch.float32, device=device)
+    if flush == "write":
+        return scratch.zero_
+    sink = torch.empty(1024, dtype=torch.float32, device=device)
+    return partial(torch.sum, scratch, dim=0, out=sink)  # reads it all, writes 4 KB
 
 
 def _per_call_us(body: Callable[[], None], device: torch.device, calls: int, replays: int) -> float:
