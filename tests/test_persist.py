@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
+from conjugate.compiler import persist
 from conjugate.compiler.codegen import persistent_source
 from conjugate.errors import PlanError
 from conjugate.graph import build_graph
@@ -86,7 +87,7 @@ def test_persistent_source_runs_parts_in_order_with_a_barrier_between():
     barriers = [i for i, line in enumerate(text.splitlines()) if "grid_barrier(sync," in line]
     assert len(loops) == len(parts) and len(barriers) == len(parts) - 1
     assert all(a < b < c for a, b, c in zip(loops, barriers, loops[1:]))
-    assert text.rstrip().endswith(f"grid_exit(sync, {len(parts) - 1}, programs)")
+    assert text.rstrip().endswith(f"grid_exit(sync, {len(parts) - 1}, programs, {persist.BARRIER_GROUPS})")
     with pytest.raises(ValueError, match="two parts or more"):
         persistent_source(parts[:1])
     assert "prefetch" not in text  # not asked for (and the interpreter has no L2 to prefetch into)
@@ -315,3 +316,36 @@ def test_the_persist_check_benchmark_names_where_two_rounds_differ(tmp_path):
     assert set(found) == {"draft_cache_k"}
     assert found["draft_cache_k"]["elements"] == 1 and found["draft_cache_k"]["max_abs"] == pytest.approx(0.5)
     assert found["draft_cache_k"]["layers"] == [1] and found["draft_cache_k"]["positions"] == [6]
+
+
+@pytest.mark.parametrize("groups", [1, 8])
+def test_flat_and_two_level_barriers_compute_the_reference_and_leave_their_words_zeroed(groups, monkeypatch, tmp_path):
+    """The barrier's kind (persist.BARRIER_GROUPS) is in the generated kernel, its sync buffer sized to
+    match (persist.sync_words: a 128-byte line per counter and flag), and the last program out zeroes it."""
+    monkeypatch.setattr(persist, "BARRIER_GROUPS", groups)
+    plan = validate_plan(_streams(persist=_persist("layer"), fusions={"draft": FUSED, "target": FUSED}))
+    compiled, _ = _round("llama").check(plan, tmp_path)
+    persistent = [l for l in compiled.launches if l.sync is not None]
+    assert persistent
+    for launch in persistent:
+        barriers = len(launch.parts) - 1
+        assert launch.sync.numel() == persist.sync_words(barriers, groups) == (barriers * (groups + 2) + 1) * 32
+        assert int(launch.sync.abs().sum()) == 0
+    text = persistent_source(persistent[0].parts)
+    assert f"grid_barrier(sync, 0, programs, {groups})" in text
+    assert f"grid_exit(sync, {len(persistent[0].parts) - 1}, programs, {groups})" in text
+
+
+def test_the_barrier_cost_benchmarks_kernel_passes_its_barriers_and_resets_them():
+    """benchmarks/barrier_cost.py (GPU only): its kernel of barriers alone, here on one program."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("barrier_cost", ROOT / "benchmarks" / "barrier_cost.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for groups in (1, 4):
+        sync = torch.zeros(persist.sync_words(3, groups), dtype=torch.int32)
+        bench.barriers[(1,)](sync, 3, GROUPS=groups)
+        assert sync.numel() == (3 * (groups + 2) + 1) * 32 and int(sync.abs().sum()) == 0

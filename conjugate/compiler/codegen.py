@@ -23,7 +23,7 @@ from pathlib import Path
 
 import triton.language as tl
 
-from conjugate.compiler.persist import PREFETCHES
+from conjugate.compiler import persist
 from conjugate.compiler.tile import PartCall
 from conjugate.files import write_atomic
 
@@ -118,10 +118,11 @@ def persistent_source(parts: list[PartCall], prefetch: frozenset[int] = frozense
     programs in turn, a barrier on sync[i] after each part but the last, then the exit that resets
     the counters; for each part index in `prefetch`, before the barrier ahead of it every program
     asks L2 for the weights of its tiles of that part (parts whose tile family has a prefetch
-    function, persist.py). Its runtime arguments: the parts', then `sync` (len(parts) int32 counters)."""
+    function, persist.py). Its runtime arguments: the parts', then `sync` (persist.sync_words int32 words)."""
     if len(parts) < 2:
         raise ValueError("a persistent launch has two parts or more")
-    ahead = {i: PREFETCHES[p.sig.fn] for i, p in enumerate(parts) if i and i in prefetch and p.sig.fn in PREFETCHES}
+    ahead = {i: persist.PREFETCHES[p.sig.fn] for i, p in enumerate(parts)
+             if i and i in prefetch and p.sig.fn in persist.PREFETCHES}
     imports = sorted({f"from {p.sig.module} import {p.sig.fn}" for p in parts}
                      | {f"from {module} import {fn}" for module, fn in ahead.values()}
                      | {"from conjugate.compiler.persist import grid_barrier, grid_exit"})
@@ -131,6 +132,7 @@ def persistent_source(parts: list[PartCall], prefetch: frozenset[int] = frozense
     notes = [f"# part {i}: {p.sig.fn}(" + ", ".join(f"{c}={_literal(p.constexprs[c])}" for c in p.sig.constexprs)
              + f"), {p.programs} tiles" for i, p in enumerate(parts)]
     lines = [_HEADER.rstrip(), *imports, "", "", *notes]
+    groups = persist.BARRIER_GROUPS
     lines += ["@triton.jit", "def kernel(", *(f"    {group}," for group in params), "):",
               "    pid = tl.program_id(0)", "    programs = tl.num_programs(0)"]
     for i, part in enumerate(parts):
@@ -141,8 +143,8 @@ def persistent_source(parts: list[PartCall], prefetch: frozenset[int] = frozense
             lines += ["    tile = pid", f"    while tile < {nxt.programs}:",
                       f"        {_call(nxt, i + 1, 'tile', ahead[i + 1][1])}", "        tile += programs"]
         if i < len(parts) - 1:
-            lines.append(f"    grid_barrier(sync, {i}, programs)")
-    lines.append(f"    grid_exit(sync, {len(parts) - 1}, programs)")
+            lines.append(f"    grid_barrier(sync, {i}, programs, {groups})")
+    lines.append(f"    grid_exit(sync, {len(parts) - 1}, programs, {groups})")
     return "\n".join(lines) + "\n"
 
 

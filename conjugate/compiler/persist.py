@@ -12,6 +12,12 @@ cache (`prefetch`: weights never depend on the part before; prefetching into L2 
 prefetched KV-cache line a previous part rewrites is read fresh): tile families that have a
 prefetch function take the same arguments as their tile function (PREFETCHES).
 
+With BARRIER_GROUPS > 1 the barrier is two-level, so no one counter takes every program's atomic
+while every program polls it: program pid arrives on its group's counter (pid % GROUPS), the last of
+a group on the top counter, and the last group sets a flag that every program waits on; each counter
+and the flag sit in a 128-byte line of their own (SYNC_LINE words apart). Every arrival is acq_rel,
+so the flag's release carries what every program stored (benchmarks/barrier_cost.py times both).
+
 Every program must be resident at once, or a waiting program holds its SM while a program it
 waits for never starts. P starts at one program per SM (always resident); once the kernel is
 compiled, `resident_programs` says how many fit on the GPU at once by its registers, shared memory
@@ -59,22 +65,50 @@ def prefetch_l2(ptrs):
                               is_pure=False, pack=1)
 
 
+# Programs per counter of a grid barrier: 1 is one counter for the whole grid.
+BARRIER_GROUPS = 1
+SYNC_LINE_WORDS = 32  # int32 words in a 128-byte line: counters this far apart never share a line
+SYNC_LINE = tl.constexpr(SYNC_LINE_WORDS)
+
+
+def sync_words(barriers: int, groups: int | None = None) -> int:
+    """The int32 words of a persistent launch's sync buffer: per barrier its group counters, the top
+    counter and the flag, each on a line of its own; then the exit counter (`groups`: BARRIER_GROUPS
+    as it is now)."""
+    return (barriers * ((groups or BARRIER_GROUPS) + 2) + 1) * SYNC_LINE_WORDS
+
+
 @triton.jit
-def grid_barrier(sync_ptr, index, programs):
+def grid_barrier(sync_ptr, index, programs, GROUPS: tl.constexpr = 1):
     """Wait until all `programs` programs have passed barrier `index`."""
     tl.debug_barrier()  # every thread of this program has stored its part of the tile
-    tl.atomic_add(sync_ptr + index, 1, sem="release", scope="gpu")
-    arrived = tl.atomic_add(sync_ptr + index, 0, sem="acquire", scope="gpu")
-    while arrived < programs:
-        arrived = tl.atomic_add(sync_ptr + index, 0, sem="acquire", scope="gpu")
+    base = sync_ptr + index * ((GROUPS + 2) * SYNC_LINE)
+    if GROUPS == 1:
+        tl.atomic_add(base, 1, sem="release", scope="gpu")
+        arrived = tl.atomic_add(base, 0, sem="acquire", scope="gpu")
+        while arrived < programs:
+            arrived = tl.atomic_add(base, 0, sem="acquire", scope="gpu")
+    else:
+        group = tl.program_id(0) % GROUPS
+        members = (programs - group + GROUPS - 1) // GROUPS  # programs whose pid % GROUPS is `group`
+        flag = base + (GROUPS + 1) * SYNC_LINE
+        if tl.atomic_add(base + group * SYNC_LINE, 1, sem="acq_rel", scope="gpu") == members - 1:
+            top = tl.atomic_add(base + GROUPS * SYNC_LINE, 1, sem="acq_rel", scope="gpu")
+            if top == tl.minimum(programs, GROUPS) - 1:  # the last group in: everyone may go
+                tl.atomic_xchg(flag, 1, sem="release", scope="gpu")
+        ready = tl.atomic_add(flag, 0, sem="acquire", scope="gpu")
+        while ready == 0:
+            ready = tl.atomic_add(flag, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
 
 
 @triton.jit
-def grid_exit(sync_ptr, barriers, programs):
-    """After the last part: the last program out zeroes the `barriers` counters and its own."""
+def grid_exit(sync_ptr, barriers, programs, GROUPS: tl.constexpr = 1):
+    """After the last part: the last program out zeroes every barrier's words and the exit counter
+    (the next launch on the stream starts after this one ends, and sees them zeroed)."""
     tl.debug_barrier()
-    left = tl.atomic_add(sync_ptr + barriers, 1, sem="acq_rel", scope="gpu")
+    words = barriers * ((GROUPS + 2) * SYNC_LINE)
+    left = tl.atomic_add(sync_ptr + words, 1, sem="acq_rel", scope="gpu")
     if left == programs - 1:
-        for i in range(barriers + 1):
-            tl.atomic_xchg(sync_ptr + i, 0, sem="relaxed", scope="gpu")
+        for w0 in range(0, words + SYNC_LINE, SYNC_LINE):
+            tl.store(sync_ptr + w0 + tl.arange(0, SYNC_LINE), tl.zeros([SYNC_LINE], tl.int32))

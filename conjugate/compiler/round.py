@@ -27,7 +27,7 @@ from conjugate.compiler.codegen import Dispatch, KernelCache, kernel_args, kerne
 from conjugate.compiler.feedback import CompileFailure, LaunchFeedback, PartRef, Resources
 from conjugate.compiler.lower import lower_part
 from conjugate.compiler.packed import pack_launch
-from conjugate.compiler.persist import ASSUMED_L2_BYTES, PREFETCH_L2_SHARE, resident_programs
+from conjugate.compiler.persist import ASSUMED_L2_BYTES, PREFETCH_L2_SHARE, resident_programs, sync_words
 from conjugate.compiler.resources import check_shared_memory
 from conjugate.compiler.tile import INTERPRETING, PartCall
 from conjugate.errors import CompileError
@@ -79,7 +79,7 @@ class CompiledLaunch:
         """`parts` in sequence on `programs` programs (persist.py), with the counters it needs;
         `prefetch`: the parts whose weights are asked for ahead of their barrier (none under the
         interpreter, which has no L2 and no inline PTX)."""
-        sync = torch.zeros(len(parts), dtype=torch.int32, device=device)
+        sync = torch.zeros(sync_words(len(parts) - 1), dtype=torch.int32, device=device)
         kernel, digest = cache.load(persistent_source(parts, frozenset() if INTERPRETING else prefetch))
         args, constexprs = kernel_args(parts, None, sync)
         return cls(index, kernel, digest, programs, args, constexprs, num_warps, num_stages, stream, list(parts),
