@@ -1,10 +1,12 @@
 """A draft layer as one persistent launch against its parts launched one after another, alone.
 
     python benchmarks/persist_layer.py examples/llama-1b-8b-b8.toml [...] [--warps 4 8]
-                                       [--grids 132 264 396 528] [--json OUT.json]
+                                       [--grids 132 264 396 528] [--groups 1 16] [--flush read]
+                                       [--json OUT.json]
 
 Per workload (seeded random weights on the GPU), from `benchmarks/variants/streams-fused.json` with
-the draft's `persist` span set to `layer`, for each number of warps and with prefetch on and off:
+the draft's `persist` span set to `layer`, for each number of warps, each barrier kind
+(`--groups`: persist.BARRIER_GROUPS) and with prefetch on and off:
 1. correctness first: the whole persistent round against the fp32 reference (the evaluator's
    check), and whether its outputs equal those of the same plan with separate launches bit for bit
    (information only: the persistent kernel is compiled apart, and Triton may order a reduction
@@ -12,7 +14,8 @@ the draft's `persist` span set to `layer`, for each number of warps and with pre
 2. the first draft layer's persistent launch timed alone at each grid the GPU can hold at once
    (`--grids`, and its largest, which `programs: 0` takes), and its parts launched one after
    another in one graph at their own settings; each from a CUDA graph of ten calls with the L2
-   cache flushed before every call, as a round's launch verdicts are timed.
+   cache flushed before every call (overwritten, as a round's launch verdicts are timed, or read:
+   `--flush read`, see flush_mode.py).
 One process, every variant in it: compare within a run.
 """
 from __future__ import annotations
@@ -21,6 +24,7 @@ import argparse
 import json
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -33,7 +37,8 @@ from conjugate.evaluate.measured import MeasuredHarness  # noqa: E402
 from conjugate.evaluate.profile import load_profile  # noqa: E402
 from conjugate.evaluate.rounds import checked_run  # noqa: E402
 from conjugate.evaluate.session import EvaluationSession  # noqa: E402
-from conjugate.evaluate.timing import flush_time_us, l2_flush_bytes, time_per_call  # noqa: E402
+from conjugate.compiler import persist  # noqa: E402
+from conjugate.evaluate.timing import FLUSHES, flush_time_us, l2_flush_bytes, time_per_call  # noqa: E402
 from conjugate.plan import load_plan, validate_plan  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 
@@ -60,13 +65,15 @@ def differing_outputs(a, b) -> list[str]:
     return [name for name, (x, y) in fields.items() if not torch.equal(x, y)]
 
 
-def bench(path: Path, warps_list: list[int], grids: list[int], cache: Path) -> list[dict]:
+def bench(path: Path, warps_list: list[int], grids: list[int], cache: Path, groups_list: list[int] = (1,),
+          flush_mode: str = "write") -> list[dict]:
     w = load_workload(path)
     device = torch.device("cuda")
     setup = MeasuredHarness(load_profile("h200"), cache, EvaluationSession()).prepare(w)
     draft, target, inputs = *setup.weights, setup.inputs
     flush = l2_flush_bytes(device)
-    flush_us = flush_time_us(device, CALLS, flush)
+    flush_us = flush_time_us(device, CALLS, flush, flush=flush_mode)
+    timed = partial(time_per_call, device=device, calls=CALLS, flush_bytes=flush, flush_us=flush_us, flush=flush_mode)
     rows = []
     for warps in warps_list:
         separate = compile_round(persist_plan(warps, True, persist=False), w, draft, target, cache_dir=cache)
@@ -75,7 +82,8 @@ def bench(path: Path, warps_list: list[int], grids: list[int], cache: Path) -> l
         separate.load(inputs)
         separate.run()
         expected = separate.outputs()
-        for prefetch in (True, False):
+        for prefetch, groups in ((p, g) for g in groups_list for p in (True, False)):
+            persist.BARRIER_GROUPS = groups  # read when the kernel source and its sync buffer are made
             compiled = compile_round(persist_plan(warps, prefetch), w, draft, target, cache_dir=cache)
             compiled.load(inputs)
             compiled.warmup()  # compiles, records resources, sizes each persistent grid to what fits
@@ -88,10 +96,10 @@ def bench(path: Path, warps_list: list[int], grids: list[int], cache: Path) -> l
             launch = compiled.launches[index]
             fits = launch.grid
             solos = [compiled.solo(index, p) for p in range(len(launch.parts))]
-            sequence_us = time_per_call(lambda: [s() for s in solos], device, CALLS, flush_bytes=flush,
-                                        flush_us=flush_us)
-            parts_us = [time_per_call(s, device, CALLS, flush_bytes=flush, flush_us=flush_us) for s in solos]
-            row = {"workload": w.name, "warps": warps, "prefetch": prefetch, "correct": check.ok, "problems": check.problems[:3],
+            sequence_us = timed(lambda: [s() for s in solos])
+            parts_us = [timed(s) for s in solos]
+            row = {"workload": w.name, "warps": warps, "prefetch": prefetch, "barrier_groups": groups,
+                   "flush": flush_mode, "correct": check.ok, "problems": check.problems[:3],
                    "bit_equal": not differ, "differ": differ,
                    "registers": launch.resources.registers, "shared_bytes": launch.resources.shared_bytes,
                    "resident": fits,
@@ -99,7 +107,7 @@ def bench(path: Path, warps_list: list[int], grids: list[int], cache: Path) -> l
                    "parts_us": parts_us, "sequence_us": sequence_us, "grids_us": {}}
             for grid in sorted({g for g in grids if g <= fits} | {fits}):
                 launch.grid = grid
-                row["grids_us"][grid] = time_per_call(launch, device, CALLS, flush_bytes=flush, flush_us=flush_us)
+                row["grids_us"][grid] = timed(launch)
             launch.grid = fits
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -111,19 +119,24 @@ def main() -> None:
     parser.add_argument("workloads", nargs="+", type=Path)
     parser.add_argument("--warps", nargs="+", type=int, default=[4])
     parser.add_argument("--grids", nargs="+", type=int, default=[66, 132, 264, 396])
+    parser.add_argument("--groups", nargs="+", type=int, default=[1],
+                        help="barrier kinds (persist.BARRIER_GROUPS): 1 is one counter for the grid")
+    parser.add_argument("--flush", choices=FLUSHES, default="write", help="how L2 is emptied before each call")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "command": " ".join(sys.argv), "rows": []}
     with tempfile.TemporaryDirectory(prefix="persist-layer-") as cache:
         for path in args.workloads:
-            out["rows"] += bench(path, args.warps, args.grids, Path(cache))
+            out["rows"] += bench(path, args.warps, args.grids, Path(cache), args.groups, args.flush)
             if args.json:
                 args.json.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"{'workload':22} {'warps':>5} {'prefetch':>8} {'ok':>3} {'bits':>4} {'parts back to back':>18}  "
+    print(f"{'workload':22} {'warps':>5} {'prefetch':>8} {'groups':>6} {'ok':>3} {'bits':>4} "
+          f"{'parts back to back':>18}  "
           f"persistent by grid (us)")
     for r in out["rows"]:
         grids = "  ".join(f"{g}: {us:.1f}" for g, us in r["grids_us"].items())
-        print(f"{r['workload']:22} {r['warps']:5d} {str(r['prefetch']):>8} {'yes' if r['correct'] else 'NO':>3} "
+        print(f"{r['workload']:22} {r['warps']:5d} {str(r['prefetch']):>8} {r['barrier_groups']:6d} "
+              f"{'yes' if r['correct'] else 'NO':>3} "
               f"{'same' if r['bit_equal'] else 'diff':>4} "
               f"{r['sequence_us']:18.1f}  {grids}")
 
