@@ -249,11 +249,14 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     import tempfile
 
     from conjugate.evaluate.calibrate import fit, loss, make_case, measured_rounds, profile_text
-    from conjugate.evaluate.profile import load_profile
+    from conjugate.evaluate.profile import ProfileError, load_profile
     from conjugate.plan import load_plan
     from conjugate.workload import load_workload
 
     profile = load_profile(args.evaluator)
+    if profile.model is None:
+        raise ProfileError(f"--evaluator: profile {profile.name!r} ({profile.source}) is of kind {profile.kind} and "
+                           "has no [model] table; calibrate fits an analytical profile's constants")
     source = Path(args.measured)
     rows = measured_rounds(source)
     cases = []
@@ -295,7 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--from", dest="measured", required=True,
                            help="a measured-rounds JSON (benchmarks/compiler_rounds.py --json)")
     calibrate.add_argument("--evaluator", default="analytical", help="the profile to start from (default: analytical)")
-    calibrate.add_argument("--out", help="where to write the fitted profile (default: over the starting one)")
+    calibrate.add_argument("--out", type=output_file,
+                           help="where to write the fitted profile (default: over the starting one)")
     calibrate.set_defaults(func=cmd_calibrate)
     plan = sub.add_parser("plan", help="work with cross-model plans").add_subparsers(dest="plan_command", required=True,
                                                                                       metavar="ACTION")

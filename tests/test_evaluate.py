@@ -255,6 +255,17 @@ def test_calibrate_command(tmp_path, capsys):
     assert "not a measured-rounds file" in capsys.readouterr().err
 
 
+def test_calibrate_refuses_a_gpu_profile(tmp_path, capsys):
+    """A GPU profile has no analytical constants to fit: one line naming --evaluator, not a traceback."""
+    measured = tmp_path / "measured.json"
+    measured.write_text(json.dumps({"workloads": [{"workload": "tiny", "plans": [
+        {"plan": "sequential", "median_ms": 0.30}]}]}))
+    assert main(["calibrate", "--from", str(measured), "--evaluator", "h200", "--out", str(tmp_path / "f.toml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --evaluator: profile 'h200'") and "no [model] table" in err
+    assert err.count("\n") == 1 and not (tmp_path / "f.toml").exists()
+
+
 def test_profile_dict_round_trip():
     from conjugate.evaluate.profile import EvaluatorProfile
 

@@ -552,6 +552,24 @@ def test_a_generate_flag_past_the_workload_limits_names_the_flag(flag, value, li
     assert "tiny.toml" not in line
 
 
+@pytest.mark.parametrize("flag,value,fragment", [("--dtype", "int8", "one of bf16, fp16, fp32"),
+                                                   ("--draft", "no-such-model", "neither a model preset"),
+                                                   ("--target", "no-such-model", "neither a model preset")])
+def test_a_generate_model_flag_names_the_flag_not_the_workload_file(flag, value, fragment, capsys):
+    code = main(["generate", str(TINY), flag, value, "--prompt-ids", "1,2"])
+    line = assert_one_line_error(code, capsys.readouterr().err, f"{flag} '{value}'", fragment)
+    assert "tiny.toml" not in line
+
+
+def test_a_generate_checkpoint_flag_is_relative_to_the_current_directory(tmp_path, monkeypatch, capsys):
+    """Not to the workload file's folder: --draft ck beside examples/tiny.toml finds ./ck."""
+    checkpoint(tmp_path / "ck")
+    (tmp_path / "ck" / "config.json").write_text(config(hidden_size=0))  # refused when it is found
+    monkeypatch.chdir(tmp_path)
+    code = main(["generate", str(TINY), "--draft", "ck", "--prompt-ids", "1,2"])
+    assert_one_line_error(code, capsys.readouterr().err, str(tmp_path / "ck" / "config.json"), "'hidden_size'")
+
+
 @pytest.mark.parametrize("argv,option", [
     (["search", "--seed", str(2**64)], "--seed"),
     (["search", "--seed", "-1"], "--seed"),
@@ -565,9 +583,14 @@ def test_a_generate_flag_past_the_workload_limits_names_the_flag(flag, value, li
     (["generate", "--context", "1e3"], "--context"),
     (["bench", "--json", "/nonexistent-folder/out.json"], "--json"),
     (["generate", "--json", "."], "--json"),
+    (["profile", "w.toml", "--json", "."], "--json"),
+    (["profile", "w.toml", "--replays", "-1"], "--replays"),
+    (["show", "runs.db", "--limit", "-5"], "--limit"),
+    (["calibrate", "--from", "m.json", "--out", "."], "--out"),
 ], ids=["seed-past-64-bits", "seed-negative", "seed-huge", "run-past-64-bits", "run-zero", "cost-nan",
         "cost-negative", "k-zero", "batch-negative", "context-not-an-integer", "json-in-a-missing-folder",
-        "json-a-folder"])
+        "json-a-folder", "profile-json-a-folder", "profile-replays-negative", "show-limit-negative",
+        "calibrate-out-a-folder"])
 def test_a_bad_number_on_the_command_line_is_a_usage_error(argv, option, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(argv)

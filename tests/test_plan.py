@@ -178,6 +178,15 @@ def test_patch_errors(patch, expected):
         apply_patch(doc, patch)
 
 
+def test_a_patch_of_copies_into_their_own_source_stays_small_and_fast():
+    """Each copy of /a into /a doubles it: 40 of them (a reply of 2 KB) would make 2**40 values."""
+    patch = [{"op": "copy", "from": "/a", "path": f"/a/x{i}"} for i in range(40)]
+    with pytest.raises(PatchError, match=r"patch op 1\d \(copy /a/x1\d\): the copies make the document larger"):
+        apply_patch({"a": {"b": [1, 2, 3]}}, patch)
+    many = apply_patch({"a": 1}, [{"op": "copy", "from": "/a", "path": f"/x{i}"} for i in range(2000)])
+    assert len(many) == 2001  # many small copies are fine
+
+
 def test_patch_is_atomic_and_plan_patch_validates():
     plan = load_plan(ROOT / "plans" / "interleave.json")
     before = plan.to_dict()

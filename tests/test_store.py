@@ -1,10 +1,12 @@
 """The search store on SQLite and on PostgreSQL ($CONJUGATE_TEST_POSTGRES_URL; `bash .ci/postgres` prints one)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -349,6 +351,17 @@ def test_database_of_something_else_is_refused(db_url):
     _sql(db_url, "CREATE TABLE unrelated (id INTEGER PRIMARY KEY)")
     with pytest.raises(StoreError, match="not a conjugate store"):
         Store.open(db_url)
+
+
+def test_a_foreign_sqlite_file_is_refused_as_found(tmp_path):
+    """Opened to write (search --db), another program's database is not switched to WAL first."""
+    songs = tmp_path / "songs.db"
+    with contextlib.closing(sqlite3.connect(songs)) as c, c:
+        c.execute("CREATE TABLE songs (title text)")
+    before = songs.read_bytes()
+    with pytest.raises(StoreError, match="not a conjugate store"):
+        Store.open(songs)
+    assert songs.read_bytes() == before
 
 
 def test_file_that_is_not_a_database_is_refused(tmp_path):

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from conjugate.arguments import output_file, positive
 from conjugate.errors import ConjugateError
 from conjugate.files import write_output
 
@@ -17,9 +18,10 @@ def add_command(sub, out: Console) -> None:
                                          "against the bandwidth floor")
     cmd.add_argument("workload", help="workload TOML file")
     cmd.add_argument("--plan", default="streams", help="plan name (plans/) or JSON file (default: streams)")
-    cmd.add_argument("--replays", type=int, default=5, help="round replays recorded (default: 5; the median one "
-                                                            "is reported)")
-    cmd.add_argument("--json", help="also write the whole ledger (every launch) as JSON to this file")
+    cmd.add_argument("--replays", type=positive, default=5, help="round replays recorded (default: 5; the median "
+                                                                 "one is reported)")
+    cmd.add_argument("--json", type=output_file,
+                     help="also write the whole ledger (every launch) as JSON to this file")
     cmd.set_defaults(func=lambda args: cmd_profile(args, out))
 
 
@@ -28,8 +30,6 @@ def cmd_profile(args: argparse.Namespace, out: Console) -> None:
 
     if not torch.cuda.is_available():
         raise ConjugateError("conjugate profile measures on a GPU and this machine has no CUDA device")
-    if args.replays < 1:
-        raise ConjugateError(f"--replays must be at least 1, got {args.replays}")
     from conjugate.paths import plan_path
     from conjugate.plan import load_plan
     from conjugate.workload import load_workload

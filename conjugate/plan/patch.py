@@ -9,6 +9,7 @@ from conjugate.errors import PatchError
 from conjugate.files import check_nesting
 from conjugate.plan.schema import Plan, validate_plan
 
+MAX_VALUES = 100_000  # values in a patched document (a plan holds hundreds): each copy may double it
 _OPS = {"add": ("path", "value"), "remove": ("path",), "replace": ("path", "value"),
         "move": ("from", "path"), "copy": ("from", "path"), "test": ("path", "value")}
 
@@ -82,12 +83,27 @@ def apply_patch(document: Any, patch: Any) -> Any:
         raise PatchError(f"a patch is a list of operations, got {type(patch).__name__}")
     check_nesting(patch, "patch", PatchError)  # before anything copies it recursively
     doc = copy.deepcopy(document)
+    room = MAX_VALUES - _count(doc, MAX_VALUES)  # what copies may add: copy after copy would grow exponentially
     for i, op in enumerate(patch):
-        doc = _apply_one(doc, op, i)
+        doc, room = _apply_one(doc, op, i, room)
     return doc
 
 
-def _apply_one(doc: Any, op: Any, i: int) -> Any:
+def _count(value: Any, limit: int) -> int:
+    """The values in `value` (itself, and every item and key inside), counted up to just past `limit`."""
+    count, pending = 0, [value]
+    while pending and count <= limit:
+        item = pending.pop()
+        count += 1
+        if isinstance(item, dict):
+            count += len(item)
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return count
+
+
+def _apply_one(doc: Any, op: Any, i: int, room: int) -> tuple[Any, int]:
     name = op.get("op") if isinstance(op, dict) else None
     if name not in _OPS:
         raise PatchError(f"patch op {i}: 'op' must be one of {', '.join(_OPS)}, got {json.dumps(name)}")
@@ -99,16 +115,16 @@ def _apply_one(doc: Any, op: Any, i: int) -> Any:
     if name == "test":
         if _get(doc, path, where) != op["value"]:
             raise PatchError(f"{where}: test failed, value is {json.dumps(_get(doc, path, where))}")
-        return doc
+        return doc, room
     if name == "replace":
         _get(doc, path, where)  # must exist
         if not path:
-            return copy.deepcopy(op["value"])
+            return copy.deepcopy(op["value"]), room
         _remove(doc, path, where)
         _add(doc, path, copy.deepcopy(op["value"]), where)
     elif name == "add":
         if not path:
-            return copy.deepcopy(op["value"])
+            return copy.deepcopy(op["value"]), room
         _add(doc, path, copy.deepcopy(op["value"]), where)
     elif name == "remove":
         _remove(doc, path, where)
@@ -116,9 +132,13 @@ def _apply_one(doc: Any, op: Any, i: int) -> Any:
         source = _tokens(op["from"], where)
         if name == "move" and path[:len(source)] == source and path != source:
             raise PatchError(f"{where}: cannot move a value into one of its own children")
+        if name == "copy":
+            room -= _count(_get(doc, source, where), room)
+            if room < 0:
+                raise PatchError(f"{where}: the copies make the document larger than {MAX_VALUES} values")
         value = _remove(doc, source, where) if name == "move" else copy.deepcopy(_get(doc, source, where))
         _add(doc, path, value, where)
-    return doc
+    return doc, room
 
 
 def patch_plan(plan: Plan, patch: Any) -> Plan:

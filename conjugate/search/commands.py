@@ -367,7 +367,7 @@ def add_commands(sub, out: Console) -> None:
     show = sub.add_parser("show", help="runs of a search database, the best plans, failures")
     show.add_argument("db", help="SQLAlchemy URL or SQLite file")
     show.add_argument("--run", type=_RUN_ID, help="the run to detail (default: the latest)")
-    show.add_argument("--limit", type=int, default=10)
+    show.add_argument("--limit", type=positive, default=10)
     show.add_argument("--workload", help="the run's workload file, where the database moved away from it")
     show.set_defaults(func=lambda a: cmd_show(a, out))
     export = sub.add_parser("export", help="write a run's best plan, its kernels, a report and a plot")

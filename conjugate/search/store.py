@@ -411,12 +411,15 @@ def _engine(url: URL, where: str, wal: bool = True) -> Engine:
 
 def _sqlite_events(engine: Engine, wal: bool) -> None:
     """Per connection: busy timeout, foreign keys, and (`wal`: a store this process may create) the
-    WAL journal, a setting the file keeps, so later opens of a store find it there."""
+    WAL journal, a setting the file keeps, so later opens of a store find it there; a file with tables
+    but no 'meta' table is another program's, refused as found."""
     @event.listens_for(engine, "connect")
     def _pragmas(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None  # the driver's own BEGIN off: _begin below emits it
         cursor = dbapi_conn.cursor()
-        for pragma in ("journal_mode=WAL" if wal else None, f"busy_timeout={int(SQLITE_BUSY_S * 1000)}",
+        tables = {row[0] for row in cursor.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        wal_here = wal and (not tables or "meta" in tables)
+        for pragma in ("journal_mode=WAL" if wal_here else None, f"busy_timeout={int(SQLITE_BUSY_S * 1000)}",
                        "foreign_keys=ON", "synchronous=NORMAL"):
             if pragma is None:
                 continue

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from conjugate.arguments import output_file, positive
 from conjugate.errors import ConjugateError
-from conjugate.files import write_output
+from conjugate.files import shown, write_output
 from conjugate.serving.decoder import (CONVENTIONAL, MODES, GenerationError, Progress, SpeculativeDecoder,
                                        check_prompts)
 from conjugate.serving.tokens import Tokenizer
@@ -106,8 +106,24 @@ def _workload_fields(args: argparse.Namespace) -> tuple[dict, Path]:
         limits = LIMITS.get(keys[0])  # the numeric flags'
         if limits and not limits[0] <= value <= limits[1]:  # named as the flag: the file may say otherwise
             raise GenerationError(f"--{flag} {value}: must be in [{limits[0]}, {limits[1]}]")
-        fields |= {key: value for key in keys}
+        fields |= {key: _named(flag, value) for key in keys}
     return fields, where
+
+
+def _named(flag: str, value):
+    """A --draft, --target or --dtype value checked here, so that its error names the flag and not the
+    workload file; a checkpoint directory is relative to the current directory, not to the file's."""
+    from conjugate.models.presets import PRESETS
+    from conjugate.models.weights import DTYPES
+
+    if flag == "dtype" and value not in DTYPES:
+        raise GenerationError(f"--dtype {shown(value)}: one of {', '.join(DTYPES)}")
+    if flag in ("draft", "target") and value not in PRESETS:
+        if not Path(value).is_dir():
+            raise GenerationError(f"--{flag} {shown(value)}: neither a model preset nor a checkpoint directory "
+                                  "(presets: conjugate models)")
+        return str(Path(value).resolve())
+    return value
 
 
 def _plan(args: argparse.Namespace):
