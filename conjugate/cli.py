@@ -78,7 +78,7 @@ def _schedule_table(schedule, title: str, limit: int | None = None) -> Table:
             parts += f"  [{launch.pattern}{'' if launch.pattern != 'ratio' else ' %d:%d' % launch.ratio}]"
         if launch.persistent:
             grid = f"{launch.programs} programs" if launch.programs else "all programs that fit at once"
-            parts += f"  [persistent: {grid}, parts in sequence]"
+            parts += f"  [persistent: {grid}, parts in sequence]" if len(launch.parts) > 1 else f"  [tile loop: {grid}]"
         tiles = " | ".join(",".join(f"{k.replace('BLOCK_', '')}{v}" for k, v in p.tiles.items()) for p in launch.parts)
         table.add_row(str(launch.index), launch.stream, parts, "\n".join(" + ".join(p.ops) for p in launch.parts),
                       tiles, _human_bytes(launch.bytes))

@@ -88,8 +88,8 @@ def test_persistent_source_runs_parts_in_order_with_a_barrier_between():
     assert len(loops) == len(parts) and len(barriers) == len(parts) - 1
     assert all(a < b < c for a, b, c in zip(loops, barriers, loops[1:]))
     assert text.rstrip().endswith(f"grid_exit(sync, {len(parts) - 1}, programs, {persist.BARRIER_GROUPS})")
-    with pytest.raises(ValueError, match="two parts or more"):
-        persistent_source(parts[:1])
+    with pytest.raises(ValueError, match="one part or more"):
+        persistent_source([])
     assert "prefetch" not in text  # not asked for (and the interpreter has no L2 to prefetch into)
     ahead = persistent_source(parts, prefetch=frozenset(range(len(parts)))).splitlines()
     calls = [i for i, line in enumerate(ahead) if "_prefetch(tile, " in line]
@@ -116,7 +116,7 @@ def test_persistent_rounds_compute_the_reference_round(family, draft, target, fu
 
 
 @pytest.mark.parametrize("value,error", [
-    ({"draft": {"span": "block"}}, "$.persist.draft.span: \"block\" is not one of none, layer, step"),
+    ({"draft": {"span": "block"}}, "$.persist.draft.span: \"block\" is not one of none, launch, layer, step"),
     ({"draft": {"span": "layer", "programs": 5000}}, "$.persist.draft.programs: 5000 is out of range [0, 1024]"),
     ({"draft": {"span": "layer", "programs": "all"}}, "$.persist.draft.programs: should be an integer"),
     ({"draft": "layer"}, "$.persist.draft: should be an object"),
@@ -144,7 +144,7 @@ def test_the_heuristic_proposes_persistent_launches_as_valid_edits():
     edits = persist_edits(plan, sms=132)
     applied = [validate_plan(apply_patch(plan.to_dict(), c.patch)) for c in edits]
     spans = {(p["persist"]["draft"]["span"], p["persist"]["target"]["span"]) for p in applied}
-    assert spans == {("layer", "none"), ("step", "none"), ("none", "layer"), ("none", "step")}
+    assert spans == {("layer", "none"), ("step", "none"), ("none", "launch"), ("none", "layer"), ("none", "step")}
     best = max(edits, key=lambda c: c.score)
     assert best.patch[0]["path"] == "/persist/draft" and best.patch[0]["value"]["span"] == "layer"
     layered = applied[[c.patch[0]["value"]["span"] for c in edits].index("layer")]
@@ -191,6 +191,9 @@ def test_a_grid_larger_than_the_gpu_holds_at_once_is_refused(monkeypatch):
     assert rounds.resident_grid(launch, planned, torch.device("cuda")) == 528
     launch.parts = [SimpleNamespace(programs=48)]
     assert rounds.resident_grid(launch, planned, torch.device("cuda")) == 48  # no more than its tiles
+    loop = replace(planned, parts=planned.parts[:1], programs=600)  # a tile loop waits for no one: not refused
+    launch.parts = tiles
+    assert rounds.resident_grid(launch, loop, torch.device("cuda")) == 600
 
 
 def test_a_persistent_launch_slower_than_its_parts_points_the_heuristic_back():
@@ -233,7 +236,7 @@ def test_only_parts_that_fit_half_the_l2_cache_are_prefetched():
 def test_both_models_persistent_on_two_streams_is_refused():
     with pytest.raises(PlanError) as caught:
         validate_plan(_streams(persist=_persist("layer", "layer")))
-    assert caught.value.errors[0].startswith("$.persist: both models persistent on two streams")
+    assert caught.value.errors[0].startswith("$.persist: both models persistent with barriers on two streams")
     one_stream = validate_plan(_streams(streams="one", persist=_persist("layer", "layer")))
     assert one_stream["persist"]["target"]["span"] == "layer"
 
@@ -349,3 +352,60 @@ def test_the_barrier_cost_benchmarks_kernel_passes_its_barriers_and_resets_them(
         sync = torch.zeros(persist.sync_words(3, groups), dtype=torch.int32)
         bench.barriers[(1,)](sync, 3, GROUPS=groups)
         assert sync.numel() == (3 * (groups + 2) + 1) * 32 and int(sync.abs().sum()) == 0
+
+
+
+def test_span_launch_makes_each_of_a_models_own_launches_a_tile_loop():
+    """Span `launch` joins nothing: each target launch of its own becomes a one-part persistent launch
+    (a tile loop on the plan's grid, no barrier, no sync buffer); shared launches stay as they were."""
+    rnd = _round("llama")
+    base = load_plan(ROOT / "plans" / "interleave.json").to_dict() | {"tiles": SMALL_TILES}
+    plain, looped = (expand(validate_plan(base | {"persist": _persist("none", span)}), rnd.workload)
+                     for span in ("none", "launch"))
+    assert len(plain.launches) == len(looped.launches)
+    for a, b in zip(plain.launches, looped.launches):
+        assert a.ops == b.ops and a.parts == b.parts
+        own_target = not a.cross_model and a.parts[0].model == Model.TARGET
+        assert b.persistent == own_target and not a.persistent
+        if own_target:
+            assert b.part_launch == ((a.num_warps, a.num_stages),) and not b.prefetch
+    assert any(l.cross_model for l in looped.launches)  # interleave shares some: they are left alone
+    source = persistent_source([_lowered_part(rnd)])
+    assert "grid_barrier" not in source and "grid_exit" not in source and "sync" not in source
+    assert "    while tile < " in source and "tile += programs" in source
+
+
+def _lowered_part(rnd):
+    from conjugate.compiler.buffers import PreparedWeights, RoundBuffers
+    from conjugate.compiler.lower import lower_part
+
+    w = rnd.workload
+    schedule = expand(validate_plan(_streams(persist=_persist("none", "launch"))), w)
+    bufs = RoundBuffers.allocate(w, PreparedWeights(rnd.draft), PreparedWeights(rnd.target))
+    launch = next(l for l in schedule.launches if l.persistent)
+    return lower_part(launch.parts[0], build_graph(w), bufs)
+
+
+@pytest.mark.parametrize("draft,target", [("launch", "launch"), ("layer", "launch"), ("none", "launch")])
+def test_tile_loops_beside_persistent_or_plain_launches_compute_the_reference_round(draft, target, tmp_path):
+    """On two streams a tile loop waits for no one, so either model may have one beside the other's
+    persistent layers; the round is the reference round (one program under the interpreter)."""
+    plan = validate_plan(_streams(persist={"draft": {"span": draft}, "target": {"span": target, "programs": 99}}))
+    compiled, _ = _round("qwen3").check(plan, tmp_path)
+    loops = [l for l in compiled.launches if l.persistent and len(l.parts) == 1]
+    assert loops and all(l.sync is None and l.grid == 1 for l in loops)
+    assert plan["persist"]["target"]["programs"] == 99
+
+
+def test_a_tile_loops_grid_counts_in_the_analytical_model():
+    """A tile loop on fewer programs than its tiles fills less of the GPU: modeled no faster than the launch."""
+    from conjugate.evaluate.analytical import AnalyticalModel, PartCost
+    from conjugate.evaluate.profile import load_profile
+
+    model = AnalyticalModel(load_profile("analytical").model)
+    part = PartCost("gemm", 8_000_000, 0, 512)
+    w = _round("llama").workload
+    loop = next(l for l in expand(validate_plan(_streams(persist=_persist("none", "launch"))), w).launches
+                if l.persistent)
+    capped = replace(loop, programs=16)
+    assert model.estimate(capped, [part]).us > model.estimate(replace(loop, programs=0), [part]).us

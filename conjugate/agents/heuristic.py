@@ -49,7 +49,7 @@ from conjugate.evaluate.result import EvalResult, KindLoss, LedgerSummary, Verdi
 from conjugate.graph import GEMM_KINDS, KINDS, LAYER_KINDS
 from conjugate.plan.expand import MAIN_KINDS, RESIDUAL_GEMMS
 from conjugate.plan.patch import patch_plan
-from conjugate.plan.schema import FUSIONS, MODEL_KEYS, SPANS, Plan, validate_plan
+from conjugate.plan.schema import BARRIER_SPANS, FUSIONS, MODEL_KEYS, SPANS, Plan, validate_plan
 from conjugate.plan.tiles import FAMILY_OF, LAUNCH_BOUNDS
 from conjugate.roles import Model
 
@@ -317,22 +317,31 @@ def persist_edits(plan: Plan, sms: int, verdicts: tuple[Verdict, ...] = ()) -> l
     or one per SM on half of them (two streams: the other model's kernels keep the rest); prefetch
     on or off. Aimed at the draft first: its chain of short, latency-bound launches is the longer
     stream for small drafts (benchmarks/README.md, floor.py). Whether a grid-wide barrier costs less
-    than a launch boundary is for the measurements (the launches' verdicts) to say."""
+    than a launch boundary is for the measurements (the launches' verdicts) to say.
+    With two streams, also the target's launches as tile loops on three quarters of the SMs (span
+    `launch`): the draft's short kernels then find SMs free instead of queueing behind the target's."""
     out = []
     for model in MODEL_KEYS:
         now, draft = plan["persist"][model], model == Model.DRAFT.value
         measured = _persistent_verdicts(verdicts, model)
         worst, best = (measured[0], measured[-1]) if measured else (None, None)
         other = next(m for m in MODEL_KEYS if m != model)
-        both = plan["streams"] == "two" and plan["persist"][other]["span"] != "none"  # refused: see schema
+        both = plan["streams"] == "two" and plan["persist"][other]["span"] in BARRIER_SPANS  # refused: see schema
         for span in SPANS:
-            if span == now["span"] or (both and span != "none"):
+            if span == now["span"] or (both and span in BARRIER_SPANS) or (span == "launch" and draft):
                 continue
             value = now | {"span": span} if span != "none" else {"span": "none", "programs": 0, "prefetch": True}
+            if span == "launch":
+                value = value | {"programs": max(1, 3 * sms // 4)}
+            elif now["span"] == "launch":
+                value = value | {"programs": 0}
             why = {"none": f"the {model}'s launches run separately again",
+                   "launch": f"each {model} launch a tile loop on {value['programs']} programs: the other stream's "
+                             f"kernels find SMs free",
                    "layer": f"each {model} layer in one persistent launch: grid barriers instead of launch boundaries",
                    "step": f"each {model} decode step in one persistent launch"}[span]
-            score = {"none": 0.2, "layer": 0.45 if draft else 0.25, "step": 0.3 if draft else 0.15}[span]
+            score = {"none": 0.2, "launch": 0.35 if plan["streams"] == "two" else 0.05,
+                     "layer": 0.45 if draft else 0.25, "step": 0.3 if draft else 0.15}[span]
             if worst is not None and worst.verdict is VerdictKind.INTERFERENCE and span == "none":
                 why += (f": persistent launch {worst.launch} took {worst.shared_us:.1f} us against "
                         f"{worst.separate_us:.1f} for its parts launched one by one")
@@ -342,7 +351,12 @@ def persist_edits(plan: Plan, sms: int, verdicts: tuple[Verdict, ...] = ()) -> l
                 score = 0.55
             patch = [{"op": "replace", "path": f"/persist/{model}", "value": value}]
             out.append(Candidate("launch", patch, why, score))
-        if now["span"] != "none":
+        if now["span"] == "launch":
+            for programs in sorted({max(1, sms // 2), sms} - {now["programs"]}):
+                out.append(Candidate("launch", [{"op": "replace", "path": f"/persist/{model}/programs",
+                                                 "value": programs}],
+                                     f"{model} tile loops on {programs} programs", 0.25))
+        elif now["span"] != "none":
             on = not now["prefetch"]
             out.append(Candidate("launch", [{"op": "replace", "path": f"/persist/{model}/prefetch", "value": on}],
                                  f"{model} persistent launches {'prefetch' if on else 'no longer prefetch'} the next "

@@ -118,15 +118,17 @@ def persistent_source(parts: list[PartCall], prefetch: frozenset[int] = frozense
     programs in turn, a barrier on sync[i] after each part but the last, then the exit that resets
     the counters; for each part index in `prefetch`, before the barrier ahead of it every program
     asks L2 for the weights of its tiles of that part (parts whose tile family has a prefetch
-    function, persist.py). Its runtime arguments: the parts', then `sync` (persist.sync_words int32 words)."""
-    if len(parts) < 2:
-        raise ValueError("a persistent launch has two parts or more")
+    function, persist.py). Its runtime arguments: the parts', then `sync` (persist.sync_words int32
+    words). One part is a tile loop: no barrier, no `sync`."""
+    if not parts:
+        raise ValueError("a persistent launch has one part or more")
+    barriers = len(parts) > 1
     ahead = {i: persist.PREFETCHES[p.sig.fn] for i, p in enumerate(parts)
              if i and i in prefetch and p.sig.fn in persist.PREFETCHES}
     imports = sorted({f"from {p.sig.module} import {p.sig.fn}" for p in parts}
                      | {f"from {module} import {fn}" for module, fn in ahead.values()}
-                     | {"from conjugate.compiler.persist import grid_barrier, grid_exit"})
-    params = [", ".join(f"p{i}_{a}" for a in p.sig.args) for i, p in enumerate(parts)] + ["sync"]
+                     | ({"from conjugate.compiler.persist import grid_barrier, grid_exit"} if barriers else set()))
+    params = [", ".join(f"p{i}_{a}" for a in p.sig.args) for i, p in enumerate(parts)] + (["sync"] if barriers else [])
     params += [", ".join(f"P{i}_{c}: tl.constexpr" for c in p.sig.constexprs) for i, p in enumerate(parts)
                if p.sig.constexprs]
     notes = [f"# part {i}: {p.sig.fn}(" + ", ".join(f"{c}={_literal(p.constexprs[c])}" for c in p.sig.constexprs)
@@ -144,7 +146,8 @@ def persistent_source(parts: list[PartCall], prefetch: frozenset[int] = frozense
                       f"        {_call(nxt, i + 1, 'tile', ahead[i + 1][1])}", "        tile += programs"]
         if i < len(parts) - 1:
             lines.append(f"    grid_barrier(sync, {i}, programs, {groups})")
-    lines.append(f"    grid_exit(sync, {len(parts) - 1}, programs, {groups})")
+    if barriers:
+        lines.append(f"    grid_exit(sync, {len(parts) - 1}, programs, {groups})")
     return "\n".join(lines) + "\n"
 
 

@@ -61,7 +61,8 @@ class CompiledLaunch:
     stream: str
     parts: list[PartCall]
     resources: Resources = Resources()  # the compiler's report (GPU only)
-    sync: Any = None  # a persistent launch's barrier counters (persist.py)
+    sync: Any = None  # a persistent launch's barrier counters (persist.py); None for a tile loop
+    persistent: bool = False  # programs take the tiles in turn on a grid of their own size (`grid`)
 
     @classmethod
     def build(cls, index: int, parts: list[PartCall], cache: KernelCache, *, dispatch: Dispatch | None = None,
@@ -79,11 +80,11 @@ class CompiledLaunch:
         """`parts` in sequence on `programs` programs (persist.py), with the counters it needs;
         `prefetch`: the parts whose weights are asked for ahead of their barrier (none under the
         interpreter, which has no L2 and no inline PTX)."""
-        sync = torch.zeros(sync_words(len(parts) - 1), dtype=torch.int32, device=device)
+        sync = torch.zeros(sync_words(len(parts) - 1), dtype=torch.int32, device=device) if len(parts) > 1 else None
         kernel, digest = cache.load(persistent_source(parts, frozenset() if INTERPRETING else prefetch))
         args, constexprs = kernel_args(parts, None, sync)
         return cls(index, kernel, digest, programs, args, constexprs, num_warps, num_stages, stream, list(parts),
-                   sync=sync)
+                   sync=sync, persistent=True)
 
     def __call__(self) -> None:
         self.kernel[(self.grid,)](*self.args, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages)
@@ -163,7 +164,7 @@ def resident_grid(launch: CompiledLaunch, planned: Launch, device: torch.device)
     if r.registers is None or r.shared_bytes is None:
         return min(planned.programs or sms, sms, tiles)
     fits = resident_programs(r.registers, r.shared_bytes, launch.num_warps, sms)
-    if planned.programs > fits or fits == 0:
+    if (planned.programs > fits and len(planned.parts) > 1) or fits == 0:  # a tile loop waits for no one
         raise _compile_error(planned, None, f"persist programs {planned.programs or 'all that fit'}: the GPU holds "
                                             f"{fits} programs of this kernel at once ({r.registers} registers, "
                                             f"{r.shared_bytes} bytes of shared memory, {launch.num_warps} warps each)")
@@ -268,7 +269,7 @@ class CompiledRound:
             for launch in self.launches:
                 with self._compiling(launch):
                     launch.warmup()
-                if launch.sync is not None:  # a persistent launch: as many programs as fit at once
+                if launch.persistent:  # as many programs as fit at once, or the plan's
                     launch.grid = resident_grid(launch, self.schedule.launches[launch.index], self.device)
         self.run_eager()
 

@@ -15,7 +15,7 @@ Every number it produces is modeled, not measured.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import networkx as nx
 
@@ -74,6 +74,8 @@ class AnalyticalModel:
         return self.c.launch_overhead_us + max(memory, compute) + self.c.colocation_penalty * min(alone)
 
     def estimate(self, launch: Launch, parts: list[PartCost]) -> LaunchEstimate:
+        if launch.persistent and launch.programs:  # the plan's grid: fewer programs fill less of the GPU
+            parts = [replace(p, programs=min(p.programs, launch.programs)) for p in parts]
         alone = tuple(self.launch_us([p]) for p in parts)
         if launch.persistent:
             return LaunchEstimate(launch.index, launch.stream, sum(alone), alone)

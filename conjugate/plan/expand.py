@@ -18,7 +18,9 @@ interleave and operand layout apply to every launch holding a matching op.
 decode step (`step`) into one persistent launch: its parts run one after another, each over all
 of the launch's programs, a grid-wide barrier between them (compiler/persist.py). Launches shared
 with the other model are never joined, and with one stream only launches next to each other in the
-schedule. The finished schedule is checked against every dependency of both models.
+schedule. Span `launch` joins nothing: each of the model's own launches becomes a tile loop, its
+tiles taken in turn by a capped number of programs (`programs`), no barrier, so the other stream
+finds SMs free. The finished schedule is checked against every dependency of both models.
 """
 from __future__ import annotations
 
@@ -64,7 +66,8 @@ class Launch:
     num_stages: int
     bytes: int
     flops: int
-    persistent: bool = False  # parts in sequence, a grid-wide barrier between them (plan `persist`)
+    # parts in sequence, a grid-wide barrier between them (plan `persist`); one part: a tile loop
+    persistent: bool = False
     programs: int = 0  # a persistent launch's programs; 0: as many as the GPU holds at once
     prefetch: bool = False  # a persistent launch's programs prefetch the next part's weights before a barrier
     part_launch: tuple[tuple[int, int], ...] = ()  # a persistent launch's parts' own (num_warps, num_stages)
@@ -240,6 +243,7 @@ def _span_key(graph: nx.DiGraph, launch: Launch, span: str) -> tuple | None:
 def _persist(plan: Plan, graph: nx.DiGraph, launches: list[Launch]) -> tuple[Launch, ...]:
     """Join runs of a model's launches per the plan's `persist` (see the module doc); re-indexed."""
     runs: dict[int, list[Launch]] = {}  # first member's position -> the run
+    loops: set[int] = set()  # launches of a model with span `launch`: tile loops
     open_run: dict[Model, tuple[tuple, list[Launch]] | None] = {m: None for m in Model}
     for launch in launches:
         model = launch.parts[0].model
@@ -249,7 +253,9 @@ def _persist(plan: Plan, graph: nx.DiGraph, launches: list[Launch]) -> tuple[Lau
             if (m != model and plan["streams"] == "one") or shared_by_m:
                 open_run[m] = None
         span = plan["persist"][model.value]["span"]
-        key = None if launch.cross_model or span == "none" else _span_key(graph, launch, span)
+        if span == "launch" and not launch.cross_model:
+            loops.add(launch.index)
+        key = None if launch.cross_model or span in ("none", "launch") else _span_key(graph, launch, span)
         if key is None:
             open_run[model] = None
             continue
@@ -265,6 +271,8 @@ def _persist(plan: Plan, graph: nx.DiGraph, launches: list[Launch]) -> tuple[Lau
     for launch in launches:
         if launch.index in joined:
             launch = _joined(plan, joined[launch.index])
+        elif launch.index in loops:
+            launch = replace(_joined(plan, [launch]), prefetch=False)  # no barrier to prefetch ahead of
         elif launch.index in members:
             continue
         out.append(replace(launch, index=len(out)))

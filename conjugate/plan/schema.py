@@ -31,8 +31,11 @@ PRIORITIES = ("none", "draft", "target")  # with two streams: whose stream the G
 # order by the tile's last split (deterministic), or each split adding its partial atomically
 REDUCTIONS = ("ordered", "atomic")
 # a persistent launch: a model's consecutive launches of one decoder layer (or one decode step) run
-# as one launch whose programs take each part's tiles in turn, with a grid-wide barrier between parts
-SPANS = ("none", "layer", "step")
+# as one launch whose programs take each part's tiles in turn, with a grid-wide barrier between parts;
+# span `launch` joins nothing: each launch of the model runs its tiles on a capped grid (a tile loop,
+# no barrier), leaving the rest of the GPU to the other stream
+SPANS = ("none", "launch", "layer", "step")
+BARRIER_SPANS = ("layer", "step")
 PERSIST_PROGRAMS_MAX = 1024  # 0: as many programs as the GPU holds at once
 FUSIONS = ("attn_norm+qkv", "qkv+rope_kv", "mlp_norm+gate_up", "final_norm+lm_head", "lm_head+argmax")
 MATCH_MAX = 200  # characters of an override's glob
@@ -189,9 +192,10 @@ def _canonical(raw: Any) -> tuple[dict, list[str]]:
     plan["overrides"] = [_override(c, o, f"$.overrides[{i}]") for i, o in enumerate(overrides)]
     if plan["priority"] != "none" and plan["streams"] != "two":
         c.fail("$.priority", f"{plan['priority']!r} favours one model's stream, so it needs $.streams 'two'")
-    if plan["streams"] == "two" and all(plan["persist"][m]["span"] != "none" for m in MODEL_KEYS):
-        c.fail("$.persist", "both models persistent on two streams: each grid could hold part of the GPU and wait "
-                            "for programs the other keeps from starting; one stream, or one model persistent")
+    if plan["streams"] == "two" and all(plan["persist"][m]["span"] in BARRIER_SPANS for m in MODEL_KEYS):
+        c.fail("$.persist", "both models persistent with barriers on two streams: each grid could hold part of the "
+                            "GPU and wait for programs the other keeps from starting; one stream, or at most one "
+                            "model with span layer or step")
     if plan["streams"] == "two" and plan["alignment"] != "sequential":
         c.fail("$.streams", "'two' runs each model on its own stream, so it needs $.alignment 'sequential' "
                             "(cross-model launches belong to one stream)")
