@@ -8,12 +8,18 @@ grid (programs, all resident at once: the kernel holds few registers) and barrie
 nothing else is timed against one of none, from CUDA graphs of ten calls: (t_R - t_0) / R per
 barrier. Beside it, an empty kernel of the same grid launched back to back: what a kernel boundary
 costs in a CUDA graph. Every kernel first checks its counters come back zeroed.
+
+Then, in a process of its own (the CUDA context does not survive it), a barrier told to wait for
+one program more than the grid has: it must stop with a CUDA error after persist.SPIN_LIMIT polls,
+not hang; the seconds it took are reported (`--no-trap-check` skips it).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -39,6 +45,12 @@ def barriers(sync, rounds, GROUPS: tl.constexpr):
 
 
 @triton.jit
+def short_by_one(sync, GROUPS: tl.constexpr):
+    """A barrier waiting for one program more than the grid has: it can only give up."""
+    grid_barrier(sync, 0, tl.num_programs(0) + 1, GROUPS)
+
+
+@triton.jit
 def empty(out):
     if tl.program_id(0) == -1:  # never: a kernel that does nothing, not optimised away
         tl.store(out, 0)
@@ -59,12 +71,35 @@ def per_barrier_us(grid: int, groups: int, device: torch.device) -> float:
     return (full - none) / ROUNDS
 
 
+def stuck_barrier() -> None:
+    """Run short_by_one (in a process of its own): exits through the CUDA error its trap raises."""
+    device = torch.device("cuda")
+    sync = torch.zeros(sync_words(1, 1), dtype=torch.int32, device=device)
+    short_by_one[(4,)](sync, GROUPS=1)
+    torch.cuda.synchronize()
+
+
+def trap_check(timeout_s: float = 120.0) -> dict:
+    """A stuck barrier's process: how it ended and after how many seconds."""
+    started = time.perf_counter()
+    try:
+        done = subprocess.run([sys.executable, __file__, "--stuck"], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"ended": f"still waiting after {timeout_s:g} s: the barrier did not give up", "seconds": timeout_s}
+    said = [line for line in done.stderr.splitlines() if "error" in line.lower()][-1:] or ["(no error printed)"]
+    return {"ended": f"exit {done.returncode}: {said[0].strip()[:200]}", "seconds": time.perf_counter() - started}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--grids", nargs="+", type=int, default=[132, 264, 528, 1056])
     parser.add_argument("--groups", nargs="+", type=int, default=[1, 4, 16, 32])
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--no-trap-check", action="store_true")
+    parser.add_argument("--stuck", action="store_true", help=argparse.SUPPRESS)  # the trap check's process
     args = parser.parse_args()
+    if args.stuck:
+        return stuck_barrier()
     device = torch.device("cuda")
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "command": " ".join(sys.argv), "rounds": ROUNDS, "rows": []}
@@ -77,9 +112,15 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         if args.json:
             args.json.write_text(json.dumps(out, indent=1) + "\n")
+    if not args.no_trap_check:
+        out["trap_check"] = trap_check()
+        print(json.dumps(out["trap_check"]), flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(out, indent=1) + "\n")
     print(f"{'grid':>5} {'empty launch us':>15}  " + "  ".join(f"{'groups ' + str(g):>10}" for g in args.groups))
     for r in out["rows"]:
-        print(f"{r['grid']:5d} {r['launch_us']:15.2f}  " + "  ".join(f"{r['barrier_us'][g]:10.2f}" for g in args.groups))
+        cells = "  ".join(f"{r['barrier_us'][g]:10.2f}" for g in args.groups)
+        print(f"{r['grid']:5d} {r['launch_us']:15.2f}  {cells}")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,10 @@ a group on the top counter, and the last group sets a flag that every program wa
 and the flag sit in a 128-byte line of their own (SYNC_LINE words apart). Every arrival is acq_rel,
 so the flag's release carries what every program stored (benchmarks/barrier_cost.py times both).
 
+A barrier that waits past SPIN_LIMIT polls (seconds; a legitimate wait is one part's time, or the
+other stream's kernels ending) stops the kernel with a trap, so a grid that cannot all be resident
+fails its evaluation at once instead of hanging until the evaluator's time limit.
+
 Every program must be resident at once, or a waiting program holds its SM while a program it
 waits for never starts. P starts at one program per SM (always resident); once the kernel is
 compiled, `resident_programs` says how many fit on the GPU at once by its registers, shared memory
@@ -29,6 +33,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from conjugate.compiler.tile import INTERPRETING
 
 # Hopper (H100, H200) per multiprocessor: four sub-partitions, each with its own register file
 SUBPARTITIONS = 4
@@ -65,6 +71,19 @@ def prefetch_l2(ptrs):
                               is_pure=False, pack=1)
 
 
+SPIN_LIMIT = tl.constexpr(1 << 22)  # polls of a barrier before it gives up: ~3 s at ~0.7 us an L2 round trip
+TRAPS = tl.constexpr(not INTERPRETING)  # the interpreter has no inline PTX (and runs one program)
+
+
+@triton.jit
+def _give_up(polls):
+    """Stop the kernel (a trap: the launch fails with a CUDA error) once `polls` passes SPIN_LIMIT."""
+    if TRAPS:
+        if polls > SPIN_LIMIT:
+            tl.inline_asm_elementwise("trap;\n    mov.u32 $0, $1;", "=r,r", [polls], dtype=tl.int32, is_pure=False,
+                                      pack=1)
+
+
 # Programs per counter of a grid barrier: 1 is one counter for the whole grid.
 BARRIER_GROUPS = 1
 SYNC_LINE_WORDS = 32  # int32 words in a 128-byte line: counters this far apart never share a line
@@ -86,8 +105,11 @@ def grid_barrier(sync_ptr, index, programs, GROUPS: tl.constexpr = 1):
     if GROUPS == 1:
         tl.atomic_add(base, 1, sem="release", scope="gpu")
         arrived = tl.atomic_add(base, 0, sem="acquire", scope="gpu")
+        polls = 0
         while arrived < programs:
             arrived = tl.atomic_add(base, 0, sem="acquire", scope="gpu")
+            polls += 1
+            _give_up(polls)
     else:
         group = tl.program_id(0) % GROUPS
         members = (programs - group + GROUPS - 1) // GROUPS  # programs whose pid % GROUPS is `group`
@@ -97,8 +119,11 @@ def grid_barrier(sync_ptr, index, programs, GROUPS: tl.constexpr = 1):
             if top == tl.minimum(programs, GROUPS) - 1:  # the last group in: everyone may go
                 tl.atomic_xchg(flag, 1, sem="release", scope="gpu")
         ready = tl.atomic_add(flag, 0, sem="acquire", scope="gpu")
+        polls = 0
         while ready == 0:
             ready = tl.atomic_add(flag, 0, sem="acquire", scope="gpu")
+            polls += 1
+            _give_up(polls)
     tl.debug_barrier()
 
 
