@@ -29,6 +29,7 @@ import triton.language as tl
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from conjugate.arguments import positive  # noqa: E402
 from conjugate.compiler.persist import grid_barrier, grid_exit, sync_words  # noqa: E402
 from conjugate.evaluate.timing import time_per_call  # noqa: E402
 
@@ -52,7 +53,7 @@ def short_by_one(sync, GROUPS: tl.constexpr):
 
 @triton.jit
 def empty(out):
-    if tl.program_id(0) == -1:  # never: a kernel that does nothing, not optimised away
+    if tl.program_id(0) == -1:  # never (the compiler drops it): a kernel that does nothing
         tl.store(out, 0)
 
 
@@ -71,35 +72,38 @@ def per_barrier_us(grid: int, groups: int, device: torch.device) -> float:
     return (full - none) / ROUNDS
 
 
-def stuck_barrier() -> None:
+def stuck_barrier(groups: int) -> None:
     """Run short_by_one (in a process of its own): exits through the CUDA error its trap raises."""
     device = torch.device("cuda")
-    sync = torch.zeros(sync_words(1, 1), dtype=torch.int32, device=device)
-    short_by_one[(4,)](sync, GROUPS=1)
+    sync = torch.zeros(sync_words(1, groups), dtype=torch.int32, device=device)
+    short_by_one[(8,)](sync, GROUPS=groups)
     torch.cuda.synchronize()
 
 
-def trap_check(timeout_s: float = 120.0) -> dict:
+def trap_check(groups: int, timeout_s: float = 120.0) -> dict:
     """A stuck barrier's process: how it ended and after how many seconds."""
     started = time.perf_counter()
     try:
-        done = subprocess.run([sys.executable, __file__, "--stuck"], capture_output=True, text=True, timeout=timeout_s)
+        done = subprocess.run([sys.executable, __file__, "--stuck", str(groups)], capture_output=True, text=True,
+                              timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        return {"ended": f"still waiting after {timeout_s:g} s: the barrier did not give up", "seconds": timeout_s}
+        return {"groups": groups, "ended": f"still waiting after {timeout_s:g} s: the barrier did not give up",
+                "seconds": timeout_s}
     said = [line for line in done.stderr.splitlines() if "error" in line.lower()][-1:] or ["(no error printed)"]
-    return {"ended": f"exit {done.returncode}: {said[0].strip()[:200]}", "seconds": time.perf_counter() - started}
+    return {"groups": groups, "ended": f"exit {done.returncode}: {said[0].strip()[:200]}",
+            "seconds": time.perf_counter() - started}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--grids", nargs="+", type=int, default=[132, 264, 528, 1056])
-    parser.add_argument("--groups", nargs="+", type=int, default=[1, 4, 16, 32])
+    parser.add_argument("--grids", nargs="+", type=positive, default=[132, 264, 528, 1056])
+    parser.add_argument("--groups", nargs="+", type=positive, default=[1, 4, 16, 32])
     parser.add_argument("--json", type=Path)
     parser.add_argument("--no-trap-check", action="store_true")
-    parser.add_argument("--stuck", action="store_true", help=argparse.SUPPRESS)  # the trap check's process
+    parser.add_argument("--stuck", type=positive, metavar="GROUPS", help=argparse.SUPPRESS)  # a trap check's process
     args = parser.parse_args()
     if args.stuck:
-        return stuck_barrier()
+        return stuck_barrier(args.stuck)
     device = torch.device("cuda")
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "command": " ".join(sys.argv), "rounds": ROUNDS, "rows": []}
@@ -113,7 +117,7 @@ def main() -> None:
         if args.json:
             args.json.write_text(json.dumps(out, indent=1) + "\n")
     if not args.no_trap_check:
-        out["trap_check"] = trap_check()
+        out["trap_check"] = [trap_check(groups) for groups in (1, 4)]  # both barrier kinds
         print(json.dumps(out["trap_check"]), flush=True)
         if args.json:
             args.json.write_text(json.dumps(out, indent=1) + "\n")

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -46,6 +47,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from conjugate.arguments import positive  # noqa: E402
 from conjugate.compiler.buffers import PreparedWeights  # noqa: E402
 from conjugate.compiler.round import compile_round, device_name  # noqa: E402
 from conjugate.evaluate.baselines import (VariantTrial, choice_file, choose_streams_pair, choose_variants,  # noqa: E402
@@ -150,7 +152,8 @@ def resumed_choice(setup, timing, partial: dict) -> tuple[list[VariantTrial], di
     return tried, chosen | {"streams_draft": draft, "streams_verify": verify}, pairs_ms
 
 
-def bench_workload(name: str, profile, cache_dir: Path, save_partial=lambda row: None, resume: dict | None = None) -> dict:
+def bench_workload(name: str, profile, cache_dir: Path, save_partial=lambda row: None,
+                   resume: dict | None = None) -> dict:
     """The workload's row; `save_partial(row)` is given what is measured so far after each trial (a run
     cut short by its time limit keeps its trials). `resume`: a cut-short run's partial row to finish."""
     w = load_workload(EXAMPLES_DIR / f"{name}.toml")
@@ -206,16 +209,22 @@ def bench_workload(name: str, profile, cache_dir: Path, save_partial=lambda row:
     return row
 
 
-def cut_short(path: Path) -> tuple[dict[str, dict], str]:
-    """The workloads of a cut-short run's JSON left partial after their trials, by name, and its command."""
+def cut_short(path: Path, variants: tuple[str, ...]) -> tuple[dict[str, dict], str]:
+    """The workloads of a cut-short run's JSON left partial after all their trials (every one of
+    `variants` tried: a choice among fewer is not the one try_all makes), by name, and its command."""
     try:
         cut = json.loads(path.read_text())
         partial = {w["workload"]: w for w in cut["workloads"] if w.get("partial") and w.get("trials")}
         command = cut["command"]
+        tried = {name: {t["variant"] for t in w["trials"]} for name, w in partial.items()}
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise SystemExit(f"--resume {path}: not a baselines.py run's JSON ({type(error).__name__}: {error})")
     if not partial:
         raise SystemExit(f"--resume {path}: no workload there was cut short after its trials")
+    for name, names in tried.items():
+        if missing := [v for v in variants if v not in names]:
+            raise SystemExit(f"--resume {path}: {name} was cut short before trying {', '.join(missing)}: "
+                             f"measure it again instead")
     return partial, command
 
 
@@ -274,28 +283,43 @@ def prewarm_shares(variants: list[str], processes: int) -> list[list[str]]:
     return [share for share in shares if share]
 
 
+PREWARM_LIMIT_S = 300  # a prewarm that takes longer only warms less: the timing process builds the rest
+
+
 def prewarm(name: str, variants: list[str], processes: int, run=subprocess.Popen) -> float:
     """Every variant of `name` built in `processes` processes at once; their seconds. A process that
     fails costs only its warm caches: the timing process builds what it left cold."""
     started = time.perf_counter()
-    workers = [run([sys.executable, __file__, "--build-only", name, "--variants", *share])
+    # the builds share the GPU: inductor's autotuning is left to the timing process, not cached from them
+    env = os.environ | {"TORCHINDUCTOR_AUTOTUNE_LOCAL_CACHE": "0"}
+    workers = [run([sys.executable, __file__, "--build-only", name, "--variants", *share], env=env)
                for share in prewarm_shares(variants, processes)]
-    for worker in workers:
-        if worker.wait() != 0:
-            print(json.dumps({"workload": name, "prewarm": f"a process exited with {worker.returncode}"}), flush=True)
+    try:
+        for worker in workers:
+            left = max(1.0, PREWARM_LIMIT_S - (time.perf_counter() - started))
+            if worker.wait(timeout=left) != 0:
+                print(json.dumps({"workload": name, "prewarm": f"a process exited with {worker.returncode}"}),
+                      flush=True)
+    except subprocess.TimeoutExpired:
+        print(json.dumps({"workload": name, "prewarm": f"stopped after {PREWARM_LIMIT_S} s"}), flush=True)
+    finally:  # none outlives the prewarm: the timing process must have the GPU to itself
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
     return time.perf_counter() - started
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
+    parser.add_argument("--workloads", nargs="+", help="default: the six examples (with --resume: the cut-short ones)")
     parser.add_argument("--variants", nargs="+", help="conventional variants to try (default: the profile's)")
     parser.add_argument("--json", help="write the rows here (after every trial)")
     parser.add_argument("--merge", nargs="+", type=Path, metavar="RUN.json",
                         help="measure nothing: join these runs' JSON into --json")
     parser.add_argument("--resume", type=Path, metavar="CUT.json",
                         help="finish the partial workloads of a run cut short (their trials kept)")
-    parser.add_argument("--prewarm", type=int, default=0, metavar="N",
+    parser.add_argument("--prewarm", type=positive, default=0, metavar="N",
                         help="first build the variants in N processes at once, to fill the compile caches")
     parser.add_argument("--build-only", metavar="WORKLOAD", help=argparse.SUPPRESS)  # a --prewarm process
     args = parser.parse_args()
@@ -305,12 +329,16 @@ def main() -> None:
             Path(args.json).write_text(json.dumps(out, indent=1, default=str) + "\n")
         print_table(out["workloads"])
         return
-    partial, resumed_from = cut_short(args.resume) if args.resume else ({}, None)
     profile = load_profile("h200")
-    if args.build_only:
-        return build_only(args.build_only, args.variants or list(profile.timing.conventional))
     if args.variants:
         profile = replace(profile, timing=replace(profile.timing, conventional=tuple(args.variants)))
+    partial, resumed_from = cut_short(args.resume, profile.timing.conventional) if args.resume else ({}, None)
+    if args.resume and args.workloads:
+        raise SystemExit("--resume finishes the workloads its file left partial: --workloads does not apply")
+    if args.resume and args.json and Path(args.json).resolve() == args.resume.resolve():
+        raise SystemExit(f"--json {args.json}: the file --resume reads; write the finished rows elsewhere")
+    if args.build_only:
+        return build_only(args.build_only, args.variants or list(profile.timing.conventional))
     cache_dir = Path(tempfile.mkdtemp(prefix="conjugate-baselines-"))
     out = {"gpu": device_name(torch.device("cuda")), "torch": torch.__version__, "command": " ".join(sys.argv),
            "date": time.strftime("%Y-%m-%d"), "workloads": []}
@@ -321,7 +349,7 @@ def main() -> None:
 
     if resumed_from:
         out["resumed_from"] = resumed_from
-    for name in (list(partial) if args.resume else args.workloads):
+    for name in (list(partial) if args.resume else args.workloads or list(WORKLOADS)):
         if args.prewarm:
             variants = sorted(pair_variants(partial[name]) if name in partial else profile.timing.conventional)
             out.setdefault("prewarm_s", {})[name] = round(prewarm(name, variants, args.prewarm), 1)

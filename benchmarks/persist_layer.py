@@ -37,6 +37,7 @@ from conjugate.evaluate.measured import MeasuredHarness  # noqa: E402
 from conjugate.evaluate.profile import load_profile  # noqa: E402
 from conjugate.evaluate.rounds import checked_run  # noqa: E402
 from conjugate.evaluate.session import EvaluationSession  # noqa: E402
+from conjugate.arguments import positive  # noqa: E402
 from conjugate.compiler import persist  # noqa: E402
 from conjugate.evaluate.timing import FLUSHES, flush_time_us, l2_flush_bytes, time_per_call  # noqa: E402
 from conjugate.plan import load_plan, validate_plan  # noqa: E402
@@ -59,7 +60,8 @@ def differing_outputs(a, b) -> list[str]:
     """The output fields where two rounds differ (an empty list: bit for bit the same)."""
     fields = {"draft_tokens": (a.draft_tokens, b.draft_tokens), "target_tokens": (a.target_tokens, b.target_tokens),
               "draft_cache_k": (a.draft_cache.k, b.draft_cache.k), "draft_cache_v": (a.draft_cache.v, b.draft_cache.v),
-              "target_cache_k": (a.target_cache.k, b.target_cache.k)}
+              "target_cache_k": (a.target_cache.k, b.target_cache.k),
+              "target_cache_v": (a.target_cache.v, b.target_cache.v)}
     if a.target_logits is not None and b.target_logits is not None:
         fields["target_logits"] = (a.target_logits, b.target_logits)
     return [name for name, (x, y) in fields.items() if not torch.equal(x, y)]
@@ -119,7 +121,7 @@ def main() -> None:
     parser.add_argument("workloads", nargs="+", type=Path)
     parser.add_argument("--warps", nargs="+", type=int, default=[4])
     parser.add_argument("--grids", nargs="+", type=int, default=[66, 132, 264, 396])
-    parser.add_argument("--groups", nargs="+", type=int, default=[1],
+    parser.add_argument("--groups", nargs="+", type=positive, default=[1],
                         help="barrier kinds (persist.BARRIER_GROUPS): 1 is one counter for the grid")
     parser.add_argument("--flush", choices=FLUSHES, default="write", help="how L2 is emptied before each call")
     parser.add_argument("--json", type=Path)

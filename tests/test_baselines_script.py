@@ -102,14 +102,50 @@ def test_prewarm_deals_whole_step_variants_out_first_and_survives_a_failed_proce
     started = []
 
     class Worker:
-        def __init__(self, command):
+        def __init__(self, command, env):
             started.append(command)
-            self.returncode = 1 if "whole-grouped" in command else 0
+            assert env["TORCHINDUCTOR_AUTOTUNE_LOCAL_CACHE"] == "0"  # no tuning cached from contended builds
+            self.returncode = 1 if "whole-grouped" in command else None if "whole-split" in command else 0
+            self.killed = False
 
-        def wait(self):
+        def wait(self, timeout=None):
+            if self.returncode is None and timeout is not None:  # hangs: the prewarm gives up on it
+                raise bench.subprocess.TimeoutExpired("build", timeout)
             return self.returncode
 
-    seconds = bench.prewarm("qwen25-05b-7b-b8", variants, 3, run=Worker)
+        def poll(self):
+            return self.returncode
+
+        def kill(self):
+            self.killed, self.returncode = True, -9
+
+    workers = []
+
+    def run(command, env):
+        workers.append(Worker(command, env))
+        return workers[-1]
+
+    bench.PREWARM_LIMIT_S = 0.01
+    seconds = bench.prewarm("qwen25-05b-7b-b8", variants, 3, run=run)
     assert seconds >= 0 and len(started) == 3
     assert all(c[2:4] == ["--build-only", "qwen25-05b-7b-b8"] and c[4] == "--variants" for c in started)
     assert sorted(v for c in started for v in c[5:]) == sorted(variants)
+    assert [w.killed for w in workers] == [c[5] == "whole-split" for c in started]  # none outlives the prewarm
+
+
+def test_resume_refuses_a_workload_cut_before_all_its_trials_and_flags_that_do_not_apply(tmp_path):
+    def resume(*args):
+        return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "baselines.py"), "--resume", *map(str, args)],
+                              capture_output=True, text=True, timeout=120)
+
+    early = _run(tmp_path, "early", "NVIDIA H200", [CUT | {"trials": CUT["trials"][:2]}])
+    failed = resume(early)
+    assert failed.returncode == 1
+    assert (f"--resume {early}: qwen25-05b-7b-b8 was cut short before trying whole-grouped, whole-split: "
+            "measure it again instead") in failed.stderr
+    whole = _run(tmp_path, "whole", "NVIDIA H200", [CUT])
+    failed = resume(whole, "--workloads", "llama-1b-8b-b8")
+    assert failed.returncode == 1 and "--workloads does not apply" in failed.stderr
+    failed = resume(whole, "--json", whole)
+    assert failed.returncode == 1 and f"--json {whole}: the file --resume reads" in failed.stderr
+    assert json.loads(whole.read_text())["workloads"] == [CUT]  # untouched

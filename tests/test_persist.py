@@ -409,3 +409,8 @@ def test_a_tile_loops_grid_counts_in_the_analytical_model():
                 if l.persistent)
     capped = replace(loop, programs=16)
     assert model.estimate(capped, [part]).us > model.estimate(replace(loop, programs=0), [part]).us
+
+
+def test_a_barrier_needs_at_least_one_group():
+    with pytest.raises(ValueError, match="barrier groups 0: at least 1"):
+        persist.sync_words(3, 0)

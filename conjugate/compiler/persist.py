@@ -94,7 +94,10 @@ def sync_words(barriers: int, groups: int | None = None) -> int:
     """The int32 words of a persistent launch's sync buffer: per barrier its group counters, the top
     counter and the flag, each on a line of its own; then the exit counter (`groups`: BARRIER_GROUPS
     as it is now)."""
-    return (barriers * ((groups or BARRIER_GROUPS) + 2) + 1) * SYNC_LINE_WORDS
+    groups = BARRIER_GROUPS if groups is None else groups
+    if groups < 1:
+        raise ValueError(f"barrier groups {groups}: at least 1 (one counter for the whole grid)")
+    return (barriers * (groups + 2) + 1) * SYNC_LINE_WORDS
 
 
 @triton.jit

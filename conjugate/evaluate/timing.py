@@ -135,7 +135,7 @@ def flush_time_us(device: torch.device, calls: int, flush_bytes: int, replays: i
 
 
 def _flusher(device: torch.device, flush_bytes: int, flush: str) -> Callable[[], None] | None:
-    """A call that empties the L2 cache by writing or reading `flush_bytes` (None below 4 bytes)."""
+    """A call that empties the L2 cache by writing or reading `flush_bytes` (None below 4 KB)."""
     if flush not in FLUSHES:
         raise ValueError(f"flush {flush!r}: should be one of {', '.join(FLUSHES)}")
     if flush_bytes < 4096:
@@ -144,7 +144,8 @@ def _flusher(device: torch.device, flush_bytes: int, flush: str) -> Callable[[],
     if flush == "write":
         return scratch.zero_
     sink = torch.empty(1024, dtype=torch.float32, device=device)
-    return partial(torch.sum, scratch, dim=0, out=sink)  # reads it all, writes 4 KB
+    # reads it all; writes only the sum and the reduction's own staging (a fraction of a MB)
+    return partial(torch.sum, scratch, dim=0, out=sink)
 
 
 def _per_call_us(body: Callable[[], None], device: torch.device, calls: int, replays: int) -> float:
