@@ -40,6 +40,20 @@ def test_shipped_plans_are_valid_under_both_validators():
         assert load_plan(path).name == path.stem
 
 
+def test_the_benchmark_variants_are_valid_and_expand():
+    """benchmarks/variants/*.json: the plans the benchmark READMEs measure stay valid as the schema grows."""
+    from conjugate.plan.expand import expand
+    from conjugate.workload import load_workload
+
+    tiny = load_workload(ROOT / "examples" / "tiny.toml")
+    variants = sorted((ROOT / "benchmarks" / "variants").glob("*.json"))
+    assert len(variants) >= 10
+    for path in variants:
+        jsonschema.validate(json.loads(path.read_text()), SCHEMA)
+        plan = load_plan(path)
+        assert plan.name == path.stem and expand(plan, tiny).launches, path.name
+
+
 BAD_PLANS = [
     ({"schema": "conjugate.plan/2"}, "$.schema"),
     (dict(BASE, priority="draft"), "$.priority: 'draft' favours one model's stream, so it needs $.streams 'two'"),
