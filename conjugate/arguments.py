@@ -22,3 +22,12 @@ def output_file(text: str) -> str:
     if not path.parent.is_dir():
         raise argparse.ArgumentTypeError(f"{text}: its folder {path.parent} does not exist")
     return text
+
+
+def run_name(text: str) -> str:
+    """A search run's name, also its default database's file name (runs/<name>.db): 1-100 printable
+    characters, no path separator, not starting with a dot."""
+    if not 0 < len(text) <= 100 or not text.isprintable() or "/" in text or "\\" in text or text.startswith("."):
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a run name: 1-100 printable characters, no '/' or "
+                                         "'\\', not starting with '.'")
+    return text

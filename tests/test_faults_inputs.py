@@ -587,10 +587,12 @@ def test_a_generate_checkpoint_flag_is_relative_to_the_current_directory(tmp_pat
     (["profile", "w.toml", "--replays", "-1"], "--replays"),
     (["show", "runs.db", "--limit", "-5"], "--limit"),
     (["calibrate", "--from", "m.json", "--out", "."], "--out"),
+    (["search", "--name", "../outside"], "--name"),
+    (["search", "--name", "two\nlines"], "--name"),
 ], ids=["seed-past-64-bits", "seed-negative", "seed-huge", "run-past-64-bits", "run-zero", "cost-nan",
         "cost-negative", "k-zero", "batch-negative", "context-not-an-integer", "json-in-a-missing-folder",
         "json-a-folder", "profile-json-a-folder", "profile-replays-negative", "show-limit-negative",
-        "calibrate-out-a-folder"])
+        "calibrate-out-a-folder", "name-a-path", "name-with-a-newline"])
 def test_a_bad_number_on_the_command_line_is_a_usage_error(argv, option, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(argv)

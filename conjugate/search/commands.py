@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable
 from rich.console import Console
 from rich.table import Table
 
-from conjugate.arguments import positive
+from conjugate.arguments import positive, run_name
 from conjugate.errors import ConjugateError
 from conjugate.paths import DEFAULT_WORKLOAD, PROFILES_DIR, RUNS_DIR
 from conjugate.search.gpus import Helpers, parse_gpus, pin_this_process
@@ -345,7 +345,7 @@ def add_commands(sub, out: Console) -> None:
     search.add_argument("workload", nargs="?", help="workload TOML (default: the tiny CPU one); with --resume, "
                         "the run's workload file where the database moved away from it")
     search.add_argument("--db", help="SQLAlchemy URL or SQLite file (default: runs/<name>.db)")
-    search.add_argument("--name", help="run name (default: the workload file's stem)")
+    search.add_argument("--name", type=run_name, help="run name (default: the workload file's stem)")
     search.add_argument("--agent", default="heuristic", help="heuristic (default), random, greedy (the search's "
                         "baselines), replay, anthropic:<model>, openai:<model>")
     search.add_argument("--budget", type=positive, help="evaluations in the run, seeds included (default 20)")
