@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from conjugate.files import is_file_name
+
 
 def positive(text: str) -> int:
     """An integer of at least 1."""
@@ -27,7 +29,7 @@ def output_file(text: str) -> str:
 def run_name(text: str) -> str:
     """A search run's name, also its default database's file name (runs/<name>.db): 1-100 printable
     characters, no path separator, not starting with a dot."""
-    if not 0 < len(text) <= 100 or not text.isprintable() or "/" in text or "\\" in text or text.startswith("."):
+    if not is_file_name(text):
         raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a run name: 1-100 printable characters, no '/' or "
                                          "'\\', not starting with '.'")
     return text

@@ -108,6 +108,13 @@ def _check_encodable(text: str, path: Path | str, error: type[ConjugateError]) -
         raise error(f"{path}: the string {shown(text)} holds {e.reason}") from e
 
 
+def is_file_name(value: Any) -> bool:
+    """A name that becomes a file's name in a known folder: 1-100 printable characters, no path
+    separator, not starting with a dot (so never '..' or a hidden file)."""
+    return isinstance(value, str) and 0 < len(value) <= 100 and value.isprintable() and not (
+        "/" in value or "\\" in value or value.startswith("."))
+
+
 def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
     """repr(value) for an error line, cut to `limit` characters."""
     return _cut(repr(value), limit)

@@ -471,6 +471,7 @@ FAULTS = [
     F("measured-latency-negative", "measured", measured(-1.0), "'median_ms'"),
     F("measured-latency-string", "measured", measured("fast"), "'median_ms'"),
     F("measured-plan-a-number", "measured", measured(plan_name=3), "'plan'"),
+    F("measured-plan-a-path", "measured", measured(plan_name="../../etc/passwd"), "should be names (no path)"),
     F("measured-no-rounds", "measured", json.dumps({"workloads": []}), "no measured round"),
 ]
 

@@ -16,7 +16,7 @@ import networkx as nx
 from conjugate.compiler.round import compile_round
 from conjugate.evaluate.analytical import AnalyticalModel, launch_programs, model_round
 from conjugate.evaluate.profile import ModelConstants, ProfileError
-from conjugate.files import read_json, shown
+from conjugate.files import is_file_name, read_json, shown
 from conjugate.graph import build_graph
 from conjugate.models.weights import meta_weights
 from conjugate.plan import Schedule, expand
@@ -46,9 +46,9 @@ def measured_rounds(source: Path) -> list[tuple[str, str, float]]:
     except (KeyError, TypeError) as e:
         raise ProfileError(f"{source}: not a measured-rounds file (workloads[].plans[].median_ms): {e}") from e
     for workload, plan, ms in rows:
-        if not isinstance(workload, str) or not isinstance(plan, str):
-            raise ProfileError(f"{source}: fields 'workload' and 'plan' should be names, got {shown(workload)} "
-                               f"and {shown(plan)}")
+        if not (is_file_name(workload) and is_file_name(plan)):  # read as examples/<workload>.toml, plans/<plan>.json
+            raise ProfileError(f"{source}: fields 'workload' and 'plan' should be names (no path), got "
+                               f"{shown(workload)} and {shown(plan)}")
         if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 < ms < math.inf:
             raise ProfileError(f"{source}: field 'median_ms' of {shown(plan)} on {shown(workload)} should be "
                                f"a positive number of milliseconds, got {shown(ms)}")
