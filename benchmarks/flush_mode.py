@@ -28,7 +28,8 @@ from conjugate.evaluate.measured import MeasuredHarness  # noqa: E402
 from conjugate.evaluate.profile import load_profile  # noqa: E402
 from conjugate.evaluate.rounds import checked_run  # noqa: E402
 from conjugate.evaluate.session import EvaluationSession  # noqa: E402
-from conjugate.evaluate.timing import FLUSHES, copy_bandwidth_gbs, flush_time_us, l2_flush_bytes, time_per_call  # noqa: E402
+from conjugate.evaluate.timing import (FLUSHES, copy_bandwidth_gbs, flush_time_us, l2_flush_bytes,  # noqa: E402
+                                       time_per_call)
 from conjugate.plan import load_plan  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from persist_layer import persist_plan  # noqa: E402
+from persist_layer import output_fields, persist_plan  # noqa: E402
 
 from conjugate.compiler.round import compile_round  # noqa: E402
 from conjugate.evaluate.measured import MeasuredHarness  # noqa: E402
@@ -36,18 +36,14 @@ from conjugate.evaluate.session import EvaluationSession  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 
 
-def fields(out) -> dict[str, torch.Tensor]:
-    return {"draft_tokens": out.draft_tokens, "target_tokens": out.target_tokens,
-            "draft_cache_k": out.draft_cache.k, "draft_cache_v": out.draft_cache.v,
-            "target_cache_k": out.target_cache.k, "target_cache_v": out.target_cache.v}
-
-
 def differences(out, expected) -> dict[str, dict]:
     """Per differing field: elements, largest |difference|, and for a cache [layer, batch, head, pos, dim]
     the layers and positions where it differs."""
     found = {}
-    for name, (x, y) in ((n, (fields(out)[n], fields(expected)[n])) for n in fields(out)):
-        if torch.equal(x, y):
+    theirs = output_fields(expected)
+    for name, x in output_fields(out).items():
+        y = theirs.get(name)
+        if y is None or torch.equal(x, y):
             continue
         diff = x.float() != y.float()
         row = {"elements": int(diff.sum()), "of": diff.numel(),
@@ -87,7 +83,8 @@ def main() -> None:
                          "differ_from_first_persistent": differences(out, first[1]) if len(first) > 1 else None})
             print(json.dumps(rows[-1]), flush=True)
 
-        separate = compile_round(persist_plan(args.warps, True, persist=False), w, *setup.weights, cache_dir=Path(cache))
+        separate = compile_round(persist_plan(args.warps, True, persist=False), w, *setup.weights,
+                                 cache_dir=Path(cache))
         separate.warmup()
         run(separate, "separate, run 1")
         run(separate, "separate, run 2")
@@ -106,7 +103,8 @@ def main() -> None:
                                          "workload": w.name, "rows": rows}, indent=1) + "\n")
     def said(found) -> str:
         return "-" if found is None else "same" if not found else "; ".join(
-            f"{k}: {v['elements']}/{v['of']} max {v['max_abs']:.3g}" + (f" layers {v['layers']}" if "layers" in v else "")
+            f"{k}: {v['elements']}/{v['of']} max {v['max_abs']:.3g}"
+            + (f" layers {v['layers']}" if "layers" in v else "")
             for k, v in found.items())
 
     for r in rows:

@@ -56,15 +56,20 @@ def persist_plan(warps: int, prefetch: bool, persist: bool = True):
     return validate_plan(plan)
 
 
+def output_fields(out) -> dict[str, torch.Tensor]:
+    """A round's outputs by name: tokens, both models' caches, and the target's logits where written."""
+    fields = {"draft_tokens": out.draft_tokens, "target_tokens": out.target_tokens,
+              "draft_cache_k": out.draft_cache.k, "draft_cache_v": out.draft_cache.v,
+              "target_cache_k": out.target_cache.k, "target_cache_v": out.target_cache.v}
+    if out.target_logits is not None:
+        fields["target_logits"] = out.target_logits
+    return fields
+
+
 def differing_outputs(a, b) -> list[str]:
     """The output fields where two rounds differ (an empty list: bit for bit the same)."""
-    fields = {"draft_tokens": (a.draft_tokens, b.draft_tokens), "target_tokens": (a.target_tokens, b.target_tokens),
-              "draft_cache_k": (a.draft_cache.k, b.draft_cache.k), "draft_cache_v": (a.draft_cache.v, b.draft_cache.v),
-              "target_cache_k": (a.target_cache.k, b.target_cache.k),
-              "target_cache_v": (a.target_cache.v, b.target_cache.v)}
-    if a.target_logits is not None and b.target_logits is not None:
-        fields["target_logits"] = (a.target_logits, b.target_logits)
-    return [name for name, (x, y) in fields.items() if not torch.equal(x, y)]
+    theirs = output_fields(b)
+    return [name for name, x in output_fields(a).items() if name in theirs and not torch.equal(x, theirs[name])]
 
 
 def bench(path: Path, warps_list: list[int], grids: list[int], cache: Path, groups_list: list[int] = (1,),

@@ -64,7 +64,8 @@ def _trial(variant: str, draft: float, verify: float, correct: bool = True) -> d
 
 CUT = {"workload": "qwen25-05b-7b-b8", "partial": True,
        "trials": [_trial("layers-grouped", 7.85, 6.16), _trial("whole-sdpa", 4.62, 7.10),
-                  _trial("whole-grouped", 7.69, 6.14), _trial("whole-split", 5.40, 5.36), _trial("whole-flex", 0, 0, False)]}
+                  _trial("whole-grouped", 7.69, 6.14), _trial("whole-split", 5.40, 5.36),
+                  _trial("whole-flex", 0, 0, False)]}
 
 
 def test_a_resumed_run_keeps_the_cut_short_choice_and_its_pairs():

@@ -160,8 +160,7 @@ def launch_verdicts(compiled: CompiledRound, calls: int,
             alone = tuple(timed(s) for s in solos)
             # a round forks its two streams once, not once per launch: the fork and join are not counted;
             # a persistent launch's parts depend on each other, so they have no overlap to compare with
-            overlap = None if first.persistent else max(timed(concurrently(solos, device)) - fork_us,
-                                                                max(alone))
+            overlap = None if first.persistent else max(timed(concurrently(solos, device)) - fork_us, max(alone))
             known[key] = timed(first), alone, overlap
         shared, solo, overlap = known[key]
         out.append(Verdict.judge(first.index, parts[first.index], shared, tuple(solo), modeled=False,

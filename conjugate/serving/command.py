@@ -106,11 +106,11 @@ def _workload_fields(args: argparse.Namespace) -> tuple[dict, Path]:
         limits = LIMITS.get(keys[0])  # the numeric flags'
         if limits and not limits[0] <= value <= limits[1]:  # named as the flag: the file may say otherwise
             raise GenerationError(f"--{flag} {value}: must be in [{limits[0]}, {limits[1]}]")
-        fields |= {key: _named(flag, value) for key in keys}
+        fields |= {key: _flag_value(flag, value) for key in keys}
     return fields, where
 
 
-def _named(flag: str, value):
+def _flag_value(flag: str, value):
     """A --draft, --target or --dtype value checked here, so that its error names the flag and not the
     workload file; a checkpoint directory is relative to the current directory, not to the file's."""
     from conjugate.models.presets import PRESETS
