@@ -202,6 +202,7 @@ def bench_workload(name: str, profile, cache_dir: Path, save_partial=lambda row:
     torch.cuda.empty_cache()
     apart = measure_apart(w, profile, cache_dir)
     row["apart_ms"] = {k: b.latency_ms for k, b in apart.items()}
+    row["apart_phase_ms"] = {k: b.phase_ms for k, b in apart.items()}
     row["apart_problems"] = {k: b.error for k, b in apart.items() if b.status != "ok"}
     if not row["apart_problems"]:
         row["process_spread_pct"] = max(spread_pct([conv[0], apart["conventional"].latency_ms]),

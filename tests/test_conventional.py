@@ -350,6 +350,50 @@ def test_the_variant_choice_is_kept_per_workload_and_device(tmp_path, monkeypatc
     assert len(tried) == 2 * len(timing.conventional)
 
 
+def test_the_split_cuts_timed_with_the_choice_are_adopted_by_a_later_process(tmp_path, monkeypatch):
+    """The cuts choose_chunks kept when the variants were chosen go into the kept choice; a later
+    process reading the choice cuts alike (timed afresh, qwen3's verify phase moved 2% between
+    processes); a choice file whose cuts are malformed is chosen again."""
+    from types import SimpleNamespace
+
+    from conjugate.evaluate import baselines
+    from conjugate.evaluate import split_attention as split_module
+    from conjugate.evaluate.profile import TimingSettings
+
+    timing = TimingSettings()
+    cut_key = (4, 6, 32, 8, 1030, 128, torch.bfloat16, "cuda:0")
+    tried = []
+
+    def fake_trial(setup, variant, timing, keep):
+        tried.append(variant.name)
+        split_module._CHOSEN[cut_key] = 3  # as a split variant's build times its cut
+        keep[variant.name] = variant.name
+        return VariantTrial(variant.name, True, {"draft": 1.0, "verify": 1.0})
+
+    monkeypatch.setattr(split_module, "_CHOSEN", {})
+    monkeypatch.setattr(baselines, "try_variant", fake_trial)
+    monkeypatch.setattr(baselines, "pair_on_two_streams", lambda draft, verify, timing: 1.0)
+    monkeypatch.setattr(baselines.torch.cuda, "empty_cache", lambda: None)
+    setup = SimpleNamespace(workload=_round("llama").workload, weights=(None, SimpleNamespace(
+        weights=SimpleNamespace(device=torch.device("cpu")))))
+    chosen = baselines.chosen_variants(setup, timing, tmp_path)
+    path = next((tmp_path / "conventional").glob("*.json"))
+    assert json.loads(path.read_text())["split_cuts"] == [[4, 6, 32, 8, 1030, 128, "bfloat16", "cuda:0", 3]]
+
+    monkeypatch.setattr(split_module, "_CHOSEN", {})  # a later process
+    assert baselines.chosen_variants(setup, timing, tmp_path) == chosen
+    assert len(tried) == len(timing.conventional) and split_module._CHOSEN == {cut_key: 3}
+
+    for bad in ([[4, 6, 32, 8, 1030, 128, "bfloat16", "cuda:0", 0]], [[4, 6, 32, 8, 1030, 128, "nodtype", "cuda:0", 3]],
+                [[4, 6, 32, 8, 1030, 128, "bfloat16", "cuda:0"]], ["x"], "x"):
+        monkeypatch.setattr(split_module, "_CHOSEN", {})
+        kept = json.loads(path.read_text()) | {"split_cuts": bad}
+        path.write_text(json.dumps(kept))
+        before = len(tried)
+        assert baselines.chosen_variants(setup, timing, tmp_path) == chosen
+        assert len(tried) == before + len(timing.conventional), bad  # chosen again
+
+
 def test_tuned_step_compiled_with_autotuning_computes_the_reference():
     """`tuned`: the whole step under inductor's autotuning mode, still the reference round."""
     rnd = _round("qwen3")

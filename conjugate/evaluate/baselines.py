@@ -35,6 +35,7 @@ from conjugate.evaluate.profile import EvaluatorProfile, TimingSettings
 from conjugate.evaluate.result import Baseline
 from conjugate.evaluate.rounds import checked_run
 from conjugate.evaluate.session import RoundSetup
+from conjugate.evaluate.split_attention import adopt_cuts, kept_cuts
 from conjugate.evaluate.timing import median_known_within, time_round
 from conjugate.files import write_atomic
 from conjugate.paths import shipped_plan
@@ -194,9 +195,10 @@ CHOICE_KEYS = ("draft", "verify", "streams_draft", "streams_verify")
 
 def keep_choice(path: Path, chosen: dict[str, str], workload: str, trials: list[dict],
                 streams_pairs_ms: dict[str, float]) -> None:
+    """The choice kept at `path`, with the split cuts timed in this process (a later process adopts them)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(chosen | {"workload": workload, "trials": trials,
-                                            "streams_pairs_ms": streams_pairs_ms}, indent=1) + "\n")
+    write_atomic(path, json.dumps(chosen | {"workload": workload, "trials": trials, "streams_pairs_ms": streams_pairs_ms,
+                                            "split_cuts": kept_cuts()}, indent=1) + "\n")
 
 
 def chosen_variants(setup: RoundSetup, timing: TimingSettings, cache_dir: Path | None) -> dict[str, str]:
@@ -207,9 +209,10 @@ def chosen_variants(setup: RoundSetup, timing: TimingSettings, cache_dir: Path |
         kept = json.loads(path.read_text())
         chosen = {key: kept[key] for key in CHOICE_KEYS}
         if set(chosen.values()) <= set(timing.conventional):
+            adopt_cuts(kept.get("split_cuts", []))
             return chosen
     except (OSError, ValueError, KeyError, TypeError):
-        pass  # absent, unreadable or from before the streams pair was chosen: choose again
+        pass  # absent, unreadable, from before the streams pair was chosen or with bad cuts: choose again
     trials, chosen, pairs_ms = try_all(setup, timing)
     if chosen is None:
         raise NoCorrectVariant(trials)

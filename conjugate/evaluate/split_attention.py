@@ -104,6 +104,31 @@ def chosen_cuts() -> dict[str, int]:
     return {"B{} T{} heads{} kv{} capacity{} hd{}".format(*key[:6]): chunks for key, chunks in _CHOSEN.items()}
 
 
+def kept_cuts() -> list[list]:
+    """The chunks choose_chunks has kept in this process, as JSON for adopt_cuts:
+    [[batch, tokens, heads, kv_heads, capacity, head_dim, dtype, device, chunks], ...]."""
+    return [[*key[:6], str(key[6]).removeprefix("torch."), key[7], chunks] for key, chunks in _CHOSEN.items()]
+
+
+def adopt_cuts(kept: list[list]) -> None:
+    """Chunks kept by an earlier process (kept_cuts' form) taken as this process's, so that every
+    process measuring a workload's conventional round cuts its caches alike: timed afresh, the cut can
+    differ and move the verify phase by more than the spread allowed (qwen3-06b-8b-b4 on the H200:
+    13.76 against 14.05 ms). ValueError for an entry of another form."""
+    adopted = {}
+    for entry in kept:
+        if not (isinstance(entry, list) and len(entry) == 9):
+            raise ValueError(f"a kept cut is not [B, T, heads, kv, capacity, hd, dtype, device, chunks]: {entry!r}")
+        *shape, dtype_name, device, chunks = entry
+        dtype = getattr(torch, str(dtype_name), None)
+        if not (all(type(n) is int and n > 0 for n in (*shape, chunks)) and isinstance(dtype, torch.dtype)
+                and isinstance(device, str)):
+            raise ValueError(f"a kept cut is not [B, T, heads, kv, capacity, hd, dtype, device, chunks]: {entry!r}")
+        adopted[(*shape, dtype, device)] = chunks
+    for key, chunks in adopted.items():
+        _CHOSEN.setdefault(key, chunks)
+
+
 def split_mask(visible, heads: int, kv_heads: int, dtype, chunks: int):
     """The split's mask, made once per step for every layer, from [B, T, capacity] bool: (the additive
     mask [B * kv_heads, chunks, group * T, chunk] (0 or -inf) in `dtype`, its rows padded to 16
