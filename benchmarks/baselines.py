@@ -3,7 +3,7 @@ how steady a measurement is, on the six example workloads.
 
     python benchmarks/baselines.py [--workloads llama-1b-8b-b8 ...] [--variants whole-flex ...]
                                    [--json benchmarks/results/baselines_h200.json]
-    python benchmarks/baselines.py --merge RUN.json [RUN.json ...] --json benchmarks/results/baselines_h200.json
+    python benchmarks/baselines.py --merge RUN.json [RUN.json ...] [--eval-times EVAL_TIME.json] --json OUT.json
     python benchmarks/baselines.py --resume CUT.json --json OUT.json
 
 `--resume` finishes the workloads a run cut short by its time limit left partial: their trials (and
@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -238,15 +239,31 @@ def pair_variants(partial: dict) -> set[str]:
     return set(chosen.values()) | (set(min(pairs, key=pairs.get).split("/")) if pairs else pair_candidates(tried))
 
 
-def merged(paths: list[Path]) -> dict:
-    """Several runs' JSON as one (the rows in order; each run's command kept); partial rows left out."""
+def merged(paths: list[Path], eval_times: Path | None = None) -> dict:
+    """Several runs' JSON as one (the rows in order; each run's command kept); partial rows left out.
+    With `eval_times` (eval_time.py's runs, each with a "stage"), each row gains the median seconds
+    per evaluation after and before (`eval_seconds_median`, `eval_seconds_before`)."""
     runs = [json.loads(p.read_text()) for p in paths]
     gpus = {r["gpu"] for r in runs}
     if len(gpus) != 1:
         raise SystemExit(f"--merge: the runs were measured on different GPUs: {sorted(gpus)}")
+    rows = [w for r in runs for w in r["workloads"] if not w.get("partial")]
+    if eval_times:
+        timed = json.loads(eval_times.read_text())
+        if timed.get("gpu") not in gpus:
+            raise SystemExit(f"--eval-times {eval_times}: measured on {timed.get('gpu')}, the runs on {gpus.pop()}")
+        rows = [row | {"eval_seconds_median": eval_median(timed["runs"], row["workload"], "after"),
+                       "eval_seconds_before": eval_median(timed["runs"], row["workload"], "before")} for row in rows]
     return {"gpu": gpus.pop(), "torch": runs[0]["torch"], "date": max(r["date"] for r in runs),
-            "commands": [r["command"] for r in runs],
-            "workloads": [w for r in runs for w in r["workloads"] if not w.get("partial")]}
+            "commands": [r["command"] for r in runs], "workloads": rows}
+
+
+def eval_median(runs: list[dict], workload: str, stage: str) -> float | None:
+    """The median seconds per evaluation over every run of `workload` at `stage`, each run's first
+    evaluation left out (it also prepared the workload); None when there is no such run."""
+    seconds = [row["wall_s"] for r in runs if r["workload"] == workload and r["stage"] == stage
+               for row in r["rows"][1:]]
+    return round(statistics.median(seconds), 3) if seconds else None
 
 
 def print_table(rows: list[dict]) -> None:
@@ -318,6 +335,8 @@ def main() -> None:
     parser.add_argument("--json", help="write the rows here (after every trial)")
     parser.add_argument("--merge", nargs="+", type=Path, metavar="RUN.json",
                         help="measure nothing: join these runs' JSON into --json")
+    parser.add_argument("--eval-times", type=Path, metavar="EVAL_TIME.json",
+                        help="with --merge: each workload's median seconds per evaluation from eval_time.py's runs")
     parser.add_argument("--resume", type=Path, metavar="CUT.json",
                         help="finish the partial workloads of a run cut short (their trials kept)")
     parser.add_argument("--prewarm", type=positive, default=0, metavar="N",
@@ -325,7 +344,7 @@ def main() -> None:
     parser.add_argument("--build-only", metavar="WORKLOAD", help=argparse.SUPPRESS)  # a --prewarm process
     args = parser.parse_args()
     if args.merge:
-        out = merged(args.merge)
+        out = merged(args.merge, args.eval_times)
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=1, default=str) + "\n")
         print_table(out["workloads"])

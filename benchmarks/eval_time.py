@@ -50,10 +50,14 @@ def search(workload: Path, evaluator: str, budget: int, limit: str, db: Path, co
 
 
 def code_version(code: Path) -> str:
-    """The commit checked out at `code` (with "+changes" when its tracked files differ), or "unknown"."""
+    """The commit checked out at `code` (with "+changes" when its tracked files differ), or "unknown":
+    also for a folder that is not a checkout's top (a `git archive` inside another checkout would
+    otherwise be named by the commit of the checkout around it)."""
     def git(*args):
         return subprocess.run(["git", "-C", str(code), *args], capture_output=True, text=True).stdout.strip()
     try:
+        if not git("rev-parse", "--show-toplevel") or Path(git("rev-parse", "--show-toplevel")) != code.resolve():
+            return "unknown"
         commit = git("rev-parse", "--short", "HEAD")
         return (commit + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")) or "unknown"
     except OSError:

@@ -40,6 +40,30 @@ def test_runs_are_joined_in_order_without_their_cut_short_rows(tmp_path):
     assert "llama-1b-8b-b1" in done.stdout and "qwen3" not in done.stdout
 
 
+def test_each_joined_row_gains_its_median_seconds_per_evaluation_after_and_before(tmp_path):
+    """Pooled over a stage's runs of the workload, each run's first evaluation (it also prepared the
+    workload) left out; None where a stage has no run; eval times from another GPU are refused."""
+    def timed_run(workload, stage, seconds):
+        return {"workload": workload, "stage": stage, "rows": [{"wall_s": s} for s in seconds]}
+
+    a = _run(tmp_path, "a", "NVIDIA H200", [_row("llama-1b-8b-b8"), _row("llama-1b-8b-b1")])
+    times = tmp_path / "eval_time.json"
+    times.write_text(json.dumps({"gpu": "NVIDIA H200", "runs": [
+        timed_run("llama-1b-8b-b8", "after", [90.0, 2.0, 1.0]), timed_run("llama-1b-8b-b8", "after", [50.0, 3.0, 9.0]),
+        timed_run("llama-1b-8b-b8", "before", [100.0, 9.5]), timed_run("llama-1b-8b-b1", "after", [60.0, 1.5]),
+        timed_run("llama-1b-8b-b1", "replays", [60.0, 4.0])]}))
+    out = tmp_path / "joined.json"
+    done = _merge(a, "--eval-times", times, "--json", out)
+    assert done.returncode == 0, done.stderr
+    rows = {w["workload"]: w for w in json.loads(out.read_text())["workloads"]}
+    assert (rows["llama-1b-8b-b8"]["eval_seconds_median"], rows["llama-1b-8b-b8"]["eval_seconds_before"]) == (2.5, 9.5)
+    assert (rows["llama-1b-8b-b1"]["eval_seconds_median"], rows["llama-1b-8b-b1"]["eval_seconds_before"]) == (1.5, None)
+    times.write_text(json.dumps({"gpu": "NVIDIA B300", "runs": []}))
+    done = _merge(a, "--eval-times", times, "--json", tmp_path / "other.json")
+    assert done.returncode != 0 and f"--eval-times {times}: measured on NVIDIA B300" in done.stderr
+    assert not (tmp_path / "other.json").exists()
+
+
 def test_runs_from_different_gpus_are_not_joined(tmp_path):
     a = _run(tmp_path, "a", "NVIDIA H200", [_row("llama-1b-8b-b8")])
     b = _run(tmp_path, "b", "NVIDIA B300", [_row("llama-1b-8b-b1")])
