@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from scripts import load_script  # tests/scripts.py
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -73,12 +75,7 @@ def test_runs_from_different_gpus_are_not_joined(tmp_path):
 
 
 def _script():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("baselines_script", ROOT / "benchmarks" / "baselines.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("baselines")
 
 
 def _trial(variant: str, draft: float, verify: float, correct: bool = True) -> dict:

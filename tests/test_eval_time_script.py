@@ -2,18 +2,16 @@
 a checkout around a folder that is not one."""
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 from pathlib import Path
+
+from scripts import load_script  # tests/scripts.py
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("eval_time_script", ROOT / "benchmarks" / "eval_time.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("eval_time")
 
 
 def test_the_code_is_named_by_its_own_commit_and_an_archive_inside_a_checkout_by_none(tmp_path):

@@ -1,7 +1,6 @@
 """Measured facts per GPU model for the LLM prompt: the shipped file, matching a device, bad files."""
 from __future__ import annotations
 
-from dataclasses import replace
 
 import pytest
 

@@ -14,6 +14,7 @@ from conjugate.graph import build_graph
 from conjugate.plan import load_plan, validate_plan
 from conjugate.plan.expand import check_dependencies, expand
 from conjugate.roles import Model
+from scripts import load_script  # tests/scripts.py
 from test_round import FAMILIES, ROOT, SMALL_TILES, _round
 
 FUSED = ["attn_norm+qkv", "qkv+rope_kv", "mlp_norm+gate_up", "lm_head+argmax"]
@@ -243,11 +244,7 @@ def test_both_models_persistent_on_two_streams_is_refused():
 
 def test_the_persist_layer_benchmark_builds_the_plans_it_compares():
     """benchmarks/persist_layer.py (GPU only): its plans differ from each other only where it says."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("persist_layer", ROOT / "benchmarks" / "persist_layer.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("persist_layer")
     separate, joined = bench.persist_plan(8, True, persist=False), bench.persist_plan(8, True)
     plain = bench.persist_plan(8, False)
     assert separate["persist"]["draft"]["span"] == "none" and joined["persist"]["draft"]["span"] == "layer"
@@ -304,13 +301,7 @@ def test_each_prefetch_function_takes_its_tile_functions_arguments():
 def test_the_persist_check_benchmark_names_where_two_rounds_differ(tmp_path):
     """benchmarks/persist_check.py (GPU only): its report of two rounds' outputs names the fields,
     the number of elements, the largest difference, and a cache's layers and positions."""
-    import importlib.util
-    import sys
-
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("persist_check", ROOT / "benchmarks" / "persist_check.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("persist_check")
     _, out = _round("llama").check(validate_plan(_streams()), tmp_path)
     same = replace(out, draft_cache=type(out.draft_cache)(out.draft_cache.k.clone(), out.draft_cache.v.clone()))
     assert bench.differences(same, out) == {}
@@ -341,13 +332,9 @@ def test_flat_and_two_level_barriers_compute_the_reference_and_leave_their_words
 
 def test_the_barrier_cost_benchmarks_kernel_passes_its_barriers_and_resets_them():
     """benchmarks/barrier_cost.py (GPU only): its kernel of barriers alone, here on one program."""
-    import importlib.util
-
     import torch
 
-    spec = importlib.util.spec_from_file_location("barrier_cost", ROOT / "benchmarks" / "barrier_cost.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("barrier_cost")
     for groups in (1, 4):
         sync = torch.zeros(persist.sync_words(3, groups), dtype=torch.int32)
         bench.barriers[(1,)](sync, 3, GROUPS=groups)

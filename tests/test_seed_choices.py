@@ -2,7 +2,6 @@
 from every variant the profile lists, and chose the pair for two streams too."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,15 +11,13 @@ from conjugate.evaluate.baselines import CHOICE_KEYS, choice_file
 from conjugate.evaluate.profile import load_profile
 from conjugate.paths import EXAMPLES_DIR
 from conjugate.workload import load_workload
+from scripts import load_script  # tests/scripts.py
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _seed_module():
-    spec = importlib.util.spec_from_file_location("seed_choices", ROOT / "benchmarks" / "seed_choices.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("seed_choices")
 
 
 def test_only_choices_made_from_every_listed_variant_with_a_streams_pair_are_kept(tmp_path, monkeypatch):
