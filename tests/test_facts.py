@@ -1,7 +1,6 @@
 """Measured facts per GPU model for the LLM prompt: the shipped file, matching a device, bad files."""
 from __future__ import annotations
 
-
 import pytest
 
 from conjugate.agents.base import NodeContext
