@@ -1,0 +1,65 @@
+"""benchmarks/gemm_sweep.py's parts that need no GPU: the shapes it takes from workloads, the tile
+the shipped plan gives each, and the candidates it times."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from conjugate.paths import EXAMPLES_DIR
+from scripts import load_script  # tests/scripts.py
+
+sweep = load_script("gemm_sweep")
+H200_SMS = 132
+
+
+def test_each_distinct_shape_once_with_its_workloads_and_the_shipped_tile():
+    b8 = EXAMPLES_DIR / "llama-1b-8b-b8.toml"
+    entries = sweep.distinct_shapes([b8, b8], ("draft", "target"), sweep.KINDS)
+    assert len(entries) == 8 and all(e["workloads"] == ["llama-1b-8b-b8"] * 2 for e in entries)
+    shapes = {(e["model"], e["shape"].kind): e for e in entries}
+    gate_up = shapes[("target", "gate_up")]["shape"]
+    assert (gate_up.rows, gate_up.n, gate_up.k, gate_up.epilogue, gate_up.weights) == (40, 14336, 4096, "silu_mul", 2)
+    assert gate_up.weight_bytes == 2 * 14336 * 4096 * 2
+    down = shapes[("draft", "down")]
+    assert (down["shape"].rows, down["shape"].n, down["shape"].k, down["shape"].epilogue) == (8, 2048, 8192, "residual")
+    assert down["shipped"] == sweep.Tile(16, 64, 64, 8, 4, 3)  # plans/streams.json: its tile, the launch's settings
+
+
+def test_a_per_op_launch_setting_in_the_plan_wins_over_the_launch_default():
+    plan = {"tiles": {"target": {"lm_head": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 1,
+                                             "num_stages": 2}}}, "launch": {"num_warps": 4, "num_stages": 3}}
+    assert sweep.shipped_tile(plan, "target", "lm_head") == sweep.Tile(64, 128, 128, 1, 4, 2)
+
+
+def test_the_candidates_are_the_shipped_tile_its_neighbours_then_a_sample_all_within_the_limits():
+    shape = sweep.Shape(40, 4096, 4096, "o_proj")
+    shipped = sweep.Tile(64, 64, 64, 4, 4, 3)
+    tiles = sweep.candidates(shape, shipped, H200_SMS, per_shape=30)
+    assert tiles[0] == shipped and len(tiles) == 31 and len(set(tiles)) == 31
+    near = [t for t in sweep.neighbours(shipped) if sweep.fits(t, shape, H200_SMS)]
+    assert tiles[1:1 + len(near)] == near and replace(shipped, split_k=8) in near
+    for tile in tiles[1:]:
+        assert sweep.fits(tile, shape, H200_SMS)
+        assert H200_SMS // 2 <= tile.programs(shape) <= 16 * H200_SMS
+        assert tile.shared_bytes(shape) <= sweep.SHARED_BYTES
+        assert shape.k // (tile.split_k * tile.block_k) >= max(2, tile.stages - 1)
+    assert tiles == sweep.candidates(shape, shipped, H200_SMS, per_shape=30)  # seeded: the same sample again
+    assert tiles != sweep.candidates(shape, shipped, H200_SMS, per_shape=30, seed=1)
+
+
+def test_tiles_that_would_spill_or_starve_the_gpu_are_not_candidates():
+    gate_up = sweep.Shape(40, 14336, 4096, "gate_up")
+    assert not sweep.fits(sweep.Tile(64, 256, 64, 1, 4, 3), gate_up, H200_SMS)  # 2 x 64 x 256 accumulators, 4 warps
+    assert not sweep.fits(sweep.Tile(64, 64, 512, 1, 4, 6), gate_up, H200_SMS)  # six stages of 512-deep tiles
+    o_proj = sweep.Shape(8, 896, 896, "o_proj")
+    assert not sweep.fits(sweep.Tile(16, 256, 64, 1, 4, 3), o_proj, H200_SMS)  # four programs
+    assert not sweep.fits(sweep.Tile(16, 16, 512, 2, 4, 3), o_proj, H200_SMS)  # a split shorter than two K blocks
+    assert sweep.block_ms(5) == (16,) and sweep.block_ms(40) == (64,) and sweep.block_ms(80) == (64, 128)
+
+
+def test_a_candidate_launch_computes_the_gemm(tmp_path):
+    """The launch the sweep times, built as it builds it (here under the interpreter): silu(x Wg^T) * (x Wu^T)."""
+    shape = sweep.Shape(2, 64, 128, "gate_up")
+    x, ws, ref = sweep.operands(shape, "cpu")
+    launch, out = sweep.build(shape, sweep.Tile(16, 32, 32, 2, 4, 2), x, ws, tmp_path)
+    launch()
+    assert float((out - ref).norm() / ref.norm()) < 1e-2
