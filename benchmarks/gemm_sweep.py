@@ -16,6 +16,12 @@ copy bandwidth say how near the byte floor the tile gets.
 `--prewarm N` first compiles every candidate in N processes at once (Triton's warmup: nothing runs),
 so the timing process loads them from Triton's cache. One process times everything: compare within
 a run.
+
+    python benchmarks/gemm_sweep.py --tabulate SWEEP.json [...] --device H200 [--table search/tiles.json]
+
+measures nothing: it writes the tiles that beat the shipped one by at least MIN_GAIN into the GPU
+model's table of search/tiles.json (the heuristic proposes them: conjugate/agents/tile_table.py),
+replacing that model's earlier table.
 """
 from __future__ import annotations
 
@@ -49,6 +55,7 @@ MAX_ACC_PER_THREAD = 128  # fp32 accumulator values per thread before registers 
 X_BYTES = 4  # activation rows are fp32 (the residual stream)
 W_BYTES = 2  # bf16 weights
 CALLS = 10
+MIN_GAIN = 0.03  # a tile goes into the table when it takes at least this much less time than the shipped one
 
 
 @dataclass(frozen=True)
@@ -143,9 +150,7 @@ def shapes_of(workload: Workload, models: tuple[str, ...], kinds: tuple[str, ...
     for model in models:
         spec = getattr(workload, model)
         rows = workload.draft_rows if model == "draft" else workload.target_rows
-        dims = {"qkv": (spec.qkv_size, spec.hidden_size), "o_proj": (spec.hidden_size, spec.q_size),
-                "gate_up": (spec.ffn_size, spec.hidden_size), "down": (spec.hidden_size, spec.ffn_size)}
-        out += [(model, Shape(rows, *dims[kind], kind)) for kind in kinds]
+        out += [(model, Shape(rows, *spec.projection(kind), kind)) for kind in kinds]
     return out
 
 
@@ -167,6 +172,41 @@ def distinct_shapes(paths: list[Path], models: tuple[str, ...], kinds: tuple[str
                                             "shipped": shipped_tile(plan, model, shape.kind)})
             entry["workloads"].append(workload.name)
     return list(seen.values())
+
+
+def tabulate(sweeps: list[Path], device: str, table_path: Path) -> dict:
+    """The GPU model's table of `table_path` (search/tiles.json) made from `sweeps`' results: per
+    shape its best tile, where it beats the shipped one by MIN_GAIN. -> the table written."""
+    from conjugate.agents.tile_table import load_tile_tables, table_from_json
+    from conjugate.errors import ConjugateError
+    from conjugate.evaluate.measured import names_device
+    from conjugate.files import write_atomic
+
+    entries, dates = {}, []
+    for path in sweeps:
+        run = json.loads(path.read_text())
+        if not names_device(device, run["gpu"]):
+            raise SystemExit(f"--device {device}: {path} was measured on {run['gpu']}")
+        dates.append(run["date"])
+        for s in run["shapes"]:
+            best, shipped = s["best"], s["shipped"]
+            if best and "us" in shipped and best["us"] <= (1 - MIN_GAIN) * shipped["us"]:
+                entries[(s["kind"], s["rows"], s["n"], s["k"])] = {
+                    "kind": s["kind"], "rows": s["rows"], "n": s["n"], "k": s["k"],
+                    "tile": {"BLOCK_M": best["block_m"], "BLOCK_N": best["block_n"], "BLOCK_K": best["block_k"],
+                             "SPLIT_K": best["split_k"], "num_warps": best["warps"], "num_stages": best["stages"]},
+                    "us": round(best["us"], 2), "shipped_us": round(shipped["us"], 2)}
+    table = {"device": device, "date": max(dates), "source": ", ".join(p.name for p in sweeps),
+             "tiles": [entries[key] for key in sorted(entries)]}
+    try:
+        table_from_json(table, f"{table_path}: the new {device} table")
+        load_tile_tables(table_path)
+    except ConjugateError as error:
+        raise SystemExit(str(error))
+    data = json.loads(table_path.read_text())
+    data["tables"] = [t for t in data["tables"] if t["device"] != device] + [table]
+    write_atomic(table_path, json.dumps(data, indent=1) + "\n")
+    return table
 
 
 # --- on the GPU ----------------------------------------------------------------------------------
@@ -276,10 +316,22 @@ def main() -> None:
     parser.add_argument("--per-shape", type=int, default=64, help="candidates per shape besides the shipped tile")
     parser.add_argument("--prewarm", type=int, default=0, metavar="N", help="compile the candidates in N processes first")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--tabulate", nargs="+", type=Path, metavar="SWEEP.json",
+                        help="measure nothing: write these sweeps' winning tiles into --table for --device")
+    parser.add_argument("--device", help="with --tabulate: the GPU model's word, e.g. H200")
+    parser.add_argument("--table", type=Path, default=None, help="with --tabulate (default: search/tiles.json)")
     parser.add_argument("--compile-only", type=Path, help=argparse.SUPPRESS)  # a --prewarm process
     args = parser.parse_args()
     if args.compile_only:
         return compile_only(args.compile_only)
+    if args.tabulate:
+        from conjugate.paths import TILES_FILE
+
+        if not args.device:
+            parser.error("--tabulate needs --device (the word of the GPU's name the table is for)")
+        table = tabulate(args.tabulate, args.device, args.table or TILES_FILE)
+        print(f"{len(table['tiles'])} tiles for {args.device} in {args.table or TILES_FILE}")
+        return
     if not args.workloads:
         parser.error("name at least one workload file")
     import torch

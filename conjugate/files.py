@@ -43,6 +43,20 @@ def read_text(path: Path, error: type[ConjugateError], what: str = "file") -> st
     return text
 
 
+def check_table(table: Any, where: str, fields: tuple[str, ...], texts: tuple[str, ...]) -> dict:
+    """A table of a data file checked: an object holding none but `fields`, those in `texts` non-empty
+    strings. ConjugateError naming `where` and the field otherwise."""
+    if not isinstance(table, dict):
+        raise ConjugateError(f"{where}: should be a table, got {shown(table)}")
+    for key in table:
+        if key not in fields:
+            raise ConjugateError(f"{where}: unknown field {key!r}")
+    for key in texts:
+        if not isinstance(table.get(key), str) or not table[key].strip():
+            raise ConjugateError(f"{where}: field {key!r} should be a non-empty string, got {shown(table.get(key))}")
+    return table
+
+
 def read_json(path: Path, error: type[ConjugateError], what: str = "file") -> Any:
     """The file's JSON value (see parse_json)."""
     return parse_json(read_text(path, error, what), path, error)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from conjugate.errors import ConjugateError
-from conjugate.files import read_toml, shown
+from conjugate.files import check_table, read_toml, shown
 from conjugate.paths import FACTS_FILE
 
 MAX_FACTS = 12
@@ -33,14 +33,7 @@ def load_facts(path: Path = FACTS_FILE) -> tuple[GpuFacts, ...]:
 
 
 def _table(table, where: str) -> GpuFacts:
-    if not isinstance(table, dict):
-        raise ConjugateError(f"{where}: should be a table, got {shown(table)}")
-    for key in table:
-        if key not in ("device", "date", "source", "facts"):
-            raise ConjugateError(f"{where}: unknown field {key!r}")
-    for key in ("device", "date", "source"):
-        if not isinstance(table.get(key), str) or not table[key].strip():
-            raise ConjugateError(f"{where}: field {key!r} should be a non-empty string, got {shown(table.get(key))}")
+    check_table(table, where, ("device", "date", "source", "facts"), ("device", "date", "source"))
     facts = table.get("facts")
     if not isinstance(facts, list) or not facts or not all(isinstance(f, str) and f.strip() for f in facts):
         raise ConjugateError(f"{where}: field 'facts' should be a non-empty list of sentences, got {shown(facts)}")

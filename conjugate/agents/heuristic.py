@@ -2,6 +2,9 @@
 
 Edits come first from what the node's result says, then from broader local moves:
 
+    measured tiles       each GEMM kind's tile set to the one measured fastest alone for its shape
+                         on this GPU model (search/tiles.json, benchmarks/gemm_sweep.py), scored by
+                         its measured gain over the shipped tile
     time ledger          tile moves for the GEMM and attention kinds that lose most against their
                          bytes' floor (the result's ledger), and the fusions that remove the launches
                          of norm kinds losing most, scored by their share of the loss
@@ -42,8 +45,10 @@ from dataclasses import dataclass
 
 from conjugate.agents.base import NodeContext, Proposal
 from conjugate.agents.heuristic_edits import (LIGHT_TARGETS, SEARCH_KEYS, Candidate, Launches, enable_pairing,
-                                              fill_by_kind, gain_edits, headroom_edits, launch_parts, repair_edits,
-                                              scaled, set_pairs, set_tile, spill_edits, split_edits, tile_value)
+                                              fill_by_kind, gain_edits, headroom_edits, launch_parts,
+                                              measured_tile_edits, repair_edits, scaled, set_pairs, set_tile,
+                                              spill_edits, split_edits, tile_value)
+from conjugate.agents.tile_table import TileTable, load_tile_tables, table_for
 from conjugate.errors import ConjugateError
 from conjugate.evaluate.result import EvalResult, KindLoss, LedgerSummary, Verdict, VerdictKind
 from conjugate.graph import GEMM_KINDS, KINDS, LAYER_KINDS
@@ -59,8 +64,9 @@ _DECAY = 0.85  # score factor per proposal of the same kind already chosen
 class HeuristicProposer:
     name = "heuristic"
 
-    def __init__(self, seed: int = 0):
+    def __init__(self, seed: int = 0, tile_tables: tuple[TileTable, ...] | None = None):
         self.seed = seed
+        self.tile_tables = tile_tables  # None: search/tiles.json, read at the first proposal
 
     def propose(self, context: NodeContext, n: int) -> list[Proposal]:
         try:
@@ -72,7 +78,10 @@ class HeuristicProposer:
 
     def ordered(self, plan: Plan, context: NodeContext, rng: random.Random):
         """(candidate, prior) pairs, the most promising first: base scores shifted by the edit statistics."""
-        ranked = _ranked(candidates(plan, context.result, context.sms, rng, context.workload), context.edit_stats)
+        if self.tile_tables is None:
+            self.tile_tables = load_tile_tables()
+        tiles = table_for(context.device, self.tile_tables)
+        ranked = _ranked(candidates(plan, context.result, context.sms, rng, context.workload, tiles), context.edit_stats)
         return ((c, round(min(1.0, max(0.05, s)), 3)) for c, s in ranked)
 
 
@@ -140,13 +149,15 @@ class Focus:
 
 
 def candidates(plan: Plan, result: EvalResult | None, sms: int, rng: random.Random,
-               workload: dict | None = None) -> list[Candidate]:
+               workload: dict | None = None, tiles: TileTable | None = None) -> list[Candidate]:
     """Every candidate edit, result-driven first (unordered beyond their base scores); `sms`: the
     GPU's multiprocessors, which a launch's programs should fill; `workload` (its layer counts and
-    k) places pins of mixed plans."""
+    k) places pins of mixed plans and, with `tiles` (the GPU model's measured tiles), gives each
+    GEMM's shape."""
     parts = launch_parts(result)
     verdicts = result.verdicts if result else ()
     out = [] if result is None else repair_edits(plan, result) if not result.ok else spill_edits(plan, result)
+    out += measured_tile_edits(plan, workload, tiles)
     out += split_edits(plan, verdicts) + gain_edits(plan, verdicts) + headroom_edits(plan, parts, sms)
     interfering = any(v.verdict is VerdictKind.INTERFERENCE for v in verdicts)
     ledger = result.metrics.ledger if result is not None and result.metrics is not None else None

@@ -9,9 +9,12 @@ import fnmatch
 import re
 from dataclasses import dataclass
 
+from conjugate.agents.tile_table import GEMM_KINDS as GEMM_TABLE_KINDS
+from conjugate.agents.tile_table import TileTable
 from conjugate.compiler.feedback import PartRef
 from conjugate.evaluate.result import EvalResult, Status, Verdict, VerdictKind
 from conjugate.graph import KINDS
+from conjugate.models.spec import ModelSpec
 from conjugate.plan.schema import Plan
 from conjugate.plan.tiles import DEFAULT_TILES, FAMILY_OF, LAUNCH_BOUNDS, TILE_BOUNDS
 from conjugate.roles import Model
@@ -80,6 +83,11 @@ def set_tile(plan: Plan, model: str, kind: str, key: str, value: int) -> list[di
     if kind in plan["tiles"][model]:
         return [{"op": "add", "path": f"/tiles/{model}/{kind}/{key}", "value": value}]
     return [{"op": "add", "path": f"/tiles/{model}/{kind}", "value": {key: value}}]
+
+
+def set_tiles(plan: Plan, model: str, kind: str, values: dict[str, int]) -> list[dict]:
+    """Set several keys of one op kind's tile at once (the others kept)."""
+    return [{"op": "add", "path": f"/tiles/{model}/{kind}", "value": plan["tiles"][model].get(kind, {}) | values}]
 
 
 def scaled(plan: Plan, model: str, kind: str, key: str, factor: float) -> int | None:
@@ -279,3 +287,30 @@ def headroom_edits(plan: Plan, parts: Launches, sms: int) -> list[Candidate]:
 
 def _target_rank(kind: str) -> int:
     return LIGHT_TARGETS.index(kind) if kind in LIGHT_TARGETS else len(LIGHT_TARGETS) + KINDS.index(kind)
+
+
+# ---------------------------------------------------------------------------------------------
+# edits read from measurements of earlier runs
+
+
+def measured_tile_edits(plan: Plan, workload: dict | None, table: TileTable | None) -> list[Candidate]:
+    """Each GEMM kind's tile set to the one measured fastest for its shape on this GPU model (a
+    table of search/tiles.json), where the plan's tile differs: scored by how much faster than the
+    shipped tile it ran alone."""
+    if table is None or not workload:
+        return []
+    out = []
+    for model in (Model.DRAFT, Model.TARGET):
+        spec = ModelSpec.from_dict(workload[model.value])
+        rows = workload["draft_batch"] if model is Model.DRAFT else workload["target_batch"] * (workload["k"] + 1)
+        for kind in GEMM_TABLE_KINDS:
+            measured = table.tile_for(kind, rows, *spec.projection(kind))
+            if measured is None or all(tile_value(plan, model, kind, k) == v for k, v in measured.tile.items()):
+                continue
+            shown_tile = " ".join(f"{k}={v}" for k, v in measured.tile.items())
+            out.append(Candidate("tiles", set_tiles(plan, model, kind, measured.tile),
+                                 f"measured on this GPU ({table.source}, {table.date}): {model} {kind} "
+                                 f"{rows}x{measured.n}x{measured.k} alone {measured.us:.1f} us with {shown_tile}, "
+                                 f"{measured.shipped_us:.1f} us with the shipped tile",
+                                 0.6 + min(0.3, measured.gain)))
+    return out

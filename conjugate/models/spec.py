@@ -64,6 +64,12 @@ class ModelSpec:
     def qkv_size(self) -> int:
         return self.q_size + 2 * self.kv_size
 
+    def projection(self, kind: str) -> tuple[int, int]:
+        """(out features N, in features K) of one weight matrix of a GEMM op kind (gate_up: each of two)."""
+        h = self.hidden_size
+        return {"qkv": (self.qkv_size, h), "o_proj": (h, self.q_size), "gate_up": (self.ffn_size, h),
+                "down": (h, self.ffn_size), "lm_head": (self.vocab_size, h)}[kind]
+
     def num_params(self) -> int:
         h, layers = self.hidden_size, self.num_layers
         per_layer = h * self.qkv_size + self.q_size * h + 3 * h * self.ffn_size + 2 * h

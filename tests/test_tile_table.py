@@ -1,0 +1,132 @@
+"""Measured GEMM tiles (search/tiles.json): the file's checks, the heuristic's edits from them, and
+benchmarks/gemm_sweep.py --tabulate, which writes them."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conjugate.agents.base import NodeContext
+from conjugate.agents.heuristic import HeuristicProposer
+from conjugate.agents.tile_table import TileTable, load_tile_tables, table_for
+from conjugate.errors import ConjugateError
+from conjugate.paths import EXAMPLES_DIR, shipped_plan
+from conjugate.plan import load_plan, patch_plan
+from conjugate.workload import load_workload
+
+from test_round import ROOT
+
+B8 = load_workload(EXAMPLES_DIR / "llama-1b-8b-b8.toml")
+QKV_TILE = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 4, "num_warps": 8, "num_stages": 4}
+
+
+def _entry(**changes) -> dict:
+    return {"kind": "qkv", "rows": 40, "n": 6144, "k": 4096, "tile": dict(QKV_TILE), "us": 24.0,
+            "shipped_us": 36.9} | changes
+
+
+def _file(tmp_path, tables: list) -> Path:
+    path = tmp_path / "tiles.json"
+    path.write_text(json.dumps({"about": "test", "tables": tables}))
+    return path
+
+
+def _table(*entries) -> dict:
+    return {"device": "H200", "date": "2026-12-01", "source": "gemm_sweep_h200.json", "tiles": list(entries)}
+
+
+def test_the_shipped_file_parses_and_a_table_matches_whole_words_of_the_device_name(tmp_path):
+    assert isinstance(load_tile_tables(), tuple)  # search/tiles.json, as shipped
+    tables = load_tile_tables(_file(tmp_path, [_table(_entry())]))
+    assert table_for("NVIDIA H200", tables).tile_for("qkv", 40, 6144, 4096).tile == QKV_TILE
+    assert table_for("NVIDIA H20", tables) is None and table_for("", tables) is None
+    assert table_for("NVIDIA H200", tables).tile_for("qkv", 8, 6144, 4096) is None
+
+
+@pytest.mark.parametrize("tables, field", [
+    ([_table(_entry(kind="attn"))], "tables[0].tiles[0]: field 'kind'"),
+    ([_table(_entry(rows=0))], "tables[0].tiles[0]: field 'rows'"),
+    ([_table(_entry(us=float("nan")))], "tables[0].tiles[0]: field 'us'"),
+    ([_table(_entry(shipped_us="36.9"))], "tables[0].tiles[0]: field 'shipped_us'"),
+    ([_table(_entry(tile=QKV_TILE | {"BLOCK_N": 96}))], "tables[0].tiles[0]: field 'tile.BLOCK_N' should be a power of two"),
+    ([_table(_entry(tile=QKV_TILE | {"num_stages": 9}))], "tables[0].tiles[0]: field 'tile.num_stages'"),
+    ([_table(_entry(tile={"BLOCK_N": 64}))], "tables[0].tiles[0]: field 'tile' should hold exactly"),
+    ([_table(_entry(extra=1))], "tables[0].tiles[0]: unknown field 'extra'"),
+    ([_table(_entry()) | {"device": ""}], "tables[0]: field 'device'"),
+    ([_table(_entry()) | {"tiles": {}}], "tables[0]: field 'tiles' should be a list"),
+    (["H200"], "tables[0]: should be a table"),
+])
+def test_a_bad_table_is_an_error_naming_the_file_and_the_field(tmp_path, tables, field):
+    path = _file(tmp_path, tables)
+    with pytest.raises(ConjugateError) as error:
+        load_tile_tables(path)
+    assert str(error.value).startswith(f"{path}: {field}")
+
+
+def test_a_file_that_is_not_a_table_file_is_an_error_naming_it(tmp_path):
+    for text in ("{", "[]", '{"tables": [], "more": 1}'):
+        path = tmp_path / "tiles.json"
+        path.write_text(text)
+        with pytest.raises(ConjugateError, match=str(path)):
+            load_tile_tables(path)
+
+
+def _context(plan, device: str = "NVIDIA H200") -> NodeContext:
+    return NodeContext(plan=plan.to_dict(), plan_hash=plan.hash, workload=B8.to_dict(), evaluator="h200",
+                       device=device, sms=132)
+
+
+def test_the_heuristic_proposes_the_measured_tile_of_a_shape_first_and_not_once_the_plan_has_it(tmp_path):
+    tables = load_tile_tables(_file(tmp_path, [_table(_entry())]))
+    streams = load_plan(shipped_plan("streams"))
+    first = HeuristicProposer(tile_tables=tables).propose(_context(streams), 3)[0]
+    assert first.kind == "tiles" and "measured on this GPU" in first.rationale and "target qkv 40x6144x4096" in first.rationale
+    edited = patch_plan(streams, first.patch)
+    assert edited["tiles"]["target"]["qkv"] == QKV_TILE
+    assert edited["tiles"]["draft"] == streams["tiles"]["draft"]
+    again = HeuristicProposer(tile_tables=tables).propose(_context(edited), 40)
+    assert not any("measured on this GPU" in p.rationale for p in again)
+    other_gpu = HeuristicProposer(tile_tables=tables).propose(_context(streams, "NVIDIA B300"), 40)
+    assert not any("measured on this GPU" in p.rationale for p in other_gpu)
+
+
+def _sweep(tmp_path, gpu: str = "NVIDIA H200") -> Path:
+    def shape(kind, rows, n, k, shipped_us, best_us):
+        tile = {"block_m": 64, "block_n": 128, "block_k": 128, "split_k": 4, "warps": 8, "stages": 4}
+        return {"kind": kind, "rows": rows, "n": n, "k": k, "shipped": tile | {"us": shipped_us},
+                "best": tile | {"us": best_us}}
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"gpu": gpu, "date": "2026-12-02", "shapes": [
+        shape("qkv", 40, 6144, 4096, 36.9, 24.0), shape("down", 40, 4096, 14336, 38.6, 38.0)]}))
+    return path
+
+
+def _tabulate(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gemm_sweep.py"), "--tabulate", *map(str, args)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_tabulate_writes_the_tiles_that_beat_the_shipped_one_into_the_gpu_models_table(tmp_path):
+    table = _file(tmp_path, [_table(_entry(rows=8)), _table(_entry()) | {"device": "B300"}])
+    done = _tabulate(_sweep(tmp_path), "--device", "H200", "--table", table)
+    assert done.returncode == 0, done.stderr
+    tables = load_tile_tables(table)
+    assert [t.device for t in tables] == ["B300", "H200"]  # the earlier H200 table replaced, the other kept
+    h200 = table_for("NVIDIA H200", tables)
+    assert isinstance(h200, TileTable) and len(h200.tiles) == 1  # down gained 1.6%: under MIN_GAIN
+    assert (h200.tiles[0].kind, h200.tiles[0].us, h200.tiles[0].shipped_us) == ("qkv", 24.0, 36.9)
+    assert h200.tiles[0].tile == QKV_TILE and h200.date == "2026-12-02" and h200.source == "sweep.json"
+
+
+def test_tabulate_refuses_a_sweep_of_another_gpu_and_a_damaged_table(tmp_path):
+    table = _file(tmp_path, [])
+    done = _tabulate(_sweep(tmp_path, "NVIDIA B300"), "--device", "H200", "--table", table)
+    assert done.returncode == 1 and "was measured on NVIDIA B300" in done.stderr
+    table.write_text('{"tables": [1]}')
+    done = _tabulate(_sweep(tmp_path), "--device", "H200", "--table", table)
+    assert done.returncode == 1 and f"{table}: tables[0]: should be a table" in done.stderr
+    assert table.read_text() == '{"tables": [1]}'  # nothing lost
+    assert _tabulate(_sweep(tmp_path), "--table", table).returncode == 2  # no --device
