@@ -4,8 +4,8 @@
                                     [--models draft target] [--per-shape 64] [--prewarm 12] [--json OUT.json]
 
 Per distinct shape (rows, N, K, epilogue) of the workloads' qkv, o_proj, gate_up and down GEMMs,
-with the epilogues of the `streams` plan (store, residual, silu_mul, residual; fp32 activation rows,
-bf16 weights): the tile `plans/streams.json` ships, with its launch settings, and up to --per-shape
+with the epilogues of the `streams` plan (store, residual, silu_mul, residual into fp32 rows; bf16
+activation rows and weights, as compiler/buffers.py stores a GEMM's input): the tile `plans/streams.json` ships, with its launch settings, and up to --per-shape
 candidates of `candidates()` (BLOCK_N x BLOCK_K x SPLIT_K x num_warps x num_stages, pruned to grids
 that fill the GPU without running out of shared memory or registers; the shipped tile's one-knob
 neighbours first, then a seeded sample of the rest). Each is checked against torch, then timed as
@@ -52,7 +52,7 @@ WARPS = (4, 8)
 STAGES = (2, 3, 4, 5, 6)
 SHARED_BYTES = 200 << 10  # of the H200's 227 KB a program may use, leaving room for the epilogue
 MAX_ACC_PER_THREAD = 128  # fp32 accumulator values per thread before registers spill
-X_BYTES = 4  # activation rows are fp32 (the residual stream)
+X_BYTES = 2  # a GEMM's input rows are stored in the weights' type (compiler/buffers.py)
 W_BYTES = 2  # bf16 weights
 CALLS = 10
 MIN_GAIN = 0.03  # a tile goes into the table when it takes at least this much less time than the shipped one
@@ -217,12 +217,12 @@ def operands(shape: Shape, device: str = "cuda"):
     import torch.nn.functional as F
 
     gen = torch.Generator(device=device).manual_seed(0)
-    x = torch.randn(shape.rows, shape.k, device=device, generator=gen)
+    x = torch.randn(shape.rows, shape.k, device=device, generator=gen).bfloat16()
     ws = [(torch.randn(shape.n, shape.k, device=device, generator=gen) / shape.k ** 0.5).bfloat16()
           for _ in range(shape.weights)]
-    ref = x.bfloat16().float() @ ws[0].float().T
+    ref = x.float() @ ws[0].float().T
     if shape.weights == 2:
-        ref = F.silu(ref) * (x.bfloat16().float() @ ws[1].float().T)
+        ref = F.silu(ref) * (x.float() @ ws[1].float().T)
     return x, ws, ref
 
 
