@@ -1,5 +1,5 @@
 """Measured GEMM tiles (search/tiles.json): the file's checks, the heuristic's edits from them, and
-benchmarks/gemm_sweep.py --tabulate, which writes them."""
+benchmarks/kernel_sweep.py --tabulate, which writes them."""
 from __future__ import annotations
 
 import json
@@ -21,6 +21,8 @@ from test_round import ROOT
 
 B8 = load_workload(EXAMPLES_DIR / "llama-1b-8b-b8.toml")
 QKV_TILE = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 4, "num_warps": 8, "num_stages": 4}
+ATTN_ENTRY = {"kind": "attn", "batch": 8, "tokens": 1, "heads": 32, "kv_heads": 8, "head_dim": 64, "context": 1024,
+              "tile": {"BLOCK_N": 32, "SPLIT_KV": 16, "num_warps": 2, "num_stages": 2}, "us": 9.0, "shipped_us": 14.6}
 
 
 def _entry(**changes) -> dict:
@@ -35,19 +37,23 @@ def _file(tmp_path, tables: list) -> Path:
 
 
 def _table(*entries) -> dict:
-    return {"device": "H200", "date": "2026-12-01", "source": "gemm_sweep_h200.json", "tiles": list(entries)}
+    return {"device": "H200", "date": "2026-12-01", "source": "kernel_sweep_h200.json", "tiles": list(entries)}
 
 
 def test_the_shipped_file_parses_and_a_table_matches_whole_words_of_the_device_name(tmp_path):
     assert isinstance(load_tile_tables(), tuple)  # search/tiles.json, as shipped
     tables = load_tile_tables(_file(tmp_path, [_table(_entry())]))
-    assert table_for("NVIDIA H200", tables).tile_for("qkv", 40, 6144, 4096).tile == QKV_TILE
+    assert table_for("NVIDIA H200", tables).tile_for("qkv", (40, 6144, 4096)).tile == QKV_TILE
     assert table_for("NVIDIA H20", tables) is None and table_for("", tables) is None
-    assert table_for("NVIDIA H200", tables).tile_for("qkv", 8, 6144, 4096) is None
+    assert table_for("NVIDIA H200", tables).tile_for("qkv", (8, 6144, 4096)) is None
+    assert table_for("NVIDIA H200", tables).tile_for("attn", (8, 1, 32, 8, 64, 1024)) is None
 
 
 @pytest.mark.parametrize("tables, field", [
-    ([_table(_entry(kind="attn"))], "tables[0].tiles[0]: field 'kind'"),
+    ([_table(_entry(kind="norm"))], "tables[0].tiles[0]: field 'kind'"),
+    ([_table(_entry(kind="attn"))], "tables[0].tiles[0]: unknown field 'k'"),
+    ([_table(ATTN_ENTRY | {"tile": QKV_TILE})], "tables[0].tiles[0]: field 'tile' should hold exactly BLOCK_N, SPLIT_KV"),
+    ([_table({k: v for k, v in ATTN_ENTRY.items() if k != "context"})], "tables[0].tiles[0]: field 'context'"),
     ([_table(_entry(rows=0))], "tables[0].tiles[0]: field 'rows'"),
     ([_table(_entry(us=float("nan")))], "tables[0].tiles[0]: field 'us'"),
     ([_table(_entry(shipped_us="36.9"))], "tables[0].tiles[0]: field 'shipped_us'"),
@@ -83,7 +89,7 @@ def test_the_heuristic_proposes_the_measured_tile_of_a_shape_first_and_not_once_
     tables = load_tile_tables(_file(tmp_path, [_table(_entry())]))
     streams = load_plan(shipped_plan("streams"))
     first = HeuristicProposer(tile_tables=tables).propose(_context(streams), 3)[0]
-    assert first.kind == "tiles" and "measured on this GPU" in first.rationale and "target qkv 40x6144x4096" in first.rationale
+    assert first.kind == "tiles" and "measured on this GPU" in first.rationale and "target qkv (rows=40 n=6144 k=4096)" in first.rationale
     edited = patch_plan(streams, first.patch)
     assert edited["tiles"]["target"]["qkv"] == QKV_TILE
     assert edited["tiles"]["draft"] == streams["tiles"]["draft"]
@@ -93,11 +99,18 @@ def test_the_heuristic_proposes_the_measured_tile_of_a_shape_first_and_not_once_
     assert not any("measured on this GPU" in p.rationale for p in other_gpu)
 
 
+def test_the_heuristic_proposes_a_measured_attention_tile_for_the_drafts_shape(tmp_path):
+    tables = load_tile_tables(_file(tmp_path, [_table(ATTN_ENTRY)]))
+    streams = load_plan(shipped_plan("streams"))
+    first = HeuristicProposer(tile_tables=tables).propose(_context(streams), 3)[0]
+    assert "draft attn (batch=8 tokens=1 heads=32 kv_heads=8 head_dim=64 context=1024)" in first.rationale
+    assert patch_plan(streams, first.patch)["tiles"]["draft"]["attn"] == ATTN_ENTRY["tile"]
+
+
 def _sweep(tmp_path, gpu: str = "NVIDIA H200") -> Path:
     def shape(kind, rows, n, k, shipped_us, best_us):
-        tile = {"block_m": 64, "block_n": 128, "block_k": 128, "split_k": 4, "warps": 8, "stages": 4}
-        return {"kind": kind, "rows": rows, "n": n, "k": k, "shipped": tile | {"us": shipped_us},
-                "best": tile | {"us": best_us}}
+        return {"kind": kind, "fields": {"rows": rows, "n": n, "k": k}, "shipped": {"us": shipped_us},
+                "best": {"plan_keys": QKV_TILE, "us": best_us}}
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps({"gpu": gpu, "date": "2026-12-02", "shapes": [
         shape("qkv", 40, 6144, 4096, 36.9, 24.0), shape("down", 40, 4096, 14336, 38.6, 38.0)]}))
@@ -105,7 +118,7 @@ def _sweep(tmp_path, gpu: str = "NVIDIA H200") -> Path:
 
 
 def _tabulate(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gemm_sweep.py"), "--tabulate", *map(str, args)],
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_sweep.py"), "--tabulate", *map(str, args)],
                           capture_output=True, text=True, timeout=120)
 
 
@@ -117,7 +130,8 @@ def test_tabulate_writes_the_tiles_that_beat_the_shipped_one_into_the_gpu_models
     assert [t.device for t in tables] == ["B300", "H200"]  # the earlier H200 table replaced, the other kept
     h200 = table_for("NVIDIA H200", tables)
     assert isinstance(h200, TileTable) and len(h200.tiles) == 1  # down gained 1.6%: under MIN_GAIN
-    assert (h200.tiles[0].kind, h200.tiles[0].us, h200.tiles[0].shipped_us) == ("qkv", 24.0, 36.9)
+    assert (h200.tiles[0].kind, h200.tiles[0].shape, h200.tiles[0].us, h200.tiles[0].shipped_us) == (
+        "qkv", (40, 6144, 4096), 24.0, 36.9)
     assert h200.tiles[0].tile == QKV_TILE and h200.date == "2026-12-02" and h200.source == "sweep.json"
 
 

@@ -2,9 +2,9 @@
 
 Edits come first from what the node's result says, then from broader local moves:
 
-    measured tiles       each GEMM kind's tile set to the one measured fastest alone for its shape
-                         on this GPU model (search/tiles.json, benchmarks/gemm_sweep.py), scored by
-                         its measured gain over the shipped tile
+    measured tiles       each GEMM and attention kind's tile set to the one measured fastest alone
+                         for its shape on this GPU model (search/tiles.json, written by
+                         benchmarks/kernel_sweep.py), scored by its measured gain over the shipped tile
     time ledger          tile moves for the GEMM and attention kinds that lose most against their
                          bytes' floor (the result's ledger), and the fusions that remove the launches
                          of norm kinds losing most, scored by their share of the loss

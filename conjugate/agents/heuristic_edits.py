@@ -9,8 +9,7 @@ import fnmatch
 import re
 from dataclasses import dataclass
 
-from conjugate.agents.tile_table import GEMM_KINDS as GEMM_TABLE_KINDS
-from conjugate.agents.tile_table import TileTable
+from conjugate.agents.tile_table import SHAPE_FIELDS, TileTable
 from conjugate.compiler.feedback import PartRef
 from conjugate.evaluate.result import EvalResult, Status, Verdict, VerdictKind
 from conjugate.graph import KINDS
@@ -294,23 +293,33 @@ def _target_rank(kind: str) -> int:
 
 
 def measured_tile_edits(plan: Plan, workload: dict | None, table: TileTable | None) -> list[Candidate]:
-    """Each GEMM kind's tile set to the one measured fastest for its shape on this GPU model (a
-    table of search/tiles.json), where the plan's tile differs: scored by how much faster than the
-    shipped tile it ran alone."""
+    """Each GEMM and attention kind's tile set to the one measured fastest for its shape on this GPU
+    model (a table of search/tiles.json), where the plan's tile differs: scored by how much faster
+    than the shipped tile it ran alone."""
     if table is None or not workload:
         return []
     out = []
     for model in (Model.DRAFT, Model.TARGET):
-        spec = ModelSpec.from_dict(workload[model.value])
-        rows = workload["draft_batch"] if model is Model.DRAFT else workload["target_batch"] * (workload["k"] + 1)
-        for kind in GEMM_TABLE_KINDS:
-            measured = table.tile_for(kind, rows, *spec.projection(kind))
+        for kind, shape in measured_shapes(workload, model).items():
+            measured = table.tile_for(kind, shape)
             if measured is None or all(tile_value(plan, model, kind, k) == v for k, v in measured.tile.items()):
                 continue
             shown_tile = " ".join(f"{k}={v}" for k, v in measured.tile.items())
             out.append(Candidate("tiles", set_tiles(plan, model, kind, measured.tile),
                                  f"measured on this GPU ({table.source}, {table.date}): {model} {kind} "
-                                 f"{rows}x{measured.n}x{measured.k} alone {measured.us:.1f} us with {shown_tile}, "
+                                 f"({measured.shown_shape()}) alone {measured.us:.1f} us with {shown_tile}, "
                                  f"{measured.shipped_us:.1f} us with the shipped tile",
                                  0.6 + min(0.3, measured.gain)))
     return out
+
+
+def measured_shapes(workload: dict, model: Model) -> dict[str, tuple[int, ...]]:
+    """Kind -> the shape a tile table lists it by (tile_table.SHAPE_FIELDS), for one model of a
+    workload (Workload.to_dict()): GEMM rows per decode step or verify pass, attention at the
+    workload's context."""
+    spec = ModelSpec.from_dict(workload[model.value])
+    draft = model is Model.DRAFT
+    batch = workload["draft_batch"] if draft else workload["target_batch"]
+    tokens = 1 if draft else workload["k"] + 1
+    shapes = {kind: (batch * tokens, *spec.projection(kind)) for kind in SHAPE_FIELDS if kind != "attn"}
+    return shapes | {"attn": (batch, tokens, spec.num_heads, spec.num_kv_heads, spec.head_dim, workload["context"])}

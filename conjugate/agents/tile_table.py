@@ -1,10 +1,11 @@
 """GEMM tiles measured fastest on a GPU model, per decode shape, for the heuristic proposer.
 
-search/tiles.json holds a table per GPU model (written by `benchmarks/gemm_sweep.py --tabulate`),
+search/tiles.json holds a table per GPU model (written by `benchmarks/kernel_sweep.py --tabulate`),
 used when the evaluating GPU's name holds the table's `device` as whole words (as search/facts.toml).
-A shape is (op kind, rows, N, K) as one launch of the `streams` plan runs it; a tile is the plan's
-tile keys with the launch's `num_warps` and `num_stages`, timed alone from cold L2 against the tile
-the shipped plan gives it. A table lists only tiles that beat the shipped one. A file that does not
+A shape is a GEMM's (rows, N, K) or an attention's (batch, tokens, heads, KV heads, head dim,
+context) as one launch of the `streams` plan runs it; a tile is the plan's tile keys with the
+launch's `num_warps` and `num_stages`, timed alone from cold L2 against the tile the shipped plan
+gives it. A table lists only tiles that beat the shipped one. A file that does not
 parse, or an entry with a missing or wrong field, is an error naming the file and the field.
 """
 from __future__ import annotations
@@ -17,17 +18,17 @@ from conjugate.files import check_table, read_json, shown
 from conjugate.paths import TILES_FILE
 from conjugate.plan.tiles import tile_keys
 
-GEMM_KINDS = ("qkv", "o_proj", "gate_up", "down")  # the kinds a table may list
-TILE_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages")
+SHAPE_FIELDS = {kind: ("rows", "n", "k") for kind in ("qkv", "o_proj", "gate_up", "down")} | {
+    "attn": ("batch", "tokens", "heads", "kv_heads", "head_dim", "context")}  # the kinds a table may list
+TILE_KEYS = {kind: ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages") for kind in SHAPE_FIELDS} | {
+    "attn": ("BLOCK_N", "SPLIT_KV", "num_warps", "num_stages")}
 
 
 @dataclass(frozen=True)
 class MeasuredTile:
     kind: str
-    rows: int
-    n: int
-    k: int
-    tile: dict[str, int]  # TILE_KEYS -> value
+    shape: tuple[int, ...]  # SHAPE_FIELDS[kind], in order
+    tile: dict[str, int]  # TILE_KEYS[kind] -> value
     us: float  # the tile alone, cold L2
     shipped_us: float  # the shipped plan's tile for the shape, in the same run
 
@@ -35,6 +36,9 @@ class MeasuredTile:
     def gain(self) -> float:
         """How much faster than the shipped tile: 0.25 is 25% less time."""
         return 1.0 - self.us / self.shipped_us
+
+    def shown_shape(self) -> str:
+        return " ".join(f"{f}={v}" for f, v in zip(SHAPE_FIELDS[self.kind], self.shape))
 
 
 @dataclass(frozen=True)
@@ -44,8 +48,8 @@ class TileTable:
     source: str  # where the measurements are
     tiles: tuple[MeasuredTile, ...]
 
-    def tile_for(self, kind: str, rows: int, n: int, k: int) -> MeasuredTile | None:
-        return next((t for t in self.tiles if (t.kind, t.rows, t.n, t.k) == (kind, rows, n, k)), None)
+    def tile_for(self, kind: str, shape: tuple[int, ...]) -> MeasuredTile | None:
+        return next((t for t in self.tiles if (t.kind, t.shape) == (kind, tuple(shape))), None)
 
 
 def load_tile_tables(path: Path = TILES_FILE) -> tuple[TileTable, ...]:
@@ -68,30 +72,30 @@ def table_from_json(table, where: str) -> TileTable:
 def _entry(entry, where: str) -> MeasuredTile:
     if not isinstance(entry, dict):
         raise ConjugateError(f"{where}: should be an object, got {shown(entry)}")
-    fields = ("kind", "rows", "n", "k", "tile", "us", "shipped_us")
+    kind = entry.get("kind")
+    if kind not in SHAPE_FIELDS:
+        raise ConjugateError(f"{where}: field 'kind' should be one of {', '.join(SHAPE_FIELDS)}, got {shown(kind)}")
+    fields = ("kind", *SHAPE_FIELDS[kind], "tile", "us", "shipped_us")
     if unknown := set(entry) - set(fields):
         raise ConjugateError(f"{where}: unknown field {sorted(unknown)[0]!r}")
-    if entry.get("kind") not in GEMM_KINDS:
-        raise ConjugateError(f"{where}: field 'kind' should be one of {', '.join(GEMM_KINDS)}, got {shown(entry.get('kind'))}")
-    for key in ("rows", "n", "k"):
+    for key in SHAPE_FIELDS[kind]:
         if type(entry.get(key)) is not int or entry[key] < 1:
             raise ConjugateError(f"{where}: field {key!r} should be a positive integer, got {shown(entry.get(key))}")
     for key in ("us", "shipped_us"):
         if type(entry.get(key)) not in (int, float) or not 0 < entry[key] < float("inf"):
             raise ConjugateError(f"{where}: field {key!r} should be a positive number of microseconds, "
                                  f"got {shown(entry.get(key))}")
-    tile = entry.get("tile")
-    if not isinstance(tile, dict) or set(tile) != set(TILE_KEYS):
-        raise ConjugateError(f"{where}: field 'tile' should hold exactly {', '.join(TILE_KEYS)}, got {shown(tile)}")
-    bounds = tile_keys(entry["kind"])
-    for key in TILE_KEYS:
-        low, high = bounds[key]
-        value, power = tile[key], key != "num_stages"
+    tile, keys = entry.get("tile"), TILE_KEYS[kind]
+    if not isinstance(tile, dict) or set(tile) != set(keys):
+        raise ConjugateError(f"{where}: field 'tile' should hold exactly {', '.join(keys)}, got {shown(tile)}")
+    bounds = tile_keys(kind)
+    for key in keys:
+        (low, high), value, power = bounds[key], tile[key], key != "num_stages"
         if type(value) is not int or not low <= value <= high or (power and value & (value - 1)):
             raise ConjugateError(f"{where}: field 'tile.{key}' should be {'a power of two' if power else 'an integer'} "
                                  f"in [{low}, {high}], got {shown(value)}")
-    return MeasuredTile(entry["kind"], entry["rows"], entry["n"], entry["k"], dict(tile), float(entry["us"]),
-                        float(entry["shipped_us"]))
+    return MeasuredTile(kind, tuple(entry[f] for f in SHAPE_FIELDS[kind]), {k: tile[k] for k in keys},
+                        float(entry["us"]), float(entry["shipped_us"]))
 
 
 def table_for(device: str, tables: tuple[TileTable, ...]) -> TileTable | None:

@@ -1,23 +1,26 @@
-"""The GEMM template's tiles at the example workloads' decode shapes, each launch alone from cold L2.
+"""The GEMM and attention templates' tiles at the example workloads' decode shapes, each launch alone
+from cold L2, against the tile the shipped plan gives it.
 
-    python benchmarks/gemm_sweep.py examples/llama-1b-8b-b8.toml [...] [--kinds qkv o_proj gate_up down]
-                                    [--models draft target] [--per-shape 64] [--prewarm 12] [--json OUT.json]
+    python benchmarks/kernel_sweep.py examples/llama-1b-8b-b8.toml [...] [--kinds qkv o_proj gate_up down attn]
+                                      [--models draft target] [--per-shape 96] [--prewarm 14] [--json OUT.json]
 
-Per distinct shape (rows, N, K, epilogue) of the workloads' qkv, o_proj, gate_up and down GEMMs,
-with the epilogues of the `streams` plan (store, residual, silu_mul, residual into fp32 rows; bf16
-activation rows and weights, as compiler/buffers.py stores a GEMM's input): the tile `plans/streams.json` ships, with its launch settings, and up to --per-shape
-candidates of `candidates()` (BLOCK_N x BLOCK_K x SPLIT_K x num_warps x num_stages, pruned to grids
-that fill the GPU without running out of shared memory or registers; the shipped tile's one-knob
-neighbours first, then a seeded sample of the rest). Each is checked against torch, then timed as
-launch verdicts time a launch: ten calls in a CUDA graph, L2 overwritten before each and the
-overwrite's own time subtracted (timing.time_per_call). Its weight bytes over that time against the
-copy bandwidth say how near the byte floor the tile gets.
+Per distinct shape of the workloads' qkv, o_proj, gate_up and down GEMMs (the epilogues of the
+`streams` plan: store, residual, silu_mul, residual into fp32 rows; bf16 input rows and weights, as
+compiler/buffers.py stores them) and of their attention (fp32 queries, bf16 caches at the
+workload's context, the draft's first step and the verify pass): the tile `plans/streams.json`
+ships, with its launch settings, and up to --per-shape candidates (GEMM: BLOCK_N x BLOCK_K x SPLIT_K
+x num_warps x num_stages; attention: BLOCK_N x SPLIT_KV x num_warps x num_stages), pruned to grids
+that fill the GPU without running out of shared memory or registers: the shipped tile's one-knob
+neighbours first, then a seeded sample of the rest. Each launch is checked against torch, then
+timed as launch verdicts time one: ten calls in a CUDA graph, L2 overwritten before each and the
+overwrite's own time subtracted (timing.time_per_call). Its bytes (weights; K and V read) over that
+time against the copy bandwidth say how near the byte floor the tile gets.
 
 `--prewarm N` first compiles every candidate in N processes at once (Triton's warmup: nothing runs),
 so the timing process loads them from Triton's cache. One process times everything: compare within
 a run.
 
-    python benchmarks/gemm_sweep.py --tabulate SWEEP.json [...] --device H200 [--table search/tiles.json]
+    python benchmarks/kernel_sweep.py --tabulate SWEEP.json [...] --device H200 [--table search/tiles.json]
 
 measures nothing: it writes the tiles that beat the shipped one by at least MIN_GAIN into the GPU
 model's table of search/tiles.json (the heuristic proposes them: conjugate/agents/tile_table.py),
@@ -43,23 +46,27 @@ from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
 from conjugate.workload import Workload, load_workload  # noqa: E402
 
-KINDS = ("qkv", "o_proj", "gate_up", "down")
+GEMM_KINDS = ("qkv", "o_proj", "gate_up", "down")
+KINDS = GEMM_KINDS + ("attn",)
 EPILOGUE = {"qkv": "store", "o_proj": "residual", "gate_up": "silu_mul", "down": "residual"}
 BLOCK_NS = (16, 32, 64, 128, 256)
 BLOCK_KS = (64, 128, 256, 512)
 SPLIT_KS = (1, 2, 4, 8, 16, 32)
+SPLIT_KVS = (1, 2, 4, 8, 16, 32, 64)
 WARPS = (4, 8)
+ATTN_WARPS = (2, 4, 8)
 STAGES = (2, 3, 4, 5, 6)
+ATTN_STAGES = (1, 2, 3, 4)
 SHARED_BYTES = 200 << 10  # of the H200's 227 KB a program may use, leaving room for the epilogue
 MAX_ACC_PER_THREAD = 128  # fp32 accumulator values per thread before registers spill
-X_BYTES = 2  # a GEMM's input rows are stored in the weights' type (compiler/buffers.py)
-W_BYTES = 2  # bf16 weights
+ELEMENT = 2  # bytes of a bf16 weight, input row or cache element
 CALLS = 10
 MIN_GAIN = 0.03  # a tile goes into the table when it takes at least this much less time than the shipped one
 
 
 @dataclass(frozen=True)
 class Shape:
+    """A GEMM of `rows` input rows, N out features and K in features."""
     rows: int
     n: int
     k: int
@@ -75,15 +82,51 @@ class Shape:
         return 2 if self.kind == "gate_up" else 1
 
     @property
-    def weight_bytes(self) -> int:
-        return self.weights * self.n * self.k * W_BYTES
+    def bytes(self) -> int:
+        return self.weights * self.n * self.k * ELEMENT
 
     def key(self) -> str:
         return f"{self.kind} {self.rows}x{self.n}x{self.k}"
 
+    def fields(self) -> dict:
+        return {"rows": self.rows, "n": self.n, "k": self.k}
+
+
+@dataclass(frozen=True)
+class AttnShape:
+    """One layer's attention: `tokens` new tokens of `batch` sequences after `context` cached ones."""
+    batch: int
+    tokens: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    context: int
+    kind: str = "attn"
+
+    @property
+    def rows(self) -> int:
+        """A program's query rows: the query heads of one KV head times the tokens, at least 16."""
+        return max(16, 1 << (self.heads // self.kv_heads * self.tokens - 1).bit_length())
+
+    @property
+    def keys(self) -> int:
+        return self.context + self.tokens
+
+    @property
+    def bytes(self) -> int:
+        """K and V of every sequence's keys."""
+        return 2 * self.batch * self.kv_heads * self.keys * self.head_dim * ELEMENT
+
+    def key(self) -> str:
+        return f"attn B{self.batch} T{self.tokens} h{self.heads}/{self.kv_heads}x{self.head_dim} ctx{self.context}"
+
+    def fields(self) -> dict:
+        return {f: getattr(self, f) for f in ("batch", "tokens", "heads", "kv_heads", "head_dim", "context")}
+
 
 @dataclass(frozen=True)
 class Tile:
+    """A GEMM tile with its launch settings."""
     block_m: int
     block_n: int
     block_k: int
@@ -95,11 +138,39 @@ class Tile:
         return -(-shape.rows // self.block_m) * -(-shape.n // self.block_n) * self.split_k
 
     def shared_bytes(self, shape: Shape) -> int:
-        """The pipelined loads' buffers: each stage holds a weight tile per weight and an activation tile."""
-        return self.stages * self.block_k * (self.block_n * shape.weights * W_BYTES + self.block_m * X_BYTES)
+        """The pipelined loads' buffers: each stage holds a weight tile per weight and an input tile."""
+        return self.stages * self.block_k * (self.block_n * shape.weights + self.block_m) * ELEMENT
 
     def acc_per_thread(self, shape: Shape) -> float:
         return shape.weights * self.block_m * self.block_n / (self.warps * 32)
+
+    def plan_keys(self) -> dict[str, int]:
+        return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_K": self.block_k, "SPLIT_K": self.split_k,
+                "num_warps": self.warps, "num_stages": self.stages}
+
+
+@dataclass(frozen=True)
+class AttnTile:
+    """An attention tile with its launch settings."""
+    block_n: int
+    split_kv: int
+    warps: int
+    stages: int
+
+    def programs(self, shape: AttnShape) -> int:
+        return shape.batch * shape.kv_heads * self.split_kv
+
+    def shared_bytes(self, shape: AttnShape) -> int:
+        """The pipelined loads' buffers: each stage holds a K and a V tile."""
+        return max(1, self.stages - 1) * 2 * self.block_n * shape.head_dim * ELEMENT
+
+    def acc_per_thread(self, shape: AttnShape) -> float:
+        """Scores and the output accumulator, per thread."""
+        return shape.rows * (self.block_n + shape.head_dim) / (self.warps * 32)
+
+    def plan_keys(self) -> dict[str, int]:
+        return {"BLOCK_N": self.block_n, "SPLIT_KV": self.split_kv, "num_warps": self.warps,
+                "num_stages": self.stages}
 
 
 def block_ms(rows: int) -> tuple[int, ...]:
@@ -109,62 +180,85 @@ def block_ms(rows: int) -> tuple[int, ...]:
     return (one,) if one <= 64 else (64, 128)
 
 
-def fits(tile: Tile, shape: Shape, sms: int) -> bool:
-    """A tile worth timing: every split walks at least two K blocks (and one per stage in flight), the
-    grid is at least half a wave and at most 16 waves, the buffers fit and the accumulators stay in
-    registers."""
-    k_blocks = shape.k // (tile.split_k * tile.block_k)
-    return (k_blocks >= max(2, tile.stages - 1) and sms // 2 <= tile.programs(shape) <= 16 * sms
-            and tile.block_n <= max(16, shape.n) and tile.shared_bytes(shape) <= SHARED_BYTES
-            and tile.acc_per_thread(shape) <= MAX_ACC_PER_THREAD)
+def fits(tile: Tile | AttnTile, shape: Shape | AttnShape, sms: int) -> bool:
+    """A tile worth timing: the grid is at least half a wave and at most 16 waves (attention: 32), the
+    buffers fit, the accumulators stay in registers, and each program walks at least two blocks of
+    its reduction (GEMM: K blocks, one per stage in flight; attention: keys)."""
+    if isinstance(tile, AttnTile):
+        walked, waves = shape.keys // (tile.split_kv * tile.block_n), 32
+    else:
+        walked, waves = shape.k // (tile.split_k * tile.block_k), 16
+        if walked < tile.stages - 1 or tile.block_n > max(16, shape.n):
+            return False
+    return (walked >= 2 and sms // 2 <= tile.programs(shape) <= waves * sms
+            and tile.shared_bytes(shape) <= SHARED_BYTES and tile.acc_per_thread(shape) <= MAX_ACC_PER_THREAD)
 
 
-def neighbours(tile: Tile) -> list[Tile]:
+def knob_values(tile: Tile | AttnTile) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    if isinstance(tile, AttnTile):
+        return ("block_n", BLOCK_NS), ("split_kv", SPLIT_KVS), ("warps", ATTN_WARPS), ("stages", ATTN_STAGES)
+    return ("block_n", BLOCK_NS), ("block_k", BLOCK_KS), ("split_k", SPLIT_KS), ("warps", WARPS), ("stages", STAGES)
+
+
+def neighbours(tile: Tile | AttnTile) -> list:
     """The tiles one knob away from `tile` (the next value up or down of each knob's list)."""
     out = []
-    for field, values in (("block_n", BLOCK_NS), ("block_k", BLOCK_KS), ("split_k", SPLIT_KS), ("warps", WARPS),
-                          ("stages", STAGES)):
+    for field, values in knob_values(tile):
         here = getattr(tile, field)
         at = values.index(here) if here in values else None
         for step in (-1, 1):
             if at is not None and 0 <= at + step < len(values):
-                out.append(Tile(**(asdict(tile) | {field: values[at + step]})))
+                out.append(type(tile)(**(asdict(tile) | {field: values[at + step]})))
     return out
 
 
-def candidates(shape: Shape, shipped: Tile, sms: int, per_shape: int, seed: int = 0) -> list[Tile]:
+def every_tile(shape: Shape | AttnShape) -> list:
+    if isinstance(shape, AttnShape):
+        return [AttnTile(*values) for values in itertools.product(BLOCK_NS, SPLIT_KVS, ATTN_WARPS, ATTN_STAGES)]
+    return [Tile(*values) for values in itertools.product(block_ms(shape.rows), BLOCK_NS, BLOCK_KS, SPLIT_KS, WARPS,
+                                                          STAGES)]
+
+
+def candidates(shape, shipped, sms: int, per_shape: int, seed: int = 0) -> list:
     """The shipped tile first, then its neighbours that fit, then a seeded sample of every other tile
     that fits, `per_shape` in all besides the shipped one."""
-    grid = [Tile(bm, bn, bk, s, w, st) for bm, bn, bk, s, w, st in
-            itertools.product(block_ms(shape.rows), BLOCK_NS, BLOCK_KS, SPLIT_KS, WARPS, STAGES)]
     near = [t for t in neighbours(shipped) if fits(t, shape, sms)]
-    rest = [t for t in grid if fits(t, shape, sms) and t != shipped and t not in near]
+    rest = [t for t in every_tile(shape) if fits(t, shape, sms) and t != shipped and t not in near]
     random.Random(f"{seed} {shape.key()}").shuffle(rest)
     return [shipped] + (near + rest)[:per_shape]
 
 
-def shapes_of(workload: Workload, models: tuple[str, ...], kinds: tuple[str, ...]) -> list[tuple[str, Shape]]:
-    """(model, shape) of each GEMM kind of each model, rows as one decode step (draft) or the verify
-    pass (target) has them."""
+def shapes_of(workload: Workload, models: tuple[str, ...], kinds: tuple[str, ...]) -> list[tuple[str, object]]:
+    """(model, shape) of each kind of each model: GEMM rows as one decode step (draft) or the verify
+    pass (target) has them; attention at the workload's context."""
     out = []
     for model in models:
         spec = getattr(workload, model)
-        rows = workload.draft_rows if model == "draft" else workload.target_rows
-        out += [(model, Shape(rows, *spec.projection(kind), kind)) for kind in kinds]
+        draft = model == "draft"
+        for kind in kinds:
+            if kind == "attn":
+                batch = workload.draft_batch if draft else workload.target_batch
+                out.append((model, AttnShape(batch, 1 if draft else workload.k + 1, spec.num_heads, spec.num_kv_heads,
+                                             spec.head_dim, workload.context)))
+            else:
+                rows = workload.draft_rows if draft else workload.target_rows
+                out.append((model, Shape(rows, *spec.projection(kind), kind)))
     return out
 
 
-def shipped_tile(plan: dict, model: str, kind: str) -> Tile:
+def shipped_tile(plan: dict, model: str, kind: str) -> Tile | AttnTile:
     """The tile and launch settings `plan` gives `kind` in `model` (per-op num_warps/num_stages first)."""
     tiles, launch = plan["tiles"][model][kind], plan["launch"]
-    return Tile(tiles["BLOCK_M"], tiles["BLOCK_N"], tiles["BLOCK_K"], tiles["SPLIT_K"],
-                tiles.get("num_warps", launch["num_warps"]), tiles.get("num_stages", launch["num_stages"]))
+    warps, stages = tiles.get("num_warps", launch["num_warps"]), tiles.get("num_stages", launch["num_stages"])
+    if kind == "attn":
+        return AttnTile(tiles["BLOCK_N"], tiles["SPLIT_KV"], warps, stages)
+    return Tile(tiles["BLOCK_M"], tiles["BLOCK_N"], tiles["BLOCK_K"], tiles["SPLIT_K"], warps, stages)
 
 
 def distinct_shapes(paths: list[Path], models: tuple[str, ...], kinds: tuple[str, ...]) -> list[dict]:
     """Each distinct shape once, with the workloads and model it comes from and the shipped tile."""
     plan = load_plan(shipped_plan("streams")).data
-    seen: dict[Shape, dict] = {}
+    seen: dict[object, dict] = {}
     for path in paths:
         workload = load_workload(path)
         for model, shape in shapes_of(workload, models, kinds):
@@ -191,13 +285,11 @@ def tabulate(sweeps: list[Path], device: str, table_path: Path) -> dict:
         for s in run["shapes"]:
             best, shipped = s["best"], s["shipped"]
             if best and "us" in shipped and best["us"] <= (1 - MIN_GAIN) * shipped["us"]:
-                entries[(s["kind"], s["rows"], s["n"], s["k"])] = {
-                    "kind": s["kind"], "rows": s["rows"], "n": s["n"], "k": s["k"],
-                    "tile": {"BLOCK_M": best["block_m"], "BLOCK_N": best["block_n"], "BLOCK_K": best["block_k"],
-                             "SPLIT_K": best["split_k"], "num_warps": best["warps"], "num_stages": best["stages"]},
+                entries[(s["kind"], *s["fields"].values())] = {
+                    "kind": s["kind"], **s["fields"], "tile": best["plan_keys"],
                     "us": round(best["us"], 2), "shipped_us": round(shipped["us"], 2)}
     table = {"device": device, "date": max(dates), "source": ", ".join(p.name for p in sweeps),
-             "tiles": [entries[key] for key in sorted(entries)]}
+             "tiles": [entries[key] for key in sorted(entries, key=str)]}
     try:
         table_from_json(table, f"{table_path}: the new {device} table")
         load_tile_tables(table_path)
@@ -211,57 +303,87 @@ def tabulate(sweeps: list[Path], device: str, table_path: Path) -> dict:
 
 # --- on the GPU ----------------------------------------------------------------------------------
 
-def operands(shape: Shape, device: str = "cuda"):
-    """Random activation rows and weights of `shape`, and torch's result for them."""
+def operands(shape, device: str = "cuda") -> dict:
+    """Random inputs of `shape` and torch's result for them ("ref")."""
     import torch
     import torch.nn.functional as F
 
     gen = torch.Generator(device=device).manual_seed(0)
-    x = torch.randn(shape.rows, shape.k, device=device, generator=gen).bfloat16()
-    ws = [(torch.randn(shape.n, shape.k, device=device, generator=gen) / shape.k ** 0.5).bfloat16()
-          for _ in range(shape.weights)]
+
+    def randn(*size):
+        return torch.randn(*size, device=device, generator=gen)
+
+    if isinstance(shape, AttnShape):
+        b, t, h, kvh, hd = shape.batch, shape.tokens, shape.heads, shape.kv_heads, shape.head_dim
+        capacity = shape.keys
+        q = randn(b * t, h * hd)
+        caches = [randn(b, kvh, capacity, hd).bfloat16() for _ in range(2)]
+        k, v = (c.float().repeat_interleave(h // kvh, dim=1) for c in caches)  # [B, H, S, hd]
+        visible = torch.arange(capacity, device=device)[None, :] <= shape.context + torch.arange(t, device=device)[:, None]
+        ref = F.scaled_dot_product_attention(q.view(b, t, h, hd).transpose(1, 2), k, v, attn_mask=visible)
+        lengths = torch.full((b,), shape.context, dtype=torch.int64, device=device)
+        return {"q": q, "k": caches[0], "v": caches[1], "lengths": lengths,
+                "ref": ref.transpose(1, 2).reshape(b * t, h * hd)}
+    x = randn(shape.rows, shape.k).bfloat16()
+    ws = [(randn(shape.n, shape.k) / shape.k ** 0.5).bfloat16() for _ in range(shape.weights)]
     ref = x.float() @ ws[0].float().T
     if shape.weights == 2:
         ref = F.silu(ref) * (x.float() @ ws[1].float().T)
-    return x, ws, ref
+    return {"x": x, "ws": ws, "ref": ref}
 
 
-def build(shape: Shape, tile: Tile, x, ws, kernels: Path):
-    """The one-part launch of `tile` over fresh zeroed output rows: (launch, out)."""
+def build(shape, tile, inputs: dict, kernels: Path):
+    """The one-part launch of `tile` over fresh zeroed outputs: (launch, out)."""
     import torch
 
+    from conjugate.compiler.attention import attn_call
     from conjugate.compiler.codegen import KernelCache
     from conjugate.compiler.gemm import gemm_call
     from conjugate.compiler.round import CompiledLaunch
 
-    out = torch.zeros(shape.rows, shape.n, device=x.device)
-    call = gemm_call(x, ws[0], out, rows=shape.rows, epilogue=shape.epilogue, w2=ws[1] if shape.weights == 2 else None,
-                     block_m=tile.block_m, block_n=tile.block_n, block_k=tile.block_k, split_k=tile.split_k)
+    if isinstance(shape, AttnShape):
+        out = torch.zeros_like(inputs["q"])
+        call = attn_call(inputs["q"], inputs["k"], inputs["v"], out, inputs["lengths"], batch=shape.batch,
+                         tokens=shape.tokens, offset=0, num_heads=shape.heads, num_kv_heads=shape.kv_heads,
+                         head_dim=shape.head_dim, block_n=tile.block_n, split_kv=tile.split_kv)
+    else:
+        x, ws = inputs["x"], inputs["ws"]
+        out = torch.zeros(shape.rows, shape.n, device=x.device)
+        call = gemm_call(x, ws[0], out, rows=shape.rows, epilogue=shape.epilogue,
+                         w2=ws[1] if shape.weights == 2 else None, block_m=tile.block_m, block_n=tile.block_n,
+                         block_k=tile.block_k, split_k=tile.split_k)
     return CompiledLaunch.build(0, [call], KernelCache(kernels), num_warps=tile.warps, num_stages=tile.stages), out
+
+
+def shape_from(item: dict):
+    return AttnShape(**item) if item.get("kind") == "attn" else Shape(**item)
+
+
+def tile_from(item: dict):
+    return AttnTile(**item) if "split_kv" in item else Tile(**item)
 
 
 def compile_only(job: Path) -> None:
     """A --prewarm process: compile (Triton's warmup, nothing launched) the tiles its job file lists."""
     request = json.loads(job.read_text())
     for item in request["items"]:
-        shape = Shape(**item["shape"])
-        x, ws, _ = operands(shape)
+        shape = shape_from(item["shape"])
+        inputs = operands(shape)
         for tile in item["tiles"]:
             try:
-                build(shape, Tile(**tile), x, ws, Path(request["kernels"]))[0].warmup()
+                build(shape, tile_from(tile), inputs, Path(request["kernels"]))[0].warmup()
             except Exception:  # out of resources and the like: the timing process meets it and records it
                 pass
 
 
-def prewarm(entries: list[dict], tiles: dict[Shape, list[Tile]], processes: int, kernels: Path,
-            limit_s: float = 400.0) -> float:
+def prewarm(entries: list[dict], tiles: dict, processes: int, kernels: Path, limit_s: float = 400.0) -> float:
     """Every candidate compiled in `processes` processes at once; their seconds. None outlives it."""
     work = [(e["shape"], t) for e in entries for t in tiles[e["shape"]]]
     shares = [work[i::processes] for i in range(processes)]
     started, workers = time.perf_counter(), []
-    with tempfile.TemporaryDirectory(prefix="gemm-sweep-jobs-") as jobs:
+    with tempfile.TemporaryDirectory(prefix="kernel-sweep-jobs-") as jobs:
         for i, share in enumerate(s for s in shares if s):
-            items: dict[Shape, list] = {}
+            items: dict[object, list] = {}
             for shape, tile in share:
                 items.setdefault(shape, []).append(asdict(tile))
             job = Path(jobs) / f"{i}.json"
@@ -281,30 +403,30 @@ def prewarm(entries: list[dict], tiles: dict[Shape, list[Tile]], processes: int,
     return time.perf_counter() - started
 
 
-def time_tiles(shape: Shape, tiles: list[Tile], kernels: Path, copy_gbs: float, flush_us: float) -> list[dict]:
+def time_tiles(shape, tiles: list, kernels: Path, copy_gbs: float, flush_us: float) -> list[dict]:
     """Each tile checked against torch, then timed alone from cold L2."""
     import torch
 
     from conjugate.evaluate.timing import l2_flush_bytes, time_per_call
 
     device = torch.device("cuda")
-    x, ws, ref = operands(shape)
+    inputs = operands(shape)
     rows = []
     for tile in tiles:
-        row = asdict(tile) | {"programs": tile.programs(shape)}
+        row = asdict(tile) | {"plan_keys": tile.plan_keys(), "programs": tile.programs(shape)}
         try:
-            launch, out = build(shape, tile, x, ws, kernels)
+            launch, out = build(shape, tile, inputs, kernels)
             launch()
             torch.cuda.synchronize()
         except Exception as error:  # out of shared memory and the like: recorded, the sweep goes on
             rows.append(row | {"error": f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"})
             continue
-        rel_err = float((out - ref).norm() / ref.norm())
+        rel_err = float((out.float() - inputs["ref"]).norm() / inputs["ref"].norm())
         if rel_err > 1e-2:
             rows.append(row | {"error": f"wrong: relative error {rel_err:.3g}"})
             continue
         us = time_per_call(launch, device, CALLS, flush_bytes=l2_flush_bytes(device), flush_us=flush_us)
-        rows.append(row | {"us": us, "share_of_copy": shape.weight_bytes / (us * 1e-6) / (copy_gbs * 1e9)})
+        rows.append(row | {"us": us, "share_of_copy": shape.bytes / (us * 1e-6) / (copy_gbs * 1e9)})
     return rows
 
 
@@ -313,7 +435,7 @@ def main() -> None:
     parser.add_argument("workloads", nargs="*", type=Path)
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     parser.add_argument("--models", nargs="+", choices=("draft", "target"), default=["draft", "target"])
-    parser.add_argument("--per-shape", type=int, default=64, help="candidates per shape besides the shipped tile")
+    parser.add_argument("--per-shape", type=int, default=96, help="candidates per shape besides the shipped tile")
     parser.add_argument("--prewarm", type=int, default=0, metavar="N", help="compile the candidates in N processes first")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--tabulate", nargs="+", type=Path, metavar="SWEEP.json",
@@ -346,15 +468,15 @@ def main() -> None:
     flush_us = flush_time_us(device, CALLS, l2_flush_bytes(device))
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "command": " ".join(sys.argv),
            "date": time.strftime("%Y-%m-%d"), "copy_gbs": copy_gbs, "shapes": []}
-    with tempfile.TemporaryDirectory(prefix="gemm-sweep-") as kernels:
+    with tempfile.TemporaryDirectory(prefix="kernel-sweep-") as kernels:
         if args.prewarm:
             out["prewarm_s"] = prewarm(entries, tiles, args.prewarm, Path(kernels))
         for e in entries:
             shape = e["shape"]
             rows = time_tiles(shape, tiles[shape], Path(kernels), copy_gbs, flush_us)
             timed = [r for r in rows if "us" in r]
-            result = {"shape": shape.key(), "model": e["model"], "workloads": e["workloads"], **asdict(shape),
-                      "weight_bytes": shape.weight_bytes, "shipped": rows[0],
+            result = {"shape": shape.key(), "kind": shape.kind, "fields": shape.fields(), "model": e["model"],
+                      "workloads": e["workloads"], "bytes": shape.bytes, "shipped": rows[0],
                       "best": min(timed, key=lambda r: r["us"]) if timed else None, "tried": rows}
             out["shapes"].append(result)
             print(json.dumps({k: result[k] for k in ("shape", "model", "shipped", "best")}), flush=True)
@@ -364,11 +486,11 @@ def main() -> None:
 
 
 def print_table(shapes: list[dict]) -> None:
-    print(f"{'shape':28} {'model':6} {'MB':>6} {'shipped us':>10} {'share':>6} {'best us':>8} {'share':>6}  best tile")
+    print(f"{'shape':40} {'model':6} {'MB':>6} {'shipped us':>10} {'share':>6} {'best us':>8} {'share':>6}  best tile")
     for s in shapes:
         shipped, best = s["shipped"], s["best"] or {}
-        tile = "" if not best else "M{block_m} N{block_n} K{block_k} S{split_k} w{warps} st{stages}".format(**best)
-        print(f"{s['shape']:28} {s['model']:6} {s['weight_bytes'] / 1e6:6.1f} {shipped.get('us', float('nan')):10.1f} "
+        tile = " ".join(f"{k}={v}" for k, v in best.get("plan_keys", {}).items())
+        print(f"{s['shape']:40} {s['model']:6} {s['bytes'] / 1e6:6.1f} {shipped.get('us', float('nan')):10.1f} "
               f"{shipped.get('share_of_copy', float('nan')):6.0%} {best.get('us', float('nan')):8.1f} "
               f"{best.get('share_of_copy', float('nan')):6.0%}  {tile}")
 

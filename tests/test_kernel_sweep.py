@@ -1,27 +1,33 @@
-"""benchmarks/gemm_sweep.py's parts that need no GPU: the shapes it takes from workloads, the tile
-the shipped plan gives each, and the candidates it times."""
+"""benchmarks/kernel_sweep.py's parts that need no GPU: the shapes it takes from workloads, the tile
+the shipped plan gives each, the candidates it times, and its launches (under the interpreter)."""
 from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from conjugate.paths import EXAMPLES_DIR
 from scripts import load_script  # tests/scripts.py
 
-sweep = load_script("gemm_sweep")
+sweep = load_script("kernel_sweep")
 H200_SMS = 132
 
 
 def test_each_distinct_shape_once_with_its_workloads_and_the_shipped_tile():
     b8 = EXAMPLES_DIR / "llama-1b-8b-b8.toml"
     entries = sweep.distinct_shapes([b8, b8], ("draft", "target"), sweep.KINDS)
-    assert len(entries) == 8 and all(e["workloads"] == ["llama-1b-8b-b8"] * 2 for e in entries)
+    assert len(entries) == 10 and all(e["workloads"] == ["llama-1b-8b-b8"] * 2 for e in entries)
     shapes = {(e["model"], e["shape"].kind): e for e in entries}
     gate_up = shapes[("target", "gate_up")]["shape"]
     assert (gate_up.rows, gate_up.n, gate_up.k, gate_up.epilogue, gate_up.weights) == (40, 14336, 4096, "silu_mul", 2)
-    assert gate_up.weight_bytes == 2 * 14336 * 4096 * 2
+    assert gate_up.bytes == 2 * 14336 * 4096 * 2
     down = shapes[("draft", "down")]
     assert (down["shape"].rows, down["shape"].n, down["shape"].k, down["shape"].epilogue) == (8, 2048, 8192, "residual")
     assert down["shipped"] == sweep.Tile(16, 64, 64, 8, 4, 3)  # plans/streams.json: its tile, the launch's settings
+    verify = shapes[("target", "attn")]
+    assert verify["shape"] == sweep.AttnShape(8, 5, 32, 8, 128, 1024) and verify["shipped"] == sweep.AttnTile(64, 4, 4, 3)
+    assert verify["shape"].rows == 32 and verify["shape"].bytes == 2 * 8 * 8 * 1029 * 128 * 2
+    assert shapes[("draft", "attn")]["shape"] == sweep.AttnShape(8, 1, 32, 8, 64, 1024)
 
 
 def test_a_per_op_launch_setting_in_the_plan_wins_over_the_launch_default():
@@ -56,10 +62,26 @@ def test_tiles_that_would_spill_or_starve_the_gpu_are_not_candidates():
     assert sweep.block_ms(5) == (16,) and sweep.block_ms(40) == (64,) and sweep.block_ms(80) == (64, 128)
 
 
-def test_a_candidate_launch_computes_the_gemm(tmp_path):
-    """The launch the sweep times, built as it builds it (here under the interpreter): silu(x Wg^T) * (x Wu^T)."""
-    shape = sweep.Shape(2, 64, 128, "gate_up")
-    x, ws, ref = sweep.operands(shape, "cpu")
-    launch, out = sweep.build(shape, sweep.Tile(16, 32, 32, 2, 4, 2), x, ws, tmp_path)
+@pytest.mark.parametrize("shape, tile", [
+    (sweep.Shape(2, 64, 128, "gate_up"), sweep.Tile(16, 32, 32, 2, 4, 2)),  # silu(x Wg^T) * (x Wu^T), split K
+    (sweep.AttnShape(2, 3, 4, 2, 16, 37), sweep.AttnTile(16, 2, 4, 2)),  # GQA, three new tokens, split keys
+])
+def test_a_candidate_launch_computes_what_torch_does(tmp_path, shape, tile):
+    """The launch the sweep times, built as it builds it (here under the interpreter), against the
+    reference the sweep checks it with."""
+    inputs = sweep.operands(shape, "cpu")
+    launch, out = sweep.build(shape, tile, inputs, tmp_path)
     launch()
-    assert float((out - ref).norm() / ref.norm()) < 1e-2
+    assert float((out.float() - inputs["ref"]).norm() / inputs["ref"].norm()) < 1e-2
+    assert sweep.tile_from(sweep.asdict(tile)) == tile and sweep.shape_from(sweep.asdict(shape)) == shape
+
+
+def test_attention_candidates_fill_the_gpu_and_walk_at_least_two_key_blocks():
+    shape = sweep.AttnShape(8, 1, 32, 8, 64, 1024)
+    shipped = sweep.AttnTile(64, 8, 4, 3)
+    tiles = sweep.candidates(shape, shipped, H200_SMS, per_shape=40)
+    assert tiles[0] == shipped and len(set(tiles)) == 41
+    for tile in tiles[1:]:
+        assert H200_SMS // 2 <= tile.programs(shape) <= 32 * H200_SMS
+        assert shape.keys // (tile.split_kv * tile.block_n) >= 2
+    assert not sweep.fits(sweep.AttnTile(256, 4, 4, 2), shape, H200_SMS)  # 1025 keys: one block of 256 a split
