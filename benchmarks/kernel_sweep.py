@@ -319,7 +319,8 @@ def operands(shape, device: str = "cuda") -> dict:
         q = randn(b * t, h * hd)
         caches = [randn(b, kvh, capacity, hd).bfloat16() for _ in range(2)]
         k, v = (c.float().repeat_interleave(h // kvh, dim=1) for c in caches)  # [B, H, S, hd]
-        visible = torch.arange(capacity, device=device)[None, :] <= shape.context + torch.arange(t, device=device)[:, None]
+        positions = shape.context + torch.arange(t, device=device)  # token t sees keys 0 .. context + t
+        visible = torch.arange(capacity, device=device)[None, :] <= positions[:, None]
         ref = F.scaled_dot_product_attention(q.view(b, t, h, hd).transpose(1, 2), k, v, attn_mask=visible)
         lengths = torch.full((b,), shape.context, dtype=torch.int64, device=device)
         return {"q": q, "k": caches[0], "v": caches[1], "lengths": lengths,
@@ -436,7 +437,8 @@ def main() -> None:
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     parser.add_argument("--models", nargs="+", choices=("draft", "target"), default=["draft", "target"])
     parser.add_argument("--per-shape", type=int, default=96, help="candidates per shape besides the shipped tile")
-    parser.add_argument("--prewarm", type=int, default=0, metavar="N", help="compile the candidates in N processes first")
+    parser.add_argument("--prewarm", type=int, default=0, metavar="N",
+                        help="compile the candidates in N processes first")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--tabulate", nargs="+", type=Path, metavar="SWEEP.json",
                         help="measure nothing: write these sweeps' winning tiles into --table for --device")

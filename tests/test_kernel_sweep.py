@@ -25,7 +25,8 @@ def test_each_distinct_shape_once_with_its_workloads_and_the_shipped_tile():
     assert (down["shape"].rows, down["shape"].n, down["shape"].k, down["shape"].epilogue) == (8, 2048, 8192, "residual")
     assert down["shipped"] == sweep.Tile(16, 64, 64, 8, 4, 3)  # plans/streams.json: its tile, the launch's settings
     verify = shapes[("target", "attn")]
-    assert verify["shape"] == sweep.AttnShape(8, 5, 32, 8, 128, 1024) and verify["shipped"] == sweep.AttnTile(64, 4, 4, 3)
+    assert verify["shape"] == sweep.AttnShape(8, 5, 32, 8, 128, 1024)
+    assert verify["shipped"] == sweep.AttnTile(64, 4, 4, 3)
     assert verify["shape"].rows == 32 and verify["shape"].bytes == 2 * 8 * 8 * 1029 * 128 * 2
     assert shapes[("draft", "attn")]["shape"] == sweep.AttnShape(8, 1, 32, 8, 64, 1024)
 

@@ -52,12 +52,14 @@ def test_the_shipped_file_parses_and_a_table_matches_whole_words_of_the_device_n
 @pytest.mark.parametrize("tables, field", [
     ([_table(_entry(kind="norm"))], "tables[0].tiles[0]: field 'kind'"),
     ([_table(_entry(kind="attn"))], "tables[0].tiles[0]: unknown field 'k'"),
-    ([_table(ATTN_ENTRY | {"tile": QKV_TILE})], "tables[0].tiles[0]: field 'tile' should hold exactly BLOCK_N, SPLIT_KV"),
+    ([_table(ATTN_ENTRY | {"tile": QKV_TILE})],
+     "tables[0].tiles[0]: field 'tile' should hold exactly BLOCK_N, SPLIT_KV"),
     ([_table({k: v for k, v in ATTN_ENTRY.items() if k != "context"})], "tables[0].tiles[0]: field 'context'"),
     ([_table(_entry(rows=0))], "tables[0].tiles[0]: field 'rows'"),
     ([_table(_entry(us=float("nan")))], "tables[0].tiles[0]: field 'us'"),
     ([_table(_entry(shipped_us="36.9"))], "tables[0].tiles[0]: field 'shipped_us'"),
-    ([_table(_entry(tile=QKV_TILE | {"BLOCK_N": 96}))], "tables[0].tiles[0]: field 'tile.BLOCK_N' should be a power of two"),
+    ([_table(_entry(tile=QKV_TILE | {"BLOCK_N": 96}))],
+     "tables[0].tiles[0]: field 'tile.BLOCK_N' should be a power of two"),
     ([_table(_entry(tile=QKV_TILE | {"num_stages": 9}))], "tables[0].tiles[0]: field 'tile.num_stages'"),
     ([_table(_entry(tile={"BLOCK_N": 64}))], "tables[0].tiles[0]: field 'tile' should hold exactly"),
     ([_table(_entry(extra=1))], "tables[0].tiles[0]: unknown field 'extra'"),
@@ -89,7 +91,8 @@ def test_the_heuristic_proposes_the_measured_tile_of_a_shape_first_and_not_once_
     tables = load_tile_tables(_file(tmp_path, [_table(_entry())]))
     streams = load_plan(shipped_plan("streams"))
     first = HeuristicProposer(tile_tables=tables).propose(_context(streams), 3)[0]
-    assert first.kind == "tiles" and "measured on this GPU" in first.rationale and "target qkv (rows=40 n=6144 k=4096)" in first.rationale
+    assert first.kind == "tiles" and "measured on this GPU" in first.rationale
+    assert "target qkv (rows=40 n=6144 k=4096)" in first.rationale
     edited = patch_plan(streams, first.patch)
     assert edited["tiles"]["target"]["qkv"] == QKV_TILE
     assert edited["tiles"]["draft"] == streams["tiles"]["draft"]
