@@ -335,13 +335,25 @@ def test_make_proposer_specs(monkeypatch):
                                 "anthropic:<model> or openai:<model>")
 
 
-def test_the_prompt_carries_ledger_and_overlap_within_its_budget(provider, server, context, plan):
-    """Through the provider's wire: the time ledger and the verdicts against two streams reach the
-    model, and with every section at its cap the prompt stays inside its stated budget."""
+def test_the_prompt_carries_ledger_and_overlap_within_its_budget(provider, server, context, plan, monkeypatch):
+    """Through the provider's wire: the time ledger, the verdicts against two streams and the tiles
+    measured for the workload's shapes reach the model, and with every section at its cap the prompt
+    stays inside its stated budget."""
     from dataclasses import replace
 
+    from conjugate.agents import prompt
     from conjugate.agents.prompt import PROMPT_BUDGET_CHARS
+    from conjugate.agents.tile_table import TILE_KEYS, MeasuredTile, TileTable, measured_shapes
     from conjugate.evaluate.result import KindLoss, LedgerSummary
+    from conjugate.paths import EXAMPLES_DIR
+    from conjugate.workload import load_workload
+
+    workload = load_workload(EXAMPLES_DIR / "qwen25-15b-14b-b4.toml").to_dict()
+    every_shape = tuple(MeasuredTile(kind, shape, {key: 4096 for key in TILE_KEYS[kind]}, 12345.6, 23456.7)
+                        for model in (Model.DRAFT, Model.TARGET)
+                        for kind, shape in measured_shapes(workload, model).items())
+    monkeypatch.setattr(prompt, "load_tile_tables", lambda path: (TileTable("H200", "2026-12-01", "s" * 5000,
+                                                                            every_shape),))
 
     ledger = LedgerSummary(9.8765, 6.45, 0.04, False, {"main": 9.8},
                            tuple(KindLoss(f"target {k} + draft {d}", 28, 1.0 + i / 10, 0.6, 0.6 / (1.0 + i / 10))
@@ -351,7 +363,7 @@ def test_the_prompt_carries_ledger_and_overlap_within_its_budget(provider, serve
     verdicts = tuple(Verdict.judge(i, parts, 20.0 + i, (15.0, 10.0), modeled=False, overlap_us=18.0) for i in range(40))
     result = replace(context.result, metrics=replace(context.result.metrics, ledger=ledger), verdicts=verdicts)
     long = "x" * 5000
-    full = replace(context, result=result, lessons=[long] * 50,
+    full = replace(context, result=result, lessons=[long] * 50, workload=workload,
                    best=[{"plan": plan.to_dict() | {"overrides": [{"match": f"t.l{i}.*", "pair": False}
                                                                    for i in range(200)]},
                           "latency_ms": 8.0, "speedups": {"sequential": 1.3}}] * 10,
@@ -367,6 +379,7 @@ def test_the_prompt_carries_ledger_and_overlap_within_its_budget(provider, serve
     assert "- target qkv + draft down: 1.000 ms in 28 launches at 60% of copy bandwidth" in text
     assert '"overlap_us":18.0' in text and '"vs_overlap":"interference"' in text
     assert "## Measured on this GPU model" in text and "(`priority: draft`) measured 0.1-2.4%" in text
+    assert "- target attn (batch=4 tokens=6 heads=40 kv_heads=8 head_dim=128 context=1024) alone 12345.6 us" in text
     sent = sum(len(part) for part in [server.requests[0].body.get("system")] +
                [m["content"] for m in server.requests[0].body["messages"]] if isinstance(part, str))
     plan_json = len(json.dumps(full.plan, indent=1, sort_keys=True))

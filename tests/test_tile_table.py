@@ -147,3 +147,20 @@ def test_tabulate_refuses_a_sweep_of_another_gpu_and_a_damaged_table(tmp_path):
     assert done.returncode == 1 and f"{table}: tables[0]: should be a table" in done.stderr
     assert table.read_text() == '{"tables": [1]}'  # nothing lost
     assert _tabulate(_sweep(tmp_path), "--table", table).returncode == 2  # no --device
+
+
+def test_the_llm_prompt_shows_the_tiles_measured_for_the_workloads_shapes(tmp_path):
+    from dataclasses import replace
+
+    from conjugate.agents.prompt import Prompts
+
+    prompts = Prompts(tiles_file=_file(tmp_path, [_table(_entry(), ATTN_ENTRY)]))
+    streams = load_plan(shipped_plan("streams"))
+    text = prompts.expand_text(_context(streams), 3)
+    assert "## Tiles measured fastest alone for this workload's shapes on this GPU model" in text
+    assert ("- target qkv (rows=40 n=6144 k=4096) alone 24.0 us with BLOCK_M=64 BLOCK_N=128 BLOCK_K=128 SPLIT_K=4 "
+            "num_warps=8 num_stages=4, 36.9 us with the shipped tile") in text
+    assert "- draft attn (batch=8 tokens=1 heads=32 kv_heads=8 head_dim=64 context=1024)" in text
+    assert "none recorded for NVIDIA B300" in prompts.expand_text(_context(streams, "NVIDIA B300"), 3)
+    unknown = replace(_context(streams), workload={"name": "b8"})
+    assert "none: this workload's shapes are not known here" in prompts.expand_text(unknown, 3)

@@ -9,11 +9,10 @@ import fnmatch
 import re
 from dataclasses import dataclass
 
-from conjugate.agents.tile_table import SHAPE_FIELDS, TileTable
+from conjugate.agents.tile_table import TileTable, measured_for
 from conjugate.compiler.feedback import PartRef
 from conjugate.evaluate.result import EvalResult, Status, Verdict, VerdictKind
 from conjugate.graph import KINDS
-from conjugate.models.spec import ModelSpec
 from conjugate.plan.schema import Plan
 from conjugate.plan.tiles import DEFAULT_TILES, FAMILY_OF, LAUNCH_BOUNDS, TILE_BOUNDS
 from conjugate.roles import Model
@@ -298,28 +297,15 @@ def measured_tile_edits(plan: Plan, workload: dict | None, table: TileTable | No
     than the shipped tile it ran alone."""
     if table is None or not workload:
         return []
+    try:
+        found = measured_for(table, workload)
+    except (KeyError, TypeError, ValueError):  # a context without the models' shapes
+        return []
     out = []
-    for model in (Model.DRAFT, Model.TARGET):
-        for kind, shape in measured_shapes(workload, model).items():
-            measured = table.tile_for(kind, shape)
-            if measured is None or all(tile_value(plan, model, kind, k) == v for k, v in measured.tile.items()):
-                continue
-            shown_tile = " ".join(f"{k}={v}" for k, v in measured.tile.items())
-            out.append(Candidate("tiles", set_tiles(plan, model, kind, measured.tile),
-                                 f"measured on this GPU ({table.source}, {table.date}): {model} {kind} "
-                                 f"({measured.shown_shape()}) alone {measured.us:.1f} us with {shown_tile}, "
-                                 f"{measured.shipped_us:.1f} us with the shipped tile",
-                                 0.6 + min(0.3, measured.gain)))
+    for model, measured in found:
+        if all(tile_value(plan, model, measured.kind, k) == v for k, v in measured.tile.items()):
+            continue
+        out.append(Candidate("tiles", set_tiles(plan, model, measured.kind, measured.tile),
+                             f"measured on this GPU ({table.source}, {table.date}): {model} {measured.describe()}",
+                             0.6 + min(0.3, measured.gain)))
     return out
-
-
-def measured_shapes(workload: dict, model: Model) -> dict[str, tuple[int, ...]]:
-    """Kind -> the shape a tile table lists it by (tile_table.SHAPE_FIELDS), for one model of a
-    workload (Workload.to_dict()): GEMM rows per decode step or verify pass, attention at the
-    workload's context."""
-    spec = ModelSpec.from_dict(workload[model.value])
-    draft = model is Model.DRAFT
-    batch = workload["draft_batch"] if draft else workload["target_batch"]
-    tokens = 1 if draft else workload["k"] + 1
-    shapes = {kind: (batch * tokens, *spec.projection(kind)) for kind in SHAPE_FIELDS if kind != "attn"}
-    return shapes | {"attn": (batch, tokens, spec.num_heads, spec.num_kv_heads, spec.head_dim, workload["context"])}

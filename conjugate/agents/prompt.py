@@ -2,7 +2,8 @@
 read back as plan edits.
 
 The templates (search/prompts/system.md, expand.md, retry.md) are editable files with $placeholders
-(the expand prompt also shows what the benchmarks measured on this GPU model: search/facts.toml);
+(the expand prompt also shows what the benchmarks measured on this GPU model: search/facts.toml,
+and the tiles measured fastest for this workload's shapes: search/tiles.json);
 `Prompts` fills them with compact JSON (floats to 4 significant digits, long values clipped). A reply
 is data: `parse_reply` finds its "edits" list in time linear in the reply's length (at most
 MAX_REPLY_CHARS of it, JSON nested at most MAX_DEPTH deep), `check_edits` applies and validates
@@ -10,7 +11,7 @@ every edit (the first MAX_EDITS, each of at most MAX_PATCH_OPS operations) and s
 one was dropped, in the patch's own JSON Pointer paths.
 
 The budget: every section has a cap (items and characters), so a prompt with every section full
-stays under PROMPT_BUDGET_CHARS (about 13K tokens) besides the current plan's own JSON, which is
+stays under PROMPT_BUDGET_CHARS (about 14K tokens) besides the current plan's own JSON, which is
 sent whole (the edits' JSON Pointers need it).
 """
 from __future__ import annotations
@@ -23,11 +24,12 @@ from typing import Any, Iterator
 
 from conjugate.agents.base import EDIT_KINDS, NodeContext, Proposal
 from conjugate.agents.facts import MAX_FACTS, facts_for, load_facts
+from conjugate.agents.tile_table import load_tile_tables, measured_for, table_for
 from conjugate.agents.wire import MAX_DEPTH, Span, json_spans
 from conjugate.compiler.feedback import PartRef, Resources
 from conjugate.errors import ConjugateError, PlanError
 from conjugate.files import read_text
-from conjugate.paths import FACTS_FILE, PLAN_SCHEMA_FILE, PROMPTS_DIR
+from conjugate.paths import FACTS_FILE, PLAN_SCHEMA_FILE, PROMPTS_DIR, TILES_FILE
 from conjugate.plan.patch import patch_plan
 from conjugate.plan.schema import Plan, without_late_defaults
 
@@ -35,7 +37,8 @@ MAX_REPLY_CHARS = 128 * 1024  # twice the text of the proposer's max_tokens (163
 MAX_RESCANS = 8  # unclosed "{" (in prose) after which a reply is scanned again from the next "{"
 MAX_EDITS = 32  # edits of one reply that are read
 MAX_PATCH_OPS = 64  # operations of one edit
-PROMPT_BUDGET_CHARS = 52_000  # system and expand prompts with every section full, the current plan aside
+MAX_MEASURED_TILES = 10  # a draft's and a target's GEMM and attention kinds
+PROMPT_BUDGET_CHARS = 56_000  # system and expand prompts with every section full, the current plan aside
 
 
 def _json(value: Any, limit: int = 0, sort: bool = True) -> str:
@@ -143,11 +146,12 @@ class Prompts:
     """The editable templates under `directory`: system.md, expand.md and retry.md ($placeholders)."""
 
     def __init__(self, directory: Path = PROMPTS_DIR, schema_file: Path = PLAN_SCHEMA_FILE,
-                 facts_file: Path = FACTS_FILE):
+                 facts_file: Path = FACTS_FILE, tiles_file: Path = TILES_FILE):
         self.system, self.expand, self.retry = (
             string.Template(read_text(Path(directory) / f"{n}.md", ConjugateError, "prompt template"))
             for n in ("system", "expand", "retry"))
         self.facts = load_facts(facts_file)
+        self.tiles = load_tile_tables(tiles_file)
         self.schema = _json(json.loads(read_text(schema_file, ConjugateError, "plan schema")))
         self.kinds = ", ".join(EDIT_KINDS)
 
@@ -165,13 +169,25 @@ class Prompts:
             edit_stats=_bullets(sorted(ctx.edit_stats.items()), 20, lambda kv: f"{kv[0]}: {_json(kv[1])}"),
             tried=_bullets(ctx.tried, 20, lambda t: _pick(t, ("kind", "status", "reward", "patch"))),
             failures=_bullets(ctx.failures, 8, lambda f: _pick(f, ("status", "error", "patch"))),
-            facts=self._facts(ctx.device))
+            facts=self._facts(ctx.device), tiles=self._tiles(ctx))
 
     def _facts(self, device: str) -> str:
         found = facts_for(device, self.facts)
         if found is None:
             return f"none recorded for {device or 'this device'}"
         return f"{found.device}, {found.date} ({found.source}):\n" + _bullets(list(found.facts), MAX_FACTS)
+
+    def _tiles(self, ctx: NodeContext) -> str:
+        table = table_for(ctx.device, self.tiles)
+        if table is None or not ctx.workload:
+            return f"none recorded for {ctx.device or 'this device'}"
+        try:
+            found = [f"{model} {measured.describe()}" for model, measured in measured_for(table, ctx.workload)]
+        except (KeyError, TypeError, ValueError):  # a context without the models' shapes
+            return "none: this workload's shapes are not known here"
+        if not found:
+            return "none of this workload's shapes measured"
+        return f"{table.device}, {table.date} ({clip(table.source, 200)}):\n" + _bullets(found, MAX_MEASURED_TILES)
 
     def retry_text(self, reasons: list[str], n: int) -> str:
         reasons_text = _bullets(reasons, 20, lambda s: clip(s, 400))
