@@ -81,7 +81,8 @@ class HeuristicProposer:
         if self.tile_tables is None:
             self.tile_tables = load_tile_tables()
         tiles = table_for(context.device, self.tile_tables)
-        ranked = _ranked(candidates(plan, context.result, context.sms, rng, context.workload, tiles), context.edit_stats)
+        found = candidates(plan, context.result, context.sms, rng, context.workload, tiles)
+        ranked = _ranked(found, context.edit_stats)
         return ((c, round(min(1.0, max(0.05, s)), 3)) for c, s in ranked)
 
 

@@ -43,7 +43,8 @@ class MeasuredTile:
         """"qkv (rows=40 n=6144 k=4096) alone 24.0 us with BLOCK_M=64 ..., 36.9 us with the shipped tile"."""
         shape = " ".join(f"{f}={v}" for f, v in zip(SHAPE_FIELDS[self.kind], self.shape))
         tile = " ".join(f"{k}={v}" for k, v in self.tile.items())
-        return f"{self.kind} ({shape}) alone {self.us:.1f} us with {tile}, {self.shipped_us:.1f} us with the shipped tile"
+        return (f"{self.kind} ({shape}) alone {self.us:.1f} us with {tile}, "
+                f"{self.shipped_us:.1f} us with the shipped tile")
 
 
 @dataclass(frozen=True)
