@@ -164,3 +164,15 @@ def test_the_llm_prompt_shows_the_tiles_measured_for_the_workloads_shapes(tmp_pa
     assert "none recorded for NVIDIA B300" in prompts.expand_text(_context(streams, "NVIDIA B300"), 3)
     unknown = replace(_context(streams), workload={"name": "b8"})
     assert "none: this workload's shapes are not known here" in prompts.expand_text(unknown, 3)
+
+
+def test_a_damaged_tile_file_stops_the_heuristic_before_a_search_starts_and_random_draws_measured_tiles(tmp_path):
+    from conjugate.agents.search_baselines import RandomProposer
+
+    bad = _file(tmp_path, [_table(_entry(us=-1))])
+    with pytest.raises(ConjugateError, match=f"{bad}: tables\\[0\\].tiles\\[0\\]: field 'us'"):
+        HeuristicProposer(tiles_file=bad)
+    tables = load_tile_tables(_file(tmp_path, [_table(_entry())]))
+    streams = load_plan(shipped_plan("streams"))
+    drawn = RandomProposer(tile_tables=tables).propose(_context(streams), 400)
+    assert any("measured on this GPU" in p.rationale for p in drawn)  # every edit the heuristic knows

@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 from conjugate.agents.base import NodeContext, Proposal
 from conjugate.agents.heuristic_edits import (LIGHT_TARGETS, SEARCH_KEYS, Candidate, Launches, enable_pairing,
@@ -50,6 +51,7 @@ from conjugate.agents.heuristic_edits import (LIGHT_TARGETS, SEARCH_KEYS, Candid
                                               spill_edits, split_edits, tile_value)
 from conjugate.agents.tile_table import TileTable, load_tile_tables, table_for
 from conjugate.errors import ConjugateError
+from conjugate.paths import TILES_FILE
 from conjugate.evaluate.result import EvalResult, KindLoss, LedgerSummary, Verdict, VerdictKind
 from conjugate.graph import GEMM_KINDS, KINDS, LAYER_KINDS
 from conjugate.plan.expand import MAIN_KINDS, RESIDUAL_GEMMS
@@ -64,9 +66,11 @@ _DECAY = 0.85  # score factor per proposal of the same kind already chosen
 class HeuristicProposer:
     name = "heuristic"
 
-    def __init__(self, seed: int = 0, tile_tables: tuple[TileTable, ...] | None = None):
+    def __init__(self, seed: int = 0, tile_tables: tuple[TileTable, ...] | None = None, tiles_file: Path = TILES_FILE):
+        """`tile_tables`: measured tiles per GPU model; by default read from `tiles_file` now, so a
+        damaged file stops a search before it starts."""
         self.seed = seed
-        self.tile_tables = tile_tables  # None: search/tiles.json, read at the first proposal
+        self.tile_tables = load_tile_tables(tiles_file) if tile_tables is None else tile_tables
 
     def propose(self, context: NodeContext, n: int) -> list[Proposal]:
         try:
@@ -76,12 +80,13 @@ class HeuristicProposer:
         rng = random.Random(f"{self.seed}:{context.plan_hash}:{len(context.tried)}")
         return fresh_proposals(plan, context.tried, self.ordered(plan, context, rng), n)
 
+    def measured(self, context: NodeContext) -> TileTable | None:
+        """The measured tiles of the GPU model the node is evaluated on."""
+        return table_for(context.device, self.tile_tables)
+
     def ordered(self, plan: Plan, context: NodeContext, rng: random.Random):
         """(candidate, prior) pairs, the most promising first: base scores shifted by the edit statistics."""
-        if self.tile_tables is None:
-            self.tile_tables = load_tile_tables()
-        tiles = table_for(context.device, self.tile_tables)
-        found = candidates(plan, context.result, context.sms, rng, context.workload, tiles)
+        found = candidates(plan, context.result, context.sms, rng, context.workload, self.measured(context))
         ranked = _ranked(found, context.edit_stats)
         return ((c, round(min(1.0, max(0.05, s)), 3)) for c, s in ranked)
 

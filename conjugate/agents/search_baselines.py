@@ -21,7 +21,7 @@ class RandomProposer(HeuristicProposer):
 
     def ordered(self, plan: Plan, context: NodeContext, rng: random.Random):
         """Every candidate the heuristic knows, in a random order, with equal priors."""
-        pool = candidates(plan, context.result, context.sms, rng, context.workload)
+        pool = candidates(plan, context.result, context.sms, rng, context.workload, self.measured(context))
         rng.shuffle(pool)
         return ((cand, 1.0) for cand in pool)
 
