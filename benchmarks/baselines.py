@@ -243,19 +243,32 @@ def merged(paths: list[Path], eval_times: Path | None = None) -> dict:
     """Several runs' JSON as one (the rows in order; each run's command kept); partial rows left out.
     With `eval_times` (eval_time.py's runs, each with a "stage"), each row gains the median seconds
     per evaluation after and before (`eval_seconds_median`, `eval_seconds_before`)."""
-    runs = [json.loads(p.read_text()) for p in paths]
+    runs = [read_run(p, ("gpu", "torch", "date", "command", "workloads"), "--merge") for p in paths]
     gpus = {r["gpu"] for r in runs}
     if len(gpus) != 1:
         raise SystemExit(f"--merge: the runs were measured on different GPUs: {sorted(gpus)}")
     rows = [w for r in runs for w in r["workloads"] if not w.get("partial")]
     if eval_times:
-        timed = json.loads(eval_times.read_text())
+        timed = read_run(eval_times, ("gpu", "runs"), "--eval-times")
         if timed.get("gpu") not in gpus:
             raise SystemExit(f"--eval-times {eval_times}: measured on {timed.get('gpu')}, the runs on {gpus.pop()}")
         rows = [row | {"eval_seconds_median": eval_median(timed["runs"], row["workload"], "after"),
                        "eval_seconds_before": eval_median(timed["runs"], row["workload"], "before")} for row in rows]
     return {"gpu": gpus.pop(), "torch": runs[0]["torch"], "date": max(r["date"] for r in runs),
             "commands": [r["command"] for r in runs], "workloads": rows}
+
+
+def read_run(path: Path, keys: tuple[str, ...], flag: str) -> dict:
+    """A results file's JSON object holding `keys`; a one-line exit naming the flag and file otherwise."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise SystemExit(f"{flag} {path}: {type(error).__name__}: {error}")
+    if not isinstance(data, dict):
+        raise SystemExit(f"{flag} {path}: not a file of this kind (it lacks an object)")
+    if missing := [k for k in keys if k not in data]:
+        raise SystemExit(f"{flag} {path}: not a file of this kind (it lacks {', '.join(missing)})")
+    return data
 
 
 def eval_median(runs: list[dict], workload: str, stage: str) -> float | None:

@@ -42,6 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from conjugate.arguments import output_file, positive  # noqa: E402
 from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
 from conjugate.workload import Workload, load_workload  # noqa: E402
@@ -278,16 +279,19 @@ def tabulate(sweeps: list[Path], device: str, table_path: Path) -> dict:
 
     entries, dates = {}, []
     for path in sweeps:
-        run = json.loads(path.read_text())
-        if not names_device(device, run["gpu"]):
-            raise SystemExit(f"--device {device}: {path} was measured on {run['gpu']}")
-        dates.append(run["date"])
-        for s in run["shapes"]:
-            best, shipped = s["best"], s["shipped"]
-            if best and "us" in shipped and best["us"] <= (1 - MIN_GAIN) * shipped["us"]:
-                entries[(s["kind"], *s["fields"].values())] = {
-                    "kind": s["kind"], **s["fields"], "tile": best["plan_keys"],
-                    "us": round(best["us"], 2), "shipped_us": round(shipped["us"], 2)}
+        try:
+            run = json.loads(path.read_text())
+            if not names_device(device, run["gpu"]):
+                raise SystemExit(f"--device {device}: {path} was measured on {run['gpu']}")
+            dates.append(run["date"])
+            for s in run["shapes"]:
+                best, shipped = s["best"], s["shipped"]
+                if best and "us" in shipped and best["us"] <= (1 - MIN_GAIN) * shipped["us"]:
+                    entries[(s["kind"], *s["fields"].values())] = {
+                        "kind": s["kind"], **s["fields"], "tile": best["plan_keys"],
+                        "us": round(best["us"], 2), "shipped_us": round(shipped["us"], 2)}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+            raise SystemExit(f"--tabulate {path}: not a sweep this script wrote ({type(error).__name__}: {error})")
     table = {"device": device, "date": max(dates), "source": ", ".join(p.name for p in sweeps),
              "tiles": [entries[key] for key in sorted(entries, key=str)]}
     try:
@@ -436,10 +440,10 @@ def main() -> None:
     parser.add_argument("workloads", nargs="*", type=Path)
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     parser.add_argument("--models", nargs="+", choices=("draft", "target"), default=["draft", "target"])
-    parser.add_argument("--per-shape", type=int, default=96, help="candidates per shape besides the shipped tile")
-    parser.add_argument("--prewarm", type=int, default=0, metavar="N",
+    parser.add_argument("--per-shape", type=positive, default=96, help="candidates per shape besides the shipped tile")
+    parser.add_argument("--prewarm", type=positive, default=0, metavar="N",
                         help="compile the candidates in N processes first")
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=output_file)
     parser.add_argument("--tabulate", nargs="+", type=Path, metavar="SWEEP.json",
                         help="measure nothing: write these sweeps' winning tiles into --table for --device")
     parser.add_argument("--device", help="with --tabulate: the GPU model's word, e.g. H200")
@@ -468,6 +472,7 @@ def main() -> None:
     tiles = {e["shape"]: candidates(e["shape"], e["shipped"], sms, args.per_shape) for e in entries}
     copy_gbs = copy_bandwidth_gbs(device)
     flush_us = flush_time_us(device, CALLS, l2_flush_bytes(device))
+    json_out = Path(args.json) if args.json else None
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "command": " ".join(sys.argv),
            "date": time.strftime("%Y-%m-%d"), "copy_gbs": copy_gbs, "shapes": []}
     with tempfile.TemporaryDirectory(prefix="kernel-sweep-") as kernels:
@@ -482,8 +487,8 @@ def main() -> None:
                       "best": min(timed, key=lambda r: r["us"]) if timed else None, "tried": rows}
             out["shapes"].append(result)
             print(json.dumps({k: result[k] for k in ("shape", "model", "shipped", "best")}), flush=True)
-            if args.json:
-                args.json.write_text(json.dumps(out, indent=1) + "\n")
+            if json_out:
+                json_out.write_text(json.dumps(out, indent=1) + "\n")
     print_table(out["shapes"])
 
 

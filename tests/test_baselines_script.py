@@ -171,3 +171,15 @@ def test_resume_refuses_a_workload_cut_before_all_its_trials_and_flags_that_do_n
     failed = resume(whole, "--json", whole)
     assert failed.returncode == 1 and f"--json {whole}: the file --resume reads" in failed.stderr
     assert json.loads(whole.read_text())["workloads"] == [CUT]  # untouched
+
+
+def test_a_file_that_is_not_a_run_is_named_in_one_line(tmp_path):
+    a = _run(tmp_path, "a", "NVIDIA H200", [_row("llama-1b-8b-b8")])
+    broken = tmp_path / "broken.json"
+    for text, said in (("{", "JSONDecodeError"), ("[]", "it lacks an object"), ('{"gpu": "x"}', "it lacks torch")):
+        broken.write_text(text)
+        done = _merge(a, broken, "--json", tmp_path / "joined.json")
+        assert done.returncode == 1 and f"--merge {broken}: " in done.stderr and said in done.stderr
+        done = _merge(a, "--eval-times", broken, "--json", tmp_path / "joined.json")
+        assert done.returncode == 1 and f"--eval-times {broken}: " in done.stderr
+    assert not (tmp_path / "joined.json").exists()

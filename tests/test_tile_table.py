@@ -176,3 +176,13 @@ def test_a_damaged_tile_file_stops_the_heuristic_before_a_search_starts_and_rand
     streams = load_plan(shipped_plan("streams"))
     drawn = RandomProposer(tile_tables=tables).propose(_context(streams), 400)
     assert any("measured on this GPU" in p.rationale for p in drawn)  # every edit the heuristic knows
+
+
+def test_tabulate_names_a_file_that_is_not_a_sweep(tmp_path):
+    table = _file(tmp_path, [])
+    for text in ("{", '{"gpu": "NVIDIA H200"}', '{"gpu": "NVIDIA H200", "date": "x", "shapes": [{"kind": "qkv"}]}'):
+        sweep = tmp_path / "sweep.json"
+        sweep.write_text(text)
+        done = _tabulate(sweep, "--device", "H200", "--table", table)
+        assert done.returncode == 1 and f"--tabulate {sweep}: not a sweep this script wrote" in done.stderr
+    assert load_tile_tables(table) == ()  # nothing written
