@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
-from conjugate.compiler.gemm import gemm_call
+from conjugate.compiler.gemm import STATS_CHUNK, gemm_call
 from kernels import run_part  # tests/kernels.py
 
 M, N, K = 10, 300, 200
@@ -67,6 +67,43 @@ def test_norm_prologue_and_silu_mul(split_k):
                        block_k=64))
     h = _normed(x, gain)
     torch.testing.assert_close(out, F.silu(h @ w.T) * (h @ w2.T), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("split_k", [1, 4])
+def test_row_statistics_from_a_residual_gemm_feed_the_next_norm(split_k):
+    """A residual GEMM writes its rows' sums of squares per STATS_CHUNK columns; a norm GEMM reading
+    them computes what its own pass over x computes."""
+    chunk = STATS_CHUNK.value
+    x, w, _, _ = _inputs(3)
+    residual = torch.randn(M, N)
+    out = residual.clone()
+    stats = torch.full((M, -(-N // chunk)), float("nan"))
+    run_part(gemm_call(x, w, out, rows=M, epilogue="residual", split_k=split_k, block_k=32, block_n=32,
+                       stats=stats, stats_out=True))
+    padded = F.pad(out, (0, stats.shape[1] * chunk - N))
+    torch.testing.assert_close(stats, padded.pow(2).reshape(M, -1, chunk).sum(-1), atol=1e-3, rtol=1e-4)
+    w_next = torch.randn(64, N) / N ** 0.5
+    gain = torch.rand(N) + 0.5
+    read, passed = torch.empty(M, 64), torch.empty(M, 64)
+    run_part(gemm_call(out, w_next * gain, read, rows=M, norm_eps=1e-5, split_k=split_k, block_k=64, stats=stats,
+                       stats_in=True))
+    run_part(gemm_call(out, w_next * gain, passed, rows=M, norm_eps=1e-5, split_k=split_k, block_k=64))
+    torch.testing.assert_close(read, passed, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(read, _normed(out, gain) @ w_next.T, atol=1e-4, rtol=1e-4)
+
+
+def test_row_statistics_bindings():
+    x, w, _, _ = _inputs()
+    out = torch.empty(M, N)
+    stats = torch.empty(M, -(-N // STATS_CHUNK.value))
+    with pytest.raises(ValueError, match=r"fp32 \[10, 19\] buffer"):
+        gemm_call(x, w, out, rows=M, epilogue="residual", stats=stats[:, :4], stats_out=True)
+    with pytest.raises(ValueError, match="residual epilogue that sums its splits in order"):
+        gemm_call(x, w, out, rows=M, epilogue="residual", split_k=2, atomic_split=True, stats=stats, stats_out=True)
+    with pytest.raises(ValueError, match="residual epilogue that sums its splits in order"):
+        gemm_call(x, w, out, rows=M, epilogue="store", stats=stats, stats_out=True)
+    with pytest.raises(ValueError, match="read by a norm prologue"):
+        gemm_call(x, w, out, rows=M, stats=torch.empty(M, 13), stats_in=True)
 
 
 @pytest.mark.parametrize("split_k,write_out", [(1, True), (2, False)])

@@ -86,8 +86,15 @@ def test_norm_prologues_and_written_logits(family, tmp_path):
     plan = _plan(alignment="proportional", pairs={"qkv": ["*"], "gate_up": ["*"], "attn": ["*"]},
                  fusions={"draft": fusions, "target": fusions})
     rnd = _round(family)
-    _, out = rnd.check(plan, tmp_path)
+    compiled, out = rnd.check(plan, tmp_path)
     assert out.draft_logits is not None and out.target_logits is not None
+    # every norm but layer 0's attn_norm reads the row statistics its residual GEMM wrote
+    flags = {c.label: (c.constexprs["STATS_OUT"], c.constexprs["STATS_IN"]) for launch in compiled.launches
+             for c in launch.parts if "STATS_IN" in c.constexprs}
+    assert {label.split(".")[-1] for label, (_, read) in flags.items() if not read} >= {"o_proj", "down"}
+    assert all(read for label, (_, read) in flags.items() if label.endswith(("gate_up", "lm_head")))
+    assert all(written for label, (written, _) in flags.items() if label.endswith(("o_proj", "down")))
+    assert not any(read for label, (_, read) in flags.items() if ".l0.attn_norm" in label)
     report = compare_rounds(rnd.ref, out, "fp32", rnd.workload.context)
     assert report.errors["draft_logits"] < 1e-4 and report.errors["target_logits"] < 1e-4
 

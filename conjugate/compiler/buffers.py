@@ -1,7 +1,8 @@
 """Device buffers of a compiled round: prepared weights, activations, KV caches, tokens, logits.
 
-Activations are rows (row r = sequence * tokens + token). The residual stream `x`, the q/k/v
-projections and attention queries are fp32; the GEMMs' other inputs (normed rows, attention
+Activations are rows (row r = sequence * tokens + token). The residual stream `x`, its row
+statistics (`stats`, for norms fused into the next GEMM), the q/k/v projections and attention
+queries are fp32; the GEMMs' other inputs (normed rows, attention
 output, SiLU*mul output) are stored in the weights' type, which the GEMM rounds them to anyway. Each model has one set of
 activation buffers, reused by every layer and step: its ops run in order, so nothing is
 overwritten before it is read.
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from conjugate.compiler.gemm import STATS_CHUNK
 from conjugate.models.reference import KVCache, RoundInputs, rope_cos_sin
 from conjugate.models.weights import ModelWeights
 from conjugate.roles import Model
@@ -121,6 +123,7 @@ class ModelBuffers:
             return torch.empty(shape, dtype=w.dtype, device=dev)
 
         act = {"x": f32(rows, spec.hidden_size), "h": operand(rows, spec.hidden_size),
+               "stats": f32(rows, -(-spec.hidden_size // STATS_CHUNK.value)),  # x's row statistics (gemm.py)
                "qkv": f32(rows, spec.qkv_size), "q": f32(rows, spec.q_size),
                "attn_out": operand(rows, spec.q_size), "mlp": operand(rows, spec.ffn_size)}
         return cls(prepared, batch, tokens, steps, model, cache, torch.zeros(batch, dtype=torch.int64, device=dev),

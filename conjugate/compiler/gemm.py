@@ -6,7 +6,12 @@ Program `pid` owns one (M block, split, N block) tile; M blocks vary fastest so 
 stream the same weight tile run side by side and share it through L2.
 
 Prologue: NORM scales each row by 1/rms(x) (RMSNorm folded into the GEMM: the norm weight was
-multiplied into `w` at compile time). Epilogues (EPILOGUE constexpr):
+multiplied into `w` at compile time). Its sum of squares comes from a pass over the split's part of
+each row, or (STATS_IN) from the row statistics the residual GEMM that wrote x left: with STATS_OUT a
+RESIDUAL epilogue that holds finished rows (splits summed in order) stores, per row, the sum of
+squares of each STATS_CHUNK columns it wrote, and the norm prologue sums those (a few per cent of
+the row's bytes) in a fixed order instead of every program re-reading its whole rows of x, which
+made the fused norm slower than a separate norm launch on the H200. Epilogues (EPILOGUE constexpr):
     STORE     out = acc (+ bias)
     RESIDUAL  out += acc (the residual stream)
     SILU_MUL  out = silu(x @ w^T) * (x @ w2^T): gate and up projections in one tile
@@ -45,6 +50,8 @@ EPILOGUES = {"store": EPILOGUE_STORE.value, "residual": EPILOGUE_RESIDUAL.value,
              "silu_mul": EPILOGUE_SILU_MUL.value, "argmax": EPILOGUE_ARGMAX.value,
              "rope_kv": EPILOGUE_ROPE_KV.value}  # gemm_call's names
 _REDUCE_BLOCK = tl.constexpr(128)  # partial maxima reduced per step by the last program
+STATS_CHUNK = tl.constexpr(16)  # columns of x per row statistic a residual epilogue writes (STATS_OUT)
+STATS_BLOCK = tl.constexpr(64)  # row statistics summed per step by a norm prologue (STATS_IN)
 
 
 @triton.jit
@@ -136,13 +143,15 @@ def _tile_of(pid, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K
 
 @triton.jit
 def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, ws_ptr,
-              M, N, K, stride_x, stride_w, stride_out, stride_tok, eps, blk_stride, blk_pairs, tail_start,
+              stats_ptr, M, N, K, stride_x, stride_w, stride_out, stride_tok, stride_stats, eps, blk_stride, blk_pairs,
+              tail_start,
               q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, lengths_ptr,
               rope_offset, rope_tokens, s_max, stride_q, rope_eps,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
               NORM: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr,
               DOT_DTYPE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
-              HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr, ATOMIC_SPLIT: tl.constexpr):
+              HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr, ATOMIC_SPLIT: tl.constexpr, STATS_OUT: tl.constexpr,
+              STATS_IN: tl.constexpr):
     TWO_ACC: tl.constexpr = (EPILOGUE == EPILOGUE_SILU_MUL) or (EPILOGUE == EPILOGUE_ROPE_KV)
     num_m, num_n, m_blk, split, n_blk, k_lo, k_hi = _tile_of(pid, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K)
 
@@ -156,7 +165,13 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     sumsq = tl.zeros([BLOCK_M], tl.float32)
-    if NORM:  # a pre-pass over this split's rows, so the main loop stays the plain, pipelined one
+    if NORM and STATS_IN:  # the row statistics the residual GEMM that wrote x left: every split sums all
+        for c0 in range(0, tl.cdiv(K, STATS_CHUNK), STATS_BLOCK):
+            cols = c0 + tl.arange(0, STATS_BLOCK)
+            ok = (offs_m[:, None] < M) & (cols[None, :] < tl.cdiv(K, STATS_CHUNK))
+            sumsq += tl.sum(tl.load(stats_ptr + offs_m[:, None] * stride_stats + cols[None, :], mask=ok, other=0.0),
+                            axis=1)
+    elif NORM:  # a pre-pass over this split's rows, so the main loop stays the plain, pipelined one
         for k0 in range(k_lo, k_hi, BLOCK_K):
             kk = k0 + offs_k
             x = tl.load(x_ptr + offs_m[:, None] * stride_x + kk[None, :],
@@ -186,44 +201,48 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
         tl.store(ws_ptr + slot, acc, mask=ws_mask)
         if TWO_ACC:
             tl.store(ws_ptr + SPLIT_K * M * N + slot, acc2, mask=ws_mask)
-        if NORM:
+        if NORM and not STATS_IN:  # with STATS_IN every split has the whole row's sum already
             tl.store(ws_ptr + 2 * SPLIT_K * M * N + (split * num_n + n_blk) * M + offs_m, sumsq, mask=offs_m < M)
         tl.debug_barrier()  # every thread's partials are stored before the release below
         arrived = tl.atomic_add(counter_ptr + 1 + tile, 1)
         if arrived == SPLIT_K - 1:
             acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-            sumsq = tl.zeros([BLOCK_M], tl.float32)
+            if not STATS_IN:
+                sumsq = tl.zeros([BLOCK_M], tl.float32)
             for s in range(SPLIT_K):
                 slot = (s * M + offs_m[:, None]) * N + offs_n[None, :]
                 acc += tl.load(ws_ptr + slot, mask=ws_mask, other=0.0, cache_modifier=".cg")
                 if TWO_ACC:
                     acc2 += tl.load(ws_ptr + SPLIT_K * M * N + slot, mask=ws_mask, other=0.0, cache_modifier=".cg")
-                if NORM:
+                if NORM and not STATS_IN:
                     sumsq += tl.load(ws_ptr + 2 * SPLIT_K * M * N + (s * num_n + n_blk) * M + offs_m,
                                      mask=offs_m < M, other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(counter_ptr + 1 + tile, 0)  # ready for the next launch
             _epilogue(acc, acc2, sumsq, offs_m, offs_n, n_blk, num_n, M, N, K, eps, bias_ptr, out_ptr, stride_out,
                       part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, stride_tok, q_out_ptr, k_cache_ptr,
                       v_cache_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, lengths_ptr, rope_offset, rope_tokens,
-                      s_max, stride_q, rope_eps, BLOCK_M, BLOCK_N, NORM, EPILOGUE, HAS_BIAS, WRITE_OUT, NUM_HEADS, NUM_KV_HEADS,
-                      HEAD_DIM, QK_NORM)
+                      s_max, stride_q, rope_eps, stats_ptr, stride_stats, BLOCK_M, BLOCK_N, NORM, EPILOGUE, HAS_BIAS,
+                      WRITE_OUT, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, QK_NORM, STATS_OUT)
     else:
         _epilogue(acc, acc2, sumsq, offs_m, offs_n, n_blk, num_n, M, N, K, eps, bias_ptr, out_ptr, stride_out,
                   part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, stride_tok, q_out_ptr, k_cache_ptr, v_cache_ptr,
                   cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, lengths_ptr, rope_offset, rope_tokens, s_max, stride_q,
-                  rope_eps, BLOCK_M, BLOCK_N, NORM, EPILOGUE, HAS_BIAS, WRITE_OUT, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, QK_NORM)
+                  rope_eps, stats_ptr, stride_stats, BLOCK_M, BLOCK_N, NORM, EPILOGUE, HAS_BIAS, WRITE_OUT, NUM_HEADS,
+                  NUM_KV_HEADS, HEAD_DIM, QK_NORM, STATS_OUT)
 
 
 @triton.jit
 def gemm_prefetch(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr,
-                  ws_ptr, M, N, K, stride_x, stride_w, stride_out, stride_tok, eps, blk_stride, blk_pairs, tail_start,
+                  ws_ptr, stats_ptr, M, N, K, stride_x, stride_w, stride_out, stride_tok, stride_stats, eps, blk_stride,
+                  blk_pairs, tail_start,
                   q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, lengths_ptr,
                   rope_offset, rope_tokens, s_max, stride_q, rope_eps,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                   NORM: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr,
                   DOT_DTYPE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
-                  HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr, ATOMIC_SPLIT: tl.constexpr):
+                  HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr, ATOMIC_SPLIT: tl.constexpr, STATS_OUT: tl.constexpr,
+                  STATS_IN: tl.constexpr):
     """gemm_tile's weight rows and K range for program `pid`, prefetched into L2 (persist.py): one
     request per 128-byte line, out-of-range rows clamped to the block's first. Its parameters are
     gemm_tile's, in order: a persistent launch calls both with one argument list."""
@@ -244,9 +263,9 @@ def gemm_prefetch(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, pa
 def _epilogue(acc, acc2, sumsq, offs_m, offs_n, n_blk, num_n, M, N, K, eps, bias_ptr, out_ptr, stride_out,
               part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, stride_tok, q_out_ptr, k_cache_ptr, v_cache_ptr,
               cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, lengths_ptr, rope_offset, rope_tokens, s_max, stride_q,
-              rope_eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NORM: tl.constexpr, EPILOGUE: tl.constexpr,
-              HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
-              HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr):
+              rope_eps, stats_ptr, stride_stats, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NORM: tl.constexpr,
+              EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr, NUM_HEADS: tl.constexpr,
+              NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr, STATS_OUT: tl.constexpr):
     if NORM:
         rstd = 1.0 / tl.sqrt(sumsq / K + eps)  # [BLOCK_M]
         acc = acc * rstd[:, None]
@@ -263,7 +282,15 @@ def _epilogue(acc, acc2, sumsq, offs_m, offs_n, n_blk, num_n, M, N, K, eps, bias
         if EPILOGUE == EPILOGUE_STORE:
             tl.store(out_ptrs, acc, mask=out_mask)
         elif EPILOGUE == EPILOGUE_RESIDUAL:
-            tl.store(out_ptrs, tl.load(out_ptrs, mask=out_mask, other=0.0) + acc, mask=out_mask)
+            new = tl.load(out_ptrs, mask=out_mask, other=0.0) + acc
+            tl.store(out_ptrs, new, mask=out_mask)
+            if STATS_OUT:  # per row, the sum of squares of each STATS_CHUNK columns: the next norm's statistics
+                CHUNKS: tl.constexpr = BLOCK_N // STATS_CHUNK
+                sq = tl.where(out_mask, new * new, 0.0)
+                part = tl.sum(tl.reshape(sq, [BLOCK_M, CHUNKS, STATS_CHUNK]), axis=2)  # [BLOCK_M, CHUNKS]
+                cols = n_blk * CHUNKS + tl.arange(0, CHUNKS)
+                ok = (offs_m[:, None] < M) & (cols[None, :] < tl.cdiv(N, STATS_CHUNK))
+                tl.store(stats_ptr + offs_m[:, None] * stride_stats + cols[None, :], part, mask=ok)
         elif EPILOGUE == EPILOGUE_SILU_MUL:
             tl.store(out_ptrs, (acc * tl.sigmoid(acc) * acc2).to(out_ptr.dtype.element_ty), mask=out_mask)
         else:  # EPILOGUE_ARGMAX
@@ -311,14 +338,34 @@ def _rope_args(rope: RopeKV | None, dummy: torch.Tensor) -> tuple[dict, dict]:
             dict(NUM_HEADS=rope.num_heads, NUM_KV_HEADS=rope.num_kv_heads, HEAD_DIM=rope.head_dim, QK_NORM=qk_norm))
 
 
+def _check_stats(stats, stats_out: bool, stats_in: bool, rows: int, n: int, k: int, block_n: int, epilogue: str,
+                 atomic_split: bool, norm_eps) -> None:
+    """ValueError for row statistics a GEMM cannot write or read."""
+    if not (stats_out or stats_in):
+        return
+    width = n if stats_out else k
+    if stats is None or stats.dtype != torch.float32 or stats.dim() != 2 or stats.shape[0] < rows \
+            or stats.shape[1] < cdiv(width, STATS_CHUNK.value) or stats.stride(1) != 1:
+        raise ValueError(f"row statistics need an fp32 [{rows}, {cdiv(width, STATS_CHUNK.value)}] buffer")
+    if stats_out and (epilogue != "residual" or atomic_split or block_n % STATS_CHUNK.value):
+        raise ValueError(f"row statistics are written by a residual epilogue that sums its splits in order, "
+                         f"BLOCK_N a multiple of {STATS_CHUNK.value}")
+    if stats_in and norm_eps is None:
+        raise ValueError("row statistics are read by a norm prologue")
+
+
 def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int, epilogue: str = "store",
               w2: torch.Tensor | None = None, bias: torch.Tensor | None = None, norm_eps: float | None = None,
               tokens: torch.Tensor | None = None, stride_tok: int = 1, write_out: bool = True,
               block_m: int = 16, block_n: int = 64, block_k: int = 128, split_k: int = 1, label: str = "",
-              rope: RopeKV | None = None, atomic_split: bool = False) -> PartCall:
+              rope: RopeKV | None = None, atomic_split: bool = False, stats: torch.Tensor | None = None,
+              stats_out: bool = False, stats_in: bool = False) -> PartCall:
     """Bind one GEMM. x: [rows, K] fp32 or the weights' type; w, w2: [N, K]; out: [rows, N] (row strides free).
     With `rope` (epilogue rope_kv), w is the qkv projection and each tile is one head: block_n is
-    taken as head_dim / 2 and `out` is not written."""
+    taken as head_dim / 2 and `out` is not written. `stats` (fp32 [rows, >= width / STATS_CHUNK]): with
+    `stats_out` the residual epilogue writes each row's sums of squares per STATS_CHUNK columns of
+    `out` there; with `stats_in` the norm prologue reads them (written for x by the GEMM before)
+    instead of a pass over x."""
     n, k = w.shape
     if epilogue not in EPILOGUES:
         raise ValueError(f"unknown GEMM epilogue {epilogue!r}")
@@ -346,6 +393,7 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
         raise ValueError("the silu_mul epilogue needs w2 (the up projection)")
     if epilogue == "argmax" and tokens is None:
         raise ValueError("the argmax epilogue needs a tokens buffer")
+    _check_stats(stats, stats_out, stats_in, rows, n, k, block_n, epilogue, atomic_split, norm_eps)
     num_m, num_n = cdiv(rows, block_m), cdiv(n, block_n)
     ws_size = split_k * (2 * rows * n + num_n * rows) if split_k > 1 and not atomic_split else 1  # acc, acc2, sums
     if max(w.shape[0] * k, ws_size, rows * out.stride(0)) >= 2**31:  # w.shape[0]: all rows (rope: n counts halves)
@@ -360,13 +408,16 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
     scratch = [counter, part_val, part_idx, ws]
     args = dict(x_ptr=x, w_ptr=w, w2_ptr=w2 if w2 is not None else w, bias_ptr=bias if bias is not None else w,
                 out_ptr=out, part_val_ptr=part_val, part_idx_ptr=part_idx, counter_ptr=counter,
-                tok_ptr=tokens if tokens is not None else counter, ws_ptr=ws, M=rows, N=n, K=k, stride_x=x.stride(0),
+                tok_ptr=tokens if tokens is not None else counter, ws_ptr=ws,
+                stats_ptr=stats if stats is not None else counter, M=rows, N=n, K=k, stride_x=x.stride(0),
                 stride_w=w.stride(0), stride_out=out.stride(0), stride_tok=stride_tok,
+                stride_stats=stats.stride(0) if stats is not None else 0,
                 eps=float(norm_eps or 0.0), blk_stride=0, blk_pairs=0, tail_start=0) | blocks
     rope_args, rope_constexprs = _rope_args(rope, counter)
     args |= rope_args
     constexprs = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, NORM=norm_eps is not None,
                       EPILOGUE=EPILOGUES[epilogue], HAS_BIAS=bias is not None, WRITE_OUT=write_out,
-                      DOT_DTYPE=dot_dtype(w.dtype), ATOMIC_SPLIT=atomic_split) | rope_constexprs
+                      DOT_DTYPE=dot_dtype(w.dtype), ATOMIC_SPLIT=atomic_split, STATS_OUT=stats_out,
+                      STATS_IN=stats_in) | rope_constexprs
     programs = num_m * num_n * split_k
     return PartCall(SIGNATURE, args, constexprs, programs, label, scratch)

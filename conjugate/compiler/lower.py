@@ -1,7 +1,10 @@
 """Lowering: one part of a launch (an op or a fused chain of one model) -> a bound tile call.
 
 Vertical fusions lower as follows: `attn_norm+qkv`, `mlp_norm+gate_up` and `final_norm+lm_head`
-become a GEMM with the RMSNorm prologue and the norm weight folded into the GEMM weight;
+become a GEMM with the RMSNorm prologue and the norm weight folded into the GEMM weight, its sum of
+squares read from the row statistics the residual GEMM before it writes (o_proj for mlp_norm, the
+previous layer's down for attn_norm, the last down for final_norm; layer 0's qkv, after the
+embedding, passes over x itself; none when the model sums split-K partials atomically);
 `lm_head+argmax` becomes the GEMM's argmax epilogue, which writes tokens and no logits;
 `qkv+rope_kv` becomes the GEMM's rope_kv epilogue (one head per tile: the plan's BLOCK_N for qkv
 gives way to head_dim / 2), which writes q and the layer's caches and no qkv activations.
@@ -41,13 +44,24 @@ def _step_views(b: ModelBuffers, step: int):
     return tokens_in, stride_in, b.tokens_out[:, step], b.steps, b.logits[:, step]
 
 
+def _stats(op: Op, norm: bool, norm_stats: tuple[str, ...], layers: int) -> dict:
+    """Whether the GEMM writes x's row statistics (a residual GEMM whose x a fused norm reads next) or
+    reads them (a fused norm whose x a residual GEMM wrote: not layer 0's, which the embedding wrote)."""
+    if op.kind == "o_proj":
+        return dict(stats_out="mlp_norm" in norm_stats)
+    if op.kind == "down":
+        return dict(stats_out=("attn_norm" if op.layer < layers - 1 else "final_norm") in norm_stats)
+    return dict(stats_in=norm and _NORM_OF[op.kind] in norm_stats and not (op.kind == "qkv" and op.layer == 0))
+
+
 def _lower_gemm(b: ModelBuffers, op: Op, fused: tuple[str, ...], tiles: dict, label: str,
-                atomic_split: bool = False) -> PartCall:
+                atomic_split: bool = False, norm_stats: tuple[str, ...] = ()) -> PartCall:
     spec, act, rows = b.spec, b.act, b.rows
     norm = _NORM_OF.get(op.kind) in fused
     eps = spec.rms_norm_eps if norm else None
     x = act["x"] if norm else act["h"]
-    common = dict(rows=rows, norm_eps=eps, label=label, **_gemm_tiles(tiles))
+    common = dict(rows=rows, norm_eps=eps, label=label, stats=act["stats"],
+                  **_stats(op, norm, norm_stats, spec.num_layers), **_gemm_tiles(tiles))
     if op.kind == "qkv":
         w, bias = b.prepared.qkv(op.layer, norm)
         if "rope_kv" in fused:
@@ -84,7 +98,7 @@ def lower_part(part: Part, graph: nx.DiGraph, bufs: RoundBuffers) -> PartCall:
     label = "+".join(part.ops)
     spec, act, rows, tiles = b.spec, b.act, b.rows, part.tiles
     if main.kind in ("qkv", "o_proj", "gate_up", "down", "lm_head"):
-        return _lower_gemm(b, main, part.fused, tiles, label, part.atomic_split)
+        return _lower_gemm(b, main, part.fused, tiles, label, part.atomic_split, part.norm_stats)
     if len(ops) > 1:
         raise ValueError(f"no fused lowering for the chain {'+'.join(part.fused)}")
     if main.kind == "embed":

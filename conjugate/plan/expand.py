@@ -40,6 +40,7 @@ MAIN_KINDS = ("qkv", "gate_up", "lm_head")  # the op a fused unit is named after
 
 
 RESIDUAL_GEMMS = ("o_proj", "down")  # GEMMs that add into the residual stream (plan split_reduce)
+NORM_KINDS = ("attn_norm", "mlp_norm", "final_norm")  # a fusion "<norm>+<gemm>" folds one into its GEMM
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,9 @@ class Part:
     fused: tuple[str, ...]  # kinds of every op in the chain
     tiles: dict[str, int]
     atomic_split: bool = False  # a residual GEMM's split-K partials added atomically (plan split_reduce)
+    norm_stats: tuple[str, ...] = ()  # norm kinds of the model fused into the next GEMM, which read the row
+    # statistics the residual GEMMs write (none when those sum their splits atomically: no program
+    # holds a finished row)
 
 
 @dataclass(frozen=True)
@@ -217,8 +221,10 @@ def _part(plan: Plan, unit: _Unit, settings: dict) -> Part:
     tiles |= plan["tiles"][unit.model].get(unit.kind, {})
     tiles |= settings["tiles"][unit.model].get(unit.kind, {})
     tiles = {k: v for k, v in tiles.items() if k not in LAUNCH_BOUNDS}
-    atomic = unit.kind in RESIDUAL_GEMMS and plan["split_reduce"][unit.model.value] == "atomic"
-    return Part(unit.model, unit.ops, unit.kind, unit.kinds, tiles, atomic)
+    model_atomic = plan["split_reduce"][unit.model.value] == "atomic"
+    fused_norms = tuple(sorted(f.split("+")[0] for f in plan["fusions"][unit.model] if f.split("+")[0] in NORM_KINDS))
+    return Part(unit.model, unit.ops, unit.kind, unit.kinds, tiles, unit.kind in RESIDUAL_GEMMS and model_atomic,
+                () if model_atomic else fused_norms)
 
 
 def _launch(plan: Plan, graph: nx.DiGraph, index: int, units: list[_Unit]) -> Launch:
