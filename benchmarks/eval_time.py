@@ -5,10 +5,12 @@ compile, warmup, check, replays, verdicts: EvalResult.seconds) and its baselines
 
     python benchmarks/eval_time.py WORKLOAD.toml [...] --evaluators PROFILE [PROFILE ...]
                                    [--budget 16] [--time 240s] [--out DIR] [--json OUT.json]
-                                   [--code DIR]
+                                   [--code DIR] [--read]
 
 `--code DIR` runs the searches with the code of another checkout (e.g. `git worktree add DIR COMMIT`
 for the evaluator as it was at COMMIT: the "before" stage), read back with this one's.
+`--read` runs nothing: it reads back the databases an earlier run left in `--out` (one stopped by a
+time limit before it wrote its JSON); `search_s` is then unknown.
 
 The first evaluation of a run also prepares the workload and measures the baselines; the medians
 leave it aside. Two runs of one workload on one GPU also give the baselines measured in two
@@ -75,7 +77,7 @@ def evaluations(db: Path, workload: Path) -> list[dict]:
         r, m = record.result, record.result.metrics
         baselines = m.baselines if m else {}
         rows.append({"node": node.id, "proposer": node.proposer, "rationale": node.rationale,
-                     "status": str(r.status), "latency_ms": r.latency_ms, "floor_ms": m.floor_ms if m else None,
+                     "status": str(r.status), "device": m.device if m else None, "latency_ms": r.latency_ms, "floor_ms": m.floor_ms if m else None,
                      "speedups": r.speedups, "wall_s": r.wall_s, "seconds": r.seconds,
                      "replays": r.metrics.replays if r.metrics else None,
                      "verdicts": len(r.verdicts), "baselines": {k: b.latency_ms for k, b in baselines.items()},
@@ -83,7 +85,7 @@ def evaluations(db: Path, workload: Path) -> list[dict]:
     return rows
 
 
-def summary(rows: list[dict], search_s: float) -> dict:
+def summary(rows: list[dict], search_s: float | None) -> dict:
     later = rows[1:]  # the first also prepared the workload and measured the baselines
     median = (lambda xs: round(statistics.median(xs), 3) if xs else None)
     first = rows[0] if rows else {}
@@ -91,7 +93,7 @@ def summary(rows: list[dict], search_s: float) -> dict:
     best = min(ok, key=lambda r: r["latency_ms"], default={})
     seeds = {r["rationale"].split()[-1] if r["rationale"].startswith("shipped plan") else "sequential": r["latency_ms"]
              for r in rows if r["proposer"] == "seed"}
-    return {"evaluations": len(rows), "search_s": round(search_s, 1),
+    return {"evaluations": len(rows), "search_s": None if search_s is None else round(search_s, 1),
             "first_eval_s": first.get("wall_s"), "eval_seconds_median": median([r["wall_s"] for r in later]),
             "eval_seconds_max": max((r["wall_s"] for r in later), default=None),
             "step_seconds_median": {s: median([r["seconds"].get(s, 0.0) for r in later]) for s in STEPS},
@@ -121,6 +123,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("eval_time"))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--code", type=Path, default=ROOT, help="the checkout whose code runs the searches")
+    parser.add_argument("--read", action="store_true", help="run nothing: read back the databases in --out")
     args = parser.parse_args()
     if not (args.code / "conjugate" / "__main__.py").exists():
         raise SystemExit(f"--code {args.code}: no conjugate package there")
@@ -133,10 +136,13 @@ def main() -> None:
         runs = []
         for evaluator in args.evaluators:
             db = args.out / f"{name}_{Path(evaluator).stem}.db"
-            search_s = search(path, evaluator, args.budget, args.time, db, args.code.resolve())
+            if args.read and not db.is_file():
+                raise SystemExit(f"{db}: no such database to read back")
+            search_s = None if args.read else search(path, evaluator, args.budget, args.time, db, args.code.resolve())
             rows = evaluations(db, path)
             runs.append({"evaluator": evaluator, **summary(rows, search_s), "rows": rows})
         out["workloads"].append({"workload": name, "runs": runs, "baseline_spread_pct": spread_pct(runs)})
+        out["gpu"] = out["gpu"] or next((r["device"] for run in runs for r in run["rows"] if r["device"]), None)
         if args.json:
             args.json.write_text(json.dumps(out, indent=1) + "\n")
     print(f"{'workload':24} {'evaluator':18} {'evals':>5} {'first s':>8} {'median s':>8} {'max s':>7}  steps (median s)")
