@@ -142,3 +142,17 @@ def test_bad_bindings():
         gemm_call(x, w, out, rows=M, epilogue="silu_mul")
     with pytest.raises(ValueError, match="tokens"):
         gemm_call(x, w, out, rows=M, epilogue="argmax")
+
+
+@pytest.mark.parametrize("epilogue, weight_tiles", [("store", 1), ("residual", 1), ("silu_mul", 2), ("rope_kv", 2)])
+def test_the_shared_memory_estimate_counts_each_weight_tile_a_stage_loads(epilogue, weight_tiles):
+    from types import SimpleNamespace
+
+    from conjugate.compiler.gemm import EPILOGUES
+    from conjugate.compiler.resources import shared_memory_estimate
+
+    bf16 = torch.empty(0, dtype=torch.bfloat16)
+    part = SimpleNamespace(sig=SimpleNamespace(fn="gemm_tile"), args={"x_ptr": torch.empty(0), "w_ptr": bf16},
+                           constexprs={"BLOCK_M": 16, "BLOCK_K": 256, "BLOCK_N": 64, "EPILOGUE": EPILOGUES[epilogue]})
+    x_tile, w_tile = 16 * 256 * 4, 64 * 256 * 2  # fp32 rows in, bf16 weights
+    assert shared_memory_estimate(part, 5) == 5 * (x_tile + weight_tiles * w_tile)

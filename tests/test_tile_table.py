@@ -186,3 +186,14 @@ def test_tabulate_names_a_file_that_is_not_a_sweep(tmp_path):
         done = _tabulate(sweep, "--device", "H200", "--table", table)
         assert done.returncode == 1 and f"--tabulate {sweep}: not a sweep this script wrote" in done.stderr
     assert load_tile_tables(table) == ()  # nothing written
+
+
+def test_no_measured_qkv_tile_for_a_model_that_fuses_rope_into_its_qkv(tmp_path):
+    tables = load_tile_tables(_file(tmp_path, [_table(_entry())]))
+    streams = load_plan(shipped_plan("streams"))
+    fused = patch_plan(streams, [{"op": "add", "path": "/fusions/target/-", "value": "qkv+rope_kv"}])
+    proposals = HeuristicProposer(tile_tables=tables).propose(_context(fused), 40)
+    assert not any("measured on this GPU" in p.rationale for p in proposals)
+    draft_fused = patch_plan(streams, [{"op": "add", "path": "/fusions/draft/-", "value": "qkv+rope_kv"}])
+    first = HeuristicProposer(tile_tables=tables).propose(_context(draft_fused), 3)[0]
+    assert "measured on this GPU" in first.rationale and "target qkv" in first.rationale

@@ -294,7 +294,9 @@ def _target_rank(kind: str) -> int:
 def measured_tile_edits(plan: Plan, workload: dict | None, table: TileTable | None) -> list[Candidate]:
     """Each GEMM and attention kind's tile set to the one measured fastest for its shape on this GPU
     model (a table of search/tiles.json), where the plan's tile differs: scored by how much faster
-    than the shipped tile it ran alone."""
+    than the shipped tile it ran alone. Not for a qkv whose model fuses RoPE into it: the sweep
+    measured the plain projection, and the fused kernel is another one (one head per tile, two
+    weight tiles: a measured tile's stages can overflow shared memory)."""
     if table is None or not workload:
         return []
     try:
@@ -304,6 +306,8 @@ def measured_tile_edits(plan: Plan, workload: dict | None, table: TileTable | No
     out = []
     for model, measured in found:
         if all(tile_value(plan, model, measured.kind, k) == v for k, v in measured.tile.items()):
+            continue
+        if measured.kind == "qkv" and "qkv+rope_kv" in plan["fusions"][model]:
             continue
         out.append(Candidate("tiles", set_tiles(plan, model, measured.kind, measured.tile),
                              f"measured on this GPU ({table.source}, {table.date}): {model} {measured.describe()}",

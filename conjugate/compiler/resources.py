@@ -22,7 +22,8 @@ def shared_memory_estimate(part: PartCall, num_stages: int) -> int:
     c, a = part.constexprs, part.args
     if part.sig.fn == "gemm_tile":
         x_tile = c["BLOCK_M"] * c["BLOCK_K"] * a["x_ptr"].element_size()
-        weights = 2 if c["EPILOGUE"] == EPILOGUES["silu_mul"] else 1  # gate and up
+        # two weight tiles: gate and up, or (rope_kv) the two halves of a head
+        weights = 2 if c["EPILOGUE"] in (EPILOGUES["silu_mul"], EPILOGUES["rope_kv"]) else 1
         w_tiles = c["BLOCK_N"] * c["BLOCK_K"] * a["w_ptr"].element_size() * weights
         return num_stages * (x_tile + w_tiles)
     if part.sig.fn == "attn_tile":
