@@ -197,3 +197,27 @@ def test_no_measured_qkv_tile_for_a_model_that_fuses_rope_into_its_qkv(tmp_path)
     draft_fused = patch_plan(streams, [{"op": "add", "path": "/fusions/draft/-", "value": "qkv+rope_kv"}])
     first = HeuristicProposer(tile_tables=tables).propose(_context(draft_fused), 3)[0]
     assert "measured on this GPU" in first.rationale and "target qkv" in first.rationale
+
+
+def test_with_a_ledger_a_measured_tile_is_scored_by_what_it_saves_of_the_round(tmp_path):
+    from conjugate.agents.heuristic_edits import measured_tile_edits
+    from conjugate.evaluate.result import KindLoss, LedgerSummary
+
+    table = load_tile_tables(_file(tmp_path, [_table(_entry())]))[0]
+    streams = load_plan(shipped_plan("streams"))
+
+    def ledger(*kinds):
+        return LedgerSummary(round_ms=10.0, floor_ms=6.0, idle_ms=0.1, modeled=False,
+                             streams={"draft": 8.0, "target": 7.0}, kinds=kinds)
+
+    alone = measured_tile_edits(streams, B8.to_dict(), table)
+    assert [round(c.score, 3) for c in alone] == [0.9]  # 0.6 + the gain alone (35%, at most 0.3)
+    qkv = KindLoss("target qkv", launches=32, ms=0.6, floor_ms=0.4, bandwidth_fraction=0.6)
+    weighed = measured_tile_edits(streams, B8.to_dict(), table, ledger(qkv))
+    gain = 1 - 24.0 / 36.9
+    assert [round(c.score, 4) for c in weighed] == [round(0.45 + 5 * 0.6 * gain / 10.0, 4)]
+    assert "(the ledger: about 2.1% of the round)" in weighed[0].rationale
+    unlisted = measured_tile_edits(streams, B8.to_dict(), table,
+                                   ledger(KindLoss("draft attn", launches=64, ms=1.1, floor_ms=0.3,
+                                                   bandwidth_fraction=0.2)))
+    assert [c.score for c in unlisted] == [c.score for c in alone]

@@ -4,7 +4,8 @@ Edits come first from what the node's result says, then from broader local moves
 
     measured tiles       each GEMM and attention kind's tile set to the one measured fastest alone
                          for its shape on this GPU model (search/tiles.json, written by
-                         benchmarks/kernel_sweep.py), scored by its measured gain over the shipped tile
+                         benchmarks/kernel_sweep.py), scored by its measured gain over the shipped tile,
+                         weighed by the kind's share of the round where the ledger lists it
     time ledger          tile moves for the GEMM and attention kinds that lose most against their
                          bytes' floor (the result's ledger), and the fusions that remove the launches
                          of norm kinds losing most, scored by their share of the loss
@@ -163,10 +164,10 @@ def candidates(plan: Plan, result: EvalResult | None, sms: int, rng: random.Rand
     parts = launch_parts(result)
     verdicts = result.verdicts if result else ()
     out = [] if result is None else repair_edits(plan, result) if not result.ok else spill_edits(plan, result)
-    out += measured_tile_edits(plan, workload, tiles)
+    ledger = result.metrics.ledger if result is not None and result.metrics is not None else None
+    out += measured_tile_edits(plan, workload, tiles, ledger)
     out += split_edits(plan, verdicts) + gain_edits(plan, verdicts) + headroom_edits(plan, parts, sms)
     interfering = any(v.verdict is VerdictKind.INTERFERENCE for v in verdicts)
-    ledger = result.metrics.ledger if result is not None and result.metrics is not None else None
     focus = _ledger_focus(ledger) + _focus(verdicts, parts, sms, plan["streams"] == "two") + _two_stream_focus(plan)
     out += tile_edits(plan, focus, rng) + launch_edits(plan, rng)
     out += pattern_edits(plan, interfering) + fusion_edits(plan, ledger) + alignment_edits(plan)

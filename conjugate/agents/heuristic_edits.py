@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from conjugate.agents.tile_table import TileTable, measured_for
 from conjugate.compiler.feedback import PartRef
-from conjugate.evaluate.result import EvalResult, Status, Verdict, VerdictKind
+from conjugate.evaluate.result import EvalResult, LedgerSummary, Status, Verdict, VerdictKind
 from conjugate.graph import KINDS
 from conjugate.plan.schema import Plan
 from conjugate.plan.tiles import DEFAULT_TILES, FAMILY_OF, LAUNCH_BOUNDS, TILE_BOUNDS
@@ -291,10 +291,14 @@ def _target_rank(kind: str) -> int:
 # edits read from measurements of earlier runs
 
 
-def measured_tile_edits(plan: Plan, workload: dict | None, table: TileTable | None) -> list[Candidate]:
+def measured_tile_edits(plan: Plan, workload: dict | None, table: TileTable | None,
+                        ledger: LedgerSummary | None = None) -> list[Candidate]:
     """Each GEMM and attention kind's tile set to the one measured fastest for its shape on this GPU
     model (a table of search/tiles.json), where the plan's tile differs: scored by how much faster
-    than the shipped tile it ran alone. Not for a qkv whose model fuses RoPE into it: the sweep
+    than the shipped tile it ran alone; with the node's time ledger, by what that gain is worth to the
+    round: the kind's time there times the gain, over the round (alone 20-37% faster, such tiles moved
+    a two-stream qwen3-06b-8b-b4 round by about 1% on the H200, where the draft's fusions gained 7.5%:
+    benchmarks/README.md, "A short search"). Not for a qkv whose model fuses RoPE into it: the sweep
     measured the plain projection, and the fused kernel is another one (one head per tile, two
     weight tiles: a measured tile's stages can overflow shared memory)."""
     if table is None or not workload:
@@ -309,7 +313,19 @@ def measured_tile_edits(plan: Plan, workload: dict | None, table: TileTable | No
             continue
         if measured.kind == "qkv" and "qkv+rope_kv" in plan["fusions"][model]:
             continue
-        out.append(Candidate("tiles", set_tiles(plan, model, measured.kind, measured.tile),
-                             f"measured on this GPU ({table.source}, {table.date}): {model} {measured.describe()}",
-                             0.6 + min(0.3, measured.gain)))
+        why = f"measured on this GPU ({table.source}, {table.date}): {model} {measured.describe()}"
+        worth = _round_share(ledger, model, measured.kind, measured.gain)
+        score = 0.6 + min(0.3, measured.gain) if worth is None else 0.45 + min(0.3, 5 * worth)
+        if worth is not None:
+            why += f" (the ledger: about {worth:.1%} of the round)"
+        out.append(Candidate("tiles", set_tiles(plan, model, measured.kind, measured.tile), why, score))
     return out
+
+
+def _round_share(ledger: LedgerSummary | None, model: str, kind: str, gain: float) -> float | None:
+    """The share of the round a kind's kernels would save at `gain` (their time there times the
+    gain, over the round), or None without a ledger that lists the kind alone."""
+    if ledger is None or not ledger.round_ms:
+        return None
+    ms = sum(k.ms for k in ledger.kinds if k.parts == [(str(model), kind)])
+    return ms * max(gain, 0.0) / ledger.round_ms if ms else None
