@@ -77,7 +77,8 @@ def evaluations(db: Path, workload: Path) -> list[dict]:
         r, m = record.result, record.result.metrics
         baselines = m.baselines if m else {}
         rows.append({"node": node.id, "proposer": node.proposer, "rationale": node.rationale,
-                     "status": str(r.status), "device": m.device if m else None, "latency_ms": r.latency_ms, "floor_ms": m.floor_ms if m else None,
+                     "status": str(r.status), "device": m.device if m else None, "latency_ms": r.latency_ms,
+                     "floor_ms": m.floor_ms if m else None,
                      "speedups": r.speedups, "wall_s": r.wall_s, "seconds": r.seconds,
                      "replays": r.metrics.replays if r.metrics else None,
                      "verdicts": len(r.verdicts), "baselines": {k: b.latency_ms for k, b in baselines.items()},

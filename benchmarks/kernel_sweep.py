@@ -25,6 +25,12 @@ a run.
 measures nothing: it writes the tiles that beat the shipped one by at least MIN_GAIN into the GPU
 model's table of search/tiles.json (the heuristic proposes them: conjugate/agents/tile_table.py),
 replacing that model's earlier table.
+
+    python benchmarks/kernel_sweep.py --fit SWEEP.json
+
+measures nothing either: per GEMM kind, a straight line through its shapes' best times (time = a
+fixed time per launch + bytes at a streaming rate), which says whether a kind loses to its streaming
+speed or to each launch's start, ramp and tail.
 """
 from __future__ import annotations
 
@@ -305,6 +311,32 @@ def tabulate(sweeps: list[Path], device: str, table_path: Path) -> dict:
     return table
 
 
+def launch_fit(sweep: Path, which: str = "best") -> dict[str, dict]:
+    """Per GEMM kind of a sweep, a least-squares line time = fixed + bytes / rate through its shapes'
+    `which` ("best" or "shipped") times: {kind: {"shapes", "fixed_us", "rate_of_copy", "worst_residual_us"}}
+    (rate_of_copy: the rate over the sweep's copy bandwidth). What a launch loses beside streaming."""
+    try:
+        run = json.loads(sweep.read_text())
+        points: dict[str, list[tuple[float, float]]] = {}
+        for s in run["shapes"]:
+            if s["kind"] in GEMM_KINDS and s[which] and "us" in s[which]:
+                points.setdefault(s["kind"], []).append((s["bytes"] / 1e6, s[which]["us"]))
+        copy_gbs = float(run["copy_gbs"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise SystemExit(f"--fit {sweep}: not a sweep this script wrote ({type(error).__name__}: {error})")
+    out = {}
+    for kind, pts in points.items():
+        if len({mb for mb, _ in pts}) < 2:
+            continue  # a line needs two sizes
+        mean_x, mean_y = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in pts) / sum((x - mean_x) ** 2 for x, _ in pts)
+        fixed = mean_y - slope * mean_x  # us; slope: us per MB, so 1 / slope is TB/s
+        out[kind] = {"shapes": len(pts), "fixed_us": fixed,
+                     "rate_of_copy": (1e3 / slope) / copy_gbs if slope > 0 else float("inf"),
+                     "worst_residual_us": max(abs(y - fixed - slope * x) for x, y in pts)}
+    return out
+
+
 # --- on the GPU ----------------------------------------------------------------------------------
 
 def operands(shape, device: str = "cuda") -> dict:
@@ -451,10 +483,20 @@ def main() -> None:
                         help="measure nothing: write these sweeps' winning tiles into --table for --device")
     parser.add_argument("--device", help="with --tabulate: the GPU model's word, e.g. H200")
     parser.add_argument("--table", type=Path, default=None, help="with --tabulate (default: search/tiles.json)")
+    parser.add_argument("--fit", type=Path, metavar="SWEEP.json",
+                        help="measure nothing: per GEMM kind, its best times as a fixed time per launch "
+                             "plus a streaming rate")
     parser.add_argument("--compile-only", type=Path, help=argparse.SUPPRESS)  # a --prewarm process
     args = parser.parse_args()
     if args.compile_only:
         return compile_only(args.compile_only)
+    if args.fit:
+        fits = launch_fit(args.fit)
+        print(f"{'kind':8} {'shapes':>6} {'fixed us':>9} {'rate':>6} {'worst residual us':>18}")
+        for kind, f in fits.items():
+            print(f"{kind:8} {f['shapes']:6d} {f['fixed_us']:9.1f} {f['rate_of_copy']:6.0%} "
+                  f"{f['worst_residual_us']:18.1f}")
+        return
     if args.tabulate:
         from conjugate.paths import TILES_FILE
 

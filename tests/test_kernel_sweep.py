@@ -86,3 +86,25 @@ def test_attention_candidates_fill_the_gpu_and_walk_at_least_two_key_blocks():
         assert H200_SMS // 2 <= tile.programs(shape) <= 32 * H200_SMS
         assert shape.keys // (tile.split_kv * tile.block_n) >= 2
     assert not sweep.fits(sweep.AttnTile(256, 4, 4, 2), shape, H200_SMS)  # 1025 keys: one block of 256 a split
+
+
+def test_the_launch_fit_recovers_a_fixed_time_and_a_rate_and_names_a_file_that_is_not_a_sweep(tmp_path):
+    import json
+
+    def shape(kind, mb, us):
+        return {"kind": kind, "bytes": mb * 1e6, "shipped": {"us": us * 2}, "best": {"us": us}}
+    # 4 us a launch plus 1 MB per 0.25 us (4 TB/s), against a copy bandwidth of 5000 GB/s: 80%
+    shapes = [shape("o_proj", mb, 4.0 + 0.25 * mb) for mb in (20, 40, 80)] + [shape("attn", 30, 9.0)]
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"copy_gbs": 5000.0, "shapes": shapes + [shape("down", 50, 20.0)]}))
+    fits = sweep.launch_fit(path)
+    assert set(fits) == {"o_proj"}  # attention is no GEMM; one down size makes no line
+    assert fits["o_proj"]["shapes"] == 3
+    assert fits["o_proj"]["fixed_us"] == pytest.approx(4.0)
+    assert fits["o_proj"]["rate_of_copy"] == pytest.approx(0.8)
+    assert fits["o_proj"]["worst_residual_us"] == pytest.approx(0.0, abs=1e-9)
+    assert sweep.launch_fit(path, "shipped")["o_proj"]["fixed_us"] == pytest.approx(8.0)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(SystemExit, match=f"--fit {bad}: not a sweep this script wrote"):
+        sweep.launch_fit(bad)
