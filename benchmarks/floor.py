@@ -6,7 +6,8 @@ the strengthened `conventional`, the best plan of its searches and where that pl
 
 A workload's best plan is the fastest plan that passed every check in any database given whose run is
 of that workload; `streams_ms` is the shipped `streams` plan as measured in that same run, and
-`conventional_ms` and the floor are that best evaluation's own. The best plan is written to
+`conventional_ms` and the floor are that best evaluation's own (`measured`: its date, so rows of databases
+from several sessions say which baseline they stand on). The best plan is written to
 DIR/<workload>.json. JSON: {"gpu", "workloads": [{"workload", "floor_ms", "streams_ms",
 "conventional_ms", "best_ms", "best_plan", "evaluations", "ledger", ...}]}.
 """
@@ -64,6 +65,7 @@ def best_row(path: Path, dbs: list[Path], plans: Path) -> dict | None:
                         "evaluations": sum(1 for n, _ in pairs if n.status is not NodeStatus.NEW),
                         "agent": run.agent, "db": db.name, "node": node.id, "lineage": lineage(pairs, node),
                         "device": metrics.device, "plan": node.plan,
+                        "measured": ev.finished_at.date().isoformat() if ev.finished_at else None,
                         "ledger": metrics.ledger.to_dict() if metrics.ledger else None}
     if best is None:
         return None

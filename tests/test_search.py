@@ -33,6 +33,7 @@ from conjugate.search.run import (Search, SearchSettings, eval_key, evaluator_id
                                   run_evaluator_id)
 from conjugate.search.store import NodeStatus, Store
 from conjugate.workload import load_workload
+from scripts import load_script  # tests/scripts.py
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = REPO / "examples" / "tiny.toml"
@@ -560,6 +561,22 @@ def test_show_and_export(env, base_run, tmp_path):
     assert ran.returncode == 0, ran.stderr
     reproduced = json.loads((target / "reproduced.json").read_text())
     assert reproduced["plans"][0]["result"]["plan_hash"] == best.plan_hash
+
+
+
+def test_floor_script_reads_the_best_plan_of_a_database(env, base_run, tmp_path):
+    db = base_run["db"]
+    run, nodes = tree(db)
+    with Store.open(db) as store:
+        found = {n.id: store.evaluation(key_of(n.plan_hash)) for n in settled(nodes)}
+    best = min((n for n in settled(nodes) if found[n.id].result.ok), key=lambda n: found[n.id].result.latency_ms)
+    streams = next(n for n in nodes if n.plan_hash == SHIPPED["streams"])
+    row = load_script("floor").best_row(TINY, [db], tmp_path / "plans")
+    assert (row["node"], row["best_ms"]) == (best.id, found[best.id].result.latency_ms)
+    assert row["streams_ms"] == found[streams.id].result.latency_ms and row["evaluations"] == BASE_BUDGET
+    assert row["measured"] == found[best.id].finished_at.date().isoformat()  # which session's baselines
+    assert validate_plan(json.loads(Path(row["best_plan"]).read_text())).hash == best.plan_hash
+    assert row["lineage"][0].endswith("baseline: draft phase, then verify phase") and best.rationale in row["lineage"][-1]
 
 
 # -- 8. Ctrl-C
