@@ -101,3 +101,20 @@ def test_persistent_launches_with_prefetch_compile_for_hopper(tmp_path, triton_c
     joined = [ops for ops in rows if ops.startswith("t.l0.attn_norm") and "t.l0.down" in ops]
     assert joined and all(regs > 0 for regs, _, _ in (rows[ops] for ops in joined))
     assert any(ops.startswith("d.s0.l0.attn_norm") and "d.s0.l0.down" in ops for ops in rows)
+
+
+def test_programmatic_dependent_launches_compile_for_hopper_with_the_wait_in_every_kernel(tmp_path):
+    """Every launch of both models waits for the kernel before it (griddepcontrol.wait in each
+    kernel's PTX: the interpreter never runs it), the draft's releasing the next at the end and asking
+    L2 for its weights first, the shared launches' too."""
+    plan = json.loads(_plan(tmp_path, ["mlp_norm+gate_up", "lm_head+argmax"]).read_text())
+    plan["pdl"] = {"draft": {"trigger": "end", "prefetch": True}, "target": {"trigger": "start"}}
+    path = tmp_path / "pdl.json"
+    path.write_text(json.dumps(plan))
+    cache = tmp_path / "triton-cache"  # this plan's kernels alone
+    proc = _offline(path, cache)
+    assert proc.returncode == 0, proc.stderr
+    ptx = [p.read_text() for p in cache.rglob("*.ptx")]
+    assert len(ptx) >= 10 and all("griddepcontrol.wait" in text for text in ptx)
+    assert all("griddepcontrol.launch_dependents" in text for text in ptx)
+    assert any("prefetch.global.L2" in text for text in ptx)

@@ -26,7 +26,8 @@ Edits come first from what the node's result says, then from broader local moves
                          interfering or under-filled launches first), launch parameters, interleave
                          pattern and ratio, fusions (every fusion the draft lacks in one edit
                          first), alignment, streams, operand layout, how split-K residual GEMMs
-                         sum their splits
+                         sum their splits, persistent launches and tile loops, programmatic
+                         dependent launch (the draft's and the busier stream's first)
 
 Each candidate has a base score; the search's edit statistics shift the scores of their kinds
 (kinds with a positive mean gain rise), a kind already chosen loses a little for the next pick so
@@ -48,8 +49,8 @@ from pathlib import Path
 from conjugate.agents.base import NodeContext, Proposal
 from conjugate.agents.heuristic_edits import (LIGHT_TARGETS, SEARCH_KEYS, Candidate, Launches, enable_pairing,
                                               fill_by_kind, gain_edits, headroom_edits, launch_parts,
-                                              measured_tile_edits, repair_edits, scaled, set_pairs, set_tile,
-                                              spill_edits, split_edits, tile_value)
+                                              measured_tile_edits, pdl_edits, repair_edits, scaled, set_pairs,
+                                              set_tile, spill_edits, split_edits, tile_value)
 from conjugate.agents.tile_table import TileTable, load_tile_tables, table_for
 from conjugate.errors import ConjugateError
 from conjugate.paths import TILES_FILE
@@ -172,7 +173,7 @@ def candidates(plan: Plan, result: EvalResult | None, sms: int, rng: random.Rand
     out += tile_edits(plan, focus, rng) + launch_edits(plan, rng)
     out += pattern_edits(plan, interfering) + fusion_edits(plan, ledger) + alignment_edits(plan)
     out += streams_edits(plan, ledger) + mixed_edits(plan, verdicts, workload) + layout_edits(plan)
-    return out + reduce_edits(plan) + persist_edits(plan, sms, verdicts)
+    return out + reduce_edits(plan) + persist_edits(plan, sms, verdicts) + pdl_edits(plan, ledger)
 
 
 def _loss_shares(ledger: LedgerSummary | None) -> list[tuple[str, str, float, KindLoss]]:

@@ -332,3 +332,43 @@ def _round_share(ledger: LedgerSummary | None, model: str, kind: str, gain: floa
         return None
     ms = sum(k.ms for k in ledger.kinds if k.parts == [(str(model), kind)])
     return ms * max(gain, 0.0) / ledger.round_ms if ms else None
+
+
+def pdl_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candidate]:
+    """Per model, programmatic dependent launch (plan `pdl`) on, moved or off. On the H200
+    (benchmarks/pdl_chain.py) chains of short decode GEMMs ran 1.07-1.08x faster with each kernel
+    waiting first, on two streams too, while long GEMMs released at their start lost up to 1.5x on two
+    streams (waiting programs held the other stream's SMs): so the draft's chain first, released at
+    the end of each program's work first, and the model whose stream the ledger says is busier
+    (the critical path) ahead of the other. Never for a model persistent with barriers (refused)."""
+    busy = ledger.streams if ledger is not None else {}
+    critical = max(busy, key=busy.get) if len(busy) > 1 else Model.DRAFT.value
+    out = []
+    for model in (m.value for m in Model):
+        now = plan["pdl"][model]
+        if plan["persist"][model]["span"] in ("layer", "step"):
+            continue
+        lift = 0.1 if model == critical else 0.0
+        base = 0.35 if model == Model.DRAFT.value else 0.2
+        path = f"/pdl/{model}"
+        if now["trigger"] == "none":
+            for trigger, prefetch, score in (("end", False, base + 0.1), ("start", False, base),
+                                             ("end", True, base)):
+                how = "once its tiles are done" if trigger == "end" else "right after its wait"
+                why = (f"{model} launches as programmatic dependent launches: each starts while the kernel "
+                       f"before it ends and lets the next one start {how}"
+                       + (", asking L2 for its weights before it waits" if prefetch else ""))
+                out.append(Candidate("launch", [{"op": "replace", "path": path,
+                                                 "value": {"trigger": trigger, "prefetch": prefetch}}],
+                                     why, score + lift))
+            continue
+        other = "start" if now["trigger"] == "end" else "end"
+        out.append(Candidate("launch", [{"op": "replace", "path": f"{path}/trigger", "value": other}],
+                             f"{model} launches release the next one at the {other} of their work", 0.25 + lift))
+        out.append(Candidate("launch", [{"op": "replace", "path": f"{path}/prefetch", "value": not now["prefetch"]}],
+                             f"{model} launches {'no longer ' if now['prefetch'] else ''}ask L2 for their weights "
+                             f"before waiting for the kernel before them", 0.25))
+        out.append(Candidate("launch", [{"op": "replace", "path": path,
+                                         "value": {"trigger": "none", "prefetch": False}}],
+                             f"{model} launches start only once the kernel before them has ended", 0.2))
+    return out

@@ -63,7 +63,7 @@ class _Triton:
         if launch.digest not in self._binders:
             self._binders[launch.digest] = self.binder_of(kernel.signature, kernel.params, self.backend)
         kwargs = {**launch.constexprs, "num_warps": launch.num_warps, "num_stages": launch.num_stages,
-                  "debug": kernel.debug or self.knobs.runtime.debug}
+                  "launch_pdl": launch.pdl, "debug": kernel.debug or self.knobs.runtime.debug}
         bound, specialization, options = self._binders[launch.digest](*launch.args, **kwargs)
         options, signature, constexprs, attrs = kernel._pack_args(self.backend, kwargs, bound, specialization, options)
         key = (launch.digest, repr(specialization), repr(sorted(options.__dict__.items())))

@@ -23,7 +23,7 @@ import networkx as nx
 import torch
 
 from conjugate.compiler.buffers import PreparedWeights, RoundBuffers
-from conjugate.compiler.codegen import Dispatch, KernelCache, kernel_args, kernel_source, persistent_source
+from conjugate.compiler.codegen import NO_PDL, Dispatch, KernelCache, Pdl, kernel_args, kernel_source, persistent_source
 from conjugate.compiler.feedback import CompileFailure, LaunchFeedback, PartRef, Resources
 from conjugate.compiler.lower import lower_part
 from conjugate.compiler.packed import pack_launch
@@ -63,36 +63,39 @@ class CompiledLaunch:
     resources: Resources = Resources()  # the compiler's report (GPU only)
     sync: Any = None  # a persistent launch's barrier counters (persist.py); None for a tile loop
     persistent: bool = False  # programs take the tiles in turn on a grid of their own size (`grid`)
+    pdl: bool = False  # launched as a programmatic dependent launch (its kernel waits for the one before)
 
     @classmethod
     def build(cls, index: int, parts: list[PartCall], cache: KernelCache, *, dispatch: Dispatch | None = None,
-              packed: bool = False, num_warps: int = 4, num_stages: int = 2, stream: str = "main") -> "CompiledLaunch":
+              packed: bool = False, num_warps: int = 4, num_stages: int = 2, stream: str = "main",
+              pdl: Pdl = NO_PDL) -> "CompiledLaunch":
         """The generated kernel of `parts` (loaded through `cache`), bound to their buffers."""
-        kernel, digest = cache.load(kernel_source(parts, dispatch, packed))
+        kernel, digest = cache.load(kernel_source(parts, dispatch, packed, pdl))
         args, constexprs = kernel_args(parts, dispatch)
         return cls(index, kernel, digest, sum(p.programs for p in parts), args, constexprs, num_warps, num_stages,
-                   stream, list(parts))
+                   stream, list(parts), pdl=pdl.on)
 
     @classmethod
     def build_persistent(cls, index: int, parts: list[PartCall], cache: KernelCache, programs: int,
                          device: torch.device, *, prefetch: frozenset[int] = frozenset(), num_warps: int = 4,
-                         num_stages: int = 2, stream: str = "main") -> "CompiledLaunch":
+                         num_stages: int = 2, stream: str = "main", pdl: Pdl = NO_PDL) -> "CompiledLaunch":
         """`parts` in sequence on `programs` programs (persist.py), with the counters it needs;
         `prefetch`: the parts whose weights are asked for ahead of their barrier (none under the
         interpreter, which has no L2 and no inline PTX)."""
         sync = torch.zeros(sync_words(len(parts) - 1), dtype=torch.int32, device=device) if len(parts) > 1 else None
-        kernel, digest = cache.load(persistent_source(parts, frozenset() if INTERPRETING else prefetch))
+        kernel, digest = cache.load(persistent_source(parts, frozenset() if INTERPRETING else prefetch, pdl))
         args, constexprs = kernel_args(parts, None, sync)
         return cls(index, kernel, digest, programs, args, constexprs, num_warps, num_stages, stream, list(parts),
-                   sync=sync, persistent=True)
+                   sync=sync, persistent=True, pdl=pdl.on)
 
     def __call__(self) -> None:
-        self.kernel[(self.grid,)](*self.args, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages)
+        self.kernel[(self.grid,)](*self.args, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages,
+                                  launch_pdl=self.pdl)
 
     def warmup(self) -> None:
         """Compile without running and record the compiler's resource report."""
         compiled = self.kernel.warmup(*self.args, **self.constexprs, grid=(self.grid,), num_warps=self.num_warps,
-                                      num_stages=self.num_stages)
+                                      num_stages=self.num_stages, launch_pdl=self.pdl)
         compiled._init_handles()  # loads the module; fills in the register and spill counts
         self.resources = Resources(compiled.n_regs, compiled.n_spills, compiled.metadata.shared)
 
@@ -102,7 +105,18 @@ def _compile_error(launch: Launch, part: int | None, reason: str) -> CompileErro
     return CompileError(CompileFailure(launch.index, part, tuple(PartRef.of(p) for p in launch.parts), reason))
 
 
-def _compile_launch(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers, cache: KernelCache) -> CompiledLaunch:
+def launch_pdl(launch: Launch, waits: dict[int, tuple[int, ...]], device: torch.device) -> Pdl:
+    """A planned launch's programmatic dependent launch: the plan's, for Triton's compiler only (the
+    interpreter has none; `meta` buffers: compiled offline), and never for a launch that also waits
+    for the other stream's work (a shared launch on two streams: its start must follow that work in
+    full, not only the kernel before it on its stream)."""
+    if launch.pdl == "none" or INTERPRETING or device.type == "cpu" or launch.index in waits:
+        return NO_PDL
+    return Pdl(launch.pdl, launch.pdl_prefetch)
+
+
+def _compile_launch(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers, cache: KernelCache,
+                    pdl: Pdl = NO_PDL) -> CompiledLaunch:
     parts = []
     device = bufs.target.cache.k.device
     for p, part in enumerate(launch.parts):
@@ -122,12 +136,13 @@ def _compile_launch(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers, cache
         return CompiledLaunch.build_persistent(launch.index, parts, cache, persistent_programs(launch, parts, device),
                                                device, prefetch=prefetched_parts(launch, graph, device),
                                                num_warps=launch.num_warps, num_stages=launch.num_stages,
-                                               stream=launch.stream)
+                                               stream=launch.stream, pdl=pdl)
     dispatch = None
     if len(parts) == 2:
         dispatch = Dispatch.of(launch.pattern, launch.ratio, (parts[0].programs, parts[1].programs))
     return CompiledLaunch.build(launch.index, parts, cache, dispatch=dispatch, packed=packed,
-                                num_warps=launch.num_warps, num_stages=launch.num_stages, stream=launch.stream)
+                                num_warps=launch.num_warps, num_stages=launch.num_stages, stream=launch.stream,
+                                pdl=pdl)
 
 
 def persistent_programs(launch: Launch, parts: list[PartCall], device: torch.device) -> int:
@@ -356,9 +371,11 @@ def compile_round(plan: Plan, workload: Workload, draft: ModelWeights | Prepared
     bufs = RoundBuffers.allocate(workload, draft, target)
     directory = (cache_dir or default_cache_dir()) / round_key(plan, workload, bufs.target.cache.k.device)
     cache = KernelCache(directory)
-    launches = [_compile_launch(launch, graph, bufs, cache) for launch in schedule.launches]
+    waits, device = cross_stream_waits(schedule.launches, graph), bufs.target.cache.k.device
+    launches = [_compile_launch(launch, graph, bufs, cache, launch_pdl(launch, waits, device))
+                for launch in schedule.launches]
     manifest = {"plan": plan.to_dict(), "workload": workload.name, "launches": [
-        {"launch": l.index, "kernel": f"k_{l.digest}.py", "grid": l.grid, "stream": l.stream,
+        {"launch": l.index, "kernel": f"k_{l.digest}.py", "grid": l.grid, "stream": l.stream, "pdl": l.pdl,
          "parts": [{"ops": p.label, "tile": p.sig.fn, "programs": p.programs} for p in l.parts]} for l in launches]}
     (directory / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return CompiledRound(schedule, workload, bufs, launches, directory, graph, cache)

@@ -20,7 +20,9 @@ of the launch's programs, a grid-wide barrier between them (compiler/persist.py)
 with the other model are never joined, and with one stream only launches next to each other in the
 schedule. Span `launch` joins nothing: each of the model's own launches becomes a tile loop, its
 tiles taken in turn by a capped number of programs (`programs`), no barrier, so the other stream
-finds SMs free. The finished schedule is checked against every dependency of both models.
+finds SMs free. `pdl` marks each launch of a model (a tile loop too, never a launch with barriers)
+to start while the kernel before it on its stream ends. The finished schedule is checked against
+every dependency of both models.
 """
 from __future__ import annotations
 
@@ -75,6 +77,10 @@ class Launch:
     programs: int = 0  # a persistent launch's programs; 0: as many as the GPU holds at once
     prefetch: bool = False  # a persistent launch's programs prefetch the next part's weights before a barrier
     part_launch: tuple[tuple[int, int], ...] = ()  # a persistent launch's parts' own (num_warps, num_stages)
+    # programmatic dependent launch (plan `pdl`): where the programs let the next launch start ("none": not
+    # launched that way), and whether they prefetch their tile's weights before waiting
+    pdl: str = "none"
+    pdl_prefetch: bool = False
 
     @property
     def ops(self) -> tuple[str, ...]:
@@ -231,11 +237,21 @@ def _launch(plan: Plan, graph: nx.DiGraph, index: int, units: list[_Unit]) -> La
     s = _launch_settings(plan, units)
     ops = [graph.nodes[o]["op"] for u in units for o in u.ops]
     stream = "main" if plan["streams"] == "one" else units[0].model.value
+    trigger, prefetch = _pdl(plan, {u.model.value for u in units})
     return Launch(index=index, parts=tuple(_part(plan, u, s) for u in units), stream=stream,
                   pattern=s["interleave"]["pattern"], ratio=tuple(s["interleave"]["ratio"]),
                   operand_layout=s["operand_layout"], num_warps=s["launch"]["num_warps"],
                   num_stages=s["launch"]["num_stages"], bytes=sum(o.bytes for o in ops),
-                  flops=sum(o.flops for o in ops))
+                  flops=sum(o.flops for o in ops), pdl=trigger, pdl_prefetch=prefetch)
+
+
+def _pdl(plan: Plan, models: set[str]) -> tuple[str, bool]:
+    """A launch's programmatic dependent launch: its model's (plan `pdl`); a launch shared by both models
+    only where both ask for it, released at the end where either says so, prefetching where both do."""
+    chosen = [plan["pdl"][m] for m in sorted(models)]
+    if any(c["trigger"] == "none" for c in chosen):
+        return "none", False
+    return ("end" if any(c["trigger"] == "end" for c in chosen) else "start"), all(c["prefetch"] for c in chosen)
 
 
 def _span_key(graph: nx.DiGraph, launch: Launch, span: str) -> tuple | None:
@@ -290,6 +306,8 @@ def _joined(plan: Plan, run: list[Launch]) -> Launch:
     persist = plan["persist"][first.parts[0].model.value]
     return replace(first, parts=tuple(p for l in run for p in l.parts), persistent=True, operand_layout="separate",
                    programs=persist["programs"], prefetch=persist["prefetch"],
+                   pdl=first.pdl if len(run) == 1 else "none",  # barriers: never (the plan refuses both)
+                   pdl_prefetch=first.pdl_prefetch and len(run) == 1,
                    part_launch=tuple((l.num_warps, l.num_stages) for l in run for _ in l.parts),
                    num_warps=max(l.num_warps for l in run), num_stages=max(l.num_stages for l in run),
                    bytes=sum(l.bytes for l in run), flops=sum(l.flops for l in run))

@@ -37,17 +37,24 @@ REDUCTIONS = ("ordered", "atomic")
 SPANS = ("none", "launch", "layer", "step")
 BARRIER_SPANS = ("layer", "step")
 PERSIST_PROGRAMS_MAX = 1024  # 0: as many programs as the GPU holds at once
+# programmatic dependent launch (sm_90+): each launch of the model may start while the kernel before it
+# on its stream finishes; its programs wait (griddepcontrol.wait) before touching memory, and let the
+# next launch start (griddepcontrol.launch_dependents) at the `start` of their work, right after the
+# wait, or at its `end`; `prefetch`: before waiting, they ask L2 for their tile's weights
+PDL_TRIGGERS = ("none", "start", "end")
 FUSIONS = ("attn_norm+qkv", "qkv+rope_kv", "mlp_norm+gate_up", "final_norm+lm_head", "lm_head+argmax")
 MATCH_MAX = 200  # characters of an override's glob
 MODEL_KEYS = tuple(model.value for model in Model)  # plain strings: the plan stays plain JSON
 _TOP_KEYS = ("schema", "name", "description", "alignment", "pairs", "interleave", "tiles", "fusions",
-             "operand_layout", "capture", "streams", "priority", "split_reduce", "persist", "launch", "overrides")
+             "operand_layout", "capture", "streams", "priority", "split_reduce", "persist", "pdl", "launch",
+             "overrides")
 _OVERRIDE_KEYS = ("match", "pair", "with", "interleave", "tiles", "launch", "operand_layout")
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_+*]{1,40}")  # a key shown in a JSON path as .key, any other as ["key"]
 _HASH_IGNORED = ("name", "description")  # cosmetic: two plans differing only here are the same plan
 # keys added after plans were first stored: hashed only when set, so earlier plans keep their hashes
 _HASH_WHEN_SET = {"priority": "none", "split_reduce": {"draft": "ordered", "target": "ordered"},
-                  "persist": {m: {"span": "none", "programs": 0, "prefetch": True} for m in MODEL_KEYS}}
+                  "persist": {m: {"span": "none", "programs": 0, "prefetch": True} for m in MODEL_KEYS},
+                  "pdl": {m: {"trigger": "none", "prefetch": False} for m in MODEL_KEYS}}
 
 
 class _Checker:
@@ -121,14 +128,22 @@ class _Checker:
         return {key: self.integer(v, f"{path}.{key}", *LAUNCH_BOUNDS[key], power_of_two=key == "num_warps")
                 for key, v in sorted(value.items()) if key in LAUNCH_BOUNDS}
 
+    def boolean(self, value: Any, path: str) -> bool:
+        if not isinstance(value, bool):
+            self.fail(path, f"should be a boolean, got {_kind(value)}")
+            return False
+        return value
+
     def persist(self, value: Any, path: str) -> dict:
         value = self.obj(value, path, ("span", "programs", "prefetch"))
-        prefetch = value.get("prefetch", True)
-        if not isinstance(prefetch, bool):
-            self.fail(f"{path}.prefetch", f"should be a boolean, got {_kind(prefetch)}")
         return {"span": self.choice(value.get("span", "none"), f"{path}.span", SPANS),
                 "programs": self.integer(value.get("programs", 0), f"{path}.programs", 0, PERSIST_PROGRAMS_MAX),
-                "prefetch": prefetch}
+                "prefetch": self.boolean(value.get("prefetch", True), f"{path}.prefetch")}
+
+    def pdl(self, value: Any, path: str) -> dict:
+        value = self.obj(value, path, ("trigger", "prefetch"))
+        return {"trigger": self.choice(value.get("trigger", "none"), f"{path}.trigger", PDL_TRIGGERS),
+                "prefetch": self.boolean(value.get("prefetch", False), f"{path}.prefetch")}
 
     def tiles(self, value: Any, path: str) -> dict:
         value = self.obj(value, path, MODEL_KEYS)
@@ -180,6 +195,8 @@ def _canonical(raw: Any) -> tuple[dict, list[str]]:
     plan["split_reduce"] = {m: c.choice(reduce.get(m, "ordered"), f"$.split_reduce.{m}", REDUCTIONS) for m in MODEL_KEYS}
     persist = c.obj(raw.get("persist", {}), "$.persist", MODEL_KEYS)
     plan["persist"] = {m: c.persist(persist.get(m, {}), f"$.persist.{m}") for m in MODEL_KEYS}
+    pdl = c.obj(raw.get("pdl", {}), "$.pdl", MODEL_KEYS)
+    plan["pdl"] = {m: c.pdl(pdl.get(m, {}), f"$.pdl.{m}") for m in MODEL_KEYS}
     pairs = c.obj(raw.get("pairs", {}), "$.pairs", KINDS)
     plan["pairs"] = {k: c.kinds(v, f"$.pairs.{k}", allow_any=True) for k, v in sorted(pairs.items()) if k in KINDS}
     fusions = c.obj(raw.get("fusions", {}), "$.fusions", MODEL_KEYS)
@@ -196,6 +213,15 @@ def _canonical(raw: Any) -> tuple[dict, list[str]]:
         c.fail("$.persist", "both models persistent with barriers on two streams: each grid could hold part of the "
                             "GPU and wait for programs the other keeps from starting; one stream, or at most one "
                             "model with span layer or step")
+    for m in MODEL_KEYS:
+        if plan["pdl"][m]["trigger"] != "none" and plan["persist"][m]["span"] in BARRIER_SPANS:
+            c.fail(f"$.pdl.{m}.trigger", f"{plan['pdl'][m]['trigger']!r} lets a persistent launch's programs start "
+                                         f"while the kernel before it still holds SMs, and its barrier needs them all "
+                                         f"resident: 'none' with $.persist.{m}.span "
+                                         f"{plan['persist'][m]['span']!r}")
+        if plan["pdl"][m]["prefetch"] and plan["pdl"][m]["trigger"] == "none":
+            c.fail(f"$.pdl.{m}.prefetch", "prefetches ahead of the wait of a programmatic dependent launch, so it "
+                                          "needs a trigger other than 'none'")
     if plan["streams"] == "two" and plan["alignment"] != "sequential":
         c.fail("$.streams", "'two' runs each model on its own stream, so it needs $.alignment 'sequential' "
                             "(cross-model launches belong to one stream)")

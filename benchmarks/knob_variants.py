@@ -1,0 +1,88 @@
+"""Variants of one plan, each with one launch knob the searches have not measured yet, for one
+`conjugate bench` call that times them beside the plan in one worker process:
+
+    python benchmarks/knob_variants.py PLAN.json OUTDIR [--name NAME]
+    conjugate bench W.toml --evaluator benchmarks/profiles/h200_quick.toml --plan PLAN.json \\
+        --plan OUTDIR/<name>-pdl-draft-end.json ...
+
+Written as OUTDIR/<NAME>-<variant>.json (NAME: the plan's name unless given; the description kept):
+    pdl-draft-end           the draft's launches programmatic dependent launches, released at the end
+    pdl-draft-start         ... released right after each program's wait
+    pdl-draft-end-prefetch  ... released at the end, each program asking L2 for its weights first
+    pdl-both-end            both models' launches, released at the end
+    target-loops-99         the target's own launches tile loops on 99 programs (three quarters of
+                            an H200's 132 SMs), the rest left to the draft's stream
+A variant the plan cannot take (its own value already, a draft persistent with barriers for `pdl`)
+is skipped and named. Every file written validates.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from conjugate.errors import ConjugateError  # noqa: E402
+from conjugate.plan import load_plan, validate_plan  # noqa: E402
+
+
+def _pdl(draft: dict | None = None, target: dict | None = None) -> dict:
+    off = {"trigger": "none", "prefetch": False}
+    return {"pdl": {"draft": draft or off, "target": target or off}}
+
+
+END = {"trigger": "end", "prefetch": False}
+VARIANTS = {
+    "pdl-draft-end": _pdl(END),
+    "pdl-draft-start": _pdl({"trigger": "start", "prefetch": False}),
+    "pdl-draft-end-prefetch": _pdl({"trigger": "end", "prefetch": True}),
+    "pdl-both-end": _pdl(END, END),
+    "target-loops-99": {"persist": {"target": {"span": "launch", "programs": 99, "prefetch": True}}},
+}
+
+
+def variants(plan_file: Path, name: str | None = None) -> tuple[dict[str, dict], dict[str, str]]:
+    """(variant name -> plan dict named `<name>-<variant>`, skipped variant -> why) of the plan in `plan_file`."""
+    base = load_plan(plan_file)
+    made, skipped = {}, {}
+    for variant, change in VARIANTS.items():
+        raw = base.to_dict()
+        for key, value in change.items():
+            raw[key] = raw[key] | value
+        raw["name"] = f"{name or base.name}-{variant}"
+        try:
+            plan = validate_plan(raw)
+        except ConjugateError as e:
+            skipped[variant] = str(e).splitlines()[0]
+            continue
+        if plan.hash == base.hash:
+            skipped[variant] = "the plan has it already"
+            continue
+        made[variant] = plan.to_dict()
+    return made, skipped
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("plan", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--name", help="the variants' name before their suffix (default: the plan's)")
+    args = parser.parse_args()
+    made, skipped = variants(args.plan, args.name)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for plan in made.values():
+        path = args.out / f"{plan['name']}.json"
+        path.write_text(json.dumps(plan, indent=1) + "\n")
+        print(path)
+    for variant, why in skipped.items():
+        print(f"skipped {variant}: {why}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ConjugateError as e:  # bad input: one line, no traceback
+        raise SystemExit(f"error: {e}") from None

@@ -1,0 +1,45 @@
+"""benchmarks/knob_variants.py: one plan's variants with one unmeasured launch knob each."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conjugate.plan import load_plan, validate_plan
+from scripts import load_script  # tests/scripts.py
+
+ROOT = Path(__file__).resolve().parents[1]
+STREAMS = ROOT / "plans" / "streams.json"
+
+
+def test_each_variant_differs_from_its_plan_in_its_knob_alone():
+    made, skipped = load_script("knob_variants").variants(STREAMS, "best")
+    assert set(made) == {"pdl-draft-end", "pdl-draft-start", "pdl-draft-end-prefetch", "pdl-both-end",
+                         "target-loops-99"} and not skipped
+    base = load_plan(STREAMS).to_dict()
+    for variant, plan in made.items():
+        assert plan["name"] == f"best-{variant}"
+        changed = {k for k in plan if plan[k] != base[k]} - {"name"}
+        assert changed == ({"persist"} if variant.startswith("target") else {"pdl"}), variant
+        validate_plan(plan)
+    assert made["pdl-draft-start"]["pdl"]["draft"] == {"trigger": "start", "prefetch": False}
+    assert made["pdl-both-end"]["pdl"]["target"]["trigger"] == "end"
+    assert made["target-loops-99"]["persist"]["target"] == {"span": "launch", "programs": 99, "prefetch": True}
+
+
+def test_a_variant_the_plan_cannot_take_is_skipped_and_named(tmp_path):
+    layered = load_plan(STREAMS).to_dict() | {"persist": {"draft": {"span": "layer"},
+                                                          "target": {"span": "launch", "programs": 99}}}
+    path = tmp_path / "layered.json"
+    path.write_text(json.dumps(layered))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "knob_variants.py"), str(path), str(out)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    skipped = dict(line.split(": ", 1) for line in proc.stderr.strip().splitlines())
+    assert set(skipped) == {"skipped pdl-draft-end", "skipped pdl-draft-start", "skipped pdl-draft-end-prefetch",
+                            "skipped pdl-both-end", "skipped target-loops-99"}
+    assert skipped["skipped target-loops-99"] == "the plan has it already"
+    assert "$.pdl.draft.trigger" in skipped["skipped pdl-draft-end"]
+    assert not list(out.iterdir())  # nothing written

@@ -1,0 +1,205 @@
+"""Programmatic dependent launch (plan `pdl`): each launch of a model waits for the kernel before it
+inside its programs (griddepcontrol.wait) and lets the next one start at the start or end of its
+work, its tiles' weights optionally asked of L2 before the wait. Validation, expansion, the generated
+source, the round under the interpreter (which runs without it), the heuristic's edits; the PTX is
+checked by tests/test_offline_compile.py."""
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema
+import pytest
+import torch
+
+import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
+from conjugate.agents.heuristic import candidates
+from conjugate.agents.heuristic_edits import pdl_edits
+from conjugate.compiler.buffers import PreparedWeights, RoundBuffers
+from conjugate.compiler.codegen import NO_PDL, Dispatch, Pdl, kernel_source, persistent_source
+from conjugate.compiler.lower import lower_part
+from conjugate.compiler.round import cross_stream_waits, launch_pdl
+from conjugate.errors import PlanError
+from conjugate.evaluate.result import LedgerSummary
+from conjugate.graph import build_graph
+from conjugate.plan import load_plan, validate_plan
+from conjugate.plan.expand import expand
+from conjugate.plan.patch import apply_patch
+from conjugate.roles import Model
+from test_plan import SCHEMA
+from test_round import ROOT, SMALL_TILES, _round
+
+
+def _streams(**fields) -> dict:
+    return load_plan(ROOT / "plans" / "streams.json").to_dict() | {"tiles": SMALL_TILES} | fields
+
+
+def _pdl(draft: str = "none", target: str = "none", prefetch: bool = False) -> dict:
+    return {"draft": {"trigger": draft, "prefetch": prefetch and draft != "none"},
+            "target": {"trigger": target, "prefetch": prefetch and target != "none"}}
+
+
+# -- the plan
+
+def test_plans_without_pdl_keep_their_hash_and_a_pdl_plan_validates_against_the_json_schema():
+    plain = validate_plan(_streams())
+    assert validate_plan(_streams(pdl=_pdl())).hash == plain.hash
+    on = validate_plan(_streams(pdl=_pdl("end", prefetch=True)))
+    assert on.hash != plain.hash and on["pdl"]["draft"] == {"trigger": "end", "prefetch": True}
+    assert on["pdl"]["target"] == {"trigger": "none", "prefetch": False}
+    jsonschema.validate(on.to_dict(), SCHEMA)
+
+
+@pytest.mark.parametrize("fields,error", [
+    ({"pdl": {"draft": {"trigger": "later"}}}, '$.pdl.draft.trigger: "later" is not one of none, start, end'),
+    ({"pdl": {"draft": {"trigger": "end", "prefetch": 1}}}, "$.pdl.draft.prefetch: should be a boolean"),
+    ({"pdl": {"draft": {"prefetch": True}}}, "$.pdl.draft.prefetch: prefetches ahead of the wait"),
+    ({"pdl": {"draft": "end"}}, "$.pdl.draft: should be an object"),
+    ({"pdl": {"both": {}}}, "$.pdl.both: unknown key"),
+    ({"pdl": {"draft": {"trigger": "start"}}, "persist": {"draft": {"span": "layer"}}},
+     "$.pdl.draft.trigger: 'start' lets a persistent launch's programs start"),
+])
+def test_bad_pdl_values_are_named(fields, error):
+    with pytest.raises(PlanError) as caught:
+        validate_plan(_streams(**fields))
+    assert any(e.startswith(error) for e in caught.value.errors), caught.value.errors
+
+
+# -- expansion
+
+def test_each_launch_takes_its_models_pdl_and_a_shared_launch_only_where_both_ask():
+    w = _round("llama").workload
+    schedule = expand(validate_plan(_streams(pdl=_pdl("end", prefetch=True))), w)
+    for launch in schedule.launches:
+        draft = launch.parts[0].model == Model.DRAFT
+        assert (launch.pdl, launch.pdl_prefetch) == (("end", True) if draft else ("none", False))
+    shared = load_plan(ROOT / "plans" / "interleave.json").to_dict() | {"tiles": SMALL_TILES}
+    for draft, target, expected in (("end", "start", "end"), ("start", "start", "start"), ("end", "none", "none")):
+        launches = expand(validate_plan(shared | {"pdl": _pdl(draft, target)}), w).launches
+        assert {l.pdl for l in launches if l.cross_model} == {expected}
+    loops = expand(validate_plan(_streams(pdl=_pdl(target="start"), persist={"target": {"span": "launch"}})), w)
+    looped = [l for l in loops.launches if l.persistent]
+    assert looped and all(l.pdl == "start" for l in looped)  # a tile loop waits for no one: it may
+
+
+# -- the generated source
+
+def _parts(rnd, plan: dict, count: int = 1):
+    w = rnd.workload
+    launch = next(l for l in expand(validate_plan(plan), w).launches if l.parts[0].kind == "o_proj")
+    bufs = RoundBuffers.allocate(w, PreparedWeights(rnd.draft), PreparedWeights(rnd.target))
+    graph = build_graph(w)
+    return [lower_part(launch.parts[0], graph, bufs)] * count
+
+
+def _lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines()]
+
+
+def test_the_kernel_waits_before_its_tile_and_releases_the_next_launch_where_asked():
+    part = _parts(_round("llama"), _streams())
+    plain = _lines(kernel_source(part, None))
+    assert not any("gdc_" in line for line in plain) and kernel_source(part, None, pdl=NO_PDL) == "\n".join(
+        kernel_source(part, None).splitlines()) + "\n"
+    for trigger in ("start", "end"):
+        text = _lines(kernel_source(part, None, pdl=Pdl(trigger, prefetch=True)))
+        wait = next(i for i, line in enumerate(text) if line.startswith("gdc_wait()"))
+        tile = next(i for i, line in enumerate(text) if line.startswith("gemm_tile(pid, "))
+        prefetch = next(i for i, line in enumerate(text) if line.startswith("gemm_prefetch(pid, "))
+        release = next(i for i, line in enumerate(text) if line.startswith("gdc_launch_dependents()"))
+        assert prefetch < wait < tile  # weights first (nothing writes them), then nothing before the wait
+        assert (release == wait + 1) if trigger == "start" else (release > tile and release == len(text) - 1)
+        assert "from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait" in text
+    bare = _lines(kernel_source(part, None, pdl=Pdl("end")))
+    assert not any("prefetch" in line for line in bare) and "gdc_wait()" in " ".join(bare)
+    with pytest.raises(ValueError, match="pdl trigger"):
+        Pdl("soon")
+
+
+def test_a_two_part_launch_prefetches_each_parts_own_tile_and_waits_once():
+    parts = _parts(_round("llama"), _streams(), count=2)
+    text = _lines(kernel_source(parts, Dispatch.of("strided", (1, 1), (4, 4)), pdl=Pdl("end", prefetch=True)))
+    assert sum(line.startswith("gdc_wait()") for line in text) == 1
+    first, other = text.index("if first:"), text.index("if not first:")
+    assert text[first + 1].startswith("gemm_prefetch(local0, ") and text[other + 1].startswith("gemm_prefetch(local1, ")
+    assert other < next(i for i, line in enumerate(text) if line.startswith("gdc_wait()"))
+    packed = _lines(kernel_source(parts, Dispatch.of("strided", (1, 1), (4, 4)), packed=True,
+                                  pdl=Pdl("end", prefetch=True)))
+    assert not any("prefetch" in line for line in packed)  # one call for both: no per-part prefetch
+
+
+def test_a_tile_loop_waits_before_its_loop_and_a_grid_with_barriers_refuses_pdl():
+    part = _parts(_round("llama"), _streams())
+    text = _lines(persistent_source(part, pdl=Pdl("end", prefetch=True)))
+    wait = text.index("gdc_wait()  # the kernel before this one has ended; its writes are visible")
+    loops = [i for i, line in enumerate(text) if line.startswith("while tile < ")]
+    assert len(loops) == 2 and loops[0] < wait < loops[1]  # the prefetch loop, the wait, the tile loop
+    assert text[-1] == "gdc_launch_dependents()  # this program's tiles are done"
+    with pytest.raises(ValueError, match="barriers cannot be a programmatic dependent launch"):
+        persistent_source(part * 2, pdl=Pdl("start"))
+
+
+# -- the round
+
+def test_a_launch_is_dependent_only_on_triton_s_compiler_and_never_after_a_cross_stream_wait(monkeypatch):
+    w = _round("llama").workload
+    plan = load_plan(ROOT / "plans" / "streams.json").to_dict() | {"tiles": SMALL_TILES}
+    pinned = plan | {"pdl": _pdl("end", "end"),
+                     "overrides": [{"match": "t.l1.o_proj", "with": "d.s0.l1.down"}]}
+    schedule = expand(validate_plan(pinned), w)
+    waits = cross_stream_waits(schedule.launches, build_graph(w))
+    assert waits
+    gpu, cpu = torch.device("meta"), torch.device("cpu")
+    assert all(launch_pdl(launch, waits, gpu) == NO_PDL for launch in schedule.launches)  # interpreting
+    monkeypatch.setattr("conjugate.compiler.round.INTERPRETING", False)
+    for launch in schedule.launches:
+        expected = NO_PDL if launch.index in waits else Pdl("end")
+        assert launch_pdl(launch, waits, gpu) == expected  # meta buffers: compiled offline
+        assert launch_pdl(launch, waits, cpu) == NO_PDL
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_pdl_rounds_compute_the_reference_round_under_the_interpreter(family, tmp_path):
+    plan = validate_plan(_streams(pdl=_pdl("end", "start", prefetch=True)))
+    compiled, _ = _round(family).check(plan, tmp_path)
+    assert not any(l.pdl for l in compiled.launches)  # the interpreter has no programmatic launch
+
+
+# -- the heuristic
+
+def _ledger(draft_ms: float, target_ms: float) -> LedgerSummary:
+    return LedgerSummary(10.0, 5.0, 0.0, False, {"draft": draft_ms, "target": target_ms}, ())
+
+
+def test_the_heuristic_proposes_pdl_for_the_critical_stream_first_and_only_valid_edits():
+    plan = validate_plan(_streams())
+    edits = pdl_edits(plan, _ledger(8.3, 6.0))
+    applied = [validate_plan(apply_patch(plan.to_dict(), c.patch)) for c in edits]
+    assert {(p["pdl"]["draft"]["trigger"], p["pdl"]["target"]["trigger"]) for p in applied} == {
+        ("end", "none"), ("start", "none"), ("none", "end"), ("none", "start")}
+    best = max(edits, key=lambda c: c.score)
+    assert best.patch[0]["value"] == {"trigger": "end", "prefetch": False} and best.patch[0]["path"] == "/pdl/draft"
+    busier_target = max(pdl_edits(plan, _ledger(5.0, 9.0)), key=lambda c: c.score)
+    assert busier_target.score < best.score  # the draft's chain of short launches still leads
+    on = applied[edits.index(best)]
+    moves = pdl_edits(on, _ledger(8.3, 6.0))
+    for c in moves:
+        validate_plan(apply_patch(on.to_dict(), c.patch))
+    assert {c.patch[0]["path"] for c in moves if c.patch[0]["path"].startswith("/pdl/draft")} == {
+        "/pdl/draft/trigger", "/pdl/draft/prefetch", "/pdl/draft"}
+    layered = validate_plan(_streams(persist={"draft": {"span": "layer"}}))
+    assert not [c for c in pdl_edits(layered) if c.patch[0]["path"].startswith("/pdl/draft")]
+    everything = candidates(plan, None, 132, random.Random(0))
+    assert any(c.patch[0]["path"] == "/pdl/draft" for c in everything)
+
+
+def test_plan_explain_marks_the_dependent_launches(tmp_path, capsys, monkeypatch):
+    import conjugate.cli
+    from conjugate.cli import main
+
+    monkeypatch.setattr(conjugate.cli.out, "width", 200)  # one line a launch
+    path = tmp_path / "pdl.json"
+    path.write_text(json.dumps(_streams(pdl=_pdl("end", prefetch=True))))
+    assert main(["plan", "explain", str(path), "--workload", str(ROOT / "examples" / "tiny.toml")]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if "│ draft" in line or "│ target" in line]
+    assert rows and all(("[pdl: release at end, prefetch]" in row) == ("│ draft" in row) for row in rows)
