@@ -12,6 +12,8 @@ Written as OUTDIR/<NAME>-<variant>.json (NAME: the plan's name unless given; the
     pdl-both-end            both models' launches, released at the end
     target-loops-99         the target's own launches tile loops on 99 programs (three quarters of
                             an H200's 132 SMs), the rest left to the draft's stream
+    target-loops-66         ... on 66 programs (half of them): where the draft's stream is the
+                            longer one, the target has time to spare
 A variant the plan cannot take (its own value already, a draft persistent with barriers for `pdl`)
 is skipped and named. Every file written validates.
 """
@@ -41,6 +43,7 @@ VARIANTS = {
     "pdl-draft-end-prefetch": _pdl({"trigger": "end", "prefetch": True}),
     "pdl-both-end": _pdl(END, END),
     "target-loops-99": {"persist": {"target": {"span": "launch", "programs": 99, "prefetch": True}}},
+    "target-loops-66": {"persist": {"target": {"span": "launch", "programs": 66, "prefetch": True}}},
 }
 
 

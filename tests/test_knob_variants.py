@@ -16,7 +16,7 @@ STREAMS = ROOT / "plans" / "streams.json"
 def test_each_variant_differs_from_its_plan_in_its_knob_alone():
     made, skipped = load_script("knob_variants").variants(STREAMS, "best")
     assert set(made) == {"pdl-draft-end", "pdl-draft-start", "pdl-draft-end-prefetch", "pdl-both-end",
-                         "target-loops-99"} and not skipped
+                         "target-loops-99", "target-loops-66"} and not skipped
     base = load_plan(STREAMS).to_dict()
     for variant, plan in made.items():
         assert plan["name"] == f"best-{variant}"
@@ -26,10 +26,11 @@ def test_each_variant_differs_from_its_plan_in_its_knob_alone():
     assert made["pdl-draft-start"]["pdl"]["draft"] == {"trigger": "start", "prefetch": False}
     assert made["pdl-both-end"]["pdl"]["target"]["trigger"] == "end"
     assert made["target-loops-99"]["persist"]["target"] == {"span": "launch", "programs": 99, "prefetch": True}
+    assert made["target-loops-66"]["persist"]["target"]["programs"] == 66
 
 
 def test_a_variant_the_plan_cannot_take_is_skipped_and_named(tmp_path):
-    layered = load_plan(STREAMS).to_dict() | {"persist": {"draft": {"span": "layer"},
+    layered = load_plan(STREAMS).to_dict() | {"name": "layered", "persist": {"draft": {"span": "layer"},
                                                           "target": {"span": "launch", "programs": 99}}}
     path = tmp_path / "layered.json"
     path.write_text(json.dumps(layered))
@@ -42,4 +43,4 @@ def test_a_variant_the_plan_cannot_take_is_skipped_and_named(tmp_path):
                             "skipped pdl-both-end", "skipped target-loops-99"}
     assert skipped["skipped target-loops-99"] == "the plan has it already"
     assert "$.pdl.draft.trigger" in skipped["skipped pdl-draft-end"]
-    assert not list(out.iterdir())  # nothing written
+    assert [p.name for p in out.iterdir()] == ["layered-target-loops-66.json"]  # a tile loop beside layers: fine

@@ -173,7 +173,7 @@ def candidates(plan: Plan, result: EvalResult | None, sms: int, rng: random.Rand
     out += tile_edits(plan, focus, rng) + launch_edits(plan, rng)
     out += pattern_edits(plan, interfering) + fusion_edits(plan, ledger) + alignment_edits(plan)
     out += streams_edits(plan, ledger) + mixed_edits(plan, verdicts, workload) + layout_edits(plan)
-    return out + reduce_edits(plan) + persist_edits(plan, sms, verdicts) + pdl_edits(plan, ledger)
+    return out + reduce_edits(plan) + persist_edits(plan, sms, verdicts, ledger) + pdl_edits(plan, ledger)
 
 
 def _loss_shares(ledger: LedgerSummary | None) -> list[tuple[str, str, float, KindLoss]]:
@@ -332,15 +332,20 @@ def _persistent_verdicts(verdicts: tuple[Verdict, ...], model: str) -> list[Verd
                   key=lambda v: v.gain_percent)
 
 
-def persist_edits(plan: Plan, sms: int, verdicts: tuple[Verdict, ...] = ()) -> list[Candidate]:
+def persist_edits(plan: Plan, sms: int, verdicts: tuple[Verdict, ...] = (),
+                  ledger: LedgerSummary | None = None) -> list[Candidate]:
     """Per model, its launches joined into one persistent launch per layer or per decode step, or
     back to separate launches; a persistent launch on as many programs as fit at once, one per SM,
     or one per SM on half of them (two streams: the other model's kernels keep the rest); prefetch
     on or off. Aimed at the draft first: its chain of short, latency-bound launches is the longer
     stream for small drafts (benchmarks/README.md, floor.py). Whether a grid-wide barrier costs less
     than a launch boundary is for the measurements (the launches' verdicts) to say.
-    With two streams, also the target's launches as tile loops on three quarters of the SMs (span
-    `launch`): the draft's short kernels then find SMs free instead of queueing behind the target's."""
+    With two streams, also the target's launches as tile loops (span `launch`): the draft's short
+    kernels then find SMs free instead of queueing behind the target's. On three quarters of the SMs,
+    or, where the ledger says the draft's stream is the busier one, on the share of them the target's
+    busy time needs of the draft's (no fewer than a quarter): the target's stream has that much slack
+    to give, and its scores rise with it."""
+    throttle = _target_throttle(ledger, sms) if plan["streams"] == "two" else None
     out = []
     for model in MODEL_KEYS:
         now, draft = plan["persist"][model], model == Model.DRAFT.value
@@ -353,7 +358,7 @@ def persist_edits(plan: Plan, sms: int, verdicts: tuple[Verdict, ...] = ()) -> l
                 continue
             value = now | {"span": span} if span != "none" else {"span": "none", "programs": 0, "prefetch": True}
             if span == "launch":
-                value = value | {"programs": max(1, 3 * sms // 4)}
+                value = value | {"programs": throttle[0] if throttle else max(1, 3 * sms // 4)}
             elif now["span"] == "launch":
                 value = value | {"programs": 0}
             why = {"none": f"the {model}'s launches run separately again",
@@ -361,7 +366,10 @@ def persist_edits(plan: Plan, sms: int, verdicts: tuple[Verdict, ...] = ()) -> l
                              f"kernels find SMs free",
                    "layer": f"each {model} layer in one persistent launch: grid barriers instead of launch boundaries",
                    "step": f"each {model} decode step in one persistent launch"}[span]
-            score = {"none": 0.2, "launch": 0.35 if plan["streams"] == "two" else 0.05,
+            if span == "launch" and throttle:
+                why += f" ({throttle[2]})"
+            score = {"none": 0.2, "launch": (0.35 + (throttle[1] if throttle else 0.0)) if plan["streams"] == "two"
+                     else 0.05,
                      "layer": 0.45 if draft else 0.25, "step": 0.3 if draft else 0.15}[span]
             if worst is not None and worst.verdict is VerdictKind.INTERFERENCE and span == "none":
                 why += (f": persistent launch {worst.launch} took {worst.shared_us:.1f} us against "
@@ -373,7 +381,8 @@ def persist_edits(plan: Plan, sms: int, verdicts: tuple[Verdict, ...] = ()) -> l
             patch = [{"op": "replace", "path": f"/persist/{model}", "value": value}]
             out.append(Candidate("launch", patch, why, score))
         if now["span"] == "launch":
-            for programs in sorted({max(1, sms // 2), sms} - {now["programs"]}):
+            grids = {max(1, sms // 2), sms} | ({throttle[0]} if throttle else set())
+            for programs in sorted(grids - {now["programs"]}):
                 out.append(Candidate("launch", [{"op": "replace", "path": f"/persist/{model}/programs",
                                                  "value": programs}],
                                      f"{model} tile loops on {programs} programs", 0.25))
@@ -392,6 +401,20 @@ def persist_edits(plan: Plan, sms: int, verdicts: tuple[Verdict, ...] = ()) -> l
                 out.append(Candidate("launch", [{"op": "replace", "path": f"/persist/{model}/programs",
                                                  "value": programs}], why, score))
     return out
+
+
+def _target_throttle(ledger: LedgerSummary | None, sms: int) -> tuple[int, float, str] | None:
+    """(programs, score lift, why) of the target's tile loops where the ledger's draft stream is the
+    busier one: the SMs in the proportion of the target's busy time to the draft's, between a quarter
+    and three quarters of them; the lift is the draft's lead as a share of its busy time (at most 0.25)."""
+    busy = ledger.streams if ledger is not None else {}
+    draft, target = busy.get(Model.DRAFT.value, 0.0), busy.get(Model.TARGET.value, 0.0)
+    if not (draft > target > 0):
+        return None
+    programs = min(max(1, 3 * sms // 4), max(1, sms // 4, round(sms * target / draft)))
+    lead = (draft - target) / draft
+    return programs, min(0.25, lead), (f"the ledger: the draft's stream is busy {draft:.2f} ms against the "
+                                       f"target's {target:.2f}, so the target has {lead:.0%} to spare")
 
 
 def reduce_edits(plan: Plan) -> list[Candidate]:
