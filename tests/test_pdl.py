@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import jsonschema
 import pytest
@@ -18,6 +19,7 @@ from conjugate.agents.heuristic_edits import pdl_edits
 from conjugate.compiler.buffers import PreparedWeights, RoundBuffers
 from conjugate.compiler.codegen import NO_PDL, Dispatch, Pdl, kernel_source, persistent_source
 from conjugate.compiler.lower import lower_part
+from conjugate.compiler.persist import ASSUMED_L2_BYTES, PREFETCH_L2_SHARE
 from conjugate.compiler.round import cross_stream_waits, launch_pdl
 from conjugate.errors import PlanError
 from conjugate.evaluate.result import LedgerSummary
@@ -156,6 +158,10 @@ def test_a_launch_is_dependent_only_on_triton_s_compiler_and_never_after_a_cross
         expected = NO_PDL if launch.index in waits else Pdl("end")
         assert launch_pdl(launch, waits, gpu) == expected  # meta buffers: compiled offline
         assert launch_pdl(launch, waits, cpu) == NO_PDL
+    prefetching = expand(validate_plan(plan | {"pdl": _pdl("end", prefetch=True)}), w).launches[1]
+    assert launch_pdl(prefetching, {}, gpu) == Pdl("end", prefetch=True)
+    huge = replace(prefetching, bytes=int(PREFETCH_L2_SHARE * ASSUMED_L2_BYTES) + 1)
+    assert launch_pdl(huge, {}, gpu) == Pdl("end")  # more than half the L2: its prefetch would evict itself
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])

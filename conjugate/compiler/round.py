@@ -109,10 +109,19 @@ def launch_pdl(launch: Launch, waits: dict[int, tuple[int, ...]], device: torch.
     """A planned launch's programmatic dependent launch: the plan's, for Triton's compiler only (the
     interpreter has none; `meta` buffers: compiled offline), and never for a launch that also waits
     for the other stream's work (a shared launch on two streams: its start must follow that work in
-    full, not only the kernel before it on its stream)."""
+    full, not only the kernel before it on its stream). Its programs prefetch their weights only
+    where the whole launch's bytes fit in PREFETCH_L2_SHARE of the L2 cache (a larger launch would
+    evict what its first programs read before the rest run)."""
     if launch.pdl == "none" or INTERPRETING or device.type == "cpu" or launch.index in waits:
         return NO_PDL
-    return Pdl(launch.pdl, launch.pdl_prefetch)
+    return Pdl(launch.pdl, launch.pdl_prefetch and launch.bytes <= PREFETCH_L2_SHARE * l2_bytes(device))
+
+
+def l2_bytes(device: torch.device) -> int:
+    """The GPU's L2 cache (an H100's or H200's where the device cannot say: offline compiles)."""
+    if device.type == "cuda":
+        return getattr(torch.cuda.get_device_properties(device), "L2_cache_size", ASSUMED_L2_BYTES)
+    return ASSUMED_L2_BYTES
 
 
 def _compile_launch(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers, cache: KernelCache,
@@ -161,9 +170,7 @@ def prefetched_parts(launch: Launch, graph: nx.DiGraph, device: torch.device) ->
     larger part would evict the one still running)."""
     if not launch.prefetch:
         return frozenset()
-    l2 = ASSUMED_L2_BYTES
-    if device.type == "cuda":
-        l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", l2)
+    l2 = l2_bytes(device)
     return frozenset(i for i, part in enumerate(launch.parts)
                      if sum(graph.nodes[op]["op"].bytes for op in part.ops) <= PREFETCH_L2_SHARE * l2)
 
