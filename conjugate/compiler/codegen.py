@@ -14,10 +14,11 @@ loops over a part's tiles with the grid's stride, then waits at a grid-wide barr
 A programmatic dependent launch (plan `pdl`, sm_90+) may start while the kernel before it on its
 stream still runs: every program first waits for that kernel (`gdc_wait`: it has ended and its
 writes are visible) before it reads or writes anything, optionally asking L2 for its tiles' weights
-before the wait (`pdl_prefetch`: weights no kernel writes; the prefetch functions of persist.py),
-and lets the next launch start (`gdc_launch_dependents`) right after its wait (`start`) or once its
-tiles are done (`end`). The interpreter runs launches one after another and has neither
-instruction: the round compiles its launches without them there.
+(an attention tile's keys and values) before the wait (`pdl_prefetch`; persist.py's prefetch
+functions: a prefetch only reads into L2, where the kernel before writes too, so a line it then
+rewrites is read fresh after the wait), and lets the next launch start (`gdc_launch_dependents`)
+right after its wait (`start`) or once its tiles are done (`end`). The interpreter runs launches one
+after another and has neither instruction: the round compiles its launches without them there.
 
 Identical sources are written once (the file is named by its hash) and imported from the cache.
 """
