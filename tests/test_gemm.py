@@ -69,17 +69,25 @@ def test_norm_prologue_and_silu_mul(split_k):
     torch.testing.assert_close(out, F.silu(h @ w.T) * (h @ w2.T), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("split_k", [1, 4])
-def test_row_statistics_from_a_residual_gemm_feed_the_next_norm(split_k):
-    """A residual GEMM writes its rows' sums of squares per STATS_CHUNK columns; a norm GEMM reading
-    them computes what its own pass over x computes."""
+@pytest.mark.parametrize("split_k,atomic", [(1, False), (4, False), (4, True)])
+def test_row_statistics_from_a_residual_gemm_feed_the_next_norm(split_k, atomic):
+    """A residual GEMM writes its rows' sums of squares per STATS_CHUNK columns (summing its splits in
+    order, or atomically with the last split of each tile reading the finished rows back); a norm GEMM
+    reading them computes what its own pass over x computes."""
     chunk = STATS_CHUNK.value
     x, w, _, _ = _inputs(3)
     residual = torch.randn(M, N)
     out = residual.clone()
     stats = torch.full((M, -(-N // chunk)), float("nan"))
-    run_part(gemm_call(x, w, out, rows=M, epilogue="residual", split_k=split_k, block_k=32, block_n=32,
-                       stats=stats, stats_out=True))
+    call = gemm_call(x, w, out, rows=M, epilogue="residual", split_k=split_k, block_k=32, block_n=32,
+                     stats=stats, stats_out=True, atomic_split=atomic)
+    assert call.constexprs["ATOMIC_SPLIT"] == atomic
+    for _ in range(2):  # the counters are reset: a second launch writes the statistics again
+        stats.fill_(float("nan"))
+        out.copy_(residual)
+        run_part(call)
+        assert int(call.args["counter_ptr"].abs().sum()) == 0
+    torch.testing.assert_close(out, residual + x @ w.T, atol=1e-4, rtol=1e-4)
     padded = F.pad(out, (0, stats.shape[1] * chunk - N))
     torch.testing.assert_close(stats, padded.pow(2).reshape(M, -1, chunk).sum(-1), atol=1e-3, rtol=1e-4)
     w_next = torch.randn(64, N) / N ** 0.5
@@ -98,10 +106,10 @@ def test_row_statistics_bindings():
     stats = torch.empty(M, -(-N // STATS_CHUNK.value))
     with pytest.raises(ValueError, match=r"fp32 \[10, 19\] buffer"):
         gemm_call(x, w, out, rows=M, epilogue="residual", stats=stats[:, :4], stats_out=True)
-    with pytest.raises(ValueError, match="residual epilogue that sums its splits in order"):
-        gemm_call(x, w, out, rows=M, epilogue="residual", split_k=2, atomic_split=True, stats=stats, stats_out=True)
-    with pytest.raises(ValueError, match="residual epilogue that sums its splits in order"):
+    with pytest.raises(ValueError, match="written by a residual epilogue, BLOCK_N a multiple of 16"):
         gemm_call(x, w, out, rows=M, epilogue="store", stats=stats, stats_out=True)
+    with pytest.raises(ValueError, match="written by a residual epilogue, BLOCK_N a multiple of 16"):
+        gemm_call(x, w, out, rows=M, epilogue="residual", block_n=8, stats=stats, stats_out=True)
     with pytest.raises(ValueError, match="read by a norm prologue"):
         gemm_call(x, w, out, rows=M, stats=torch.empty(M, 13), stats_in=True)
 

@@ -106,9 +106,11 @@ def test_persistent_launches_with_prefetch_compile_for_hopper(tmp_path, triton_c
 def test_programmatic_dependent_launches_compile_for_hopper_with_the_wait_in_every_kernel(tmp_path):
     """Every launch of both models waits for the kernel before it (griddepcontrol.wait in each
     kernel's PTX: the interpreter never runs it), the draft's releasing the next at the end and asking
-    L2 for its weights first, the shared launches' too."""
+    L2 for its weights first, the shared launches' too. The draft's residual GEMMs sum their splits
+    atomically and still write the row statistics its fused norms read (the last split's read-back)."""
     plan = json.loads(_plan(tmp_path, ["mlp_norm+gate_up", "lm_head+argmax"]).read_text())
     plan["pdl"] = {"draft": {"trigger": "end", "prefetch": True}, "target": {"trigger": "start"}}
+    plan["split_reduce"] = {"draft": "atomic"}
     path = tmp_path / "pdl.json"
     path.write_text(json.dumps(plan))
     cache = tmp_path / "triton-cache"  # this plan's kernels alone

@@ -334,6 +334,26 @@ def test_residual_gemms_summing_their_splits_atomically(family, tmp_path):
         assert atomic == {(m, kind) for m in models for kind in ("o_proj", "down")}
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fused_norms_read_the_statistics_of_residual_gemms_summing_atomically(family, tmp_path):
+    """With split_reduce atomic, each residual tile's last split reads its finished rows back and
+    writes their statistics, so the draft's fused norms still read them instead of passing over x;
+    the round is the reference round."""
+    tiles = {m: SMALL_TILES[m] | {"o_proj": {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "SPLIT_K": 4}}
+             for m in ("draft", "target")}
+    fused = ["attn_norm+qkv", "mlp_norm+gate_up", "final_norm+lm_head", "lm_head+argmax"]
+    plan = validate_plan({"schema": "conjugate.plan/1", "tiles": tiles, "streams": "two",
+                          "split_reduce": {"draft": "atomic"}, "fusions": {"draft": fused}})
+    compiled, _ = _round(family).check(plan, tmp_path)
+    draft = {c.label: c.constexprs for launch in compiled.launches for c in launch.parts if c.label.startswith("d.")}
+    residual = [c for label, c in draft.items() if label.endswith(("o_proj", "down"))]
+    assert residual and all(c["ATOMIC_SPLIT"] and c["STATS_OUT"] for c in residual)
+    readers = [c for label, c in draft.items() if label.endswith(("gate_up", "lm_head")) or ".l1.attn_norm" in label]
+    assert readers and all(c["STATS_IN"] for c in readers)
+    counters = [c for launch in compiled.launches for c in launch.parts if c.constexprs.get("ATOMIC_SPLIT")]
+    assert all(int(c.args["counter_ptr"].abs().sum()) == 0 for c in counters)  # reset for the next launch
+
+
 def test_a_packed_launch_sums_both_models_splits_one_way(tmp_path):
     """Packed, a target o_proj and a draft down run one tile loop: their split-K sums must agree
     (a compile error naming it when they do not), and both atomic computes the reference round."""

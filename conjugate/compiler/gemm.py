@@ -8,18 +8,20 @@ stream the same weight tile run side by side and share it through L2.
 Prologue: NORM scales each row by 1/rms(x) (RMSNorm folded into the GEMM: the norm weight was
 multiplied into `w` at compile time). Its sum of squares comes from a pass over the split's part of
 each row, or (STATS_IN) from the row statistics the residual GEMM that wrote x left: with STATS_OUT a
-RESIDUAL epilogue that holds finished rows (splits summed in order) stores, per row, the sum of
-squares of each STATS_CHUNK columns it wrote, and the norm prologue sums those (a few per cent of
-the row's bytes) in a fixed order instead of every program re-reading its whole rows of x, which
-made the fused norm slower than a separate norm launch on the H200. Epilogues (EPILOGUE constexpr):
+RESIDUAL epilogue that holds finished rows (splits summed in order, or, with ATOMIC_SPLIT, the
+tile's last split reading the summed rows back) stores, per row, the sum of squares of each
+STATS_CHUNK columns it wrote, and the norm prologue sums those (a few per cent of the row's bytes) in
+a fixed order instead of every program re-reading its whole rows of x, which made the fused norm
+slower than a separate norm launch on the H200. Epilogues (EPILOGUE constexpr):
     STORE     out = acc (+ bias)
     RESIDUAL  out += acc (the residual stream)
     SILU_MUL  out = silu(x @ w^T) * (x @ w2^T): gate and up projections in one tile
 With SPLIT_K > 1 each split stores its partial sums in a workspace slot of its own and the tile's
 last split adds them up, in split order, and runs the epilogue: deterministic, no float atomics.
 With ATOMIC_SPLIT (the RESIDUAL epilogue only, no bias, no norm prologue) each split instead adds
-its partial into `out` with a float atomic: no workspace, counter or fix-up step on the critical
-path, the sum's rounding order varying from run to run (plan `split_reduce: atomic`).
+its partial into `out` with a float atomic: no workspace or fix-up step on the critical path, the
+sum's rounding order varying from run to run (plan `split_reduce: atomic`); a counter only where it
+writes row statistics, so that the last split reads the finished rows.
     ARGMAX    per-tile row max and index to scratch; the last program to finish reduces them to
               one token per row (first index on ties, like torch.argmax); logits are written only
               when WRITE_OUT
@@ -190,7 +192,15 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
             acc2 += tl.dot(x.to(DOT_DTYPE), tl.trans(w2.to(DOT_DTYPE)))
     if ATOMIC_SPLIT:  # out += this split's partial, the splits in any order
         out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-        tl.atomic_add(out_ptr + offs_m[:, None] * stride_out + offs_n[None, :], acc, mask=out_mask, sem="relaxed")
+        out_ptrs = out_ptr + offs_m[:, None] * stride_out + offs_n[None, :]
+        tl.atomic_add(out_ptrs, acc, mask=out_mask, sem="relaxed")
+        if STATS_OUT:  # the tile's last split (a counter says which) reads the finished rows back from L2
+            tile = m_blk * num_n + n_blk
+            tl.debug_barrier()  # every thread's adds are issued before the release below
+            if tl.atomic_add(counter_ptr + 1 + tile, 1) == SPLIT_K - 1:
+                new = tl.load(out_ptrs, mask=out_mask, other=0.0, cache_modifier=".cg")
+                _store_row_stats(new, out_mask, offs_m, n_blk, M, N, stats_ptr, stride_stats, BLOCK_M, BLOCK_N)
+                tl.atomic_xchg(counter_ptr + 1 + tile, 0)  # ready for the next launch
     elif SPLIT_K > 1:
         # Split-K fix-up: each split stores its partials in a slot of its own; the tile's last split
         # (a counter says which) sums the slots in split order and runs the epilogue alone. No
@@ -260,6 +270,19 @@ def gemm_prefetch(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, pa
 
 
 @triton.jit
+def _store_row_stats(new, out_mask, offs_m, n_blk, M, N, stats_ptr, stride_stats, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
+    """Per row of the finished tile `new`, the sum of squares of each STATS_CHUNK columns: the next
+    norm's statistics (STATS_OUT)."""
+    CHUNKS: tl.constexpr = BLOCK_N // STATS_CHUNK
+    sq = tl.where(out_mask, new * new, 0.0)
+    part = tl.sum(tl.reshape(sq, [BLOCK_M, CHUNKS, STATS_CHUNK]), axis=2)  # [BLOCK_M, CHUNKS]
+    cols = n_blk * CHUNKS + tl.arange(0, CHUNKS)
+    ok = (offs_m[:, None] < M) & (cols[None, :] < tl.cdiv(N, STATS_CHUNK))
+    tl.store(stats_ptr + offs_m[:, None] * stride_stats + cols[None, :], part, mask=ok)
+
+
+@triton.jit
 def _epilogue(acc, acc2, sumsq, offs_m, offs_n, n_blk, num_n, M, N, K, eps, bias_ptr, out_ptr, stride_out,
               part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, stride_tok, q_out_ptr, k_cache_ptr, v_cache_ptr,
               cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, lengths_ptr, rope_offset, rope_tokens, s_max, stride_q,
@@ -284,13 +307,8 @@ def _epilogue(acc, acc2, sumsq, offs_m, offs_n, n_blk, num_n, M, N, K, eps, bias
         elif EPILOGUE == EPILOGUE_RESIDUAL:
             new = tl.load(out_ptrs, mask=out_mask, other=0.0) + acc
             tl.store(out_ptrs, new, mask=out_mask)
-            if STATS_OUT:  # per row, the sum of squares of each STATS_CHUNK columns: the next norm's statistics
-                CHUNKS: tl.constexpr = BLOCK_N // STATS_CHUNK
-                sq = tl.where(out_mask, new * new, 0.0)
-                part = tl.sum(tl.reshape(sq, [BLOCK_M, CHUNKS, STATS_CHUNK]), axis=2)  # [BLOCK_M, CHUNKS]
-                cols = n_blk * CHUNKS + tl.arange(0, CHUNKS)
-                ok = (offs_m[:, None] < M) & (cols[None, :] < tl.cdiv(N, STATS_CHUNK))
-                tl.store(stats_ptr + offs_m[:, None] * stride_stats + cols[None, :], part, mask=ok)
+            if STATS_OUT:
+                _store_row_stats(new, out_mask, offs_m, n_blk, M, N, stats_ptr, stride_stats, BLOCK_M, BLOCK_N)
         elif EPILOGUE == EPILOGUE_SILU_MUL:
             tl.store(out_ptrs, (acc * tl.sigmoid(acc) * acc2).to(out_ptr.dtype.element_ty), mask=out_mask)
         else:  # EPILOGUE_ARGMAX
@@ -347,9 +365,9 @@ def _check_stats(stats, stats_out: bool, stats_in: bool, rows: int, n: int, k: i
     if stats is None or stats.dtype != torch.float32 or stats.dim() != 2 or stats.shape[0] < rows \
             or stats.shape[1] < cdiv(width, STATS_CHUNK.value) or stats.stride(1) != 1:
         raise ValueError(f"row statistics need an fp32 [{rows}, {cdiv(width, STATS_CHUNK.value)}] buffer")
-    if stats_out and (epilogue != "residual" or atomic_split or block_n % STATS_CHUNK.value):
-        raise ValueError(f"row statistics are written by a residual epilogue that sums its splits in order, "
-                         f"BLOCK_N a multiple of {STATS_CHUNK.value}")
+    if stats_out and (epilogue != "residual" or block_n % STATS_CHUNK.value):
+        raise ValueError(f"row statistics are written by a residual epilogue, BLOCK_N a multiple of "
+                         f"{STATS_CHUNK.value}")
     if stats_in and norm_eps is None:
         raise ValueError("row statistics are read by a norm prologue")
 

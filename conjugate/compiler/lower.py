@@ -4,7 +4,8 @@ Vertical fusions lower as follows: `attn_norm+qkv`, `mlp_norm+gate_up` and `fina
 become a GEMM with the RMSNorm prologue and the norm weight folded into the GEMM weight, its sum of
 squares read from the row statistics the residual GEMM before it writes (o_proj for mlp_norm, the
 previous layer's down for attn_norm, the last down for final_norm; layer 0's qkv, after the
-embedding, passes over x itself; none when the model sums split-K partials atomically);
+embedding, passes over x itself; with split-K partials summed atomically, each residual tile's
+last split reads its finished rows back for them);
 `lm_head+argmax` becomes the GEMM's argmax epilogue, which writes tokens and no logits;
 `qkv+rope_kv` becomes the GEMM's rope_kv epilogue (one head per tile: the plan's BLOCK_N for qkv
 gives way to head_dim / 2), which writes q and the layer's caches and no qkv activations.

@@ -56,8 +56,8 @@ class Part:
     tiles: dict[str, int]
     atomic_split: bool = False  # a residual GEMM's split-K partials added atomically (plan split_reduce)
     norm_stats: tuple[str, ...] = ()  # norm kinds of the model fused into the next GEMM, which read the row
-    # statistics the residual GEMMs write (none when those sum their splits atomically: no program
-    # holds a finished row)
+    # statistics the residual GEMMs write (with atomic split sums, each tile's last split reads its
+    # finished rows back for them)
 
 
 @dataclass(frozen=True)
@@ -230,7 +230,7 @@ def _part(plan: Plan, unit: _Unit, settings: dict) -> Part:
     model_atomic = plan["split_reduce"][unit.model.value] == "atomic"
     fused_norms = tuple(sorted(f.split("+")[0] for f in plan["fusions"][unit.model] if f.split("+")[0] in NORM_KINDS))
     return Part(unit.model, unit.ops, unit.kind, unit.kinds, tiles, unit.kind in RESIDUAL_GEMMS and model_atomic,
-                () if model_atomic else fused_norms)
+                fused_norms)
 
 
 def _launch(plan: Plan, graph: nx.DiGraph, index: int, units: list[_Unit]) -> Launch:
