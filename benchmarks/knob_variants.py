@@ -1,4 +1,4 @@
-"""Variants of one plan, each with one launch knob the searches have not measured yet, for one
+"""Variants of one plan, each with one knob the searches have not measured as it is now, for one
 `conjugate bench` call that times them beside the plan in one worker process:
 
     python benchmarks/knob_variants.py PLAN.json OUTDIR [--name NAME]
@@ -14,6 +14,8 @@ Written as OUTDIR/<NAME>-<variant>.json (NAME: the plan's name unless given; the
                             an H200's 132 SMs), the rest left to the draft's stream
     target-loops-66         ... on 66 programs (half of them): where the draft's stream is the
                             longer one, the target has time to spare
+    draft-fusions           every fusion in the draft: with atomic split-K sums its fused norms now
+                            read row statistics too (the residual tiles' last splits write them)
 A variant the plan cannot take (its own value already, a draft persistent with barriers for `pdl`)
 is skipped and named. Every file written validates.
 """
@@ -29,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from conjugate.errors import ConjugateError  # noqa: E402
 from conjugate.plan import load_plan, validate_plan  # noqa: E402
+from conjugate.plan.schema import FUSIONS  # noqa: E402
 
 
 def _pdl(draft: dict | None = None, target: dict | None = None) -> dict:
@@ -44,6 +47,7 @@ VARIANTS = {
     "pdl-both-end": _pdl(END, END),
     "target-loops-99": {"persist": {"target": {"span": "launch", "programs": 99, "prefetch": True}}},
     "target-loops-66": {"persist": {"target": {"span": "launch", "programs": 66, "prefetch": True}}},
+    "draft-fusions": {"fusions": {"draft": list(FUSIONS)}},
 }
 
 

@@ -16,17 +16,20 @@ STREAMS = ROOT / "plans" / "streams.json"
 def test_each_variant_differs_from_its_plan_in_its_knob_alone():
     made, skipped = load_script("knob_variants").variants(STREAMS, "best")
     assert set(made) == {"pdl-draft-end", "pdl-draft-start", "pdl-draft-end-prefetch", "pdl-both-end",
-                         "target-loops-99", "target-loops-66"} and not skipped
+                         "target-loops-99", "target-loops-66", "draft-fusions"} and not skipped
     base = load_plan(STREAMS).to_dict()
     for variant, plan in made.items():
         assert plan["name"] == f"best-{variant}"
         changed = {k for k in plan if plan[k] != base[k]} - {"name"}
-        assert changed == ({"persist"} if variant.startswith("target") else {"pdl"}), variant
+        assert changed == {"target-loops-99": {"persist"}, "target-loops-66": {"persist"},
+                           "draft-fusions": {"fusions"}}.get(variant, {"pdl"}), variant
         validate_plan(plan)
     assert made["pdl-draft-start"]["pdl"]["draft"] == {"trigger": "start", "prefetch": False}
     assert made["pdl-both-end"]["pdl"]["target"]["trigger"] == "end"
     assert made["target-loops-99"]["persist"]["target"] == {"span": "launch", "programs": 99, "prefetch": True}
     assert made["target-loops-66"]["persist"]["target"]["programs"] == 66
+    fused = made["draft-fusions"]["fusions"]
+    assert len(fused["draft"]) == 5 and fused["target"] == base["fusions"]["target"]
 
 
 def test_a_variant_the_plan_cannot_take_is_skipped_and_named(tmp_path):
@@ -43,4 +46,4 @@ def test_a_variant_the_plan_cannot_take_is_skipped_and_named(tmp_path):
                             "skipped pdl-both-end", "skipped target-loops-99"}
     assert skipped["skipped target-loops-99"] == "the plan has it already"
     assert "$.pdl.draft.trigger" in skipped["skipped pdl-draft-end"]
-    assert [p.name for p in out.iterdir()] == ["layered-target-loops-66.json"]  # a tile loop beside layers: fine
+    assert sorted(p.name for p in out.iterdir()) == ["layered-draft-fusions.json", "layered-target-loops-66.json"]
