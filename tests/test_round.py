@@ -212,7 +212,7 @@ def test_packed_layout_needs_matching_gemms(tmp_path):
     rnd = _round("qwen2")
     plan = _plan(alignment="proportional", operand_layout="packed",
                  overrides=[{"match": "t.l0.qkv", "with": "d.s0.l0.down"}])  # store+bias beside residual
-    with pytest.raises(CompileError, match="same epilogue, prologue and split-K sum") as info:
+    with pytest.raises(CompileError, match="same epilogue, prologue, split-K sum and row statistics") as info:
         compile_round(plan, rnd.workload, rnd.draft, rnd.target, cache_dir=tmp_path)
     failure = info.value.failure
     assert failure.part == 1 and failure.failed[0].label == "d.s0.l0.down" and len(failure.parts) == 2
@@ -352,6 +352,23 @@ def test_fused_norms_read_the_statistics_of_residual_gemms_summing_atomically(fa
     assert readers and all(c["STATS_IN"] for c in readers)
     counters = [c for launch in compiled.launches for c in launch.parts if c.constexprs.get("ATOMIC_SPLIT")]
     assert all(int(c.args["counter_ptr"].abs().sum()) == 0 for c in counters)  # reset for the next launch
+
+
+def test_a_packed_launch_needs_both_models_row_statistics_alike(tmp_path):
+    """Packed, both GEMMs run the target's flags: a draft o_proj that must write the row statistics its
+    fused norm reads, beside a target o_proj that writes none, is a compile error naming them (run
+    with the target's flags it left the draft's norm reading stale statistics)."""
+    rnd = _round("llama")
+    plan = load_plan(ROOT / "plans" / "interleave.json").to_dict() | {
+        "tiles": SMALL_TILES, "fusions": {"target": ["lm_head+argmax"], "draft": ["lm_head+argmax", "mlp_norm+gate_up"]},
+        "overrides": [{"match": "t.l0.o_proj", "with": "d.s0.l0.o_proj", "operand_layout": "packed"}]}
+    with pytest.raises(CompileError, match="differ in STATS_OUT"):
+        compile_round(validate_plan(plan), rnd.workload, rnd.draft, rnd.target, cache_dir=tmp_path)
+    both = plan | {"fusions": {"target": ["lm_head+argmax", "mlp_norm+gate_up"],
+                               "draft": ["lm_head+argmax", "mlp_norm+gate_up"]}}
+    compiled, _ = rnd.check(validate_plan(both), tmp_path)
+    packed = next(l for l in compiled.launches if len(l.parts) == 2 and l.parts[0].label == "t.l0.o_proj")
+    assert [p.constexprs["STATS_OUT"] for p in packed.parts] == [True, True]
 
 
 def test_a_packed_launch_sums_both_models_splits_one_way(tmp_path):

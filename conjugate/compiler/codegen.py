@@ -16,7 +16,8 @@ stream still runs: every program first waits for that kernel (`gdc_wait`: it has
 writes are visible) before it reads or writes anything, optionally asking L2 for its tiles' weights
 (an attention tile's keys and values) before the wait (`pdl_prefetch`; persist.py's prefetch
 functions: a prefetch only reads into L2, where the kernel before writes too, so a line it then
-rewrites is read fresh after the wait), and lets the next launch start (`gdc_launch_dependents`)
+rewrites is read fresh after the wait; the attention prefetch reads the sequence lengths to find
+its lines, which only the host writes, before the round), and lets the next launch start (`gdc_launch_dependents`)
 right after its wait (`start`) or once its tiles are done (`end`). The interpreter runs launches one
 after another and has neither instruction: the round compiles its launches without them there.
 

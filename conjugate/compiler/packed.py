@@ -20,7 +20,8 @@ from conjugate.compiler.lower import lower_part
 from conjugate.compiler.tile import PartCall, cdiv
 from conjugate.plan.expand import Launch
 
-_MUST_MATCH = ("NORM", "EPILOGUE", "HAS_BIAS", "WRITE_OUT", "DOT_DTYPE", "ATOMIC_SPLIT")  # one tile loop runs both
+# one tile loop runs both: the target's flags are the draft's too (its row statistics written or read alike)
+_MUST_MATCH = ("NORM", "EPILOGUE", "HAS_BIAS", "WRITE_OUT", "DOT_DTYPE", "ATOMIC_SPLIT", "STATS_OUT", "STATS_IN")
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,8 @@ def pack_launch(launch: Launch, calls: list[PartCall], graph: nx.DiGraph,
                          f"{draft.kind}): its tiles are heads read as two halves")
     differ = [c for c in _MUST_MATCH if t_call.constexprs[c] != d_call.constexprs[c]]
     if differ:
-        raise ValueError(f"the packed operand layout needs GEMMs with the same epilogue, prologue and split-K sum; "
+        raise ValueError(f"the packed operand layout needs GEMMs with the same epilogue, prologue, split-K sum and "
+                         f"row statistics; "
                          f"{target.kind} and {draft.kind} differ in {', '.join(differ)}")
     names = ("w_ptr", "w2_ptr") if t_call.constexprs["EPILOGUE"] == EPILOGUES["silu_mul"] else ("w_ptr",)
     for name in names:
