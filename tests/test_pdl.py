@@ -195,6 +195,9 @@ def test_the_heuristic_proposes_pdl_for_the_critical_stream_first_and_only_valid
         "/pdl/draft/trigger", "/pdl/draft/prefetch", "/pdl/draft"}
     layered = validate_plan(_streams(persist={"draft": {"span": "layer"}}))
     assert not [c for c in pdl_edits(layered) if c.patch[0]["path"].startswith("/pdl/draft")]
+    looped = validate_plan(_streams(persist={"target": {"span": "launch", "programs": 99}}))
+    triggers = {c.patch[0]["value"]["trigger"] for c in pdl_edits(looped) if c.patch[0]["path"] == "/pdl/target"}
+    assert triggers == {"end"}  # released at the start, the next loop would wait on the SMs the cap leaves
     everything = candidates(plan, None, 132, random.Random(0))
     assert any(c.patch[0]["path"] == "/pdl/draft" for c in everything)
 

@@ -340,7 +340,9 @@ def pdl_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candidate
     waiting first, on two streams too, while long GEMMs released at their start lost up to 1.5x on two
     streams (waiting programs held the other stream's SMs): so the draft's chain first, released at
     the end of each program's work first, and the model whose stream the ledger says is busier
-    (the critical path) ahead of the other. Never for a model persistent with barriers (refused)."""
+    (the critical path) ahead of the other. Never for a model persistent with barriers (refused);
+    for a model whose launches are tile loops only released at the end (released at the start, the
+    next loop's programs would wait on the SMs its cap leaves to the other stream)."""
     busy = ledger.streams if ledger is not None else {}
     critical = max(busy, key=busy.get) if len(busy) > 1 else Model.DRAFT.value
     out = []
@@ -348,12 +350,15 @@ def pdl_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candidate
         now = plan["pdl"][model]
         if plan["persist"][model]["span"] in ("layer", "step"):
             continue
+        loops = plan["persist"][model]["span"] == "launch"
         lift = 0.1 if model == critical else 0.0
         base = 0.35 if model == Model.DRAFT.value else 0.2
         path = f"/pdl/{model}"
         if now["trigger"] == "none":
             for trigger, prefetch, score in (("end", False, base + 0.1), ("start", False, base),
                                              ("end", True, base)):
+                if loops and trigger == "start":
+                    continue
                 how = "once its tiles are done" if trigger == "end" else "right after its wait"
                 why = (f"{model} launches as programmatic dependent launches: each starts while the kernel "
                        f"before it ends and lets the next one start {how}"
@@ -363,8 +368,9 @@ def pdl_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candidate
                                      why, score + lift))
             continue
         other = "start" if now["trigger"] == "end" else "end"
-        out.append(Candidate("launch", [{"op": "replace", "path": f"{path}/trigger", "value": other}],
-                             f"{model} launches release the next one at the {other} of their work", 0.25 + lift))
+        if not (loops and other == "start"):
+            out.append(Candidate("launch", [{"op": "replace", "path": f"{path}/trigger", "value": other}],
+                                 f"{model} launches release the next one at the {other} of their work", 0.25 + lift))
         out.append(Candidate("launch", [{"op": "replace", "path": f"{path}/prefetch", "value": not now["prefetch"]}],
                              f"{model} launches {'no longer ' if now['prefetch'] else ''}ask L2 for their weights "
                              f"before waiting for the kernel before them", 0.25))
