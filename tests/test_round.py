@@ -360,7 +360,8 @@ def test_a_packed_launch_needs_both_models_row_statistics_alike(tmp_path):
     with the target's flags it left the draft's norm reading stale statistics)."""
     rnd = _round("llama")
     plan = load_plan(ROOT / "plans" / "interleave.json").to_dict() | {
-        "tiles": SMALL_TILES, "fusions": {"target": ["lm_head+argmax"], "draft": ["lm_head+argmax", "mlp_norm+gate_up"]},
+        "tiles": SMALL_TILES,
+        "fusions": {"target": ["lm_head+argmax"], "draft": ["lm_head+argmax", "mlp_norm+gate_up"]},
         "overrides": [{"match": "t.l0.o_proj", "with": "d.s0.l0.o_proj", "operand_layout": "packed"}]}
     with pytest.raises(CompileError, match="differ in STATS_OUT"):
         compile_round(validate_plan(plan), rnd.workload, rnd.draft, rnd.target, cache_dir=tmp_path)

@@ -576,7 +576,8 @@ def test_floor_script_reads_the_best_plan_of_a_database(env, base_run, tmp_path)
     assert row["streams_ms"] == found[streams.id].result.latency_ms and row["evaluations"] == BASE_BUDGET
     assert row["measured"] == found[best.id].finished_at.date().isoformat()  # which session's baselines
     assert validate_plan(json.loads(Path(row["best_plan"]).read_text())).hash == best.plan_hash
-    assert row["lineage"][0].endswith("baseline: draft phase, then verify phase") and best.rationale in row["lineage"][-1]
+    assert row["lineage"][0].endswith("baseline: draft phase, then verify phase")
+    assert best.rationale in row["lineage"][-1]
 
 
 # -- 8. Ctrl-C

@@ -368,9 +368,8 @@ def persist_edits(plan: Plan, sms: int, verdicts: tuple[Verdict, ...] = (),
                    "step": f"each {model} decode step in one persistent launch"}[span]
             if span == "launch" and throttle:
                 why += f" ({throttle[2]})"
-            score = {"none": 0.2, "launch": (0.35 + (throttle[1] if throttle else 0.0)) if plan["streams"] == "two"
-                     else 0.05,
-                     "layer": 0.45 if draft else 0.25, "step": 0.3 if draft else 0.15}[span]
+            loops = 0.35 + (throttle[1] if throttle else 0.0) if plan["streams"] == "two" else 0.05
+            score = {"none": 0.2, "launch": loops, "layer": 0.45 if draft else 0.25, "step": 0.3 if draft else 0.15}[span]
             if worst is not None and worst.verdict is VerdictKind.INTERFERENCE and span == "none":
                 why += (f": persistent launch {worst.launch} took {worst.shared_us:.1f} us against "
                         f"{worst.separate_us:.1f} for its parts launched one by one")

@@ -13,7 +13,7 @@ from conjugate.agents.tile_table import TileTable, measured_for
 from conjugate.compiler.feedback import PartRef
 from conjugate.evaluate.result import EvalResult, LedgerSummary, Status, Verdict, VerdictKind
 from conjugate.graph import KINDS
-from conjugate.plan.schema import Plan
+from conjugate.plan.schema import BARRIER_SPANS, Plan
 from conjugate.plan.tiles import DEFAULT_TILES, FAMILY_OF, LAUNCH_BOUNDS, TILE_BOUNDS
 from conjugate.roles import Model
 
@@ -348,7 +348,7 @@ def pdl_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candidate
     out = []
     for model in (m.value for m in Model):
         now = plan["pdl"][model]
-        if plan["persist"][model]["span"] in ("layer", "step"):
+        if plan["persist"][model]["span"] in BARRIER_SPANS:
             continue
         loops = plan["persist"][model]["span"] == "launch"
         lift = 0.1 if model == critical else 0.0
