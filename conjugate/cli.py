@@ -197,16 +197,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     workload = load_workload(args.workload)
     profile = load_profile(args.evaluator)
-    plans = [load_plan(plan_path(p)) for p in (args.plan or [shipped_plan(n) for n in SEED_PLANS])]
+    paths = [plan_path(p) for p in args.plan] if args.plan else [shipped_plan(n) for n in SEED_PLANS]
+    plans = [(_bench_label(path, plan), plan) for path, plan in ((path, load_plan(path)) for path in paths)]
     rows = []
     with IsolatedEvaluator(profile) as isolated:  # a crash or a hang costs one result, not the run
-        for i, plan in enumerate(plans):
-            head = f"{profile.name}: {plan.name} on {workload.name} ({i + 1}/{len(plans)})"
+        for i, (label, plan) in enumerate(plans):
+            head = f"{profile.name}: {label} on {workload.name} ({i + 1}/{len(plans)})"
             with out.status(Text(f"{head}: starting")) as status:
                 result = isolated.evaluate(plan.to_dict(), args.workload, refresh_baselines=args.remeasure and i == 0,
                                            on_stage=lambda stage: status.update(Text(f"{head}: {_STAGE_TEXT[stage]}")))
-            rows.append((plan.name, result))
-            out.print(f"{plan.name}: {_bench_cell(result)}")
+            rows.append((label, result))
+            out.print(f"{label}: {_bench_cell(result)}")
     _bench_table(workload, profile, rows)
     if args.json:
         write_output(args.json, json.dumps({"workload": workload.name, "evaluator": profile.name,
@@ -214,6 +215,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                                "plans": [{"plan": name, "result": r.to_dict()} for name, r in rows]},
                                               indent=1) + "\n")
     return 0 if all(r.ok for _, r in rows) else 1  # the table says where and why
+
+
+def _bench_label(path: Path, plan) -> str:
+    """A bench row's name: the plan's, with its file's stem first where that differs and the file is
+    not the shipped plan of that name (an exported best plan keeps its seed's name, e.g. `streams`)."""
+    if path.stem == plan.name or path.resolve() == shipped_plan(plan.name).resolve():
+        return plan.name
+    return f"{path.stem} ({plan.name})"
 
 
 def _failure(r: EvalResult) -> str:

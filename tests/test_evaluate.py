@@ -223,6 +223,16 @@ def test_bench_takes_shipped_plans_by_name(capsys):
     assert "streams" in printed and "interleave" not in printed
 
 
+def test_bench_names_a_plan_file_whose_plan_keeps_a_seed_name(tmp_path, capsys):
+    best = tmp_path / "best-of-search.json"
+    best.write_text((ROOT / "plans" / "streams.json").read_text())  # an exported best plan keeps its seed's name
+    out = tmp_path / "bench.json"
+    assert main(["bench", str(ROOT / "examples" / "tiny.toml"), "--plan", "streams", "--plan", str(best),
+                 "--json", str(out)]) == 0
+    assert [p["plan"] for p in json.loads(out.read_text())["plans"]] == ["streams", "best-of-search (streams)"]
+    assert "best-of-search (streams)" in capsys.readouterr().out
+
+
 def test_calibration_fits_known_constants(tmp_path):
     from conjugate.evaluate.analytical import model_round
     from conjugate.evaluate.calibrate import fit, loss, make_case

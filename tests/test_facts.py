@@ -29,7 +29,8 @@ def _context(device: str) -> NodeContext:
 def test_the_expand_prompt_shows_the_facts_of_its_gpu_only():
     prompts = Prompts()
     shown = prompts.expand_text(_context("NVIDIA H200"), 3)
-    assert "H200, 2026-12-01 (benchmarks/README.md" in shown and "- Two streams beat shared launches" in shown
+    h200 = next(g for g in load_facts() if g.device == "H200")
+    assert f"H200, {h200.date} (benchmarks/README.md" in shown and "- Two streams beat shared launches" in shown
     other = prompts.expand_text(_context("NVIDIA L40S"), 3)
     assert "none recorded for NVIDIA L40S" in other and "Two streams beat" not in other
 

@@ -78,6 +78,21 @@ def test_gaps_between_kernels_are_idle_time(compiled):
     assert ledger.idle_us >= 100 - len(rnd.launches)  # the last kernel started 100 us late
 
 
+def test_kernels_started_early_count_from_the_end_of_the_one_before(compiled):
+    """Programmatic dependent launch: each kernel starts 0.5 us before the one ahead of it on its
+    stream ends and waits; the wait is the earlier kernel's time, not counted twice."""
+    rnd, graph = compiled
+    early = [KernelRecord(r.name, r.stream, r.start_us - 0.5 if r.start_us > 0 else r.start_us, r.end_us)
+             for r in replay(rnd)]
+    ledger = Ledger.of(rnd, graph, [early], copy_gbs=1000.0)
+    assert [l.us for l in ledger.launches] == [pytest.approx(i + 1.0) for i in range(len(rnd.launches))]
+    summary = ledger.condensed()
+    assert summary.streams == pytest.approx({str(s): sum(l.index + 1 for l in rnd.launches if l.stream == s) / 1e3
+                                             for s in {l.stream for l in rnd.launches}})
+    busy = {s.stream: s.busy_us for s in ledger.streams}
+    assert sum(summary.streams.values()) == pytest.approx(sum(busy.values()) / 1e3)
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_profile_without_a_gpu_is_one_line(capsys):
     from conjugate.cli import main

@@ -184,6 +184,9 @@ def test_the_heuristic_proposes_pdl_for_the_critical_stream_first_and_only_valid
         ("end", "none"), ("start", "none"), ("none", "end"), ("none", "start")}
     best = max(edits, key=lambda c: c.score)
     assert best.patch[0]["value"] == {"trigger": "end", "prefetch": False} and best.patch[0]["path"] == "/pdl/draft"
+    draft_on = {c.patch[0]["value"]["trigger"] + ("+prefetch" if c.patch[0]["value"]["prefetch"] else ""): c.score
+                for c in edits if c.patch[0]["path"] == "/pdl/draft"}
+    assert draft_on["end"] > draft_on["start"] > draft_on["end+prefetch"]  # as measured on the H200
     busier_target = max(pdl_edits(plan, _ledger(5.0, 9.0)), key=lambda c: c.score)
     assert busier_target.score < best.score  # the draft's chain of short launches still leads
     on = applied[edits.index(best)]

@@ -405,8 +405,8 @@ def test_a_barrier_needs_at_least_one_group():
 
 def test_target_tile_loops_take_the_slack_the_ledger_gives_the_target():
     """Where the draft's stream is the busier one, the target's tile loops run on the SMs in proportion
-    to the two streams' busy times (the target has that much slack to give), scored by the draft's lead;
-    otherwise on three quarters of the SMs at the base score."""
+    to the two streams' busy times (the target has that much slack to give); otherwise on three quarters
+    of the SMs. Ranked low either way: on the H200 they made the round slower (results/knobs_h200.json)."""
     from conjugate.agents.heuristic import persist_edits
     from conjugate.evaluate.result import LedgerSummary
     from conjugate.plan.patch import apply_patch
@@ -419,12 +419,14 @@ def test_target_tile_loops_take_the_slack_the_ledger_gives_the_target():
 
     critical = loops(8.3, 6.0)  # qwen3-06b-8b-b4's best plan on the H200
     assert critical.patch[0]["value"]["programs"] == round(132 * 6.0 / 8.3) == 95
-    assert critical.score == pytest.approx(0.6) and "target has 28% to spare" in critical.rationale
+    assert "target has 28% to spare" in critical.rationale
+    others = [c for c in persist_edits(plan, 132) if c.patch[0]["value"].get("span") != "launch"]
+    assert critical.score < min(c.score for c in others)  # measured slower: tried after every other span
     balanced = loops(7.04, 6.90)
-    assert balanced.patch[0]["value"]["programs"] == 99 and balanced.score == pytest.approx(0.35 + 0.14 / 7.04)
+    assert balanced.patch[0]["value"]["programs"] == 99 and balanced.score == critical.score
     for busier_target in (loops(5.0, 9.0), next(c for c in persist_edits(plan, 132)
                                                 if c.patch[0]["value"].get("span") == "launch")):
-        assert busier_target.patch[0]["value"]["programs"] == 99 and busier_target.score == pytest.approx(0.35)
+        assert busier_target.patch[0]["value"]["programs"] == 99 and "spare" not in busier_target.rationale
     assert loops(9.0, 1.0).patch[0]["value"]["programs"] == 33  # a quarter at least
     looped = validate_plan(apply_patch(plan.to_dict(), critical.patch))
     ledger = LedgerSummary(9.0, 5.7, 0.2, False, {"draft": 8.3, "target": 5.0}, ())  # the loops' own ledger

@@ -335,11 +335,12 @@ def _round_share(ledger: LedgerSummary | None, model: str, kind: str, gain: floa
 
 
 def pdl_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candidate]:
-    """Per model, programmatic dependent launch (plan `pdl`) on, moved or off. On the H200
-    (benchmarks/pdl_chain.py) chains of short decode GEMMs ran 1.07-1.08x faster with each kernel
-    waiting first, on two streams too, while long GEMMs released at their start lost up to 1.5x on two
-    streams (waiting programs held the other stream's SMs): so the draft's chain first, released at
-    the end of each program's work first, and the model whose stream the ledger says is busier
+    """Per model, programmatic dependent launch (plan `pdl`) on, moved or off. On the H200, beside the
+    best plans of two searches (results/knobs_h200.json), the draft's launches released at the end of
+    each program's work made the round 2.9% and 1.6% faster, and gained 1.6% and 2.4% as search edits
+    on two other workloads; released right after the wait, 5.2% faster on one and 6.8% slower on the
+    other; with the weights prefetched first, 5.9% slower on both: so the draft's chain first,
+    released at the end first, prefetch last, and the model whose stream the ledger says is busier
     (the critical path) ahead of the other. Never for a model persistent with barriers (refused);
     for a model whose launches are tile loops only released at the end (released at the start, the
     next loop's programs would wait on the SMs its cap leaves to the other stream)."""
@@ -356,7 +357,7 @@ def pdl_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candidate
         path = f"/pdl/{model}"
         if now["trigger"] == "none":
             for trigger, prefetch, score in (("end", False, base + 0.1), ("start", False, base),
-                                             ("end", True, base)):
+                                             ("end", True, base - 0.2)):
                 if loops and trigger == "start":
                     continue
                 how = "once its tiles are done" if trigger == "end" else "right after its wait"
@@ -373,7 +374,7 @@ def pdl_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candidate
                                  f"{model} launches release the next one at the {other} of their work", 0.25 + lift))
         out.append(Candidate("launch", [{"op": "replace", "path": f"{path}/prefetch", "value": not now["prefetch"]}],
                              f"{model} launches {'no longer ' if now['prefetch'] else ''}ask L2 for their weights "
-                             f"before waiting for the kernel before them", 0.25))
+                             f"before waiting for the kernel before them", 0.25 if now["prefetch"] else 0.1))
         out.append(Candidate("launch", [{"op": "replace", "path": path,
                                          "value": {"trigger": "none", "prefetch": False}}],
                              f"{model} launches start only once the kernel before them has ended", 0.2))

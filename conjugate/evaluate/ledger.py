@@ -44,7 +44,7 @@ class LaunchEntry:
     launch: int
     kind: str  # e.g. "target qkv" or, for a shared launch, "target gate_up + draft qkv"
     stream: str  # the plan's stream
-    us: float  # median over the replays
+    us: float  # median over the replays of its time at the head of its stream (exclusive_us)
     bytes: int  # what its ops must move (the op graph's count)
 
     @property
@@ -92,8 +92,8 @@ class Ledger:
            copy_gbs: float) -> "Ledger":
         if not replays:
             raise LedgerError("no kernel records: nothing was replayed")
-        matched = [match_launches(compiled, records) for records in replays]
-        launches = tuple(_launch_entry(compiled, graph, index, [m[index].us for m in matched])
+        matched = [(match_launches(compiled, records), exclusive_us(records)) for records in replays]
+        launches = tuple(_launch_entry(compiled, graph, index, [own[m[index]] for m, own in matched])
                          for index in range(len(compiled.launches)))
         spans = [_span(records) for records in replays]
         middle = sorted(range(len(replays)), key=lambda i: spans[i])[len(replays) // 2]  # the median replay
@@ -153,6 +153,20 @@ def match_launches(compiled: CompiledRound, records: list[KernelRecord]) -> dict
         if len(got) != len(launches):
             raise LedgerError(f"kernel {name}: {len(got)} records for {len(launches)} launches in one replay")
         out |= dict(zip(launches, got))
+    return out
+
+
+def exclusive_us(records: list[KernelRecord]) -> dict[KernelRecord, float]:
+    """Each kernel's time at the head of its stream: from its start, or the end of the kernels before
+    it on that stream if later, to its end. Without programmatic dependent launch a stream's kernels
+    do not overlap and this is each kernel's duration; with it a kernel starts while the one before
+    it runs and waits (`griddepcontrol.wait`), and that waiting is the earlier kernel's time, so a
+    stream's kernels sum to its busy time instead of counting the overlap twice."""
+    out, ends = {}, {}
+    for r in sorted(records, key=lambda r: (r.start_us, r.end_us)):
+        head = max(r.start_us, ends.get(r.stream, r.start_us))
+        out[r] = max(0.0, r.end_us - head)
+        ends[r.stream] = max(ends.get(r.stream, r.end_us), r.end_us)
     return out
 
 
