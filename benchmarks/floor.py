@@ -7,7 +7,8 @@ the strengthened `conventional`, the best plan of its searches and where that pl
 A workload's best plan is the fastest plan that passed every check in any database given whose run is
 of that workload; `streams_ms` is the shipped `streams` plan as measured in that same run, and
 `conventional_ms` and the floor are that best evaluation's own (`measured`: its date, so rows of databases
-from several sessions say which baseline they stand on). The best plan is written to
+from several sessions say which baseline they stand on; `conventional_carried`: where it was measured,
+when a resumed run carried it from an earlier process). The best plan is written to
 DIR/<workload>.json. JSON: {"gpu", "workloads": [{"workload", "floor_ms", "streams_ms",
 "conventional_ms", "best_ms", "best_plan", "evaluations", "ledger", ...}]}.
 """
@@ -61,6 +62,7 @@ def best_row(path: Path, dbs: list[Path], plans: Path) -> dict | None:
                         "floor_ms": metrics.floor_ms,
                         "streams_ms": streams.result.latency_ms if streams else None,
                         "conventional_ms": _baseline(metrics, "conventional"),
+                        "conventional_carried": _carried(metrics, "conventional"),
                         "best_ms": ev.result.latency_ms, "floor_ratio": metrics.floor_ratio,
                         "evaluations": sum(1 for n, _ in pairs if n.status is not NodeStatus.NEW),
                         "agent": run.agent, "db": db.name, "node": node.id, "lineage": lineage(pairs, node),
@@ -79,6 +81,12 @@ def best_row(path: Path, dbs: list[Path], plans: Path) -> dict | None:
 def _baseline(metrics, name: str) -> float | None:
     found = metrics.baselines.get(name)
     return found.latency_ms if found is not None and found.latency_ms else None
+
+
+def _carried(metrics, name: str) -> str | None:
+    """Where a baseline carried into a resumed run's process was measured (search --carry-baselines)."""
+    found = metrics.baselines.get(name)
+    return found.carried or None if found is not None else None
 
 
 def _ratio(a: float | None, b: float) -> str:

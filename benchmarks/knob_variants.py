@@ -16,6 +16,9 @@ Written as OUTDIR/<NAME>-<variant>.json (NAME: the plan's name unless given; the
                             longer one, the target has time to spare
     draft-fusions           every fusion in the draft: with atomic split-K sums its fused norms now
                             read row statistics too (the residual tiles' last splits write them)
+    target-sms-120          the target's stream on 120 SMs (a CUDA green context): the draft's
+                            kernels have the other 12 of an H200's 132 to themselves
+    target-sms-112, -104    ... on 112 or 104 SMs
 A variant the plan cannot take (its own value already, a draft persistent with barriers for `pdl`)
 is skipped and named. Every file written validates.
 """
@@ -48,6 +51,7 @@ VARIANTS = {
     "target-loops-99": {"persist": {"target": {"span": "launch", "programs": 99, "prefetch": True}}},
     "target-loops-66": {"persist": {"target": {"span": "launch", "programs": 66, "prefetch": True}}},
     "draft-fusions": {"fusions": {"draft": list(FUSIONS)}},
+    **{f"target-sms-{n}": {"sm_limit": {"target": n}} for n in (120, 112, 104)},
 }
 
 

@@ -3,7 +3,8 @@
 
     python benchmarks/searchers.py WORKLOAD.toml [...] [--agents heuristic random greedy] [--budget 40]
                                    [--evaluator h200] [--seed 0] [--out DIR] [--json OUT.json]
-                                   [--time SECONDS] [--resume] [--report] [--confirm ROUNDS]
+                                   [--time SECONDS] [--resume [--carry-baselines]] [--report]
+                                   [--confirm ROUNDS]
 
 Per workload and agent: a search run (as `conjugate search` starts one) into
 DIR/<workload>_<agent>.db, then from its history the best latency after each evaluation (in the
@@ -20,7 +21,9 @@ shared evenly among the runs not yet done, and a run cut short is stored `stoppe
 says "complete": false). `--resume` continues
 each run from its database in DIR where one is there (to a larger --budget too), so a
 comparison can be spread over several sessions of a machine; a resumed run's agent starts afresh
-from the stored tree (its seed again), so its later edits may differ from those of one unbroken run.
+from the stored tree (its seed again), so its later edits may differ from those of one unbroken run;
+with `--carry-baselines` a resumed run's worker takes the torch baselines its database measured on a
+GPU of this name instead of compiling them again (`conjugate search --carry-baselines`).
 `--report` only reads the databases. `--confirm ROUNDS` then times each run's best plan and the
 shipped `streams` plan again in one worker process, in turn, ROUNDS times (per run `confirmed_ms`,
 the median; per workload `confirmed_streams_ms`): runs whose evaluations were spread over processes
@@ -48,14 +51,14 @@ from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
 from conjugate.search.commands import open_store, scored_by  # noqa: E402
 from conjugate.search.report import node_evaluations, passed  # noqa: E402
-from conjugate.search.run import (Search, SearchSettings, check_workload, evaluator_id,  # noqa: E402
-                                  run_evaluator_id)
+from conjugate.search.run import (Search, SearchSettings, baselines_to_carry, check_workload,  # noqa: E402
+                                  evaluator_id, run_evaluator_id)
 from conjugate.search.store import NodeStatus, RunStatus, Store  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 
 
 def search(workload: Path, agent: str, budget: int, evaluator: IsolatedEvaluator, seed: int, db: Path,
-           deadline: float | None = None, resume: bool = False) -> dict:
+           deadline: float | None = None, resume: bool = False, carry: bool = False) -> dict:
     started = time.perf_counter()
     settings = scored_by(SearchSettings(budget=budget), evaluator.profile)
     w = load_workload(workload)
@@ -73,10 +76,18 @@ def search(workload: Path, agent: str, budget: int, evaluator: IsolatedEvaluator
             if evaluator_id(evaluator.profile) != run_evaluator_id(stored):
                 _refuse(db, f"was scored by {run_evaluator_id(stored)}, not by --evaluator {evaluator.profile.source}")
             proposer = make_proposer(agent, seed=stored.seed)
+            carried = baselines_to_carry(store, stored.id, w, run_evaluator_id(stored)) if carry else None
+            if carried:  # the worker keeps the first baselines it has for this workload: later runs' are moot
+                evaluator.carried = carried
             run = Search(store, stored.id, w, str(workload.resolve()), evaluator, proposer,
                          replace(SearchSettings.from_dict(stored.settings), budget=budget))
             store.set_run_status(stored.id, RunStatus.RUNNING)
-        why = run.run_loop(deadline)
+        try:
+            why = run.run_loop(deadline)
+        except KeyboardInterrupt:  # Ctrl-C, or a time limit's SIGINT, mid-evaluation: the run stays resumable
+            store.set_run_status(run.run_id, RunStatus.STOPPED)
+            raise SystemExit(f"{w.name} {agent}: interrupted after {run.evaluations_done()} evaluations; "
+                             f"--resume continues it from {db}") from None
         store.set_run_status(run.run_id, RunStatus.FINISHED if why in ("budget", "exhausted") else RunStatus.STOPPED)
         print(f"{w.name} {agent}: {why} after {run.evaluations_done()} evaluations", flush=True)
     return {**summary(db, agent, w, workload), "seconds": time.perf_counter() - started}
@@ -149,7 +160,7 @@ def searches(path: Path, name: str, args: argparse.Namespace, end: float | None,
     for agent in args.agents:
         deadline = None if end is None else time.monotonic() + (end - time.monotonic()) / left
         runs.append(search(path, agent, args.budget, shared, args.seed, args.out / f"{name}_{agent}.db",
-                           deadline, args.resume))
+                           deadline, args.resume, args.carry_baselines))
         left -= 1
     return runs
 
@@ -183,6 +194,8 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--time", type=float, help="seconds for the whole command, shared among the runs")
     parser.add_argument("--resume", action="store_true", help="continue the runs whose databases are in --out")
+    parser.add_argument("--carry-baselines", action="store_true",
+                        help="with --resume: the torch baselines each database measured, not compiled again")
     parser.add_argument("--report", action="store_true", help="only read the databases in --out: no search")
     parser.add_argument("--confirm", type=int, default=0, metavar="ROUNDS",
                         help="time each run's best plan and `streams` again in one process, in turn, ROUNDS times")

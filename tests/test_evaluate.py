@@ -130,7 +130,8 @@ def test_a_session_prepares_each_workload_once_and_keeps_its_baselines(tmp_path,
     prepared, obtained = [], []
     prepare, baselines = modeled.ModeledHarness.prepare, modeled.ModeledHarness.baselines
     monkeypatch.setattr(modeled.ModeledHarness, "prepare", lambda self, w: prepared.append(w.name) or prepare(self, w))
-    monkeypatch.setattr(modeled.ModeledHarness, "baselines", lambda self, s: obtained.append(1) or baselines(self, s))
+    monkeypatch.setattr(modeled.ModeledHarness, "baselines",
+                        lambda self, s, names: obtained.append(1) or baselines(self, s, names))
     session = EvaluationSession()
     first = evaluate(SEQUENTIAL, TINY, PROFILE, cache_dir=tmp_path, session=session)
     again = evaluate(SEQUENTIAL, TINY, PROFILE, cache_dir=tmp_path, session=session)

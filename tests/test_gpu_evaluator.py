@@ -241,7 +241,7 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: SimpleNamespace(multi_processor_count=132))
     monkeypatch.setattr(EvaluationSession, "device_rates",
                         lambda self, device: {"copy_bandwidth_gbs": 4000.0, "matmul_tflops": 800.0})
-    log = {"time": [], "baselines": 0, "broken": False}
+    log = {"time": [], "baselines": 0, "broken": False, "asked": []}
 
     def prepare(self, w):
         draft, target = w.weights("draft"), w.weights("target")
@@ -264,8 +264,11 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(MeasuredHarness, "prepare", prepare)
     monkeypatch.setattr(MeasuredHarness, "ready", lambda self, compiled, setup: None)  # warm-up: GPU only
     monkeypatch.setattr(MeasuredHarness, "time", timed)
-    monkeypatch.setattr("conjugate.evaluate.measured.measure_baselines",
-                        lambda setup, profile, cache_dir: baselines(None, setup))
+    def measured(setup, profile, cache_dir):
+        log["asked"].append(profile.timing.baselines)
+        return {name: b for name, b in baselines(None, setup).items() if name in profile.timing.baselines}
+
+    monkeypatch.setattr("conjugate.evaluate.measured.measure_baselines", measured)
     return log
 
 
@@ -293,6 +296,82 @@ def test_the_measured_flow_measures_the_baselines_once_then_checks_twice_and_tim
     again = evaluate(CHEAP, TINY, profile, cache_dir=tmp_path, session=session)
     assert fake_gpu["baselines"] == 2 and again.metrics.baselines == failed.metrics.baselines  # not retried
     assert EvalResult.from_dict(json.loads(json.dumps(again.to_dict()))) == again
+
+
+class _InProcess:
+    """IsolatedEvaluator's interface in this process, one session, carrying what `carried` holds."""
+
+    def __init__(self, profile, cache_dir):
+        from conjugate.evaluate.session import EvaluationSession
+
+        self.profile, self.cache_dir, self.session, self.carried = profile, cache_dir, EvaluationSession(), None
+
+    def evaluate(self, plan, workload_path, **kwargs):
+        return evaluate(plan, load_workload(workload_path), self.profile, cache_dir=self.cache_dir,
+                        session=self.session, carried_baselines=self.carried)
+
+
+def test_a_resumed_run_carries_the_torch_baselines_it_measured(fake_gpu, tmp_path):
+    from conjugate.agents import make_proposer
+    from conjugate.search.run import Search, SearchSettings, baselines_to_carry, eval_key, run_evaluator_id
+    from conjugate.search.store import NodeStatus, Store, owner_id
+
+    profile = load_profile("h200")
+    with Store.open(tmp_path / "runs.db", create=True) as store:
+        search = Search.start(store, "carry", TINY, str(TINY_PATH), _InProcess(profile, tmp_path),
+                              make_proposer("heuristic"), SearchSettings(budget=2), 0)
+        run = store.run(search.run_id)
+        assert baselines_to_carry(store, run.id, TINY, run_evaluator_id(run)) is None  # nothing measured yet
+        first, second = store.nodes(run.id)[:2]
+        for node, conventional in ((first, 0.5), (second, 0.6)):  # two evaluations as an earlier process stored them
+            key = eval_key(node.plan_hash, TINY, run_evaluator_id(run))
+            assert store.claim_evaluation(key, node.plan_hash, run.id, owner_id(), 60.0)
+            result = _measured(node.plan["name"], 0.25)
+            result.metrics.baselines["conventional"] = Baseline("ok", conventional)
+            store.finish_evaluation(key, result, 1.0)
+            store.settle(node.id, NodeStatus.EVALUATED, [node.id], 1.0)
+        carried = json.loads(json.dumps(baselines_to_carry(store, run.id, TINY, run_evaluator_id(run))))
+    assert carried["device"] == "NVIDIA H200" and carried["baselines"]["conventional"]["latency_ms"] == 0.6
+    assert set(carried["baselines"]) == {"conventional", "streams"}  # the latest evaluation's; never sequential
+    assert re.fullmatch(rf"run {run.id}, evaluation of node {second.id}, \d{{4}}-\d\d-\d\d \d\d:\d\d",
+                        carried["from"])
+    resumed = _InProcess(profile, tmp_path)  # a fresh process: nothing measured yet
+    resumed.carried = carried
+    r = resumed.evaluate(CHEAP, TINY_PATH)
+    assert fake_gpu["asked"] == [("sequential",)]  # only what was not carried is measured
+    assert r.ok and r.metrics.speedups == pytest.approx({"conventional": 0.6 / 0.5, "streams": 0.3 / 0.5})
+    assert {n: b.carried for n, b in r.metrics.baselines.items()} == {
+        "conventional": carried["from"], "streams": carried["from"], "sequential": ""}
+    assert EvalResult.from_dict(json.loads(json.dumps(r.to_dict()))) == r
+
+
+def test_baselines_are_carried_only_for_their_workload_and_gpu():
+    from conjugate.evaluate.baselines import carried_baselines
+
+    ok = {"status": "ok", "latency_ms": 1.0, "modeled": False}
+    carried = {"device": "NVIDIA H200", "from": "run 1", "workload": json.loads(json.dumps(TINY.to_dict())),
+               "baselines": {"conventional": ok, "streams": ok | {"status": "incorrect"}, "sequential": ok}}
+    wanted = ("conventional", "sequential", "streams")
+    kept = carried_baselines(carried, "NVIDIA H200", TINY, wanted)
+    assert list(kept) == ["conventional"] and kept["conventional"].carried == "run 1"  # never sequential: cheap
+    assert carried_baselines(carried, "NVIDIA H100 80GB HBM3", TINY, wanted) == {}
+    other = load_workload(ROOT / "examples" / "qwen25-05b-7b-b8.toml")
+    assert carried_baselines(carried, "NVIDIA H200", other, wanted) == {}
+    assert carried_baselines(carried, "NVIDIA H200", TINY, ("sequential",)) == {}
+    again = carried | {"from": "run 2", "baselines": {"conventional": kept["conventional"].to_dict()}}
+    assert carried_baselines(again, "NVIDIA H200", TINY, wanted)["conventional"].carried == "run 1"  # first seen
+
+
+def test_carry_baselines_is_for_a_resumed_run_only(tmp_path, capsys):
+    assert main(["search", str(TINY_PATH), "--db", str(tmp_path / "x.db"), "--carry-baselines"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: --carry-baselines: only with --resume (a new run has measured no baselines to carry)"
+    assert not (tmp_path / "x.db").exists()
+    db = tmp_path / "modeled.db"
+    assert main(["search", str(TINY_PATH), "--db", str(db), "--budget", "1"]) == 0
+    capsys.readouterr()
+    assert main(["search", "--resume", str(db), "--carry-baselines"]) == 0
+    assert "holds no measured conventional baseline to carry: measuring the baselines" in capsys.readouterr().out
 
 
 # --- bench with measured rows ----------------------------------------------------------------------

@@ -16,14 +16,17 @@ STREAMS = ROOT / "plans" / "streams.json"
 def test_each_variant_differs_from_its_plan_in_its_knob_alone():
     made, skipped = load_script("knob_variants").variants(STREAMS, "best")
     assert set(made) == {"pdl-draft-end", "pdl-draft-start", "pdl-draft-end-prefetch", "pdl-both-end",
-                         "target-loops-99", "target-loops-66", "draft-fusions"} and not skipped
+                         "target-loops-99", "target-loops-66", "draft-fusions", "target-sms-120", "target-sms-112",
+                         "target-sms-104"} and not skipped
     base = load_plan(STREAMS).to_dict()
     for variant, plan in made.items():
         assert plan["name"] == f"best-{variant}"
         changed = {k for k in plan if plan[k] != base[k]} - {"name"}
-        assert changed == {"target-loops-99": {"persist"}, "target-loops-66": {"persist"},
-                           "draft-fusions": {"fusions"}}.get(variant, {"pdl"}), variant
+        knob = {"target-loops-99": "persist", "target-loops-66": "persist", "draft-fusions": "fusions"}.get(
+            variant, "sm_limit" if variant.startswith("target-sms") else "pdl")
+        assert changed == {knob}, variant
         validate_plan(plan)
+    assert made["target-sms-112"]["sm_limit"] == {"draft": 0, "target": 112}
     assert made["pdl-draft-start"]["pdl"]["draft"] == {"trigger": "start", "prefetch": False}
     assert made["pdl-both-end"]["pdl"]["target"]["trigger"] == "end"
     assert made["target-loops-99"]["persist"]["target"] == {"span": "launch", "programs": 99, "prefetch": True}
@@ -46,4 +49,6 @@ def test_a_variant_the_plan_cannot_take_is_skipped_and_named(tmp_path):
                             "skipped pdl-both-end", "skipped target-loops-99"}
     assert skipped["skipped target-loops-99"] == "the plan has it already"
     assert "$.pdl.draft.trigger" in skipped["skipped pdl-draft-end"]
-    assert sorted(p.name for p in out.iterdir()) == ["layered-draft-fusions.json", "layered-target-loops-66.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["layered-draft-fusions.json", "layered-target-loops-66.json",
+                                                     "layered-target-sms-104.json", "layered-target-sms-112.json",
+                                                     "layered-target-sms-120.json"]

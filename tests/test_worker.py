@@ -53,3 +53,14 @@ def test_a_crash_is_recorded_with_its_stage(profile, tmp_path):
         assert "exited with status" in crashed.error and "illegal memory access (simulated)" in crashed.error
         isolated.entry = "evaluators:chatty_then_evaluate"  # stdout noise stays out of the protocol
         assert isolated.evaluate(CHEAP, TINY).ok and isolated.restarts == 1
+
+
+def test_the_worker_passes_carried_baselines_on_only_when_there_are_some(profile, tmp_path):
+    import json
+
+    with IsolatedEvaluator(profile, time_limit_s=60, cache_dir=tmp_path, entry="evaluators:report_carried",
+                           env=FAULTS) as isolated:
+        assert set(dict(json.loads(isolated.evaluate(CHEAP, TINY).error))) == {"session"}
+        isolated.carried = {"device": "NVIDIA H200", "from": "run 1", "baselines": {}}
+        sent = dict(json.loads(isolated.evaluate(CHEAP, TINY).error))
+        assert sent["carried_baselines"] == isolated.carried

@@ -50,7 +50,7 @@ from conjugate.agents.base import NodeContext, Proposal
 from conjugate.agents.heuristic_edits import (LIGHT_TARGETS, SEARCH_KEYS, Candidate, Launches, enable_pairing,
                                               fill_by_kind, gain_edits, headroom_edits, launch_parts,
                                               measured_tile_edits, pdl_edits, repair_edits, scaled, set_pairs,
-                                              set_tile, spill_edits, split_edits, tile_value)
+                                              set_tile, sm_limit_edits, spill_edits, split_edits, tile_value)
 from conjugate.agents.tile_table import TileTable, load_tile_tables, table_for
 from conjugate.errors import ConjugateError
 from conjugate.paths import TILES_FILE
@@ -173,7 +173,8 @@ def candidates(plan: Plan, result: EvalResult | None, sms: int, rng: random.Rand
     out += tile_edits(plan, focus, rng) + launch_edits(plan, rng)
     out += pattern_edits(plan, interfering) + fusion_edits(plan, ledger) + alignment_edits(plan)
     out += streams_edits(plan, ledger) + mixed_edits(plan, verdicts, workload) + layout_edits(plan)
-    return out + reduce_edits(plan) + persist_edits(plan, sms, verdicts, ledger) + pdl_edits(plan, ledger)
+    out += reduce_edits(plan) + persist_edits(plan, sms, verdicts, ledger) + pdl_edits(plan, ledger)
+    return out + sm_limit_edits(plan, sms, ledger)
 
 
 def _loss_shares(ledger: LedgerSummary | None) -> list[tuple[str, str, float, KindLoss]]:

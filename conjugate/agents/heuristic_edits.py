@@ -13,7 +13,7 @@ from conjugate.agents.tile_table import TileTable, measured_for
 from conjugate.compiler.feedback import PartRef
 from conjugate.evaluate.result import EvalResult, LedgerSummary, Status, Verdict, VerdictKind
 from conjugate.graph import KINDS
-from conjugate.plan.schema import BARRIER_SPANS, Plan
+from conjugate.plan.schema import BARRIER_SPANS, MODEL_KEYS, SM_LIMIT_STEP, Plan
 from conjugate.plan.tiles import DEFAULT_TILES, FAMILY_OF, LAUNCH_BOUNDS, TILE_BOUNDS
 from conjugate.roles import Model
 
@@ -378,4 +378,37 @@ def pdl_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candidate
         out.append(Candidate("launch", [{"op": "replace", "path": path,
                                          "value": {"trigger": "none", "prefetch": False}}],
                              f"{model} launches start only once the kernel before them has ended", 0.2))
+    return out
+
+
+def sm_limit_edits(plan: Plan, sms: int, ledger: LedgerSummary | None = None) -> list[Candidate]:
+    """With two streams, one model's stream on part of the SMs (plan `sm_limit`), so the other's
+    kernels find SMs of their own: the model whose stream the ledger says is less busy (by default
+    the target) limited to 8, 16 or 24 SMs fewer than the most that leave the other any (120, 112, 104
+    of the H200's 132); once limited, 8 SMs more or fewer, or no limit.
+    On the H200 the draft's stream ran 12-28% faster beside target launches held to fewer programs,
+    which then ran 1.5-1.8x longer (results/knobs_h200.json); a limit keeps each target launch
+    filling its own SMs instead. Not measured yet as a limit."""
+    if plan["streams"] != "two" or sms <= 2 * SM_LIMIT_STEP:
+        return []
+    limited = {m: n for m, n in plan["sm_limit"].items() if n}
+    if limited:
+        (model, now), = limited.items()
+        out = [Candidate("launch", [{"op": "replace", "path": f"/sm_limit/{model}", "value": 0}],
+                         f"the {model}'s stream on every SM again", 0.2)]
+        for n in (now - SM_LIMIT_STEP, now + SM_LIMIT_STEP):
+            if SM_LIMIT_STEP <= n < sms:
+                out.append(Candidate("launch", [{"op": "replace", "path": f"/sm_limit/{model}", "value": n}],
+                                     f"the {model}'s stream on {n} SMs (from {now})", 0.25))
+        return out
+    busy = ledger.streams if ledger is not None else {}
+    yielding = min(busy, key=busy.get) if len(busy) > 1 and set(busy) <= set(MODEL_KEYS) else Model.TARGET.value
+    other = next(m for m in MODEL_KEYS if m != yielding)
+    top = (sms - 1) // SM_LIMIT_STEP * SM_LIMIT_STEP  # the most SMs that still leave the other some alone
+    out = []
+    for rank, n in enumerate(n for n in (top - SM_LIMIT_STEP * i for i in (1, 2, 3)) if n >= SM_LIMIT_STEP):
+        why = (f"the {yielding}'s stream on {n} of {sms} SMs: the {other}'s kernels have {sms - n} to themselves "
+               f"instead of queueing behind the {yielding}'s thread blocks")
+        out.append(Candidate("launch", [{"op": "replace", "path": f"/sm_limit/{yielding}", "value": n}], why,
+                             round(0.35 - 0.05 * rank, 2)))
     return out

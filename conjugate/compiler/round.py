@@ -29,6 +29,7 @@ from conjugate.compiler.lower import lower_part
 from conjugate.compiler.packed import pack_launch
 from conjugate.compiler.persist import ASSUMED_L2_BYTES, PREFETCH_L2_SHARE, resident_programs, sync_words
 from conjugate.compiler.resources import check_shared_memory
+from conjugate.compiler.sm_limit import SmLimitUnavailable, limited_stream
 from conjugate.compiler.tile import INTERPRETING, PartCall
 from conjugate.errors import CompileError
 from conjugate.graph import build_graph
@@ -230,10 +231,23 @@ class CompiledRound:
         self._streams = None
         self.waits = cross_stream_waits(schedule.launches, op_graph)
         self._events: dict[int, torch.cuda.Event] = {}
+        self._green: list[object] = []  # the green contexts of SM-limited streams, alive as long as their streams
         if schedule.streams == "two" and self.device.type == "cuda":
-            self._streams = {model: torch.cuda.Stream(self.device, priority=stream_priority(schedule, model))
-                             for model in Model}
+            self._streams = {model: self._stream(model) for model in Model}
             self._events = {i: torch.cuda.Event() for waited in self.waits.values() for i in waited}
+
+    def _stream(self, model: Model) -> torch.cuda.Stream:
+        """`model`'s stream: on the SMs the plan limits it to (sm_limit.py), else with the plan's priority."""
+        sms = dict(self.schedule.sm_limits).get(model.value, 0)
+        if not sms:
+            return torch.cuda.Stream(self.device, priority=stream_priority(self.schedule, model))
+        try:
+            context, stream = limited_stream(self.device, sms)
+        except SmLimitUnavailable as e:
+            first = next(l for l in self.schedule.launches if l.stream == model.value)
+            raise _compile_error(first, None, f"sm_limit.{model.value}: {e}") from None
+        self._green.append(context)
+        return stream
 
     # -- running ---------------------------------------------------------------------------
     def load(self, inputs: RoundInputs) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -32,7 +32,7 @@ from conjugate.evaluate.baselines_apart import measure_apart
 from conjugate.evaluate.conventional import ConventionalRound, Variant, on_two_streams
 from conjugate.evaluate.correctness import CheckReport
 from conjugate.evaluate.profile import EvaluatorProfile, TimingSettings
-from conjugate.evaluate.result import Baseline
+from conjugate.evaluate.result import CARRIABLE_BASELINES, Baseline
 from conjugate.evaluate.rounds import checked_run
 from conjugate.evaluate.session import RoundSetup
 from conjugate.evaluate.split_attention import adopt_cuts, kept_cuts
@@ -46,8 +46,26 @@ from conjugate.workload import Workload
 PHASES = {Model.DRAFT: "draft", Model.TARGET: "verify"}
 
 
+def carried_baselines(carried: dict, device: str, workload: Workload, wanted: tuple[str, ...]) -> dict[str, Baseline]:
+    """The baselines an earlier process of the same search run measured, to take instead of building
+    and timing them again: `carried` is {"device", "workload" (its dict), "from", "baselines": {name:
+    Baseline as a dict}}; only `conventional` and `streams`, only measured correct, only for this
+    workload on a GPU of the same name. Each keeps where it was first measured."""
+    same = (json.dumps(carried.get("workload"), sort_keys=True, default=str)
+            == json.dumps(workload.to_dict(), sort_keys=True, default=str))
+    if carried.get("device") != device or not same:
+        return {}
+    out = {}
+    for name in CARRIABLE_BASELINES:
+        data = carried.get("baselines", {}).get(name)
+        if name in wanted and isinstance(data, dict) and data.get("status") == "ok" and not data.get("modeled"):
+            out[name] = replace(Baseline.from_dict(data),
+                                carried=data.get("carried") or str(carried.get("from", "an earlier process")))
+    return out
+
+
 def measure_baselines(setup: RoundSetup, profile: EvaluatorProfile, cache_dir: Path | None) -> dict[str, Baseline]:
-    """name -> Baseline for the profile's baselines, each checked, then timed."""
+    """name -> Baseline for the profile's baselines (`[timing] baselines`), each checked, then timed."""
     wanted, out = profile.timing.baselines, {}
     if {"conventional", "streams"} & set(wanted) and profile.timing.baselines_apart:
         out |= measure_apart(setup.workload, profile, cache_dir)

@@ -47,8 +47,12 @@ class Harness(Protocol):
     def time(self, compiled: CompiledRound, setup: RoundSetup) -> Timed:
         """The round's latency and its shared launches' verdicts."""
 
-    def baselines(self, setup: RoundSetup) -> dict[str, Baseline]:
-        """Every baseline of `baselines_wanted`, obtained afresh."""
+    def baselines(self, setup: RoundSetup, names: tuple[str, ...]) -> dict[str, Baseline]:
+        """The baselines named (of `baselines_wanted`), obtained afresh."""
+
+    def carried(self, carried: dict, workload: Workload) -> dict[str, Baseline]:
+        """Those of the baselines an earlier process of the search run measured that stand here
+        (baselines.carried_baselines); none for a modeled evaluator."""
 
     def metrics(self, timed: Timed, setup: RoundSetup, baselines: dict[str, Baseline]) -> Metrics:
         """The timed round against its floor and the baselines."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -23,7 +24,7 @@ import torch
 
 from conjugate.compiler.buffers import PreparedWeights
 from conjugate.compiler.round import CompiledRound
-from conjugate.evaluate.baselines import measure_baselines
+from conjugate.evaluate.baselines import carried_baselines, measure_baselines
 from conjugate.evaluate.correctness import ReferenceChecker, tolerance_for
 from conjugate.evaluate.harness import Timed, speedups
 from conjugate.evaluate.profile import EvaluatorProfile
@@ -102,8 +103,14 @@ class MeasuredHarness:
         except (LedgerError, RuntimeError):  # RuntimeError: the profiler's own (CUPTI unavailable, say)
             return None
 
-    def baselines(self, setup: RoundSetup) -> dict[str, Baseline]:
-        return measure_baselines(setup, self.profile, self.cache_dir)
+    def baselines(self, setup: RoundSetup, names: tuple[str, ...]) -> dict[str, Baseline]:
+        if not names:
+            return {}
+        profile = replace(self.profile, timing=replace(self.profile.timing, baselines=names))
+        return measure_baselines(setup, profile, self.cache_dir)
+
+    def carried(self, carried: dict, workload: Workload) -> dict[str, Baseline]:
+        return carried_baselines(carried, torch.cuda.get_device_name(), workload, self.baselines_wanted)
 
     def metrics(self, timed: Timed, setup: RoundSetup, baselines: dict[str, Baseline]) -> Metrics:
         device, floor = torch.device("cuda"), self.floor(setup)

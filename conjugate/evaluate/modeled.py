@@ -72,15 +72,18 @@ class ModeledHarness:
                                 self.profile.model.bandwidth_gbs).condensed(modeled=True)
         return Timed(latency_ms, verdicts, len(compiled.schedule.launches), ledger=ledger)
 
-    def baselines(self, setup: RoundSetup) -> dict[str, Baseline]:
+    def baselines(self, setup: RoundSetup, names: tuple[str, ...]) -> dict[str, Baseline]:
         """This project's baseline plans, compiled on shape-only weights and modeled the same way."""
         out = {}
-        for name in self.baselines_wanted:
+        for name in names:
             compiled = compile_round(load_plan(shipped_plan(name)), setup.workload, *_shapes_only(setup.workload),
                                      cache_dir=self.cache_dir)
             latency_ms, _ = model_round(self.model, setup.graph, compiled.schedule, launch_programs(compiled))
             out[name] = Baseline("ok", latency_ms, modeled=True)
         return out
+
+    def carried(self, carried: dict, workload: Workload) -> dict[str, Baseline]:
+        return {}  # modeled in moments: nothing worth carrying
 
     def metrics(self, timed: Timed, setup: RoundSetup, baselines: dict[str, Baseline]) -> Metrics:
         c, nbytes, latency = self.profile.model, graph_totals(setup.graph)["bytes"], timed.latency_ms

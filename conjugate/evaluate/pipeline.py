@@ -29,13 +29,16 @@ from conjugate.workload import Workload
 
 def evaluate(plan: Plan | dict, workload: Workload, profile: EvaluatorProfile, cache_dir: Path | None = None,
              on_stage: Callable[[str], None] | None = None, refresh_baselines: bool = False,
-             session: EvaluationSession | None = None) -> EvalResult:
+             session: EvaluationSession | None = None, carried_baselines: dict | None = None) -> EvalResult:
     """Score one plan on one workload. Never raises. `on_stage` hears each stage as it starts;
-    `session` keeps what later evaluations reuse (a fresh one when not given)."""
+    `session` keeps what later evaluations reuse (a fresh one when not given); `carried_baselines`,
+    what an earlier process of a resumed search measured (baselines.carried_baselines), is taken
+    where it stands instead of measuring those baselines again."""
     run = _Run(workload, profile, cache_dir, on_stage or (lambda stage: None))
     session = session or EvaluationSession()
     try:
-        return _stages(plan, run, harness_for(profile, cache_dir, session), session, refresh_baselines)
+        return _stages(plan, run, harness_for(profile, cache_dir, session), session, refresh_baselines,
+                       carried_baselines)
     except Exception as e:  # a bug or an unforeseen failure: still data, with where it happened
         last = traceback.format_exception_only(type(e), e)[-1].strip()
         return run.result(Status.ERROR, error=f"{last} (in {traceback.extract_tb(e.__traceback__)[-1].name})")
@@ -46,7 +49,8 @@ def harness_for(profile: EvaluatorProfile, cache_dir: Path | None, session: Eval
     return kind(profile, cache_dir, session)
 
 
-def _stages(raw: Plan | dict, run: "_Run", harness: Harness, session: EvaluationSession, refresh: bool) -> EvalResult:
+def _stages(raw: Plan | dict, run: "_Run", harness: Harness, session: EvaluationSession, refresh: bool,
+            carried: dict | None = None) -> EvalResult:
     refused = harness.unavailable()
     if refused:
         return run.result(Status.ERROR, error=refused)
@@ -56,7 +60,8 @@ def _stages(raw: Plan | dict, run: "_Run", harness: Harness, session: Evaluation
     # Baselines first (once per workload): running them slows later rounds on the GPU by up to 4%
     # for the rest of the process (benchmarks/steadiness.py), so every plan is timed after them.
     with run.step("baselines"):
-        baselines = session.baselines(kind, harness.baselines_wanted, refresh, partial(_baselines, harness, setup))
+        baselines = session.baselines(kind, harness.baselines_wanted, refresh,
+                                      partial(_baselines, harness, setup, carried))
     run.enter(Stage.VALIDATE)
     compiled = build(raw, setup, harness, run)
     if isinstance(compiled, EvalResult):
@@ -71,14 +76,16 @@ def _stages(raw: Plan | dict, run: "_Run", harness: Harness, session: Evaluation
                       verdicts=timed.verdicts)
 
 
-def _baselines(harness: Harness, setup: RoundSetup) -> dict[str, Baseline]:
-    """The harness's baselines; if obtaining them fails, each an error: the plan's own measurement
-    stands and its speedups say what is missing."""
+def _baselines(harness: Harness, setup: RoundSetup, carried: dict | None = None) -> dict[str, Baseline]:
+    """The harness's baselines, those carried from an earlier process taken as they are; if measuring
+    the rest fails, each an error: the plan's own measurement stands and its speedups say what is missing."""
+    kept = harness.carried(carried, setup.workload) if carried else {}
+    rest = tuple(name for name in harness.baselines_wanted if name not in kept)
     try:
-        return harness.baselines(setup)
+        return kept | harness.baselines(setup, rest)
     except Exception as e:
         last = traceback.format_exception_only(type(e), e)[-1].strip()
-        return {name: Baseline("error", error=last) for name in harness.baselines_wanted}
+        return kept | {name: Baseline("error", error=last) for name in rest}
 
 
 def build(raw: Plan | dict, setup: RoundSetup, harness: Harness, run: "_Run") -> CompiledRound | EvalResult:

@@ -57,6 +57,7 @@ class Baseline:
     error: str = ""
     variants: dict[str, str] = field(default_factory=dict)  # conventional: phase -> the variant it runs
     phase_ms: dict[str, float] = field(default_factory=dict)  # conventional: phase -> its graph's median alone
+    carried: str = ""  # measured by an earlier process of the same search run (which, when): not in this one
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -64,6 +65,9 @@ class Baseline:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Baseline":
         return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
+CARRIABLE_BASELINES = ("conventional", "streams")  # torch.compile'd: a fresh process takes minutes to build them
 
 
 @dataclass(frozen=True)

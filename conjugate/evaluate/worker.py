@@ -3,12 +3,12 @@ only the worker. The result records the stage reached and the error; the next ev
 fresh worker.
 
 Protocol: one JSON object a line. The parent writes a request {"plan", "workload" (a path),
-"profile" (the EvaluatorProfile as a dict), "cache_dir", "entry", "refresh_baselines"} to the
-worker's stdin; the worker answers with {"stage": ...} lines as it enters each stage and ends with
+"profile" (the EvaluatorProfile as a dict), "cache_dir", "entry", "refresh_baselines"[,
+"carried_baselines"]} to the worker's stdin; the worker answers with {"stage": ...} lines as it enters each stage and ends with
 {"result": EvalResult.to_dict()}. `entry` ("module:function") names the function that evaluates:
 `conjugate.evaluate.pipeline:evaluate` unless a caller says otherwise; it is called as
-`entry(plan, workload, profile, cache_dir=, on_stage=, session=[, refresh_baselines=True])`, with
-the one EvaluationSession the worker keeps for all its evaluations.
+`entry(plan, workload, profile, cache_dir=, on_stage=, session=[, refresh_baselines=True]
+[, carried_baselines=...])`, with the one EvaluationSession the worker keeps for all its evaluations.
 
     python -m conjugate.evaluate.worker     # the worker's own entry point
 """
@@ -38,6 +38,7 @@ class IsolatedEvaluator:
         self.profile, self.entry, self.cache_dir = profile, entry, cache_dir
         self.time_limit_s = time_limit_s or profile.time_limit_s
         self.env = {**os.environ, **(env or {})}
+        self.carried: dict | None = None  # baselines a resumed search carries from an earlier process (pipeline)
         self._worker: subprocess.Popen | None = None
         self.restarts = 0
 
@@ -57,6 +58,8 @@ class IsolatedEvaluator:
         request = {"plan": plan, "workload": str(workload_path), "profile": self.profile.to_dict(),
                    "cache_dir": str(self.cache_dir) if self.cache_dir else None, "entry": self.entry,
                    "refresh_baselines": refresh_baselines}
+        if self.carried:
+            request["carried_baselines"] = self.carried
         start, stage = time.monotonic(), Stage.SETUP
         try:
             worker.stdin.write(json.dumps(request) + "\n")
@@ -160,6 +163,8 @@ def _serve() -> None:
         cache_dir = Path(request["cache_dir"]) if request["cache_dir"] else None
         profile = EvaluatorProfile.from_dict(request["profile"])
         extra = {"refresh_baselines": True} if request.get("refresh_baselines") else {}
+        if request.get("carried_baselines"):
+            extra["carried_baselines"] = request["carried_baselines"]
         result = evaluate(request["plan"], load_workload(request["workload"]), profile,
                           cache_dir=cache_dir, on_stage=lambda stage: say({"stage": stage}), session=session, **extra)
         say({"result": result.to_dict()})

@@ -100,6 +100,7 @@ class Schedule:
     launches: tuple[Launch, ...]
     warnings: tuple[str, ...] = field(default=())
     priority: str = "none"  # with two streams: the model whose stream the GPU serves first
+    sm_limits: tuple[tuple[str, int], ...] = ()  # with two streams: (model, SMs its stream may use), plan `sm_limit`
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -367,7 +368,8 @@ def _expand(plan: Plan, workload: Workload, graph: nx.DiGraph) -> Schedule:
     launches = _persist(plan, graph, [_launch(plan, graph, n, units) for n, units in enumerate(groups)])
     check_dependencies(graph, launches)
     return Schedule(plan.hash, workload.name, plan["streams"], plan["capture"], launches,
-                    _unmatched_overrides(plan, target + draft), plan["priority"])
+                    _unmatched_overrides(plan, target + draft), plan["priority"],
+                    tuple((m, n) for m, n in plan["sm_limit"].items() if n))
 
 
 def _unmatched_overrides(plan: Plan, units: list[_Unit]) -> tuple[str, ...]:

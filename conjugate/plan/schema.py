@@ -42,19 +42,24 @@ PERSIST_PROGRAMS_MAX = 1024  # 0: as many programs as the GPU holds at once
 # next launch start (griddepcontrol.launch_dependents) at the `start` of their work, right after the
 # wait, or at its `end`; `prefetch`: before waiting, they ask L2 for their tile's weights
 PDL_TRIGGERS = ("none", "start", "end")
+# with two streams, the SMs one model's stream may use (a CUDA green context); 0: every SM. Hopper
+# partitions SMs in groups of 8. One model at most: the other keeps the whole GPU, and so the SMs
+# the limited one leaves are the other's alone
+SM_LIMIT_STEP, SM_LIMIT_MAX = 8, 1024
 FUSIONS = ("attn_norm+qkv", "qkv+rope_kv", "mlp_norm+gate_up", "final_norm+lm_head", "lm_head+argmax")
 MATCH_MAX = 200  # characters of an override's glob
 MODEL_KEYS = tuple(model.value for model in Model)  # plain strings: the plan stays plain JSON
 _TOP_KEYS = ("schema", "name", "description", "alignment", "pairs", "interleave", "tiles", "fusions",
-             "operand_layout", "capture", "streams", "priority", "split_reduce", "persist", "pdl", "launch",
-             "overrides")
+             "operand_layout", "capture", "streams", "priority", "split_reduce", "persist", "pdl", "sm_limit",
+             "launch", "overrides")
 _OVERRIDE_KEYS = ("match", "pair", "with", "interleave", "tiles", "launch", "operand_layout")
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_+*]{1,40}")  # a key shown in a JSON path as .key, any other as ["key"]
 _HASH_IGNORED = ("name", "description")  # cosmetic: two plans differing only here are the same plan
 # keys added after plans were first stored: hashed only when set, so earlier plans keep their hashes
 _HASH_WHEN_SET = {"priority": "none", "split_reduce": {"draft": "ordered", "target": "ordered"},
                   "persist": {m: {"span": "none", "programs": 0, "prefetch": True} for m in MODEL_KEYS},
-                  "pdl": {m: {"trigger": "none", "prefetch": False} for m in MODEL_KEYS}}
+                  "pdl": {m: {"trigger": "none", "prefetch": False} for m in MODEL_KEYS},
+                  "sm_limit": {m: 0 for m in MODEL_KEYS}}
 
 
 class _Checker:
@@ -197,6 +202,8 @@ def _canonical(raw: Any) -> tuple[dict, list[str]]:
     plan["persist"] = {m: c.persist(persist.get(m, {}), f"$.persist.{m}") for m in MODEL_KEYS}
     pdl = c.obj(raw.get("pdl", {}), "$.pdl", MODEL_KEYS)
     plan["pdl"] = {m: c.pdl(pdl.get(m, {}), f"$.pdl.{m}") for m in MODEL_KEYS}
+    limits = c.obj(raw.get("sm_limit", {}), "$.sm_limit", MODEL_KEYS)
+    plan["sm_limit"] = {m: c.integer(limits.get(m, 0), f"$.sm_limit.{m}", 0, SM_LIMIT_MAX) for m in MODEL_KEYS}
     pairs = c.obj(raw.get("pairs", {}), "$.pairs", KINDS)
     plan["pairs"] = {k: c.kinds(v, f"$.pairs.{k}", allow_any=True) for k, v in sorted(pairs.items()) if k in KINDS}
     fusions = c.obj(raw.get("fusions", {}), "$.fusions", MODEL_KEYS)
@@ -222,6 +229,16 @@ def _canonical(raw: Any) -> tuple[dict, list[str]]:
         if plan["pdl"][m]["prefetch"] and plan["pdl"][m]["trigger"] == "none":
             c.fail(f"$.pdl.{m}.prefetch", "prefetches ahead of the wait of a programmatic dependent launch, so it "
                                           "needs a trigger other than 'none'")
+    limited = [m for m in MODEL_KEYS if plan["sm_limit"][m]]
+    for m in limited:
+        if plan["sm_limit"][m] % SM_LIMIT_STEP:
+            c.fail(f"$.sm_limit.{m}", f"should be a multiple of {SM_LIMIT_STEP} (SMs are partitioned in groups of "
+                                      f"{SM_LIMIT_STEP}), got {plan['sm_limit'][m]}")
+        elif plan["streams"] != "two":
+            c.fail(f"$.sm_limit.{m}", "limits one model's stream to part of the GPU, so it needs $.streams 'two'")
+    if len(limited) > 1:
+        c.fail("$.sm_limit", "limits both models: at most one (the other keeps every SM, and so the SMs left "
+                             "over are its own)")
     if plan["streams"] == "two" and plan["alignment"] != "sequential":
         c.fail("$.streams", "'two' runs each model on its own stream, so it needs $.alignment 'sequential' "
                             "(cross-model launches belong to one stream)")

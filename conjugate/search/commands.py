@@ -128,6 +128,7 @@ def _joiners(args: argparse.Namespace, db: str, deadline: float | None) -> Calla
                                       ("--llm-timeout", args.llm_timeout), ("--replay-from", args.replay_from),
                                       ("--budget", args.budget))
              if value is not None for item in (flag, str(value))]
+    extra += ["--carry-baselines"] if args.carry_baselines else []
     extra += [str(args.workload)] if args.workload else []  # a resumed run's workload file, where it moved
     log_dir = Path(db).resolve().parent if "://" not in db else RUNS_DIR
     return lambda run_id: Helpers(db, run_id, args.gpus[1:], log_dir, deadline, extra)
@@ -135,6 +136,8 @@ def _joiners(args: argparse.Namespace, db: str, deadline: float | None) -> Calla
 
 def _start(args: argparse.Namespace, out: Console, deadline: float | None) -> int:
     """A new run of the workload, evaluator and agent the command line names."""
+    if args.carry_baselines:
+        raise ConjugateError("--carry-baselines: only with --resume (a new run has measured no baselines to carry)")
     from conjugate.evaluate.profile import load_profile
     from conjugate.evaluate.worker import IsolatedEvaluator
     from conjugate.search.run import Search, SearchSettings
@@ -165,8 +168,8 @@ def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> i
     from conjugate.evaluate.profile import load_profile
     from conjugate.evaluate.worker import IsolatedEvaluator
     from conjugate.search.report import run_history
-    from conjugate.search.run import (Search, SearchSettings, evaluator_id, run_evaluator_id, run_profile_source,
-                                      run_workload_file)
+    from conjugate.search.run import (Search, SearchSettings, baselines_to_carry, evaluator_id, run_evaluator_id,
+                                      run_profile_source, run_workload_file)
     from conjugate.search.store import RunStatus
 
     with open_store(args.resume) as store:
@@ -195,11 +198,23 @@ def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> i
         proposer = _proposer(agent, _CallLog(store, run.id))
         run_history(store, run, workload)  # every row read before the run is marked running: a damaged one ends here
         with IsolatedEvaluator(profile) as evaluator:
+            if args.carry_baselines:
+                evaluator.carried = baselines_to_carry(store, run.id, workload, run_evaluator_id(run))
+                out.print(_carrying(evaluator.carried, run.id))
+
             def resume() -> Search:
                 search = Search(store, run.id, workload, workload_file, evaluator, proposer, settings)
                 store.set_run_status(run.id, RunStatus.RUNNING)
                 return search
             return _drive(store, resume, out, deadline, _joiners(args, args.resume, deadline))
+
+
+def _carrying(carried: dict | None, run_id: int) -> str:
+    """What --carry-baselines takes, in one line."""
+    if carried is None:
+        return f"run {run_id} holds no measured conventional baseline to carry: measuring the baselines"
+    names = ", ".join(f"{name} {b['latency_ms']:.3f} ms" for name, b in carried["baselines"].items())
+    return f"carrying {names} ({carried['from']}, {carried['device']}) where this GPU is the same"
 
 
 def scored_by(settings: SearchSettings, profile: EvaluatorProfile) -> SearchSettings:
@@ -361,6 +376,9 @@ def add_commands(sub, out: Console) -> None:
     search.add_argument("--replay-from", help="with --agent replay: the database whose edits to replay")
     search.add_argument("--resume", metavar="DB", help="continue the latest run (or --run) of this database")
     search.add_argument("--run", type=_RUN_ID, help="with --resume: the run id")
+    search.add_argument("--carry-baselines", action="store_true", help="with --resume: take the torch baselines "
+                        "(conventional, streams) the run measured earlier on a GPU of this name instead of compiling "
+                        "them again (minutes in a fresh process); results name where they were measured")
     search.add_argument("--gpus", help="search on these GPUs at once, e.g. 0,1: this process on the first, one "
                         "joining the run per other GPU (one tree, one budget)")
     search.set_defaults(func=lambda a: cmd_search(a, out))

@@ -160,7 +160,8 @@ def _markdown(run, best: dict, result: EvalResult, history: list[dict]) -> str:
     for b in BASELINES:
         base = m.baselines.get(b)
         if base is not None and base.latency_ms and b in m.speedups:
-            lines.append(f"- vs {b}: {m.speedups[b]:.3f}x ({base.latency_ms:.3f} ms)")
+            carried = f", carried from {base.carried}" if base.carried else ""
+            lines.append(f"- vs {b}: {m.speedups[b]:.3f}x ({base.latency_ms:.3f} ms{carried})")
     lines += ["", "## Verdicts of its multi-part launches (worst first)", "",
               "| launch | ops | verdict | shared us | separate us | gain % |", "|---|---|---|---|---|---|"]
     for v in result.verdicts[:20]:

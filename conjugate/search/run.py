@@ -27,7 +27,7 @@ from typing import Any, Callable, Protocol
 
 from conjugate.agents.base import Proposal, Proposer, ProposerUnavailable
 from conjugate.errors import ConjugateError, PatchError, PlanError, WorkloadError
-from conjugate.evaluate.result import EvalResult, Stage
+from conjugate.evaluate.result import CARRIABLE_BASELINES, EvalResult, Stage
 from conjugate.graph import build_graph
 from conjugate.paths import REWARD_BASELINE, SEED_PLANS, shipped_plan
 from conjugate.plan import load_plan, patch_plan, validate_plan
@@ -96,6 +96,25 @@ def eval_key(plan_hash: str, workload: Workload, evaluator_id: str) -> str:
     """What makes two evaluations the same: the plan, the workload and the evaluator (see evaluator_id)."""
     body = json.dumps([plan_hash, workload.to_dict(), evaluator_id], sort_keys=True, default=str)
     return hashlib.sha256(body.encode()).hexdigest()
+
+
+def baselines_to_carry(store: Store, run_id: int, workload: Workload, evaluator: str) -> dict | None:
+    """The torch baselines (`conventional`, `streams`) of the run's latest evaluation that measured
+    one of them correct, for a resumed run's evaluator to carry instead of building them again
+    (pipeline.evaluate's `carried_baselines`); None when the run has none (modeled, or none yet)."""
+    for node in sorted(store.nodes(run_id), key=lambda n: -n.id):
+        found = store.evaluation(eval_key(node.plan_hash, workload, evaluator))
+        result = found.result if found is not None and found.done else None
+        if result is None or result.modeled or result.metrics is None:
+            continue
+        kept = {name: b.to_dict() for name, b in result.metrics.baselines.items()
+                if name in CARRIABLE_BASELINES and b.status == "ok"}
+        if kept:
+            when = f", {found.finished_at:%Y-%m-%d %H:%M}" if found.finished_at else ""
+            return {"device": result.metrics.device, "baselines": kept,
+                    "workload": json.loads(json.dumps(workload.to_dict(), default=str)),
+                    "from": f"run {run_id}, evaluation of node {node.id}{when}"}
+    return None
 
 
 def evaluator_id(profile) -> str:

@@ -90,3 +90,13 @@ def incorrect_every_plan(plan, workload, profile, cache_dir=None, on_stage=None,
 
     result = evaluate(plan, workload, profile, cache_dir, on_stage, **options)
     return replace(result, status=Status.INCORRECT, stage=Stage.CORRECTNESS, error="wrong on purpose", metrics=None)
+
+
+def report_carried(plan, workload, profile, cache_dir=None, on_stage=None, **options):
+    """No evaluation: the options the worker passed on, as the result's error text."""
+    import json
+
+    from conjugate.evaluate.result import EvalResult, Stage, Status
+
+    return EvalResult("", workload.name, profile.name, Stage.SETUP, Status.INVALID, True,
+                      error=json.dumps(sorted(options.items()), default=str))
