@@ -72,6 +72,7 @@ def _schedule_table(schedule, title: str, limit: int | None = None) -> Table:
     for col in ("#", "stream", "parts", "op ids", "tiles", "bytes"):
         table.add_column(col, justify="right" if col in ("#", "bytes") else "left")
     launches = schedule.launches if limit is None else schedule.launches[:limit]
+    limits = dict(schedule.sm_limits)
     for launch in launches:
         parts = " | ".join(f"{p.model[0]}:{'+'.join(p.fused)}" for p in launch.parts)
         if launch.cross_model:
@@ -82,7 +83,8 @@ def _schedule_table(schedule, title: str, limit: int | None = None) -> Table:
         if launch.pdl != "none":
             parts += f"  [pdl: release at {launch.pdl}{', prefetch' if launch.pdl_prefetch else ''}]"
         tiles = " | ".join(",".join(f"{k.replace('BLOCK_', '')}{v}" for k, v in p.tiles.items()) for p in launch.parts)
-        table.add_row(str(launch.index), launch.stream, parts, "\n".join(" + ".join(p.ops) for p in launch.parts),
+        stream = f"{launch.stream} ({limits[launch.stream]} SMs)" if launch.stream in limits else launch.stream
+        table.add_row(str(launch.index), stream, parts, "\n".join(" + ".join(p.ops) for p in launch.parts),
                       tiles, _human_bytes(launch.bytes))
     return table
 
@@ -212,7 +214,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         write_output(args.json, json.dumps({"workload": workload.name, "evaluator": profile.name,
                                                "modeled": profile.kind != "gpu",
-                                               "plans": [{"plan": name, "result": r.to_dict()} for name, r in rows]},
+                                               "plans": [{"plan": plan.name, "label": label, "result": r.to_dict()}
+                                                         for (label, r), (_, plan) in zip(rows, plans)]},
                                               indent=1) + "\n")
     return 0 if all(r.ok for _, r in rows) else 1  # the table says where and why
 

@@ -230,7 +230,8 @@ def test_bench_names_a_plan_file_whose_plan_keeps_a_seed_name(tmp_path, capsys):
     out = tmp_path / "bench.json"
     assert main(["bench", str(ROOT / "examples" / "tiny.toml"), "--plan", "streams", "--plan", str(best),
                  "--json", str(out)]) == 0
-    assert [p["plan"] for p in json.loads(out.read_text())["plans"]] == ["streams", "best-of-search (streams)"]
+    rows = json.loads(out.read_text())["plans"]
+    assert [(p["plan"], p["label"]) for p in rows] == [("streams", "streams"), ("streams", "best-of-search (streams)")]
     assert "best-of-search (streams)" in capsys.readouterr().out
 
 

@@ -311,7 +311,7 @@ class _InProcess:
                         session=self.session, carried_baselines=self.carried)
 
 
-def test_a_resumed_run_carries_the_torch_baselines_it_measured(fake_gpu, tmp_path):
+def test_a_resumed_run_carries_the_torch_baselines_it_measured(fake_gpu, tmp_path, monkeypatch):
     from conjugate.agents import make_proposer
     from conjugate.search.run import Search, SearchSettings, baselines_to_carry, eval_key, run_evaluator_id
     from conjugate.search.store import NodeStatus, Store, owner_id
@@ -337,12 +337,18 @@ def test_a_resumed_run_carries_the_torch_baselines_it_measured(fake_gpu, tmp_pat
                         carried["from"])
     resumed = _InProcess(profile, tmp_path)  # a fresh process: nothing measured yet
     resumed.carried = carried
+    states = []
+    monkeypatch.setattr("conjugate.evaluate.measured.enter_torch_graph_state", states.append)
     r = resumed.evaluate(CHEAP, TINY_PATH)
     assert fake_gpu["asked"] == [("sequential",)]  # only what was not carried is measured
+    assert states == [torch.device("cuda")]  # its plans timed as beside the baselines it did not build
     assert r.ok and r.metrics.speedups == pytest.approx({"conventional": 0.6 / 0.5, "streams": 0.3 / 0.5})
     assert {n: b.carried for n, b in r.metrics.baselines.items()} == {
         "conventional": carried["from"], "streams": carried["from"], "sequential": ""}
     assert EvalResult.from_dict(json.loads(json.dumps(r.to_dict()))) == r
+    evaluate(CHEAP, TINY, profile, cache_dir=tmp_path, session=resumed.session, carried_baselines=carried,
+             refresh_baselines=True)
+    assert fake_gpu["asked"][-1] == ("conventional", "sequential", "streams")  # asked afresh: all measured
 
 
 def test_baselines_are_carried_only_for_their_workload_and_gpu():
@@ -371,7 +377,8 @@ def test_carry_baselines_is_for_a_resumed_run_only(tmp_path, capsys):
     assert main(["search", str(TINY_PATH), "--db", str(db), "--budget", "1"]) == 0
     capsys.readouterr()
     assert main(["search", "--resume", str(db), "--carry-baselines"]) == 0
-    assert "holds no measured conventional baseline to carry: measuring the baselines" in capsys.readouterr().out
+    assert "holds no measured conventional or streams baseline to carry: measuring the baselines" in \
+        capsys.readouterr().out
 
 
 # --- bench with measured rows ----------------------------------------------------------------------

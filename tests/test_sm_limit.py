@@ -3,7 +3,9 @@ expansion, the limited stream against a stand-in for torch's green contexts, the
 interpreter (which runs without it) and the heuristic's edits. The GPU run is benchmarks/knob_variants.py's."""
 from __future__ import annotations
 
+import random
 import sys
+from dataclasses import replace
 from types import ModuleType, SimpleNamespace
 
 import jsonschema
@@ -11,12 +13,12 @@ import pytest
 import torch
 
 import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
-from conjugate.agents.heuristic import candidates
+from conjugate.agents.heuristic import candidates, persist_edits
 from conjugate.agents.heuristic_edits import sm_limit_edits
 from conjugate.compiler import sm_limit
 from conjugate.compiler.sm_limit import SmLimitUnavailable, limited_stream
 from conjugate.errors import PlanError
-from conjugate.evaluate.result import LedgerSummary
+from conjugate.evaluate.result import EvalResult, LedgerSummary
 from conjugate.graph import build_graph
 from conjugate.plan import load_plan, validate_plan
 from conjugate.plan.expand import expand
@@ -46,6 +48,8 @@ def test_a_limit_is_part_of_the_plan_only_when_set():
     ({"sm_limit": {"target": "112"}}, "$.sm_limit.target: should be an integer, got a string"),
     ({"sm_limit": {"draft": 16, "target": 112}}, "$.sm_limit: limits both models: at most one"),
     ({"sm_limit": {"verify": 8}}, "$.sm_limit"),
+    ({"sm_limit": {"target": 112}, "persist": {"target": {"span": "layer"}}},
+     "$.sm_limit.target: limits a model persistent with barriers ($.persist.target.span 'layer')"),
     ({"sm_limit": {"target": 112}, "streams": "one"}, "$.sm_limit.target: limits one model's stream to part of the "
                                                       "GPU, so it needs $.streams 'two'"),
 ])
@@ -89,17 +93,15 @@ def green(monkeypatch):
     module.GreenContext = SimpleNamespace(create=lambda num_sms, device_id: Context(num_sms, device_id))
     monkeypatch.setitem(sys.modules, "torch.cuda.green_contexts", module)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=132))
-    monkeypatch.setattr(torch.cuda, "current_stream",
-                        lambda device: "current while " + ("green" if made and made[-1].current else "primary"))
     return SimpleNamespace(module=module, made=made, Context=Context)
 
 
 def test_a_limited_stream_is_its_green_contexts(green):
-    context, stream = limited_stream(torch.device("cuda", 1), 112)
-    assert (context.num_sms, context.device_id) == (112, 1) and not context.current
-    assert stream == "current while green"  # releases without Stream(): the stream current in the context
+    with pytest.raises(SmLimitUnavailable, match="gives a green context no stream of its own"):
+        limited_stream(torch.device("cuda", 0), 112)  # a release whose stream is the context's only while current
     green.Context.Stream = lambda self: f"stream of {self.num_sms}"
-    assert limited_stream(torch.device("cuda", 0), 64)[1] == "stream of 64"
+    context, stream = limited_stream(torch.device("cuda", 1), 112)
+    assert (context.num_sms, context.device_id, stream) == (112, 1, "stream of 112") and not context.current
 
 
 def test_a_limit_this_machine_cannot_give_says_why(green, monkeypatch):
@@ -136,5 +138,25 @@ def test_the_heuristic_limits_the_less_busy_stream_and_then_moves_the_limit():
     for c in moves:
         validate_plan(apply_patch(limited.to_dict(), c.patch))
     assert sm_limit_edits(validate_plan(load_plan(ROOT / "plans" / "sequential.json").to_dict()), 132) == []
-    import random
-    assert any(c.patch[0]["path"] == "/sm_limit/target" for c in candidates(plan, None, 132, random.Random(0)))
+    layered = validate_plan(_streams(persist={"target": {"span": "layer"}}))
+    assert sm_limit_edits(layered, 132) == []  # refused with barriers: never proposed
+    assert not [c for c in persist_edits(limited, 132) if c.patch[0]["path"] == "/persist/target"
+                and c.patch[0]["value"]["span"] in ("layer", "step")]
+    measured = EvalResult("h", "tiny", "h200", "timing", "ok", False, checks={"ok": True})
+    assert "/sm_limit/target" in {c.patch[0]["path"] for c in candidates(plan, measured, 132, random.Random(0))}
+    for unmeasured in (replace(measured, modeled=True), None):  # a model ignores the limit
+        assert not [c for c in candidates(plan, unmeasured, 132, random.Random(0)) if "sm_limit" in c.patch[0]["path"]]
+
+
+def test_plan_explain_names_the_limited_stream(tmp_path, capsys, monkeypatch):
+    import json
+
+    import conjugate.cli
+    from conjugate.cli import main
+
+    monkeypatch.setattr(conjugate.cli.out, "width", 200)  # one line a launch
+    path = tmp_path / "limited.json"
+    path.write_text(json.dumps(_streams(sm_limit={"target": 112})))
+    assert main(["plan", "explain", str(path), "--workload", str(ROOT / "examples" / "tiny.toml")]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if "│ draft" in line or "│ target" in line]
+    assert rows and all(("│ target (112 SMs)" in row) == ("│ target" in row) for row in rows)

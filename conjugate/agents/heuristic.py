@@ -174,7 +174,8 @@ def candidates(plan: Plan, result: EvalResult | None, sms: int, rng: random.Rand
     out += pattern_edits(plan, interfering) + fusion_edits(plan, ledger) + alignment_edits(plan)
     out += streams_edits(plan, ledger) + mixed_edits(plan, verdicts, workload) + layout_edits(plan)
     out += reduce_edits(plan) + persist_edits(plan, sms, verdicts, ledger) + pdl_edits(plan, ledger)
-    return out + sm_limit_edits(plan, sms, ledger)
+    measured = result is not None and not result.modeled  # a model ignores the limit: no use proposing it
+    return out + (sm_limit_edits(plan, sms, ledger) if measured else [])
 
 
 def _loss_shares(ledger: LedgerSummary | None) -> list[tuple[str, str, float, KindLoss]]:
@@ -356,7 +357,8 @@ def persist_edits(plan: Plan, sms: int, verdicts: tuple[Verdict, ...] = (),
         other = next(m for m in MODEL_KEYS if m != model)
         both = plan["streams"] == "two" and plan["persist"][other]["span"] in BARRIER_SPANS  # refused: see schema
         for span in SPANS:
-            if span == now["span"] or (both and span in BARRIER_SPANS) or (span == "launch" and draft):
+            limited = plan["sm_limit"][model] and span in BARRIER_SPANS  # refused: its grid needs every SM
+            if span == now["span"] or (both and span in BARRIER_SPANS) or (span == "launch" and draft) or limited:
                 continue
             value = now | {"span": span} if span != "none" else {"span": "none", "programs": 0, "prefetch": True}
             if span == "launch":

@@ -388,7 +388,8 @@ def sm_limit_edits(plan: Plan, sms: int, ledger: LedgerSummary | None = None) ->
     of the H200's 132); once limited, 8 SMs more or fewer, or no limit.
     On the H200 the draft's stream ran 12-28% faster beside target launches held to fewer programs,
     which then ran 1.5-1.8x longer (results/knobs_h200.json); a limit keeps each target launch
-    filling its own SMs instead. Not measured yet as a limit."""
+    filling its own SMs instead. Not measured yet as a limit. Never for a model persistent with
+    barriers (refused)."""
     if plan["streams"] != "two" or sms <= 2 * SM_LIMIT_STEP:
         return []
     limited = {m: n for m, n in plan["sm_limit"].items() if n}
@@ -404,6 +405,8 @@ def sm_limit_edits(plan: Plan, sms: int, ledger: LedgerSummary | None = None) ->
     busy = ledger.streams if ledger is not None else {}
     yielding = min(busy, key=busy.get) if len(busy) > 1 and set(busy) <= set(MODEL_KEYS) else Model.TARGET.value
     other = next(m for m in MODEL_KEYS if m != yielding)
+    if plan["persist"][yielding]["span"] in BARRIER_SPANS:  # refused: its grid is sized for every SM
+        return []
     top = (sms - 1) // SM_LIMIT_STEP * SM_LIMIT_STEP  # the most SMs that still leave the other some alone
     out = []
     for rank, n in enumerate(n for n in (top - SM_LIMIT_STEP * i for i in (1, 2, 3)) if n >= SM_LIMIT_STEP):

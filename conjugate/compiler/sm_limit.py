@@ -2,8 +2,9 @@
 green context holding that many SMs. Launches go to it as to any stream, captured into the round's
 CUDA graph with it; the other model's stream keeps the whole GPU, so the SMs left over are its own.
 
-Needs a PyTorch built with green contexts, CUDA 12.4+ and a driver that has them (torch exposes
-`torch.cuda.green_contexts`); where any is missing the round does not compile, and says why.
+Needs a PyTorch whose `torch.cuda.green_contexts.GreenContext` gives a stream of its own (`Stream()`),
+built with CUDA 12.8+, and a driver that has green contexts; where any is missing the round does not
+compile, and says why.
 """
 from __future__ import annotations
 
@@ -29,12 +30,8 @@ def limited_stream(device: torch.device, sms: int) -> tuple[object, torch.cuda.S
         raise SmLimitUnavailable(f"this PyTorch ({torch.__version__}) was built without CUDA green contexts")
     try:
         context = green_contexts.GreenContext.create(num_sms=sms, device_id=device.index or 0)
-        if hasattr(context, "Stream"):
-            return context, context.Stream()
-        context.set_context()  # earlier releases: the green context's stream is current while it is
-        try:
-            return context, torch.cuda.current_stream(device)
-        finally:
-            context.pop_context()
+        if not hasattr(context, "Stream"):  # earlier releases: only while the context is current, not in a graph
+            raise SmLimitUnavailable(f"this PyTorch ({torch.__version__}) gives a green context no stream of its own")
+        return context, context.Stream()
     except RuntimeError as e:  # an old driver, or a count the device cannot split off
         raise SmLimitUnavailable(f"{sms} SMs: {str(e).strip().splitlines()[0]}") from e

@@ -64,6 +64,28 @@ def carried_baselines(carried: dict, device: str, workload: Workload, wanted: tu
     return out
 
 
+_STATE_GRAPHS: list = []  # the graph enter_torch_graph_state captured, kept for the life of the process
+
+
+def enter_torch_graph_state(device: torch.device) -> None:
+    """Leave this process as building the torch.compile baselines would: once a CUDA graph holding
+    torch's `where` (or its softmax, SDPA, cumprod, index_put) has been captured, every graph of the
+    process replays about 0.2 us a launch slower, for good (benchmarks/README.md, `steadiness.py`).
+    A process that carries those baselines instead of building them captures one such graph, so its
+    plans are timed in the state its baselines were measured in. Once per process."""
+    if _STATE_GRAPHS or device.type != "cuda":
+        return
+    mask = torch.zeros(256, dtype=torch.bool, device=device)
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.graph(graph, stream=side):
+        torch.where(mask, 0.0, float("-inf"))
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph.replay()
+    torch.cuda.synchronize(device)
+    _STATE_GRAPHS.append(graph)
+
+
 def measure_baselines(setup: RoundSetup, profile: EvaluatorProfile, cache_dir: Path | None) -> dict[str, Baseline]:
     """name -> Baseline for the profile's baselines (`[timing] baselines`), each checked, then timed."""
     wanted, out = profile.timing.baselines, {}

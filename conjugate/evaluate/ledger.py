@@ -93,7 +93,7 @@ class Ledger:
         if not replays:
             raise LedgerError("no kernel records: nothing was replayed")
         matched = [(match_launches(compiled, records), exclusive_us(records)) for records in replays]
-        launches = tuple(_launch_entry(compiled, graph, index, [own[m[index]] for m, own in matched])
+        launches = tuple(_launch_entry(compiled, graph, index, [own[id(m[index])] for m, own in matched])
                          for index in range(len(compiled.launches)))
         spans = [_span(records) for records in replays]
         middle = sorted(range(len(replays)), key=lambda i: spans[i])[len(replays) // 2]  # the median replay
@@ -156,16 +156,16 @@ def match_launches(compiled: CompiledRound, records: list[KernelRecord]) -> dict
     return out
 
 
-def exclusive_us(records: list[KernelRecord]) -> dict[KernelRecord, float]:
+def exclusive_us(records: list[KernelRecord]) -> dict[int, float]:
     """Each kernel's time at the head of its stream: from its start, or the end of the kernels before
     it on that stream if later, to its end. Without programmatic dependent launch a stream's kernels
     do not overlap and this is each kernel's duration; with it a kernel starts while the one before
     it runs and waits (`griddepcontrol.wait`), and that waiting is the earlier kernel's time, so a
-    stream's kernels sum to its busy time instead of counting the overlap twice."""
+    stream's kernels sum to its busy time instead of counting the overlap twice. Keyed by id(record)."""
     out, ends = {}, {}
     for r in sorted(records, key=lambda r: (r.start_us, r.end_us)):
         head = max(r.start_us, ends.get(r.stream, r.start_us))
-        out[r] = max(0.0, r.end_us - head)
+        out[id(r)] = max(0.0, r.end_us - head)
         ends[r.stream] = max(ends.get(r.stream, r.end_us), r.end_us)
     return out
 

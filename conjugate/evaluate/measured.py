@@ -24,7 +24,7 @@ import torch
 
 from conjugate.compiler.buffers import PreparedWeights
 from conjugate.compiler.round import CompiledRound
-from conjugate.evaluate.baselines import carried_baselines, measure_baselines
+from conjugate.evaluate.baselines import carried_baselines, enter_torch_graph_state, measure_baselines
 from conjugate.evaluate.correctness import ReferenceChecker, tolerance_for
 from conjugate.evaluate.harness import Timed, speedups
 from conjugate.evaluate.profile import EvaluatorProfile
@@ -110,7 +110,10 @@ class MeasuredHarness:
         return measure_baselines(setup, profile, self.cache_dir)
 
     def carried(self, carried: dict, workload: Workload) -> dict[str, Baseline]:
-        return carried_baselines(carried, torch.cuda.get_device_name(), workload, self.baselines_wanted)
+        kept = carried_baselines(carried, torch.cuda.get_device_name(), workload, self.baselines_wanted)
+        if kept:  # timed beside baselines it did not build: in the state building them leaves
+            enter_torch_graph_state(torch.device("cuda"))
+        return kept
 
     def metrics(self, timed: Timed, setup: RoundSetup, baselines: dict[str, Baseline]) -> Metrics:
         device, floor = torch.device("cuda"), self.floor(setup)

@@ -33,7 +33,7 @@ def evaluate(plan: Plan | dict, workload: Workload, profile: EvaluatorProfile, c
     """Score one plan on one workload. Never raises. `on_stage` hears each stage as it starts;
     `session` keeps what later evaluations reuse (a fresh one when not given); `carried_baselines`,
     what an earlier process of a resumed search measured (baselines.carried_baselines), is taken
-    where it stands instead of measuring those baselines again."""
+    where it stands instead of measuring those baselines again (not with `refresh_baselines`)."""
     run = _Run(workload, profile, cache_dir, on_stage or (lambda stage: None))
     session = session or EvaluationSession()
     try:
@@ -61,7 +61,7 @@ def _stages(raw: Plan | dict, run: "_Run", harness: Harness, session: Evaluation
     # for the rest of the process (benchmarks/steadiness.py), so every plan is timed after them.
     with run.step("baselines"):
         baselines = session.baselines(kind, harness.baselines_wanted, refresh,
-                                      partial(_baselines, harness, setup, carried))
+                                      partial(_baselines, harness, setup, None if refresh else carried))
     run.enter(Stage.VALIDATE)
     compiled = build(raw, setup, harness, run)
     if isinstance(compiled, EvalResult):
@@ -79,13 +79,13 @@ def _stages(raw: Plan | dict, run: "_Run", harness: Harness, session: Evaluation
 def _baselines(harness: Harness, setup: RoundSetup, carried: dict | None = None) -> dict[str, Baseline]:
     """The harness's baselines, those carried from an earlier process taken as they are; if measuring
     the rest fails, each an error: the plan's own measurement stands and its speedups say what is missing."""
-    kept = harness.carried(carried, setup.workload) if carried else {}
-    rest = tuple(name for name in harness.baselines_wanted if name not in kept)
+    kept: dict[str, Baseline] = {}
     try:
-        return kept | harness.baselines(setup, rest)
+        kept = harness.carried(carried, setup.workload) if carried else {}
+        return kept | harness.baselines(setup, tuple(name for name in harness.baselines_wanted if name not in kept))
     except Exception as e:
         last = traceback.format_exception_only(type(e), e)[-1].strip()
-        return kept | {name: Baseline("error", error=last) for name in rest}
+        return kept | {name: Baseline("error", error=last) for name in harness.baselines_wanted if name not in kept}
 
 
 def build(raw: Plan | dict, setup: RoundSetup, harness: Harness, run: "_Run") -> CompiledRound | EvalResult:

@@ -236,6 +236,10 @@ def _canonical(raw: Any) -> tuple[dict, list[str]]:
                                       f"{SM_LIMIT_STEP}), got {plan['sm_limit'][m]}")
         elif plan["streams"] != "two":
             c.fail(f"$.sm_limit.{m}", "limits one model's stream to part of the GPU, so it needs $.streams 'two'")
+        elif plan["persist"][m]["span"] in BARRIER_SPANS:
+            c.fail(f"$.sm_limit.{m}", f"limits a model persistent with barriers ($.persist.{m}.span "
+                                      f"{plan['persist'][m]['span']!r}): its grid is sized for every SM, and "
+                                      f"programs that never become resident would hold its barrier forever")
     if len(limited) > 1:
         c.fail("$.sm_limit", "limits both models: at most one (the other keeps every SM, and so the SMs left "
                              "over are its own)")

@@ -212,7 +212,7 @@ def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> i
 def _carrying(carried: dict | None, run_id: int) -> str:
     """What --carry-baselines takes, in one line."""
     if carried is None:
-        return f"run {run_id} holds no measured conventional baseline to carry: measuring the baselines"
+        return f"run {run_id} holds no measured conventional or streams baseline to carry: measuring the baselines"
     names = ", ".join(f"{name} {b['latency_ms']:.3f} ms" for name, b in carried["baselines"].items())
     return f"carrying {names} ({carried['from']}, {carried['device']}) where this GPU is the same"
 

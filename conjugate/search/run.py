@@ -102,18 +102,18 @@ def baselines_to_carry(store: Store, run_id: int, workload: Workload, evaluator:
     """The torch baselines (`conventional`, `streams`) of the run's latest evaluation that measured
     one of them correct, for a resumed run's evaluator to carry instead of building them again
     (pipeline.evaluate's `carried_baselines`); None when the run has none (modeled, or none yet)."""
-    for node in sorted(store.nodes(run_id), key=lambda n: -n.id):
-        found = store.evaluation(eval_key(node.plan_hash, workload, evaluator))
-        result = found.result if found is not None and found.done else None
-        if result is None or result.modeled or result.metrics is None:
-            continue
-        kept = {name: b.to_dict() for name, b in result.metrics.baselines.items()
+    found = [(f, node) for node in store.nodes(run_id)
+             for f in [store.evaluation(eval_key(node.plan_hash, workload, evaluator))]
+             if f is not None and f.done and f.result is not None and f.result.metrics is not None
+             and not f.result.modeled]
+    for f, node in sorted(found, key=lambda p: p[0].finished_at or p[0].started_at, reverse=True):
+        kept = {name: b.to_dict() for name, b in f.result.metrics.baselines.items()
                 if name in CARRIABLE_BASELINES and b.status == "ok"}
-        if kept:
-            when = f", {found.finished_at:%Y-%m-%d %H:%M}" if found.finished_at else ""
-            return {"device": result.metrics.device, "baselines": kept,
+        if kept:  # the run that measured it: evaluations are shared by the runs of a database
+            when = f", {f.finished_at:%Y-%m-%d %H:%M}" if f.finished_at else ""
+            return {"device": f.result.metrics.device, "baselines": kept,
                     "workload": json.loads(json.dumps(workload.to_dict(), default=str)),
-                    "from": f"run {run_id}, evaluation of node {node.id}{when}"}
+                    "from": f"run {f.run_id if f.run_id is not None else run_id}, evaluation of node {node.id}{when}"}
     return None
 
 
