@@ -43,7 +43,8 @@ def test_a_limit_is_part_of_the_plan_only_when_set():
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"sm_limit": {"target": 100}}, "$.sm_limit.target: should be a multiple of 8 (SMs are partitioned in groups of 8)"),
+    ({"sm_limit": {"target": 100}},
+     "$.sm_limit.target: should be a multiple of 8 (SMs are partitioned in groups of 8)"),
     ({"sm_limit": {"target": 2048}}, "$.sm_limit.target: 2048 is out of range [0, 1024]"),
     ({"sm_limit": {"target": "112"}}, "$.sm_limit.target: should be an integer, got a string"),
     ({"sm_limit": {"draft": 16, "target": 112}}, "$.sm_limit: limits both models: at most one"),
@@ -105,7 +106,8 @@ def test_a_limited_stream_is_its_green_contexts(green):
 
 
 def test_a_limit_this_machine_cannot_give_says_why(green, monkeypatch):
-    with pytest.raises(SmLimitUnavailable, match="136 SMs: this GPU has 132, so the limit leaves the other stream none"):
+    with pytest.raises(SmLimitUnavailable,
+                       match="136 SMs: this GPU has 132, so the limit leaves the other stream none"):
         limited_stream(torch.device("cuda", 0), 136)
 
     def refuse(num_sms, device_id):

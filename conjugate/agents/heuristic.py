@@ -372,7 +372,8 @@ def persist_edits(plan: Plan, sms: int, verdicts: tuple[Verdict, ...] = (),
                    "step": f"each {model} decode step in one persistent launch"}[span]
             if span == "launch" and throttle:
                 why += f" ({throttle[1]})"
-            score = {"none": 0.2, "launch": 0.1 if plan["streams"] == "two" else 0.05, "layer": 0.45 if draft else 0.25, "step": 0.3 if draft else 0.15}[span]
+            score = {"none": 0.2, "launch": 0.1 if plan["streams"] == "two" else 0.05,
+                     "layer": 0.45 if draft else 0.25, "step": 0.3 if draft else 0.15}[span]
             if worst is not None and worst.verdict is VerdictKind.INTERFERENCE and span == "none":
                 why += (f": persistent launch {worst.launch} took {worst.shared_us:.1f} us against "
                         f"{worst.separate_us:.1f} for its parts launched one by one")
@@ -416,7 +417,7 @@ def _target_throttle(ledger: LedgerSummary | None, sms: int) -> tuple[int, str] 
     programs = min(max(1, 3 * sms // 4), max(1, sms // 4, round(sms * target / draft)))
     lead = (draft - target) / draft
     return programs, (f"the ledger: the draft's stream is busy {draft:.2f} ms against the "
-                                       f"target's {target:.2f}, so the target has {lead:.0%} to spare")
+                      f"target's {target:.2f}, so the target has {lead:.0%} to spare")
 
 
 def reduce_edits(plan: Plan) -> list[Candidate]:

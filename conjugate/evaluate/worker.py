@@ -4,9 +4,10 @@ fresh worker.
 
 Protocol: one JSON object a line. The parent writes a request {"plan", "workload" (a path),
 "profile" (the EvaluatorProfile as a dict), "cache_dir", "entry", "refresh_baselines"[,
-"carried_baselines"]} to the worker's stdin; the worker answers with {"stage": ...} lines as it enters each stage and ends with
-{"result": EvalResult.to_dict()}. `entry` ("module:function") names the function that evaluates:
-`conjugate.evaluate.pipeline:evaluate` unless a caller says otherwise; it is called as
+"carried_baselines"]} to the worker's stdin; the worker answers with {"stage": ...} lines as it
+enters each stage and ends with {"result": EvalResult.to_dict()}. `entry` ("module:function")
+names the function that evaluates: `conjugate.evaluate.pipeline:evaluate` unless a caller says
+otherwise; it is called as
 `entry(plan, workload, profile, cache_dir=, on_stage=, session=[, refresh_baselines=True]
 [, carried_baselines=...])`, with the one EvaluationSession the worker keeps for all its evaluations.
 
