@@ -129,14 +129,22 @@ def _ledger(draft_ms: float, target_ms: float) -> LedgerSummary:
 
 def test_the_heuristic_limits_the_less_busy_stream_and_then_moves_the_limit():
     plan = validate_plan(_streams())
-    edits = sm_limit_edits(plan, 132, _ledger(8.3, 6.0))
-    assert [c.patch[0] for c in edits] == [{"op": "replace", "path": "/sm_limit/target", "value": n}
-                                           for n in (120, 112, 104)]
-    assert edits[0].score > edits[1].score > edits[2].score and "draft's kernels have 12" in edits[0].rationale
+    wide = sm_limit_edits(plan, 132, _ledger(8.3, 6.0))  # the draft's stream 1.38x as busy: deeper limits first
+    assert [c.patch[0] for c in wide] == [{"op": "replace", "path": "/sm_limit/target", "value": n}
+                                          for n in (104, 96, 112)]
+    assert wide[0].score > wide[1].score > wide[2].score and "draft's kernels have 28" in wide[0].rationale
+    near = sm_limit_edits(plan, 132, _ledger(7.0, 6.0))  # 1.17x: a few SMs, scored lower
+    assert [c.patch[0]["value"] for c in near] == [120, 112] and near[0].score < wide[0].score
+    assert sm_limit_edits(plan, 132, _ledger(7.04, 6.90)) == []  # balanced: measured slower on the H200
     assert {c.patch[0]["path"] for c in sm_limit_edits(plan, 132, _ledger(5.0, 9.0))} == {"/sm_limit/draft"}
-    limited = validate_plan(apply_patch(plan.to_dict(), edits[1].patch))
+    assert [c.patch[0]["value"] for c in sm_limit_edits(plan, 132)] == [120, 112]  # no ledger: the target
+    limited = validate_plan(apply_patch(plan.to_dict(), near[1].patch))
     moves = sm_limit_edits(limited, 132)
     assert sorted(c.patch[0]["value"] for c in moves) == [0, 104, 120]
+    still_less_busy = {c.patch[0]["value"]: c.score for c in sm_limit_edits(limited, 132, _ledger(8.0, 6.5))}
+    assert still_less_busy[104] > still_less_busy[120]  # the limited stream can yield more
+    now_busier = {c.patch[0]["value"]: c.score for c in sm_limit_edits(limited, 132, _ledger(6.0, 7.0))}
+    assert now_busier[120] > now_busier[104]  # it yielded too much
     for c in moves:
         validate_plan(apply_patch(limited.to_dict(), c.patch))
     assert sm_limit_edits(validate_plan(load_plan(ROOT / "plans" / "sequential.json").to_dict()), 132) == []

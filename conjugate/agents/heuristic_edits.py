@@ -341,11 +341,16 @@ def pdl_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candidate
     on two other workloads; released right after the wait, 5.2% faster on one and 6.8% slower on the
     other; with the weights prefetched first, 5.9% slower on both: so the draft's chain first,
     released at the end first, prefetch last, and the model whose stream the ledger says is busier
-    (the critical path) ahead of the other. Never for a model persistent with barriers (refused);
-    for a model whose launches are tile loops only released at the end (released at the start, the
-    next loop's programs would wait on the SMs its cap leaves to the other stream)."""
-    busy = ledger.streams if ledger is not None else {}
-    critical = max(busy, key=busy.get) if len(busy) > 1 else Model.DRAFT.value
+    (the critical path) ahead of the other. The start won where the draft's stream was 1.39x as busy
+    as the target's and lost where the two were balanced (1.02x): past SM_LIMIT_WIDE the critical
+    model's release at the start comes first, within SM_LIMIT_BALANCED it comes after the end's.
+    Never for a model persistent with barriers (refused); for a model whose launches are tile loops
+    only released at the end (released at the start, the next loop's programs would wait on the SMs
+    its cap leaves to the other stream)."""
+    shape = _imbalance(ledger)
+    critical = shape[0] if shape is not None else Model.DRAFT.value
+    ratio = shape[2] if shape is not None else (SM_LIMIT_BALANCED + SM_LIMIT_WIDE) / 2  # no ledger: start as it was
+    start_lift = 0.25 if ratio >= SM_LIMIT_WIDE else -0.1 if ratio < SM_LIMIT_BALANCED else 0.0
     out = []
     for model in (m.value for m in Model):
         now = plan["pdl"][model]
@@ -356,7 +361,8 @@ def pdl_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candidate
         base = 0.35 if model == Model.DRAFT.value else 0.2
         path = f"/pdl/{model}"
         if now["trigger"] == "none":
-            for trigger, prefetch, score in (("end", False, base + 0.1), ("start", False, base),
+            start = base + (start_lift if model == critical else 0.0)
+            for trigger, prefetch, score in (("end", False, base + 0.1), ("start", False, start),
                                              ("end", True, base - 0.2)):
                 if loops and trigger == "start":
                     continue
@@ -381,37 +387,63 @@ def pdl_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candidate
     return out
 
 
+def _imbalance(ledger: LedgerSummary | None) -> tuple[str, str, float] | None:
+    """(busier model, the other, busier stream's busy time over the other's) from a two-stream
+    ledger; None without one."""
+    busy = ledger.streams if ledger is not None else {}
+    if len(busy) != 2 or not set(busy) <= set(MODEL_KEYS) or min(busy.values()) <= 0:
+        return None
+    busier = max(busy, key=busy.get)
+    other = next(m for m in MODEL_KEYS if m != busier)
+    return busier, other, busy[busier] / busy[other]
+
+
+SM_LIMIT_BALANCED = 1.1  # busier stream / other under this: no limit proposed (llama-1b-8b-b8, 1.02: +3.8-6.1%)
+SM_LIMIT_WIDE = 1.25  # over this: deeper limits first (qwen3-06b-8b-b4, 1.39: 104 SMs -3.8%, 112 -3.3%, 120 -1.6%)
+
+
 def sm_limit_edits(plan: Plan, sms: int, ledger: LedgerSummary | None = None) -> list[Candidate]:
-    """With two streams, one model's stream on part of the SMs (plan `sm_limit`), so the other's
-    kernels find SMs of their own: the model whose stream the ledger says is less busy (by default
-    the target) limited to 8, 16 or 24 SMs fewer than the most that leave the other any (120, 112, 104
-    of the H200's 132); once limited, 8 SMs more or fewer, or no limit.
-    On the H200 the draft's stream ran 12-28% faster beside target launches held to fewer programs,
-    which then ran 1.5-1.8x longer (results/knobs_h200.json); a limit keeps each target launch
-    filling its own SMs instead. Not measured yet as a limit. Never for a model persistent with
-    barriers (refused)."""
+    """With two streams, the less busy model's stream on part of the SMs (plan `sm_limit`), so the
+    busier one's kernels find SMs of their own. Measured on the H200 beside two best plans
+    (results/knobs_h200.json, 2026-12-02): with the draft's stream 1.39x as busy as the target's
+    (qwen3-06b-8b-b4) the target on 104, 112, 120 of 132 SMs made the round 3.8%, 3.3%, 1.6%
+    faster; with the streams balanced (1.02x, llama-1b-8b-b8) 6.1%, 5.2%, 3.8% slower. So no
+    limit for streams within SM_LIMIT_BALANCED of each other, 8-16 SMs fewer than the most that
+    leave the other any when they are closer than SM_LIMIT_WIDE, deeper limits first past it,
+    scored by the imbalance. Once limited, 8 SMs fewer while the limited stream is still the less
+    busy one, 8 more once it is the busier, or no limit. Without a ledger, the target limited at
+    a low score. Never for a model persistent with barriers (refused)."""
     if plan["streams"] != "two" or sms <= 2 * SM_LIMIT_STEP:
         return []
     limited = {m: n for m, n in plan["sm_limit"].items() if n}
+    shape = _imbalance(ledger)
     if limited:
         (model, now), = limited.items()
         out = [Candidate("launch", [{"op": "replace", "path": f"/sm_limit/{model}", "value": 0}],
                          f"the {model}'s stream on every SM again", 0.2)]
+        ahead = None if shape is None else -SM_LIMIT_STEP if shape[0] != model else SM_LIMIT_STEP
         for n in (now - SM_LIMIT_STEP, now + SM_LIMIT_STEP):
             if SM_LIMIT_STEP <= n < sms:
+                score = 0.25 if ahead is None else 0.45 if n - now == ahead else 0.15
                 out.append(Candidate("launch", [{"op": "replace", "path": f"/sm_limit/{model}", "value": n}],
-                                     f"the {model}'s stream on {n} SMs (from {now})", 0.25))
+                                     f"the {model}'s stream on {n} SMs (from {now})", score))
         return out
-    busy = ledger.streams if ledger is not None else {}
-    yielding = min(busy, key=busy.get) if len(busy) > 1 and set(busy) <= set(MODEL_KEYS) else Model.TARGET.value
-    other = next(m for m in MODEL_KEYS if m != yielding)
+    if shape is None:
+        yielding, other, ratio = Model.TARGET.value, Model.DRAFT.value, None
+    else:
+        other, yielding, ratio = shape
+        if ratio < SM_LIMIT_BALANCED:
+            return []
     if plan["persist"][yielding]["span"] in BARRIER_SPANS:  # refused: its grid is sized for every SM
         return []
     top = (sms - 1) // SM_LIMIT_STEP * SM_LIMIT_STEP  # the most SMs that still leave the other some alone
+    steps = (1, 2) if ratio is None or ratio < SM_LIMIT_WIDE else (3, 4, 2)
+    base = 0.3 if ratio is None else round(0.35 + min(0.3, ratio - 1.0), 2)
     out = []
-    for rank, n in enumerate(n for n in (top - SM_LIMIT_STEP * i for i in (1, 2, 3)) if n >= SM_LIMIT_STEP):
+    for rank, n in enumerate(n for n in (top - SM_LIMIT_STEP * i for i in steps) if n >= SM_LIMIT_STEP):
         why = (f"the {yielding}'s stream on {n} of {sms} SMs: the {other}'s kernels have {sms - n} to themselves "
-               f"instead of queueing behind the {yielding}'s thread blocks")
+               f"instead of queueing behind the {yielding}'s thread blocks"
+               + (f" (its stream {ratio:.2f}x as busy)" if ratio is not None else ""))
         out.append(Candidate("launch", [{"op": "replace", "path": f"/sm_limit/{yielding}", "value": n}], why,
-                             round(0.35 - 0.05 * rank, 2)))
+                             round(base - 0.05 * rank, 2)))
     return out
