@@ -4,7 +4,8 @@ CUDA graph with it; the other model's stream keeps the whole GPU, so the SMs lef
 
 Needs a PyTorch whose `torch.cuda.green_contexts.GreenContext` gives a stream of its own (`Stream()`),
 built with CUDA 12.8+, and a driver that has green contexts; where any is missing the round does not
-compile, and says why.
+compile, and says why. On the H200 with torch 2.11 the limited rounds captured, checked correct and
+ran (benchmarks/README.md, `sm_limit`).
 """
 from __future__ import annotations
 

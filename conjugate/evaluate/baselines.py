@@ -72,7 +72,9 @@ def enter_torch_graph_state(device: torch.device) -> None:
     torch's `where` (or its softmax, SDPA, cumprod, index_put) has been captured, every graph of the
     process replays about 0.2 us a launch slower, for good (benchmarks/README.md, `steadiness.py`).
     A process that carries those baselines instead of building them captures one such graph, so its
-    plans are timed in the state its baselines were measured in. Once per process."""
+    plans are timed nearer the state its baselines were measured in. Not all the way: on the H200
+    `sequential` still timed 1.5-3.2% faster in such processes than in those that built the
+    baselines (benchmarks/README.md, `floor.py`). Once per process."""
     if _STATE_GRAPHS or device.type != "cuda":
         return
     mask = torch.zeros(256, dtype=torch.bool, device=device)
