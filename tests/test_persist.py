@@ -9,11 +9,12 @@ import pytest
 import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
 from conjugate.compiler import persist
 from conjugate.compiler.codegen import persistent_source
-from conjugate.errors import PlanError
+from conjugate.errors import PlanError, ScheduleError
 from conjugate.graph import build_graph
 from conjugate.plan import load_plan, validate_plan
-from conjugate.plan.expand import check_dependencies, expand
+from conjugate.plan.expand import MAX_PERSISTENT_PARTS, check_dependencies, expand
 from conjugate.roles import Model
+from conjugate.workload import load_workload
 from scripts import load_script  # tests/scripts.py
 from test_round import FAMILIES, ROOT, SMALL_TILES, _round
 
@@ -61,6 +62,21 @@ def test_step_span_joins_a_whole_decode_step():
     target = [l for l in joined.launches if l.parts[0].model == Model.TARGET]
     assert len(draft) == w.k and all(l.persistent for l in draft)  # one launch per decode step
     assert len(target) == 1 and target[0].persistent
+
+
+def test_a_step_of_a_real_model_is_too_many_parts_for_one_launch():
+    """A persistent launch compiles every part inline: a real model's decode step (82 parts for
+    llama-3.2-1b with the shipped fusions) is refused at expansion, naming the field, not left to
+    compile for many minutes; its layers are not."""
+    real = load_workload(ROOT / "examples" / "llama-1b-8b-b8.toml")
+    plan = validate_plan(load_plan(ROOT / "benchmarks" / "variants" / "streams-persist-step.json").to_dict())
+    with pytest.raises(ScheduleError) as caught:
+        expand(plan, real)
+    message = str(caught.value)
+    assert message.startswith("$.persist.draft.span: 'step' joins 82 parts of this workload")
+    assert f"at most {MAX_PERSISTENT_PARTS}" in message and "use span 'layer'" in message
+    layered = validate_plan(plan.to_dict() | {"persist": _persist("layer")})
+    assert max(len(l.parts) for l in expand(layered, real).launches) <= MAX_PERSISTENT_PARTS
 
 
 def test_launches_shared_across_models_are_never_joined():

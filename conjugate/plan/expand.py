@@ -38,6 +38,13 @@ from conjugate.plan.tiles import DEFAULT_TILES, FAMILY_OF, LAUNCH_BOUNDS
 from conjugate.roles import Model
 from conjugate.workload import Workload
 
+# Parts one persistent launch may join. Its kernel holds every part inline: compiling for Hopper on
+# the CPU (`python -m conjugate.compiler.offline`), llama-3.2-1b's decode step (82 parts) ran past 5
+# minutes and qwen3-8b's verify step (291 parts) past 11 without finishing (on an H200 the latter held
+# a search's evaluation for over 7 minutes); a layer (2-8 parts) and a tiny model's step (12-27)
+# compile in seconds.
+MAX_PERSISTENT_PARTS = 32
+
 MAIN_KINDS = ("qkv", "gate_up", "lm_head")  # the op a fused unit is named after
 
 
@@ -289,6 +296,14 @@ def _persist(plan: Plan, graph: nx.DiGraph, launches: list[Launch]) -> tuple[Lau
             open_run[model] = (key, [launch])
             runs[launch.index] = open_run[model][1]
     joined = {first: run for first, run in runs.items() if len(run) > 1}
+    for run in joined.values():
+        parts = sum(len(l.parts) for l in run)
+        if parts > MAX_PERSISTENT_PARTS:
+            model = run[0].parts[0].model.value
+            span = plan["persist"][model]["span"]
+            raise ScheduleError(f"$.persist.{model}.span: {span!r} joins {parts} parts of this workload into one "
+                                f"persistent launch, at most {MAX_PERSISTENT_PARTS}: each part is compiled inline, "
+                                f"and a kernel of that many takes many minutes to compile; use span 'layer'")
     members = {l.index for run in joined.values() for l in run}
     out = []
     for launch in launches:
