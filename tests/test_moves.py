@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from conjugate.search.moves import LOSS, MoveMemory, move_key
+from conjugate.search.moves import LOSS, WIN, MoveMemory, move_key
 
 ATOMIC = [{"op": "replace", "path": "/split_reduce/draft", "value": "atomic"}]
 TWO = [{"op": "replace", "path": "/tiles/draft/qkv/BLOCK_N", "value": 32},
@@ -41,3 +41,19 @@ def test_priors_follow_the_mean_gain_elsewhere_within_bounds():
     assert memory.prior(ATOMIC, 0.4) == pytest.approx(1.6)  # at most 4x
     memory.add(TWO, -0.5)
     assert memory.prior(TWO, 0.4) == pytest.approx(0.1)  # at least a quarter
+
+
+def test_winners_are_the_moves_that_gained_clearly_largest_first():
+    memory = MoveMemory()
+    memory.add(ATOMIC, 0.03, "launch", "atomic sums")
+    memory.add(ATOMIC, 0.01, "launch", "atomic sums again")  # mean 2%
+    memory.add(TWO, WIN / 2, "tiles", "two")  # within the spread: not carried
+    third = [{"op": "replace", "path": "/priority", "value": "target"}]
+    memory.add(third, 0.05, "streams", "target first")
+    memory.add(third, -0.06, "streams", "target first")  # mean -0.5%
+    fourth = [{"op": "replace", "path": "/streams", "value": "two"}]
+    memory.add(fourth, 0.1, "streams", "two streams")
+    winners = memory.winners()
+    assert [(w.patch, w.kind, w.rationale) for w in winners] == [(fourth, "streams", "two streams"),
+                                                                  (ATOMIC, "launch", "atomic sums")]
+    assert winners[1].gain == pytest.approx(0.02)

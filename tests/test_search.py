@@ -936,6 +936,39 @@ def test_move_memory_stops_offering_a_move_that_lost_wherever_it_was_made(env, t
     assert best_remembered == pytest.approx(0.8 * 0.97 * 0.99) and best_remembered <= best_forgetful
 
 
+class SiblingProposer:
+    """Offers the two good moves (LANDSCAPE 2 and 3) only where the plan holds neither, so that one
+    branch holds each and no proposal ever makes both; elsewhere only the harmful moves."""
+    name = "siblings"
+
+    def propose(self, context, n: int) -> list[Proposal]:
+        good = [2, 3] if not any(_holds(context.plan, LANDSCAPE[i][0]) for i in (2, 3)) else []
+        return [Proposal(LANDSCAPE[i][0], f"move {i}", "tiles", 0.5 if i in good else 0.9)
+                for i in good + [0, 1] if not _holds(context.plan, LANDSCAPE[i][0])][:n]
+
+
+def test_a_move_that_gained_in_one_branch_is_made_in_the_others(env, tmp_path):
+    """MCTS with move memory carries the move that gained most elsewhere to the node it expands: the
+    plan holding both good moves is found though the proposer never offers them together; without
+    the memory it never is."""
+    def run(memory: int) -> tuple[float, list[str]]:
+        with Store.open(tmp_path / f"carried{memory}.db") as store:
+            search = Search.start(store, "carried", WORKLOAD, str(TINY), LandscapeEvaluator(env["profile"]),
+                                  SiblingProposer(), SearchSettings(budget=16, move_memory=memory), seed=0)
+            search.run_loop()
+            nodes = store.nodes(search.run_id)
+            best = min(search.results[n.plan_hash].latency_ms for n in nodes if n.plan_hash in search.results)
+        return best, [n.rationale for n in nodes]
+
+    both = 0.8 * 0.97 * 0.99
+    best, rationales = run(2)
+    assert best == pytest.approx(both)
+    carried = [r for r in rationales if r.startswith("gained elsewhere in this run, so made here too: move ")]
+    assert carried and all("(elsewhere in this run: +" in r for r in carried)
+    assert not any("move 0" in r or "move 1" in r for r in carried)  # only moves that gained are carried
+    assert run(0)[0] > both * 1.005
+
+
 @pytest.mark.filterwarnings("ignore:Glyph")  # the plot's font lacks the rocket
 def test_a_moved_run_with_an_odd_name_resumes_from_the_workload_it_stored(env, tmp_path):
     """A workload name that is no file name, with characters TOML escapes differently from JSON: the

@@ -12,6 +12,12 @@ The memory keys a move by its patch and keeps its gain (child reward over parent
 each time it was measured. An MCTS search (`SearchSettings.move_memory`) then offers no move that
 lost more than LOSS in that many branches already, and scales a remembered move's prior by how it
 did elsewhere, so a move that gained in one branch is tried early in the others.
+
+The proposer need not offer that move again where it would help: on qwen3-06b-8b-b4 (H200,
+2026-12-02) the draft's `pdl` released at the start gained 5.6% in one branch and the target's
+stream on 96 SMs 1.4% in another, and the plan holding both came 16 evaluations later. So each
+expansion also carries the move that gained most elsewhere (`winners`: a mean gain over WIN) to
+the node being expanded, where it applies and is new there.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import math
 from dataclasses import dataclass, field
 
 LOSS = 0.005  # a loss larger than the spread of repeated measurements (0.1-0.6% in one process)
+WIN = 0.01  # a mean gain clearly larger than that spread: worth carrying to other branches
 PRIOR_SCALE = (0.25, 4.0)  # the most a remembered move's prior is scaled down or up
 GAIN_UNIT = 0.02  # a 2% mean gain scales the prior by e
 
@@ -29,12 +36,28 @@ def move_key(patch: list[dict]) -> str:
     return json.dumps(sorted(patch, key=lambda op: (op.get("path", ""), op.get("op", ""))), sort_keys=True)
 
 
+@dataclass(frozen=True)
+class Move:
+    patch: list[dict]
+    kind: str  # its edit kind, as first proposed
+    rationale: str  # why it was first proposed
+    gain: float  # its mean gain wherever it was measured
+
+
 @dataclass
 class MoveMemory:
     gains: dict[str, list[float]] = field(default_factory=dict)
+    made: dict[str, tuple[list[dict], str, str]] = field(default_factory=dict)  # key -> patch, kind, rationale
 
-    def add(self, patch: list[dict], gain: float) -> None:
-        self.gains.setdefault(move_key(patch), []).append(gain)
+    def add(self, patch: list[dict], gain: float, kind: str = "other", rationale: str = "") -> None:
+        key = move_key(patch)
+        self.gains.setdefault(key, []).append(gain)
+        self.made.setdefault(key, (patch, kind, rationale))
+
+    def winners(self) -> list[Move]:
+        """The moves whose mean gain is over WIN, the largest first (ties: the first made first)."""
+        moves = [Move(*self.made[key], sum(seen) / len(seen)) for key, seen in self.gains.items()]
+        return sorted((m for m in moves if m.gain > WIN), key=lambda m: -m.gain)
 
     def knows(self, patch: list[dict]) -> bool:
         return move_key(patch) in self.gains

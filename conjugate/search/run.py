@@ -34,7 +34,7 @@ from conjugate.plan import load_plan, patch_plan, validate_plan
 from conjugate.roles import Model
 from conjugate.search.context import ContextBuilder, device_of, family_of
 from conjugate.search.mcts import MCTS, TreeNode, rebuild
-from conjugate.search.moves import MoveMemory
+from conjugate.search.moves import MoveMemory, move_key
 from conjugate.search.selection import select
 from conjugate.search.store import NodeRecord, NodeStatus, RunRecord, RunStatus, Store, StoreError, owner_id
 from conjugate.search.transfer import same_pair_shape, translate_plan
@@ -379,7 +379,7 @@ class Search:
         width = self.settings.expand_width
         proposals = self.proposer.propose(context, 2 * width if memory else width)  # room for what memory drops
         if memory:
-            proposals = self._remembered(proposals, memory, leaf.id)
+            proposals = self._carried(memory, record, self._remembered(proposals, memory, leaf.id))
         children = self._add_children(record, proposals, limit=width)
         if not children:  # nothing new to offer from here
             leaf.closed = True
@@ -405,8 +405,28 @@ class Search:
                 continue
             child, parent = self.results.get(n.plan_hash), self.results.get(hashes[n.parent_id])
             if child is not None and parent is not None and reward_of(parent) > 0:
-                memory.add(n.edit, reward_of(child) / reward_of(parent) - 1)
+                memory.add(n.edit, reward_of(child) / reward_of(parent) - 1, n.edit_kind, n.rationale)
         return memory if memory.gains else None
+
+    def _carried(self, memory: MoveMemory, parent: NodeRecord, proposals: list[Proposal]) -> list[Proposal]:
+        """The proposals, led by the move that gained most elsewhere in the run (moves.py) where it
+        applies to this node, changes its plan, and is neither proposed nor tried here yet."""
+        offered = {move_key(p.patch) for p in proposals}
+        plan = validate_plan(parent.plan)
+        here = {n.plan_hash for n in self.store.nodes(self.run_id) if n.parent_id == parent.id} | {plan.hash}
+        top = max((p.prior for p in proposals if p.prior is not None), default=1.0)
+        for move in memory.winners():
+            if move_key(move.patch) in offered:
+                continue
+            try:
+                if patch_plan(plan, move.patch).hash in here:
+                    continue
+            except (PatchError, PlanError):
+                continue
+            carried = Proposal(move.patch, f"gained elsewhere in this run, so made here too: {move.rationale}"
+                               + memory.note(move.patch), move.kind, memory.prior(move.patch, top))
+            return [carried] + proposals
+        return proposals
 
     def _remembered(self, proposals: list[Proposal], memory: MoveMemory, parent_id: int) -> list[Proposal]:
         """The proposals without moves that lost everywhere they were made, the others' priors scaled
