@@ -14,10 +14,11 @@ lost more than LOSS in that many branches already, and scales a remembered move'
 did elsewhere, so a move that gained in one branch is tried early in the others.
 
 The proposer need not offer that move again where it would help: on qwen3-06b-8b-b4 (H200,
-2026-12-02) the draft's `pdl` released at the start gained 5.6% in one branch and the target's
-stream on 96 SMs 1.4% in another, and the plan holding both came 16 evaluations later. So each
-expansion also carries the move that gained most elsewhere (`winners`: a mean gain over WIN) to
-the node being expanded, where it applies and is new there.
+2026-12-02) the draft's `pdl` released at the start gained 4.7% and the target's stream on 104 SMs
+2.7% as two children of one node (evaluations 60 and 61); each was then made again on other
+branches (a limit six times, `pdl` four), and the first plan holding both came 23 evaluations
+later. So each expansion also carries the move that gained most elsewhere (`winners`: a mean gain
+over WIN) to the node being expanded, where it applies and is new there.
 """
 from __future__ import annotations
 
