@@ -71,15 +71,19 @@ def enter_torch_graph_state(device: torch.device) -> None:
     """Leave this process as building the torch.compile baselines would: once a CUDA graph holding
     torch's `where` (or its softmax, SDPA, cumprod, index_put) has been captured, every graph of the
     process replays about 0.2 us a launch slower, for good (benchmarks/README.md, `steadiness.py`).
-    A process that carries those baselines instead of building them captures one such graph, so its
-    plans are timed nearer the state its baselines were measured in. Not all the way: on the H200
+    A process that carries those baselines instead of building them captures such a graph, so its
+    plans are timed nearer the state its baselines were measured in: the trigger `graph_step.py`
+    measured, as it measured it (a round-shaped mask, the op run once before its capture, on a stream
+    of its own). An earlier version (a 256-element mask captured cold) did not suffice: on the H200
     `sequential` still timed 1.5-3.2% faster in such processes than in those that built the
     baselines (benchmarks/README.md, `floor.py`). Once per process."""
     if _STATE_GRAPHS or device.type != "cuda":
         return
-    mask = torch.zeros(256, dtype=torch.bool, device=device)
+    mask = torch.ones(4, 1, 5, 1029, dtype=torch.bool, device=device)
     graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        torch.where(mask, 0.0, float("-inf"))
     with torch.cuda.graph(graph, stream=side):
         torch.where(mask, 0.0, float("-inf"))
     torch.cuda.current_stream(device).wait_stream(side)
