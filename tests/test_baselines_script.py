@@ -173,13 +173,30 @@ def test_resume_refuses_a_workload_cut_before_all_its_trials_and_flags_that_do_n
     assert json.loads(whole.read_text())["workloads"] == [CUT]  # untouched
 
 
-def test_a_file_that_is_not_a_run_is_named_in_one_line(tmp_path):
+def _merge_here(monkeypatch, capsys, *args) -> subprocess.CompletedProcess:
+    """`_merge` in this process (no interpreter to start, no torch to import): the exit status and the
+    stderr that the script's own process gives."""
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "benchmarks" / "baselines.py"), "--merge", *map(str, args)])
+    code = 0
+    try:
+        _script().main()
+    except SystemExit as e:
+        if isinstance(e.code, str):  # as Python exits with it: the message on stderr, status 1
+            print(e.code, file=sys.stderr)
+        code = 1 if isinstance(e.code, str) else e.code or 0
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(sys.argv, code, captured.out, captured.err)
+
+
+def test_a_file_that_is_not_a_run_is_named_in_one_line(tmp_path, monkeypatch, capsys):
     a = _run(tmp_path, "a", "NVIDIA H200", [_row("llama-1b-8b-b8")])
-    broken = tmp_path / "broken.json"
+    broken, joined = tmp_path / "broken.json", tmp_path / "joined.json"
     for text, said in (("{", "JSONDecodeError"), ("[]", "it lacks an object"), ('{"gpu": "x"}', "it lacks torch")):
         broken.write_text(text)
-        done = _merge(a, broken, "--json", tmp_path / "joined.json")
+        done = _merge_here(monkeypatch, capsys, a, broken, "--json", joined)
         assert done.returncode == 1 and f"--merge {broken}: " in done.stderr and said in done.stderr
-        done = _merge(a, "--eval-times", broken, "--json", tmp_path / "joined.json")
+        done = _merge_here(monkeypatch, capsys, a, "--eval-times", broken, "--json", joined)
         assert done.returncode == 1 and f"--eval-times {broken}: " in done.stderr
-    assert not (tmp_path / "joined.json").exists()
+    done = _merge(a, broken, "--json", joined)  # the last again, in the script's own process
+    assert done.returncode == 1 and f"--merge {broken}: " in done.stderr and "it lacks torch" in done.stderr
+    assert not joined.exists()

@@ -21,13 +21,24 @@ from conjugate.evaluate.result import Baseline, EvalResult, Metrics, Verdict, Ve
 from conjugate.evaluate.rounds import checked_run, round_inputs
 from conjugate.evaluate.session import EvaluationSession
 from conjugate.models import make_round_inputs
-from conjugate.plan import load_plan
+from conjugate.plan import load_plan, validate_plan
 from conjugate.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = load_workload(ROOT / "examples" / "tiny.toml")
 PROFILE = load_profile("analytical")
 SEQUENTIAL = load_plan(ROOT / "plans" / "sequential.json")
+QUICK = validate_plan({"schema": "conjugate.plan/1"})  # the default tiles: checked some 3x faster than shipped
+
+
+@pytest.fixture(scope="module")
+def unchecked(tmp_path_factory) -> str:
+    """The shipped analytical profile without the interpreter's numerical check (modeled only): a quick
+    evaluation where a test asserts nothing the check decides."""
+    path = tmp_path_factory.mktemp("profile") / "analytical.toml"
+    shipped = (ROOT / "evaluators" / "analytical.toml").read_text()
+    path.write_text(re.sub(r"(?m)^max_params = .*$", "max_params = 0", shipped))
+    return str(path)
 
 
 def test_eval_result_round_trip_and_checks():
@@ -112,7 +123,7 @@ def test_pipeline_stops_at_the_failing_stage(tmp_path, monkeypatch):
         return out
 
     monkeypatch.setattr(CompiledRound, "outputs", corrupted)
-    wrong = evaluate(SEQUENTIAL, TINY, PROFILE, cache_dir=tmp_path)
+    wrong = evaluate(QUICK, TINY, PROFILE, cache_dir=tmp_path)
     assert (wrong.stage, wrong.status) == ("correctness", "incorrect") and "target token [0, 0]" in wrong.error
     assert wrong.feedback and not wrong.metrics
 
@@ -122,7 +133,7 @@ def test_pipeline_never_raises(tmp_path, monkeypatch):
         raise RuntimeError("model exploded")
 
     monkeypatch.setattr(modeled, "model_round", broken)
-    r = evaluate(SEQUENTIAL, TINY, PROFILE, cache_dir=tmp_path)
+    r = evaluate(QUICK, TINY, PROFILE, cache_dir=tmp_path)
     assert (r.stage, r.status) == ("timing", "error") and "model exploded" in r.error
 
 
@@ -133,15 +144,16 @@ def test_a_session_prepares_each_workload_once_and_keeps_its_baselines(tmp_path,
     monkeypatch.setattr(modeled.ModeledHarness, "baselines",
                         lambda self, s, names: obtained.append(1) or baselines(self, s, names))
     session = EvaluationSession()
-    first = evaluate(SEQUENTIAL, TINY, PROFILE, cache_dir=tmp_path, session=session)
-    again = evaluate(SEQUENTIAL, TINY, PROFILE, cache_dir=tmp_path, session=session)
+    first = evaluate(QUICK, TINY, PROFILE, cache_dir=tmp_path, session=session)
+    again = evaluate(QUICK, TINY, PROFILE, cache_dir=tmp_path, session=session)
     assert first.ok and again.ok and (len(prepared), len(obtained)) == (1, 1)
+    assert first.checks["ok"] and again.checks["ok"]  # checked numerically, the second on the kept setup
     assert again.metrics.baselines == first.metrics.baselines
-    evaluate(SEQUENTIAL, TINY, PROFILE, cache_dir=tmp_path, session=session, refresh_baselines=True)
+    evaluate(QUICK, TINY, PROFILE, cache_dir=tmp_path, session=session, refresh_baselines=True)
     assert (len(prepared), len(obtained)) == (1, 2)
-    evaluate(SEQUENTIAL, TINY, replace(PROFILE, max_check_params=0), cache_dir=tmp_path, session=session)
+    evaluate(QUICK, TINY, replace(PROFILE, max_check_params=0), cache_dir=tmp_path, session=session)
     assert (len(prepared), len(obtained)) == (2, 3)  # another profile: the workload prepared anew
-    evaluate(SEQUENTIAL, TINY, PROFILE, cache_dir=tmp_path)  # no session: a fresh one
+    evaluate(QUICK, TINY, PROFILE, cache_dir=tmp_path)  # no session: a fresh one
     assert len(prepared) == 3
 
 
@@ -163,7 +175,7 @@ def test_a_checked_run_never_checks_stale_outputs(tmp_path, monkeypatch):
 
     draft, target = TINY.weights("draft"), TINY.weights("target")
     inputs = round_inputs(TINY, draft, target)
-    compiled = compile_round(SEQUENTIAL, TINY, draft, target, cache_dir=tmp_path)
+    compiled = compile_round(QUICK, TINY, draft, target, cache_dir=tmp_path)
     check = ReferenceChecker(draft, target, inputs, TINY.dtype)
     assert checked_run(compiled, inputs, check).ok
     monkeypatch.setattr(CompiledRound, "run_eager", lambda self: None)  # a round that writes nothing
@@ -205,9 +217,11 @@ def test_large_rounds_compile_on_shapes_and_skip_the_numerical_check(tmp_path):
     assert "skipped" in evaluate(SEQUENTIAL, TINY, small_limit, cache_dir=tmp_path).checks
 
 
-def test_bench_command(tmp_path, capsys):
+def test_bench_command(tmp_path, capsys, unchecked):
+    """Every shipped plan beside the baselines, modeled only (bench with its numerical check: the next test;
+    the shipped plans checked on this workload: the pipeline test and the next)."""
     out = tmp_path / "bench.json"
-    assert main(["bench", str(ROOT / "examples" / "tiny.toml"), "--json", str(out)]) == 0
+    assert main(["bench", str(ROOT / "examples" / "tiny.toml"), "--evaluator", unchecked, "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "MODELED" in printed and "interleave" in printed
     data = json.loads(out.read_text())
@@ -224,12 +238,12 @@ def test_bench_takes_shipped_plans_by_name(capsys):
     assert "streams" in printed and "interleave" not in printed
 
 
-def test_bench_names_a_plan_file_whose_plan_keeps_a_seed_name(tmp_path, capsys):
+def test_bench_names_a_plan_file_whose_plan_keeps_a_seed_name(tmp_path, capsys, unchecked):
     best = tmp_path / "best-of-search.json"
     best.write_text((ROOT / "plans" / "streams.json").read_text())  # an exported best plan keeps its seed's name
     out = tmp_path / "bench.json"
     assert main(["bench", str(ROOT / "examples" / "tiny.toml"), "--plan", "streams", "--plan", str(best),
-                 "--json", str(out)]) == 0
+                 "--evaluator", unchecked, "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["plans"]
     assert [(p["plan"], p["label"]) for p in rows] == [("streams", "streams"), ("streams", "best-of-search (streams)")]
     assert "best-of-search (streams)" in capsys.readouterr().out

@@ -607,7 +607,8 @@ def test_a_bad_number_on_the_command_line_is_a_usage_error(argv, option, capsys)
 @pytest.fixture(scope="module")
 def failed_search(tmp_path_factory):
     """A search of 2 evaluations in which every plan comes back incorrect (an evaluation entry that
-    says so: tests/faults/evaluators.py)."""
+    says so: tests/faults/evaluators.py), scored by the analytical profile without its numerical check
+    (the entry's verdict replaces the check's)."""
     from conjugate.evaluate import worker
 
     class EveryPlanIncorrect(worker.IsolatedEvaluator):
@@ -617,12 +618,13 @@ def failed_search(tmp_path_factory):
                              env={"PYTHONPATH": os.pathsep.join([faults, os.environ.get("PYTHONPATH", "")])})
 
     root = tmp_path_factory.mktemp("failed")
-    db = root / "runs.db"
+    db, fast = root / "runs.db", root / "fast.toml"
+    fast.write_text(analytical(max_params=0))
     out, err = io.StringIO(), io.StringIO()
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         patch.setenv("CONJUGATE_CACHE", str(root / "cache"))
         patch.setattr(worker, "IsolatedEvaluator", EveryPlanIncorrect)
-        code = main(["search", str(TINY), "--db", str(db), "--budget", "2"])
+        code = main(["search", str(TINY), "--db", str(db), "--budget", "2", "--evaluator", str(fast)])
     return {"code": code, "out": out.getvalue(), "err": err.getvalue(), "db": db}
 
 

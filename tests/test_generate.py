@@ -4,6 +4,7 @@ both modes, with ragged batches; acceptance; and bad input refused in one line."
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from conjugate.serving.accept import accept, append_emitted
 
 transformers = pytest.importorskip("transformers")
 from test_reference_hf import FAMILIES, _make_model, _save  # noqa: E402
+from test_round import ROOT, SMALL_TILES  # noqa: E402
 
 PROMPTS = {"simple": [[5, 17, 3], [9, 200, 41, 7, 7, 1]], "pipelined": [[3], [250, 4, 4, 90], [11, 12, 13, 14, 15, 16]]}
 NEW = 4
@@ -75,6 +77,17 @@ def pair(tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="module")
+def small_tiled(tmp_path_factory):
+    """Plan name -> a file of that shipped plan with test_round's small tiles (the shipped GPU tiles make
+    the interpreter slow; these still split K and KV)."""
+    root = tmp_path_factory.mktemp("plans")
+    for name in ("streams", "interleave"):
+        plan = json.loads((ROOT / "plans" / f"{name}.json").read_text()) | {"tiles": SMALL_TILES}
+        (root / f"{name}.json").write_text(json.dumps(plan))
+    return lambda name: str(root / f"{name}.json")
+
+
 def _workload(root, draft: str, target: str, **fields) -> str:
     values = dict(k=2, draft_batch=2, target_batch=2, context=16, dtype="fp32", seed=0) | fields
     text = f'draft = "{draft}"\ntarget = "{target}"\n' + "".join(
@@ -106,9 +119,11 @@ def _generate(workload: str | list[str], mode: str, prompts: list[list[int]], tm
 
 @pytest.mark.parametrize("mode", ["simple", "pipelined"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_generate_equals_transformers_greedy(pair, family, mode, tmp_path):
+def test_generate_equals_transformers_greedy(pair, small_tiled, family, mode, tmp_path):
     workload, target = pair(family)
-    result = _generate(workload, mode, PROMPTS[mode], tmp_path, "--plan", "interleave" if mode == "pipelined" else "streams")
+    plan = "interleave" if mode == "pipelined" else "streams"
+    result = _generate(workload, mode, PROMPTS[mode], tmp_path, "--plan", small_tiled(plan))
+    assert result["plan"] == plan
     for entry, prompt in zip(result["outputs"], PROMPTS[mode]):
         assert entry["prompt_ids"] == prompt
         assert entry["generated_ids"] == _hf_greedy(target, prompt, NEW), (family, mode, prompt)
@@ -129,22 +144,22 @@ def test_the_conventional_backends_equal_transformers_greedy(pair, mode, backend
         assert entry["generated_ids"] == _hf_greedy(target, prompt, NEW), (mode, backend, prompt)
 
 
-def test_a_pair_given_by_flags_is_sized_for_its_prompts(pair, tmp_path):
+def test_a_pair_given_by_flags_is_sized_for_its_prompts(pair, small_tiled, tmp_path):
     """No workload file: --draft/--target, with k and dtype flags; batch and KV capacity from the prompts."""
     workload, target = pair("llama")
     checkpoints = Path(workload).parent
     prompts = [[5, 17, 3], [9, 200, 41, 7, 7, 1], [8]]
     flags = ["--draft", str(checkpoints / "draft"), "--target", str(checkpoints / "target"), "--k", "3",
              "--dtype", "fp32"]
-    result = _generate(flags, "simple", prompts, tmp_path, "--plan", "streams", new=5)
+    result = _generate(flags, "simple", prompts, tmp_path, "--plan", small_tiled("streams"), new=5)
     for entry, prompt in zip(result["outputs"], prompts):
         assert entry["generated_ids"] == _hf_greedy(target, prompt, 5)
     assert result["workload"] == "draft-target"
 
 
-def test_a_draft_identical_to_the_target_accepts_every_token(tmp_path):
+def test_a_draft_identical_to_the_target_accepts_every_token(small_tiled, tmp_path):
     workload = _workload(tmp_path, "tiny-llama-d", "tiny-llama-d", k=3, context=24)
-    result = _generate(workload, "simple", [[1, 2, 3], [4]], tmp_path)
+    result = _generate(workload, "simple", [[1, 2, 3], [4]], tmp_path, "--plan", small_tiled("streams"))
     assert result["drafts_accepted"] == result["drafts_proposed"] > 0
     assert result["acceptance"] == 1.0
     assert result["rounds"] == -(-NEW // 3)  # k tokens a round
@@ -220,9 +235,13 @@ def test_the_best_plan_of_a_search_database_generates(tmp_path):
     """--db: the latest run's fastest plan; the output is still the target's greedy decoding."""
     from conjugate.paths import DEFAULT_WORKLOAD
 
-    db = tmp_path / "s.db"
-    assert main(["search", str(DEFAULT_WORKLOAD), "--budget", "2", "--db", str(db)]) == 0
+    db, unchecked = tmp_path / "s.db", tmp_path / "analytical.toml"
+    shipped = (ROOT / "evaluators" / "analytical.toml").read_text()
+    unchecked.write_text(re.sub(r"(?m)^max_params = .*$", "max_params = 0", shipped))  # modeled only: quick
+    assert main(["search", str(DEFAULT_WORKLOAD), "--budget", "2", "--db", str(db), "--evaluator", str(unchecked)]) == 0
     result = _generate(str(DEFAULT_WORKLOAD), "simple", [[1, 2]], tmp_path, "--db", str(db), new=1)
     assert "-node" in result["plan"]
-    streams = _generate(str(DEFAULT_WORKLOAD), "simple", [[1, 2]], tmp_path, "--plan", "streams", new=1)
-    assert result["outputs"] == streams["outputs"]
+    # the target's greedy decoding by torch's own execution (lossless against transformers, above)
+    eager = _generate(str(DEFAULT_WORKLOAD), "simple", [[1, 2]], tmp_path, "--plan", "conventional", "--variants",
+                      "eager-sdpa/eager-sdpa", new=1)
+    assert result["outputs"] == eager["outputs"]

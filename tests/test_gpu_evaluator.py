@@ -227,10 +227,12 @@ def test_an_error_retires_the_worker(tmp_path):
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """The measured harness's own check (eager, then 'replayed': eager here), with a fake device,
-    fake rates, fake timing and fake baselines; returns the log of timing and baseline calls."""
+    fake rates, fake timing and fake baselines, and no warm-up (on the CPU a third run of the round
+    under the interpreter, its outputs never read); returns the log of timing and baseline calls."""
     from types import SimpleNamespace
 
     from conjugate.compiler.buffers import PreparedWeights
+    from conjugate.compiler.round import CompiledRound
     from conjugate.evaluate.harness import Timed
     from conjugate.evaluate.measured import MeasuredHarness
     from conjugate.evaluate.session import EvaluationSession, RoundSetup
@@ -263,6 +265,7 @@ def fake_gpu(monkeypatch):
 
     monkeypatch.setattr(MeasuredHarness, "prepare", prepare)
     monkeypatch.setattr(MeasuredHarness, "ready", lambda self, compiled, setup: None)  # warm-up: GPU only
+    monkeypatch.setattr(CompiledRound, "warmup", lambda self: None)  # also the one before the replayed check
     monkeypatch.setattr(MeasuredHarness, "time", timed)
     def measured(setup, profile, cache_dir):
         log["asked"].append(profile.timing.baselines)
@@ -373,8 +376,10 @@ def test_carry_baselines_is_for_a_resumed_run_only(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err == "error: --carry-baselines: only with --resume (a new run has measured no baselines to carry)"
     assert not (tmp_path / "x.db").exists()
-    db = tmp_path / "modeled.db"
-    assert main(["search", str(TINY_PATH), "--db", str(db), "--budget", "1"]) == 0
+    db, unchecked = tmp_path / "modeled.db", tmp_path / "analytical.toml"
+    unchecked.write_text(re.sub(r"(?m)^max_params = .*$", "max_params = 0",  # modeled only: quick
+                                (ROOT / "evaluators" / "analytical.toml").read_text()))
+    assert main(["search", str(TINY_PATH), "--db", str(db), "--budget", "1", "--evaluator", str(unchecked)]) == 0
     capsys.readouterr()
     assert main(["search", "--resume", str(db), "--carry-baselines"]) == 0
     assert "holds no measured conventional or streams baseline to carry: measuring the baselines" in \
