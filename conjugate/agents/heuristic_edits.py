@@ -341,8 +341,8 @@ def pdl_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candidate
     on two other workloads; released right after the wait, 5.2% faster on one and 6.8% slower on the
     other; with the weights prefetched first, 5.9% slower on both: so the draft's chain first,
     released at the end first, prefetch last, and the model whose stream the ledger says is busier
-    (the critical path) ahead of the other. The start won where the draft's stream was 1.39x as busy
-    as the target's and lost where the two were balanced (1.02x): past SM_LIMIT_WIDE the critical
+    (the critical path) ahead of the other. The start won where the draft's stream was 1.38x as busy
+    as the target's and lost where the two were balanced (1.04x): past SM_LIMIT_WIDE the critical
     model's release at the start comes first, within SM_LIMIT_BALANCED it comes after the end's.
     Never for a model persistent with barriers (refused); for a model whose launches are tile loops
     only released at the end (released at the start, the next loop's programs would wait on the SMs
@@ -398,16 +398,16 @@ def _imbalance(ledger: LedgerSummary | None) -> tuple[str, str, float] | None:
     return busier, other, busy[busier] / busy[other]
 
 
-SM_LIMIT_BALANCED = 1.1  # busier stream / other under this: no limit proposed (llama-1b-8b-b8, 1.02: +3.8-6.1%)
-SM_LIMIT_WIDE = 1.25  # over this: deeper limits first (qwen3-06b-8b-b4, 1.39: 104 SMs -3.8%, 112 -3.3%, 120 -1.6%)
+SM_LIMIT_BALANCED = 1.1  # busier stream / other under this: no limit proposed (llama-1b-8b-b8, 1.04: +3.8-6.1%)
+SM_LIMIT_WIDE = 1.25  # over this: deeper limits first (qwen3-06b-8b-b4, 1.37: 104 SMs -3.8%, 112 -3.3%, 120 -1.6%)
 
 
 def sm_limit_edits(plan: Plan, sms: int, ledger: LedgerSummary | None = None) -> list[Candidate]:
     """With two streams, the less busy model's stream on part of the SMs (plan `sm_limit`), so the
     busier one's kernels find SMs of their own. Measured on the H200 beside two best plans
-    (results/knobs_h200.json, 2026-12-02): with the draft's stream 1.39x as busy as the target's
+    (results/sm_limit_h200.json, 2026-12-02): with the draft's stream 1.37x as busy as the target's
     (qwen3-06b-8b-b4) the target on 104, 112, 120 of 132 SMs made the round 3.8%, 3.3%, 1.6%
-    faster; with the streams balanced (1.02x, llama-1b-8b-b8) 6.1%, 5.2%, 3.8% slower. So no
+    faster; with the streams balanced (1.04x, llama-1b-8b-b8) 6.1%, 5.2%, 3.8% slower. So no
     limit for streams within SM_LIMIT_BALANCED of each other, 8-16 SMs fewer than the most that
     leave the other any when they are closer than SM_LIMIT_WIDE, deeper limits first past it,
     scored by the imbalance. Once limited, 8 SMs fewer while the limited stream is still the less

@@ -41,8 +41,8 @@ from conjugate.workload import Workload
 # Parts one persistent launch may join. Its kernel holds every part inline: compiling for Hopper on
 # the CPU (`python -m conjugate.compiler.offline`), llama-3.2-1b's decode step (82 parts) ran past 5
 # minutes and qwen3-8b's verify step (291 parts) past 11 without finishing (on an H200 the latter held
-# a search's evaluation for over 7 minutes); a layer (2-8 parts) and a tiny model's step (12-27)
-# compile in seconds.
+# a search's evaluation for over 7 minutes: benchmarks/results/raw/searchers_qwen3_partial_2026-12-02/);
+# a layer (2-8 parts) and a tiny model's step (12-27) compile in seconds.
 MAX_PERSISTENT_PARTS = 32
 
 MAIN_KINDS = ("qkv", "gate_up", "lm_head")  # the op a fused unit is named after
