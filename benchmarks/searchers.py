@@ -16,8 +16,9 @@ JSON: {"gpu", "modeled", "workloads": [{"workload", "confirmed_streams_ms"?, "ru
 "sequential_ms", "best_so_far_ms": [...], "evaluations" (plans that passed every check), "settled"
 (evaluations the budget spent), "complete", "device", "db", "best_node", "confirmed_ms"?}]}]}.
 
-`--time` bounds the searches (not `--confirm`, nor an evaluation under way): the seconds left are
-shared evenly among the runs not yet done, and a run cut short is stored `stopped` (its JSON row
+`--time` bounds the searches (not `--confirm`, nor an evaluation under way): the worker is started on
+the `sequential` plan first (its baselines measured), then the seconds left are shared evenly among
+the runs not yet done, and a run cut short is stored `stopped` (its JSON row
 says "complete": false). `--resume` continues
 each run from its database in DIR where one is there (to a larger --budget too), so a
 comparison can be spread over several sessions of a machine; a resumed run's agent starts afresh
@@ -155,7 +156,11 @@ def _refuse(db: Path, why: str) -> None:
 
 def searches(path: Path, name: str, args: argparse.Namespace, end: float | None, left: int,
              shared: IsolatedEvaluator) -> list[dict]:
-    """Each agent's run on one workload, all scored by one evaluation worker; `left` runs share the time."""
+    """Each agent's run on one workload, all scored by one evaluation worker; `left` runs share the time.
+    With a time bound the worker is started (and its baselines measured) first, on the `sequential`
+    plan, so the first run's share is not spent on what every run uses."""
+    if end is not None and not args.carry_baselines:
+        shared.evaluate(load_plan(shipped_plan("sequential")).to_dict(), path)
     runs = []
     for agent in args.agents:
         deadline = None if end is None else time.monotonic() + (end - time.monotonic()) / left

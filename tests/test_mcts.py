@@ -252,3 +252,53 @@ def test_without_a_margin_behind_branches_are_expanded_as_before():
         child.reward = 1.28 if streams in path else 1.1
         m.backpropagate(path + [child], child.reward)
     assert elsewhere >= 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Q scaled between siblings, and deepening past a gain: the first expansion of llama-1b-8b-b8's
+# `streams` node on the H200 (2026-12-02), rewards as speedups over `sequential`
+
+
+def _streams_children(deepen: float = 0.0) -> tuple[MCTS, TreeNode, list[TreeNode]]:
+    m = MCTS(c_puct=0.7, behind_margin=0.05, deepen_margin=deepen)
+    streams = TreeNode(2, reward=1.251)
+    m.backpropagate([streams], 1.251)
+    kids = []
+    for node_id, prior, reward in ((4, 0.41, 1.257), (5, 0.29, 1.288), (6, 0.29, 1.299)):  # +0.5%, +2.9%, +3.8%
+        kid = streams.add_child(node_id, prior)
+        kid.reward = reward
+        m.backpropagate([streams, kid], reward)
+        kids.append(kid)
+    return m, streams, kids
+
+
+def test_q_tells_siblings_a_few_percent_apart_apart():
+    m, streams, (small, mid, large) = _streams_children()
+    assert m.q(streams, large) == 1.0 and m.q(streams, small) == pytest.approx(0.006 / 0.048)
+    assert m.q(streams, mid) == pytest.approx(0.037 / 0.048)
+    streams.closed = True
+    # the 3.8% gain is expanded next, though its prior is lower than the 0.5% gain's
+    assert m.select(streams)[-1] is large
+    fresh = streams.add_child(7, 0.5)  # not measured: counts as no gain over its parent
+    assert m.q(streams, fresh) == 0.0
+
+
+def test_q_of_a_failed_branch_is_zero_and_does_not_squeeze_the_others():
+    m, streams, (small, _, large) = _streams_children()
+    failed = streams.add_child(8, 0.3)
+    m.backpropagate([streams, failed], 0.0)
+    assert m.q(streams, failed) == 0.0 and m.q(streams, large) == 1.0
+    assert m.q(streams, small) == pytest.approx(0.006 / 0.048)
+
+
+def test_a_node_outgained_by_an_open_branch_is_deepened_not_widened():
+    m, streams, kids = _streams_children(deepen=0.005)
+    streams.visits = 24  # widening alone would allow a fifth child
+    assert len(streams.children) < m.max_children(streams)
+    assert m.full(streams) and m.select(streams)[-1] is kids[2]
+    plain, streams0, _ = _streams_children()
+    streams0.visits = 24
+    assert not plain.full(streams0) and plain.select(streams0) == [streams0]
+    for kid in kids[1:]:  # the gaining branches exhausted: the node is widened again
+        kid.closed = True
+    assert not m.full(streams) and m.select(streams) == [streams]

@@ -5,11 +5,19 @@ from the root, expands its last node with a few new children, evaluates them and
 each child's reward along the path. Rewards are non-negative (speedup ratios; failures are 0).
 
     max_children(n) = ceil(widen_c * (visits(n) + 1) ** widen_alpha)
-    score(p, c)     = Q(c) + c_puct * prior(c) * sqrt(max(1, visits(p))) / (1 + visits(c))
-    Q(c)            = ((1 - best_weight) * mean(c) + best_weight * best(c)) / largest reward seen
+    score(p, c)     = Q(p, c) + c_puct * prior(c) * sqrt(max(1, visits(p))) / (1 + visits(c))
+    value(c)        = (1 - best_weight) * mean(c) + best_weight * best(c)
+    Q(p, c)         = (value(c) - lo) / (hi - lo)   lo, hi: the least and largest of p's own reward and
+                                                    the values of p's measured children
 
-Q lies in [0, 1]. It blends the subtree's mean reward with its best one: the search wants the best
-plan, not the best average, and a branch whose edits often fail (reward 0) may still hold it.
+Value blends the subtree's mean reward with its best one: the search wants the best plan, not the
+best average, and a branch whose edits often fail (reward 0) may still hold it. Q scales it between
+the node's siblings and their parent (as MuZero scales between the least and largest values seen,
+but per node): the edits of one plan differ by a few percent, a range that a scale from 0 to the
+largest reward would squeeze to a few hundredths of Q, where the priors' term decides alone. Measured
+on the H200 (llama-1b-8b-b8, 2026-12-02), that is how a search spent its budget on a child that
+gained 0.5% while its sibling that gained 3.8% waited. A child whose subtree never passed (best 0)
+has Q 0 and does not stretch the scale; with nothing to tell apart (one value) Q is 1/2.
 
 Clearly behind (`behind_margin`, a fraction of the best reward): a branch whose best reward so far
 is that far under the run's best is not descended into while a sibling branch that is not behind
@@ -17,8 +25,16 @@ can be, and a node whose own reward is behind gets no new children while one of 
 still in the running. A small budget goes where the measurements point; a behind branch comes
 back only when nothing else is open (and a run with margin 0 never prunes).
 
-First-play urgency: a child not visited yet takes its parent's Q, so a fresh child is neither
-favoured nor shunned against its siblings, and its prior decides. The exploration term uses
+Deepen past a gain (`deepen_margin`): a node one of whose open branches holds a plan faster than the
+node by more than the margin gets no new child; the new edits go below the gain instead. Plan edits
+mostly commute (the draft's atomic split-K sums gain before or after a tile change), so an edit
+tried beside a gain would have to be made again below it to combine with it; a node is widened
+again once its gaining branches are exhausted or it is the frontier (no child gained). Greedy
+hill-climbing does the same from the single best node; MCTS keeps every gaining branch in play.
+
+First-play urgency: a child not visited yet takes its parent's own reward as its value, so a fresh
+child counts as no gain: it is tried before a sibling that lost, after one that gained, unless its
+prior says otherwise. The exploration term uses
 sqrt(max(1, visits)) so priors order the children of a node visited once or never.
 Everything here is in memory and deterministic: ties go to the lowest node id.
 """
@@ -71,18 +87,22 @@ def is_open(node: TreeNode) -> bool:
 
 class MCTS:
     def __init__(self, c_puct: float = 1.4, widen_alpha: float = 0.5, widen_c: float = 1.0,
-                 best_weight: float = 0.5, behind_margin: float = 0.0):
+                 best_weight: float = 0.5, behind_margin: float = 0.0, deepen_margin: float = 0.0):
         self.c_puct, self.widen_alpha, self.widen_c = c_puct, widen_alpha, widen_c
-        self.best_weight, self.behind_margin = best_weight, behind_margin
-        self.max_reward = 0.0  # Q's normalizer; select() also refreshes it from the root's best
+        self.best_weight, self.behind_margin, self.deepen_margin = best_weight, behind_margin, deepen_margin
+        self.max_reward = 0.0  # the behind margin's reference; select() also refreshes it from the root's best
 
     def max_children(self, node: TreeNode) -> int:
         return math.ceil(self.widen_c * (node.visits + 1) ** self.widen_alpha)
 
     def full(self, node: TreeNode) -> bool:
-        """No new child for `node` now: closed, widened enough for its visits, or behind itself while
-        one of its branches is still in the running."""
+        """No new child for `node` now: closed, widened enough for its visits, outgained by one of its
+        branches that is still open (deepen_margin), or behind itself while one of its branches is
+        still in the running."""
         if node.closed or len(node.children) >= self.max_children(node):
+            return True
+        if self.deepen_margin > 0 and node.reward is not None and any(
+                c.visits and c.best > node.reward * (1 + self.deepen_margin) and is_open(c) for c in node.children):
             return True
         return self._behind(node.reward) and any(is_open(c) and not self.pruned(c) for c in node.children)
 
@@ -94,13 +114,23 @@ class MCTS:
         """A branch measured (visited) whose best reward is clearly behind the run's best."""
         return node.visits > 0 and self._behind(node.best)
 
-    def q(self, node: TreeNode) -> float:
-        if self.max_reward <= 0:
+    def value(self, node: TreeNode) -> float:
+        return (1 - self.best_weight) * node.mean + self.best_weight * node.best
+
+    def q(self, parent: TreeNode, child: TreeNode) -> float:
+        """The child's value scaled between its parent's reward and its measured siblings' values."""
+        own = parent.reward if parent.reward is not None else self.value(parent)
+        if child.visits and child.best <= 0:
             return 0.0
-        return ((1 - self.best_weight) * node.mean + self.best_weight * node.best) / self.max_reward
+        values = [own] + [self.value(c) for c in parent.children if c.visits and c.best > 0]
+        low, high = min(values), max(values)
+        if high - low <= 1e-12:
+            return 0.5
+        value = self.value(child) if child.visits else own  # first-play urgency: no gain over the parent
+        return min(1.0, max(0.0, (value - low) / (high - low)))
 
     def score(self, parent: TreeNode, child: TreeNode) -> float:
-        q = self.q(child) if child.visits else self.q(parent)  # first-play urgency: the parent's Q
+        q = self.q(parent, child)
         explore = self.c_puct * child.prior * math.sqrt(max(1, parent.visits)) / (1 + child.visits)
         return q + explore
 
