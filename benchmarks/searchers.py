@@ -3,7 +3,7 @@
 
     python benchmarks/searchers.py WORKLOAD.toml [...] [--agents heuristic random greedy] [--budget 40]
                                    [--evaluator h200] [--seed 0] [--out DIR] [--json OUT.json]
-                                   [--time SECONDS] [--resume [--carry-baselines]] [--report]
+                                   [--time SECONDS] [--step N] [--resume [--carry-baselines]] [--report]
                                    [--confirm ROUNDS]
 
 Per workload and agent: a search run (as `conjugate search` starts one) into
@@ -16,12 +16,13 @@ JSON: {"gpu", "modeled", "workloads": [{"workload", "confirmed_streams_ms"?, "ru
 "sequential_ms", "best_so_far_ms": [...], "evaluations" (plans that passed every check), "settled"
 (evaluations the budget spent), "complete", "device", "db", "best_node", "confirmed_ms"?}]}]}.
 
-`--time` bounds the searches (not `--confirm`, nor an evaluation under way): the worker is started on
-the `sequential` plan first (its baselines measured), then the seconds left are shared evenly among
-the runs not yet done, and a run cut short is stored `stopped` (its JSON row
-says "complete": false). `--resume` continues
-each run from its database in DIR where one is there (to a larger --budget too), so a
-comparison can be spread over several sessions of a machine; a resumed run's agent starts afresh
+The runs of a workload take turns, `--step` evaluations each (default 5), so each is about as far
+on whenever the command stops, and the kernels one run compiles help the others alike. `--time`
+bounds the searches (not `--confirm`, nor an evaluation under way): the worker is started on the
+`sequential` plan first (its baselines measured), then the seconds left are shared evenly among the
+workloads not yet done, and a run cut short is stored `stopped` (its JSON row says "complete":
+false). `--resume` continues each run from its database in DIR where one is there (to a larger
+--budget too), so a comparison can be spread over several sessions of a machine; a resumed run's agent starts afresh
 from the stored tree (its seed again), so its later edits may differ from those of one unbroken run;
 with `--carry-baselines` a resumed run's worker takes the torch baselines its database measured on a
 GPU of this name instead of compiling them again (`conjugate search --carry-baselines`).
@@ -38,7 +39,7 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,40 +59,70 @@ from conjugate.search.store import NodeStatus, RunStatus, Store  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 
 
-def search(workload: Path, agent: str, budget: int, evaluator: IsolatedEvaluator, seed: int, db: Path,
-           deadline: float | None = None, resume: bool = False, carry: bool = False) -> dict:
-    started = time.perf_counter()
+@dataclass
+class Opened:
+    """One agent's run, open in its database for the rotation."""
+    agent: str
+    db: Path
+    store: Store
+    run: Search
+    seconds: float = 0.0
+    why: str = ""  # why it last stopped: "budget" below the final budget means its turn ended
+
+
+def open_run(stack: contextlib.ExitStack, workload: Path, agent: str, budget: int, evaluator: IsolatedEvaluator,
+             seed: int, db: Path, resume: bool = False, carry: bool = False) -> Opened:
+    """A fresh run in `db`, or (with `resume`) the run stored there, continued by the same agent."""
     settings = scored_by(SearchSettings(budget=budget), evaluator.profile)
     w = load_workload(workload)
     if not (resume and db.exists()):
         db.unlink(missing_ok=True)
-    with open_store(str(db), create=True) as store:
-        stored = store.latest_run()
-        if stored is None:
-            run = Search.start(store, w.name, w, str(workload.resolve()), evaluator, make_proposer(agent, seed=seed),
-                               settings, seed)
-        elif stored.agent != agent:
-            _refuse(db, f"holds a run of agent {stored.agent}, not {agent}")
-        else:  # a finished run too: a larger --budget continues it
-            check_workload(stored, w, workload)
-            if evaluator_id(evaluator.profile) != run_evaluator_id(stored):
-                _refuse(db, f"was scored by {run_evaluator_id(stored)}, not by --evaluator {evaluator.profile.source}")
-            proposer = make_proposer(agent, seed=stored.seed)
-            carried = baselines_to_carry(store, stored.id, w, run_evaluator_id(stored)) if carry else None
-            if carried:  # the worker keeps the first baselines it has for this workload: later runs' are moot
-                evaluator.carried = carried
-            run = Search(store, stored.id, w, str(workload.resolve()), evaluator, proposer,
-                         replace(SearchSettings.from_dict(stored.settings), budget=budget))
-            store.set_run_status(stored.id, RunStatus.RUNNING)
-        try:
-            why = run.run_loop(deadline)
-        except KeyboardInterrupt:  # Ctrl-C, or a time limit's SIGINT, mid-evaluation: the run stays resumable
-            store.set_run_status(run.run_id, RunStatus.STOPPED)
-            raise SystemExit(f"{w.name} {agent}: interrupted after {run.evaluations_done()} evaluations; "
-                             f"--resume continues it from {db}") from None
-        store.set_run_status(run.run_id, RunStatus.FINISHED if why in ("budget", "exhausted") else RunStatus.STOPPED)
-        print(f"{w.name} {agent}: {why} after {run.evaluations_done()} evaluations", flush=True)
-    return {**summary(db, agent, w, workload), "seconds": time.perf_counter() - started}
+    store = stack.enter_context(open_store(str(db), create=True))
+    stored = store.latest_run()
+    if stored is None:
+        run = Search.start(store, w.name, w, str(workload.resolve()), evaluator, make_proposer(agent, seed=seed),
+                           settings, seed)
+    elif stored.agent != agent:
+        _refuse(db, f"holds a run of agent {stored.agent}, not {agent}")
+    else:  # a finished run too: a larger --budget continues it
+        check_workload(stored, w, workload)
+        if evaluator_id(evaluator.profile) != run_evaluator_id(stored):
+            _refuse(db, f"was scored by {run_evaluator_id(stored)}, not by --evaluator {evaluator.profile.source}")
+        proposer = make_proposer(agent, seed=stored.seed)
+        carried = baselines_to_carry(store, stored.id, w, run_evaluator_id(stored)) if carry else None
+        if carried:  # the worker keeps the first baselines it has for this workload: later runs' are moot
+            evaluator.carried = carried
+        run = Search(store, stored.id, w, str(workload.resolve()), evaluator, proposer,
+                     replace(SearchSettings.from_dict(stored.settings), budget=budget))
+        store.set_run_status(stored.id, RunStatus.RUNNING)
+    return Opened(agent, db, store, run)
+
+
+def rotate(opened: list[Opened], budget: int, step: int, deadline: float | None) -> None:
+    """The runs take turns, `step` evaluations each, up to `budget`: a deadline then leaves them within
+    one step of each other, and none is helped by kernels an earlier run compiled for the same plans
+    more than the others are. Each run is stored finished (budget or nothing left) or stopped."""
+    active = list(opened)
+    while active:
+        for o in list(active):
+            run = o.run
+            run.settings = replace(run.settings, budget=min(budget, run.evaluations_done() + step))
+            started = time.perf_counter()
+            try:
+                o.why = run.run_loop(deadline)
+            except KeyboardInterrupt:  # Ctrl-C, or a time limit's SIGINT, mid-evaluation: the runs stay resumable
+                for other in active:
+                    other.store.set_run_status(other.run.run_id, RunStatus.STOPPED)
+                raise SystemExit(f"{run.workload.name} {o.agent}: interrupted after {run.evaluations_done()} "
+                                 f"evaluations; --resume continues it from {o.db}") from None
+            finally:
+                o.seconds += time.perf_counter() - started
+            done = o.why == "exhausted" or (o.why == "budget" and run.evaluations_done() >= budget)
+            if done or o.why != "budget":
+                active.remove(o)
+                run.settings = replace(run.settings, budget=budget)
+                o.store.set_run_status(run.run_id, RunStatus.FINISHED if done else RunStatus.STOPPED)
+                print(f"{run.workload.name} {o.agent}: {o.why} after {run.evaluations_done()} evaluations", flush=True)
 
 
 def summary(db: Path, agent: str, workload, path: Path) -> dict:
@@ -156,18 +187,19 @@ def _refuse(db: Path, why: str) -> None:
 
 def searches(path: Path, name: str, args: argparse.Namespace, end: float | None, left: int,
              shared: IsolatedEvaluator) -> list[dict]:
-    """Each agent's run on one workload, all scored by one evaluation worker; `left` runs share the time.
-    With a time bound the worker is started (and its baselines measured) first, on the `sequential`
-    plan, so the first run's share is not spent on what every run uses."""
+    """Each agent's run on one workload, all scored by one evaluation worker, taking turns (rotate);
+    this workload has its share of the time left, one of `left` workloads. With a time bound the
+    worker is started (and its baselines measured) first, on the `sequential` plan, so no run's share
+    is spent on what every run uses."""
     if end is not None and not args.carry_baselines:
         shared.evaluate(load_plan(shipped_plan("sequential")).to_dict(), path)
-    runs = []
-    for agent in args.agents:
-        deadline = None if end is None else time.monotonic() + (end - time.monotonic()) / left
-        runs.append(search(path, agent, args.budget, shared, args.seed, args.out / f"{name}_{agent}.db",
-                           deadline, args.resume, args.carry_baselines))
-        left -= 1
-    return runs
+    deadline = None if end is None else time.monotonic() + (end - time.monotonic()) / left
+    with contextlib.ExitStack() as stack:
+        opened = [open_run(stack, path, agent, args.budget, shared, args.seed, args.out / f"{name}_{agent}.db",
+                           args.resume, args.carry_baselines) for agent in args.agents]
+        rotate(opened, args.budget, args.step, deadline)
+    w = load_workload(path)
+    return [{**summary(o.db, o.agent, w, path), "seconds": o.seconds} for o in opened]
 
 
 def plot(name: str, runs: list[dict], path: Path) -> None:
@@ -197,7 +229,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("searchers"))
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--time", type=float, help="seconds for the whole command, shared among the runs")
+    parser.add_argument("--time", type=float, help="seconds for the whole command, shared among the workloads")
+    parser.add_argument("--step", type=int, default=5, help="evaluations a run makes in its turn (default 5)")
     parser.add_argument("--resume", action="store_true", help="continue the runs whose databases are in --out")
     parser.add_argument("--carry-baselines", action="store_true",
                         help="with --resume: the torch baselines each database measured, not compiled again")
@@ -219,7 +252,7 @@ def main() -> None:
                 runs = [summary(args.out / f"{name}_{agent}.db", agent, load_workload(path), path)
                     for agent in args.agents]
             else:
-                runs = searches(path, name, args, end, (len(args.workloads) - index) * len(args.agents), shared)
+                runs = searches(path, name, args, end, len(args.workloads) - index, shared)
             if args.confirm:
                 row["confirmed_streams_ms"] = confirm(runs, path, args.out, shared, args.confirm)
         plot(name, runs, args.out / f"{name}_searchers.png")

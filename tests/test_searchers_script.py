@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from scripts import load_script  # tests/scripts.py
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "searchers.py"
@@ -60,3 +61,54 @@ def test_an_interrupt_mid_search_leaves_the_run_stopped_and_resumable(tmp_path):
     assert again.returncode == 0, again.stderr
     run = json.loads((tmp_path / "b.json").read_text())["workloads"][0]["runs"][0]
     assert run["settled"] == settled + 1 and run["complete"] and len(run["best_so_far_ms"]) == run["evaluations"]
+
+
+class _FakeStore:
+    def __init__(self):
+        self.status = {}
+
+    def set_run_status(self, run_id, status):
+        self.status[run_id] = status
+
+
+class _FakeRun:
+    """A search that evaluates one plan per tick of a shared clock until its budget or the deadline."""
+
+    def __init__(self, run_id: int, clock: list, order: list, plans: int = 99):
+        from conjugate.search.run import SearchSettings
+        self.run_id, self.clock, self.order, self.plans = run_id, clock, order, plans
+        self.settings, self.done = SearchSettings(budget=0), 0
+        self.workload = type("W", (), {"name": "w"})()
+
+    def evaluations_done(self) -> int:
+        return self.done
+
+    def run_loop(self, deadline=None) -> str:
+        while self.done < self.settings.budget:
+            if deadline is not None and self.clock[0] >= deadline:
+                return "deadline"
+            if self.done == self.plans:
+                return "exhausted"
+            self.done += 1
+            self.clock[0] += 1
+            self.order.append(self.run_id)
+        return "budget"
+
+
+def test_runs_take_turns_so_a_deadline_leaves_them_level():
+    from conjugate.search.store import RunStatus
+    searchers = load_script("searchers")
+    clock, order = [0], []
+    opened = [searchers.Opened(agent, Path(f"{agent}.db"), _FakeStore(), _FakeRun(i, clock, order))
+              for i, agent in enumerate(("heuristic", "random", "greedy"))]
+    searchers.rotate(opened, budget=40, step=5, deadline=None)
+    assert order[:15] == [0] * 5 + [1] * 5 + [2] * 5 and len(order) == 120
+    assert all(o.store.status[o.run.run_id] is RunStatus.FINISHED and o.run.settings.budget == 40 for o in opened)
+    clock, order = [0], []  # 32 evaluations' time: runs 0 and 1 reach 15, run 2 10 (cut in its third turn)
+    opened = [searchers.Opened(a, Path(f"{a}.db"), _FakeStore(), _FakeRun(i, clock, order, plans=7 if i == 1 else 99))
+              for i, a in enumerate(("heuristic", "random", "greedy"))]
+    searchers.rotate(opened, budget=40, step=5, deadline=32)
+    assert [o.run.done for o in opened] == [15, 7, 10] and [o.why for o in opened] == ["deadline", "exhausted",
+                                                                                         "deadline"]
+    assert [o.store.status[o.run.run_id] for o in opened] == [RunStatus.STOPPED, RunStatus.FINISHED,
+                                                              RunStatus.STOPPED]
