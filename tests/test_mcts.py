@@ -274,21 +274,27 @@ def _streams_children(deepen: float = 0.0) -> tuple[MCTS, TreeNode, list[TreeNod
 
 def test_q_tells_siblings_a_few_percent_apart_apart():
     m, streams, (small, mid, large) = _streams_children()
-    assert m.q(streams, large) == 1.0 and m.q(streams, small) == pytest.approx(0.006 / 0.048)
-    assert m.q(streams, mid) == pytest.approx(0.037 / 0.048)
+    assert m.q(streams, large) == 1.0 and m.q(streams, small) == pytest.approx(0.5 + 0.5 * 0.006 / 0.048)
+    assert m.q(streams, mid) == pytest.approx(0.5 + 0.5 * 0.037 / 0.048)
     streams.closed = True
     # the 3.8% gain is expanded next, though its prior is lower than the 0.5% gain's
     assert m.select(streams)[-1] is large
     fresh = streams.add_child(7, 0.5)  # not measured: counts as no gain over its parent
-    assert m.q(streams, fresh) == 0.0
+    assert m.q(streams, fresh) == 0.5
 
 
-def test_q_of_a_failed_branch_is_zero_and_does_not_squeeze_the_others():
+def test_q_of_a_failed_or_far_slower_branch_does_not_squeeze_the_gains():
     m, streams, (small, _, large) = _streams_children()
-    failed = streams.add_child(8, 0.3)
+    failed, slow = streams.add_child(8, 0.3), streams.add_child(9, 0.3)
     m.backpropagate([streams, failed], 0.0)
-    assert m.q(streams, failed) == 0.0 and m.q(streams, large) == 1.0
-    assert m.q(streams, small) == pytest.approx(0.006 / 0.048)
+    slow.reward = 0.99  # 26% slower than its parent
+    m.backpropagate([streams, slow], 0.99)
+    assert m.q(streams, failed) == 0.0 and m.q(streams, slow) == 0.0 and m.q(streams, large) == 1.0
+    assert m.q(streams, small) == pytest.approx(0.5 + 0.5 * 0.006 / 0.048)
+    half_as_slow = streams.add_child(10, 0.3)
+    half_as_slow.reward = (0.99 + 1.251) / 2
+    m.backpropagate([streams, half_as_slow], half_as_slow.reward)
+    assert m.q(streams, half_as_slow) == pytest.approx(0.25)
 
 
 def test_a_node_outgained_by_an_open_branch_is_deepened_not_widened():
@@ -302,3 +308,33 @@ def test_a_node_outgained_by_an_open_branch_is_deepened_not_widened():
     for kid in kids[1:]:  # the gaining branches exhausted: the node is widened again
         kid.closed = True
     assert not m.full(streams) and m.select(streams) == [streams]
+
+
+def test_a_node_none_of_whose_children_gained_is_widened_not_left_for_a_loser():
+    for deepen, widened in ((0.005, True), (0.0, False)):
+        m = MCTS(c_puct=0.7, deepen_margin=deepen)
+        best = TreeNode(9, reward=1.40)
+        m.backpropagate([best], 1.40)
+        for node_id, reward in ((10, 1.36), (11, 1.397), (12, 1.35)):  # -2.9%, -0.2%, -3.6%
+            kid = best.add_child(node_id, 1 / 3)
+            kid.reward = reward
+            m.backpropagate([best, kid], reward)
+        assert len(best.children) == m.max_children(best)  # widening by visits alone would stop here
+        assert (m.select(best) == [best]) is widened
+
+
+def test_with_best_weight_one_a_failed_edit_does_not_demote_the_fastest_branch():
+    for weight, chosen in ((1.0, 4), (0.5, 6)):
+        m = MCTS(c_puct=0.7, best_weight=weight, deepen_margin=0.005)
+        streams = TreeNode(2, reward=1.240)
+        m.backpropagate([streams], 1.240)
+        kids = {}
+        for node_id, prior, reward in ((4, 0.38, 1.382), (5, 0.32, 1.310), (6, 0.30, 1.314)):  # +11%, +6%, +6%
+            kids[node_id] = streams.add_child(node_id, prior)
+            kids[node_id].reward = reward
+            m.backpropagate([streams, kids[node_id]], reward)
+        for node_id, reward in ((7, 1.311), (8, 0.0), (9, 1.383)):  # below the +11%: -5%, a failure, +0.1%
+            child = kids[4].add_child(node_id, 1 / 3)
+            child.reward = reward
+            m.backpropagate([streams, kids[4], child], reward)
+        assert m.select(streams)[1] is kids[chosen]

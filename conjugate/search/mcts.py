@@ -7,30 +7,31 @@ each child's reward along the path. Rewards are non-negative (speedup ratios; fa
     max_children(n) = ceil(widen_c * (visits(n) + 1) ** widen_alpha)
     score(p, c)     = Q(p, c) + c_puct * prior(c) * sqrt(max(1, visits(p))) / (1 + visits(c))
     value(c)        = (1 - best_weight) * mean(c) + best_weight * best(c)
-    Q(p, c)         = (value(c) - lo) / (hi - lo)   lo, hi: the least and largest of p's own reward and
-                                                    the values of p's measured children
+    Q(p, c)         = 1/2 + 1/2 * (value(c) - reward(p)) / (largest sibling value - reward(p))  a gain
+                      1/2 * (value(c) - least sibling value) / (reward(p) - least sibling value)  a loss
 
 Value blends the subtree's mean reward with its best one: the search wants the best plan, not the
-best average, and a branch whose edits often fail (reward 0) may still hold it. Q scales it between
-the node's siblings and their parent (as MuZero scales between the least and largest values seen,
-but per node): the edits of one plan differ by a few percent, a range that a scale from 0 to the
-largest reward would squeeze to a few hundredths of Q, where the priors' term decides alone. Measured
-on the H200 (llama-1b-8b-b8, 2026-12-02), that is how a search spent its budget on a child that
-gained 0.5% while its sibling that gained 3.8% waited. A child whose subtree never passed (best 0)
-has Q 0 and does not stretch the scale; with nothing to tell apart (one value) Q is 1/2.
-
-Clearly behind (`behind_margin`, a fraction of the best reward): a branch whose best reward so far
-is that far under the run's best is not descended into while a sibling branch that is not behind
-can be, and a node whose own reward is behind gets no new children while one of its branches is
-still in the running. A small budget goes where the measurements point; a behind branch comes
-back only when nothing else is open (and a run with margin 0 never prunes).
+best average, and a branch whose edits often fail (reward 0) may still hold it. The search uses the
+best alone (SearchSettings.best_weight 1): an edit that fails where it is made (one to two plans
+in a 40-evaluation run on the H200) says nothing of the branch's speed, yet one failure among four
+plans cuts the mean by a quarter, far more than the few percent a branch's plans differ by. Q scales it against
+the parent's own reward, gains and losses apart (as MuZero scales between the least and largest
+values seen, but per node): the edits of one plan differ by a few percent, a range that a scale from
+0 to the largest reward would squeeze to a few hundredths of Q, where the priors' term decides alone.
+Measured on the H200 (llama-1b-8b-b8, 2026-12-02), that is how a search spent its budget on a child
+that gained 0.5% while its sibling that gained 3.8% waited. Gains and losses are scaled apart so that
+one edit far slower (a tile edit measured 32% slower than its parent on llama-3b-8b-b4-ctx2k) does
+not squeeze its siblings' gains of a percent or two together again. A child whose
+subtree never passed (best 0) has Q 0 and stretches no scale.
 
 Deepen past a gain (`deepen_margin`): a node one of whose open branches holds a plan faster than the
 node by more than the margin gets no new child; the new edits go below the gain instead. Plan edits
 mostly commute (the draft's atomic split-K sums gain before or after a tile change), so an edit
-tried beside a gain would have to be made again below it to combine with it; a node is widened
-again once its gaining branches are exhausted or it is the frontier (no child gained). Greedy
-hill-climbing does the same from the single best node; MCTS keeps every gaining branch in play.
+tried beside a gain would have to be made again below it to combine with it. For the same reason a
+node none of whose children gained (the frontier) is widened whatever its visits, rather than
+descended into a child that lost; a node whose gaining branches are exhausted is widened by visits
+as before. Greedy hill-climbing widens only the single best node; MCTS keeps every gaining branch
+in play and chooses among them by PUCT.
 
 First-play urgency: a child not visited yet takes its parent's own reward as its value, so a fresh
 child counts as no gain: it is tried before a sibling that lost, after one that gained, unless its
@@ -96,15 +97,24 @@ class MCTS:
         return math.ceil(self.widen_c * (node.visits + 1) ** self.widen_alpha)
 
     def full(self, node: TreeNode) -> bool:
-        """No new child for `node` now: closed, widened enough for its visits, outgained by one of its
-        branches that is still open (deepen_margin), or behind itself while one of its branches is
-        still in the running."""
-        if node.closed or len(node.children) >= self.max_children(node):
+        """No new child for `node` now: closed, outgained by one of its branches that is still open
+        (deepen_margin), widened enough for its visits (unless no branch gained: deepen_margin), or
+        behind itself while one of its branches is still in the running."""
+        if node.closed:
             return True
-        if self.deepen_margin > 0 and node.reward is not None and any(
-                c.visits and c.best > node.reward * (1 + self.deepen_margin) and is_open(c) for c in node.children):
+        gained = self._gained(node)
+        if any(is_open(c) for c in gained):
+            return True
+        frontier = not gained and self.deepen_margin > 0 and node.reward is not None  # widened whatever its visits
+        if not frontier and len(node.children) >= self.max_children(node):
             return True
         return self._behind(node.reward) and any(is_open(c) and not self.pruned(c) for c in node.children)
+
+    def _gained(self, node: TreeNode) -> list[TreeNode]:
+        """The children whose branch holds a plan faster than the node by more than deepen_margin."""
+        if self.deepen_margin <= 0 or node.reward is None:
+            return []
+        return [c for c in node.children if c.visits and c.best > node.reward * (1 + self.deepen_margin)]
 
     def _behind(self, reward: float | None) -> bool:
         return (self.behind_margin > 0 and reward is not None and self.max_reward > 0
@@ -118,16 +128,18 @@ class MCTS:
         return (1 - self.best_weight) * node.mean + self.best_weight * node.best
 
     def q(self, parent: TreeNode, child: TreeNode) -> float:
-        """The child's value scaled between its parent's reward and its measured siblings' values."""
+        """The child's value scaled against its parent's reward: gains from 1/2 (none) to 1 (the
+        largest among its measured siblings), losses from 1/2 down to 0 (the largest loss)."""
         own = parent.reward if parent.reward is not None else self.value(parent)
         if child.visits and child.best <= 0:
             return 0.0
-        values = [own] + [self.value(c) for c in parent.children if c.visits and c.best > 0]
-        low, high = min(values), max(values)
-        if high - low <= 1e-12:
-            return 0.5
         value = self.value(child) if child.visits else own  # first-play urgency: no gain over the parent
-        return min(1.0, max(0.0, (value - low) / (high - low)))
+        values = [self.value(c) for c in parent.children if c.visits and c.best > 0]
+        if value >= own:
+            high = max(values + [own])
+            return 0.5 if high - own <= 1e-12 else 0.5 + 0.5 * min(1.0, (value - own) / (high - own))
+        low = min(values + [value])
+        return 0.5 * (value - low) / (own - low)
 
     def score(self, parent: TreeNode, child: TreeNode) -> float:
         q = self.q(parent, child)

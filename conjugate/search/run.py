@@ -49,6 +49,7 @@ class SearchSettings:
     c_puct: float = 0.7
     behind_margin: float = 0.05  # a branch this far under the best reward is not expanded (mcts.py)
     deepen_margin: float = 0.005  # a node outgained by this much by an open branch is not widened (mcts.py)
+    best_weight: float = 1.0  # a branch's value: its best reward (1) or blended with its mean (mcts.py)
     move_memory: int = 2  # with MCTS, a move that lost in this many branches is not offered again (moves.py); 0: off
     warm_start: int = 2  # best plans of earlier runs seeded (same evaluator; this model family first)
     stale_after_s: float = 1800.0  # a "running" evaluation older than this is taken over
@@ -64,7 +65,8 @@ class SearchSettings:
         """The settings a run stored; a field this version does not know is dropped, one it lacks
         takes its default, one of the wrong type is refused."""
         known = {f.name: f.type for f in fields(cls)}
-        stored_before = {"behind_margin": 0.0, "move_memory": 0, "deepen_margin": 0.0}  # runs stored before these settings: without them
+        # runs stored before these settings: without them
+        stored_before = {"behind_margin": 0.0, "move_memory": 0, "deepen_margin": 0.0, "best_weight": 0.5}
         values = stored_before | {k: v for k, v in data.items() if k in known}
         for key, value in values.items():
             kind = {"int": int, "float": (int, float), "str": str}[known[key]]
@@ -274,7 +276,7 @@ class Search:
         self.run = store.run(run_id)
         self.context = ContextBuilder(store, self.run, *device_of(evaluator.profile))
         self.mcts = MCTS(c_puct=settings.c_puct, behind_margin=settings.behind_margin,
-                         deepen_margin=settings.deepen_margin)
+                         deepen_margin=settings.deepen_margin, best_weight=settings.best_weight)
         self.evaluator_id = settings.evaluator_id or evaluator_id(evaluator.profile)
         self.results: dict[str, EvalResult] = {}  # plan hash -> result of this run's settled nodes
         self.tree: dict[int, TreeNode] = {}
