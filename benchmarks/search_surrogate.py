@@ -1,0 +1,191 @@
+"""The searchers compared offline, on a surrogate of the GPU: each plan's latency composed from the
+plan edits measured on the GPU, so a search policy can be compared over many seeds in minutes of CPU.
+
+    python benchmarks/search_surrogate.py WORKLOAD.toml DB [DB ...] [--agents heuristic greedy random]
+                                          [--seeds 0 1 2 3] [--budget 40] [--noise 0.002] [--out DIR]
+                                          [--json OUT.json]
+
+The databases are GPU search runs of the workload (`searchers.py`'s). From them: every measured
+plan's latency, and every measured move (a child's difference from its parent, as a set of changed
+plan fields) with its gain (parent latency over child latency, minus one). A plan the GPU measured
+takes its mean latency; any other takes the latency of the measured plan nearest to it (fewest
+changed fields), divided by (1 + gain) for each measured move its difference holds (the largest
+moves first), and by (1 + a gain drawn from all measured moves, fixed per field group) for what is
+left: edits commute and their gains compose, which is the surrogate's assumption and its limit.
+Everything else of an evaluation (validity, failures, the ledger the agents read, the verdicts)
+comes from the analytical evaluator; the latency gets Gaussian noise of --noise (relative).
+
+Per agent and seed a fresh run, as `searchers.py` makes it; JSON: {"workload", "databases",
+"runs": [{"agent", "seed", "best_ms", "best_so_far_ms"}], "summary": {agent: {"mean_best_ms",
+"mean_at_half_ms"}}}. The figures are the surrogate's, not the GPU's: they compare policies.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import random
+import sqlite3
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import searchers  # noqa: E402
+from conjugate.evaluate.profile import load_profile  # noqa: E402
+from conjugate.evaluate.worker import IsolatedEvaluator  # noqa: E402
+from conjugate.paths import shipped_plan  # noqa: E402
+from conjugate.plan import load_plan  # noqa: E402
+from conjugate.workload import load_workload  # noqa: E402
+
+NAMING = {"name", "description"}  # top-level fields that do not change what a plan runs
+
+
+def fields_of(plan: dict, prefix: str = "") -> dict[str, str]:
+    """A plan as its leaf fields: path -> JSON value (lists whole)."""
+    out = {}
+    for key, value in plan.items():
+        if not prefix and key in NAMING:
+            continue
+        path = f"{prefix}/{key}"
+        if isinstance(value, dict) and value:
+            out |= fields_of(value, path)
+        else:
+            out[path] = json.dumps(value, sort_keys=True)
+    return out
+
+
+def difference(a: dict[str, str], b: dict[str, str]) -> frozenset:
+    """What turns a into b: (path, new value) per changed field, (path, None) per removed one."""
+    return frozenset({(p, v) for p, v in b.items() if a.get(p) != v} | {(p, None) for p in a if p not in b})
+
+
+def _key(fields: dict[str, str]) -> str:
+    return hashlib.sha256(json.dumps(sorted(fields.items())).encode()).hexdigest()
+
+
+class Surrogate:
+    """Latencies from measured plans and moves (see the module docstring)."""
+
+    def __init__(self, measured: list[tuple[dict, float]], moves: list[tuple[frozenset, float]]):
+        self.latencies: dict[str, list[float]] = {}
+        self.plans: dict[str, dict[str, str]] = {}
+        for fields, latency in measured:
+            self.latencies.setdefault(_key(fields), []).append(latency)
+            self.plans[_key(fields)] = fields
+        self.gains: dict[frozenset, list[float]] = {}
+        for move, gain in moves:
+            if move:
+                self.gains.setdefault(move, []).append(gain)
+        self.spread = sorted(g for gains in self.gains.values() for g in gains)
+        if not self.plans or not self.spread:
+            raise ValueError("the databases hold no measured plan with a measured parent")
+
+    @classmethod
+    def from_databases(cls, paths: list[Path]) -> "Surrogate":
+        measured, moves = [], []
+        for path in paths:
+            with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+                rows = db.execute("SELECT n.id, n.parent_id, n.plan, e.latency_ms FROM nodes n LEFT JOIN evaluations e "
+                                  "ON e.plan_hash = n.plan_hash").fetchall()
+            nodes = {i: (parent, fields_of(json.loads(plan)), latency) for i, parent, plan, latency in rows}
+            measured += [(fields, latency) for _, fields, latency in nodes.values() if latency]
+            for parent, fields, latency in nodes.values():
+                above = nodes.get(parent)
+                if latency and above and above[2] and above[0] is not None:  # the seeds' whole-plan moves left out
+                    moves.append((difference(above[1], fields), above[2] / latency - 1))
+        return cls(measured, moves)
+
+    def latency(self, plan: dict) -> float:
+        fields = fields_of(plan)
+        if _key(fields) in self.latencies:
+            return statistics.mean(self.latencies[_key(fields)])
+        nearest = min(self.plans, key=lambda k: (len(difference(self.plans[k], fields)), k))
+        left = set(difference(self.plans[nearest], fields))
+        latency = statistics.mean(self.latencies[nearest])
+        for move in sorted(self.gains, key=lambda m: (-len(m), sorted(map(str, m)))):
+            if move <= left:
+                latency /= 1 + statistics.mean(self.gains[move])
+                left -= move
+        groups: dict[str, list] = {}
+        for path, value in left:
+            groups.setdefault("/".join(path.split("/")[:3]), []).append((path, value))
+        for items in groups.values():
+            draw = int(hashlib.sha256(json.dumps(sorted(items, key=str)).encode()).hexdigest(), 16)
+            latency /= 1 + self.spread[draw % len(self.spread)]
+        return latency
+
+
+class SurrogateEvaluator:
+    """The analytical evaluator's results, their latency and speedup the surrogate's (plus noise)."""
+
+    def __init__(self, surrogate: Surrogate, analytical: IsolatedEvaluator, noise: float, seed: int,
+                 memo: dict | None = None):
+        self.surrogate, self.analytical, self.noise = surrogate, analytical, noise
+        self.profile = analytical.profile
+        self.rng = random.Random(seed)
+        self.memo = {} if memo is None else memo  # analytical results by plan, shared across runs
+        self.sequential_ms = surrogate.latency(load_plan(shipped_plan("sequential")).to_dict())
+
+    def evaluate(self, plan: dict, workload_path):
+        key = _key(fields_of(plan))
+        if key not in self.memo:
+            self.memo[key] = self.analytical.evaluate(plan, workload_path)
+        result = self.memo[key]
+        if not result.ok:
+            return result
+        latency = self.surrogate.latency(plan) * (1 + self.rng.gauss(0, self.noise))
+        metrics = replace(result.metrics, latency_ms=latency, speedups={"sequential": self.sequential_ms / latency})
+        return replace(result, metrics=metrics)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workload", type=Path)
+    parser.add_argument("databases", nargs="+", type=Path)
+    parser.add_argument("--agents", nargs="+", default=["heuristic", "greedy", "random"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3])
+    parser.add_argument("--budget", type=int, default=40)
+    parser.add_argument("--noise", type=float, default=0.002, help="relative latency noise (default 0.2%%)")
+    parser.add_argument("--out", type=Path, default=Path("surrogate"))
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    for path in args.databases:
+        if not path.is_file():
+            raise SystemExit(f"{path}: no such database")
+    surrogate = Surrogate.from_databases(args.databases)
+    workload = load_workload(args.workload)
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs, memo = [], {}
+    with IsolatedEvaluator(load_profile("analytical")) as analytical:
+        for agent in args.agents:
+            for seed in args.seeds:
+                evaluator = SurrogateEvaluator(surrogate, analytical, args.noise, seed, memo)
+                db = args.out / f"{workload.name}_{agent}_{seed}.db"
+                db.unlink(missing_ok=True)
+                with contextlib.ExitStack() as stack:
+                    opened = searchers.open_run(stack, args.workload, agent, args.budget, evaluator, seed, db)
+                    searchers.rotate([opened], args.budget, args.budget, None)
+                curve = searchers.summary(db, agent, workload, args.workload)["best_so_far_ms"]
+                runs.append({"agent": agent, "seed": seed, "best_ms": curve[-1], "best_so_far_ms": curve})
+    half = args.budget // 2
+    summary = {agent: {"mean_best_ms": statistics.mean(r["best_ms"] for r in runs if r["agent"] == agent),
+                       "mean_at_half_ms": statistics.mean(r["best_so_far_ms"][min(half, len(r["best_so_far_ms"])) - 1]
+                                                          for r in runs if r["agent"] == agent)}
+               for agent in args.agents}
+    out = {"workload": workload.name, "databases": [str(p) for p in args.databases], "budget": args.budget,
+           "seeds": args.seeds, "noise": args.noise, "command": " ".join(sys.argv), "runs": runs, "summary": summary}
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"{'agent':10} {'mean best':>9} {f'mean at {half}':>11}  (surrogate ms, {len(args.seeds)} seeds)")
+    for agent, row in summary.items():
+        print(f"{agent:10} {row['mean_best_ms']:9.3f} {row['mean_at_half_ms']:11.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""benchmarks/search_surrogate.py: latencies composed from measured moves."""
+from __future__ import annotations
+
+import pytest
+
+from scripts import load_script  # tests/scripts.py
+
+surrogate = load_script("search_surrogate")
+
+
+def _model():
+    f = surrogate.fields_of
+    a, b, c = f({"x": 1, "y": 1, "name": "a"}), f({"x": 2, "y": 1, "name": "b"}), f({"x": 1, "y": 2})
+    moves = [(surrogate.difference(a, b), 10 / 9 - 1), (surrogate.difference(a, c), 10 / 8 - 1)]
+    return surrogate.Surrogate([(a, 10.0), (b, 9.0), (c, 8.0), (a, 10.2)], moves)
+
+
+def test_a_measured_plan_takes_its_mean_latency_whatever_its_name():
+    model = _model()
+    assert model.latency({"x": 1, "y": 1, "name": "other"}) == pytest.approx(10.1)
+    assert model.latency({"x": 2, "y": 1}) == pytest.approx(9.0)
+
+
+def test_measured_moves_compose():
+    # from b (9 ms) the move that took a to c gains 25%; from c (8 ms) the one that took a to b 11%
+    assert _model().latency({"x": 2, "y": 2}) == pytest.approx(7.2)
+
+
+def test_an_unmeasured_change_takes_a_measured_gain_fixed_per_field_group():
+    model = _model()
+    latency = model.latency({"x": 1, "y": 1, "z": 5})
+    assert latency in [pytest.approx(10.1 / (1 + g)) for g in model.spread]
+    assert model.latency({"x": 1, "y": 1, "z": 5}) == latency
+
+
+def test_databases_without_a_measured_move_are_refused():
+    with pytest.raises(ValueError, match="no measured plan with a measured parent"):
+        surrogate.Surrogate([(surrogate.fields_of({"x": 1}), 1.0)], [])
