@@ -43,6 +43,8 @@ from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 
+NODES = ("SELECT n.id, n.parent_id, n.plan, e.latency_ms FROM nodes n "
+         "LEFT JOIN evaluations e ON e.plan_hash = n.plan_hash")
 NAMING = {"name", "description"}  # top-level fields that do not change what a plan runs
 
 
@@ -91,8 +93,10 @@ class Surrogate:
         measured, moves = [], []
         for path in paths:
             with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
-                rows = db.execute("SELECT n.id, n.parent_id, n.plan, e.latency_ms FROM nodes n LEFT JOIN evaluations e "
-                                  "ON e.plan_hash = n.plan_hash").fetchall()
+                try:
+                    rows = db.execute(NODES).fetchall()
+                except sqlite3.DatabaseError as e:
+                    raise sqlite3.DatabaseError(f"{path}: not a search database ({e})") from None
             nodes = {i: (parent, fields_of(json.loads(plan)), latency) for i, parent, plan, latency in rows}
             measured += [(fields, latency) for _, fields, latency in nodes.values() if latency]
             for parent, fields, latency in nodes.values():
@@ -158,7 +162,12 @@ def main() -> None:
     for path in args.databases:
         if not path.is_file():
             raise SystemExit(f"{path}: no such database")
-    surrogate = Surrogate.from_databases(args.databases)
+    try:
+        surrogate = Surrogate.from_databases(args.databases)
+    except sqlite3.DatabaseError as e:
+        raise SystemExit(f"error: {e}") from None
+    except ValueError as e:
+        raise SystemExit(f"error: {', '.join(map(str, args.databases))}: {e}") from None
     workload = load_workload(args.workload)
     args.out.mkdir(parents=True, exist_ok=True)
     runs, memo = [], {}

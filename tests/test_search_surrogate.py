@@ -36,3 +36,13 @@ def test_an_unmeasured_change_takes_a_measured_gain_fixed_per_field_group():
 def test_databases_without_a_measured_move_are_refused():
     with pytest.raises(ValueError, match="no measured plan with a measured parent"):
         surrogate.Surrogate([(surrogate.fields_of({"x": 1}), 1.0)], [])
+
+
+def test_a_file_that_is_not_a_search_database_is_one_line(tmp_path):
+    import subprocess
+    import sys
+    bad = tmp_path / "bad.db"
+    bad.write_text("not a database")
+    ran = subprocess.run([sys.executable, str(surrogate.__file__), "examples/tiny.toml", str(bad)], capture_output=True,
+                         text=True, timeout=120, cwd=surrogate.ROOT)
+    assert ran.returncode == 1 and ran.stderr == f"error: {bad}: not a search database (file is not a database)\n"
