@@ -15,7 +15,8 @@ left: edits commute and their gains compose, which is the surrogate's assumption
 Everything else of an evaluation (validity, failures, the ledger the agents read, the verdicts)
 comes from the analytical evaluator; the latency gets Gaussian noise of --noise (relative).
 
-Per agent and seed a fresh run, as `searchers.py` makes it; JSON: {"workload", "databases",
+Per agent and seed a fresh run, as `searchers.py` makes it; its best plan (the fastest the search
+measured, noise included) is scored without the noise (`best_ms`). JSON: {"workload", "databases",
 "runs": [{"agent", "seed", "best_ms", "best_so_far_ms"}], "summary": {agent: {"mean_best_ms",
 "mean_at_half_ms"}}}. The figures are the surrogate's, not the GPU's: they compare policies.
 """
@@ -43,7 +44,7 @@ from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 
-NODES = ("SELECT n.id, n.parent_id, n.plan, e.latency_ms FROM nodes n "
+NODES = ("SELECT n.id, n.parent_id, n.plan, n.edit, e.latency_ms FROM nodes n "
          "LEFT JOIN evaluations e ON e.plan_hash = n.plan_hash")
 NAMING = {"name", "description"}  # top-level fields that do not change what a plan runs
 
@@ -65,6 +66,12 @@ def fields_of(plan: dict, prefix: str = "") -> dict[str, str]:
 def difference(a: dict[str, str], b: dict[str, str]) -> frozenset:
     """What turns a into b: (path, new value) per changed field, (path, None) per removed one."""
     return frozenset({(p, v) for p, v in b.items() if a.get(p) != v} | {(p, None) for p in a if p not in b})
+
+
+def _whole(edit: str | None) -> bool:
+    """Whether a node's edit replaces the whole plan (a seed or a warm start), not a move."""
+    ops = json.loads(edit) if edit else []
+    return any(op.get("path") == "" for op in ops)
 
 
 def _key(fields: dict[str, str]) -> str:
@@ -97,11 +104,12 @@ class Surrogate:
                     rows = db.execute(NODES).fetchall()
                 except sqlite3.DatabaseError as e:
                     raise sqlite3.DatabaseError(f"{path}: not a search database ({e})") from None
-            nodes = {i: (parent, fields_of(json.loads(plan)), latency) for i, parent, plan, latency in rows}
-            measured += [(fields, latency) for _, fields, latency in nodes.values() if latency]
-            for parent, fields, latency in nodes.values():
+            nodes = {i: (parent, fields_of(json.loads(plan)), latency, _whole(edit))
+                     for i, parent, plan, edit, latency in rows}
+            measured += [(fields, latency) for _, fields, latency, _ in nodes.values() if latency]
+            for parent, fields, latency, whole in nodes.values():
                 above = nodes.get(parent)
-                if latency and above and above[2] and above[0] is not None:  # the seeds' whole-plan moves left out
+                if latency and above and above[2] and not whole:  # seeds and warm starts replace the whole plan
                     moves.append((difference(above[1], fields), above[2] / latency - 1))
         return cls(measured, moves)
 
@@ -180,8 +188,12 @@ def main() -> None:
                 with contextlib.ExitStack() as stack:
                     opened = searchers.open_run(stack, args.workload, agent, args.budget, evaluator, seed, db)
                     searchers.rotate([opened], args.budget, args.budget, None)
-                curve = searchers.summary(db, agent, workload, args.workload)["best_so_far_ms"]
-                runs.append({"agent": agent, "seed": seed, "best_ms": curve[-1], "best_so_far_ms": curve})
+                row = searchers.summary(db, agent, workload, args.workload)
+                node = row["best_node"]
+                best = None if node is None else surrogate.latency(searchers.best_plan(db, node))
+                runs.append({"agent": agent, "seed": seed, "best_ms": best, "best_so_far_ms": row["best_so_far_ms"]})
+    if any(r["best_ms"] is None for r in runs):
+        raise SystemExit(f"error: {workload.name}: a run had no plan that passed; see {args.out}")
     half = args.budget // 2
     summary = {agent: {"mean_best_ms": statistics.mean(r["best_ms"] for r in runs if r["agent"] == agent),
                        "mean_at_half_ms": statistics.mean(r["best_so_far_ms"][min(half, len(r["best_so_far_ms"])) - 1]

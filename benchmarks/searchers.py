@@ -18,9 +18,9 @@ JSON: {"gpu", "modeled", "workloads": [{"workload", "confirmed_streams_ms"?, "ru
 
 The runs of a workload take turns, `--step` evaluations each (default 5), so each is about as far
 on whenever the command stops, and the kernels one run compiles help the others alike. `--time`
-bounds the searches (not `--confirm`, nor an evaluation under way): the worker is started on the
-`sequential` plan first (its baselines measured), then the seconds left are shared evenly among the
-workloads not yet done, and a run cut short is stored `stopped` (its JSON row says "complete":
+bounds the searches (not `--confirm`, nor an evaluation under way): where a run has evaluations to
+make, the worker is started on the `sequential` plan first (its baselines measured, unless carried),
+then the seconds left are shared evenly among the workloads not yet done, and a run cut short is stored `stopped` (its JSON row says "complete":
 false). `--resume` continues each run from its database in DIR where one is there (to a larger
 --budget too), so a comparison can be spread over several sessions of a machine; a resumed run's agent starts afresh
 from the stored tree (its seed again), so its later edits may differ from those of one unbroken run;
@@ -102,6 +102,8 @@ def rotate(opened: list[Opened], budget: int, step: int, deadline: float | None)
     """The runs take turns, `step` evaluations each, up to `budget`: a deadline then leaves them within
     one step of each other, and none is helped by kernels an earlier run compiled for the same plans
     more than the others are. Each run is stored finished (budget or nothing left) or stopped."""
+    if step < 1:
+        raise ValueError(f"a turn of {step} evaluations: expected at least 1")
     active = list(opened)
     while active:
         for o in list(active):
@@ -117,7 +119,7 @@ def rotate(opened: list[Opened], budget: int, step: int, deadline: float | None)
                                  f"evaluations; --resume continues it from {o.db}") from None
             finally:
                 o.seconds += time.perf_counter() - started
-            done = o.why == "exhausted" or (o.why == "budget" and run.evaluations_done() >= budget)
+            done = o.why == "exhausted" or run.evaluations_done() >= budget  # at a deadline too
             if done or o.why != "budget":
                 active.remove(o)
                 run.settings = replace(run.settings, budget=budget)
@@ -188,16 +190,27 @@ def _refuse(db: Path, why: str) -> None:
 def searches(path: Path, name: str, args: argparse.Namespace, end: float | None, left: int,
              shared: IsolatedEvaluator) -> list[dict]:
     """Each agent's run on one workload, all scored by one evaluation worker, taking turns (rotate);
-    this workload has its share of the time left, one of `left` workloads. With a time bound the
-    worker is started (and its baselines measured) first, on the `sequential` plan, so no run's share
-    is spent on what every run uses."""
-    if end is not None and not args.carry_baselines:
-        shared.evaluate(load_plan(shipped_plan("sequential")).to_dict(), path)
-    deadline = None if end is None else time.monotonic() + (end - time.monotonic()) / left
+    this workload has its share of the time left, one of `left` workloads. With a time bound and a run
+    to go on, the worker is started first on the `sequential` plan (its baselines measured, unless
+    carried), so no run's share is spent on what every run uses. Runs not finished when anything
+    stops the command are stored stopped."""
     with contextlib.ExitStack() as stack:
-        opened = [open_run(stack, path, agent, args.budget, shared, args.seed, args.out / f"{name}_{agent}.db",
-                           args.resume, args.carry_baselines) for agent in args.agents]
-        rotate(opened, args.budget, args.step, deadline)
+        opened: list[Opened] = []
+        try:
+            for agent in args.agents:
+                opened.append(open_run(stack, path, agent, args.budget, shared, args.seed,
+                                       args.out / f"{name}_{agent}.db", args.resume, args.carry_baselines))
+            if end is not None and any(o.run.evaluations_done() < args.budget for o in opened):
+                shared.evaluate(load_plan(shipped_plan("sequential")).to_dict(), path)
+            deadline = None if end is None else time.monotonic() + (end - time.monotonic()) / left
+            rotate(opened, args.budget, args.step, deadline)
+        except BaseException as e:
+            for o in opened:
+                if o.why != "exhausted" and o.run.evaluations_done() < args.budget:
+                    o.store.set_run_status(o.run.run_id, RunStatus.STOPPED)
+            if isinstance(e, KeyboardInterrupt):
+                raise SystemExit(f"{name}: interrupted before its searches began; --resume continues") from None
+            raise
     w = load_workload(path)
     return [{**summary(o.db, o.agent, w, path), "seconds": o.seconds} for o in opened]
 
@@ -238,6 +251,8 @@ def main() -> None:
     parser.add_argument("--confirm", type=int, default=0, metavar="ROUNDS",
                         help="time each run's best plan and `streams` again in one process, in turn, ROUNDS times")
     args = parser.parse_args()
+    if args.step < 1:
+        parser.error(f"--step {args.step}: a run's turn is at least one evaluation")
     end = None if args.time is None else time.monotonic() + args.time
     args.out.mkdir(parents=True, exist_ok=True)
     out = {"gpu": None, "evaluator": args.evaluator, "budget": args.budget, "command": " ".join(sys.argv),

@@ -113,7 +113,7 @@ def test_rebuild_round_trips_and_resumes_identically():
     rebuilt = rebuild(list(reversed(rows)))  # parents after children: still linked
     assert _rows(dict(sorted(rebuilt.items()))) == _rows(dict(sorted(nodes.items())))
     assert [c.id for c in rebuilt[0].children] == [c.id for c in root.children]
-    fresh = MCTS()  # a new process: the normalizer comes back from the root's best
+    fresh = MCTS()  # a new process: the same selection from the stored statistics
     assert [n.id for n in fresh.select(rebuilt[0])] == [n.id for n in m.select(root)]
     with pytest.raises(ValueError):
         rebuild([{**rows[1], "parent_id": 999}])
@@ -155,8 +155,8 @@ class _Landscape:
         return out
 
 
-def _mcts_search(land: _Landscape, seed: int, budget: int):
-    rng, m = random.Random(seed), MCTS()
+def _mcts_search(land: _Landscape, seed: int, budget: int, make=MCTS):
+    rng, m = random.Random(seed), make()
     root, states = TreeNode(0, reward=land.reward(land.start)), {0: land.start}
     m.backpropagate([root], root.reward)
     best = root.reward
@@ -194,10 +194,10 @@ def _random_search(land: _Landscape, seed: int, budget: int) -> float:
     return best
 
 
-def search_margin(seeds: range, budget: int = 60) -> tuple[float, float]:
+def search_margin(seeds: range, budget: int = 60, make=MCTS) -> tuple[float, float]:
     """Mean best reward of MCTS and of random search over the seeds, at equal evaluations."""
     land = _Landscape()
-    guided = statistics.mean(_mcts_search(land, s, budget)[3] for s in seeds)
+    guided = statistics.mean(_mcts_search(land, s, budget, make)[3] for s in seeds)
     blind = statistics.mean(_random_search(land, s, budget) for s in seeds)
     return guided, blind
 
@@ -338,3 +338,31 @@ def test_with_best_weight_one_a_failed_edit_does_not_demote_the_fastest_branch()
             child.reward = reward
             m.backpropagate([streams, kids[4], child], reward)
         assert m.select(streams)[1] is kids[chosen]
+
+
+def test_with_the_search_settings_mcts_still_beats_random_search():
+    from conjugate.search.run import SearchSettings
+    st = SearchSettings()
+    guided, blind = search_margin(range(48), make=lambda: MCTS(
+        c_puct=st.c_puct, behind_margin=st.behind_margin, deepen_margin=st.deepen_margin, best_weight=st.best_weight))
+    assert guided > blind + 0.2, (guided, blind)
+
+
+def test_a_gain_or_loss_within_the_noise_stays_near_one_half():
+    m = MCTS(deepen_margin=0.005)
+    parent = TreeNode(0, reward=1.0)
+    m.backpropagate([parent], 1.0)
+    up, down = parent.add_child(1), parent.add_child(2)
+    for kid, reward in ((up, 1.0001), (down, 0.9999)):
+        kid.reward = reward
+        m.backpropagate([parent, kid], reward)
+    assert m.q(parent, up) == pytest.approx(0.51) and m.q(parent, down) == pytest.approx(0.49)
+
+
+def test_runs_stored_before_the_settings_resume_without_them():
+    from conjugate.search.run import SearchSettings
+    old = SearchSettings.from_dict({"budget": 20})
+    assert (old.deepen_margin, old.best_weight, old.behind_margin, old.move_memory) == (0.0, 0.5, 0.0, 0)
+    new = SearchSettings()
+    assert (new.deepen_margin, new.best_weight) == (0.005, 1.0)
+    assert SearchSettings.from_dict(new.to_dict()) == new

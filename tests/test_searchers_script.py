@@ -11,6 +11,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 from scripts import load_script  # tests/scripts.py
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,7 +94,7 @@ class _FakeRun:
             self.done += 1
             self.clock[0] += 1
             self.order.append(self.run_id)
-        return "budget"
+        return "deadline" if deadline is not None and self.clock[0] >= deadline else "budget"  # as Search does
 
 
 def test_runs_take_turns_so_a_deadline_leaves_them_level():
@@ -104,7 +106,7 @@ def test_runs_take_turns_so_a_deadline_leaves_them_level():
     searchers.rotate(opened, budget=40, step=5, deadline=None)
     assert order[:15] == [0] * 5 + [1] * 5 + [2] * 5 and len(order) == 120
     assert all(o.store.status[o.run.run_id] is RunStatus.FINISHED and o.run.settings.budget == 40 for o in opened)
-    clock, order = [0], []  # 32 evaluations' time: runs 0 and 1 reach 15, run 2 10 (cut in its third turn)
+    clock, order = [0], []  # 32 evaluations' time: run 0 reaches 15, run 1 has only 7 plans, run 2 stops at 10
     opened = [searchers.Opened(a, Path(f"{a}.db"), _FakeStore(), _FakeRun(i, clock, order, plans=7 if i == 1 else 99))
               for i, a in enumerate(("heuristic", "random", "greedy"))]
     searchers.rotate(opened, budget=40, step=5, deadline=32)
@@ -112,3 +114,18 @@ def test_runs_take_turns_so_a_deadline_leaves_them_level():
                                                                                          "deadline"]
     assert [o.store.status[o.run.run_id] for o in opened] == [RunStatus.STOPPED, RunStatus.FINISHED,
                                                               RunStatus.STOPPED]
+
+
+def test_a_run_that_reaches_its_budget_as_the_deadline_passes_is_finished_and_a_turn_is_one_evaluation_or_more():
+    from conjugate.search.store import RunStatus
+    searchers = load_script("searchers")
+    clock, order = [0], []
+    run = _FakeRun(0, clock, order)
+    opened = [searchers.Opened("greedy", Path("g.db"), _FakeStore(), run)]
+    searchers.rotate(opened, budget=10, step=5, deadline=10)  # the tenth evaluation ends at the deadline
+    assert run.done == 10 and opened[0].store.status[0] is RunStatus.FINISHED
+    with pytest.raises(ValueError, match="at least 1"):
+        searchers.rotate(opened, budget=20, step=0, deadline=None)
+    ran = subprocess.run([sys.executable, str(SCRIPT), str(TINY), "--step", "0"], capture_output=True, text=True,
+                         timeout=120)
+    assert ran.returncode == 2 and "--step 0: a run's turn is at least one evaluation" in ran.stderr

@@ -8,7 +8,8 @@ each child's reward along the path. Rewards are non-negative (speedup ratios; fa
     score(p, c)     = Q(p, c) + c_puct * prior(c) * sqrt(max(1, visits(p))) / (1 + visits(c))
     value(c)        = (1 - best_weight) * mean(c) + best_weight * best(c)
     Q(p, c)         = 1/2 + 1/2 * (value(c) - reward(p)) / (largest sibling value - reward(p))  a gain
-                      1/2 * (value(c) - least sibling value) / (reward(p) - least sibling value)  a loss
+                      1/2 - 1/2 * (reward(p) - value(c)) / (reward(p) - least sibling value)  a loss
+                      (each scale at least deepen_margin * reward(p): noise stays near 1/2)
 
 Value blends the subtree's mean reward with its best one: the search wants the best plan, not the
 best average, and a branch whose edits often fail (reward 0) may still hold it. The search uses the
@@ -30,8 +31,9 @@ mostly commute (the draft's atomic split-K sums gain before or after a tile chan
 tried beside a gain would have to be made again below it to combine with it. For the same reason a
 node none of whose children gained (the frontier) is widened whatever its visits, rather than
 descended into a child that lost; a node whose gaining branches are exhausted is widened by visits
-as before. Greedy hill-climbing widens only the single best node; MCTS keeps every gaining branch
-in play and chooses among them by PUCT.
+as before. Greedy hill-climbing widens only the single best node; MCTS keeps every branch in play
+and descends by PUCT, where a gaining branch has the highest Q (a loser with a high prior may still
+be chosen: exploration).
 
 First-play urgency: a child not visited yet takes its parent's own reward as its value, so a fresh
 child counts as no gain: it is tried before a sibling that lost, after one that gained, unless its
@@ -129,17 +131,18 @@ class MCTS:
 
     def q(self, parent: TreeNode, child: TreeNode) -> float:
         """The child's value scaled against its parent's reward: gains from 1/2 (none) to 1 (the
-        largest among its measured siblings), losses from 1/2 down to 0 (the largest loss)."""
+        largest among its measured siblings), losses from 1/2 down to 0 (the largest loss). Neither
+        scale is shorter than deepen_margin of the reward, so a gain or loss within the noise stays
+        near 1/2."""
         own = parent.reward if parent.reward is not None else self.value(parent)
         if child.visits and child.best <= 0:
             return 0.0
         value = self.value(child) if child.visits else own  # first-play urgency: no gain over the parent
         values = [self.value(c) for c in parent.children if c.visits and c.best > 0]
+        floor = max(1e-12, self.deepen_margin * own)
         if value >= own:
-            high = max(values + [own])
-            return 0.5 if high - own <= 1e-12 else 0.5 + 0.5 * min(1.0, (value - own) / (high - own))
-        low = min(values + [value])
-        return 0.5 * (value - low) / (own - low)
+            return 0.5 + 0.5 * (value - own) / max(floor, max(values + [own]) - own)
+        return 0.5 - 0.5 * (own - value) / max(floor, own - min(values + [value]))
 
     def score(self, parent: TreeNode, child: TreeNode) -> float:
         q = self.q(parent, child)

@@ -65,7 +65,7 @@ class SearchSettings:
         """The settings a run stored; a field this version does not know is dropped, one it lacks
         takes its default, one of the wrong type is refused."""
         known = {f.name: f.type for f in fields(cls)}
-        # runs stored before these settings: without them
+        # runs stored before these settings: without them (the rest of the tree policy is this version's)
         stored_before = {"behind_margin": 0.0, "move_memory": 0, "deepen_margin": 0.0, "best_weight": 0.5}
         values = stored_before | {k: v for k, v in data.items() if k in known}
         for key, value in values.items():
