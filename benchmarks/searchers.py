@@ -16,16 +16,17 @@ JSON: {"gpu", "modeled", "workloads": [{"workload", "confirmed_streams_ms"?, "ru
 "sequential_ms", "best_so_far_ms": [...], "evaluations" (plans that passed every check), "settled"
 (evaluations the budget spent), "complete", "device", "db", "best_node", "confirmed_ms"?}]}]}.
 
-The runs of a workload take turns, `--step` evaluations each (default 5), so each is about as far
-on whenever the command stops, and the kernels one run compiles help the others alike. `--time`
-bounds the searches (not `--confirm`, nor an evaluation under way): where a run has evaluations to
-make, the worker is started on the `sequential` plan first (its baselines measured, unless carried),
-then the seconds left are shared evenly among the workloads not yet done, and a run cut short is stored `stopped` (its JSON row says "complete":
-false). `--resume` continues each run from its database in DIR where one is there (to a larger
---budget too), so a comparison can be spread over several sessions of a machine; a resumed run's agent starts afresh
-from the stored tree (its seed again), so its later edits may differ from those of one unbroken run;
-with `--carry-baselines` a resumed run's worker takes the torch baselines its database measured on a
-GPU of this name instead of compiling them again (`conjugate search --carry-baselines`).
+The runs of a workload take turns, `--step` evaluations each (default 5), so each is about as far on
+whenever the command stops, and the kernels one run compiles help the others alike. `--time` bounds
+the searches (not `--confirm`, nor an evaluation under way): where a run has evaluations to make,
+the worker is started on the `sequential` plan first (its baselines measured, unless carried), then
+the seconds left are shared evenly among the workloads not yet done, and a run cut short is stored
+`stopped` (its JSON row says "complete": false). `--resume` continues each run from its database in
+DIR where one is there (to a larger --budget too), so a comparison can be spread over several
+sessions of a machine; a resumed run's agent starts afresh from the stored tree (its seed again), so
+its later edits may differ from those of one unbroken run; with `--carry-baselines` a resumed run's
+worker takes the torch baselines its database measured on a GPU of this name instead of compiling
+them again (`conjugate search --carry-baselines`).
 `--report` only reads the databases. `--confirm ROUNDS` then times each run's best plan and the
 shipped `streams` plan again in one worker process, in turn, ROUNDS times (per run `confirmed_ms`,
 the median; per workload `confirmed_streams_ms`): runs whose evaluations were spread over processes

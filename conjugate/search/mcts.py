@@ -13,17 +13,23 @@ each child's reward along the path. Rewards are non-negative (speedup ratios; fa
 
 Value blends the subtree's mean reward with its best one: the search wants the best plan, not the
 best average, and a branch whose edits often fail (reward 0) may still hold it. The search uses the
-best alone (SearchSettings.best_weight 1): an edit that fails where it is made (one to two plans
-in a 40-evaluation run on the H200) says nothing of the branch's speed, yet one failure among four
-plans cuts the mean by a quarter, far more than the few percent a branch's plans differ by. Q scales it against
-the parent's own reward, gains and losses apart (as MuZero scales between the least and largest
-values seen, but per node): the edits of one plan differ by a few percent, a range that a scale from
-0 to the largest reward would squeeze to a few hundredths of Q, where the priors' term decides alone.
-Measured on the H200 (llama-1b-8b-b8, 2026-12-02), that is how a search spent its budget on a child
-that gained 0.5% while its sibling that gained 3.8% waited. Gains and losses are scaled apart so that
-one edit far slower (a tile edit measured 32% slower than its parent on llama-3b-8b-b4-ctx2k) does
-not squeeze its siblings' gains of a percent or two together again. A child whose
-subtree never passed (best 0) has Q 0 and stretches no scale.
+best alone (SearchSettings.best_weight 1): an edit that fails where it is made (up to two plans in
+a 40-evaluation run on the H200) says nothing of the branch's speed, yet one failure among four
+plans cuts the mean by a quarter, far more than the few percent a branch's plans differ by. Q scales
+it against the parent's own reward, gains and losses apart (as MuZero scales between the least and
+largest values seen, but per node): the edits of one plan differ by a few percent, a range that a
+scale from 0 to the largest reward would squeeze to a few hundredths of Q, where the priors' term
+decides alone. Measured on the H200 (llama-1b-8b-b8, 2026-12-02), that is how a search spent its
+budget on a child that gained 0.5% while its sibling that gained 3.8% waited. Gains and losses are
+scaled apart so that one edit far slower (a tile edit measured 32% slower than its parent on
+llama-3b-8b-b4-ctx2k) does not squeeze its siblings' gains of a percent or two together again. A
+child whose subtree never passed (best 0) has Q 0 and stretches no scale.
+
+Clearly behind (`behind_margin`, a fraction of the best reward): a branch whose best reward so far
+is that far under the run's best is not descended into while a sibling branch that is not behind
+can be, and a node whose own reward is behind gets no new children while one of its branches is
+still in the running. A small budget goes where the measurements point; a behind branch comes
+back only when nothing else is open (and a run with margin 0 never prunes).
 
 Deepen past a gain (`deepen_margin`): a node one of whose open branches holds a plan faster than the
 node by more than the margin gets no new child; the new edits go below the gain instead. Plan edits
@@ -37,8 +43,8 @@ be chosen: exploration).
 
 First-play urgency: a child not visited yet takes its parent's own reward as its value, so a fresh
 child counts as no gain: it is tried before a sibling that lost, after one that gained, unless its
-prior says otherwise. The exploration term uses
-sqrt(max(1, visits)) so priors order the children of a node visited once or never.
+prior says otherwise. The exploration term uses sqrt(max(1, visits)) so priors order the children of
+a node visited once or never.
 Everything here is in memory and deterministic: ties go to the lowest node id.
 """
 from __future__ import annotations
