@@ -162,6 +162,24 @@ def test_register_spills_lead_to_smaller_tiles():
     assert patch_plan(plan, props[0].patch)["tiles"]["target"]["down"]["BLOCK_K"] == 64
 
 
+def test_an_edit_named_by_many_launches_ranks_once():
+    """Spills in every target down launch (one part each) name one repair per launch, all the same edit: the
+    proposals, their order and priors, are those of a single spilling launch."""
+    plan = PLANS["sequential"]
+    result = _ok_result(plan)
+    spilled = Resources(registers=255, spills=96, shared_bytes=65536)
+    downs = [f.launch for f in result.feedback if f.parts[0].ops[0].startswith("t.") and f.parts[0].kind == "down"]
+    assert len(downs) > 1
+
+    def spilling(launches):
+        feedback = tuple(replace(f, resources=spilled) if f.launch in launches else f for f in result.feedback)
+        return HeuristicProposer().propose(_context(plan, replace(result, feedback=feedback)), 12)
+
+    one, every = spilling(downs[:1]), spilling(downs)
+    assert [(p.patch, p.prior) for p in every] == [(p.patch, p.prior) for p in one]
+    assert len({str(p.patch) for p in every}) == len(every)
+
+
 def test_incorrect_packed_round_goes_back_to_separate_operands():
     plan = patch_plan(PLANS["interleave"], [{"op": "replace", "path": "/operand_layout", "value": "packed"}])
     result = _result(plan, Status.INCORRECT, Stage.CORRECTNESS, error="logits differ at d.s1.l0.qkv")

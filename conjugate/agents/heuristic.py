@@ -89,7 +89,7 @@ class HeuristicProposer:
     def ordered(self, plan: Plan, context: NodeContext, rng: random.Random):
         """(candidate, prior) pairs, the most promising first: base scores shifted by the edit statistics."""
         found = candidates(plan, context.result, context.sms, rng, context.workload, self.measured(context))
-        ranked = _ranked(found, context.edit_stats)
+        ranked = _ranked(distinct_fresh(plan, found, context.tried), context.edit_stats)
         return ((c, round(min(1.0, max(0.05, s)), 3)) for c, s in ranked)
 
 
@@ -109,6 +109,24 @@ def fresh_proposals(plan: Plan, tried: list[dict], ordered, n: int) -> list[Prop
             seen.add(new.hash)
             out.append(Proposal(cand.patch, cand.rationale, cand.kind, prior))
     return out
+
+
+def distinct_fresh(plan: Plan, cands: list[Candidate], tried: list[dict]) -> list[Candidate]:
+    """One candidate per plan it makes (the best scored, in first-seen order), leaving out those that
+    fail to apply, change nothing or make a plan tried from this node. Identical edits are common
+    (a spill repair named once per spilling launch of one kind: 539 candidates, 104 plans on a
+    qwen3-0.6b draft), and each copy would take a turn in the ranking, decaying its kind's later
+    candidates until they fall out of the proposals."""
+    seen = {plan.hash} | _tried_hashes(plan, tried)
+    best: dict[str, Candidate] = {}
+    for cand in cands:
+        try:
+            made = patch_plan(plan, cand.patch).hash
+        except ConjugateError:
+            continue
+        if made not in seen and (made not in best or cand.score > best[made].score):
+            best[made] = cand
+    return list(best.values())
 
 
 def _tried_hashes(plan: Plan, tried: list[dict]) -> set[str]:

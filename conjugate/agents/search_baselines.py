@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 
 from conjugate.agents.base import NodeContext
-from conjugate.agents.heuristic import HeuristicProposer, candidates
+from conjugate.agents.heuristic import HeuristicProposer, candidates, distinct_fresh
 from conjugate.plan.schema import Plan
 
 
@@ -20,8 +20,9 @@ class RandomProposer(HeuristicProposer):
     selection = "uniform"
 
     def ordered(self, plan: Plan, context: NodeContext, rng: random.Random):
-        """Every candidate the heuristic knows, in a random order, with equal priors."""
-        pool = candidates(plan, context.result, context.sms, rng, context.workload, self.measured(context))
+        """Every distinct edit the heuristic knows, in a random order, with equal priors."""
+        pool = distinct_fresh(plan, candidates(plan, context.result, context.sms, rng, context.workload,
+                                               self.measured(context)), context.tried)
         rng.shuffle(pool)
         return ((cand, 1.0) for cand in pool)
 
