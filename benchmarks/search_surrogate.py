@@ -2,7 +2,7 @@
 plan edits measured on the GPU, so a search policy can be compared over many seeds in minutes of CPU.
 
     python benchmarks/search_surrogate.py WORKLOAD.toml DB [DB ...] [--agents heuristic greedy random]
-                                          [--seeds 0 1 2 3] [--budget 40] [--noise 0.002] [--out DIR]
+                                          [--seeds 0 1 2 3] [--budget 40] [--noise 0.002] [--out DIR (runs/surrogate)]
                                           [--json OUT.json]
 
 The databases are GPU search runs of the workload (`searchers.py`'s). From them: every measured
@@ -164,7 +164,7 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3])
     parser.add_argument("--budget", type=int, default=40)
     parser.add_argument("--noise", type=float, default=0.002, help="relative latency noise (default 0.2%%)")
-    parser.add_argument("--out", type=Path, default=Path("surrogate"))
+    parser.add_argument("--out", type=Path, default=Path("runs/surrogate"))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     for path in args.databases:

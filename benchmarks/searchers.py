@@ -2,7 +2,7 @@
 (agents/search_baselines.py), each a fresh run on the same workload, evaluator and seed.
 
     python benchmarks/searchers.py WORKLOAD.toml [...] [--agents heuristic random greedy] [--budget 40]
-                                   [--evaluator h200] [--seed 0] [--out DIR] [--json OUT.json]
+                                   [--evaluator h200] [--seed 0] [--out DIR (runs/searchers)] [--json OUT.json]
                                    [--time SECONDS] [--step N] [--resume [--carry-baselines]] [--report]
                                    [--confirm ROUNDS]
 
@@ -241,7 +241,7 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=40)
     parser.add_argument("--evaluator", default="h200")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("searchers"))
+    parser.add_argument("--out", type=Path, default=Path("runs/searchers"))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--time", type=float, help="seconds for the whole command, shared among the workloads")
     parser.add_argument("--step", type=int, default=5, help="evaluations a run makes in its turn (default 5)")

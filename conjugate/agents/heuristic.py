@@ -29,9 +29,10 @@ Edits come first from what the node's result says, then from broader local moves
                          sum their splits, persistent launches and tile loops, programmatic
                          dependent launch (the draft's and the busier stream's first)
 
-Each candidate has a base score; the search's edit statistics shift the scores of their kinds
-(kinds with a positive mean gain rise), a kind already chosen loses a little for the next pick so
-the proposals stay diverse, and the final score becomes the proposal's prior. A random.Random seeded
+Candidates that make the same plan count once (the best scored). Each has a base score; the
+search's edit statistics shift the scores of their kinds (kinds with a positive mean gain rise), a
+kind already chosen loses a little for the next pick so the proposals stay diverse, and the final
+score becomes the proposal's prior. A random.Random seeded
 by the proposer's seed, the plan hash and the number of children tried orders near-equal
 candidates, so the same context always gives the same proposals and a revisited node gets new ones.
 
