@@ -3,10 +3,10 @@
 One plan edit (a "move": the same JSON patch) is often offered in many branches of one tree, since
 edits commute: the draft's atomic split-K sums before a priority change or after it. MCTS values
 branches, not moves, so a move that lost in one branch is tried again in the next. Measured on the
-H200 (benchmarks/search/searchers_h200/), heuristic MCTS made the draft's fusion edit six times on
-llama-1b-8b-b8 and seven times on llama-3b-8b-b4-ctx2k, 2-10% slower than its parent every time,
-while a move that gained (the draft's atomic split-K sums) waited in other branches behind the
-proposer's own ranking.
+H200 (benchmarks/search/searchers_h200/ as of 851ea5f, 2026-11-30), heuristic MCTS made the draft's
+fusion edit six times on llama-1b-8b-b8 and seven times on llama-3b-8b-b4-ctx2k, 2-10% slower than
+its parent every time, while a move that gained (the draft's atomic split-K sums) waited in other
+branches behind the proposer's own ranking.
 
 The memory keys a move by its patch and keeps its gain (child reward over parent reward, minus one)
 each time it was measured. An MCTS search (`SearchSettings.move_memory`) then offers no move that
