@@ -17,15 +17,22 @@ and the T tokens into one q tile of ROWS = next_pow2(max(16, GROUP * T)) rows (r
 kv_head * GROUP + i // T, token i % T; rows >= GROUP * T are masked), then runs an online softmax
 (running max m, sum l, accumulator acc, all fp32, in base 2) over its key range in BLOCK_N chunks.
 
+Keys and values stay in the cache's dtype into the dot products (the query is cast once), so a bf16
+cache's tiles take half the registers an fp32 copy would; the products are those of the upcast-and-
+cast-back they replace.
+
 Split-KV (flash-decoding): the keys 0 .. start + T - 1 are cut into SPLIT_KV contiguous chunks of
 a BLOCK_N multiple each. With SPLIT_KV == 1 the program normalises and writes `out` itself. With
-SPLIT_KV > 1 every split writes its partial (m, l, unnormalised acc) to scratch
-(part_o [B * KVH, SPLIT_KV, ROWS, HEAD_DIM], part_ml [B * KVH, SPLIT_KV, 2, ROWS]; the rows of real
-heads and tokens only, GROUP * T of ROWS) and bumps the
+SPLIT_KV > 1 every split writes its partial (m, l, unnormalised acc) to scratch for the rows of
+real heads and tokens only, GROUP * T, in CROWS = next_pow2(max(2, GROUP * T)) slots
+(part_o [B * KVH, SPLIT_KV, CROWS, HEAD_DIM], part_ml [B * KVH, SPLIT_KV, 2, CROWS]), and bumps the
 (b, kv_head) counter with an acq_rel atomic; the program that sees the count SPLIT_KV - 1 is the
 last one, so every partial is visible to it: it combines them with a log-sum-exp rescale
     M = max_s m_s,  l = sum_s 2^(m_s - M) l_s,  o = sum_s 2^(m_s - M) acc_s / l
 writes `out`, and resets the counter to 0 so the next launch (or graph replay) needs no zeroing.
+It reads the partials SPLIT_CHUNK splits at a time, all of a chunk's loads at once (at most
+COMBINE_ELEMENTS values of acc: a draft step's 2 rows take every split in one read), merging chunks
+online: one round trip to L2 per chunk instead of one per split.
 A split (or a row of a split) that saw no key keeps m = -inf and weighs 0, without NaNs.
 """
 from __future__ import annotations
@@ -41,13 +48,14 @@ from conjugate.compiler.persist import L2_LINE_BITS, prefetch_l2
 from conjugate.compiler.tile import PartCall, TileSignature
 
 LOG2E = tl.constexpr(1.4426950408889634)  # softmax runs in base 2
+COMBINE_ELEMENTS = 4096  # acc values the last split reads at once: 64 fp32 registers a thread at 4 warps
 
 
 @triton.jit
 def _dot(a, b, acc, DOT_DTYPE: tl.constexpr):
     """acc + a @ b with operands cast to DOT_DTYPE; fp32 operands use exact (ieee) products."""
     if DOT_DTYPE == tl.float32:
-        return tl.dot(a, b, acc, input_precision="ieee")
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     else:
         return tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE), acc)
 
@@ -74,12 +82,13 @@ def _attend(k_ptr, v_ptr, q, t, kv_base, lo, hi, start, qk_scale, HEAD_DIM: tl.c
     m = tl.full([ROWS], float("-inf"), tl.float32)  # [ROWS]
     l = tl.zeros([ROWS], tl.float32)  # [ROWS]
     acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)  # [ROWS, HEAD_DIM]
+    q = q.to(DOT_DTYPE)  # once, not per key block
     for n0 in range(lo, hi, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
         kv_offs = kv_base + n[:, None] * HEAD_DIM + d[None, :]  # [BLOCK_N, HEAD_DIM]
         in_range = (n < hi)[:, None]  # [BLOCK_N, 1]
-        k = tl.load(k_ptr + kv_offs, mask=in_range, other=0.0).to(tl.float32)  # [BLOCK_N, HEAD_DIM]
-        v = tl.load(v_ptr + kv_offs, mask=in_range, other=0.0).to(tl.float32)  # [BLOCK_N, HEAD_DIM]
+        k = tl.load(k_ptr + kv_offs, mask=in_range, other=0.0)  # [BLOCK_N, HEAD_DIM] cache dtype
+        v = tl.load(v_ptr + kv_offs, mask=in_range, other=0.0)  # [BLOCK_N, HEAD_DIM]
         s = _dot(q, tl.trans(k), tl.zeros([ROWS, BLOCK_N], tl.float32), DOT_DTYPE) * qk_scale  # [ROWS, BLOCK_N]
         visible = (n[None, :] <= (start + t)[:, None]) & (n < hi)[None, :]  # [ROWS, BLOCK_N]
         s = tl.where(visible, s, float("-inf"))
@@ -94,39 +103,44 @@ def _attend(k_ptr, v_ptr, q, t, kv_base, lo, hi, start, qk_scale, HEAD_DIM: tl.c
 
 
 @triton.jit
-def _store_partial(part_o_ptr, part_ml_ptr, slot, m, l, acc, row_ok, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr):
-    """Writes one split's m, l [ROWS] and acc [ROWS, HEAD_DIM] at scratch slot bh * SPLIT_KV + split: the
-    rows of real heads and tokens only (a draft step with two query heads per KV head uses 2 of 16)."""
+def _store_partial(part_o_ptr, part_ml_ptr, slot, m, l, acc, REAL_ROWS, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
+                   CROWS: tl.constexpr):
+    """Writes one split's m, l [ROWS] and acc [ROWS, HEAD_DIM] at scratch slot bh * SPLIT_KV + split: its
+    first REAL_ROWS rows (real heads and tokens: a draft step with two query heads per KV head uses 2 of
+    16), each slot CROWS rows long."""
     i = tl.arange(0, ROWS)  # [ROWS]
     d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
-    tl.store(part_o_ptr + slot * ROWS * HEAD_DIM + i[:, None] * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None])
-    tl.store(part_ml_ptr + slot * 2 * ROWS + i, m, mask=row_ok)
-    tl.store(part_ml_ptr + slot * 2 * ROWS + ROWS + i, l, mask=row_ok)
+    real = i < REAL_ROWS  # [ROWS]
+    tl.store(part_o_ptr + slot * CROWS * HEAD_DIM + i[:, None] * HEAD_DIM + d[None, :], acc, mask=real[:, None])
+    tl.store(part_ml_ptr + slot * 2 * CROWS + i, m, mask=real)
+    tl.store(part_ml_ptr + slot * 2 * CROWS + CROWS + i, l, mask=real)
 
 
 @triton.jit
-def _combine(part_o_ptr, part_ml_ptr, bh, row_ok, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
-             SPLIT_KV: tl.constexpr):
-    """Log-sum-exp merge of the SPLIT_KV partials of (b, kv_head) `bh`; returns l [ROWS], o [ROWS, HEAD_DIM]
-    (rows not `row_ok` read nothing and weigh 0)."""
-    i = tl.arange(0, ROWS)  # [ROWS]
+def _combine(part_o_ptr, part_ml_ptr, bh, REAL_ROWS, HEAD_DIM: tl.constexpr, CROWS: tl.constexpr,
+             SPLIT_KV: tl.constexpr, SPLIT_CHUNK: tl.constexpr):
+    """Log-sum-exp merge of the SPLIT_KV partials of (b, kv_head) `bh`, SPLIT_CHUNK splits per read;
+    returns l [CROWS], o [CROWS, HEAD_DIM] (rows from REAL_ROWS on read nothing and weigh 0)."""
+    r = tl.arange(0, CROWS)  # [CROWS]
     d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
-    m = tl.full([ROWS], float("-inf"), tl.float32)  # [ROWS]
-    l = tl.zeros([ROWS], tl.float32)  # [ROWS]
-    o = tl.zeros([ROWS, HEAD_DIM], tl.float32)  # [ROWS, HEAD_DIM]
-    for s in range(SPLIT_KV):
-        slot = bh * SPLIT_KV + s
-        m_s = tl.load(part_ml_ptr + slot * 2 * ROWS + i, mask=row_ok, other=float("-inf"),
-                      cache_modifier=".cg")  # [ROWS]
-        l_s = tl.load(part_ml_ptr + slot * 2 * ROWS + ROWS + i, mask=row_ok, other=0.0, cache_modifier=".cg")
-        o_s = tl.load(part_o_ptr + slot * ROWS * HEAD_DIM + i[:, None] * HEAD_DIM + d[None, :], mask=row_ok[:, None],
-                      other=0.0, cache_modifier=".cg")  # [ROWS, HEAD_DIM]
-        m_new = tl.maximum(m, m_s)  # [ROWS]
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # [ROWS]
-        a_old = tl.exp2(m - m_safe)  # [ROWS] 0 when m = -inf
-        a_s = tl.exp2(m_s - m_safe)  # [ROWS] 0 when the split saw no key
-        l = l * a_old + l_s * a_s
-        o = o * a_old[:, None] + o_s * a_s[:, None]
+    m = tl.full([CROWS], float("-inf"), tl.float32)  # [CROWS]
+    l = tl.zeros([CROWS], tl.float32)  # [CROWS]
+    o = tl.zeros([CROWS, HEAD_DIM], tl.float32)  # [CROWS, HEAD_DIM]
+    for s0 in tl.static_range(0, SPLIT_KV, SPLIT_CHUNK):
+        split = s0 + tl.arange(0, SPLIT_CHUNK)  # [SPLIT_CHUNK]
+        ok = (split < SPLIT_KV)[:, None] & (r < REAL_ROWS)[None, :]  # [SPLIT_CHUNK, CROWS]
+        slot = (bh * SPLIT_KV + split)[:, None]  # [SPLIT_CHUNK, 1]
+        ml = part_ml_ptr + slot * 2 * CROWS + r[None, :]  # [SPLIT_CHUNK, CROWS]
+        m_s = tl.load(ml, mask=ok, other=float("-inf"), cache_modifier=".cg")  # [SPLIT_CHUNK, CROWS]
+        l_s = tl.load(ml + CROWS, mask=ok, other=0.0, cache_modifier=".cg")  # [SPLIT_CHUNK, CROWS]
+        o_offs = (slot * CROWS + r[None, :])[:, :, None] * HEAD_DIM + d[None, None, :]  # [SPLIT_CHUNK, CROWS, HEAD_DIM]
+        o_s = tl.load(part_o_ptr + o_offs, mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
+        m_new = tl.maximum(m, tl.max(m_s, 0))  # [CROWS]
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # [CROWS] no -inf - -inf
+        a_old = tl.exp2(m - m_safe)  # [CROWS] 0 when m = -inf
+        w = tl.exp2(m_s - m_safe[None, :])  # [SPLIT_CHUNK, CROWS] 0 where a split saw no key
+        l = l * a_old + tl.sum(l_s * w, 0)
+        o = o * a_old[:, None] + tl.sum(o_s * w[:, :, None], 0)
         m = m_new
     return l, o
 
@@ -135,7 +149,8 @@ def _combine(part_o_ptr, part_ml_ptr, bh, row_ok, HEAD_DIM: tl.constexpr, ROWS: 
 def attn_tile(pid, q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_ml_ptr, counter_ptr,
               lengths_ptr, offset, T, S_max, stride_q, stride_o, scale,
               NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
-              BLOCK_N: tl.constexpr, SPLIT_KV: tl.constexpr, DOT_DTYPE: tl.constexpr):
+              CROWS: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_KV: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
+              DOT_DTYPE: tl.constexpr):
     """Program pid = (b * NUM_KV_HEADS + kv_head) * SPLIT_KV + split of the attention grid."""
     split = pid % SPLIT_KV
     bh = pid // SPLIT_KV  # b * NUM_KV_HEADS + kv_head
@@ -151,19 +166,20 @@ def attn_tile(pid, q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_ml_ptr, counte
     kv_base = bh.to(tl.int64) * S_max * HEAD_DIM
     m, l, acc = _attend(k_ptr, v_ptr, q, t, kv_base, lo, hi, start, scale * LOG2E, HEAD_DIM, ROWS, BLOCK_N,
                         DOT_DTYPE)  # [ROWS], [ROWS], [ROWS, HEAD_DIM]
-    o_offs, _, _ = _row_offsets(b, kv_head, T, stride_o, GROUP, HEAD_DIM, ROWS)  # [ROWS, HEAD_DIM]
     if SPLIT_KV == 1:
+        o_offs, _, _ = _row_offsets(b, kv_head, T, stride_o, GROUP, HEAD_DIM, ROWS)  # [ROWS, HEAD_DIM]
         l = tl.where(l == 0.0, 1.0, l)  # [ROWS] only masked rows have l == 0
         tl.store(out_ptr + o_offs, (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
     else:
-        _store_partial(part_o_ptr, part_ml_ptr, pid, m, l, acc, row_ok, HEAD_DIM, ROWS)
+        _store_partial(part_o_ptr, part_ml_ptr, pid, m, l, acc, GROUP * T, HEAD_DIM, ROWS, CROWS)
         tl.debug_barrier()  # every thread's partial stores precede the release below
         prev = tl.atomic_add(counter_ptr + bh, 1)  # acq_rel, gpu scope
         if prev == SPLIT_KV - 1:
-            # [ROWS], [ROWS, HEAD_DIM]
-            l_all, o_all = _combine(part_o_ptr, part_ml_ptr, bh, row_ok, HEAD_DIM, ROWS, SPLIT_KV)
+            # [CROWS], [CROWS, HEAD_DIM]
+            l_all, o_all = _combine(part_o_ptr, part_ml_ptr, bh, GROUP * T, HEAD_DIM, CROWS, SPLIT_KV, SPLIT_CHUNK)
             l_all = tl.where(l_all == 0.0, 1.0, l_all)
-            tl.store(out_ptr + o_offs, (o_all / l_all[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+            o_offs, o_ok, _ = _row_offsets(b, kv_head, T, stride_o, GROUP, HEAD_DIM, CROWS)  # [CROWS, HEAD_DIM]
+            tl.store(out_ptr + o_offs, (o_all / l_all[:, None]).to(out_ptr.dtype.element_ty), mask=o_ok[:, None])
             tl.atomic_xchg(counter_ptr + bh, 0)  # ready for the next launch
 
 
@@ -171,7 +187,8 @@ def attn_tile(pid, q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_ml_ptr, counte
 def attn_prefetch(pid, q_ptr, k_ptr, v_ptr, out_ptr, part_o_ptr, part_ml_ptr, counter_ptr,
                   lengths_ptr, offset, T, S_max, stride_q, stride_o, scale,
                   NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
-                  BLOCK_N: tl.constexpr, SPLIT_KV: tl.constexpr, DOT_DTYPE: tl.constexpr):
+                  CROWS: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_KV: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
+                  DOT_DTYPE: tl.constexpr):
     """attn_tile's keys and values for program `pid`, prefetched into L2 (persist.py). Its parameters
     are attn_tile's, in order: a persistent launch calls both with one argument list."""
     LINE: tl.constexpr = L2_LINE_BITS // k_ptr.dtype.element_ty.primitive_bitwidth
@@ -235,17 +252,19 @@ def attn_call(q, k_cache, v_cache, out, lengths, *, batch, tokens, offset, num_h
            split_kv)
     group = num_heads // num_kv_heads
     rows = tile.next_pow2(max(16, group * tokens))
+    crows = tile.next_pow2(max(2, group * tokens))  # the partials' rows: real heads and tokens only
+    chunk = min(tile.next_pow2(split_kv), max(1, COMBINE_ELEMENTS // (crows * head_dim)))
     dev = q.device
     if split_kv > 1:
-        part_o = torch.empty(batch * num_kv_heads, split_kv, rows, head_dim, dtype=torch.float32, device=dev)
-        part_ml = torch.empty(batch * num_kv_heads, split_kv, 2, rows, dtype=torch.float32, device=dev)
+        part_o = torch.empty(batch * num_kv_heads, split_kv, crows, head_dim, dtype=torch.float32, device=dev)
+        part_ml = torch.empty(batch * num_kv_heads, split_kv, 2, crows, dtype=torch.float32, device=dev)
     else:  # unused by the kernel
         part_o = part_ml = torch.empty(1, dtype=torch.float32, device=dev)
     counter = torch.zeros(max(1, batch * num_kv_heads), dtype=torch.int32, device=dev)
     args = dict(q_ptr=q, k_ptr=k_cache, v_ptr=v_cache, out_ptr=out, part_o_ptr=part_o, part_ml_ptr=part_ml,
-                counter_ptr=counter, lengths_ptr=lengths, offset=offset, T=tokens, S_max=k_cache.shape[2], stride_q=q.stride(0),
-                stride_o=out.stride(0), scale=1.0 / math.sqrt(head_dim))
-    constexprs = dict(NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim, ROWS=rows, BLOCK_N=block_n,
-                      SPLIT_KV=split_kv, DOT_DTYPE=tile.dot_dtype(k_cache.dtype))
+                counter_ptr=counter, lengths_ptr=lengths, offset=offset, T=tokens, S_max=k_cache.shape[2],
+                stride_q=q.stride(0), stride_o=out.stride(0), scale=1.0 / math.sqrt(head_dim))
+    constexprs = dict(NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim, ROWS=rows, CROWS=crows,
+                      BLOCK_N=block_n, SPLIT_KV=split_kv, SPLIT_CHUNK=chunk, DOT_DTYPE=tile.dot_dtype(k_cache.dtype))
     return PartCall(SIGNATURE, args, constexprs, programs=batch * num_kv_heads * split_kv, label=label,
                     scratch=[part_o, part_ml, counter])
