@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import conjugate  # noqa: F401  (sets TRITON_INTERPRET before triton is imported)
-from conjugate.compiler import attention as attention_template
 from conjugate.compiler.attention import SIGNATURE, attn_call
 from conjugate.models.reference import attention
 from kernels import WRONG_LENGTH_IDS, WRONG_LENGTHS, run_part  # tests/kernels.py
@@ -114,17 +113,14 @@ def test_ragged_bf16_cache():
     _check([37, 5, 20], 1, 1, 4, 2, 32, 16, 3, dtype=torch.bfloat16, seed=5, tol=1e-3)
 
 
-@pytest.mark.parametrize("elements,chunk", [(64, 2), (32, 1)])
-def test_partials_merged_a_chunk_of_splits_at_a_time(monkeypatch, elements, chunk):
-    """The last split reads the partials SPLIT_CHUNK splits at a time: 2 of 5 (a last chunk of one,
-    its other lane masked) and one at a time give the reference; rows of the partials are the real
-    ones only (GROUP * T = 2, of ROWS 16)."""
-    monkeypatch.setattr(attention_template, "COMBINE_ELEMENTS", elements)
+def test_partials_hold_the_real_rows_only():
+    """A draft step with two query heads per KV head: ROWS 16 for the dot products, partials of 2 rows
+    (CROWS), merged over 5 splits (one with no key for the shortest sequence)."""
     lengths, tokens, offset, heads, kv_heads, hd = [37, 5, 20], 1, 1, 4, 2, 16
     q, k, v = _inputs(lengths, tokens, offset, heads, kv_heads, hd, torch.float32, seed=6)
     call, _, out = _run(q, k, v, lengths, tokens=tokens, offset=offset, heads=heads, kv_heads=kv_heads, hd=hd,
                         block_n=16, split_kv=5)
-    assert (call.constexprs["CROWS"], call.constexprs["SPLIT_CHUNK"]) == (2, chunk)
+    assert (call.constexprs["ROWS"], call.constexprs["CROWS"]) == (16, 2)
     assert tuple(call.args["part_o_ptr"].shape) == (len(lengths) * kv_heads, 5, 2, hd)
     torch.testing.assert_close(out, _expected(q, k, v, lengths, tokens, offset, heads, hd), rtol=1e-4, atol=1e-4)
 
