@@ -12,8 +12,12 @@ takes its mean latency; any other takes the latency of the measured plan nearest
 changed fields), divided by (1 + gain) for each measured move its difference holds (the largest
 moves first), and by (1 + a gain drawn from all measured moves, fixed per field group) for what is
 left: edits commute and their gains compose, which is the surrogate's assumption and its limit.
-Everything else of an evaluation (validity, failures, the ledger the agents read, the verdicts)
-comes from the analytical evaluator; the latency gets Gaussian noise of --noise (relative).
+The rest of an evaluation is what the GPU said of the plan, or of the measured plan nearest to it:
+its status where the GPU measured this very plan and it failed; otherwise the analytical evaluator's
+validity, and the GPU result's ledger, compile feedback (registers, spills) and verdicts, so the
+agents read what they would read on the GPU (edits proposed only after a measurement, such as an SM
+limit, included; a nearest plan's feedback can name launches this plan lays out otherwise). The
+latency gets Gaussian noise of --noise (relative).
 
 Per agent and seed a fresh run, as `searchers.py` makes it; its best plan (the fastest the search
 measured, noise included) is scored without the noise (`best_ms`). JSON: {"workload", "databases",
@@ -39,12 +43,13 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import searchers  # noqa: E402
 from conjugate.evaluate.profile import load_profile  # noqa: E402
+from conjugate.evaluate.result import EvalResult  # noqa: E402
 from conjugate.evaluate.worker import IsolatedEvaluator  # noqa: E402
 from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 
-NODES = ("SELECT n.id, n.parent_id, n.plan, n.edit, e.latency_ms FROM nodes n "
+NODES = ("SELECT n.id, n.parent_id, n.plan, n.edit, e.latency_ms, e.result FROM nodes n "
          "LEFT JOIN evaluations e ON e.plan_hash = n.plan_hash")
 NAMING = {"name", "description"}  # top-level fields that do not change what a plan runs
 
@@ -81,12 +86,15 @@ def _key(fields: dict[str, str]) -> str:
 class Surrogate:
     """Latencies from measured plans and moves (see the module docstring)."""
 
-    def __init__(self, measured: list[tuple[dict, float]], moves: list[tuple[frozenset, float]]):
+    def __init__(self, measured: list[tuple[dict, float]], moves: list[tuple[frozenset, float]],
+                 results: list[tuple[dict, EvalResult]] = ()):
+        """`results`: the GPU's result of each plan it evaluated (the last one of a plan counts)."""
         self.latencies: dict[str, list[float]] = {}
         self.plans: dict[str, dict[str, str]] = {}
         for fields, latency in measured:
             self.latencies.setdefault(_key(fields), []).append(latency)
             self.plans[_key(fields)] = fields
+        self.results = {_key(fields): result for fields, result in results}
         self.gains: dict[frozenset, list[float]] = {}
         for move, gain in moves:
             if move:
@@ -97,7 +105,7 @@ class Surrogate:
 
     @classmethod
     def from_databases(cls, paths: list[Path]) -> "Surrogate":
-        measured, moves = [], []
+        measured, moves, results = [], [], []
         for path in paths:
             with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
                 try:
@@ -105,13 +113,26 @@ class Surrogate:
                 except sqlite3.DatabaseError as e:
                     raise sqlite3.DatabaseError(f"{path}: not a search database ({e})") from None
             nodes = {i: (parent, fields_of(json.loads(plan)), latency, _whole(edit))
-                     for i, parent, plan, edit, latency in rows}
+                     for i, parent, plan, edit, latency, _ in rows}
             measured += [(fields, latency) for _, fields, latency, _ in nodes.values() if latency]
+            results += [(nodes[i][1], EvalResult.from_dict(json.loads(result)))
+                        for i, _, _, _, _, result in rows if result]
             for parent, fields, latency, whole in nodes.values():
                 above = nodes.get(parent)
                 if latency and above and above[2] and not whole:  # seeds and warm starts replace the whole plan
                     moves.append((difference(above[1], fields), above[2] / latency - 1))
         return cls(measured, moves)
+
+    def context(self, plan: dict) -> tuple[EvalResult | None, bool]:
+        """(the GPU's result of this plan, or of the measured plan nearest to it; whether it is this
+        plan's own)."""
+        fields = fields_of(plan)
+        if _key(fields) in self.results:
+            return self.results[_key(fields)], True
+        ok = [k for k in self.plans if k in self.results and self.results[k].ok]
+        if not ok:
+            return None, False
+        return self.results[min(ok, key=lambda k: (len(difference(self.plans[k], fields)), k))], False
 
     def latency(self, plan: dict) -> float:
         fields = fields_of(plan)
@@ -149,11 +170,17 @@ class SurrogateEvaluator:
         if key not in self.memo:
             self.memo[key] = self.analytical.evaluate(plan, workload_path)
         result = self.memo[key]
+        gpu, own = self.surrogate.context(plan)
+        if own and not gpu.ok:
+            return replace(gpu, plan_hash=result.plan_hash)
         if not result.ok:
             return result
         latency = self.surrogate.latency(plan) * (1 + self.rng.gauss(0, self.noise))
         metrics = replace(result.metrics, latency_ms=latency, speedups={"sequential": self.sequential_ms / latency})
-        return replace(result, metrics=metrics)
+        if gpu is None or not gpu.ok:
+            return replace(result, metrics=metrics)
+        metrics = replace(metrics, ledger=gpu.metrics.ledger, device=gpu.metrics.device, sms=gpu.metrics.sms)
+        return replace(result, modeled=False, metrics=metrics, feedback=gpu.feedback, verdicts=gpu.verdicts)
 
 
 def main() -> None:

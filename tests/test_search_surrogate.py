@@ -49,3 +49,41 @@ def test_a_file_that_is_not_a_search_database_is_one_line(tmp_path):
     ran = subprocess.run([sys.executable, str(surrogate.__file__), "examples/tiny.toml", str(bad)], capture_output=True,
                          text=True, timeout=120, cwd=surrogate.ROOT)
     assert ran.returncode == 1 and ran.stderr == f"error: {bad}: not a search database (file is not a database)\n"
+
+
+def _result(status: str, latency: float | None = None, modeled: bool = False, feedback: tuple = ()):
+    from conjugate.evaluate.result import EvalResult, Metrics
+
+    metrics = None if latency is None else Metrics(latency_ms=latency, floor_ms=1.0, floor_ratio=latency,
+                                                   bandwidth_gbs=1.0, launches=3, device="NVIDIA H200", sms=132)
+    return EvalResult("h", "w", "e", "timing", status, modeled, metrics=metrics, feedback=feedback,
+                      error="" if status == "ok" else "logits differ")
+
+
+def test_evaluations_carry_what_the_gpu_said_of_the_nearest_measured_plan():
+    """The agents read the GPU's feedback and a measured (not modeled) result; a plan the GPU found
+    failing fails again; the latency stays the surrogate's."""
+    from conjugate.compiler.feedback import LaunchFeedback
+
+    f = surrogate.fields_of
+    a, b, bad = f({"x": 1, "y": 1}), f({"x": 2, "y": 1}), f({"x": 9, "y": 9})
+    spilled = (LaunchFeedback(0, "k_0.py", ()),)
+    model = surrogate.Surrogate([(a, 10.0), (b, 9.0)], [(surrogate.difference(a, b), 10 / 9 - 1)],
+                                [(a, _result("ok", 10.0, feedback=spilled)), (b, _result("ok", 9.0)),
+                                 (bad, _result("incorrect"))])
+    assert model.context({"x": 1, "y": 1}) == (model.results[surrogate._key(a)], True)
+    nearest, own = model.context({"x": 1, "y": 3})
+    assert nearest.feedback == spilled and not own
+
+    class Analytical:
+        profile = None
+
+        def evaluate(self, plan, workload_path):
+            return _result("ok", 5.0, modeled=True)
+
+    evaluator = surrogate.SurrogateEvaluator(model, Analytical(), 0.0, seed=0)
+    near_a = evaluator.evaluate({"x": 1, "y": 3}, None)
+    assert not near_a.modeled and near_a.feedback == spilled and near_a.metrics.device == "NVIDIA H200"
+    assert near_a.latency_ms == pytest.approx(model.latency({"x": 1, "y": 3}))
+    failed = evaluator.evaluate({"x": 9, "y": 9}, None)
+    assert failed.status.value == "incorrect" and failed.latency_ms is None
