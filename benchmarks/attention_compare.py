@@ -29,10 +29,25 @@ def _read(path: Path, what: str) -> dict:
     return data
 
 
+def _positive(value, path: Path, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise SystemExit(f"{path}: {where}: no positive time ({value!r})")
+    return float(value)
+
+
 def _shipped_us(sweep: dict, path: Path) -> dict[str, float]:
     if not isinstance(sweep.get("shapes"), list):
         raise SystemExit(f"{path}: not a kernel_sweep.py file (no 'shapes')")
-    return {f"{s['model']} {s['shape']}": s["shipped"]["us"] for s in sweep["shapes"] if s.get("kind") == "attn"}
+    out = {}
+    for i, s in enumerate(sweep["shapes"]):
+        if not isinstance(s, dict) or not isinstance(s.get("shipped"), dict):
+            raise SystemExit(f"{path}: shapes[{i}]: not a sweep entry with a shipped tile")
+        if s.get("kind") == "attn":
+            key = f"{s.get('model')} {s.get('shape')}"
+            if key in out:
+                raise SystemExit(f"{path}: shapes[{i}]: {key} twice")
+            out[key] = _positive(s["shipped"].get("us"), path, f"shapes[{i}].shipped.us ({s['shipped'].get('error')})")
+    return out
 
 
 def kernels(before: Path, after: Path) -> list[dict]:
@@ -44,11 +59,13 @@ def _latencies(bench: dict, path: Path) -> dict[str, float]:
     if not isinstance(bench.get("plans"), list):
         raise SystemExit(f"{path}: not a `conjugate bench --json` file (no 'plans')")
     out = {}
-    for p in bench["plans"]:
-        result = p.get("result") or {}
-        if result.get("status") != "ok":
-            raise SystemExit(f"{path}: plan {p.get('label')}: {result.get('status')}, no latency to compare")
-        out[p["label"]] = result["metrics"]["latency_ms"]
+    for i, p in enumerate(bench["plans"]):
+        result = p.get("result") if isinstance(p, dict) else None
+        if not isinstance(result, dict) or not isinstance(p.get("label"), str) or p["label"] in out:
+            raise SystemExit(f"{path}: plans[{i}]: not a labelled result, or a label seen before")
+        if result.get("status") != "ok" or not isinstance(result.get("metrics"), dict):
+            raise SystemExit(f"{path}: plan {p['label']}: {result.get('status')}, no latency to compare")
+        out[p["label"]] = _positive(result["metrics"].get("latency_ms"), path, f"plan {p['label']}")
     return out
 
 
@@ -56,6 +73,9 @@ def rounds(pairs: list[tuple[Path, Path]]) -> list[dict]:
     out = []
     for before, after in pairs:
         old_bench, new_bench = _read(before, "a bench file"), _read(after, "a bench file")
+        if old_bench.get("workload") != new_bench.get("workload"):
+            raise SystemExit(f"{after}: workload {new_bench.get('workload')!r}, not {before}'s "
+                             f"{old_bench.get('workload')!r}")
         old, new = _latencies(old_bench, before), _latencies(new_bench, after)
         for label in old:
             if label in new:

@@ -113,15 +113,16 @@ def test_ragged_bf16_cache():
     _check([37, 5, 20], 1, 1, 4, 2, 32, 16, 3, dtype=torch.bfloat16, seed=5, tol=1e-3)
 
 
-def test_partials_hold_the_real_rows_only():
+@pytest.mark.parametrize("split_kv", [5, 17])
+def test_partials_hold_the_real_rows_only(split_kv):
     """A draft step with two query heads per KV head: ROWS 16 for the dot products, partials of 2 rows
-    (CROWS), merged over 5 splits (one with no key for the shortest sequence)."""
+    (CROWS), merged over 5 splits (unrolled; some see no key of the shortest sequence) or 17 (a loop)."""
     lengths, tokens, offset, heads, kv_heads, hd = [37, 5, 20], 1, 1, 4, 2, 16
     q, k, v = _inputs(lengths, tokens, offset, heads, kv_heads, hd, torch.float32, seed=6)
     call, _, out = _run(q, k, v, lengths, tokens=tokens, offset=offset, heads=heads, kv_heads=kv_heads, hd=hd,
-                        block_n=16, split_kv=5)
+                        block_n=16, split_kv=split_kv)
     assert (call.constexprs["ROWS"], call.constexprs["CROWS"]) == (16, 2)
-    assert tuple(call.args["part_o_ptr"].shape) == (len(lengths) * kv_heads, 5, 2, hd)
+    assert tuple(call.args["part_o_ptr"].shape) == (len(lengths) * kv_heads, split_kv, 2, hd)
     torch.testing.assert_close(out, _expected(q, k, v, lengths, tokens, offset, heads, hd), rtol=1e-4, atol=1e-4)
 
 

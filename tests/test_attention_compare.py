@@ -46,6 +46,15 @@ def test_a_file_that_is_not_a_sweep_or_a_bench_is_named(tmp_path):
     with pytest.raises(SystemExit, match="broken.json.xz: cannot read a bench file"):
         compare.rounds([(broken, bench)])
     failed = tmp_path / "failed.json"
-    failed.write_text(json.dumps({"plans": [{"label": "streams", "result": {"status": "incorrect"}}]}))
+    failed.write_text(json.dumps({"workload": "w", "plans": [{"label": "streams", "result": {"status": "incorrect"}}]}))
     with pytest.raises(SystemExit, match="failed.json: plan streams: incorrect"):
         compare.rounds([(failed, bench)])
+    errored = tmp_path / "errored.json"
+    errored.write_text(json.dumps({"shapes": [{"shape": "attn B1", "kind": "attn", "model": "draft",
+                                               "shipped": {"error": "out of resources"}}]}))
+    with pytest.raises(SystemExit, match=r"errored.json: shapes\[0\].shipped.us \(out of resources\): no positive"):
+        compare.kernels(errored, errored)
+    other = _bench(tmp_path / "other.json", {"streams": 1.0})
+    other.write_text(other.read_text().replace('"workload": "w"', '"workload": "v"'))
+    with pytest.raises(SystemExit, match="other.json: workload 'v', not .*bench.json's 'w'"):
+        compare.rounds([(bench, other)])

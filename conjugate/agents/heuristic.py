@@ -42,6 +42,7 @@ reports that as an invalid plan, which the search records like any other outcome
 """
 from __future__ import annotations
 
+import json
 import math
 import random
 from dataclasses import dataclass
@@ -90,7 +91,7 @@ class HeuristicProposer:
     def ordered(self, plan: Plan, context: NodeContext, rng: random.Random):
         """(candidate, prior) pairs, the most promising first: base scores shifted by the edit statistics."""
         found = candidates(plan, context.result, context.sms, rng, context.workload, self.measured(context))
-        ranked = _ranked(distinct_fresh(plan, found, context.tried), context.edit_stats)
+        ranked = _ranked(found, context.edit_stats, fresh_filter(plan, context.tried))
         return ((c, round(min(1.0, max(0.05, s)), 3)) for c, s in ranked)
 
 
@@ -112,22 +113,31 @@ def fresh_proposals(plan: Plan, tried: list[dict], ordered, n: int) -> list[Prop
     return out
 
 
-def distinct_fresh(plan: Plan, cands: list[Candidate], tried: list[dict]) -> list[Candidate]:
-    """One candidate per plan it makes (the best scored, in first-seen order), leaving out those that
-    fail to apply, change nothing or make a plan tried from this node. Identical edits are common
-    (a spill repair named once per spilling launch of one kind: 539 candidates, 104 plans on a
-    qwen3-0.6b draft), and each copy would take a turn in the ranking, decaying its kind's later
-    candidates until they fall out of the proposals."""
+def fresh_filter(plan: Plan, tried: list[dict]):
+    """A predicate on candidates, true once per plan made: false for a candidate that fails to apply,
+    changes nothing, makes a plan tried from this node or one an earlier true candidate made.
+    Identical edits are common (a spill repair named once per spilling launch of one kind: 539
+    candidates, 104 plans on a qwen3-0.6b draft); ranked as they come, each copy would take a turn
+    and decay its kind's later candidates out of the proposals. Asked lazily, in ranked order, so
+    only the candidates looked at are patched."""
     seen = {plan.hash} | _tried_hashes(plan, tried)
-    best: dict[str, Candidate] = {}
-    for cand in cands:
+    patches: set[str] = set()  # an edit seen before makes the same plan: no need to patch it again
+
+    def fresh(cand: Candidate) -> bool:
+        patch = json.dumps(cand.patch, sort_keys=True)
+        if patch in patches:
+            return False
+        patches.add(patch)
         try:
             made = patch_plan(plan, cand.patch).hash
         except ConjugateError:
-            continue
-        if made not in seen and (made not in best or cand.score > best[made].score):
-            best[made] = cand
-    return list(best.values())
+            return False
+        if made in seen:
+            return False
+        seen.add(made)
+        return True
+
+    return fresh
 
 
 def _tried_hashes(plan: Plan, tried: list[dict]) -> set[str]:
@@ -140,21 +150,25 @@ def _tried_hashes(plan: Plan, tried: list[dict]) -> set[str]:
     return hashes
 
 
-def _ranked(cands: list[Candidate], stats: dict):
+def _ranked(cands: list[Candidate], stats: dict, fresh=lambda cand: True):
     """Yield (candidate, score) best first: base score + the kind's statistics bias, decayed by
-    how many of the same kind came before (so the list mixes kinds)."""
+    how many of the same kind came before (so the list mixes kinds); a candidate `fresh` refuses
+    is passed over without a turn."""
     groups: dict[str, list[tuple[float, int, Candidate]]] = {}
     for i, c in enumerate(cands):
         groups.setdefault(c.kind, []).append((c.score + _bias(stats.get(c.kind)), -i, c))
     for g in groups.values():
         g.sort(key=lambda e: (e[0], e[1]), reverse=True)
-    taken = {k: 0 for k in groups}
+    taken = {k: 0 for k in groups}  # looked at
+    chosen = {k: 0 for k in groups}  # yielded: the decay counts these
     while any(taken[k] < len(g) for k, g in groups.items()):
         kind = max((k for k, g in groups.items() if taken[k] < len(g)),
-                   key=lambda k: (groups[k][taken[k]][0] * _DECAY ** taken[k], groups[k][taken[k]][1]))
+                   key=lambda k: (groups[k][taken[k]][0] * _DECAY ** chosen[k], groups[k][taken[k]][1]))
         score, _, cand = groups[kind][taken[kind]]
-        yield cand, score * _DECAY ** taken[kind]
         taken[kind] += 1
+        if fresh(cand):
+            yield cand, score * _DECAY ** chosen[kind]
+            chosen[kind] += 1
 
 
 def _bias(stat: dict | None) -> float:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 
 from conjugate.agents.base import NodeContext
-from conjugate.agents.heuristic import HeuristicProposer, candidates, distinct_fresh
+from conjugate.agents.heuristic import HeuristicProposer, candidates, fresh_filter
 from conjugate.plan.schema import Plan
 
 
@@ -21,10 +21,10 @@ class RandomProposer(HeuristicProposer):
 
     def ordered(self, plan: Plan, context: NodeContext, rng: random.Random):
         """Every distinct edit the heuristic knows, in a random order, with equal priors."""
-        pool = distinct_fresh(plan, candidates(plan, context.result, context.sms, rng, context.workload,
-                                               self.measured(context)), context.tried)
+        pool = candidates(plan, context.result, context.sms, rng, context.workload, self.measured(context))
         rng.shuffle(pool)
-        return ((cand, 1.0) for cand in pool)
+        fresh = fresh_filter(plan, context.tried)
+        return ((cand, 1.0) for cand in pool if fresh(cand))
 
 
 class GreedyProposer(HeuristicProposer):

@@ -6,8 +6,9 @@ Layout (fixed by the rest of the compiler):
   `stride_q` / `stride_o`; row r = b * T + t
   (b = sequence, t = new token, T = 1 for a draft decode step, k + 1 for target verify). Token t
   sits at position start + t and sees keys 0 .. start + t (causal among the new tokens).
-* k_cache, v_cache: [B, num_kv_heads, S_max, head_dim] contiguous, bf16/fp16/fp32 (upcast after
-  every load). Positions 0 .. start + T - 1 are valid. Head h reads kv head h // GROUP.
+* k_cache, v_cache: [B, num_kv_heads, S_max, head_dim] contiguous, bf16/fp16/fp32 (the dot products'
+  operand type; fp32 under the interpreter). Positions 0 .. start + T - 1 are valid. Head h reads kv
+  head h // GROUP.
 * lengths: int64 [B], each sequence's length before the round, read at run time (sequences may
   differ); start = lengths[b] + offset, offset being the draft step (0 for the verify pass). Keys
   past S_max are never read.
@@ -30,7 +31,8 @@ real heads and tokens only, GROUP * T, in CROWS = next_pow2(max(2, GROUP * T)) s
 last one, so every partial is visible to it: it combines them with a log-sum-exp rescale
     M = max_s m_s,  l = sum_s 2^(m_s - M) l_s,  o = sum_s 2^(m_s - M) acc_s / l
 writes `out`, and resets the counter to 0 so the next launch (or graph replay) needs no zeroing.
-Its merge is unrolled over the splits, so their loads need not wait for each other's merges. With
+Its merge is unrolled over up to UNROLL_SPLITS splits, so their loads need not wait for each other's
+merges. With
 both changes the shipped tiles' attention ran 0-20% faster alone on the H200 (decode and verify
 alike); reading a chunk of splits as one [splits, rows, HEAD_DIM] block instead made the drafts'
 slower (benchmarks/README.md, attention).
@@ -49,6 +51,7 @@ from conjugate.compiler.persist import L2_LINE_BITS, prefetch_l2
 from conjugate.compiler.tile import PartCall, TileSignature
 
 LOG2E = tl.constexpr(1.4426950408889634)  # softmax runs in base 2
+UNROLL_SPLITS = tl.constexpr(16)  # merges of at most this many splits unrolled (H200: 2-32 measured unrolled)
 
 
 @triton.jit
@@ -117,31 +120,39 @@ def _store_partial(part_o_ptr, part_ml_ptr, slot, m, l, acc, REAL_ROWS, HEAD_DIM
 
 
 @triton.jit
+def _merge_split(part_o_ptr, part_ml_ptr, slot, m, l, o, r, d, real, HEAD_DIM: tl.constexpr, CROWS: tl.constexpr):
+    """(m, l, o) merged with the partial at scratch `slot` (log-sum-exp rescale)."""
+    m_s = tl.load(part_ml_ptr + slot * 2 * CROWS + r, mask=real, other=float("-inf"), cache_modifier=".cg")  # [CROWS]
+    l_s = tl.load(part_ml_ptr + slot * 2 * CROWS + CROWS + r, mask=real, other=0.0, cache_modifier=".cg")
+    o_s = tl.load(part_o_ptr + (slot * CROWS + r)[:, None] * HEAD_DIM + d[None, :], mask=real[:, None],
+                  other=0.0, cache_modifier=".cg")  # [CROWS, HEAD_DIM]
+    m_new = tl.maximum(m, m_s)  # [CROWS]
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # [CROWS] no -inf - -inf
+    a_old = tl.exp2(m - m_safe)  # [CROWS] 0 when m = -inf
+    a_s = tl.exp2(m_s - m_safe)  # [CROWS] 0 when the split saw no key
+    return m_new, l * a_old + l_s * a_s, o * a_old[:, None] + o_s * a_s[:, None]
+
+
+@triton.jit
 def _combine(part_o_ptr, part_ml_ptr, bh, REAL_ROWS, HEAD_DIM: tl.constexpr, CROWS: tl.constexpr,
              SPLIT_KV: tl.constexpr):
-    """Log-sum-exp merge of the SPLIT_KV partials of (b, kv_head) `bh`, unrolled so every split's loads
-    can be issued before the first merge; returns l [CROWS], o [CROWS, HEAD_DIM] (rows from REAL_ROWS
-    on read nothing and weigh 0)."""
+    """Log-sum-exp merge of the SPLIT_KV partials of (b, kv_head) `bh`, unrolled up to UNROLL_SPLITS
+    splits so every split's loads can be issued before the first merge; returns l [CROWS],
+    o [CROWS, HEAD_DIM] (rows from REAL_ROWS on read nothing and weigh 0)."""
     r = tl.arange(0, CROWS)  # [CROWS]
     d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
     real = r < REAL_ROWS  # [CROWS]
     m = tl.full([CROWS], float("-inf"), tl.float32)  # [CROWS]
     l = tl.zeros([CROWS], tl.float32)  # [CROWS]
     o = tl.zeros([CROWS, HEAD_DIM], tl.float32)  # [CROWS, HEAD_DIM]
-    for split in tl.static_range(SPLIT_KV):
-        slot = bh * SPLIT_KV + split
-        m_s = tl.load(part_ml_ptr + slot * 2 * CROWS + r, mask=real, other=float("-inf"),
-                      cache_modifier=".cg")  # [CROWS]
-        l_s = tl.load(part_ml_ptr + slot * 2 * CROWS + CROWS + r, mask=real, other=0.0, cache_modifier=".cg")
-        o_s = tl.load(part_o_ptr + (slot * CROWS + r)[:, None] * HEAD_DIM + d[None, :], mask=real[:, None],
-                      other=0.0, cache_modifier=".cg")  # [CROWS, HEAD_DIM]
-        m_new = tl.maximum(m, m_s)  # [CROWS]
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # [CROWS] no -inf - -inf
-        a_old = tl.exp2(m - m_safe)  # [CROWS] 0 when m = -inf
-        a_s = tl.exp2(m_s - m_safe)  # [CROWS] 0 when the split saw no key
-        l = l * a_old + l_s * a_s
-        o = o * a_old[:, None] + o_s * a_s[:, None]
-        m = m_new
+    if SPLIT_KV <= UNROLL_SPLITS:
+        for split in tl.static_range(SPLIT_KV):
+            m, l, o = _merge_split(part_o_ptr, part_ml_ptr, bh * SPLIT_KV + split, m, l, o, r, d, real, HEAD_DIM,
+                                   CROWS)
+    else:  # not unrolled: code size and registers stay those of one split
+        for split in range(SPLIT_KV):
+            m, l, o = _merge_split(part_o_ptr, part_ml_ptr, bh * SPLIT_KV + split, m, l, o, r, d, real, HEAD_DIM,
+                                   CROWS)
     return l, o
 
 

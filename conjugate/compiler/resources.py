@@ -28,7 +28,7 @@ def shared_memory_estimate(part: PartCall, num_stages: int) -> int:
         return num_stages * (x_tile + w_tiles)
     if part.sig.fn == "attn_tile":
         kv_tiles = 2 * c["BLOCK_N"] * c["HEAD_DIM"] * a["k_ptr"].element_size()
-        return max(2, num_stages) * kv_tiles + c["ROWS"] * c["HEAD_DIM"] * 4
+        return max(2, num_stages) * kv_tiles + c["ROWS"] * c["HEAD_DIM"] * a["k_ptr"].element_size()  # q, cast
     return 0
 
 
