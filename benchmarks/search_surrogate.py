@@ -121,7 +121,7 @@ class Surrogate:
                 above = nodes.get(parent)
                 if latency and above and above[2] and not whole:  # seeds and warm starts replace the whole plan
                     moves.append((difference(above[1], fields), above[2] / latency - 1))
-        return cls(measured, moves)
+        return cls(measured, moves, results)
 
     def context(self, plan: dict) -> tuple[EvalResult | None, bool]:
         """(the GPU's result of this plan, or of the measured plan nearest to it; whether it is this

@@ -87,3 +87,28 @@ def test_evaluations_carry_what_the_gpu_said_of_the_nearest_measured_plan():
     assert near_a.latency_ms == pytest.approx(model.latency({"x": 1, "y": 3}))
     failed = evaluator.evaluate({"x": 9, "y": 9}, None)
     assert failed.status.value == "incorrect" and failed.latency_ms is None
+
+
+def test_databases_give_latencies_moves_and_the_gpu_results(tmp_path):
+    """The columns the surrogate reads, as a search database holds them: a node's plan, edit and the
+    evaluation of its plan (latency and the whole result)."""
+    import json
+    import sqlite3
+
+    db = tmp_path / "run.db"
+    with sqlite3.connect(db) as c:
+        c.execute("CREATE TABLE nodes (id INTEGER, parent_id INTEGER, plan JSON, edit JSON, plan_hash TEXT)")
+        c.execute("CREATE TABLE evaluations (plan_hash TEXT, latency_ms FLOAT, result JSON)")
+        plans = {1: ({"x": 1}, None, 10.0, "ok"), 2: ({"x": 2}, 1, 8.0, "ok"), 3: ({"x": 3}, 1, None, "incorrect")}
+        for node, (plan, parent, latency, status) in plans.items():
+            edit = None if parent is None else json.dumps([{"op": "replace", "path": "/x", "value": plan["x"]}])
+            c.execute("INSERT INTO nodes VALUES (?, ?, ?, ?, ?)", (node, parent, json.dumps(plan), edit, f"h{node}"))
+            result = _result(status, latency).to_dict()
+            c.execute("INSERT INTO evaluations VALUES (?, ?, ?)", (f"h{node}", latency, json.dumps(result)))
+    model = surrogate.Surrogate.from_databases([db])
+    assert model.latency({"x": 2}) == pytest.approx(8.0)
+    assert model.gains == {surrogate.difference(surrogate.fields_of({"x": 1}), surrogate.fields_of({"x": 2})): [0.25]}
+    failed, own = model.context({"x": 3})
+    assert own and failed.status.value == "incorrect"
+    nearest, own = model.context({"x": 2, "y": 1})
+    assert not own and nearest.latency_ms == 8.0
