@@ -29,12 +29,12 @@ Edits come first from what the node's result says, then from broader local moves
                          sum their splits, persistent launches and tile loops, programmatic
                          dependent launch (the draft's and the busier stream's first)
 
-Candidates that make the same plan count once (the best scored). Each has a base score; the
+Candidates that make the same plan count once (the first ranked). Each has a base score; the
 search's edit statistics shift the scores of their kinds (kinds with a positive mean gain rise), a
 kind already chosen loses a little for the next pick so the proposals stay diverse, and the final
-score becomes the proposal's prior. A random.Random seeded
-by the proposer's seed, the plan hash and the number of children tried orders near-equal
-candidates, so the same context always gives the same proposals and a revisited node gets new ones.
+score becomes the proposal's prior. A random.Random seeded by the proposer's seed, the plan hash
+and the number of children tried orders near-equal candidates, so the same context always gives the
+same proposals and a revisited node gets new ones.
 
 Every proposal applies to the canonical plan, validates, changes the plan and is not one tried
 before. It may still fail expansion (a pinned draft op that no longer fits, say); the evaluator
@@ -42,6 +42,7 @@ reports that as an invalid plan, which the search records like any other outcome
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -82,35 +83,19 @@ class HeuristicProposer:
         except ConjugateError:
             return []
         rng = random.Random(f"{self.seed}:{context.plan_hash}:{len(context.tried)}")
-        return fresh_proposals(plan, context.tried, self.ordered(plan, context, rng), n)
+        return [Proposal(cand.patch, cand.rationale, cand.kind, prior)
+                for cand, prior in itertools.islice(self.ordered(plan, context, rng), n)]
 
     def measured(self, context: NodeContext) -> TileTable | None:
         """The measured tiles of the GPU model the node is evaluated on."""
         return table_for(context.device, self.tile_tables)
 
     def ordered(self, plan: Plan, context: NodeContext, rng: random.Random):
-        """(candidate, prior) pairs, the most promising first: base scores shifted by the edit statistics."""
+        """(candidate, prior) pairs, the most promising first: base scores shifted by the edit statistics;
+        only candidates that make a plan new to this node, each plan once (fresh_filter)."""
         found = candidates(plan, context.result, context.sms, rng, context.workload, self.measured(context))
         ranked = _ranked(found, context.edit_stats, fresh_filter(plan, context.tried))
         return ((c, round(min(1.0, max(0.05, s)), 3)) for c, s in ranked)
-
-
-def fresh_proposals(plan: Plan, tried: list[dict], ordered, n: int) -> list[Proposal]:
-    """Up to `n` proposals from (candidate, prior) pairs, first first: each applies to the plan,
-    changes it, and was neither tried from this node before nor proposed already."""
-    seen = {plan.hash} | _tried_hashes(plan, tried)
-    out: list[Proposal] = []
-    for cand, prior in ordered:
-        if len(out) >= n:
-            break
-        try:
-            new = patch_plan(plan, cand.patch)
-        except ConjugateError:
-            continue
-        if new.hash not in seen:
-            seen.add(new.hash)
-            out.append(Proposal(cand.patch, cand.rationale, cand.kind, prior))
-    return out
 
 
 def fresh_filter(plan: Plan, tried: list[dict]):

@@ -32,10 +32,9 @@ last one, so every partial is visible to it: it combines them with a log-sum-exp
     M = max_s m_s,  l = sum_s 2^(m_s - M) l_s,  o = sum_s 2^(m_s - M) acc_s / l
 writes `out`, and resets the counter to 0 so the next launch (or graph replay) needs no zeroing.
 Its merge is unrolled over up to UNROLL_SPLITS splits, so their loads need not wait for each other's
-merges. With
-both changes the shipped tiles' attention ran 0-20% faster alone on the H200 (decode and verify
-alike); reading a chunk of splits as one [splits, rows, HEAD_DIM] block instead made the drafts'
-slower (benchmarks/README.md, attention).
+merges. With both changes the shipped tiles' attention ran 0-20% faster alone on the H200 (decode and
+verify alike); reading a chunk of splits as one [splits, rows, HEAD_DIM] block instead made the
+drafts' slower (benchmarks/README.md, attention_compare.py).
 A split (or a row of a split) that saw no key keeps m = -inf and weighs 0, without NaNs.
 """
 from __future__ import annotations
