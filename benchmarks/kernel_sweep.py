@@ -1,7 +1,7 @@
 """The GEMM and attention templates' tiles at the example workloads' decode shapes, each launch alone
 from cold L2, against the tile the shipped plan gives it.
 
-    python benchmarks/kernel_sweep.py examples/llama-1b-8b-b8.toml [...] [--kinds qkv o_proj gate_up down attn]
+    python benchmarks/kernel_sweep.py examples/llama-1b-8b-b8.toml [...] [--kinds qkv o_proj gate_up down mlp attn]
                                       [--models draft target] [--per-shape 96] [--prewarm 14] [--json OUT.json]
 
 Per distinct shape of the workloads' qkv, o_proj, gate_up and down GEMMs (the epilogues of the
@@ -15,6 +15,12 @@ neighbours first, then a seeded sample of the rest. Each launch is checked again
 timed as launch verdicts time one: ten calls in a CUDA graph, L2 overwritten before each and the
 overwrite's own time subtracted (timing.time_per_call). Its bytes (weights; K and V read) over that
 time against the copy bandwidth say how near the byte floor the tile gets.
+
+Kind `mlp` is the fused MLP (plan fusion gate_up+down, compiler/mlp.py) at the gate_up shape: its
+tiles are gate_up's keys (BLOCK_N the ffn columns a program owns, SPLIT_K 1), the shipped one
+gate_up's. Where the same run swept that shape's gate_up and down, its entry also says what the two
+separate launches take (`separate`: their shipped and their best times, summed). It is never
+tabulated: search/tiles.json holds tiles of the separate kinds.
 
 `--prewarm N` first compiles every candidate in N processes at once (Triton's warmup: nothing runs),
 so the timing process loads them from Triton's cache. One process times everything: compare within
@@ -42,7 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,8 +60,9 @@ from conjugate.plan import load_plan  # noqa: E402
 from conjugate.workload import Workload, load_workload  # noqa: E402
 
 GEMM_KINDS = ("qkv", "o_proj", "gate_up", "down")
-KINDS = GEMM_KINDS + ("attn",)
+KINDS = GEMM_KINDS + ("mlp", "attn")
 EPILOGUE = {"qkv": "store", "o_proj": "residual", "gate_up": "silu_mul", "down": "residual"}
+TABLE_KINDS = GEMM_KINDS + ("attn",)  # the kinds --tabulate writes
 BLOCK_NS = (16, 32, 64, 128, 256)
 BLOCK_KS = (64, 128, 256, 512)
 SPLIT_KS = (1, 2, 4, 8, 16, 32)
@@ -85,12 +92,13 @@ class Shape:
 
     @property
     def weights(self) -> int:
-        """Weight matrices a tile streams: gate and up for silu_mul."""
-        return 2 if self.kind == "gate_up" else 1
+        """Weight matrices a tile streams at once: gate and up for silu_mul and the fused MLP."""
+        return 2 if self.kind in ("gate_up", "mlp") else 1
 
     @property
     def bytes(self) -> int:
-        return self.weights * self.n * self.k * ELEMENT
+        """The weights: the fused MLP's down too (n: the ffn size, k: the hidden size)."""
+        return (3 if self.kind == "mlp" else self.weights) * self.n * self.k * ELEMENT
 
     def key(self) -> str:
         return f"{self.kind} {self.rows}x{self.n}x{self.k}"
@@ -195,7 +203,7 @@ def fits(tile: Tile | AttnTile, shape: Shape | AttnShape, sms: int) -> bool:
         walked, waves = shape.keys // (tile.split_kv * tile.block_n), 32
     else:
         walked, waves = shape.k // (tile.split_k * tile.block_k), 16
-        if walked < tile.stages - 1 or tile.block_n > max(16, shape.n):
+        if walked < tile.stages - 1 or tile.block_n > max(16, shape.n) or (shape.kind == "mlp" and tile.split_k > 1):
             return False
     return (walked >= 2 and sms // 2 <= tile.programs(shape) <= waves * sms
             and tile.shared_bytes(shape) <= SHARED_BYTES and tile.acc_per_thread(shape) <= MAX_ACC_PER_THREAD)
@@ -249,12 +257,14 @@ def shapes_of(workload: Workload, models: tuple[str, ...], kinds: tuple[str, ...
                                              spec.head_dim, workload.context)))
             else:
                 rows = workload.draft_rows if draft else workload.target_rows
-                out.append((model, Shape(rows, *spec.projection(kind), kind)))
+                out.append((model, Shape(rows, *spec.projection("gate_up" if kind == "mlp" else kind), kind)))
     return out
 
 
 def shipped_tile(plan: dict, model: str, kind: str) -> Tile | AttnTile:
     """The tile and launch settings `plan` gives `kind` in `model` (per-op num_warps/num_stages first)."""
+    if kind == "mlp":  # gate_up's tile, its SPLIT_K giving way to 1 (compiler/lower.py)
+        return replace(shipped_tile(plan, model, "gate_up"), split_k=1)
     tiles, launch = plan["tiles"][model][kind], plan["launch"]
     warps, stages = tiles.get("num_warps", launch["num_warps"]), tiles.get("num_stages", launch["num_stages"])
     if kind == "attn":
@@ -291,6 +301,8 @@ def tabulate(sweeps: list[Path], device: str, table_path: Path) -> dict:
                 raise SystemExit(f"--device {device}: {path} was measured on {run['gpu']}")
             dates.append(run["date"])
             for s in run["shapes"]:
+                if s["kind"] not in TABLE_KINDS:
+                    continue
                 best, shipped = s["best"], s["shipped"]
                 if best and "us" in shipped and best["us"] <= (1 - MIN_GAIN) * shipped["us"]:
                     entries[(s["kind"], *s["fields"].values())] = {
@@ -366,6 +378,9 @@ def operands(shape, device: str = "cuda") -> dict:
     ref = x.float() @ ws[0].float().T
     if shape.weights == 2:
         ref = F.silu(ref) * (x.float() @ ws[1].float().T)
+    if shape.kind == "mlp":  # the activations stored in bf16 between the two products, as the launches do
+        ws.append((randn(shape.k, shape.n) / shape.n ** 0.5).bfloat16())
+        ref = ref.bfloat16().float() @ ws[2].float().T
     return {"x": x, "ws": ws, "ref": ref}
 
 
@@ -376,6 +391,7 @@ def build(shape, tile, inputs: dict, kernels: Path):
     from conjugate.compiler.attention import attn_call
     from conjugate.compiler.codegen import KernelCache
     from conjugate.compiler.gemm import gemm_call
+    from conjugate.compiler.mlp import mlp_call
     from conjugate.compiler.round import CompiledLaunch
 
     if isinstance(shape, AttnShape):
@@ -383,6 +399,11 @@ def build(shape, tile, inputs: dict, kernels: Path):
         call = attn_call(inputs["q"], inputs["k"], inputs["v"], out, inputs["lengths"], batch=shape.batch,
                          tokens=shape.tokens, offset=0, num_heads=shape.heads, num_kv_heads=shape.kv_heads,
                          head_dim=shape.head_dim, block_n=tile.block_n, split_kv=tile.split_kv)
+    elif shape.kind == "mlp":
+        x, ws = inputs["x"], inputs["ws"]
+        out = torch.zeros(shape.rows, shape.k, device=x.device)
+        call = mlp_call(x, *ws, out, rows=shape.rows, act_dtype=torch.bfloat16, block_m=tile.block_m,
+                        block_f=tile.block_n, block_k=tile.block_k)
     else:
         x, ws = inputs["x"], inputs["ws"]
         out = torch.zeros(shape.rows, shape.n, device=x.device)
@@ -534,7 +555,25 @@ def main() -> None:
             print(json.dumps({k: result[k] for k in ("shape", "model", "shipped", "best")}), flush=True)
             if json_out:
                 json_out.write_text(json.dumps(out, indent=1) + "\n")
+    separate_times(out["shapes"])
+    if json_out:
+        json_out.write_text(json.dumps(out, indent=1) + "\n")
     print_table(out["shapes"])
+
+
+def separate_times(shapes: list[dict]) -> None:
+    """Each fused MLP shape's `separate`: what its gate_up and down, swept in the same run for the same
+    model, took as two launches (shipped and best tiles, summed); absent where either was not swept."""
+    timed = {(s["kind"], s["model"], s["shape"].split()[1]): s for s in shapes}
+    for s in shapes:
+        if s["kind"] != "mlp":
+            continue
+        rows, f, h = s["shape"].split()[1].split("x")
+        parts = [timed.get(("gate_up", s["model"], f"{rows}x{f}x{h}")),
+                 timed.get(("down", s["model"], f"{rows}x{h}x{f}"))]
+        if all(p and p["best"] and "us" in p["shipped"] for p in parts):
+            s["separate"] = {"shipped_us": sum(p["shipped"]["us"] for p in parts),
+                             "best_us": sum(p["best"]["us"] for p in parts)}
 
 
 def print_table(shapes: list[dict]) -> None:
@@ -542,6 +581,8 @@ def print_table(shapes: list[dict]) -> None:
     for s in shapes:
         shipped, best = s["shipped"], s["best"] or {}
         tile = " ".join(f"{k}={v}" for k, v in best.get("plan_keys", {}).items())
+        if "separate" in s:
+            tile += f"  (separate: {s['separate']['shipped_us']:.1f} shipped, {s['separate']['best_us']:.1f} best)"
         print(f"{s['shape']:40} {s['model']:6} {s['bytes'] / 1e6:6.1f} {shipped.get('us', float('nan')):10.1f} "
               f"{shipped.get('share_of_copy', float('nan')):6.0%} {best.get('us', float('nan')):8.1f} "
               f"{best.get('share_of_copy', float('nan')):6.0%}  {tile}")

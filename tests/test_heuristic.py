@@ -317,15 +317,36 @@ def test_fusions_a_model_lacks_are_offered_together_first():
     plan = PLANS["streams"]
     fusions = [p for p in HeuristicProposer().propose(_context(plan, _ok_result(plan)), 12) if p.kind == "fusion"]
     together = patch_plan(plan, fusions[0].patch)
-    assert set(together["fusions"]["draft"]) == set(FUSIONS) and together["fusions"]["target"] == plan["fusions"]["target"]
+    # every fusion but the fused MLP, which does not combine with mlp_norm+gate_up (the first of the two)
+    assert set(together["fusions"]["draft"]) == set(FUSIONS) - {"gate_up+down"}
+    assert together["fusions"]["target"] == plan["fusions"]["target"]
     assert fusions[0].prior > max(p.prior for p in fusions[1:])
     assert "3 launches fewer per layer and 1 per step" in fusions[0].rationale
     assert not any(len([op for op in p.patch if op["path"].startswith("/fusions/target")]) > 1 for p in fusions)
     # one fusion missing: only single edits
-    almost = patch_plan(plan, [{"op": "replace", "path": "/fusions/draft", "value": list(FUSIONS[1:])}])
+    almost = patch_plan(plan, [{"op": "replace", "path": "/fusions/draft",
+                                "value": [f for f in FUSIONS[1:] if f != "gate_up+down"]}])
     props = HeuristicProposer().propose(_context(almost, _ok_result(almost)), 30)
     added = [len([op for op in p.patch if op["path"].startswith("/fusions/draft")]) for p in props if p.kind == "fusion"]
     assert added and max(added) == 1
+
+
+def test_the_fused_mlp_is_offered_in_place_of_the_fused_mlp_norm():
+    """gate_up+down and mlp_norm+gate_up do not combine: adding either where the other is on replaces
+    it, so every fusion edit makes a valid plan."""
+    from conjugate.agents.heuristic import fusion_edits
+
+    normed = patch_plan(PLANS["streams"], [{"op": "replace", "path": "/fusions/draft",
+                                            "value": ["attn_norm+qkv", "mlp_norm+gate_up", "lm_head+argmax"]}])
+    edits = {c.rationale: patch_plan(normed, c.patch) for c in fusion_edits(normed)}
+    mlp = [why for why in edits if why.startswith("fuse gate_up+down in the draft")]
+    assert mlp == ["fuse gate_up+down in the draft: one launch fewer each time it runs, in place of mlp_norm+gate_up"]
+    assert edits[mlp[0]]["fusions"]["draft"] == ["attn_norm+qkv", "gate_up+down", "lm_head+argmax"]
+    back = [c for c in fusion_edits(edits[mlp[0]]) if c.rationale.startswith("fuse mlp_norm+gate_up in the draft")]
+    assert back and patch_plan(edits[mlp[0]], back[0].patch)["fusions"]["draft"] == normed["fusions"]["draft"]
+    everything = [c for c in fusion_edits(edits[mlp[0]])
+                  if c.rationale.startswith("fuse ") and "," in c.rationale.split(":")[0]]
+    assert everything and "gate_up+down" in patch_plan(edits[mlp[0]], everything[0].patch)["fusions"]["draft"]
 
 
 def test_under_two_streams_idle_target_sms_rank_below_streams_and_fusions():

@@ -16,7 +16,7 @@ H200_SMS = 132
 def test_each_distinct_shape_once_with_its_workloads_and_the_shipped_tile():
     b8 = EXAMPLES_DIR / "llama-1b-8b-b8.toml"
     entries = sweep.distinct_shapes([b8, b8], ("draft", "target"), sweep.KINDS)
-    assert len(entries) == 10 and all(e["workloads"] == ["llama-1b-8b-b8"] * 2 for e in entries)
+    assert len(entries) == 12 and all(e["workloads"] == ["llama-1b-8b-b8"] * 2 for e in entries)
     shapes = {(e["model"], e["shape"].kind): e for e in entries}
     gate_up = shapes[("target", "gate_up")]["shape"]
     assert (gate_up.rows, gate_up.n, gate_up.k, gate_up.epilogue, gate_up.weights) == (40, 14336, 4096, "silu_mul", 2)
@@ -29,6 +29,26 @@ def test_each_distinct_shape_once_with_its_workloads_and_the_shipped_tile():
     assert verify["shipped"] == sweep.AttnTile(64, 4, 4, 3)
     assert verify["shape"].rows == 32 and verify["shape"].bytes == 2 * 8 * 8 * 1029 * 128 * 2
     assert shapes[("draft", "attn")]["shape"] == sweep.AttnShape(8, 1, 32, 8, 64, 1024)
+    mlp = shapes[("draft", "mlp")]  # the fused MLP at the gate_up shape, three weights streamed
+    assert (mlp["shape"].rows, mlp["shape"].n, mlp["shape"].k) == (8, 8192, 2048)
+    assert mlp["shape"].bytes == 3 * 8192 * 2048 * 2
+    assert mlp["shipped"] == replace(shapes[("draft", "gate_up")]["shipped"], split_k=1)
+
+
+def test_fused_mlp_candidates_never_split_k_and_are_told_against_the_separate_launches():
+    shape = sweep.Shape(4, 3072, 1024, "mlp")
+    tiles = sweep.candidates(shape, sweep.Tile(16, 32, 128, 1, 4, 3), H200_SMS, per_shape=40)
+    assert len(tiles) > 20 and all(t.split_k == 1 for t in tiles)
+    assert not sweep.fits(sweep.Tile(16, 32, 128, 2, 4, 3), shape, H200_SMS)
+
+    def entry(kind, key, shipped, best):
+        return {"kind": kind, "model": "draft", "shape": f"{kind} {key}", "shipped": {"us": shipped},
+                "best": {"us": best}}
+    shapes = [entry("gate_up", "4x3072x1024", 5.5, 4.6), entry("down", "4x1024x3072", 5.5, 4.4),
+              entry("mlp", "4x3072x1024", 8.0, 6.0), entry("mlp", "8x4864x896", 9.0, 7.0)]
+    sweep.separate_times(shapes)
+    assert shapes[2]["separate"] == pytest.approx({"shipped_us": 11.0, "best_us": 9.0})
+    assert "separate" not in shapes[3]  # its gate_up and down were not swept
 
 
 def test_a_per_op_launch_setting_in_the_plan_wins_over_the_launch_default():
@@ -66,6 +86,7 @@ def test_tiles_that_would_spill_or_starve_the_gpu_are_not_candidates():
 @pytest.mark.parametrize("shape, tile", [
     (sweep.Shape(2, 64, 128, "gate_up"), sweep.Tile(16, 32, 32, 2, 4, 2)),  # silu(x Wg^T) * (x Wu^T), split K
     (sweep.AttnShape(2, 3, 4, 2, 16, 37), sweep.AttnTile(16, 2, 4, 2)),  # GQA, three new tokens, split keys
+    (sweep.Shape(3, 80, 48, "mlp"), sweep.Tile(16, 32, 16, 1, 4, 2)),  # the fused MLP, a partial ffn block
 ])
 def test_a_candidate_launch_computes_what_torch_does(tmp_path, shape, tile):
     """The launch the sweep times, built as it builds it (here under the interpreter), against the

@@ -179,8 +179,8 @@ def load_plan_hash(plan) -> str:
 
 
 def test_the_heuristic_aims_at_the_biggest_loss_first():
-    """Tile moves for the kind losing most come first; a norm losing time ranks the fusion that
-    removes its launches above the other fusions."""
+    """Tile moves for the kind losing most come first; an op losing time ranks the fusion that
+    removes its launches above the other fusions, by its loss (the draft's down: the fused MLP's)."""
     from conjugate.agents.heuristic import HeuristicProposer
 
     plan = json.loads((ROOT / "plans" / "streams.json").read_text())
@@ -191,7 +191,9 @@ def test_the_heuristic_aims_at_the_biggest_loss_first():
     fusions = [p for p in proposals if p.kind == "fusion"]
     assert "attn_norm+qkv, " in fusions[0].rationale and "the ledger" in fusions[0].rationale  # all at once first
     single = [p for p in fusions if len(p.patch) == 1 and p.patch[0]["op"] == "add"]
-    assert "attn_norm+qkv in the draft" in single[0].rationale and "the ledger" in single[0].rationale
+    assert "gate_up+down in the draft" in single[0].rationale and "draft down runs 1.03 ms" in single[0].rationale
+    assert "attn_norm+qkv in the draft" in single[1].rationale and "the ledger" in single[1].rationale
+    assert not any("the ledger" in p.rationale for p in single[2:])
     without = HeuristicProposer().propose(_context_with_ledger(plan, []), 40)
     assert not any("the ledger" in p.rationale for p in without)
     assert tiles[0].prior > max(p.prior for p in without if p.kind == "tiles")

@@ -302,11 +302,11 @@ def test_each_prefetch_function_takes_its_tile_functions_arguments():
     """The generated kernel calls a part's prefetch function with the tile function's argument list."""
     import importlib
 
-    from conjugate.compiler import attention, gemm
+    from conjugate.compiler import attention, gemm, mlp
     from conjugate.compiler.persist import PREFETCHES
     from conjugate.compiler.tile import TileSignature
 
-    tiles = {"gemm_tile": gemm.gemm_tile, "attn_tile": attention.attn_tile}
+    tiles = {"gemm_tile": gemm.gemm_tile, "attn_tile": attention.attn_tile, "mlp_tile": mlp.mlp_tile}
     assert set(PREFETCHES) == set(tiles)
     for tile, (module, fn) in PREFETCHES.items():
         prefetch = getattr(importlib.import_module(module), fn)

@@ -16,7 +16,7 @@ from conjugate.errors import CompileError
 from conjugate.evaluate.correctness import compare_rounds
 from conjugate.models import make_round_inputs, random_weights, reference_round
 from conjugate.plan import load_plan, validate_plan
-from conjugate.plan.schema import FUSIONS, PATTERNS
+from conjugate.plan.schema import FUSIONS, PATTERNS, fusion_conflicts
 from conjugate.roles import Model
 from conjugate.workload import load_workload, workload_from_dict
 
@@ -159,8 +159,8 @@ _random_plans = st.fixed_dictionaries({
                              st.just(["*"]), max_size=4),
     "interleave": st.fixed_dictionaries({"pattern": st.sampled_from(PATTERNS),
                                          "ratio": st.lists(st.integers(1, 3), min_size=2, max_size=2)}),
-    "fusions": st.fixed_dictionaries({"draft": st.lists(st.sampled_from(FUSIONS), unique=True),
-                                      "target": st.lists(st.sampled_from(FUSIONS), unique=True)}),
+    "fusions": st.fixed_dictionaries({m: st.lists(st.sampled_from(FUSIONS), unique=True).filter(
+        lambda f: not fusion_conflicts(f)) for m in ("draft", "target")}),
     "split_k": st.sampled_from([1, 2]),
 })
 
@@ -352,6 +352,35 @@ def test_fused_norms_read_the_statistics_of_residual_gemms_summing_atomically(fa
     assert readers and all(c["STATS_IN"] for c in readers)
     counters = [c for launch in compiled.launches for c in launch.parts if c.constexprs.get("ATOMIC_SPLIT")]
     assert all(int(c.args["counter_ptr"].abs().sum()) == 0 for c in counters)  # reset for the next launch
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_fused_mlp_computes_the_reference_round(family, tmp_path):
+    """gate_up+down: each MLP one launch in both models, its ffn blocks adding into the residual stream
+    atomically; the draft's fused attn_norm and final_norm read the row statistics it writes."""
+    fused = ["gate_up+down", "attn_norm+qkv", "final_norm+lm_head", "lm_head+argmax"]
+    plan = _plan(streams="two", fusions={"draft": fused, "target": ["gate_up+down"]})
+    compiled, _ = _round(family).check(plan, tmp_path)
+    parts = [c for launch in compiled.launches for c in launch.parts]
+    mlps = [c for c in parts if c.sig.fn == "mlp_tile"]
+    assert len(mlps) == sum(op.endswith(".gate_up") for op in compiled._op_graph.nodes)
+    assert not [c for c in parts if c.label.endswith(".down") and c.sig.fn != "mlp_tile"]  # no down launch left
+    assert all(c.constexprs["STATS_OUT"] == c.label.startswith("d.") for c in mlps)
+    assert all(int(c.args["counter_ptr"].abs().sum()) == 0 for c in mlps)  # reset for the next launch
+
+
+@pytest.mark.parametrize("layout", ["interleave", "persistent"])
+def test_the_fused_mlp_shares_a_launch_and_joins_a_persistent_layer(layout, tmp_path):
+    """The fused MLP as one part among others: beside the other model's parts in interleaved launches
+    (the separate operand layout: there are no GEMM weights to pack), and inside the draft's
+    persistent layers, each behind a grid-wide barrier."""
+    base = load_plan(ROOT / "plans" / "interleave.json").to_dict() if layout == "interleave" else {
+        "schema": "conjugate.plan/1", "streams": "two", "persist": {"draft": {"span": "layer"}}}
+    plan = validate_plan(base | {"tiles": SMALL_TILES, "fusions": {"draft": ["gate_up+down", "lm_head+argmax"],
+                                                                    "target": ["gate_up+down", "lm_head+argmax"]}})
+    compiled, _ = _round("qwen3").check(plan, tmp_path)
+    holding = [launch for launch in compiled.launches if any(c.sig.fn == "mlp_tile" for c in launch.parts)]
+    assert any(len(launch.parts) > 1 for launch in holding)
 
 
 def test_a_packed_launch_needs_both_models_row_statistics_alike(tmp_path):

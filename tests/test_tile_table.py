@@ -116,7 +116,8 @@ def _sweep(tmp_path, gpu: str = "NVIDIA H200") -> Path:
                 "best": {"plan_keys": QKV_TILE, "us": best_us}}
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps({"gpu": gpu, "date": "2026-12-02", "shapes": [
-        shape("qkv", 40, 6144, 4096, 36.9, 24.0), shape("down", 40, 4096, 14336, 38.6, 38.0)]}))
+        shape("qkv", 40, 6144, 4096, 36.9, 24.0), shape("down", 40, 4096, 14336, 38.6, 38.0),
+        shape("mlp", 40, 14336, 4096, 99.0, 80.0)]}))  # the fused MLP: never a table's
     return path
 
 
@@ -132,7 +133,7 @@ def test_tabulate_writes_the_tiles_that_beat_the_shipped_one_into_the_gpu_models
     tables = load_tile_tables(table)
     assert [t.device for t in tables] == ["B300", "H200"]  # the earlier H200 table replaced, the other kept
     h200 = table_for("NVIDIA H200", tables)
-    assert isinstance(h200, TileTable) and len(h200.tiles) == 1  # down gained 1.6%: under MIN_GAIN
+    assert isinstance(h200, TileTable) and len(h200.tiles) == 1  # down gained 1.6%: under MIN_GAIN; no mlp
     assert (h200.tiles[0].kind, h200.tiles[0].shape, h200.tiles[0].us, h200.tiles[0].shipped_us) == (
         "qkv", (40, 6144, 4096), 24.0, 36.9)
     assert h200.tiles[0].tile == QKV_TILE and h200.date == "2026-12-02" and h200.source == "sweep.json"

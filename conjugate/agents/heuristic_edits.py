@@ -303,7 +303,8 @@ def measured_tile_edits(plan: Plan, workload: dict | None, table: TileTable | No
     a two-stream qwen3-06b-8b-b4 round by about 1% on the H200, where the draft's fusions gained 7.5%:
     benchmarks/README.md, "A short search"). Not for a qkv whose model fuses RoPE into it: the sweep
     measured the plain projection, and the fused kernel is another one (one head per tile, two
-    weight tiles: a measured tile's stages can overflow shared memory)."""
+    weight tiles: a measured tile's stages can overflow shared memory); nor for the gate_up and down
+    of a model whose MLP is fused into one launch (compiler/mlp.py), whose tile means another thing."""
     if table is None or not workload:
         return []
     try:
@@ -315,6 +316,8 @@ def measured_tile_edits(plan: Plan, workload: dict | None, table: TileTable | No
         if all(tile_value(plan, model, measured.kind, k) == v for k, v in measured.tile.items()):
             continue
         if measured.kind == "qkv" and "qkv+rope_kv" in plan["fusions"][model]:
+            continue
+        if measured.kind in ("gate_up", "down") and "gate_up+down" in plan["fusions"][model]:
             continue
         why = f"measured on this GPU ({table.source}, {table.date}): {model} {measured.describe()}"
         worth = _round_share(ledger, model, measured.kind, measured.gain)

@@ -8,9 +8,14 @@ embedding, passes over x itself; with split-K partials summed atomically, each r
 last split reads its finished rows back for them);
 `lm_head+argmax` becomes the GEMM's argmax epilogue, which writes tokens and no logits;
 `qkv+rope_kv` becomes the GEMM's rope_kv epilogue (one head per tile: the plan's BLOCK_N for qkv
-gives way to head_dim / 2), which writes q and the layer's caches and no qkv activations.
+gives way to head_dim / 2), which writes q and the layer's caches and no qkv activations;
+`gate_up+down` becomes the fused MLP (mlp.py): gate_up's tiles, BLOCK_N the ffn columns a program
+owns, BLOCK_K the hidden columns a step in both of its loops (its SPLIT_K gives way to 1); it adds
+into the residual stream atomically and, where the next norm is fused, writes the row statistics.
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 import networkx as nx
 
@@ -18,6 +23,7 @@ from conjugate.compiler.attention import attn_call
 from conjugate.compiler.buffers import ModelBuffers, RoundBuffers
 from conjugate.compiler.embed import argmax_call, embed_call
 from conjugate.compiler.gemm import RopeKV, gemm_call
+from conjugate.compiler.mlp import mlp_call
 from conjugate.compiler.norm import rmsnorm_call
 from conjugate.compiler.rope import rope_kv_call
 from conjugate.compiler.tile import PartCall
@@ -68,6 +74,12 @@ def _lower_gemm(b: ModelBuffers, op: Op, fused: tuple[str, ...], tiles: dict, la
         if "rope_kv" in fused:
             return gemm_call(x, w, act["q"], bias=bias, epilogue="rope_kv", rope=_rope_target(b, op), **common)
         return gemm_call(x, w, act["qkv"], bias=bias, **common)
+    if op.kind == "gate_up" and "down" in fused:
+        gate, up = b.prepared.gate_up(op.layer, False)
+        stats_out = _stats(replace(op, kind="down"), False, norm_stats, spec.num_layers)["stats_out"]
+        return mlp_call(act["h"], gate, up, b.prepared.weights.layers[op.layer].w_down, act["x"], rows=rows,
+                        act_dtype=act["mlp"].dtype, stats=act["stats"], stats_out=stats_out, label=label,
+                        block_m=tiles["BLOCK_M"], block_f=tiles["BLOCK_N"], block_k=tiles["BLOCK_K"])
     if op.kind == "gate_up":
         gate, up = b.prepared.gate_up(op.layer, norm)
         return gemm_call(x, gate, act["mlp"], epilogue="silu_mul", w2=up, **common)

@@ -58,7 +58,8 @@ def resident_programs(registers: int, shared_bytes: int, num_warps: int, sms: in
 
 # tile function -> (module, function) issuing its weight prefetches, same arguments as the tile
 PREFETCHES = {"gemm_tile": ("conjugate.compiler.gemm", "gemm_prefetch"),
-              "attn_tile": ("conjugate.compiler.attention", "attn_prefetch")}
+              "attn_tile": ("conjugate.compiler.attention", "attn_prefetch"),
+              "mlp_tile": ("conjugate.compiler.mlp", "mlp_prefetch")}
 L2_LINE_BITS = tl.constexpr(1024)  # a 128-byte line: 1024 // an element's bits = its elements
 PREFETCH_L2_SHARE = 0.5  # a part is prefetched only when its bytes fit in this share of the L2 cache
 ASSUMED_L2_BYTES = 50 * 2**20  # an H100's or H200's L2 cache, where no GPU says (offline compiles)

@@ -26,6 +26,9 @@ def shared_memory_estimate(part: PartCall, num_stages: int) -> int:
         weights = 2 if c["EPILOGUE"] in (EPILOGUES["silu_mul"], EPILOGUES["rope_kv"]) else 1
         w_tiles = c["BLOCK_N"] * c["BLOCK_K"] * a["w_ptr"].element_size() * weights
         return num_stages * (x_tile + w_tiles)
+    if part.sig.fn == "mlp_tile":  # its first loop's tiles: x, gate and up (the down loop's one tile is less)
+        w_tiles = 2 * c["BLOCK_F"] * c["BLOCK_K"] * a["gate_ptr"].element_size()
+        return num_stages * (c["BLOCK_M"] * c["BLOCK_K"] * a["x_ptr"].element_size() + w_tiles)
     if part.sig.fn == "attn_tile":
         kv_tiles = 2 * c["BLOCK_N"] * c["HEAD_DIM"] * a["k_ptr"].element_size()
         return max(2, num_stages) * kv_tiles + c["ROWS"] * c["HEAD_DIM"] * a["k_ptr"].element_size()  # q, cast

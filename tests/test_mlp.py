@@ -1,0 +1,98 @@
+"""The fused MLP template (plan fusion gate_up+down) under the interpreter."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
+from conjugate.compiler.gemm import STATS_CHUNK, gemm_call
+from conjugate.compiler.mlp import mlp_call
+from kernels import run_part  # tests/kernels.py
+
+M, H, FFN = 5, 96, 200  # an ffn size that no block size divides, a hidden size BLOCK_K=64 does not
+
+
+def _weights(seed: int = 0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    gate, up = (torch.randn(FFN, H, generator=g) / H ** 0.5 for _ in range(2))
+    down = torch.randn(H, FFN, generator=g) / FFN ** 0.5
+    return gate.to(dtype), up.to(dtype), down.to(dtype)
+
+
+def _expected(h, residual, gate, up, down, act_dtype):
+    act = (F.silu(h @ gate.float().T) * (h @ up.float().T)).to(act_dtype).float()
+    return residual + act @ down.float().T
+
+
+@pytest.mark.parametrize("block_m,block_f,block_k", [(16, 32, 64), (16, 64, 32), (32, 128, 128)])
+def test_the_mlp_adds_into_the_residual_stream(block_m, block_f, block_k):
+    gate, up, down = _weights()
+    g = torch.Generator().manual_seed(1)
+    h, residual = torch.randn(M, H, generator=g), torch.randn(M, H, generator=g)
+    out = residual.clone()
+    call = mlp_call(h, gate, up, down, out, rows=M, act_dtype=torch.float32, block_m=block_m, block_f=block_f,
+                    block_k=block_k)
+    assert call.programs == -(-M // block_m) * -(-FFN // block_f)
+    run_part(call)
+    torch.testing.assert_close(out, _expected(h, residual, gate, up, down, torch.float32), atol=1e-4, rtol=1e-4)
+
+
+def test_activations_are_rounded_as_the_separate_launches_store_them():
+    """bf16 weights: the fused launch gives what the separate gate_up (activations stored in bf16) and
+    down launches give, not the unrounded product."""
+    gate, up, down = _weights(2, torch.bfloat16)
+    g = torch.Generator().manual_seed(3)
+    h, residual = torch.randn(M, H, generator=g).to(torch.bfloat16), torch.randn(M, H, generator=g)
+    fused, separate = residual.clone(), residual.clone()
+    run_part(mlp_call(h, gate, up, down, fused, rows=M, act_dtype=torch.bfloat16, block_f=32, block_k=32))
+    act = torch.empty(M, FFN, dtype=torch.bfloat16)
+    run_part(gemm_call(h, gate, act, rows=M, epilogue="silu_mul", w2=up))
+    run_part(gemm_call(act, down, separate, rows=M, epilogue="residual"))
+    torch.testing.assert_close(fused, separate, atol=1e-5, rtol=1e-5)
+    unrounded = _expected(h.float(), residual, gate, up, down, torch.float32)
+    assert (fused - unrounded).abs().max() > 100 * (fused - separate).abs().max()
+
+
+def test_row_statistics_of_the_finished_rows_feed_the_next_norm():
+    gate, up, down = _weights(4)
+    g = torch.Generator().manual_seed(5)
+    h, residual = torch.randn(M, H, generator=g), torch.randn(M, H, generator=g)
+    out, chunks = residual.clone(), -(-H // STATS_CHUNK.value)
+    stats = torch.full((M, chunks), float("nan"))
+    call = mlp_call(h, gate, up, down, out, rows=M, act_dtype=torch.float32, stats=stats, stats_out=True,
+                    block_f=32, block_k=32)
+    for _ in range(2):  # the counter clears itself for the next launch
+        out.copy_(residual)
+        run_part(call)
+        expected = _expected(h, residual, gate, up, down, torch.float32)
+        torch.testing.assert_close(stats, expected.pow(2).reshape(M, chunks, -1).sum(-1), atol=1e-3, rtol=1e-4)
+    assert int(call.scratch[0].abs().sum()) == 0
+
+
+def test_refuses_what_it_cannot_fuse():
+    gate, up, down = _weights()
+    h, out = torch.zeros(M, H), torch.zeros(M, H)
+    with pytest.raises(ValueError, match="reads x while adding into the residual stream"):
+        mlp_call(out, gate, up, down, out, rows=M, act_dtype=torch.float32)
+    with pytest.raises(ValueError, match="not an MLP's"):
+        mlp_call(h, gate, up, down.T, out, rows=M, act_dtype=torch.float32)
+    with pytest.raises(ValueError, match="fp32 residual stream"):
+        mlp_call(h, gate, up, down, out.to(torch.bfloat16), rows=M, act_dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"row statistics need an fp32 \[5, 6\] buffer"):
+        mlp_call(h, gate, up, down, out, rows=M, act_dtype=torch.float32, stats_out=True, block_k=32)
+    with pytest.raises(ValueError, match="BLOCK_K 8 is not a multiple"):
+        mlp_call(h, gate, up, down, out, rows=M, act_dtype=torch.float32, stats=torch.zeros(M, 6),
+                 stats_out=True, block_k=8)
+
+
+def test_the_weight_prefetch_takes_the_tiles_arguments():
+    """A programmatic dependent launch or a persistent launch calls mlp_prefetch with mlp_tile's own
+    argument list (persist.PREFETCHES)."""
+    from conjugate.compiler.mlp import SIGNATURE, mlp_prefetch
+    from conjugate.compiler.persist import PREFETCHES
+    from conjugate.compiler.tile import TileSignature
+
+    prefetch = TileSignature.of(mlp_prefetch)
+    assert (prefetch.args, prefetch.constexprs) == (SIGNATURE.args, SIGNATURE.constexprs)
+    assert PREFETCHES["mlp_tile"] == ("conjugate.compiler.mlp", "mlp_prefetch")
