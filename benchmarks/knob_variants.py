@@ -14,11 +14,11 @@ Written as OUTDIR/<NAME>-<variant>.json (NAME: the plan's name unless given; the
                             an H200's 132 SMs), the rest left to the draft's stream
     target-loops-66         ... on 66 programs (half of them): where the draft's stream is the
                             longer one, the target has time to spare
-    draft-fusions           every fusion in the draft but the fused MLP: with atomic split-K sums its
-                            fused norms now read row statistics too (the residual tiles' last splits
-                            write them)
+    draft-fusions           every fusion in the draft: with atomic split-K sums its fused norms now
+                            read row statistics too (the residual tiles' last splits write them), and
+                            mlp_norm+gate_up+down is one launch, reading the o_proj's copy of the rows
+    draft-fusions-no-mlp    ... all but gate_up+down: the MLP as two launches, as before the fused MLP
     draft-mlp               the draft's MLP as one launch (gate_up+down) and its argmax fused, no other
-    draft-fusions-mlp       every fusion in the draft, the fused MLP in place of mlp_norm+gate_up
     target-sms-120          the target's stream on 120 SMs (a CUDA green context): the draft's
                             kernels have the other 12 of an H200's 132 to themselves
     target-sms-112, -104    ... on 112 or 104 SMs
@@ -53,9 +53,9 @@ VARIANTS = {
     "pdl-both-end": _pdl(END, END),
     "target-loops-99": {"persist": {"target": {"span": "launch", "programs": 99, "prefetch": True}}},
     "target-loops-66": {"persist": {"target": {"span": "launch", "programs": 66, "prefetch": True}}},
-    "draft-fusions": {"fusions": {"draft": [f for f in FUSIONS if f != "gate_up+down"]}},
+    "draft-fusions": {"fusions": {"draft": list(FUSIONS)}},
+    "draft-fusions-no-mlp": {"fusions": {"draft": [f for f in FUSIONS if f != "gate_up+down"]}},
     "draft-mlp": {"fusions": {"draft": ["gate_up+down", "lm_head+argmax"]}},
-    "draft-fusions-mlp": {"fusions": {"draft": [f for f in FUSIONS if f != "mlp_norm+gate_up"]}},
     **{f"target-sms-{n}": {"sm_limit": {"target": n}} for n in (120, 112, 104)},
 }
 

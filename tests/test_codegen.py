@@ -70,7 +70,7 @@ def test_tile_signature_is_read_from_the_tile_function():
     assert (sig.fn, sig.module) == ("gemm_tile", "conjugate.compiler.gemm")
     assert sig.args[:2] == ("x_ptr", "w_ptr") and sig.args[-1] == "rope_eps" and "tail_start" in sig.args
     assert sig.constexprs[0] == "BLOCK_M" and "EPILOGUE" in sig.constexprs
-    assert sig.constexprs[-2:] == ("STATS_OUT", "STATS_IN")
+    assert sig.constexprs[-3:] == ("STATS_OUT", "STATS_IN", "COPY_OUT")
     with pytest.raises(TypeError, match="pid"):
         TileSignature.of(_no_pid)
     with pytest.raises(TypeError, match="precede"):

@@ -69,6 +69,30 @@ def test_norm_prologue_and_silu_mul(split_k):
     torch.testing.assert_close(out, F.silu(h @ w.T) * (h @ w2.T), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("split_k,atomic,stats_out", [(1, False, False), (4, False, True), (4, True, True),
+                                                     (4, True, False)])
+def test_a_residual_gemm_copies_its_finished_rows(split_k, atomic, stats_out):
+    """COPY_OUT: the finished rows (splits summed in order, or atomically and read back by each tile's
+    last split) go into the copy too, in its type: a fused MLP's input (mlp.py)."""
+    x, w, _, _ = _inputs(8)
+    residual = torch.randn(M, N)
+    out, copy = residual.clone(), torch.full((M, N + 3), float("nan"))[:, :N]  # a row stride of its own
+    stats = torch.zeros(M, -(-N // STATS_CHUNK.value))
+    call = gemm_call(x, w, out, rows=M, epilogue="residual", split_k=split_k, block_k=32, block_n=32,
+                     atomic_split=atomic, stats=stats, stats_out=stats_out, copy=copy)
+    assert call.constexprs["COPY_OUT"]
+    for _ in range(2):  # the counters are reset: a second launch copies again
+        out.copy_(residual)
+        copy.fill_(float("nan"))
+        run_part(call)
+    torch.testing.assert_close(out, residual + x @ w.T, atol=1e-4, rtol=1e-4)
+    assert torch.equal(copy, out)
+    with pytest.raises(ValueError, match="a copy of the finished rows is the residual epilogue's"):
+        gemm_call(x, w, out, rows=M, epilogue="store", copy=copy)
+    with pytest.raises(ValueError, match="a copy of the finished rows is the residual epilogue's"):
+        gemm_call(x, w, out, rows=M, epilogue="residual", copy=copy[:, :10])
+
+
 @pytest.mark.parametrize("split_k,atomic", [(1, False), (4, False), (4, True)])
 def test_row_statistics_from_a_residual_gemm_feed_the_next_norm(split_k, atomic):
     """A residual GEMM writes its rows' sums of squares per STATS_CHUNK columns (summing its splits in

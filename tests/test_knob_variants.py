@@ -16,7 +16,7 @@ STREAMS = ROOT / "plans" / "streams.json"
 def test_each_variant_differs_from_its_plan_in_its_knob_alone():
     made, skipped = load_script("knob_variants").variants(STREAMS, "best")
     assert set(made) == {"pdl-draft-end", "pdl-draft-start", "pdl-draft-end-prefetch", "pdl-both-end",
-                         "target-loops-99", "target-loops-66", "draft-fusions", "draft-mlp", "draft-fusions-mlp",
+                         "target-loops-99", "target-loops-66", "draft-fusions", "draft-mlp", "draft-fusions-no-mlp",
                          "target-sms-120", "target-sms-112", "target-sms-104"} and not skipped
     base = load_plan(STREAMS).to_dict()
     for variant, plan in made.items():
@@ -33,10 +33,9 @@ def test_each_variant_differs_from_its_plan_in_its_knob_alone():
     assert made["target-loops-99"]["persist"]["target"] == {"span": "launch", "programs": 99, "prefetch": True}
     assert made["target-loops-66"]["persist"]["target"]["programs"] == 66
     fused = made["draft-fusions"]["fusions"]
-    assert len(fused["draft"]) == 5 and "gate_up+down" not in fused["draft"]
-    assert fused["target"] == base["fusions"]["target"]
+    assert len(fused["draft"]) == 6 and fused["target"] == base["fusions"]["target"]
     assert made["draft-mlp"]["fusions"]["draft"] == ["gate_up+down", "lm_head+argmax"]
-    assert "gate_up+down" in made["draft-fusions-mlp"]["fusions"]["draft"]
+    assert "gate_up+down" not in made["draft-fusions-no-mlp"]["fusions"]["draft"]
 
 
 def test_a_variant_the_plan_cannot_take_is_skipped_and_named(tmp_path):
@@ -53,7 +52,7 @@ def test_a_variant_the_plan_cannot_take_is_skipped_and_named(tmp_path):
                             "skipped pdl-both-end", "skipped target-loops-99"}
     assert skipped["skipped target-loops-99"] == "the plan has it already"
     assert "$.pdl.draft.trigger" in skipped["skipped pdl-draft-end"]
-    assert sorted(p.name for p in out.iterdir()) == ["layered-draft-fusions-mlp.json", "layered-draft-fusions.json",
+    assert sorted(p.name for p in out.iterdir()) == ["layered-draft-fusions-no-mlp.json", "layered-draft-fusions.json",
                                                      "layered-draft-mlp.json", "layered-target-loops-66.json",
                                                      "layered-target-sms-104.json", "layered-target-sms-112.json",
                                                      "layered-target-sms-120.json"]

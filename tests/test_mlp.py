@@ -54,6 +54,26 @@ def test_activations_are_rounded_as_the_separate_launches_store_them():
     assert (fused - unrounded).abs().max() > 100 * (fused - separate).abs().max()
 
 
+def test_a_fused_norm_reads_the_row_statistics_and_a_copy_of_the_rows():
+    """mlp_norm+gate_up+down: x a copy of the residual rows, the norm weight folded into gate and up,
+    the sums of squares from the statistics the o_proj wrote; as the fused-norm gate_up and the down
+    launches compute it."""
+    gate, up, down = _weights(6)
+    g = torch.Generator().manual_seed(7)
+    residual, gain = torch.randn(M, H, generator=g), 1 + 0.1 * torch.randn(H, generator=g)
+    chunks = -(-H // STATS_CHUNK.value)
+    stats = torch.zeros(M, chunks)
+    stats[:, :H // STATS_CHUNK.value] = residual.pow(2).reshape(M, -1, STATS_CHUNK.value).sum(-1)
+    folded_gate, folded_up = gate * gain, up * gain
+    fused = residual.clone()
+    call = mlp_call(residual.clone(), folded_gate, folded_up, down, fused, rows=M, act_dtype=torch.float32,
+                    norm_eps=1e-6, stats=stats, block_f=32, block_k=32)
+    assert call.constexprs["NORM"]
+    run_part(call)
+    h = residual * torch.rsqrt(residual.pow(2).mean(-1, keepdim=True) + 1e-6) * gain
+    torch.testing.assert_close(fused, _expected(h, residual, gate, up, down, torch.float32), atol=1e-4, rtol=1e-4)
+
+
 def test_row_statistics_of_the_finished_rows_feed_the_next_norm():
     gate, up, down = _weights(4)
     g = torch.Generator().manual_seed(5)
@@ -81,6 +101,8 @@ def test_refuses_what_it_cannot_fuse():
         mlp_call(h, gate, up, down, out.to(torch.bfloat16), rows=M, act_dtype=torch.float32)
     with pytest.raises(ValueError, match=r"row statistics need an fp32 \[5, 6\] buffer"):
         mlp_call(h, gate, up, down, out, rows=M, act_dtype=torch.float32, stats_out=True, block_k=32)
+    with pytest.raises(ValueError, match=r"row statistics need an fp32 \[5, 6\] buffer"):
+        mlp_call(h, gate, up, down, out, rows=M, act_dtype=torch.float32, norm_eps=1e-6, stats=torch.zeros(M, 5))
     with pytest.raises(ValueError, match="BLOCK_K 8 is not a multiple"):
         mlp_call(h, gate, up, down, out, rows=M, act_dtype=torch.float32, stats=torch.zeros(M, 6),
                  stats_out=True, block_k=8)

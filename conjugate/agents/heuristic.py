@@ -61,7 +61,7 @@ from conjugate.evaluate.result import EvalResult, KindLoss, LedgerSummary, Verdi
 from conjugate.graph import GEMM_KINDS, KINDS, LAYER_KINDS
 from conjugate.plan.expand import MAIN_KINDS, RESIDUAL_GEMMS
 from conjugate.plan.patch import patch_plan
-from conjugate.plan.schema import BARRIER_SPANS, FUSIONS, MODEL_KEYS, SPANS, Plan, fusion_conflicts, validate_plan
+from conjugate.plan.schema import BARRIER_SPANS, FUSIONS, MODEL_KEYS, SPANS, Plan, validate_plan
 from conjugate.plan.tiles import FAMILY_OF, LAUNCH_BOUNDS
 from conjugate.roles import Model
 
@@ -303,10 +303,9 @@ def pattern_edits(plan: Plan, interfering: bool) -> list[Candidate]:
 
 
 def fusion_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candidate]:
-    """Each fusion on or off (on in place of any it does not combine with); a fusion whose absorbed op
-    (the one not named after the unit) the ledger lists as losing time ranks by that loss's share.
-    Where the draft lacks two or more, also all of them at once (in FUSIONS order, the first of two
-    that do not combine), first: most fusions the H200 searches tried on a draft gained, and one
+    """Each fusion on or off; a fusion whose absorbed op (the one not named after the unit) the
+    ledger lists as losing time ranks by that loss's share. Where the draft lacks two or more, also
+    all of them at once, first: most fusions the H200 searches tried on a draft gained, and one
     evaluation then does the work of several (benchmarks/results/eval_time_h200.json); with fused
     norms reading row statistics that one edit took a qwen3-06b-8b-b4 round 7.5% down, the largest
     step of its search (benchmarks/README.md, "A short search"). Not for the
@@ -315,10 +314,7 @@ def fusion_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candid
     out = []
     for model in MODEL_KEYS:
         on = plan["fusions"][model]
-        missing = []
-        for f in FUSIONS:
-            if f not in on and not fusion_conflicts(on + missing + [f]):
-                missing.append(f)
+        missing = [f for f in FUSIONS if f not in on]
         if model == Model.DRAFT.value and len(missing) > 1:
             out.append(_all_fusions(model, missing, [losing[(model, a)] for a in {_absorbed(f) for f in missing}
                                                      if (model, a) in losing]))
@@ -327,19 +323,13 @@ def fusion_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candid
                 out.append(Candidate("fusion", [{"op": "remove", "path": f"/fusions/{model}/{on.index(f)}"}],
                                      f"unfuse {f} in the {model}: smaller units pair more easily", 0.25))
                 continue
-            displaced = [g for pair, _ in fusion_conflicts(on + [f]) for g in pair if g != f]
             why, score = f"fuse {f} in the {model}: one launch fewer each time it runs", 0.4
-            if displaced:
-                why += f", in place of {', '.join(displaced)}"
             absorbed = _absorbed(f)
             if (model, absorbed) in losing:
                 share, k = losing[(model, absorbed)]
                 why += f" (the ledger: {k.kind} runs {k.loss_ms:.2f} ms over its floor)"
                 score += 0.25 * share
-            kept = [g for g in on if g not in displaced] + [f]
-            edit = ([{"op": "replace", "path": f"/fusions/{model}", "value": kept}] if displaced
-                    else [{"op": "add", "path": f"/fusions/{model}/-", "value": f}])
-            out.append(Candidate("fusion", edit, why, score))
+            out.append(Candidate("fusion", [{"op": "add", "path": f"/fusions/{model}/-", "value": f}], why, score))
     return out
 
 

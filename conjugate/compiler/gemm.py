@@ -22,6 +22,9 @@ With ATOMIC_SPLIT (the RESIDUAL epilogue only, no bias, no norm prologue) each s
 its partial into `out` with a float atomic: no workspace or fix-up step on the critical path, the
 sum's rounding order varying from run to run (plan `split_reduce: atomic`); a counter only where it
 writes row statistics, so that the last split reads the finished rows.
+With COPY_OUT a RESIDUAL epilogue also stores the finished rows into `copy` (where row statistics
+come from: the rows in hand, or the tile's last split reading them back): the input of a fused MLP
+with its norm fused (mlp.py), which must not read the residual stream it adds into.
     ARGMAX    per-tile row max and index to scratch; the last program to finish reduces them to
               one token per row (first index on ties, like torch.argmax); logits are written only
               when WRITE_OUT
@@ -145,15 +148,15 @@ def _tile_of(pid, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K
 
 @triton.jit
 def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, ws_ptr,
-              stats_ptr, M, N, K, stride_x, stride_w, stride_out, stride_tok, stride_stats, eps, blk_stride, blk_pairs,
-              tail_start,
+              stats_ptr, copy_ptr, M, N, K, stride_x, stride_w, stride_out, stride_tok, stride_stats, stride_copy, eps,
+              blk_stride, blk_pairs, tail_start,
               q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, lengths_ptr,
               rope_offset, rope_tokens, s_max, stride_q, rope_eps,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
               NORM: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr,
               DOT_DTYPE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
               HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr, ATOMIC_SPLIT: tl.constexpr, STATS_OUT: tl.constexpr,
-              STATS_IN: tl.constexpr):
+              STATS_IN: tl.constexpr, COPY_OUT: tl.constexpr):
     TWO_ACC: tl.constexpr = (EPILOGUE == EPILOGUE_SILU_MUL) or (EPILOGUE == EPILOGUE_ROPE_KV)
     num_m, num_n, m_blk, split, n_blk, k_lo, k_hi = _tile_of(pid, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K)
 
@@ -194,12 +197,15 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
         out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         out_ptrs = out_ptr + offs_m[:, None] * stride_out + offs_n[None, :]
         tl.atomic_add(out_ptrs, acc, mask=out_mask, sem="relaxed")
-        if STATS_OUT:  # the tile's last split (a counter says which) reads the finished rows back from L2
+        if STATS_OUT or COPY_OUT:  # the tile's last split (a counter says which) reads the finished rows back
             tile = m_blk * num_n + n_blk
             tl.debug_barrier()  # every thread's adds are issued before the release below
             if tl.atomic_add(counter_ptr + 1 + tile, 1) == SPLIT_K - 1:
                 new = tl.load(out_ptrs, mask=out_mask, other=0.0, cache_modifier=".cg")
-                _store_row_stats(new, out_mask, offs_m, n_blk, M, N, stats_ptr, stride_stats, BLOCK_M, BLOCK_N)
+                if STATS_OUT:
+                    _store_row_stats(new, out_mask, offs_m, n_blk, M, N, stats_ptr, stride_stats, BLOCK_M, BLOCK_N)
+                if COPY_OUT:
+                    _store_copy(new, out_mask, offs_m, offs_n, copy_ptr, stride_copy)
                 tl.atomic_xchg(counter_ptr + 1 + tile, 0)  # ready for the next launch
     elif SPLIT_K > 1:
         # Split-K fix-up: each split stores its partials in a slot of its own; the tile's last split
@@ -232,27 +238,27 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
             _epilogue(acc, acc2, sumsq, offs_m, offs_n, n_blk, num_n, M, N, K, eps, bias_ptr, out_ptr, stride_out,
                       part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, stride_tok, q_out_ptr, k_cache_ptr,
                       v_cache_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, lengths_ptr, rope_offset, rope_tokens,
-                      s_max, stride_q, rope_eps, stats_ptr, stride_stats, BLOCK_M, BLOCK_N, NORM, EPILOGUE, HAS_BIAS,
-                      WRITE_OUT, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, QK_NORM, STATS_OUT)
+                      s_max, stride_q, rope_eps, stats_ptr, stride_stats, copy_ptr, stride_copy, BLOCK_M, BLOCK_N, NORM,
+                      EPILOGUE, HAS_BIAS, WRITE_OUT, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, QK_NORM, STATS_OUT, COPY_OUT)
     else:
         _epilogue(acc, acc2, sumsq, offs_m, offs_n, n_blk, num_n, M, N, K, eps, bias_ptr, out_ptr, stride_out,
                   part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, stride_tok, q_out_ptr, k_cache_ptr, v_cache_ptr,
                   cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, lengths_ptr, rope_offset, rope_tokens, s_max, stride_q,
-                  rope_eps, stats_ptr, stride_stats, BLOCK_M, BLOCK_N, NORM, EPILOGUE, HAS_BIAS, WRITE_OUT, NUM_HEADS,
-                  NUM_KV_HEADS, HEAD_DIM, QK_NORM, STATS_OUT)
+                  rope_eps, stats_ptr, stride_stats, copy_ptr, stride_copy, BLOCK_M, BLOCK_N, NORM, EPILOGUE, HAS_BIAS,
+                  WRITE_OUT, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, QK_NORM, STATS_OUT, COPY_OUT)
 
 
 @triton.jit
 def gemm_prefetch(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr,
-                  ws_ptr, stats_ptr, M, N, K, stride_x, stride_w, stride_out, stride_tok, stride_stats, eps, blk_stride,
-                  blk_pairs, tail_start,
+                  ws_ptr, stats_ptr, copy_ptr, M, N, K, stride_x, stride_w, stride_out, stride_tok, stride_stats,
+                  stride_copy, eps, blk_stride, blk_pairs, tail_start,
                   q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, lengths_ptr,
                   rope_offset, rope_tokens, s_max, stride_q, rope_eps,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                   NORM: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr,
                   DOT_DTYPE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
                   HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr, ATOMIC_SPLIT: tl.constexpr, STATS_OUT: tl.constexpr,
-                  STATS_IN: tl.constexpr):
+                  STATS_IN: tl.constexpr, COPY_OUT: tl.constexpr):
     """gemm_tile's weight rows and K range for program `pid`, prefetched into L2 (persist.py): one
     request per 128-byte line, out-of-range rows clamped to the block's first. Its parameters are
     gemm_tile's, in order: a persistent launch calls both with one argument list."""
@@ -283,12 +289,21 @@ def _store_row_stats(new, out_mask, offs_m, n_blk, M, N, stats_ptr, stride_stats
 
 
 @triton.jit
+def _store_copy(new, out_mask, offs_m, offs_n, copy_ptr, stride_copy):
+    """The finished residual rows, also into `copy_ptr` in its type (COPY_OUT): the input of a fused MLP
+    whose norm is fused too (mlp.py), which must not read the residual stream it adds into."""
+    tl.store(copy_ptr + offs_m[:, None] * stride_copy + offs_n[None, :], new.to(copy_ptr.dtype.element_ty),
+             mask=out_mask)
+
+
+@triton.jit
 def _epilogue(acc, acc2, sumsq, offs_m, offs_n, n_blk, num_n, M, N, K, eps, bias_ptr, out_ptr, stride_out,
               part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, stride_tok, q_out_ptr, k_cache_ptr, v_cache_ptr,
               cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, lengths_ptr, rope_offset, rope_tokens, s_max, stride_q,
-              rope_eps, stats_ptr, stride_stats, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NORM: tl.constexpr,
-              EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr, NUM_HEADS: tl.constexpr,
-              NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr, STATS_OUT: tl.constexpr):
+              rope_eps, stats_ptr, stride_stats, copy_ptr, stride_copy, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              NORM: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr,
+              NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr,
+              STATS_OUT: tl.constexpr, COPY_OUT: tl.constexpr):
     if NORM:
         rstd = 1.0 / tl.sqrt(sumsq / K + eps)  # [BLOCK_M]
         acc = acc * rstd[:, None]
@@ -309,6 +324,8 @@ def _epilogue(acc, acc2, sumsq, offs_m, offs_n, n_blk, num_n, M, N, K, eps, bias
             tl.store(out_ptrs, new, mask=out_mask)
             if STATS_OUT:
                 _store_row_stats(new, out_mask, offs_m, n_blk, M, N, stats_ptr, stride_stats, BLOCK_M, BLOCK_N)
+            if COPY_OUT:
+                _store_copy(new, out_mask, offs_m, offs_n, copy_ptr, stride_copy)
         elif EPILOGUE == EPILOGUE_SILU_MUL:
             tl.store(out_ptrs, (acc * tl.sigmoid(acc) * acc2).to(out_ptr.dtype.element_ty), mask=out_mask)
         else:  # EPILOGUE_ARGMAX
@@ -377,13 +394,14 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
               tokens: torch.Tensor | None = None, stride_tok: int = 1, write_out: bool = True,
               block_m: int = 16, block_n: int = 64, block_k: int = 128, split_k: int = 1, label: str = "",
               rope: RopeKV | None = None, atomic_split: bool = False, stats: torch.Tensor | None = None,
-              stats_out: bool = False, stats_in: bool = False) -> PartCall:
+              stats_out: bool = False, stats_in: bool = False, copy: torch.Tensor | None = None) -> PartCall:
     """Bind one GEMM. x: [rows, K] fp32 or the weights' type; w, w2: [N, K]; out: [rows, N] (row strides free).
     With `rope` (epilogue rope_kv), w is the qkv projection and each tile is one head: block_n is
     taken as head_dim / 2 and `out` is not written. `stats` (fp32 [rows, >= width / STATS_CHUNK]): with
     `stats_out` the residual epilogue writes each row's sums of squares per STATS_CHUNK columns of
     `out` there; with `stats_in` the norm prologue reads them (written for x by the GEMM before)
-    instead of a pass over x."""
+    instead of a pass over x. `copy` ([rows, N], the residual epilogue's): the finished rows stored there
+    too, in its type."""
     n, k = w.shape
     if epilogue not in EPILOGUES:
         raise ValueError(f"unknown GEMM epilogue {epilogue!r}")
@@ -412,6 +430,9 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
     if epilogue == "argmax" and tokens is None:
         raise ValueError("the argmax epilogue needs a tokens buffer")
     _check_stats(stats, stats_out, stats_in, rows, n, k, block_n, epilogue, atomic_split, norm_eps)
+    if copy is not None and (epilogue != "residual" or copy.dim() != 2 or copy.shape[0] < rows or copy.shape[1] < n
+                             or copy.stride(1) != 1):
+        raise ValueError(f"a copy of the finished rows is the residual epilogue's, into a [{rows}, {n}] buffer")
     num_m, num_n = cdiv(rows, block_m), cdiv(n, block_n)
     ws_size = split_k * (2 * rows * n + num_n * rows) if split_k > 1 and not atomic_split else 1  # acc, acc2, sums
     if max(w.shape[0] * k, ws_size, rows * out.stride(0)) >= 2**31:  # w.shape[0]: all rows (rope: n counts halves)
@@ -427,7 +448,8 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
     args = dict(x_ptr=x, w_ptr=w, w2_ptr=w2 if w2 is not None else w, bias_ptr=bias if bias is not None else w,
                 out_ptr=out, part_val_ptr=part_val, part_idx_ptr=part_idx, counter_ptr=counter,
                 tok_ptr=tokens if tokens is not None else counter, ws_ptr=ws,
-                stats_ptr=stats if stats is not None else counter, M=rows, N=n, K=k, stride_x=x.stride(0),
+                stats_ptr=stats if stats is not None else counter, copy_ptr=copy if copy is not None else counter,
+                stride_copy=copy.stride(0) if copy is not None else 0, M=rows, N=n, K=k, stride_x=x.stride(0),
                 stride_w=w.stride(0), stride_out=out.stride(0), stride_tok=stride_tok,
                 stride_stats=stats.stride(0) if stats is not None else 0,
                 eps=float(norm_eps or 0.0), blk_stride=0, blk_pairs=0, tail_start=0) | blocks
@@ -436,6 +458,6 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
     constexprs = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, NORM=norm_eps is not None,
                       EPILOGUE=EPILOGUES[epilogue], HAS_BIAS=bias is not None, WRITE_OUT=write_out,
                       DOT_DTYPE=dot_dtype(w.dtype), ATOMIC_SPLIT=atomic_split, STATS_OUT=stats_out,
-                      STATS_IN=stats_in) | rope_constexprs
+                      STATS_IN=stats_in, COPY_OUT=copy is not None) | rope_constexprs
     programs = num_m * num_n * split_k
     return PartCall(SIGNATURE, args, constexprs, programs, label, scratch)

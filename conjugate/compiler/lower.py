@@ -12,6 +12,8 @@ gives way to head_dim / 2), which writes q and the layer's caches and no qkv act
 `gate_up+down` becomes the fused MLP (mlp.py): gate_up's tiles, BLOCK_N the ffn columns a program
 owns, BLOCK_K the hidden columns a step in both of its loops (its SPLIT_K gives way to 1); it adds
 into the residual stream atomically and, where the next norm is fused, writes the row statistics.
+With `mlp_norm+gate_up` too, the chain mlp_norm+gate_up+down reads a copy of the residual rows that
+the o_proj before writes beside its row statistics (gemm.py COPY_OUT), its norm a prologue.
 """
 from __future__ import annotations
 
@@ -62,7 +64,7 @@ def _stats(op: Op, norm: bool, norm_stats: tuple[str, ...], layers: int) -> dict
 
 
 def _lower_gemm(b: ModelBuffers, op: Op, fused: tuple[str, ...], tiles: dict, label: str,
-                atomic_split: bool = False, norm_stats: tuple[str, ...] = ()) -> PartCall:
+                atomic_split: bool = False, norm_stats: tuple[str, ...] = (), mlp_fused: bool = False) -> PartCall:
     spec, act, rows = b.spec, b.act, b.rows
     norm = _NORM_OF.get(op.kind) in fused
     eps = spec.rms_norm_eps if norm else None
@@ -74,19 +76,20 @@ def _lower_gemm(b: ModelBuffers, op: Op, fused: tuple[str, ...], tiles: dict, la
         if "rope_kv" in fused:
             return gemm_call(x, w, act["q"], bias=bias, epilogue="rope_kv", rope=_rope_target(b, op), **common)
         return gemm_call(x, w, act["qkv"], bias=bias, **common)
-    if op.kind == "gate_up" and "down" in fused:
-        gate, up = b.prepared.gate_up(op.layer, False)
+    if op.kind == "gate_up" and "down" in fused:  # x: the o_proj's copy of the rows when the norm is fused
+        gate, up = b.prepared.gate_up(op.layer, norm)
         stats_out = _stats(replace(op, kind="down"), False, norm_stats, spec.num_layers)["stats_out"]
         return mlp_call(act["h"], gate, up, b.prepared.weights.layers[op.layer].w_down, act["x"], rows=rows,
-                        act_dtype=act["mlp"].dtype, stats=act["stats"], stats_out=stats_out, label=label,
-                        block_m=tiles["BLOCK_M"], block_f=tiles["BLOCK_N"], block_k=tiles["BLOCK_K"])
+                        act_dtype=act["mlp"].dtype, norm_eps=eps, stats=act["stats"], stats_out=stats_out,
+                        label=label, block_m=tiles["BLOCK_M"], block_f=tiles["BLOCK_N"], block_k=tiles["BLOCK_K"])
     if op.kind == "gate_up":
         gate, up = b.prepared.gate_up(op.layer, norm)
         return gemm_call(x, gate, act["mlp"], epilogue="silu_mul", w2=up, **common)
     if op.kind in ("o_proj", "down"):
         lw = b.prepared.weights.layers[op.layer]
         source, w = (act["attn_out"], lw.wo) if op.kind == "o_proj" else (act["mlp"], lw.w_down)
-        return gemm_call(source, w, act["x"], epilogue="residual", atomic_split=atomic_split, **common)
+        copy = act["h"] if op.kind == "o_proj" and mlp_fused and "mlp_norm" in norm_stats else None
+        return gemm_call(source, w, act["x"], epilogue="residual", atomic_split=atomic_split, copy=copy, **common)
     _, _, tokens_out, stride_out, logits = _step_views(b, op.step)
     w = b.prepared.lm_head(norm)
     if "argmax" in fused:
@@ -111,7 +114,7 @@ def lower_part(part: Part, graph: nx.DiGraph, bufs: RoundBuffers) -> PartCall:
     label = "+".join(part.ops)
     spec, act, rows, tiles = b.spec, b.act, b.rows, part.tiles
     if main.kind in ("qkv", "o_proj", "gate_up", "down", "lm_head"):
-        return _lower_gemm(b, main, part.fused, tiles, label, part.atomic_split, part.norm_stats)
+        return _lower_gemm(b, main, part.fused, tiles, label, part.atomic_split, part.norm_stats, part.mlp_fused)
     if len(ops) > 1:
         raise ValueError(f"no fused lowering for the chain {'+'.join(part.fused)}")
     if main.kind == "embed":

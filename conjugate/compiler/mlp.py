@@ -1,6 +1,6 @@
 """The whole MLP of a decode step in one launch (plan fusion `gate_up+down`):
 
-    x[M, H] += (silu(h @ gate^T) * (h @ up^T)) @ down^T      h = RMSNorm(x), the mlp_norm launch's output
+    x[M, H] += (silu(h @ gate^T) * (h @ up^T)) @ down^T      h = RMSNorm(x)
 
 Program `pid` owns one (M block, ffn block) tile, M blocks varying fastest: it streams its BLOCK_F
 rows of the gate and up weights (HF layout [F, H]) over the hidden size, applies SiLU-and-multiply in
@@ -14,10 +14,13 @@ of `split_reduce: atomic` do: F / BLOCK_F adds per output element (the plan's BL
 BLOCK_F; its SPLIT_K gives way to 1). It pays where the two GEMMs are short launches (a small
 draft's few rows); a large ffn block keeps the atomics few.
 
-The input is h, never the residual stream the launch adds into: a norm folded into this launch would
-read rows that other programs are already adding into, so `mlp_norm+gate_up` does not combine with
-this fusion. STATS_OUT: the last program of an M block to finish (a counter says which) reads its
-finished rows back from L2 and writes their row statistics for the next layer's fused attn_norm.
+The input is never the residual stream the launch adds into (programs still reading it would see
+other programs' sums): it is h, the mlp_norm launch's output, or, with the norm fused too
+(`mlp_norm+gate_up`), the copy of the finished rows the o_proj before wrote (gemm.py COPY_OUT): NORM
+then scales each row by 1/rms (the norm weight folded into gate and up), its sum of squares from
+the row statistics that o_proj wrote (STATS_IN), as gemm.py's norm prologue does. STATS_OUT: the
+last program of an M block to finish (a counter says which) reads its finished rows back from L2
+and writes their row statistics for the next layer's fused attn_norm.
 """
 from __future__ import annotations
 
@@ -25,16 +28,16 @@ import torch
 import triton
 import triton.language as tl
 
-from conjugate.compiler.gemm import STATS_CHUNK, _store_row_stats
+from conjugate.compiler.gemm import STATS_BLOCK, STATS_CHUNK, _store_row_stats
 from conjugate.compiler.persist import L2_LINE_BITS, prefetch_l2
 from conjugate.compiler.tile import PartCall, TileSignature, cdiv, dot_dtype
 
 
 @triton.jit
 def mlp_tile(pid, x_ptr, gate_ptr, up_ptr, down_ptr, out_ptr, stats_ptr, counter_ptr, M, F, H, stride_x, stride_g,
-             stride_d, stride_out, stride_stats,
-             BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr, STATS_OUT: tl.constexpr,
-             ACT_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr):
+             stride_d, stride_out, stride_stats, eps,
+             BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr,
+             STATS_OUT: tl.constexpr, ACT_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr):
     num_m = tl.cdiv(M, BLOCK_M)
     m_blk = pid % num_m
     f_blk = pid // num_m
@@ -42,6 +45,13 @@ def mlp_tile(pid, x_ptr, gate_ptr, up_ptr, down_ptr, out_ptr, stats_ptr, counter
     offs_f = f_blk * BLOCK_F + tl.arange(0, BLOCK_F)
     offs_k = tl.arange(0, BLOCK_K)
     rows_ok = offs_m < M
+    sumsq = tl.zeros([BLOCK_M], tl.float32)
+    if NORM:  # the row statistics the o_proj before wrote (gemm.py STATS_OUT)
+        for c0 in range(0, tl.cdiv(H, STATS_CHUNK), STATS_BLOCK):
+            cols = c0 + tl.arange(0, STATS_BLOCK)
+            ok = rows_ok[:, None] & (cols[None, :] < tl.cdiv(H, STATS_CHUNK))
+            sumsq += tl.sum(tl.load(stats_ptr + offs_m[:, None] * stride_stats + cols[None, :], mask=ok, other=0.0),
+                            axis=1)
     gate = tl.zeros([BLOCK_M, BLOCK_F], tl.float32)
     up = tl.zeros([BLOCK_M, BLOCK_F], tl.float32)
     for k0 in range(0, H, BLOCK_K):
@@ -54,6 +64,10 @@ def mlp_tile(pid, x_ptr, gate_ptr, up_ptr, down_ptr, out_ptr, stats_ptr, counter
         u = tl.load(up_ptr + w_offs, mask=w_mask, other=0.0)
         gate += tl.dot(x.to(DOT_DTYPE), tl.trans(g.to(DOT_DTYPE)))
         up += tl.dot(x.to(DOT_DTYPE), tl.trans(u.to(DOT_DTYPE)))
+    if NORM:
+        rstd = 1.0 / tl.sqrt(sumsq / H + eps)
+        gate = gate * rstd[:, None]
+        up = up * rstd[:, None]
     # rounded as the separate gate_up launch stores it, then read as the down GEMM reads it
     act = (gate * tl.sigmoid(gate) * up).to(ACT_DTYPE).to(DOT_DTYPE)
     for n0 in range(0, H, BLOCK_K):
@@ -77,9 +91,9 @@ def mlp_tile(pid, x_ptr, gate_ptr, up_ptr, down_ptr, out_ptr, stats_ptr, counter
 
 @triton.jit
 def mlp_prefetch(pid, x_ptr, gate_ptr, up_ptr, down_ptr, out_ptr, stats_ptr, counter_ptr, M, F, H, stride_x,
-                 stride_g, stride_d, stride_out, stride_stats,
-                 BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr, STATS_OUT: tl.constexpr,
-                 ACT_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr):
+                 stride_g, stride_d, stride_out, stride_stats, eps,
+                 BLOCK_M: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr,
+                 STATS_OUT: tl.constexpr, ACT_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr):
     """mlp_tile's weights for program `pid` asked into L2 (persist.py): its gate and up rows, one
     request per 128-byte line, and of its down columns the first line in each row (the whole block
     up to BLOCK_F = 64 bf16 columns). Its parameters are mlp_tile's, in order."""
@@ -101,12 +115,15 @@ SIGNATURE = TileSignature.of(mlp_tile)
 
 
 def mlp_call(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, out: torch.Tensor, *,
-             rows: int, act_dtype: torch.dtype, stats: torch.Tensor | None = None, stats_out: bool = False,
-             block_m: int = 16, block_f: int = 64, block_k: int = 128, label: str = "") -> PartCall:
-    """Bind one fused MLP. x: [rows, H], the mlp_norm's output; gate, up: [F, H]; down: [H, F];
+             rows: int, act_dtype: torch.dtype, norm_eps: float | None = None, stats: torch.Tensor | None = None,
+             stats_out: bool = False, block_m: int = 16, block_f: int = 64, block_k: int = 128,
+             label: str = "") -> PartCall:
+    """Bind one fused MLP. x: [rows, H], the mlp_norm's output, or with `norm_eps` (the norm fused: its
+    weight folded into gate and up) the copy of the residual rows; gate, up: [F, H]; down: [H, F];
     out: fp32 [rows, H], the residual stream, added into; never x (programs still reading x would see
     other programs' sums). `act_dtype`: the type the separate gate_up launch stores its activations in.
-    With `stats_out`, `stats` (fp32 [rows, >= H / STATS_CHUNK]) gets the finished rows' statistics."""
+    `stats` (fp32 [rows, >= H / STATS_CHUNK]): with `norm_eps` the rows' statistics are read from it,
+    with `stats_out` the finished rows' are written into it."""
     f, h = gate.shape
     if up.shape != gate.shape or tuple(down.shape) != (h, f):
         raise ValueError(f"gate_up+down: gate {tuple(gate.shape)}, up {tuple(up.shape)} and down "
@@ -116,15 +133,16 @@ def mlp_call(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.
                          "contiguous")
     if x is out or (x.device.type != "meta" and x.data_ptr() == out.data_ptr()):  # meta: offline, no addresses
         raise ValueError("gate_up+down reads x while adding into the residual stream: x must be another buffer "
-                         "(the mlp_norm launch's output)")
+                         "(the mlp_norm launch's output, or a copy of the rows)")
     if out.dtype != torch.float32:
         raise ValueError(f"gate_up+down adds into an fp32 residual stream, got {out.dtype}")
     if stats_out and block_k % STATS_CHUNK.value:
         raise ValueError(f"row statistics are written in blocks of {STATS_CHUNK.value} columns: BLOCK_K "
                          f"{block_k} is not a multiple")
     width = cdiv(h, STATS_CHUNK.value)
-    if stats_out and (stats is None or stats.dtype != torch.float32 or stats.dim() != 2 or stats.shape[0] < rows
-                      or stats.shape[1] < width):
+    bad_stats = stats is None or stats.dtype != torch.float32 or stats.dim() != 2 or stats.shape[0] < rows \
+        or stats.shape[1] < width
+    if (stats_out or norm_eps is not None) and bad_stats:
         raise ValueError(f"row statistics need an fp32 [{rows}, {width}] buffer")
     if max(f * h, rows * max(x.stride(0), out.stride(0))) >= 2**31:
         raise ValueError(f"MLP {f}x{h} over {rows} rows: element offsets past 2^31 are not supported")
@@ -134,7 +152,8 @@ def mlp_call(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.
     args = dict(x_ptr=x, gate_ptr=gate, up_ptr=up, down_ptr=down, out_ptr=out,
                 stats_ptr=stats if stats is not None else counter, counter_ptr=counter, M=rows, F=f, H=h,
                 stride_x=x.stride(0), stride_g=gate.stride(0), stride_d=down.stride(0), stride_out=out.stride(0),
-                stride_stats=stats.stride(0) if stats is not None else 0)
-    constexprs = dict(BLOCK_M=block_m, BLOCK_F=block_f, BLOCK_K=block_k, STATS_OUT=stats_out, ACT_DTYPE=act,
+                stride_stats=stats.stride(0) if stats is not None else 0, eps=float(norm_eps or 0.0))
+    constexprs = dict(BLOCK_M=block_m, BLOCK_F=block_f, BLOCK_K=block_k, NORM=norm_eps is not None,
+                      STATS_OUT=stats_out, ACT_DTYPE=act,
                       DOT_DTYPE=dot_dtype(gate.dtype))
     return PartCall(SIGNATURE, args, constexprs, num_m * cdiv(f, block_f), label, [counter])

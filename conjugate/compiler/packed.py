@@ -21,7 +21,8 @@ from conjugate.compiler.tile import PartCall, cdiv
 from conjugate.plan.expand import Launch
 
 # one tile loop runs both: the target's flags are the draft's too (its row statistics written or read alike)
-_MUST_MATCH = ("NORM", "EPILOGUE", "HAS_BIAS", "WRITE_OUT", "DOT_DTYPE", "ATOMIC_SPLIT", "STATS_OUT", "STATS_IN")
+_MUST_MATCH = ("NORM", "EPILOGUE", "HAS_BIAS", "WRITE_OUT", "DOT_DTYPE", "ATOMIC_SPLIT", "STATS_OUT", "STATS_IN",
+               "COPY_OUT")
 
 
 @dataclass(frozen=True)

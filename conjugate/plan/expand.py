@@ -65,6 +65,8 @@ class Part:
     norm_stats: tuple[str, ...] = ()  # norm kinds of the model fused into the next GEMM, which read the row
     # statistics the residual GEMMs write (with atomic split sums, each tile's last split reads its
     # finished rows back for them)
+    mlp_fused: bool = False  # the model's MLP is one launch (gate_up+down): with its norm fused too, the o_proj
+    # before it copies its finished rows for it (compiler/mlp.py)
 
 
 @dataclass(frozen=True)
@@ -238,7 +240,7 @@ def _part(plan: Plan, unit: _Unit, settings: dict) -> Part:
     model_atomic = plan["split_reduce"][unit.model.value] == "atomic"
     fused_norms = tuple(sorted(f.split("+")[0] for f in plan["fusions"][unit.model] if f.split("+")[0] in NORM_KINDS))
     return Part(unit.model, unit.ops, unit.kind, unit.kinds, tiles, unit.kind in RESIDUAL_GEMMS and model_atomic,
-                fused_norms)
+                fused_norms, "gate_up+down" in plan["fusions"][unit.model])
 
 
 def _launch(plan: Plan, graph: nx.DiGraph, index: int, units: list[_Unit]) -> Launch:

@@ -48,10 +48,6 @@ PDL_TRIGGERS = ("none", "start", "end")
 SM_LIMIT_STEP, SM_LIMIT_MAX = 8, 1024
 FUSIONS = ("attn_norm+qkv", "qkv+rope_kv", "mlp_norm+gate_up", "gate_up+down", "final_norm+lm_head",
            "lm_head+argmax")
-# fusions one model cannot have together, and why: the fused MLP (compiler/mlp.py) adds into the
-# residual stream while its other programs would still be reading it for a fused norm
-FUSION_CONFLICTS = {("mlp_norm+gate_up", "gate_up+down"): "the fused MLP adds into the residual stream that the "
-                                                          "fused norm reads; keep one"}
 MATCH_MAX = 200  # characters of an override's glob
 MODEL_KEYS = tuple(model.value for model in Model)  # plain strings: the plan stays plain JSON
 _TOP_KEYS = ("schema", "name", "description", "alignment", "pairs", "interleave", "tiles", "fusions",
@@ -65,11 +61,6 @@ _HASH_WHEN_SET = {"priority": "none", "split_reduce": {"draft": "ordered", "targ
                   "persist": {m: {"span": "none", "programs": 0, "prefetch": True} for m in MODEL_KEYS},
                   "pdl": {m: {"trigger": "none", "prefetch": False} for m in MODEL_KEYS},
                   "sm_limit": {m: 0 for m in MODEL_KEYS}}
-
-
-def fusion_conflicts(fusions: list[str]) -> list[tuple[tuple[str, str], str]]:
-    """The pairs of FUSION_CONFLICTS that one model's `fusions` holds both of, with the reason."""
-    return [(pair, why) for pair, why in FUSION_CONFLICTS.items() if set(pair) <= set(fusions)]
 
 
 class _Checker:
@@ -219,9 +210,6 @@ def _canonical(raw: Any) -> tuple[dict, list[str]]:
     fusions = c.obj(raw.get("fusions", {}), "$.fusions", MODEL_KEYS)
     plan["fusions"] = {m: c.names(fusions.get(m, []), f"$.fusions.{m}", FUSIONS, "a fusion", "fusions")
                        for m in MODEL_KEYS}
-    for m in MODEL_KEYS:
-        for pair, why in fusion_conflicts(plan["fusions"][m]):
-            c.fail(f"$.fusions.{m}", f"{pair[0]} and {pair[1]} do not combine: {why}")
     overrides = raw.get("overrides", [])
     if not isinstance(overrides, list):
         c.fail("$.overrides", f"should be a list, got {_kind(overrides)}")
