@@ -3,6 +3,7 @@ Results here are built from the plan's expansion (no compile): feedback per laun
 and program counts, and verdicts for chosen shared launches."""
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -375,3 +376,39 @@ def test_a_packed_plan_switches_both_models_split_k_sums_together():
                if any("split_reduce" in op["path"] for op in p.patch)]
     assert len(offered) == 1 and patch_plan(plan, offered[0].patch)["split_reduce"] == {"draft": "atomic",
                                                                                        "target": "atomic"}
+
+
+def test_no_edit_spends_an_evaluation_on_tiles_the_fused_mlp_does_not_read():
+    """Under gate_up+down a model's down tile and its gate_up SPLIT_K are read by no launch: the
+    proposals never change only those (each would measure the same kernels again)."""
+    import random
+
+    from conjugate.agents.heuristic import candidates, fresh_filter
+    from conjugate.plan.schema import FUSIONS
+
+    def read(plan) -> dict:  # the plan without the draft's unread tiles
+        d = json.loads(json.dumps(plan.to_dict()))
+        d["tiles"]["draft"].pop("down", None)
+        d["tiles"]["draft"].get("gate_up", {}).pop("SPLIT_K", None)
+        return d
+
+    fused = patch_plan(PLANS["streams"], [{"op": "replace", "path": "/fusions/draft", "value": list(FUSIONS)}])
+    found = candidates(fused, _ok_result(fused), 132, random.Random(0), {**TINY.to_dict(), "name": TINY.name})
+    unread = [c for c in found if read(patch_plan(fused, c.patch)) == read(fused)]
+    assert unread  # such edits are made (tile moves of the draft's down, among others)...
+    fresh = fresh_filter(fused, [])
+    assert not [c for c in found if fresh(c) and c in unread]  # ...and never proposed
+    unfused = [p for p in HeuristicProposer().propose(_context(PLANS["streams"], _ok_result(PLANS["streams"])), 400)
+               if any(op["path"].startswith("/tiles/draft/down") for op in p.patch)]
+    assert unfused  # without the fusion, the draft's down tile is searched as before
+
+
+def test_a_fusion_wins_back_at_most_its_launches_fixed_cost():
+    """Of a long GEMM's loss only its launches' starts go with a fusion (the target's down keeps its
+    weights to stream); a norm's microsecond loss goes whole."""
+    from conjugate.agents.heuristic import _launch_part
+    from conjugate.evaluate.result import KindLoss
+
+    assert _launch_part(KindLoss("target down", 36, 1.80, 0.86, 0.48)) == pytest.approx(36 * 0.003 / 0.94)
+    assert _launch_part(KindLoss("draft attn_norm", 140, 0.20, 0.001, 0.01)) == 1.0
+    assert _launch_part(KindLoss("draft qkv", 140, 0.20, 0.25, 1.2)) == 0.0  # under its floor: nothing to win

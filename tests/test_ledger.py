@@ -180,7 +180,7 @@ def load_plan_hash(plan) -> str:
 
 def test_the_heuristic_aims_at_the_biggest_loss_first():
     """Tile moves for the kind losing most come first; an op losing time ranks the fusion that
-    removes its launches above the other fusions, by its loss (the draft's down: the fused MLP's)."""
+    removes its launches above the other fusions, by the part of its loss those launches cost."""
     from conjugate.agents.heuristic import HeuristicProposer
 
     plan = json.loads((ROOT / "plans" / "streams.json").read_text())
@@ -191,8 +191,9 @@ def test_the_heuristic_aims_at_the_biggest_loss_first():
     fusions = [p for p in proposals if p.kind == "fusion"]
     assert "attn_norm+qkv, " in fusions[0].rationale and "the ledger" in fusions[0].rationale  # all at once first
     single = [p for p in fusions if len(p.patch) == 1 and p.patch[0]["op"] == "add"]
-    assert "gate_up+down in the draft" in single[0].rationale and "draft down runs 1.03 ms" in single[0].rationale
-    assert "attn_norm+qkv in the draft" in single[1].rationale and "the ledger" in single[1].rationale
+    # both remove 64 launches: all of the norm's loss, of the down's only its launches' fixed cost
+    assert {p.rationale.split(" in the draft")[0] for p in single[:2]} == {"fuse attn_norm+qkv", "fuse gate_up+down"}
+    assert all("the ledger" in p.rationale for p in single[:2])
     assert not any("the ledger" in p.rationale for p in single[2:])
     without = HeuristicProposer().propose(_context_with_ledger(plan, []), 40)
     assert not any("the ledger" in p.rationale for p in without)

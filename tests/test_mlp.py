@@ -95,6 +95,8 @@ def test_refuses_what_it_cannot_fuse():
     h, out = torch.zeros(M, H), torch.zeros(M, H)
     with pytest.raises(ValueError, match="reads x while adding into the residual stream"):
         mlp_call(out, gate, up, down, out, rows=M, act_dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"x \(5, 95\) is not 5 contiguous rows of 96"):
+        mlp_call(h[:, :95], gate, up, down, out, rows=M, act_dtype=torch.float32)
     with pytest.raises(ValueError, match="not an MLP's"):
         mlp_call(h, gate, up, down.T, out, rows=M, act_dtype=torch.float32)
     with pytest.raises(ValueError, match="fp32 residual stream"):
@@ -118,3 +120,43 @@ def test_the_weight_prefetch_takes_the_tiles_arguments():
     prefetch = TileSignature.of(mlp_prefetch)
     assert (prefetch.args, prefetch.constexprs) == (SIGNATURE.args, SIGNATURE.constexprs)
     assert PREFETCHES["mlp_tile"] == ("conjugate.compiler.mlp", "mlp_prefetch")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: the interpreter runs programs one at a time")
+def test_on_a_gpu_the_fused_chain_gives_the_separate_launches_result():
+    """Programs at once (counters, read-backs, atomics): an o_proj summing split-K atomically, writing the
+    row statistics and the copy of its rows, then mlp_norm+gate_up+down over that copy, against the o_proj
+    and the fused-norm gate_up and down launches; bf16 weights, launched 40 times."""
+    dev, rows, hid, ffn, q = "cuda", 4, 1024, 3072, 2048
+    g = torch.Generator(device=dev).manual_seed(0)
+
+    def weight(n, k):
+        return (torch.randn(n, k, device=dev, generator=g) / k ** 0.5).bfloat16()
+
+    wo, gate, up, down = weight(hid, q), weight(ffn, hid), weight(ffn, hid), weight(hid, ffn)
+    attn = torch.randn(rows, q, device=dev, generator=g).bfloat16()
+    residual = torch.randn(rows, hid, device=dev, generator=g)
+    chunks = -(-hid // STATS_CHUNK.value)
+    x1, x2, copy, act = residual.clone(), residual.clone(), torch.empty(rows, hid, device=dev).bfloat16(), \
+        torch.empty(rows, ffn, device=dev).bfloat16()
+    s1, s2 = torch.zeros(rows, chunks, device=dev), torch.zeros(rows, chunks, device=dev)
+    tiles = dict(block_m=16, block_n=64, block_k=64, split_k=8)
+    fused = [gemm_call(attn, wo, x1, rows=rows, epilogue="residual", atomic_split=True, stats=s1, stats_out=True,
+                       copy=copy, **tiles),
+             mlp_call(copy, gate, up, down, x1, rows=rows, act_dtype=torch.bfloat16, norm_eps=1e-6, stats=s1,
+                      block_f=32, block_k=128)]
+    separate = [gemm_call(attn, wo, x2, rows=rows, epilogue="residual", atomic_split=True, stats=s2, stats_out=True,
+                          **tiles),
+                gemm_call(x2, gate, act, rows=rows, epilogue="silu_mul", w2=up, norm_eps=1e-6, stats=s2,
+                          stats_in=True, block_n=32),
+                gemm_call(act, down, x2, rows=rows, epilogue="residual", atomic_split=True, split_k=8, block_k=64)]
+    for _ in range(40):
+        x1.copy_(residual)
+        x2.copy_(residual)
+        for call in fused:
+            run_part(call)
+        for call in separate:
+            run_part(call)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(x1, x2, atol=2e-3, rtol=2e-3)
+    assert int(fused[1].scratch[0].abs().sum()) == 0 and int(fused[0].args["counter_ptr"].abs().sum()) == 0

@@ -212,7 +212,7 @@ def test_packed_layout_needs_matching_gemms(tmp_path):
     rnd = _round("qwen2")
     plan = _plan(alignment="proportional", operand_layout="packed",
                  overrides=[{"match": "t.l0.qkv", "with": "d.s0.l0.down"}])  # store+bias beside residual
-    with pytest.raises(CompileError, match="same epilogue, prologue, split-K sum and row statistics") as info:
+    with pytest.raises(CompileError, match="same epilogue, prologue, split-K sum, row statistics and copy") as info:
         compile_round(plan, rnd.workload, rnd.draft, rnd.target, cache_dir=tmp_path)
     failure = info.value.failure
     assert failure.part == 1 and failure.failed[0].label == "d.s0.l0.down" and len(failure.parts) == 2
@@ -367,17 +367,22 @@ def test_the_fused_mlp_computes_the_reference_round(family, tmp_path):
     assert not [c for c in parts if c.label.endswith(".down") and c.sig.fn != "mlp_tile"]  # no down launch left
     assert all(c.constexprs["STATS_OUT"] == c.label.startswith("d.") for c in mlps)
     assert all(int(c.args["counter_ptr"].abs().sum()) == 0 for c in mlps)  # reset for the next launch
+    assert not any(c.constexprs.get("COPY_OUT") for c in parts)  # the norms' own launches write h
 
 
-@pytest.mark.parametrize("reduce", ["ordered", "atomic"])
-def test_the_fused_mlp_with_its_norm_reads_the_o_projs_copy_of_the_rows(reduce, tmp_path):
+@pytest.mark.parametrize("reduce,more", [
+    ("ordered", {}), ("atomic", {}),
+    ("atomic", {"persist": {"draft": {"span": "layer"}}}),  # each part behind a grid-wide barrier
+    ("atomic", {"pdl": {"draft": {"trigger": "end", "prefetch": True}}}),  # weights prefetched before the wait
+], ids=["ordered", "atomic", "persistent-layer", "pdl-prefetch"])
+def test_the_fused_mlp_with_its_norm_reads_the_o_projs_copy_of_the_rows(reduce, more, tmp_path):
     """Every fusion: mlp_norm+gate_up+down is one launch, its norm a prologue over the copy of the
     residual rows and the row statistics that the o_proj before writes (its splits summed in order,
     or atomically and read back by each tile's last split); the round is the reference round."""
     tiles = {m: SMALL_TILES[m] | {"o_proj": {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "SPLIT_K": 4}}
              for m in ("draft", "target")}
     plan = validate_plan({"schema": "conjugate.plan/1", "tiles": tiles, "streams": "two",
-                          "split_reduce": {"draft": reduce}, "fusions": {"draft": list(FUSIONS)}})
+                          "split_reduce": {"draft": reduce}, "fusions": {"draft": list(FUSIONS)}} | more)
     compiled, _ = _round("qwen2").check(plan, tmp_path)
     draft = [c for launch in compiled.launches for c in launch.parts if c.label.startswith("d.")]
     mlps = [c for c in draft if c.sig.fn == "mlp_tile"]
@@ -418,6 +423,22 @@ def test_a_packed_launch_needs_both_models_row_statistics_alike(tmp_path):
     compiled, _ = rnd.check(validate_plan(both), tmp_path)
     packed = next(l for l in compiled.launches if len(l.parts) == 2 and l.parts[0].label == "t.l0.o_proj")
     assert [p.constexprs["STATS_OUT"] for p in packed.parts] == [True, True]
+
+
+def test_a_packed_launch_needs_both_models_copies_of_the_rows_alike(tmp_path):
+    """Packed o_proj GEMMs run the target's flags: a draft o_proj that must copy its rows for the fused
+    MLP after it, beside a target o_proj that copies none, is a compile error naming it; both copying
+    computes the reference round."""
+    rnd = _round("llama")
+    mlp = ["lm_head+argmax", "mlp_norm+gate_up", "gate_up+down"]
+    plan = load_plan(ROOT / "plans" / "interleave.json").to_dict() | {
+        "tiles": SMALL_TILES, "fusions": {"target": ["lm_head+argmax", "mlp_norm+gate_up"], "draft": mlp},
+        "overrides": [{"match": "t.l0.o_proj", "with": "d.s0.l0.o_proj", "operand_layout": "packed"}]}
+    with pytest.raises(CompileError, match="differ in COPY_OUT"):
+        compile_round(validate_plan(plan), rnd.workload, rnd.draft, rnd.target, cache_dir=tmp_path)
+    compiled, _ = rnd.check(validate_plan(plan | {"fusions": {"target": mlp, "draft": mlp}}), tmp_path)
+    packed = next(l for l in compiled.launches if len(l.parts) == 2 and l.parts[0].label == "t.l0.o_proj")
+    assert [p.constexprs["COPY_OUT"] for p in packed.parts] == [True, True]
 
 
 def test_a_packed_launch_sums_both_models_splits_one_way(tmp_path):

@@ -42,6 +42,7 @@ reports that as an invalid plan, which the search records like any other outcome
 """
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import math
@@ -100,7 +101,8 @@ class HeuristicProposer:
 
 def fresh_filter(plan: Plan, tried: list[dict]):
     """A predicate on candidates, true once per plan made: false for a candidate that fails to apply,
-    changes nothing, makes a plan tried from this node or one an earlier true candidate made.
+    changes nothing (or only tiles no launch reads: _unused_tiles_only), makes a plan tried from this
+    node or one an earlier true candidate made.
     Identical edits are common (a spill repair named once per spilling launch of one kind: 539
     candidates, 104 plans on a qwen3-0.6b draft); ranked as they come, each copy would take a turn
     and decay its kind's later candidates out of the proposals. Asked lazily, in ranked order, so
@@ -114,15 +116,28 @@ def fresh_filter(plan: Plan, tried: list[dict]):
             return False
         patches.add(patch)
         try:
-            made = patch_plan(plan, cand.patch).hash
+            made = patch_plan(plan, cand.patch)
         except ConjugateError:
             return False
-        if made in seen:
+        if made.hash in seen or _unused_tiles_only(plan, made):
             return False
-        seen.add(made)
+        seen.add(made.hash)
         return True
 
     return fresh
+
+
+def _unused_tiles_only(plan: Plan, made: Plan) -> bool:
+    """Whether `made` differs from `plan` only in tiles that no launch of either reads: under
+    gate_up+down (compiler/mlp.py) a model's down tile and its gate_up SPLIT_K. Such an edit would
+    spend an evaluation on the same kernels."""
+    a, b = copy.deepcopy(plan.to_dict()), copy.deepcopy(made.to_dict())
+    for model in MODEL_KEYS:
+        if "gate_up+down" in a["fusions"][model] and "gate_up+down" in b["fusions"][model]:
+            for d in (a, b):
+                d["tiles"][model].pop("down", None)
+                d["tiles"][model].get("gate_up", {}).pop("SPLIT_K", None)
+    return a == b
 
 
 def _tried_hashes(plan: Plan, tried: list[dict]) -> set[str]:
@@ -328,9 +343,19 @@ def fusion_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candid
             if (model, absorbed) in losing:
                 share, k = losing[(model, absorbed)]
                 why += f" (the ledger: {k.kind} runs {k.loss_ms:.2f} ms over its floor)"
-                score += 0.25 * share
+                score += 0.25 * share * _launch_part(k)
             out.append(Candidate("fusion", [{"op": "add", "path": f"/fusions/{model}/-", "value": f}], why, score))
     return out
+
+
+LAUNCH_FIXED_MS = 0.003  # a launch's start, ramp and tail: 3.2-7.2 us (benchmarks/README.md, kernel_sweep --fit)
+
+
+def _launch_part(k: KindLoss) -> float:
+    """The share of a kind's loss that a fusion removing its launches can win back: at most their
+    fixed cost each (all of a norm's microsecond loss; of a long GEMM's, only its launches' starts:
+    fusing down into the MLP keeps its weights to stream)."""
+    return min(1.0, k.launches * LAUNCH_FIXED_MS / k.loss_ms) if k.loss_ms > 0 else 0.0
 
 
 PER_STEP_FUSIONS = ("final_norm+", "lm_head+")  # run once per decode step, not per layer

@@ -10,8 +10,9 @@ last split reads its finished rows back for them);
 `qkv+rope_kv` becomes the GEMM's rope_kv epilogue (one head per tile: the plan's BLOCK_N for qkv
 gives way to head_dim / 2), which writes q and the layer's caches and no qkv activations;
 `gate_up+down` becomes the fused MLP (mlp.py): gate_up's tiles, BLOCK_N the ffn columns a program
-owns, BLOCK_K the hidden columns a step in both of its loops (its SPLIT_K gives way to 1); it adds
-into the residual stream atomically and, where the next norm is fused, writes the row statistics.
+owns, BLOCK_K the hidden columns a step in both of its loops (its SPLIT_K and down's tile go
+unused); it adds into the residual stream atomically and, where the next norm is fused, writes the
+row statistics in down's place.
 With `mlp_norm+gate_up` too, the chain mlp_norm+gate_up+down reads a copy of the residual rows that
 the o_proj before writes beside its row statistics (gemm.py COPY_OUT), its norm a prologue.
 """

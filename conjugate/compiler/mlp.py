@@ -11,8 +11,8 @@ leaves the program, and the two launches of the separate gate_up and down become
 
 The sum over ffn blocks is atomic, so its rounding order varies from run to run, as the split-K sums
 of `split_reduce: atomic` do: F / BLOCK_F adds per output element (the plan's BLOCK_N for gate_up is
-BLOCK_F; its SPLIT_K gives way to 1). It pays where the two GEMMs are short launches (a small
-draft's few rows); a large ffn block keeps the atomics few.
+BLOCK_F; its SPLIT_K, and down's tile, go unused). Meant for a small draft, whose two GEMMs are short
+launches (not yet measured on a GPU); a large ffn block keeps the atomics few.
 
 The input is never the residual stream the launch adds into (programs still reading it would see
 other programs' sums): it is h, the mlp_norm launch's output, or, with the norm fused too
@@ -20,7 +20,8 @@ other programs' sums): it is h, the mlp_norm launch's output, or, with the norm 
 then scales each row by 1/rms (the norm weight folded into gate and up), its sum of squares from
 the row statistics that o_proj wrote (STATS_IN), as gemm.py's norm prologue does. STATS_OUT: the
 last program of an M block to finish (a counter says which) reads its finished rows back from L2
-and writes their row statistics for the next layer's fused attn_norm.
+and writes their row statistics for the next fused norm (the next layer's attn_norm, or after the
+last layer the final_norm).
 """
 from __future__ import annotations
 
@@ -125,6 +126,8 @@ def mlp_call(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.
     `stats` (fp32 [rows, >= H / STATS_CHUNK]): with `norm_eps` the rows' statistics are read from it,
     with `stats_out` the finished rows' are written into it."""
     f, h = gate.shape
+    if x.dim() != 2 or x.shape[0] < rows or x.shape[1] != h or x.stride(1) != 1:
+        raise ValueError(f"gate_up+down: x {tuple(x.shape)} is not {rows} contiguous rows of {h}")
     if up.shape != gate.shape or tuple(down.shape) != (h, f):
         raise ValueError(f"gate_up+down: gate {tuple(gate.shape)}, up {tuple(up.shape)} and down "
                          f"{tuple(down.shape)} are not an MLP's [F, H], [F, H], [H, F]")
@@ -141,7 +144,7 @@ def mlp_call(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.
                          f"{block_k} is not a multiple")
     width = cdiv(h, STATS_CHUNK.value)
     bad_stats = stats is None or stats.dtype != torch.float32 or stats.dim() != 2 or stats.shape[0] < rows \
-        or stats.shape[1] < width
+        or stats.shape[1] < width or stats.stride(1) != 1
     if (stats_out or norm_eps is not None) and bad_stats:
         raise ValueError(f"row statistics need an fp32 [{rows}, {width}] buffer")
     if max(f * h, rows * max(x.stride(0), out.stride(0))) >= 2**31:

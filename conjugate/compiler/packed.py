@@ -79,8 +79,8 @@ def pack_launch(launch: Launch, calls: list[PartCall], graph: nx.DiGraph,
                          f"{draft.kind}): its tiles are heads read as two halves")
     differ = [c for c in _MUST_MATCH if t_call.constexprs[c] != d_call.constexprs[c]]
     if differ:
-        raise ValueError(f"the packed operand layout needs GEMMs with the same epilogue, prologue, split-K sum and "
-                         f"row statistics; "
+        raise ValueError(f"the packed operand layout needs GEMMs with the same epilogue, prologue, split-K sum, "
+                         f"row statistics and copy of the rows; "
                          f"{target.kind} and {draft.kind} differ in {', '.join(differ)}")
     names = ("w_ptr", "w2_ptr") if t_call.constexprs["EPILOGUE"] == EPILOGUES["silu_mul"] else ("w_ptr",)
     for name in names:

@@ -10,6 +10,8 @@ A persistent launch runs its parts in sequence, each grid-wide barrier costing w
 (not fitted yet: no persistent round has been measured to fit it to, so the model sees joining
 launches as neither gain nor loss).
 One stream runs launches back to back; two streams hide `streams_overlap` of the shorter stream.
+A fused chain's bytes are its ops' (a fused MLP's activations included, which it never writes; its
+atomic adds into the residual stream cost nothing here): a fusion is seen to save launches alone.
 Every number it produces is modeled, not measured.
 """
 from __future__ import annotations

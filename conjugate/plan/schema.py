@@ -28,7 +28,8 @@ CAPTURES = ("graph", "none")
 STREAMS = ("one", "two")
 PRIORITIES = ("none", "draft", "target")  # with two streams: whose stream the GPU serves first
 # how a split-K GEMM that adds into the residual stream (o_proj, down) sums its splits: in split
-# order by the tile's last split (deterministic), or each split adding its partial atomically
+# order by the tile's last split (deterministic), or each split adding its partial atomically (a
+# fused MLP, fusion gate_up+down, adds its ffn blocks' shares atomically either way)
 REDUCTIONS = ("ordered", "atomic")
 # a persistent launch: a model's consecutive launches of one decoder layer (or one decode step) run
 # as one launch whose programs take each part's tiles in turn, with a grid-wide barrier between parts;
