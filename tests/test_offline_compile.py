@@ -54,7 +54,8 @@ def _rows(stdout: str) -> dict[str, tuple[int, int, int]]:
 @pytest.mark.parametrize("target_fusions", [
     ["attn_norm+qkv", "mlp_norm+gate_up", "lm_head+argmax"],
     ["qkv+rope_kv", "mlp_norm+gate_up", "lm_head+argmax"],  # target head_dim 32: half-heads of 16
-], ids=["norm-prologues", "qkv+rope_kv"])
+    ["attn_norm+qkv", "mlp_norm+gate_up", "gate_up+down", "lm_head+argmax"],  # the MLP as one launch
+], ids=["norm-prologues", "qkv+rope_kv", "fused-mlp"])
 def test_every_launch_compiles_for_hopper(tmp_path, triton_cache, target_fusions):
     proc = _offline(_plan(tmp_path, target_fusions), triton_cache)
     assert proc.returncode == 0, proc.stderr
@@ -65,7 +66,8 @@ def test_every_launch_compiles_for_hopper(tmp_path, triton_cache, target_fusions
     assert len(rows) == int(header.split(": ")[1].split()[0])  # one row a launch
     assert all(regs > 0 and spills >= 0 and shared >= 0 for regs, spills, shared in rows.values())
     ops = " ".join(rows)
-    wanted = ["d.s0.l0.attn_norm+d.s0.l0.qkv", "t.l0.mlp_norm+t.l0.gate_up", "t.lm_head+t.argmax", "t.l0.attn"]
+    mlp = "t.l0.mlp_norm+t.l0.gate_up" + ("+t.l0.down" if "gate_up+down" in target_fusions else "")
+    wanted = ["d.s0.l0.attn_norm+d.s0.l0.qkv", mlp, "t.lm_head+t.argmax", "t.l0.attn"]
     wanted.append("t.l0.qkv+t.l0.rope_kv" if "qkv+rope_kv" in target_fusions else "t.l0.attn_norm+t.l0.qkv")
     assert all(w in ops for w in wanted), ops
     assert any(" | " in label for label in rows)  # a launch shared by the two models
