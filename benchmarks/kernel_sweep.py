@@ -196,16 +196,18 @@ def block_ms(rows: int) -> tuple[int, ...]:
 
 
 def fits(tile: Tile | AttnTile, shape: Shape | AttnShape, sms: int) -> bool:
-    """A tile worth timing: the grid is at least half a wave and at most 16 waves (attention: 32), the
-    buffers fit, the accumulators stay in registers, and each program walks at least two blocks of
-    its reduction (GEMM: K blocks, one per stage in flight; attention: keys)."""
+    """A tile worth timing: the grid is at least half a wave (the fused MLP: a quarter) and at most 16
+    waves (attention: 32), the buffers fit, the accumulators stay in registers, and each program
+    walks at least two blocks of its reduction (GEMM: K blocks, one per stage in flight; attention:
+    keys)."""
     if isinstance(tile, AttnTile):
         walked, waves = shape.keys // (tile.split_kv * tile.block_n), 32
     else:
         walked, waves = shape.k // (tile.split_k * tile.block_k), 16
         if walked < tile.stages - 1 or tile.block_n > max(16, shape.n) or (shape.kind == "mlp" and tile.split_k > 1):
             return False
-    return (walked >= 2 and sms // 2 <= tile.programs(shape) <= waves * sms
+    least = sms // 4 if shape.kind == "mlp" else sms // 2  # the fused MLP: larger ffn blocks, fewer atomics
+    return (walked >= 2 and least <= tile.programs(shape) <= waves * sms
             and tile.shared_bytes(shape) <= SHARED_BYTES and tile.acc_per_thread(shape) <= MAX_ACC_PER_THREAD)
 
 
