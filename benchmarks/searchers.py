@@ -5,6 +5,7 @@
                                    [--evaluator h200] [--seed 0] [--out DIR (runs/searchers)] [--json OUT.json]
                                    [--time SECONDS] [--step N] [--resume [--carry-baselines]] [--report]
                                    [--confirm ROUNDS]
+    python benchmarks/searchers.py --merge CALL.json [...] --json OUT.json
 
 Per workload and agent: a search run (as `conjugate search` starts one) into
 DIR/<workload>_<agent>.db, then from its history the best latency after each evaluation (in the
@@ -31,6 +32,9 @@ them again (`conjugate search --carry-baselines`).
 shipped `streams` plan again in one worker process, in turn, ROUNDS times (per run `confirmed_ms`,
 the median; per workload `confirmed_streams_ms`): runs whose evaluations were spread over processes
 (resumed, or on other GPUs) differ by the processes' spread, up to a few percent on a busy host.
+`--merge A.json B.json ... --json OUT.json` measures nothing: it joins the JSON of several calls
+(one per device call, say) into one comparison, refusing files whose GPU, evaluator, budget or
+modeled flag differ, or that hold a workload twice.
 """
 from __future__ import annotations
 
@@ -234,9 +238,47 @@ def plot(name: str, runs: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def merge(paths: list[Path]) -> dict:
+    """One comparison from the JSON of several calls: {"gpu", "evaluator", "budget", "modeled",
+    "commands": [each call's], "workloads": [every call's, in order]}. SystemExit naming the file that
+    is no such JSON, differs from the first in GPU, evaluator, budget or modeled, or repeats a workload."""
+    out: dict | None = None
+    for path in paths:
+        try:
+            part = json.loads(path.read_text())
+            same = {key: part[key] for key in ("gpu", "evaluator", "budget", "modeled")}
+            command, workloads = part["command"], [dict(w) for w in part["workloads"]]
+            names = [w["workload"] for w in workloads]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise SystemExit(f"--merge {path}: not a JSON this script wrote ({type(error).__name__}: {error})")
+        if out is None:
+            out = same | {"commands": [], "workloads": []}
+        differ = [key for key, value in same.items() if out[key] != value]
+        if differ:
+            raise SystemExit(f"--merge {path}: its {', '.join(differ)} differ from {paths[0]}'s")
+        twice = sorted(set(names) & {w["workload"] for w in out["workloads"]}) or sorted(
+            {n for n in names if names.count(n) > 1})
+        if twice:
+            raise SystemExit(f"--merge {path}: {', '.join(twice)} twice")
+        out["commands"].append(command)
+        out["workloads"] += workloads
+    return out
+
+
+def print_table(out: dict) -> None:
+    print(f"{'workload':24} {'agent':10} {'sequential':>10} {'best':>8} {'confirmed':>9} {'evals':>5}")
+    for w in out["workloads"]:
+        for r in w["runs"]:
+            cells = [("-" if r.get(k) is None else f"{r[k]:.3f}") for k in ("sequential_ms", "best_ms", "confirmed_ms")]
+            print(f"{w['workload']:24} {r['agent']:10} {cells[0]:>10} {cells[1]:>8} {cells[2]:>9} {r['evaluations']:5d}"
+                  f"{'' if r['complete'] else '  (cut short)'}")
+        if "confirmed_streams_ms" in w:
+            print(f"{w['workload']:24} {'streams':10} {'':>10} {'':>8} {w['confirmed_streams_ms']:9.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("workloads", nargs="+", type=Path)
+    parser.add_argument("workloads", nargs="*", type=Path)
     parser.add_argument("--agents", nargs="+", default=["heuristic", "random", "greedy"])
     parser.add_argument("--budget", type=int, default=40)
     parser.add_argument("--evaluator", default="h200")
@@ -251,7 +293,17 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="only read the databases in --out: no search")
     parser.add_argument("--confirm", type=int, default=0, metavar="ROUNDS",
                         help="time each run's best plan and `streams` again in one process, in turn, ROUNDS times")
+    parser.add_argument("--merge", nargs="+", type=Path, metavar="CALL.json",
+                        help="measure nothing: join these calls' JSON into --json")
     args = parser.parse_args()
+    if args.merge:
+        if not args.json:
+            parser.error("--merge needs --json (the joined file)")
+        out = merge(args.merge)
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+        return print_table(out)
+    if not args.workloads:
+        parser.error("name at least one workload file")
     if args.step < 1:
         parser.error(f"--step {args.step}: a run's turn is at least one evaluation")
     end = None if args.time is None else time.monotonic() + args.time
@@ -277,14 +329,7 @@ def main() -> None:
         out["modeled"] = load_profile(args.evaluator).kind != "gpu"  # then "gpu" is the GPU modeled
         if args.json:
             args.json.write_text(json.dumps(out, indent=1) + "\n")
-    print(f"{'workload':24} {'agent':10} {'sequential':>10} {'best':>8} {'confirmed':>9} {'evals':>5}")
-    for w in out["workloads"]:
-        for r in w["runs"]:
-            cells = [("-" if r.get(k) is None else f"{r[k]:.3f}") for k in ("sequential_ms", "best_ms", "confirmed_ms")]
-            print(f"{w['workload']:24} {r['agent']:10} {cells[0]:>10} {cells[1]:>8} {cells[2]:>9} {r['evaluations']:5d}"
-                  f"{'' if r['complete'] else '  (cut short)'}")
-        if "confirmed_streams_ms" in w:
-            print(f"{w['workload']:24} {'streams':10} {'':>10} {'':>8} {w['confirmed_streams_ms']:9.3f}")
+    print_table(out)
 
 
 if __name__ == "__main__":

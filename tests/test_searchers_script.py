@@ -129,3 +129,40 @@ def test_a_run_that_reaches_its_budget_as_the_deadline_passes_is_finished_and_a_
     ran = subprocess.run([sys.executable, str(SCRIPT), str(TINY), "--step", "0"], capture_output=True, text=True,
                          timeout=120)
     assert ran.returncode == 2 and "--step 0: a run's turn is at least one evaluation" in ran.stderr
+
+
+def test_merge_joins_the_calls_and_refuses_what_does_not_belong_together(tmp_path):
+    """--merge: one comparison from per-call JSON, in order; a file of another GPU, budget or evaluator,
+    a workload twice, or a file that is no such JSON: a one-line error naming the file, nothing written."""
+    def call(name: str, workloads: list[str], **changed) -> Path:
+        run = {"agent": "greedy", "best_ms": 1.0, "sequential_ms": 2.0, "confirmed_ms": 1.0, "evaluations": 40,
+               "complete": True, "best_so_far_ms": [2.0, 1.0]}
+        data = {"gpu": "NVIDIA H200", "evaluator": "h200_quick.toml", "budget": 40, "modeled": False,
+                "command": f"searchers.py {name}", "workloads": [{"workload": w, "runs": [run]} for w in workloads]}
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(data | changed))
+        return path
+
+    def merge(*paths: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(SCRIPT), "--merge", *map(str, paths), "--json",
+                               str(tmp_path / "out.json")], capture_output=True, text=True, timeout=120)
+
+    done = merge(call("a", ["q3"]), call("b", ["b8", "c2k"]))
+    assert done.returncode == 0, done.stderr
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert [w["workload"] for w in out["workloads"]] == ["q3", "b8", "c2k"]
+    assert out["commands"] == ["searchers.py a", "searchers.py b"] and out["gpu"] == "NVIDIA H200"
+    assert out["budget"] == 40 and out["modeled"] is False and "c2k" in done.stdout
+    (tmp_path / "out.json").unlink()
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"gpu": "NVIDIA H200"}')
+    failed = merge(call("a", ["q3"]), call("c", ["b8"], budget=60))
+    assert failed.returncode == 1 and failed.stderr.strip().splitlines() == [
+        f"--merge {tmp_path / 'c.json'}: its budget differ from {tmp_path / 'a.json'}'s"]
+    assert not (tmp_path / "out.json").exists()
+    for paths, said in [((call("a", ["q3"]), call("d", ["b8"], gpu="NVIDIA B300")), "d.json: its gpu differ"),
+                        ((call("a", ["q3"]), call("e", ["q3"])), "e.json: q3 twice"),
+                        ((call("f", ["q3", "q3"]),), "f.json: q3 twice"),
+                        ((call("a", ["q3"]), bad), "bad.json: not a JSON this script wrote")]:
+        with pytest.raises(SystemExit, match=said):
+            load_script("searchers").merge(list(paths))
