@@ -2,8 +2,8 @@
 plan edits measured on the GPU, so a search policy can be compared over many seeds in minutes of CPU.
 
     python benchmarks/search_surrogate.py WORKLOAD.toml DB [DB ...] [--agents heuristic greedy random]
-                                          [--seeds 0 1 2 3] [--budget 40] [--noise 0.002] [--out DIR (runs/surrogate)]
-                                          [--json OUT.json]
+                                          [--seeds 0 1 2 3] [--budget 40] [--noise 0.002] [--width N]
+                                          [--out DIR (runs/surrogate)] [--json OUT.json]
 
 The databases are GPU search runs of the workload (`searchers.py`'s). From them: every measured
 plan's latency, and every measured move (a child's difference from its parent, as a set of changed
@@ -17,7 +17,8 @@ its status where the GPU measured this very plan and it failed; otherwise the an
 validity, and the GPU result's ledger, compile feedback (registers, spills) and verdicts, so the
 agents read what they would read on the GPU (edits proposed only after a measurement, such as an SM
 limit, included; a nearest plan's feedback can name launches this plan lays out otherwise). The
-latency gets Gaussian noise of --noise (relative).
+latency gets Gaussian noise of --noise (relative). `--width N`: the edits a run asks for per
+expansion, evaluated before it selects again (default: the search's own, SearchSettings.expand_width).
 
 Per agent and seed a fresh run, as `searchers.py` makes it; its best plan (the fastest the search
 measured, noise included) is scored without the noise (`best_ms`). JSON: {"workload", "databases",
@@ -191,9 +192,12 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3])
     parser.add_argument("--budget", type=int, default=40)
     parser.add_argument("--noise", type=float, default=0.002, help="relative latency noise (default 0.2%%)")
+    parser.add_argument("--width", type=int, help="edits per expansion (default: the search's)")
     parser.add_argument("--out", type=Path, default=Path("runs/surrogate"))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.width is not None and args.width < 1:
+        parser.error(f"--width {args.width}: at least one edit per expansion")
     for path in args.databases:
         if not path.is_file():
             raise SystemExit(f"{path}: no such database")
@@ -213,7 +217,8 @@ def main() -> None:
                 db = args.out / f"{workload.name}_{agent}_{seed}.db"
                 db.unlink(missing_ok=True)
                 with contextlib.ExitStack() as stack:
-                    opened = searchers.open_run(stack, args.workload, agent, args.budget, evaluator, seed, db)
+                    opened = searchers.open_run(stack, args.workload, agent, args.budget, evaluator, seed, db,
+                                                width=args.width)
                     searchers.rotate([opened], args.budget, args.budget, None)
                 row = searchers.summary(db, agent, workload, args.workload)
                 node = row["best_node"]
@@ -227,7 +232,7 @@ def main() -> None:
                                                           for r in runs if r["agent"] == agent)}
                for agent in args.agents}
     out = {"workload": workload.name, "databases": [str(p) for p in args.databases], "budget": args.budget,
-           "seeds": args.seeds, "noise": args.noise, "command": " ".join(sys.argv), "runs": runs, "summary": summary}
+           "seeds": args.seeds, "noise": args.noise, "width": args.width, "command": " ".join(sys.argv), "runs": runs, "summary": summary}
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     print(f"{'agent':10} {'mean best':>9} {f'mean at {half}':>11}  (surrogate ms, {len(args.seeds)} seeds)")

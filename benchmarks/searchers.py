@@ -76,9 +76,12 @@ class Opened:
 
 
 def open_run(stack: contextlib.ExitStack, workload: Path, agent: str, budget: int, evaluator: IsolatedEvaluator,
-             seed: int, db: Path, resume: bool = False, carry: bool = False) -> Opened:
-    """A fresh run in `db`, or (with `resume`) the run stored there, continued by the same agent."""
+             seed: int, db: Path, resume: bool = False, carry: bool = False, width: int | None = None) -> Opened:
+    """A fresh run in `db`, or (with `resume`) the run stored there, continued by the same agent.
+    `width`: edits a fresh run asks for per expansion (default SearchSettings')."""
     settings = scored_by(SearchSettings(budget=budget), evaluator.profile)
+    if width is not None:
+        settings = replace(settings, expand_width=width)
     w = load_workload(workload)
     if not (resume and db.exists()):
         db.unlink(missing_ok=True)

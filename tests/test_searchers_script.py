@@ -166,3 +166,29 @@ def test_merge_joins_the_calls_and_refuses_what_does_not_belong_together(tmp_pat
                         ((call("a", ["q3"]), bad), "bad.json: not a JSON this script wrote")]:
         with pytest.raises(SystemExit, match=said):
             load_script("searchers").merge(list(paths))
+
+
+def test_a_fresh_run_takes_the_width_it_is_given(tmp_path, monkeypatch):
+    """open_run's `width` (search_surrogate.py --width): the edits a fresh run asks for per expansion."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from conjugate.evaluate.profile import load_profile
+    from conjugate.search.run import SearchSettings
+
+    searchers = load_script("searchers")
+    started = []
+
+    def start(store, name, workload, path, evaluator, proposer, settings, seed):
+        started.append(settings)
+        raise KeyboardInterrupt  # nothing more to see
+
+    monkeypatch.setattr(searchers.Search, "start", staticmethod(start))
+    evaluator = SimpleNamespace(profile=load_profile("analytical"))
+    for width, expected in ((1, 1), (None, SearchSettings().expand_width)):
+        with contextlib.ExitStack() as stack, pytest.raises(KeyboardInterrupt):
+            searchers.open_run(stack, TINY, "heuristic", 40, evaluator, 0, tmp_path / f"w{width}.db", width=width)
+        assert started[-1].expand_width == expected and started[-1].budget == 40
+    refused = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "search_surrogate.py"), str(TINY),
+                              str(tmp_path / "w1.db"), "--width", "0"], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--width 0: at least one edit per expansion" in refused.stderr
