@@ -232,7 +232,8 @@ def main() -> None:
                                                           for r in runs if r["agent"] == agent)}
                for agent in args.agents}
     out = {"workload": workload.name, "databases": [str(p) for p in args.databases], "budget": args.budget,
-           "seeds": args.seeds, "noise": args.noise, "width": args.width, "command": " ".join(sys.argv), "runs": runs, "summary": summary}
+           "seeds": args.seeds, "noise": args.noise, "width": args.width, "command": " ".join(sys.argv),
+           "runs": runs, "summary": summary}
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     print(f"{'agent':10} {'mean best':>9} {f'mean at {half}':>11}  (surrogate ms, {len(args.seeds)} seeds)")
