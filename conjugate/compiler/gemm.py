@@ -21,7 +21,7 @@ last split adds them up, in split order, and runs the epilogue: deterministic, n
 With ATOMIC_SPLIT (the RESIDUAL epilogue only, no bias, no norm prologue) each split instead adds
 its partial into `out` with a float atomic: no workspace or fix-up step on the critical path, the
 sum's rounding order varying from run to run (plan `split_reduce: atomic`); a counter only where it
-writes row statistics, so that the last split reads the finished rows.
+writes row statistics or a copy of the rows, so that the last split reads the finished rows.
 With COPY_OUT a RESIDUAL epilogue also stores the finished rows into `copy` (where row statistics
 come from: the rows in hand, or the tile's last split reading them back): the input of a fused MLP
 with its norm fused (mlp.py), which must not read the residual stream it adds into.

@@ -31,7 +31,7 @@ import triton.language as tl
 
 from conjugate.compiler.gemm import STATS_BLOCK, STATS_CHUNK, _store_row_stats
 from conjugate.compiler.persist import L2_LINE_BITS, prefetch_l2
-from conjugate.compiler.tile import PartCall, TileSignature, cdiv, dot_dtype
+from conjugate.compiler.tile import PartCall, TileSignature, cdiv, dot_dtype, triton_dtype
 
 
 @triton.jit
@@ -151,12 +151,10 @@ def mlp_call(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.
         raise ValueError(f"MLP {f}x{h} over {rows} rows: element offsets past 2^31 are not supported")
     num_m = cdiv(rows, block_m)
     counter = torch.zeros(num_m, dtype=torch.int32, device=gate.device)  # programs done per M block
-    act = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[act_dtype]
     args = dict(x_ptr=x, gate_ptr=gate, up_ptr=up, down_ptr=down, out_ptr=out,
                 stats_ptr=stats if stats is not None else counter, counter_ptr=counter, M=rows, F=f, H=h,
                 stride_x=x.stride(0), stride_g=gate.stride(0), stride_d=down.stride(0), stride_out=out.stride(0),
                 stride_stats=stats.stride(0) if stats is not None else 0, eps=float(norm_eps or 0.0))
     constexprs = dict(BLOCK_M=block_m, BLOCK_F=block_f, BLOCK_K=block_k, NORM=norm_eps is not None,
-                      STATS_OUT=stats_out, ACT_DTYPE=act,
-                      DOT_DTYPE=dot_dtype(gate.dtype))
+                      STATS_OUT=stats_out, ACT_DTYPE=triton_dtype(act_dtype), DOT_DTYPE=dot_dtype(gate.dtype))
     return PartCall(SIGNATURE, args, constexprs, num_m * cdiv(f, block_f), label, [counter])

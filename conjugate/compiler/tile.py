@@ -71,11 +71,14 @@ def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def triton_dtype(dtype: torch.dtype):
+    """Triton's name for a torch floating-point type (bf16, fp16, fp32)."""
+    import triton.language as tl
+
+    return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[dtype]
+
+
 def dot_dtype(weight_dtype: torch.dtype):
     """The operand type of tl.dot: the weights' own type on the GPU; fp32 under the interpreter,
     whose bf16/fp16 arithmetic is wrong."""
-    import triton.language as tl
-
-    if INTERPRETING:
-        return tl.float32
-    return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[weight_dtype]
+    return triton_dtype(torch.float32 if INTERPRETING else weight_dtype)
