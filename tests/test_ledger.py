@@ -191,10 +191,11 @@ def test_the_heuristic_aims_at_the_biggest_loss_first():
     fusions = [p for p in proposals if p.kind == "fusion"]
     assert "attn_norm+qkv, " in fusions[0].rationale and "the ledger" in fusions[0].rationale  # all at once first
     single = [p for p in fusions if len(p.patch) == 1 and p.patch[0]["op"] == "add"]
-    # both remove 64 launches: all of the norm's loss, of the down's only its launches' fixed cost
-    assert {p.rationale.split(" in the draft")[0] for p in single[:2]} == {"fuse attn_norm+qkv", "fuse gate_up+down"}
-    assert all("the ledger" in p.rationale for p in single[:2])
-    assert not any("the ledger" in p.rationale for p in single[2:])
+    # the norm's loss goes whole with its launches; gate_up+down, which would absorb the down, was
+    # measured slower and ranks low whatever the ledger says
+    assert single[0].rationale.startswith("fuse attn_norm+qkv in the draft") and "the ledger" in single[0].rationale
+    assert not any("the ledger" in p.rationale for p in single[1:])
+    assert [p for p in single if "gate_up+down" in p.rationale] in ([], single[-1:])  # last if offered at all
     without = HeuristicProposer().propose(_context_with_ledger(plan, []), 40)
     assert not any("the ledger" in p.rationale for p in without)
     assert tiles[0].prior > max(p.prior for p in without if p.kind == "tiles")
