@@ -8,8 +8,9 @@ A workload's best plan is the fastest plan that passed every check in any databa
 of that workload; `streams_ms` is the shipped `streams` plan as measured in that same run, and
 `conventional_ms` and the floor are that best evaluation's own (`measured`: its date, so rows of databases
 from several sessions say which baseline they stand on; `conventional_carried`: where it was measured,
-when a resumed run carried it from an earlier process). The best plan is written to
-DIR/<workload>.json. JSON: {"gpu", "workloads": [{"workload", "floor_ms", "streams_ms",
+when a resumed run carried it from an earlier process; `conventional_from`: where the best plan's
+evaluator did not measure it, the latest that any run of that workload given measured itself). The best
+plan is written to DIR/<workload>.json. JSON: {"gpu", "workloads": [{"workload", "floor_ms", "streams_ms",
 "conventional_ms", "best_ms", "best_plan", "evaluations", "ledger", ...}]}.
 """
 from __future__ import annotations
@@ -48,12 +49,13 @@ def runs_of(db: Path, workload, path: Path):
 
 def best_row(path: Path, dbs: list[Path], plans: Path) -> dict | None:
     workload = load_workload(path)
-    best = None
+    best, conventionals = None, []
     for db in dbs:
         for run, pairs in runs_of(db, workload, path):
             measured = [(n, e) for n, e in pairs if passed(e)]
             if not measured:
                 continue
+            conventionals += _conventionals(db, run, measured)
             node, ev = min(measured, key=lambda p: p[1].result.latency_ms)
             if best is None or ev.result.latency_ms < best["best_ms"]:
                 streams = next((e for n, e in measured if n.plan_hash == STREAMS), None)
@@ -65,17 +67,27 @@ def best_row(path: Path, dbs: list[Path], plans: Path) -> dict | None:
                         "conventional_carried": _carried(metrics, "conventional"),
                         "best_ms": ev.result.latency_ms, "floor_ratio": metrics.floor_ratio,
                         "evaluations": sum(1 for n, _ in pairs if n.status is not NodeStatus.NEW),
-                        "agent": run.agent, "db": db.name, "node": node.id, "lineage": lineage(pairs, node),
+                        "agent": run.agent, "db": str(db), "node": node.id, "lineage": lineage(pairs, node),
                         "device": metrics.device, "plan": node.plan,
                         "measured": ev.finished_at.date().isoformat() if ev.finished_at else None,
                         "ledger": metrics.ledger.to_dict() if metrics.ledger else None}
     if best is None:
         return None
+    if best["conventional_ms"] is None and conventionals:  # an evaluator that skips it (h200_quick)
+        _, best["conventional_ms"], best["conventional_from"] = max(conventionals)
     plans.mkdir(parents=True, exist_ok=True)
     out = (plans / f"{workload.name}.json").resolve()
     out.write_text(json.dumps(best.pop("plan"), indent=1) + "\n")
     best["best_plan"] = str(out.relative_to(ROOT)) if out.is_relative_to(ROOT) else str(out)
     return best
+
+
+def _conventionals(db: Path, run, measured) -> list[tuple[str, float, str]]:
+    """(when, ms, where) of the conventional baseline each evaluation of this run measured itself."""
+    return [(e.finished_at.isoformat(), ms, f"{db}, run {run.id}, evaluation of node {n.id}, "
+             f"{e.finished_at:%Y-%m-%d %H:%M}") for n, e in measured
+            if e.finished_at and (ms := _baseline(e.result.metrics, "conventional"))
+            and not _carried(e.result.metrics, "conventional")]
 
 
 def _baseline(metrics, name: str) -> float | None:

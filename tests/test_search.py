@@ -582,6 +582,36 @@ def test_floor_script_reads_the_best_plan_of_a_database(env, base_run, tmp_path)
     assert best.rationale in row["lineage"][-1]
 
 
+def test_floor_script_takes_conventional_from_another_run_when_the_best_ones_evaluator_skipped_it(
+        env, base_run, tmp_path):
+    """An evaluator that does not measure `conventional` (h200_quick; the tiny profile here) leaves the
+    best plan's row without it: the row takes the latest one another run of the workload measured
+    itself, and says where."""
+    import shutil
+    import sqlite3
+
+    floor = load_script("floor")
+    own = floor.best_row(TINY, [base_run["db"]], tmp_path / "plans")
+    assert own["conventional_ms"] is None and "conventional_from" not in own
+    other = tmp_path / "other.db"  # as if a run whose evaluator measured it
+    shutil.copy(base_run["db"], other)
+    measured = []
+    with contextlib.closing(sqlite3.connect(other)) as con, con:
+        for key, text, finished in con.execute("SELECT id, result, finished_at FROM evaluations").fetchall():
+            result = json.loads(text or "{}")
+            baselines = result.get("metrics", {}).get("baselines", {})
+            if "sequential" in baselines:
+                ms = 2 * baselines["sequential"]["latency_ms"] + key
+                baselines["conventional"] = {**baselines["sequential"], "latency_ms": ms}
+                con.execute("UPDATE evaluations SET result = ? WHERE id = ?", (json.dumps(result), key))
+                measured.append((finished, ms))
+    assert measured
+    row = floor.best_row(TINY, [base_run["db"], other], tmp_path / "plans")  # equal bests: the first database's
+    assert row["db"] == str(base_run["db"]) and row["best_ms"] == own["best_ms"]
+    assert row["conventional_ms"] == max(measured)[1]
+    assert row["conventional_from"].startswith(f"{other}, run 1, evaluation of node ")
+
+
 # -- 8. Ctrl-C
 
 def test_ctrl_c_stops_and_a_resume_finishes(env, tmp_path):
