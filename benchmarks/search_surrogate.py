@@ -3,6 +3,7 @@ plan edits measured on the GPU, so a search policy can be compared over many see
 
     python benchmarks/search_surrogate.py WORKLOAD.toml DB [DB ...] [--agents heuristic greedy random]
                                           [--seeds 0 1 2 3] [--budget 40] [--noise 0.002] [--width N]
+                                          [--deepen-first]
                                           [--out DIR (runs/surrogate)] [--json OUT.json]
 
 The databases are GPU search runs of the workload (`searchers.py`'s). From them: every measured
@@ -18,7 +19,8 @@ validity, and the GPU result's ledger, compile feedback (registers, spills) and 
 agents read what they would read on the GPU (edits proposed only after a measurement, such as an SM
 limit, included; a nearest plan's feedback can name launches this plan lays out otherwise). The
 latency gets Gaussian noise of --noise (relative). `--width N`: the edits a run asks for per
-expansion, evaluated before it selects again (default: the search's own, SearchSettings.expand_width).
+expansion, evaluated before it selects again (default: the search's own, SearchSettings.expand_width);
+`--deepen-first`: once one of them gains, the rest wait and the run selects again (SearchSettings.deepen_first).
 
 Per agent and seed a fresh run, as `searchers.py` makes it; its best plan (the fastest the search
 measured, noise included) is scored without the noise (`best_ms`). JSON: {"workload", "databases",
@@ -193,6 +195,7 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=40)
     parser.add_argument("--noise", type=float, default=0.002, help="relative latency noise (default 0.2%%)")
     parser.add_argument("--width", type=int, help="edits per expansion (default: the search's)")
+    parser.add_argument("--deepen-first", action="store_true", help="MCTS: siblings of a gain wait (SearchSettings)")
     parser.add_argument("--out", type=Path, default=Path("runs/surrogate"))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -218,7 +221,7 @@ def main() -> None:
                 db.unlink(missing_ok=True)
                 with contextlib.ExitStack() as stack:
                     opened = searchers.open_run(stack, args.workload, agent, args.budget, evaluator, seed, db,
-                                                width=args.width)
+                                                width=args.width, deepen_first=args.deepen_first)
                     searchers.rotate([opened], args.budget, args.budget, None)
                 row = searchers.summary(db, agent, workload, args.workload)
                 node = row["best_node"]
@@ -232,7 +235,8 @@ def main() -> None:
                                                           for r in runs if r["agent"] == agent)}
                for agent in args.agents}
     out = {"workload": workload.name, "databases": [str(p) for p in args.databases], "budget": args.budget,
-           "seeds": args.seeds, "noise": args.noise, "width": args.width, "command": " ".join(sys.argv),
+           "seeds": args.seeds, "noise": args.noise, "width": args.width,
+           "deepen_first": args.deepen_first, "command": " ".join(sys.argv),
            "runs": runs, "summary": summary}
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")

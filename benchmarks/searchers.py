@@ -76,10 +76,12 @@ class Opened:
 
 
 def open_run(stack: contextlib.ExitStack, workload: Path, agent: str, budget: int, evaluator: IsolatedEvaluator,
-             seed: int, db: Path, resume: bool = False, carry: bool = False, width: int | None = None) -> Opened:
+             seed: int, db: Path, resume: bool = False, carry: bool = False, width: int | None = None,
+             deepen_first: bool = False) -> Opened:
     """A fresh run in `db`, or (with `resume`) the run stored there, continued by the same agent.
-    `width`: edits a fresh run asks for per expansion (default SearchSettings')."""
-    settings = scored_by(SearchSettings(budget=budget), evaluator.profile)
+    `width`: edits a fresh run asks for per expansion (default SearchSettings'); `deepen_first`: its
+    SearchSettings.deepen_first (a resumed run keeps what it stored)."""
+    settings = scored_by(SearchSettings(budget=budget, deepen_first=deepen_first), evaluator.profile)
     if width is not None:
         settings = replace(settings, expand_width=width)
     w = load_workload(workload)
@@ -207,7 +209,8 @@ def searches(path: Path, name: str, args: argparse.Namespace, end: float | None,
         try:
             for agent in args.agents:
                 opened.append(open_run(stack, path, agent, args.budget, shared, args.seed,
-                                       args.out / f"{name}_{agent}.db", args.resume, args.carry_baselines))
+                                       args.out / f"{name}_{agent}.db", args.resume, args.carry_baselines,
+                                       deepen_first=args.deepen_first))
             if end is not None and any(o.run.evaluations_done() < args.budget for o in opened):
                 shared.evaluate(load_plan(shipped_plan("sequential")).to_dict(), path)
             deadline = None if end is None else time.monotonic() + (end - time.monotonic()) / left
@@ -289,6 +292,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/searchers"))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--time", type=float, help="seconds for the whole command, shared among the workloads")
+    parser.add_argument("--deepen-first", action="store_true",
+                        help="MCTS: once an edit of an expansion gains, the others wait (SearchSettings.deepen_first)")
     parser.add_argument("--step", type=int, default=5, help="evaluations a run makes in its turn (default 5)")
     parser.add_argument("--resume", action="store_true", help="continue the runs whose databases are in --out")
     parser.add_argument("--carry-baselines", action="store_true",

@@ -587,9 +587,6 @@ def test_floor_script_takes_conventional_from_another_run_when_the_best_ones_eva
     """An evaluator that does not measure `conventional` (h200_quick; the tiny profile here) leaves the
     best plan's row without it: the row takes the latest one another run of the workload measured
     itself, and says where."""
-    import shutil
-    import sqlite3
-
     floor = load_script("floor")
     own = floor.best_row(TINY, [base_run["db"]], tmp_path / "plans")
     assert own["conventional_ms"] is None and "conventional_from" not in own
@@ -1002,6 +999,64 @@ def test_a_move_that_gained_in_one_branch_is_made_in_the_others(env, tmp_path):
     assert carried and all("(elsewhere in this run: +" in r for r in carried)
     assert not any("move 0" in r or "move 1" in r for r in carried)  # only moves that gained are carried
     assert run(0)[0] > both * 1.005
+
+
+class GainFirstProposer:
+    """Offers the good LANDSCAPE moves the plan lacks first, then the harmful ones: three per node."""
+    name = "gain-first"
+
+    def propose(self, context, n: int) -> list[Proposal]:
+        order = sorted(range(len(LANDSCAPE)), key=lambda i: LANDSCAPE[i][1])
+        return [Proposal(LANDSCAPE[i][0], f"move {i}", "tiles", 0.9 if LANDSCAPE[i][1] < 1 else 0.5)
+                for i in order if not _holds(context.plan, LANDSCAPE[i][0])][:n]
+
+
+def test_deepen_first_builds_on_a_gain_before_measuring_its_siblings(env, tmp_path):
+    """With deepen_first, once an edit of an expansion gains, the expansion's other edits wait as new
+    nodes and the search builds on the gain: both good moves are held two evaluations after the
+    seeds, where measuring every sibling first takes four (the second good move and a neutral one
+    beside the first). The waiting nodes stay in the tree; a
+    resume does not settle them first, selection comes back to them."""
+    both = 0.8 * 0.97 * 0.99
+
+    def run(deepen_first: bool, budget: int) -> tuple[list[float], Search, Store]:
+        store = Store.open(tmp_path / f"deepen{deepen_first}.db")
+        search = Search.start(store, "deepen", WORKLOAD, str(TINY), LandscapeEvaluator(env["profile"]),
+                              GainFirstProposer(), SearchSettings(budget=budget, move_memory=0,
+                                                                  deepen_first=deepen_first), seed=0)
+        search.run_loop()
+        settled = sorted((n for n in store.nodes(search.run_id) if n.status is not NodeStatus.NEW),
+                         key=lambda n: store.evaluation(key_of(n.plan_hash)).finished_at)
+        return [search.results[n.plan_hash].latency_ms for n in settled], search, store
+
+    deep, search, store = run(True, 5)
+    plain, _, plain_store = run(False, 7)
+    plain_store.close()
+    assert deep[3:] == [pytest.approx(0.8 * 0.97), pytest.approx(both)]  # after sequential, streams, interleave
+    assert plain[3:] == [pytest.approx(0.8 * 0.97), pytest.approx(0.8 * 0.99), pytest.approx(0.8),
+                         pytest.approx(both)]  # the neutral move 4 measured first
+    waiting = [n for n in store.nodes(search.run_id) if n.status is NodeStatus.NEW]
+    assert sorted(n.rationale for n in waiting) == ["move 1", "move 3", "move 4", "move 4"]
+    assert all(search._waits(n) for n in waiting)
+    store.close()
+    with Store.open(tmp_path / "deepenTrue.db") as store:  # a resume goes on from the best, not the waiting
+        resumed = Search(store, search.run_id, WORKLOAD, str(TINY), LandscapeEvaluator(env["profile"]),
+                         GainFirstProposer(), replace(search.settings, budget=6))
+        resumed.run_loop()
+        new = [n for n in store.nodes(search.run_id) if n.status is not NodeStatus.NEW][-1]
+        assert new.id not in {n.id for n in waiting}
+        resumed.settings = replace(resumed.settings, budget=30)
+        resumed.run_loop()
+        assert {n.id for n in waiting} & {n.id for n in store.nodes(search.run_id) if n.status is not NodeStatus.NEW}
+
+
+def test_stored_settings_read_back_and_refuse_the_wrong_type():
+    settings = SearchSettings(budget=9, deepen_first=True)
+    assert SearchSettings.from_dict(json.loads(json.dumps(settings.to_dict()))) == settings
+    assert SearchSettings.from_dict({"budget": 9}).deepen_first is False  # a run stored before the setting
+    for key, value in (("deepen_first", 1), ("deepen_first", "yes"), ("budget", True), ("c_puct", "0.7")):
+        with pytest.raises(ValueError, match=f"stored search setting '{key}' is"):
+            SearchSettings.from_dict({**settings.to_dict(), key: value})
 
 
 @pytest.mark.filterwarnings("ignore:Glyph")  # the plot's font lacks the rocket

@@ -149,6 +149,7 @@ def _start(args: argparse.Namespace, out: Console, deadline: float | None) -> in
     proposer = _proposer(agent, call_log)  # a bad --agent fails before a database exists
     workload, profile = load_workload(workload_path), load_profile(args.evaluator)
     settings = scored_by(SearchSettings(budget=args.budget or 20, expand_width=args.width,
+                                         deepen_first=args.deepen_first,
                                          base_url=_without_userinfo(args.base_url or "")), profile)
     name = args.name or Path(workload_path).stem
     db = args.db or str(RUNS_DIR / f"{name}.db")
@@ -369,6 +370,8 @@ def add_commands(sub, out: Console) -> None:
     search.add_argument("--evaluator", default="analytical", help="evaluator profile name or TOML path "
                         "(default: analytical)")
     search.add_argument("--width", type=positive, default=3, help="edits asked for per expansion (default 3)")
+    search.add_argument("--deepen-first", action="store_true", help="once an edit of an expansion gains, "
+                        "leave the expansion's other edits for later and build on the gain first")
     search.add_argument("--base-url", help="an OpenAI-compatible server (vLLM, llama.cpp, Ollama) or API proxy")
     search.add_argument("--max-llm-cost", type=_dollars, help="stop asking the LLM after this many US dollars")
     search.add_argument("--llm-timeout", metavar="SECONDS", help="one LLM request's timeout (default 600; "

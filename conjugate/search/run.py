@@ -50,6 +50,7 @@ class SearchSettings:
     behind_margin: float = 0.05  # a branch this far under the best reward is not expanded (mcts.py)
     deepen_margin: float = 0.005  # a node outgained by this much by an open branch is not widened (mcts.py)
     best_weight: float = 1.0  # a branch's value: its best reward (1) or blended with its mean (mcts.py)
+    deepen_first: bool = False  # MCTS: once a child gains by deepen_margin, its unmeasured siblings wait
     move_memory: int = 2  # with MCTS, a move that lost in this many branches is not offered again (moves.py); 0: off
     warm_start: int = 2  # best plans of earlier runs seeded (same evaluator; this model family first)
     stale_after_s: float = 1800.0  # a "running" evaluation older than this is taken over
@@ -69,8 +70,8 @@ class SearchSettings:
         stored_before = {"behind_margin": 0.0, "move_memory": 0, "deepen_margin": 0.0, "best_weight": 0.5}
         values = stored_before | {k: v for k, v in data.items() if k in known}
         for key, value in values.items():
-            kind = {"int": int, "float": (int, float), "str": str}[known[key]]
-            if not isinstance(value, kind) or isinstance(value, bool):
+            kind = {"int": int, "float": (int, float), "str": str, "bool": bool}[known[key]]
+            if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
                 raise ValueError(f"stored search setting {key!r} is {value!r}")
         return cls(**values)
 
@@ -349,8 +350,8 @@ class Search:
         """Search until the budget, the deadline or exhaustion; returns why it stopped."""
         nodes = self._load_tree()
         root_id = min(self.tree)
-        for n in nodes:  # resume: what was created but not settled comes first
-            if n.status is NodeStatus.NEW and not self._over(deadline):
+        for n in nodes:  # resume: what was created but not settled comes first (not siblings left to wait)
+            if n.status is NodeStatus.NEW and not self._over(deadline) and not self._waits(n):
                 self._evaluate(n)
         while not self._over(deadline):
             root = self.tree[root_id]  # a reload (another process's nodes) replaces the objects
@@ -390,9 +391,24 @@ class Search:
             self.store.set_node_status(leaf.id, NodeStatus.EXPANDED)
             return
         for child in children:
-            if self._over(deadline):
+            if self._over(deadline) or self._waits(child):
                 return
             self._evaluate(child, deadline)
+
+    def _waits(self, node: NodeRecord) -> bool:
+        """deepen_first: a new node one of whose siblings gained over their parent by more than
+        deepen_margin is not evaluated now. MCTS then selects again and, the parent being outgained
+        (mcts.py), builds on the gain first; the node stays in the tree (unvisited, its prior kept)
+        for when selection comes back to it. Without it, each expansion measured all its children
+        before selecting again: after a gain, the other edits of that expansion came first."""
+        if (not self.settings.deepen_first or node.parent_id is None or node.proposer in ("seed", "warm-start")
+                or getattr(self.proposer, "selection", "mcts") != "mcts"):
+            return False
+        parent = self.tree.get(node.parent_id)
+        if parent is None or parent.reward is None or parent.reward <= 0:
+            return False
+        margin = parent.reward * (1 + self.settings.deepen_margin)
+        return any(c.id != node.id and c.reward is not None and c.reward > margin for c in parent.children)
 
     def _move_memory(self) -> MoveMemory | None:
         """What each move of this run did where it was measured, or None when off: MCTS only (the
