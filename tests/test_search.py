@@ -1038,6 +1038,9 @@ def test_deepen_first_builds_on_a_gain_before_measuring_its_siblings(env, tmp_pa
     waiting = [n for n in store.nodes(search.run_id) if n.status is NodeStatus.NEW]
     assert sorted(n.rationale for n in waiting) == ["move 1", "move 3", "move 4", "move 4"]
     assert all(search._waits(n) for n in waiting)
+    # only a gain of the same expansion makes a node wait: a node widened again beside an older gain
+    # measures its new edits
+    assert not any(search._waits(n, {n.id}) for n in waiting)
     store.close()
     with Store.open(tmp_path / "deepenTrue.db") as store:  # a resume goes on from the best, not the waiting
         resumed = Search(store, search.run_id, WORKLOAD, str(TINY), LandscapeEvaluator(env["profile"]),

@@ -391,16 +391,19 @@ class Search:
             self.store.set_node_status(leaf.id, NodeStatus.EXPANDED)
             return
         for child in children:
-            if self._over(deadline) or self._waits(child):
+            if self._over(deadline) or self._waits(child, {c.id for c in children}):
                 return
             self._evaluate(child, deadline)
 
-    def _waits(self, node: NodeRecord) -> bool:
-        """deepen_first: a new node one of whose siblings gained over their parent by more than
-        deepen_margin is not evaluated now. MCTS then selects again and, the parent being outgained
-        (mcts.py), builds on the gain first; the node stays in the tree (unvisited, its prior kept)
-        for when selection comes back to it. Without it, each expansion measured all its children
-        before selecting again: after a gain, the other edits of that expansion came first."""
+    def _waits(self, node: NodeRecord, expansion: set[int] | None = None) -> bool:
+        """deepen_first: a new node a sibling of which, made in the same expansion (`expansion`: their
+        ids; a resume, which cannot tell, counts those made before it), gained over their parent by
+        more than deepen_margin is not evaluated now. MCTS then selects again and, the parent being
+        outgained (mcts.py), builds on the gain first; the node stays in the tree (unvisited, its
+        prior kept) for when selection comes back to it. Without it, each expansion measured all its
+        children before selecting again: after a gain, the other edits of that expansion came first.
+        Only that expansion's gain counts: a node widened again beside an older gain measures its
+        new edits (they would otherwise all wait, and the next expansion ask for more)."""
         if (not self.settings.deepen_first or node.parent_id is None or node.proposer in ("seed", "warm-start")
                 or getattr(self.proposer, "selection", "mcts") != "mcts"):
             return False
@@ -408,7 +411,9 @@ class Search:
         if parent is None or parent.reward is None or parent.reward <= 0:
             return False
         margin = parent.reward * (1 + self.settings.deepen_margin)
-        return any(c.id != node.id and c.reward is not None and c.reward > margin for c in parent.children)
+        rivals = [c for c in parent.children if c.id != node.id and (c.id in expansion if expansion is not None
+                                                                       else c.id < node.id)]
+        return any(c.reward is not None and c.reward > margin for c in rivals)
 
     def _move_memory(self) -> MoveMemory | None:
         """What each move of this run did where it was measured, or None when off: MCTS only (the
