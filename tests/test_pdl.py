@@ -15,7 +15,7 @@ import torch
 
 import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
 from conjugate.agents.heuristic import candidates
-from conjugate.agents.heuristic_edits import pdl_edits
+from conjugate.agents.heuristic_edits import NORM_FUSIONS, pdl_edits
 from conjugate.compiler.buffers import PreparedWeights, RoundBuffers
 from conjugate.compiler.codegen import NO_PDL, Dispatch, Pdl, kernel_source, persistent_source
 from conjugate.compiler.lower import lower_part
@@ -205,6 +205,35 @@ def test_the_heuristic_proposes_pdl_for_the_critical_stream_first_and_only_valid
     assert triggers == {"end"}  # released at the start, the next loop would wait on the SMs the cap leaves
     everything = candidates(plan, None, 132, random.Random(0))
     assert any(c.patch[0]["path"] == "/pdl/draft" for c in everything)
+
+
+def test_with_fused_norms_the_release_at_the_end_comes_first():
+    """Measured on the H200: with the draft's norms fused, `end` beat `start` (qwen3-06b-8b-b4) and
+    fusing under `start` lost (llama-3b-8b-b4-ctx2k). So even with the draft's stream far busier, a
+    plan holding fused norms is offered the end first, moved from the start to the end first, and the
+    every-fusion edit on a plan released at the start releases it at the end too."""
+    from conjugate.agents.heuristic import fusion_edits
+    wide = _ledger(8.3, 6.0)  # 1.38x: unfused, the start comes first (above)
+    fused = validate_plan(_streams(fusions={"draft": ["attn_norm+qkv", "mlp_norm+gate_up"], "target": []}))
+    on = {c.patch[0]["value"]["trigger"] + ("+prefetch" if c.patch[0]["value"]["prefetch"] else ""): c.score
+          for c in pdl_edits(fused, wide) if c.patch[0]["path"] == "/pdl/draft"}
+    assert on["end"] > on["start"] and on["end"] > on["end+prefetch"]
+    started = validate_plan(apply_patch(fused.to_dict(), [{"op": "replace", "path": "/pdl/draft",
+                                                             "value": {"trigger": "start", "prefetch": False}}]))
+    moves = sorted(pdl_edits(started, wide), key=lambda c: -c.score)
+    assert moves[0].patch == [{"op": "replace", "path": "/pdl/draft/trigger", "value": "end"}]
+    assert "+5.9%" in moves[0].rationale
+    ended = validate_plan(apply_patch(started.to_dict(), moves[0].patch))
+    back = next(c for c in pdl_edits(ended, wide) if c.patch[0]["path"] == "/pdl/draft/trigger")
+    assert back.patch[0]["value"] == "start" and back.score < moves[0].score
+    # every fusion at once on a plan released at the start: released at the end in the same edit
+    unfused_start = validate_plan(_streams(pdl=_pdl("start")))
+    together = next(c for c in fusion_edits(unfused_start) if "launches fewer per layer" in c.rationale)
+    made = validate_plan(apply_patch(unfused_start.to_dict(), together.patch))
+    assert made["pdl"]["draft"] == {"trigger": "end", "prefetch": False} and "released at the end" in together.rationale
+    assert set(NORM_FUSIONS) <= set(made["fusions"]["draft"])
+    plain = next(c for c in fusion_edits(validate_plan(_streams())) if "launches fewer per layer" in c.rationale)
+    assert not any(op["path"].startswith("/pdl") for op in plain.patch)  # no pdl: nothing to move
 
 
 def test_plan_explain_marks_the_dependent_launches(tmp_path, capsys, monkeypatch):

@@ -51,10 +51,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from conjugate.agents.base import NodeContext, Proposal
-from conjugate.agents.heuristic_edits import (LIGHT_TARGETS, SEARCH_KEYS, Candidate, Launches, enable_pairing,
-                                              fill_by_kind, gain_edits, headroom_edits, launch_parts,
-                                              measured_tile_edits, pdl_edits, repair_edits, scaled, set_pairs,
-                                              set_tile, sm_limit_edits, spill_edits, split_edits, tile_value)
+from conjugate.agents.heuristic_edits import (LIGHT_TARGETS, NORM_FUSIONS, NORM_FUSIONS_WITH_PDL, SEARCH_KEYS,
+                                              Candidate, Launches, enable_pairing, fill_by_kind, gain_edits,
+                                              headroom_edits, launch_parts, measured_tile_edits, pdl_edits,
+                                              repair_edits, scaled, set_pairs, set_tile, sm_limit_edits, spill_edits,
+                                              split_edits, tile_value)
 from conjugate.agents.tile_table import TileTable, load_tile_tables, table_for
 from conjugate.errors import ConjugateError
 from conjugate.paths import TILES_FILE
@@ -337,8 +338,8 @@ def fusion_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candid
         missing = [f for f in FUSIONS if f not in on]
         together = [f for f in missing if f not in MEASURED_SLOWER]
         if model == Model.DRAFT.value and len(together) > 1:
-            out.append(_all_fusions(model, together, [losing[(model, a)] for a in {_absorbed(f) for f in together}
-                                                      if (model, a) in losing]))
+            out.append(_all_fusions(plan, model, together, [losing[(model, a)] for a in
+                                                            {_absorbed(f) for f in together} if (model, a) in losing]))
         for f in FUSIONS:
             if f in on:
                 out.append(Candidate("fusion", [{"op": "remove", "path": f"/fusions/{model}/{on.index(f)}"}],
@@ -371,14 +372,19 @@ def _launch_part(k: KindLoss) -> float:
 PER_STEP_FUSIONS = ("final_norm+", "lm_head+")  # run once per decode step, not per layer
 
 
-def _all_fusions(model: str, missing: list[str], lost: list[tuple[float, KindLoss]]) -> Candidate:
+def _all_fusions(plan: Plan, model: str, missing: list[str], lost: list[tuple[float, KindLoss]]) -> Candidate:
+    """Every fusion `missing` in one edit; where it fuses a norm into a model whose launches are
+    released at the start of their work (`pdl`), they are released at the end instead (NORM_FUSIONS)."""
     per_step = [f for f in missing if f.startswith(PER_STEP_FUSIONS)]
     fewer = f"{len(missing) - len(per_step)} launches fewer per layer" + (f" and {len(per_step)} per step" if per_step else "")
     why = f"fuse {', '.join(missing)} in the {model}: {fewer}"
     if lost:
         why += f" (the ledger: their ops run {sum(k.loss_ms for _, k in lost):.2f} ms over their floor)"
-    return Candidate("fusion", [{"op": "add", "path": f"/fusions/{model}/-", "value": f} for f in missing], why,
-                     0.6 + 0.25 * sum(share for share, _ in lost))
+    patch = [{"op": "add", "path": f"/fusions/{model}/-", "value": f} for f in missing]
+    if plan["pdl"][model]["trigger"] == "start" and any(f in NORM_FUSIONS for f in missing):
+        patch.append({"op": "replace", "path": f"/pdl/{model}/trigger", "value": "end"})
+        why += f"; its launches released at the end, not the start ({NORM_FUSIONS_WITH_PDL})"
+    return Candidate("fusion", patch, why, 0.6 + 0.25 * sum(share for share, _ in lost))
 
 
 def _persistent_verdicts(verdicts: tuple[Verdict, ...], model: str) -> list[Verdict]:
