@@ -417,9 +417,6 @@ def _imbalance(ledger: LedgerSummary | None) -> tuple[str, str, float] | None:
 
 SM_LIMIT_BALANCED = 1.1  # busier stream / other under this: no limit proposed (llama-1b-8b-b8, 1.04: +3.8-6.1%)
 SM_LIMIT_WIDE = 1.25  # over this: deeper limits first (qwen3-06b-8b-b4, 1.37: 104 SMs -3.8%, 112 -3.3%, 120 -1.6%)
-# once limited, the other stream still this much busier: two steps fewer offered too. qwen3-06b-8b-b4's
-# searches stepped 120 -> 112 -> 104 -> 96, each step a gain of 1.2-2.3% at ratios of 1.06-1.11 (2026-12-02/03)
-SM_LIMIT_STRIDE_OVER = 1.05
 
 
 def sm_limit_edits(plan: Plan, sms: int, ledger: LedgerSummary | None = None) -> list[Candidate]:
@@ -431,8 +428,7 @@ def sm_limit_edits(plan: Plan, sms: int, ledger: LedgerSummary | None = None) ->
     limit for streams within SM_LIMIT_BALANCED of each other, 8-16 SMs fewer than the most that
     leave the other any when they are closer than SM_LIMIT_WIDE, deeper limits first past it,
     scored by the imbalance. Once limited, 8 SMs fewer while the limited stream is still the less
-    busy one (16 fewer too while the other is SM_LIMIT_STRIDE_OVER as busy), 8 more once it is the
-    busier, or no limit. Without a ledger, the target limited at
+    busy one, 8 more once it is the busier, or no limit. Without a ledger, the target limited at
     a low score. Never for a model persistent with barriers (refused)."""
     if plan["streams"] != "two" or sms <= 2 * SM_LIMIT_STEP:
         return []
@@ -448,11 +444,6 @@ def sm_limit_edits(plan: Plan, sms: int, ledger: LedgerSummary | None = None) ->
                 score = 0.25 if ahead is None else 0.45 if n - now == ahead else 0.15
                 out.append(Candidate("launch", [{"op": "replace", "path": f"/sm_limit/{model}", "value": n}],
                                      f"the {model}'s stream on {n} SMs (from {now})", score))
-        if ahead == -SM_LIMIT_STEP and shape[2] >= SM_LIMIT_STRIDE_OVER and now - 2 * SM_LIMIT_STEP >= SM_LIMIT_STEP:
-            n = now - 2 * SM_LIMIT_STEP  # still clearly the shorter stream: a stride as well as a step
-            out.append(Candidate("launch", [{"op": "replace", "path": f"/sm_limit/{model}", "value": n}],
-                                 f"the {model}'s stream on {n} SMs (from {now}): its stream still "
-                                 f"{shape[2]:.2f}x less busy than the {shape[0]}'s", 0.4))
         return out
     if shape is None:
         yielding, other, ratio = Model.TARGET.value, Model.DRAFT.value, None
