@@ -143,6 +143,8 @@ def test_the_heuristic_limits_the_less_busy_stream_and_then_moves_the_limit():
     assert sorted(c.patch[0]["value"] for c in moves) == [0, 104, 120]
     still_less_busy = {c.patch[0]["value"]: c.score for c in sm_limit_edits(limited, 132, _ledger(8.0, 6.5))}
     assert still_less_busy[104] > still_less_busy[120]  # the limited stream can yield more
+    nearly = {c.patch[0]["value"]: c.score for c in sm_limit_edits(limited, 132, _ledger(6.8, 6.6))}
+    assert still_less_busy[104] > nearly[104] > nearly[120]  # far from balance the next step ranks high
     now_busier = {c.patch[0]["value"]: c.score for c in sm_limit_edits(limited, 132, _ledger(6.0, 7.0))}
     assert now_busier[120] > now_busier[104]  # it yielded too much
     for c in moves:

@@ -417,6 +417,10 @@ def _imbalance(ledger: LedgerSummary | None) -> tuple[str, str, float] | None:
 
 SM_LIMIT_BALANCED = 1.1  # busier stream / other under this: no limit proposed (llama-1b-8b-b8, 1.04: +3.8-6.1%)
 SM_LIMIT_WIDE = 1.25  # over this: deeper limits first (qwen3-06b-8b-b4, 1.37: 104 SMs -3.8%, 112 -3.3%, 120 -1.6%)
+# once limited, the other stream still this much busier: the next step toward balance ranks high. On
+# qwen3-06b-8b-b4 every step 120 -> 112 -> 104 -> 96 gained (1.2-2.3%, ratios 1.06-1.10) but, ranked
+# below the node's other edits, came one every 8-10 evaluations; 96 -> 88 then lost 0.9-2.8%
+SM_LIMIT_GO_ON = 1.05
 
 
 def sm_limit_edits(plan: Plan, sms: int, ledger: LedgerSummary | None = None) -> list[Candidate]:
@@ -428,7 +432,8 @@ def sm_limit_edits(plan: Plan, sms: int, ledger: LedgerSummary | None = None) ->
     limit for streams within SM_LIMIT_BALANCED of each other, 8-16 SMs fewer than the most that
     leave the other any when they are closer than SM_LIMIT_WIDE, deeper limits first past it,
     scored by the imbalance. Once limited, 8 SMs fewer while the limited stream is still the less
-    busy one, 8 more once it is the busier, or no limit. Without a ledger, the target limited at
+    busy one (ranked high while the other is SM_LIMIT_GO_ON as busy), 8 more once it is the busier,
+    or no limit. Without a ledger, the target limited at
     a low score. Never for a model persistent with barriers (refused)."""
     if plan["streams"] != "two" or sms <= 2 * SM_LIMIT_STEP:
         return []
@@ -441,7 +446,8 @@ def sm_limit_edits(plan: Plan, sms: int, ledger: LedgerSummary | None = None) ->
         ahead = None if shape is None else -SM_LIMIT_STEP if shape[0] != model else SM_LIMIT_STEP
         for n in (now - SM_LIMIT_STEP, now + SM_LIMIT_STEP):
             if SM_LIMIT_STEP <= n < sms:
-                score = 0.25 if ahead is None else 0.45 if n - now == ahead else 0.15
+                score = 0.25 if ahead is None else (0.6 if shape[2] >= SM_LIMIT_GO_ON else 0.45) if n - now == ahead \
+                    else 0.15
                 out.append(Candidate("launch", [{"op": "replace", "path": f"/sm_limit/{model}", "value": n}],
                                      f"the {model}'s stream on {n} SMs (from {now})", score))
         return out
