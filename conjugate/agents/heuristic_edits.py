@@ -337,7 +337,8 @@ def _round_share(ledger: LedgerSummary | None, model: str, kind: str, gain: floa
     return ms * max(gain, 0.0) / ledger.round_ms if ms else None
 
 
-# fusions that put a norm in a GEMM's prologue (its row statistics read from the residual GEMM before)
+# fusions that put a layer's norm in a GEMM's prologue (its row statistics read from the residual GEMM
+# before): the ones the measurements below held (final_norm+lm_head runs once a step)
 NORM_FUSIONS = ("attn_norm+qkv", "mlp_norm+gate_up")
 NORM_FUSIONS_WITH_PDL = ("with fused norms the release at the end measured faster on the H200: qwen3-06b-8b-b4 "
                          "start -> end -2.8%, end -> start +5.9%; llama-3b-8b-b4-ctx2k fusing under the start "
@@ -357,9 +358,8 @@ def pdl_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candidate
     A model holding fused norms (NORM_FUSIONS) is released at the end first whatever the balance, and
     moved from the start to the end first: measured so on two workloads (NORM_FUSIONS_WITH_PDL, the
     searches of benchmarks/search/). Never for a model persistent with barriers (refused); for a
-    model whose launches are tile loops
-    only released at the end (released at the start, the next loop's programs would wait on the SMs
-    its cap leaves to the other stream)."""
+    model whose launches are tile loops only released at the end (released at the start, the next
+    loop's programs would wait on the SMs its cap leaves to the other stream)."""
     shape = _imbalance(ledger)
     critical = shape[0] if shape is not None else Model.DRAFT.value
     ratio = shape[2] if shape is not None else (SM_LIMIT_BALANCED + SM_LIMIT_WIDE) / 2  # no ledger: start as it was
@@ -433,8 +433,8 @@ def sm_limit_edits(plan: Plan, sms: int, ledger: LedgerSummary | None = None) ->
     leave the other any when they are closer than SM_LIMIT_WIDE, deeper limits first past it,
     scored by the imbalance. Once limited, 8 SMs fewer while the limited stream is still the less
     busy one (ranked high while the other is SM_LIMIT_GO_ON as busy), 8 more once it is the busier,
-    or no limit. Without a ledger, the target limited at
-    a low score. Never for a model persistent with barriers (refused)."""
+    or no limit. Without a ledger, the target limited at a low score. Never for a model persistent
+    with barriers (refused)."""
     if plan["streams"] != "two" or sms <= 2 * SM_LIMIT_STEP:
         return []
     limited = {m: n for m, n in plan["sm_limit"].items() if n}
@@ -444,10 +444,10 @@ def sm_limit_edits(plan: Plan, sms: int, ledger: LedgerSummary | None = None) ->
         out = [Candidate("launch", [{"op": "replace", "path": f"/sm_limit/{model}", "value": 0}],
                          f"the {model}'s stream on every SM again", 0.2)]
         ahead = None if shape is None else -SM_LIMIT_STEP if shape[0] != model else SM_LIMIT_STEP
+        toward = 0.45 if shape is None or shape[2] < SM_LIMIT_GO_ON else 0.6  # the step toward balance
         for n in (now - SM_LIMIT_STEP, now + SM_LIMIT_STEP):
             if SM_LIMIT_STEP <= n < sms:
-                score = 0.25 if ahead is None else (0.6 if shape[2] >= SM_LIMIT_GO_ON else 0.45) if n - now == ahead \
-                    else 0.15
+                score = 0.25 if ahead is None else toward if n - now == ahead else 0.15
                 out.append(Candidate("launch", [{"op": "replace", "path": f"/sm_limit/{model}", "value": n}],
                                      f"the {model}'s stream on {n} SMs (from {now})", score))
         return out
