@@ -22,8 +22,15 @@ Written as OUTDIR/<NAME>-<variant>.json (NAME: the plan's name unless given; the
     target-sms-120          the target's stream on 120 SMs (a CUDA green context): the draft's
                             kernels have the other 12 of an H200's 132 to themselves
     target-sms-112, -104    ... on 112 or 104 SMs
-A variant the plan cannot take (its own value already, a draft persistent with barriers for `pdl`)
-is skipped and named. Every file written validates.
+    draft-attn-early        per-launch `pdl` (overrides): each draft launch holding rope_kv releases
+                            the next at its start, and the attention after it asks L2 for its keys
+                            and values before its wait, then releases at the end (the rest as the plan has)
+    draft-attn-prefetch     ... only the attention's prefetch, released at the end
+    draft-oproj-early       the draft's attention releases at its start, the o_proj after it
+                            prefetches its weights first
+    target-attn-early       draft-attn-early for the target's launches
+A variant the plan cannot take (its own value already, a draft persistent with barriers for `pdl`,
+a model persistent with barriers for its per-launch `pdl`) is skipped and named. Every file written validates.
 """
 from __future__ import annotations
 
@@ -37,12 +44,19 @@ sys.path.insert(0, str(ROOT))
 
 from conjugate.errors import ConjugateError  # noqa: E402
 from conjugate.plan import load_plan, validate_plan  # noqa: E402
-from conjugate.plan.schema import FUSIONS  # noqa: E402
+from conjugate.plan.schema import BARRIER_SPANS, FUSIONS  # noqa: E402
 
 
 def _pdl(draft: dict | None = None, target: dict | None = None) -> dict:
     off = {"trigger": "none", "prefetch": False}
     return {"pdl": {"draft": draft or off, "target": target or off}}
+
+
+def _early(model: str) -> dict:
+    """Per-launch `pdl` for one model ('d' or 't'): the launch holding rope_kv releases the attention at
+    its start, which prefetches its keys and values into L2 while that launch runs."""
+    return {"overrides": [{"match": f"{model}.*.rope_kv", "pdl": {"trigger": "start"}},
+                          {"match": f"{model}.*.attn", "pdl": {"trigger": "end", "prefetch": True}}]}
 
 
 END = {"trigger": "end", "prefetch": False}
@@ -57,6 +71,11 @@ VARIANTS = {
     "draft-fusions-no-mlp": {"fusions": {"draft": [f for f in FUSIONS if f != "gate_up+down"]}},
     "draft-mlp": {"fusions": {"draft": ["gate_up+down", "lm_head+argmax"]}},
     **{f"target-sms-{n}": {"sm_limit": {"target": n}} for n in (120, 112, 104)},
+    "draft-attn-early": _early("d"),
+    "draft-attn-prefetch": {"overrides": [{"match": "d.*.attn", "pdl": {"trigger": "end", "prefetch": True}}]},
+    "draft-oproj-early": {"overrides": [{"match": "d.*.attn", "pdl": {"trigger": "start"}},
+                                        {"match": "d.*.o_proj", "pdl": {"trigger": "end", "prefetch": True}}]},
+    "target-attn-early": _early("t"),
 }
 
 
@@ -67,7 +86,12 @@ def variants(plan_file: Path, name: str | None = None) -> tuple[dict[str, dict],
     for variant, change in VARIANTS.items():
         raw = base.to_dict()
         for key, value in change.items():
-            raw[key] = raw[key] | value
+            raw[key] = raw[key] + value if key == "overrides" else raw[key] | value
+        model = {"d": "draft", "t": "target"}.get(change.get("overrides", [{}])[0].get("match", "")[:1])
+        if model and raw["persist"][model]["span"] in BARRIER_SPANS:
+            skipped[variant] = (f"$.persist.{model}.span {raw['persist'][model]['span']!r}: its launches are "
+                                f"joined behind grid barriers, so they take no per-launch pdl")
+            continue
         raw["name"] = f"{name or base.name}-{variant}"
         try:
             plan = validate_plan(raw)

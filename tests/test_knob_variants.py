@@ -17,13 +17,15 @@ def test_each_variant_differs_from_its_plan_in_its_knob_alone():
     made, skipped = load_script("knob_variants").variants(STREAMS, "best")
     assert set(made) == {"pdl-draft-end", "pdl-draft-start", "pdl-draft-end-prefetch", "pdl-both-end",
                          "target-loops-99", "target-loops-66", "draft-fusions", "draft-mlp", "draft-fusions-no-mlp",
-                         "target-sms-120", "target-sms-112", "target-sms-104"} and not skipped
+                         "target-sms-120", "target-sms-112", "target-sms-104", "draft-attn-early",
+                         "draft-attn-prefetch", "draft-oproj-early", "target-attn-early"} and not skipped
     base = load_plan(STREAMS).to_dict()
     for variant, plan in made.items():
         assert plan["name"] == f"best-{variant}"
         changed = {k for k in plan if plan[k] != base[k]} - {"name"}
-        knob = "fusions" if variant.startswith("draft-") else {"target-loops-99": "persist",
-                                                                "target-loops-66": "persist"}.get(
+        per_launch = variant.endswith(("-early", "-prefetch")) and variant != "pdl-draft-end-prefetch"
+        knob = "overrides" if per_launch else "fusions" if variant.startswith("draft-") else {
+            "target-loops-99": "persist", "target-loops-66": "persist"}.get(
             variant, "sm_limit" if variant.startswith("target-sms") else "pdl")
         assert changed == {knob}, variant
         validate_plan(plan)
@@ -36,6 +38,9 @@ def test_each_variant_differs_from_its_plan_in_its_knob_alone():
     assert len(fused["draft"]) == 6 and fused["target"] == base["fusions"]["target"]
     assert made["draft-mlp"]["fusions"]["draft"] == ["gate_up+down", "lm_head+argmax"]
     assert "gate_up+down" not in made["draft-fusions-no-mlp"]["fusions"]["draft"]
+    assert made["draft-attn-early"]["overrides"] == [{"match": "d.*.rope_kv", "pdl": {"trigger": "start"}},
+                                                     {"match": "d.*.attn", "pdl": {"trigger": "end", "prefetch": True}}]
+    assert made["target-attn-early"]["overrides"][1]["match"] == "t.*.attn"
 
 
 def test_a_variant_the_plan_cannot_take_is_skipped_and_named(tmp_path):
@@ -49,10 +54,13 @@ def test_a_variant_the_plan_cannot_take_is_skipped_and_named(tmp_path):
     assert proc.returncode == 0, proc.stderr
     skipped = dict(line.split(": ", 1) for line in proc.stderr.strip().splitlines())
     assert set(skipped) == {"skipped pdl-draft-end", "skipped pdl-draft-start", "skipped pdl-draft-end-prefetch",
-                            "skipped pdl-both-end", "skipped target-loops-99"}
+                            "skipped pdl-both-end", "skipped target-loops-99", "skipped draft-attn-early",
+                            "skipped draft-attn-prefetch", "skipped draft-oproj-early"}
+    assert "joined behind grid barriers" in skipped["skipped draft-attn-early"]
     assert skipped["skipped target-loops-99"] == "the plan has it already"
     assert "$.pdl.draft.trigger" in skipped["skipped pdl-draft-end"]
     assert sorted(p.name for p in out.iterdir()) == ["layered-draft-fusions-no-mlp.json", "layered-draft-fusions.json",
-                                                     "layered-draft-mlp.json", "layered-target-loops-66.json",
+                                                     "layered-draft-mlp.json", "layered-target-attn-early.json",
+                                                     "layered-target-loops-66.json",
                                                      "layered-target-sms-104.json", "layered-target-sms-112.json",
                                                      "layered-target-sms-120.json"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import replace
 
 import jsonschema
@@ -21,7 +22,7 @@ from conjugate.compiler.codegen import NO_PDL, Dispatch, Pdl, kernel_source, per
 from conjugate.compiler.lower import lower_part
 from conjugate.compiler.persist import ASSUMED_L2_BYTES, PREFETCH_L2_SHARE
 from conjugate.compiler.round import cross_stream_waits, launch_pdl
-from conjugate.errors import PlanError
+from conjugate.errors import PlanError, ScheduleError
 from conjugate.evaluate.result import LedgerSummary
 from conjugate.graph import build_graph
 from conjugate.plan import load_plan, validate_plan
@@ -82,6 +83,58 @@ def test_each_launch_takes_its_models_pdl_and_a_shared_launch_only_where_both_as
     loops = expand(validate_plan(_streams(pdl=_pdl(target="start"), persist={"target": {"span": "launch"}})), w)
     looped = [l for l in loops.launches if l.persistent]
     assert looped and all(l.pdl == "start" for l in looped)  # a tile loop waits for no one: it may
+
+
+@pytest.mark.parametrize("pdl,error", [
+    ({"trigger": "later"}, '$.overrides[0].pdl.trigger: "later" is not one of none, start, end'),
+    ({"prefetch": 1}, "$.overrides[0].pdl.prefetch: should be a boolean"),
+    ({"trigger": "none", "prefetch": True}, "$.overrides[0].pdl.prefetch: prefetches ahead of the wait"),
+    ({}, "$.overrides[0].pdl: sets neither 'trigger' nor 'prefetch'"),
+    ("end", "$.overrides[0].pdl: should be an object"),
+    ({"when": "end"}, "$.overrides[0].pdl.when: unknown key"),
+])
+def test_bad_override_pdl_values_are_named(pdl, error):
+    with pytest.raises(PlanError) as caught:
+        validate_plan(_streams(overrides=[{"match": "d.*.attn", "pdl": pdl}]))
+    assert any(e.startswith(error) for e in caught.value.errors), caught.value.errors
+
+
+PER_LAUNCH = [{"match": "d.*.rope_kv", "pdl": {"trigger": "start"}},  # releases the attention early
+              {"match": "d.*.attn", "pdl": {"prefetch": True}},  # which asks L2 for its keys and values first
+              {"match": "d.*.down", "pdl": {"trigger": "none"}}]
+
+
+def test_an_override_sets_the_pdl_of_the_launches_it_matches_key_by_key():
+    w = _round("llama").workload
+    plan = validate_plan(_streams(pdl=_pdl("end"), overrides=PER_LAUNCH))
+    jsonschema.validate(plan.to_dict(), SCHEMA)
+    assert plan.hash != validate_plan(_streams(pdl=_pdl("end"))).hash
+    expected = {"rope_kv": ("start", False), "attn": ("end", True), "down": ("none", False)}
+    seen = set()
+    for launch in expand(plan, w).launches:
+        part = launch.parts[0]
+        if part.model == Model.TARGET:
+            assert (launch.pdl, launch.pdl_prefetch) == ("none", False)
+        else:
+            assert (launch.pdl, launch.pdl_prefetch) == expected.get(part.kind, ("end", False)), part.kind
+            seen.add(part.kind)
+    assert set(expected) <= seen
+    # a model prefetching everywhere: an override's trigger 'none' takes its launches' prefetch off too
+    quiet = expand(validate_plan(_streams(pdl=_pdl("end", prefetch=True),
+                                          overrides=[{"match": "d.*.attn", "pdl": {"trigger": "none"}}])), w)
+    assert {(l.pdl, l.pdl_prefetch) for l in quiet.launches if l.parts[0].kind == "attn"
+            and l.parts[0].model == Model.DRAFT} == {("none", False)}
+
+
+@pytest.mark.parametrize("fields,error", [
+    ({"overrides": [{"match": "d.*.attn", "pdl": {"prefetch": True}}]},
+     "$.overrides[0].pdl.prefetch: prefetches ahead of the wait of a programmatic dependent launch"),
+    ({"persist": {"draft": {"span": "layer"}}, "overrides": [{"match": "d.*.attn", "pdl": {"trigger": "end"}}]},
+     "$.overrides[0].pdl.trigger: 'end' on draft launches, which $.persist.draft.span 'layer' joins"),
+])
+def test_an_override_pdl_the_launches_cannot_take_is_refused_at_expansion(fields, error):
+    with pytest.raises(ScheduleError, match=re.escape(error)):
+        expand(validate_plan(_streams(**fields)), _round("llama").workload)
 
 
 # -- the generated source

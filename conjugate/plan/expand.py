@@ -21,7 +21,9 @@ with the other model are never joined, and with one stream only launches next to
 schedule. Span `launch` joins nothing: each of the model's own launches becomes a tile loop, its
 tiles taken in turn by a capped number of programs (`programs`), no barrier, so the other stream
 finds SMs free. `pdl` marks each launch of a model (a tile loop too, never a launch with barriers)
-to start while the kernel before it on its stream ends. The finished schedule is checked against
+to start while the kernel before it on its stream ends; an override's `pdl` sets the trigger or the
+prefetch of the launches it matches (the draft's attention prefetching its keys and values while
+the launch before it, released at its start, still runs). The finished schedule is checked against
 every dependency of both models.
 """
 from __future__ import annotations
@@ -33,7 +35,7 @@ import networkx as nx
 
 from conjugate.errors import ScheduleError
 from conjugate.graph import build_graph
-from conjugate.plan.schema import Plan
+from conjugate.plan.schema import BARRIER_SPANS, Plan
 from conjugate.plan.tiles import DEFAULT_TILES, FAMILY_OF, LAUNCH_BOUNDS
 from conjugate.roles import Model
 from conjugate.workload import Workload
@@ -247,12 +249,33 @@ def _launch(plan: Plan, graph: nx.DiGraph, index: int, units: list[_Unit]) -> La
     s = _launch_settings(plan, units)
     ops = [graph.nodes[o]["op"] for u in units for o in u.ops]
     stream = "main" if plan["streams"] == "one" else units[0].model.value
-    trigger, prefetch = _pdl(plan, {u.model.value for u in units})
+    trigger, prefetch = _launch_pdl(plan, units)
     return Launch(index=index, parts=tuple(_part(plan, u, s) for u in units), stream=stream,
                   pattern=s["interleave"]["pattern"], ratio=tuple(s["interleave"]["ratio"]),
                   operand_layout=s["operand_layout"], num_warps=s["launch"]["num_warps"],
                   num_stages=s["launch"]["num_stages"], bytes=sum(o.bytes for o in ops),
                   flops=sum(o.flops for o in ops), pdl=trigger, pdl_prefetch=prefetch)
+
+
+def _launch_pdl(plan: Plan, units: list[_Unit]) -> tuple[str, bool]:
+    """The launch's (trigger, prefetch): its models' (`_pdl`), then each matching override's `pdl` in
+    order, key by key; an override's trigger 'none' takes the launch's prefetch off unless it asks for it."""
+    trigger, prefetch = _pdl(plan, {u.model.value for u in units})
+    for n, o in enumerate(plan["overrides"]):
+        if "pdl" not in o or not any(_matches(o["match"], u) for u in units):
+            continue
+        where = f"$.overrides[{n}].pdl"
+        trigger = o["pdl"].get("trigger", trigger)
+        prefetch = o["pdl"].get("prefetch", prefetch and trigger != "none")
+        barriers = sorted({u.model.value for u in units if plan["persist"][u.model.value]["span"] in BARRIER_SPANS})
+        if trigger != "none" and barriers:
+            raise ScheduleError(f"{where}.trigger: {trigger!r} on {barriers[0]} launches, which $.persist."
+                                f"{barriers[0]}.span {plan['persist'][barriers[0]]['span']!r} joins behind grid "
+                                f"barriers that need every program resident: 'none' there")
+        if prefetch and trigger == "none":
+            raise ScheduleError(f"{where}.prefetch: prefetches ahead of the wait of a programmatic dependent launch, "
+                                f"and the launches {o['match']!r} matches have trigger 'none'")
+    return trigger, prefetch
 
 
 def _pdl(plan: Plan, models: set[str]) -> tuple[str, bool]:

@@ -2,7 +2,7 @@
 
 A plan is compact, rule-based JSON that an LLM can edit (plans/plan.schema.json is its JSON
 Schema). Rules say how the draft's ops are placed into the target's launches; overrides select
-target launches by a glob over op ids and change what the rules chose for them.
+launches by a glob over op ids and change what the rules chose for them (down to one launch's `pdl`).
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ MODEL_KEYS = tuple(model.value for model in Model)  # plain strings: the plan st
 _TOP_KEYS = ("schema", "name", "description", "alignment", "pairs", "interleave", "tiles", "fusions",
              "operand_layout", "capture", "streams", "priority", "split_reduce", "persist", "pdl", "sm_limit",
              "launch", "overrides")
-_OVERRIDE_KEYS = ("match", "pair", "with", "interleave", "tiles", "launch", "operand_layout")
+_OVERRIDE_KEYS = ("match", "pair", "with", "interleave", "tiles", "launch", "operand_layout", "pdl")
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_+*]{1,40}")  # a key shown in a JSON path as .key, any other as ["key"]
 _HASH_IGNORED = ("name", "description")  # cosmetic: two plans differing only here are the same plan
 # keys added after plans were first stored: hashed only when set, so earlier plans keep their hashes
@@ -274,6 +274,24 @@ def _override(c: _Checker, value: Any, path: str) -> dict:
         out["launch"] = c.launch(value["launch"], f"{path}.launch")
     if "operand_layout" in value:
         out["operand_layout"] = c.choice(value["operand_layout"], f"{path}.operand_layout", LAYOUTS)
+    if "pdl" in value:
+        out["pdl"] = _override_pdl(c, value["pdl"], f"{path}.pdl")
+    return out
+
+
+def _override_pdl(c: _Checker, value: Any, path: str) -> dict:
+    """An override's `pdl`: the keys it sets of the matching launches' own (the rest stay their model's)."""
+    if value == {}:
+        c.fail(path, "sets neither 'trigger' nor 'prefetch'")
+    value = c.obj(value, path, ("trigger", "prefetch"))
+    out = {}
+    if "trigger" in value:
+        out["trigger"] = c.choice(value["trigger"], f"{path}.trigger", PDL_TRIGGERS)
+    if "prefetch" in value:
+        out["prefetch"] = c.boolean(value["prefetch"], f"{path}.prefetch")
+    if out.get("prefetch") and out.get("trigger") == "none":
+        c.fail(f"{path}.prefetch", "prefetches ahead of the wait of a programmatic dependent launch, so it needs a "
+                                   "trigger other than 'none'")
     return out
 
 
