@@ -27,7 +27,8 @@ Written as OUTDIR/<NAME>-<variant>.json (NAME: the plan's name unless given; the
                             and values before its wait, then releases at the end (the rest as the plan has)
     draft-attn-prefetch     ... only the attention's prefetch, released at the end
     draft-oproj-early       the draft's attention releases at its start, the o_proj after it
-                            prefetches its weights first
+                            prefetches its weights first (the attention leaves bandwidth to spare)
+    target-oproj-early      ... the target's
     target-attn-early       draft-attn-early for the target's launches
 A variant the plan cannot take (its own value already, a draft persistent with barriers for `pdl`,
 a model persistent with barriers for its per-launch `pdl`) is skipped and named. Every file written validates.
@@ -59,6 +60,12 @@ def _early(model: str) -> dict:
                           {"match": f"{model}.*.attn", "pdl": {"trigger": "end", "prefetch": True}}]}
 
 
+def _oproj_early(model: str) -> dict:
+    """Per-launch `pdl`: the attention releases the o_proj at its start, which prefetches its weights."""
+    return {"overrides": [{"match": f"{model}.*.attn", "pdl": {"trigger": "start"}},
+                          {"match": f"{model}.*.o_proj", "pdl": {"trigger": "end", "prefetch": True}}]}
+
+
 END = {"trigger": "end", "prefetch": False}
 VARIANTS = {
     "pdl-draft-end": _pdl(END),
@@ -73,9 +80,9 @@ VARIANTS = {
     **{f"target-sms-{n}": {"sm_limit": {"target": n}} for n in (120, 112, 104)},
     "draft-attn-early": _early("d"),
     "draft-attn-prefetch": {"overrides": [{"match": "d.*.attn", "pdl": {"trigger": "end", "prefetch": True}}]},
-    "draft-oproj-early": {"overrides": [{"match": "d.*.attn", "pdl": {"trigger": "start"}},
-                                        {"match": "d.*.o_proj", "pdl": {"trigger": "end", "prefetch": True}}]},
+    "draft-oproj-early": _oproj_early("d"),
     "target-attn-early": _early("t"),
+    "target-oproj-early": _oproj_early("t"),
 }
 
 
