@@ -28,8 +28,10 @@ Written as OUTDIR/<NAME>-<variant>.json (NAME: the plan's name unless given; the
     draft-attn-prefetch     ... only the attention's prefetch, released at the end
     draft-oproj-early       the draft's attention releases at its start, the o_proj after it
                             prefetches its weights first (the attention leaves bandwidth to spare)
-    target-oproj-early      ... the target's
     target-attn-early       draft-attn-early for the target's launches
+(A launch larger than PREFETCH_L2_SHARE of the L2 compiles without its prefetch, compiler/round.py's
+launch_pdl, as the round's manifest records: on an H200 the 8B targets' o_proj (34 MB), so no
+target-oproj variant, and the attention of a few workloads, e.g. llama-1b-8b-b8's target, 34 MB.)
 A variant the plan cannot take (its own value already, a draft persistent with barriers for `pdl`,
 a model persistent with barriers for its per-launch `pdl`) is skipped and named. Every file written validates.
 """
@@ -60,12 +62,6 @@ def _early(model: str) -> dict:
                           {"match": f"{model}.*.attn", "pdl": {"trigger": "end", "prefetch": True}}]}
 
 
-def _oproj_early(model: str) -> dict:
-    """Per-launch `pdl`: the attention releases the o_proj at its start, which prefetches its weights."""
-    return {"overrides": [{"match": f"{model}.*.attn", "pdl": {"trigger": "start"}},
-                          {"match": f"{model}.*.o_proj", "pdl": {"trigger": "end", "prefetch": True}}]}
-
-
 END = {"trigger": "end", "prefetch": False}
 VARIANTS = {
     "pdl-draft-end": _pdl(END),
@@ -80,9 +76,9 @@ VARIANTS = {
     **{f"target-sms-{n}": {"sm_limit": {"target": n}} for n in (120, 112, 104)},
     "draft-attn-early": _early("d"),
     "draft-attn-prefetch": {"overrides": [{"match": "d.*.attn", "pdl": {"trigger": "end", "prefetch": True}}]},
-    "draft-oproj-early": _oproj_early("d"),
+    "draft-oproj-early": {"overrides": [{"match": "d.*.attn", "pdl": {"trigger": "start"}},
+                                        {"match": "d.*.o_proj", "pdl": {"trigger": "end", "prefetch": True}}]},
     "target-attn-early": _early("t"),
-    "target-oproj-early": _oproj_early("t"),
 }
 
 

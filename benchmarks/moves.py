@@ -25,10 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from search_surrogate import difference, fields_of  # noqa: E402
+from search_surrogate import _whole, difference, fields_of  # noqa: E402
 
-NODES = ("SELECT n.id, n.parent_id, n.plan, n.edit, n.run_id, e.latency_ms FROM nodes n "
-         "LEFT JOIN evaluations e ON e.plan_hash = n.plan_hash")
+NODES = "SELECT id, parent_id, plan, edit, run_id, plan_hash FROM nodes"
+MEASURED = "SELECT plan_hash, run_id, latency_ms FROM evaluations WHERE latency_ms IS NOT NULL ORDER BY id"
 
 
 def _under(path: str, prefix: str) -> bool:
@@ -47,23 +47,23 @@ def _value(fields: dict[str, str], prefix: str) -> str:
 
 def moves_in(path: Path, field: str, context: list[str]) -> list[dict]:
     """The measured moves under `field` in one search database."""
-    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+    with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)) as db:
         try:
             rows = db.execute(NODES).fetchall()
+            measured = db.execute(MEASURED).fetchall()
             runs = {i: (w, a) for i, w, a in db.execute("SELECT id, workload_name, agent FROM runs")}
         except sqlite3.DatabaseError as e:
             raise SystemExit(f"error: {path}: not a search database ({e})") from None
+    by_run = {(plan_hash, run): ms for plan_hash, run, ms in measured}  # the last evaluation of each
     latency = {}
-    for node, _, _, _, _, ms in rows:  # a plan measured twice (a retry) keeps its last latency
-        if ms:
-            latency[node] = ms
+    for node, _, _, _, run, plan_hash in rows:  # a node's own run's evaluation of its plan (one workload)
+        if (plan_hash, run) in by_run:
+            latency[node] = by_run[(plan_hash, run)]
     nodes = {node: (parent, plan, edit, run) for node, parent, plan, edit, run, _ in rows}
     moves = []
     for node, (parent, plan, edit, run) in sorted(nodes.items()):
-        if parent not in nodes or node not in latency or parent not in latency:
-            continue
-        if any(op.get("path") == "" for op in json.loads(edit or "[]")):  # a seed or a warm start
-            continue
+        if parent not in nodes or node not in latency or parent not in latency or _whole(edit):
+            continue  # unmeasured, or a seed or warm start (the whole plan replaced)
         before, after = fields_of(json.loads(nodes[parent][1])), fields_of(json.loads(plan))
         changed = {p for p, _ in difference(before, after)}
         if not any(_under(p, field) for p in changed):
@@ -98,6 +98,7 @@ def main() -> None:
     args = parser.parse_args()
     if not args.field.startswith("/"):
         parser.error(f"--field {args.field!r}: a plan path starts with '/', e.g. /pdl/draft")
+    args.field = args.field.rstrip("/") or "/"
     for path in args.dbs:
         if not path.is_file():
             raise SystemExit(f"error: {path}: no such database file")

@@ -14,18 +14,17 @@ STREAMS = ROOT / "plans" / "streams.json"
 
 
 def test_each_variant_differs_from_its_plan_in_its_knob_alone():
-    made, skipped = load_script("knob_variants").variants(STREAMS, "best")
+    script = load_script("knob_variants")
+    made, skipped = script.variants(STREAMS, "best")
     assert set(made) == {"pdl-draft-end", "pdl-draft-start", "pdl-draft-end-prefetch", "pdl-both-end",
                          "target-loops-99", "target-loops-66", "draft-fusions", "draft-mlp", "draft-fusions-no-mlp",
                          "target-sms-120", "target-sms-112", "target-sms-104", "draft-attn-early",
-                         "draft-attn-prefetch", "draft-oproj-early", "target-attn-early",
-                         "target-oproj-early"} and not skipped
+                         "draft-attn-prefetch", "draft-oproj-early", "target-attn-early"} and not skipped
     base = load_plan(STREAMS).to_dict()
     for variant, plan in made.items():
         assert plan["name"] == f"best-{variant}"
         changed = {k for k in plan if plan[k] != base[k]} - {"name"}
-        per_launch = variant.endswith(("-early", "-prefetch")) and variant != "pdl-draft-end-prefetch"
-        knob = "overrides" if per_launch else "fusions" if variant.startswith("draft-") else {
+        knob = "overrides" if "overrides" in script.VARIANTS[variant] else "fusions" if variant.startswith("draft-") else {
             "target-loops-99": "persist", "target-loops-66": "persist"}.get(
             variant, "sm_limit" if variant.startswith("target-sms") else "pdl")
         assert changed == {knob}, variant
@@ -62,6 +61,6 @@ def test_a_variant_the_plan_cannot_take_is_skipped_and_named(tmp_path):
     assert "$.pdl.draft.trigger" in skipped["skipped pdl-draft-end"]
     assert sorted(p.name for p in out.iterdir()) == ["layered-draft-fusions-no-mlp.json", "layered-draft-fusions.json",
                                                      "layered-draft-mlp.json", "layered-target-attn-early.json",
-                                                     "layered-target-loops-66.json", "layered-target-oproj-early.json",
+                                                     "layered-target-loops-66.json",
                                                      "layered-target-sms-104.json", "layered-target-sms-112.json",
                                                      "layered-target-sms-120.json"]

@@ -13,7 +13,6 @@ from scripts import load_script  # tests/scripts.py
 moves = load_script("moves")
 
 
-
 def _plan(trigger: str = "start", fusions=(), sm: int = 0) -> dict:
     return {"name": "p", "pdl": {"draft": {"trigger": trigger}}, "fusions": {"draft": list(fusions)},
             "sm_limit": {"target": sm}}
@@ -25,12 +24,13 @@ def _database(path, nodes: dict) -> None:
         c.execute("CREATE TABLE runs (id INTEGER, workload_name TEXT, agent TEXT)")
         c.execute("CREATE TABLE nodes (id INTEGER, parent_id INTEGER, plan JSON, edit JSON, run_id INTEGER, "
                   "plan_hash TEXT)")
-        c.execute("CREATE TABLE evaluations (plan_hash TEXT, latency_ms FLOAT)")
+        c.execute("CREATE TABLE evaluations (id INTEGER, plan_hash TEXT, run_id INTEGER, latency_ms FLOAT)")
         c.execute("INSERT INTO runs VALUES (1, 'w', 'heuristic')")
         for node, (plan, parent, latency, edit_path) in nodes.items():
             edit = None if edit_path is None else json.dumps([{"op": "replace", "path": edit_path, "value": 0}])
             c.execute("INSERT INTO nodes VALUES (?, ?, ?, ?, 1, ?)", (node, parent, json.dumps(plan), edit, f"h{node}"))
-            c.execute("INSERT INTO evaluations VALUES (?, ?)", (f"h{node}", latency))
+            c.execute("INSERT INTO evaluations VALUES (?, ?, 1, ?)", (node, f"h{node}", latency))
+        c.execute("INSERT INTO evaluations VALUES (99, 'h2', 2, 1.0)")  # another run's: not this node's
 
 
 @pytest.fixture
@@ -69,7 +69,8 @@ def test_a_prefix_with_several_fields_names_each_and_an_absent_one_reads_dash(db
 def test_the_summary_groups_the_moves_by_change(db):
     rows = moves.summary(moves.moves_in(db, "/pdl/draft", []))
     assert rows[0] == {"before": 'trigger="start"', "after": 'trigger="end"', "count": 2,
-                       "mean_gain": pytest.approx(0.025), "min_gain": pytest.approx(-0.2), "max_gain": pytest.approx(0.25)}
+                       "mean_gain": pytest.approx(0.025), "min_gain": pytest.approx(-0.2),
+                       "max_gain": pytest.approx(0.25)}
     assert rows[1]["count"] == 1 and rows[1]["mean_gain"] == pytest.approx(-0.2)
 
 

@@ -126,9 +126,34 @@ def test_an_override_sets_the_pdl_of_the_launches_it_matches_key_by_key():
             and l.parts[0].model == Model.DRAFT} == {("none", False)}
 
 
+def _draft_attn(plan: dict) -> set[tuple[str, bool]]:
+    launches = expand(validate_plan(plan), _round("llama").workload).launches
+    return {(l.pdl, l.pdl_prefetch) for l in launches if l.parts[0].kind == "attn" and l.parts[0].model == Model.DRAFT}
+
+
+def test_overrides_on_one_launch_fold_key_by_key_the_later_winning_before_any_check():
+    # the prefetch asked first is valid once a later override gives the launches a trigger
+    assert _draft_attn(_streams(overrides=[{"match": "d.*.attn", "pdl": {"prefetch": True}},
+                                           {"match": "d.*", "pdl": {"trigger": "start"}}])) == {("start", True)}
+    # a trigger 'none' undone by a later override: the model's prefetch stands
+    assert _draft_attn(_streams(pdl=_pdl("end", prefetch=True),
+                                overrides=[{"match": "d.*.attn", "pdl": {"trigger": "none"}},
+                                           {"match": "d.*.attn", "pdl": {"trigger": "end"}}])) == {("end", True)}
+
+
+def test_a_launch_of_both_models_takes_an_override_pdl_beside_a_persistent_draft():
+    shared = load_plan(ROOT / "plans" / "interleave.json").to_dict() | {"tiles": SMALL_TILES}
+    plan = shared | {"persist": {"draft": {"span": "layer"}}, "overrides": [{"match": "t.*", "pdl": {"trigger": "end"}}]}
+    launches = expand(validate_plan(plan), _round("llama").workload).launches
+    assert {l.pdl for l in launches if l.cross_model} == {"end"}  # never joined: no barrier to wait at
+
+
 @pytest.mark.parametrize("fields,error", [
     ({"overrides": [{"match": "d.*.attn", "pdl": {"prefetch": True}}]},
      "$.overrides[0].pdl.prefetch: prefetches ahead of the wait of a programmatic dependent launch"),
+    ({"pdl": _pdl("end"), "overrides": [{"match": "d.*", "pdl": {"prefetch": True}},
+                                        {"match": "d.*.attn", "pdl": {"trigger": "none"}}]},
+     "$.overrides[0].pdl.prefetch: prefetches ahead of the wait"),
     ({"persist": {"draft": {"span": "layer"}}, "overrides": [{"match": "d.*.attn", "pdl": {"trigger": "end"}}]},
      "$.overrides[0].pdl.trigger: 'end' on draft launches, which $.persist.draft.span 'layer' joins"),
 ])

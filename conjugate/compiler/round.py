@@ -393,10 +393,13 @@ def compile_round(plan: Plan, workload: Workload, draft: ModelWeights | Prepared
     directory = (cache_dir or default_cache_dir()) / round_key(plan, workload, bufs.target.cache.k.device)
     cache = KernelCache(directory)
     waits, device = cross_stream_waits(schedule.launches, graph), bufs.target.cache.k.device
-    launches = [_compile_launch(launch, graph, bufs, cache, launch_pdl(launch, waits, device))
-                for launch in schedule.launches]
+    pdls = [launch_pdl(launch, waits, device) for launch in schedule.launches]
+    launches = [_compile_launch(launch, graph, bufs, cache, pdl) for launch, pdl in zip(schedule.launches, pdls)]
     manifest = {"plan": plan.to_dict(), "workload": workload.name, "launches": [
         {"launch": l.index, "kernel": f"k_{l.digest}.py", "grid": l.grid, "stream": l.stream, "pdl": l.pdl,
-         "parts": [{"ops": p.label, "tile": p.sig.fn, "programs": p.programs} for p in l.parts]} for l in launches]}
+         # as compiled: a prefetch the plan asked for is dropped where the launch outgrows its L2 share
+         "pdl_trigger": pdl.trigger, "pdl_prefetch": pdl.prefetch,
+         "parts": [{"ops": p.label, "tile": p.sig.fn, "programs": p.programs} for p in l.parts]}
+        for l, pdl in zip(launches, pdls)]}
     (directory / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return CompiledRound(schedule, workload, bufs, launches, directory, graph, cache)

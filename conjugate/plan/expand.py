@@ -258,23 +258,30 @@ def _launch(plan: Plan, graph: nx.DiGraph, index: int, units: list[_Unit]) -> La
 
 
 def _launch_pdl(plan: Plan, units: list[_Unit]) -> tuple[str, bool]:
-    """The launch's (trigger, prefetch): its models' (`_pdl`), then each matching override's `pdl` in
-    order, key by key; an override's trigger 'none' takes the launch's prefetch off unless it asks for it."""
+    """The launch's (trigger, prefetch): each key from the last matching override's `pdl` that sets it,
+    else its models' (`_pdl`); the models' prefetch lapses where the trigger ends up 'none'. Checked
+    once all overrides are folded in, naming the override that set the offending key."""
     trigger, prefetch = _pdl(plan, {u.model.value for u in units})
+    set_by: dict[str, int] = {}
     for n, o in enumerate(plan["overrides"]):
-        if "pdl" not in o or not any(_matches(o["match"], u) for u in units):
-            continue
-        where = f"$.overrides[{n}].pdl"
-        trigger = o["pdl"].get("trigger", trigger)
-        prefetch = o["pdl"].get("prefetch", prefetch and trigger != "none")
-        barriers = sorted({u.model.value for u in units if plan["persist"][u.model.value]["span"] in BARRIER_SPANS})
-        if trigger != "none" and barriers:
-            raise ScheduleError(f"{where}.trigger: {trigger!r} on {barriers[0]} launches, which $.persist."
-                                f"{barriers[0]}.span {plan['persist'][barriers[0]]['span']!r} joins behind grid "
-                                f"barriers that need every program resident: 'none' there")
-        if prefetch and trigger == "none":
-            raise ScheduleError(f"{where}.prefetch: prefetches ahead of the wait of a programmatic dependent launch, "
-                                f"and the launches {o['match']!r} matches have trigger 'none'")
+        if "pdl" in o and any(_matches(o["match"], u) for u in units):
+            set_by |= {key: n for key in o["pdl"]}
+    if "trigger" in set_by:
+        trigger = plan["overrides"][set_by["trigger"]]["pdl"]["trigger"]
+    if "prefetch" in set_by:
+        prefetch = plan["overrides"][set_by["prefetch"]]["pdl"]["prefetch"]
+    elif trigger == "none":
+        prefetch = False
+    models = {u.model.value for u in units}
+    span = plan["persist"][next(iter(models))]["span"]
+    if "trigger" in set_by and trigger != "none" and len(models) == 1 and span in BARRIER_SPANS:
+        model = next(iter(models))  # a launch of both models is never joined: no barrier to wait at
+        raise ScheduleError(f"$.overrides[{set_by['trigger']}].pdl.trigger: {trigger!r} on {model} launches, which "
+                            f"$.persist.{model}.span {span!r} joins behind grid barriers that need every program "
+                            f"resident: 'none' there")
+    if prefetch and trigger == "none":
+        raise ScheduleError(f"$.overrides[{set_by['prefetch']}].pdl.prefetch: prefetches ahead of the wait of a "
+                            f"programmatic dependent launch, but the launches it matches end with trigger 'none'")
     return trigger, prefetch
 
 
