@@ -24,9 +24,9 @@ def test_each_variant_differs_from_its_plan_in_its_knob_alone():
     for variant, plan in made.items():
         assert plan["name"] == f"best-{variant}"
         changed = {k for k in plan if plan[k] != base[k]} - {"name"}
-        knob = "overrides" if "overrides" in script.VARIANTS[variant] else "fusions" if variant.startswith("draft-") else {
-            "target-loops-99": "persist", "target-loops-66": "persist"}.get(
-            variant, "sm_limit" if variant.startswith("target-sms") else "pdl")
+        loops = {"target-loops-99": "persist", "target-loops-66": "persist"}
+        knob = ("overrides" if "overrides" in script.VARIANTS[variant] else "fusions" if variant.startswith("draft-")
+                else loops.get(variant, "sm_limit" if variant.startswith("target-sms") else "pdl"))
         assert changed == {knob}, variant
         validate_plan(plan)
     assert made["target-sms-112"]["sm_limit"] == {"draft": 0, "target": 112}

@@ -143,7 +143,8 @@ def test_overrides_on_one_launch_fold_key_by_key_the_later_winning_before_any_ch
 
 def test_a_launch_of_both_models_takes_an_override_pdl_beside_a_persistent_draft():
     shared = load_plan(ROOT / "plans" / "interleave.json").to_dict() | {"tiles": SMALL_TILES}
-    plan = shared | {"persist": {"draft": {"span": "layer"}}, "overrides": [{"match": "t.*", "pdl": {"trigger": "end"}}]}
+    plan = shared | {"persist": {"draft": {"span": "layer"}},
+                     "overrides": [{"match": "t.*", "pdl": {"trigger": "end"}}]}
     launches = expand(validate_plan(plan), _round("llama").workload).launches
     assert {l.pdl for l in launches if l.cross_model} == {"end"}  # never joined: no barrier to wait at
 
