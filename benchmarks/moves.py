@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from search_surrogate import _whole, difference, fields_of  # noqa: E402
+from search_surrogate import difference, fields_of, replaces_whole_plan  # noqa: E402
 
 NODES = "SELECT id, parent_id, plan, edit, run_id, plan_hash FROM nodes"
 MEASURED = "SELECT plan_hash, run_id, latency_ms FROM evaluations WHERE latency_ms IS NOT NULL ORDER BY id"
@@ -62,7 +62,7 @@ def moves_in(path: Path, field: str, context: list[str]) -> list[dict]:
     nodes = {node: (parent, plan, edit, run) for node, parent, plan, edit, run, _ in rows}
     moves = []
     for node, (parent, plan, edit, run) in sorted(nodes.items()):
-        if parent not in nodes or node not in latency or parent not in latency or _whole(edit):
+        if node not in latency or parent not in latency or replaces_whole_plan(edit):
             continue  # unmeasured, or a seed or warm start (the whole plan replaced)
         before, after = fields_of(json.loads(nodes[parent][1])), fields_of(json.loads(plan))
         changed = {p for p, _ in difference(before, after)}

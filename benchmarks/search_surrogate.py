@@ -76,7 +76,7 @@ def difference(a: dict[str, str], b: dict[str, str]) -> frozenset:
     return frozenset({(p, v) for p, v in b.items() if a.get(p) != v} | {(p, None) for p in a if p not in b})
 
 
-def _whole(edit: str | None) -> bool:
+def replaces_whole_plan(edit: str | None) -> bool:
     """Whether a node's edit replaces the whole plan (a seed or a warm start), not a move."""
     ops = json.loads(edit) if edit else []
     return any(op.get("path") == "" for op in ops)
@@ -115,7 +115,7 @@ class Surrogate:
                     rows = db.execute(NODES).fetchall()
                 except sqlite3.DatabaseError as e:
                     raise sqlite3.DatabaseError(f"{path}: not a search database ({e})") from None
-            nodes = {i: (parent, fields_of(json.loads(plan)), latency, _whole(edit))
+            nodes = {i: (parent, fields_of(json.loads(plan)), latency, replaces_whole_plan(edit))
                      for i, parent, plan, edit, latency, _ in rows}
             measured += [(fields, latency) for _, fields, latency, _ in nodes.values() if latency]
             results += [(nodes[i][1], EvalResult.from_dict(json.loads(result)))

@@ -261,7 +261,8 @@ def _launch_pdl(plan: Plan, units: list[_Unit]) -> tuple[str, bool]:
     """The launch's (trigger, prefetch): each key from the last matching override's `pdl` that sets it,
     else its models' (`_pdl`); the models' prefetch lapses where the trigger ends up 'none'. Checked
     once all overrides are folded in, naming the override that set the offending key."""
-    trigger, prefetch = _pdl(plan, {u.model.value for u in units})
+    models = {u.model.value for u in units}
+    trigger, prefetch = _pdl(plan, models)
     set_by: dict[str, int] = {}
     for n, o in enumerate(plan["overrides"]):
         if "pdl" in o and any(_matches(o["match"], u) for u in units):
@@ -272,10 +273,9 @@ def _launch_pdl(plan: Plan, units: list[_Unit]) -> tuple[str, bool]:
         prefetch = plan["overrides"][set_by["prefetch"]]["pdl"]["prefetch"]
     elif trigger == "none":
         prefetch = False
-    models = {u.model.value for u in units}
-    span = plan["persist"][next(iter(models))]["span"]
-    if "trigger" in set_by and trigger != "none" and len(models) == 1 and span in BARRIER_SPANS:
-        model = next(iter(models))  # a launch of both models is never joined: no barrier to wait at
+    model = next(iter(models)) if len(models) == 1 else None  # a launch of both models is never joined
+    span = plan["persist"][model]["span"] if model else "none"
+    if "trigger" in set_by and trigger != "none" and span in BARRIER_SPANS:
         raise ScheduleError(f"$.overrides[{set_by['trigger']}].pdl.trigger: {trigger!r} on {model} launches, which "
                             f"$.persist.{model}.span {span!r} joins behind grid barriers that need every program "
                             f"resident: 'none' there")
