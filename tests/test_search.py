@@ -617,7 +617,8 @@ def test_ctrl_c_stops_and_a_resume_finishes(env, tmp_path):
     try:
         wait_for_done(db, proc, 1, log)
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 130, log.read_text()
+        # 130, or (rarely, by CPython's own exit path) death by the signal: a shell reports both as 130
+        assert proc.wait(timeout=60) in (130, -signal.SIGINT), log.read_text()
     finally:
         if proc.poll() is None:
             proc.kill()

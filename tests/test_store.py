@@ -5,6 +5,7 @@ import contextlib
 import dataclasses
 import multiprocessing
 import os
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -16,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import Engine, create_engine, event, select, text
 from sqlalchemy.engine import make_url
 
 from conjugate.compiler.feedback import PartRef
@@ -102,6 +103,28 @@ def test_runs_create_read_and_status(store):
         store.set_run_status(first, "bogus")
     with pytest.raises(StoreError):
         store.run(9999)
+
+
+def test_ctrl_c_in_a_write_waits_for_its_commit(store):
+    """A SIGINT that lands inside a write transaction is raised once it has committed: the write is
+    whole and no lock is left held, so the run can be marked stopped at once (Ctrl-C in a search)."""
+    run_id = new_run(store)
+
+    def interrupt(_conn, _cursor, statement, *_args):
+        if statement.lstrip().upper().startswith("UPDATE RUNS"):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    event.listen(Engine, "before_cursor_execute", interrupt)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            store.set_run_status(run_id, RunStatus.FINISHED)
+    finally:
+        event.remove(Engine, "before_cursor_execute", interrupt)
+    assert store.run(run_id).status is RunStatus.FINISHED
+    start = time.monotonic()
+    store.set_run_status(run_id, RunStatus.STOPPED)  # an interrupted transaction would hold the lock (30 s)
+    assert store.run(run_id).status is RunStatus.STOPPED and time.monotonic() - start < 5
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_reads_are_frozen_snapshots(store):

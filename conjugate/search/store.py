@@ -15,7 +15,8 @@ Concurrency rules (after Optuna's BaseStorage):
   read-modify-write, so concurrent settlements all count.
 - Results go in as EvalResult and come back as EvalResult; the JSON column holds its to_dict().
 - SQLite: WAL journal, a 30 s busy timeout, writes in BEGIN IMMEDIATE transactions, retried with
-  backoff on "database is locked". PostgreSQL: READ COMMITTED, retried on deadlock/serialization.
+  backoff on "database is locked". Ctrl-C during a write transaction takes effect once it has committed
+  or rolled back: an interrupted one would keep the write lock, and the run could not be marked stopped. PostgreSQL: READ COMMITTED, retried on deadlock/serialization.
 - The schema carries SCHEMA_VERSION in table `meta`; a database of another version is refused,
   never migrated.
 - Nothing here takes an API key, and none is stored: every text and JSON column scrubs the values
@@ -23,9 +24,12 @@ Concurrency rules (after Optuna's BaseStorage):
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import signal
 import socket
+import threading
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -349,7 +353,7 @@ class Store:
         self._after_fork()
         for attempt in range(WRITE_TRIES):
             try:
-                with self._writer.begin() as s:
+                with _interrupts_held(), self._writer.begin() as s:
                     return fn(s)
             except IntegrityError:
                 raise
@@ -370,6 +374,24 @@ class Store:
 
 
 # -- helpers (module level, so that transactions stay small functions)
+
+@contextlib.contextmanager
+def _interrupts_held():
+    """In the main thread, a Ctrl-C (SIGINT, under Python's default handler) during the block is raised
+    as KeyboardInterrupt when the block ends, not inside it."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield  # another thread, a handler of the caller's own, or already held by an enclosing block
+        return
+    caught: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, _frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if caught:
+            raise KeyboardInterrupt
+
 
 def _url(target: str | Path, create: bool = True) -> URL:
     """The URL of `target`; with `create`, a SQLite file's folders are made, else the file must exist."""
