@@ -10,7 +10,7 @@ database, its run's workload and agent, parent -> child node, both latencies, th
 latency over child latency, minus one: positive is faster), the field's value before -> after, the
 --context fields' values in the parent (what the move was made beside), and `alone` (whether the
 move changed nothing but fields under --field; a carried fusion that also switches `pdl` is not
-alone; `--alone` lists only those). Then per change (before -> after) the count and the mean, least and largest gain.
+alone; `--alone` lists only those). A move that several databases hold (copies of one run) is listed once. Then per change (before -> after) the count and the mean, least and largest gain.
 Seeds and warm starts (edits that replace the whole plan) are not moves. Reads the databases only.
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ def moves_in(path: Path, field: str, context: list[str]) -> list[dict]:
         try:
             rows = db.execute(NODES).fetchall()
             measured = db.execute(MEASURED).fetchall()
-            runs = {i: (w, a) for i, w, a in db.execute("SELECT id, workload_name, agent FROM runs")}
+            runs = {i: (w, a, c) for i, w, a, c in db.execute("SELECT id, workload_name, agent, created_at FROM runs")}
         except sqlite3.DatabaseError as e:
             raise SystemExit(f"error: {path}: not a search database ({e})") from None
     by_run = {(plan_hash, run): ms for plan_hash, run, ms in measured}  # the last evaluation of each
@@ -68,14 +68,26 @@ def moves_in(path: Path, field: str, context: list[str]) -> list[dict]:
         changed = {p for p, _ in difference(before, after)}
         if not any(_under(p, field) for p in changed):
             continue
-        workload, agent = runs.get(run, ("?", "?"))
-        moves.append({"db": str(path), "workload": workload, "agent": agent, "parent": parent, "node": node,
+        workload, agent, created = runs.get(run, ("?", "?", None))
+        moves.append({"db": str(path), "workload": workload, "agent": agent, "run_created": created,
+                      "parent": parent, "node": node,
                       "parent_ms": latency[parent], "ms": latency[node],
                       "gain": latency[parent] / latency[node] - 1,
                       "before": _value(before, field), "after": _value(after, field),
                       "alone": all(_under(p, field) for p in changed),
                       "context": {c: _value(before, c) for c in context}})
     return moves
+
+
+def once(moves: list[dict]) -> list[dict]:
+    """Each move once: the first database's, where copies of one run (archives) hold it again."""
+    seen, out = set(), []
+    for m in moves:
+        key = (m["workload"], m["agent"], m["run_created"], m["node"])
+        if key not in seen:
+            seen.add(key)
+            out.append(m)
+    return out
 
 
 def summary(moves: list[dict]) -> list[dict]:
@@ -102,8 +114,8 @@ def main() -> None:
     for path in args.dbs:
         if not path.is_file():
             raise SystemExit(f"error: {path}: no such database file")
-    moves = [m for path in args.dbs for m in moves_in(path, args.field, args.context)
-             if m["alone"] or not args.alone]
+    moves = once([m for path in args.dbs for m in moves_in(path, args.field, args.context)
+                  if m["alone"] or not args.alone])
     for m in moves:
         context = "  ".join(f"{c}={v}" for c, v in m["context"].items())
         print(f"{m['workload']:22} {m['agent']:9} {m['parent']:>4} -> {m['node']:<4} {m['parent_ms']:8.3f} "

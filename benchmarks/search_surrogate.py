@@ -6,7 +6,8 @@ plan edits measured on the GPU, so a search policy can be compared over many see
                                           [--deepen-first]
                                           [--out DIR (runs/surrogate)] [--json OUT.json]
 
-The databases are GPU search runs of the workload (`searchers.py`'s). From them: every measured
+The databases are GPU search runs of the workload (`searchers.py`'s; a node that two databases hold,
+copies of one run, counts once). From them: every measured
 plan's latency, and every measured move (a child's difference from its parent, as a set of changed
 plan fields) with its gain (parent latency over child latency, minus one). A plan the GPU measured
 takes its mean latency; any other takes the latency of the measured plan nearest to it (fewest
@@ -52,8 +53,8 @@ from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 
-NODES = ("SELECT n.id, n.parent_id, n.plan, n.edit, e.latency_ms, e.result FROM nodes n "
-         "LEFT JOIN evaluations e ON e.plan_hash = n.plan_hash")
+NODES = ("SELECT n.id, n.parent_id, n.plan, n.edit, e.latency_ms, e.result, r.created_at FROM nodes n "
+         "JOIN runs r ON r.id = n.run_id LEFT JOIN evaluations e ON e.plan_hash = n.plan_hash")
 NAMING = {"name", "description"}  # top-level fields that do not change what a plan runs
 
 
@@ -108,7 +109,7 @@ class Surrogate:
 
     @classmethod
     def from_databases(cls, paths: list[Path]) -> "Surrogate":
-        measured, moves, results = [], [], []
+        measured, moves, results, seen = [], [], [], set()
         for path in paths:
             with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
                 try:
@@ -116,13 +117,16 @@ class Surrogate:
                 except sqlite3.DatabaseError as e:
                     raise sqlite3.DatabaseError(f"{path}: not a search database ({e})") from None
             nodes = {i: (parent, fields_of(json.loads(plan)), latency, replaces_whole_plan(edit))
-                     for i, parent, plan, edit, latency, _ in rows}
-            measured += [(fields, latency) for _, fields, latency, _ in nodes.values() if latency]
+                     for i, parent, plan, edit, latency, _, _ in rows}
+            # a node another database (a copy of the same run) already gave counts once
+            new = {i for i, *_, run_created in rows if (run_created, i) not in seen}
+            seen |= {(run_created, i) for i, *_, run_created in rows}
+            measured += [(fields, latency) for i, (_, fields, latency, _) in nodes.items() if latency and i in new]
             results += [(nodes[i][1], EvalResult.from_dict(json.loads(result)))
-                        for i, _, _, _, _, result in rows if result]
-            for parent, fields, latency, whole in nodes.values():
+                        for i, _, _, _, _, result, _ in rows if result and i in new]
+            for i, (parent, fields, latency, whole) in nodes.items():
                 above = nodes.get(parent)
-                if latency and above and above[2] and not whole:  # seeds and warm starts replace the whole plan
+                if i in new and latency and above and above[2] and not whole:  # seeds and warm starts: the whole plan
                     moves.append((difference(above[1], fields), above[2] / latency - 1))
         return cls(measured, moves, results)
 

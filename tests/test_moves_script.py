@@ -21,11 +21,11 @@ def _plan(trigger: str = "start", fusions=(), sm: int = 0) -> dict:
 def _database(path, nodes: dict) -> None:
     """nodes: id -> (plan, parent id, latency or None, edit path); one run, workload w, agent heuristic."""
     with sqlite3.connect(path) as c:
-        c.execute("CREATE TABLE runs (id INTEGER, workload_name TEXT, agent TEXT)")
+        c.execute("CREATE TABLE runs (id INTEGER, workload_name TEXT, agent TEXT, created_at TEXT)")
         c.execute("CREATE TABLE nodes (id INTEGER, parent_id INTEGER, plan JSON, edit JSON, run_id INTEGER, "
                   "plan_hash TEXT)")
         c.execute("CREATE TABLE evaluations (id INTEGER, plan_hash TEXT, run_id INTEGER, latency_ms FLOAT)")
-        c.execute("INSERT INTO runs VALUES (1, 'w', 'heuristic')")
+        c.execute("INSERT INTO runs VALUES (1, 'w', 'heuristic', '2026-12-03 08:00:00')")
         for node, (plan, parent, latency, edit_path) in nodes.items():
             edit = None if edit_path is None else json.dumps([{"op": "replace", "path": edit_path, "value": 0}])
             c.execute("INSERT INTO nodes VALUES (?, ?, ?, ?, 1, ?)", (node, parent, json.dumps(plan), edit, f"h{node}"))
@@ -86,6 +86,19 @@ def test_the_command_prints_each_move_and_writes_json(db, tmp_path):
     assert "2 moves under /pdl/draft in 1 databases" in ran.stdout
     assert 'trigger="start" -> trigger="end": mean +25.0%' in ran.stdout
     assert [m["node"] for m in json.loads(out.read_text())["moves"]] == [2, 7]
+
+
+def test_a_copy_of_a_run_counts_its_moves_once(db, tmp_path):
+    copy = tmp_path / "copy.db"
+    copy.write_bytes(db.read_bytes())
+    with sqlite3.connect(copy) as c:  # a later copy of the run: one move more
+        c.execute("INSERT INTO nodes VALUES (8, 2, ?, ?, 1, 'h8')",
+                  (json.dumps(_plan("none")), json.dumps([{"op": "replace", "path": "/pdl/draft/trigger"}])))
+        c.execute("INSERT INTO evaluations VALUES (8, 'h8', 1, 10.0)")
+    ran = _run(db, copy, "--field", "/pdl/draft", "--alone")
+    assert ran.returncode == 0, ran.stderr
+    assert "3 moves under /pdl/draft in 2 databases" in ran.stdout  # 2 and 7 once, 8 from the copy
+    assert 'trigger="start" -> trigger="end": mean +25.0%' in ran.stdout
 
 
 def test_bad_input_is_one_line(tmp_path):

@@ -97,12 +97,15 @@ def test_databases_give_latencies_moves_and_the_gpu_results(tmp_path):
 
     db = tmp_path / "run.db"
     with sqlite3.connect(db) as c:
-        c.execute("CREATE TABLE nodes (id INTEGER, parent_id INTEGER, plan JSON, edit JSON, plan_hash TEXT)")
+        c.execute("CREATE TABLE runs (id INTEGER, created_at TEXT)")
+        c.execute("INSERT INTO runs VALUES (1, '2026-12-03 08:00:00')")
+        c.execute("CREATE TABLE nodes (id INTEGER, parent_id INTEGER, plan JSON, edit JSON, run_id INTEGER, "
+                  "plan_hash TEXT)")
         c.execute("CREATE TABLE evaluations (plan_hash TEXT, latency_ms FLOAT, result JSON)")
         plans = {1: ({"x": 1}, None, 10.0, "ok"), 2: ({"x": 2}, 1, 8.0, "ok"), 3: ({"x": 3}, 1, None, "incorrect")}
         for node, (plan, parent, latency, status) in plans.items():
             edit = None if parent is None else json.dumps([{"op": "replace", "path": "/x", "value": plan["x"]}])
-            c.execute("INSERT INTO nodes VALUES (?, ?, ?, ?, ?)", (node, parent, json.dumps(plan), edit, f"h{node}"))
+            c.execute("INSERT INTO nodes VALUES (?, ?, ?, ?, 1, ?)", (node, parent, json.dumps(plan), edit, f"h{node}"))
             result = _result(status, latency).to_dict()
             c.execute("INSERT INTO evaluations VALUES (?, ?, ?)", (f"h{node}", latency, json.dumps(result)))
     model = surrogate.Surrogate.from_databases([db])
@@ -112,3 +115,7 @@ def test_databases_give_latencies_moves_and_the_gpu_results(tmp_path):
     assert own and failed.status.value == "incorrect"
     nearest, own = model.context({"x": 2, "y": 1})
     assert not own and nearest.latency_ms == 8.0
+    copy = tmp_path / "copy.db"  # an archive's second copy of the same run counts once
+    copy.write_bytes(db.read_bytes())
+    twice = surrogate.Surrogate.from_databases([db, copy])
+    assert twice.gains == model.gains and twice.latencies == model.latencies
