@@ -40,3 +40,24 @@ python benchmarks/searchers.py benchmarks/workloads/llama-3b-8b-b4-ctx2k.toml --
 echo "c2k rc=$? $(( $(date +%s)-t0 ))s"
 cd $OUT/w && tar -cJf ../bundle.tar.xz F && cd .. && rm -rf w
 tail -n 12 c2k.log
+# call 4 (a later session, code of 20e4885: the search proposes what 3a34b0e's did; the changes since are
+# the store's Ctrl-C handling and per-launch pdl, which the heuristic does not propose)
+# llama-3b-8b-b4-ctx2k's three runs of call 3 resumed to 40 evaluations, baselines carried
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $OUT/gpu.txt
+mkdir -p $OUT/w && cp -r F $OUT/w/F    # F: call 3's databases
+t0=$(date +%s)
+python benchmarks/searchers.py benchmarks/workloads/llama-3b-8b-b4-ctx2k.toml --agents heuristic random greedy \
+  --budget 40 --evaluator benchmarks/profiles/h200_quick.toml --time 480 --step 5 --confirm 3 --resume \
+  --carry-baselines --out $OUT/w/F --json $OUT/c2k_resume.json > $OUT/c2k_resume.log 2>&1
+echo "c2k rc=$? $(( $(date +%s)-t0 ))s"
+cd $OUT/w && tar -cJf ../bundle.tar.xz F/llama-3b-8b-b4-ctx2k_* && cd .. && rm -rf w
+tail -n 14 c2k_resume.log
+# call 5 (the same later session and code as call 4): qwen3-06b-8b-b4's random and greedy runs, cut by call 1's
+# --time at 38 and 35 evaluations, resumed to 40 (the MCTS run, complete, is only confirmed again)
+mkdir -p $OUT/w && cp -r Q $OUT/w/F    # Q: call 1's databases
+python benchmarks/searchers.py examples/qwen3-06b-8b-b4.toml --agents heuristic random greedy \
+  --budget 40 --evaluator benchmarks/profiles/h200_quick.toml --time 330 --step 5 --confirm 3 --resume \
+  --carry-baselines --out $OUT/w/F --json $OUT/q3_resume.json > $OUT/q3_resume.log 2>&1
+cd $OUT/w && tar -cJf ../bundle.tar.xz F/qwen3-06b-8b-b4_* && cd .. && rm -rf w
