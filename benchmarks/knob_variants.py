@@ -29,6 +29,9 @@ Written as OUTDIR/<NAME>-<variant>.json (NAME: the plan's name unless given; the
     draft-oproj-early       the draft's attention releases at its start, the o_proj after it
                             prefetches its weights first (the attention leaves bandwidth to spare)
     target-attn-early       draft-attn-early for the target's launches
+    phases-apart            the same launches on one stream, the draft's phase then the target's (no SM
+                            limit or priority): each phase's time alone, for `conjugate profile` and
+                            benchmarks/phases.py
 (A launch larger than PREFETCH_L2_SHARE of the L2 compiles without its prefetch, compiler/round.py's
 launch_pdl, as the round's manifest records: on an H200 the 8B targets' o_proj (34 MB), so no
 target-oproj variant, and the attention of a few workloads, e.g. llama-1b-8b-b8's target, 34 MB.)
@@ -79,6 +82,7 @@ VARIANTS = {
     "draft-oproj-early": {"overrides": [{"match": "d.*.attn", "pdl": {"trigger": "start"}},
                                         {"match": "d.*.o_proj", "pdl": {"trigger": "end", "prefetch": True}}]},
     "target-attn-early": _early("t"),
+    "phases-apart": {"streams": "one", "priority": "none", "sm_limit": {"draft": 0, "target": 0}},
 }
 
 
@@ -89,7 +93,10 @@ def variants(plan_file: Path, name: str | None = None) -> tuple[dict[str, dict],
     for variant, change in VARIANTS.items():
         raw = base.to_dict()
         for key, value in change.items():
-            raw[key] = raw[key] + value if key == "overrides" else raw[key] | value
+            if key == "overrides":
+                raw[key] = raw[key] + value
+            else:
+                raw[key] = raw[key] | value if isinstance(value, dict) else value
         model = {"d": "draft", "t": "target"}.get(change.get("overrides", [{}])[0].get("match", "")[:1])
         if model and raw["persist"][model]["span"] in BARRIER_SPANS:
             skipped[variant] = (f"$.persist.{model}.span {raw['persist'][model]['span']!r}: its launches are "

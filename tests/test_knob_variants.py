@@ -19,13 +19,15 @@ def test_each_variant_differs_from_its_plan_in_its_knob_alone():
     assert set(made) == {"pdl-draft-end", "pdl-draft-start", "pdl-draft-end-prefetch", "pdl-both-end",
                          "target-loops-99", "target-loops-66", "draft-fusions", "draft-mlp", "draft-fusions-no-mlp",
                          "target-sms-120", "target-sms-112", "target-sms-104", "draft-attn-early",
-                         "draft-attn-prefetch", "draft-oproj-early", "target-attn-early"} and not skipped
+                         "draft-attn-prefetch", "draft-oproj-early", "target-attn-early",
+                         "phases-apart"} and not skipped
     base = load_plan(STREAMS).to_dict()
     for variant, plan in made.items():
         assert plan["name"] == f"best-{variant}"
         changed = {k for k in plan if plan[k] != base[k]} - {"name"}
         loops = {"target-loops-99": "persist", "target-loops-66": "persist"}
         knob = ("overrides" if "overrides" in script.VARIANTS[variant] else "fusions" if variant.startswith("draft-")
+                else "streams" if variant == "phases-apart"
                 else loops.get(variant, "sm_limit" if variant.startswith("target-sms") else "pdl"))
         assert changed == {knob}, variant
         validate_plan(plan)
@@ -41,6 +43,16 @@ def test_each_variant_differs_from_its_plan_in_its_knob_alone():
     assert made["draft-attn-early"]["overrides"] == [{"match": "d.*.rope_kv", "pdl": {"trigger": "start"}},
                                                      {"match": "d.*.attn", "pdl": {"trigger": "end", "prefetch": True}}]
     assert made["target-attn-early"]["overrides"][1]["match"] == "t.*.attn"
+
+
+def test_phases_apart_puts_a_limited_two_stream_plan_on_one_stream():
+    best = ROOT / "benchmarks" / "results" / "plans" / "qwen3-06b-8b-b4.json"
+    made, _ = load_script("knob_variants").variants(best, "best")
+    base, apart = load_plan(best).to_dict(), made["phases-apart"]
+    assert base["streams"] == "two" and base["sm_limit"]["target"] == 96  # the case that needs more than streams
+    assert apart["streams"] == "one" and apart["sm_limit"] == {"draft": 0, "target": 0}
+    assert {k for k in apart if apart[k] != base[k]} == {"name", "streams", "sm_limit"}
+    validate_plan(apart)
 
 
 def test_a_variant_the_plan_cannot_take_is_skipped_and_named(tmp_path):
@@ -60,7 +72,8 @@ def test_a_variant_the_plan_cannot_take_is_skipped_and_named(tmp_path):
     assert skipped["skipped target-loops-99"] == "the plan has it already"
     assert "$.pdl.draft.trigger" in skipped["skipped pdl-draft-end"]
     assert sorted(p.name for p in out.iterdir()) == ["layered-draft-fusions-no-mlp.json", "layered-draft-fusions.json",
-                                                     "layered-draft-mlp.json", "layered-target-attn-early.json",
+                                                     "layered-draft-mlp.json", "layered-phases-apart.json",
+                                                     "layered-target-attn-early.json",
                                                      "layered-target-loops-66.json",
                                                      "layered-target-sms-104.json", "layered-target-sms-112.json",
                                                      "layered-target-sms-120.json"]
