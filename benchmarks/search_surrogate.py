@@ -3,7 +3,7 @@ plan edits measured on the GPU, so a search policy can be compared over many see
 
     python benchmarks/search_surrogate.py WORKLOAD.toml DB [DB ...] [--agents heuristic greedy random]
                                           [--seeds 0 1 2 3] [--budget 40] [--noise 0.002] [--width N]
-                                          [--deepen-first]
+                                          [--deepen-first] [--frontier-width N]
                                           [--out DIR (runs/surrogate)] [--json OUT.json]
 
 The databases are GPU search runs of the workload (`searchers.py`'s; a node that two databases hold,
@@ -21,7 +21,8 @@ agents read what they would read on the GPU (edits proposed only after a measure
 limit, included; a nearest plan's feedback can name launches this plan lays out otherwise). The
 latency gets Gaussian noise of --noise (relative). `--width N`: the edits a run asks for per
 expansion, evaluated before it selects again (default: the search's own, SearchSettings.expand_width);
-`--deepen-first`: once one of them gains, the rest wait and the run selects again (SearchSettings.deepen_first).
+`--deepen-first`: once one of them gains, the rest wait and the run selects again (SearchSettings.deepen_first);
+`--frontier-width N`: SearchSettings.frontier_width (default: the search's; 0: no cap).
 
 Per agent and seed a fresh run, as `searchers.py` makes it; its best plan (the fastest the search
 measured, noise included) is scored without the noise (`best_ms`). JSON: {"workload", "databases",
@@ -200,11 +201,15 @@ def main() -> None:
     parser.add_argument("--noise", type=float, default=0.002, help="relative latency noise (default 0.2%%)")
     parser.add_argument("--width", type=int, help="edits per expansion (default: the search's)")
     parser.add_argument("--deepen-first", action="store_true", help="MCTS: siblings of a gain wait (SearchSettings)")
+    parser.add_argument("--frontier-width", type=int, help="MCTS: children of a node without a gain before it is "
+                                                           "widened by visits (default: the search's; 0: no cap)")
     parser.add_argument("--out", type=Path, default=Path("runs/surrogate"))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.width is not None and args.width < 1:
         parser.error(f"--width {args.width}: at least one edit per expansion")
+    if args.frontier_width is not None and args.frontier_width < 0:
+        parser.error(f"--frontier-width {args.frontier_width}: 0 (no cap) or more")
     for path in args.databases:
         if not path.is_file():
             raise SystemExit(f"{path}: no such database")
@@ -225,7 +230,8 @@ def main() -> None:
                 db.unlink(missing_ok=True)
                 with contextlib.ExitStack() as stack:
                     opened = searchers.open_run(stack, args.workload, agent, args.budget, evaluator, seed, db,
-                                                width=args.width, deepen_first=args.deepen_first)
+                                                width=args.width, deepen_first=args.deepen_first,
+                                                frontier_width=args.frontier_width)
                     searchers.rotate([opened], args.budget, args.budget, None)
                 row = searchers.summary(db, agent, workload, args.workload)
                 node = row["best_node"]
@@ -240,7 +246,7 @@ def main() -> None:
                for agent in args.agents}
     out = {"workload": workload.name, "databases": [str(p) for p in args.databases], "budget": args.budget,
            "seeds": args.seeds, "noise": args.noise, "width": args.width,
-           "deepen_first": args.deepen_first, "command": " ".join(sys.argv),
+           "deepen_first": args.deepen_first, "frontier_width": args.frontier_width, "command": " ".join(sys.argv),
            "runs": runs, "summary": summary}
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")

@@ -1,9 +1,9 @@
 """Command-line argument types shared by the commands: a bad value is a one-line usage error (exit 2)
-before any work starts."""
+before any work starts. Output paths are checked by the commands (files.check_output): whether one
+is safe to write depends on the inputs the command reads."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from conjugate.files import is_file_name
 
@@ -13,17 +13,6 @@ def positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a positive integer")
     return int(text)
-
-
-def output_file(text: str) -> str:
-    """A file to write at the end of a command: checked first, so that no long work is lost to a path
-    that cannot take it (its folder missing, or a folder in its place)."""
-    path = Path(text).expanduser()
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text}: a directory, not a file")
-    if not path.parent.is_dir():
-        raise argparse.ArgumentTypeError(f"{text}: its folder {path.parent} does not exist")
-    return text
 
 
 def run_name(text: str) -> str:

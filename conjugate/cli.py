@@ -11,9 +11,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from conjugate.arguments import output_file, positive
+from conjugate.arguments import positive
 from conjugate.errors import ConjugateError, PlanError
-from conjugate.files import write_output
+from conjugate.files import check_output, write_output
 from conjugate.paths import DEFAULT_WORKLOAD, EXAMPLES_DIR, PLANS_DIR, SEED_PLANS, plan_path, shipped_plan
 from conjugate.secrets import scrub
 
@@ -90,6 +90,7 @@ def _schedule_table(schedule, title: str, limit: int | None = None) -> Table:
 
 
 def cmd_plan_explain(args: argparse.Namespace) -> None:
+    check_output("--json", args.json, [args.plan, args.workload])
     plan, workload, schedule = _load(args.plan, args.workload)
     if args.json:
         write_output(args.json, json.dumps(schedule.to_dict(), indent=1) + "\n")
@@ -108,6 +109,7 @@ def cmd_plan_compile(args: argparse.Namespace) -> None:
     from conjugate.compiler.round import compile_round
     from conjugate.models.weights import meta_weights
 
+    check_output("--out", args.out, [args.plan, args.workload], files=["manifest.json"])  # kernels: k_<digest>.py
     plan, workload, schedule = _load(args.plan, args.workload)
     out_dir = Path(args.out)
     with tempfile.TemporaryDirectory() as tmp:
@@ -192,7 +194,9 @@ _STAGE_TEXT = {"setup": "preparing the workload (and, first, measuring the basel
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Evaluate plans on a workload beside the baselines; print a table, optionally write JSON."""
-    from conjugate.evaluate.profile import load_profile
+    import torch
+
+    from conjugate.evaluate.profile import ProfileError, load_profile
     from conjugate.evaluate.worker import IsolatedEvaluator
     from conjugate.plan import load_plan
     from conjugate.workload import load_workload
@@ -200,6 +204,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     workload = load_workload(args.workload)
     profile = load_profile(args.evaluator)
     paths = [plan_path(p) for p in args.plan] if args.plan else [shipped_plan(n) for n in SEED_PLANS]
+    check_output("--json", args.json, [args.workload, profile.source, *paths])
+    if profile.kind == "gpu" and not torch.cuda.is_available():  # every row would fail alike
+        raise ProfileError(f"{profile.source}: kind 'gpu' measures on a GPU and this machine has no CUDA device; "
+                           "use --evaluator analytical")
     plans = [(_bench_label(path, plan), plan) for path, plan in ((path, load_plan(path)) for path in paths)]
     rows = []
     with IsolatedEvaluator(profile) as isolated:  # a crash or a hang costs one result, not the run
@@ -267,6 +275,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     from conjugate.plan import load_plan
     from conjugate.workload import load_workload
 
+    check_output("--out", args.out, [args.measured])  # over the starting profile: what no --out does
     profile = load_profile(args.evaluator)
     if profile.model is None:
         raise ProfileError(f"--evaluator: profile {profile.name!r} ({profile.source}) is of kind {profile.kind} and "
@@ -304,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a plan JSON file or a shipped plan by name (repeatable; default: the shipped plans)")
     bench.add_argument("--evaluator", default="analytical", help="evaluator profile name or TOML path "
                        "(default: analytical)")
-    bench.add_argument("--json", type=output_file, help="also write the results as JSON to this file")
+    bench.add_argument("--json", help="also write the results as JSON to this file")
     bench.add_argument("--remeasure", action="store_true", help="measure the baselines again (GPU evaluators "
                        "measure them once per workload in a worker process)")
     bench.set_defaults(func=cmd_bench)
@@ -312,8 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--from", dest="measured", required=True,
                            help="a measured-rounds JSON (benchmarks/compiler_rounds.py --json)")
     calibrate.add_argument("--evaluator", default="analytical", help="the profile to start from (default: analytical)")
-    calibrate.add_argument("--out", type=output_file,
-                           help="where to write the fitted profile (default: over the starting one)")
+    calibrate.add_argument("--out", help="where to write the fitted profile (default: over the starting one)")
     calibrate.set_defaults(func=cmd_calibrate)
     plan = sub.add_parser("plan", help="work with cross-model plans").add_subparsers(dest="plan_command", required=True,
                                                                                       metavar="ACTION")
@@ -324,7 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
         action.add_argument("plan", help="plan JSON file")
         action.add_argument("--workload", required=True, help="workload TOML file")
         if name == "explain":
-            action.add_argument("--json", type=output_file, help="also write the schedule as JSON to this file")
+            action.add_argument("--json", help="also write the schedule as JSON to this file")
         if name == "compile":
             action.add_argument("--out", required=True, help="directory for the kernel sources")
         action.set_defaults(func=func)

@@ -8,13 +8,14 @@ import sys
 import tempfile
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from conjugate.errors import ConjugateError
 
 MAX_TEXT_CHARS = 16 << 20  # no input the project reads is this large: a model file or a log named by mistake
 MAX_NESTING = 32  # objects, lists and tables inside one another; every file the project reads needs a few
 SHOWN_CHARS = 60  # a value quoted in an error line is cut to this length
+NAME_MAX = 200  # characters of a name a file gives itself (a workload's, a plan's, an evaluator profile's)
 
 
 def read_text(path: Path, error: type[ConjugateError], what: str = "file") -> str:
@@ -57,9 +58,9 @@ def check_table(table: Any, where: str, fields: tuple[str, ...], texts: tuple[st
     return table
 
 
-def read_json(path: Path, error: type[ConjugateError], what: str = "file") -> Any:
+def read_json(path: Path, error: type[ConjugateError], what: str = "file", unique_keys: bool = False) -> Any:
     """The file's JSON value (see parse_json)."""
-    return parse_json(read_text(path, error, what), path, error)
+    return parse_json(read_text(path, error, what), path, error, unique_keys)
 
 
 def read_toml(path: Path, error: type[ConjugateError], what: str = "file") -> dict[str, Any]:
@@ -67,11 +68,21 @@ def read_toml(path: Path, error: type[ConjugateError], what: str = "file") -> di
     return parse_toml(read_text(path, error, what), path, error)
 
 
-def parse_json(text: str, path: Path | str, error: type[ConjugateError]) -> Any:
+def parse_json(text: str, path: Path | str, error: type[ConjugateError], unique_keys: bool = False) -> Any:
     """JSON text as Python values; malformed text, nesting past MAX_NESTING or an integer past the
-    interpreter's digit limit raise `error` naming the path."""
+    interpreter's digit limit raise `error` naming the path, and so, with `unique_keys`, does a key
+    given twice in one object (JSON would keep the last silently)."""
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict:
+        value = dict(pairs)
+        if len(value) < len(pairs):
+            seen = set()
+            twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+            raise error(f"{path}: the key {shown_json(twice)} appears twice in one object")
+        return value
+
     try:
-        value = json.loads(text)
+        value = json.loads(text, object_pairs_hook=unique if unique_keys else None)
     except json.JSONDecodeError as e:
         raise error(f"{path}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from e
     except (RecursionError, ValueError) as e:
@@ -129,6 +140,12 @@ def is_file_name(value: Any) -> bool:
         "/" in value or "\\" in value or value.startswith("."))
 
 
+def is_shown_name(value: Any) -> bool:
+    """A name that tables, titles, logs and stores show as it is: 1 to NAME_MAX printable characters (no
+    control character, so no terminal escape sequence)."""
+    return isinstance(value, str) and 0 < len(value) <= NAME_MAX and value.isprintable()
+
+
 def shown(value: Any, limit: int = SHOWN_CHARS) -> str:
     """repr(value) for an error line, cut to `limit` characters."""
     return _cut(repr(value), limit)
@@ -141,6 +158,67 @@ def shown_json(value: Any, limit: int = SHOWN_CHARS) -> str:
 
 def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether two paths name one file: os.path.samefile where both exist (a link or a hard link is
+    the file it names), else the resolved paths compared."""
+    try:
+        if os.path.exists(a) and os.path.exists(b):
+            return os.path.samefile(a, b)
+        return Path(a).resolve() == Path(b).resolve()
+    except (OSError, RuntimeError):  # a symlink loop, a name too long: not shown to be one file
+        return False
+
+
+def check_output(option: str, value: str | Path | None, inputs: Iterable[str | Path | None] = (),
+                 files: Iterable[str] | None = None) -> None:
+    """An output the user named (`option`, e.g. --json), checked before any work so that none is lost
+    to it and no input is overwritten: not empty; a file whose folder exists, and where something is
+    there already a regular file or a character device such as /dev/null (a pipe would block the
+    writer); with `files`, a folder (or one to make) that the command writes those files into. None of
+    the files written may be one of `inputs`. ConjugateError naming the option and the path otherwise."""
+    if value is None:
+        return
+    text = str(value)
+    if not text:  # Path("") is the current folder
+        raise ConjugateError(f"{option}: an empty path")
+    path, where = Path(text), f"{option} {text}"
+    kind = _mode(path, where)
+    if files is None:
+        if kind is not None and stat.S_ISDIR(kind):
+            raise ConjugateError(f"{where}: a directory, not a file")
+        if kind is not None and not (stat.S_ISREG(kind) or stat.S_ISCHR(kind)):
+            raise ConjugateError(f"{where}: not a regular file (a pipe, socket or device)")
+        folder = _mode(path.parent, where)
+        if folder is None:
+            raise ConjugateError(f"{where}: its folder {path.parent} does not exist")
+        if not stat.S_ISDIR(folder):
+            raise ConjugateError(f"{where}: {path.parent} is a file, not a folder")
+        written = [path]
+    else:
+        above = path
+        while kind is None and above != above.parent:  # up past the folders mkdir would make
+            above = above.parent
+            kind = _mode(above, where)
+        if kind is not None and not stat.S_ISDIR(kind):
+            raise ConjugateError(f"{where}: {'a file' if above == path else f'{above} is a file'}, not a folder")
+        written = [path / name for name in files]
+    for target in written:
+        for source in inputs:
+            if source is not None and same_file(target, source):
+                what = "" if files is None else f"its {target.name} "
+                raise ConjugateError(f"{where}: {what}would overwrite {source}, which this command reads")
+
+
+def _mode(path: Path, where: str) -> int | None:
+    """The file type and mode bits of what is at `path` (links followed), None where nothing is."""
+    try:
+        return os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:  # no permission, a name too long, a symlink loop
+        raise ConjugateError(f"{where}: cannot use {path} ({e.strerror})") from None
 
 
 def write_output(path: str | Path, text: str) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from conjugate.errors import CheckpointError, WorkloadError
-from conjugate.files import read_toml, shown
+from conjugate.files import NAME_MAX, is_shown_name, read_toml, shown
 from conjugate.models.presets import PRESETS
 from conjugate.models.spec import ModelSpec
 from conjugate.models.weights import DTYPES, check_checkpoint, checkpoint_files
@@ -26,7 +26,6 @@ from conjugate.roles import Model
 
 _FIELDS: dict[str, type] = {"name": str, "draft": str, "target": str, "k": int, "draft_batch": int,
                             "target_batch": int, "context": int, "dtype": str, "seed": int, "kv_init": str}
-NAME_MAX = 200  # characters of a workload's name
 _REQUIRED = ("draft", "target", "k", "draft_batch", "target_batch", "context", "dtype")
 LIMITS = {"k": (1, 16), "draft_batch": (1, 256), "target_batch": (1, 256), "context": (0, 131072),
            "seed": (0, 2**63 - 1)}  # a seed seeds torch's generators: a signed 64-bit integer
@@ -164,7 +163,7 @@ def check_fields(data: dict[str, Any], path: Path | str) -> None:
         if key not in data:
             raise WorkloadError(f"{path}: missing field {key!r}")
     name = data.get("name", "-")
-    if not (0 < len(name) <= NAME_MAX and name.isprintable()):  # shown in tables, logs and stores
+    if not is_shown_name(name):
         raise WorkloadError(f"{path}: field 'name' is {shown(name)}; 1 to {NAME_MAX} printable characters")
     for key, (low, high) in LIMITS.items():
         if key in data and not low <= data[key] <= high:

@@ -11,7 +11,7 @@ import torch
 import conjugate  # noqa: F401  (sets TRITON_INTERPRET before triton is imported)
 from conjugate.compiler.attention import SIGNATURE, attn_call
 from conjugate.models.reference import attention
-from kernels import WRONG_LENGTH_IDS, WRONG_LENGTHS, run_part  # tests/kernels.py
+from kernel_parts import WRONG_LENGTH_IDS, WRONG_LENGTHS, run_part  # tests/kernel_parts.py
 
 
 def _junk(k, v, lengths, offset, tokens):

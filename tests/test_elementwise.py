@@ -7,7 +7,7 @@ import torch
 from conjugate.compiler.embed import argmax_call, embed_call
 from conjugate.compiler.norm import rmsnorm_call
 from conjugate.models.reference import rms_norm
-from kernels import run_part  # tests/kernels.py
+from kernel_parts import run_part  # tests/kernel_parts.py
 
 VOCAB, HIDDEN = 50, 40  # HIDDEN is not a multiple of the blocks used
 

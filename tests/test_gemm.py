@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
 from conjugate.compiler.gemm import STATS_CHUNK, gemm_call
-from kernels import run_part  # tests/kernels.py
+from kernel_parts import run_part  # tests/kernel_parts.py
 
 M, N, K = 10, 300, 200
 

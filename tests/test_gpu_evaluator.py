@@ -411,6 +411,7 @@ def test_bench_with_a_gpu_profile(monkeypatch, capsys, tmp_path):
         return _measured(plan["name"], 0.25)
 
     monkeypatch.setattr(IsolatedEvaluator, "evaluate", fake)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # bench refuses a GPU profile without one
     out = tmp_path / "bench.json"
     # exit status 1: one plan came back incorrect (the table says which and why)
     assert main(["bench", str(TINY_PATH), "--evaluator", "h200", "--remeasure", "--json", str(out)]) == 1
@@ -434,6 +435,7 @@ def test_bench_names_a_failed_baseline(monkeypatch, capsys):
         return _measured(plan["name"], 0.25, baselines=baselines, speedups={"sequential": 0.4 / 0.25})
 
     monkeypatch.setattr(IsolatedEvaluator, "evaluate", fake)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert main(["bench", str(TINY_PATH), "--evaluator", "h200"]) == 0
     printed = capsys.readouterr().out
     assert "baseline conventional: incorrect: target cache k: worst (1, 2)" in printed

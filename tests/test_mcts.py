@@ -323,6 +323,27 @@ def test_a_node_none_of_whose_children_gained_is_widened_not_left_for_a_loser():
         assert (m.select(best) == [best]) is widened
 
 
+def test_a_frontier_is_widened_up_to_its_width_then_left_for_its_best_child():
+    # llama-3b-8b-b4-ctx2k on the H200: a node whose children each gain a little under the margin
+    for width, widened_at_six in ((6, False), (0, True)):
+        m = MCTS(c_puct=0.7, deepen_margin=0.005, frontier_width=width)
+        node = TreeNode(11, reward=1.2085)
+        m.backpropagate([node], 1.2085)
+        gains = (0.9999, 1.0006, 1.0001, 0.99, 1.0030, 0.995)  # the best, +0.3%, is under the 0.5% margin
+        for i, gain in enumerate(gains[:5]):
+            kid = node.add_child(20 + i, 0.2)
+            kid.reward = 1.2085 * gain
+            m.backpropagate([node, kid], kid.reward)
+        assert m.select(node) == [node]  # five children: still widened
+        kid = node.add_child(25, 0.2)
+        kid.reward = 1.2085 * gains[5]
+        m.backpropagate([node, kid], kid.reward)
+        assert len(node.children) > m.max_children(node)  # by visits it is full
+        assert (m.select(node) == [node]) is widened_at_six
+        if not widened_at_six:
+            assert m.select(node)[-1].id == 24  # the +0.3% child
+
+
 def test_with_best_weight_one_a_failed_edit_does_not_demote_the_fastest_branch():
     for weight, chosen in ((1.0, 4), (0.5, 6)):
         m = MCTS(c_puct=0.7, best_weight=weight, deepen_margin=0.005)
@@ -344,7 +365,8 @@ def test_with_the_search_settings_mcts_still_beats_random_search():
     from conjugate.search.run import SearchSettings
     st = SearchSettings()
     guided, blind = search_margin(range(48), make=lambda: MCTS(
-        c_puct=st.c_puct, behind_margin=st.behind_margin, deepen_margin=st.deepen_margin, best_weight=st.best_weight))
+        c_puct=st.c_puct, behind_margin=st.behind_margin, deepen_margin=st.deepen_margin, best_weight=st.best_weight,
+        frontier_width=st.frontier_width))
     assert guided > blind + 0.2, (guided, blind)
 
 

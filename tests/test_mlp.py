@@ -8,7 +8,7 @@ import torch.nn.functional as F
 import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
 from conjugate.compiler.gemm import STATS_CHUNK, gemm_call
 from conjugate.compiler.mlp import mlp_call
-from kernels import run_part  # tests/kernels.py
+from kernel_parts import run_part  # tests/kernel_parts.py
 
 M, H, FFN = 5, 96, 200  # an ffn size that no block size divides, a hidden size BLOCK_K=64 does not
 

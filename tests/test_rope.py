@@ -12,7 +12,7 @@ from conjugate.compiler.tile import INTERPRETING
 from conjugate.compiler.rope import SIGNATURE, rope_kv_call
 from conjugate.models.presets import PRESETS
 from conjugate.models.reference import apply_rope, rms_norm, rope_cos_sin
-from kernels import WRONG_LENGTH_IDS, WRONG_LENGTHS, run_part  # tests/kernels.py
+from kernel_parts import WRONG_LENGTH_IDS, WRONG_LENGTHS, run_part  # tests/kernel_parts.py
 
 SENTINEL = 7.0
 

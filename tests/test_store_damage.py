@@ -99,7 +99,7 @@ def test_reading_a_foreign_or_empty_database_writes_nothing_to_it(tmp_path):
 def test_an_export_onto_a_file_says_a_folder_is_needed(good_db, tmp_path):
     (tmp_path / "taken").write_text("mine")
     code, _, err = cli("export", good_db, "--out", tmp_path / "taken")
-    one_line(code, err, str(tmp_path / "taken"), "a file where a folder is needed")
+    one_line(code, err, str(tmp_path / "taken"), "a file, not a folder")
     assert (tmp_path / "taken").read_text() == "mine"
 
 

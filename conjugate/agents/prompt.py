@@ -32,6 +32,7 @@ from conjugate.files import read_text
 from conjugate.paths import FACTS_FILE, PLAN_SCHEMA_FILE, PROMPTS_DIR, TILES_FILE
 from conjugate.plan.patch import patch_plan
 from conjugate.plan.schema import Plan, without_late_defaults
+from conjugate.text import visible
 
 MAX_REPLY_CHARS = 128 * 1024  # twice the text of the proposer's max_tokens (16384)
 MAX_RESCANS = 8  # unclosed "{" (in prose) after which a reply is scanned again from the next "{"
@@ -264,7 +265,7 @@ def check_edit(edit: Any, current: Plan) -> tuple[Proposal, str]:
         raise ValueError(f'"patch" has {len(patch)} operations; at most {MAX_PATCH_OPS} are read')
     new = patch_plan(current, patch)
     kind = edit.get("kind") if edit.get("kind") in EDIT_KINDS else "other"
-    rationale = clip(" ".join(str(edit.get("rationale") or "").split()), 300)
+    rationale = clip(visible(edit.get("rationale") or ""), 300)  # one line, control characters escaped
     return Proposal(patch=patch, rationale=rationale, kind=kind), new.hash
 
 

@@ -8,9 +8,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from conjugate.arguments import output_file, positive
+from conjugate.arguments import positive
 from conjugate.errors import ConjugateError
-from conjugate.files import write_output
+from conjugate.files import check_output, write_output
 
 
 def add_command(sub, out: Console) -> None:
@@ -20,17 +20,18 @@ def add_command(sub, out: Console) -> None:
     cmd.add_argument("--plan", default="streams", help="plan name (plans/) or JSON file (default: streams)")
     cmd.add_argument("--replays", type=positive, default=5, help="round replays recorded (default: 5; the median "
                                                                  "one is reported)")
-    cmd.add_argument("--json", type=output_file,
-                     help="also write the whole ledger (every launch) as JSON to this file")
+    cmd.add_argument("--json", help="also write the whole ledger (every launch) as JSON to this file")
     cmd.set_defaults(func=lambda args: cmd_profile(args, out))
 
 
 def cmd_profile(args: argparse.Namespace, out: Console) -> None:
     import torch
 
+    from conjugate.paths import plan_path
+
+    check_output("--json", args.json, [args.workload, plan_path(args.plan)])
     if not torch.cuda.is_available():
         raise ConjugateError("conjugate profile measures on a GPU and this machine has no CUDA device")
-    from conjugate.paths import plan_path
     from conjugate.plan import load_plan
     from conjugate.workload import load_workload
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from conjugate.errors import ConjugateError
-from conjugate.files import read_toml, shown
+from conjugate.files import NAME_MAX, is_shown_name, read_toml, shown
 from conjugate.paths import PROFILES_DIR
 
 PROFILE_DIR = PROFILES_DIR
@@ -125,6 +125,14 @@ def _need(data: dict, key: str, kind: type, where: str) -> Any:
     return value
 
 
+def _shown_name(data: dict, key: str, where: str) -> str:
+    """A name the bench table and its title print as it is (the rule of workload names)."""
+    value = _need(data, key, str, where)
+    if not is_shown_name(value):
+        raise ProfileError(f"{where}: field {key!r} is {shown(value)}; 1 to {NAME_MAX} printable characters")
+    return value
+
+
 def _as_float(value: int) -> float:
     try:
         return float(value)
@@ -154,7 +162,7 @@ def _profile(data: dict, path: Path) -> EvaluatorProfile:
         raise ProfileError(f"{where}: field 'kind' is {shown(kind)}; supported: {', '.join(KINDS)}")
     correctness = _table(data.get("correctness", {}), "correctness", where)
     return EvaluatorProfile(
-        name=_need(data, "name", str, where), kind=kind,
+        name=_shown_name(data, "name", where), kind=kind,
         description=_need(data, "description", str, where) if "description" in data else "",
         time_limit_s=_need(data, "time_limit_s", float, where),
         max_check_params=_need(correctness, "max_params", int, f"{where}: [correctness]"),
@@ -169,6 +177,7 @@ def _model(model: dict, where: str) -> ModelConstants:
     if unknown:
         raise ProfileError(f"{where}: unknown field {_dotted('model', sorted(unknown)[0])}")
     values = {k: _need(model, k, t, f"{where}: [model]") for k, t in _MODEL_KEYS.items()}
+    _shown_name(model, "gpu", f"{where}: [model]")  # the bench title's "MODELED for <gpu>"
     efficiency = _table(model.get("efficiency", {}), "model.efficiency", where)
     for extra in set(efficiency) - set(_FAMILIES):
         raise ProfileError(f"{where}: unknown field {_dotted('model.efficiency', extra)}")
@@ -200,6 +209,8 @@ def _timing(timing: dict, where: str) -> TimingSettings:
     if not isinstance(baselines, list) or not all(b in TimingSettings.baselines for b in baselines):
         raise ProfileError(f"{where}: field 'timing.baselines' should be a list drawn from "
                            f"{', '.join(TimingSettings.baselines)}, got {shown(baselines)}")
+    if len(set(baselines)) < len(baselines):  # [] stays allowed: plans timed alone (benchmarks/README.md)
+        raise ProfileError(f"{where}: field 'timing.baselines' names a baseline twice: {shown(baselines)}")
     variants = timing.get("conventional", list(TimingSettings.conventional))
     if not isinstance(variants, list) or not variants or not all(_is_variant(v) for v in variants):
         from conjugate.evaluate.conventional import ATTENTION, COMPILES, RESIDUALS

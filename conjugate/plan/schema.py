@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from conjugate.errors import PlanError
-from conjugate.files import check_nesting, read_json, shown, shown_json
+from conjugate.files import NAME_MAX, check_nesting, is_shown_name, read_json, shown, shown_json
 from conjugate.graph import KINDS
 from conjugate.plan.tiles import DEFAULT_LAUNCH, LAUNCH_BOUNDS, is_power_of_two, tile_keys
 from conjugate.roles import Model
@@ -90,6 +90,14 @@ class _Checker:
     def string(self, value: Any, path: str) -> str:
         if not isinstance(value, str):
             self.fail(path, f"should be a string, got {_kind(value)}")
+            return ""
+        return value
+
+    def name(self, value: Any, path: str) -> str:
+        """A plan's name: none (its hash stands for it), or one that tables show as it is."""
+        value = self.string(value, path)
+        if value and not is_shown_name(value):
+            self.fail(path, f"is {shown_json(value)}; 1 to {NAME_MAX} printable characters")
             return ""
         return value
 
@@ -187,7 +195,7 @@ def _canonical(raw: Any) -> tuple[dict, list[str]]:
         c.fail("$.schema", f"should be {json.dumps(SCHEMA)}, got {shown_json(raw.get('schema'))}")
     plan = {
         "schema": SCHEMA,
-        "name": c.string(raw.get("name", ""), "$.name"),
+        "name": c.name(raw.get("name", ""), "$.name"),
         "description": c.string(raw.get("description", ""), "$.description"),
         "alignment": c.choice(raw.get("alignment", "sequential"), "$.alignment", ALIGNMENTS),
         "interleave": c.interleave(raw.get("interleave", {}), "$.interleave"),
@@ -332,7 +340,7 @@ def validate_plan(raw: Any, source: str | None = None) -> Plan:
 
 def load_plan(path: str | Path) -> Plan:
     path = Path(path)
-    return validate_plan(read_json(path, PlanError, "plan file"), str(path))
+    return validate_plan(read_json(path, PlanError, "plan file", unique_keys=True), str(path))
 
 
 _UNSET = object()

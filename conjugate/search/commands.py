@@ -15,8 +15,13 @@ from rich.table import Table
 
 from conjugate.arguments import positive, run_name
 from conjugate.errors import ConjugateError
+from conjugate.files import check_output
 from conjugate.paths import DEFAULT_WORKLOAD, PROFILES_DIR, RUNS_DIR
 from conjugate.search.gpus import Helpers, parse_gpus, pin_this_process
+
+# what `export` writes into its --out folder (report.export_run), none of which may be a file it reads
+EXPORT_FILES = ("best_plan.json", "kernels", "report.json", "report.md", "best_so_far.png", "workload.toml",
+                "reproduce.sh")
 
 if TYPE_CHECKING:
     from conjugate.agents.base import Proposer
@@ -70,6 +75,20 @@ def open_store(target: str, create: bool = False):
         raise StoreError(f"{target}: {e}") from e
     finally:
         store.close()
+
+
+def database_file(target: str | None) -> str | None:
+    """The SQLite file a database argument names (a plain path or a sqlite URL), None for a server."""
+    if target is None or "://" not in target:
+        return target and str(Path(target).expanduser())
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        url = make_url(target)
+    except ArgumentError:
+        return None  # refused where the store opens
+    return url.database if url.get_backend_name() == "sqlite" and url.database not in ("", ":memory:") else None
 
 
 def _integer(low: int, high: int) -> Callable[[str], int]:
@@ -171,7 +190,7 @@ def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> i
     from conjugate.search.report import run_history
     from conjugate.search.run import (Search, SearchSettings, baselines_to_carry, evaluator_id, run_evaluator_id,
                                       run_profile_source, run_workload_file)
-    from conjugate.search.store import RunStatus
+    from conjugate.search.store import RunStatus, StoreError
 
     with open_store(args.resume) as store:
         run = store.latest_run() if args.run is None else store.run(args.run)
@@ -197,7 +216,8 @@ def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> i
         agent = AgentSettings(run.agent, run.seed, args.base_url or stored.base_url or None,  # the run's own server
                               args.max_llm_cost, args.replay_from, args.llm_timeout)
         proposer = _proposer(agent, _CallLog(store, run.id))
-        run_history(store, run, workload)  # every row read before the run is marked running: a damaged one ends here
+        if not run_history(store, run, workload):  # every row read and checked before the run is marked running
+            raise StoreError(f"run {run.id} holds no node, not even its root plan: nothing to resume (start a new run)")
         with IsolatedEvaluator(profile) as evaluator:
             if args.carry_baselines:
                 evaluator.carried = baselines_to_carry(store, run.id, workload, run_evaluator_id(run))
@@ -352,6 +372,8 @@ def cmd_export(args: argparse.Namespace, out: Console) -> None:
         run = store.run(args.run) if args.run else store.latest_run()
         if run is None:
             raise ConjugateError(f"{args.db}: holds no run to export")
+        check_output("--out", args.out, [database_file(args.db), args.workload, run.workload_path or None],
+                     EXPORT_FILES)
         written = export_run(store, run, Path(args.out), out, args.workload)
     out.print(f"exported run {run.id} to {args.out}: " + ", ".join(sorted(p.name for p in written)))
 

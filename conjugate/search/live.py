@@ -13,6 +13,7 @@ from rich.text import Text
 
 from conjugate.evaluate.result import EvalResult
 from conjugate.secrets import scrub
+from conjugate.text import visible
 
 
 @dataclass(frozen=True)
@@ -41,13 +42,14 @@ class LiveView:
         if kind == "expand":
             self.now = f"expanding node {data['node']} (depth {data['depth']})"
         elif kind == "evaluate":
-            self.now = f"evaluating node {data['node']} [{data['kind']}]: {scrub(data['rationale'])[:90]}"
+            self.now = f"evaluating node {data['node']} [{data['kind']}]: {visible(scrub(data['rationale']))[:90]}"
         elif kind == "result":
             self._result(data)
         elif kind == "rejected":
-            self._say(f"rejected an edit of node {data['node']}: {scrub(data['error'])[:120]}")
+            self._say(f"rejected an edit of node {data['node']}: {visible(scrub(data['error']))[:120]}")
         elif kind == "skipped":
-            self._say(f"skipped at node {data['node']}, it lost wherever it was made: {scrub(data['rationale'])[:100]}")
+            why = visible(scrub(data['rationale']))[:100]
+            self._say(f"skipped at node {data['node']}, it lost wherever it was made: {why}")
         if self._live:
             self._live.update(self._render())
 

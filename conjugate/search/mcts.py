@@ -36,10 +36,15 @@ node by more than the margin gets no new child; the new edits go below the gain 
 mostly commute (the draft's atomic split-K sums gain before or after a tile change), so an edit
 tried beside a gain would have to be made again below it to combine with it. For the same reason a
 node none of whose children gained (the frontier) is widened whatever its visits, rather than
-descended into a child that lost; a node whose gaining branches are exhausted is widened by visits
-as before. Greedy hill-climbing widens only the single best node; MCTS keeps every branch in play
-and descends by PUCT, where a gaining branch has the highest Q (a loser with a high prior may still
-be chosen: exploration).
+descended into a child that lost, until it holds `frontier_width` children (0: no cap); then it is
+widened by visits like any node, and the search descends into its best child. Without the cap a node
+whose edits each gain a little less than the margin (llama-3b-8b-b4-ctx2k on the H200: seven of its
+21 children gained 0.01-0.34% over it) took the second half of a 40-evaluation run, while greedy
+hill-climbing chained such gains. On the surrogate (benchmarks/README.md) a cap of six moved nothing
+beyond the seeds' spread, so the search leaves it off (SearchSettings.frontier_width 0). A node
+whose gaining branches are exhausted is widened by visits as before. Greedy hill-climbing widens
+only the single best node; MCTS keeps every branch in play and descends by PUCT, where a gaining
+branch has the highest Q (a loser with a high prior may still be chosen: exploration).
 
 First-play urgency: a child not visited yet takes its parent's own reward as its value, so a fresh
 child counts as no gain: it is tried before a sibling that lost, after one that gained, unless its
@@ -76,8 +81,11 @@ class TreeNode:
 
     def path(self) -> list[TreeNode]:
         """Root ... self."""
-        nodes, node = [], self
+        nodes, seen, node = [], set(), self
         while node is not None:
+            if node.id in seen:  # parents that loop (a stored tree is checked before: search/integrity.py)
+                raise ValueError(f"node {node.id} is its own ancestor")
+            seen.add(node.id)
             nodes.append(node)
             node = node.parent
         return nodes[::-1]
@@ -96,9 +104,11 @@ def is_open(node: TreeNode) -> bool:
 
 class MCTS:
     def __init__(self, c_puct: float = 1.4, widen_alpha: float = 0.5, widen_c: float = 1.0,
-                 best_weight: float = 0.5, behind_margin: float = 0.0, deepen_margin: float = 0.0):
+                 best_weight: float = 0.5, behind_margin: float = 0.0, deepen_margin: float = 0.0,
+                 frontier_width: int = 0):
         self.c_puct, self.widen_alpha, self.widen_c = c_puct, widen_alpha, widen_c
         self.best_weight, self.behind_margin, self.deepen_margin = best_weight, behind_margin, deepen_margin
+        self.frontier_width = frontier_width
         self.max_reward = 0.0  # the behind margin's reference; select() also refreshes it from the root's best
 
     def max_children(self, node: TreeNode) -> int:
@@ -106,14 +116,16 @@ class MCTS:
 
     def full(self, node: TreeNode) -> bool:
         """No new child for `node` now: closed, outgained by one of its branches that is still open
-        (deepen_margin), widened enough for its visits (unless no branch gained: deepen_margin), or
+        (deepen_margin), widened enough for its visits (unless no branch gained: deepen_margin, up to
+        frontier_width children), or
         behind itself while one of its branches is still in the running."""
         if node.closed:
             return True
         gained = self._gained(node)
         if any(is_open(c) for c in gained):
             return True
-        frontier = not gained and self.deepen_margin > 0 and node.reward is not None  # widened whatever its visits
+        frontier = (not gained and self.deepen_margin > 0 and node.reward is not None  # widened whatever its visits
+                    and not 0 < self.frontier_width <= len(node.children))
         if not frontier and len(node.children) >= self.max_children(node):
             return True
         return self._behind(node.reward) and any(is_open(c) and not self.pruned(c) for c in node.children)

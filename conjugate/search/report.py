@@ -16,8 +16,10 @@ from conjugate.evaluate.result import EvalResult
 from conjugate.search.run import (eval_key, evaluator_id, reward_of, run_evaluator_id, run_profile_source,
                                   run_workload)
 from conjugate.paths import DATA_ROOT, EXAMPLES_DIR, PROFILES_DIR
+from conjugate.search.integrity import check_run
 from conjugate.search.store import StoreError
 from conjugate.secrets import scrub, scrub_tree
+from conjugate.text import visible
 from conjugate.workload import Workload, workload_toml
 
 BASELINES = ("conventional", "sequential", "streams")
@@ -35,14 +37,17 @@ def passed(found) -> bool:
 
 
 def run_history(store, run, workload: Workload | None = None) -> list[dict]:
-    """Every node of the run in creation order, with its evaluation (or status pending); scrubbed."""
+    """Every node of the run in creation order, with its evaluation (or status pending); scrubbed, the
+    rationales on one line without control characters. A damaged row ends here (integrity.py)."""
+    pairs = node_evaluations(store, run, workload or run_workload(run))
+    check_run(run, pairs)
     rows = []
-    for n, found in node_evaluations(store, run, workload or run_workload(run)):
+    for n, found in pairs:
         r = found.result if found is not None and found.done else None
         rows.append({"node": n.id, "parent": n.parent_id, "depth": n.depth, "kind": n.edit_kind,
-                     "proposer": n.proposer, "rationale": n.rationale, "edit": n.edit, "plan_hash": n.plan_hash,
-                     "visits": n.visits, **_outcome(r), "finished_at": found.finished_at.isoformat()
-                     if found is not None and found.finished_at else None})
+                     "proposer": n.proposer, "rationale": visible(n.rationale), "edit": n.edit,
+                     "plan_hash": n.plan_hash, "visits": n.visits, **_outcome(r),
+                     "finished_at": found.finished_at.isoformat() if found is not None and found.finished_at else None})
     return scrub_tree(rows)
 
 

@@ -51,6 +51,7 @@ class SearchSettings:
     deepen_margin: float = 0.005  # a node outgained by this much by an open branch is not widened (mcts.py)
     best_weight: float = 1.0  # a branch's value: its best reward (1) or blended with its mean (mcts.py)
     deepen_first: bool = False  # MCTS: once a child gains by deepen_margin, its unmeasured siblings wait
+    frontier_width: int = 0  # MCTS: a node none of whose children gained is widened up to this many (0: no cap)
     move_memory: int = 2  # with MCTS, a move that lost in this many branches is not offered again (moves.py); 0: off
     warm_start: int = 2  # best plans of earlier runs seeded (same evaluator; this model family first)
     stale_after_s: float = 1800.0  # a "running" evaluation older than this is taken over
@@ -277,7 +278,8 @@ class Search:
         self.run = store.run(run_id)
         self.context = ContextBuilder(store, self.run, *device_of(evaluator.profile))
         self.mcts = MCTS(c_puct=settings.c_puct, behind_margin=settings.behind_margin,
-                         deepen_margin=settings.deepen_margin, best_weight=settings.best_weight)
+                         deepen_margin=settings.deepen_margin, best_weight=settings.best_weight,
+                         frontier_width=settings.frontier_width)
         self.evaluator_id = settings.evaluator_id or evaluator_id(evaluator.profile)
         self.results: dict[str, EvalResult] = {}  # plan hash -> result of this run's settled nodes
         self.tree: dict[int, TreeNode] = {}
@@ -549,10 +551,13 @@ class Search:
 
 def replay_records(store: Store) -> list[dict]:
     """The edits the latest run of the store made, in order, for the replay proposer."""
+    from conjugate.search.integrity import check_run
+
     run = store.latest_run()
     if run is None:
         raise ConjugateError(f"{store.url_for_display}: no run to replay")
     nodes = store.nodes(run.id)
+    check_run(run, [(n, None) for n in nodes])  # a damaged row: one line naming it (search/integrity.py)
     by_id = {n.id: n for n in nodes}
     return [{"parent_hash": by_id[n.parent_id].plan_hash, "patch": n.edit, "rationale": n.rationale,
              "kind": n.edit_kind, "proposer": n.proposer, "prior": n.prior}

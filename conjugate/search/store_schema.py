@@ -21,6 +21,7 @@ from sqlalchemy import JSON, DateTime, ForeignKey, Index, String, Text, TypeDeco
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from conjugate.evaluate.result import EvalResult
+from conjugate.files import shown
 from conjugate.secrets import scrub, scrub_tree
 
 SCHEMA_VERSION = 2  # 2: runs.gpu dropped (runs.evaluator holds it), lessons and edit_outcomes keyed by evaluator
@@ -253,6 +254,9 @@ class NodeRecord(_Record):
     created_at: datetime
 
     def __post_init__(self) -> None:
+        if self.status not in set(NodeStatus):
+            raise ValueError(f"nodes row {self.id}: field 'status' is {shown(self.status)}, not one of "
+                             f"{', '.join(NodeStatus)}")
         object.__setattr__(self, "status", NodeStatus(self.status))
 
 

@@ -9,9 +9,9 @@ from rich.console import Console
 from rich.progress import Progress as Bar, TextColumn
 from rich.text import Text
 
-from conjugate.arguments import output_file, positive
+from conjugate.arguments import positive
 from conjugate.errors import ConjugateError
-from conjugate.files import shown, write_output
+from conjugate.files import check_output, shown, write_output
 from conjugate.serving.decoder import (CONVENTIONAL, MODES, GenerationError, Progress, SpeculativeDecoder,
                                        check_prompts)
 from conjugate.serving.tokens import Tokenizer
@@ -48,7 +48,7 @@ def add_command(sub, out: Console) -> None:
     gen.add_argument("--prompt-ids", action="append", default=[], type=_ids, metavar="1,2,3",
                      help="a prompt as token ids (repeatable)")
     gen.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate per prompt (default: 32)")
-    gen.add_argument("--json", type=output_file, help="also write the outputs and figures as JSON to this file")
+    gen.add_argument("--json", help="also write the outputs and figures as JSON to this file")
     gen.set_defaults(func=lambda args: cmd_generate(args, out))
 
 
@@ -61,8 +61,12 @@ def _ids(text: str) -> list[int]:
 
 
 def cmd_generate(args: argparse.Namespace, out: Console) -> None:
+    from conjugate.paths import plan_path
+    from conjugate.search.commands import database_file
     from conjugate.workload import workload_from_dict
 
+    plan_file = plan_path(args.plan) if args.plan and args.plan not in CONVENTIONAL else None
+    check_output("--json", args.json, [args.workload, plan_file, database_file(args.db)])
     plan, variants = _plan(args)  # a bad plan or variant is refused before any model loads
     fields, where = _workload_fields(args)
     provisional = {"draft_batch": 1, "target_batch": 1, "context": 0} | fields  # until the prompts are known
