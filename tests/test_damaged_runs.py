@@ -195,14 +195,24 @@ def test_the_live_view_shows_an_edit_s_escapes_as_text():
 
     from rich.console import Console
 
+    from conjugate.evaluate.result import EvalResult
     from conjugate.search.live import LiveView
 
     sink = io.StringIO()
     view = LiveView(Console(file=sink, width=300), budget=4)
     view.event("rejected", {"node": 3, "error": f"patch failed: {ESCAPES}"})
     view.event("skipped", {"node": 3, "rationale": ESCAPES})
+    failed = EvalResult("h", "tiny", "h200", "compile", "error", False, error=ESCAPES)
+    view.event("result", {"node": 4, "result": failed})
     printed = sink.getvalue()
-    assert printed.count(SHOWN) == 2 and not any(c in printed for c in "\x1b\x07\u202e"), printed
+    assert printed.count(SHOWN) == 3 and not any(c in printed for c in "\x1b\x07\u202e"), printed
+
+
+def test_show_writes_a_stored_error_s_escapes_as_text(tiny_run, tmp_path):
+    db, _ = damaged(tiny_run, tmp_path, "UPDATE evaluations SET result = json_set(result, '$.status', 'error', "
+                                        f"'$.error', {ESCAPES_SQL}) WHERE id = {{best_eval}}")
+    code, out, err = cli("show", db)
+    assert code == 0 and SHOWN in out and not any(c in out for c in "\x1b\x07\u202e"), (out, err)
 
 
 def test_a_replay_of_a_damaged_edit_is_refused_before_a_database_is_made(tiny_run, tmp_path):

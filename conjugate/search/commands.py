@@ -18,6 +18,7 @@ from conjugate.errors import ConjugateError
 from conjugate.files import check_output
 from conjugate.paths import DEFAULT_WORKLOAD, PROFILES_DIR, RUNS_DIR
 from conjugate.search.gpus import Helpers, parse_gpus, pin_this_process
+from conjugate.text import visible
 
 # what `export` writes into its --out folder (report.export_run), none of which may be a file it reads
 EXPORT_FILES = ("best_plan.json", "kernels", "report.json", "report.md", "best_so_far.png", "workload.toml",
@@ -362,7 +363,7 @@ def show_run(store, run, out: Console, limit: int = 10, workload_file: str | Non
     out.print(table)
     failed = [h for h in history if h["status"] not in ("ok", "pending")]
     out.print(f"{len(history)} nodes, {len(ok)} ok, {len(failed)} failed" +
-              "".join(f"\n  node {h['node']}: {h['status']}: {h['error'][:120]}" for h in failed[-3:]))
+              "".join(f"\n  node {h['node']}: {h['status']}: {visible(h['error'])[:120]}" for h in failed[-3:]))
 
 
 def cmd_export(args: argparse.Namespace, out: Console) -> None:

@@ -61,7 +61,8 @@ class LiveView:
         self.done += 1
         if not r.ok:
             self.failures += 1
-            self._say(f"[{self.done}/{self.budget}] node {node}: {r.status} at {r.stage}: {scrub(r.error)[:110]}")
+            why = visible(scrub(r.error))[:110]
+            self._say(f"[{self.done}/{self.budget}] node {node}: {r.status} at {r.stage}: {why}")
             return
         if self.best is None or r.latency_ms < self.best.result.latency_ms:
             self.best = Best(node, r)
