@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from conjugate.arguments import output_file  # noqa: E402
 from conjugate.evaluate.calibrate import spearman  # noqa: E402
 from conjugate.evaluate.pipeline import evaluate  # noqa: E402
 from conjugate.evaluate.profile import load_profile  # noqa: E402
@@ -34,7 +35,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--measured", type=Path, default=ROOT / "benchmarks" / "results" / "evaluator_rounds_h200.json")
     parser.add_argument("--search", type=Path, help="a measured search's database (its latest run)")
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=output_file)
     args = parser.parse_args()
     measured = json.loads(args.measured.read_text())
     profile, session = load_profile("analytical"), EvaluationSession()

@@ -29,7 +29,7 @@ import triton.language as tl
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from conjugate.arguments import positive  # noqa: E402
+from conjugate.arguments import output_file, positive  # noqa: E402
 from conjugate.compiler.persist import grid_barrier, grid_exit, sync_words  # noqa: E402
 from conjugate.evaluate.timing import time_per_call  # noqa: E402
 
@@ -98,7 +98,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--grids", nargs="+", type=positive, default=[132, 264, 528, 1056])
     parser.add_argument("--groups", nargs="+", type=positive, default=[1, 4, 16, 32])
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=output_file)
     parser.add_argument("--no-trap-check", action="store_true")
     parser.add_argument("--stuck", type=positive, metavar="GROUPS", help=argparse.SUPPRESS)  # a trap check's process
     args = parser.parse_args()

@@ -18,6 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from conjugate.arguments import output_file  # noqa: E402
 from conjugate.errors import ConjugateError  # noqa: E402
 from conjugate.search.report import node_evaluations  # noqa: E402
 from conjugate.search.run import run_workload  # noqa: E402
@@ -58,7 +59,7 @@ def spread_pct(values: list[float]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dbs", nargs="+", type=Path)
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=output_file)
     args = parser.parse_args()
     rows = []
     for name, sets in sorted(measured_sets(args.dbs).items()):

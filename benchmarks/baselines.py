@@ -48,7 +48,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from conjugate.arguments import positive  # noqa: E402
+from conjugate.arguments import output_file, positive  # noqa: E402
 from conjugate.compiler.buffers import PreparedWeights  # noqa: E402
 from conjugate.compiler.round import compile_round, device_name  # noqa: E402
 from conjugate.evaluate.baselines import (VariantTrial, choice_file, choose_streams_pair, choose_variants,  # noqa: E402
@@ -345,7 +345,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", help="default: the six examples (with --resume: the cut-short ones)")
     parser.add_argument("--variants", nargs="+", help="conventional variants to try (default: the profile's)")
-    parser.add_argument("--json", help="write the rows here (after every trial)")
+    parser.add_argument("--json", type=output_file, help="write the rows here (after every trial)")
     parser.add_argument("--merge", nargs="+", type=Path, metavar="RUN.json",
                         help="measure nothing: join these runs' JSON into --json")
     parser.add_argument("--eval-times", type=Path, metavar="EVAL_TIME.json",

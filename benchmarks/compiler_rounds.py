@@ -23,6 +23,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from conjugate.arguments import output_file  # noqa: E402
 from conjugate.compiler.buffers import PreparedWeights  # noqa: E402
 from conjugate.compiler.round import compile_round, device_name  # noqa: E402
 from conjugate.errors import ConjugateError  # noqa: E402
@@ -140,7 +141,7 @@ def main() -> None:
     parser.add_argument("--plans", nargs="+", default=["sequential", "streams", "interleave"],
                         help="shipped plan names or plan JSON paths")
     parser.add_argument("--replays", type=int, default=200)
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=output_file)
     parser.add_argument("--cache-dir", type=Path)
     parser.add_argument("--profile", action="store_true", help="also time every launch alone, grouped by kind")
     args = parser.parse_args()

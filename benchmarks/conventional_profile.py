@@ -26,6 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from conjugate.arguments import output_file  # noqa: E402
 from conjugate.compiler.buffers import PreparedWeights  # noqa: E402
 from conjugate.compiler.round import device_name  # noqa: E402
 from conjugate.evaluate import conventional  # noqa: E402
@@ -103,7 +104,7 @@ def main() -> None:
     parser.add_argument("--split-chunks", type=int, nargs="+", help="build each split variant with these cuts")
     parser.add_argument("--replays", type=int, default=100)
     parser.add_argument("--top", type=int, default=12)
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=output_file)
     args = parser.parse_args()
 
     w = load_workload(args.workload)

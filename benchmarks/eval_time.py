@@ -30,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from conjugate.arguments import output_file  # noqa: E402
 from conjugate.evaluate.result import STEPS  # noqa: E402
 from conjugate.search.run import eval_key, run_evaluator_id  # noqa: E402
 from conjugate.search.store import Store  # noqa: E402
@@ -122,7 +123,7 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=16)
     parser.add_argument("--time", default="240s")
     parser.add_argument("--out", type=Path, default=Path("eval_time"))
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=output_file)
     parser.add_argument("--code", type=Path, default=ROOT, help="the checkout whose code runs the searches")
     parser.add_argument("--read", action="store_true", help="run nothing: read back the databases in --out")
     args = parser.parse_args()

@@ -26,6 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from conjugate.arguments import output_file  # noqa: E402
 from conjugate.compiler.round import device_name  # noqa: E402
 from conjugate.evaluate.calibrate import spearman  # noqa: E402
 from conjugate.evaluate.pipeline import evaluate  # noqa: E402
@@ -80,7 +81,7 @@ def main() -> None:
     parser.add_argument("--plans", nargs="+", default=["sequential", "streams", "interleave"],
                         help="shipped plan names or plan JSON paths")
     parser.add_argument("--evaluator", default="h200")
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=output_file)
     parser.add_argument("--append", action="store_true",
                         help="keep the workloads already in --json (from an earlier run) and add or replace these")
     parser.add_argument("--merge", nargs="+", type=Path, metavar="PART.json",

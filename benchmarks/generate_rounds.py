@@ -35,6 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from conjugate.arguments import output_file  # noqa: E402
 from conjugate.compiler.round import device_name  # noqa: E402
 from conjugate.evaluate.rounds import round_inputs  # noqa: E402
 from conjugate.evaluate.timing import time_replays  # noqa: E402
@@ -90,7 +91,7 @@ def main() -> None:
     parser.add_argument("--variants", default="layers-sdpa/layers-sdpa", help="the conventional steps' variants")
     parser.add_argument("--modes", nargs="+", default=["simple", "pipelined"])
     parser.add_argument("--new", type=int, default=64, help="tokens generated per prompt")
-    parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--json", type=output_file, help="write the rows here")
     parser.add_argument("--together", action="store_true", help="every plan in this one process")
     args = parser.parse_args()
     variants = tuple(Variant.parse(v) for v in args.variants.split("/"))

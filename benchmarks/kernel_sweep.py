@@ -54,9 +54,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from conjugate.arguments import positive  # noqa: E402
-from conjugate.errors import ConjugateError  # noqa: E402
-from conjugate.files import check_output  # noqa: E402
+from conjugate.arguments import output_file, positive  # noqa: E402
 from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
 from conjugate.workload import Workload, load_workload  # noqa: E402
@@ -293,6 +291,7 @@ def tabulate(sweeps: list[Path], device: str, table_path: Path) -> dict:
     """The GPU model's table of `table_path` (search/tiles.json) made from `sweeps`' results: per
     shape its best tile, where it beats the shipped one by MIN_GAIN. -> the table written."""
     from conjugate.agents.tile_table import load_tile_tables, table_from_json
+    from conjugate.errors import ConjugateError
     from conjugate.evaluate.measured import names_device
     from conjugate.files import write_atomic
 
@@ -502,7 +501,7 @@ def main() -> None:
     parser.add_argument("--per-shape", type=positive, default=96, help="candidates per shape besides the shipped tile")
     parser.add_argument("--prewarm", type=positive, default=0, metavar="N",
                         help="compile the candidates in N processes first")
-    parser.add_argument("--json")
+    parser.add_argument("--json", type=output_file)
     parser.add_argument("--tabulate", nargs="+", type=Path, metavar="SWEEP.json",
                         help="measure nothing: write these sweeps' winning tiles into --table for --device")
     parser.add_argument("--device", help="with --tabulate: the GPU model's word, e.g. H200")
@@ -512,10 +511,6 @@ def main() -> None:
                              "plus a streaming rate")
     parser.add_argument("--compile-only", type=Path, help=argparse.SUPPRESS)  # a --prewarm process
     args = parser.parse_args()
-    try:
-        check_output("--json", args.json, [*args.workloads, *(args.tabulate or ()), args.fit, args.table])
-    except ConjugateError as e:
-        parser.error(str(e))
     if args.compile_only:
         return compile_only(args.compile_only)
     if args.fit:

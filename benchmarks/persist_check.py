@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from persist_layer import output_fields, persist_plan  # noqa: E402
 
+from conjugate.arguments import output_file  # noqa: E402
 from conjugate.compiler.round import compile_round  # noqa: E402
 from conjugate.evaluate.measured import MeasuredHarness  # noqa: E402
 from conjugate.evaluate.profile import load_profile  # noqa: E402
@@ -62,7 +63,7 @@ def main() -> None:
     parser.add_argument("workload", type=Path)
     parser.add_argument("--grids", nargs="+", type=int, default=[1, 132, 0])
     parser.add_argument("--warps", type=int, default=4)
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=output_file)
     args = parser.parse_args()
     w = load_workload(args.workload)
     with tempfile.TemporaryDirectory(prefix="persist-check-") as cache:

@@ -37,7 +37,7 @@ from conjugate.evaluate.measured import MeasuredHarness  # noqa: E402
 from conjugate.evaluate.profile import load_profile  # noqa: E402
 from conjugate.evaluate.rounds import checked_run  # noqa: E402
 from conjugate.evaluate.session import EvaluationSession  # noqa: E402
-from conjugate.arguments import positive  # noqa: E402
+from conjugate.arguments import output_file, positive  # noqa: E402
 from conjugate.compiler import persist  # noqa: E402
 from conjugate.evaluate.timing import FLUSHES, flush_time_us, l2_flush_bytes, time_per_call  # noqa: E402
 from conjugate.plan import load_plan, validate_plan  # noqa: E402
@@ -129,7 +129,7 @@ def main() -> None:
     parser.add_argument("--groups", nargs="+", type=positive, default=[1],
                         help="barrier kinds (persist.BARRIER_GROUPS): 1 is one counter for the grid")
     parser.add_argument("--flush", choices=FLUSHES, default="write", help="how L2 is emptied before each call")
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=output_file)
     args = parser.parse_args()
     out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "command": " ".join(sys.argv), "rows": []}
     with tempfile.TemporaryDirectory(prefix="persist-layer-") as cache:

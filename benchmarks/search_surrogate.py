@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import searchers  # noqa: E402
+from conjugate.arguments import output_file  # noqa: E402
 from conjugate.evaluate.profile import load_profile  # noqa: E402
 from conjugate.evaluate.result import EvalResult  # noqa: E402
 from conjugate.evaluate.worker import IsolatedEvaluator  # noqa: E402
@@ -204,7 +205,7 @@ def main() -> None:
     parser.add_argument("--frontier-width", type=int, help="MCTS: children of a node without a gain before it is "
                                                            "widened by visits (default: the search's; 0: no cap)")
     parser.add_argument("--out", type=Path, default=Path("runs/surrogate"))
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=output_file)
     args = parser.parse_args()
     if args.width is not None and args.width < 1:
         parser.error(f"--width {args.width}: at least one edit per expansion")

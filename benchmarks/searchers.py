@@ -50,6 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from conjugate.arguments import output_file  # noqa: E402
 from conjugate.agents import make_proposer  # noqa: E402
 from conjugate.errors import ConjugateError  # noqa: E402
 from conjugate.evaluate.profile import load_profile  # noqa: E402
@@ -292,7 +293,7 @@ def main() -> None:
     parser.add_argument("--evaluator", default="h200")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs/searchers"))
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=output_file)
     parser.add_argument("--time", type=float, help="seconds for the whole command, shared among the workloads")
     parser.add_argument("--deepen-first", action="store_true",
                         help="MCTS: once an edit of an expansion gains, the others wait (SearchSettings.deepen_first)")

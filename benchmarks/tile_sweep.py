@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from conjugate.arguments import output_file  # noqa: E402
 from conjugate.compiler.attention import attn_call  # noqa: E402
 from conjugate.compiler.codegen import KernelCache  # noqa: E402
 from conjugate.compiler.gemm import gemm_call  # noqa: E402
@@ -100,7 +101,7 @@ def sweep_attention(name, batch, tokens, heads, kv_heads, head_dim, context=1024
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--json", type=output_file)
     args = parser.parse_args()
     results = {"gpu": torch.cuda.get_device_name(), "gemm": [], "attention": []}
     for name, shape in GEMMS.items():

@@ -1,11 +1,13 @@
 """Command-line argument types shared by the commands: a bad value is a one-line usage error (exit 2)
-before any work starts. Output paths are checked by the commands (files.check_output): whether one
-is safe to write depends on the inputs the command reads."""
+before any work starts. The commands check their output paths themselves (files.check_output): whether
+one is safe to write depends on the inputs the command reads."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from conjugate.files import is_file_name
+from conjugate.errors import ConjugateError
+from conjugate.files import check_output, is_file_name
 
 
 def positive(text: str) -> int:
@@ -13,6 +15,16 @@ def positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a positive integer")
     return int(text)
+
+
+def output_file(text: str) -> Path:
+    """A file a benchmark script writes after long work (--json): checked first (files.check_output,
+    without the inputs), so that no measurement is lost to a path that cannot take it."""
+    try:
+        check_output("", text)
+    except ConjugateError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return Path(text)
 
 
 def run_name(text: str) -> str:

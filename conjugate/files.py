@@ -183,7 +183,7 @@ def check_output(option: str, value: str | Path | None, inputs: Iterable[str | P
     text = str(value)
     if not text:  # Path("") is the current folder
         raise ConjugateError(f"{option}: an empty path")
-    path, where = Path(text), f"{option} {text}"
+    path, where = Path(text), f"{option} {text}" if option else text
     kind = _mode(path, where)
     if files is None:
         if kind is not None and stat.S_ISDIR(kind):

@@ -204,3 +204,18 @@ def test_a_profile_may_leave_the_baselines_out(tmp_path):
     path.write_text((REPO / "evaluators" / "h200.toml").read_text().replace(
         'baselines = ["conventional", "sequential", "streams"]', "baselines = []"))
     assert load_profile(path).timing.baselines == ()
+
+
+# -- benchmark scripts: a --json path that cannot take the result, refused before the measurements
+
+@pytest.mark.parametrize("script", ["searchers", "floor", "baselines", "kernel_sweep", "search_surrogate"])
+def test_a_benchmark_s_json_path_is_checked_before_its_work(script, tmp_path):
+    (tmp_path / "taken").write_text("a file where a folder should be")
+    for path, fragment in ((tmp_path / "missing" / "out.json", "does not exist"), (tmp_path, "a directory"),
+                           (tmp_path / "taken" / "out.json", "is a file, not a folder")):
+        proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / f"{script}.py"), "--json", str(path)],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        last = proc.stderr.strip().splitlines()[-1]
+        assert proc.returncode == 2 and "argument --json" in last and fragment in last, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "missing").exists()
