@@ -182,7 +182,7 @@ def check_output(option: str, value: str | Path | None, inputs: Iterable[str | P
         return
     text = str(value)
     if not text:  # Path("") is the current folder
-        raise ConjugateError(f"{option}: an empty path")
+        raise ConjugateError(f"{option}: an empty path" if option else "an empty path")
     path, where = Path(text), f"{option} {text}" if option else text
     kind = _mode(path, where)
     if files is None:

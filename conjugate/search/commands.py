@@ -20,10 +20,6 @@ from conjugate.paths import DEFAULT_WORKLOAD, PROFILES_DIR, RUNS_DIR
 from conjugate.search.gpus import Helpers, parse_gpus, pin_this_process
 from conjugate.text import visible
 
-# what `export` writes into its --out folder (report.export_run), none of which may be a file it reads
-EXPORT_FILES = ("best_plan.json", "kernels", "report.json", "report.md", "best_so_far.png", "workload.toml",
-                "reproduce.sh")
-
 if TYPE_CHECKING:
     from conjugate.agents.base import Proposer
     from conjugate.evaluate.profile import EvaluatorProfile
@@ -367,7 +363,7 @@ def show_run(store, run, out: Console, limit: int = 10, workload_file: str | Non
 
 
 def cmd_export(args: argparse.Namespace, out: Console) -> None:
-    from conjugate.search.report import export_run
+    from conjugate.search.report import EXPORT_FILES, export_run
 
     with open_store(args.db) as store:
         run = store.run(args.run) if args.run else store.latest_run()

@@ -1,6 +1,6 @@
-"""One pass over a run's stored rows before `show`, `export` or a resume use them (report.run_history):
-a damaged row ends in one line naming its table, row and field, before anything is written, instead
-of a traceback or an endless walk up a plan tree whose parents loop.
+"""One pass over a run's stored rows before `show`, `export`, a resume (report.run_history) or a replay
+(run.replay_records) use them: a damaged row ends in one line naming its table, row and field, before
+anything is written, instead of a traceback or an endless walk up a plan tree whose parents loop.
 
 Checked: every node's plan is a JSON object, its edit a JSON Patch (a list of operations with text
 'op' and 'path') or null, its edit kind one of EDIT_KINDS, its counts (depth, visits) non-negative

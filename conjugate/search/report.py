@@ -86,6 +86,11 @@ def best_plan(store, run) -> dict:
     return _named(store.node(best["node"]).plan, run, best["node"], history)
 
 
+# what export_run writes into its folder (`export` checks first that none is a file the command reads)
+EXPORT_FILES = ("best_plan.json", "kernels", "report.json", "report.md", "best_so_far.png", "workload.toml",
+                "reproduce.sh")
+
+
 def export_run(store, run, out_dir: Path, console: Console, workload_file: str | None = None) -> list[Path]:
     from conjugate.plan import validate_plan
 
