@@ -148,6 +148,7 @@ class Tile:
     split_k: int
     warps: int
     stages: int
+    tma: int = 0  # weight tiles through the tensor memory accelerator (tile key TMA)
 
     def programs(self, shape: Shape) -> int:
         return -(-shape.rows // self.block_m) * -(-shape.n // self.block_n) * self.split_k
@@ -161,7 +162,7 @@ class Tile:
 
     def plan_keys(self) -> dict[str, int]:
         return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_K": self.block_k, "SPLIT_K": self.split_k,
-                "num_warps": self.warps, "num_stages": self.stages}
+                "num_warps": self.warps, "num_stages": self.stages} | ({"TMA": 1} if self.tma else {})
 
 
 @dataclass(frozen=True)
@@ -243,6 +244,29 @@ def candidates(shape, shipped, sms: int, per_shape: int, seed: int = 0) -> list:
     rest = [t for t in every_tile(shape) if fits(t, shape, sms) and t != shipped and t not in near]
     random.Random(f"{seed} {shape.key()}").shuffle(rest)
     return [shipped] + (near + rest)[:per_shape]
+
+
+def found_tiles(sweeps: list[Path], shape, shipped) -> list:
+    """The shipped tile, then the best tile each sweep found for `shape` (none where no sweep timed it)."""
+    out = [shipped]
+    for sweep in sweeps:
+        for entry in json.loads(sweep.read_text())["shapes"]:
+            if entry["shape"] == shape.key() and entry.get("best"):
+                fields = {f: entry["best"][f] for f in tile_fields(shipped)}
+                if (tile := type(shipped)(**fields)) not in out:
+                    out.append(tile)
+    return out
+
+
+def tile_fields(tile) -> tuple[str, ...]:
+    return tuple(f for f in asdict(tile) if f != "tma")
+
+
+def with_tma(shape, tiles: list) -> list:
+    """Each GEMM tile beside its TMA twin, where a TMA copy holds its tile (at most 256 a side)."""
+    if isinstance(shape, AttnShape) or shape.kind == "mlp":
+        return tiles
+    return [t for tile in tiles for t in (tile, replace(tile, tma=1)) if not t.tma or max(t.block_n, t.block_k) <= 256]
 
 
 def shapes_of(workload: Workload, models: tuple[str, ...], kinds: tuple[str, ...]) -> list[tuple[str, object]]:
@@ -411,7 +435,7 @@ def build(shape, tile, inputs: dict, kernels: Path):
         out = torch.zeros(shape.rows, shape.n, device=x.device)
         call = gemm_call(x, ws[0], out, rows=shape.rows, epilogue=shape.epilogue,
                          w2=ws[1] if shape.weights == 2 else None, block_m=tile.block_m, block_n=tile.block_n,
-                         block_k=tile.block_k, split_k=tile.split_k)
+                         block_k=tile.block_k, split_k=tile.split_k, tma=bool(tile.tma))
     return CompiledLaunch.build(0, [call], KernelCache(kernels), num_warps=tile.warps, num_stages=tile.stages), out
 
 
@@ -493,6 +517,31 @@ def time_tiles(shape, tiles: list, kernels: Path, copy_gbs: float, flush_us: flo
     return rows
 
 
+def time_cublas(shape: Shape, copy_gbs: float, flush_us: float) -> dict:
+    """The shape's weights as one cuBLAS product (gate and up stacked), checked, then timed as time_tiles
+    times a tile: what the library reaches on the same bytes, without the epilogue."""
+    import torch
+
+    from conjugate.evaluate.timing import l2_flush_bytes, time_per_call
+
+    device = torch.device("cuda")
+    inputs = operands(shape)
+    x, w = inputs["x"], torch.cat(inputs["ws"][:shape.weights])  # [rows, K], [weights * N, K]
+    out = torch.empty(shape.rows, w.shape[0], dtype=x.dtype, device=device)
+
+    def product() -> None:
+        torch.mm(x, w.T, out=out)
+
+    product()
+    ref = x.float() @ w.float().T
+    rel_err = float((out.float() - ref).norm() / ref.norm())
+    if rel_err > 1e-2:
+        return {"error": f"wrong: relative error {rel_err:.3g}"}
+    us = time_per_call(product, device, CALLS, flush_bytes=l2_flush_bytes(device), flush_us=flush_us)
+    return {"us": us, "share_of_copy": shape.bytes / (us * 1e-6) / (copy_gbs * 1e9)} if us > 0 else \
+        {"error": "too short to time beside the L2 flush"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("workloads", nargs="*", type=Path)
@@ -502,6 +551,12 @@ def main() -> None:
     parser.add_argument("--prewarm", type=positive, default=0, metavar="N",
                         help="compile the candidates in N processes first")
     parser.add_argument("--json", type=output_file)
+    parser.add_argument("--tiles-from", nargs="+", type=Path, metavar="SWEEP.json",
+                        help="time only the shipped and best tiles these sweeps found for each shape")
+    parser.add_argument("--cublas", action="store_true",
+                        help="each GEMM shape also as one cuBLAS product (torch.mm, the same bytes, no epilogue)")
+    parser.add_argument("--tma", action="store_true",
+                        help="each GEMM tile also with its weight tiles loaded through TMA (tile key TMA 1)")
     parser.add_argument("--tabulate", nargs="+", type=Path, metavar="SWEEP.json",
                         help="measure nothing: write these sweeps' winning tiles into --table for --device")
     parser.add_argument("--device", help="with --tabulate: the GPU model's word, e.g. H200")
@@ -538,6 +593,10 @@ def main() -> None:
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     entries = distinct_shapes(args.workloads, tuple(args.models), tuple(args.kinds))
     tiles = {e["shape"]: candidates(e["shape"], e["shipped"], sms, args.per_shape) for e in entries}
+    if args.tiles_from:
+        tiles = {e["shape"]: found_tiles(args.tiles_from, e["shape"], e["shipped"]) for e in entries}
+    if args.tma:
+        tiles = {shape: with_tma(shape, found) for shape, found in tiles.items()}
     copy_gbs = copy_bandwidth_gbs(device)
     flush_us = flush_time_us(device, CALLS, l2_flush_bytes(device))
     json_out = Path(args.json) if args.json else None
@@ -553,6 +612,8 @@ def main() -> None:
             result = {"shape": shape.key(), "kind": shape.kind, "fields": shape.fields(), "model": e["model"],
                       "workloads": e["workloads"], "bytes": shape.bytes, "shipped": rows[0],
                       "best": min(timed, key=lambda r: r["us"]) if timed else None, "tried": rows}
+            if args.cublas and isinstance(shape, Shape) and shape.kind != "mlp":
+                result["cublas"] = time_cublas(shape, copy_gbs, flush_us)
             out["shapes"].append(result)
             print(json.dumps({k: result[k] for k in ("shape", "model", "shipped", "best")}), flush=True)
             if json_out:

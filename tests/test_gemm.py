@@ -188,3 +188,57 @@ def test_the_shared_memory_estimate_counts_each_weight_tile_a_stage_loads(epilog
                            constexprs={"BLOCK_M": 16, "BLOCK_K": 256, "BLOCK_N": 64, "EPILOGUE": EPILOGUES[epilogue]})
     x_tile, w_tile = 16 * 256 * 4, 64 * 256 * 2  # fp32 rows in, bf16 weights
     assert shared_memory_estimate(part, 5) == 5 * (x_tile + weight_tiles * w_tile)
+
+
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_weights_through_tma_descriptors_give_the_pointer_loads_results(split_k):
+    """tma=True: the weight tiles come through host-made tensor descriptors (rows and columns past
+    the matrix read as zeros; a split's columns past its end meet zero input columns)."""
+    x, w, w2, b = _inputs(2)
+    ref = {"store": x @ w.T + b, "silu_mul": F.silu(x @ w.T) * (x @ w2.T)}
+    for epilogue, extra in (("store", dict(bias=b)), ("silu_mul", dict(w2=w2))):
+        out = torch.full((M, N), float("nan"))
+        call = gemm_call(x, w, out, rows=M, epilogue=epilogue, split_k=split_k, block_n=64, block_k=64, tma=True,
+                         **extra)
+        assert call.constexprs["W_TMA"]
+        run_part(call)
+        torch.testing.assert_close(out, ref[epilogue], atol=1e-4, rtol=1e-4)
+    residual = torch.randn(M, N)
+    out = residual.clone()
+    run_part(gemm_call(x, w, out, rows=M, epilogue="residual", split_k=4, block_k=32, atomic_split=True, tma=True))
+    torch.testing.assert_close(out, residual + x @ w.T, atol=1e-4, rtol=1e-4)
+
+
+def test_the_rope_kv_epilogue_reads_its_head_halves_through_tma_as_through_pointers():
+    from conjugate.compiler.gemm import RopeKV
+    from conjugate.models.presets import PRESETS
+    from conjugate.models.reference import rope_cos_sin
+
+    spec, batch, tokens, s_max = PRESETS["tiny-qwen3-t"], 2, 3, 16
+    g = torch.Generator().manual_seed(3)
+    rows, hidden = batch * tokens, spec.hidden_size
+    x = torch.randn(rows, hidden, generator=g)
+    w = torch.randn(spec.qkv_size, hidden, generator=g) / hidden ** 0.5
+    cos, sin = rope_cos_sin(spec, torch.arange(s_max))
+    norms = [torch.rand(spec.head_dim, generator=g) + 0.5 for _ in range(2)]
+    outputs = []
+    for tma in (False, True):
+        q = torch.full((rows, spec.num_heads * spec.head_dim), float("nan"))
+        caches = [torch.zeros(batch, spec.num_kv_heads, s_max, spec.head_dim) for _ in range(2)]
+        rope = RopeKV(q, *caches, cos, sin, torch.tensor([4, 7]), offset=1, tokens=tokens, num_heads=spec.num_heads,
+                      num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, q_norm=norms[0], k_norm=norms[1])
+        run_part(gemm_call(x, w, q, rows=rows, epilogue="rope_kv", rope=rope, split_k=2, block_k=32, tma=tma))
+        outputs.append([q, *caches])
+    assert not outputs[1][0].isnan().any()
+    for pointers, descriptors in zip(*outputs):
+        torch.testing.assert_close(descriptors, pointers, atol=1e-5, rtol=1e-5)
+
+
+def test_tma_refuses_tiles_and_weights_a_descriptor_cannot_describe():
+    x, w, _, _ = _inputs()
+    out = torch.empty(M, N)
+    with pytest.raises(ValueError, match="at most 256 a side"):
+        gemm_call(x, w, out, rows=M, block_n=64, block_k=512, tma=True)
+    odd = torch.randn(N, 201)  # rows of 804 bytes: not 16-byte aligned
+    with pytest.raises(ValueError, match="16-byte aligned rows"):
+        gemm_call(torch.randn(M, 201), odd, out, rows=M, tma=True)

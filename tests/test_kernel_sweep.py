@@ -2,6 +2,7 @@
 the shipped plan gives each, the candidates it times, and its launches (under the interpreter)."""
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -87,6 +88,7 @@ def test_tiles_that_would_spill_or_starve_the_gpu_are_not_candidates():
     (sweep.Shape(2, 64, 128, "gate_up"), sweep.Tile(16, 32, 32, 2, 4, 2)),  # silu(x Wg^T) * (x Wu^T), split K
     (sweep.AttnShape(2, 3, 4, 2, 16, 37), sweep.AttnTile(16, 2, 4, 2)),  # GQA, three new tokens, split keys
     (sweep.Shape(3, 80, 48, "mlp"), sweep.Tile(16, 32, 16, 1, 4, 2)),  # the fused MLP, a partial ffn block
+    (sweep.Shape(2, 64, 128, "down"), sweep.Tile(16, 32, 32, 2, 4, 2, tma=1)),  # weights through TMA (--tma)
 ])
 def test_a_candidate_launch_computes_what_torch_does(tmp_path, shape, tile):
     """The launch the sweep times, built as it builds it (here under the interpreter), against the
@@ -129,3 +131,19 @@ def test_the_launch_fit_recovers_a_fixed_time_and_a_rate_and_names_a_file_that_i
     bad.write_text("{}")
     with pytest.raises(SystemExit, match=f"--fit {bad}: not a sweep this script wrote"):
         sweep.launch_fit(bad)
+
+
+def test_tma_twins_and_the_tiles_earlier_sweeps_found(tmp_path):
+    """--tma: each GEMM tile beside its TMA twin where a TMA copy holds the tile; --tiles-from: the
+    shipped tile, then each sweep's best for the shape."""
+    shape = sweep.Shape(8, 2048, 2048, "o_proj")
+    tiles = [sweep.Tile(16, 64, 128, 8, 4, 3), sweep.Tile(16, 32, 512, 1, 4, 4)]
+    assert sweep.with_tma(shape, tiles) == [tiles[0], replace(tiles[0], tma=1), tiles[1]]
+    assert sweep.with_tma(sweep.Shape(8, 2048, 2048, "mlp"), tiles) == tiles
+    assert sweep.Tile(16, 64, 128, 8, 4, 3, tma=1).plan_keys()["TMA"] == 1
+    found = tmp_path / "sweep.json"
+    best = sweep.asdict(tiles[1]) | {"us": 4.6, "plan_keys": {}}
+    found.write_text(json.dumps({"shapes": [{"shape": shape.key(), "best": best},
+                                            {"shape": "qkv 8x3072x2048", "best": sweep.asdict(tiles[0])}]}))
+    assert sweep.found_tiles([found], shape, tiles[0]) == tiles
+    assert sweep.found_tiles([found], sweep.Shape(4, 64, 64, "down"), tiles[0]) == tiles[:1]

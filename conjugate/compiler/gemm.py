@@ -147,16 +147,27 @@ def _tile_of(pid, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K
 
 
 @triton.jit
+def _weights(w_ptr, w_desc, w_offs, w_mask, w_row, k0, W_TMA: tl.constexpr):
+    """One [BLOCK_N, BLOCK_K] weight tile: through the tensor memory accelerator from the host-made
+    descriptor (W_TMA; rows and columns past the matrix read as zeros, columns past the split's end
+    meet zero input columns), else masked pointer loads."""
+    if W_TMA:
+        return w_desc.load([w_row, k0])
+    else:
+        return tl.load(w_ptr + w_offs, mask=w_mask, other=0.0)
+
+
+@triton.jit
 def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_idx_ptr, counter_ptr, tok_ptr, ws_ptr,
               stats_ptr, copy_ptr, M, N, K, stride_x, stride_w, stride_out, stride_tok, stride_stats, stride_copy, eps,
               blk_stride, blk_pairs, tail_start,
               q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, lengths_ptr,
-              rope_offset, rope_tokens, s_max, stride_q, rope_eps,
+              rope_offset, rope_tokens, s_max, stride_q, rope_eps, w_desc, w2_desc,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
               NORM: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr,
               DOT_DTYPE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
               HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr, ATOMIC_SPLIT: tl.constexpr, STATS_OUT: tl.constexpr,
-              STATS_IN: tl.constexpr, COPY_OUT: tl.constexpr):
+              STATS_IN: tl.constexpr, COPY_OUT: tl.constexpr, W_TMA: tl.constexpr):
     TWO_ACC: tl.constexpr = (EPILOGUE == EPILOGUE_SILU_MUL) or (EPILOGUE == EPILOGUE_ROPE_KV)
     num_m, num_n, m_blk, split, n_blk, k_lo, k_hi = _tile_of(pid, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K)
 
@@ -182,16 +193,17 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
             x = tl.load(x_ptr + offs_m[:, None] * stride_x + kk[None, :],
                         mask=(offs_m[:, None] < M) & (kk[None, :] < k_hi), other=0.0).to(tl.float32)  # [BM, BK]
             sumsq += tl.sum(x * x, axis=1)
+    w_row = w_block // stride_w  # the block's first weight row (W_TMA)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         kk = k0 + offs_k
         x = tl.load(x_ptr + offs_m[:, None] * stride_x + kk[None, :],
                     mask=(offs_m[:, None] < M) & (kk[None, :] < k_hi), other=0.0)  # [BM, BK]
         w_mask = (offs_n[:, None] < N) & (kk[None, :] < k_hi)
         w_offs = w_block + rows_n[:, None] * stride_w + kk[None, :]
-        w = tl.load(w_ptr + w_offs, mask=w_mask, other=0.0)  # [BN, BK]
+        w = _weights(w_ptr, w_desc, w_offs, w_mask, w_row, k0, W_TMA)  # [BN, BK]
         acc += tl.dot(x.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)))  # fp32 accumulate
         if TWO_ACC:
-            w2 = tl.load(w2_ptr + w_offs, mask=w_mask, other=0.0)
+            w2 = _weights(w2_ptr, w2_desc, w_offs, w_mask, w_row, k0, W_TMA)
             acc2 += tl.dot(x.to(DOT_DTYPE), tl.trans(w2.to(DOT_DTYPE)))
     if ATOMIC_SPLIT:  # out += this split's partial, the splits in any order
         out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
@@ -253,12 +265,12 @@ def gemm_prefetch(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, pa
                   ws_ptr, stats_ptr, copy_ptr, M, N, K, stride_x, stride_w, stride_out, stride_tok, stride_stats,
                   stride_copy, eps, blk_stride, blk_pairs, tail_start,
                   q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, lengths_ptr,
-                  rope_offset, rope_tokens, s_max, stride_q, rope_eps,
+                  rope_offset, rope_tokens, s_max, stride_q, rope_eps, w_desc, w2_desc,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                   NORM: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr,
                   DOT_DTYPE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
                   HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr, ATOMIC_SPLIT: tl.constexpr, STATS_OUT: tl.constexpr,
-                  STATS_IN: tl.constexpr, COPY_OUT: tl.constexpr):
+                  STATS_IN: tl.constexpr, COPY_OUT: tl.constexpr, W_TMA: tl.constexpr):
     """gemm_tile's weight rows and K range for program `pid`, prefetched into L2 (persist.py): one
     request per 128-byte line, out-of-range rows clamped to the block's first. Its parameters are
     gemm_tile's, in order: a persistent launch calls both with one argument list."""
@@ -389,19 +401,48 @@ def _check_stats(stats, stats_out: bool, stats_in: bool, rows: int, n: int, k: i
         raise ValueError("row statistics are read by a norm prologue")
 
 
+TMA_BOX_MAX = 256  # elements per side of a tensor-memory-accelerator copy
+TMA_ALIGN = 16  # bytes: the alignment of its base address and row stride
+
+
+def _descriptors(w: torch.Tensor, w2: torch.Tensor, block_n: int, block_k: int, tma: bool) -> dict:
+    """The w_desc and w2_desc arguments: host-made tensor descriptors of the weights' [BLOCK_N, BLOCK_K]
+    tiles, or (no `tma`) the weights themselves, never read. ValueError for weights a descriptor
+    cannot describe."""
+    if not tma:
+        return dict(w_desc=w, w2_desc=w2)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if max(block_n, block_k) > TMA_BOX_MAX:
+        raise ValueError(f"TMA weight loads: a tile of {block_n}x{block_k}; at most {TMA_BOX_MAX} a side")
+    out = {}
+    for name, t in (("w_desc", w), ("w2_desc", w2)):
+        size = t.element_size()
+        if t.dim() != 2 or t.stride(1) != 1 or (t.stride(0) * size) % TMA_ALIGN or t.data_ptr() % TMA_ALIGN \
+                or block_k * size < TMA_ALIGN:
+            raise ValueError(f"TMA weight loads need {TMA_ALIGN}-byte aligned rows with unit column stride and "
+                             f"BLOCK_K of at least {TMA_ALIGN} bytes; the weights are {tuple(t.shape)} with strides "
+                             f"{tuple(t.stride())}, BLOCK_K {block_k}")
+        out[name] = TensorDescriptor(t, shape=list(t.shape), strides=[t.stride(0), 1],
+                                     block_shape=[block_n, block_k])
+    return out
+
+
 def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int, epilogue: str = "store",
               w2: torch.Tensor | None = None, bias: torch.Tensor | None = None, norm_eps: float | None = None,
               tokens: torch.Tensor | None = None, stride_tok: int = 1, write_out: bool = True,
               block_m: int = 16, block_n: int = 64, block_k: int = 128, split_k: int = 1, label: str = "",
               rope: RopeKV | None = None, atomic_split: bool = False, stats: torch.Tensor | None = None,
-              stats_out: bool = False, stats_in: bool = False, copy: torch.Tensor | None = None) -> PartCall:
+              stats_out: bool = False, stats_in: bool = False, copy: torch.Tensor | None = None,
+              tma: bool = False) -> PartCall:
     """Bind one GEMM. x: [rows, K] fp32 or the weights' type; w, w2: [N, K]; out: [rows, N] (row strides free).
     With `rope` (epilogue rope_kv), w is the qkv projection and each tile is one head: block_n is
     taken as head_dim / 2 and `out` is not written. `stats` (fp32 [rows, >= width / STATS_CHUNK]): with
     `stats_out` the residual epilogue writes each row's sums of squares per STATS_CHUNK columns of
     `out` there; with `stats_in` the norm prologue reads them (written for x by the GEMM before)
     instead of a pass over x. `copy` ([rows, N], the residual epilogue's): the finished rows stored there
-    too, in its type."""
+    too, in its type. `tma`: weight tiles loaded through the tensor memory accelerator (sm_90+; the
+    interpreter emulates it) from descriptors made here, instead of masked pointer loads."""
     n, k = w.shape
     if epilogue not in EPILOGUES:
         raise ValueError(f"unknown GEMM epilogue {epilogue!r}")
@@ -454,10 +495,10 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
                 stride_stats=stats.stride(0) if stats is not None else 0,
                 eps=float(norm_eps or 0.0), blk_stride=0, blk_pairs=0, tail_start=0) | blocks
     rope_args, rope_constexprs = _rope_args(rope, counter)
-    args |= rope_args
+    args |= rope_args | _descriptors(w, args["w2_ptr"], block_n, block_k, tma)
     constexprs = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, NORM=norm_eps is not None,
                       EPILOGUE=EPILOGUES[epilogue], HAS_BIAS=bias is not None, WRITE_OUT=write_out,
                       DOT_DTYPE=dot_dtype(w.dtype), ATOMIC_SPLIT=atomic_split, STATS_OUT=stats_out,
-                      STATS_IN=stats_in, COPY_OUT=copy is not None) | rope_constexprs
+                      STATS_IN=stats_in, COPY_OUT=copy is not None, W_TMA=tma) | rope_constexprs
     programs = num_m * num_n * split_k
     return PartCall(SIGNATURE, args, constexprs, programs, label, scratch)
