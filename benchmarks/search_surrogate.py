@@ -3,7 +3,7 @@ plan edits measured on the GPU, so a search policy can be compared over many see
 
     python benchmarks/search_surrogate.py WORKLOAD.toml DB [DB ...] [--agents heuristic greedy random]
                                           [--seeds 0 1 2 3] [--budget 40] [--noise 0.002] [--width N]
-                                          [--deepen-first] [--frontier-width N]
+                                          [--deepen-first] [--frontier-width N] [--exploit-every N]
                                           [--out DIR (runs/surrogate)] [--json OUT.json]
 
 The databases are GPU search runs of the workload (`searchers.py`'s; a node that two databases hold,
@@ -22,7 +22,8 @@ limit, included; a nearest plan's feedback can name launches this plan lays out 
 latency gets Gaussian noise of --noise (relative). `--width N`: the edits a run asks for per
 expansion, evaluated before it selects again (default: the search's own, SearchSettings.expand_width);
 `--deepen-first`: once one of them gains, the rest wait and the run selects again (SearchSettings.deepen_first);
-`--frontier-width N`: SearchSettings.frontier_width (default: the search's; 0: no cap).
+`--frontier-width N`: SearchSettings.frontier_width (default: the search's; 0: no cap);
+`--exploit-every N`: SearchSettings.exploit_every (default: the search's; 0: off).
 
 Per agent and seed a fresh run, as `searchers.py` makes it; its best plan (the fastest the search
 measured, noise included) is scored without the noise (`best_ms`). JSON: {"workload", "databases",
@@ -204,6 +205,8 @@ def main() -> None:
     parser.add_argument("--deepen-first", action="store_true", help="MCTS: siblings of a gain wait (SearchSettings)")
     parser.add_argument("--frontier-width", type=int, help="MCTS: children of a node without a gain before it is "
                                                            "widened by visits (default: the search's; 0: no cap)")
+    parser.add_argument("--exploit-every", type=int, help="MCTS: one expansion in N widens the run's best open node "
+                                                          "(default: the search's; 0: off)")
     parser.add_argument("--out", type=Path, default=Path("runs/surrogate"))
     parser.add_argument("--json", type=output_file)
     args = parser.parse_args()
@@ -211,6 +214,8 @@ def main() -> None:
         parser.error(f"--width {args.width}: at least one edit per expansion")
     if args.frontier_width is not None and args.frontier_width < 0:
         parser.error(f"--frontier-width {args.frontier_width}: 0 (no cap) or more")
+    if args.exploit_every is not None and args.exploit_every < 0:
+        parser.error(f"--exploit-every {args.exploit_every}: 0 (off) or more")
     for path in args.databases:
         if not path.is_file():
             raise SystemExit(f"{path}: no such database")
@@ -232,7 +237,8 @@ def main() -> None:
                 with contextlib.ExitStack() as stack:
                     opened = searchers.open_run(stack, args.workload, agent, args.budget, evaluator, seed, db,
                                                 width=args.width, deepen_first=args.deepen_first,
-                                                frontier_width=args.frontier_width)
+                                                frontier_width=args.frontier_width,
+                                                exploit_every=args.exploit_every)
                     searchers.rotate([opened], args.budget, args.budget, None)
                 row = searchers.summary(db, agent, workload, args.workload)
                 node = row["best_node"]
@@ -247,7 +253,8 @@ def main() -> None:
                for agent in args.agents}
     out = {"workload": workload.name, "databases": [str(p) for p in args.databases], "budget": args.budget,
            "seeds": args.seeds, "noise": args.noise, "width": args.width,
-           "deepen_first": args.deepen_first, "frontier_width": args.frontier_width, "command": " ".join(sys.argv),
+           "deepen_first": args.deepen_first, "frontier_width": args.frontier_width,
+           "exploit_every": args.exploit_every, "command": " ".join(sys.argv),
            "runs": runs, "summary": summary}
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")

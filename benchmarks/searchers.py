@@ -78,15 +78,18 @@ class Opened:
 
 def open_run(stack: contextlib.ExitStack, workload: Path, agent: str, budget: int, evaluator: IsolatedEvaluator,
              seed: int, db: Path, resume: bool = False, carry: bool = False, width: int | None = None,
-             deepen_first: bool = False, frontier_width: int | None = None) -> Opened:
+             deepen_first: bool = False, frontier_width: int | None = None,
+             exploit_every: int | None = None) -> Opened:
     """A fresh run in `db`, or (with `resume`) the run stored there, continued by the same agent.
-    `width`: edits a fresh run asks for per expansion (default SearchSettings'); `deepen_first` and
-    `frontier_width`: its SearchSettings' (a resumed run keeps what it stored)."""
+    `width`: edits a fresh run asks for per expansion (default SearchSettings'); `deepen_first`,
+    `frontier_width` and `exploit_every`: its SearchSettings' (a resumed run keeps what it stored)."""
     settings = scored_by(SearchSettings(budget=budget, deepen_first=deepen_first), evaluator.profile)
     if width is not None:
         settings = replace(settings, expand_width=width)
     if frontier_width is not None:
         settings = replace(settings, frontier_width=frontier_width)
+    if exploit_every is not None:
+        settings = replace(settings, exploit_every=exploit_every)
     w = load_workload(workload)
     if not (resume and db.exists()):
         db.unlink(missing_ok=True)

@@ -1054,6 +1054,41 @@ def test_deepen_first_builds_on_a_gain_before_measuring_its_siblings(env, tmp_pa
         assert {n.id for n in waiting} & {n.id for n in store.nodes(search.run_id) if n.status is not NodeStatus.NEW}
 
 
+def test_exploit_every_widens_the_best_open_node_one_expansion_in_n(env, tmp_path):
+    """exploit_every N: the tree policy picks, except one expansion in N (counted in evaluations, so a
+    resume keeps the rhythm), which widens the run's best open node as hill-climbing would; with N 1
+    every expansion does: no node measured before a new one and still open at the end (so open when
+    the new one was made) was faster than its parent."""
+    with Store.open(tmp_path / "exploit.db") as store:
+        search = Search.start(store, "exploit", WORKLOAD, str(TINY), LandscapeEvaluator(env["profile"]),
+                              GainFirstProposer(), SearchSettings(budget=4, exploit_every=3), seed=0)
+        rhythm = []
+        for done in range(12):
+            search.evaluations_done = lambda done=done: done
+            rhythm.append(search._selection())
+        assert rhythm == ["mcts"] * 6 + ["best"] * 3 + ["mcts"] * 3
+    with Store.open(tmp_path / "exploit1.db") as store:
+        search = Search.start(store, "exploit", WORKLOAD, str(TINY), LandscapeEvaluator(env["profile"]),
+                              SiblingProposer(), SearchSettings(budget=12, move_memory=0, exploit_every=1), seed=0)
+        search.run_loop()
+        nodes = sorted(store.nodes(search.run_id), key=lambda n: n.id)
+        latency = {n.id: search.results[n.plan_hash].latency_ms for n in nodes if n.plan_hash in search.results}
+        grown = [n for n in nodes if n.proposer == "siblings"]
+        assert len(grown) >= 6
+        open_at_end = {i for i, t in search.tree.items() if not t.closed}
+        for n in grown:
+            earlier = [i for i in latency if i < n.id and i in open_at_end and store.node(i).parent_id != n.parent_id]
+            assert all(latency[n.parent_id] <= latency[i] for i in earlier)
+        exploited = [n.parent_id for n in grown]
+    with Store.open(tmp_path / "exploit0.db") as store:  # the tree policy alone widens otherwise
+        search = Search.start(store, "exploit", WORKLOAD, str(TINY), LandscapeEvaluator(env["profile"]),
+                              SiblingProposer(), SearchSettings(budget=12, move_memory=0), seed=0)
+        search.run_loop()
+        assert [n.parent_id for n in sorted(store.nodes(search.run_id), key=lambda n: n.id)
+                if n.proposer == "siblings"] != exploited
+    assert SearchSettings.from_dict({"budget": 9}).exploit_every == 0  # a run stored before the setting
+
+
 def test_stored_settings_read_back_and_refuse_the_wrong_type():
     settings = SearchSettings(budget=9, deepen_first=True)
     assert SearchSettings.from_dict(json.loads(json.dumps(settings.to_dict()))) == settings

@@ -52,6 +52,7 @@ class SearchSettings:
     best_weight: float = 1.0  # a branch's value: its best reward (1) or blended with its mean (mcts.py)
     deepen_first: bool = False  # MCTS: once a child gains by deepen_margin, its unmeasured siblings wait
     frontier_width: int = 0  # MCTS: a node none of whose children gained is widened up to this many (0: no cap)
+    exploit_every: int = 0  # MCTS: every this many expansions, the run's best open node is widened instead (0: off)
     move_memory: int = 2  # with MCTS, a move that lost in this many branches is not offered again (moves.py); 0: off
     warm_start: int = 2  # best plans of earlier runs seeded (same evaluator; this model family first)
     stale_after_s: float = 1800.0  # a "running" evaluation older than this is taken over
@@ -348,6 +349,16 @@ class Search:
         other processes sharing the run count too. A node is marked expanded only once settled."""
         return sum(1 for n in self.store.nodes(self.run_id) if n.status is not NodeStatus.NEW)
 
+    def _selection(self) -> str:
+        """The proposer's selection; with MCTS and exploit_every N, `best` for one expansion in N (counted
+        in evaluations, so a resumed run keeps the rhythm): the run's best open node widened, as
+        hill-climbing widens it, between the tree policy's choices."""
+        how = getattr(self.proposer, "selection", "mcts")
+        every, width = self.settings.exploit_every, max(1, self.settings.expand_width)
+        if how == "mcts" and every > 0 and (self.evaluations_done() // width) % every == every - 1:
+            return "best"
+        return how
+
     def run_loop(self, deadline: float | None = None) -> str:
         """Search until the budget, the deadline or exhaustion; returns why it stopped."""
         nodes = self._load_tree()
@@ -357,8 +368,7 @@ class Search:
                 self._evaluate(n)
         while not self._over(deadline):
             root = self.tree[root_id]  # a reload (another process's nodes) replaces the objects
-            path = select(getattr(self.proposer, "selection", "mcts"), self.mcts, root, self.tree, self.run.seed,
-                          self.evaluations_done())
+            path = select(self._selection(), self.mcts, root, self.tree, self.run.seed, self.evaluations_done())
             if path == [root] and root.closed:
                 return "exhausted"
             try:
