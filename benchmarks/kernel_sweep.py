@@ -3,6 +3,7 @@ from cold L2, against the tile the shipped plan gives it.
 
     python benchmarks/kernel_sweep.py examples/llama-1b-8b-b8.toml [...] [--kinds qkv o_proj gate_up down mlp attn]
                                       [--models draft target] [--per-shape 96] [--prewarm 14] [--json OUT.json]
+                                      [--tiles-from SWEEP.json ...] [--tma] [--cublas]
 
 Per distinct shape of the workloads' qkv, o_proj, gate_up and down GEMMs (the epilogues of the
 `streams` plan: store, residual, silu_mul, residual into fp32 rows; bf16 input rows and weights, as
@@ -24,7 +25,10 @@ tabulated: search/tiles.json holds tiles of the separate kinds.
 
 `--prewarm N` first compiles every candidate in N processes at once (Triton's warmup: nothing runs),
 so the timing process loads them from Triton's cache. One process times everything: compare within
-a run.
+a run. `--tiles-from` times only the shipped tile and the best one earlier sweeps found per shape;
+`--tma` times each GEMM tile beside its twin that loads weight tiles through TMA descriptors (tile key
+TMA 1, at most 256 a side); `--cublas` also times each GEMM shape as one cuBLAS product of the same
+bytes (`torch.mm`, gate and up stacked, no epilogue): what the library reaches.
 
     python benchmarks/kernel_sweep.py --tabulate SWEEP.json [...] --device H200 [--table search/tiles.json]
 
