@@ -254,11 +254,15 @@ def found_tiles(sweeps: list[Path], shape, shipped) -> list:
     """The shipped tile, then the best tile each sweep found for `shape` (none where no sweep timed it)."""
     out = [shipped]
     for sweep in sweeps:
-        for entry in json.loads(sweep.read_text())["shapes"]:
-            if entry["shape"] == shape.key() and entry.get("best"):
-                fields = {f: entry["best"][f] for f in tile_fields(shipped)}
-                if (tile := type(shipped)(**fields)) not in out:
-                    out.append(tile)
+        try:
+            entries = json.loads(sweep.read_text())["shapes"]
+            found = [{f: e["best"][f] for f in tile_fields(shipped)} for e in entries
+                     if e["shape"] == shape.key() and e.get("best")]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SystemExit(f"{sweep}: not a kernel_sweep.py --json result ({type(e).__name__}: {e})") from None
+        for fields in found:
+            if (tile := type(shipped)(**fields)) not in out:
+                out.append(tile)
     return out
 
 

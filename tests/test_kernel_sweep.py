@@ -147,3 +147,12 @@ def test_tma_twins_and_the_tiles_earlier_sweeps_found(tmp_path):
                                             {"shape": "qkv 8x3072x2048", "best": sweep.asdict(tiles[0])}]}))
     assert sweep.found_tiles([found], shape, tiles[0]) == tiles
     assert sweep.found_tiles([found], sweep.Shape(4, 64, 64, "down"), tiles[0]) == tiles[:1]
+
+
+def test_a_file_that_is_not_a_sweep_is_named(tmp_path):
+    shipped = sweep.Tile(16, 64, 128, 8, 4, 3)
+    for text in ("{", '{"shapes": [{"shape": "o_proj 8x2048x2048", "best": {"block_m": 16}}]}', "[]"):
+        bad = tmp_path / "bad.json"
+        bad.write_text(text)
+        with pytest.raises(SystemExit, match="bad.json: not a kernel_sweep.py --json result"):
+            sweep.found_tiles([bad], sweep.Shape(8, 2048, 2048, "o_proj"), shipped)
