@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from conjugate.arguments import output_file, positive  # noqa: E402
-from conjugate.compiler.persist import _give_up, resident_programs  # noqa: E402
+from conjugate.compiler.persist import give_up, resident_programs  # noqa: E402
 
 BLOCK_N = 16  # output columns a program owns (tl.dot's smallest side)
 BLOCK_M = 16  # rows padded to tl.dot's smallest side
@@ -79,7 +79,7 @@ def chain_kernel(x_ptr, w_ptr, done_ptr, rows, layers, DIM: tl.constexpr, SPLIT:
             while seen < programs:
                 seen = tl.atomic_add(done_ptr + layer - 1, 0, sem="acquire", scope="gpu")
                 polls += 1
-                _give_up(polls)  # a trap, not a hang, should a program never come
+                give_up(polls)  # a trap, not a hang, should a program never come
         if not PREFETCH:
             w = _block(w_ptr, layer + pid * 0, n0, k0, DIM, BLOCK_N, SPAN)
         if k0 == 0:  # the columns' owner zeroes them two layers ahead (read by no one any more)
@@ -125,8 +125,6 @@ def dataflow(x0, w, split: int, prefetch: bool, warps: int = 4):
     grid = (dim // BLOCK_N * split,)
     options = dict(DIM=dim, SPLIT=split, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, PREFETCH=prefetch, num_warps=warps)
     if x0.is_cuda:  # every program resident at once, or one waits for a program that never starts
-        import torch
-
         kernel = chain_kernel.warmup(bufs, w, done, rows, layers, grid=grid, **options)
         kernel._init_handles()  # loads the module: the register count
         sms = torch.cuda.get_device_properties(x0.device).multi_processor_count

@@ -88,9 +88,9 @@ def bench(workload_path: Path, plan_path: Path, streams: list[int], replays: int
     torch.cuda.synchronize(device)
     copy_gbs = copy_bandwidth_gbs(device)
     out = {"workload": w.name, "plan": str(plan_path), "checked": True, "copy_gbs": copy_gbs, "phases": {}}
-    phases = {m: [compiled.launches[i] for i in phase_launches(compiled.schedule, m)] for m in MODELS}
-    bytes_of = {m: sum(compiled.schedule.launches[i].bytes for i in phase_launches(compiled.schedule, m))
-                for m in MODELS}
+    indices = {m: phase_launches(compiled.schedule, m) for m in MODELS}
+    phases = {m: [compiled.launches[i] for i in indices[m]] for m in MODELS}
+    bytes_of = {m: sum(compiled.schedule.launches[i].bytes for i in indices[m]) for m in MODELS}
 
     def timed(body) -> float:
         graph = capture(body, device, warmup=1)

@@ -77,7 +77,7 @@ TRAPS = tl.constexpr(not INTERPRETING)  # the interpreter has no inline PTX (and
 
 
 @triton.jit
-def _give_up(polls):
+def give_up(polls):
     """Stop the kernel (a trap: the launch fails with a CUDA error) once `polls` passes SPIN_LIMIT."""
     if TRAPS:
         if polls > SPIN_LIMIT:
@@ -113,7 +113,7 @@ def grid_barrier(sync_ptr, index, programs, GROUPS: tl.constexpr = 1):
         while arrived < programs:
             arrived = tl.atomic_add(base, 0, sem="acquire", scope="gpu")
             polls += 1
-            _give_up(polls)
+            give_up(polls)
     else:
         group = tl.program_id(0) % GROUPS
         members = (programs - group + GROUPS - 1) // GROUPS  # programs whose pid % GROUPS is `group`
@@ -127,7 +127,7 @@ def grid_barrier(sync_ptr, index, programs, GROUPS: tl.constexpr = 1):
         while ready == 0:
             ready = tl.atomic_add(flag, 0, sem="acquire", scope="gpu")
             polls += 1
-            _give_up(polls)
+            give_up(polls)
     tl.debug_barrier()
 
 
