@@ -81,7 +81,8 @@ def _schedule_table(schedule, title: str, limit: int | None = None) -> Table:
             grid = f"{launch.programs} programs" if launch.programs else "all programs that fit at once"
             parts += f"  [persistent: {grid}, parts in sequence]" if len(launch.parts) > 1 else f"  [tile loop: {grid}]"
         if launch.pdl != "none":
-            parts += f"  [pdl: release at {launch.pdl}{', prefetch' if launch.pdl_prefetch else ''}]"
+            parts += (f"  [pdl: release at {launch.pdl}{', prefetch' if launch.pdl_prefetch else ''}"
+                      f"{', preload' if launch.pdl_preload else ''}]")
         tiles = " | ".join(",".join(f"{k.replace('BLOCK_', '')}{v}" for k, v in p.tiles.items()) for p in launch.parts)
         stream = f"{launch.stream} ({limits[launch.stream]} SMs)" if launch.stream in limits else launch.stream
         table.add_row(str(launch.index), stream, parts, "\n".join(" + ".join(p.ops) for p in launch.parts),

@@ -71,7 +71,7 @@ def test_tile_signature_is_read_from_the_tile_function():
     assert sig.args[:2] == ("x_ptr", "w_ptr") and sig.args[-3:] == ("rope_eps", "w_desc", "w2_desc")
     assert "tail_start" in sig.args
     assert sig.constexprs[0] == "BLOCK_M" and "EPILOGUE" in sig.constexprs
-    assert sig.constexprs[-4:] == ("STATS_OUT", "STATS_IN", "COPY_OUT", "W_TMA")
+    assert sig.constexprs[-6:] == ("STATS_OUT", "STATS_IN", "COPY_OUT", "W_TMA", "PRELOAD_K", "PDL_WAIT")
     with pytest.raises(TypeError, match="pid"):
         TileSignature.of(_no_pid)
     with pytest.raises(TypeError, match="precede"):

@@ -242,3 +242,54 @@ def test_tma_refuses_tiles_and_weights_a_descriptor_cannot_describe():
     odd = torch.randn(N, 201)  # rows of 804 bytes: not 16-byte aligned
     with pytest.raises(ValueError, match="16-byte aligned rows"):
         gemm_call(torch.randn(M, 201), odd, out, rows=M, tma=True)
+
+
+@pytest.mark.parametrize("preload_k,split_k", [(16, 1), (64, 3), (128, 2), (256, 1)])
+def test_weights_preloaded_before_the_wait_give_the_streamed_results(preload_k, split_k):
+    """preload_k: the split's first columns loaded into registers up front, the rest streamed (all of
+    them where the preload covers the split, K=200 in splits of 64-256 columns); every epilogue's
+    result as without it."""
+    x, w, w2, b = _inputs(4)
+    ref = {"store": x @ w.T + b, "silu_mul": F.silu(_normed(x, 1.0) @ w.T) * (_normed(x, 1.0) @ w2.T)}
+    for epilogue, extra in (("store", dict(bias=b)), ("silu_mul", dict(w2=w2, norm_eps=1e-5))):
+        out = torch.full((M, N), float("nan"))
+        call = gemm_call(x, w, out, rows=M, epilogue=epilogue, split_k=split_k, block_n=32, block_k=64,
+                         preload_k=preload_k, **extra)
+        assert call.constexprs["PRELOAD_K"] == preload_k and not call.constexprs["PDL_WAIT"]
+        run_part(call)
+        torch.testing.assert_close(out, ref[epilogue], atol=1e-4, rtol=1e-4)
+    residual = torch.randn(M, N)
+    out = residual.clone()
+    run_part(gemm_call(x, w, out, rows=M, epilogue="residual", split_k=split_k, block_k=64, atomic_split=True,
+                       preload_k=preload_k))
+    torch.testing.assert_close(out, residual + x @ w.T, atol=1e-4, rtol=1e-4)
+
+
+def test_a_preload_is_a_power_of_two_within_the_split():
+    x, w, _, _ = _inputs()
+    out = torch.empty(M, N)
+    for bad in (8, 48, 512):  # too small for a dot, not a power of two, past the split (K 200 -> 256)
+        with pytest.raises(ValueError, match="preload of .* weight columns"):
+            gemm_call(x, w, out, rows=M, block_k=64, preload_k=bad)
+    with pytest.raises(ValueError, match="preload of 256 weight columns"):  # splits of 128 columns
+        gemm_call(x, w, out, rows=M, block_k=64, split_k=2, preload_k=256)
+
+
+def test_preload_before_wait_fits_the_registers_and_makes_the_tile_wait():
+    from conjugate.compiler.gemm import PRELOAD_PER_THREAD, preload_before_wait, preload_columns
+    from conjugate.compiler.norm import rmsnorm_call
+
+    x, w, w2, _ = _inputs()
+    big_k = torch.randn(N, 4096)
+    out = torch.empty(M, N)
+    # one BLOCK_K step at most (a split spans whole steps), PRELOAD_PER_THREAD elements a thread
+    assert preload_columns(gemm_call(x, w, out, rows=M, block_n=32, block_k=64, split_k=2), 4) == 64
+    wide = gemm_call(torch.randn(M, 4096), big_k, out, rows=M, block_n=64, block_k=256)
+    assert preload_columns(wide, 4) == PRELOAD_PER_THREAD * 128 // 64 == 128  # 4 warps: 128 threads
+    two = gemm_call(torch.randn(M, 4096), big_k, out, rows=M, epilogue="silu_mul", w2=big_k, block_n=64, block_k=256)
+    assert preload_columns(two, 4) == 64 and preload_columns(two, 8) == 128  # two weights
+    assert preload_columns(gemm_call(x, w, out, rows=M, block_n=128, block_k=64), 1) == 16
+    assert preload_columns(gemm_call(x, w, out, rows=M, block_n=256, block_k=64), 1) == 0  # not even 16 fit
+    assert preload_before_wait(wide, 4, True) and wide.constexprs["PRELOAD_K"] == 128 and wide.constexprs["PDL_WAIT"] == 2
+    norm = rmsnorm_call(x, torch.ones(K), out[:, :K], rows=M, eps=1e-5)
+    assert not preload_before_wait(norm, 4, False) and "PDL_WAIT" not in norm.constexprs

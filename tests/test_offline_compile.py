@@ -122,3 +122,21 @@ def test_programmatic_dependent_launches_compile_for_hopper_with_the_wait_in_eve
     assert len(ptx) >= 10 and all("griddepcontrol.wait" in text for text in ptx)
     assert all("griddepcontrol.launch_dependents" in text for text in ptx)
     assert any("prefetch.global.L2" in text for text in ptx)
+
+
+def test_gemm_tiles_that_preload_their_weights_wait_in_the_tile_and_compile_for_hopper(tmp_path):
+    """pdl.preload: each GEMM tile loads its first weight step, then makes the wait itself (and, at
+    `start`, the release after it); launches with a norm, RoPE or attention part keep the dispatcher's
+    wait before any load. In the PTX for sm_90: every kernel waits, some load before their wait (the
+    GEMMs), the others only after it."""
+    plan = json.loads(_plan(tmp_path, ["lm_head+argmax"]).read_text())
+    plan["pdl"] = {"draft": {"trigger": "start", "preload": True}, "target": {"trigger": "end", "preload": True}}
+    path = tmp_path / "preload.json"
+    path.write_text(json.dumps(plan))
+    cache = tmp_path / "triton-cache"
+    proc = _offline(path, cache)
+    assert proc.returncode == 0, proc.stderr
+    ptx = [p.read_text() for p in cache.rglob("*.ptx")]
+    assert len(ptx) >= 8 and all("griddepcontrol.wait" in text for text in ptx)
+    loads_first = [text.index("ld.global") < text.index("griddepcontrol.wait") for text in ptx if "ld.global" in text]
+    assert any(loads_first) and not all(loads_first)

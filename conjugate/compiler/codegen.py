@@ -18,7 +18,10 @@ writes are visible) before it reads or writes anything, optionally asking L2 for
 functions: a prefetch only reads into L2, where the kernel before writes too, so a line it then
 rewrites is read fresh after the wait; the attention prefetch reads the sequence lengths to find
 its lines, which only the host writes, before the round), and lets the next launch start (`gdc_launch_dependents`)
-right after its wait (`start`) or once its tiles are done (`end`). The interpreter runs launches one
+right after its wait (`start`) or once its tiles are done (`end`). With `preload` a GEMM tile first loads
+its first weight columns into registers and makes the wait itself (gemm.preload_before_wait), so the
+weights stream while the kernel before ends; the dispatcher then does not wait (both parts of a
+launch wait in their tiles, or neither). The interpreter runs launches one
 after another and has neither instruction: the round compiles its launches without them there.
 
 Identical sources are written once (the file is named by its hash) and imported from the cache.
@@ -51,6 +54,7 @@ class Pdl:
 
     trigger: str = "none"  # none | start | end
     prefetch: bool = False
+    preload: bool = False  # GEMM parts load their first weights into registers, then wait themselves
 
     def __post_init__(self):
         if self.trigger not in PDL_TRIGGERS:
@@ -76,8 +80,17 @@ def _pdl_imports(parts: list[PartCall], pdl: Pdl) -> set[str]:
     return {_PDL_IMPORT} | {f"from {module} import {fn}" for module, fn in found}
 
 
-def _pdl_wait(pdl: Pdl, indent: str = "    ") -> list[str]:
+def waits_itself(part: PartCall) -> bool:
+    """Whether a part's tile makes the programmatic dependent launch's wait itself, after loading its
+    first weights (gemm.preload_before_wait)."""
+    return bool(part.constexprs.get("PDL_WAIT"))
+
+
+def _pdl_wait(pdl: Pdl, parts: list[PartCall], indent: str = "    ") -> list[str]:
+    """The dispatcher's wait (none where every part waits itself) and the release at the start."""
     if not pdl.on:
+        return []
+    if all(waits_itself(p) for p in parts):  # each tile waits, and releases at `start` after its wait
         return []
     lines = [f"{indent}gdc_wait()  # the kernel before this one has ended; its writes are visible"]
     return lines + ([f"{indent}gdc_launch_dependents()"] if pdl.trigger == "start" else [])
@@ -134,6 +147,10 @@ def kernel_source(parts: list[PartCall], dispatch: Dispatch | None, packed: bool
         raise ValueError("a launch has one part, or two parts and a dispatch")
     if packed and pdl.prefetch:
         pdl = Pdl(pdl.trigger)
+    if any(waits_itself(p) for p in parts) and not pdl.on:
+        raise ValueError("a tile that waits for the kernel before needs a programmatic dependent launch")
+    if len(parts) == 2 and waits_itself(parts[0]) != waits_itself(parts[1]):
+        raise ValueError("both parts of a launch wait for the kernel before in their tiles, or neither")
     imports = sorted({f"from {p.sig.module} import {p.sig.fn}" for p in parts} | _pdl_imports(parts, pdl))
     params = [", ".join(f"p{i}_{a}" for a in p.sig.args) for i, p in enumerate(parts)]
     if dispatch:
@@ -144,7 +161,7 @@ def kernel_source(parts: list[PartCall], dispatch: Dispatch | None, packed: bool
     lines = [_HEADER.rstrip(), *imports, "", "", *notes]
     lines += ["@triton.jit", "def kernel(", *(f"    {group}," for group in params), "):", "    pid = tl.program_id(0)"]
     if dispatch is None:
-        lines += _prefetch_lines(parts, pdl, ["pid"]) + _pdl_wait(pdl)
+        lines += _prefetch_lines(parts, pdl, ["pid"]) + _pdl_wait(pdl, parts)
         lines.append(f"    {_call(parts[0], 0, 'pid')}")
     else:
         d = dispatch
@@ -158,7 +175,7 @@ def kernel_source(parts: list[PartCall], dispatch: Dispatch | None, packed: bool
             f"    local0 = tl.where(pid < shared, cycle * {d.a} + r, {d.rounds * d.a} + rest)",
             f"    local1 = tl.where(pid < shared, cycle * {d.b} + r - {d.a}, {d.rounds * d.b} + rest - left0)",
         ]
-        lines += _prefetch_lines(parts, pdl, ["local0", "local1"]) + _pdl_wait(pdl)
+        lines += _prefetch_lines(parts, pdl, ["local0", "local1"]) + _pdl_wait(pdl, parts)
         if packed:
             if parts[0].sig != parts[1].sig:
                 raise ValueError("a packed launch runs one tile function for both parts")
@@ -200,6 +217,8 @@ def persistent_source(parts: list[PartCall], prefetch: frozenset[int] = frozense
     barriers = len(parts) > 1
     if barriers and pdl.trigger != "none":
         raise ValueError("a persistent launch with barriers cannot be a programmatic dependent launch")
+    if any(waits_itself(p) for p in parts):
+        raise ValueError("a persistent launch waits for the kernel before once, not in its tiles")
     ahead = {i: persist.PREFETCHES[p.sig.fn] for i, p in enumerate(parts)
              if i and i in prefetch and p.sig.fn in persist.PREFETCHES}
     imports = sorted({f"from {p.sig.module} import {p.sig.fn}" for p in parts}
@@ -218,7 +237,7 @@ def persistent_source(parts: list[PartCall], prefetch: frozenset[int] = frozense
     if pdl.on and pdl.prefetch and _prefetcher(parts[0]):  # every tile this program will take
         lines += ["    tile = pid", f"    while tile < {parts[0].programs}:",
                   f"        {_call(parts[0], 0, 'tile', _prefetcher(parts[0])[1])}", "        tile += programs"]
-    lines += _pdl_wait(pdl)
+    lines += _pdl_wait(pdl, parts)
     for i, part in enumerate(parts):
         lines += ["    tile = pid  # a tensor, as a launched tile's pid is (a range variable is a plain int)",
                   f"    while tile < {part.programs}:", f"        {_call(part, i, 'tile')}", "        tile += programs"]

@@ -42,8 +42,10 @@ import triton.language as tl
 
 from dataclasses import dataclass
 
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
 from conjugate.compiler.persist import L2_LINE_BITS, prefetch_l2
-from conjugate.compiler.tile import INTERPRETING, PartCall, TileSignature, cdiv, dot_dtype
+from conjugate.compiler.tile import INTERPRETING, PartCall, TileSignature, cdiv, dot_dtype, next_pow2
 
 # The EPILOGUE constexpr's values, as globals the tile functions can read.
 EPILOGUE_STORE = tl.constexpr(0)
@@ -54,6 +56,11 @@ EPILOGUE_ROPE_KV = tl.constexpr(4)
 EPILOGUES = {"store": EPILOGUE_STORE.value, "residual": EPILOGUE_RESIDUAL.value,
              "silu_mul": EPILOGUE_SILU_MUL.value, "argmax": EPILOGUE_ARGMAX.value,
              "rope_kv": EPILOGUE_ROPE_KV.value}  # gemm_call's names
+# The PDL_WAIT constexpr's values: the tile does not wait for the kernel before (the dispatcher does, or
+# none), waits itself, or waits and then releases the next launch (the plan's trigger `start`).
+PDL_NO_WAIT = tl.constexpr(0)
+PDL_WAIT_ONLY = tl.constexpr(1)
+PDL_WAIT_RELEASE = tl.constexpr(2)
 _REDUCE_BLOCK = tl.constexpr(128)  # partial maxima reduced per step by the last program
 STATS_CHUNK = tl.constexpr(16)  # columns of x per row statistic a residual epilogue writes (STATS_OUT)
 STATS_BLOCK = tl.constexpr(64)  # row statistics summed per step by a norm prologue (STATS_IN)
@@ -167,7 +174,8 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
               NORM: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr,
               DOT_DTYPE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
               HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr, ATOMIC_SPLIT: tl.constexpr, STATS_OUT: tl.constexpr,
-              STATS_IN: tl.constexpr, COPY_OUT: tl.constexpr, W_TMA: tl.constexpr):
+              STATS_IN: tl.constexpr, COPY_OUT: tl.constexpr, W_TMA: tl.constexpr, PRELOAD_K: tl.constexpr,
+              PDL_WAIT: tl.constexpr):
     TWO_ACC: tl.constexpr = (EPILOGUE == EPILOGUE_SILU_MUL) or (EPILOGUE == EPILOGUE_ROPE_KV)
     num_m, num_n, m_blk, split, n_blk, k_lo, k_hi = _tile_of(pid, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K)
 
@@ -180,6 +188,17 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
     w_block = tl.where(n_blk < blk_pairs, n_blk * blk_stride, tail_start + (n_blk - blk_pairs) * BLOCK_N * stride_w)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    if PRELOAD_K > 0:  # the split's first PRELOAD_K weight columns, before the wait (weights never depend on it)
+        pre_k = k_lo + tl.arange(0, PRELOAD_K)
+        pre_mask = (offs_n[:, None] < N) & (pre_k[None, :] < k_hi)
+        pre_offs = w_block + rows_n[:, None] * stride_w + pre_k[None, :]
+        w_pre = tl.load(w_ptr + pre_offs, mask=pre_mask, other=0.0)  # [BN, PRELOAD_K], held in registers
+        if TWO_ACC:
+            w2_pre = tl.load(w2_ptr + pre_offs, mask=pre_mask, other=0.0)
+    if PDL_WAIT != PDL_NO_WAIT:  # the kernel before this one has ended; its writes (x among them) are visible
+        gdc_wait()
+        if PDL_WAIT == PDL_WAIT_RELEASE:  # the release at the start, after the wait: two launches in flight
+            gdc_launch_dependents()
     sumsq = tl.zeros([BLOCK_M], tl.float32)
     if NORM and STATS_IN:  # the row statistics the residual GEMM that wrote x left: every split sums all
         for c0 in range(0, tl.cdiv(K, STATS_CHUNK), STATS_BLOCK):
@@ -194,7 +213,15 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
                         mask=(offs_m[:, None] < M) & (kk[None, :] < k_hi), other=0.0).to(tl.float32)  # [BM, BK]
             sumsq += tl.sum(x * x, axis=1)
     w_row = w_block // stride_w  # the block's first weight row (W_TMA)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
+    k_start = k_lo
+    if PRELOAD_K > 0:
+        x_pre = tl.load(x_ptr + offs_m[:, None] * stride_x + pre_k[None, :],
+                        mask=(offs_m[:, None] < M) & (pre_k[None, :] < k_hi), other=0.0)  # [BM, PRELOAD_K]
+        acc += tl.dot(x_pre.to(DOT_DTYPE), tl.trans(w_pre.to(DOT_DTYPE)))
+        if TWO_ACC:
+            acc2 += tl.dot(x_pre.to(DOT_DTYPE), tl.trans(w2_pre.to(DOT_DTYPE)))
+        k_start = tl.minimum(k_lo + PRELOAD_K, k_hi)
+    for k0 in range(k_start, k_hi, BLOCK_K):
         kk = k0 + offs_k
         x = tl.load(x_ptr + offs_m[:, None] * stride_x + kk[None, :],
                     mask=(offs_m[:, None] < M) & (kk[None, :] < k_hi), other=0.0)  # [BM, BK]
@@ -270,7 +297,8 @@ def gemm_prefetch(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, pa
                   NORM: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr,
                   DOT_DTYPE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
                   HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr, ATOMIC_SPLIT: tl.constexpr, STATS_OUT: tl.constexpr,
-                  STATS_IN: tl.constexpr, COPY_OUT: tl.constexpr, W_TMA: tl.constexpr):
+                  STATS_IN: tl.constexpr, COPY_OUT: tl.constexpr, W_TMA: tl.constexpr, PRELOAD_K: tl.constexpr,
+                  PDL_WAIT: tl.constexpr):
     """gemm_tile's weight rows and K range for program `pid`, prefetched into L2 (persist.py): one
     request per 128-byte line, out-of-range rows clamped to the block's first. Its parameters are
     gemm_tile's, in order: a persistent launch calls both with one argument list."""
@@ -401,6 +429,47 @@ def _check_stats(stats, stats_out: bool, stats_in: bool, rows: int, n: int, k: i
         raise ValueError("row statistics are read by a norm prologue")
 
 
+PRELOAD_PER_THREAD = 64  # weight elements a thread may hold across the wait (32 registers of bf16 pairs)
+
+
+def split_span(k: int, block_k: int, split_k: int) -> int:
+    """The columns of K one split covers (the last split may have fewer): _tile_of's k_span."""
+    return cdiv(cdiv(k, block_k), split_k) * block_k
+
+
+def _check_preload(preload_k: int, k: int, block_k: int, split_k: int) -> None:
+    if preload_k and (preload_k < 16 or preload_k & (preload_k - 1)
+                      or preload_k > next_pow2(split_span(k, block_k, split_k))):
+        raise ValueError(f"preload of {preload_k} weight columns: a power of two from 16 to the split's "
+                         f"{split_span(k, block_k, split_k)} columns (rounded up to a power of two)")
+
+
+def preload_columns(part: PartCall, num_warps: int) -> int:
+    """The weight columns a GEMM tile loads into registers before its wait: the largest power of two
+    within one BLOCK_K step and its split's columns that keeps PRELOAD_PER_THREAD elements a thread
+    (both weights where the tile has two); 0 where not even 16 fit. One step, so the rest stays in the
+    pipelined loop: on the H200 a preload of 512-1024 columns at once was 1.5-2x slower than none
+    (benchmarks/dataflow_chain.py), one 128-column step 9% faster."""
+    c = part.constexprs
+    weights = 2 if c["EPILOGUE"] in (EPILOGUE_SILU_MUL.value, EPILOGUE_ROPE_KV.value) else 1
+    budget = PRELOAD_PER_THREAD * 32 * num_warps // (c["BLOCK_N"] * weights)
+    most = min(budget, c["BLOCK_K"], split_span(part.args["K"], c["BLOCK_K"], c["SPLIT_K"]))
+    cols = 1 << (most.bit_length() - 1) if most > 0 else 0
+    return cols if cols >= 16 else 0
+
+
+def preload_before_wait(part: PartCall, num_warps: int, release: bool) -> bool:
+    """Make a GEMM part of a programmatic dependent launch load its first weights into registers, then
+    wait for the kernel before itself (PRELOAD_K, PDL_WAIT): its weights stream while that kernel
+    ends; `release`: it lets the next launch start right after that wait (trigger `start`: released
+    before the wait, every later launch of the chain would start at once and hold SMs waiting).
+    False (the part unchanged) for other tile families and where no preload fits."""
+    if part.sig.fn != SIGNATURE.fn or not (cols := preload_columns(part, num_warps)):
+        return False
+    part.constexprs |= {"PRELOAD_K": cols, "PDL_WAIT": PDL_WAIT_RELEASE.value if release else PDL_WAIT_ONLY.value}
+    return True
+
+
 TMA_BOX_MAX = 256  # elements per side of a tensor-memory-accelerator copy
 TMA_ALIGN = 16  # bytes: the alignment of its base address and row stride
 
@@ -434,7 +503,7 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
               block_m: int = 16, block_n: int = 64, block_k: int = 128, split_k: int = 1, label: str = "",
               rope: RopeKV | None = None, atomic_split: bool = False, stats: torch.Tensor | None = None,
               stats_out: bool = False, stats_in: bool = False, copy: torch.Tensor | None = None,
-              tma: bool = False) -> PartCall:
+              tma: bool = False, preload_k: int = 0, pdl_wait: bool = False) -> PartCall:
     """Bind one GEMM. x: [rows, K] fp32 or the weights' type; w, w2: [N, K]; out: [rows, N] (row strides free).
     With `rope` (epilogue rope_kv), w is the qkv projection and each tile is one head: block_n is
     taken as head_dim / 2 and `out` is not written. `stats` (fp32 [rows, >= width / STATS_CHUNK]): with
@@ -442,7 +511,10 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
     `out` there; with `stats_in` the norm prologue reads them (written for x by the GEMM before)
     instead of a pass over x. `copy` ([rows, N], the residual epilogue's): the finished rows stored there
     too, in its type. `tma`: weight tiles loaded through the tensor memory accelerator (sm_90+; the
-    interpreter emulates it) from descriptors made here, instead of masked pointer loads."""
+    interpreter emulates it) from descriptors made here, instead of masked pointer loads. `preload_k`: the
+    split's first columns of weights loaded into registers before anything else (a power of two, at
+    least 16; see `preload_before_wait`); `pdl_wait`: the tile itself waits for the kernel before (a
+    programmatic dependent launch), after that preload."""
     n, k = w.shape
     if epilogue not in EPILOGUES:
         raise ValueError(f"unknown GEMM epilogue {epilogue!r}")
@@ -475,6 +547,7 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
                              or copy.stride(1) != 1):
         raise ValueError(f"a copy of the finished rows is the residual epilogue's, into a [{rows}, {n}] buffer")
     num_m, num_n = cdiv(rows, block_m), cdiv(n, block_n)
+    _check_preload(preload_k, k, block_k, split_k)
     ws_size = split_k * (2 * rows * n + num_n * rows) if split_k > 1 and not atomic_split else 1  # acc, acc2, sums
     if max(w.shape[0] * k, ws_size, rows * out.stride(0)) >= 2**31:  # w.shape[0]: all rows (rope: n counts halves)
         raise ValueError(f"GEMM {n}x{k} over {rows} rows (split-K {split_k}): element offsets past 2^31 "
@@ -499,6 +572,7 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
     constexprs = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, NORM=norm_eps is not None,
                       EPILOGUE=EPILOGUES[epilogue], HAS_BIAS=bias is not None, WRITE_OUT=write_out,
                       DOT_DTYPE=dot_dtype(w.dtype), ATOMIC_SPLIT=atomic_split, STATS_OUT=stats_out,
-                      STATS_IN=stats_in, COPY_OUT=copy is not None, W_TMA=tma) | rope_constexprs
+                      STATS_IN=stats_in, COPY_OUT=copy is not None, W_TMA=tma, PRELOAD_K=preload_k,
+                      PDL_WAIT=PDL_WAIT_ONLY.value if pdl_wait else PDL_NO_WAIT.value) | rope_constexprs
     programs = num_m * num_n * split_k
     return PartCall(SIGNATURE, args, constexprs, programs, label, scratch)

@@ -25,6 +25,7 @@ import torch
 from conjugate.compiler.buffers import PreparedWeights, RoundBuffers
 from conjugate.compiler.codegen import NO_PDL, Dispatch, KernelCache, Pdl, kernel_args, kernel_source, persistent_source
 from conjugate.compiler.feedback import CompileFailure, LaunchFeedback, PartRef, Resources
+from conjugate.compiler.gemm import preload_before_wait
 from conjugate.compiler.lower import lower_part
 from conjugate.compiler.packed import pack_launch
 from conjugate.compiler.persist import ASSUMED_L2_BYTES, PREFETCH_L2_SHARE, resident_programs, sync_words
@@ -115,7 +116,8 @@ def launch_pdl(launch: Launch, waits: dict[int, tuple[int, ...]], device: torch.
     evict what its first programs read before the rest run)."""
     if launch.pdl == "none" or INTERPRETING or device.type == "cpu" or launch.index in waits:
         return NO_PDL
-    return Pdl(launch.pdl, launch.pdl_prefetch and launch.bytes <= PREFETCH_L2_SHARE * l2_bytes(device))
+    return Pdl(launch.pdl, launch.pdl_prefetch and launch.bytes <= PREFETCH_L2_SHARE * l2_bytes(device),
+               launch.pdl_preload)
 
 
 def l2_bytes(device: torch.device) -> int:
@@ -147,12 +149,26 @@ def _compile_launch(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers, cache
                                                device, prefetch=prefetched_parts(launch, graph, device),
                                                num_warps=launch.num_warps, num_stages=launch.num_stages,
                                                stream=launch.stream, pdl=pdl)
+    if pdl.preload and not packed:
+        preload_weights(parts, launch.num_warps, pdl.trigger == "start")
     dispatch = None
     if len(parts) == 2:
         dispatch = Dispatch.of(launch.pattern, launch.ratio, (parts[0].programs, parts[1].programs))
     return CompiledLaunch.build(launch.index, parts, cache, dispatch=dispatch, packed=packed,
                                 num_warps=launch.num_warps, num_stages=launch.num_stages, stream=launch.stream,
                                 pdl=pdl)
+
+
+def preload_weights(parts: list[PartCall], num_warps: int, release: bool) -> bool:
+    """Every part of a programmatic dependent launch loads its first weights into registers, then waits
+    for the kernel before in its tile (gemm.preload_before_wait); where one part cannot (not a GEMM, or
+    no preload fits), none does and the dispatcher waits for all. Whether they do."""
+    before = [dict(p.constexprs) for p in parts]
+    done = [preload_before_wait(p, num_warps, release) for p in parts]
+    if not all(done):
+        for part, constexprs in zip(parts, before):
+            part.constexprs = constexprs
+    return all(done)
 
 
 def persistent_programs(launch: Launch, parts: list[PartCall], device: torch.device) -> int:
@@ -399,6 +415,7 @@ def compile_round(plan: Plan, workload: Workload, draft: ModelWeights | Prepared
         {"launch": l.index, "kernel": f"k_{l.digest}.py", "grid": l.grid, "stream": l.stream, "pdl": l.pdl,
          # as compiled: a prefetch the plan asked for is dropped where the launch outgrows its L2 share
          "pdl_trigger": pdl.trigger, "pdl_prefetch": pdl.prefetch,
+         "pdl_preload": [p.constexprs.get("PRELOAD_K", 0) for p in l.parts],
          "parts": [{"ops": p.label, "tile": p.sig.fn, "programs": p.programs} for p in l.parts]}
         for l, pdl in zip(launches, pdls)]}
     (directory / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")

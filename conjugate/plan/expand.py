@@ -35,7 +35,7 @@ import networkx as nx
 
 from conjugate.errors import ScheduleError
 from conjugate.graph import build_graph
-from conjugate.plan.schema import BARRIER_SPANS, Plan
+from conjugate.plan.schema import AHEAD_WHAT, BARRIER_SPANS, PDL_AHEAD, Plan
 from conjugate.plan.tiles import DEFAULT_TILES, FAMILY_OF, LAUNCH_BOUNDS
 from conjugate.roles import Model
 from conjugate.workload import Workload
@@ -92,6 +92,7 @@ class Launch:
     # launched that way), and whether they prefetch their tile's weights before waiting
     pdl: str = "none"
     pdl_prefetch: bool = False
+    pdl_preload: bool = False  # its GEMM tiles load their first weights into registers before the wait
 
     @property
     def ops(self) -> tuple[str, ...]:
@@ -249,49 +250,55 @@ def _launch(plan: Plan, graph: nx.DiGraph, index: int, units: list[_Unit]) -> La
     s = _launch_settings(plan, units)
     ops = [graph.nodes[o]["op"] for u in units for o in u.ops]
     stream = "main" if plan["streams"] == "one" else units[0].model.value
-    trigger, prefetch = _launch_pdl(plan, units)
+    trigger, ahead = _launch_pdl(plan, units)
     return Launch(index=index, parts=tuple(_part(plan, u, s) for u in units), stream=stream,
                   pattern=s["interleave"]["pattern"], ratio=tuple(s["interleave"]["ratio"]),
                   operand_layout=s["operand_layout"], num_warps=s["launch"]["num_warps"],
                   num_stages=s["launch"]["num_stages"], bytes=sum(o.bytes for o in ops),
-                  flops=sum(o.flops for o in ops), pdl=trigger, pdl_prefetch=prefetch)
+                  flops=sum(o.flops for o in ops), pdl=trigger, pdl_prefetch=ahead["prefetch"],
+                  pdl_preload=ahead["preload"])
 
 
-def _launch_pdl(plan: Plan, units: list[_Unit]) -> tuple[str, bool]:
-    """The launch's (trigger, prefetch): each key from the last matching override's `pdl` that sets it,
-    else its models' (`_pdl`); the models' prefetch lapses where the trigger ends up 'none'. Checked
-    once all overrides are folded in, naming the override that set the offending key."""
+def _launch_pdl(plan: Plan, units: list[_Unit]) -> tuple[str, dict[str, bool]]:
+    """The launch's trigger and what it does ahead of its wait ({prefetch, preload}): each key from the
+    last matching override's `pdl` that sets it, else its models' (`_pdl`); the models' prefetch and
+    preload lapse where the trigger ends up 'none'. Checked once all overrides are folded in, naming
+    the override that set the offending key."""
     models = {u.model.value for u in units}
-    trigger, prefetch = _pdl(plan, models)
+    trigger, ahead = _pdl(plan, models)
     set_by: dict[str, int] = {}
     for n, o in enumerate(plan["overrides"]):
         if "pdl" in o and any(_matches(o["match"], u) for u in units):
             set_by |= {key: n for key in o["pdl"]}
     if "trigger" in set_by:
         trigger = plan["overrides"][set_by["trigger"]]["pdl"]["trigger"]
-    if "prefetch" in set_by:
-        prefetch = plan["overrides"][set_by["prefetch"]]["pdl"]["prefetch"]
-    elif trigger == "none":
-        prefetch = False
+    for key in PDL_AHEAD:
+        if key in set_by:
+            ahead[key] = plan["overrides"][set_by[key]]["pdl"][key]
+        elif trigger == "none":
+            ahead[key] = False
     model = next(iter(models)) if len(models) == 1 else None  # a launch of both models is never joined
     span = plan["persist"][model]["span"] if model else "none"
     if "trigger" in set_by and trigger != "none" and span in BARRIER_SPANS:
         raise ScheduleError(f"$.overrides[{set_by['trigger']}].pdl.trigger: {trigger!r} on {model} launches, which "
                             f"$.persist.{model}.span {span!r} joins behind grid barriers that need every program "
                             f"resident: 'none' there")
-    if prefetch and trigger == "none":
-        raise ScheduleError(f"$.overrides[{set_by['prefetch']}].pdl.prefetch: prefetches ahead of the wait of a "
-                            f"programmatic dependent launch, but the launches it matches end with trigger 'none'")
-    return trigger, prefetch
+    for key in PDL_AHEAD:
+        if ahead[key] and trigger == "none":
+            raise ScheduleError(f"$.overrides[{set_by[key]}].pdl.{key}: {AHEAD_WHAT[key]} ahead of the wait of a "
+                                f"programmatic dependent launch, but the launches it matches end with trigger 'none'")
+    return trigger, ahead
 
 
-def _pdl(plan: Plan, models: set[str]) -> tuple[str, bool]:
+def _pdl(plan: Plan, models: set[str]) -> tuple[str, dict[str, bool]]:
     """A launch's programmatic dependent launch: its model's (plan `pdl`); a launch shared by both models
-    only where both ask for it, released at the end where either says so, prefetching where both do."""
+    only where both ask for it, released at the end where either says so, prefetching (preloading)
+    where both do."""
     chosen = [plan["pdl"][m] for m in sorted(models)]
     if any(c["trigger"] == "none" for c in chosen):
-        return "none", False
-    return ("end" if any(c["trigger"] == "end" for c in chosen) else "start"), all(c["prefetch"] for c in chosen)
+        return "none", {key: False for key in PDL_AHEAD}
+    return (("end" if any(c["trigger"] == "end" for c in chosen) else "start"),
+            {key: all(c[key] for c in chosen) for key in PDL_AHEAD})
 
 
 def _span_key(graph: nx.DiGraph, launch: Launch, span: str) -> tuple | None:
@@ -356,6 +363,7 @@ def _joined(plan: Plan, run: list[Launch]) -> Launch:
                    programs=persist["programs"], prefetch=persist["prefetch"],
                    pdl=first.pdl if len(run) == 1 else "none",  # barriers: never (the plan refuses both)
                    pdl_prefetch=first.pdl_prefetch and len(run) == 1,
+                   pdl_preload=False,  # a persistent launch waits once, not in its tiles (codegen)
                    part_launch=tuple((l.num_warps, l.num_stages) for l in run for _ in l.parts),
                    num_warps=max(l.num_warps for l in run), num_stages=max(l.num_stages for l in run),
                    bytes=sum(l.bytes for l in run), flops=sum(l.flops for l in run))

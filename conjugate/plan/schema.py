@@ -43,6 +43,9 @@ PERSIST_PROGRAMS_MAX = 1024  # 0: as many programs as the GPU holds at once
 # next launch start (griddepcontrol.launch_dependents) at the `start` of their work, right after the
 # wait, or at its `end`; `prefetch`: before waiting, they ask L2 for their tile's weights
 PDL_TRIGGERS = ("none", "start", "end")
+PDL_KEYS = ("trigger", "prefetch", "preload")  # preload: GEMM tiles load their first weights before the wait
+PDL_AHEAD = ("prefetch", "preload")  # what a launch does ahead of its wait: needs a trigger
+AHEAD_WHAT = {"prefetch": "prefetches", "preload": "loads weights"}  # for errors
 # with two streams, the SMs one model's stream may use (a CUDA green context); 0: every SM. Hopper
 # partitions SMs in groups of 8. One model at most: the other keeps the whole GPU, and so the SMs
 # the limited one leaves are the other's alone
@@ -62,6 +65,8 @@ _HASH_WHEN_SET = {"priority": "none", "split_reduce": {"draft": "ordered", "targ
                   "persist": {m: {"span": "none", "programs": 0, "prefetch": True} for m in MODEL_KEYS},
                   "pdl": {m: {"trigger": "none", "prefetch": False} for m in MODEL_KEYS},
                   "sm_limit": {m: 0 for m in MODEL_KEYS}}
+# per model, keys added later still inside those: hashed only when set
+_HASH_WHEN_SET_PER_MODEL = {"pdl": {"preload": False}}
 
 
 class _Checker:
@@ -156,9 +161,10 @@ class _Checker:
                 "prefetch": self.boolean(value.get("prefetch", True), f"{path}.prefetch")}
 
     def pdl(self, value: Any, path: str) -> dict:
-        value = self.obj(value, path, ("trigger", "prefetch"))
+        value = self.obj(value, path, PDL_KEYS)
         return {"trigger": self.choice(value.get("trigger", "none"), f"{path}.trigger", PDL_TRIGGERS),
-                "prefetch": self.boolean(value.get("prefetch", False), f"{path}.prefetch")}
+                "prefetch": self.boolean(value.get("prefetch", False), f"{path}.prefetch"),
+                "preload": self.boolean(value.get("preload", False), f"{path}.preload")}
 
     def tiles(self, value: Any, path: str) -> dict:
         value = self.obj(value, path, MODEL_KEYS)
@@ -236,9 +242,10 @@ def _canonical(raw: Any) -> tuple[dict, list[str]]:
                                          f"while the kernel before it still holds SMs, and its barrier needs them all "
                                          f"resident: 'none' with $.persist.{m}.span "
                                          f"{plan['persist'][m]['span']!r}")
-        if plan["pdl"][m]["prefetch"] and plan["pdl"][m]["trigger"] == "none":
-            c.fail(f"$.pdl.{m}.prefetch", "prefetches ahead of the wait of a programmatic dependent launch, so it "
-                                          "needs a trigger other than 'none'")
+        for key in PDL_AHEAD:
+            if plan["pdl"][m][key] and plan["pdl"][m]["trigger"] == "none":
+                c.fail(f"$.pdl.{m}.{key}", f"{AHEAD_WHAT[key]} ahead of the wait of a programmatic dependent "
+                                           f"launch, so it needs a trigger other than 'none'")
     limited = [m for m in MODEL_KEYS if plan["sm_limit"][m]]
     for m in limited:
         if plan["sm_limit"][m] % SM_LIMIT_STEP:
@@ -290,17 +297,19 @@ def _override(c: _Checker, value: Any, path: str) -> dict:
 def _override_pdl(c: _Checker, value: Any, path: str) -> dict:
     """An override's `pdl`: the keys it sets of the matching launches' own (the rest stay their model's)."""
     if value == {}:
-        c.fail(path, "sets neither 'trigger' nor 'prefetch'")
-    value = c.obj(value, path, ("trigger", "prefetch"))
+        c.fail(path, "sets none of 'trigger', 'prefetch', 'preload'")
+    value = c.obj(value, path, PDL_KEYS)
     out = {}
     if "trigger" in value:
         out["trigger"] = c.choice(value["trigger"], f"{path}.trigger", PDL_TRIGGERS)
-    if "prefetch" in value:
-        out["prefetch"] = c.boolean(value["prefetch"], f"{path}.prefetch")
-    if out.get("prefetch") and out.get("trigger") == "none":
-        c.fail(f"{path}.prefetch", "prefetches ahead of the wait of a programmatic dependent launch, so it needs a "
-                                   "trigger other than 'none'")
+    for key in PDL_AHEAD:
+        if key in value:
+            out[key] = c.boolean(value[key], f"{path}.{key}")
+        if out.get(key) and out.get("trigger") == "none":
+            c.fail(f"{path}.{key}", f"{AHEAD_WHAT[key]} ahead of the wait of a programmatic dependent launch, so it "
+                                    f"needs a trigger other than 'none'")
     return out
+
 
 
 @dataclass(frozen=True)
@@ -349,7 +358,15 @@ _UNSET = object()
 def without_late_defaults(data: dict) -> dict:
     """A canonical plan without the keys added after plans were first stored where they hold their
     defaults (what a plan that never set them means)."""
-    return {k: v for k, v in data.items() if _HASH_WHEN_SET.get(k, _UNSET) != v}
+    out = {}
+    for key, value in data.items():
+        if key in _HASH_WHEN_SET_PER_MODEL and isinstance(value, dict):
+            late = _HASH_WHEN_SET_PER_MODEL[key]
+            value = {m: {k: v for k, v in per.items() if late.get(k, _UNSET) != v} if isinstance(per, dict) else per
+                     for m, per in value.items()}
+        if _HASH_WHEN_SET.get(key, _UNSET) != value:
+            out[key] = value
+    return out
 
 
 def plan_hash(data: dict) -> str:
