@@ -8,6 +8,9 @@ step is made of: short dependent GEMMs whose weights never depend on the step be
 graphs, each checked against torch first:
 1. `launches`: one launch per GEMM, the GEMM template at the sweep's best tile for a draft o_proj
    (BLOCK_M 16, BLOCK_N 16, BLOCK_K 512, 4 warps, 5 stages), one after another;
+   `launches pdl T [preload]`: the same as programmatic dependent launches released at T (start:
+   right away, end: once its tiles are done), with `preload` each tile loading its first weights
+   into registers before it waits for the launch before (the plan's `pdl.preload`);
 2. `N streams`: the same launches dealt round-robin to N streams with nothing ordering them
    (garbage results): what overlapping neighbours could win (overlap_bound.py);
 3. `dataflow`: one persistent launch of dim / 16 * split programs, each owning a [16, dim / split]
@@ -42,6 +45,7 @@ BLOCK_N = 16  # output columns a program owns (tl.dot's smallest side)
 BLOCK_M = 16  # rows padded to tl.dot's smallest side
 LAUNCH_TILE = dict(block_m=16, block_n=16, block_k=512, split_k=1)  # kernel_sweep's best, draft o_proj 8x2048x2048
 LAUNCH_WARPS, LAUNCH_STAGES = 4, 5
+PDL_VARIANTS = (("start", False), ("end", False), ("start", True), ("end", True))  # trigger, preload
 TOLERANCE = 5e-2  # relative error against fp32: a deep chain re-rounds its rows to bf16 every layer (launches: 1-2%)
 
 
@@ -141,20 +145,26 @@ def dataflow(x0, w, split: int, prefetch: bool, warps: int = 4):
     return run, lambda: bufs[layers % 3]
 
 
-def launches(x0, w, kernels: Path, tile: dict | None = None):
-    """(calls, result): one GEMM template launch per layer (rows ping-ponging between two buffers)."""
+def launches(x0, w, kernels: Path, tile: dict | None = None, trigger: str = "none", preload: bool = False):
+    """(calls, result): one GEMM template launch per layer (rows ping-ponging between two buffers);
+    `trigger`: each launch a programmatic dependent launch released there (start, end); `preload`:
+    its tiles load their first weights before they wait (gemm.preload_before_wait)."""
     import torch
 
-    from conjugate.compiler.codegen import KernelCache
-    from conjugate.compiler.gemm import gemm_call
+    from conjugate.compiler.codegen import KernelCache, Pdl
+    from conjugate.compiler.gemm import gemm_call, preload_before_wait
     from conjugate.compiler.round import CompiledLaunch
 
     rows = x0.shape[0]
     bufs = [x0.clone(), torch.empty_like(x0)]
     cache = KernelCache(kernels)
-    calls = [CompiledLaunch.build(layer, [gemm_call(bufs[layer % 2], w[layer], bufs[(layer + 1) % 2], rows=rows,
-                                                    **(tile or LAUNCH_TILE))], cache, num_warps=LAUNCH_WARPS,
-                                  num_stages=LAUNCH_STAGES) for layer in range(w.shape[0])]
+    calls = []
+    for layer in range(w.shape[0]):
+        part = gemm_call(bufs[layer % 2], w[layer], bufs[(layer + 1) % 2], rows=rows, **(tile or LAUNCH_TILE))
+        if preload and not preload_before_wait(part, LAUNCH_WARPS, trigger == "start"):
+            raise ValueError(f"no preload fits the tile {tile or LAUNCH_TILE}")
+        calls.append(CompiledLaunch.build(layer, [part], cache, num_warps=LAUNCH_WARPS, num_stages=LAUNCH_STAGES,
+                                          pdl=Pdl(trigger, preload=preload)))
 
     def reset() -> None:
         bufs[0].copy_(x0)
@@ -195,6 +205,20 @@ def bench(dim: int, rows: int, layers: int, splits: list[int], streams: list[int
         for n in streams:  # garbage results: only the time counts
             body = concurrently([lambda share=calls[1:][j::n]: [c() for c in share] for j in range(n)], device)
             out["variants"].append({"variant": f"{n} streams", "error": None, "us": timed(body)})
+        for trigger, preload in PDL_VARIANTS:
+            name = f"launches pdl {trigger}" + (" preload" if preload else "")
+            try:
+                calls, result = launches(x0, w, Path(kernels), tile, trigger, preload)
+            except ValueError as e:
+                out["variants"].append({"variant": name, "error": None, "us": None, "skipped": str(e)})
+                continue
+            for call in calls:
+                call()
+            torch.cuda.synchronize()
+            err = relative_error(result(), want)
+            preloaded = calls[1].constexprs.get("P0_PRELOAD_K", 0)
+            out["variants"].append({"variant": name, "error": err, "preload_k": preloaded,
+                                    "us": timed(lambda: [c() for c in calls]) if err < TOLERANCE else None})
     for split, prefetch, n_warps in ((s, p, n) for s in splits for p in (True, False) for n in warps):
         name = f"dataflow split {split} prefetch {int(prefetch)} warps {n_warps}"
         try:

@@ -10,6 +10,12 @@ Written as OUTDIR/<NAME>-<variant>.json (NAME: the plan's name unless given; the
     pdl-draft-start         ... released right after each program's wait
     pdl-draft-end-prefetch  ... released at the end, each program asking L2 for its weights first
     pdl-both-end            both models' launches, released at the end
+    pdl-draft-start-preload the draft's launches released right after each program's wait, their GEMM
+                            tiles loading their first weights into registers before it (the
+                            target's pdl as the plan has it)
+    pdl-draft-end-preload   ... released at the end
+    pdl-target-start-preload  the target's launches so (the draft's as the plan has it)
+    pdl-both-start-preload  both models' launches so
     target-loops-99         the target's own launches tile loops on 99 programs (three quarters of
                             an H200's 132 SMs), the rest left to the draft's stream
     target-loops-66         ... on 66 programs (half of them): where the draft's stream is the
@@ -66,11 +72,16 @@ def _early(model: str) -> dict:
 
 
 END = {"trigger": "end", "prefetch": False}
+PRELOAD_START = {"trigger": "start", "prefetch": False, "preload": True}
 VARIANTS = {
     "pdl-draft-end": _pdl(END),
     "pdl-draft-start": _pdl({"trigger": "start", "prefetch": False}),
     "pdl-draft-end-prefetch": _pdl({"trigger": "end", "prefetch": True}),
     "pdl-both-end": _pdl(END, END),
+    "pdl-draft-start-preload": {"pdl": {"draft": PRELOAD_START}},
+    "pdl-draft-end-preload": {"pdl": {"draft": {"trigger": "end", "prefetch": False, "preload": True}}},
+    "pdl-target-start-preload": {"pdl": {"target": PRELOAD_START}},
+    "pdl-both-start-preload": _pdl(PRELOAD_START, PRELOAD_START),
     "target-loops-99": {"persist": {"target": {"span": "launch", "programs": 99, "prefetch": True}}},
     "target-loops-66": {"persist": {"target": {"span": "launch", "programs": 66, "prefetch": True}}},
     "draft-fusions": {"fusions": {"draft": list(FUSIONS)}},

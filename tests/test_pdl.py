@@ -21,11 +21,12 @@ from conjugate.compiler.buffers import PreparedWeights, RoundBuffers
 from conjugate.compiler.codegen import NO_PDL, Dispatch, Pdl, kernel_source, persistent_source
 from conjugate.compiler.lower import lower_part
 from conjugate.compiler.persist import ASSUMED_L2_BYTES, PREFETCH_L2_SHARE
-from conjugate.compiler.round import cross_stream_waits, launch_pdl
+from conjugate.compiler.round import cross_stream_waits, launch_pdl, preload_weights
 from conjugate.errors import PlanError, ScheduleError
 from conjugate.evaluate.result import LedgerSummary
 from conjugate.graph import build_graph
 from conjugate.plan import load_plan, validate_plan
+from conjugate.plan.schema import plan_hash
 from conjugate.plan.expand import expand
 from conjugate.plan.patch import apply_patch
 from conjugate.roles import Model
@@ -48,15 +49,25 @@ def test_plans_without_pdl_keep_their_hash_and_a_pdl_plan_validates_against_the_
     plain = validate_plan(_streams())
     assert validate_plan(_streams(pdl=_pdl())).hash == plain.hash
     on = validate_plan(_streams(pdl=_pdl("end", prefetch=True)))
-    assert on.hash != plain.hash and on["pdl"]["draft"] == {"trigger": "end", "prefetch": True}
-    assert on["pdl"]["target"] == {"trigger": "none", "prefetch": False}
+    assert on.hash != plain.hash and on["pdl"]["draft"] == {"trigger": "end", "prefetch": True, "preload": False}
+    assert on["pdl"]["target"] == {"trigger": "none", "prefetch": False, "preload": False}
     jsonschema.validate(on.to_dict(), SCHEMA)
+    # `preload` came later: hashed only when set, so a pdl plan stored before keeps its hash
+    before = on.to_dict()
+    for per_model in before["pdl"].values():
+        del per_model["preload"]
+    assert plan_hash(before) == on.hash
+    loaded = validate_plan(apply_patch(on.to_dict(), [{"op": "replace", "path": "/pdl/draft/preload", "value": True}]))
+    assert loaded.hash != on.hash and loaded["pdl"]["draft"]["preload"]
+    jsonschema.validate(loaded.to_dict(), SCHEMA)
 
 
 @pytest.mark.parametrize("fields,error", [
     ({"pdl": {"draft": {"trigger": "later"}}}, '$.pdl.draft.trigger: "later" is not one of none, start, end'),
     ({"pdl": {"draft": {"trigger": "end", "prefetch": 1}}}, "$.pdl.draft.prefetch: should be a boolean"),
     ({"pdl": {"draft": {"prefetch": True}}}, "$.pdl.draft.prefetch: prefetches ahead of the wait"),
+    ({"pdl": {"draft": {"preload": True}}}, "$.pdl.draft.preload: loads weights ahead of the wait"),
+    ({"pdl": {"target": {"trigger": "end", "preload": 0}}}, "$.pdl.target.preload: should be a boolean"),
     ({"pdl": {"draft": "end"}}, "$.pdl.draft: should be an object"),
     ({"pdl": {"both": {}}}, "$.pdl.both: unknown key"),
     ({"pdl": {"draft": {"trigger": "start"}}, "persist": {"draft": {"span": "layer"}}},
@@ -89,7 +100,9 @@ def test_each_launch_takes_its_models_pdl_and_a_shared_launch_only_where_both_as
     ({"trigger": "later"}, '$.overrides[0].pdl.trigger: "later" is not one of none, start, end'),
     ({"prefetch": 1}, "$.overrides[0].pdl.prefetch: should be a boolean"),
     ({"trigger": "none", "prefetch": True}, "$.overrides[0].pdl.prefetch: prefetches ahead of the wait"),
-    ({}, "$.overrides[0].pdl: sets neither 'trigger' nor 'prefetch'"),
+    ({}, "$.overrides[0].pdl: sets none of 'trigger', 'prefetch', 'preload'"),
+    ({"trigger": "none", "preload": True}, "$.overrides[0].pdl.preload: loads weights ahead of the wait"),
+    ({"preload": "yes"}, "$.overrides[0].pdl.preload: should be a boolean"),
     ("end", "$.overrides[0].pdl: should be an object"),
     ({"when": "end"}, "$.overrides[0].pdl.when: unknown key"),
 ])
@@ -208,6 +221,55 @@ def test_a_two_part_launch_prefetches_each_parts_own_tile_and_waits_once():
     assert not any("prefetch" in line for line in packed)  # one call for both: no per-part prefetch
 
 
+def test_gemm_tiles_that_preload_their_weights_wait_themselves_and_the_dispatcher_does_not():
+    """pdl.preload: the tile loads its first weight step, waits, and at `start` releases the next
+    launch after its wait (released before, every later launch of a chain would start at once)."""
+    started, ended = (_parts(_round("llama"), _streams())[0] for _ in range(2))
+    assert preload_weights([started], 4, release=True) and preload_weights([ended], 4, release=False)
+    assert started.constexprs["PRELOAD_K"] >= 16 and started.constexprs["PDL_WAIT"] == 2
+    assert ended.constexprs["PDL_WAIT"] == 1
+    text = _lines(kernel_source([started], None, pdl=Pdl("start", preload=True)))
+    assert not any(line.startswith(("gdc_wait()", "gdc_launch_dependents()")) for line in text)
+    text = _lines(kernel_source([ended], None, pdl=Pdl("end", preload=True)))
+    assert not any(line.startswith("gdc_wait()") for line in text) and text[-1].startswith("gdc_launch_dependents()")
+    with pytest.raises(ValueError, match="needs a programmatic dependent launch"):
+        kernel_source([started], None)
+    with pytest.raises(ValueError, match="waits for the kernel before once"):
+        persistent_source([started], pdl=Pdl("start", preload=True))
+    plain = _parts(_round("llama"), _streams())[0]
+    with pytest.raises(ValueError, match="wait for the kernel before in their tiles, or neither"):
+        kernel_source([started, plain], Dispatch.of("strided", (1, 1), (4, 4)), pdl=Pdl("start", preload=True))
+
+
+def test_a_launch_preloads_in_every_part_or_in_none():
+    from conjugate.compiler.norm import rmsnorm_call
+
+    gemm = _parts(_round("llama"), _streams())[0]
+    x = torch.randn(4, 64)
+    norm = rmsnorm_call(x, torch.ones(64), torch.empty_like(x), rows=4, eps=1e-5)
+    before = dict(gemm.constexprs)
+    assert not preload_weights([gemm, norm], 4, release=True)
+    assert gemm.constexprs == before and gemm.constexprs["PDL_WAIT"] == 0  # undone: the dispatcher waits
+
+
+def test_preload_lapses_without_a_trigger_and_reaches_the_compiled_launch(monkeypatch):
+    w = _round("llama").workload
+    on = {"trigger": "end", "prefetch": False, "preload": True}
+    launches = expand(validate_plan(_streams(pdl={"draft": on})), w).launches
+    assert {(l.pdl, l.pdl_preload) for l in launches} == {("end", True), ("none", False)}
+    monkeypatch.setattr("conjugate.compiler.round.INTERPRETING", False)
+    draft = next(l for l in launches if l.pdl_preload)
+    assert launch_pdl(draft, {}, torch.device("meta")) == Pdl("end", preload=True)
+    # an override's preload where its launches end with no trigger: refused, naming it
+    plan = _streams(overrides=[{"match": "t.*.o_proj", "pdl": {"preload": True}}])
+    with pytest.raises(ScheduleError, match=re.escape("$.overrides[0].pdl.preload: loads weights ahead of the wait")):
+        expand(validate_plan(plan), w)
+    plan = _streams(pdl={"draft": on}, overrides=[{"match": "d.*.attn", "pdl": {"trigger": "none"}}])
+    attn = [l for l in expand(validate_plan(plan), w).launches if l.parts[0].kind == "attn" and l.parts[0].model
+            == Model.DRAFT]
+    assert attn and all((l.pdl, l.pdl_preload) == ("none", False) for l in attn)
+
+
 def test_a_tile_loop_waits_before_its_loop_and_a_grid_with_barriers_refuses_pdl():
     part = _parts(_round("llama"), _streams())
     text = _lines(persistent_source(part, pdl=Pdl("end", prefetch=True)))
@@ -276,7 +338,14 @@ def test_the_heuristic_proposes_pdl_for_the_critical_stream_first_and_only_valid
     for c in moves:
         validate_plan(apply_patch(on.to_dict(), c.patch))
     assert {c.patch[0]["path"] for c in moves if c.patch[0]["path"].startswith("/pdl/draft")} == {
-        "/pdl/draft/trigger", "/pdl/draft/prefetch", "/pdl/draft"}
+        "/pdl/draft/trigger", "/pdl/draft/prefetch", "/pdl/draft/preload", "/pdl/draft"}
+    preload = next(c for c in moves if c.patch[0]["path"] == "/pdl/draft/preload")
+    drafts = [c.score for c in moves if c.patch[0]["path"].startswith("/pdl/draft")]
+    assert preload.patch[0]["value"] is True and preload.score == min(drafts)  # measured slower: last
+    assert "1.6-3.0% slower" in preload.rationale
+    loaded = validate_plan(apply_patch(on.to_dict(), preload.patch))
+    back = next(c for c in pdl_edits(loaded, _ledger(8.3, 6.0)) if c.patch[0]["path"] == "/pdl/draft/preload")
+    assert back.patch[0]["value"] is False and back.score > preload.score
     layered = validate_plan(_streams(persist={"draft": {"span": "layer"}}))
     assert not [c for c in pdl_edits(layered) if c.patch[0]["path"].startswith("/pdl/draft")]
     looped = validate_plan(_streams(persist={"target": {"span": "launch", "programs": 99}}))
@@ -309,7 +378,7 @@ def test_with_fused_norms_the_release_at_the_end_comes_first():
     unfused_start = validate_plan(_streams(pdl=_pdl("start")))
     together = next(c for c in fusion_edits(unfused_start) if "launches fewer per layer" in c.rationale)
     made = validate_plan(apply_patch(unfused_start.to_dict(), together.patch))
-    assert made["pdl"]["draft"] == {"trigger": "end", "prefetch": False} and "released at the end" in together.rationale
+    assert made["pdl"]["draft"] == {"trigger": "end", "prefetch": False, "preload": False} and "released at the end" in together.rationale
     assert set(NORM_FUSIONS) <= set(made["fusions"]["draft"])
     plain = next(c for c in fusion_edits(validate_plan(_streams())) if "launches fewer per layer" in c.rationale)
     assert not any(op["path"].startswith("/pdl") for op in plain.patch)  # no pdl: nothing to move
