@@ -68,10 +68,10 @@ def _mixed_tile(pid, x, BLOCK: tl.constexpr, y):
 def test_tile_signature_is_read_from_the_tile_function():
     sig = TileSignature.of(gemm_tile)
     assert (sig.fn, sig.module) == ("gemm_tile", "conjugate.compiler.gemm")
-    assert sig.args[:2] == ("x_ptr", "w_ptr") and sig.args[-3:] == ("rope_eps", "w_desc", "w2_desc")
+    assert sig.args[:2] == ("x_ptr", "w_ptr") and sig.args[-5:] == ("rope_eps", "w_desc", "w2_desc", "wait_ptr", "wait_count")
     assert "tail_start" in sig.args
     assert sig.constexprs[0] == "BLOCK_M" and "EPILOGUE" in sig.constexprs
-    assert sig.constexprs[-6:] == ("STATS_OUT", "STATS_IN", "COPY_OUT", "W_TMA", "PRELOAD_K", "PDL_WAIT")
+    assert sig.constexprs[-6:] == ("STATS_OUT", "STATS_IN", "COPY_OUT", "W_TMA", "PRELOAD_K", "WAIT")
     with pytest.raises(TypeError, match="pid"):
         TileSignature.of(_no_pid)
     with pytest.raises(TypeError, match="precede"):

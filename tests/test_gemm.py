@@ -255,7 +255,7 @@ def test_weights_preloaded_before_the_wait_give_the_streamed_results(preload_k, 
         out = torch.full((M, N), float("nan"))
         call = gemm_call(x, w, out, rows=M, epilogue=epilogue, split_k=split_k, block_n=32, block_k=64,
                          preload_k=preload_k, **extra)
-        assert call.constexprs["PRELOAD_K"] == preload_k and not call.constexprs["PDL_WAIT"]
+        assert call.constexprs["PRELOAD_K"] == preload_k and not call.constexprs["WAIT"]
         run_part(call)
         torch.testing.assert_close(out, ref[epilogue], atol=1e-4, rtol=1e-4)
     residual = torch.randn(M, N)
@@ -290,6 +290,6 @@ def test_preload_before_wait_fits_the_registers_and_makes_the_tile_wait():
     assert preload_columns(two, 4) == 64 and preload_columns(two, 8) == 128  # two weights
     assert preload_columns(gemm_call(x, w, out, rows=M, block_n=128, block_k=64), 1) == 16
     assert preload_columns(gemm_call(x, w, out, rows=M, block_n=256, block_k=64), 1) == 0  # not even 16 fit
-    assert preload_before_wait(wide, 4, True) and wide.constexprs["PRELOAD_K"] == 128 and wide.constexprs["PDL_WAIT"] == 2
+    assert preload_before_wait(wide, 4, True) and wide.constexprs["PRELOAD_K"] == 128 and wide.constexprs["WAIT"] == 2
     norm = rmsnorm_call(x, torch.ones(K), out[:, :K], rows=M, eps=1e-5)
-    assert not preload_before_wait(norm, 4, False) and "PDL_WAIT" not in norm.constexprs
+    assert not preload_before_wait(norm, 4, False) and "WAIT" not in norm.constexprs

@@ -18,7 +18,7 @@ def test_each_variant_differs_from_its_plan_in_its_knob_alone():
     made, skipped = script.variants(STREAMS, "best")
     assert set(made) == {"pdl-draft-end", "pdl-draft-start", "pdl-draft-end-prefetch", "pdl-both-end",
                          "pdl-draft-start-preload", "pdl-draft-end-preload", "pdl-target-start-preload",
-                         "pdl-both-start-preload",
+                         "pdl-both-start-preload", "draft-persist-layer", "draft-persist-layer-preload",
                          "target-loops-99", "target-loops-66", "draft-fusions", "draft-mlp", "draft-fusions-no-mlp",
                          "target-sms-120", "target-sms-112", "target-sms-104", "draft-attn-early",
                          "draft-attn-prefetch", "draft-oproj-early", "target-attn-early",
@@ -31,15 +31,20 @@ def test_each_variant_differs_from_its_plan_in_its_knob_alone():
         knob = ("overrides" if "overrides" in script.VARIANTS[variant] else "fusions" if variant.startswith("draft-")
                 else "streams" if variant == "phases-apart"
                 else loops.get(variant, "sm_limit" if variant.startswith("target-sms") else "pdl"))
-        assert changed == {knob}, variant
+        if variant.startswith("draft-persist"):  # joined behind barriers: the draft's pdl off too
+            knob = {"persist", "pdl"} if base["pdl"]["draft"]["trigger"] != "none" else {"persist"}
+        assert changed == (knob if isinstance(knob, set) else {knob}), variant
         validate_plan(plan)
     assert made["target-sms-112"]["sm_limit"] == {"draft": 0, "target": 112}
     assert made["pdl-draft-start"]["pdl"]["draft"] == {"trigger": "start", "prefetch": False, "preload": False}
     assert made["pdl-both-end"]["pdl"]["target"]["trigger"] == "end"
     assert made["pdl-target-start-preload"]["pdl"] == {"draft": base["pdl"]["draft"], "target": {
         "trigger": "start", "prefetch": False, "preload": True}}  # the draft's as the plan has it
-    assert made["target-loops-99"]["persist"]["target"] == {"span": "launch", "programs": 99, "prefetch": True}
+    assert made["target-loops-99"]["persist"]["target"] == {"span": "launch", "programs": 99, "prefetch": True,
+                                                            "preload": False}
     assert made["target-loops-66"]["persist"]["target"]["programs"] == 66
+    assert made["draft-persist-layer-preload"]["persist"]["draft"] == {"span": "layer", "programs": 0,
+                                                                        "prefetch": True, "preload": True}
     fused = made["draft-fusions"]["fusions"]
     assert len(fused["draft"]) == 6 and fused["target"] == base["fusions"]["target"]
     assert made["draft-mlp"]["fusions"]["draft"] == ["gate_up+down", "lm_head+argmax"]
@@ -71,14 +76,14 @@ def test_a_variant_the_plan_cannot_take_is_skipped_and_named(tmp_path):
     skipped = dict(line.split(": ", 1) for line in proc.stderr.strip().splitlines())
     assert set(skipped) == {"skipped pdl-draft-end", "skipped pdl-draft-start", "skipped pdl-draft-end-prefetch",
                             "skipped pdl-draft-start-preload", "skipped pdl-draft-end-preload",
-                            "skipped pdl-both-start-preload",
+                            "skipped pdl-both-start-preload", "skipped draft-persist-layer",
                             "skipped pdl-both-end", "skipped target-loops-99", "skipped draft-attn-early",
                             "skipped draft-attn-prefetch", "skipped draft-oproj-early"}
     assert "joined behind grid barriers" in skipped["skipped draft-attn-early"]
     assert skipped["skipped target-loops-99"] == "the plan has it already"
     assert "$.pdl.draft.trigger" in skipped["skipped pdl-draft-end"]
     assert sorted(p.name for p in out.iterdir()) == ["layered-draft-fusions-no-mlp.json", "layered-draft-fusions.json",
-                                                     "layered-draft-mlp.json", "layered-pdl-target-start-preload.json",
+                                                     "layered-draft-mlp.json", "layered-draft-persist-layer-preload.json", "layered-pdl-target-start-preload.json",
                                                      "layered-phases-apart.json",
                                                      "layered-target-attn-early.json",
                                                      "layered-target-loops-66.json",

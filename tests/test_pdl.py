@@ -226,8 +226,8 @@ def test_gemm_tiles_that_preload_their_weights_wait_themselves_and_the_dispatche
     launch after its wait (released before, every later launch of a chain would start at once)."""
     started, ended = (_parts(_round("llama"), _streams())[0] for _ in range(2))
     assert preload_weights([started], 4, release=True) and preload_weights([ended], 4, release=False)
-    assert started.constexprs["PRELOAD_K"] >= 16 and started.constexprs["PDL_WAIT"] == 2
-    assert ended.constexprs["PDL_WAIT"] == 1
+    assert started.constexprs["PRELOAD_K"] >= 16 and started.constexprs["WAIT"] == 2
+    assert ended.constexprs["WAIT"] == 1
     text = _lines(kernel_source([started], None, pdl=Pdl("start", preload=True)))
     assert not any(line.startswith(("gdc_wait()", "gdc_launch_dependents()")) for line in text)
     text = _lines(kernel_source([ended], None, pdl=Pdl("end", preload=True)))
@@ -249,7 +249,7 @@ def test_a_launch_preloads_in_every_part_or_in_none():
     norm = rmsnorm_call(x, torch.ones(64), torch.empty_like(x), rows=4, eps=1e-5)
     before = dict(gemm.constexprs)
     assert not preload_weights([gemm, norm], 4, release=True)
-    assert gemm.constexprs == before and gemm.constexprs["PDL_WAIT"] == 0  # undone: the dispatcher waits
+    assert gemm.constexprs == before and gemm.constexprs["WAIT"] == 0  # undone: the dispatcher waits
 
 
 def test_preload_lapses_without_a_trigger_and_reaches_the_compiled_launch(monkeypatch):

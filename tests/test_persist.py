@@ -173,6 +173,13 @@ def test_the_heuristic_proposes_persistent_launches_as_valid_edits():
     assert half["persist"]["draft"]["programs"] == 66
     back = [c.patch[0]["value"] for c in persist_edits(half, sms=132) if c.patch[0]["path"].endswith("/programs")]
     assert back == [0]  # as many as fit at once again
+    load = next(c for c in persist_edits(layered, sms=132) if c.patch[0]["path"] == "/persist/draft/preload")
+    loaded = validate_plan(apply_patch(layered.to_dict(), load.patch))
+    assert load.patch[0]["value"] is True and loaded["persist"]["draft"]["preload"]
+    for c in persist_edits(loaded, sms=132):  # leaving the barriers drops the preload too: every edit valid
+        validate_plan(apply_patch(loaded.to_dict(), c.patch))
+    assert any(c.patch[0]["path"] == "/persist/draft/preload" and c.patch[0]["value"] is False
+               for c in persist_edits(loaded, sms=132))
 
 
 def test_resident_programs_follow_registers_shared_memory_and_warps():
@@ -228,7 +235,7 @@ def test_a_persistent_launch_slower_than_its_parts_points_the_heuristic_back():
     assert "persistent launch 1 took 127.8 us against 84.8 for its parts" in back.rationale
     gaining = Verdict.judge(1, parts, 70.0, (11.4, 14.4, 8.3, 32.9, 17.8), modeled=False)
     step = next(c for c in persist_edits(plan, 132, (gaining,)) if c.patch[0]["value"] == {
-        "span": "step", "programs": 0, "prefetch": True})
+        "span": "step", "programs": 0, "prefetch": True, "preload": False})
     assert step.score > 0.5 and "gained +17.5%" in step.rationale
 
 
@@ -449,3 +456,59 @@ def test_target_tile_loops_take_the_slack_the_ledger_gives_the_target():
     grids = [c.patch[0]["value"] for c in persist_edits(looped, 132, (), ledger)
              if c.patch[0]["path"] == "/persist/target/programs"]
     assert grids == [66, 80, 132]  # half, the slack the new ledger gives, all
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("groups", [1, 8])
+def test_gemm_parts_that_preload_wait_for_the_barrier_in_their_tiles_and_compute_the_reference(
+        family, groups, monkeypatch, tmp_path):
+    """persist.preload: after its tiles of a part a program arrives at the barrier, and each GEMM tile of
+    the next part loads its first weight step, then waits for that barrier itself (WAIT_GRID, the
+    barrier's word and target bound in the generated call); parts that cannot preload keep the whole
+    barrier. The round equals the reference, every barrier word back to zero."""
+    monkeypatch.setattr(persist, "BARRIER_GROUPS", groups)
+    plan = validate_plan(_streams(persist={"draft": {"span": "layer", "preload": True}},
+                                  fusions={"draft": FUSED, "target": FUSED}))
+    compiled, _ = _round(family).check(plan, tmp_path)
+    joined = [l for l in compiled.launches if l.sync is not None]
+    assert joined and all(int(l.sync.abs().sum()) == 0 for l in joined)
+    launch = joined[0]
+    waiting = [i for i, p in enumerate(launch.parts) if p.constexprs.get("WAIT") == 3]
+    assert waiting and 0 not in waiting and all(launch.parts[i].constexprs["PRELOAD_K"] >= 16 for i in waiting)
+    text = persistent_source(launch.parts).splitlines()
+    for i in waiting:  # arrive after the part before, the tiles bound to its barrier, no whole barrier there
+        assert f"    grid_arrive(sync, {i - 1}, programs, {groups})" in text
+        assert f"    grid_barrier(sync, {i - 1}, programs, {groups})" not in text
+        call = next(line for line in text if line.startswith(f"        gemm_tile(tile, p{i}_"))
+        assert f"barrier_word(sync, {i - 1}, {groups}), barrier_target(programs, {groups})" in call
+    kept = [i for i in range(1, len(launch.parts)) if i not in waiting]
+    assert kept and all(f"    grid_barrier(sync, {i - 1}, programs, {groups})" in text for i in kept)
+
+
+def test_persist_preload_needs_barriers_and_keeps_older_plans_hashes():
+    plain = validate_plan(_streams(persist=_persist("layer")))
+    assert validate_plan(_streams(persist={"draft": {"span": "layer", "preload": False}})).hash == plain.hash
+    loaded = validate_plan(_streams(persist={"draft": {"span": "layer", "preload": True}}))
+    assert loaded.hash != plain.hash and loaded["persist"]["draft"]["preload"]
+    for span in ("none", "launch"):
+        with pytest.raises(PlanError) as caught:
+            validate_plan(_streams(persist={"draft": {"span": span, "preload": True}}))
+        assert caught.value.errors == [f"$.persist.draft.preload: loads a part's first weights before the grid "
+                                       f"barrier ahead of it, so it needs $.persist.draft.span 'layer' or 'step', "
+                                       f"not {span!r}"]
+    with pytest.raises(PlanError, match=r"\$\.persist\.draft\.preload: should be a boolean"):
+        validate_plan(_streams(persist={"draft": {"span": "layer", "preload": "yes"}}))
+    launches = expand(loaded, _round("llama").workload).launches
+    assert {l.preload for l in launches if l.persistent} == {True} and not any(l.preload for l in launches
+                                                                               if not l.persistent)
+    with pytest.raises(ValueError, match="first part has no barrier before it"):
+        from conjugate.compiler.gemm import preload_before_barrier
+        from conjugate.compiler.lower import lower_part
+        from conjugate.compiler.buffers import PreparedWeights, RoundBuffers
+        rnd = _round("llama")
+        launch = next(l for l in launches if l.persistent)
+        bufs = RoundBuffers.allocate(rnd.workload, PreparedWeights(rnd.draft), PreparedWeights(rnd.target))
+        parts = [lower_part(p, build_graph(rnd.workload), bufs) for p in launch.parts]
+        first = next(p for p in parts if p.sig.fn == "gemm_tile")
+        assert preload_before_barrier(first, 4)
+        persistent_source([first] + parts)

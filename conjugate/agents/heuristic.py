@@ -393,6 +393,10 @@ def _persistent_verdicts(verdicts: tuple[Verdict, ...], model: str) -> list[Verd
                   key=lambda v: v.gain_percent)
 
 
+PERSIST_PRELOAD_MEASURED = ("on the H200 persistent draft layers' rounds -16%, -2.9%, +0.9% with it on three "
+                            "workloads, all still slower than their launches")
+
+
 def persist_edits(plan: Plan, sms: int, verdicts: tuple[Verdict, ...] = (),
                   ledger: LedgerSummary | None = None) -> list[Candidate]:
     """Per model, its launches joined into one persistent launch per layer or per decode step, or
@@ -420,6 +424,8 @@ def persist_edits(plan: Plan, sms: int, verdicts: tuple[Verdict, ...] = (),
             if span == now["span"] or (both and span in BARRIER_SPANS) or (span == "launch" and draft) or limited:
                 continue
             value = now | {"span": span} if span != "none" else {"span": "none", "programs": 0, "prefetch": True}
+            if span not in BARRIER_SPANS:  # no barrier to load ahead of
+                value = value | {"preload": False}
             if span == "launch":
                 value = value | {"programs": throttle[0] if throttle else max(1, 3 * sms // 4)}
             elif now["span"] == "launch":
@@ -453,6 +459,12 @@ def persist_edits(plan: Plan, sms: int, verdicts: tuple[Verdict, ...] = (),
             out.append(Candidate("launch", [{"op": "replace", "path": f"/persist/{model}/prefetch", "value": on}],
                                  f"{model} persistent launches {'prefetch' if on else 'no longer prefetch'} the next "
                                  f"part's weights while waiting at a barrier", 0.3 if on else 0.2))
+            load = not now["preload"]
+            out.append(Candidate("launch", [{"op": "replace", "path": f"/persist/{model}/preload", "value": load}],
+                                 f"{model} persistent launches' GEMM tiles {'' if load else 'no longer '}load their "
+                                 f"first weight step into registers before the barrier ahead of them "
+                                 f"({PERSIST_PRELOAD_MEASURED})",
+                                 0.3 if load else 0.2))
             choices = [0] if now["programs"] else [max(1, sms // 2), sms]
             for programs in choices:
                 why = {0: f"{model} persistent launches on as many programs as the GPU holds at once",

@@ -37,6 +37,7 @@ from pathlib import Path
 import triton.language as tl
 
 from conjugate.compiler import persist
+from conjugate.compiler.gemm import WAIT_GRID, WAIT_PDL, WAIT_PDL_RELEASE
 from conjugate.compiler.tile import PartCall
 from conjugate.files import write_atomic
 from conjugate.plan.schema import PDL_TRIGGERS
@@ -83,7 +84,13 @@ def _pdl_imports(parts: list[PartCall], pdl: Pdl) -> set[str]:
 def waits_itself(part: PartCall) -> bool:
     """Whether a part's tile makes the programmatic dependent launch's wait itself, after loading its
     first weights (gemm.preload_before_wait)."""
-    return bool(part.constexprs.get("PDL_WAIT"))
+    return part.constexprs.get("WAIT", 0) in (WAIT_PDL.value, WAIT_PDL_RELEASE.value)
+
+
+def waits_at_barrier(part: PartCall) -> bool:
+    """Whether a persistent launch's part waits for the barrier before it in its tiles, after loading
+    its first weights (gemm.preload_before_barrier)."""
+    return part.constexprs.get("WAIT", 0) == WAIT_GRID.value
 
 
 def _pdl_wait(pdl: Pdl, parts: list[PartCall], indent: str = "    ") -> list[str]:
@@ -130,9 +137,11 @@ def _literal(value) -> str:
     return repr(value)
 
 
-def _call(part: PartCall, index: int, pid: str, fn: str | None = None) -> str:
-    """`fn` (the part's tile function by default) called on the part's arguments for program `pid`."""
-    args = [pid] + [f"p{index}_{a}" for a in part.sig.args] + [f"P{index}_{c}" for c in part.sig.constexprs]
+def _call(part: PartCall, index: int, pid: str, fn: str | None = None, given: dict[str, str] | None = None) -> str:
+    """`fn` (the part's tile function by default) called on the part's arguments for program `pid`
+    (`given`: expressions in place of some of them)."""
+    given = given or {}
+    args = [pid] + [given.get(a, f"p{index}_{a}") for a in part.sig.args] + [f"P{index}_{c}" for c in part.sig.constexprs]
     return f"{fn or part.sig.fn}({', '.join(args)})"
 
 
@@ -219,11 +228,15 @@ def persistent_source(parts: list[PartCall], prefetch: frozenset[int] = frozense
         raise ValueError("a persistent launch with barriers cannot be a programmatic dependent launch")
     if any(waits_itself(p) for p in parts):
         raise ValueError("a persistent launch waits for the kernel before once, not in its tiles")
+    if waits_at_barrier(parts[0]):
+        raise ValueError("a persistent launch's first part has no barrier before it to wait for")
     ahead = {i: persist.PREFETCHES[p.sig.fn] for i, p in enumerate(parts)
              if i and i in prefetch and p.sig.fn in persist.PREFETCHES}
     imports = sorted({f"from {p.sig.module} import {p.sig.fn}" for p in parts}
                      | {f"from {module} import {fn}" for module, fn in ahead.values()}
                      | ({"from conjugate.compiler.persist import grid_barrier, grid_exit"} if barriers else set())
+                     | ({"from conjugate.compiler.persist import barrier_target, barrier_word, grid_arrive"}
+                        if any(waits_at_barrier(p) for p in parts) else set())
                      | _pdl_imports(parts, pdl))
     params = [", ".join(f"p{i}_{a}" for a in p.sig.args) for i, p in enumerate(parts)] + (["sync"] if barriers else [])
     params += [", ".join(f"P{i}_{c}: tl.constexpr" for c in p.sig.constexprs) for i, p in enumerate(parts)
@@ -239,13 +252,21 @@ def persistent_source(parts: list[PartCall], prefetch: frozenset[int] = frozense
                   f"        {_call(parts[0], 0, 'tile', _prefetcher(parts[0])[1])}", "        tile += programs"]
     lines += _pdl_wait(pdl, parts)
     for i, part in enumerate(parts):
+        given = {}
+        if i and waits_at_barrier(part):  # its tiles wait for barrier i - 1 themselves, after their preload
+            given = {"wait_ptr": f"barrier_word(sync, {i - 1}, {groups})",
+                     "wait_count": f"barrier_target(programs, {groups})"}
         lines += ["    tile = pid  # a tensor, as a launched tile's pid is (a range variable is a plain int)",
-                  f"    while tile < {part.programs}:", f"        {_call(part, i, 'tile')}", "        tile += programs"]
+                  f"    while tile < {part.programs}:", f"        {_call(part, i, 'tile', given=given)}",
+                  "        tile += programs"]
+        split = i < len(parts) - 1 and waits_at_barrier(parts[i + 1])
+        if split:  # arrive now; the next part's tiles wait
+            lines.append(f"    grid_arrive(sync, {i}, programs, {groups})")
         if i + 1 in ahead:  # the next part's weights, while the grid finishes this one
             nxt = parts[i + 1]
             lines += ["    tile = pid", f"    while tile < {nxt.programs}:",
                       f"        {_call(nxt, i + 1, 'tile', ahead[i + 1][1])}", "        tile += programs"]
-        if i < len(parts) - 1:
+        if i < len(parts) - 1 and not split:
             lines.append(f"    grid_barrier(sync, {i}, programs, {groups})")
     if barriers:
         lines.append(f"    grid_exit(sync, {len(parts) - 1}, programs, {groups})")

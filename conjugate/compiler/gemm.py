@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from conjugate.compiler.persist import L2_LINE_BITS, prefetch_l2
+from conjugate.compiler.persist import L2_LINE_BITS, grid_wait, prefetch_l2
 from conjugate.compiler.tile import INTERPRETING, PartCall, TileSignature, cdiv, dot_dtype, next_pow2
 
 # The EPILOGUE constexpr's values, as globals the tile functions can read.
@@ -56,11 +56,14 @@ EPILOGUE_ROPE_KV = tl.constexpr(4)
 EPILOGUES = {"store": EPILOGUE_STORE.value, "residual": EPILOGUE_RESIDUAL.value,
              "silu_mul": EPILOGUE_SILU_MUL.value, "argmax": EPILOGUE_ARGMAX.value,
              "rope_kv": EPILOGUE_ROPE_KV.value}  # gemm_call's names
-# The PDL_WAIT constexpr's values: the tile does not wait for the kernel before (the dispatcher does, or
-# none), waits itself, or waits and then releases the next launch (the plan's trigger `start`).
-PDL_NO_WAIT = tl.constexpr(0)
-PDL_WAIT_ONLY = tl.constexpr(1)
-PDL_WAIT_RELEASE = tl.constexpr(2)
+# The WAIT constexpr's values, what the tile waits for after loading its first weights (PRELOAD_K): nothing
+# (the dispatcher waits, or no one), the kernel before (a programmatic dependent launch), the same and
+# then it releases the next launch (the plan's trigger `start`), or every program of its persistent grid
+# past the barrier at wait_ptr (persist.grid_wait: the part before is done).
+WAIT_NONE = tl.constexpr(0)
+WAIT_PDL = tl.constexpr(1)
+WAIT_PDL_RELEASE = tl.constexpr(2)
+WAIT_GRID = tl.constexpr(3)
 _REDUCE_BLOCK = tl.constexpr(128)  # partial maxima reduced per step by the last program
 STATS_CHUNK = tl.constexpr(16)  # columns of x per row statistic a residual epilogue writes (STATS_OUT)
 STATS_BLOCK = tl.constexpr(64)  # row statistics summed per step by a norm prologue (STATS_IN)
@@ -169,13 +172,13 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
               stats_ptr, copy_ptr, M, N, K, stride_x, stride_w, stride_out, stride_tok, stride_stats, stride_copy, eps,
               blk_stride, blk_pairs, tail_start,
               q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, lengths_ptr,
-              rope_offset, rope_tokens, s_max, stride_q, rope_eps, w_desc, w2_desc,
+              rope_offset, rope_tokens, s_max, stride_q, rope_eps, w_desc, w2_desc, wait_ptr, wait_count,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
               NORM: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr,
               DOT_DTYPE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
               HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr, ATOMIC_SPLIT: tl.constexpr, STATS_OUT: tl.constexpr,
               STATS_IN: tl.constexpr, COPY_OUT: tl.constexpr, W_TMA: tl.constexpr, PRELOAD_K: tl.constexpr,
-              PDL_WAIT: tl.constexpr):
+              WAIT: tl.constexpr):
     TWO_ACC: tl.constexpr = (EPILOGUE == EPILOGUE_SILU_MUL) or (EPILOGUE == EPILOGUE_ROPE_KV)
     num_m, num_n, m_blk, split, n_blk, k_lo, k_hi = _tile_of(pid, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K)
 
@@ -195,9 +198,11 @@ def gemm_tile(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, part_i
         w_pre = tl.load(w_ptr + pre_offs, mask=pre_mask, other=0.0)  # [BN, PRELOAD_K], held in registers
         if TWO_ACC:
             w2_pre = tl.load(w2_ptr + pre_offs, mask=pre_mask, other=0.0)
-    if PDL_WAIT != PDL_NO_WAIT:  # the kernel before this one has ended; its writes (x among them) are visible
+    if WAIT == WAIT_GRID:  # the part before, done by every program of the grid: x is whole
+        grid_wait(wait_ptr, wait_count)
+    elif WAIT != WAIT_NONE:  # the kernel before this one has ended; its writes (x among them) are visible
         gdc_wait()
-        if PDL_WAIT == PDL_WAIT_RELEASE:  # the release at the start, after the wait: two launches in flight
+        if WAIT == WAIT_PDL_RELEASE:  # the release at the start, after the wait: two launches in flight
             gdc_launch_dependents()
     sumsq = tl.zeros([BLOCK_M], tl.float32)
     if NORM and STATS_IN:  # the row statistics the residual GEMM that wrote x left: every split sums all
@@ -292,13 +297,13 @@ def gemm_prefetch(pid, x_ptr, w_ptr, w2_ptr, bias_ptr, out_ptr, part_val_ptr, pa
                   ws_ptr, stats_ptr, copy_ptr, M, N, K, stride_x, stride_w, stride_out, stride_tok, stride_stats,
                   stride_copy, eps, blk_stride, blk_pairs, tail_start,
                   q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr, lengths_ptr,
-                  rope_offset, rope_tokens, s_max, stride_q, rope_eps, w_desc, w2_desc,
+                  rope_offset, rope_tokens, s_max, stride_q, rope_eps, w_desc, w2_desc, wait_ptr, wait_count,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                   NORM: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE_OUT: tl.constexpr,
                   DOT_DTYPE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
                   HEAD_DIM: tl.constexpr, QK_NORM: tl.constexpr, ATOMIC_SPLIT: tl.constexpr, STATS_OUT: tl.constexpr,
                   STATS_IN: tl.constexpr, COPY_OUT: tl.constexpr, W_TMA: tl.constexpr, PRELOAD_K: tl.constexpr,
-                  PDL_WAIT: tl.constexpr):
+                  WAIT: tl.constexpr):
     """gemm_tile's weight rows and K range for program `pid`, prefetched into L2 (persist.py): one
     request per 128-byte line, out-of-range rows clamped to the block's first. Its parameters are
     gemm_tile's, in order: a persistent launch calls both with one argument list."""
@@ -460,13 +465,25 @@ def preload_columns(part: PartCall, num_warps: int) -> int:
 
 def preload_before_wait(part: PartCall, num_warps: int, release: bool) -> bool:
     """Make a GEMM part of a programmatic dependent launch load its first weights into registers, then
-    wait for the kernel before itself (PRELOAD_K, PDL_WAIT): its weights stream while that kernel
+    wait for the kernel before itself (PRELOAD_K, WAIT): its weights stream while that kernel
     ends; `release`: it lets the next launch start right after that wait (trigger `start`: released
     before the wait, every later launch of the chain would start at once and hold SMs waiting).
     False (the part unchanged) for other tile families and where no preload fits."""
+    return _preload(part, num_warps, WAIT_PDL_RELEASE.value if release else WAIT_PDL.value)
+
+
+def preload_before_barrier(part: PartCall, num_warps: int) -> bool:
+    """Make a GEMM part of a persistent launch (not its first) load its first weights into registers,
+    then wait for the grid barrier before it itself (PRELOAD_K, WAIT_GRID; the launch binds wait_ptr
+    and wait_count): its weights stream while the grid finishes the part before. False (the part
+    unchanged) for other tile families and where no preload fits."""
+    return _preload(part, num_warps, WAIT_GRID.value)
+
+
+def _preload(part: PartCall, num_warps: int, wait: int) -> bool:
     if part.sig.fn != SIGNATURE.fn or not (cols := preload_columns(part, num_warps)):
         return False
-    part.constexprs |= {"PRELOAD_K": cols, "PDL_WAIT": PDL_WAIT_RELEASE.value if release else PDL_WAIT_ONLY.value}
+    part.constexprs |= {"PRELOAD_K": cols, "WAIT": wait}
     return True
 
 
@@ -569,10 +586,11 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
                 eps=float(norm_eps or 0.0), blk_stride=0, blk_pairs=0, tail_start=0) | blocks
     rope_args, rope_constexprs = _rope_args(rope, counter)
     args |= rope_args | _descriptors(w, args["w2_ptr"], block_n, block_k, tma)
+    args |= dict(wait_ptr=counter, wait_count=0)  # a persistent launch's barrier, bound there (WAIT_GRID)
     constexprs = dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, NORM=norm_eps is not None,
                       EPILOGUE=EPILOGUES[epilogue], HAS_BIAS=bias is not None, WRITE_OUT=write_out,
                       DOT_DTYPE=dot_dtype(w.dtype), ATOMIC_SPLIT=atomic_split, STATS_OUT=stats_out,
                       STATS_IN=stats_in, COPY_OUT=copy is not None, W_TMA=tma, PRELOAD_K=preload_k,
-                      PDL_WAIT=PDL_WAIT_ONLY.value if pdl_wait else PDL_NO_WAIT.value) | rope_constexprs
+                      WAIT=WAIT_PDL.value if pdl_wait else WAIT_NONE.value) | rope_constexprs
     programs = num_m * num_n * split_k
     return PartCall(SIGNATURE, args, constexprs, programs, label, scratch)

@@ -7,6 +7,12 @@ global memory: each program adds one with release semantics after its stores, th
 acquire reads until the count reaches P. The last program to leave resets the counters for the
 next launch (a stream runs the next launch only after this one ended).
 
+A barrier is an arrival (`grid_arrive`) and a wait (`grid_wait`). With `preload` the two are apart: after
+its tiles of a part a program arrives, and each GEMM tile of the next part loads its first weight step
+into registers before it waits (gemm.py's WAIT_GRID), as a programmatic dependent launch's does
+before its wait (a program with no tile of that part does not wait there: the next barrier still
+counts only programs done with both parts).
+
 While it waits at a barrier a program can already pull the next part's weights toward the GPU's L2
 cache (`prefetch`: weights never depend on the part before; prefetching into L2 is coherent, so a
 prefetched KV-cache line a previous part rewrites is read fresh): tile families that have a
@@ -102,33 +108,58 @@ def sync_words(barriers: int, groups: int | None = None) -> int:
 
 
 @triton.jit
-def grid_barrier(sync_ptr, index, programs, GROUPS: tl.constexpr = 1):
-    """Wait until all `programs` programs have passed barrier `index`."""
+def barrier_word(sync_ptr, index, GROUPS: tl.constexpr = 1):
+    """The word a program polls to pass barrier `index`: its counter (one group) or its flag."""
+    base = sync_ptr + index * ((GROUPS + 2) * SYNC_LINE)
+    if GROUPS == 1:
+        return base
+    else:
+        return base + (GROUPS + 1) * SYNC_LINE
+
+
+@triton.jit
+def barrier_target(programs, GROUPS: tl.constexpr = 1):
+    """What that word holds once every program has arrived: the count, or the flag's 1."""
+    if GROUPS == 1:
+        return programs
+    else:
+        return programs * 0 + 1
+
+
+@triton.jit
+def grid_arrive(sync_ptr, index, programs, GROUPS: tl.constexpr = 1):
+    """Count this program in at barrier `index` (its stores released to whoever passes the barrier)."""
     tl.debug_barrier()  # every thread of this program has stored its part of the tile
     base = sync_ptr + index * ((GROUPS + 2) * SYNC_LINE)
     if GROUPS == 1:
         tl.atomic_add(base, 1, sem="release", scope="gpu")
-        arrived = tl.atomic_add(base, 0, sem="acquire", scope="gpu")
-        polls = 0
-        while arrived < programs:
-            arrived = tl.atomic_add(base, 0, sem="acquire", scope="gpu")
-            polls += 1
-            give_up(polls)
     else:
         group = tl.program_id(0) % GROUPS
         members = (programs - group + GROUPS - 1) // GROUPS  # programs whose pid % GROUPS is `group`
-        flag = base + (GROUPS + 1) * SYNC_LINE
         if tl.atomic_add(base + group * SYNC_LINE, 1, sem="acq_rel", scope="gpu") == members - 1:
             top = tl.atomic_add(base + GROUPS * SYNC_LINE, 1, sem="acq_rel", scope="gpu")
             if top == tl.minimum(programs, GROUPS) - 1:  # the last group in: everyone may go
-                tl.atomic_xchg(flag, 1, sem="release", scope="gpu")
-        ready = tl.atomic_add(flag, 0, sem="acquire", scope="gpu")
-        polls = 0
-        while ready == 0:
-            ready = tl.atomic_add(flag, 0, sem="acquire", scope="gpu")
-            polls += 1
-            give_up(polls)
+                tl.atomic_xchg(base + (GROUPS + 1) * SYNC_LINE, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def grid_wait(word_ptr, target):
+    """Poll `word_ptr` (barrier_word) with acquire reads until it holds `target` (barrier_target):
+    every program has arrived, and what they stored before is visible."""
+    seen = tl.atomic_add(word_ptr, 0, sem="acquire", scope="gpu")
+    polls = 0
+    while seen < target:
+        seen = tl.atomic_add(word_ptr, 0, sem="acquire", scope="gpu")
+        polls += 1
+        give_up(polls)
     tl.debug_barrier()
+
+
+@triton.jit
+def grid_barrier(sync_ptr, index, programs, GROUPS: tl.constexpr = 1):
+    """Wait until all `programs` programs have passed barrier `index` (arrive, then wait)."""
+    grid_arrive(sync_ptr, index, programs, GROUPS)
+    grid_wait(barrier_word(sync_ptr, index, GROUPS), barrier_target(programs, GROUPS))
 
 
 @triton.jit

@@ -25,7 +25,7 @@ import torch
 from conjugate.compiler.buffers import PreparedWeights, RoundBuffers
 from conjugate.compiler.codegen import NO_PDL, Dispatch, KernelCache, Pdl, kernel_args, kernel_source, persistent_source
 from conjugate.compiler.feedback import CompileFailure, LaunchFeedback, PartRef, Resources
-from conjugate.compiler.gemm import preload_before_wait
+from conjugate.compiler.gemm import preload_before_barrier, preload_before_wait
 from conjugate.compiler.lower import lower_part
 from conjugate.compiler.packed import pack_launch
 from conjugate.compiler.persist import ASSUMED_L2_BYTES, PREFETCH_L2_SHARE, resident_programs, sync_words
@@ -145,6 +145,9 @@ def _compile_launch(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers, cache
         except ValueError as e:
             raise _compile_error(launch, 1, str(e)) from e
     if launch.persistent:
+        if launch.preload:
+            for part in parts[1:]:
+                preload_before_barrier(part, launch.num_warps)
         return CompiledLaunch.build_persistent(launch.index, parts, cache, persistent_programs(launch, parts, device),
                                                device, prefetch=prefetched_parts(launch, graph, device),
                                                num_warps=launch.num_warps, num_stages=launch.num_stages,
@@ -415,7 +418,7 @@ def compile_round(plan: Plan, workload: Workload, draft: ModelWeights | Prepared
         {"launch": l.index, "kernel": f"k_{l.digest}.py", "grid": l.grid, "stream": l.stream, "pdl": l.pdl,
          # as compiled: a prefetch the plan asked for is dropped where the launch outgrows its L2 share
          "pdl_trigger": pdl.trigger, "pdl_prefetch": pdl.prefetch,
-         "pdl_preload": [p.constexprs.get("PRELOAD_K", 0) for p in l.parts],
+         "preload": [p.constexprs.get("PRELOAD_K", 0) for p in l.parts],  # pdl's or persist's
          "parts": [{"ops": p.label, "tile": p.sig.fn, "programs": p.programs} for p in l.parts]}
         for l, pdl in zip(launches, pdls)]}
     (directory / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")

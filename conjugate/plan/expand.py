@@ -87,6 +87,7 @@ class Launch:
     persistent: bool = False
     programs: int = 0  # a persistent launch's programs; 0: as many as the GPU holds at once
     prefetch: bool = False  # a persistent launch's programs prefetch the next part's weights before a barrier
+    preload: bool = False  # its GEMM parts load their first weights into registers, then wait for the barrier
     part_launch: tuple[tuple[int, int], ...] = ()  # a persistent launch's parts' own (num_warps, num_stages)
     # programmatic dependent launch (plan `pdl`): where the programs let the next launch start ("none": not
     # launched that way), and whether they prefetch their tile's weights before waiting
@@ -361,6 +362,7 @@ def _joined(plan: Plan, run: list[Launch]) -> Launch:
     persist = plan["persist"][first.parts[0].model.value]
     return replace(first, parts=tuple(p for l in run for p in l.parts), persistent=True, operand_layout="separate",
                    programs=persist["programs"], prefetch=persist["prefetch"],
+                   preload=persist["preload"] and len(run) > 1,  # a tile loop has no barrier
                    pdl=first.pdl if len(run) == 1 else "none",  # barriers: never (the plan refuses both)
                    pdl_prefetch=first.pdl_prefetch and len(run) == 1,
                    pdl_preload=False,  # a persistent launch waits once, not in its tiles (codegen)

@@ -66,7 +66,7 @@ _HASH_WHEN_SET = {"priority": "none", "split_reduce": {"draft": "ordered", "targ
                   "pdl": {m: {"trigger": "none", "prefetch": False} for m in MODEL_KEYS},
                   "sm_limit": {m: 0 for m in MODEL_KEYS}}
 # per model, keys added later still inside those: hashed only when set
-_HASH_WHEN_SET_PER_MODEL = {"pdl": {"preload": False}}
+_HASH_WHEN_SET_PER_MODEL = {"pdl": {"preload": False}, "persist": {"preload": False}}
 
 
 class _Checker:
@@ -155,10 +155,11 @@ class _Checker:
         return value
 
     def persist(self, value: Any, path: str) -> dict:
-        value = self.obj(value, path, ("span", "programs", "prefetch"))
+        value = self.obj(value, path, ("span", "programs", "prefetch", "preload"))
         return {"span": self.choice(value.get("span", "none"), f"{path}.span", SPANS),
                 "programs": self.integer(value.get("programs", 0), f"{path}.programs", 0, PERSIST_PROGRAMS_MAX),
-                "prefetch": self.boolean(value.get("prefetch", True), f"{path}.prefetch")}
+                "prefetch": self.boolean(value.get("prefetch", True), f"{path}.prefetch"),
+                "preload": self.boolean(value.get("preload", False), f"{path}.preload")}
 
     def pdl(self, value: Any, path: str) -> dict:
         value = self.obj(value, path, PDL_KEYS)
@@ -237,6 +238,10 @@ def _canonical(raw: Any) -> tuple[dict, list[str]]:
                             "GPU and wait for programs the other keeps from starting; one stream, or at most one "
                             "model with span layer or step")
     for m in MODEL_KEYS:
+        if plan["persist"][m]["preload"] and plan["persist"][m]["span"] not in BARRIER_SPANS:
+            c.fail(f"$.persist.{m}.preload", f"loads a part's first weights before the grid barrier ahead of it, so "
+                                             f"it needs $.persist.{m}.span 'layer' or 'step', not "
+                                             f"{plan['persist'][m]['span']!r}")
         if plan["pdl"][m]["trigger"] != "none" and plan["persist"][m]["span"] in BARRIER_SPANS:
             c.fail(f"$.pdl.{m}.trigger", f"{plan['pdl'][m]['trigger']!r} lets a persistent launch's programs start "
                                          f"while the kernel before it still holds SMs, and its barrier needs them all "
