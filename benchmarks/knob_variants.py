@@ -10,6 +10,10 @@ Written as OUTDIR/<NAME>-<variant>.json (NAME: the plan's name unless given; the
     pdl-draft-start         ... released right after each program's wait
     pdl-draft-end-prefetch  ... released at the end, each program asking L2 for its weights first
     pdl-both-end            both models' launches, released at the end
+    draft-persist-layer     each draft layer one persistent launch (grid barriers between its parts, all
+                            the programs that fit; the draft's pdl off, which barriers refuse)
+    draft-persist-layer-preload  ... its GEMM parts loading their first weight step into registers
+                            before the barrier ahead of them (persist.preload)
     pdl-draft-start-preload the draft's launches released right after each program's wait, their GEMM
                             tiles loading their first weights into registers before it (the
                             target's pdl as the plan has it)
@@ -71,6 +75,13 @@ def _early(model: str) -> dict:
                           {"match": f"{model}.*.attn", "pdl": {"trigger": "end", "prefetch": True}}]}
 
 
+def _draft_layer(preload: bool) -> dict:
+    """Each draft layer one persistent launch on all the programs that fit (no `pdl` for the draft: its
+    barriers need every program resident), its GEMM parts preloading their first weights or not."""
+    return {"persist": {"draft": {"span": "layer", "programs": 0, "prefetch": True, "preload": preload}},
+            "pdl": {"draft": {"trigger": "none", "prefetch": False}}}
+
+
 END = {"trigger": "end", "prefetch": False}
 PRELOAD_START = {"trigger": "start", "prefetch": False, "preload": True}
 VARIANTS = {
@@ -82,6 +93,8 @@ VARIANTS = {
     "pdl-draft-end-preload": {"pdl": {"draft": {"trigger": "end", "prefetch": False, "preload": True}}},
     "pdl-target-start-preload": {"pdl": {"target": PRELOAD_START}},
     "pdl-both-start-preload": _pdl(PRELOAD_START, PRELOAD_START),
+    "draft-persist-layer": _draft_layer(False),
+    "draft-persist-layer-preload": _draft_layer(True),
     "target-loops-99": {"persist": {"target": {"span": "launch", "programs": 99, "prefetch": True}}},
     "target-loops-66": {"persist": {"target": {"span": "launch", "programs": 66, "prefetch": True}}},
     "draft-fusions": {"fusions": {"draft": list(FUSIONS)}},
