@@ -79,7 +79,8 @@ def _schedule_table(schedule, title: str, limit: int | None = None) -> Table:
             parts += f"  [{launch.pattern}{'' if launch.pattern != 'ratio' else ' %d:%d' % launch.ratio}]"
         if launch.persistent:
             grid = f"{launch.programs} programs" if launch.programs else "all programs that fit at once"
-            parts += f"  [persistent: {grid}, parts in sequence]" if len(launch.parts) > 1 else f"  [tile loop: {grid}]"
+            parts += (f"  [persistent: {grid}, parts in sequence{', preload' if launch.preload else ''}]"
+                      if len(launch.parts) > 1 else f"  [tile loop: {grid}]")
         if launch.pdl != "none":
             parts += (f"  [pdl: release at {launch.pdl}{', prefetch' if launch.pdl_prefetch else ''}"
                       f"{', preload' if launch.pdl_preload else ''}]")

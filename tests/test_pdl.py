@@ -394,3 +394,18 @@ def test_plan_explain_marks_the_dependent_launches(tmp_path, capsys, monkeypatch
     assert main(["plan", "explain", str(path), "--workload", str(ROOT / "examples" / "tiny.toml")]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if "│ draft" in line or "│ target" in line]
     assert rows and all(("[pdl: release at end, prefetch]" in row) == ("│ draft" in row) for row in rows)
+
+
+def test_plan_explain_marks_launches_that_preload(tmp_path, capsys, monkeypatch):
+    import conjugate.cli
+    from conjugate.cli import main
+
+    monkeypatch.setattr(conjugate.cli.out, "width", 600)  # a persistent layer's parts on one line too
+    plan = _streams(pdl={"target": {"trigger": "start", "preload": True}}, persist={"draft": {"span": "layer",
+                                                                                              "preload": True}})
+    path = tmp_path / "preload.json"
+    path.write_text(json.dumps(plan))
+    assert main(["plan", "explain", str(path), "--workload", str(ROOT / "examples" / "tiny.toml")]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if "│ draft" in line or "│ target" in line]
+    assert any("parts in sequence, preload]" in row for row in rows if "│ draft" in row)
+    assert rows and all("[pdl: release at start, preload]" in row for row in rows if "│ target" in row)

@@ -9,7 +9,8 @@ of the larger part:
     otherwise:      part 0's remaining programs, then part 1's
 
 A persistent launch (`persistent_source`) runs its parts in sequence on one grid: each program
-loops over a part's tiles with the grid's stride, then waits at a grid-wide barrier (persist.py).
+loops over a part's tiles with the grid's stride, then waits at a grid-wide barrier (persist.py), or,
+ahead of a GEMM part that preloads (`persist.preload`), only arrives there: that part's tiles wait.
 
 A programmatic dependent launch (plan `pdl`, sm_90+) may start while the kernel before it on its
 stream still runs: every program first waits for that kernel (`gdc_wait`: it has ended and its
@@ -220,7 +221,10 @@ def persistent_source(parts: list[PartCall], prefetch: frozenset[int] = frozense
     asks L2 for the weights of its tiles of that part (parts whose tile family has a prefetch
     function, persist.py). Its runtime arguments: the parts', then `sync` (persist.sync_words int32
     words). One part is a tile loop: no barrier, no `sync`; only a tile loop takes `pdl` (a grid with
-    barriers needs every program resident, not waiting for the kernel before it)."""
+    barriers needs every program resident, not waiting for the kernel before it). Ahead of a part
+    whose tiles wait for the barrier themselves (gemm.preload_before_barrier: after loading their first
+    weights) a program only arrives at the barrier, and its calls of that part bind the barrier's word
+    and target."""
     if not parts:
         raise ValueError("a persistent launch has one part or more")
     barriers = len(parts) > 1
