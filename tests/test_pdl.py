@@ -351,6 +351,9 @@ def test_the_heuristic_proposes_pdl_for_the_critical_stream_first_and_only_valid
     looped = validate_plan(_streams(persist={"target": {"span": "launch", "programs": 99}}))
     triggers = {c.patch[0]["value"]["trigger"] for c in pdl_edits(looped) if c.patch[0]["path"] == "/pdl/target"}
     assert triggers == {"end"}  # released at the start, the next loop would wait on the SMs the cap leaves
+    ended = validate_plan(apply_patch(looped.to_dict(), [{"op": "replace", "path": "/pdl/target/trigger",
+                                                            "value": "end"}]))
+    assert not [c for c in pdl_edits(ended) if c.patch[0]["path"] == "/pdl/target/preload"]  # tile loops: no-op
     everything = candidates(plan, None, 132, random.Random(0))
     assert any(c.patch[0]["path"] == "/pdl/draft" for c in everything)
 

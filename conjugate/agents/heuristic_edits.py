@@ -404,10 +404,11 @@ def pdl_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candidate
         out.append(Candidate("launch", [{"op": "replace", "path": f"{path}/prefetch", "value": not now["prefetch"]}],
                              f"{model} launches {'no longer ' if now['prefetch'] else ''}ask L2 for their weights "
                              f"before waiting for the kernel before them", 0.25 if now["prefetch"] else 0.1))
-        out.append(Candidate("launch", [{"op": "replace", "path": f"{path}/preload", "value": not now["preload"]}],
-                             f"{model} GEMM tiles {'no longer ' if now['preload'] else ''}load their first weight "
-                             f"step into registers before waiting for the kernel before them ({PRELOAD_MEASURED})",
-                             0.3 if now["preload"] else 0.05))
+        if not (loops and not now["preload"]):  # a tile loop waits once, not in its tiles: nothing to load ahead
+            out.append(Candidate("launch", [{"op": "replace", "path": f"{path}/preload", "value": not now["preload"]}],
+                                 f"{model} GEMM tiles {'no longer ' if now['preload'] else ''}load their first "
+                                 f"weight step into registers before waiting for the kernel before them "
+                                 f"({PRELOAD_MEASURED})", 0.3 if now["preload"] else 0.05))
         out.append(Candidate("launch", [{"op": "replace", "path": path,
                                          "value": {"trigger": "none", "prefetch": False}}],
                              f"{model} launches start only once the kernel before them has ended", 0.2))
