@@ -520,7 +520,7 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
               block_m: int = 16, block_n: int = 64, block_k: int = 128, split_k: int = 1, label: str = "",
               rope: RopeKV | None = None, atomic_split: bool = False, stats: torch.Tensor | None = None,
               stats_out: bool = False, stats_in: bool = False, copy: torch.Tensor | None = None,
-              tma: bool = False, preload_k: int = 0, pdl_wait: bool = False) -> PartCall:
+              tma: bool = False, preload_k: int = 0) -> PartCall:
     """Bind one GEMM. x: [rows, K] fp32 or the weights' type; w, w2: [N, K]; out: [rows, N] (row strides free).
     With `rope` (epilogue rope_kv), w is the qkv projection and each tile is one head: block_n is
     taken as head_dim / 2 and `out` is not written. `stats` (fp32 [rows, >= width / STATS_CHUNK]): with
@@ -530,8 +530,7 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
     too, in its type. `tma`: weight tiles loaded through the tensor memory accelerator (sm_90+; the
     interpreter emulates it) from descriptors made here, instead of masked pointer loads. `preload_k`: the
     split's first columns of weights loaded into registers before anything else (a power of two, at
-    least 16; see `preload_before_wait`); `pdl_wait`: the tile itself waits for the kernel before (a
-    programmatic dependent launch), after that preload."""
+    least 16); `preload_before_wait` and `preload_before_barrier` also make the tile wait after it."""
     n, k = w.shape
     if epilogue not in EPILOGUES:
         raise ValueError(f"unknown GEMM epilogue {epilogue!r}")
@@ -591,6 +590,6 @@ def gemm_call(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, *, rows: int,
                       EPILOGUE=EPILOGUES[epilogue], HAS_BIAS=bias is not None, WRITE_OUT=write_out,
                       DOT_DTYPE=dot_dtype(w.dtype), ATOMIC_SPLIT=atomic_split, STATS_OUT=stats_out,
                       STATS_IN=stats_in, COPY_OUT=copy is not None, W_TMA=tma, PRELOAD_K=preload_k,
-                      WAIT=WAIT_PDL.value if pdl_wait else WAIT_NONE.value) | rope_constexprs
+                      WAIT=WAIT_NONE.value) | rope_constexprs
     programs = num_m * num_n * split_k
     return PartCall(SIGNATURE, args, constexprs, programs, label, scratch)
