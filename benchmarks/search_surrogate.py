@@ -4,6 +4,7 @@ plan edits measured on the GPU, so a search policy can be compared over many see
     python benchmarks/search_surrogate.py WORKLOAD.toml DB [DB ...] [--agents heuristic greedy random]
                                           [--seeds 0 1 2 3] [--budget 40] [--noise 0.002] [--width N]
                                           [--deepen-first] [--frontier-width N] [--exploit-every N]
+                                          [--no-merge-moves]
                                           [--out DIR (runs/surrogate)] [--json OUT.json]
 
 The databases are GPU search runs of the workload (`searchers.py`'s; a node that two databases hold,
@@ -23,7 +24,8 @@ latency gets Gaussian noise of --noise (relative). `--width N`: the edits a run 
 expansion, evaluated before it selects again (default: the search's own, SearchSettings.expand_width);
 `--deepen-first`: once one of them gains, the rest wait and the run selects again (SearchSettings.deepen_first);
 `--frontier-width N`: SearchSettings.frontier_width (default: the search's; 0: no cap);
-`--exploit-every N`: SearchSettings.exploit_every (default: the search's; 0: off).
+`--exploit-every N`: SearchSettings.exploit_every (default: the search's; 0: off);
+`--no-merge-moves`: MCTS without SearchSettings.merge_moves (the run's gains offered together).
 
 Per agent and seed a fresh run, as `searchers.py` makes it; its best plan (the fastest the search
 measured, noise included) is scored without the noise (`best_ms`). JSON: {"workload", "databases",
@@ -207,6 +209,8 @@ def main() -> None:
                                                            "widened by visits (default: the search's; 0: no cap)")
     parser.add_argument("--exploit-every", type=int, help="MCTS: one expansion in N widens the run's best open node "
                                                           "(default: the search's; 0: off)")
+    parser.add_argument("--no-merge-moves", action="store_true",
+                        help="MCTS: do not offer the run's gains together (SearchSettings.merge_moves)")
     parser.add_argument("--out", type=Path, default=Path("runs/surrogate"))
     parser.add_argument("--json", type=output_file)
     args = parser.parse_args()
@@ -238,7 +242,8 @@ def main() -> None:
                     opened = searchers.open_run(stack, args.workload, agent, args.budget, evaluator, seed, db,
                                                 width=args.width, deepen_first=args.deepen_first,
                                                 frontier_width=args.frontier_width,
-                                                exploit_every=args.exploit_every)
+                                                exploit_every=args.exploit_every,
+                                                merge_moves=not args.no_merge_moves)
                     searchers.rotate([opened], args.budget, args.budget, None)
                 row = searchers.summary(db, agent, workload, args.workload)
                 node = row["best_node"]
@@ -254,7 +259,8 @@ def main() -> None:
     out = {"workload": workload.name, "databases": [str(p) for p in args.databases], "budget": args.budget,
            "seeds": args.seeds, "noise": args.noise, "width": args.width,
            "deepen_first": args.deepen_first, "frontier_width": args.frontier_width,
-           "exploit_every": args.exploit_every, "command": " ".join(sys.argv),
+           "exploit_every": args.exploit_every, "merge_moves": not args.no_merge_moves,
+           "command": " ".join(sys.argv),
            "runs": runs, "summary": summary}
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")

@@ -79,11 +79,13 @@ class Opened:
 def open_run(stack: contextlib.ExitStack, workload: Path, agent: str, budget: int, evaluator: IsolatedEvaluator,
              seed: int, db: Path, resume: bool = False, carry: bool = False, width: int | None = None,
              deepen_first: bool = False, frontier_width: int | None = None,
-             exploit_every: int | None = None) -> Opened:
+             exploit_every: int | None = None, merge_moves: bool = True) -> Opened:
     """A fresh run in `db`, or (with `resume`) the run stored there, continued by the same agent.
     `width`: edits a fresh run asks for per expansion (default SearchSettings'); `deepen_first`,
-    `frontier_width` and `exploit_every`: its SearchSettings' (a resumed run keeps what it stored)."""
-    settings = scored_by(SearchSettings(budget=budget, deepen_first=deepen_first), evaluator.profile)
+    `frontier_width`, `exploit_every` and `merge_moves`: its SearchSettings' (a resumed run keeps what
+    it stored)."""
+    settings = scored_by(SearchSettings(budget=budget, deepen_first=deepen_first, merge_moves=merge_moves),
+                         evaluator.profile)
     if width is not None:
         settings = replace(settings, expand_width=width)
     if frontier_width is not None:

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from conjugate.search.moves import LOSS, WIN, MoveMemory, move_key
+from conjugate.search.moves import LOSS, MERGE_GAIN, WIN, MoveMemory, conflict, move_key
 
 ATOMIC = [{"op": "replace", "path": "/split_reduce/draft", "value": "atomic"}]
 TWO = [{"op": "replace", "path": "/tiles/draft/qkv/BLOCK_N", "value": 32},
@@ -57,3 +57,31 @@ def test_winners_are_the_moves_that_gained_clearly_largest_first():
     assert [(w.patch, w.kind, w.rationale) for w in winners] == [(fourth, "streams", "two streams"),
                                                                   (ATOMIC, "launch", "atomic sums")]
     assert winners[1].gain == pytest.approx(0.02)
+
+
+def test_gainers_are_the_moves_that_gained_and_never_lost_clearly_largest_first():
+    memory = MoveMemory()
+    small = [{"op": "replace", "path": "/priority", "value": "draft"}]
+    memory.add(small, 2 * MERGE_GAIN, "streams", "draft first")  # under WIN: not carried, but merged
+    memory.add(ATOMIC, 0.03, "launch", "atomic sums")
+    memory.add(TWO, MERGE_GAIN / 2, "tiles", "two")  # within the spread of no gain
+    flip = [{"op": "replace", "path": "/streams", "value": "two"}]
+    memory.add(flip, 0.05, "streams", "two streams")
+    memory.add(flip, -2 * LOSS, "streams", "two streams")  # lost clearly once: not merged
+    assert [(m.patch, m.gain) for m in memory.gainers()] == [(ATOMIC, 0.03), (small, 2 * MERGE_GAIN)]
+    assert [m.patch for m in memory.winners()] == [ATOMIC, flip]
+
+
+def test_patches_conflict_where_one_writes_inside_what_the_other_writes():
+    pdl_start = [{"op": "replace", "path": "/pdl/draft", "value": {"trigger": "start", "prefetch": False}}]
+    pdl_end = [{"op": "replace", "path": "/pdl/draft/trigger", "value": "end"}]
+    fuse = [{"op": "add", "path": "/fusions/target/-", "value": "qkv+rope_kv"}]
+    fuse_other = [{"op": "add", "path": "/fusions/target/-", "value": "attn_norm+qkv"}]
+    no_fusions = [{"op": "replace", "path": "/fusions/target", "value": []}]
+    assert conflict(pdl_start, pdl_end) and conflict(pdl_end, pdl_start)
+    assert conflict(ATOMIC, ATOMIC) and conflict(TWO, [{"op": "remove", "path": "/priority"}])
+    assert not conflict(fuse, fuse_other)  # appends to one list commute
+    assert conflict(fuse, no_fusions) and conflict([{"op": "remove", "path": "/fusions/target/0"}], fuse)
+    assert not conflict(ATOMIC, TWO) and not conflict(pdl_start, fuse)
+    assert not conflict([{"op": "replace", "path": "/split_reduce/draft", "value": "atomic"}],
+                        [{"op": "replace", "path": "/split_reduce/draftx", "value": 1}])  # a prefix, not a parent

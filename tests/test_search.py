@@ -27,10 +27,11 @@ from conjugate.evaluate.pipeline import evaluate
 from conjugate.evaluate.profile import load_profile
 from conjugate.evaluate.result import Baseline, EvalResult, Metrics, Stage, Status
 from conjugate.graph import build_graph
-from conjugate.plan import expand, load_plan, validate_plan
+from conjugate.plan import expand, load_plan, patch_plan, validate_plan
 from conjugate.search.context import ContextBuilder, family_of
 from conjugate.search.run import (Search, SearchSettings, eval_key, evaluator_id, replay_records, reward_of,
                                   run_evaluator_id)
+from conjugate.search.moves import MoveMemory, move_key
 from conjugate.search.store import NodeStatus, Store
 from conjugate.workload import load_workload
 from scripts import load_script  # tests/scripts.py
@@ -923,15 +924,15 @@ def _holds(plan: dict, move: list[dict]) -> bool:
 
 
 class LandscapeEvaluator:
-    """Latency: the plan's layout (two streams 0.8 ms, else 1 ms) times the factor of each LANDSCAPE move
-    it holds; the sequential baseline 2 ms."""
+    """Latency: the plan's layout (two streams 0.8 ms, else 1 ms) times the factor of each move of its
+    landscape (LANDSCAPE unless given) it holds; the sequential baseline 2 ms."""
 
-    def __init__(self, profile_path: Path):
-        self.profile = load_profile(profile_path)
+    def __init__(self, profile_path: Path, landscape: list = LANDSCAPE):
+        self.profile, self.landscape = load_profile(profile_path), landscape
 
     def evaluate(self, plan: dict, workload_path) -> EvalResult:
         latency = 0.8 if plan["streams"] == "two" else 1.0
-        for move, factor in LANDSCAPE:
+        for move, factor in self.landscape:
             latency *= factor if _holds(plan, move) else 1.0
         metrics = Metrics(latency, 0.5, latency / 0.5, 100.0, 3, "none", 1,
                           {"sequential": Baseline("ok", 2.0, modeled=True)}, {"sequential": 2.0 / latency})
@@ -1089,10 +1090,83 @@ def test_exploit_every_widens_the_best_open_node_one_expansion_in_n(env, tmp_pat
     assert SearchSettings.from_dict({"budget": 9}).exploit_every == 0  # a run stored before the setting
 
 
+# Small gains: each move alone gains 0.3% (under the deepen margin of 0.5%, over MERGE_GAIN), two lose.
+SMALL_GAINS = [([{"op": "replace", "path": f"/tiles/{model}/{op}/BLOCK_N", "value": 32}], factor)
+               for model, op, factor in (("draft", "qkv", 0.997), ("draft", "o_proj", 0.997),
+                                         ("target", "qkv", 0.997), ("target", "o_proj", 0.997),
+                                         ("draft", "down", 1.05), ("target", "down", 1.05))]
+
+
+class SmallGainsProposer:
+    """Offers every SMALL_GAINS move the plan lacks, one harmful move first, and nothing else."""
+    name = "small-gains"
+
+    def propose(self, context, n: int) -> list[Proposal]:
+        order = [4, 0, 1, 2, 3, 5]
+        return [Proposal(SMALL_GAINS[i][0], f"move {i}", "tiles", 0.9 if i == 4 else 0.5)
+                for i in order if not _holds(context.plan, SMALL_GAINS[i][0])][:n]
+
+
+def test_the_run_s_small_gains_are_offered_together(env, tmp_path):
+    """With merge_moves an expansion also offers every move that gained in the run, together: gains
+    each under the deepen margin, which MCTS does not build on one by one, are held together within
+    the budget; a merge never undoes an edit on the node's own path; without it, the same budget ends
+    with fewer of them."""
+    def run(merge: bool, budget: int = 11) -> tuple[float, list]:
+        with Store.open(tmp_path / f"merge{merge}.db") as store:
+            evaluator = LandscapeEvaluator(env["profile"], SMALL_GAINS)
+            search = Search.start(store, "merge", WORKLOAD, str(TINY), evaluator, SmallGainsProposer(),
+                                  SearchSettings(budget=budget, merge_moves=merge), seed=0)
+            search.run_loop()
+            nodes = store.nodes(search.run_id)
+            best = min(search.results[n.plan_hash].latency_ms for n in nodes if n.plan_hash in search.results)
+        return best, nodes
+
+    every_gain = 0.8 * 0.997 ** 4
+    best, nodes = run(True)
+    assert best == pytest.approx(every_gain)
+    merges = [n for n in nodes if n.rationale.startswith("the ")]
+    assert merges and all(" moves that gained in this run, together (+0.3%, +0.3%" in n.rationale for n in merges)
+    assert all(len(n.edit) >= 2 and not any(op["path"].startswith("/tiles/draft/down") for op in n.edit)
+               for n in merges)  # the harmful move never joins a merge
+    without, _ = run(False)
+    assert without > every_gain * 1.002
+
+
+def test_a_merge_leaves_the_edits_of_the_node_s_path_alone(env, tmp_path):
+    """A move that gained elsewhere but writes what an edit on the node's path wrote (the draft's
+    `pdl` released at the start, where the path released it at the end) joins no merge there."""
+    with Store.open(tmp_path / "merge_path.db") as store:
+        search = Search.start(store, "merge", WORKLOAD, str(TINY), LandscapeEvaluator(env["profile"], SMALL_GAINS),
+                              SmallGainsProposer(), SearchSettings(budget=3), seed=0)
+        search.run_loop()
+        streams = next(n for n in store.nodes(search.run_id) if n.rationale == "shipped plan streams")
+        start = [{"op": "replace", "path": "/pdl/draft", "value": {"trigger": "start", "prefetch": False}}]
+        end = [{"op": "replace", "path": "/pdl/draft/trigger", "value": "end"}]
+        plan = patch_plan(validate_plan(streams.plan), end)
+        node_id, _ = store.add_node(search.run_id, plan.to_dict(), plan.hash, streams.id, end, "end", "test",
+                                    "launch", 0.5)
+        memory = MoveMemory()
+        memory.add(start, 0.05, "launch", "start")
+        memory.add(SMALL_GAINS[0][0], 0.003, "tiles", "move 0")
+        memory.add(SMALL_GAINS[1][0], 0.003, "tiles", "move 1")
+        merged = search._merged(memory, store.node(node_id), [])
+        assert len(merged) == 1 and merged[0].patch == SMALL_GAINS[0][0] + SMALL_GAINS[1][0]
+        memory.add(SMALL_GAINS[1][0], -0.01, "tiles", "move 1")  # lost clearly once: one move is left
+        assert search._merged(memory, store.node(node_id), []) == []
+        # at the streams node itself the release at the start is the largest gain and joins
+        merged = search._merged(MoveMemory({move_key(start): [0.05], move_key(SMALL_GAINS[0][0]): [0.003]},
+                                           {move_key(start): (start, "launch", "start"),
+                                            move_key(SMALL_GAINS[0][0]): (SMALL_GAINS[0][0], "tiles", "move 0")}),
+                                store.node(streams.id), [])
+        assert merged and merged[0].patch == start + SMALL_GAINS[0][0]
+
+
 def test_stored_settings_read_back_and_refuse_the_wrong_type():
     settings = SearchSettings(budget=9, deepen_first=True)
     assert SearchSettings.from_dict(json.loads(json.dumps(settings.to_dict()))) == settings
     assert SearchSettings.from_dict({"budget": 9}).deepen_first is False  # a run stored before the setting
+    assert SearchSettings.from_dict({"budget": 9}).merge_moves is False and SearchSettings().merge_moves
     for key, value in (("deepen_first", 1), ("deepen_first", "yes"), ("budget", True), ("c_puct", "0.7")):
         with pytest.raises(ValueError, match=f"stored search setting '{key}' is"):
             SearchSettings.from_dict({**settings.to_dict(), key: value})

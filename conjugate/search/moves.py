@@ -19,6 +19,14 @@ The proposer need not offer that move again where it would help: on qwen3-06b-8b
 branches (a limit six times, `pdl` four), and the first plan holding both came 23 evaluations
 later. So each expansion also carries the move that gained most elsewhere (`winners`: a mean gain
 over WIN) to the node being expanded, where it applies and is new there.
+
+Nor does any single move carry the small gains: on llama-3b-8b-b4-ctx2k (H200, 2026-12-03) MCTS
+widened one node to 21 children, seven of which gained on it by 0.1-0.4% (the target's fusions, its
+atomic sums, the draft's priority), each under the deepen margin, so no branch outgained the node and
+none was built on; greedy hill-climbing chained such gains one at a time and ended 0.8% faster. So an
+expansion also offers every move that gained in the run (`gainers`: a mean gain over MERGE_GAIN and
+no clear loss where it was measured) applied together, as one plan (`merged`): edits commute, so
+their gains compose, and one evaluation tells whether they do here.
 """
 from __future__ import annotations
 
@@ -28,6 +36,7 @@ from dataclasses import dataclass, field
 
 LOSS = 0.005  # a loss larger than the spread of repeated measurements (0.1-0.6% in one process)
 WIN = 0.01  # a mean gain clearly larger than that spread: worth carrying to other branches
+MERGE_GAIN = 0.002  # a mean gain over this (and no loss over LOSS): merged with the run's other gains
 PRIOR_SCALE = (0.25, 4.0)  # the most a remembered move's prior is scaled down or up
 GAIN_UNIT = 0.02  # a 2% mean gain scales the prior by e
 
@@ -60,6 +69,13 @@ class MoveMemory:
         moves = [Move(*self.made[key], sum(seen) / len(seen)) for key, seen in self.gains.items()]
         return sorted((m for m in moves if m.gain > WIN), key=lambda m: -m.gain)
 
+    def gainers(self) -> list[Move]:
+        """The moves whose mean gain is over MERGE_GAIN and that never lost more than LOSS, the largest
+        gain first (ties: the first made first)."""
+        moves = [Move(*self.made[key], sum(seen) / len(seen)) for key, seen in self.gains.items()
+                 if min(seen) >= -LOSS]
+        return sorted((m for m in moves if m.gain > MERGE_GAIN), key=lambda m: -m.gain)
+
     def knows(self, patch: list[dict]) -> bool:
         return move_key(patch) in self.gains
 
@@ -82,3 +98,18 @@ class MoveMemory:
         if not seen:
             return ""
         return f" (elsewhere in this run: {sum(seen) / len(seen) * 100:+.1f}% over {len(seen)})"
+
+
+def touched(patch: list[dict]) -> list[tuple[str, bool]]:
+    """The plan paths a patch writes, each with whether it only appends to a list (`add` at `.../-`)."""
+    return [(op["path"][:-2], True) if op.get("op") == "add" and op.get("path", "").endswith("/-")
+            else (op.get("path", ""), False) for op in patch]
+
+
+def conflict(a: list[dict], b: list[dict]) -> bool:
+    """Whether two patches write the same part of a plan (one path inside or equal to the other), so
+    that applying both would undo one; appends to one list never conflict with each other."""
+    def inside(p: str, q: str) -> bool:
+        return p == q or p.startswith(q + "/")
+    return any((inside(p, q) or inside(q, p)) and not (p == q and append_p and append_q)
+               for p, append_p in touched(a) for q, append_q in touched(b))

@@ -34,7 +34,7 @@ from conjugate.plan import load_plan, patch_plan, validate_plan
 from conjugate.roles import Model
 from conjugate.search.context import ContextBuilder, device_of, family_of
 from conjugate.search.mcts import MCTS, TreeNode, rebuild
-from conjugate.search.moves import MoveMemory, move_key
+from conjugate.search.moves import MoveMemory, conflict, move_key
 from conjugate.search.selection import select
 from conjugate.search.store import NodeRecord, NodeStatus, RunRecord, RunStatus, Store, StoreError, owner_id
 from conjugate.search.transfer import same_pair_shape, translate_plan
@@ -54,6 +54,7 @@ class SearchSettings:
     frontier_width: int = 0  # MCTS: a node none of whose children gained is widened up to this many (0: no cap)
     exploit_every: int = 0  # MCTS: every this many expansions, the run's best open node is widened instead (0: off)
     move_memory: int = 2  # with MCTS, a move that lost in this many branches is not offered again (moves.py); 0: off
+    merge_moves: bool = True  # with move memory, each expansion also offers the run's gains together (moves.py)
     warm_start: int = 2  # best plans of earlier runs seeded (same evaluator; this model family first)
     stale_after_s: float = 1800.0  # a "running" evaluation older than this is taken over
     evaluator_profile: str = ""  # the profile file the run scores with: a resume loads it again
@@ -69,7 +70,8 @@ class SearchSettings:
         takes its default, one of the wrong type is refused."""
         known = {f.name: f.type for f in fields(cls)}
         # runs stored before these settings: without them (the rest of the tree policy is this version's)
-        stored_before = {"behind_margin": 0.0, "move_memory": 0, "deepen_margin": 0.0, "best_weight": 0.5}
+        stored_before = {"behind_margin": 0.0, "move_memory": 0, "deepen_margin": 0.0, "best_weight": 0.5,
+                         "merge_moves": False}
         values = stored_before | {k: v for k, v in data.items() if k in known}
         for key, value in values.items():
             kind = {"int": int, "float": (int, float), "str": str, "bool": bool}[known[key]]
@@ -83,6 +85,9 @@ class Evaluator(Protocol):
     profile: Any
 
     def evaluate(self, plan: dict, workload_path: str | Path) -> EvalResult: ...
+
+
+CARRIED = "gained elsewhere in this run, so made here too: "  # a carried move's rationale starts so
 
 
 class SetupFailed(ConjugateError):
@@ -397,6 +402,8 @@ class Search:
         proposals = self.proposer.propose(context, 2 * width if memory else width)  # room for what memory drops
         if memory:
             proposals = self._carried(memory, record, self._remembered(proposals, memory, leaf.id))
+            if self.settings.merge_moves:
+                proposals = self._merged(memory, record, proposals)
         children = self._add_children(record, proposals, limit=width)
         if not children:  # nothing new to offer from here
             leaf.closed = True
@@ -460,10 +467,40 @@ class Search:
                     continue
             except (PatchError, PlanError):
                 continue
-            carried = Proposal(move.patch, f"gained elsewhere in this run, so made here too: {move.rationale}"
+            carried = Proposal(move.patch, f"{CARRIED}{move.rationale}"
                                + memory.note(move.patch), move.kind, memory.prior(move.patch, top))
             return [carried] + proposals
         return proposals
+
+    def _merged(self, memory: MoveMemory, parent: NodeRecord, proposals: list[Proposal]) -> list[Proposal]:
+        """The proposals, led by one plan making every move that gained in the run (moves.py's gainers,
+        the largest gain first) that applies to this node, changes its plan and writes nothing that an
+        earlier one or an edit on the node's own path wrote; offered where it holds two moves or more
+        and is new to the run. A proposal making one of its moves alone is dropped (the merge holds it)."""
+        plan = validate_plan(parent.plan)
+        nodes = {n.id: n for n in self.store.nodes(self.run_id)}
+        lineage, node = [], parent
+        while node is not None:  # the edits that made this node: a merge adds to them, never undoes one
+            lineage += [node.edit] if node.edit and node.proposer not in ("seed", "warm-start") else []
+            node = nodes.get(node.parent_id)
+        merged, made, patch = plan, [], []
+        for move in memory.gainers():
+            if any(conflict(move.patch, m) for m in lineage + [m.patch for m in made]):
+                continue
+            try:
+                after = patch_plan(merged, move.patch)
+            except (PatchError, PlanError):
+                continue
+            if after.hash != merged.hash:
+                merged, made, patch = after, made + [move], patch + move.patch
+        if len(made) < 2 or merged.hash in {n.plan_hash for n in nodes.values()}:
+            return proposals
+        keys = {move_key(m.patch) for m in made}
+        top = max((p.prior for p in proposals if p.prior is not None), default=1.0)
+        gains = ", ".join(f"{m.gain * 100:+.1f}%" for m in made)
+        rationale = (f"the {len(made)} moves that gained in this run, together ({gains} where made): "
+                     + "; ".join(m.rationale.removeprefix(CARRIED).split(" (elsewhere")[0][:80] for m in made))
+        return [Proposal(patch, rationale, made[0].kind, top)] + [p for p in proposals if move_key(p.patch) not in keys]
 
     def _remembered(self, proposals: list[Proposal], memory: MoveMemory, parent_id: int) -> list[Proposal]:
         """The proposals without moves that lost everywhere they were made, the others' priors scaled
