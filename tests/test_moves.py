@@ -85,3 +85,18 @@ def test_patches_conflict_where_one_writes_inside_what_the_other_writes():
     assert not conflict(ATOMIC, TWO) and not conflict(pdl_start, fuse)
     assert not conflict([{"op": "replace", "path": "/split_reduce/draft", "value": "atomic"}],
                         [{"op": "replace", "path": "/split_reduce/draftx", "value": 1}])  # a prefix, not a parent
+
+
+def test_the_moves_of_a_merge_that_lost_join_no_later_merge():
+    memory = MoveMemory()
+    small = [{"op": "replace", "path": "/priority", "value": "draft"}]
+    other = [{"op": "replace", "path": "/streams", "value": "two"}]
+    for patch in (ATOMIC, small, other):
+        memory.add(patch, 2 * WIN)
+    merge = ATOMIC + small
+    memory.add(merge, -LOSS / 2)
+    memory.charge(merge, -LOSS / 2)  # within the spread: no charge
+    assert len(memory.gainers()) == 3
+    memory.charge(merge, -0.05)
+    assert [m.patch for m in memory.gainers()] == [other]  # the merge's own moves out, the rest kept
+    assert [m.patch for m in memory.winners()] == [ATOMIC, small, other]  # each may still be carried alone

@@ -29,8 +29,8 @@ from conjugate.evaluate.result import Baseline, EvalResult, Metrics, Stage, Stat
 from conjugate.graph import build_graph
 from conjugate.plan import expand, load_plan, patch_plan, validate_plan
 from conjugate.search.context import ContextBuilder, family_of
-from conjugate.search.run import (Search, SearchSettings, eval_key, evaluator_id, replay_records, reward_of,
-                                  run_evaluator_id)
+from conjugate.search.run import (CARRIED, MERGED, Search, SearchSettings, eval_key, evaluator_id, replay_records,
+                                  reward_of, run_evaluator_id)
 from conjugate.search.moves import MoveMemory, move_key
 from conjugate.search.store import NodeStatus, Store
 from conjugate.workload import load_workload
@@ -1131,6 +1131,37 @@ def test_the_run_s_small_gains_are_offered_together(env, tmp_path):
                for n in merges)  # the harmful move never joins a merge
     without, _ = run(False)
     assert without > every_gain * 1.002
+
+
+class ClashEvaluator(LandscapeEvaluator):
+    """SMALL_GAINS, except that moves 0 and 1 together make the round 6% slower."""
+
+    def evaluate(self, plan: dict, workload_path) -> EvalResult:
+        result = super().evaluate(plan, workload_path)
+        if not all(_holds(plan, SMALL_GAINS[i][0]) for i in (0, 1)):
+            return result
+        latency = result.metrics.latency_ms * 1.06
+        return replace(result, metrics=replace(result.metrics, latency_ms=latency,
+                                                speedups={"sequential": 2.0 / latency}))
+
+
+def test_a_merge_that_lost_is_not_made_again(env, tmp_path, monkeypatch):
+    """Two moves that gain alone and lose together: the first merge holding both loses, and its
+    moves join no later merge (MoveMemory.charge); without the charge the clash is merged again
+    in the same budget."""
+    def merges(budget: int = 16) -> list:
+        with Store.open(tmp_path / f"clash{len(list(tmp_path.iterdir()))}.db") as store:
+            search = Search.start(store, "clash", WORKLOAD, str(TINY), ClashEvaluator(env["profile"], SMALL_GAINS),
+                                  SmallGainsProposer(), SearchSettings(budget=budget), seed=0)
+            search.run_loop()
+            return [n for n in store.nodes(search.run_id) if MERGED.match(n.rationale.removeprefix(CARRIED))]
+
+    charged = merges()
+    clashing = [n for n in charged if all(op in n.edit for op in SMALL_GAINS[0][0] + SMALL_GAINS[1][0])]
+    assert len(clashing) == 1 and len(charged) >= 1
+    monkeypatch.setattr(MoveMemory, "charge", lambda self, merge, gain: None)
+    uncharged = merges()
+    assert len([n for n in uncharged if all(op in n.edit for op in SMALL_GAINS[0][0] + SMALL_GAINS[1][0])]) >= 2
 
 
 def test_a_merge_leaves_the_edits_of_the_node_s_path_alone(env, tmp_path):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -88,6 +89,8 @@ class Evaluator(Protocol):
 
 
 CARRIED = "gained elsewhere in this run, so made here too: "  # a carried move's rationale starts so
+MERGED_TEXT = "moves that gained in this run, together"  # a merge's rationale: "the N " MERGED_TEXT " (..."
+MERGED = re.compile(rf"the \d+ {MERGED_TEXT} \(")
 
 
 class SetupFailed(ConjugateError):
@@ -443,13 +446,17 @@ class Search:
             return None  # (and None while no move was measured: see the end)
         nodes = self.store.nodes(self.run_id)
         hashes = {n.id: n.plan_hash for n in nodes}
-        memory = MoveMemory()
+        memory, merges = MoveMemory(), []
         for n in nodes:
             if n.parent_id is None or n.proposer in ("seed", "warm-start") or not n.edit:
                 continue
             child, parent = self.results.get(n.plan_hash), self.results.get(hashes[n.parent_id])
             if child is not None and parent is not None and reward_of(parent) > 0:
-                memory.add(n.edit, reward_of(child) / reward_of(parent) - 1, n.edit_kind, n.rationale)
+                gain = reward_of(child) / reward_of(parent) - 1
+                memory.add(n.edit, gain, n.edit_kind, n.rationale)
+                merges += [(n.edit, gain)] if MERGED.match(n.rationale.removeprefix(CARRIED)) else []
+        for patch, gain in merges:  # once every move is known
+            memory.charge(patch, gain)
         return memory if memory.gains else None
 
     def _carried(self, memory: MoveMemory, parent: NodeRecord, proposals: list[Proposal]) -> list[Proposal]:
@@ -498,7 +505,7 @@ class Search:
         keys = {move_key(m.patch) for m in made}
         top = max((p.prior for p in proposals if p.prior is not None), default=1.0)
         gains = ", ".join(f"{m.gain * 100:+.1f}%" for m in made)
-        rationale = (f"the {len(made)} moves that gained in this run, together ({gains} where made): "
+        rationale = (f"the {len(made)} {MERGED_TEXT} ({gains} where made): "
                      + "; ".join(m.rationale.removeprefix(CARRIED).split(" (elsewhere")[0][:80] for m in made))
         return [Proposal(patch, rationale, made[0].kind, top)] + [p for p in proposals if move_key(p.patch) not in keys]
 
