@@ -83,6 +83,14 @@ def test_patches_conflict_where_one_writes_inside_what_the_other_writes():
     assert not conflict(fuse, fuse_other)  # appends to one list commute
     assert conflict(fuse, no_fusions) and conflict([{"op": "remove", "path": "/fusions/target/0"}], fuse)
     assert not conflict(ATOMIC, TWO) and not conflict(pdl_start, fuse)
+    assert conflict([{"op": "replace", "path": "", "value": {}}], ATOMIC)  # the whole plan
+    tile = [{"op": "replace", "path": "/tiles/draft/qkv/BLOCK_N", "value": 32}]
+    assert conflict([{"op": "move", "from": "/tiles/draft/qkv", "path": "/tiles/draft/o_proj"}], tile)
+    assert conflict([{"op": "copy", "from": "/tiles/draft/qkv", "path": "/tiles/draft/o_proj"}], tile)
+    assert not conflict([{"op": "copy", "from": "/tiles/draft/down", "path": "/tiles/draft/o_proj"}], tile)
+    escaped = [{"op": "replace", "path": "/pairs/a~1b", "value": 1}]  # the key "a/b"
+    assert conflict(escaped, [{"op": "remove", "path": "/pairs/a~1b"}])
+    assert not conflict(escaped, [{"op": "remove", "path": "/pairs/a"}])
     assert not conflict([{"op": "replace", "path": "/split_reduce/draft", "value": "atomic"}],
                         [{"op": "replace", "path": "/split_reduce/draftx", "value": 1}])  # a prefix, not a parent
 

@@ -29,7 +29,7 @@ from conjugate.evaluate.result import Baseline, EvalResult, Metrics, Stage, Stat
 from conjugate.graph import build_graph
 from conjugate.plan import expand, load_plan, patch_plan, validate_plan
 from conjugate.search.context import ContextBuilder, family_of
-from conjugate.search.run import (CARRIED, MERGED, Search, SearchSettings, eval_key, evaluator_id, replay_records,
+from conjugate.search.run import (MERGE_SUFFIX, Search, SearchSettings, eval_key, evaluator_id, replay_records,
                                   reward_of, run_evaluator_id)
 from conjugate.search.moves import MoveMemory, move_key
 from conjugate.search.store import NodeStatus, Store
@@ -1125,8 +1125,9 @@ def test_the_run_s_small_gains_are_offered_together(env, tmp_path):
     every_gain = 0.8 * 0.997 ** 4
     best, nodes = run(True)
     assert best == pytest.approx(every_gain)
-    merges = [n for n in nodes if n.rationale.startswith("the ")]
-    assert merges and all(" moves that gained in this run, together (+0.3%, +0.3%" in n.rationale for n in merges)
+    merges = [n for n in nodes if n.proposer == "small-gains" + MERGE_SUFFIX]
+    assert merges and all(n.rationale.startswith("the ") and " moves that gained in this run, together (+0.3%, +0.3%"
+                          in n.rationale for n in merges)
     assert all(len(n.edit) >= 2 and not any(op["path"].startswith("/tiles/draft/down") for op in n.edit)
                for n in merges)  # the harmful move never joins a merge
     without, _ = run(False)
@@ -1154,14 +1155,70 @@ def test_a_merge_that_lost_is_not_made_again(env, tmp_path, monkeypatch):
             search = Search.start(store, "clash", WORKLOAD, str(TINY), ClashEvaluator(env["profile"], SMALL_GAINS),
                                   SmallGainsProposer(), SearchSettings(budget=budget), seed=0)
             search.run_loop()
-            return [n for n in store.nodes(search.run_id) if MERGED.match(n.rationale.removeprefix(CARRIED))]
+            return [n for n in store.nodes(search.run_id) if n.proposer.endswith(MERGE_SUFFIX)]
 
     charged = merges()
     clashing = [n for n in charged if all(op in n.edit for op in SMALL_GAINS[0][0] + SMALL_GAINS[1][0])]
-    assert len(clashing) == 1 and len(charged) >= 1
+    assert len(clashing) == 1
+    # the charge turns off merging only for the clash's moves: moves 2 and 3 are still merged later
+    assert any(n.edit == SMALL_GAINS[2][0] + SMALL_GAINS[3][0] for n in charged if n.id > clashing[0].id)
     monkeypatch.setattr(MoveMemory, "charge", lambda self, merge, gain: None)
     uncharged = merges()
     assert len([n for n in uncharged if all(op in n.edit for op in SMALL_GAINS[0][0] + SMALL_GAINS[1][0])]) >= 2
+
+
+def test_a_merge_is_recorded_as_such_and_charged_wherever_it_lost(env, tmp_path):
+    """A merge's node carries the proposer's name and MERGE_SUFFIX, teaches no edit-kind statistics
+    (its moves are of several kinds), and is charged where it lost even as a move carried to another
+    branch (same patch, the proposer's plain name): its moves join no later merge, the others do."""
+    with Store.open(tmp_path / "charged.db") as store:
+        evaluator = ClashEvaluator(env["profile"], SMALL_GAINS)
+        search = Search.start(store, "merge", WORKLOAD, str(TINY), evaluator, SmallGainsProposer(),
+                              SearchSettings(budget=3), seed=0)
+        search.run_loop()
+        streams = next(n for n in store.nodes(search.run_id) if n.rationale == "shipped plan streams")
+
+        def child(parent, patch: list[dict], proposer: str):
+            plan = patch_plan(validate_plan(parent.plan), patch)
+            node_id, _ = store.add_node(search.run_id, plan.to_dict(), plan.hash, parent.id, patch, "r", proposer,
+                                        "tiles", 0.5)
+            search.results[plan.hash] = evaluator.evaluate(plan.to_dict(), TINY)
+            return store.node(node_id)
+
+        holds_1 = child(streams, SMALL_GAINS[1][0], "small-gains")
+        for i in (0, 2, 3):
+            child(streams, SMALL_GAINS[i][0], "small-gains")
+        merge = SMALL_GAINS[0][0] + SMALL_GAINS[2][0]
+        made = child(streams, merge, "small-gains" + MERGE_SUFFIX)  # gained where made
+        stats = store.edit_stats(search.run.evaluator, None)
+        search._learn(made, search.results[made.plan_hash], reward_of(search.results[made.plan_hash]))
+        assert store.edit_stats(search.run.evaluator, None) == stats
+        memory = search._move_memory()
+        assert move_key(merge) in memory.merges and not memory.in_lost_merge
+        child(holds_1, merge, "small-gains")  # carried beside move 1: the clash, 6% slower
+        memory = search._move_memory()
+        assert memory.in_lost_merge == {move_key(SMALL_GAINS[0][0]), move_key(SMALL_GAINS[2][0])}
+        assert {move_key(m.patch) for m in memory.gainers()} == {move_key(SMALL_GAINS[i][0]) for i in (1, 3)}
+        search.settings = replace(search.settings, charge_merges=False)  # as a run stored before the charge
+        assert not search._move_memory().in_lost_merge
+
+
+def test_a_merge_is_offered_only_when_new_and_replaces_its_moves_alone(env, tmp_path):
+    with Store.open(tmp_path / "merge_new.db") as store:
+        search = Search.start(store, "merge", WORKLOAD, str(TINY), LandscapeEvaluator(env["profile"], SMALL_GAINS),
+                              SmallGainsProposer(), SearchSettings(budget=3), seed=0)
+        search.run_loop()
+        streams = next(n for n in store.nodes(search.run_id) if n.rationale == "shipped plan streams")
+        memory = MoveMemory()
+        for i in (0, 1):
+            memory.add(SMALL_GAINS[i][0], 0.003, "tiles", f"move {i}")
+        alone = [Proposal(SMALL_GAINS[i][0], f"move {i}", "tiles", 0.5) for i in (0, 2)]
+        merged = search._merged(memory, streams, alone)
+        assert [p.patch for p in merged] == [SMALL_GAINS[0][0] + SMALL_GAINS[1][0], SMALL_GAINS[2][0]]
+        assert move_key(merged[0].patch) in memory.merges
+        plan = patch_plan(validate_plan(streams.plan), merged[0].patch)
+        store.add_node(search.run_id, plan.to_dict(), plan.hash, streams.id, merged[0].patch, "r", "test", "tiles", 0.5)
+        assert search._merged(memory, streams, alone) == alone  # the merged plan is in the run already
 
 
 def test_a_merge_leaves_the_edits_of_the_node_s_path_alone(env, tmp_path):
@@ -1198,6 +1255,7 @@ def test_stored_settings_read_back_and_refuse_the_wrong_type():
     assert SearchSettings.from_dict(json.loads(json.dumps(settings.to_dict()))) == settings
     assert SearchSettings.from_dict({"budget": 9}).deepen_first is False  # a run stored before the setting
     assert SearchSettings.from_dict({"budget": 9}).merge_moves is False and SearchSettings().merge_moves
+    assert SearchSettings.from_dict({"budget": 9, "merge_moves": True}).charge_merges is False  # stored before it
     for key, value in (("deepen_first", 1), ("deepen_first", "yes"), ("budget", True), ("c_puct", "0.7")):
         with pytest.raises(ValueError, match=f"stored search setting '{key}' is"):
             SearchSettings.from_dict({**settings.to_dict(), key: value})

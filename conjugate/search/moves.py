@@ -29,7 +29,8 @@ no clear loss where it was measured) applied together, as one plan (`merged`): e
 their gains compose, and one evaluation tells whether they do here. Where they do not (on
 llama-3b-8b-b4-ctx2k, H200, 2026-12-04: the draft's fusions, measured +3.1% on a plan without `pdl`,
 merged twice into plans releasing the draft at the start, 7-8% slower each time), the moves of a merge
-that lost join no later merge (`charge`).
+that lost (made there or carried) join no later merge (`charge`; a move all of whose operations a
+lost merge made counts as one of its moves).
 """
 from __future__ import annotations
 
@@ -62,6 +63,7 @@ class MoveMemory:
     gains: dict[str, list[float]] = field(default_factory=dict)
     made: dict[str, tuple[list[dict], str, str]] = field(default_factory=dict)  # key -> patch, kind, rationale
     in_lost_merge: set[str] = field(default_factory=set)  # moves made by a merge that lost (charge)
+    merges: set[str] = field(default_factory=set)  # the moves that are merges of others (the search's record)
 
     def add(self, patch: list[dict], gain: float, kind: str = "other", rationale: str = "") -> None:
         key = move_key(patch)
@@ -116,9 +118,16 @@ class MoveMemory:
 
 
 def touched(patch: list[dict]) -> list[tuple[str, bool]]:
-    """The plan paths a patch writes, each with whether it only appends to a list (`add` at `.../-`)."""
-    return [(op["path"][:-2], True) if op.get("op") == "add" and op.get("path", "").endswith("/-")
-            else (op.get("path", ""), False) for op in patch]
+    """The plan paths a patch writes or moves from, each with whether it only appends to a list (`add` at
+    `.../-`); a `copy` reads its `from`, which counts as touched too, so that no other patch of a merge
+    changes it."""
+    out = []
+    for op in patch:
+        path = op.get("path", "")
+        out.append((path[:-2], True) if op.get("op") == "add" and path.endswith("/-") else (path, False))
+        if op.get("op") in ("move", "copy") and isinstance(op.get("from"), str):
+            out.append((op["from"], False))
+    return out
 
 
 def conflict(a: list[dict], b: list[dict]) -> bool:

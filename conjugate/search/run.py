@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -56,6 +55,7 @@ class SearchSettings:
     exploit_every: int = 0  # MCTS: every this many expansions, the run's best open node is widened instead (0: off)
     move_memory: int = 2  # with MCTS, a move that lost in this many branches is not offered again (moves.py); 0: off
     merge_moves: bool = True  # with move memory, each expansion also offers the run's gains together (moves.py)
+    charge_merges: bool = True  # and the moves of a merge that lost join no later merge (moves.py)
     warm_start: int = 2  # best plans of earlier runs seeded (same evaluator; this model family first)
     stale_after_s: float = 1800.0  # a "running" evaluation older than this is taken over
     evaluator_profile: str = ""  # the profile file the run scores with: a resume loads it again
@@ -72,7 +72,7 @@ class SearchSettings:
         known = {f.name: f.type for f in fields(cls)}
         # runs stored before these settings: without them (the rest of the tree policy is this version's)
         stored_before = {"behind_margin": 0.0, "move_memory": 0, "deepen_margin": 0.0, "best_weight": 0.5,
-                         "merge_moves": False}
+                         "merge_moves": False, "charge_merges": False}
         values = stored_before | {k: v for k, v in data.items() if k in known}
         for key, value in values.items():
             kind = {"int": int, "float": (int, float), "str": str, "bool": bool}[known[key]]
@@ -89,8 +89,7 @@ class Evaluator(Protocol):
 
 
 CARRIED = "gained elsewhere in this run, so made here too: "  # a carried move's rationale starts so
-MERGED_TEXT = "moves that gained in this run, together"  # a merge's rationale: "the N " MERGED_TEXT " (..."
-MERGED = re.compile(rf"the \d+ {MERGED_TEXT} \(")
+MERGE_SUFFIX = "+merge"  # a merge's node is recorded as its proposer's name and this (Search._merged)
 
 
 class SetupFailed(ConjugateError):
@@ -407,7 +406,7 @@ class Search:
             proposals = self._carried(memory, record, self._remembered(proposals, memory, leaf.id))
             if self.settings.merge_moves:
                 proposals = self._merged(memory, record, proposals)
-        children = self._add_children(record, proposals, limit=width)
+        children = self._add_children(record, proposals, limit=width, merges=memory.merges if memory else set())
         if not children:  # nothing new to offer from here
             leaf.closed = True
             self.store.set_node_status(leaf.id, NodeStatus.EXPANDED)
@@ -446,7 +445,7 @@ class Search:
             return None  # (and None while no move was measured: see the end)
         nodes = self.store.nodes(self.run_id)
         hashes = {n.id: n.plan_hash for n in nodes}
-        memory, merges = MoveMemory(), []
+        memory, measured = MoveMemory(), []
         for n in nodes:
             if n.parent_id is None or n.proposer in ("seed", "warm-start") or not n.edit:
                 continue
@@ -454,9 +453,11 @@ class Search:
             if child is not None and parent is not None and reward_of(parent) > 0:
                 gain = reward_of(child) / reward_of(parent) - 1
                 memory.add(n.edit, gain, n.edit_kind, n.rationale)
-                merges += [(n.edit, gain)] if MERGED.match(n.rationale.removeprefix(CARRIED)) else []
-        for patch, gain in merges:  # once every move is known
-            memory.charge(patch, gain)
+                measured.append((n.edit, gain))
+        memory.merges = {move_key(n.edit) for n in nodes if n.edit and n.proposer.endswith(MERGE_SUFFIX)}
+        for patch, gain in measured:  # once every move is known; a merge carried elsewhere is the same move
+            if self.settings.charge_merges and move_key(patch) in memory.merges:
+                memory.charge(patch, gain)
         return memory if memory.gains else None
 
     def _carried(self, memory: MoveMemory, parent: NodeRecord, proposals: list[Proposal]) -> list[Proposal]:
@@ -502,10 +503,16 @@ class Search:
                 merged, made, patch = after, made + [move], patch + move.patch
         if len(made) < 2 or merged.hash in {n.plan_hash for n in nodes.values()}:
             return proposals
+        try:  # the moves one after another made what the patch makes at once: checked, not assumed
+            if patch_plan(plan, patch).hash != merged.hash:
+                return proposals
+        except (PatchError, PlanError):
+            return proposals
+        memory.merges.add(move_key(patch))  # recorded as a merge (_add_children)
         keys = {move_key(m.patch) for m in made}
         top = max((p.prior for p in proposals if p.prior is not None), default=1.0)
         gains = ", ".join(f"{m.gain * 100:+.1f}%" for m in made)
-        rationale = (f"the {len(made)} {MERGED_TEXT} ({gains} where made): "
+        rationale = (f"the {len(made)} moves that gained in this run, together ({gains} where made): "
                      + "; ".join(m.rationale.removeprefix(CARRIED).split(" (elsewhere")[0][:80] for m in made))
         return [Proposal(patch, rationale, made[0].kind, top)] + [p for p in proposals if move_key(p.patch) not in keys]
 
@@ -525,8 +532,10 @@ class Search:
                 kept.append(p)
         return sorted(kept, key=lambda p: -(p.prior if p.prior is not None else default))
 
-    def _add_children(self, parent: NodeRecord, proposals: list[Proposal],
-                      limit: int | None = None) -> list[NodeRecord]:
+    def _add_children(self, parent: NodeRecord, proposals: list[Proposal], limit: int | None = None,
+                      merges: set[str] = frozenset()) -> list[NodeRecord]:
+        """New children of `parent` from the proposals, at most `limit`; a proposal whose move is one of
+        `merges` (move keys) is recorded as the proposer's merge (MERGE_SUFFIX)."""
         priors = MCTS.priors([p.prior for p in proposals]) if proposals else []
         children = []
         for proposal, prior in zip(proposals, priors):
@@ -538,7 +547,9 @@ class Search:
                 self.on_event("rejected", {"node": parent.id, "error": str(e)})
                 continue
             node_id, created = self.store.add_node(self.run_id, plan.to_dict(), plan.hash, parent.id, proposal.patch,
-                                                   proposal.rationale, self.proposer.name, proposal.kind, prior)
+                                                   proposal.rationale, self.proposer.name
+                                                   + (MERGE_SUFFIX if move_key(proposal.patch) in merges else ""),
+                                                   proposal.kind, prior)
             if created:
                 self.tree[node_id] = self.tree[parent.id].add_child(node_id, prior)
                 children.append(self.store.node(node_id))
@@ -585,8 +596,9 @@ class Search:
         return self.tree[node.id]
 
     def _learn(self, node: NodeRecord, result: EvalResult, reward: float) -> None:
-        """Edit-kind statistics and, for clear wins and losses, a lesson in words."""
-        if node.parent_id is None or node.proposer in ("seed", "warm-start"):
+        """Edit-kind statistics and, for clear wins and losses, a lesson in words; not for a merge, whose
+        moves are of several kinds."""
+        if node.parent_id is None or node.proposer in ("seed", "warm-start") or node.proposer.endswith(MERGE_SUFFIX):
             return
         parent = self.store.node(node.parent_id)
         parent_result = self.results.get(parent.plan_hash)
