@@ -143,6 +143,26 @@ ROWS = [  # (id, SQL, the fragments of the line; {...}: the fixture's ids)
      "nodes row {best}: field 'plan_hash' is not the hash of its plan"),
     ("best-branch-plan-hash", "UPDATE nodes SET plan = json_set(plan, '$.capture', 'none') WHERE id = {root}",
      "nodes row {root}: field 'plan_hash'"),
+    # a node left new is evaluated first by a resume, its result stored under its plan_hash
+    ("new-plan-edited", "UPDATE nodes SET plan = json_set(plan, '$.capture', CASE json_extract(plan, '$.capture') "
+                        "WHEN 'graph' THEN 'none' ELSE 'graph' END) WHERE id = {new}",
+     "nodes row {new}: field 'plan_hash' is not the hash of its plan"),
+    ("new-plan-invalid", "UPDATE nodes SET plan = json_set(plan, '$.launch.num_warps', 3) WHERE id = {new}",
+     "nodes row {new}: field 'plan' is not a valid plan"),
+    ("new-plan-hash", "UPDATE nodes SET plan_hash = 'zzz' WHERE id = {new}",
+     "nodes row {new}: field 'plan_hash' is not the hash of its plan"),
+    ("result-null", "UPDATE evaluations SET result = NULL WHERE id = {best_eval}",
+     "evaluations row {best_eval}: field 'result' is null"),
+    ("result-metrics-null", "UPDATE evaluations SET result = json_set(result, '$.metrics', json('null')) "
+                            "WHERE id = {best_eval}", "evaluations row {best_eval}: field 'result.metrics' is null"),
+    ("result-latency-text", "UPDATE evaluations SET result = json_set(result, '$.metrics.latency_ms', 'fast') "
+                            "WHERE id = {best_eval}", "evaluations row {best_eval}: field 'result.metrics.latency_ms'"),
+    ("result-latency-negative", "UPDATE evaluations SET result = json_set(result, '$.metrics.latency_ms', -5) "
+                                "WHERE id = {best_eval}",
+     "evaluations row {best_eval}: field 'result.metrics.latency_ms' is -5"),
+    ("result-speedup-text", "UPDATE evaluations SET result = json_set(result, '$.metrics.speedups.sequential', 'x') "
+                            "WHERE id = {best_eval}",
+     "evaluations row {best_eval}: field 'result.metrics.speedups.sequential'"),
 ]
 
 

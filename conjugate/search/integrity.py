@@ -6,9 +6,12 @@ Checked: every node's plan is a JSON object, its edit a JSON Patch (a list of op
 'op' and 'path') or null, its edit kind one of EDIT_KINDS, its counts (depth, visits) non-negative
 integers and its amounts (value_sum, prior, best_reward) finite and non-negative; the parents form
 one tree (no node its own ancestor, no parent missing from the run, one root); each evaluation read
-has a known status and a finite, non-negative reward and latency; and on the branch from the root
-to the fastest plan that passed, every plan validates and hashes to its node's plan_hash (what an
-export writes and a resume builds on)."""
+has a known status and a finite, non-negative reward and latency, a finished one its result, and
+that result's latency, baselines' latencies and speedups finite, non-negative numbers (an ok result
+with its metrics); and on the branch from the root to the fastest plan that passed, and on every node
+not settled yet (what a resume evaluates first), every plan validates and hashes to its node's
+plan_hash (what an export writes and a resume builds on): a result is stored under the node's hash,
+so an edited plan would otherwise stand for the plan the hash names in every later run."""
 from __future__ import annotations
 
 import math
@@ -34,6 +37,9 @@ def check_run(run: Any, found: list[tuple[NodeRecord, EvaluationRecord | None]])
     nodes = {node.id: node for node, _ in found}
     _check_links(run, nodes)
     _check_best_branch(nodes, found)
+    for node, _ in found:
+        if node.status == "new":
+            _check_plan(node)
 
 
 def _damaged(table: str, row: Any, problem: str) -> StoreError:
@@ -64,6 +70,19 @@ def _check_evaluation(e: EvaluationRecord) -> None:
                                             f"{', '.join(EVALUATION_STATUSES)}")
     for name in ("reward", "latency_ms"):
         _amount("evaluations", e.id, name, getattr(e, name), optional=True)
+    if e.done and e.result is None:
+        raise _damaged("evaluations", e.id, "field 'result' is null for a finished evaluation")
+    metrics = e.result.metrics if e.result is not None else None
+    if metrics is None:
+        if e.done and e.result.status == "ok":
+            raise _damaged("evaluations", e.id, "field 'result.metrics' is null for a plan that passed")
+        return
+    _amount("evaluations", e.id, "result.metrics.latency_ms", metrics.latency_ms, optional=False)
+    for name, value in (metrics.speedups or {}).items():
+        _amount("evaluations", e.id, f"result.metrics.speedups.{name}", value, optional=False)
+    for name, baseline in (metrics.baselines or {}).items():
+        _amount("evaluations", e.id, f"result.metrics.baselines.{name}.latency_ms",
+                getattr(baseline, "latency_ms", None), optional=True)
 
 
 def _amount(table: str, row: int, name: str, value: Any, optional: bool) -> None:
@@ -98,8 +117,6 @@ def _check_links(run: Any, nodes: dict[int, NodeRecord]) -> None:
 
 
 def _check_best_branch(nodes: dict[int, NodeRecord], found: list[tuple[NodeRecord, EvaluationRecord | None]]) -> None:
-    from conjugate.plan import validate_plan
-
     passed = [(e.result.latency_ms, n.id) for n, e in found
               if e is not None and e.done and e.result is not None and e.result.status == "ok"
               and e.result.latency_ms is not None]
@@ -107,10 +124,17 @@ def _check_best_branch(nodes: dict[int, NodeRecord], found: list[tuple[NodeRecor
         return
     at = nodes[min(passed, key=lambda p: p[0])[1]]  # the fastest; ties: the first made (as report.best_of)
     while at is not None:
-        try:
-            actual = validate_plan(at.plan).hash
-        except (ConjugateError, ValueError, TypeError) as e:
-            raise _damaged("nodes", at.id, f"field 'plan' is not a valid plan ({e})") from None
-        if actual != at.plan_hash:
-            raise _damaged("nodes", at.id, f"field 'plan_hash' is not the hash of its plan ({actual[:12]}...)")
+        _check_plan(at)
         at = nodes[at.parent_id] if at.parent_id is not None else None
+
+
+def _check_plan(node: NodeRecord) -> None:
+    """The node's plan validates and hashes to its plan_hash."""
+    from conjugate.plan import validate_plan
+
+    try:
+        actual = validate_plan(node.plan).hash
+    except (ConjugateError, ValueError, TypeError) as e:
+        raise _damaged("nodes", node.id, f"field 'plan' is not a valid plan ({e})") from None
+    if actual != node.plan_hash:
+        raise _damaged("nodes", node.id, f"field 'plan_hash' is not the hash of its plan ({actual[:12]}...)")
