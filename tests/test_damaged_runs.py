@@ -160,6 +160,10 @@ ROWS = [  # (id, SQL, the fragments of the line; {...}: the fixture's ids)
     ("result-latency-negative", "UPDATE evaluations SET result = json_set(result, '$.metrics.latency_ms', -5) "
                                 "WHERE id = {best_eval}",
      "evaluations row {best_eval}: field 'result.metrics.latency_ms' is -5"),
+    ("settings-profile-number", "UPDATE runs SET settings = json_set(settings, '$.evaluator_profile', 5)",
+     "runs row 1: field 'settings': stored search setting 'evaluator_profile' is 5"),
+    ("settings-budget-negative", "UPDATE runs SET settings = json_set(settings, '$.budget', -1)",
+     "runs row 1: field 'settings': stored search setting 'budget' is -1"),
     ("result-speedup-text", "UPDATE evaluations SET result = json_set(result, '$.metrics.speedups.sequential', 'x') "
                             "WHERE id = {best_eval}",
      "evaluations row {best_eval}: field 'result.metrics.speedups.sequential'"),

@@ -1256,7 +1256,8 @@ def test_stored_settings_read_back_and_refuse_the_wrong_type():
     assert SearchSettings.from_dict({"budget": 9}).deepen_first is False  # a run stored before the setting
     assert SearchSettings.from_dict({"budget": 9}).merge_moves is False and SearchSettings().merge_moves
     assert SearchSettings.from_dict({"budget": 9, "merge_moves": True}).charge_merges is False  # stored before it
-    for key, value in (("deepen_first", 1), ("deepen_first", "yes"), ("budget", True), ("c_puct", "0.7")):
+    for key, value in (("deepen_first", 1), ("deepen_first", "yes"), ("budget", True), ("c_puct", "0.7"),
+                       ("budget", 0), ("expand_width", 0), ("c_puct", -5), ("behind_margin", float("nan"))):
         with pytest.raises(ValueError, match=f"stored search setting '{key}' is"):
             SearchSettings.from_dict({**settings.to_dict(), key: value})
 

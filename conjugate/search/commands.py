@@ -18,6 +18,7 @@ from conjugate.errors import ConjugateError
 from conjugate.files import check_output
 from conjugate.paths import DEFAULT_WORKLOAD, PROFILES_DIR, RUNS_DIR
 from conjugate.search.gpus import Helpers, parse_gpus, pin_this_process
+from conjugate.search.integrity import DAMAGED
 from conjugate.text import visible
 
 if TYPE_CHECKING:
@@ -198,7 +199,7 @@ def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> i
         try:
             stored = SearchSettings.from_dict(run.settings)
         except ValueError as e:
-            raise ConjugateError(f"{args.resume}: run {run.id}: {e}") from None
+            raise ConjugateError(f"{args.resume}: runs row {run.id}: field 'settings': {e}: {DAMAGED}") from None
         source = run_profile_source(stored.evaluator_profile, run.evaluator)
         if source != stored.evaluator_profile and not (PROFILES_DIR / f"{source}.toml").exists():
             gone = stored.evaluator_profile or "(none stored)"

@@ -2,7 +2,7 @@
 (run.replay_records) use them: a damaged row ends in one line naming its table, row and field, before
 anything is written, instead of a traceback or an endless walk up a plan tree whose parents loop.
 
-Checked: every node's plan is a JSON object, its edit a JSON Patch (a list of operations with text
+Checked: the run's search settings read back (types and ranges), every node's plan is a JSON object, its edit a JSON Patch (a list of operations with text
 'op' and 'path') or null, its edit kind one of EDIT_KINDS, its counts (depth, visits) non-negative
 integers and its amounts (value_sum, prior, best_reward) finite and non-negative; the parents form
 one tree (no node its own ancestor, no parent missing from the run, one root); each evaluation read
@@ -30,6 +30,7 @@ DAMAGED = "a damaged store"
 def check_run(run: Any, found: list[tuple[NodeRecord, EvaluationRecord | None]]) -> None:
     """`found`: the run's nodes, each with its evaluation (or None), as report.node_evaluations reads
     them. Raises StoreError on the first damaged row; the caller's open_store names the database."""
+    _check_settings(run)
     for node, evaluation in found:
         _check_node(node)
         if evaluation is not None:
@@ -40,6 +41,18 @@ def check_run(run: Any, found: list[tuple[NodeRecord, EvaluationRecord | None]])
     for node, _ in found:
         if node.status == "new":
             _check_plan(node)
+
+
+def _check_settings(run: Any) -> None:
+    """The run's stored search settings read back (types and ranges: SearchSettings.from_dict)."""
+    from conjugate.search.run import SearchSettings
+
+    if not isinstance(run.settings, dict):
+        raise _damaged("runs", run.id, f"field 'settings' is {shown_json(run.settings)}, not a JSON object")
+    try:
+        SearchSettings.from_dict(run.settings)
+    except ValueError as e:
+        raise _damaged("runs", run.id, f"field 'settings': {e}") from None
 
 
 def _damaged(table: str, row: Any, problem: str) -> StoreError:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -68,7 +69,8 @@ class SearchSettings:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "SearchSettings":
         """The settings a run stored; a field this version does not know is dropped, one it lacks
-        takes its default, one of the wrong type is refused."""
+        takes its default, one of the wrong type or out of range (a negative or non-finite number, a
+        budget or expansion width under one) is refused."""
         known = {f.name: f.type for f in fields(cls)}
         # runs stored before these settings: without them (the rest of the tree policy is this version's)
         stored_before = {"behind_margin": 0.0, "move_memory": 0, "deepen_margin": 0.0, "best_weight": 0.5,
@@ -78,6 +80,9 @@ class SearchSettings:
             kind = {"int": int, "float": (int, float), "str": str, "bool": bool}[known[key]]
             if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
                 raise ValueError(f"stored search setting {key!r} is {value!r}")
+            least = 1 if key in ("budget", "expand_width") else 0
+            if kind is not bool and kind is not str and not (math.isfinite(value) and value >= least):
+                raise ValueError(f"stored search setting {key!r} is {value!r}, not a finite number of at least {least}")
         return cls(**values)
 
 
