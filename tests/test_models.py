@@ -468,6 +468,17 @@ def test_corrupt_safetensors(tmp_path, sharded):
     assert str(target) in str(info.value)
 
 
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_safetensors_file_that_is_a_pipe_is_refused_without_waiting_for_a_writer(tmp_path, sharded):
+    _, tensors = _write_checkpoint(tmp_path)
+    target = _shard(tmp_path, tensors)[0] if sharded else tmp_path / "model.safetensors"
+    target.unlink()
+    os.mkfifo(target)
+    with pytest.raises(CheckpointError, match="not a regular file") as info:
+        load_checkpoint(tmp_path, torch.float32)
+    assert str(target) in str(info.value)
+
+
 # ---------------------------------------------------------------------------------------------
 # random_weights
 

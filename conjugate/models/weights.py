@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,6 +179,8 @@ def checkpoint_files(directory: Path) -> dict[str, Path]:
 def _open_safetensors(path: Path, safe_open):
     if not path.exists():
         raise CheckpointError(f"{path}: missing safetensors file")
+    if not stat.S_ISREG(path.stat().st_mode):  # opening a pipe would wait for a writer forever
+        raise CheckpointError(f"{path}: not a regular file (a pipe, socket or device), expected a safetensors file")
     try:
         return safe_open(str(path), framework="pt")
     except Exception as e:  # safetensors raises its own SafetensorError on corrupt headers
