@@ -29,9 +29,9 @@ from conjugate.evaluate.result import Baseline, EvalResult, Metrics, Stage, Stat
 from conjugate.graph import build_graph
 from conjugate.plan import expand, load_plan, patch_plan, validate_plan
 from conjugate.search.context import ContextBuilder, family_of
+from conjugate.search.moves import MoveMemory, move_key
 from conjugate.search.run import (MERGE_SUFFIX, Search, SearchSettings, eval_key, evaluator_id, replay_records,
                                   reward_of, run_evaluator_id)
-from conjugate.search.moves import MoveMemory, move_key
 from conjugate.search.store import NodeStatus, Store
 from conjugate.workload import load_workload
 from scripts import load_script  # tests/scripts.py
@@ -1110,8 +1110,7 @@ class SmallGainsProposer:
 def test_the_run_s_small_gains_are_offered_together(env, tmp_path):
     """With merge_moves an expansion also offers every move that gained in the run, together: gains
     each under the deepen margin, which MCTS does not build on one by one, are held together within
-    the budget; a merge never undoes an edit on the node's own path; without it, the same budget ends
-    with fewer of them."""
+    the budget, and no harmful move joins them; without it, the same budget ends with fewer of them."""
     def run(merge: bool, budget: int = 11) -> tuple[float, list]:
         with Store.open(tmp_path / f"merge{merge}.db") as store:
             evaluator = LandscapeEvaluator(env["profile"], SMALL_GAINS)

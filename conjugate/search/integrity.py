@@ -2,16 +2,17 @@
 (run.replay_records) use them: a damaged row ends in one line naming its table, row and field, before
 anything is written, instead of a traceback or an endless walk up a plan tree whose parents loop.
 
-Checked: the run's search settings read back (types and ranges), every node's plan is a JSON object, its edit a JSON Patch (a list of operations with text
-'op' and 'path') or null, its edit kind one of EDIT_KINDS, its counts (depth, visits) non-negative
-integers and its amounts (value_sum, prior, best_reward) finite and non-negative; the parents form
-one tree (no node its own ancestor, no parent missing from the run, one root); each evaluation read
-has a known status and a finite, non-negative reward and latency, a finished one its result, and
-that result's latency, baselines' latencies and speedups finite, non-negative numbers (an ok result
-with its metrics); and on the branch from the root to the fastest plan that passed, and on every node
-not settled yet (what a resume evaluates first), every plan validates and hashes to its node's
-plan_hash (what an export writes and a resume builds on): a result is stored under the node's hash,
-so an edited plan would otherwise stand for the plan the hash names in every later run."""
+Checked: the run's search settings read back (types and ranges), every node's plan is a JSON object,
+its edit a JSON Patch (a list of operations with text 'op' and 'path') or null, its edit kind one of
+EDIT_KINDS, its counts (depth, visits) non-negative integers and its amounts (value_sum, prior,
+best_reward) finite and non-negative; the parents form one tree (no node its own ancestor, no parent
+missing from the run, one root); each evaluation read has a known status and a finite, non-negative
+reward and latency, a finished one its result, and that result's latency, baselines' latencies and
+speedups finite, non-negative numbers (an ok result with its metrics); and on the branch from the root
+to the fastest plan that passed, and on every node not settled yet (what a resume evaluates first),
+every plan validates and hashes to its node's plan_hash (what an export writes and a resume builds on):
+a result is stored under the node's hash, so an edited plan would otherwise stand for the plan the hash
+names in every later run."""
 from __future__ import annotations
 
 import math
