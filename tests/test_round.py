@@ -262,6 +262,27 @@ def test_one_wrong_cache_vector_is_caught(tmp_path):
     assert not report.ok and any("target cache k: worst (layer, new entry)" in p for p in report.problems)
 
 
+@pytest.mark.parametrize("model", ["draft", "target"])
+def test_a_reference_with_nan_logits_fails_the_check(model):
+    """Weights that make a model's logits NaN give token 0 in the reference and in the compiled round
+    alike: the check refuses the round, naming the model, instead of passing equal tokens."""
+    from conjugate.evaluate.correctness import check_round
+
+    rnd = _round("llama")
+    lm_head = (rnd.draft if model == "draft" else rnd.target).lm_head
+    kept = lm_head.clone()
+    lm_head.fill_(float("nan"))
+    try:
+        damaged = reference_round(rnd.draft, rnd.target, rnd.inputs)
+        report = check_round(rnd.draft, rnd.target, rnd.inputs, damaged, "fp32")
+    finally:
+        lm_head.copy_(kept)
+    assert not report.ok
+    assert f"the reference {model} logits hold NaN or infinity: the {model} model's weights are damaged" \
+        in report.problems[0]
+    assert compare_rounds(rnd.ref, rnd.ref, "fp32", rnd.workload.context).ok  # sound weights: no such problem
+
+
 def test_teacher_forced_check_follows_the_compiled_tokens(monkeypatch):
     """After a near tie the reference decodes from the compiled token, so later steps still compare."""
     from conjugate.evaluate import correctness

@@ -123,6 +123,10 @@ def compare_rounds(ref: RoundOutputs, got: RoundOutputs, dtype: str, lengths: in
     for all, or (draft lengths [Bd], target lengths [Bt]) as RoundInputs holds them."""
     tol = tol or TOLERANCES[dtype]
     report = CheckReport(ok=True)
+    for name, logits in (("draft", ref.draft_logits), ("target", ref.target_logits)):
+        if not bool(torch.isfinite(logits).all()):  # argmax of NaN is token 0 in both: tokens would agree
+            report.problems.append(f"the reference {name} logits hold NaN or infinity: the {name} model's "
+                                   f"weights are damaged, so its tokens prove nothing")
     _check_target(ref, got, tol, report)
     _check_draft_tokens(ref, got, tol, report)
     if got.draft_logits is not None:
