@@ -376,6 +376,9 @@ def test_carry_baselines_is_for_a_resumed_run_only(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err == "error: --carry-baselines: only with --resume (a new run has measured no baselines to carry)"
     assert not (tmp_path / "x.db").exists()
+    assert main(["search", str(TINY_PATH), "--db", str(tmp_path / "x.db"), "--run", "3"]) == 2  # not ignored
+    assert capsys.readouterr().err.strip() == "error: --run 3: only with --resume DB (a new run gets the next id)"
+    assert not (tmp_path / "x.db").exists()
     db, unchecked = tmp_path / "modeled.db", tmp_path / "analytical.toml"
     unchecked.write_text(re.sub(r"(?m)^max_params = .*$", "max_params = 0",  # modeled only: quick
                                 (ROOT / "evaluators" / "analytical.toml").read_text()))

@@ -155,6 +155,8 @@ def _start(args: argparse.Namespace, out: Console, deadline: float | None) -> in
     """A new run of the workload, evaluator and agent the command line names."""
     if args.carry_baselines:
         raise ConjugateError("--carry-baselines: only with --resume (a new run has measured no baselines to carry)")
+    if args.run is not None:
+        raise ConjugateError(f"--run {args.run}: only with --resume DB (a new run gets the next id)")
     from conjugate.evaluate.profile import load_profile
     from conjugate.evaluate.worker import IsolatedEvaluator
     from conjugate.search.run import Search, SearchSettings
