@@ -21,7 +21,8 @@ class RandomProposer(HeuristicProposer):
 
     def ordered(self, plan: Plan, context: NodeContext, rng: random.Random):
         """Every distinct edit the heuristic knows, in a random order, with equal priors."""
-        pool = candidates(plan, context.result, context.sms, rng, context.workload, self.measured(context))
+        pool = candidates(plan, context.result, context.sms, rng, context.workload, self.measured(context),
+                          context.arrived)
         rng.shuffle(pool)
         fresh = fresh_filter(plan, context.tried)
         return ((cand, 1.0) for cand in pool if fresh(cand))
