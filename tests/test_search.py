@@ -493,31 +493,6 @@ def test_a_new_pair_starts_from_what_other_pairs_learned(env, base_run, tmp_path
     assert context.edit_stats == stats_first  # the new family has none yet: every family's
 
 
-def test_the_proposer_hears_how_a_node_was_reached(base_run):
-    """A node's context carries its parent's plan and the gain of the edit from it (the parent's
-    latency over the node's, minus one), None where either was not measured ok; a root has none."""
-    with Store.open(base_run["db"]) as store:
-        run = store.latest_run()
-        nodes = store.nodes(run.id)
-        results = {n.plan_hash: found.result for n in nodes
-                   if (found := store.evaluation(key_of(n.plan_hash))) is not None and found.done}
-        builder = ContextBuilder(store, run, "NVIDIA H200", 132)
-        by_id = {n.id: n for n in nodes}
-        measured = [n for n in nodes if n.parent_id is not None and results.get(n.plan_hash)
-                    and results[n.plan_hash].ok and results.get(by_id[n.parent_id].plan_hash)
-                    and results[by_id[n.parent_id].plan_hash].ok]
-        assert measured and builder.build(nodes[0], results, nodes).arrived is None
-        for n in measured[:3]:
-            arrived = builder.build(n, results, nodes).arrived
-            parent = by_id[n.parent_id]
-            assert arrived.parent_plan == parent.plan
-            expected = results[parent.plan_hash].latency_ms / results[n.plan_hash].latency_ms - 1.0
-            assert arrived.gain == pytest.approx(expected)
-        unmeasured = builder.build(measured[0], {k: v for k, v in results.items()
-                                                 if k != by_id[measured[0].parent_id].plan_hash}, nodes)
-        assert unmeasured.arrived.gain is None
-
-
 def test_a_second_run_learns_from_the_first(env, base_run, tmp_path):
     db = tmp_path / "two_runs.db"
     shutil.copy(base_run["db"], db)

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
-from conjugate.agents.base import Arrival
 from conjugate.agents.heuristic import candidates, persist_edits
 from conjugate.agents.heuristic_edits import sm_limit_edits
 from conjugate.compiler import sm_limit
@@ -159,44 +158,6 @@ def test_the_heuristic_limits_the_less_busy_stream_and_then_moves_the_limit():
     assert "/sm_limit/target" in {c.patch[0]["path"] for c in candidates(plan, measured, 132, random.Random(0))}
     for unmeasured in (replace(measured, modeled=True), None):  # a model ignores the limit
         assert not [c for c in candidates(plan, unmeasured, 132, random.Random(0)) if "sm_limit" in c.patch[0]["path"]]
-
-
-def test_a_step_of_the_limit_that_gained_is_followed_by_a_longer_one():
-    plan = validate_plan(_streams())
-    at = {n: validate_plan(_streams(sm_limit={"target": n})) for n in (104, 112, 120)}
-    busier_draft = _ledger(8.0, 6.5)  # the target still the less busy: its limit goes down
-
-    def moves(node, parent, gain, ledger=busier_draft):
-        found = sm_limit_edits(at[node], 132, ledger, Arrival(parent.to_dict(), gain))
-        return {c.patch[0]["value"]: c.score for c in found}
-
-    plain = moves(112, at[120], None)
-    assert sorted(plain) == [0, 104, 120]  # no measured gain: one step each way
-    gained = moves(112, at[120], 0.02)
-    assert sorted(gained) == [0, 96, 104, 120] and max(gained, key=gained.get) == 96
-    assert gained[104] == plain[104]
-    assert max(moves(120, plan, 0.02).items(), key=lambda kv: kv[1])[0] == 104  # from every SM down to 120: that way
-    assert sorted(moves(112, at[120], 0.004)) == [0, 104, 120]  # under SM_LIMIT_MOMENTUM
-    assert sorted(moves(112, at[104], 0.02)) == [0, 104, 120]  # that step went the other way
-    now_busier = _ledger(6.0, 7.0)  # the target's stream the busier: its limit goes up
-    assert sorted(moves(112, at[120], 0.02, now_busier)) == [0, 104, 120]  # the step that gained went down
-    assert sorted(moves(112, at[104], 0.02, now_busier)) == [0, 104, 120, 128]  # it went up: on up
-    assert sorted(moves(112, at[120], 0.02, None)) == [0, 104, 120]  # no ledger: no direction to keep
-    low = validate_plan(_streams(sm_limit={"target": 16}))
-    assert sorted(c.patch[0]["value"] for c in sm_limit_edits(low, 132, busier_draft, Arrival(at[120].to_dict(), 0.02))) \
-        == [0, 8, 24]  # two steps would leave no SM: not offered
-
-
-def test_the_heuristic_passes_the_arrival_to_the_limit_moves():
-    from test_ledger import _context_with_ledger
-    from conjugate.agents.heuristic import HeuristicProposer
-
-    node, parent = _streams(sm_limit={"draft": 112}), _streams(sm_limit={"draft": 120})
-    context = _context_with_ledger(node, [])  # its ledger: the target's stream 1.6x as busy
-    limits = lambda ctx: {p.patch[0]["value"] for p in HeuristicProposer().propose(ctx, 200)  # noqa: E731
-                          if p.patch[0]["path"] == "/sm_limit/draft"}
-    assert limits(context) == {0, 104, 120}
-    assert limits(replace(context, arrived=Arrival(validate_plan(parent).to_dict(), 0.02))) == {0, 96, 104, 120}
 
 
 def test_plan_explain_names_the_limited_stream(tmp_path, capsys, monkeypatch):

@@ -26,13 +26,6 @@ class Proposal:
 
 
 @dataclass(frozen=True)
-class Arrival:
-    """How the node was reached: its parent's plan and what the edit from there gained."""
-    parent_plan: dict  # canonical plan JSON
-    gain: float | None  # parent's latency over the node's, minus one; None unless both measured ok
-
-
-@dataclass(frozen=True)
 class NodeContext:
     """What a proposer sees about the node it expands: its plan (JSON), its result (typed) and the
     search's history around it."""
@@ -50,7 +43,6 @@ class NodeContext:
     tried: list[dict] = field(default_factory=list)  # this node's children so far: {"patch", "kind", "status", "reward"}
     failures: list[dict] = field(default_factory=list)  # recent failed plans' errors: {"patch", "status", "error"}
     deadline: float | None = None  # time.monotonic() at which the search stops; None: no time limit
-    arrived: Arrival | None = None  # None for a root
 
 
 class ProposerUnavailable(ConjugateError):

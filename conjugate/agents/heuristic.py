@@ -50,7 +50,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from conjugate.agents.base import Arrival, NodeContext, Proposal
+from conjugate.agents.base import NodeContext, Proposal
 from conjugate.agents.heuristic_edits import (LIGHT_TARGETS, NORM_FUSIONS, NORM_FUSIONS_WITH_PDL, SEARCH_KEYS,
                                               Candidate, Launches, enable_pairing, fill_by_kind, gain_edits,
                                               headroom_edits, launch_parts, measured_tile_edits, pdl_edits,
@@ -95,8 +95,7 @@ class HeuristicProposer:
     def ordered(self, plan: Plan, context: NodeContext, rng: random.Random):
         """(candidate, prior) pairs, the most promising first: base scores shifted by the edit statistics;
         only candidates that make a plan new to this node, each plan once (fresh_filter)."""
-        found = candidates(plan, context.result, context.sms, rng, context.workload, self.measured(context),
-                           context.arrived)
+        found = candidates(plan, context.result, context.sms, rng, context.workload, self.measured(context))
         ranked = _ranked(found, context.edit_stats, fresh_filter(plan, context.tried))
         return ((c, round(min(1.0, max(0.05, s)), 3)) for c, s in ranked)
 
@@ -192,13 +191,11 @@ class Focus:
 
 
 def candidates(plan: Plan, result: EvalResult | None, sms: int, rng: random.Random,
-               workload: dict | None = None, tiles: TileTable | None = None,
-               arrived: Arrival | None = None) -> list[Candidate]:
+               workload: dict | None = None, tiles: TileTable | None = None) -> list[Candidate]:
     """Every candidate edit, result-driven first (unordered beyond their base scores); `sms`: the
     GPU's multiprocessors, which a launch's programs should fill; `workload` (its layer counts and
     k) places pins of mixed plans and, with `tiles` (the GPU model's measured tiles), gives each
-    GEMM's shape; `arrived` (the parent's plan and the gain of the edit from it) lengthens a step of
-    the SM limit that gained."""
+    GEMM's shape."""
     parts = launch_parts(result)
     verdicts = result.verdicts if result else ()
     out = [] if result is None else repair_edits(plan, result) if not result.ok else spill_edits(plan, result)
@@ -212,7 +209,7 @@ def candidates(plan: Plan, result: EvalResult | None, sms: int, rng: random.Rand
     out += streams_edits(plan, ledger) + mixed_edits(plan, verdicts, workload) + layout_edits(plan)
     out += reduce_edits(plan) + persist_edits(plan, sms, verdicts, ledger) + pdl_edits(plan, ledger)
     measured = result is not None and not result.modeled  # a model ignores the limit: no use proposing it
-    return out + (sm_limit_edits(plan, sms, ledger, arrived) if measured else [])
+    return out + (sm_limit_edits(plan, sms, ledger) if measured else [])
 
 
 def _loss_shares(ledger: LedgerSummary | None) -> list[tuple[str, str, float, KindLoss]]:

@@ -9,7 +9,6 @@ import fnmatch
 import re
 from dataclasses import dataclass
 
-from conjugate.agents.base import Arrival
 from conjugate.agents.tile_table import TileTable, measured_for
 from conjugate.compiler.feedback import PartRef
 from conjugate.evaluate.result import EvalResult, LedgerSummary, Status, Verdict, VerdictKind
@@ -433,23 +432,9 @@ SM_LIMIT_WIDE = 1.25  # over this: deeper limits first (qwen3-06b-8b-b4, 1.37: 1
 # qwen3-06b-8b-b4 every step 120 -> 112 -> 104 -> 96 gained (1.2-2.3%, ratios 1.06-1.10) but, ranked
 # below the node's other edits, came one every 8-10 evaluations; 96 -> 88 then lost 0.9-2.8%
 SM_LIMIT_GO_ON = 1.05
-# the step that reached the node's limit went the same way and gained more than this: the next step
-# toward balance is offered twice as long too, ranked first (that walk, 8 SMs an evaluation, reached 96 at
-# the 23rd of 40 evaluations, after the search had found most else: results/searchers_h200.json, 2026-12-04)
-SM_LIMIT_MOMENTUM = 0.005
 
 
-def _stepped_and_gained(arrived: Arrival | None, model: str, now: int, sms: int, ahead: int) -> bool:
-    """Whether the edit that made the node moved `model`'s SM limit to `now` in `ahead`'s direction and
-    gained over SM_LIMIT_MOMENTUM (a limit of 0 counting as every SM)."""
-    if arrived is None or arrived.gain is None or arrived.gain <= SM_LIMIT_MOMENTUM:
-        return False
-    before = (arrived.parent_plan.get("sm_limit") or {}).get(model) or sms
-    return (now - before) * ahead > 0
-
-
-def sm_limit_edits(plan: Plan, sms: int, ledger: LedgerSummary | None = None,
-                   arrived: Arrival | None = None) -> list[Candidate]:
+def sm_limit_edits(plan: Plan, sms: int, ledger: LedgerSummary | None = None) -> list[Candidate]:
     """With two streams, the less busy model's stream on part of the SMs (plan `sm_limit`), so the
     busier one's kernels find SMs of their own. Measured on the H200 beside two best plans
     (results/sm_limit_h200.json, 2026-12-02): with the draft's stream 1.37x as busy as the target's
@@ -459,9 +444,8 @@ def sm_limit_edits(plan: Plan, sms: int, ledger: LedgerSummary | None = None,
     leave the other any when they are closer than SM_LIMIT_WIDE, deeper limits first past it,
     scored by the imbalance. Once limited, 8 SMs fewer while the limited stream is still the less
     busy one (ranked high while the other is SM_LIMIT_GO_ON as busy), 8 more once it is the busier,
-    or no limit; where the step that reached this limit (`arrived`) went that way and gained over
-    SM_LIMIT_MOMENTUM, two steps that way as well, first. Without a ledger, the target limited at a low score.
-    Never for a model persistent with barriers (refused)."""
+    or no limit. Without a ledger, the target limited at a low score. Never for a model persistent
+    with barriers (refused)."""
     if plan["streams"] != "two" or sms <= 2 * SM_LIMIT_STEP:
         return []
     limited = {m: n for m, n in plan["sm_limit"].items() if n}
@@ -472,12 +456,6 @@ def sm_limit_edits(plan: Plan, sms: int, ledger: LedgerSummary | None = None,
                          f"the {model}'s stream on every SM again", 0.2)]
         ahead = None if shape is None else -SM_LIMIT_STEP if shape[0] != model else SM_LIMIT_STEP
         toward = 0.45 if shape is None or shape[2] < SM_LIMIT_GO_ON else 0.6  # the step toward balance
-        if ahead is not None and _stepped_and_gained(arrived, model, now, sms, ahead):
-            n = now + 2 * ahead
-            if SM_LIMIT_STEP <= n < sms:
-                out.append(Candidate("launch", [{"op": "replace", "path": f"/sm_limit/{model}", "value": n}],
-                                     f"the {model}'s stream on {n} SMs (from {now}): the step here gained "
-                                     f"{arrived.gain:+.1%}, so a step twice as long", toward + 0.05))
         for n in (now - SM_LIMIT_STEP, now + SM_LIMIT_STEP):
             if SM_LIMIT_STEP <= n < sms:
                 score = 0.25 if ahead is None else toward if n - now == ahead else 0.15

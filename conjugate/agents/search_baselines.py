@@ -21,8 +21,7 @@ class RandomProposer(HeuristicProposer):
 
     def ordered(self, plan: Plan, context: NodeContext, rng: random.Random):
         """Every distinct edit the heuristic knows, in a random order, with equal priors."""
-        pool = candidates(plan, context.result, context.sms, rng, context.workload, self.measured(context),
-                          context.arrived)
+        pool = candidates(plan, context.result, context.sms, rng, context.workload, self.measured(context))
         rng.shuffle(pool)
         fresh = fresh_filter(plan, context.tried)
         return ((cand, 1.0) for cand in pool if fresh(cand))

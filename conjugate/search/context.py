@@ -1,12 +1,11 @@
 """What the proposer is told about a node: its plan and evaluation, the GPU, the baselines, the best
-plans so far, the edits already tried from it, its parent's plan and what the edit from there
-gained, recent failures, and what earlier runs with this
+plans so far, the edits already tried from it, recent failures, and what earlier runs with this
 evaluator learned (lessons, per-edit-kind statistics): on this model family first; a family with
 few lessons of its own hears those of other families, and one with no statistics of its own gets
 the statistics of every family."""
 from __future__ import annotations
 
-from conjugate.agents.base import Arrival, NodeContext
+from conjugate.agents.base import NodeContext
 from conjugate.evaluate.result import EvalResult
 from conjugate.search.store import NodeRecord, RunRecord, Store
 
@@ -44,22 +43,14 @@ class ContextBuilder:
             or self.store.edit_stats(self.run.evaluator, None),
             tried=[{"patch": c.edit, "kind": c.edit_kind, "status": _status(results.get(c.plan_hash)),
                     "reward": c.best_reward} for c in children],
-            failures=_failures(results, nodes), arrived=_arrival(node, results, nodes))
+            failures=_failures(results, nodes))
+
 
     def _lessons(self, limit: int = 10) -> list[str]:
         own = self.store.lessons(self.run.evaluator, self.family, limit)
         if len(own) >= limit:
             return own
         return own + self.store.lessons_elsewhere(self.run.evaluator, self.family, limit - len(own))
-
-
-def _arrival(node: NodeRecord, results: dict[str, EvalResult], nodes: list[NodeRecord]) -> Arrival | None:
-    parent = next((n for n in nodes if n.id == node.parent_id), None)
-    if parent is None:
-        return None
-    before, after = results.get(parent.plan_hash), results.get(node.plan_hash)
-    measured = before is not None and after is not None and before.ok and after.ok and after.latency_ms
-    return Arrival(parent.plan, before.latency_ms / after.latency_ms - 1.0 if measured else None)
 
 
 def _measured_device(results: dict[str, EvalResult]) -> tuple[str, int] | None:
