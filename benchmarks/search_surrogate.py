@@ -4,7 +4,7 @@ plan edits measured on the GPU, so a search policy can be compared over many see
     python benchmarks/search_surrogate.py WORKLOAD.toml DB [DB ...] [--agents heuristic greedy random]
                                           [--seeds 0 1 2 3] [--budget 40] [--noise 0.002] [--width N]
                                           [--deepen-first] [--frontier-width N] [--exploit-every N]
-                                          [--no-merge-moves]
+                                          [--exploit-last SHARE] [--no-merge-moves]
                                           [--out DIR (runs/surrogate)] [--json OUT.json]
 
 The databases are GPU search runs of the workload (`searchers.py`'s; a node that two databases hold,
@@ -25,6 +25,7 @@ expansion, evaluated before it selects again (default: the search's own, SearchS
 `--deepen-first`: once one of them gains, the rest wait and the run selects again (SearchSettings.deepen_first);
 `--frontier-width N`: SearchSettings.frontier_width (default: the search's; 0: no cap);
 `--exploit-every N`: SearchSettings.exploit_every (default: the search's; 0: off);
+`--exploit-last SHARE`: SearchSettings.exploit_last (default: the search's; 0: off);
 `--no-merge-moves`: MCTS without SearchSettings.merge_moves (the run's gains offered together).
 
 Per agent and seed a fresh run, as `searchers.py` makes it; its best plan (the fastest the search
@@ -209,6 +210,8 @@ def main() -> None:
                                                            "widened by visits (default: the search's; 0: no cap)")
     parser.add_argument("--exploit-every", type=int, help="MCTS: one expansion in N widens the run's best open node "
                                                           "(default: the search's; 0: off)")
+    parser.add_argument("--exploit-last", type=float, help="MCTS: over this share of the budget's end, widen the "
+                                                          "run's best open node (default: the search's; 0: off)")
     parser.add_argument("--no-merge-moves", action="store_true",
                         help="MCTS: do not offer the run's gains together (SearchSettings.merge_moves)")
     parser.add_argument("--out", type=Path, default=Path("runs/surrogate"))
@@ -220,6 +223,8 @@ def main() -> None:
         parser.error(f"--frontier-width {args.frontier_width}: 0 (no cap) or more")
     if args.exploit_every is not None and args.exploit_every < 0:
         parser.error(f"--exploit-every {args.exploit_every}: 0 (off) or more")
+    if args.exploit_last is not None and not 0 <= args.exploit_last <= 1:
+        parser.error(f"--exploit-last {args.exploit_last}: a share of the budget, 0 (off) to 1")
     for path in args.databases:
         if not path.is_file():
             raise SystemExit(f"{path}: no such database")
@@ -242,7 +247,7 @@ def main() -> None:
                     opened = searchers.open_run(stack, args.workload, agent, args.budget, evaluator, seed, db,
                                                 width=args.width, deepen_first=args.deepen_first,
                                                 frontier_width=args.frontier_width,
-                                                exploit_every=args.exploit_every,
+                                                exploit_every=args.exploit_every, exploit_last=args.exploit_last,
                                                 merge_moves=not args.no_merge_moves)
                     searchers.rotate([opened], args.budget, args.budget, None)
                 row = searchers.summary(db, agent, workload, args.workload)
@@ -259,7 +264,7 @@ def main() -> None:
     out = {"workload": workload.name, "databases": [str(p) for p in args.databases], "budget": args.budget,
            "seeds": args.seeds, "noise": args.noise, "width": args.width,
            "deepen_first": args.deepen_first, "frontier_width": args.frontier_width,
-           "exploit_every": args.exploit_every, "merge_moves": not args.no_merge_moves,
+           "exploit_every": args.exploit_every, "exploit_last": args.exploit_last, "merge_moves": not args.no_merge_moves,
            "command": " ".join(sys.argv),
            "runs": runs, "summary": summary}
     if args.json:

@@ -6,6 +6,7 @@
                                    [--time SECONDS] [--step N] [--resume [--carry-baselines]] [--report]
                                    [--confirm ROUNDS]
     python benchmarks/searchers.py --merge CALL.json [...] --json OUT.json
+    python benchmarks/searchers.py --plot COMPARISON.json [--out DIR]
 
 Per workload and agent: a search run (as `conjugate search` starts one) into
 DIR/<workload>_<agent>.db, then from its history the best latency after each evaluation (in the
@@ -32,6 +33,8 @@ them again (`conjugate search --carry-baselines`).
 shipped `streams` plan again in one worker process, in turn, ROUNDS times (per run `confirmed_ms`,
 the median; per workload `confirmed_streams_ms`): runs whose evaluations were spread over processes
 (resumed, or on other GPUs) differ by the processes' spread, up to a few percent on a busy host.
+`--plot COMPARISON.json` measures nothing: it draws DIR/<workload>_searchers.png for each workload of
+that JSON, every run it lists (random runs carried from another call included).
 `--merge A.json B.json ... --json OUT.json` measures nothing: it joins the JSON of several calls
 (one per device call, say) into one comparison, refusing files whose GPU, evaluator, budget or
 modeled flag differ, or that hold a workload twice.
@@ -79,11 +82,12 @@ class Opened:
 def open_run(stack: contextlib.ExitStack, workload: Path, agent: str, budget: int, evaluator: IsolatedEvaluator,
              seed: int, db: Path, resume: bool = False, carry: bool = False, width: int | None = None,
              deepen_first: bool = False, frontier_width: int | None = None,
-             exploit_every: int | None = None, merge_moves: bool = True) -> Opened:
+             exploit_every: int | None = None, merge_moves: bool = True,
+             exploit_last: float | None = None) -> Opened:
     """A fresh run in `db`, or (with `resume`) the run stored there, continued by the same agent.
     `width`: edits a fresh run asks for per expansion (default SearchSettings'); `deepen_first`,
-    `frontier_width`, `exploit_every` and `merge_moves`: its SearchSettings' (a resumed run keeps what
-    it stored)."""
+    `frontier_width`, `exploit_every`, `exploit_last` and `merge_moves`: its SearchSettings' (a resumed
+    run keeps what it stored)."""
     settings = scored_by(SearchSettings(budget=budget, deepen_first=deepen_first, merge_moves=merge_moves),
                          evaluator.profile)
     if width is not None:
@@ -92,6 +96,8 @@ def open_run(stack: contextlib.ExitStack, workload: Path, agent: str, budget: in
         settings = replace(settings, frontier_width=frontier_width)
     if exploit_every is not None:
         settings = replace(settings, exploit_every=exploit_every)
+    if exploit_last is not None:
+        settings = replace(settings, exploit_last=exploit_last)
     w = load_workload(workload)
     if not (resume and db.exists()):
         db.unlink(missing_ok=True)
@@ -252,6 +258,22 @@ def plot(name: str, runs: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def plot_comparison(path: Path, out: Path) -> None:
+    """OUT/<workload>_searchers.png for each workload of a comparison JSON (a call's, a merged one, or
+    one with runs carried from other calls), every run it lists."""
+    try:
+        workloads = json.loads(path.read_text())["workloads"]
+        named = [(w["workload"], w["runs"]) for w in workloads]
+        if not all(isinstance(r["agent"], str) and r["best_so_far_ms"] for _, runs in named for r in runs):
+            raise ValueError("a run without agent or best_so_far_ms")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"error: {path}: not a searchers comparison ({e})") from None
+    out.mkdir(parents=True, exist_ok=True)
+    for name, runs in named:
+        plot(name, runs, out / f"{name}_searchers.png")
+        print(out / f"{name}_searchers.png")
+
+
 def merge(paths: list[Path]) -> dict:
     """One comparison from the JSON of several calls: {"gpu", "evaluator", "budget", "modeled",
     "commands": [each call's], "workloads": [every call's, in order]}. SystemExit naming the file that
@@ -311,7 +333,11 @@ def main() -> None:
                         help="time each run's best plan and `streams` again in one process, in turn, ROUNDS times")
     parser.add_argument("--merge", nargs="+", type=Path, metavar="CALL.json",
                         help="measure nothing: join these calls' JSON into --json")
+    parser.add_argument("--plot", type=Path, metavar="COMPARISON.json",
+                        help="measure nothing: one best-so-far plot per workload of this JSON, all its runs, in --out")
     args = parser.parse_args()
+    if args.plot:
+        return plot_comparison(args.plot, args.out)
     if args.merge:
         if not args.json:
             parser.error("--merge needs --json (the joined file)")

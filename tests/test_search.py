@@ -744,12 +744,13 @@ def test_a_failing_edit_scores_0_and_its_error_reaches_the_next_context(env, tmp
 def test_a_node_another_process_held_is_settled_before_it_is_expanded(env, tmp_path):
     """While the root is evaluated, a live process elsewhere claims the streams seed's evaluation: the
     loop waits for it (stale_after_s) and moves on; when selection reaches the unsettled node it takes
-    the stale claim over and settles it, rather than expanding a node that never counted."""
+    the stale claim over and settles it, rather than expanding a node that never counted. (The tree
+    policy to the end: the best-node selection of exploit_last, like greedy's, picks evaluated nodes only.)"""
     evaluator = InProcessEvaluator(env["profile"])
     key = key_of(SHIPPED["streams"])
     with Store.open(tmp_path / "held.db") as store:
         search = Search.start(store, "held", WORKLOAD, str(TINY), evaluator, make_proposer("heuristic"),
-                              SearchSettings(budget=6, stale_after_s=0.5), seed=0)
+                              SearchSettings(budget=6, stale_after_s=0.5, exploit_last=0.0), seed=0)
         evaluator.after = lambda: store.claim_evaluation(key, SHIPPED["streams"], search.run_id, "elsewhere:1", 1800)
         events = []
         search.on_event = lambda kind, data: events.append((kind, data.get("node")))
@@ -1062,7 +1063,7 @@ def test_exploit_every_widens_the_best_open_node_one_expansion_in_n(env, tmp_pat
     the new one was made) was faster than its parent."""
     with Store.open(tmp_path / "exploit.db") as store:
         search = Search.start(store, "exploit", WORKLOAD, str(TINY), LandscapeEvaluator(env["profile"]),
-                              GainFirstProposer(), SearchSettings(budget=4, exploit_every=3), seed=0)
+                              GainFirstProposer(), SearchSettings(budget=4, exploit_every=3, exploit_last=0.0), seed=0)
         rhythm = []
         for done in range(12):
             search.evaluations_done = lambda done=done: done
@@ -1083,11 +1084,34 @@ def test_exploit_every_widens_the_best_open_node_one_expansion_in_n(env, tmp_pat
         exploited = [n.parent_id for n in grown]
     with Store.open(tmp_path / "exploit0.db") as store:  # the tree policy alone widens otherwise
         search = Search.start(store, "exploit", WORKLOAD, str(TINY), LandscapeEvaluator(env["profile"]),
-                              SiblingProposer(), SearchSettings(budget=12, move_memory=0), seed=0)
+                              SiblingProposer(), SearchSettings(budget=12, move_memory=0, exploit_last=0.0), seed=0)
         search.run_loop()
         assert [n.parent_id for n in sorted(store.nodes(search.run_id), key=lambda n: n.id)
                 if n.proposer == "siblings"] != exploited
     assert SearchSettings.from_dict({"budget": 9}).exploit_every == 0  # a run stored before the setting
+
+
+def test_exploit_last_widens_the_best_open_node_over_the_budget_s_end(env, tmp_path):
+    """exploit_last: the tree policy picks until that share of the budget is left, then every expansion
+    widens the run's best open node; off (0) for runs stored before the setting; greedy and random
+    keep their own selection."""
+    with Store.open(tmp_path / "last.db") as store:
+        search = Search.start(store, "last", WORKLOAD, str(TINY), LandscapeEvaluator(env["profile"]),
+                              GainFirstProposer(), SearchSettings(budget=12, exploit_last=0.25), seed=0)
+        picks = []
+        for done in range(12):
+            search.evaluations_done = lambda done=done: done
+            picks.append(search._selection())
+        assert picks == ["mcts"] * 9 + ["best"] * 3
+        search.settings = replace(search.settings, exploit_last=0.0)
+        assert search._selection() == "mcts"  # off: the tree policy to the end
+        search.proposer = make_proposer("random", seed=0)
+        search.settings = replace(search.settings, exploit_last=0.25)
+        assert search._selection() == "uniform"
+    assert SearchSettings().exploit_last == 0.25
+    assert SearchSettings.from_dict({"budget": 9}).exploit_last == 0.0  # a run stored before the setting
+    with pytest.raises(ValueError, match="stored search setting 'exploit_last' is -0.5"):
+        SearchSettings.from_dict({"budget": 9, "exploit_last": -0.5})
 
 
 # Small gains: each move alone gains 0.3% (under the deepen margin of 0.5%, over MERGE_GAIN), two lose.

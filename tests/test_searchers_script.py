@@ -168,6 +168,24 @@ def test_merge_joins_the_calls_and_refuses_what_does_not_belong_together(tmp_pat
             load_script("searchers").merge(list(paths))
 
 
+def test_plot_draws_every_run_of_a_comparison_and_refuses_other_files(tmp_path):
+    """--plot: one PNG per workload with every run listed (a carried one too); a file that is not a
+    comparison: one line naming it, nothing drawn."""
+    runs = [{"agent": a, "best_so_far_ms": [3.0, 2.0, 1.5]} for a in ("heuristic", "greedy", "random")]
+    good = tmp_path / "cmp.json"
+    good.write_text(json.dumps({"workloads": [{"workload": w, "runs": runs} for w in ("q3", "b8")]}))
+    done = subprocess.run([sys.executable, str(SCRIPT), "--plot", str(good), "--out", str(tmp_path / "p")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == ["b8_searchers.png", "q3_searchers.png"]
+    assert (tmp_path / "p" / "q3_searchers.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for text in ('{"workloads": [{"workload": "q3", "runs": [{"agent": "greedy"}]}]}', "not json", "[]"):
+        good.write_text(text)
+        with pytest.raises(SystemExit, match=f"^error: {re.escape(str(good))}: not a searchers comparison"):
+            load_script("searchers").plot_comparison(good, tmp_path / "none")
+    assert not (tmp_path / "none").exists()
+
+
 def test_a_fresh_run_takes_the_width_it_is_given(tmp_path, monkeypatch):
     """open_run's `width` (search_surrogate.py --width): the edits a fresh run asks for per expansion."""
     import contextlib

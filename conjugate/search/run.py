@@ -54,6 +54,7 @@ class SearchSettings:
     deepen_first: bool = False  # MCTS: once a child gains by deepen_margin, its unmeasured siblings wait
     frontier_width: int = 0  # MCTS: a node none of whose children gained is widened up to this many (0: no cap)
     exploit_every: int = 0  # MCTS: every this many expansions, the run's best open node is widened instead (0: off)
+    exploit_last: float = 0.25  # MCTS: over this share of the budget's end, the run's best open node is widened
     move_memory: int = 2  # with MCTS, a move that lost in this many branches is not offered again (moves.py); 0: off
     merge_moves: bool = True  # with move memory, each expansion also offers the run's gains together (moves.py)
     charge_merges: bool = True  # and the moves of a merge that lost join no later merge (moves.py)
@@ -74,7 +75,8 @@ class SearchSettings:
         known = {f.name: f.type for f in fields(cls)}
         # runs stored before these settings: without them (the rest of the tree policy is this version's)
         stored_before = {"behind_margin": 0.0, "move_memory": 0, "deepen_margin": 0.0, "best_weight": 0.5,
-                         "merge_moves": False, "charge_merges": False}
+                         "merge_moves": False, "charge_merges": False,
+                         "exploit_last": 0.0}
         values = stored_before | {k: v for k, v in data.items() if k in known}
         for key, value in values.items():
             kind = {"int": int, "float": (int, float), "str": str, "bool": bool}[known[key]]
@@ -364,10 +366,17 @@ class Search:
     def _selection(self) -> str:
         """The proposer's selection; with MCTS and exploit_every N, `best` for one expansion in N (counted
         in evaluations, so a resumed run keeps the rhythm): the run's best open node widened, as
-        hill-climbing widens it, between the tree policy's choices."""
+        hill-climbing widens it, between the tree policy's choices; with exploit_last, `best` once that
+        share of the budget is all that is left."""
         how = getattr(self.proposer, "selection", "mcts")
         every, width = self.settings.exploit_every, max(1, self.settings.expand_width)
-        if how == "mcts" and every > 0 and (self.evaluations_done() // width) % every == every - 1:
+        if how != "mcts":
+            return how
+        done = self.evaluations_done()
+        if every > 0 and (done // width) % every == every - 1:
+            return "best"
+        last = min(1.0, self.settings.exploit_last)
+        if last > 0 and done >= self.settings.budget * (1.0 - last):
             return "best"
         return how
 
