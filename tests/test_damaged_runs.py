@@ -164,6 +164,7 @@ ROWS = [  # (id, SQL, the fragments of the line; {...}: the fixture's ids)
      "runs row 1: field 'settings': stored search setting 'evaluator_profile' is 5"),
     ("settings-budget-negative", "UPDATE runs SET settings = json_set(settings, '$.budget', -1)",
      "runs row 1: field 'settings': stored search setting 'budget' is -1"),
+    ("seed-text", "UPDATE runs SET seed = 'seven'", "runs row 1: field 'seed' is \"seven\", not an integer"),
     ("result-speedup-text", "UPDATE evaluations SET result = json_set(result, '$.metrics.speedups.sequential', 'x') "
                             "WHERE id = {best_eval}",
      "evaluations row {best_eval}: field 'result.metrics.speedups.sequential'"),

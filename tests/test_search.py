@@ -832,6 +832,15 @@ def test_a_resume_refuses_an_edited_workload_or_profile(env, tmp_path):
 
     profile.write_text(re.sub(r"(?m)^launch_overhead_us = .*$", "launch_overhead_us = 9.0", profile.read_text()))
     assert_one_line_error(*cli("search", "--resume", db, "--budget", 4)[::2], str(profile), "profile changed")
+    kept = profile.read_text()
+    with sqlite3.connect(db) as raw:  # the run's stored profile path now names a folder, not a profile
+        raw.execute("UPDATE runs SET settings = json_set(settings, '$.evaluator_profile', ?)", (str(tmp_path),))
+    code, _, err = cli("search", "--resume", db, "--budget", 4)
+    assert (code, err.strip()) == (2, f"error: {db}: run 1: the evaluator profile it stored: no evaluator profile named "
+                                      f"{str(tmp_path)!r}; known: " + err.split("; known: ")[-1].strip())
+    with sqlite3.connect(db) as raw:
+        raw.execute("UPDATE runs SET settings = json_set(settings, '$.evaluator_profile', ?)", (str(profile),))
+    profile.write_text(kept)
     workload.write_text(TINY.read_text().replace("seed = 0", "seed = 7"))
     assert_one_line_error(*cli("search", "--resume", db, "--budget", 4)[::2], str(workload), "workload changed")
     assert_one_line_error(*cli("show", db)[::2], str(workload), "workload changed")

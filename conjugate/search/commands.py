@@ -185,7 +185,7 @@ def _start(args: argparse.Namespace, out: Console, deadline: float | None) -> in
 def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> int:
     """The latest run of the database (or --run) where it stopped, with its own workload, evaluator
     profile and agent; only the budget, the LLM server and the cost cap may be given anew."""
-    from conjugate.evaluate.profile import load_profile
+    from conjugate.evaluate.profile import ProfileError, load_profile
     from conjugate.evaluate.worker import IsolatedEvaluator
     from conjugate.search.report import run_history
     from conjugate.search.run import (Search, SearchSettings, baselines_to_carry, evaluator_id, run_evaluator_id,
@@ -208,7 +208,11 @@ def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> i
             raise ConjugateError(f"{args.resume}: run {run.id}: its evaluator profile {gone} is gone and no "
                                  f"shipped profile is named {run.evaluator!r}: give the run's profile file back "
                                  "at that path")
-        profile = load_profile(source)
+        try:
+            profile = load_profile(source)
+        except ProfileError as e:  # the run's own file or name, not a command-line option
+            raise ConjugateError(f"{args.resume}: run {run.id}: the evaluator profile it stored: "
+                                 f"{str(e).removeprefix('--evaluator: ')}") from None
         if evaluator_id(profile) != run_evaluator_id(run):
             raise ConjugateError(f"{profile.source}: the evaluator profile changed since run {run.id} started; "
                                  "start a new run to score with it")

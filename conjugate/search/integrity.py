@@ -2,17 +2,17 @@
 (run.replay_records) use them: a damaged row ends in one line naming its table, row and field, before
 anything is written, instead of a traceback or an endless walk up a plan tree whose parents loop.
 
-Checked: the run's search settings read back (types and ranges), every node's plan is a JSON object,
-its edit a JSON Patch (a list of operations with text 'op' and 'path') or null, its edit kind one of
-EDIT_KINDS, its counts (depth, visits) non-negative integers and its amounts (value_sum, prior,
-best_reward) finite and non-negative; the parents form one tree (no node its own ancestor, no parent
-missing from the run, one root); each evaluation read has a known status and a finite, non-negative
-reward and latency, a finished one its result, and that result's latency, baselines' latencies and
-speedups finite, non-negative numbers (an ok result with its metrics); and on the branch from the root
-to the fastest plan that passed, and on every node not settled yet (what a resume evaluates first),
-every plan validates and hashes to its node's plan_hash (what an export writes and a resume builds on):
-a result is stored under the node's hash, so an edited plan would otherwise stand for the plan the hash
-names in every later run."""
+Checked: the run's seed is an integer and its search settings read back (types and ranges), every node's
+plan is a JSON object, its edit a JSON Patch (a list of operations with text 'op' and 'path') or null,
+its edit kind one of EDIT_KINDS, its counts (depth, visits) non-negative integers and its amounts
+(value_sum, prior, best_reward) finite and non-negative; the parents form one tree (no node its own
+ancestor, no parent missing from the run, one root); each evaluation read has a known status and a
+finite, non-negative reward and latency, a finished one its result, and that result's latency,
+baselines' latencies and speedups finite, non-negative numbers (an ok result with its metrics); and on
+the branch from the root to the fastest plan that passed, and on every node not settled yet (what a
+resume evaluates first), every plan validates and hashes to its node's plan_hash (what an export writes
+and a resume builds on): a result is stored under the node's hash, so an edited plan would otherwise
+stand for the plan the hash names in every later run."""
 from __future__ import annotations
 
 import math
@@ -45,8 +45,12 @@ def check_run(run: Any, found: list[tuple[NodeRecord, EvaluationRecord | None]])
 
 
 def _check_settings(run: Any) -> None:
-    """The run's stored search settings read back (types and ranges: SearchSettings.from_dict)."""
+    """The run's seed an integer (what a resume seeds its agent with) and its stored search settings
+    read back (types and ranges: SearchSettings.from_dict)."""
     from conjugate.search.run import SearchSettings
+
+    if not isinstance(run.seed, int) or isinstance(run.seed, bool):
+        raise _damaged("runs", run.id, f"field 'seed' is {shown_json(run.seed)}, not an integer")
 
     if not isinstance(run.settings, dict):
         raise _damaged("runs", run.id, f"field 'settings' is {shown_json(run.settings)}, not a JSON object")
