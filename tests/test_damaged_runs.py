@@ -9,6 +9,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -243,3 +244,32 @@ def test_show_writes_a_stored_error_s_escapes_as_text(tiny_run, tmp_path):
 def test_a_replay_of_a_damaged_edit_is_refused_before_a_database_is_made(tiny_run, tmp_path):
     db, ids = damaged(tiny_run, tmp_path, ROWS[0][1])
     refused("replay", db, tmp_path, ROWS[0][2].format(**ids))
+
+
+# -- a store this user may only read
+
+def test_a_store_in_a_folder_this_user_only_reads_shows_and_exports(tiny_run, tmp_path, monkeypatch, capsys):
+    """Where the process may not write the file or its folder (a shared results folder; root passes
+    every permission check, so the test says so through os.access), show and export open it read-only
+    and immutable: they work, make no journal or shared-memory file, and a resume fails in one line
+    with the file unchanged."""
+    from conjugate.search import store as store_module
+
+    db, _ = damaged(tiny_run, tmp_path)
+    for suffix in ("-wal", "-shm"):  # as a copy made with the store closed leaves it
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    before = digest(db)
+    real_access = os.access
+    monkeypatch.setattr(store_module.os, "access",
+                        lambda path, mode: False if mode == os.W_OK and Path(path) in (db, db.parent)
+                        else real_access(path, mode))
+    code, out, err = cli("show", db)
+    assert code == 0 and re.search(r"\d+ nodes, \d+ ok, 0 failed", out), err
+    code, out, err = cli("export", db, "--out", tmp_path / "out")
+    assert code == 0 and (tmp_path / "out" / "best_plan.json").exists(), err
+    code, out, err = cli("search", "--resume", db, "--budget", BUDGET + 4)
+    assert code == 2 and err.strip() == f"error: {db}: attempt to write a readonly database", err
+    assert digest(db) == before and not any(Path(f"{db}{s}").exists() for s in ("-wal", "-shm", "-journal"))
+    monkeypatch.setattr(store_module.os, "access", real_access)
+    code, _, err = cli("search", "--resume", db, "--budget", BUDGET + 1)  # writable again: a plain open
+    assert code == 0, err

@@ -34,6 +34,7 @@ import time
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Callable, TypeVar
+from urllib.parse import quote
 
 from sqlalchemy import Engine, case, create_engine, delete, event, func, inspect, select, update
 from sqlalchemy.engine import URL, make_url
@@ -79,7 +80,8 @@ class Store:
         written: a database that is not a conjugate store, or an empty one, is refused as found."""
         url = _url(target, create)
         where = url.database if _is_sqlite_file(url) else url.render_as_string(hide_password=True)
-        store = cls(_engine(url, where, wal=create), url, where)
+        engine = _engine(_read_only(url) if not create and _cannot_write(url) else url, where, wal=create)
+        store = cls(engine, url, where)
         try:
             if create:
                 store._write(store._check_schema)
@@ -412,6 +414,23 @@ def _url(target: str | Path, create: bool = True) -> URL:
         elif not path.exists():
             raise StoreError(f"{url.database}: no such database file")
     return url
+
+
+def _cannot_write(url: URL) -> bool:
+    """A SQLite file this process may not write, or whose folder it may not write (where a WAL store's
+    readers make their shared-memory file): opened as it is, even a read fails."""
+    if not _is_sqlite_file(url):
+        return False
+    path = Path(url.database).expanduser()
+    return not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK))
+
+
+def _read_only(url: URL) -> URL:
+    """The SQLite file opened read-only and immutable: no lock, journal or shared-memory file is made, so
+    a store in a folder this user only reads shows and exports (a writer elsewhere meanwhile could not be
+    seen consistently: no process of this user can be one)."""
+    path = quote(str(Path(url.database).expanduser().resolve()))
+    return URL.create("sqlite", database=f"file:{path}", query={"mode": "ro", "immutable": "1", "uri": "true"})
 
 
 def _is_sqlite_file(url: URL) -> bool:
