@@ -248,28 +248,55 @@ def test_a_replay_of_a_damaged_edit_is_refused_before_a_database_is_made(tiny_ru
 
 # -- a store this user may only read
 
-def test_a_store_in_a_folder_this_user_only_reads_shows_and_exports(tiny_run, tmp_path, monkeypatch, capsys):
-    """Where the process may not write the file or its folder (a shared results folder; root passes
-    every permission check, so the test says so through os.access), show and export open it read-only
-    and immutable: they work, make no journal or shared-memory file, and a resume fails in one line
-    with the file unchanged."""
-    from conjugate.search import store as store_module
+SETPRIV = shutil.which("setpriv")
 
-    db, _ = damaged(tiny_run, tmp_path)
-    for suffix in ("-wal", "-shm"):  # as a copy made with the store closed leaves it
-        Path(f"{db}{suffix}").unlink(missing_ok=True)
+
+def _without_write_access(*argv) -> subprocess.CompletedProcess:
+    """The command run with no capabilities (root then meets the files' permissions like any user)."""
+    return subprocess.run([SETPRIV, "--inh-caps=-all", "--bounding-set=-all", sys.executable, *argv],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+
+
+@pytest.mark.skipif(SETPRIV is None, reason="needs util-linux's setpriv to drop root's capabilities")
+def test_a_store_in_a_folder_this_user_only_reads_shows_and_exports(tiny_run, tmp_path):
+    """A store in a folder (and file) this user may not write: show and export open it read-only and
+    immutable and work, making nothing beside it; a resume fails in one line; a store whose
+    write-ahead log still holds writes is refused, naming the log, rather than shown without them."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    db = folder / "runs.db"
+    shutil.copy(tiny_run[0], db)
+    pending = folder / "pending.db"
+    shutil.copy(tiny_run[0], pending)
+    writer = sqlite3.connect(pending)  # a write left in the log: the writer still open, as if killed
+    writer.execute("PRAGMA journal_mode=WAL")
+    writer.execute("PRAGMA wal_autocheckpoint=0")
+    writer.execute("UPDATE runs SET name = 'renamed'")
+    writer.commit()
+    shutil.copy(f"{pending}-wal", tmp_path / "pending.db-wal")
+    writer.close()  # closing checkpoints: put the log back as it was
+    shutil.copy(tmp_path / "pending.db-wal", f"{pending}-wal")
+    Path(f"{pending}-shm").unlink(missing_ok=True)
     before = digest(db)
-    real_access = os.access
-    monkeypatch.setattr(store_module.os, "access",
-                        lambda path, mode: False if mode == os.W_OK and Path(path) in (db, db.parent)
-                        else real_access(path, mode))
-    code, out, err = cli("show", db)
-    assert code == 0 and re.search(r"\d+ nodes, \d+ ok, 0 failed", out), err
-    code, out, err = cli("export", db, "--out", tmp_path / "out")
-    assert code == 0 and (tmp_path / "out" / "best_plan.json").exists(), err
-    code, out, err = cli("search", "--resume", db, "--budget", BUDGET + 4)
-    assert code == 2 and err.strip() == f"error: {db}: attempt to write a readonly database", err
-    assert digest(db) == before and not any(Path(f"{db}{s}").exists() for s in ("-wal", "-shm", "-journal"))
-    monkeypatch.setattr(store_module.os, "access", real_access)
-    code, _, err = cli("search", "--resume", db, "--budget", BUDGET + 1)  # writable again: a plain open
-    assert code == 0, err
+    for path in (db, pending, Path(f"{pending}-wal")):
+        path.chmod(0o444)
+    folder.chmod(0o555)
+    try:
+        shown = _without_write_access("-m", "conjugate", "show", str(db))
+        assert shown.returncode == 0 and re.search(r"\d+ nodes, \d+ ok, 0 failed", shown.stdout), shown.stderr
+        exported = _without_write_access("-m", "conjugate", "export", str(db), "--out", str(tmp_path / "out"))
+        assert exported.returncode == 0 and (tmp_path / "out" / "best_plan.json").exists(), exported.stderr
+        resumed = _without_write_access("-m", "conjugate", "search", "--resume", str(db), "--budget", str(BUDGET + 4))
+        assert resumed.returncode == 2 and resumed.stderr.strip().splitlines() == [
+            f"error: {db}: attempt to write a readonly database"], resumed.stderr
+        refused_wal = _without_write_access("-m", "conjugate", "show", str(pending))
+        assert refused_wal.returncode == 2 and refused_wal.stderr.strip().splitlines() == [
+            f"error: {pending}: its write-ahead log pending.db-wal holds writes not yet in the database file, "
+            "which this user cannot read without writing beside it: open it where its folder can be written, "
+            "or copy both files"], refused_wal.stderr
+        assert digest(db) == before and sorted(p.name for p in folder.iterdir()) == [
+            "pending.db", "pending.db-wal", "runs.db"]
+    finally:
+        folder.chmod(0o755)
+    with sqlite3.connect(pending) as c:  # where it can be written, the write in the log is there
+        assert c.execute("SELECT name FROM runs").fetchone() == ("renamed",)

@@ -832,7 +832,6 @@ def test_a_resume_refuses_an_edited_workload_or_profile(env, tmp_path):
 
     profile.write_text(re.sub(r"(?m)^launch_overhead_us = .*$", "launch_overhead_us = 9.0", profile.read_text()))
     assert_one_line_error(*cli("search", "--resume", db, "--budget", 4)[::2], str(profile), "profile changed")
-    kept = profile.read_text()
     with sqlite3.connect(db) as raw:  # the run's stored profile path now names a folder, not a profile
         raw.execute("UPDATE runs SET settings = json_set(settings, '$.evaluator_profile', ?)", (str(tmp_path),))
     code, _, err = cli("search", "--resume", db, "--budget", 4)
@@ -840,7 +839,6 @@ def test_a_resume_refuses_an_edited_workload_or_profile(env, tmp_path):
                                       f"{str(tmp_path)!r}; known: " + err.split("; known: ")[-1].strip())
     with sqlite3.connect(db) as raw:
         raw.execute("UPDATE runs SET settings = json_set(settings, '$.evaluator_profile', ?)", (str(profile),))
-    profile.write_text(kept)
     workload.write_text(TINY.read_text().replace("seed = 0", "seed = 7"))
     assert_one_line_error(*cli("search", "--resume", db, "--budget", 4)[::2], str(workload), "workload changed")
     assert_one_line_error(*cli("show", db)[::2], str(workload), "workload changed")
@@ -1112,6 +1110,8 @@ def test_exploit_last_widens_the_best_open_node_over_the_budget_s_end(env, tmp_p
             search.evaluations_done = lambda done=done: done
             picks.append(search._selection())
         assert picks == ["mcts"] * 9 + ["best"] * 3
+        search.settings = replace(search.settings, budget=10, exploit_last=0.7)  # 3 left to the tree policy
+        assert [search._selection() for search.evaluations_done in (lambda: 2, lambda: 3)] == ["mcts", "best"]
         search.settings = replace(search.settings, exploit_last=0.0)
         assert search._selection() == "mcts"  # off: the tree policy to the end
         search.proposer = make_proposer("random", seed=0)
@@ -1119,8 +1119,9 @@ def test_exploit_last_widens_the_best_open_node_over_the_budget_s_end(env, tmp_p
         assert search._selection() == "uniform"
     assert SearchSettings().exploit_last == 0.25
     assert SearchSettings.from_dict({"budget": 9}).exploit_last == 0.0  # a run stored before the setting
-    with pytest.raises(ValueError, match="stored search setting 'exploit_last' is -0.5"):
-        SearchSettings.from_dict({"budget": 9, "exploit_last": -0.5})
+    for wrong in (-0.5, 1.5):
+        with pytest.raises(ValueError, match=f"stored search setting 'exploit_last' is {wrong}"):
+            SearchSettings.from_dict({"budget": 9, "exploit_last": wrong})
 
 
 # Small gains: each move alone gains 0.3% (under the deepen margin of 0.5%, over MERGE_GAIN), two lose.

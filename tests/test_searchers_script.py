@@ -168,7 +168,7 @@ def test_merge_joins_the_calls_and_refuses_what_does_not_belong_together(tmp_pat
             load_script("searchers").merge(list(paths))
 
 
-def test_plot_draws_every_run_of_a_comparison_and_refuses_other_files(tmp_path):
+def test_plot_draws_every_run_of_a_comparison_and_refuses_other_files(tmp_path, monkeypatch):
     """--plot: one PNG per workload with every run listed (a carried one too); a file that is not a
     comparison: one line naming it, nothing drawn."""
     runs = [{"agent": a, "best_so_far_ms": [3.0, 2.0, 1.5]} for a in ("heuristic", "greedy", "random")]
@@ -179,10 +179,15 @@ def test_plot_draws_every_run_of_a_comparison_and_refuses_other_files(tmp_path):
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in (tmp_path / "p").iterdir()) == ["b8_searchers.png", "q3_searchers.png"]
     assert (tmp_path / "p" / "q3_searchers.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    drawn = []
+    searchers = load_script("searchers")
+    monkeypatch.setattr(searchers, "plot", lambda name, runs, path: drawn.append((name, [r["agent"] for r in runs])))
+    searchers.plot_comparison(good, tmp_path / "again")
+    assert drawn == [(w, ["heuristic", "greedy", "random"]) for w in ("q3", "b8")]  # every run, carried ones too
     for text in ('{"workloads": [{"workload": "q3", "runs": [{"agent": "greedy"}]}]}', "not json", "[]"):
         good.write_text(text)
         with pytest.raises(SystemExit, match=f"^error: {re.escape(str(good))}: not a searchers comparison"):
-            load_script("searchers").plot_comparison(good, tmp_path / "none")
+            searchers.plot_comparison(good, tmp_path / "none")
     assert not (tmp_path / "none").exists()
 
 

@@ -172,3 +172,28 @@ def test_a_search_whose_evaluator_cannot_prepare_the_workload_records_nothing_fo
     with contextlib.closing(sqlite3.connect(db)) as c:
         assert c.execute("SELECT COUNT(*) FROM evaluations").fetchone()[0] == 0
     assert run_status(db) == "stopped" and "resume with" in out
+
+
+
+def test_a_reference_with_non_finite_logits_is_a_setup_failure_not_the_plan_s():
+    """The check's problem that the reference logits are not finite (weights that overflow: NaN weights
+    are refused when a checkpoint loads) makes the evaluation a setup-stage error, which stops a search
+    with nothing recorded (the test above); any other problem leaves the plan incorrect."""
+    from types import SimpleNamespace
+
+    from conjugate.evaluate.correctness import REFERENCE_DAMAGED
+    from conjugate.evaluate.pipeline import _Run, check
+    from conjugate.evaluate.profile import load_profile
+    from conjugate.evaluate.result import Stage, Status
+    from conjugate.workload import load_workload
+    from test_search import TINY
+
+    def checked(*problems):
+        harness = SimpleNamespace(check=lambda compiled, setup: {"ok": False, "problems": list(problems)})
+        return check(None, None, harness, _Run(load_workload(TINY), load_profile("analytical"), None, lambda s: None))
+
+    damaged = REFERENCE_DAMAGED.format(model="draft") + ": the draft model's weights are damaged"
+    result = checked("draft token [0, 1]: 0, reference 3", damaged)
+    assert (result.stage, result.status, result.error) == (Stage.SETUP, Status.ERROR, damaged)
+    plain = checked("draft token [0, 1]: 0, reference 3")
+    assert (plain.stage, plain.status) == (Stage.CORRECTNESS, Status.INCORRECT)

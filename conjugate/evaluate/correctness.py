@@ -25,6 +25,8 @@ class Tolerance:
 # on the KV caches of the bf16 Llama pair on the H200. A wrong head, layer or position is far above.
 # Near ties: bf16 operands move each logit by a few percent of the logits' spread, enough to swap
 # the two best of 128k tokens when they lie within about a fifth of a standard deviation.
+# a reference round whose logits are not finite: its weights are damaged, not the compiled round
+REFERENCE_DAMAGED = "the reference {model} logits hold NaN or infinity"
 TOLERANCES = {"fp32": Tolerance(1e-4, 1e-4), "fp16": Tolerance(1e-2, 0.1), "bf16": Tolerance(5e-2, 0.2)}
 
 
@@ -125,8 +127,8 @@ def compare_rounds(ref: RoundOutputs, got: RoundOutputs, dtype: str, lengths: in
     report = CheckReport(ok=True)
     for name, logits in (("draft", ref.draft_logits), ("target", ref.target_logits)):
         if not bool(torch.isfinite(logits).all()):  # argmax of NaN is token 0 in both: tokens would agree
-            report.problems.append(f"the reference {name} logits hold NaN or infinity: the {name} model's "
-                                   f"weights are damaged, so its tokens prove nothing")
+            report.problems.append(REFERENCE_DAMAGED.format(model=name) + f": the {name} model's weights are "
+                                   "damaged, so its tokens prove nothing")
     _check_target(ref, got, tol, report)
     _check_draft_tokens(ref, got, tol, report)
     if got.draft_logits is not None:

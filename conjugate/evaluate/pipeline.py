@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from conjugate.compiler.round import CompiledRound, compile_round
 from conjugate.errors import CompileError, PlanError, ScheduleError
+from conjugate.evaluate.correctness import REFERENCE_DAMAGED
 from conjugate.evaluate.harness import Harness
 from conjugate.evaluate.measured import MeasuredHarness
 from conjugate.evaluate.modeled import ModeledHarness
@@ -24,6 +25,7 @@ from conjugate.evaluate.profile import EvaluatorProfile
 from conjugate.evaluate.result import Baseline, EvalResult, Stage, Status
 from conjugate.evaluate.session import EvaluationSession, RoundSetup
 from conjugate.plan import Plan, expand, validate_plan
+from conjugate.plan.schema import MODEL_KEYS
 from conjugate.workload import Workload
 
 
@@ -118,6 +120,10 @@ def check(compiled: CompiledRound, setup: RoundSetup, harness: Harness, run: "_R
         return checks
     reports = [c for c in checks.values() if isinstance(c, dict) and "problems" in c] or [checks]  # eager, replayed
     problems = [p for report in reports for p in report["problems"]]
+    damaged = [p for p in problems if p.startswith(tuple(REFERENCE_DAMAGED.format(model=m) for m in MODEL_KEYS))]
+    if damaged:  # the weights', not the plan's: every plan would fail alike, and no result is the plan's
+        run.enter(Stage.SETUP)
+        return run.result(Status.ERROR, checks=checks, error=damaged[0])
     return run.result(Status.INCORRECT, checks=checks, error="; ".join(problems[:5]))
 
 

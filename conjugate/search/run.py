@@ -85,6 +85,8 @@ class SearchSettings:
             least = 1 if key in ("budget", "expand_width") else 0
             if kind is not bool and kind is not str and not (math.isfinite(value) and value >= least):
                 raise ValueError(f"stored search setting {key!r} is {value!r}, not a finite number of at least {least}")
+            if key == "exploit_last" and value > 1:
+                raise ValueError(f"stored search setting {key!r} is {value!r}, not a share of the budget (0 to 1)")
         return cls(**values)
 
 
@@ -375,8 +377,8 @@ class Search:
         done = self.evaluations_done()
         if every > 0 and (done // width) % every == every - 1:
             return "best"
-        last = min(1.0, self.settings.exploit_last)
-        if last > 0 and done >= self.settings.budget * (1.0 - last):
+        last = self.settings.exploit_last
+        if last > 0 and done >= self.settings.budget - round(self.settings.budget * last):
             return "best"
         return how
 

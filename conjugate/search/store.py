@@ -80,13 +80,35 @@ class Store:
         written: a database that is not a conjugate store, or an empty one, is refused as found."""
         url = _url(target, create)
         where = url.database if _is_sqlite_file(url) else url.render_as_string(hide_password=True)
-        engine = _engine(_read_only(url) if not create and _cannot_write(url) else url, where, wal=create)
-        store = cls(engine, url, where)
+        store = cls(_engine(url, where, wal=create), url, where)
         try:
             if create:
                 store._write(store._check_schema)
             else:
                 store._read(lambda s: store._check_schema(s, create=False))
+        except StoreError as e:
+            store.close()
+            if create or not _is_sqlite_file(url) or not _refused_read_only(e):
+                raise
+            return cls._immutable(url, where)
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    @classmethod
+    def _immutable(cls, url: URL, where: str) -> "Store":
+        """A SQLite store that even a read refused for want of write access (a WAL store's readers make a
+        shared-memory file beside it): opened read-only and immutable, so a store in a folder this user
+        only reads shows and exports; refused where its write-ahead log holds writes the file lacks."""
+        wal = Path(f"{Path(url.database).expanduser()}-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            raise StoreError(f"{where}: its write-ahead log {wal.name} holds writes not yet in the database file, "
+                             "which this user cannot read without writing beside it: open it where its folder "
+                             "can be written, or copy both files")
+        store = cls(_engine(_read_only(url), where, wal=False), url, where)
+        try:
+            store._read(lambda s: store._check_schema(s, create=False))
         except BaseException:
             store.close()
             raise
@@ -416,19 +438,15 @@ def _url(target: str | Path, create: bool = True) -> URL:
     return url
 
 
-def _cannot_write(url: URL) -> bool:
-    """A SQLite file this process may not write, or whose folder it may not write (where a WAL store's
-    readers make their shared-memory file): opened as it is, even a read fails."""
-    if not _is_sqlite_file(url):
-        return False
-    path = Path(url.database).expanduser()
-    return not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK))
+def _refused_read_only(e: StoreError) -> bool:
+    """Whether a read failed because this process may not write the SQLite file or its folder."""
+    text = str(e.__cause__ or e)
+    return "readonly database" in text or "unable to open database file" in text
 
 
 def _read_only(url: URL) -> URL:
-    """The SQLite file opened read-only and immutable: no lock, journal or shared-memory file is made, so
-    a store in a folder this user only reads shows and exports (a writer elsewhere meanwhile could not be
-    seen consistently: no process of this user can be one)."""
+    """The SQLite file opened read-only and immutable: no lock, journal or shared-memory file is made (nor
+    read: Store._immutable refuses a file whose write-ahead log holds writes)."""
     path = quote(str(Path(url.database).expanduser().resolve()))
     return URL.create("sqlite", database=f"file:{path}", query={"mode": "ro", "immutable": "1", "uri": "true"})
 

@@ -15,5 +15,5 @@ python benchmarks/searchers.py $W \
   --evaluator benchmarks/profiles/h200_quick.toml --time $T --step 5 --confirm 3 --out $OUT/w/F \
   --json $OUT/last.json > $OUT/last.log 2>&1
 echo "rc=$? $(( $(date +%s)-t0 ))s"
-cd $OUT/w && tar -cJf ../last_databases.tar.xz F && cd .. && rm -rf w
+cd $OUT/w && tar -cJf ../last_databases.tar.xz F && cd .. && rm -rf w  # committed as databases.tar.xz, its two 3B->8B databases
 tail -n 12 last.log
