@@ -25,9 +25,9 @@ class Tolerance:
 # on the KV caches of the bf16 Llama pair on the H200. A wrong head, layer or position is far above.
 # Near ties: bf16 operands move each logit by a few percent of the logits' spread, enough to swap
 # the two best of 128k tokens when they lie within about a fifth of a standard deviation.
+TOLERANCES = {"fp32": Tolerance(1e-4, 1e-4), "fp16": Tolerance(1e-2, 0.1), "bf16": Tolerance(5e-2, 0.2)}
 # a reference round whose logits are not finite: its weights are damaged, not the compiled round
 REFERENCE_DAMAGED = "the reference {model} logits hold NaN or infinity"
-TOLERANCES = {"fp32": Tolerance(1e-4, 1e-4), "fp16": Tolerance(1e-2, 0.1), "bf16": Tolerance(5e-2, 0.2)}
 
 
 @dataclass

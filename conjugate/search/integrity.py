@@ -51,7 +51,6 @@ def _check_settings(run: Any) -> None:
 
     if not isinstance(run.seed, int) or isinstance(run.seed, bool):
         raise _damaged("runs", run.id, f"field 'seed' is {shown_json(run.seed)}, not an integer")
-
     if not isinstance(run.settings, dict):
         raise _damaged("runs", run.id, f"field 'settings' is {shown_json(run.settings)}, not a JSON object")
     try:

@@ -77,20 +77,27 @@ class Store:
     def open(cls, target: str | Path, create: bool = True) -> "Store":
         """A SQLAlchemy URL, or a plain file path (a SQLite file). With `create`, parent folders and the
         store's tables are made where missing and a SQLite file is switched to WAL; without, nothing is
-        written: a database that is not a conjugate store, or an empty one, is refused as found."""
+        written: a database that is not a conjugate store, or an empty one, is refused as found, and a
+        SQLite file this process may not write is read read-only (Store._immutable)."""
         url = _url(target, create)
         where = url.database if _is_sqlite_file(url) else url.render_as_string(hide_password=True)
-        store = cls(_engine(url, where, wal=create), url, where)
+        try:
+            return cls._checked(_engine(url, where, wal=create), url, where, create)
+        except StoreError as e:
+            if create or not _is_sqlite_file(url) or not _refused_read_only(e):
+                raise
+            return cls._immutable(url, where)
+
+    @classmethod
+    def _checked(cls, engine: Engine, url: URL, where: str, create: bool) -> "Store":
+        """The store on `engine` once its schema is checked (with `create`, made where missing); closed
+        if that fails."""
+        store = cls(engine, url, where)
         try:
             if create:
                 store._write(store._check_schema)
             else:
                 store._read(lambda s: store._check_schema(s, create=False))
-        except StoreError as e:
-            store.close()
-            if create or not _is_sqlite_file(url) or not _refused_read_only(e):
-                raise
-            return cls._immutable(url, where)
         except BaseException:
             store.close()
             raise
@@ -106,13 +113,7 @@ class Store:
             raise StoreError(f"{where}: its write-ahead log {wal.name} holds writes not yet in the database file, "
                              "which this user cannot read without writing beside it: open it where its folder "
                              "can be written, or copy both files")
-        store = cls(_engine(_read_only(url), where, wal=False), url, where)
-        try:
-            store._read(lambda s: store._check_schema(s, create=False))
-        except BaseException:
-            store.close()
-            raise
-        return store
+        return cls._checked(_engine(_read_only(url), where, wal=False), url, where, create=False)
 
     @property
     def url_for_display(self) -> str:
