@@ -4,7 +4,7 @@ plan edits measured on the GPU, so a search policy can be compared over many see
     python benchmarks/search_surrogate.py WORKLOAD.toml DB [DB ...] [--agents heuristic greedy random]
                                           [--seeds 0 1 2 3] [--budget 40] [--noise 0.002] [--width N]
                                           [--deepen-first] [--frontier-width N] [--exploit-every N]
-                                          [--exploit-last SHARE] [--no-merge-moves]
+                                          [--exploit-last SHARE] [--deepen-margin M] [--no-merge-moves]
                                           [--out DIR (runs/surrogate)] [--json OUT.json]
 
 The databases are GPU search runs of the workload (`searchers.py`'s; a node that two databases hold,
@@ -26,6 +26,7 @@ expansion, evaluated before it selects again (default: the search's own, SearchS
 `--frontier-width N`: SearchSettings.frontier_width (default: the search's; 0: no cap);
 `--exploit-every N`: SearchSettings.exploit_every (default: the search's; 0: off);
 `--exploit-last SHARE`: SearchSettings.exploit_last (default: the search's; 0: off);
+`--deepen-margin M`: SearchSettings.deepen_margin (default: the search's);
 `--no-merge-moves`: MCTS without SearchSettings.merge_moves (the run's gains offered together).
 
 Per agent and seed a fresh run, as `searchers.py` makes it; its best plan (the fastest the search
@@ -93,18 +94,31 @@ def _key(fields: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(sorted(fields.items())).encode()).hexdigest()
 
 
+def _preference(result: EvalResult) -> tuple:
+    """Which of a plan's GPU results the surrogate keeps: the smallest, passing before failing, then
+    fastest, then by content (ties decided the same way in any order)."""
+    latency = (result.latency_ms if result.ok else None) or float("inf")
+    return (not result.ok, latency, json.dumps(result.to_dict(), sort_keys=True, default=str))
+
+
 class Surrogate:
     """Latencies from measured plans and moves (see the module docstring)."""
 
     def __init__(self, measured: list[tuple[dict, float]], moves: list[tuple[frozenset, float]],
                  results: list[tuple[dict, EvalResult]] = ()):
-        """`results`: the GPU's result of each plan it evaluated (the last one of a plan counts)."""
+        """`results`: the GPU's result of each plan it evaluated; of a plan evaluated more than once
+        (two runs, or databases given in another order), a passing result before a failing one, then
+        the fastest: the same whatever the databases' order."""
         self.latencies: dict[str, list[float]] = {}
         self.plans: dict[str, dict[str, str]] = {}
         for fields, latency in measured:
             self.latencies.setdefault(_key(fields), []).append(latency)
             self.plans[_key(fields)] = fields
-        self.results = {_key(fields): result for fields, result in results}
+        self.results: dict[str, EvalResult] = {}
+        for fields, result in results:
+            known = self.results.get(_key(fields))
+            if known is None or _preference(result) < _preference(known):
+                self.results[_key(fields)] = result
         self.gains: dict[frozenset, list[float]] = {}
         for move, gain in moves:
             if move:
@@ -212,6 +226,8 @@ def main() -> None:
                                                           "(default: the search's; 0: off)")
     parser.add_argument("--exploit-last", type=float, help="MCTS: over this share of the budget's end, widen the "
                                                           "run's best open node (default: the search's; 0: off)")
+    parser.add_argument("--deepen-margin", type=float, help="MCTS: a gain over this share of a node's reward "
+                                                            "deepens past it (default: the search's)")
     parser.add_argument("--no-merge-moves", action="store_true",
                         help="MCTS: do not offer the run's gains together (SearchSettings.merge_moves)")
     parser.add_argument("--out", type=Path, default=Path("runs/surrogate"))
@@ -225,6 +241,8 @@ def main() -> None:
         parser.error(f"--exploit-every {args.exploit_every}: 0 (off) or more")
     if args.exploit_last is not None and not 0 <= args.exploit_last <= 1:
         parser.error(f"--exploit-last {args.exploit_last}: a share of the budget, 0 (off) to 1")
+    if args.deepen_margin is not None and not 0 <= args.deepen_margin < 1:
+        parser.error(f"--deepen-margin {args.deepen_margin}: a share of a node's reward, 0 to under 1")
     for path in args.databases:
         if not path.is_file():
             raise SystemExit(f"{path}: no such database")
@@ -248,7 +266,7 @@ def main() -> None:
                                                 width=args.width, deepen_first=args.deepen_first,
                                                 frontier_width=args.frontier_width,
                                                 exploit_every=args.exploit_every, exploit_last=args.exploit_last,
-                                                merge_moves=not args.no_merge_moves)
+                                                deepen_margin=args.deepen_margin, merge_moves=not args.no_merge_moves)
                     searchers.rotate([opened], args.budget, args.budget, None)
                 row = searchers.summary(db, agent, workload, args.workload)
                 node = row["best_node"]
@@ -264,7 +282,8 @@ def main() -> None:
     out = {"workload": workload.name, "databases": [str(p) for p in args.databases], "budget": args.budget,
            "seeds": args.seeds, "noise": args.noise, "width": args.width,
            "deepen_first": args.deepen_first, "frontier_width": args.frontier_width,
-           "exploit_every": args.exploit_every, "exploit_last": args.exploit_last, "merge_moves": not args.no_merge_moves,
+           "exploit_every": args.exploit_every, "exploit_last": args.exploit_last, "deepen_margin": args.deepen_margin,
+           "merge_moves": not args.no_merge_moves,
            "command": " ".join(sys.argv),
            "runs": runs, "summary": summary}
     if args.json:

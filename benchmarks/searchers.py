@@ -83,11 +83,11 @@ def open_run(stack: contextlib.ExitStack, workload: Path, agent: str, budget: in
              seed: int, db: Path, resume: bool = False, carry: bool = False, width: int | None = None,
              deepen_first: bool = False, frontier_width: int | None = None,
              exploit_every: int | None = None, merge_moves: bool = True,
-             exploit_last: float | None = None) -> Opened:
+             exploit_last: float | None = None, deepen_margin: float | None = None) -> Opened:
     """A fresh run in `db`, or (with `resume`) the run stored there, continued by the same agent.
     `width`: edits a fresh run asks for per expansion (default SearchSettings'); `deepen_first`,
-    `frontier_width`, `exploit_every`, `exploit_last` and `merge_moves`: its SearchSettings' (a resumed
-    run keeps what it stored)."""
+    `frontier_width`, `exploit_every`, `exploit_last`, `deepen_margin` and `merge_moves`: its
+    SearchSettings' (a resumed run keeps what it stored)."""
     settings = scored_by(SearchSettings(budget=budget, deepen_first=deepen_first, merge_moves=merge_moves),
                          evaluator.profile)
     if width is not None:
@@ -98,6 +98,8 @@ def open_run(stack: contextlib.ExitStack, workload: Path, agent: str, budget: in
         settings = replace(settings, exploit_every=exploit_every)
     if exploit_last is not None:
         settings = replace(settings, exploit_last=exploit_last)
+    if deepen_margin is not None:
+        settings = replace(settings, deepen_margin=deepen_margin)
     w = load_workload(workload)
     if not (resume and db.exists()):
         db.unlink(missing_ok=True)

@@ -260,7 +260,8 @@ def _without_write_access(*argv) -> subprocess.CompletedProcess:
 @pytest.mark.skipif(SETPRIV is None, reason="needs util-linux's setpriv to drop root's capabilities")
 def test_a_store_in_a_folder_this_user_only_reads_shows_and_exports(tiny_run, tmp_path):
     """A store in a folder (and file) this user may not write: show and export open it read-only and
-    immutable and work, making nothing beside it; a resume fails in one line; a store whose
+    immutable and work, making nothing beside it; a resume fails in one line before it starts an
+    evaluator; a store whose
     write-ahead log still holds writes is refused, naming the log, rather than shown without them."""
     folder = tmp_path / "shared"
     folder.mkdir()
@@ -288,7 +289,8 @@ def test_a_store_in_a_folder_this_user_only_reads_shows_and_exports(tiny_run, tm
         assert exported.returncode == 0 and (tmp_path / "out" / "best_plan.json").exists(), exported.stderr
         resumed = _without_write_access("-m", "conjugate", "search", "--resume", str(db), "--budget", str(BUDGET + 4))
         assert resumed.returncode == 2 and resumed.stderr.strip().splitlines() == [
-            f"error: {db}: attempt to write a readonly database"], resumed.stderr
+            f"error: {db}: this user may not write it (or its folder): a search records its evaluations there; "
+            "copy the store where it can be written"], resumed.stderr
         refused_wal = _without_write_access("-m", "conjugate", "show", str(pending))
         assert refused_wal.returncode == 2 and refused_wal.stderr.strip().splitlines() == [
             f"error: {pending}: its write-ahead log pending.db-wal holds writes not yet in the database file, "

@@ -89,6 +89,22 @@ def test_evaluations_carry_what_the_gpu_said_of_the_nearest_measured_plan():
     assert failed.status.value == "incorrect" and failed.latency_ms is None
 
 
+def test_a_plan_evaluated_twice_keeps_the_same_result_in_any_order():
+    """Passing before failing, then the fastest: what the agents read of a plan two databases hold
+    does not depend on the order the databases were given in."""
+    f = surrogate.fields_of
+    a, b = f({"x": 1}), f({"x": 2})
+    slow, fast, failed = _result("ok", 10.5), _result("ok", 10.0), _result("incorrect")
+    kept = set()
+    for results in ([slow, fast, failed], [failed, fast, slow], [fast, failed, slow]):
+        model = surrogate.Surrogate([(a, 10.0), (b, 9.0)], [(surrogate.difference(a, b), 0.1)],
+                                    [(a, r) for r in results])
+        kept.add(model.results[surrogate._key(a)].latency_ms)
+    assert kept == {10.0}
+    only_failed = surrogate.Surrogate([(a, 10.0), (b, 9.0)], [(surrogate.difference(a, b), 0.1)], [(a, failed)])
+    assert not only_failed.results[surrogate._key(a)].ok
+
+
 def test_databases_give_latencies_moves_and_the_gpu_results(tmp_path):
     """The columns the surrogate reads, as a search database holds them: a node's plan, edit and the
     evaluation of its plan (latency and the whole result)."""

@@ -193,6 +193,7 @@ def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> i
     from conjugate.search.store import RunStatus, StoreError
 
     with open_store(args.resume) as store:
+        store.check_writable()
         run = store.latest_run() if args.run is None else store.run(args.run)
         if run is None:
             raise ConjugateError(f"{args.resume}: holds no run to resume")

@@ -147,6 +147,17 @@ class Store:
         stmt = select(Run).order_by(Run.id.desc()).limit(1)
         return self._read(lambda s: _snapshot(RunRecord, s.scalar(stmt)))
 
+    def check_writable(self) -> None:
+        """Refuse, before anything starts, a store this process may not write (a resume records every
+        evaluation there): a write transaction that changes no row."""
+        try:
+            self._write(lambda s: s.execute(update(Run).where(Run.id.is_(None)).values(name=Run.name)))
+        except StoreError as e:
+            if not _refused_read_only(e):
+                raise
+            raise StoreError(f"{self._where}: this user may not write it (or its folder): a search records its "
+                             "evaluations there; copy the store where it can be written") from e
+
     def set_run_status(self, run_id: int, status: RunStatus) -> None:
         self._update_one(Run, run_id, status=_choice("run status", RunStatus, status), updated_at=utcnow())
 
