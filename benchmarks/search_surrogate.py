@@ -8,7 +8,8 @@ plan edits measured on the GPU, so a search policy can be compared over many see
                                           [--out DIR (runs/surrogate)] [--json OUT.json]
 
 The databases are GPU search runs of the workload (`searchers.py`'s; a node that two databases hold,
-copies of one run, counts once). From them: every measured
+copies of one run, counts once, from the copy where it was evaluated; the order of the databases
+changes nothing). From them: every measured
 plan's latency, and every measured move (a child's difference from its parent, as a set of changed
 plan fields) with its gain (parent latency over child latency, minus one). A plan the GPU measured
 takes its mean latency; any other takes the latency of the measured plan nearest to it (fewest
@@ -95,10 +96,15 @@ def _key(fields: dict[str, str]) -> str:
 
 
 def _preference(result: EvalResult) -> tuple:
-    """Which of a plan's GPU results the surrogate keeps: the smallest, passing before failing, then
-    fastest, then by content (ties decided the same way in any order)."""
+    """Orders a plan's GPU results, the one the surrogate keeps first: passing before failing, then the
+    fastest, then by content (so ties are decided the same way in any order)."""
     latency = (result.latency_ms if result.ok else None) or float("inf")
     return (not result.ok, latency, json.dumps(result.to_dict(), sort_keys=True, default=str))
+
+
+def _settled(row: tuple) -> tuple[bool, bool]:
+    """How far a stored node got: (its plan's latency stored, its result stored)."""
+    return row[3] is not None, row[4] is not None
 
 
 class Surrogate:
@@ -123,31 +129,37 @@ class Surrogate:
         for move, gain in moves:
             if move:
                 self.gains.setdefault(move, []).append(gain)
+        for values in (*self.latencies.values(), *self.gains.values()):
+            values.sort()  # means summed in one order, however the databases were given
         self.spread = sorted(g for gains in self.gains.values() for g in gains)
         if not self.plans or not self.spread:
             raise ValueError("the databases hold no measured plan with a measured parent")
 
     @classmethod
     def from_databases(cls, paths: list[Path]) -> "Surrogate":
-        measured, moves, results, seen = [], [], [], set()
+        """A node two databases hold (copies of one run, one perhaps further on) counts once, from the
+        copy where it is most settled (evaluated, its result stored): the same in any order."""
+        rows: dict[tuple, tuple] = {}  # (its run's creation time, node id) -> (parent, plan, edit, latency, result)
         for path in paths:
             with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
                 try:
-                    rows = db.execute(NODES).fetchall()
+                    found = db.execute(NODES).fetchall()
                 except sqlite3.DatabaseError as e:
                     raise sqlite3.DatabaseError(f"{path}: not a search database ({e})") from None
-            nodes = {i: (parent, fields_of(json.loads(plan)), latency, replaces_whole_plan(edit))
-                     for i, parent, plan, edit, latency, _, _ in rows}
-            # a node another database (a copy of the same run) already gave counts once
-            new = {i for i, *_, run_created in rows if (run_created, i) not in seen}
-            seen |= {(run_created, i) for i, *_, run_created in rows}
-            measured += [(fields, latency) for i, (_, fields, latency, _) in nodes.items() if latency and i in new]
-            results += [(nodes[i][1], EvalResult.from_dict(json.loads(result)))
-                        for i, _, _, _, _, result, _ in rows if result and i in new]
-            for i, (parent, fields, latency, whole) in nodes.items():
-                above = nodes.get(parent)
-                if i in new and latency and above and above[2] and not whole:  # seeds and warm starts: the whole plan
-                    moves.append((difference(above[1], fields), above[2] / latency - 1))
+            for i, parent, plan, edit, latency, result, run_created in found:
+                row, known = (parent, plan, edit, latency, result), rows.get((run_created, i))
+                if known is None or _settled(row) > _settled(known):
+                    rows[(run_created, i)] = row
+        nodes = {key: (parent, fields_of(json.loads(plan)), latency, replaces_whole_plan(edit), result)
+                 for key, (parent, plan, edit, latency, result) in sorted(rows.items(), key=lambda kv: str(kv[0]))}
+        measured = [(fields, latency) for _, fields, latency, _, _ in nodes.values() if latency]
+        results = [(fields, EvalResult.from_dict(json.loads(result))) for _, fields, _, _, result in nodes.values()
+                   if result]
+        moves = []
+        for (run_created, _), (parent, fields, latency, whole, _) in nodes.items():
+            above = nodes.get((run_created, parent))
+            if latency and above and above[2] and not whole:  # seeds and warm starts: the whole plan
+                moves.append((difference(above[1], fields), above[2] / latency - 1))
         return cls(measured, moves, results)
 
     def context(self, plan: dict) -> tuple[EvalResult | None, bool]:

@@ -135,3 +135,11 @@ def test_databases_give_latencies_moves_and_the_gpu_results(tmp_path):
     copy.write_bytes(db.read_bytes())
     twice = surrogate.Surrogate.from_databases([db, copy])
     assert twice.gains == model.gains and twice.latencies == model.latencies
+    earlier = tmp_path / "earlier.db"  # a copy taken before node 2 was evaluated: in either order, node 2 counts
+    earlier.write_bytes(db.read_bytes())
+    with sqlite3.connect(earlier) as c:
+        c.execute("DELETE FROM evaluations WHERE plan_hash = 'h2'")
+    for order in ([earlier, db], [db, earlier]):
+        both = surrogate.Surrogate.from_databases(order)
+        assert both.gains == model.gains and both.latencies == model.latencies
+        assert both.context({"x": 2})[0].latency_ms == 8.0
