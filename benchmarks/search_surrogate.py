@@ -102,9 +102,10 @@ def _preference(result: EvalResult) -> tuple:
     return (not result.ok, latency, json.dumps(result.to_dict(), sort_keys=True, default=str))
 
 
-def _settled(row: tuple) -> tuple[bool, bool]:
-    """How far a stored node got: (its plan's latency stored, its result stored)."""
-    return row[3] is not None, row[4] is not None
+def _settled(row: tuple) -> tuple:
+    """How far a stored node got (its plan's latency stored, its result stored), then its content, so
+    that of two rows as far on, the same one is kept in any order."""
+    return row[3] is not None, row[4] is not None, json.dumps(row, default=str)
 
 
 class Surrogate:
@@ -129,8 +130,6 @@ class Surrogate:
         for move, gain in moves:
             if move:
                 self.gains.setdefault(move, []).append(gain)
-        for values in (*self.latencies.values(), *self.gains.values()):
-            values.sort()  # means summed in one order, however the databases were given
         self.spread = sorted(g for gains in self.gains.values() for g in gains)
         if not self.plans or not self.spread:
             raise ValueError("the databases hold no measured plan with a measured parent")
@@ -187,7 +186,7 @@ class Surrogate:
         groups: dict[str, list] = {}
         for path, value in left:
             groups.setdefault("/".join(path.split("/")[:3]), []).append((path, value))
-        for items in groups.values():
+        for _, items in sorted(groups.items()):  # divided in one order: the same float in every process
             draw = int(hashlib.sha256(json.dumps(sorted(items, key=str)).encode()).hexdigest(), 16)
             latency /= 1 + self.spread[draw % len(self.spread)]
         return latency

@@ -261,8 +261,9 @@ def _without_write_access(*argv) -> subprocess.CompletedProcess:
 def test_a_store_in_a_folder_this_user_only_reads_shows_and_exports(tiny_run, tmp_path):
     """A store in a folder (and file) this user may not write: show and export open it read-only and
     immutable and work, making nothing beside it; a resume fails in one line before it starts an
-    evaluator; a store whose
-    write-ahead log still holds writes is refused, naming the log, rather than shown without them."""
+    evaluator, also for a store outside WAL mode (whose first real write would make its journal in the
+    folder); a store whose write-ahead log still holds writes is refused, naming the log, rather than
+    shown without them."""
     folder = tmp_path / "shared"
     folder.mkdir()
     db = folder / "runs.db"
@@ -278,6 +279,11 @@ def test_a_store_in_a_folder_this_user_only_reads_shows_and_exports(tiny_run, tm
     writer.close()  # closing checkpoints: put the log back as it was
     shutil.copy(tmp_path / "pending.db-wal", f"{pending}-wal")
     Path(f"{pending}-shm").unlink(missing_ok=True)
+    journal = folder / "journal.db"  # a store switched out of WAL mode, its file writable, its folder not
+    shutil.copy(tiny_run[0], journal)
+    with contextlib.closing(sqlite3.connect(journal)) as c:
+        c.execute("PRAGMA journal_mode=DELETE")
+    journal.chmod(0o666)
     before = digest(db)
     for path in (db, pending, Path(f"{pending}-wal")):
         path.chmod(0o444)
@@ -289,15 +295,20 @@ def test_a_store_in_a_folder_this_user_only_reads_shows_and_exports(tiny_run, tm
         assert exported.returncode == 0 and (tmp_path / "out" / "best_plan.json").exists(), exported.stderr
         resumed = _without_write_access("-m", "conjugate", "search", "--resume", str(db), "--budget", str(BUDGET + 4))
         assert resumed.returncode == 2 and resumed.stderr.strip().splitlines() == [
-            f"error: {db}: this user may not write it (or its folder): a search records its evaluations there; "
-            "copy the store where it can be written"], resumed.stderr
+            f"error: {db}: this user may not write it or the files SQLite keeps beside it: a search records its "
+            "evaluations there; copy the store where it can be written"], resumed.stderr
+        in_journal_mode = _without_write_access("-m", "conjugate", "search", "--resume", str(journal),
+                                                "--budget", str(BUDGET + 4))
+        assert in_journal_mode.returncode == 2 and in_journal_mode.stderr.strip().splitlines() == [
+            f"error: {journal}: this user may not write its folder {folder.resolve()}: a search records its "
+            "evaluations there; copy the store where it can be written"], in_journal_mode.stderr
         refused_wal = _without_write_access("-m", "conjugate", "show", str(pending))
         assert refused_wal.returncode == 2 and refused_wal.stderr.strip().splitlines() == [
             f"error: {pending}: its write-ahead log pending.db-wal holds writes not yet in the database file, "
             "which this user cannot read without writing beside it: open it where its folder can be written, "
             "or copy both files"], refused_wal.stderr
         assert digest(db) == before and sorted(p.name for p in folder.iterdir()) == [
-            "pending.db", "pending.db-wal", "runs.db"]
+            "journal.db", "pending.db", "pending.db-wal", "runs.db"]
     finally:
         folder.chmod(0o755)
     with sqlite3.connect(pending) as c:  # where it can be written, the write in the log is there

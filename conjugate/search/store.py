@@ -148,15 +148,22 @@ class Store:
         return self._read(lambda s: _snapshot(RunRecord, s.scalar(stmt)))
 
     def check_writable(self) -> None:
-        """Refuse, before anything starts, a store this process may not write (a resume records every
-        evaluation there): a write transaction that changes no row."""
+        """Refuse, before anything starts, a store this process may not update (a resume records every
+        evaluation there): a write transaction that changes no row, and for a SQLite file outside WAL
+        mode its folder (where SQLite makes its rollback journal at the first real write)."""
+        refused = ""
         try:
             self._write(lambda s: s.execute(update(Run).where(Run.id.is_(None)).values(name=Run.name)))
+            if _is_sqlite_file(self._url) and self._read(_journal_mode) != "wal":
+                folder = Path(self._where).expanduser().resolve().parent
+                refused = "" if os.access(folder, os.W_OK) else f"its folder {folder}"
         except StoreError as e:
             if not _refused_read_only(e):
                 raise
-            raise StoreError(f"{self._where}: this user may not write it (or its folder): a search records its "
-                             "evaluations there; copy the store where it can be written") from e
+            refused = "it or the files SQLite keeps beside it"
+        if refused:
+            raise StoreError(f"{self._where}: this user may not write {refused}: a search records its "
+                             "evaluations there; copy the store where it can be written")
 
     def set_run_status(self, run_id: int, status: RunStatus) -> None:
         self._update_one(Run, run_id, status=_choice("run status", RunStatus, status), updated_at=utcnow())
@@ -448,6 +455,10 @@ def _url(target: str | Path, create: bool = True) -> URL:
         elif not path.exists():
             raise StoreError(f"{url.database}: no such database file")
     return url
+
+
+def _journal_mode(s: Session) -> str:
+    return str(s.connection().exec_driver_sql("PRAGMA journal_mode").scalar()).lower()
 
 
 def _refused_read_only(e: StoreError) -> bool:
