@@ -155,7 +155,7 @@ class Store:
         try:
             self._write(lambda s: s.execute(update(Run).where(Run.id.is_(None)).values(name=Run.name)))
             if _is_sqlite_file(self._url) and self._read(_journal_mode) != "wal":
-                folder = Path(self._where).expanduser().resolve().parent
+                folder = Path(self._url.database).expanduser().resolve().parent
                 refused = "" if os.access(folder, os.W_OK) else f"its folder {folder}"
         except StoreError as e:
             if not _refused_read_only(e):
