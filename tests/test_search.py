@@ -750,7 +750,7 @@ def test_a_node_another_process_held_is_settled_before_it_is_expanded(env, tmp_p
     key = key_of(SHIPPED["streams"])
     with Store.open(tmp_path / "held.db") as store:
         search = Search.start(store, "held", WORKLOAD, str(TINY), evaluator, make_proposer("heuristic"),
-                              SearchSettings(budget=6, stale_after_s=0.5, exploit_last=0.0), seed=0)
+                              SearchSettings(budget=6, stale_after_s=2.0, exploit_last=0.0), seed=0)
         evaluator.after = lambda: store.claim_evaluation(key, SHIPPED["streams"], search.run_id, "elsewhere:1", 1800)
         events = []
         search.on_event = lambda kind, data: events.append((kind, data.get("node")))
