@@ -20,6 +20,13 @@ Written as OUTDIR/<NAME>-<variant>.json (NAME: the plan's name unless given; the
     pdl-draft-end-preload   ... released at the end
     pdl-target-start-preload  the target's launches so (the draft's as the plan has it)
     pdl-both-start-preload  both models' launches so
+    draft-tickets-layer     each draft layer one ticket-ordered launch (persist order `tickets`: one program
+                            per tile, taken in dependency order, each waiting for the part before;
+                            tiles ask L2 for their weights before they wait; the draft's pdl off)
+    draft-tickets-layer-preload  ... its GEMM tiles loading their first weight step before the wait
+    draft-tickets-layer-no-prefetch  ... without the L2 prefetch
+    draft-tickets-layer-264 ... on 264 programs (two per SM of an H200) taking tickets in turn
+    target-tickets-layer    each target layer one ticket-ordered launch (the target's pdl off)
     target-loops-99         the target's own launches tile loops on 99 programs (three quarters of
                             an H200's 132 SMs), the rest left to the draft's stream
     target-loops-66         ... on 66 programs (half of them): where the draft's stream is the
@@ -82,6 +89,14 @@ def _draft_layer(preload: bool) -> dict:
             "pdl": {"draft": {"trigger": "none", "prefetch": False}}}
 
 
+def _tickets(model: str, preload: bool = False, prefetch: bool = True, programs: int = 0) -> dict:
+    """Each of a model's layers one ticket-ordered launch (no `pdl` for that model: a launch joining parts
+    waits for the kernel before once)."""
+    return {"persist": {model: {"span": "layer", "order": "tickets", "programs": programs, "prefetch": prefetch,
+                                "preload": preload}},
+            "pdl": {model: {"trigger": "none", "prefetch": False}}}
+
+
 END = {"trigger": "end", "prefetch": False}
 PRELOAD_START = {"trigger": "start", "prefetch": False, "preload": True}
 VARIANTS = {
@@ -95,6 +110,11 @@ VARIANTS = {
     "pdl-both-start-preload": _pdl(PRELOAD_START, PRELOAD_START),
     "draft-persist-layer": _draft_layer(False),
     "draft-persist-layer-preload": _draft_layer(True),
+    "draft-tickets-layer": _tickets("draft"),
+    "draft-tickets-layer-preload": _tickets("draft", preload=True),
+    "draft-tickets-layer-no-prefetch": _tickets("draft", prefetch=False),
+    "draft-tickets-layer-264": _tickets("draft", programs=264),
+    "target-tickets-layer": _tickets("target"),
     "target-loops-99": {"persist": {"target": {"span": "launch", "programs": 99, "prefetch": True}}},
     "target-loops-66": {"persist": {"target": {"span": "launch", "programs": 66, "prefetch": True}}},
     "draft-fusions": {"fusions": {"draft": list(FUSIONS)}},

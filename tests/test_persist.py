@@ -235,7 +235,7 @@ def test_a_persistent_launch_slower_than_its_parts_points_the_heuristic_back():
     assert "persistent launch 1 took 127.8 us against 84.8 for its parts" in back.rationale
     gaining = Verdict.judge(1, parts, 70.0, (11.4, 14.4, 8.3, 32.9, 17.8), modeled=False)
     step = next(c for c in persist_edits(plan, 132, (gaining,)) if c.patch[0]["value"] == {
-        "span": "step", "programs": 0, "prefetch": True, "preload": False})
+        "span": "step", "order": "grid", "programs": 0, "prefetch": True, "preload": False})
     assert step.score > 0.5 and "gained +17.5%" in step.rationale
 
 

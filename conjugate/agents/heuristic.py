@@ -424,8 +424,8 @@ def persist_edits(plan: Plan, sms: int, verdicts: tuple[Verdict, ...] = (),
             if span == now["span"] or (both and span in BARRIER_SPANS) or (span == "launch" and draft) or limited:
                 continue
             value = now | {"span": span} if span != "none" else {"span": "none", "programs": 0, "prefetch": True}
-            if span not in BARRIER_SPANS:  # no barrier to load ahead of
-                value = value | {"preload": False}
+            if span not in BARRIER_SPANS:  # no barrier to load ahead of, no parts to order
+                value = value | {"preload": False, "order": "grid"}
             if span == "launch":
                 value = value | {"programs": throttle[0] if throttle else max(1, 3 * sms // 4)}
             elif now["span"] == "launch":

@@ -12,6 +12,10 @@ A persistent launch (`persistent_source`) runs its parts in sequence on one grid
 loops over a part's tiles with the grid's stride, then waits at a grid-wide barrier (persist.py), or,
 ahead of a GEMM part that preloads (`persist.preload`), only arrives there: that part's tiles wait.
 
+A ticket-ordered launch (`ticket_source`, `persist.order: tickets`) runs the same parts in dependency
+order instead: each program takes a ticket for one tile, waits for the part before to be done, runs
+the tile and counts it in (persist.py).
+
 A programmatic dependent launch (plan `pdl`, sm_90+) may start while the kernel before it on its
 stream still runs: every program first waits for that kernel (`gdc_wait`: it has ended and its
 writes are visible) before it reads or writes anything, optionally asking L2 for its tiles' weights
@@ -275,6 +279,62 @@ def persistent_source(parts: list[PartCall], prefetch: frozenset[int] = frozense
     if barriers:
         lines.append(f"    grid_exit(sync, {len(parts) - 1}, programs, {groups})")
     return "\n".join(lines + _pdl_release(pdl)) + "\n"
+
+
+def ticket_source(parts: list[PartCall], prefetch: frozenset[int] = frozenset(), one_each: bool = True) -> str:
+    """The text of a ticket-ordered launch's module (persist.py): each program takes a ticket, runs that
+    tile of the parts laid end to end and counts it in on its part's counter; a tile of part i > 0 first
+    asks L2 for its weights (i in `prefetch`, where its family has a prefetch function), then waits
+    until part i - 1's counter holds all its tiles, or, a GEMM tile that preloads
+    (gemm.preload_before_barrier), loads its first weights and waits itself. `one_each`: the grid has
+    one program per tile, each takes one ticket; else programs take tickets until none is left. Its
+    runtime arguments: the parts', then `sync` (persist.ticket_words int32 words)."""
+    if len(parts) < 2:
+        raise ValueError("a ticket-ordered launch has two parts or more")
+    if any(waits_itself(p) for p in parts):
+        raise ValueError("a ticket-ordered launch waits for the kernel before once, not in its tiles")
+    if waits_at_barrier(parts[0]):
+        raise ValueError("a ticket-ordered launch's first part has no part before it to wait for")
+    ahead = {i: persist.PREFETCHES[p.sig.fn] for i, p in enumerate(parts)
+             if i and i in prefetch and p.sig.fn in persist.PREFETCHES}
+    imports = sorted({f"from {p.sig.module} import {p.sig.fn}" for p in parts}
+                     | {f"from {module} import {fn}" for module, fn in ahead.values()}
+                     | {"from conjugate.compiler.persist import grid_wait, part_done, part_word, take_ticket, "
+                        "tickets_exit"})
+    params = [", ".join(f"p{i}_{a}" for a in p.sig.args) for i, p in enumerate(parts)] + ["sync"]
+    params += [", ".join(f"P{i}_{c}: tl.constexpr" for c in p.sig.constexprs) for i, p in enumerate(parts)
+               if p.sig.constexprs]
+    ends = [sum(p.programs for p in parts[:i + 1]) for i in range(len(parts))]  # ticket past each part's last
+    notes = [f"# part {i}: {p.sig.fn}(" + ", ".join(f"{c}={_literal(p.constexprs[c])}" for c in p.sig.constexprs)
+             + f"), {p.programs} tiles, tickets {ends[i] - p.programs}..{ends[i] - 1}" for i, p in enumerate(parts)]
+    lines = [_HEADER.rstrip(), *imports, "", "", *notes]
+    lines += ["@triton.jit", "def kernel(", *(f"    {group}," for group in params), "):",
+              "    programs = tl.num_programs(0)", f"    ticket = take_ticket(sync, {len(parts)})"]
+    body = "    " if one_each else "        "
+    if not one_each:
+        lines.append(f"    while ticket < {ends[-1]}:")
+    for i, part in enumerate(parts):
+        test = f"if ticket < {ends[i]}:" if i == 0 else (f"elif ticket < {ends[i]}:" if i < len(parts) - 1
+                                                          else "else:")
+        lines.append(f"{body}{test}")
+        inner = body + "    "
+        lines.append(f"{inner}tile = ticket - {ends[i] - part.programs}")
+        given = {}
+        if i:
+            if i in ahead:  # this tile's weights toward L2 while the part before finishes
+                lines.append(f"{inner}{_call(part, i, 'tile', ahead[i][1])}")
+            wait = (f"part_word(sync, {i - 1})", str(parts[i - 1].programs))
+            if waits_at_barrier(part):  # it loads its first weights, then waits itself
+                given = {"wait_ptr": wait[0], "wait_count": wait[1]}
+            else:
+                lines.append(f"{inner}grid_wait({wait[0]}, {wait[1]})  # every tile of part {i - 1} is done")
+        lines.append(f"{inner}{_call(part, i, 'tile', given=given)}")
+        if i < len(parts) - 1:
+            lines.append(f"{inner}part_done(sync, {i})")
+    if not one_each:
+        lines.append(f"        ticket = take_ticket(sync, {len(parts)})")
+    lines.append(f"    tickets_exit(sync, programs, {len(parts)})")
+    return "\n".join(lines) + "\n"
 
 
 def kernel_args(parts: list[PartCall], dispatch: Dispatch | None, sync=None) -> tuple[list, dict]:

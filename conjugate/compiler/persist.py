@@ -28,7 +28,19 @@ A barrier that waits past SPIN_LIMIT polls (seconds; a legitimate wait is one pa
 other stream's kernels ending) stops the kernel with a trap, so a grid that cannot all be resident
 fails its evaluation at once instead of hanging until the evaluator's time limit.
 
-Every program must be resident at once, or a waiting program holds its SM while a program it
+With `order: tickets` (`ticket_source` in codegen.py) the parts' tiles are dealt in dependency order
+instead: each program takes the next ticket from a counter (an atomic add), ticket t naming tile t of
+the parts' tiles laid end to end, runs that tile and counts it in on its part's counter (release);
+a tile of part i first waits (acquire polls) until part i - 1's counter holds all of its tiles. A
+program holds a ticket only while it runs, so every tile a waiting one needs belongs to a program
+already running: no program need be resident for another to finish, the grid may be any size (one
+program per tile by default, as launches are; the plan's `programs` take tickets in turn), and the
+other stream's thread blocks start on the SMs a finished program leaves. Part i done implies every
+part before it done (each of its tiles waited for the part before), so reads and rewrites of a
+buffer are ordered as by barriers. The sync buffer: a line per counter of the parts but the last,
+then the ticket counter and the exit counter; the last program out zeroes it.
+
+With barriers every program must be resident at once, or a waiting program holds its SM while a program it
 waits for never starts. P starts at one program per SM (always resident); once the kernel is
 compiled, `resident_programs` says how many fit on the GPU at once by its registers, shared memory
 and warps, and P grows to that (the plan's `programs` when set, refused above it): one program per
@@ -171,4 +183,42 @@ def grid_exit(sync_ptr, barriers, programs, GROUPS: tl.constexpr = 1):
     left = tl.atomic_add(sync_ptr + words, 1, sem="acq_rel", scope="gpu")
     if left == programs - 1:
         for w0 in range(0, words + SYNC_LINE, SYNC_LINE):
+            tl.store(sync_ptr + w0 + tl.arange(0, SYNC_LINE), tl.zeros([SYNC_LINE], tl.int32))
+
+
+def ticket_words(parts: int) -> int:
+    """The int32 words of a ticket-ordered launch's sync buffer: a line per counter of the parts but the
+    last, the ticket counter's line, the exit counter's line."""
+    if parts < 2:
+        raise ValueError(f"a ticket-ordered launch has two parts or more, got {parts}")
+    return (parts + 1) * SYNC_LINE_WORDS
+
+
+@triton.jit
+def take_ticket(sync_ptr, PARTS: tl.constexpr):
+    """The next ticket: the tile this program runs next (tiles of all parts in dependency order)."""
+    return tl.atomic_add(sync_ptr + (PARTS - 1) * SYNC_LINE, 1, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def part_word(sync_ptr, part):
+    """The counter of the tiles of `part` done."""
+    return sync_ptr + part * SYNC_LINE
+
+
+@triton.jit
+def part_done(sync_ptr, part):
+    """Count this program's tile of `part` in (its stores released to whoever acquires the count)."""
+    tl.debug_barrier()  # every thread of this program has stored its part of the tile
+    tl.atomic_add(sync_ptr + part * SYNC_LINE, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def tickets_exit(sync_ptr, programs, PARTS: tl.constexpr):
+    """After a program's last ticket: the last program out zeroes the counters, the ticket counter and
+    the exit counter (the next launch on the stream starts after this one ends, and sees them zeroed)."""
+    tl.debug_barrier()
+    left = tl.atomic_add(sync_ptr + PARTS * SYNC_LINE, 1, sem="acq_rel", scope="gpu")
+    if left == programs - 1:
+        for w0 in range(0, (PARTS + 1) * SYNC_LINE, SYNC_LINE):
             tl.store(sync_ptr + w0 + tl.arange(0, SYNC_LINE), tl.zeros([SYNC_LINE], tl.int32))

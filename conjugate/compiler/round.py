@@ -23,12 +23,14 @@ import networkx as nx
 import torch
 
 from conjugate.compiler.buffers import PreparedWeights, RoundBuffers
-from conjugate.compiler.codegen import NO_PDL, Dispatch, KernelCache, Pdl, kernel_args, kernel_source, persistent_source
+from conjugate.compiler.codegen import (NO_PDL, Dispatch, KernelCache, Pdl, kernel_args, kernel_source, persistent_source,
+                                        ticket_source)
 from conjugate.compiler.feedback import CompileFailure, LaunchFeedback, PartRef, Resources
 from conjugate.compiler.gemm import preload_before_barrier, preload_before_wait
 from conjugate.compiler.lower import lower_part
 from conjugate.compiler.packed import pack_launch
-from conjugate.compiler.persist import ASSUMED_L2_BYTES, PREFETCH_L2_SHARE, resident_programs, sync_words
+from conjugate.compiler.persist import (ASSUMED_L2_BYTES, PREFETCH_L2_SHARE, resident_programs, sync_words,
+                                        ticket_words)
 from conjugate.compiler.resources import check_shared_memory
 from conjugate.compiler.sm_limit import SmLimitUnavailable, limited_stream
 from conjugate.compiler.tile import INTERPRETING, PartCall
@@ -66,6 +68,7 @@ class CompiledLaunch:
     sync: Any = None  # a persistent launch's barrier counters (persist.py); None for a tile loop
     persistent: bool = False  # programs take the tiles in turn on a grid of their own size (`grid`)
     pdl: bool = False  # launched as a programmatic dependent launch (its kernel waits for the one before)
+    tickets: bool = False  # a persistent launch whose tiles are taken in dependency order (no residency needed)
 
     @classmethod
     def build(cls, index: int, parts: list[PartCall], cache: KernelCache, *, dispatch: Dispatch | None = None,
@@ -89,6 +92,22 @@ class CompiledLaunch:
         args, constexprs = kernel_args(parts, None, sync)
         return cls(index, kernel, digest, programs, args, constexprs, num_warps, num_stages, stream, list(parts),
                    sync=sync, persistent=True, pdl=pdl.on)
+
+    @classmethod
+    def build_tickets(cls, index: int, parts: list[PartCall], cache: KernelCache, programs: int,
+                      device: torch.device, *, prefetch: frozenset[int] = frozenset(), num_warps: int = 4,
+                      num_stages: int = 2, stream: str = "main") -> "CompiledLaunch":
+        """`parts` in dependency order (persist.py): `programs` programs taking tickets, 0 for one program
+        per tile; `prefetch`: the parts whose tiles ask L2 for their weights before they wait (none
+        under the interpreter)."""
+        tiles = sum(p.programs for p in parts)
+        sync = torch.zeros(ticket_words(len(parts)), dtype=torch.int32, device=device)
+        one_each = programs in (0, tiles)
+        source = ticket_source(parts, frozenset() if INTERPRETING else prefetch, one_each)
+        kernel, digest = cache.load(source)
+        args, constexprs = kernel_args(parts, None, sync)
+        return cls(index, kernel, digest, tiles if one_each else min(programs, tiles), args, constexprs, num_warps,
+                   num_stages, stream, list(parts), sync=sync, persistent=True, tickets=True)
 
     def __call__(self) -> None:
         self.kernel[(self.grid,)](*self.args, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages,
@@ -148,6 +167,11 @@ def _compile_launch(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers, cache
         if launch.preload:
             for part in parts[1:]:
                 preload_before_barrier(part, launch.num_warps)
+        if launch.tickets:
+            return CompiledLaunch.build_tickets(launch.index, parts, cache, launch.programs, device,
+                                                prefetch=prefetched_parts(launch, graph, device),
+                                                num_warps=launch.num_warps, num_stages=launch.num_stages,
+                                                stream=launch.stream)
         return CompiledLaunch.build_persistent(launch.index, parts, cache, persistent_programs(launch, parts, device),
                                                device, prefetch=prefetched_parts(launch, graph, device),
                                                num_warps=launch.num_warps, num_stages=launch.num_stages,
@@ -324,7 +348,7 @@ class CompiledRound:
             for launch in self.launches:
                 with self._compiling(launch):
                     launch.warmup()
-                if launch.persistent:  # as many programs as fit at once, or the plan's
+                if launch.persistent and not launch.tickets:  # as many programs as fit at once, or the plan's
                     launch.grid = resident_grid(launch, self.schedule.launches[launch.index], self.device)
         self.run_eager()
 
@@ -416,6 +440,7 @@ def compile_round(plan: Plan, workload: Workload, draft: ModelWeights | Prepared
     launches = [_compile_launch(launch, graph, bufs, cache, pdl) for launch, pdl in zip(schedule.launches, pdls)]
     manifest = {"plan": plan.to_dict(), "workload": workload.name, "launches": [
         {"launch": l.index, "kernel": f"k_{l.digest}.py", "grid": l.grid, "stream": l.stream, "pdl": l.pdl,
+         "tickets": l.tickets,
          # as compiled: a prefetch the plan asked for is dropped where the launch outgrows its L2 share
          "pdl_trigger": pdl.trigger, "pdl_prefetch": pdl.prefetch,
          "preload": [p.constexprs.get("PRELOAD_K", 0) for p in l.parts],  # pdl's or persist's

@@ -16,7 +16,8 @@ interleave and operand layout apply to every launch holding a matching op.
 
 `persist` then joins a model's consecutive launches of one decoder layer (span `layer`) or one
 decode step (`step`) into one persistent launch: its parts run one after another, each over all
-of the launch's programs, a grid-wide barrier between them (compiler/persist.py). Launches shared
+of the launch's programs, a grid-wide barrier between them, or (`order: tickets`) its tiles taken in
+dependency order, each waiting for the part before (compiler/persist.py). Launches shared
 with the other model are never joined, and with one stream only launches next to each other in the
 schedule. Span `launch` joins nothing: each of the model's own launches becomes a tile loop, its
 tiles taken in turn by a capped number of programs (`programs`), no barrier, so the other stream
@@ -88,6 +89,7 @@ class Launch:
     programs: int = 0  # a persistent launch's programs; 0: as many as the GPU holds at once
     prefetch: bool = False  # a persistent launch's programs prefetch the next part's weights before a barrier
     preload: bool = False  # its GEMM parts load their first weights into registers, then wait for the barrier
+    tickets: bool = False  # its parts' tiles taken in dependency order, each waiting for the part before (persist.py)
     part_launch: tuple[tuple[int, int], ...] = ()  # a persistent launch's parts' own (num_warps, num_stages)
     # programmatic dependent launch (plan `pdl`): where the programs let the next launch start ("none": not
     # launched that way), and whether they prefetch their tile's weights before waiting
@@ -363,6 +365,7 @@ def _joined(plan: Plan, run: list[Launch]) -> Launch:
     return replace(first, parts=tuple(p for l in run for p in l.parts), persistent=True, operand_layout="separate",
                    programs=persist["programs"], prefetch=persist["prefetch"],
                    preload=persist["preload"] and len(run) > 1,  # a tile loop has no barrier
+                   tickets=persist["order"] == "tickets" and len(run) > 1,
                    pdl=first.pdl if len(run) == 1 else "none",  # barriers: never (the plan refuses both)
                    pdl_prefetch=first.pdl_prefetch and len(run) == 1,
                    pdl_preload=False,  # a persistent launch waits once, not in its tiles (codegen)

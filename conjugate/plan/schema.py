@@ -37,6 +37,11 @@ REDUCTIONS = ("ordered", "atomic")
 # no barrier), leaving the rest of the GPU to the other stream
 SPANS = ("none", "launch", "layer", "step")
 BARRIER_SPANS = ("layer", "step")
+# how a persistent launch of several parts orders them: `grid`, every program through each part, a
+# grid-wide barrier between parts (every program resident); `tickets`, each program takes the next
+# tile in dependency order from a counter and waits only for the part before it to be done (no
+# program need be resident for another: any grid, an SM limit, the other stream's blocks between)
+ORDERS = ("grid", "tickets")
 PERSIST_PROGRAMS_MAX = 1024  # 0: as many programs as the GPU holds at once
 # programmatic dependent launch (sm_90+): each launch of the model may start while the kernel before it
 # on its stream finishes; its programs wait (griddepcontrol.wait) before touching memory, and let the
@@ -66,7 +71,7 @@ _HASH_WHEN_SET = {"priority": "none", "split_reduce": {"draft": "ordered", "targ
                   "pdl": {m: {"trigger": "none", "prefetch": False} for m in MODEL_KEYS},
                   "sm_limit": {m: 0 for m in MODEL_KEYS}}
 # per model, keys added later still inside those: hashed only when set
-_HASH_WHEN_SET_PER_MODEL = {"pdl": {"preload": False}, "persist": {"preload": False}}
+_HASH_WHEN_SET_PER_MODEL = {"pdl": {"preload": False}, "persist": {"preload": False, "order": "grid"}}
 
 
 class _Checker:
@@ -155,8 +160,9 @@ class _Checker:
         return value
 
     def persist(self, value: Any, path: str) -> dict:
-        value = self.obj(value, path, ("span", "programs", "prefetch", "preload"))
+        value = self.obj(value, path, ("span", "programs", "prefetch", "preload", "order"))
         return {"span": self.choice(value.get("span", "none"), f"{path}.span", SPANS),
+                "order": self.choice(value.get("order", "grid"), f"{path}.order", ORDERS),
                 "programs": self.integer(value.get("programs", 0), f"{path}.programs", 0, PERSIST_PROGRAMS_MAX),
                 "prefetch": self.boolean(value.get("prefetch", True), f"{path}.prefetch"),
                 "preload": self.boolean(value.get("preload", False), f"{path}.preload")}
@@ -233,15 +239,19 @@ def _canonical(raw: Any) -> tuple[dict, list[str]]:
     plan["overrides"] = [_override(c, o, f"$.overrides[{i}]") for i, o in enumerate(overrides)]
     if plan["priority"] != "none" and plan["streams"] != "two":
         c.fail("$.priority", f"{plan['priority']!r} favours one model's stream, so it needs $.streams 'two'")
-    if plan["streams"] == "two" and all(plan["persist"][m]["span"] in BARRIER_SPANS for m in MODEL_KEYS):
+    if plan["streams"] == "two" and all(_grid_barriers(plan, m) for m in MODEL_KEYS):
         c.fail("$.persist", "both models persistent with barriers on two streams: each grid could hold part of the "
-                            "GPU and wait for programs the other keeps from starting; one stream, or at most one "
-                            "model with span layer or step")
+                            "GPU and wait for programs the other keeps from starting; one stream, at most one "
+                            "model with span layer or step, or order 'tickets'")
     for m in MODEL_KEYS:
         if plan["persist"][m]["preload"] and plan["persist"][m]["span"] not in BARRIER_SPANS:
             c.fail(f"$.persist.{m}.preload", f"loads a part's first weights before the grid barrier ahead of it, so "
                                              f"it needs $.persist.{m}.span 'layer' or 'step', not "
                                              f"{plan['persist'][m]['span']!r}")
+        if plan["persist"][m]["order"] != "grid" and plan["persist"][m]["span"] not in BARRIER_SPANS:
+            c.fail(f"$.persist.{m}.order", f"{plan['persist'][m]['order']!r} orders the parts of a launch that joins "
+                                           f"several, so it needs $.persist.{m}.span 'layer' or 'step', not "
+                                           f"{plan['persist'][m]['span']!r}")
         if plan["pdl"][m]["trigger"] != "none" and plan["persist"][m]["span"] in BARRIER_SPANS:
             c.fail(f"$.pdl.{m}.trigger", f"{plan['pdl'][m]['trigger']!r} lets a persistent launch's programs start "
                                          f"while the kernel before it still holds SMs, and its barrier needs them all "
@@ -258,7 +268,7 @@ def _canonical(raw: Any) -> tuple[dict, list[str]]:
                                       f"{SM_LIMIT_STEP}), got {plan['sm_limit'][m]}")
         elif plan["streams"] != "two":
             c.fail(f"$.sm_limit.{m}", "limits one model's stream to part of the GPU, so it needs $.streams 'two'")
-        elif plan["persist"][m]["span"] in BARRIER_SPANS:
+        elif _grid_barriers(plan, m):
             c.fail(f"$.sm_limit.{m}", f"limits a model persistent with barriers ($.persist.{m}.span "
                                       f"{plan['persist'][m]['span']!r}): its grid is sized for every SM, and "
                                       f"programs that never become resident would hold its barrier forever")
@@ -269,6 +279,11 @@ def _canonical(raw: Any) -> tuple[dict, list[str]]:
         c.fail("$.streams", "'two' runs each model on its own stream, so it needs $.alignment 'sequential' "
                             "(cross-model launches belong to one stream)")
     return plan, c.errors
+
+
+def _grid_barriers(plan: dict, model: str) -> bool:
+    """Whether a model's persistent launches join parts behind grid barriers (every program resident)."""
+    return plan["persist"][model]["span"] in BARRIER_SPANS and plan["persist"][model]["order"] == "grid"
 
 
 def _override(c: _Checker, value: Any, path: str) -> dict:
