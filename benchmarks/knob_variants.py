@@ -27,6 +27,8 @@ Written as OUTDIR/<NAME>-<variant>.json (NAME: the plan's name unless given; the
     draft-tickets-layer-no-prefetch  ... without the L2 prefetch
     draft-tickets-layer-264 ... on 264 programs (two per SM of an H200) taking tickets in turn
     target-tickets-layer    each target layer one ticket-ordered launch (the target's pdl off)
+    draft-tickets-layer-sms-48  draft-tickets-layer with the draft's stream on 48 SMs (its waiting tiles
+                            never hold the other 84), the target's on every SM
     target-loops-99         the target's own launches tile loops on 99 programs (three quarters of
                             an H200's 132 SMs), the rest left to the draft's stream
     target-loops-66         ... on 66 programs (half of them): where the draft's stream is the
@@ -115,6 +117,7 @@ VARIANTS = {
     "draft-tickets-layer-no-prefetch": _tickets("draft", prefetch=False),
     "draft-tickets-layer-264": _tickets("draft", programs=264),
     "target-tickets-layer": _tickets("target"),
+    "draft-tickets-layer-sms-48": _tickets("draft") | {"sm_limit": {"draft": 48, "target": 0}},
     "target-loops-99": {"persist": {"target": {"span": "launch", "programs": 99, "prefetch": True}}},
     "target-loops-66": {"persist": {"target": {"span": "launch", "programs": 66, "prefetch": True}}},
     "draft-fusions": {"fusions": {"draft": list(FUSIONS)}},
