@@ -22,7 +22,9 @@ def test_each_variant_differs_from_its_plan_in_its_knob_alone():
                          "target-loops-99", "target-loops-66", "draft-fusions", "draft-mlp", "draft-fusions-no-mlp",
                          "target-sms-120", "target-sms-112", "target-sms-104", "draft-attn-early",
                          "draft-attn-prefetch", "draft-oproj-early", "target-attn-early",
-                         "phases-apart"} and not skipped
+                         "phases-apart", "draft-tickets-layer", "draft-tickets-layer-preload",
+                         "draft-tickets-layer-no-prefetch", "draft-tickets-layer-264", "target-tickets-layer",
+                         "draft-tickets-layer-sms-48"} and not skipped
     base = load_plan(STREAMS).to_dict()
     for variant, plan in made.items():
         assert plan["name"] == f"best-{variant}"
@@ -33,6 +35,8 @@ def test_each_variant_differs_from_its_plan_in_its_knob_alone():
                 else loops.get(variant, "sm_limit" if variant.startswith("target-sms") else "pdl"))
         if variant.startswith("draft-persist"):  # joined behind barriers: the draft's pdl off too
             knob = {"persist", "pdl"} if base["pdl"]["draft"]["trigger"] != "none" else {"persist"}
+        if "tickets" in variant:  # joined: that model's pdl off too (the shipped plan has none)
+            knob = {"persist", "sm_limit"} if variant.endswith("sms-48") else {"persist"}
         assert changed == (knob if isinstance(knob, set) else {knob}), variant
         validate_plan(plan)
     assert made["target-sms-112"]["sm_limit"] == {"draft": 0, "target": 112}
@@ -40,10 +44,10 @@ def test_each_variant_differs_from_its_plan_in_its_knob_alone():
     assert made["pdl-both-end"]["pdl"]["target"]["trigger"] == "end"
     assert made["pdl-target-start-preload"]["pdl"] == {"draft": base["pdl"]["draft"], "target": {
         "trigger": "start", "prefetch": False, "preload": True}}  # the draft's as the plan has it
-    assert made["target-loops-99"]["persist"]["target"] == {"span": "launch", "programs": 99, "prefetch": True,
-                                                            "preload": False}
+    assert made["target-loops-99"]["persist"]["target"] == {"span": "launch", "order": "grid", "programs": 99,
+                                                            "prefetch": True, "preload": False}
     assert made["target-loops-66"]["persist"]["target"]["programs"] == 66
-    assert made["draft-persist-layer-preload"]["persist"]["draft"] == {"span": "layer", "programs": 0,
+    assert made["draft-persist-layer-preload"]["persist"]["draft"] == {"span": "layer", "order": "grid", "programs": 0,
                                                                         "prefetch": True, "preload": True}
     fused = made["draft-fusions"]["fusions"]
     assert len(fused["draft"]) == 6 and fused["target"] == base["fusions"]["target"]
@@ -52,6 +56,10 @@ def test_each_variant_differs_from_its_plan_in_its_knob_alone():
     assert made["draft-attn-early"]["overrides"] == [{"match": "d.*.rope_kv", "pdl": {"trigger": "start"}},
                                                      {"match": "d.*.attn", "pdl": {"trigger": "end", "prefetch": True}}]
     assert made["target-attn-early"]["overrides"][1]["match"] == "t.*.attn"
+    assert made["draft-tickets-layer-264"]["persist"]["draft"] == {"span": "layer", "order": "tickets", "programs": 264,
+                                                                    "prefetch": True, "preload": False}
+    assert made["target-tickets-layer"]["persist"]["target"]["order"] == "tickets"
+    assert made["draft-tickets-layer-sms-48"]["sm_limit"] == {"draft": 48, "target": 0}
 
 
 def test_phases_apart_puts_a_limited_two_stream_plan_on_one_stream():
@@ -83,9 +91,12 @@ def test_a_variant_the_plan_cannot_take_is_skipped_and_named(tmp_path):
     assert skipped["skipped target-loops-99"] == "the plan has it already"
     assert "$.pdl.draft.trigger" in skipped["skipped pdl-draft-end"]
     assert sorted(p.name for p in out.iterdir()) == ["layered-draft-fusions-no-mlp.json", "layered-draft-fusions.json",
-                                                     "layered-draft-mlp.json", "layered-draft-persist-layer-preload.json", "layered-pdl-target-start-preload.json",
+                                                     "layered-draft-mlp.json", "layered-draft-persist-layer-preload.json",
+                                                     *(f"layered-draft-tickets-layer{v}.json" for v in (
+                                                         "-264", "-no-prefetch", "-preload", "-sms-48", "")),
+                                                     "layered-pdl-target-start-preload.json",
                                                      "layered-phases-apart.json",
                                                      "layered-target-attn-early.json",
                                                      "layered-target-loops-66.json",
                                                      "layered-target-sms-104.json", "layered-target-sms-112.json",
-                                                     "layered-target-sms-120.json"]
+                                                     "layered-target-sms-120.json", "layered-target-tickets-layer.json"]

@@ -121,3 +121,33 @@ def test_two_ticket_ordered_models_on_two_streams_compute_the_reference_round(tm
     assert streams == {"draft", "target"}
     assert all(int(l.sync.abs().sum()) == 0 for l in _ticketed(compiled))
     assert all(isinstance(l.sync, torch.Tensor) and l.sync.dtype == torch.int32 for l in _ticketed(compiled))
+
+
+def test_the_heuristic_offers_ticket_order_last_and_every_edit_validates():
+    """A draft of separate launches: a ticket-ordered layer among the edits, ranked below every other
+    persist edit but the tile loops (both measured slower, the loops more); a persistent draft: the order toggled, back to barriers first; a
+    ticket-ordered draft beside an SM limit or a target on barriers: every edit still valid."""
+    from conjugate.agents.heuristic import TICKETS_MEASURED, persist_edits
+    from conjugate.agents.heuristic_edits import sm_limit_edits
+    from conjugate.plan.patch import apply_patch
+
+    plan = validate_plan(_streams())
+    edits = persist_edits(plan, sms=132)
+    ticket = next(c for c in edits if c.patch[0]["path"] == "/persist/draft"
+                  and c.patch[0]["value"].get("order") == "tickets")
+    others = [c for c in edits if c is not ticket and c.patch[0]["value"].get("span") != "launch"]
+    loops = [c for c in edits if c.patch[0]["value"].get("span") == "launch"]  # tile loops: measured worse still
+    assert max(c.score for c in loops) < ticket.score < min(c.score for c in others)
+    assert TICKETS_MEASURED in ticket.rationale
+    ticketed = validate_plan(apply_patch(plan.to_dict(), ticket.patch))
+    assert ticketed["persist"]["draft"] == {"span": "layer", "order": "tickets", "programs": 0, "prefetch": True,
+                                            "preload": False}
+    back = next(c for c in persist_edits(ticketed, sms=132) if c.patch[0]["path"] == "/persist/draft/order")
+    assert back.patch[0]["value"] == "grid" and back.score > ticket.score
+    layered = validate_plan(_streams(persist={"draft": {"span": "layer"}}))
+    to_tickets = next(c for c in persist_edits(layered, sms=132) if c.patch[0]["path"] == "/persist/draft/order")
+    assert to_tickets.patch[0]["value"] == "tickets"
+    crowded = validate_plan(_streams(persist={"draft": {"span": "layer", "order": "tickets"},
+                                              "target": {"span": "layer"}}, sm_limit={"draft": 64, "target": 0}))
+    for candidate in persist_edits(crowded, sms=132) + sm_limit_edits(crowded, 132, None):
+        validate_plan(apply_patch(crowded.to_dict(), candidate.patch))

@@ -395,6 +395,9 @@ def _persistent_verdicts(verdicts: tuple[Verdict, ...], model: str) -> list[Verd
 
 PERSIST_PRELOAD_MEASURED = ("on the H200 persistent draft layers' rounds -16%, -2.9%, +0.9% with it on three "
                             "workloads, all still slower than their launches")
+TICKETS_MEASURED = ("on the H200 ticket-ordered draft layers made the best plans' rounds 15-23% slower on three "
+                    "workloads, each layer alone as slow as its parts launched one by one or up to 39% slower "
+                    "(benchmarks/results/tickets_h200.json)")
 
 
 def persist_edits(plan: Plan, sms: int, verdicts: tuple[Verdict, ...] = (),
@@ -418,10 +421,13 @@ def persist_edits(plan: Plan, sms: int, verdicts: tuple[Verdict, ...] = (),
         measured = _persistent_verdicts(verdicts, model)
         worst, best = (measured[0], measured[-1]) if measured else (None, None)
         other = next(m for m in MODEL_KEYS if m != model)
-        both = plan["streams"] == "two" and plan["persist"][other]["span"] in BARRIER_SPANS  # refused: see schema
+        both = plan["streams"] == "two" and _grid_barriers(plan, other)  # refused: see schema
+        tickets = now["order"] == "tickets"
         for span in SPANS:
-            limited = plan["sm_limit"][model] and span in BARRIER_SPANS  # refused: its grid needs every SM
-            if span == now["span"] or (both and span in BARRIER_SPANS) or (span == "launch" and draft) or limited:
+            # refused with grid barriers: its grid needs every SM; ticket order needs none resident
+            limited = plan["sm_limit"][model] and span in BARRIER_SPANS and not tickets
+            if span == now["span"] or (both and span in BARRIER_SPANS and not tickets) or (span == "launch" and draft) \
+                    or limited:
                 continue
             value = now | {"span": span} if span != "none" else {"span": "none", "programs": 0, "prefetch": True}
             if span not in BARRIER_SPANS:  # no barrier to load ahead of, no parts to order
@@ -448,6 +454,17 @@ def persist_edits(plan: Plan, sms: int, verdicts: tuple[Verdict, ...] = (),
                 score = 0.55
             patch = [{"op": "replace", "path": f"/persist/{model}", "value": value}]
             out.append(Candidate("launch", patch, why, score))
+        if now["span"] == "none" and draft:  # a draft layer ticket-ordered: last, as measured
+            value = {"span": "layer", "order": "tickets", "programs": 0, "prefetch": True, "preload": False}
+            out.append(Candidate("launch", [{"op": "replace", "path": f"/persist/{model}", "value": value}],
+                                 f"each {model} layer one ticket-ordered launch: its tiles taken in dependency order, "
+                                 f"each waiting for the part before, not for a launch boundary ({TICKETS_MEASURED})",
+                                 0.12))  # above the tile loops (rounds +10-71%), below the rest
+        elif now["span"] in BARRIER_SPANS and not (tickets and (both or plan["sm_limit"][model])):
+            order = "grid" if tickets else "tickets"  # back to barriers only where the plan allows them
+            out.append(Candidate("launch", [{"op": "replace", "path": f"/persist/{model}/order", "value": order}],
+                                 f"{model} persistent launches ordered by {'grid barriers' if tickets else 'tickets'}"
+                                 + ("" if tickets else f" ({TICKETS_MEASURED})"), 0.3 if tickets else 0.1))
         if now["span"] == "launch":
             grids = {max(1, sms // 2), sms} | ({throttle[0]} if throttle else set())
             for programs in sorted(grids - {now["programs"]}):
@@ -475,6 +492,11 @@ def persist_edits(plan: Plan, sms: int, verdicts: tuple[Verdict, ...] = (),
                 out.append(Candidate("launch", [{"op": "replace", "path": f"/persist/{model}/programs",
                                                  "value": programs}], why, score))
     return out
+
+
+def _grid_barriers(plan: Plan, model: str) -> bool:
+    """Whether a model's persistent launches wait at grid barriers (every program resident)."""
+    return plan["persist"][model]["span"] in BARRIER_SPANS and plan["persist"][model]["order"] == "grid"
 
 
 def _target_throttle(ledger: LedgerSummary | None, sms: int) -> tuple[int, str] | None:

@@ -468,7 +468,8 @@ def sm_limit_edits(plan: Plan, sms: int, ledger: LedgerSummary | None = None) ->
         other, yielding, ratio = shape
         if ratio < SM_LIMIT_BALANCED:
             return []
-    if plan["persist"][yielding]["span"] in BARRIER_SPANS:  # refused: its grid is sized for every SM
+    persist = plan["persist"][yielding]
+    if persist["span"] in BARRIER_SPANS and persist["order"] == "grid":  # refused: its grid is sized for every SM
         return []
     top = (sms - 1) // SM_LIMIT_STEP * SM_LIMIT_STEP  # the most SMs that still leave the other some alone
     steps = (1, 2) if ratio is None or ratio < SM_LIMIT_WIDE else (3, 4, 2)

@@ -1,0 +1,80 @@
+"""One table of several `conjugate bench --json` files: per workload, each plan's median round, its p20-p80,
+its status and floor ratio, its change against the first plan of the same file (one worker process),
+the ledger's busy time per stream, and the verdicts of its launches that join several parts of one
+model (persistent or ticket-ordered: the launch against its parts launched one by one).
+
+    python benchmarks/bench_table.py BENCH.json... --json OUT.json [--note TEXT]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def _joined_verdicts(verdicts: list[dict]) -> dict | None:
+    """Median time of the launches joining several parts of one model, and of their parts one by one."""
+    joined = [v for v in verdicts if len(v["parts"]) > 1 and len({p["model"] for p in v["parts"]}) == 1
+              and v.get("shared_us") is not None and v.get("separate_us") is not None]
+    if not joined:
+        return None
+    return {"launches": len(joined), "median_us": statistics.median(v["shared_us"] for v in joined),
+            "parts_median_us": statistics.median(v["separate_us"] for v in joined)}
+
+
+def summarise(bench: dict) -> dict:
+    """The rows of one bench file."""
+    plans, first = {}, None
+    for entry in bench["plans"]:
+        result = entry["result"]
+        metrics = result.get("metrics") or {}
+        ms = metrics.get("latency_ms")
+        first = ms if first is None else first
+        ledger = metrics.get("ledger") or {}
+        plans[entry["label"]] = {
+            "ms": ms, "p20_ms": metrics.get("p20_ms"), "p80_ms": metrics.get("p80_ms"), "status": result["status"],
+            "floor_ratio": metrics.get("floor_ratio"),
+            "change_percent": None if ms is None or not first else round(100 * (ms / first - 1), 2),
+            "streams_busy_ms": ledger.get("streams"), "joined_launches": _joined_verdicts(result.get("verdicts") or [])}
+    device = next((e["result"]["metrics"].get("device") for e in bench["plans"] if e["result"].get("metrics")), None)
+    return {"workload": bench["workload"], "device": device, "plans": plans}
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| workload | plan | ms | change | floor ratio | draft / target busy | joined launch / its parts (us) |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        for label, p in row["plans"].items():
+            busy = p["streams_busy_ms"] or {}
+            busy_text = " / ".join(f"{busy[m]:.2f}" for m in ("draft", "target") if m in busy) or "-"
+            joined = p["joined_launches"]
+            joined_text = f"{joined['median_us']:.1f} / {joined['parts_median_us']:.1f}" if joined else "-"
+            ms = "-" if p["ms"] is None else f"{p['ms']:.3f}"
+            change = "-" if p["change_percent"] is None else f"{p['change_percent']:+.1f}%"
+            ratio = "-" if p["floor_ratio"] is None else f"{p['floor_ratio']:.2f}"
+            lines.append(f"| {row['workload']} | {label} | {ms} | {change} | {ratio} | {busy_text} | {joined_text} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bench", nargs="+", type=Path, help="`conjugate bench --json` files")
+    parser.add_argument("--json", type=Path, help="write the rows here")
+    parser.add_argument("--note", default="", help="recorded in the JSON (GPU, code, command)")
+    args = parser.parse_args()
+    rows = []
+    for path in args.bench:
+        try:
+            rows.append(summarise(json.loads(path.read_text())))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            sys.exit(f"{path}: not a `conjugate bench --json` file ({type(e).__name__}: {e})")
+    if args.json:
+        args.json.write_text(json.dumps({"note": args.note, "files": [p.name for p in args.bench], "workloads": rows},
+                                        indent=1) + "\n")
+    print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
