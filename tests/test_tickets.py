@@ -3,6 +3,9 @@ parts in one launch whose programs take tiles in dependency order, each tile wai
 before it to be done."""
 from __future__ import annotations
 
+import json
+
+import jsonschema
 import pytest
 import torch
 
@@ -12,7 +15,7 @@ from conjugate.compiler.codegen import ticket_source
 from conjugate.errors import PlanError
 from conjugate.plan import validate_plan
 from test_persist import FUSED, _streams
-from test_round import FAMILIES, _round
+from test_round import FAMILIES, ROOT, _round
 
 
 def _tickets(span: str = "layer", programs: int = 0, **more) -> dict:
@@ -98,6 +101,10 @@ def test_tickets_need_joined_parts_and_keep_older_plans_hashes():
         validate_plan(_streams(persist={"draft": {"span": "layer", "order": "dataflow"}}))
     assert caught.value.errors[0].startswith("$.persist.draft.order: ")
     assert caught.value.errors[0].endswith("is not one of grid, tickets")
+    schema = json.loads((ROOT / "plans" / "plan.schema.json").read_text())  # what the LLM agents are shown
+    jsonschema.validate(ticketed.to_dict(), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(_streams(persist={"draft": {"span": "layer", "order": "dataflow"}}), schema)
 
 
 def test_tickets_lift_what_barriers_refuse():

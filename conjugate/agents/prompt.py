@@ -11,7 +11,7 @@ every edit (the first MAX_EDITS, each of at most MAX_PATCH_OPS operations) and s
 one was dropped, in the patch's own JSON Pointer paths.
 
 The budget: every section has a cap (items and characters), so a prompt with every section full
-stays under PROMPT_BUDGET_CHARS (about 14K tokens) besides the current plan's own JSON, which is
+stays under PROMPT_BUDGET_CHARS (about 14.5K tokens) besides the current plan's own JSON, which is
 sent whole (the edits' JSON Pointers need it).
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ MAX_RESCANS = 8  # unclosed "{" (in prose) after which a reply is scanned again 
 MAX_EDITS = 32  # edits of one reply that are read
 MAX_PATCH_OPS = 64  # operations of one edit
 MAX_MEASURED_TILES = 10  # a draft's and a target's GEMM and attention kinds
-PROMPT_BUDGET_CHARS = 57_000  # system and expand prompts with every section full, the current plan aside
+PROMPT_BUDGET_CHARS = 58_000  # system and expand prompts with every section full, the current plan aside
 
 
 def _json(value: Any, limit: int = 0, sort: bool = True) -> str:
