@@ -218,6 +218,21 @@ def _prefetch_lines(parts: list[PartCall], pdl: Pdl, pids: list[str]) -> list[st
     return lines
 
 
+def _joined_module(parts: list[PartCall], imports: set[str], sync: bool, tiles_note) -> list[str]:
+    """The head of a module whose kernel holds several parts inline (persistent or ticket-ordered): the
+    imports of every part's tile function and `imports`, a note per part (its constexprs and
+    `tiles_note(i, part)`), and the kernel's signature: the parts' arguments, `sync` when asked, their
+    constexprs."""
+    imports = sorted({f"from {p.sig.module} import {p.sig.fn}" for p in parts} | imports)
+    params = [", ".join(f"p{i}_{a}" for a in p.sig.args) for i, p in enumerate(parts)] + (["sync"] if sync else [])
+    params += [", ".join(f"P{i}_{c}: tl.constexpr" for c in p.sig.constexprs) for i, p in enumerate(parts)
+               if p.sig.constexprs]
+    notes = [f"# part {i}: {p.sig.fn}(" + ", ".join(f"{c}={_literal(p.constexprs[c])}" for c in p.sig.constexprs)
+             + f"), {tiles_note(i, p)}" for i, p in enumerate(parts)]
+    return [_HEADER.rstrip(), *imports, "", "", *notes, "@triton.jit", "def kernel(",
+            *(f"    {group}," for group in params), "):"]
+
+
 def persistent_source(parts: list[PartCall], prefetch: frozenset[int] = frozenset(), pdl: Pdl = NO_PDL) -> str:
     """The text of a persistent launch's module: part i's `programs` tiles taken by the grid's
     programs in turn, a barrier on sync[i] after each part but the last, then the exit that resets
@@ -240,21 +255,14 @@ def persistent_source(parts: list[PartCall], prefetch: frozenset[int] = frozense
         raise ValueError("a persistent launch's first part has no barrier before it to wait for")
     ahead = {i: persist.PREFETCHES[p.sig.fn] for i, p in enumerate(parts)
              if i and i in prefetch and p.sig.fn in persist.PREFETCHES}
-    imports = sorted({f"from {p.sig.module} import {p.sig.fn}" for p in parts}
-                     | {f"from {module} import {fn}" for module, fn in ahead.values()}
-                     | ({"from conjugate.compiler.persist import grid_barrier, grid_exit"} if barriers else set())
-                     | ({"from conjugate.compiler.persist import barrier_target, barrier_word, grid_arrive"}
-                        if any(waits_at_barrier(p) for p in parts) else set())
-                     | _pdl_imports(parts, pdl))
-    params = [", ".join(f"p{i}_{a}" for a in p.sig.args) for i, p in enumerate(parts)] + (["sync"] if barriers else [])
-    params += [", ".join(f"P{i}_{c}: tl.constexpr" for c in p.sig.constexprs) for i, p in enumerate(parts)
-               if p.sig.constexprs]
-    notes = [f"# part {i}: {p.sig.fn}(" + ", ".join(f"{c}={_literal(p.constexprs[c])}" for c in p.sig.constexprs)
-             + f"), {p.programs} tiles" for i, p in enumerate(parts)]
-    lines = [_HEADER.rstrip(), *imports, "", "", *notes]
+    imports = ({f"from {module} import {fn}" for module, fn in ahead.values()}
+               | ({"from conjugate.compiler.persist import grid_barrier, grid_exit"} if barriers else set())
+               | ({"from conjugate.compiler.persist import barrier_target, barrier_word, grid_arrive"}
+                  if any(waits_at_barrier(p) for p in parts) else set())
+               | _pdl_imports(parts, pdl))
+    lines = _joined_module(parts, imports, barriers, lambda i, p: f"{p.programs} tiles")
     groups = persist.BARRIER_GROUPS
-    lines += ["@triton.jit", "def kernel(", *(f"    {group}," for group in params), "):",
-              "    pid = tl.program_id(0)", "    programs = tl.num_programs(0)"]
+    lines += ["    pid = tl.program_id(0)", "    programs = tl.num_programs(0)"]
     if pdl.on and pdl.prefetch and _prefetcher(parts[0]):  # every tile this program will take
         lines += ["    tile = pid", f"    while tile < {parts[0].programs}:",
                   f"        {_call(parts[0], 0, 'tile', _prefetcher(parts[0])[1])}", "        tile += programs"]
@@ -297,19 +305,12 @@ def ticket_source(parts: list[PartCall], prefetch: frozenset[int] = frozenset(),
         raise ValueError("a ticket-ordered launch's first part has no part before it to wait for")
     ahead = {i: persist.PREFETCHES[p.sig.fn] for i, p in enumerate(parts)
              if i and i in prefetch and p.sig.fn in persist.PREFETCHES}
-    imports = sorted({f"from {p.sig.module} import {p.sig.fn}" for p in parts}
-                     | {f"from {module} import {fn}" for module, fn in ahead.values()}
-                     | {"from conjugate.compiler.persist import grid_wait, part_done, part_word, take_ticket, "
-                        "tickets_exit"})
-    params = [", ".join(f"p{i}_{a}" for a in p.sig.args) for i, p in enumerate(parts)] + ["sync"]
-    params += [", ".join(f"P{i}_{c}: tl.constexpr" for c in p.sig.constexprs) for i, p in enumerate(parts)
-               if p.sig.constexprs]
+    imports = ({f"from {module} import {fn}" for module, fn in ahead.values()}
+               | {"from conjugate.compiler.persist import grid_wait, part_done, part_word, take_ticket, tickets_exit"})
     ends = [sum(p.programs for p in parts[:i + 1]) for i in range(len(parts))]  # ticket past each part's last
-    notes = [f"# part {i}: {p.sig.fn}(" + ", ".join(f"{c}={_literal(p.constexprs[c])}" for c in p.sig.constexprs)
-             + f"), {p.programs} tiles, tickets {ends[i] - p.programs}..{ends[i] - 1}" for i, p in enumerate(parts)]
-    lines = [_HEADER.rstrip(), *imports, "", "", *notes]
-    lines += ["@triton.jit", "def kernel(", *(f"    {group}," for group in params), "):",
-              "    programs = tl.num_programs(0)", f"    ticket = take_ticket(sync, {len(parts)})"]
+    lines = _joined_module(parts, imports, True,
+                           lambda i, p: f"{p.programs} tiles, tickets {ends[i] - p.programs}..{ends[i] - 1}")
+    lines += ["    programs = tl.num_programs(0)", f"    ticket = take_ticket(sync, {len(parts)})"]
     body = "    " if one_each else "        "
     if not one_each:
         lines.append(f"    while ticket < {ends[-1]}:")
