@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 from urllib.parse import quote
 
-from sqlalchemy import Engine, case, create_engine, delete, event, func, inspect, select, update
+from sqlalchemy import Engine, case, create_engine, delete, event, func, inspect, select, text, update
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
@@ -149,8 +149,15 @@ class Store:
 
     def check_writable(self) -> None:
         """Refuse, before anything starts, a store this process may not update (a resume records every
-        evaluation there): a write transaction that changes no row, and for a SQLite file outside WAL
-        mode its folder (where SQLite makes its rollback journal at the first real write)."""
+        evaluation there): a write transaction that changes no row; for a SQLite file outside WAL mode
+        its folder (where SQLite makes its rollback journal at the first real write); on PostgreSQL
+        every privilege the search's writes need (SEARCH_WRITES), so that a role that may update the
+        run but not add its nodes is refused before it evaluates, not at its first new node."""
+        if self._url.get_backend_name() == "postgresql":
+            missing = self._read(_missing_privileges)
+            if missing:
+                raise StoreError(f"{self._where}: this role lacks {', '.join(missing)}: a search records its "
+                                 "evaluations there; grant them, or copy the store where they are held")
         refused = ""
         try:
             self._write(lambda s: s.execute(update(Run).where(Run.id.is_(None)).values(name=Run.name)))
@@ -459,6 +466,28 @@ def _url(target: str | Path, create: bool = True) -> URL:
 
 def _journal_mode(s: Session) -> str:
     return str(s.connection().exec_driver_sql("PRAGMA journal_mode").scalar()).lower()
+
+
+# What a search writes, by table (store methods: set_run_status, add_node and its updates, claim_evaluation,
+# finish_evaluation with its verdicts, release_evaluation, the LLM calls, lessons and edit outcomes)
+SEARCH_WRITES = {Run: ("UPDATE",), Node: ("INSERT", "UPDATE"), Evaluation: ("INSERT", "UPDATE", "DELETE"),
+                 VerdictRow: ("INSERT",), LLMCall: ("INSERT",), Lesson: ("INSERT",), EditOutcome: ("INSERT",)}
+
+
+def _missing_privileges(s: Session) -> list[str]:
+    """PostgreSQL: each privilege a search's writes need that this role lacks, as 'INSERT on nodes' (a
+    table's id sequence too, 'USAGE on nodes_id_seq', where rows are added)."""
+    missing = []
+    for table, privileges in SEARCH_WRITES.items():
+        name = table.__tablename__
+        for privilege in privileges:
+            if not s.scalar(text("SELECT has_table_privilege(:t, :p)"), {"t": name, "p": privilege}):
+                missing.append(f"{privilege} on {name}")
+        sequence = s.scalar(text("SELECT pg_get_serial_sequence(:t, 'id')"), {"t": name})
+        if "INSERT" in privileges and sequence and \
+                not s.scalar(text("SELECT has_sequence_privilege(:q, 'USAGE')"), {"q": sequence}):
+            missing.append(f"USAGE on {sequence.split('.')[-1]}")
+    return missing
 
 
 def _refused_read_only(e: StoreError) -> bool:
