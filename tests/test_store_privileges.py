@@ -33,52 +33,59 @@ def _counts(conn) -> tuple:
         conn.execute(text("SELECT updated_at FROM runs")).scalar(),)
 
 
-@pytest.mark.parametrize("skip", [("INSERT", "nodes"), ("DELETE", "evaluations"), None])
-def test_a_resume_needs_every_write_of_the_search(skip, env):  # noqa: F811
+def _connections(conn, role: str) -> int:
+    """The role's server processes still connected, once a closed connection's process has ended."""
+    for _ in range(50):
+        left = conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE usename = :r"), {"r": role}).scalar()
+        if not left:
+            return 0
+        time.sleep(0.1)
+    return left
+
+
+def test_a_resume_needs_every_write_of_the_search(env):  # noqa: F811
     base = os.environ.get(PG_ENV)
     if not base:
         pytest.skip(f"PostgreSQL store tests need ${PG_ENV} (bash .ci/postgres starts a server and prints one)")
-    role = f"conjugate_limited_{uuid.uuid4().hex[:8]}"
     admin = create_engine(base, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         if not conn.execute(text("SELECT rolcreaterole FROM pg_roles WHERE rolname = current_user")).scalar():
             pytest.fail("the test role cannot create roles: run `bash .ci/postgres` again (it grants CREATEROLE)")
-        conn.exec_driver_sql(f"CREATE ROLE \"{role}\" LOGIN PASSWORD 'limited'")
-        conn.exec_driver_sql(f'GRANT "{role}" TO CURRENT_USER')  # so its grants can be dropped with it
     databases = _fresh_postgres_database(base)
     url = next(databases)
+    roles = []
     try:
         code, out, err = search_cli(url, env["profile"], BUDGET)
         assert code == 0, out + err
         owner = create_engine(url, isolation_level="AUTOCOMMIT")
-        with owner.connect() as conn:
-            _grant(conn, role, skip)
-            before = _counts(conn)
-        limited = make_url(url).set(username=role, password="limited").render_as_string(hide_password=False)
-        code, out, err = cli("search", "--resume", limited, "--budget", BUDGET + 2)
-        with owner.connect() as conn:
-            after = _counts(conn)
-            for _ in range(50):  # a closed connection's server process ends a moment later
-                lingering = conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE usename = :r"),
-                                         {"r": role}).scalar()
-                if not lingering:
-                    break
-                time.sleep(0.1)
-            conn.exec_driver_sql(f'DROP OWNED BY "{role}"')  # its privileges here
+        for skip in (("INSERT", "nodes"), ("DELETE", "evaluations"), None):  # None: exactly the list, last
+            role = f"conjugate_limited_{uuid.uuid4().hex[:8]}"
+            roles.append(role)
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f"CREATE ROLE \"{role}\" LOGIN PASSWORD 'limited'")
+                conn.exec_driver_sql(f'GRANT "{role}" TO CURRENT_USER')  # its connections may be ended with the database
+            with owner.connect() as conn:
+                _grant(conn, role, skip)
+                before = _counts(conn)
+            limited = make_url(url).set(username=role, password="limited").render_as_string(hide_password=False)
+            code, out, err = cli("search", "--resume", limited, "--budget", BUDGET + 2)
+            with owner.connect() as conn:
+                after = _counts(conn)
+                assert _connections(conn, role) == 0  # the command closed its connections
+            if skip is None:  # the privileges the list names: the search ran and recorded its work
+                assert code == 0, out + err
+                assert after[0] >= before[0] and after[1] > before[1] and after[2] > before[2]
+            else:
+                shown = make_url(limited).render_as_string(hide_password=True)
+                assert code == 2 and err.strip().splitlines() == [
+                    f"error: {shown}: this role lacks {skip[0]} on {skip[1]}: a search records its evaluations "
+                    "there; grant them, or copy the store where they are held"], err
+                assert "limited" not in err.replace(role, "")  # the password stays out of the message
+                assert after == before  # nothing written, not even the run's status
         owner.dispose()
-        assert lingering == 0  # the command closed its connections
-        if skip is None:  # exactly the privileges the list names: the search ran and recorded its work
-            assert code == 0, out + err
-            assert after[0] >= before[0] and after[1] > before[1] and after[2] > before[2]
-        else:
-            shown = make_url(limited).render_as_string(hide_password=True)
-            assert code == 2 and err.strip().splitlines() == [
-                f"error: {shown}: this role lacks {skip[0]} on {skip[1]}: a search records its evaluations there; "
-                "grant them, or copy the store where they are held"], err
-            assert "limited" not in err.replace(role, "")  # the password stays out of the message
-            assert after == before  # nothing written, not even the run's status
     finally:
-        next(databases, None)  # drops the database
+        next(databases, None)  # drops the database, and the roles' grants in it
         with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP ROLE IF EXISTS "{role}"')
+            for role in roles:
+                conn.exec_driver_sql(f'DROP ROLE IF EXISTS "{role}"')
         admin.dispose()

@@ -26,8 +26,7 @@ def _ticketed(compiled) -> list:
     return [l for l in compiled.launches if l.tickets]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("programs", [0, 1, 3])
+@pytest.mark.parametrize("family,programs", zip(FAMILIES, [0, 1, 3]))
 def test_ticket_ordered_layers_compute_the_reference_round(family, programs, tmp_path):
     """One program per tile (0), one program taking every ticket (1), or a few taking them in turn:
     the round equals the reference, and every counter, the ticket counter and the exit counter are
