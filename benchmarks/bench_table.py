@@ -1,5 +1,6 @@
 """One table of several `conjugate bench --json` files: per workload, each plan's median round, its p20-p80,
-its status and floor ratio, its change against the first plan of the same file (one worker process),
+its status and floor ratio, its change against the first plan of the same file (one worker process;
+none where the first failed),
 the ledger's busy time per stream, and the verdicts of its launches that join several parts of one
 model (persistent or ticket-ordered: the launch against its parts launched one by one).
 
@@ -26,12 +27,12 @@ def _joined_verdicts(verdicts: list[dict]) -> dict | None:
 
 def summarise(bench: dict) -> dict:
     """The rows of one bench file."""
-    plans, first = {}, None
+    plans = {}
+    first = (bench["plans"][0]["result"].get("metrics") or {}).get("latency_ms") if bench["plans"] else None
     for entry in bench["plans"]:
         result = entry["result"]
         metrics = result.get("metrics") or {}
         ms = metrics.get("latency_ms")
-        first = ms if first is None else first
         ledger = metrics.get("ledger") or {}
         plans[entry["label"]] = {
             "ms": ms, "p20_ms": metrics.get("p20_ms"), "p80_ms": metrics.get("p80_ms"), "status": result["status"],

@@ -77,7 +77,10 @@ def _schedule_table(schedule, title: str, limit: int | None = None) -> Table:
         parts = " | ".join(f"{p.model[0]}:{'+'.join(p.fused)}" for p in launch.parts)
         if launch.cross_model:
             parts += f"  [{launch.pattern}{'' if launch.pattern != 'ratio' else ' %d:%d' % launch.ratio}]"
-        if launch.persistent:
+        if launch.tickets:
+            grid = f"{launch.programs} programs taking tickets" if launch.programs else "one program per tile"
+            parts += f"  [tickets: {grid}, each tile after the part before{', preload' if launch.preload else ''}]"
+        elif launch.persistent:
             grid = f"{launch.programs} programs" if launch.programs else "all programs that fit at once"
             parts += (f"  [persistent: {grid}, parts in sequence{', preload' if launch.preload else ''}]"
                       if len(launch.parts) > 1 else f"  [tile loop: {grid}]")

@@ -29,6 +29,8 @@ def test_rows_name_each_plan_against_the_first_and_its_joined_launches(tmp_path)
     assert row["plans"]["plan1"]["change_percent"] == 12.5 and row["plans"]["plan0"]["joined_launches"] is None
     assert row["plans"]["plan1"]["joined_launches"] == {"launches": 1, "median_us": 41.0, "parts_median_us": 30.0}
     assert row["plans"]["plan2"]["ms"] is None and row["plans"]["plan2"]["status"] == "compile_error"
+    failed_first = script.summarise(_bench([None, 9.0, 10.0]))["plans"]  # no baseline: no change is made up
+    assert [p["change_percent"] for p in failed_first.values()] == [None, None, None]
     table = script.markdown([row])
     assert "| w | plan1 | 9.000 | +12.5% | 1.80 | 8.80 / 8.60 | 41.0 / 30.0 |" in table
     assert "| w | plan2 | - | - | - | - | 42.0 / 30.0 |" in table

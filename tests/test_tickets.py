@@ -157,3 +157,30 @@ def test_the_heuristic_offers_ticket_order_last_and_every_edit_validates():
                                               "target": {"span": "layer"}}, sm_limit={"draft": 64, "target": 0}))
     for candidate in persist_edits(crowded, sms=132) + sm_limit_edits(crowded, 132, None):
         validate_plan(apply_patch(crowded.to_dict(), candidate.patch))
+
+
+def test_the_ticket_edit_on_a_plan_with_pdl_turns_the_drafts_pdl_off():
+    """The shipped best plans release the draft's launches under `pdl`, which a launch of joined parts
+    refuses: the edit takes the draft's pdl off with it, so it validates instead of being dropped."""
+    from conjugate.agents.heuristic import persist_edits
+    from conjugate.plan.patch import apply_patch
+
+    plan = validate_plan(_streams(pdl={"draft": {"trigger": "end"}}))
+    ticket = next(c for c in persist_edits(plan, sms=132) if c.patch[0]["path"] == "/persist/draft"
+                  and c.patch[0]["value"].get("order") == "tickets")
+    made = validate_plan(apply_patch(plan.to_dict(), ticket.patch))
+    assert made["persist"]["draft"]["order"] == "tickets" and made["pdl"]["draft"]["trigger"] == "none"
+    with pytest.raises(PlanError) as caught:
+        validate_plan(_streams(persist=_tickets(), pdl={"draft": {"trigger": "end"}}))
+    assert "a launch of joined parts waits for the kernel before it once" in caught.value.errors[0]
+
+
+def test_plan_explain_names_ticket_ordered_launches(tmp_path):
+    from test_search import TINY, cli
+
+    path = tmp_path / "tickets.json"
+    path.write_text(json.dumps(_streams(persist=_tickets(programs=6)) | {"name": "tickets"}))
+    code, out, err = cli("plan", "explain", path, "--workload", TINY)
+    assert code == 0, err
+    assert "[tickets: 6 programs" in out  # the table wraps the rest of the cell
+    assert "[persistent:" not in out

@@ -396,7 +396,7 @@ def _persistent_verdicts(verdicts: tuple[Verdict, ...], model: str) -> list[Verd
 PERSIST_PRELOAD_MEASURED = ("on the H200 persistent draft layers' rounds -16%, -2.9%, +0.9% with it on three "
                             "workloads, all still slower than their launches")
 TICKETS_MEASURED = ("on the H200 ticket-ordered draft layers made the best plans' rounds 15-23% slower on three "
-                    "workloads, each layer alone as slow as its parts launched one by one or up to 39% slower "
+                    "workloads, each layer alone 4% faster to 39% slower than its parts launched one by one "
                     "(benchmarks/results/tickets_h200.json)")
 
 
@@ -456,7 +456,10 @@ def persist_edits(plan: Plan, sms: int, verdicts: tuple[Verdict, ...] = (),
             out.append(Candidate("launch", patch, why, score))
         if now["span"] == "none" and draft:  # a draft layer ticket-ordered: last, as measured
             value = {"span": "layer", "order": "tickets", "programs": 0, "prefetch": True, "preload": False}
-            out.append(Candidate("launch", [{"op": "replace", "path": f"/persist/{model}", "value": value}],
+            patch = [{"op": "replace", "path": f"/persist/{model}", "value": value}]
+            if plan["pdl"][model]["trigger"] != "none":  # a joined launch waits for the kernel before once
+                patch.append({"op": "replace", "path": f"/pdl/{model}", "value": {"trigger": "none", "prefetch": False}})
+            out.append(Candidate("launch", patch,
                                  f"each {model} layer one ticket-ordered launch: its tiles taken in dependency order, "
                                  f"each waiting for the part before, not for a launch boundary ({TICKETS_MEASURED})",
                                  0.12))  # above the tile loops (rounds +10-71%), below the rest
@@ -473,9 +476,10 @@ def persist_edits(plan: Plan, sms: int, verdicts: tuple[Verdict, ...] = (),
                                      f"{model} tile loops on {programs} programs", 0.25))
         elif now["span"] != "none":
             on = not now["prefetch"]
+            wait = "before each tile waits for the part before" if tickets else "while waiting at a barrier"
             out.append(Candidate("launch", [{"op": "replace", "path": f"/persist/{model}/prefetch", "value": on}],
                                  f"{model} persistent launches {'prefetch' if on else 'no longer prefetch'} the next "
-                                 f"part's weights while waiting at a barrier", 0.3 if on else 0.2))
+                                 f"part's weights {wait}", 0.3 if on else 0.2))
             load = not now["preload"]
             out.append(Candidate("launch", [{"op": "replace", "path": f"/persist/{model}/preload", "value": load}],
                                  f"{model} persistent launches' GEMM tiles {'' if load else 'no longer '}load their "
@@ -484,7 +488,8 @@ def persist_edits(plan: Plan, sms: int, verdicts: tuple[Verdict, ...] = (),
                                  0.3 if load else 0.2))
             choices = [0] if now["programs"] else [max(1, sms // 2), sms]
             for programs in choices:
-                why = {0: f"{model} persistent launches on as many programs as the GPU holds at once",
+                why = {0: f"{model} persistent launches on "
+                          f"{'one program per tile' if tickets else 'as many programs as the GPU holds at once'}",
                        sms: f"{model} persistent launches on one program per SM",
                        }.get(programs, f"{model} persistent launches on {programs} programs, one per SM on half the "
                                        f"{sms} SMs: the other stream keeps the rest")

@@ -253,10 +253,11 @@ def _canonical(raw: Any) -> tuple[dict, list[str]]:
                                            f"several, so it needs $.persist.{m}.span 'layer' or 'step', not "
                                            f"{plan['persist'][m]['span']!r}")
         if plan["pdl"][m]["trigger"] != "none" and plan["persist"][m]["span"] in BARRIER_SPANS:
+            why = ("its barrier needs them all resident" if plan["persist"][m]["order"] == "grid"
+                   else "a launch of joined parts waits for the kernel before it once, not in its tiles")
             c.fail(f"$.pdl.{m}.trigger", f"{plan['pdl'][m]['trigger']!r} lets a persistent launch's programs start "
-                                         f"while the kernel before it still holds SMs, and its barrier needs them all "
-                                         f"resident: 'none' with $.persist.{m}.span "
-                                         f"{plan['persist'][m]['span']!r}")
+                                         f"while the kernel before it still holds SMs, and {why}: 'none' with "
+                                         f"$.persist.{m}.span {plan['persist'][m]['span']!r}")
         for key in PDL_AHEAD:
             if plan["pdl"][m][key] and plan["pdl"][m]["trigger"] == "none":
                 c.fail(f"$.pdl.{m}.{key}", f"{AHEAD_WHAT[key]} ahead of the wait of a programmatic dependent "

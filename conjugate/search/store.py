@@ -152,7 +152,8 @@ class Store:
         evaluation there): a write transaction that changes no row; for a SQLite file outside WAL mode
         its folder (where SQLite makes its rollback journal at the first real write); on PostgreSQL
         every privilege the search's writes need (SEARCH_WRITES), so that a role that may update the
-        run but not add its nodes is refused before it evaluates, not at its first new node."""
+        run but not add its nodes is refused before it evaluates, not at its first new node (and its
+        reads: SELECT on every table)."""
         if self._url.get_backend_name() == "postgresql":
             missing = self._read(_missing_privileges)
             if missing:
@@ -474,18 +475,25 @@ SEARCH_WRITES = {Run: ("UPDATE",), Node: ("INSERT", "UPDATE"), Evaluation: ("INS
                  VerdictRow: ("INSERT",), LLMCall: ("INSERT",), Lesson: ("INSERT",), EditOutcome: ("INSERT",)}
 
 
+def search_privileges() -> list[tuple[str, str]]:
+    """(privilege, table) for everything a search does: SELECT on every table of the store (its reads,
+    and the rows an insert returns or an update or delete finds), then SEARCH_WRITES."""
+    reads = [("SELECT", table.name) for table in Base.metadata.sorted_tables]
+    return reads + [(privilege, table.__tablename__) for table, privileges in SEARCH_WRITES.items()
+                    for privilege in privileges]
+
+
 def _missing_privileges(s: Session) -> list[str]:
-    """PostgreSQL: each privilege a search's writes need that this role lacks, as 'INSERT on nodes' (a
-    table's id sequence too, 'USAGE on nodes_id_seq', where rows are added)."""
+    """PostgreSQL: each privilege a search needs (search_privileges) that this role lacks, as 'INSERT on
+    nodes' (a table's id sequence too, 'USAGE on nodes_id_seq', where rows are added)."""
     missing = []
-    for table, privileges in SEARCH_WRITES.items():
-        name = table.__tablename__
-        for privilege in privileges:
-            if not s.scalar(text("SELECT has_table_privilege(:t, :p)"), {"t": name, "p": privilege}):
-                missing.append(f"{privilege} on {name}")
+    for privilege, name in search_privileges():
+        if not s.scalar(text("SELECT has_table_privilege(:t, :p)"), {"t": name, "p": privilege}):
+            missing.append(f"{privilege} on {name}")
+        if privilege != "INSERT":
+            continue
         sequence = s.scalar(text("SELECT pg_get_serial_sequence(:t, 'id')"), {"t": name})
-        if "INSERT" in privileges and sequence and \
-                not s.scalar(text("SELECT has_sequence_privilege(:q, 'USAGE')"), {"q": sequence}):
+        if sequence and not s.scalar(text("SELECT has_sequence_privilege(:q, 'USAGE')"), {"q": sequence}):
             missing.append(f"USAGE on {sequence.split('.')[-1]}")
     return missing
 
