@@ -1,7 +1,7 @@
 """One table of several `conjugate bench --json` files: per workload, each plan's median round, its p20-p80,
 its status and floor ratio, its change against the first plan of the same file (one worker process;
-none where the first failed),
-the ledger's busy time per stream, and the verdicts of its launches that join several parts of one
+none where the first failed), its speedup over the `conventional` baseline that process measured (the
+baselines' medians are kept per file), the ledger's busy time per stream, and the verdicts of its launches that join several parts of one
 model (persistent or ticket-ordered: the launch against its parts launched one by one).
 
     python benchmarks/bench_table.py BENCH.json... --json OUT.json [--note TEXT]
@@ -29,6 +29,10 @@ def summarise(bench: dict) -> dict:
     """The rows of one bench file."""
     plans = {}
     first = (bench["plans"][0]["result"].get("metrics") or {}).get("latency_ms") if bench["plans"] else None
+    measured = next((e["result"]["metrics"] for e in bench["plans"] if e["result"].get("metrics")), {})
+    baselines = {name: b["latency_ms"] for name, b in (measured.get("baselines") or {}).items()
+                 if b.get("status") == "ok" and b.get("latency_ms")}
+    conventional = baselines.get("conventional")
     for entry in bench["plans"]:
         result = entry["result"]
         metrics = result.get("metrics") or {}
@@ -38,15 +42,17 @@ def summarise(bench: dict) -> dict:
             "ms": ms, "p20_ms": metrics.get("p20_ms"), "p80_ms": metrics.get("p80_ms"), "status": result["status"],
             "floor_ratio": metrics.get("floor_ratio"),
             "change_percent": None if ms is None or not first else round(100 * (ms / first - 1), 2),
+            "over_conventional": None if ms is None or not conventional else round(conventional / ms, 4),
             "streams_busy_ms": ledger.get("streams"), "joined_launches": _joined_verdicts(result.get("verdicts") or [])}
-    device = next((e["result"]["metrics"].get("device") for e in bench["plans"] if e["result"].get("metrics")), None)
-    return {"workload": bench["workload"], "device": device, "plans": plans}
+    return {"workload": bench["workload"], "device": measured.get("device"), "baselines_ms": baselines, "plans": plans}
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| workload | plan | ms | change | floor ratio | draft / target busy | joined launch / its parts (us) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| workload | plan | ms | change | floor ratio | over conventional | draft / target busy "
+             "| joined launch / its parts (us) |", "|---|---|---|---|---|---|---|---|"]
     for row in rows:
+        for name, ms in row["baselines_ms"].items():
+            lines.append(f"| {row['workload']} | baseline `{name}` | {ms:.3f} | - | - | - | - | - |")
         for label, p in row["plans"].items():
             busy = p["streams_busy_ms"] or {}
             busy_text = " / ".join(f"{busy[m]:.2f}" for m in ("draft", "target") if m in busy) or "-"
@@ -54,8 +60,10 @@ def markdown(rows: list[dict]) -> str:
             joined_text = f"{joined['median_us']:.1f} / {joined['parts_median_us']:.1f}" if joined else "-"
             ms = "-" if p["ms"] is None else f"{p['ms']:.3f}"
             change = "-" if p["change_percent"] is None else f"{p['change_percent']:+.1f}%"
-            ratio = "-" if p["floor_ratio"] is None else f"{p['floor_ratio']:.2f}"
-            lines.append(f"| {row['workload']} | {label} | {ms} | {change} | {ratio} | {busy_text} | {joined_text} |")
+            ratio = "-" if p["floor_ratio"] is None else f"{p['floor_ratio']:.3f}"
+            over = "-" if p["over_conventional"] is None else f"{p['over_conventional']:.3f}x"
+            lines.append(f"| {row['workload']} | {label} | {ms} | {change} | {ratio} | {over} | {busy_text} "
+                         f"| {joined_text} |")
     return "\n".join(lines)
 
 
