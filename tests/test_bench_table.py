@@ -11,9 +11,12 @@ from test_round import ROOT
 
 def _bench(ms: list[float | None]) -> dict:
     plans = []
+    baselines = {"conventional": {"status": "ok", "latency_ms": 18.0},
+                 "streams": {"status": "incorrect", "latency_ms": None}}  # not measured correct: left out
     for i, value in enumerate(ms):
         metrics = None if value is None else {"latency_ms": value, "p20_ms": value - 0.01, "p80_ms": value + 0.01,
                                               "floor_ratio": value / 5.0, "device": "NVIDIA H200",
+                                              "baselines": baselines,
                                               "ledger": {"streams": {"draft": value - 0.2, "target": value - 0.4}}}
         verdicts = [{"parts": [{"model": "draft"}, {"model": "draft"}], "shared_us": 40.0 + i, "separate_us": 30.0},
                     {"parts": [{"model": "draft"}, {"model": "target"}], "shared_us": 99.0, "separate_us": 1.0}]
@@ -27,13 +30,15 @@ def test_rows_name_each_plan_against_the_first_and_its_joined_launches(tmp_path)
     row = script.summarise(_bench([8.0, 9.0, None]))
     assert row["device"] == "NVIDIA H200" and list(row["plans"]) == ["plan0", "plan1", "plan2"]
     assert row["plans"]["plan1"]["change_percent"] == 12.5 and row["plans"]["plan0"]["joined_launches"] is None
+    assert row["baselines_ms"] == {"conventional": 18.0} and row["plans"]["plan1"]["over_conventional"] == 2.0
     assert row["plans"]["plan1"]["joined_launches"] == {"launches": 1, "median_us": 41.0, "parts_median_us": 30.0}
     assert row["plans"]["plan2"]["ms"] is None and row["plans"]["plan2"]["status"] == "compile_error"
     failed_first = script.summarise(_bench([None, 9.0, 10.0]))["plans"]  # no baseline: no change is made up
     assert [p["change_percent"] for p in failed_first.values()] == [None, None, None]
     table = script.markdown([row])
-    assert "| w | plan1 | 9.000 | +12.5% | 1.80 | 8.80 / 8.60 | 41.0 / 30.0 |" in table
-    assert "| w | plan2 | - | - | - | - | 42.0 / 30.0 |" in table
+    assert "| w | baseline `conventional` | 18.000 | - | - | - | - | - |" in table
+    assert "| w | plan1 | 9.000 | +12.5% | 1.800 | 2.000x | 8.80 / 8.60 | 41.0 / 30.0 |" in table
+    assert "| w | plan2 | - | - | - | - | - | 42.0 / 30.0 |" in table
 
 
 def test_a_file_that_is_not_a_bench_json_is_named_in_one_line(tmp_path):

@@ -16,7 +16,7 @@ from conjugate.plan.expand import MAX_PERSISTENT_PARTS, check_dependencies, expa
 from conjugate.roles import Model
 from conjugate.workload import load_workload
 from scripts import load_script  # tests/scripts.py
-from test_round import FAMILIES, ROOT, SMALL_TILES, _round
+from test_round import ROOT, SMALL_TILES, _round
 
 FUSED = ["attn_norm+qkv", "qkv+rope_kv", "mlp_norm+gate_up", "lm_head+argmax"]
 
@@ -120,9 +120,9 @@ def test_persistent_source_runs_parts_in_order_with_a_barrier_between():
         assert all("_tile(tile, " not in line for line in ahead[call:after])
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("draft,target,fusions,streams",
-                         [("layer", "none", FUSED, "two"), ("step", "layer", [], "one")])
+@pytest.mark.parametrize("family,draft,target,fusions,streams",  # each family once, each case twice
+                         [("llama", "layer", "none", FUSED, "two"), ("qwen2", "step", "layer", [], "one"),
+                          ("qwen3", "layer", "none", FUSED, "two"), ("qwen3", "step", "layer", [], "one")])
 def test_persistent_rounds_compute_the_reference_round(family, draft, target, fusions, streams, tmp_path):
     plan = validate_plan(_streams(persist=_persist(draft, target), fusions={"draft": fusions, "target": fusions},
                                   streams=streams))
@@ -458,8 +458,7 @@ def test_target_tile_loops_take_the_slack_the_ledger_gives_the_target():
     assert grids == [66, 80, 132]  # half, the slack the new ledger gives, all
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("groups", [1, 8])
+@pytest.mark.parametrize("family,groups", [("llama", 1), ("qwen2", 8), ("qwen3", 1)])  # each family, each barrier
 def test_gemm_parts_that_preload_wait_for_the_barrier_in_their_tiles_and_compute_the_reference(
         family, groups, monkeypatch, tmp_path):
     """persist.preload: after its tiles of a part a program arrives at the barrier, and each GEMM tile of
