@@ -1,8 +1,11 @@
 """One table of several `conjugate bench --json` files: per workload, each plan's median round, its p20-p80,
 its status and floor ratio, its change against the first plan of the same file (one worker process;
-none where the first failed), its speedup over the `conventional` baseline that process measured (the
-baselines' medians are kept per file), the ledger's busy time per stream, and the verdicts of its launches that join several parts of one
-model (persistent or ticket-ordered: the launch against its parts launched one by one).
+none where the first failed), its speedup over the `conventional` baseline measured beside it (its own
+result's; carried or modeled baselines are left out), the ledger's busy time per stream, and the
+verdicts of its launches that join several parts of one model (persistent or ticket-ordered: the launch
+against its parts launched one by one). The baselines' medians are kept per plan; the table shows those
+of each file's first measured plan (the baseline `streams` is torch's phases on two streams, not the
+shipped `streams` plan).
 
     python benchmarks/bench_table.py BENCH.json... --json OUT.json [--note TEXT]
 """
@@ -25,26 +28,33 @@ def _joined_verdicts(verdicts: list[dict]) -> dict | None:
             "parts_median_us": statistics.median(v["separate_us"] for v in joined)}
 
 
+def _measured_baselines(metrics: dict) -> dict[str, float]:
+    """The baselines' medians (ms) measured correct in the result's own process: none carried or modeled."""
+    return {name: b["latency_ms"] for name, b in (metrics.get("baselines") or {}).items()
+            if b.get("status") == "ok" and b.get("latency_ms") and not b.get("carried") and not b.get("modeled")}
+
+
 def summarise(bench: dict) -> dict:
     """The rows of one bench file."""
     plans = {}
     first = (bench["plans"][0]["result"].get("metrics") or {}).get("latency_ms") if bench["plans"] else None
-    measured = next((e["result"]["metrics"] for e in bench["plans"] if e["result"].get("metrics")), {})
-    baselines = {name: b["latency_ms"] for name, b in (measured.get("baselines") or {}).items()
-                 if b.get("status") == "ok" and b.get("latency_ms")}
-    conventional = baselines.get("conventional")
     for entry in bench["plans"]:
         result = entry["result"]
         metrics = result.get("metrics") or {}
         ms = metrics.get("latency_ms")
         ledger = metrics.get("ledger") or {}
+        baselines = _measured_baselines(metrics)
+        conventional = baselines.get("conventional")
         plans[entry["label"]] = {
             "ms": ms, "p20_ms": metrics.get("p20_ms"), "p80_ms": metrics.get("p80_ms"), "status": result["status"],
             "floor_ratio": metrics.get("floor_ratio"),
             "change_percent": None if ms is None or not first else round(100 * (ms / first - 1), 2),
-            "over_conventional": None if ms is None or not conventional else round(conventional / ms, 4),
+            "over_conventional": None if not ms or not conventional else round(conventional / ms, 4),
+            "baselines_ms": baselines,
             "streams_busy_ms": ledger.get("streams"), "joined_launches": _joined_verdicts(result.get("verdicts") or [])}
-    return {"workload": bench["workload"], "device": measured.get("device"), "baselines_ms": baselines, "plans": plans}
+    measured = next((e["result"]["metrics"] for e in bench["plans"] if e["result"].get("metrics")), {})
+    return {"workload": bench["workload"], "device": measured.get("device"),
+            "baselines_ms": _measured_baselines(measured), "plans": plans}
 
 
 def markdown(rows: list[dict]) -> str:
@@ -52,7 +62,8 @@ def markdown(rows: list[dict]) -> str:
              "| joined launch / its parts (us) |", "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         for name, ms in row["baselines_ms"].items():
-            lines.append(f"| {row['workload']} | baseline `{name}` | {ms:.3f} | - | - | - | - | - |")
+            label = "baseline `streams` (torch, two streams)" if name == "streams" else f"baseline `{name}`"
+            lines.append(f"| {row['workload']} | {label} | {ms:.3f} | - | - | - | - | - |")
         for label, p in row["plans"].items():
             busy = p["streams_busy_ms"] or {}
             busy_text = " / ".join(f"{busy[m]:.2f}" for m in ("draft", "target") if m in busy) or "-"
