@@ -208,7 +208,7 @@ def test_a_profile_may_leave_the_baselines_out(tmp_path):
 
 # -- benchmark scripts: a --json path that cannot take the result, refused before the measurements
 
-@pytest.mark.parametrize("script", ["searchers", "floor", "baselines", "kernel_sweep", "search_surrogate"])
+@pytest.mark.parametrize("script", ["searchers", "floor", "baselines", "kernel_sweep"])
 def test_a_benchmark_s_json_path_is_checked_before_its_work(script, tmp_path):
     (tmp_path / "taken").write_text("a file where a folder should be")
     for path, fragment in ((tmp_path / "missing" / "out.json", "does not exist"), (tmp_path, "a directory"),

@@ -41,12 +41,12 @@ def test_shipped_plans_are_valid_under_both_validators():
 
 
 def test_the_benchmark_variants_are_valid_and_expand():
-    """benchmarks/variants/*.json: the plans the benchmark READMEs measure stay valid as the schema grows."""
+    """lab/experiments/variants/*.json: the plans the lab's experiments measured stay valid as the schema grows."""
     from conjugate.plan.expand import expand
     from conjugate.workload import load_workload
 
     tiny = load_workload(ROOT / "examples" / "tiny.toml")
-    variants = sorted((ROOT / "benchmarks" / "variants").glob("*.json"))
+    variants = sorted((ROOT / "lab" / "experiments" / "variants").glob("*.json"))
     assert len(variants) >= 10
     for path in variants:
         jsonschema.validate(json.loads(path.read_text()), SCHEMA)
