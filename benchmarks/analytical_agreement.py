@@ -13,15 +13,11 @@ search's seeds, the shipped plans, are left out).
 """
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import ROOT, environment, make_parser, write_json
 
-from conjugate.arguments import output_file  # noqa: E402
 from conjugate.evaluate.calibrate import spearman  # noqa: E402
 from conjugate.evaluate.pipeline import evaluate  # noqa: E402
 from conjugate.evaluate.profile import load_profile  # noqa: E402
@@ -32,10 +28,9 @@ from conjugate.workload import load_workload  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = make_parser(__doc__, full_doc=True)
     parser.add_argument("--measured", type=Path, default=ROOT / "benchmarks" / "results" / "evaluator_rounds_h200.json")
     parser.add_argument("--search", type=Path, help="a measured search's database (its latest run)")
-    parser.add_argument("--json", type=output_file)
     args = parser.parse_args()
     measured = json.loads(args.measured.read_text())
     profile, session = load_profile("analytical"), EvaluationSession()
@@ -52,14 +47,11 @@ def main() -> None:
                          "modeled_ms": result.latency_ms})
         per_workload[w["workload"]] = spearman([m for _, m, _ in pairs], [e for _, _, e in pairs])
     pooled = spearman([r["measured_ms"] for r in rows], [r["modeled_ms"] for r in rows])
-    out = {"measured": _shown(args.measured), "gpu": measured["gpu"], "evaluator": profile.name,
-           "spearman_per_workload": per_workload, "spearman_pooled": pooled, "rows": rows,
-           "command": "python benchmarks/analytical_agreement.py --json benchmarks/results/analytical_agreement.json"}
+    out = {**environment("analytical_agreement", gpu=measured["gpu"]), "measured": _shown(args.measured),
+           "evaluator": profile.name, "spearman_per_workload": per_workload, "spearman_pooled": pooled, "rows": rows}
     if args.search:
         out["search"] = search_agreement(args.search, profile, session)
-        out["command"] += f" --search {_shown(args.search)}"
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
+    write_json(args.json, out)
     for r in rows:
         print(f"{r['workload']:24} {r['plan']:11} measured {r['measured_ms']:6.2f} ms  modeled {r['modeled_ms']:6.2f} ms")
     print("Spearman per workload:", {k: round(v, 2) for k, v in per_workload.items()})

@@ -45,10 +45,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import environment, make_parser, positive, write_json
 
-from conjugate.arguments import output_file, positive  # noqa: E402
 from conjugate.compiler.buffers import PreparedWeights  # noqa: E402
 from conjugate.compiler.round import compile_round, device_name  # noqa: E402
 from conjugate.evaluate.baselines import (VariantTrial, choice_file, choose_streams_pair, choose_variants,  # noqa: E402
@@ -342,10 +340,9 @@ def prewarm(name: str, variants: list[str], processes: int, run=subprocess.Popen
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = make_parser(__doc__, json_help="write the rows here (after every trial)")
     parser.add_argument("--workloads", nargs="+", help="default: the six examples (with --resume: the cut-short ones)")
     parser.add_argument("--variants", nargs="+", help="conventional variants to try (default: the profile's)")
-    parser.add_argument("--json", type=output_file, help="write the rows here (after every trial)")
     parser.add_argument("--merge", nargs="+", type=Path, metavar="RUN.json",
                         help="measure nothing: join these runs' JSON into --json")
     parser.add_argument("--eval-times", type=Path, metavar="EVAL_TIME.json",
@@ -358,8 +355,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.merge:
         out = merged(args.merge, args.eval_times)
-        if args.json:
-            Path(args.json).write_text(json.dumps(out, indent=1, default=str) + "\n")
+        write_json(args.json, out)
         print_table(out["workloads"])
         return
     profile = load_profile("h200")
@@ -373,12 +369,10 @@ def main() -> None:
     if args.build_only:
         return build_only(args.build_only, args.variants or list(profile.timing.conventional))
     cache_dir = Path(tempfile.mkdtemp(prefix="conjugate-baselines-"))
-    out = {"gpu": device_name(torch.device("cuda")), "torch": torch.__version__, "command": " ".join(sys.argv),
-           "date": time.strftime("%Y-%m-%d"), "workloads": []}
+    out = {**environment("baselines", gpu=device_name(torch.device("cuda"))), "workloads": []}
 
     def save(rows: list[dict]) -> None:
-        if args.json:
-            Path(args.json).write_text(json.dumps(out | {"workloads": rows}, indent=1, default=str) + "\n")
+        write_json(args.json, out | {"workloads": rows})
 
     if resumed_from:
         out["resumed_from"] = resumed_from

@@ -11,11 +11,12 @@ shipped `streams` plan).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 from pathlib import Path
+
+from common import make_parser, write_json
 
 
 def _joined_verdicts(verdicts: list[dict]) -> dict | None:
@@ -79,9 +80,8 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = make_parser(__doc__, json_help="write the rows here")
     parser.add_argument("bench", nargs="+", type=Path, help="`conjugate bench --json` files")
-    parser.add_argument("--json", type=Path, help="write the rows here")
     parser.add_argument("--note", default="", help="recorded in the JSON (GPU, code, command)")
     args = parser.parse_args()
     rows = []
@@ -90,9 +90,7 @@ def main() -> None:
             rows.append(summarise(json.loads(path.read_text())))
         except (OSError, ValueError, KeyError, TypeError) as e:
             sys.exit(f"{path}: not a `conjugate bench --json` file ({type(e).__name__}: {e})")
-    if args.json:
-        args.json.write_text(json.dumps({"note": args.note, "files": [p.name for p in args.bench], "workloads": rows},
-                                        indent=1) + "\n")
+    write_json(args.json, {"note": args.note, "files": [p.name for p in args.bench], "workloads": rows})
     print(markdown(rows))
 
 

@@ -18,8 +18,6 @@ processes (`baseline_spread_pct`).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -27,10 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import ROOT, environment, git_commit, make_parser, write_json
 
-from conjugate.arguments import output_file  # noqa: E402
 from conjugate.evaluate.result import STEPS  # noqa: E402
 from conjugate.search.run import eval_key, run_evaluator_id  # noqa: E402
 from conjugate.search.store import Store  # noqa: E402
@@ -50,21 +46,6 @@ def search(workload: Path, evaluator: str, budget: int, limit: str, db: Path, co
                     "--budget", str(budget), "--time", limit, "--seed", "0", "--db", str(db.resolve())],
                    check=True, cwd=code, env=env)
     return time.perf_counter() - started
-
-
-def code_version(code: Path) -> str:
-    """The commit checked out at `code` (with "+changes" when its tracked files differ), or "unknown":
-    also for a folder that is not a checkout's top (a `git archive` inside another checkout would
-    otherwise be named by the commit of the checkout around it)."""
-    def git(*args):
-        return subprocess.run(["git", "-C", str(code), *args], capture_output=True, text=True).stdout.strip()
-    try:
-        if not git("rev-parse", "--show-toplevel") or Path(git("rev-parse", "--show-toplevel")) != code.resolve():
-            return "unknown"
-        commit = git("rev-parse", "--short", "HEAD")
-        return (commit + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")) or "unknown"
-    except OSError:
-        return "unknown"
 
 
 def evaluations(db: Path, workload: Path) -> list[dict]:
@@ -117,22 +98,20 @@ def spread_pct(runs: list[dict]) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = make_parser(__doc__)
     parser.add_argument("workloads", nargs="+", type=Path)
     parser.add_argument("--evaluators", nargs="+", default=["h200"])
     parser.add_argument("--budget", type=int, default=16)
     parser.add_argument("--time", default="240s")
     parser.add_argument("--out", type=Path, default=Path("eval_time"))
-    parser.add_argument("--json", type=output_file)
     parser.add_argument("--code", type=Path, default=ROOT, help="the checkout whose code runs the searches")
     parser.add_argument("--read", action="store_true", help="run nothing: read back the databases in --out")
     args = parser.parse_args()
     if not (args.code / "conjugate" / "__main__.py").exists():
         raise SystemExit(f"--code {args.code}: no conjugate package there")
     args.out.mkdir(parents=True, exist_ok=True)
-    import torch
-    out = {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None, "torch": torch.__version__,
-           "command": " ".join(sys.argv), "code": code_version(args.code), "budget": args.budget, "time": args.time, "workloads": []}
+    out = {**environment("eval_time"), "code": git_commit(args.code), "budget": args.budget, "time": args.time,
+           "workloads": []}
     for path in args.workloads:
         name = load_workload(path).name
         runs = []
@@ -145,8 +124,7 @@ def main() -> None:
             runs.append({"evaluator": evaluator, **summary(rows, search_s), "rows": rows})
         out["workloads"].append({"workload": name, "runs": runs, "baseline_spread_pct": spread_pct(runs)})
         out["gpu"] = out["gpu"] or next((r["device"] for run in runs for r in run["rows"] if r["device"]), None)
-        if args.json:
-            args.json.write_text(json.dumps(out, indent=1) + "\n")
+        write_json(args.json, out)
     print(f"{'workload':24} {'evaluator':18} {'evals':>5} {'first s':>8} {'median s':>8} {'max s':>7}  steps (median s)")
     for w in out["workloads"]:
         for r in w["runs"]:

@@ -15,16 +15,12 @@ plan is written to DIR/<workload>.json. JSON: {"gpu", "workloads": [{"workload",
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import ROOT, environment, make_parser, write_json
 
-from conjugate.arguments import output_file  # noqa: E402
 from conjugate.errors import ConjugateError  # noqa: E402
 from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
@@ -118,14 +114,13 @@ def lineage(pairs, node) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = make_parser(__doc__)
     parser.add_argument("workloads", nargs="+", type=Path)
     parser.add_argument("--dbs", nargs="+", type=Path, required=True)
-    parser.add_argument("--json", type=output_file)
     parser.add_argument("--plans", type=Path, default=ROOT / "benchmarks" / "results" / "plans")
     args = parser.parse_args()
     rows = [r for r in (best_row(p, args.dbs, args.plans) for p in args.workloads) if r is not None]
-    out = {"gpu": next((r["device"] for r in rows), None), "command": " ".join(sys.argv), "workloads": rows}
+    out = {**environment("floor"), "gpu": next((r["device"] for r in rows), None), "workloads": rows}
     print(f"{'workload':24} {'floor':>7} {'conv':>7} {'streams':>7} {'best':>7} {'xfloor':>6} {'/streams':>8} "
           f"{'/conv':>6} {'evals':>5}")
     for r in rows:
@@ -139,8 +134,7 @@ def main() -> None:
         if measured:
             gm = math.exp(sum(math.log(r[key] / r["best_ms"]) for r in measured) / len(measured))
             print(f"geometric mean over {len(measured)} examples: {gm:.3f}x over {name}")
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
+    write_json(args.json, out)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ conventional graphs are captured, every CUDA graph of a process replays slower
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import subprocess
@@ -32,10 +31,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import environment, make_parser, write_json
 
-from conjugate.arguments import output_file  # noqa: E402
 from conjugate.compiler.round import device_name  # noqa: E402
 from conjugate.evaluate.rounds import round_inputs  # noqa: E402
 from conjugate.evaluate.timing import time_replays  # noqa: E402
@@ -85,13 +82,12 @@ def run_case(workload, plan, mode: str, new: int, variants) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = make_parser(__doc__, json_help="write the rows here")
     parser.add_argument("--workloads", nargs="+", default=["llama-1b-8b-b1", "llama-1b-8b-b8"])
     parser.add_argument("--plans", nargs="+", default=["conventional", "conventional-streams", "streams"])
     parser.add_argument("--variants", default="layers-sdpa/layers-sdpa", help="the conventional steps' variants")
     parser.add_argument("--modes", nargs="+", default=["simple", "pipelined"])
     parser.add_argument("--new", type=int, default=64, help="tokens generated per prompt")
-    parser.add_argument("--json", type=output_file, help="write the rows here")
     parser.add_argument("--together", action="store_true", help="every plan in this one process")
     args = parser.parse_args()
     variants = tuple(Variant.parse(v) for v in args.variants.split("/"))
@@ -119,9 +115,8 @@ def main() -> None:
 
 
 def _write(args, rows: list[dict]) -> None:
-    if args.json:
-        Path(args.json).write_text(json.dumps({"gpu": device_name(torch.device("cuda")), "command": " ".join(sys.argv),
-                                               "variants": args.variants, "runs": rows}, indent=1) + "\n")
+    write_json(args.json, {**environment("generate_rounds", gpu=device_name(torch.device("cuda"))),
+                           "variants": args.variants, "runs": rows})
 
 
 def _apart(workload: str, plan: str, args) -> list[dict]:

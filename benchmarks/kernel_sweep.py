@@ -55,10 +55,8 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import environment, make_parser, positive, write_json
 
-from conjugate.arguments import output_file, positive  # noqa: E402
 from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
 from conjugate.workload import Workload, load_workload  # noqa: E402
@@ -551,14 +549,13 @@ def time_cublas(shape: Shape, copy_gbs: float, flush_us: float) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = make_parser(__doc__)
     parser.add_argument("workloads", nargs="*", type=Path)
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     parser.add_argument("--models", nargs="+", choices=("draft", "target"), default=["draft", "target"])
     parser.add_argument("--per-shape", type=positive, default=96, help="candidates per shape besides the shipped tile")
     parser.add_argument("--prewarm", type=positive, default=0, metavar="N",
                         help="compile the candidates in N processes first")
-    parser.add_argument("--json", type=output_file)
     parser.add_argument("--tiles-from", nargs="+", type=Path, metavar="SWEEP.json",
                         help="time only the shipped and best tiles these sweeps found for each shape")
     parser.add_argument("--cublas", action="store_true",
@@ -607,9 +604,7 @@ def main() -> None:
         tiles = {shape: with_tma(shape, found) for shape, found in tiles.items()}
     copy_gbs = copy_bandwidth_gbs(device)
     flush_us = flush_time_us(device, CALLS, l2_flush_bytes(device))
-    json_out = Path(args.json) if args.json else None
-    out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "command": " ".join(sys.argv),
-           "date": time.strftime("%Y-%m-%d"), "copy_gbs": copy_gbs, "shapes": []}
+    out = {**environment("kernel_sweep"), "copy_gbs": copy_gbs, "shapes": []}
     with tempfile.TemporaryDirectory(prefix="kernel-sweep-") as kernels:
         if args.prewarm:
             out["prewarm_s"] = prewarm(entries, tiles, args.prewarm, Path(kernels))
@@ -624,11 +619,9 @@ def main() -> None:
                 result["cublas"] = time_cublas(shape, copy_gbs, flush_us)
             out["shapes"].append(result)
             print(json.dumps({k: result[k] for k in ("shape", "model", "shipped", "best")}), flush=True)
-            if json_out:
-                json_out.write_text(json.dumps(out, indent=1) + "\n")
+            write_json(args.json, out)
     separate_times(out["shapes"])
-    if json_out:
-        json_out.write_text(json.dumps(out, indent=1) + "\n")
+    write_json(args.json, out)
     print_table(out["shapes"])
 
 

@@ -45,15 +45,12 @@ import argparse
 import contextlib
 import json
 import statistics
-import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import environment, make_parser, write_json
 
-from conjugate.arguments import output_file  # noqa: E402
 from conjugate.agents import make_proposer  # noqa: E402
 from conjugate.errors import ConjugateError  # noqa: E402
 from conjugate.evaluate.profile import load_profile  # noqa: E402
@@ -315,14 +312,13 @@ def print_table(out: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = make_parser(__doc__)
     parser.add_argument("workloads", nargs="*", type=Path)
     parser.add_argument("--agents", nargs="+", default=["heuristic", "random", "greedy"])
     parser.add_argument("--budget", type=int, default=40)
     parser.add_argument("--evaluator", default="h200")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs/searchers"))
-    parser.add_argument("--json", type=output_file)
     parser.add_argument("--time", type=float, help="seconds for the whole command, shared among the workloads")
     parser.add_argument("--deepen-first", action="store_true",
                         help="MCTS: once an edit of an expansion gains, the others wait (SearchSettings.deepen_first)")
@@ -344,7 +340,7 @@ def main() -> None:
         if not args.json:
             parser.error("--merge needs --json (the joined file)")
         out = merge(args.merge)
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
+        write_json(args.json, out)
         return print_table(out)
     if not args.workloads:
         parser.error("name at least one workload file")
@@ -352,8 +348,8 @@ def main() -> None:
         parser.error(f"--step {args.step}: a run's turn is at least one evaluation")
     end = None if args.time is None else time.monotonic() + args.time
     args.out.mkdir(parents=True, exist_ok=True)
-    out = {"gpu": None, "evaluator": args.evaluator, "budget": args.budget, "command": " ".join(sys.argv),
-           "workloads": []}
+    out = {**environment("searchers"), "gpu": None, "evaluator": args.evaluator, "budget": args.budget,
+           "workloads": []}  # "gpu": the device the runs name (the GPU modeled, for a model evaluator)
     for index, path in enumerate(args.workloads):
         name = load_workload(path).name
         row = {"workload": name}
@@ -371,8 +367,7 @@ def main() -> None:
         out["workloads"].append({**row, "runs": runs})
         out["gpu"] = out["gpu"] or next((r["device"] for r in runs if r.get("device")), None)
         out["modeled"] = load_profile(args.evaluator).kind != "gpu"  # then "gpu" is the GPU modeled
-        if args.json:
-            args.json.write_text(json.dumps(out, indent=1) + "\n")
+        write_json(args.json, out)
     print_table(out)
 
 

@@ -1,0 +1,94 @@
+"""What the suite scripts share: the checkout on sys.path, a parser whose --json path is checked before
+any work, the record of where a result was measured, and checking a compiled round before timing it.
+
+A script starts with `from common import ROOT, ...` (benchmarks/ is the script's own folder) and then
+imports the package.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from conjugate.arguments import output_file, positive  # noqa: E402,F401  (positive: for the scripts)
+
+RESULTS = ROOT / "benchmarks" / "results"
+SIX = ["llama-1b-8b-b1", "llama-1b-8b-b8", "qwen25-05b-7b-b8", "qwen3-06b-8b-b4", "llama-1b-3b-b16-ctx4k",
+       "qwen25-15b-14b-b4"]  # the H200 configurations of examples/
+
+
+def make_parser(doc: str, json_help: str = "write the result here (its folder is checked first)",
+                full_doc: bool = False) -> argparse.ArgumentParser:
+    """An argument parser with `--json`, a path refused before anything is measured when it cannot
+    take the result. `full_doc` shows the whole docstring in --help (else its first line)."""
+    if full_doc:
+        parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    else:
+        parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--json", type=output_file, help=json_help)
+    return parser
+
+
+def command_line(script: str, argv: list[str] | None = None) -> str:
+    """The command as the README gives it: `python benchmarks/<script>.py ARGS`."""
+    return " ".join(["python", f"benchmarks/{script}.py", *(sys.argv[1:] if argv is None else argv)])
+
+
+def git_commit(checkout: Path = ROOT) -> str:
+    """The checkout's short commit, `+changes` when tracked files differ from it; "unknown" outside a
+    checkout (or for a folder inside another checkout)."""
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", str(checkout), *args], capture_output=True, text=True).stdout.strip()
+        except OSError:
+            return ""
+    top = git("rev-parse", "--show-toplevel")
+    if not top or Path(top) != checkout.resolve():
+        return "unknown"
+    commit = git("rev-parse", "--short", "HEAD")
+    return (commit + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")) or "unknown"
+
+
+def environment(script: str, gpu: str | None = None) -> dict:
+    """Where a result was measured: command, GPU (the first CUDA device's name unless given), versions,
+    the code's commit and the date."""
+    import torch
+
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    if gpu is None and torch.cuda.is_available():
+        gpu = torch.cuda.get_device_name()
+    return {"command": command_line(script), "gpu": gpu, "torch": torch.__version__, "triton": triton_version,
+            "python": platform.python_version(), "code": git_commit(), "date": time.strftime("%Y-%m-%d")}
+
+
+def write_json(path: Path | None, out: dict) -> None:
+    """Write `out` when a path was given (after every row, so a run cut short keeps what it measured)."""
+    if path is not None:
+        Path(path).write_text(json.dumps(out, indent=1, default=str) + "\n")
+
+
+def check_then_time(compiled, inputs, check, replays: int, warmup: int = 10) -> dict:
+    """Check one eager round and one CUDA-graph replay against the reference, then, only when both
+    match, time `replays` replays: {"correct", "check", "eager_check_ok"} plus the timing's fields."""
+    from conjugate.evaluate.rounds import checked_run
+    from conjugate.evaluate.timing import time_replays
+
+    eager = checked_run(compiled, inputs, check)
+    compiled.prepare()  # a CUDA graph of the whole round when the plan says capture: graph
+    replayed = checked_run(compiled, inputs, check, graph=True)
+    row = {"correct": eager.ok and replayed.ok, "check": replayed.to_dict(), "eager_check_ok": eager.ok}
+    if row["correct"]:
+        row |= time_replays(compiled.run, replays, warmup=warmup).to_dict()
+    return row

@@ -1,0 +1,34 @@
+"""benchmarks/: every script its README names exists, and each suite script answers --help from a checkout."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+SUITE = sorted(p.stem for p in BENCHMARKS.glob("*.py") if p.stem != "common")
+
+
+def test_every_script_the_readme_names_exists():
+    text = (BENCHMARKS / "README.md").read_text()
+    named = set(re.findall(r"\b((?:benchmarks|lab/experiments)/[\w/]+\.py)\b", text))
+    assert {f"benchmarks/{s}.py" for s in SUITE} <= named  # the README gives a command for each
+    assert [path for path in sorted(named) if not (ROOT / path).is_file()] == []
+
+
+def test_every_json_the_readme_cites_is_committed():
+    text = (BENCHMARKS / "README.md").read_text()
+    cited = set(re.findall(r"\bresults/[\w./-]+\.json\b", text))
+    assert cited and [path for path in sorted(cited) if not (BENCHMARKS / path).is_file()] == []
+
+
+@pytest.mark.parametrize("script", SUITE)
+def test_a_suite_script_answers_help(script, tmp_path):
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / f"{script}.py"), "--help"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--json" in proc.stdout
