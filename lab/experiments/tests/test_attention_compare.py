@@ -7,7 +7,7 @@ import lzma
 
 import pytest
 
-from scripts import load_script
+from experiment_scripts import load_script  # lab/experiments/tests/experiment_scripts.py
 
 compare = load_script("attention_compare")
 

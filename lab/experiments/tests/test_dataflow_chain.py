@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
-from scripts import load_script  # tests/scripts.py
+from experiment_scripts import load_script  # lab/experiments/tests/experiment_scripts.py
 
 chain = load_script("dataflow_chain")
 

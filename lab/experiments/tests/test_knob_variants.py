@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from conjugate.plan import load_plan, validate_plan
-from scripts import load_script  # tests/scripts.py
+from experiment_scripts import load_script  # lab/experiments/tests/experiment_scripts.py
 
 ROOT = Path(__file__).resolve().parents[3]
 STREAMS = ROOT / "plans" / "streams.json"

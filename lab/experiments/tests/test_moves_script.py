@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from scripts import load_script  # tests/scripts.py
+from experiment_scripts import load_script  # lab/experiments/tests/experiment_scripts.py
 
 moves = load_script("moves")
 

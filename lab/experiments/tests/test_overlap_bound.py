@@ -9,7 +9,7 @@ from conjugate.paths import EXAMPLES_DIR, shipped_plan
 from conjugate.plan import load_plan
 from conjugate.plan.expand import expand
 from conjugate.workload import load_workload
-from scripts import load_script  # tests/scripts.py
+from experiment_scripts import load_script  # lab/experiments/tests/experiment_scripts.py
 
 bound = load_script("overlap_bound")
 TINY = EXAMPLES_DIR / "tiny.toml"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import load_script  # tests/scripts.py
+from experiment_scripts import load_script  # lab/experiments/tests/experiment_scripts.py
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from scripts import load_script  # tests/scripts.py
+from experiment_scripts import load_script  # lab/experiments/tests/experiment_scripts.py
 
 surrogate = load_script("search_surrogate")
 
@@ -143,3 +143,13 @@ def test_databases_give_latencies_moves_and_the_gpu_results(tmp_path):
         both = surrogate.Surrogate.from_databases(order)
         assert both.gains == model.gains and both.latencies == model.latencies
         assert both.context({"x": 2})[0].latency_ms == 8.0
+
+
+def test_a_width_of_no_edit_is_refused(tmp_path):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    refused = subprocess.run([sys.executable, str(root / "lab" / "experiments" / "search_surrogate.py"),
+                              str(root / "examples" / "tiny.toml"), str(tmp_path / "w1.db"), "--width", "0"],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--width 0: at least one edit per expansion" in refused.stderr

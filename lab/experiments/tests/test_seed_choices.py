@@ -11,7 +11,7 @@ from conjugate.evaluate.baselines import CHOICE_KEYS, choice_file
 from conjugate.evaluate.profile import load_profile
 from conjugate.paths import EXAMPLES_DIR
 from conjugate.workload import load_workload
-from scripts import load_script  # tests/scripts.py
+from experiment_scripts import load_script  # lab/experiments/tests/experiment_scripts.py
 
 ROOT = Path(__file__).resolve().parents[3]
 
