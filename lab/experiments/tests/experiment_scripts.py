@@ -1,7 +1,7 @@
-"""An experiment script (lab/experiments/NAME.py) loaded as a module, for the tests of its parts that need no GPU."""
+"""An experiment script (lab/experiments/NAME.py) imported as a module, for the tests of its parts that need no GPU."""
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import sys
 from pathlib import Path
 
@@ -10,12 +10,8 @@ BENCHMARKS = EXPERIMENTS.parents[1] / "benchmarks"
 
 
 def load_script(name: str):
-    """lab/experiments/<name>.py as a module (some import their siblings, or a suite script of benchmarks/)."""
+    """lab/experiments/<name>.py, imported by its name (some import their siblings, or a suite script of benchmarks/)."""
     for folder in (BENCHMARKS, EXPERIMENTS):
         if str(folder) not in sys.path:
             sys.path.insert(0, str(folder))
-    spec = importlib.util.spec_from_file_location(f"experiment_{name}", EXPERIMENTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(name)
