@@ -128,6 +128,8 @@ class Text:
         limit = NAME_MAX if self.shown_name else self.max_length
         if limit is not None:
             out["maxLength"] = limit
+        if self.shown_name:
+            out["pattern"] = r"^[^\u0000-\u001f\u007f-\u009f]*$"  # no control character
         if self.prefix:
             out["pattern"] = "^" + re.escape(self.prefix)
         return _doc(out, self.doc)
