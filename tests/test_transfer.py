@@ -45,11 +45,11 @@ def test_a_translated_plan_expands_on_the_new_pair_and_drops_pins_it_lacks():
         {"match": "t.l16.gate_up", "pair": False},
         {"match": "t.l0.down", "with": "d.s0.l0.nope"}]})  # no such op anywhere: dropped
     out = translate_plan(plan.to_dict(), BIG, tiny.to_dict(), graph)
-    assert out["overrides"] == [{"match": "t.l2.qkv", "with": "d.s2.l1.qkv"}, {"match": "t.l1.gate_up", "pair": False}]
+    assert out["cross"]["overrides"] == [{"match": "t.l2.qkv", "with": "d.s2.l1.qkv"}, {"match": "t.l1.gate_up", "pair": False}]
     schedule = expand(validate_plan(out), tiny, graph)
     pinned = next(l for l in schedule.launches if "t.l2.qkv" in l.ops)
     assert "d.s2.l1.qkv" in pinned.ops
-    assert plan.to_dict()["overrides"][0]["match"] == "t.l31.qkv"  # the source plan is untouched
+    assert plan.to_dict()["cross"]["overrides"][0]["match"] == "t.l31.qkv"  # the source plan is untouched
 
 
 def test_pairs_of_one_shape_need_no_translation():

@@ -48,14 +48,14 @@ def translate_plan(plan: dict, source: dict, target: dict, graph: nx.DiGraph) ->
     """`plan` (canonical, from a run on `source`) for a run on `target`, whose op graph is `graph`."""
     out = copy.deepcopy(plan)
     overrides = []
-    for override in out.get("overrides", []):
+    for override in out["cross"]["overrides"]:
         override["match"] = translate_op_pattern(override["match"], source, target)
         if "with" in override:
             override["with"] = translate_op_pattern(override["with"], source, target)
             if override["with"] not in graph:
                 continue  # the new pair has no such draft op to pin
         overrides.append(override)
-    out["overrides"] = overrides
+    out["cross"]["overrides"] = overrides
     return out
 
 
