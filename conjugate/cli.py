@@ -130,7 +130,7 @@ def cmd_plan_compile(args: argparse.Namespace) -> None:
 
 
 def cmd_plan_upgrade(args: argparse.Namespace) -> None:
-    from conjugate.plan.upgrade import upgrade_files
+    from conjugate.plan.rewrite import upgrade_files
 
     paths = [Path(p) for p in args.plans]
     check_output("--out", args.out, args.plans, files=[p.name for p in paths])

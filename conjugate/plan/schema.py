@@ -24,9 +24,9 @@ from conjugate.plan.blocks import Cross, ModelBlock
 from conjugate.plan.fields import Choice, Const, Flag, Integer, IntPair, ListOf, Names, Record, Text
 from conjugate.plan.rules import AtMostOne, Needs
 from conjugate.plan.tiles import DEFAULT_LAUNCH, DEFAULT_TILES, FAMILY_OF, LAUNCH_BOUNDS, tile_keys
+from conjugate.plan.upgrade import SCHEMA, is_v1, upgrade_v1
 from conjugate.roles import Model
 
-SCHEMA = "conjugate.plan/2"
 ALIGNMENTS = ("sequential", "proportional", "greedy")
 PATTERNS = ("blocked", "strided", "ratio")
 LAYOUTS = ("separate", "packed")
@@ -183,8 +183,6 @@ class Plan:
 def validate_plan(raw: Any, source: str | None = None) -> Plan:
     """Check a plan dict (a conjugate.plan/1 one is converted first); raises PlanError listing every
     problem as 'JSON path: reason'."""
-    from conjugate.plan.upgrade import is_v1, upgrade_v1  # upgrade builds on this module
-
     check_nesting(raw, source or "plan", PlanError)  # before anything walks it recursively
     raw = upgrade_v1(raw, source) if is_v1(raw) else copy.deepcopy(raw)
     data, errors = _canonical(raw)

@@ -8,20 +8,21 @@ cross-model block.
 
 Knobs retired for want of a measured win (`persist`, `pdl.prefetch`, `pdl.preload`) are dropped where
 they hold their defaults and refused otherwise. Only the shape changes here: values are checked by
-the v2 checker afterwards. `upgrade_files` rewrites plan files (`conjugate plan upgrade`).
+the v2 checker afterwards (conjugate/plan/schema.py converts on read; conjugate/plan/rewrite.py
+rewrites files: `conjugate plan upgrade`).
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from conjugate.errors import PlanError
-from conjugate.files import read_json, shown_json, write_atomic
+from conjugate.files import shown_json
 from conjugate.plan.fields import kind_of, member
-from conjugate.plan.schema import MODEL_KEYS, SCHEMA, validate_plan
+from conjugate.roles import Model
 
 SCHEMA_V1 = "conjugate.plan/1"
+SCHEMA = "conjugate.plan/2"  # what this module writes; conjugate/plan/schema.py checks it
+MODEL_KEYS = tuple(model.value for model in Model)
 _CROSS_KEYS = ("streams", "capture", "launch", "alignment", "pairs", "interleave", "operand_layout")
 _PER_MODEL = {"tiles": "tiles", "fusions": "fusions", "split_reduce": "reduce"}  # v1 key -> model block key
 _RETIRED_PERSIST = {"span": "none", "order": "grid", "programs": 0, "prefetch": True, "preload": False}
@@ -112,24 +113,3 @@ def _set_away(value: Any, defaults: dict, path: str, source: str | None,
         raise PlanError(f"{path}: should be an object, got {kind_of(value)}", source)
     return [(member(path, k), v) for k, v in value.items()
             if k not in keep and (k not in defaults or v != defaults[k] or isinstance(v, bool) != isinstance(defaults[k], bool))]
-
-
-def upgrade_files(paths: list[Path], out_dir: Path | None) -> list[tuple[Path, Path | None]]:
-    """Rewrite v1 plan files as v2: into `out_dir` under their own names, or in place (None). Every
-    file is read and checked before any is written; returns (file, written to) pairs, None where a
-    file was already v2."""
-    done = []
-    for path in paths:
-        raw = read_json(path, PlanError, "plan file", unique_keys=True)
-        if not is_v1(raw):
-            validate_plan(raw, str(path))  # a v2 plan is left as it is, but must be one
-            done.append((path, None, None))
-            continue
-        v2 = upgrade_v1(raw, str(path))
-        validate_plan(v2, str(path))
-        done.append((path, (out_dir / path.name) if out_dir else path, v2))
-    for _, target, v2 in done:
-        if target is not None:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(target, json.dumps(v2, indent=2) + "\n")
-    return [(path, target) for path, target, _ in done]
