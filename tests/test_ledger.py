@@ -202,7 +202,7 @@ def test_the_heuristic_aims_at_the_biggest_loss_first():
 
 
 def test_the_llm_prompt_carries_the_ledger():
-    from conjugate.agents.prompt import Prompts
+    from conjugate.agents.llm.prompt import Prompts
 
     plan = json.loads((ROOT / "plans" / "streams.json").read_text())
     text = Prompts().expand_text(_context_with_ledger(plan, [("draft down", 1.55, 0.52)]), 3)
@@ -215,7 +215,7 @@ def test_the_llm_prompt_carries_the_ledger():
 def test_the_heuristic_serves_the_busier_stream_first():
     """With two streams, `priority` for the stream the ledger says is busier ranks first; without a
     ledger, the draft's; leaving two streams also clears the priority (the patch stays valid)."""
-    from conjugate.agents.heuristic import streams_edits
+    from conjugate.agents.heuristic.streams import streams_edits
     from conjugate.plan import patch_plan, validate_plan
 
     plan = validate_plan(json.loads((ROOT / "plans" / "streams.json").read_text()))
@@ -233,7 +233,7 @@ def test_the_heuristic_serves_the_busier_stream_first():
 def test_the_llm_prompt_shows_each_shared_launch_against_two_streams():
     from dataclasses import replace
 
-    from conjugate.agents.prompt import Prompts
+    from conjugate.agents.llm.prompt import Prompts
     from conjugate.evaluate.result import Verdict
 
     plan = json.loads((ROOT / "plans" / "interleave.json").read_text())

@@ -11,7 +11,7 @@ import pytest
 
 from conjugate.agents.base import NodeContext
 from conjugate.agents.heuristic import HeuristicProposer
-from conjugate.agents.tile_table import TileTable, load_tile_tables, table_for
+from conjugate.agents.heuristic.tile_table import TileTable, load_tile_tables, table_for
 from conjugate.errors import ConjugateError
 from conjugate.paths import EXAMPLES_DIR, shipped_plan
 from conjugate.plan import load_plan, patch_plan
@@ -153,7 +153,7 @@ def test_tabulate_refuses_a_sweep_of_another_gpu_and_a_damaged_table(tmp_path):
 def test_the_llm_prompt_shows_the_tiles_measured_for_the_workloads_shapes(tmp_path):
     from dataclasses import replace
 
-    from conjugate.agents.prompt import Prompts
+    from conjugate.agents.llm.prompt import Prompts
 
     prompts = Prompts(tiles_file=_file(tmp_path, [_table(_entry(), ATTN_ENTRY)]))
     streams = load_plan(shipped_plan("streams"))
@@ -201,7 +201,7 @@ def test_no_measured_qkv_tile_for_a_model_that_fuses_rope_into_its_qkv(tmp_path)
 
 
 def test_with_a_ledger_a_measured_tile_is_scored_by_what_it_saves_of_the_round(tmp_path):
-    from conjugate.agents.heuristic_edits import measured_tile_edits
+    from conjugate.agents.heuristic.tiles import measured_tile_edits
     from conjugate.evaluate.result import KindLoss, LedgerSummary
 
     table = load_tile_tables(_file(tmp_path, [_table(_entry())]))[0]

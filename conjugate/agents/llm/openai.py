@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import time
 
-from conjugate.agents.llm import DEFAULT_TIMEOUT_S, request_timeout, sdk_error
-from conjugate.agents.wire import ChatReply, openai_reply, read_reply
+from conjugate.agents.llm.llm import DEFAULT_TIMEOUT_S, request_timeout, sdk_error
+from conjugate.agents.llm.wire import ChatReply, openai_reply, read_reply
 from conjugate.errors import ConjugateError
 
 NO_KEY = "not-needed"  # what a local server receives when no key is set

@@ -24,8 +24,8 @@ from typing import Any, Iterator
 
 from conjugate.agents.base import EDIT_KINDS, NodeContext, Proposal
 from conjugate.agents.facts import MAX_FACTS, facts_for, load_facts
-from conjugate.agents.tile_table import load_tile_tables, measured_for, table_for
-from conjugate.agents.wire import MAX_DEPTH, Span, json_spans
+from conjugate.agents.heuristic.tile_table import load_tile_tables, measured_for, table_for
+from conjugate.agents.llm.wire import MAX_DEPTH, Span, json_spans
 from conjugate.compiler.feedback import PartRef, Resources
 from conjugate.errors import ConjugateError, PlanError
 from conjugate.files import read_text
@@ -174,9 +174,11 @@ class Prompts:
 
     def _facts(self, device: str) -> str:
         found = facts_for(device, self.facts)
-        if found is None:
+        if not found:
             return f"none recorded for {device or 'this device'}"
-        return f"{found.device}, {found.date} ({found.source}):\n" + _bullets(list(found.facts), MAX_FACTS)
+        dates = sorted(f.date for f in found)
+        return (f"{found[0].gpu}, {dates[0]} to {dates[-1]} (each with its command and commit in search/facts.toml):\n"
+                + _bullets([f.says for f in found], MAX_FACTS))
 
     def _tiles(self, ctx: NodeContext) -> str:
         table = table_for(ctx.device, self.tiles)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import time
 
-from conjugate.agents.llm import DEFAULT_TIMEOUT_S, request_timeout, sdk_error
-from conjugate.agents.wire import ChatReply, anthropic_reply, read_reply
+from conjugate.agents.llm.llm import DEFAULT_TIMEOUT_S, request_timeout, sdk_error
+from conjugate.agents.llm.wire import ChatReply, anthropic_reply, read_reply
 from conjugate.errors import ConjugateError
 
 
