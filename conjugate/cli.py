@@ -129,6 +129,15 @@ def cmd_plan_compile(args: argparse.Namespace) -> None:
               f"written to {out_dir} (manifest.json maps launches to kernel files)")
 
 
+def cmd_plan_upgrade(args: argparse.Namespace) -> None:
+    from conjugate.plan.upgrade import upgrade_files
+
+    paths = [Path(p) for p in args.plans]
+    check_output("--out", args.out, args.plans, files=[p.name for p in paths])
+    for path, written in upgrade_files(paths, None if args.in_place else Path(args.out)):
+        out.print(f"{path}: already v2, left as it is" if written is None else f"{path} -> {written}")
+
+
 def cmd_check(args: argparse.Namespace) -> None:
     """Load a workload, validate and expand every shipped plan, run the reference round and one
     plan's compiled round, and check that they agree."""
@@ -341,6 +350,12 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "compile":
             action.add_argument("--out", required=True, help="directory for the kernel sources")
         action.set_defaults(func=func)
+    upgrade = plan.add_parser("upgrade", help="rewrite conjugate.plan/1 files as conjugate.plan/2")
+    upgrade.add_argument("plans", nargs="+", metavar="PLAN", help="plan JSON files")
+    where = upgrade.add_mutually_exclusive_group(required=True)
+    where.add_argument("--out", help="directory to write the upgraded plans into, under their own names")
+    where.add_argument("--in-place", action="store_true", help="rewrite each file where it is")
+    upgrade.set_defaults(func=cmd_plan_upgrade)
     from conjugate.evaluate.ledger_command import add_command as add_profile_command
     from conjugate.search.commands import add_commands
     from conjugate.serving.command import add_command

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+import re
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,79 +18,107 @@ from conjugate.errors import PatchError, PlanError, ScheduleError
 from conjugate.graph import KINDS, build_graph
 from conjugate.plan import (Launch, Part, apply_patch, check_dependencies, expand, load_plan, patch_plan,
                             validate_plan)
+from conjugate.plan.blocks import Stream
 from conjugate.plan.schema import ALIGNMENTS, FUSIONS, PATTERNS, plan_hash
+from conjugate.plan.upgrade import upgrade_v1
+from conjugate.roles import Model
 from conjugate.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANS = sorted(p for p in (ROOT / "plans").glob("*.json") if not p.name.endswith(".schema.json"))
+BEST = sorted((ROOT / "benchmarks" / "results" / "plans").glob("*.json"))
+V1 = sorted((ROOT / "tests" / "data" / "plans_v1").glob("*.json"))
 SCHEMA = json.loads((ROOT / "plans" / "plan.schema.json").read_text())
 TINY = load_workload(ROOT / "examples" / "tiny.toml")
-BASE = {"schema": "conjugate.plan/1"}
+BASE = {"schema": "conjugate.plan/2"}
+TWO = {"cross": {"streams": "two"}}
 
 
 def _interleave() -> dict:
     return json.loads((ROOT / "plans" / "interleave.json").read_text())
 
 
+def _with(raw: dict, **cross) -> dict:
+    """`raw` with these cross-block fields set."""
+    return raw | {"cross": raw.get("cross", {}) | cross}
+
+
+def _stream(model: str, **stream) -> dict:
+    return {model: {"stream": stream}}
+
+
 # ---------------------------------------------------------------------------------------------
 # validation
 
 
-def test_shipped_plans_are_valid_under_both_validators():
-    assert {p.stem for p in PLANS} == {"sequential", "streams", "interleave"}
-    for path in PLANS:
-        jsonschema.validate(json.loads(path.read_text()), SCHEMA)
-        assert load_plan(path).name == path.stem
-
-
-def test_the_benchmark_variants_are_valid_and_expand():
-    """benchmarks/variants/*.json: the plans the benchmark READMEs measure stay valid as the schema grows."""
-    from conjugate.plan.expand import expand
-    from conjugate.workload import load_workload
-
-    tiny = load_workload(ROOT / "examples" / "tiny.toml")
-    variants = sorted((ROOT / "benchmarks" / "variants").glob("*.json"))
-    assert len(variants) >= 10
-    for path in variants:
-        jsonschema.validate(json.loads(path.read_text()), SCHEMA)
+def test_shipped_and_best_plans_are_v2_and_valid_under_both_validators():
+    assert {p.stem for p in PLANS} == {"sequential", "streams", "interleave"} and len(BEST) == 7
+    for path in PLANS + BEST:
+        raw = json.loads(path.read_text())
+        assert raw["schema"] == "conjugate.plan/2", path.name
+        jsonschema.validate(raw, SCHEMA)
         plan = load_plan(path)
-        assert plan.name == path.stem and expand(plan, tiny).launches, path.name
+        jsonschema.validate(plan.to_dict(), SCHEMA)  # the canonical form too
+    assert [load_plan(p).name for p in PLANS] == [p.stem for p in PLANS]
+
+
+def test_the_committed_json_schema_is_the_generated_one():
+    from conjugate.plan.json_schema import main, plan_json_schema
+
+    assert plan_json_schema() == SCHEMA
+    assert main(["--check"]) == 0
+    jsonschema.Draft202012Validator.check_schema(SCHEMA)
 
 
 BAD_PLANS = [
-    ({"schema": "conjugate.plan/2"}, "$.schema"),
-    (dict(BASE, priority="draft"), "$.priority: 'draft' favours one model's stream, so it needs $.streams 'two'"),
-    (dict(BASE, streams="two", priority="both"), "$.priority"),
+    ({"schema": "conjugate.plan/3"}, "$.schema"),
+    ({"name": "x"}, "$.schema: should be \"conjugate.plan/2\", got null"),
+    (dict(BASE, **_stream("draft", priority="high")),
+     "$.draft.stream.priority: \"high\" favours this model's stream, so it needs $.cross.streams \"two\""),
+    (dict(BASE, **TWO, **_stream("draft", priority="high"), **_stream("target", priority="high")),
+     "$.target.stream.priority: \"high\" for both models"),
+    (dict(BASE, **TWO, **_stream("draft", priority="first")), "$.draft.stream.priority"),
+    (dict(BASE, **_stream("target", sms=64)), "$.target.stream.sms: 64 limits this model's stream"),
+    (dict(BASE, **TWO, **_stream("target", sms=60)), "$.target.stream.sms: should be a multiple of 8"),
+    (dict(BASE, **TWO, **_stream("target", sms=2048)), "$.target.stream.sms: 2048 is out of range"),
+    (dict(BASE, **TWO, **_stream("target", sms=64), **_stream("draft", sms=64)),
+     "$.target.stream.sms: 64 limits both models"),
     (dict(BASE, bogus=1), "$.bogus: unknown key"),
-    (dict(BASE, alignment="diagonal"), "$.alignment"),
-    (dict(BASE, alignment=3), "$.alignment"),
-    (dict(BASE, tiles={"target": {"qkv": {"BLOCK_N": 48}}}), "$.tiles.target.qkv.BLOCK_N: 48 is not a power of two"),
-    (dict(BASE, tiles={"target": {"qkv": {"BLOCK_N": 1024}}}), "$.tiles.target.qkv.BLOCK_N: 1024 is out of range"),
-    (dict(BASE, tiles={"target": {"qkv": {"BLOCK_N": "64"}}}), "$.tiles.target.qkv.BLOCK_N: should be an integer"),
-    (dict(BASE, tiles={"target": {"qkv": {"SPLIT_KV": 2}}}), "$.tiles.target.qkv.SPLIT_KV: unknown key"),
-    (dict(BASE, tiles={"draft": {"attn": {"BLOCK": 64}}}), "$.tiles.draft.attn.BLOCK: unknown key"),
-    (dict(BASE, tiles={"drafts": {}}), "$.tiles.drafts: unknown key"),
-    (dict(BASE, tiles={"target": {"mlp": {}}}), "$.tiles.target.mlp: unknown key"),
-    (dict(BASE, launch={"num_warps": 3}), "$.launch.num_warps: 3 is not a power of two"),
-    (dict(BASE, launch={"num_stages": 0}), "$.launch.num_stages: 0 is out of range"),
-    (dict(BASE, interleave={"pattern": "ratio", "ratio": [1]}), "$.interleave.ratio"),
-    (dict(BASE, interleave={"pattern": "ratio", "ratio": [1, 0]}), "$.interleave.ratio[1]"),
-    (dict(BASE, interleave={"pattern": "zigzag"}), "$.interleave.pattern"),
-    (dict(BASE, pairs={"qkv": "attn"}), "$.pairs.qkv: should be a list"),
-    (dict(BASE, pairs={"qkv": ["mlp"]}), "$.pairs.qkv[0]"),
-    (dict(BASE, fusions={"draft": ["rope_kv+attn"]}), "$.fusions.draft[0]"),
-    (dict(BASE, pairs={"qkv": [{"a": 1}]}), "$.pairs.qkv[0]: should be an op kind string, got an object"),
-    (dict(BASE, pairs={"attn": ["qkv", ["attn"]]}), "$.pairs.attn[1]: should be an op kind string, got a list"),
-    (dict(BASE, fusions={"target": [["lm_head+argmax"]]}), "$.fusions.target[0]: should be a fusion string"),
-    (dict(BASE, streams="two", alignment="proportional"), "$.streams"),
-    (dict(BASE, split_reduce={"draft": "fast"}), "$.split_reduce.draft"),
-    (dict(BASE, split_reduce={"drafts": "atomic"}), "$.split_reduce.drafts: unknown key"),
-    (dict(BASE, split_reduce="atomic"), "$.split_reduce: should be an object"),
-    (dict(BASE, overrides=[{"pair": False}]), "$.overrides[0].match: required"),
-    (dict(BASE, overrides=[{"match": "t.l0.qkv", "with": "t.l1.qkv"}]), "$.overrides[0].with"),
-    (dict(BASE, overrides=[{"match": "t.l0.qkv", "pair": "no"}]), "$.overrides[0].pair: should be a boolean"),
-    (dict(BASE, overrides=[{"match": "t.*", "colour": 1}]), "$.overrides[0].colour: unknown key"),
-    (dict(BASE, overrides={"match": "t.*"}), "$.overrides: should be a list"),
+    (dict(BASE, draft={"persist": {"span": "layer"}}), "$.draft.persist: unknown key"),
+    (dict(BASE, draft={"pdl": {"trigger": "end"}}), "$.draft.pdl: {\"trigger\": \"end\"} is not one of none"),
+    (_with(BASE, alignment="diagonal"), "$.cross.alignment"),
+    (_with(BASE, alignment=3), "$.cross.alignment"),
+    (dict(BASE, target={"tiles": {"qkv": {"BLOCK_N": 48}}}), "$.target.tiles.qkv.BLOCK_N: 48 is not a power of two"),
+    (dict(BASE, target={"tiles": {"qkv": {"BLOCK_N": 1024}}}), "$.target.tiles.qkv.BLOCK_N: 1024 is out of range"),
+    (dict(BASE, target={"tiles": {"qkv": {"BLOCK_N": "64"}}}), "$.target.tiles.qkv.BLOCK_N: should be an integer"),
+    (dict(BASE, target={"tiles": {"qkv": {"BLOCK_N": True}}}), "$.target.tiles.qkv.BLOCK_N: should be an integer"),
+    (dict(BASE, target={"tiles": {"qkv": {"SPLIT_KV": 2}}}), "$.target.tiles.qkv.SPLIT_KV: unknown key"),
+    (dict(BASE, draft={"tiles": {"attn": {"BLOCK": 64}}}), "$.draft.tiles.attn.BLOCK: unknown key"),
+    (dict(BASE, drafts={}), "$.drafts: unknown key"),
+    (dict(BASE, target={"tiles": {"mlp": {}}}), "$.target.tiles.mlp: unknown key"),
+    (dict(BASE, target="atomic"), "$.target: should be an object"),
+    (_with(BASE, launch={"num_warps": 3}), "$.cross.launch.num_warps: 3 is not a power of two"),
+    (_with(BASE, launch={"num_stages": 0}), "$.cross.launch.num_stages: 0 is out of range"),
+    (_with(BASE, interleave={"pattern": "ratio", "ratio": [1]}), "$.cross.interleave.ratio"),
+    (_with(BASE, interleave={"pattern": "ratio", "ratio": [1, 0]}), "$.cross.interleave.ratio[1]"),
+    (_with(BASE, interleave={"pattern": "zigzag"}), "$.cross.interleave.pattern"),
+    (_with(BASE, pairs={"qkv": "attn"}), "$.cross.pairs.qkv: should be a list"),
+    (_with(BASE, pairs={"qkv": ["mlp"]}), "$.cross.pairs.qkv[0]"),
+    (_with(BASE, pairs={"qkv": [{"a": 1}]}), "$.cross.pairs.qkv[0]: should be an op kind string, got an object"),
+    (_with(BASE, pairs={"attn": ["qkv", ["attn"]]}), "$.cross.pairs.attn[1]: should be an op kind string, got a list"),
+    (dict(BASE, draft={"fusions": ["rope_kv+attn"]}), "$.draft.fusions[0]"),
+    (dict(BASE, target={"fusions": [["lm_head+argmax"]]}), "$.target.fusions[0]: should be a fusion string"),
+    (dict(BASE, target={"reduce": "fast"}), "$.target.reduce"),
+    (_with(BASE, streams="two", alignment="proportional"), "$.cross.streams"),
+    (_with(BASE, overrides=[{"pair": False}]), "$.cross.overrides[0].match: required"),
+    (_with(BASE, overrides=[{"match": "t.l0.qkv", "with": "t.l1.qkv"}]), "$.cross.overrides[0].with"),
+    (_with(BASE, overrides=[{"match": "t.l0.qkv", "pair": "no"}]), "$.cross.overrides[0].pair: should be a boolean"),
+    (_with(BASE, overrides=[{"match": "t.*", "colour": 1}]), "$.cross.overrides[0].colour: unknown key"),
+    (_with(BASE, overrides=[{"match": "t.*", "pdl": {"trigger": "end"}}]), "$.cross.overrides[0].pdl"),
+    (_with(BASE, overrides=[{"match": "t.*", "pdl": "late"}]), "$.cross.overrides[0].pdl"),
+    (_with(BASE, overrides=[{"match": "t" * 201}]), "$.cross.overrides[0].match: is 201 characters long"),
+    (_with(BASE, overrides={"match": "t.*"}), "$.cross.overrides: should be a list"),
+    (dict(BASE, name="two\nlines"), "$.name"),
     ([1, 2], "$: should be an object"),
 ]
 
@@ -98,50 +129,82 @@ def test_bad_plan_names_path_and_reason(raw, expected):
         validate_plan(raw, source="p.json")
     assert str(info.value).startswith("p.json: ")
     assert any(e.startswith(expected) for e in info.value.errors), info.value.errors
-    with pytest.raises(jsonschema.ValidationError):  # the shipped JSON Schema agrees
+    with pytest.raises(jsonschema.ValidationError):  # the generated JSON Schema agrees
         jsonschema.validate(raw, SCHEMA)
 
 
+def test_good_edge_plans_pass_both_validators():
+    good = [dict(BASE, **TWO, **_stream("draft", priority="high"), **_stream("target", sms=96)),
+            dict(BASE, **TWO, **_stream("target", priority="high", sms=1024)),
+            dict(BASE, draft={"pdl": "end", "reduce": "atomic"}, target={"pdl": "start"}),
+            _with(BASE, overrides=[{"match": "t.l0.*", "pdl": "none", "launch": {"num_warps": 8}}])]
+    for raw in good:
+        jsonschema.validate(raw, SCHEMA)
+        assert validate_plan(raw).to_dict() == validate_plan(validate_plan(raw).to_dict()).to_dict()
+
+
 def test_every_error_is_reported():
-    raw = dict(BASE, alignment="x", streams="y", launch={"num_warps": 5})
+    raw = _with(BASE, alignment="x", streams="y", launch={"num_warps": 5})
     errors = pytest.raises(PlanError, validate_plan, raw).value.errors
-    assert [e.split(":")[0] for e in errors] == ["$.alignment", "$.streams", "$.launch.num_warps"]
+    assert [e.split(":")[0] for e in errors] == ["$.cross.streams", "$.cross.launch.num_warps", "$.cross.alignment"]
 
 
 def test_objects_and_lists_in_name_lists_are_plan_errors():
     """Not TypeError (unhashable): each bad item named by its path, beside the other errors."""
     interleave = load_plan(ROOT / "plans" / "interleave.json")
     with pytest.raises(PlanError) as info:
-        patch_plan(interleave, [{"op": "replace", "path": "/pairs/qkv", "value": [{"a": 1}]}])
-    assert info.value.errors == ["$.pairs.qkv[0]: should be an op kind string, got an object"]
-    patch = [{"op": "add", "path": "/fusions/draft", "value": [["attn_norm+qkv"], 3, "attn_norm+qkv", "nope"]},
-             {"op": "replace", "path": "/pairs/qkv", "value": ["attn", {"kind": "attn"}, "attn"]}]
+        patch_plan(interleave, [{"op": "replace", "path": "/cross/pairs/qkv", "value": [{"a": 1}]}])
+    assert info.value.errors == ["$.cross.pairs.qkv[0]: should be an op kind string, got an object"]
+    patch = [{"op": "add", "path": "/draft/fusions", "value": [["attn_norm+qkv"], 3, "attn_norm+qkv", "nope"]},
+             {"op": "replace", "path": "/cross/pairs/qkv", "value": ["attn", {"kind": "attn"}, "attn"]}]
     errors = pytest.raises(PlanError, patch_plan, interleave, patch).value.errors
-    assert [e.split(":")[0] for e in errors] == ["$.pairs.qkv[1]", "$.fusions.draft[0]", "$.fusions.draft[1]",
-                                                "$.fusions.draft[3]"]
-    assert "should be a fusion string, got the number 3" in errors[2]
-    fine = patch_plan(interleave, [{"op": "replace", "path": "/pairs/qkv", "value": ["attn", "attn"]}])
-    assert fine["pairs"]["qkv"] == ["attn"]
+    assert [e.split(":")[0] for e in errors] == ["$.draft.fusions[0]", "$.draft.fusions[1]", "$.draft.fusions[3]",
+                                                "$.cross.pairs.qkv[1]"]
+    assert "should be a fusion string, got the number 3" in errors[1]
+    fine = patch_plan(interleave, [{"op": "replace", "path": "/cross/pairs/qkv", "value": ["attn", "attn"]}])
+    assert fine.cross.pairs["qkv"] == ("attn",)
 
 
 def test_load_plan_errors(tmp_path):
     bad = tmp_path / "bad.json"
-    bad.write_text('{"schema": "conjugate.plan/1",\n "name": }')
+    bad.write_text('{"schema": "conjugate.plan/2",\n "name": }')
     with pytest.raises(PlanError, match=r"bad.json: malformed JSON at line 2"):
         load_plan(bad)
+    twice = tmp_path / "twice.json"
+    twice.write_text('{"schema": "conjugate.plan/2", "draft": {"pdl": "end", "pdl": "none"}}')
+    with pytest.raises(PlanError, match="twice.json: .*pdl"):
+        load_plan(twice)
+    nan = tmp_path / "nan.json"
+    nan.write_text('{"schema": "conjugate.plan/2", "cross": {"launch": {"num_stages": NaN}}}')
+    with pytest.raises(PlanError, match="nan.json: "):
+        load_plan(nan)
     with pytest.raises(PlanError, match="no such plan file"):
         load_plan(tmp_path / "missing.json")
 
 
 # ---------------------------------------------------------------------------------------------
-# canonical form and hash
+# typed blocks, canonical form and hash
+
+
+def test_typed_blocks_read_the_plan():
+    best = load_plan(ROOT / "benchmarks" / "results" / "plans" / "llama-1b-8b-b8.json")
+    draft, target = best.model(Model.DRAFT), best.model("target")
+    assert (draft.pdl, draft.reduce, draft.stream.priority, target.stream.priority) == ("end", "atomic", "high", "normal")
+    assert draft.tiles["down"]["SPLIT_K"] == 8 and draft.fusions == ("lm_head+argmax",)
+    assert (best.cross.streams, best.cross.alignment, best.cross.overrides) == ("two", "sequential", ())
+    with pytest.raises(TypeError):  # read-only
+        draft.tiles["down"]["SPLIT_K"] = 1
+    inter = load_plan(ROOT / "plans" / "interleave.json")
+    assert inter.cross.interleave.pattern == "strided" and "*" in inter.cross.pairs["qkv"]
 
 
 def test_canonical_form_fills_defaults_and_is_idempotent():
     plan = validate_plan(BASE)
-    assert plan["alignment"] == "sequential" and plan["launch"] == {"num_warps": 4, "num_stages": 2}
+    assert plan.cross.alignment == "sequential" and dict(plan.cross.launch) == {"num_warps": 4, "num_stages": 2}
+    assert plan.to_dict()["draft"] == {"tiles": {}, "fusions": [], "reduce": "ordered", "pdl": "none",
+                                       "stream": {"priority": "normal", "sms": 0}}
     assert validate_plan(plan.to_dict()) == plan
-    for path in PLANS:
+    for path in PLANS + BEST:
         shipped = load_plan(path)
         assert validate_plan(json.loads(shipped.to_json())).hash == shipped.hash
 
@@ -149,14 +212,104 @@ def test_canonical_form_fills_defaults_and_is_idempotent():
 def test_hash_ignores_key_order_set_order_and_cosmetics():
     raw = _interleave()
     shuffled = json.loads(json.dumps(raw, sort_keys=True))
-    shuffled["pairs"]["attn"] = list(reversed(shuffled["pairs"]["attn"]))
+    shuffled["cross"]["pairs"]["attn"] = list(reversed(shuffled["cross"]["pairs"]["attn"]))
     shuffled["name"], shuffled["description"] = "renamed", "other words"
     assert validate_plan(shuffled).hash == validate_plan(raw).hash
-    raw["interleave"] = {"pattern": "blocked", "ratio": [3, 1]}  # ratio means nothing unless pattern is ratio
-    assert validate_plan(raw).hash == validate_plan(dict(raw, interleave={"pattern": "blocked"})).hash
-    changed = dict(raw, alignment="greedy")
-    assert validate_plan(changed).hash != validate_plan(raw).hash
-    assert len({load_plan(p).hash for p in PLANS}) == len(PLANS)
+    ratio = _with(raw, interleave={"pattern": "blocked", "ratio": [3, 1]})  # ratio means nothing unless pattern is ratio
+    assert validate_plan(ratio).hash == validate_plan(_with(raw, interleave={"pattern": "blocked"})).hash
+    assert validate_plan(_with(raw, alignment="greedy")).hash != validate_plan(raw).hash
+    assert len({load_plan(p).hash for p in PLANS + BEST}) == len(PLANS + BEST)
+
+
+def test_hash_is_the_canonical_json_with_defaults_filled():
+    """v2 hashes start fresh: stating a default changes nothing, and the hash is stable across releases."""
+    plan = load_plan(ROOT / "plans" / "streams.json")
+    stated = _with(json.loads((ROOT / "plans" / "streams.json").read_text()), capture="graph", overrides=[])
+    stated["draft"] |= {"reduce": "ordered", "stream": {"priority": "normal", "sms": 0}}
+    assert validate_plan(stated).hash == plan.hash
+    body = {k: v for k, v in plan.to_dict().items() if k not in ("name", "description")}
+    assert plan.hash == hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    assert plan_hash(plan.to_dict()) == plan.hash
+
+
+# ---------------------------------------------------------------------------------------------
+# conversion from conjugate.plan/1
+
+
+def test_every_v1_fixture_converts_to_its_committed_v2_plan():
+    assert {p.name for p in V1} == {"streams.json", "interleave.json", "best-llama-1b-8b-b8.json"}
+    committed = {"streams.json": ROOT / "plans" / "streams.json", "interleave.json": ROOT / "plans" / "interleave.json",
+                 "best-llama-1b-8b-b8.json": ROOT / "benchmarks" / "results" / "plans" / "llama-1b-8b-b8.json"}
+    for path in V1:
+        v1 = json.loads(path.read_text())
+        assert v1["schema"] == "conjugate.plan/1"
+        converted = load_plan(path)  # converted on read
+        assert converted.to_dict() == load_plan(committed[path.name]).to_dict()
+        assert converted.data["schema"] == "conjugate.plan/2"
+        jsonschema.validate(upgrade_v1(v1), SCHEMA)
+
+
+def test_v1_knobs_land_in_their_blocks():
+    v1 = {"schema": "conjugate.plan/1", "streams": "two", "priority": "target", "split_reduce": {"draft": "atomic"},
+          "pdl": {"draft": {"trigger": "end", "prefetch": False}}, "sm_limit": {"draft": 96},
+          "persist": {"target": {"span": "none", "programs": 0, "prefetch": True}},
+          "tiles": {"target": {"qkv": {"SPLIT_K": 2}}}, "fusions": {"draft": ["lm_head+argmax"]},
+          "overrides": [{"match": "d.s0.*", "pdl": {"trigger": "none", "preload": False}}]}
+    plan = validate_plan(v1)
+    draft, target = plan.model(Model.DRAFT), plan.model(Model.TARGET)
+    assert (draft.reduce, draft.pdl, draft.stream, draft.fusions) == ("atomic", "end", Stream("normal", 96),
+                                                                      ("lm_head+argmax",))
+    assert target.stream.priority == "high" and target.tiles["qkv"]["SPLIT_K"] == 2
+    assert plan.cross.streams == "two" and plan.cross.overrides[0].pdl == "none"
+
+
+@pytest.mark.parametrize("v1,field", [
+    ({"persist": {"draft": {"span": "layer"}}}, "$.persist.draft.span"),
+    ({"persist": {"target": {"span": "none", "order": "tickets"}}}, "$.persist.target.order"),
+    ({"persist": {"target": {"preload": True}}}, "$.persist.target.preload"),
+    ({"pdl": {"draft": {"trigger": "end", "prefetch": True}}}, "$.pdl.draft.prefetch"),
+    ({"pdl": {"target": {"trigger": "start", "preload": True}}}, "$.pdl.target.preload"),
+    ({"overrides": [{"match": "d.*", "pdl": {"trigger": "end", "preload": True}}]}, "$.overrides[0].pdl.preload"),
+])
+def test_v1_plans_using_a_retired_knob_are_refused_naming_it(v1, field):
+    with pytest.raises(PlanError) as info:
+        validate_plan({"schema": "conjugate.plan/1"} | v1, source="old.json")
+    assert len(info.value.errors) == 1
+    assert info.value.errors[0].startswith(f"{field}: ") and "retired" in info.value.errors[0]
+    assert str(info.value).startswith("old.json: ")
+
+
+def test_malformed_v1_blocks_are_refused_naming_them():
+    for v1, field in (({"split_reduce": "atomic"}, "$.split_reduce: should be an object"),
+                      ({"split_reduce": {"drafts": "atomic"}}, "$.split_reduce.drafts: unknown key"),
+                      ({"priority": "both"}, "$.priority"), ({"bogus": 1}, "$.bogus: unknown key")):
+        with pytest.raises(PlanError, match=re.escape(field)):
+            validate_plan({"schema": "conjugate.plan/1"} | v1, source="old.json")
+
+
+def test_plan_upgrade_command_rewrites_v1_files(tmp_path, capsys):
+    from conjugate.cli import main
+
+    for path in V1:
+        shutil.copy(path, tmp_path / path.name)
+    inputs = [str(tmp_path / p.name) for p in V1]
+    assert main(["plan", "upgrade", *inputs, "--out", str(tmp_path / "v2")]) == 0
+    for path in V1:
+        written = json.loads((tmp_path / "v2" / path.name).read_text())
+        assert written["schema"] == "conjugate.plan/2" and written["name"] == json.loads(path.read_text())["name"]
+        assert validate_plan(written).hash == load_plan(path).hash
+    assert main(["plan", "upgrade", inputs[0], "--in-place"]) == 0
+    assert json.loads(Path(inputs[0]).read_text())["schema"] == "conjugate.plan/2"
+    assert main(["plan", "upgrade", inputs[0], "--in-place"]) == 0  # already v2: left as it is
+    assert "already v2" in capsys.readouterr().out
+    retired = tmp_path / "retired.json"
+    retired.write_text(json.dumps({"schema": "conjugate.plan/1", "persist": {"draft": {"span": "step"}}}))
+    before = retired.read_text()
+    assert main(["plan", "upgrade", str(retired), inputs[1], "--in-place"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "retired.json" in err and "$.persist.draft.span" in err
+    assert retired.read_text() == before
+    assert json.loads(Path(inputs[1]).read_text())["schema"] == "conjugate.plan/1"  # nothing written when one fails
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,13 +358,13 @@ def test_patch_is_atomic_and_plan_patch_validates():
     plan = load_plan(ROOT / "plans" / "interleave.json")
     before = plan.to_dict()
     with pytest.raises(PatchError):
-        patch_plan(plan, [{"op": "replace", "path": "/alignment", "value": "greedy"},
+        patch_plan(plan, [{"op": "replace", "path": "/cross/alignment", "value": "greedy"},
                           {"op": "remove", "path": "/nope"}])
     assert plan.to_dict() == before
-    edited = patch_plan(plan, [{"op": "replace", "path": "/alignment", "value": "greedy"}])
-    assert edited["alignment"] == "greedy" and edited.hash != plan.hash
-    with pytest.raises(PlanError, match=r"\$.tiles.target.qkv.BLOCK_K: 100 is not a power of two"):
-        patch_plan(plan, [{"op": "replace", "path": "/tiles/target/qkv/BLOCK_K", "value": 100}])
+    edited = patch_plan(plan, [{"op": "replace", "path": "/cross/alignment", "value": "greedy"}])
+    assert edited.cross.alignment == "greedy" and edited.hash != plan.hash
+    with pytest.raises(PlanError, match=r"\$.target.tiles.qkv.BLOCK_K: 100 is not a power of two"):
+        patch_plan(plan, [{"op": "add", "path": "/target/tiles/qkv", "value": {"BLOCK_K": 100}}])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,14 +402,14 @@ def test_sequential_streams_and_interleave_shapes():
     assert len(cross) >= len(schedule.launches) // 3
     for launch in cross:
         target, draft = launch.parts
-        allowed = inter["pairs"][target.kind]
+        allowed = inter.cross.pairs[target.kind]
         assert "*" in allowed or draft.kind in allowed, (target.kind, draft.kind)
         assert launch.pattern == "strided"
 
 
 def test_fusions_make_chained_parts():
     graph = build_graph(TINY)
-    plan = validate_plan(dict(BASE, fusions={"target": ["final_norm+lm_head", "lm_head+argmax"]}))
+    plan = validate_plan(dict(BASE, target={"fusions": ["final_norm+lm_head", "lm_head+argmax"]}))
     schedule = expand(plan, TINY, graph)
     last = schedule.launches[-1].parts[0]
     assert last.ops == ("t.final_norm", "t.lm_head", "t.argmax") and last.kind == "lm_head"
@@ -267,7 +420,7 @@ def test_fusions_make_chained_parts():
 
 def test_overrides_pair_tiles_launch_and_warnings():
     raw = _interleave()
-    raw["overrides"] = [
+    raw["cross"]["overrides"] = [
         {"match": "t.l1.*", "pair": False},
         {"match": "t.l0.attn", "tiles": {"target": {"attn": {"SPLIT_KV": 4, "num_warps": 8}}},
          "interleave": {"pattern": "ratio", "ratio": [3, 1]}},
@@ -281,12 +434,12 @@ def test_overrides_pair_tiles_launch_and_warnings():
     attn = next(l for l in schedule.launches if "t.l0.attn" in l.ops)
     assert attn.parts[0].tiles["SPLIT_KV"] == 4 and attn.num_warps == 8 and attn.num_stages == 4
     assert attn.pattern == "ratio" and attn.ratio == (3, 1)
-    assert schedule.warnings == ("$.overrides[3].match: 't.l99.*' matches no op of this workload",)
+    assert schedule.warnings == ("$.cross.overrides[3].match: 't.l99.*' matches no op of this workload",)
 
 
 def test_pin_places_draft_op_in_target_launch():
     raw = _interleave()
-    raw["overrides"] = [{"match": "t.l2.down", "with": "d.s0.l1.down"}]
+    raw["cross"]["overrides"] = [{"match": "t.l2.down", "with": "d.s0.l1.down"}]
     schedule = expand(validate_plan(raw), TINY)
     launch = next(l for l in schedule.launches if "t.l2.down" in l.ops)
     assert launch.parts[1].ops == ("d.s0.l1.down",)
@@ -301,14 +454,14 @@ def test_pin_places_draft_op_in_target_launch():
      "pinned into the same target launch"),
 ])
 def test_impossible_pins_are_rejected(overrides, expected):
-    raw = dict(_interleave(), overrides=overrides)
+    raw = _with(_interleave(), overrides=overrides)
     with pytest.raises(ScheduleError, match=expected):
         expand(validate_plan(raw), TINY)
 
 
 def test_dependency_check_names_both_ops():
     graph = build_graph(TINY)
-    schedule = expand(validate_plan(dict(BASE, fusions={"draft": ["attn_norm+qkv"]})), TINY, graph)
+    schedule = expand(validate_plan(dict(BASE, draft={"fusions": ["attn_norm+qkv"]})), TINY, graph)
     launches = list(schedule.launches)
     launches[1], launches[2] = replace(launches[2], index=1), replace(launches[1], index=2)
     with pytest.raises(ScheduleError, match=r"launch 1 runs d\.s0\.l0\.rope_kv before its dependency d\.s0\.l0\.qkv"):
@@ -331,15 +484,17 @@ def test_dependency_check_names_both_ops():
 # dependency and runs every op exactly once.
 _kind_lists = st.one_of(st.just(["*"]), st.lists(st.sampled_from(KINDS), max_size=4))
 _plans = st.fixed_dictionaries({
-    "schema": st.just("conjugate.plan/1"),
-    "alignment": st.sampled_from(ALIGNMENTS),
-    "pairs": st.dictionaries(st.sampled_from(KINDS), _kind_lists, max_size=6),
-    "interleave": st.fixed_dictionaries({"pattern": st.sampled_from(PATTERNS),
-                                         "ratio": st.lists(st.integers(1, 8), min_size=2, max_size=2)}),
-    "fusions": st.fixed_dictionaries({"draft": st.lists(st.sampled_from(FUSIONS), unique=True),
-                                      "target": st.lists(st.sampled_from(FUSIONS), unique=True)}),
-    "overrides": st.lists(st.fixed_dictionaries({"match": st.sampled_from(["t.l0.*", "t.l1.qkv", "t.*", "d.s1.*"]),
-                                                 "pair": st.booleans()}), max_size=3),
+    "schema": st.just("conjugate.plan/2"),
+    "draft": st.fixed_dictionaries({"fusions": st.lists(st.sampled_from(FUSIONS), unique=True)}),
+    "target": st.fixed_dictionaries({"fusions": st.lists(st.sampled_from(FUSIONS), unique=True)}),
+    "cross": st.fixed_dictionaries({
+        "alignment": st.sampled_from(ALIGNMENTS),
+        "pairs": st.dictionaries(st.sampled_from(KINDS), _kind_lists, max_size=6),
+        "interleave": st.fixed_dictionaries({"pattern": st.sampled_from(PATTERNS),
+                                             "ratio": st.lists(st.integers(1, 8), min_size=2, max_size=2)}),
+        "overrides": st.lists(st.fixed_dictionaries({"match": st.sampled_from(["t.l0.*", "t.l1.qkv", "t.*", "d.s1.*"]),
+                                                     "pair": st.booleans()}), max_size=3),
+    }),
 })
 
 
@@ -351,7 +506,7 @@ def test_random_valid_plans_expand_to_valid_schedules(raw):
     graph = build_graph(TINY)
     schedule = expand(plan, TINY, graph)  # expand() itself checks every dependency
     _ops_once(schedule, graph)
-    if plan["alignment"] == "sequential":
+    if plan.cross.alignment == "sequential":
         assert not any(l.cross_model for l in schedule.launches)
 
 
@@ -360,7 +515,7 @@ def test_pins_with_two_streams_make_a_mixed_plan():
     streams wait for each other around it and nowhere else."""
     from conjugate.compiler.round import cross_stream_waits
 
-    raw = dict(BASE, streams="two", overrides=[{"match": "t.l1.o_proj", "with": "d.s1.l0.down"}])
+    raw = _with(BASE, streams="two", overrides=[{"match": "t.l1.o_proj", "with": "d.s1.l0.down"}])
     jsonschema.validate(raw, SCHEMA)
     graph = build_graph(TINY)
     schedule = expand(validate_plan(raw), TINY, graph)
@@ -371,49 +526,55 @@ def test_pins_with_two_streams_make_a_mixed_plan():
     after = min(l.index for l in schedule.launches if l.index > shared[0].index and l.stream == "draft")
     assert waits[shared[0].index] == (before,) and waits[after] == (shared[0].index,)
     assert set(waits) <= {shared[0].index} | {l.index for l in schedule.launches if l.stream == "draft"}
-    assert cross_stream_waits(expand(validate_plan(dict(BASE, streams="two")), TINY, graph).launches, graph) == {}
+    assert cross_stream_waits(expand(validate_plan(_with(BASE, streams="two")), TINY, graph).launches, graph) == {}
 
 
 def test_pins_need_one_launch_per_unit():
-    twice = dict(BASE, alignment="proportional", fusions={"draft": ["attn_norm+qkv"]},
-                 overrides=[{"match": "t.l0.qkv", "with": "d.s0.l0.attn_norm"}, {"match": "t.l1.qkv", "with": "d.s0.l0.qkv"}])
+    twice = _with(dict(BASE, draft={"fusions": ["attn_norm+qkv"]}), alignment="proportional",
+                  overrides=[{"match": "t.l0.qkv", "with": "d.s0.l0.attn_norm"}, {"match": "t.l1.qkv", "with": "d.s0.l0.qkv"}])
     with pytest.raises(ScheduleError, match="already pinned into another target launch"):
         expand(validate_plan(twice), TINY)
 
 
-def test_stream_priority_is_a_two_stream_knob_that_keeps_older_hashes():
-    """`priority` names the model whose stream the GPU serves first; unset, a plan hashes as it did
-    before the key existed, so stored runs still find their plans."""
+def test_stream_priority_and_sms_become_the_schedules_priority_and_limits():
+    """A model's `stream.priority` 'high' makes its stream the one the GPU serves first; its `stream.sms`
+    limits its stream's SMs. The serving loop's phase plan drops both with the second stream."""
     from conjugate.compiler.round import stream_priority
-    from conjugate.roles import Model
-
-    streams = json.loads((ROOT / "plans" / "streams.json").read_text())
-    favoured = validate_plan(dict(streams, priority="draft"))
-    jsonschema.validate(dict(streams, priority="draft"), SCHEMA)
-    assert validate_plan(streams)["priority"] == "none"
-    assert validate_plan(dict(streams, priority="none")).hash == validate_plan(streams).hash
-    assert favoured.hash != validate_plan(streams).hash != validate_plan(dict(streams, priority="target")).hash
-    assert validate_plan(streams).hash == plan_hash({k: v for k, v in validate_plan(streams).data.items()
-                                                     if k != "priority"})
-    schedule = expand(favoured, TINY, build_graph(TINY))
-    assert schedule.priority == "draft" and {l.stream for l in schedule.launches} == {"draft", "target"}
-    assert (stream_priority(schedule, Model.DRAFT), stream_priority(schedule, Model.TARGET)) == (-1, 0)
-    plain = expand(validate_plan(streams), TINY, build_graph(TINY))
-    assert (stream_priority(plain, Model.DRAFT), stream_priority(plain, Model.TARGET)) == (0, 0)
     from conjugate.serving.decoder import phase_plan
 
+    streams = json.loads((ROOT / "plans" / "streams.json").read_text())
+    favoured = validate_plan(streams | _stream("draft", priority="high") | _stream("target", sms=96))
+    plain = validate_plan(streams)
+    assert favoured.hash != plain.hash
+    schedule = expand(favoured, TINY, build_graph(TINY))
+    assert schedule.priority == "draft" and schedule.sm_limits == (("target", 96),)
+    assert {l.stream for l in schedule.launches} == {"draft", "target"}
+    assert (stream_priority(schedule, Model.DRAFT), stream_priority(schedule, Model.TARGET)) == (-1, 0)
+    plain_schedule = expand(plain, TINY, build_graph(TINY))
+    assert (plain_schedule.priority, plain_schedule.sm_limits) == ("none", ())
+    assert (stream_priority(plain_schedule, Model.DRAFT), stream_priority(plain_schedule, Model.TARGET)) == (0, 0)
     phases = phase_plan(favoured)  # what the serving loop runs phase by phase: one stream, no priority
-    assert (phases["streams"], phases["priority"]) == ("one", "none")
+    assert phases.cross.streams == "one" and {phases.model(m).stream for m in Model} == {Stream("normal", 0)}
 
 
-def test_split_reduce_keeps_earlier_hashes_and_marks_the_residual_gemms():
-    from conjugate.plan import expand
-    from conjugate.workload import load_workload
-
+def test_reduce_marks_the_residual_gemms():
     plan = load_plan(ROOT / "plans" / "streams.json")
-    ordered = validate_plan(plan.to_dict() | {"split_reduce": {"draft": "ordered", "target": "ordered"}})
-    atomic = validate_plan(plan.to_dict() | {"split_reduce": {"draft": "atomic"}})
-    assert ordered.hash == plan.hash != atomic.hash and atomic["split_reduce"] == {"draft": "atomic", "target": "ordered"}
-    parts = [p for l in expand(atomic, load_workload(ROOT / "examples" / "tiny.toml")).launches for p in l.parts]
+    atomic = validate_plan(plan.to_dict() | {"draft": plan.to_dict()["draft"] | {"reduce": "atomic"}})
+    assert atomic.hash != plan.hash and atomic.model(Model.TARGET).reduce == "ordered"
+    parts = [p for l in expand(atomic, TINY).launches for p in l.parts]
     marked = {(p.model.value, p.kind) for p in parts if p.atomic_split}
     assert marked == {("draft", "o_proj"), ("draft", "down")}
+
+
+def test_pdl_triggers_per_model_shared_launches_and_overrides():
+    raw = _with(dict(_interleave(), draft={"pdl": "end"}, target={"pdl": "start"}),
+                overrides=[{"match": "t.l0.*", "pdl": "none"}, {"match": "d.s0.l0.qkv", "pdl": "start"}])
+    schedule = expand(validate_plan(raw), TINY)
+    for launch in schedule.launches:
+        models = {p.model for p in launch.parts}
+        if any(op.startswith("t.l0.") for op in launch.ops) and "d.s0.l0.qkv" not in launch.ops:
+            assert launch.pdl == "none"
+        elif "d.s0.l0.qkv" in launch.ops:
+            assert launch.pdl == "start"
+        else:
+            assert launch.pdl == ("end" if Model.DRAFT in models else "start"), launch.ops

@@ -21,11 +21,9 @@ dependency order, each waiting for the part before (compiler/persist.py). Launch
 with the other model are never joined, and with one stream only launches next to each other in the
 schedule. Span `launch` joins nothing: each of the model's own launches becomes a tile loop, its
 tiles taken in turn by a capped number of programs (`programs`), no barrier, so the other stream
-finds SMs free. `pdl` marks each launch of a model (a tile loop too, never a launch with barriers)
-to start while the kernel before it on its stream ends; an override's `pdl` sets the trigger or the
-prefetch of the launches it matches (the draft's attention prefetching its keys and values while
-the launch before it, released at its start, still runs). The finished schedule is checked against
-every dependency of both models.
+finds SMs free. A model's `pdl` marks each of its launches to start while the kernel before it on
+its stream ends; an override's `pdl` sets the trigger of the launches it matches. The finished
+schedule is checked against every dependency of both models.
 """
 from __future__ import annotations
 
@@ -36,7 +34,8 @@ import networkx as nx
 
 from conjugate.errors import ScheduleError
 from conjugate.graph import build_graph
-from conjugate.plan.schema import AHEAD_WHAT, BARRIER_SPANS, PDL_AHEAD, Plan
+from conjugate.plan.blocks import Override
+from conjugate.plan.schema import Plan
 from conjugate.plan.tiles import DEFAULT_TILES, FAMILY_OF, LAUNCH_BOUNDS
 from conjugate.roles import Model
 from conjugate.workload import Workload
@@ -136,7 +135,7 @@ class _Unit:
         return next((k for k in self.kinds if k in MAIN_KINDS), self.kinds[-1])
 
 
-def _units(graph: nx.DiGraph, model: Model, fusions: list[str]) -> list[_Unit]:
+def _units(graph: nx.DiGraph, model: Model, fusions: tuple[str, ...]) -> list[_Unit]:
     """Group the model's op chain into units by the enabled fusions (which may overlap: a chain
     final_norm -> lm_head -> argmax forms when both of its fusions are on)."""
     links = {tuple(f.split("+")) for f in fusions}
@@ -156,12 +155,12 @@ def _matches(pattern: str, unit: _Unit) -> bool:
 
 def _can_pair(plan: Plan, target: _Unit, draft: _Unit) -> bool:
     allowed = None
-    for o in plan["overrides"]:
-        if "pair" in o and _matches(o["match"], target):
-            allowed = o["pair"]
+    for o in plan.cross.overrides:
+        if o.pair is not None and _matches(o.match, target):
+            allowed = o.pair
     if allowed is not None:
         return allowed
-    partners = plan["pairs"].get(target.kind, [])
+    partners = plan.cross.pairs.get(target.kind, ())
     return "*" in partners or draft.kind in partners
 
 
@@ -169,16 +168,17 @@ def _can_pair(plan: Plan, target: _Unit, draft: _Unit) -> bool:
 def _align(plan: Plan, target: list[_Unit], draft: list[_Unit]) -> list[int]:
     n_t, n_d = len(target), len(draft)
     slots = [2 * n_t] * n_d  # default: alone after the target's last launch
-    if plan["alignment"] == "sequential":
+    alignment = plan.cross.alignment
+    if alignment == "sequential":
         return [-2] * n_d  # alone, before the whole target
     i = 0
     for j, t_unit in enumerate(target):
-        due = (j + 1) * n_d // n_t if plan["alignment"] == "proportional" else min(i + 1, n_d)
+        due = (j + 1) * n_d // n_t if alignment == "proportional" else min(i + 1, n_d)
         while i < due:
             if _can_pair(plan, t_unit, draft[i]):
                 slots[i], i = 2 * j + 1, i + 1
                 break
-            if plan["alignment"] == "greedy":
+            if alignment == "greedy":
                 break
             slots[i], i = 2 * j, i + 1
     return slots
@@ -188,22 +188,22 @@ def _apply_pins(plan: Plan, target: list[_Unit], draft: list[_Unit], slots: list
     """Place pinned draft units (`with`) and keep the others in chain order around them."""
     unit_of = {op: i for i, u in enumerate(draft) for op in u.ops}
     pinned: dict[int, int] = {}
-    for n, o in enumerate(plan["overrides"]):
-        if "with" not in o:
+    for n, o in enumerate(plan.cross.overrides):
+        if o.with_ is None:
             continue
-        where = f"$.overrides[{n}]"
-        hits = [j for j, u in enumerate(target) if _matches(o["match"], u)]
+        where = f"$.cross.overrides[{n}]"
+        hits = [j for j, u in enumerate(target) if _matches(o.match, u)]
         if len(hits) != 1:
-            raise ScheduleError(f"{where}.with: match {o['match']!r} must select exactly one target launch, "
+            raise ScheduleError(f"{where}.with: match {o.match!r} must select exactly one target launch, "
                                 f"it selects {len(hits)}")
-        if o["with"] not in unit_of:
-            raise ScheduleError(f"{where}.with: {o['with']!r} is not a draft op of this workload")
-        unit = unit_of[o["with"]]
+        if o.with_ not in unit_of:
+            raise ScheduleError(f"{where}.with: {o.with_!r} is not a draft op of this workload")
+        unit = unit_of[o.with_]
         if unit in pinned and pinned[unit] != 2 * hits[0] + 1:
-            raise ScheduleError(f"{where}.with: {o['with']!r} is already pinned into another target launch")
+            raise ScheduleError(f"{where}.with: {o.with_!r} is already pinned into another target launch")
         pinned[unit] = 2 * hits[0] + 1
     if len(set(pinned.values())) < len(pinned):
-        raise ScheduleError("$.overrides: two draft ops are pinned into the same target launch")
+        raise ScheduleError("$.cross.overrides: two draft ops are pinned into the same target launch")
     for i, slot in pinned.items():
         slots[i] = slot
     for i in range(len(slots)):
@@ -220,88 +220,63 @@ def _apply_pins(plan: Plan, target: list[_Unit], draft: list[_Unit], slots: list
 def _launch_settings(plan: Plan, units: list[_Unit]) -> dict:
     """Interleave, layout, launch parameters and tile overrides of the launch holding `units`.
     Launch parameters: plan default < the head part's tile config < overrides (tiles, then launch)."""
-    settings = {"interleave": plan["interleave"], "operand_layout": plan["operand_layout"],
+    settings = {"interleave": plan.cross.interleave, "operand_layout": plan.cross.operand_layout,
                 "tiles": {model: {} for model in Model}}
     launch_overrides: dict[str, int] = {}
-    for o in plan["overrides"]:
-        if not any(_matches(o["match"], u) for u in units):
-            continue
-        for key in ("interleave", "operand_layout"):
-            settings[key] = o.get(key, settings[key])
-        launch_overrides |= o.get("launch", {})
+    for o in _matching(plan, units):
+        settings["interleave"] = o.interleave or settings["interleave"]
+        settings["operand_layout"] = o.operand_layout or settings["operand_layout"]
+        launch_overrides |= o.launch
         for model in Model:
-            for kind, cfg in o.get("tiles", {}).get(model, {}).items():
+            for kind, cfg in o.tiles.get(model.value, {}).items():
                 settings["tiles"][model][kind] = settings["tiles"][model].get(kind, {}) | cfg
     head = next((u for u in units if u.model == Model.TARGET), units[0])
-    head_tiles = plan["tiles"][head.model].get(head.kind, {}) | settings["tiles"][head.model].get(head.kind, {})
-    settings["launch"] = plan["launch"] | {k: v for k, v in head_tiles.items() if k in LAUNCH_BOUNDS} | launch_overrides
+    head_tiles = plan.model(head.model).tiles.get(head.kind, {}) | settings["tiles"][head.model].get(head.kind, {})
+    settings["launch"] = (dict(plan.cross.launch) | {k: v for k, v in head_tiles.items() if k in LAUNCH_BOUNDS}
+                          | launch_overrides)
     return settings
 
 
+def _matching(plan: Plan, units: list[_Unit]) -> list[Override]:
+    """The overrides that select a launch holding `units`, in order (later ones win)."""
+    return [o for o in plan.cross.overrides if any(_matches(o.match, u) for u in units)]
+
+
 def _part(plan: Plan, unit: _Unit, settings: dict) -> Part:
+    block = plan.model(unit.model)
     tiles = dict(DEFAULT_TILES[FAMILY_OF[unit.kind]])
-    tiles |= plan["tiles"][unit.model].get(unit.kind, {})
+    tiles |= block.tiles.get(unit.kind, {})
     tiles |= settings["tiles"][unit.model].get(unit.kind, {})
     tiles = {k: v for k, v in tiles.items() if k not in LAUNCH_BOUNDS}
-    model_atomic = plan["split_reduce"][unit.model.value] == "atomic"
-    fused_norms = tuple(sorted(f.split("+")[0] for f in plan["fusions"][unit.model] if f.split("+")[0] in NORM_KINDS))
-    return Part(unit.model, unit.ops, unit.kind, unit.kinds, tiles, unit.kind in RESIDUAL_GEMMS and model_atomic,
-                fused_norms, "gate_up+down" in plan["fusions"][unit.model])
+    fused_norms = tuple(sorted(f.split("+")[0] for f in block.fusions if f.split("+")[0] in NORM_KINDS))
+    return Part(unit.model, unit.ops, unit.kind, unit.kinds, tiles,
+                unit.kind in RESIDUAL_GEMMS and block.reduce == "atomic", fused_norms, "gate_up+down" in block.fusions)
 
 
 def _launch(plan: Plan, graph: nx.DiGraph, index: int, units: list[_Unit]) -> Launch:
     s = _launch_settings(plan, units)
     ops = [graph.nodes[o]["op"] for u in units for o in u.ops]
-    stream = "main" if plan["streams"] == "one" else units[0].model.value
-    trigger, ahead = _launch_pdl(plan, units)
+    stream = "main" if plan.cross.streams == "one" else units[0].model.value
     return Launch(index=index, parts=tuple(_part(plan, u, s) for u in units), stream=stream,
-                  pattern=s["interleave"]["pattern"], ratio=tuple(s["interleave"]["ratio"]),
+                  pattern=s["interleave"].pattern, ratio=tuple(s["interleave"].ratio),
                   operand_layout=s["operand_layout"], num_warps=s["launch"]["num_warps"],
                   num_stages=s["launch"]["num_stages"], bytes=sum(o.bytes for o in ops),
-                  flops=sum(o.flops for o in ops), pdl=trigger, pdl_prefetch=ahead["prefetch"],
-                  pdl_preload=ahead["preload"])
+                  flops=sum(o.flops for o in ops), pdl=_launch_pdl(plan, units))
 
 
-def _launch_pdl(plan: Plan, units: list[_Unit]) -> tuple[str, dict[str, bool]]:
-    """The launch's trigger and what it does ahead of its wait ({prefetch, preload}): each key from the
-    last matching override's `pdl` that sets it, else its models' (`_pdl`); the models' prefetch and
-    preload lapse where the trigger ends up 'none'. Checked once all overrides are folded in, naming
-    the override that set the offending key."""
-    models = {u.model.value for u in units}
-    trigger, ahead = _pdl(plan, models)
-    set_by: dict[str, int] = {}
-    for n, o in enumerate(plan["overrides"]):
-        if "pdl" in o and any(_matches(o["match"], u) for u in units):
-            set_by |= {key: n for key in o["pdl"]}
-    if "trigger" in set_by:
-        trigger = plan["overrides"][set_by["trigger"]]["pdl"]["trigger"]
-    for key in PDL_AHEAD:
-        if key in set_by:
-            ahead[key] = plan["overrides"][set_by[key]]["pdl"][key]
-        elif trigger == "none":
-            ahead[key] = False
-    model = next(iter(models)) if len(models) == 1 else None  # a launch of both models is never joined
-    span = plan["persist"][model]["span"] if model else "none"
-    if "trigger" in set_by and trigger != "none" and span in BARRIER_SPANS:
-        raise ScheduleError(f"$.overrides[{set_by['trigger']}].pdl.trigger: {trigger!r} on {model} launches, which "
-                            f"$.persist.{model}.span {span!r} joins behind grid barriers that need every program "
-                            f"resident: 'none' there")
-    for key in PDL_AHEAD:
-        if ahead[key] and trigger == "none":
-            raise ScheduleError(f"$.overrides[{set_by[key]}].pdl.{key}: {AHEAD_WHAT[key]} ahead of the wait of a "
-                                f"programmatic dependent launch, but the launches it matches end with trigger 'none'")
-    return trigger, ahead
+def _launch_pdl(plan: Plan, units: list[_Unit]) -> str:
+    """The launch's trigger: the last matching override's `pdl`, else its models' (`_pdl`)."""
+    chosen = [o.pdl for o in _matching(plan, units) if o.pdl is not None]
+    return chosen[-1] if chosen else _pdl(plan, {u.model for u in units})
 
 
-def _pdl(plan: Plan, models: set[str]) -> tuple[str, dict[str, bool]]:
-    """A launch's programmatic dependent launch: its model's (plan `pdl`); a launch shared by both models
-    only where both ask for it, released at the end where either says so, prefetching (preloading)
-    where both do."""
-    chosen = [plan["pdl"][m] for m in sorted(models)]
-    if any(c["trigger"] == "none" for c in chosen):
-        return "none", {key: False for key in PDL_AHEAD}
-    return (("end" if any(c["trigger"] == "end" for c in chosen) else "start"),
-            {key: all(c[key] for c in chosen) for key in PDL_AHEAD})
+def _pdl(plan: Plan, models: set[Model]) -> str:
+    """A launch's programmatic dependent launch trigger: its model's; a launch shared by both models
+    only where both ask for it, released at the end where either says so."""
+    chosen = [plan.model(m).pdl for m in sorted(models)]
+    if "none" in chosen:
+        return "none"
+    return "end" if "end" in chosen else "start"
 
 
 def _span_key(graph: nx.DiGraph, launch: Launch, span: str) -> tuple | None:
@@ -407,8 +382,8 @@ def expand(plan: Plan, workload: Workload, graph: nx.DiGraph | None = None) -> S
 
 
 def _expand(plan: Plan, workload: Workload, graph: nx.DiGraph) -> Schedule:
-    target = _units(graph, Model.TARGET, plan["fusions"][Model.TARGET])
-    draft = _units(graph, Model.DRAFT, plan["fusions"][Model.DRAFT])
+    target = _units(graph, Model.TARGET, plan.model(Model.TARGET).fusions)
+    draft = _units(graph, Model.DRAFT, plan.model(Model.DRAFT).fusions)
     slots = _align(plan, target, draft)
     _apply_pins(plan, target, draft, slots)
     groups: list[list[_Unit]] = []
@@ -425,13 +400,22 @@ def _expand(plan: Plan, workload: Workload, graph: nx.DiGraph) -> Schedule:
                 group.append(draft[next_draft])
                 next_draft = next(pending, None)
             groups.append(group)
-    launches = _persist(plan, graph, [_launch(plan, graph, n, units) for n, units in enumerate(groups)])
+    launches = tuple(_launch(plan, graph, n, units) for n, units in enumerate(groups))
     check_dependencies(graph, launches)
-    return Schedule(plan.hash, workload.name, plan["streams"], plan["capture"], launches,
-                    _unmatched_overrides(plan, target + draft), plan["priority"],
-                    tuple((m, n) for m, n in plan["sm_limit"].items() if n))
+    return Schedule(plan.hash, workload.name, plan.cross.streams, plan.cross.capture, launches,
+                    _unmatched_overrides(plan, target + draft), _priority(plan), _sm_limits(plan))
+
+
+def _priority(plan: Plan) -> str:
+    """The model whose stream the GPU serves first ("none": neither)."""
+    return next((m.value for m in Model if plan.model(m).stream.priority == "high"), "none")
+
+
+def _sm_limits(plan: Plan) -> tuple[tuple[str, int], ...]:
+    """(model, SMs its stream may use) for each model whose stream is limited."""
+    return tuple((m.value, plan.model(m).stream.sms) for m in Model if plan.model(m).stream.sms)
 
 
 def _unmatched_overrides(plan: Plan, units: list[_Unit]) -> tuple[str, ...]:
-    return tuple(f"$.overrides[{n}].match: {o['match']!r} matches no op of this workload"
-                 for n, o in enumerate(plan["overrides"]) if not any(_matches(o["match"], u) for u in units))
+    return tuple(f"$.cross.overrides[{n}].match: {o.match!r} matches no op of this workload"
+                 for n, o in enumerate(plan.cross.overrides) if not any(_matches(o.match, u) for u in units))

@@ -328,9 +328,11 @@ def phase_plan(plan: Plan) -> Plan:
     """The plan with its kernels and tiles but every launch one model's (a draft phase, then a verify
     phase): what a round whose target verifies its own draft's proposals can run."""
     data = plan.to_dict()
-    overrides = [{k: v for k, v in o.items() if k not in ("pair", "with")} for o in data.get("overrides", [])]
-    data |= {"alignment": "sequential", "streams": "one", "priority": "none",
-             "overrides": [o for o in overrides if set(o) - {"match"}]}
+    overrides = [{k: v for k, v in o.items() if k not in ("pair", "with")} for o in data["cross"]["overrides"]]
+    data["cross"] |= {"alignment": "sequential", "streams": "one",
+                      "overrides": [o for o in overrides if set(o) - {"match"}]}
+    for model in Model:  # one stream: no stream of its own to favour or limit
+        data[model.value]["stream"] = {"priority": "normal", "sms": 0}
     return validate_plan(data, f"{plan.name} (phases)")
 
 
