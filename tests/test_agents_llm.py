@@ -31,17 +31,17 @@ ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 CLIENTS = {"anthropic": AnthropicClient, "openai": OpenAIClient}
 
 GOOD = [
-    {"patch": [{"op": "replace", "path": "/interleave/pattern", "value": "blocked"}],
+    {"patch": [{"op": "replace", "path": "/cross/interleave/pattern", "value": "blocked"}],
      "rationale": "target programs first", "kind": "cross"},
-    {"patch": [{"op": "replace", "path": "/tiles/target/qkv/BLOCK_M", "value": 128}],
+    {"patch": [{"op": "replace", "path": "/target/tiles/qkv/BLOCK_M", "value": 128}],
      "rationale": "wider tiles", "kind": "tiles"},
-    {"patch": [{"op": "replace", "path": "/launch/num_warps", "value": 8}],
+    {"patch": [{"op": "replace", "path": "/cross/launch/num_warps", "value": 8}],
      "rationale": "more warps\nper launch", "kind": "no-such-kind"},
 ]
 BAD = [  # not a power of two, an unknown key, a path that does not exist
-    {"patch": [{"op": "replace", "path": "/tiles/target/qkv/BLOCK_M", "value": 48}], "kind": "tiles"},
-    {"patch": [{"op": "add", "path": "/tiles/target/qkv/BLOCK_Q", "value": 64}], "kind": "tiles"},
-    {"patch": [{"op": "replace", "path": "/tiles/target/nope/BLOCK_M", "value": 64}], "kind": "tiles"},
+    {"patch": [{"op": "replace", "path": "/target/tiles/qkv/BLOCK_M", "value": 48}], "kind": "tiles"},
+    {"patch": [{"op": "add", "path": "/target/tiles/qkv/BLOCK_Q", "value": 64}], "kind": "tiles"},
+    {"patch": [{"op": "replace", "path": "/target/tiles/nope/BLOCK_M", "value": 64}], "kind": "tiles"},
 ]
 
 
@@ -126,8 +126,8 @@ def test_invalid_edits_are_fed_back_and_valid_ones_kept(provider, server, contex
     proposals = make_agent(provider, server, []).propose(context, 3)
     assert [p.rationale for p in proposals] == ["wider tiles"]
     second = server.requests[1].text()
-    assert "edit 1: /tiles/target/qkv/BLOCK_M: 48 is not a power of two" in second
-    assert "edit 2: /tiles/target/qkv/BLOCK_Q: unknown key" in second
+    assert "edit 1: /target/tiles/qkv/BLOCK_M: 48 is not a power of two" in second
+    assert "edit 2: /target/tiles/qkv/BLOCK_Q: unknown key" in second
     assert "edit 3: patch op 0" in second and "path not found" in second
 
 
@@ -244,7 +244,7 @@ def test_prompt_holds_the_context(provider, server, context):
     sent = [server.requests[0].body.get("system")] + [m["content"] for m in server.requests[0].body["messages"]]
     assert all(part in records[0]["prompt"] for part in sent if part)  # the record holds all that was sent
     assert json.dumps(context.plan, indent=1, sort_keys=True) in text  # the plan
-    assert '"$id":"conjugate.plan/1"' in text and "tile_gemm" in text  # the schema
+    assert '"$id":"conjugate.plan/2"' in text and "tile_gemm" in text  # the schema
     assert '"gain_percent":-12.5' in text and '"spills":4' in text and '"registers":168' in text  # verdicts
     assert "packed layout spills on gate_up" in text and "9.877" in text
     assert "GPU: NVIDIA H200 (132 SMs)" in text and "Evaluator: analytical" in text
@@ -368,7 +368,7 @@ def test_the_prompt_carries_ledger_and_overlap_within_its_budget(provider, serve
                    best=[{"plan": plan.to_dict() | {"overrides": [{"match": f"t.l{i}.*", "pair": False}
                                                                    for i in range(200)]},
                           "latency_ms": 8.0, "speedups": {"sequential": 1.3}}] * 10,
-                   tried=[{"patch": [{"op": "add", "path": "/overrides/-", "value": {"match": long}}], "kind": "cross",
+                   tried=[{"patch": [{"op": "add", "path": "/cross/overrides/-", "value": {"match": long}}], "kind": "cross",
                            "status": "ok", "reward": 1.2}] * 50,
                    failures=[{"patch": [{"op": "add", "path": "/x", "value": long}], "status": "compile_error",
                               "error": long}] * 50,

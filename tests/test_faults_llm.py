@@ -46,9 +46,9 @@ HANG_TIMEOUT_S = 0.5  # theirs where the endpoint hangs
 EVAL_LIMIT_S = 2  # the evaluator profile's time limit in the search tests
 STALL_S = 90.0  # a hung endpoint's delay: far past any search's --time here, far short of the 600 s default
 
-GOOD = {"patch": [{"op": "replace", "path": "/interleave/pattern", "value": "blocked"}],
+GOOD = {"patch": [{"op": "replace", "path": "/cross/interleave/pattern", "value": "blocked"}],
         "rationale": "target programs first", "kind": "cross"}
-OTHER = {"patch": [{"op": "replace", "path": "/launch/num_warps", "value": 8}],
+OTHER = {"patch": [{"op": "replace", "path": "/cross/launch/num_warps", "value": 8}],
          "rationale": "more warps", "kind": "tiles"}
 
 

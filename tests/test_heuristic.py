@@ -109,7 +109,7 @@ def test_repeated_interference_of_a_kind_pair_drops_the_pair():
     result = _ok_result(plan, {l.index: ("interference", -5.0 - l.index) for l in shared})
     first = HeuristicProposer().propose(_context(plan, result), 3)[0]
     assert first.kind == "cross" and f"{len(shared)} launches" in first.rationale
-    assert "rope_kv" not in patch_plan(plan, first.patch)["pairs"]["down"]
+    assert "rope_kv" not in patch_plan(plan, first.patch)["cross"]["pairs"]["down"]
 
 
 def test_gain_extends_pairing_to_similar_kinds():
@@ -118,7 +118,7 @@ def test_gain_extends_pairing_to_similar_kinds():
     result = _ok_result(plan, {launch.index: ("gain", 12.0)})
     props = HeuristicProposer().propose(_context(plan, result), 6)
     assert props[0].kind == "cross" and "gains" in props[0].rationale
-    assert any(op["path"].startswith("/pairs/") for op in props[0].patch)
+    assert any(op["path"].startswith("/cross/pairs/") for op in props[0].patch)
 
 
 def test_idle_target_launches_get_draft_work():
@@ -126,7 +126,7 @@ def test_idle_target_launches_get_draft_work():
     props = HeuristicProposer().propose(_context(plan, _ok_result(plan, programs=40)), 6)
     assert props[0].kind == "cross" and "40 of 132 SMs" in props[0].rationale
     new = patch_plan(plan, props[0].patch)
-    assert new["alignment"] != "sequential" and any(l.cross_model for l in expand(new, TINY).launches)
+    assert new["cross"]["alignment"] != "sequential" and any(l.cross_model for l in expand(new, TINY).launches)
 
 
 def test_idle_means_fewer_programs_than_the_gpu_has_sms():
@@ -148,7 +148,7 @@ def test_shared_memory_error_leads_to_smaller_tiles(status, reason):
     props = HeuristicProposer().propose(_context(plan, result), 6)
     first = props[0]
     assert first.kind == "tiles" and "target gate_up" in first.rationale
-    before, after = plan["tiles"]["target"]["gate_up"], patch_plan(plan, first.patch)["tiles"]["target"]["gate_up"]
+    before, after = plan["target"]["tiles"]["gate_up"], patch_plan(plan, first.patch)["target"]["tiles"]["gate_up"]
     assert any(after[k] < before.get(k, 99) for k in after)
 
 
@@ -160,7 +160,7 @@ def test_register_spills_lead_to_smaller_tiles():
     assert feedback != result.feedback
     props = HeuristicProposer().propose(_context(plan, replace(result, feedback=feedback)), 6)
     assert props[0].kind == "tiles" and "spills 96 registers" in props[0].rationale
-    assert patch_plan(plan, props[0].patch)["tiles"]["target"]["down"]["BLOCK_K"] == 64
+    assert patch_plan(plan, props[0].patch)["target"]["tiles"]["down"]["BLOCK_K"] == 64
 
 
 def test_an_edit_named_by_many_launches_ranks_once():
@@ -182,20 +182,20 @@ def test_an_edit_named_by_many_launches_ranks_once():
 
 
 def test_incorrect_packed_round_goes_back_to_separate_operands():
-    plan = patch_plan(PLANS["interleave"], [{"op": "replace", "path": "/operand_layout", "value": "packed"}])
+    plan = patch_plan(PLANS["interleave"], [{"op": "replace", "path": "/cross/operand_layout", "value": "packed"}])
     result = _result(plan, Status.INCORRECT, Stage.CORRECTNESS, error="logits differ at d.s1.l0.qkv")
     props = HeuristicProposer().propose(_context(plan, result), 4)
-    assert props[0].kind == "cross" and patch_plan(plan, props[0].patch)["operand_layout"] == "separate"
+    assert props[0].kind == "cross" and patch_plan(plan, props[0].patch)["cross"]["operand_layout"] == "separate"
 
 
 def test_a_plan_error_naming_an_override_removes_it():
-    plan = patch_plan(PLANS["interleave"], [{"op": "add", "path": "/overrides/-",
+    plan = patch_plan(PLANS["interleave"], [{"op": "add", "path": "/cross/overrides/-",
                                              "value": {"match": "t.l0.qkv", "pair": False}}])
-    errors = (f"$.overrides[{len(plan['overrides']) - 1}].with: 'd.s9.l0.qkv' is not a draft op of this workload",)
+    errors = (f"$.cross.overrides[{len(plan['cross']['overrides']) - 1}].with: 'd.s9.l0.qkv' is not a draft op of this workload",)
     result = _result(plan, Status.INVALID, Stage.VALIDATE, plan_errors=errors, error=errors[0])
     first = HeuristicProposer().propose(_context(plan, result), 3)[0]
-    last = len(plan["overrides"]) - 1
-    assert first.kind == "cross" and first.patch == [{"op": "remove", "path": f"/overrides/{last}"}]
+    last = len(plan["cross"]["overrides"]) - 1
+    assert first.kind == "cross" and first.patch == [{"op": "remove", "path": f"/cross/overrides/{last}"}]
 
 
 def test_edit_stats_reorder_kinds():
@@ -241,7 +241,7 @@ def test_a_two_stream_plan_keeps_its_streams_first():
     plan = PLANS["streams"]
     proposals = HeuristicProposer(seed=0).propose(_context(plan, _ok_result(plan)), 6)
     new_plans = [patch_plan(plan, p.patch) for p in proposals]
-    assert all(p["streams"] == "two" for p in new_plans[:4]), [p.rationale for p in proposals]
+    assert all(p["cross"]["streams"] == "two" for p in new_plans[:4]), [p.rationale for p in proposals]
     # the families every best plan measured holds first (facts.toml), a tile move among the next
     assert {p.kind for p in proposals[:3]} == {"fusions", "reduce", "pdl"} and "tiles" in {p.kind for p in proposals[3:6]}
     assert any("verify stream" in p.rationale for p in proposals if p.kind == "tiles")
@@ -275,7 +275,7 @@ def test_a_launch_that_loses_to_two_streams_is_split():
     split = [p for p in proposals if "loses to them on two streams" in p.rationale]
     target = next(p for p in parts if p.model.value == "target")
     assert split and split[0].kind == "cross" and target.op in split[0].rationale
-    assert patch_plan(plan, split[0].patch)["overrides"][-1] == {"match": target.op, "pair": False}
+    assert patch_plan(plan, split[0].patch)["cross"]["overrides"][-1] == {"match": target.op, "pair": False}
     winning = Verdict.judge(launch.index, parts, 6.5, (6.0, 4.0), modeled=True, overlap_us=7.0)
     again = HeuristicProposer().propose(_context(plan, replace(result, verdicts=(winning,))), 40)
     assert not any("loses to them on two streams" in p.rationale for p in again)
@@ -289,7 +289,7 @@ def test_mixed_plans_pin_where_both_phases_meet_and_follow_their_verdicts():
     plan, workload = PLANS["streams"], TINY.to_dict()  # 3 target layers, 2 draft layers, k 3
     fresh = mixed_edits(plan, (), workload)
     assert fresh and all(c.kind == "cross" and c.score == 0.3 for c in fresh)
-    assert fresh[0].patch == [{"op": "add", "path": "/overrides/-", "value": {"match": "t.l1.o_proj",
+    assert fresh[0].patch == [{"op": "add", "path": "/cross/overrides/-", "value": {"match": "t.l1.o_proj",
                                                                             "with": "d.s1.l1.down"}}]
     for c in fresh:  # each a valid mixed plan
         assert any(l.cross_model for l in expand(patch_plan(plan, c.patch), TINY).launches)
@@ -302,7 +302,7 @@ def test_mixed_plans_pin_where_both_phases_meet_and_follow_their_verdicts():
     assert all(c.patch[0]["value"]["with"] != "d.s1.l1.down" for c in more)  # not the op pinned already
     for c in more:  # every proposal schedules: no pin crosses one made already
         expand(patch_plan(pinned, c.patch), TINY)
-    crossed = patch_plan(plan, [{"op": "add", "path": "/overrides/-",
+    crossed = patch_plan(plan, [{"op": "add", "path": "/cross/overrides/-",
                                  "value": {"match": "t.l1.o_proj", "with": "d.s1.l1.attn"}}])
     for c in mixed_edits(crossed, (), workload):  # e.g. not t.l1.qkv <- d.s1.l1.down, after that attn
         expand(patch_plan(crossed, c.patch), TINY)
@@ -318,18 +318,18 @@ def test_fusions_a_model_lacks_are_offered_together_first():
     plan = PLANS["streams"]
     fusions = [p for p in HeuristicProposer().propose(_context(plan, _ok_result(plan)), 12) if p.kind == "fusions"]
     together = patch_plan(plan, fusions[0].patch)
-    assert set(together["fusions"]["draft"]) == set(FUSIONS) - {"gate_up+down"}  # measured slower: alone
-    assert together["fusions"]["target"] == plan["fusions"]["target"]
+    assert set(together["draft"]["fusions"]) == set(FUSIONS) - {"gate_up+down"}  # measured slower: alone
+    assert together["target"]["fusions"] == plan["target"]["fusions"]
     assert fusions[0].prior > max(p.prior for p in fusions[1:])
     assert "3 launches fewer per layer and 1 per step" in fusions[0].rationale
     mlp = [p for p in HeuristicProposer().propose(_context(plan, _ok_result(plan)), 60)
-           if p.patch == [{"op": "add", "path": "/fusions/draft/-", "value": "gate_up+down"}]]
+           if p.patch == [{"op": "add", "path": "/draft/fusions/-", "value": "gate_up+down"}]]
     assert mlp and "slower" in mlp[0].rationale and mlp[0].prior < fusions[0].prior
-    assert not any(len([op for op in p.patch if op["path"].startswith("/fusions/target")]) > 1 for p in fusions)
+    assert not any(len([op for op in p.patch if op["path"].startswith("/target/fusions")]) > 1 for p in fusions)
     # one fusion missing: only single edits
-    almost = patch_plan(plan, [{"op": "replace", "path": "/fusions/draft", "value": list(FUSIONS[1:])}])
+    almost = patch_plan(plan, [{"op": "replace", "path": "/draft/fusions", "value": list(FUSIONS[1:])}])
     props = HeuristicProposer().propose(_context(almost, _ok_result(almost)), 30)
-    added = [len([op for op in p.patch if op["path"].startswith("/fusions/draft")]) for p in props if p.kind == "fusions"]
+    added = [len([op for op in p.patch if op["path"].startswith("/draft/fusions")]) for p in props if p.kind == "fusions"]
     assert added and max(added) == 1
 
 
@@ -345,7 +345,7 @@ def test_every_fusion_leaves_a_draft_layer_four_launches():
         return [l.parts[0].kind for l in expand(p, TINY).launches if all(op.startswith("d.s0.l0.") for op in l.ops)]
 
     assert layer(together) == ["qkv", "attn", "o_proj", "gate_up", "down"]
-    mlp = patch_plan(together, [{"op": "add", "path": "/fusions/draft/-", "value": "gate_up+down"}])
+    mlp = patch_plan(together, [{"op": "add", "path": "/draft/fusions/-", "value": "gate_up+down"}])
     assert layer(mlp) == ["qkv", "attn", "o_proj", "gate_up"]
 
 
@@ -362,27 +362,27 @@ def test_under_two_streams_idle_target_sms_rank_below_streams_and_fusions():
 def test_residual_gemms_that_split_k_are_offered_an_atomic_sum_and_back():
     plan = PLANS["streams"]  # its o_proj and down split K in both models
     props = HeuristicProposer().propose(_context(plan, _ok_result(plan)), 12)
-    atomic = [p for p in props if p.patch[0]["path"] == "/split_reduce/draft"]
+    atomic = [p for p in props if p.patch[0]["path"] == "/draft/reduce"]
     assert atomic and atomic[0].kind == "reduce" and "8 split-K partials atomically" in atomic[0].rationale
     new = patch_plan(plan, atomic[0].patch)
-    assert new["split_reduce"]["draft"] == "atomic"
+    assert new["draft"]["reduce"] == "atomic"
     back = [p for p in HeuristicProposer().propose(_context(new, _ok_result(new)), 60)
-            if p.patch[0]["path"] == "/split_reduce/draft"]
+            if p.patch[0]["path"] == "/draft/reduce"]
     assert back and patch_plan(new, back[0].patch).hash == plan.hash
-    one_split = [{"op": "replace", "path": f"/tiles/{m}/{k}/SPLIT_K", "value": 1}
+    one_split = [{"op": "replace", "path": f"/{m}/tiles/{k}/SPLIT_K", "value": 1}
                  for m in ("draft", "target") for k in ("o_proj", "down")]
     unsplit = patch_plan(plan, one_split)
     offered = [p for p in HeuristicProposer().propose(_context(unsplit, _ok_result(unsplit)), 60)
-               if any("split_reduce" in op["path"] for op in p.patch)]
+               if any(op["path"].endswith("/reduce") for op in p.patch)]
     assert offered == []  # nothing to sum when no residual GEMM splits K
 
 
 def test_a_packed_plan_switches_both_models_split_k_sums_together():
-    plan = patch_plan(PLANS["interleave"], [{"op": "replace", "path": "/operand_layout", "value": "packed"}])
+    plan = patch_plan(PLANS["interleave"], [{"op": "replace", "path": "/cross/operand_layout", "value": "packed"}])
     offered = [p for p in HeuristicProposer().propose(_context(plan, _ok_result(plan)), 60)
-               if any("split_reduce" in op["path"] for op in p.patch)]
-    assert len(offered) == 1 and patch_plan(plan, offered[0].patch)["split_reduce"] == {"draft": "atomic",
-                                                                                       "target": "atomic"}
+               if any(op["path"].endswith("/reduce") for op in p.patch)]
+    made = patch_plan(plan, offered[0].patch)
+    assert len(offered) == 1 and made["draft"]["reduce"] == made["target"]["reduce"] == "atomic"
 
 
 def test_no_edit_spends_an_evaluation_on_tiles_the_fused_mlp_does_not_read():
@@ -395,18 +395,18 @@ def test_no_edit_spends_an_evaluation_on_tiles_the_fused_mlp_does_not_read():
 
     def read(plan) -> dict:  # the plan without the draft's unread tiles
         d = json.loads(json.dumps(plan.to_dict()))
-        d["tiles"]["draft"].pop("down", None)
-        d["tiles"]["draft"].get("gate_up", {}).pop("SPLIT_K", None)
+        d["draft"]["tiles"].pop("down", None)
+        d["draft"]["tiles"].get("gate_up", {}).pop("SPLIT_K", None)
         return d
 
-    fused = patch_plan(PLANS["streams"], [{"op": "replace", "path": "/fusions/draft", "value": list(FUSIONS)}])
+    fused = patch_plan(PLANS["streams"], [{"op": "replace", "path": "/draft/fusions", "value": list(FUSIONS)}])
     found = candidates(fused, _ok_result(fused), 132, random.Random(0), {**TINY.to_dict(), "name": TINY.name})
     unread = [c for c in found if read(patch_plan(fused, c.patch)) == read(fused)]
     assert unread  # such edits are made (tile moves of the draft's down, among others)...
     fresh = fresh_filter(fused, [])
     assert not [c for c in found if fresh(c) and c in unread]  # ...and never proposed
     unfused = [p for p in HeuristicProposer().propose(_context(PLANS["streams"], _ok_result(PLANS["streams"])), 400)
-               if any(op["path"].startswith("/tiles/draft/down") for op in p.patch)]
+               if any(op["path"].startswith("/draft/tiles/down") for op in p.patch)]
     assert unfused  # without the fusion, the draft's down tile is searched as before
 
 
@@ -429,7 +429,7 @@ def _ledger(draft_ms: float, target_ms: float):
 
 
 def _triggers(edits, model: str = "draft") -> dict[str, float]:
-    return {c.patch[0]["value"]: c.score for c in edits if c.patch[0]["path"] == f"/pdl/{model}/trigger"}
+    return {c.patch[0]["value"]: c.score for c in edits if c.patch[0]["path"] == f"/{model}/pdl"}
 
 
 def test_pdl_for_the_critical_stream_first_and_only_valid_edits():
@@ -437,10 +437,10 @@ def test_pdl_for_the_critical_stream_first_and_only_valid_edits():
     plan = PLANS["streams"]
     edits = pdl_edits(plan, _ledger(8.3, 6.0))
     applied = [patch_plan(plan, c.patch) for c in edits]
-    assert {(p["pdl"]["draft"]["trigger"], p["pdl"]["target"]["trigger"]) for p in applied} == {
+    assert {(p["draft"]["pdl"], p["target"]["pdl"]) for p in applied} == {
         ("end", "none"), ("start", "none"), ("none", "end"), ("none", "start")}
     best = max(edits, key=lambda c: c.score)
-    assert best.patch[0]["path"] == "/pdl/draft/trigger" and best.kind == "pdl"
+    assert best.patch[0]["path"] == "/draft/pdl" and best.kind == "pdl"
     assert _triggers(edits)["start"] > _triggers(edits)["end"]  # draft 1.38x as busy: as on qwen3
     balanced = _triggers(pdl_edits(plan, _ledger(7.04, 6.9)))
     assert balanced["end"] > balanced["start"]  # as on llama-1b-8b-b8
@@ -455,18 +455,18 @@ def test_with_fused_norms_the_release_at_the_end_comes_first():
     from conjugate.agents.heuristic.fusions import NORM_FUSIONS, fusion_edits
     from conjugate.agents.heuristic.pdl import pdl_edits
     wide = _ledger(8.3, 6.0)  # 1.38x: unfused, the start comes first (above)
-    fused = patch_plan(PLANS["streams"], [{"op": "add", "path": "/fusions/draft/-", "value": f} for f in NORM_FUSIONS])
+    fused = patch_plan(PLANS["streams"], [{"op": "add", "path": "/draft/fusions/-", "value": f} for f in NORM_FUSIONS])
     assert _triggers(pdl_edits(fused, wide))["end"] > _triggers(pdl_edits(fused, wide))["start"]
-    started = patch_plan(fused, [{"op": "replace", "path": "/pdl/draft/trigger", "value": "start"}])
+    started = patch_plan(fused, [{"op": "replace", "path": "/draft/pdl", "value": "start"}])
     moves = sorted(pdl_edits(started, wide), key=lambda c: -c.score)
-    assert moves[0].patch == [{"op": "replace", "path": "/pdl/draft/trigger", "value": "end"}]
+    assert moves[0].patch == [{"op": "replace", "path": "/draft/pdl", "value": "end"}]
     ended = patch_plan(started, moves[0].patch)
     assert _triggers(pdl_edits(ended, wide))["start"] < moves[0].score
     # every fusion at once on a plan released at the start: released at the end in the same edit
-    unfused_start = patch_plan(PLANS["streams"], [{"op": "replace", "path": "/pdl/draft/trigger", "value": "start"}])
+    unfused_start = patch_plan(PLANS["streams"], [{"op": "replace", "path": "/draft/pdl", "value": "start"}])
     together = max(fusion_edits(unfused_start), key=lambda c: len(c.patch))
     made = patch_plan(unfused_start, together.patch)
-    assert made["pdl"]["draft"]["trigger"] == "end" and set(NORM_FUSIONS) <= set(made["fusions"]["draft"])
+    assert made["draft"]["pdl"] == "end" and set(NORM_FUSIONS) <= set(made["draft"]["fusions"])
     plain = max(fusion_edits(PLANS["streams"]), key=lambda c: len(c.patch))
     assert not any(op["path"].startswith("/pdl") for op in plain.patch)  # no pdl: nothing to move
 
@@ -479,12 +479,12 @@ def test_the_less_busy_stream_is_limited_and_then_the_limit_moves():
     plan = PLANS["streams"]
     limit = lambda edits: [c.patch[0]["value"] for c in edits]  # noqa: E731
     wide = sm_limit_edits(plan, 132, _ledger(8.3, 6.0))  # the draft's stream 1.38x as busy: deeper limits first
-    assert limit(wide) == [104, 96, 112] and {c.patch[0]["path"] for c in wide} == {"/sm_limit/target"}
+    assert limit(wide) == [104, 96, 112] and {c.patch[0]["path"] for c in wide} == {"/target/stream/sms"}
     assert wide[0].score > wide[1].score > wide[2].score and {c.kind for c in wide} == {"streams"}
     near = sm_limit_edits(plan, 132, _ledger(7.0, 6.0))  # 1.17x: a few SMs, scored lower
     assert limit(near) == [120, 112] and near[0].score < wide[0].score
     assert sm_limit_edits(plan, 132, _ledger(7.04, 6.90)) == []  # balanced: measured slower
-    assert {c.patch[0]["path"] for c in sm_limit_edits(plan, 132, _ledger(5.0, 9.0))} == {"/sm_limit/draft"}
+    assert {c.patch[0]["path"] for c in sm_limit_edits(plan, 132, _ledger(5.0, 9.0))} == {"/draft/stream/sms"}
     assert limit(sm_limit_edits(plan, 132)) == [120, 112]  # no ledger: the target
     limited = patch_plan(plan, near[1].patch)
     assert sorted(limit(sm_limit_edits(limited, 132))) == [0, 104, 120]
@@ -495,7 +495,7 @@ def test_the_less_busy_stream_is_limited_and_then_the_limit_moves():
     assert now_busier[120] > now_busier[104]  # it yielded too much
     assert sm_limit_edits(PLANS["sequential"], 132) == []
     measured = EvalResult("h", "tiny", "h200", "timing", "ok", False, checks={"ok": True})
-    assert "/sm_limit/target" in {c.patch[0]["path"] for c in candidates(plan, measured, 132, random.Random(0))}
+    assert "/target/stream/sms" in {c.patch[0]["path"] for c in candidates(plan, measured, 132, random.Random(0))}
     for unmeasured in (replace(measured, modeled=True), None):  # a model ignores the limit
         assert not [c for c in candidates(plan, unmeasured, 132, random.Random(0)) if "sm_limit" in c.patch[0]["path"]]
 
@@ -508,8 +508,8 @@ def test_every_candidate_is_filed_under_its_knob_family():
         for result in (None, _ok_result(plan, programs=40)):
             for c in candidates(plan, result, 132, random.Random(0), TINY.to_dict()):
                 assert c.kind in EDIT_KINDS and c.kind != "other", (name, c)
-                keys = {op["path"].split("/")[1] for op in c.patch}
-                family = {"tiles": {"tiles", "launch"}, "fusions": {"fusions", "pdl"}, "reduce": {"split_reduce"},
-                          "pdl": {"pdl"}, "streams": {"streams", "priority", "sm_limit"},
+                keys = {op["path"].split("/")[2] for op in c.patch}  # /draft/tiles/..., /cross/pairs/...
+                family = {"tiles": {"tiles", "launch"}, "fusions": {"fusions", "pdl"}, "reduce": {"reduce"},
+                          "pdl": {"pdl"}, "streams": {"streams", "stream"},
                           "cross": {"alignment", "pairs", "interleave", "overrides", "operand_layout", "streams"}}
                 assert keys <= family[c.kind], (c.kind, keys)

@@ -215,18 +215,18 @@ def test_the_llm_prompt_carries_the_ledger():
 def test_the_heuristic_serves_the_busier_stream_first():
     """With two streams, `priority` for the stream the ledger says is busier ranks first; without a
     ledger, the draft's; leaving two streams also clears the priority (the patch stays valid)."""
-    from conjugate.agents.heuristic.streams import streams_edits
+    from conjugate.agents.heuristic.streams import first_served, streams_edits
     from conjugate.plan import patch_plan, validate_plan
 
     plan = validate_plan(json.loads((ROOT / "plans" / "streams.json").read_text()))
     ledger = _context_with_ledger(plan.data, []).result.metrics.ledger  # target busy 8.0 ms, draft 5.0
     edits = sorted(streams_edits(plan, ledger), key=lambda c: -c.score)
-    assert edits[0].patch == [{"op": "replace", "path": "/priority", "value": "target"}]
+    assert first_served(patch_plan(plan, edits[0].patch)) == "target"
     assert "busier (8.00 ms against 5.00)" in edits[0].rationale
-    assert sorted(streams_edits(plan), key=lambda c: -c.score)[0].patch[0]["value"] == "draft"
+    assert first_served(patch_plan(plan, sorted(streams_edits(plan), key=lambda c: -c.score)[0].patch)) == "draft"
     favoured = patch_plan(plan, edits[0].patch)
-    back = [c for c in streams_edits(favoured, ledger) if c.patch[0]["path"] == "/streams"]
-    assert patch_plan(favoured, back[0].patch)["priority"] == "none"
+    back = [c for c in streams_edits(favoured, ledger) if c.patch[0]["path"] == "/cross/streams"]
+    assert first_served(patch_plan(favoured, back[0].patch)) == "none"
     assert all(patch_plan(favoured, c.patch) for c in streams_edits(favoured, ledger))
 
 

@@ -32,27 +32,27 @@ DRAFT_ORDER = ("attn", "qkv", "o_proj", "down", "gate_up", "rope_kv", "attn_norm
 
 
 def allowed(plan: Plan, target_kind: str) -> set[str]:
-    partners = plan["pairs"].get(target_kind, [])
+    partners = plan["cross"]["pairs"].get(target_kind, [])
     return set(KINDS) if "*" in partners else set(partners)
 
 
 def set_pairs(plan: Plan, target_kind: str, kinds: set[str]) -> list[dict]:
     if not kinds:
-        return [{"op": "remove", "path": f"/pairs/{target_kind}"}] if target_kind in plan["pairs"] else []
+        return [{"op": "remove", "path": f"/cross/pairs/{target_kind}"}] if target_kind in plan["cross"]["pairs"] else []
     value = ["*"] if kinds >= set(KINDS) else sorted(kinds)
-    return [{"op": "add", "path": f"/pairs/{target_kind}", "value": value}]
+    return [{"op": "add", "path": f"/cross/pairs/{target_kind}", "value": value}]
 
 
 def enable_pairing(plan: Plan, alignment: str = "proportional") -> list[dict]:
     """Ops that let `pairs` take effect: a cross-model alignment on one stream."""
-    if plan["alignment"] != "sequential":
+    if plan["cross"]["alignment"] != "sequential":
         return []
-    ops = [{"op": "replace", "path": "/alignment", "value": alignment}]
-    return ops + ([{"op": "replace", "path": "/streams", "value": "one"}] if plan["streams"] == "two" else [])
+    ops = [{"op": "replace", "path": "/cross/alignment", "value": alignment}]
+    return ops + ([{"op": "replace", "path": "/cross/streams", "value": "one"}] if plan["cross"]["streams"] == "two" else [])
 
 
 def unpair_override(op: str) -> list[dict]:
-    return [{"op": "add", "path": "/overrides/-", "value": {"match": op, "pair": False}}]
+    return [{"op": "add", "path": "/cross/overrides/-", "value": {"match": op, "pair": False}}]
 
 
 def split_edits(plan: Plan, verdicts: tuple[Verdict, ...]) -> list[Candidate]:
@@ -84,7 +84,7 @@ def _overlap_losses(plan: Plan, verdicts: tuple[Verdict, ...], limit: int = 3) -
     """(A pinned launch is not among them: `pair: false` does not undo a pin; mixed_edits unpins.)"""
     losing = sorted((v for v in verdicts if v.verdict is not VerdictKind.INTERFERENCE
                      and v.overlap_verdict is VerdictKind.INTERFERENCE), key=lambda v: v.overlap_gain_percent)
-    pinned = [o["match"] for o in plan["overrides"] if "with" in o]
+    pinned = [o["match"] for o in plan["cross"]["overrides"] if "with" in o]
     out = []
     for v in losing[:limit]:
         t, d = _pair(v.parts)
@@ -133,7 +133,7 @@ def headroom_edits(plan: Plan, parts: Launches, sms: int) -> list[Candidate]:
     fill = fill_by_kind(parts)
     low = sorted((k for k, p in fill.items() if p < sms), key=lambda k: (fill[k], _target_rank(k))) if fill else list(
         LIGHT_TARGETS)
-    score = 0.3 if plan["streams"] == "two" else 0.7 if fill else 0.5  # two streams already share the SMs
+    score = 0.3 if plan["cross"]["streams"] == "two" else 0.7 if fill else 0.5  # two streams already share the SMs
     out = []
     for t in low[:4]:
         why = f"target {t} launches " + (f"fill {fill[t]} of {sms} SMs" if fill else "have small grids")
@@ -153,15 +153,15 @@ def _target_rank(kind: str) -> int:
 
 def pattern_edits(plan: Plan, interfering: bool) -> list[Candidate]:
     """Other interleave patterns and ratios; only meaningful where launches are shared."""
-    if plan["alignment"] == "sequential":
+    if plan["cross"]["alignment"] == "sequential":
         return []
-    now, (t, d) = plan["interleave"]["pattern"], plan["interleave"]["ratio"]
+    now, (t, d) = plan["cross"]["interleave"]["pattern"], plan["cross"]["interleave"]["ratio"]
     options = [(p, [1, 1]) for p in ("blocked", "strided") if p != now]
     options += [("ratio", r) for r in ([2 * t, d], [t, 2 * d]) if max(r) <= 64] if now == "ratio" else [
         ("ratio", [2, 1]), ("ratio", [1, 2])]
     score = 0.5 if interfering else 0.4
     why = "shared launches interfere" if interfering else "reshape how shared launches split their programs"
-    return [Candidate("cross", [{"op": "replace", "path": "/interleave", "value": {"pattern": p, "ratio": r}}],
+    return [Candidate("cross", [{"op": "replace", "path": "/cross/interleave", "value": {"pattern": p, "ratio": r}}],
                       f"{why}: interleave {now} -> {p}" + (f" {r[0]}:{r[1]}" if p == "ratio" else ""), score)
             for p, r in options]
 
@@ -169,14 +169,14 @@ def pattern_edits(plan: Plan, interfering: bool) -> list[Candidate]:
 def alignment_edits(plan: Plan) -> list[Candidate]:
     """Other alignments. A two-stream plan gives its streams up for shared launches, so from one
     these rank below the edits that keep them."""
-    if plan["alignment"] != "sequential":
-        other = "greedy" if plan["alignment"] == "proportional" else "proportional"
-        return [Candidate("cross", [{"op": "replace", "path": "/alignment", "value": other}],
-                          f"alignment {plan['alignment']} -> {other}: draft units meet other target launches", 0.4),
-                Candidate("cross", [{"op": "replace", "path": "/alignment", "value": "sequential"}],
+    if plan["cross"]["alignment"] != "sequential":
+        other = "greedy" if plan["cross"]["alignment"] == "proportional" else "proportional"
+        return [Candidate("cross", [{"op": "replace", "path": "/cross/alignment", "value": other}],
+                          f"alignment {plan['cross']['alignment']} -> {other}: draft units meet other target launches", 0.4),
+                Candidate("cross", [{"op": "replace", "path": "/cross/alignment", "value": "sequential"}],
                           "alignment -> sequential: no shared launches at all", 0.15)]
-    pairs = [] if plan["pairs"] else [op for t in LIGHT_TARGETS for op in set_pairs(plan, t, set(KINDS))]
-    two = plan["streams"] == "two"
+    pairs = [] if plan["cross"]["pairs"] else [op for t in LIGHT_TARGETS for op in set_pairs(plan, t, set(KINDS))]
+    two = plan["cross"]["streams"] == "two"
     return [Candidate("cross", enable_pairing(plan, a) + pairs,
                       f"alignment sequential -> {a}: draft units ride inside target launches"
                       + (f" ({', '.join(LIGHT_TARGETS)} take any draft kind)" if pairs else "")
@@ -191,18 +191,18 @@ def mixed_edits(plan: Plan, verdicts: tuple[Verdict, ...], workload: dict | None
     """Two streams with a few shared launches: pin a draft op into the target launch running at the
     same point of its chain (halfway through both phases); from the verdicts of pins already made,
     more pins of a pair that beat its parts on two streams, and the undoing of one that lost."""
-    if plan["streams"] != "two" or not workload or "k" not in workload:
+    if plan["cross"]["streams"] != "two" or not workload or "k" not in workload:
         return []
-    pins = [(n, o) for n, o in enumerate(plan["overrides"]) if "with" in o]
+    pins = [(n, o) for n, o in enumerate(plan["cross"]["overrides"]) if "with" in o]
     out = []
     for v in verdicts:
         if v.overlap_verdict is None or len(v.parts) != 2:
             continue
         n = next((n for n, o in pins if o["with"] in v.parts[1].ops + v.parts[0].ops), None)
         if n is not None and v.overlap_verdict is VerdictKind.INTERFERENCE:
-            out.append(Candidate("cross", [{"op": "remove", "path": f"/overrides/{n}"}],
+            out.append(Candidate("cross", [{"op": "remove", "path": f"/cross/overrides/{n}"}],
                                  f"pinned launch {v.launch} loses to its parts on two streams "
-                                 f"({v.overlap_gain_percent:+.1f}%): unpin {plan['overrides'][n]['with']}", 0.7))
+                                 f"({v.overlap_gain_percent:+.1f}%): unpin {plan['cross']['overrides'][n]['with']}", 0.7))
     gaining = {(v.parts[0].kind, v.parts[1].kind) for v in verdicts
                if v.overlap_verdict is VerdictKind.GAIN and len(v.parts) == 2}
     placed = [(_chain_position(o["match"]), _chain_position(o["with"])) for _, o in pins]
@@ -218,7 +218,7 @@ def mixed_edits(plan: Plan, verdicts: tuple[Verdict, ...], workload: dict | None
                    if (t_kind, d_kind) in gaining else
                    f"mixed plan: pin {d_op} into {t_op}, which runs at the same point of its phase "
                    f"({share:.0%}): one shared launch, the rest on two streams")
-            out.append(Candidate("cross", [{"op": "add", "path": "/overrides/-",
+            out.append(Candidate("cross", [{"op": "add", "path": "/cross/overrides/-",
                                                "value": {"match": t_op, "with": d_op}}],
                                  why, 0.55 if (t_kind, d_kind) in gaining else 0.3))
     return out
@@ -234,9 +234,9 @@ def _chain_position(op: str) -> tuple:
 
 
 def layout_edits(plan: Plan) -> list[Candidate]:
-    if plan["alignment"] == "sequential":
+    if plan["cross"]["alignment"] == "sequential":
         return []
-    other = "packed" if plan["operand_layout"] == "separate" else "separate"
+    other = "packed" if plan["cross"]["operand_layout"] == "separate" else "separate"
     why = "one tile loop streams both models' weights" if other == "packed" else "each model reads its own weights"
-    return [Candidate("cross", [{"op": "replace", "path": "/operand_layout", "value": other}],
-                      f"operand layout {plan['operand_layout']} -> {other}: {why}", 0.35)]
+    return [Candidate("cross", [{"op": "replace", "path": "/cross/operand_layout", "value": other}],
+                      f"operand layout {plan['cross']['operand_layout']} -> {other}: {why}", 0.35)]

@@ -24,7 +24,7 @@ def fusion_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candid
     losing = {(model, kind): (share, k) for model, kind, share, k in reversed(loss_shares(ledger))}
     out = []
     for model in MODEL_KEYS:
-        on = plan["fusions"][model]
+        on = plan[model]["fusions"]
         together = [f for f in FUSIONS if f not in on and f not in MEASURED_SLOWER]
         if model == Model.DRAFT.value and len(together) > 1:
             lost = [losing[(model, a)] for a in {absorbed(f) for f in together} if (model, a) in losing]
@@ -36,9 +36,9 @@ def fusion_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candid
 
 def _one_fusion(model: str, fusion: str, on: list[str], losing: dict) -> Candidate:
     if fusion in on:
-        return Candidate("fusions", [{"op": "remove", "path": f"/fusions/{model}/{on.index(fusion)}"}],
+        return Candidate("fusions", [{"op": "remove", "path": f"/{model}/fusions/{on.index(fusion)}"}],
                          f"unfuse {fusion} in the {model}: smaller units pair more easily", 0.25)
-    add = [{"op": "add", "path": f"/fusions/{model}/-", "value": fusion}]
+    add = [{"op": "add", "path": f"/{model}/fusions/-", "value": fusion}]
     if fusion in MEASURED_SLOWER:
         return Candidate("fusions", add, f"fuse {fusion} in the {model}: {sentence(MEASURED_SLOWER[fusion])}", 0.2)
     why, score = f"fuse {fusion} in the {model}: one launch fewer each time it runs", 0.4
@@ -69,8 +69,8 @@ def _all_fusions(plan: Plan, model: str, missing: list[str], lost: list[tuple[fl
     why = f"fuse {', '.join(missing)} in the {model}: {fewer}"
     if lost:
         why += f" (the ledger: their ops run {sum(k.loss_ms for _, k in lost):.2f} ms over their floor)"
-    patch = [{"op": "add", "path": f"/fusions/{model}/-", "value": f} for f in missing]
-    if plan["pdl"][model]["trigger"] == "start" and any(f in NORM_FUSIONS for f in missing):
-        patch.append({"op": "replace", "path": f"/pdl/{model}/trigger", "value": "end"})
+    patch = [{"op": "add", "path": f"/{model}/fusions/-", "value": f} for f in missing]
+    if plan[model]["pdl"] == "start" and any(f in NORM_FUSIONS for f in missing):
+        patch.append({"op": "replace", "path": f"/{model}/pdl", "value": "end"})
         why += f"; its launches released at the end, not the start ({sentence('pdl_with_norm_fusions')})"
     return Candidate("fusions", patch, why, 0.6 + 0.25 * sum(share for share, _ in lost))

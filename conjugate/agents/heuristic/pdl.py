@@ -29,7 +29,7 @@ def pdl_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candidate
     start_lift = 0.25 if ratio >= wide else -0.1 if ratio < balanced else 0.0
     out = []
     for model in MODEL_KEYS:
-        fused = any(f in NORM_FUSIONS for f in plan["fusions"][model])
+        fused = any(f in NORM_FUSIONS for f in plan[model]["fusions"])
         lift = 0.1 if model == critical else 0.0
         base = 0.35 if model == Model.DRAFT.value else 0.2
         now = trigger(plan, model)
@@ -47,11 +47,11 @@ def pdl_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candidate
 
 
 def trigger(plan: Plan, model: str) -> str:
-    return plan["pdl"][model]["trigger"]
+    return plan[model]["pdl"]
 
 
 def _patch(model: str, value: str) -> list[dict]:
-    return [{"op": "replace", "path": f"/pdl/{model}/trigger", "value": value}]
+    return [{"op": "replace", "path": f"/{model}/pdl", "value": value}]
 
 
 def _set(model: str, value: str, score: float, why: str = "") -> Candidate:

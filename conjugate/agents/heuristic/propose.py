@@ -109,10 +109,10 @@ def _unused_tiles_only(plan: Plan, made: Plan) -> bool:
     spend an evaluation on the same kernels."""
     a, b = copy.deepcopy(plan.to_dict()), copy.deepcopy(made.to_dict())
     for model in MODEL_KEYS:
-        if "gate_up+down" in a["fusions"][model] and "gate_up+down" in b["fusions"][model]:
+        if "gate_up+down" in a[model]["fusions"] and "gate_up+down" in b[model]["fusions"]:
             for d in (a, b):
-                d["tiles"][model].pop("down", None)
-                d["tiles"][model].get("gate_up", {}).pop("SPLIT_K", None)
+                d[model]["tiles"].pop("down", None)
+                d[model]["tiles"].get("gate_up", {}).pop("SPLIT_K", None)
     return a == b
 
 

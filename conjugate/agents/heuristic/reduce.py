@@ -14,16 +14,16 @@ from conjugate.roles import Model
 
 def reduce_edits(plan: Plan) -> list[Candidate]:
     if packs(plan):  # a packed launch runs both models' GEMMs in one tile loop: one sum for both
-        other = "ordered" if plan["split_reduce"][Model.TARGET.value] == "atomic" else "atomic"
-        both = [{"op": "replace", "path": f"/split_reduce/{m}", "value": other} for m in MODEL_KEYS]
+        other = "ordered" if plan[Model.TARGET.value]["reduce"] == "atomic" else "atomic"
+        both = [{"op": "replace", "path": f"/{m}/reduce", "value": other} for m in MODEL_KEYS]
         return [Candidate("reduce", both, f"split-K residual GEMMs of both models (packed) sum {other}",
                           0.4 if other == "atomic" else 0.2)]
     out = []
     for model in MODEL_KEYS:
-        path = f"/split_reduce/{model}"
-        splits = {k: plan["tiles"][model].get(k, {}).get("SPLIT_K", 1) for k in RESIDUAL_GEMMS}
+        path = f"/{model}/reduce"
+        splits = {k: plan[model]["tiles"].get(k, {}).get("SPLIT_K", 1) for k in RESIDUAL_GEMMS}
         split = [k for k, n in splits.items() if n > 1]
-        if plan["split_reduce"][model] == "atomic":
+        if plan[model]["reduce"] == "atomic":
             out.append(Candidate("reduce", [{"op": "replace", "path": path, "value": "ordered"}],
                                  f"{model} split-K sums in split order again: deterministic", 0.2))
         elif split:
@@ -35,4 +35,4 @@ def reduce_edits(plan: Plan) -> list[Candidate]:
 
 
 def packs(plan: Plan) -> bool:
-    return plan["operand_layout"] == "packed" or any(o.get("operand_layout") == "packed" for o in plan["overrides"])
+    return plan["cross"]["operand_layout"] == "packed" or any(o.get("operand_layout") == "packed" for o in plan["cross"]["overrides"])

@@ -16,7 +16,7 @@ from conjugate.plan.schema import Plan
 from conjugate.plan.tiles import FAMILY_OF
 from conjugate.roles import Model
 
-_OVERRIDE_PATH = re.compile(r"^\$\.overrides\[(\d+)\]")  # a plan error's path naming an override
+_OVERRIDE_PATH = re.compile(r"^\$\.cross\.overrides\[(\d+)\]")  # a plan error's path naming an override
 
 
 def repair_edits(plan: Plan, result: EvalResult) -> list[Candidate]:
@@ -28,11 +28,11 @@ def repair_edits(plan: Plan, result: EvalResult) -> list[Candidate]:
     if result.status in (Status.INCORRECT, Status.CRASHED, Status.TIMEOUT) or "packed" in text:
         out += _undo_colocation(plan, parts, result.status)
     for n in sorted({int(m.group(1)) for e in result.plan_errors if (m := _OVERRIDE_PATH.match(e))}, reverse=True):
-        if n < len(plan["overrides"]):
-            out.append(Candidate("cross", [{"op": "remove", "path": f"/overrides/{n}"}],
+        if n < len(plan["cross"]["overrides"]):
+            out.append(Candidate("cross", [{"op": "remove", "path": f"/cross/overrides/{n}"}],
                                  f"override {n} breaks the schedule ({result.status}): remove it", 0.98))
-    if "dependency" in text and plan["alignment"] != "sequential":
-        out.append(Candidate("cross", [{"op": "replace", "path": "/alignment", "value": "sequential"}],
+    if "dependency" in text and plan["cross"]["alignment"] != "sequential":
+        out.append(Candidate("cross", [{"op": "replace", "path": "/cross/alignment", "value": "sequential"}],
                              "the schedule breaks a dependency: fall back to sequential alignment", 0.9))
     if not out:
         for p in parts:
@@ -48,8 +48,8 @@ def _failure_text(result: EvalResult) -> str:
 
 def _undo_colocation(plan: Plan, parts: tuple[PartRef, ...], status: Status) -> list[Candidate]:
     out = []
-    if plan["operand_layout"] == "packed":
-        out.append(Candidate("cross", [{"op": "replace", "path": "/operand_layout", "value": "separate"}],
+    if plan["cross"]["operand_layout"] == "packed":
+        out.append(Candidate("cross", [{"op": "replace", "path": "/cross/operand_layout", "value": "separate"}],
                              f"{status} with packed operands: go back to separate weight buffers", 0.97))
     for t in [p for p in parts if p.model is Model.TARGET][:1]:
         if any(p.model is Model.DRAFT for p in parts):

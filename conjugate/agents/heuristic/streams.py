@@ -19,15 +19,31 @@ from conjugate.roles import Model
 
 
 def streams_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candidate]:
-    if plan["streams"] == "two":
-        unset = [{"op": "replace", "path": "/priority", "value": "none"}] if plan["priority"] != "none" else []
-        one = Candidate("streams", [{"op": "replace", "path": "/streams", "value": "one"}] + unset,
+    if plan["cross"]["streams"] == "two":
+        one = Candidate("streams", [{"op": "replace", "path": "/cross/streams", "value": "one"}] + _stream_defaults(plan),
                         "streams two -> one: no cross-stream joins", 0.25)
         return [one] + priority_edits(plan, ledger)
-    if plan["alignment"] != "sequential" or any("with" in o for o in plan["overrides"]):
+    if plan["cross"]["alignment"] != "sequential" or any("with" in o for o in plan["cross"]["overrides"]):
         return []
-    return [Candidate("streams", [{"op": "replace", "path": "/streams", "value": "two"}],
+    return [Candidate("streams", [{"op": "replace", "path": "/cross/streams", "value": "two"}],
                       "streams one -> two: the draft phase overlaps the verify pass", 0.45)]
+
+
+def first_served(plan: Plan) -> str:
+    """The model whose stream the GPU serves first, or "none"."""
+    return next((m for m in MODEL_KEYS if plan[m]["stream"]["priority"] == "high"), "none")
+
+
+def _stream_defaults(plan: Plan) -> list[dict]:
+    """Operations taking back what only two streams allow: a stream served first, an SM limit."""
+    return [{"op": "replace", "path": f"/{m}/stream/{key}", "value": default}
+            for m in MODEL_KEYS for key, default in (("priority", "normal"), ("sms", 0))
+            if plan[m]["stream"][key] != default]
+
+
+def _serve_first(choice: str) -> list[dict]:
+    return [{"op": "replace", "path": f"/{m}/stream/priority", "value": "high" if m == choice else "normal"}
+            for m in MODEL_KEYS]
 
 
 def priority_edits(plan: Plan, ledger: LedgerSummary | None) -> list[Candidate]:
@@ -35,22 +51,21 @@ def priority_edits(plan: Plan, ledger: LedgerSummary | None) -> list[Candidate]:
     first = max(MODEL_KEYS, key=lambda m: busy.get(m, 0.0)) if len(busy) > 1 else Model.DRAFT.value
     why = (f"its stream is busier ({busy[first]:.2f} ms against {min(busy.values()):.2f}): the critical path"
            if len(busy) > 1 else "its chain of short dependent kernels sets the round")
-    out = []
+    now, out = first_served(plan), []
     for choice in (first, next(m for m in MODEL_KEYS if m != first), "none"):
-        if choice != plan["priority"]:
-            reason = f"priority {plan['priority']} -> {choice}: " + (
+        if choice != now:
+            reason = f"served first {now} -> {choice}: " + (
                 f"the GPU serves the {choice} stream first, {why}" if choice == first else
                 "the GPU serves neither stream first" if choice == "none" else
                 f"the GPU serves the {choice} stream first")
-            out.append(Candidate("streams", [{"op": "replace", "path": "/priority", "value": choice}], reason,
-                                 0.5 if choice == first else 0.3))
+            out.append(Candidate("streams", _serve_first(choice), reason, 0.5 if choice == first else 0.3))
     return out
 
 
 def sm_limit_edits(plan: Plan, sms: int, ledger: LedgerSummary | None = None) -> list[Candidate]:
-    if plan["streams"] != "two" or sms <= 2 * SM_LIMIT_STEP:
+    if plan["cross"]["streams"] != "two" or sms <= 2 * SM_LIMIT_STEP:
         return []
-    limited = {m: n for m, n in plan["sm_limit"].items() if n}
+    limited = {m: plan[m]["stream"]["sms"] for m in MODEL_KEYS if plan[m]["stream"]["sms"]}
     if limited:
         (model, now), = limited.items()
         return _moved_limit(model, now, sms, imbalance(ledger))
@@ -86,4 +101,4 @@ def _moved_limit(model: str, now: int, sms: int, shape: tuple[str, str, float] |
 
 
 def _limit(model: str, n: int) -> list[dict]:
-    return [{"op": "replace", "path": f"/sm_limit/{model}", "value": n}]
+    return [{"op": "replace", "path": f"/{model}/stream/sms", "value": n}]

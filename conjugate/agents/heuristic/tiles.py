@@ -27,19 +27,19 @@ SHRINK_KEYS = {"gemm": ("BLOCK_K", "BLOCK_N", "BLOCK_M"), "attn": ("BLOCK_N",), 
 
 
 def tile_value(plan: Plan, model: str, kind: str, key: str) -> int:
-    cfg = plan["tiles"][model].get(kind, {})
-    return cfg.get(key, DEFAULT_TILES[FAMILY_OF[kind]].get(key, plan["launch"].get(key, 1)))
+    cfg = plan[model]["tiles"].get(kind, {})
+    return cfg.get(key, DEFAULT_TILES[FAMILY_OF[kind]].get(key, plan["cross"]["launch"].get(key, 1)))
 
 
 def set_tile(plan: Plan, model: str, kind: str, key: str, value: int) -> list[dict]:
-    if kind in plan["tiles"][model]:
-        return [{"op": "add", "path": f"/tiles/{model}/{kind}/{key}", "value": value}]
-    return [{"op": "add", "path": f"/tiles/{model}/{kind}", "value": {key: value}}]
+    if kind in plan[model]["tiles"]:
+        return [{"op": "add", "path": f"/{model}/tiles/{kind}/{key}", "value": value}]
+    return [{"op": "add", "path": f"/{model}/tiles/{kind}", "value": {key: value}}]
 
 
 def set_tiles(plan: Plan, model: str, kind: str, values: dict[str, int]) -> list[dict]:
     """Set several keys of one op kind's tile at once (the others kept)."""
-    return [{"op": "add", "path": f"/tiles/{model}/{kind}", "value": plan["tiles"][model].get(kind, {}) | values}]
+    return [{"op": "add", "path": f"/{model}/tiles/{kind}", "value": plan[model]["tiles"].get(kind, {}) | values}]
 
 
 def scaled(plan: Plan, model: str, kind: str, key: str, factor: float) -> int | None:
@@ -81,10 +81,10 @@ def launch_edits(plan: Plan, rng: random.Random) -> list[Candidate]:
     stage more or fewer."""
     out = []
     for key, factor in (("num_warps", 2.0), ("num_warps", 0.5), ("num_stages", 2.0), ("num_stages", 0.5)):
-        now, (low, high) = plan["launch"][key], LAUNCH_BOUNDS[key]
+        now, (low, high) = plan["cross"]["launch"][key], LAUNCH_BOUNDS[key]
         new = now + (1 if factor > 1 else -1) if key == "num_stages" else int(now * factor)
         if new != now and low <= new <= high:
-            out.append(Candidate("tiles", [{"op": "replace", "path": f"/launch/{key}", "value": new}],
+            out.append(Candidate("tiles", [{"op": "replace", "path": f"/cross/launch/{key}", "value": new}],
                                  f"default launch {key} {now} -> {new}", 0.28 + 0.04 * rng.random()))
     return out
 
@@ -102,7 +102,7 @@ class Focus:
 def focus(plan: Plan, ledger: LedgerSummary | None, verdicts: tuple[Verdict, ...], parts: Launches,
           sms: int) -> list[Focus]:
     """Every kind whose tiles to move first: the ledger's, the verdicts', the two streams'."""
-    return ledger_focus(ledger) + verdict_focus(verdicts, parts, sms, plan["streams"] == "two") + two_stream_focus(plan)
+    return ledger_focus(ledger) + verdict_focus(verdicts, parts, sms, plan["cross"]["streams"] == "two") + two_stream_focus(plan)
 
 
 def ledger_focus(ledger: LedgerSummary | None) -> list[Focus]:
@@ -130,7 +130,7 @@ def verdict_focus(verdicts: tuple[Verdict, ...], parts: Launches, sms: int, two_
 def two_stream_focus(plan: Plan) -> list[Focus]:
     """Under two streams the phases share the multiprocessors for the whole round: the target's big
     GEMMs set its length, and every draft program takes a multiprocessor from them."""
-    if plan["streams"] != "two":
+    if plan["cross"]["streams"] != "two":
         return []
     out = [Focus(Model.TARGET, k, "two streams: the verify stream's longest GEMMs set the round", False, 0.5)
            for k in ("gate_up", "down", "qkv", "lm_head", "o_proj")]
@@ -192,9 +192,9 @@ def measured_tile_edits(plan: Plan, workload: dict | None, table: TileTable | No
     for model, measured in found:
         if all(tile_value(plan, model, measured.kind, k) == v for k, v in measured.tile.items()):
             continue
-        if measured.kind == "qkv" and "qkv+rope_kv" in plan["fusions"][model]:
+        if measured.kind == "qkv" and "qkv+rope_kv" in plan[model]["fusions"]:
             continue
-        if measured.kind in ("gate_up", "down") and "gate_up+down" in plan["fusions"][model]:
+        if measured.kind in ("gate_up", "down") and "gate_up+down" in plan[model]["fusions"]:
             continue
         why = f"measured on this GPU ({table.source}, {table.date}): {model} {measured.describe()}"
         worth = _round_share(ledger, model, measured.kind, measured.gain)

@@ -31,7 +31,7 @@ from conjugate.errors import ConjugateError, PlanError
 from conjugate.files import read_text
 from conjugate.paths import FACTS_FILE, PLAN_SCHEMA_FILE, PROMPTS_DIR, TILES_FILE
 from conjugate.plan.patch import patch_plan
-from conjugate.plan.schema import Plan, without_late_defaults
+from conjugate.plan.schema import Plan
 from conjugate.text import visible
 
 MAX_REPLY_CHARS = 128 * 1024  # twice the text of the proposer's max_tokens (16384)
@@ -138,7 +138,7 @@ def _pick(entry: dict, keys: tuple[str, ...]) -> str:
 
 
 def _best(entry: dict) -> str:
-    plan = {k: v for k, v in without_late_defaults(entry.get("plan") or {}).items() if k not in ("name", "description")}
+    plan = {k: v for k, v in (entry.get("plan") or {}).items() if k not in ("name", "description")}
     return (f"latency_ms={_json(entry.get('latency_ms'))} speedups={_json(entry.get('speedups') or {})}"
             f"\n  {_json(plan, 4000)}")
 
