@@ -1,10 +1,10 @@
 """The LLM proposer: asks a chat model for plan edits and keeps what validates.
 
-Provider-agnostic: a ChatClient (agents/anthropic_agent.py, agents/openai_agent.py) sends one chat
-request and reads its reply through agents/wire.py, the one boundary every reply passes: whatever
+Provider-agnostic: a ChatClient (agents/llm/anthropic.py, agents/llm/openai.py) sends one chat
+request and reads its reply through agents/llm/wire.py, the one boundary every reply passes: whatever
 arrives becomes a ChatReply or LLMTransientError (worth repeating: rate limits, 5xx, timeouts, lost
 connections, malformed bodies) or LLMFatalError (`sdk_error`). The prompts are rendered and the
-reply's text read by agents/prompt.py: the text is data, parsed as JSON within size and depth
+reply's text read by agents/llm/prompt.py: the text is data, parsed as JSON within size and depth
 limits, never executed; every edit is applied and validated before it becomes a Proposal, and a
 reply without a valid edit is answered once with the reasons (retry.md).
 

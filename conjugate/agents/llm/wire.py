@@ -5,7 +5,7 @@ typed error, whatever its status, content type, shape, field types, size, depth 
     decode_object   the body as a JSON object: JSON content type, UTF-8, nested at most MAX_DEPTH deep
     anthropic_reply / openai_reply   the protocol's fields, type-checked, as a ChatReply
     json_spans      the balanced {...} spans of a text in one linear pass (the body's depth check, and
-                    how agents/prompt.py finds the JSON in a reply's text)
+                    how agents/llm/prompt.py finds the JSON in a reply's text)
 
 A 2xx body that breaks any of these is an LLMMalformedReply. It counts as transient: the proposer
 repeats the request as it does a 5xx, since a body cut short, a proxy's error page or a garbled
