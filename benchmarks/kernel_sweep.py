@@ -320,7 +320,7 @@ def distinct_shapes(paths: list[Path], models: tuple[str, ...], kinds: tuple[str
 def tabulate(sweeps: list[Path], device: str, table_path: Path) -> dict:
     """The GPU model's table of `table_path` (search/tiles.json) made from `sweeps`' results: per
     shape its best tile, where it beats the shipped one by MIN_GAIN. -> the table written."""
-    from conjugate.agents.tile_table import load_tile_tables, table_from_json
+    from conjugate.agents.heuristic.tile_table import load_tile_tables, table_from_json
     from conjugate.errors import ConjugateError
     from conjugate.evaluate.measured import names_device
     from conjugate.files import write_atomic

@@ -10,11 +10,12 @@ import types
 import pytest
 
 from conjugate.agents import make_proposer
-from conjugate.agents.anthropic_agent import AnthropicClient
+from conjugate.agents.llm.anthropic import AnthropicClient
 from conjugate.agents.base import NodeContext, Proposal, ProposerUnavailable
-from conjugate.agents.llm import ChatReply, LLMBudgetExceeded, LLMProposer, cost_usd, load_prices
-from conjugate.agents.openai_agent import OpenAIClient
-from conjugate.agents.prompt import parse_reply
+from conjugate.agents.llm.llm import ChatReply, LLMBudgetExceeded, LLMProposer, cost_usd, load_prices
+from conjugate.agents.llm.openai import OpenAIClient
+from conjugate.agents.llm.prompt import parse_reply
+from conjugate.agents.llm.wire import Failure
 from conjugate.agents.replay import ReplayProposer
 from conjugate.compiler.feedback import LaunchFeedback, PartRef, Resources
 from conjugate.errors import ConjugateError
@@ -30,17 +31,17 @@ ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 CLIENTS = {"anthropic": AnthropicClient, "openai": OpenAIClient}
 
 GOOD = [
-    {"patch": [{"op": "replace", "path": "/interleave/pattern", "value": "blocked"}],
-     "rationale": "target programs first", "kind": "pattern"},
-    {"patch": [{"op": "replace", "path": "/tiles/target/qkv/BLOCK_M", "value": 128}],
+    {"patch": [{"op": "replace", "path": "/cross/interleave/pattern", "value": "blocked"}],
+     "rationale": "target programs first", "kind": "cross"},
+    {"patch": [{"op": "replace", "path": "/target/tiles/qkv/BLOCK_M", "value": 128}],
      "rationale": "wider tiles", "kind": "tiles"},
-    {"patch": [{"op": "replace", "path": "/launch/num_warps", "value": 8}],
+    {"patch": [{"op": "replace", "path": "/cross/launch/num_warps", "value": 8}],
      "rationale": "more warps\nper launch", "kind": "no-such-kind"},
 ]
 BAD = [  # not a power of two, an unknown key, a path that does not exist
-    {"patch": [{"op": "replace", "path": "/tiles/target/qkv/BLOCK_M", "value": 48}], "kind": "tiles"},
-    {"patch": [{"op": "add", "path": "/tiles/target/qkv/BLOCK_Q", "value": 64}], "kind": "tiles"},
-    {"patch": [{"op": "replace", "path": "/tiles/target/nope/BLOCK_M", "value": 64}], "kind": "tiles"},
+    {"patch": [{"op": "replace", "path": "/target/tiles/qkv/BLOCK_M", "value": 48}], "kind": "tiles"},
+    {"patch": [{"op": "add", "path": "/target/tiles/qkv/BLOCK_Q", "value": 64}], "kind": "tiles"},
+    {"patch": [{"op": "replace", "path": "/target/tiles/nope/BLOCK_M", "value": 64}], "kind": "tiles"},
 ]
 
 
@@ -93,7 +94,7 @@ def test_good_reply_gives_valid_proposals(provider, server, context, plan):
     records = []
     server.reply("Here you go:\n```json\n" + edits(*GOOD) + "\n```\n")
     proposals = make_agent(provider, server, records).propose(context, 5)
-    assert [p.kind for p in proposals] == ["pattern", "tiles", "other"]
+    assert [p.kind for p in proposals] == ["cross", "tiles", "other"]
     assert proposals[2].rationale == "more warps per launch"
     assert all(isinstance(p, Proposal) and patch_plan(plan, p.patch).hash != plan.hash for p in proposals)
     assert len(server.requests) == 1 and server.requests[0].path.endswith(("/chat/completions", "/messages"))
@@ -113,7 +114,7 @@ def test_malformed_json_is_retried_once_with_the_reason(provider, server, contex
     server.reply('{"edits": [{"patch": [}')
     server.reply(edits(GOOD[0]))
     proposals = make_agent(provider, server, []).propose(context, 3)
-    assert [p.kind for p in proposals] == ["pattern"]
+    assert [p.kind for p in proposals] == ["cross"]
     assert len(server.requests) == 2
     second = server.requests[1].text()
     assert "malformed JSON" in second and '{"edits": [{"patch": [}' in second  # the bad reply, then the reason
@@ -125,8 +126,8 @@ def test_invalid_edits_are_fed_back_and_valid_ones_kept(provider, server, contex
     proposals = make_agent(provider, server, []).propose(context, 3)
     assert [p.rationale for p in proposals] == ["wider tiles"]
     second = server.requests[1].text()
-    assert "edit 1: /tiles/target/qkv/BLOCK_M: 48 is not a power of two" in second
-    assert "edit 2: /tiles/target/qkv/BLOCK_Q: unknown key" in second
+    assert "edit 1: /target/tiles/qkv/BLOCK_M: 48 is not a power of two" in second
+    assert "edit 2: /target/tiles/qkv/BLOCK_Q: unknown key" in second
     assert "edit 3: patch op 0" in second and "path not found" in second
 
 
@@ -134,7 +135,7 @@ def test_partly_valid_reply_needs_no_retry(provider, server, context, plan):
     no_op = {"patch": [{"op": "replace", "path": "/name", "value": "renamed"}], "kind": "other"}
     server.reply(edits(BAD[0], GOOD[0], GOOD[0], no_op))
     proposals = make_agent(provider, server, []).propose(context, 4)
-    assert [p.kind for p in proposals] == ["pattern"] and len(server.requests) == 1
+    assert [p.kind for p in proposals] == ["cross"] and len(server.requests) == 1
 
 
 class FakeClient:
@@ -153,7 +154,7 @@ def test_edits_tried_from_the_node_are_dropped(context):
     client = FakeClient(edits(GOOD[1], GOOD[0]))
     agent = LLMProposer(client, "fake", "m", prices={})
     proposals = agent.propose(dataclasses.replace(context, tried=tried), 3)
-    assert [p.kind for p in proposals] == ["pattern"]
+    assert [p.kind for p in proposals] == ["cross"]
     assert agent.propose(context, 0) == [] and len(client.calls) == 1
 
 
@@ -192,7 +193,7 @@ def test_timeout_is_transient(provider, server, context):
     server.reply(edits(GOOD[1]))
     proposals = make_agent(provider, server, records, timeout_s=0.4).propose(context, 1)
     assert [p.kind for p in proposals] == ["tiles"] and len(server.requests) == 2
-    assert "Timeout" in records[0]["error"] and records[1]["error"] == ""
+    assert Failure.TIMEOUT in records[0]["error"] and records[1]["error"] == ""
 
 
 def test_auth_failure_is_fatal(provider, server, context):
@@ -243,7 +244,7 @@ def test_prompt_holds_the_context(provider, server, context):
     sent = [server.requests[0].body.get("system")] + [m["content"] for m in server.requests[0].body["messages"]]
     assert all(part in records[0]["prompt"] for part in sent if part)  # the record holds all that was sent
     assert json.dumps(context.plan, indent=1, sort_keys=True) in text  # the plan
-    assert '"$id":"conjugate.plan/1"' in text and "tile_gemm" in text  # the schema
+    assert '"$id":"conjugate.plan/2"' in text and "tile_gemm" in text  # the schema
     assert '"gain_percent":-12.5' in text and '"spills":4' in text and '"registers":168' in text  # verdicts
     assert "packed layout spills on gate_up" in text and "9.877" in text
     assert "GPU: NVIDIA H200 (132 SMs)" in text and "Evaluator: analytical" in text
@@ -259,7 +260,7 @@ def test_openai_compatible_server_needs_no_key(monkeypatch, context):
         records = []
         agent = make_proposer("openai:qwen2.5-coder-32b", base_url=server.base_url, log_call=records.append)
         assert agent.name == "openai:qwen2.5-coder-32b"
-        assert [p.kind for p in agent.propose(context, 1)] == ["pattern"]
+        assert [p.kind for p in agent.propose(context, 1)] == ["cross"]
         request = server.requests[0]
         assert request.headers["authorization"] == "Bearer not-needed" and request.body["max_tokens"] > 0
         assert records[0]["cost_usd"] == 0.0  # a local model
@@ -341,9 +342,9 @@ def test_the_prompt_carries_ledger_and_overlap_within_its_budget(provider, serve
     stays inside its stated budget."""
     from dataclasses import replace
 
-    from conjugate.agents import prompt
-    from conjugate.agents.prompt import PROMPT_BUDGET_CHARS
-    from conjugate.agents.tile_table import TILE_KEYS, MeasuredTile, TileTable, measured_shapes
+    from conjugate.agents.llm import prompt
+    from conjugate.agents.llm.prompt import PROMPT_BUDGET_CHARS
+    from conjugate.agents.heuristic.tile_table import TILE_KEYS, MeasuredTile, TileTable, measured_shapes
     from conjugate.evaluate.result import KindLoss, LedgerSummary
     from conjugate.paths import EXAMPLES_DIR
     from conjugate.workload import load_workload
@@ -367,7 +368,7 @@ def test_the_prompt_carries_ledger_and_overlap_within_its_budget(provider, serve
                    best=[{"plan": plan.to_dict() | {"overrides": [{"match": f"t.l{i}.*", "pair": False}
                                                                    for i in range(200)]},
                           "latency_ms": 8.0, "speedups": {"sequential": 1.3}}] * 10,
-                   tried=[{"patch": [{"op": "add", "path": "/overrides/-", "value": {"match": long}}], "kind": "override",
+                   tried=[{"patch": [{"op": "add", "path": "/cross/overrides/-", "value": {"match": long}}], "kind": "cross",
                            "status": "ok", "reward": 1.2}] * 50,
                    failures=[{"patch": [{"op": "add", "path": "/x", "value": long}], "status": "compile_error",
                               "error": long}] * 50,
@@ -378,7 +379,8 @@ def test_the_prompt_carries_ledger_and_overlap_within_its_budget(provider, serve
     assert "round 9.877 ms (measured; GPU idle 0.040 ms) = 1.53x its floor 6.450 ms" in text
     assert "- target qkv + draft down: 1.000 ms in 28 launches at 60% of copy bandwidth" in text
     assert '"overlap_us":18.0' in text and '"vs_overlap":"interference"' in text
-    assert "## Measured on this GPU model" in text and "(`priority: draft`) measured 0.1-2.4%" in text
+    from conjugate.agents.facts import facts_for, load_facts
+    assert all(f.says in text for f in facts_for("NVIDIA H200", load_facts()))
     assert "- target attn (batch=4 tokens=6 heads=40 kv_heads=8 head_dim=128 context=1024) alone 12345.6 us" in text
     sent = sum(len(part) for part in [server.requests[0].body.get("system")] +
                [m["content"] for m in server.requests[0].body["messages"]] if isinstance(part, str))

@@ -195,7 +195,7 @@ def test_visible_keeps_text_on_one_line_and_writes_control_characters_as_escapes
 
 
 def test_an_llm_rationale_is_stored_with_its_control_characters_escaped():
-    from conjugate.agents.prompt import check_edit
+    from conjugate.agents.llm.prompt import check_edit
     from conjugate.plan import load_plan
 
     edit = {"patch": [{"op": "replace", "path": "/capture", "value": "none"}], "rationale": ESCAPES, "kind": "launch"}

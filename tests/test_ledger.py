@@ -202,7 +202,7 @@ def test_the_heuristic_aims_at_the_biggest_loss_first():
 
 
 def test_the_llm_prompt_carries_the_ledger():
-    from conjugate.agents.prompt import Prompts
+    from conjugate.agents.llm.prompt import Prompts
 
     plan = json.loads((ROOT / "plans" / "streams.json").read_text())
     text = Prompts().expand_text(_context_with_ledger(plan, [("draft down", 1.55, 0.52)]), 3)
@@ -215,25 +215,25 @@ def test_the_llm_prompt_carries_the_ledger():
 def test_the_heuristic_serves_the_busier_stream_first():
     """With two streams, `priority` for the stream the ledger says is busier ranks first; without a
     ledger, the draft's; leaving two streams also clears the priority (the patch stays valid)."""
-    from conjugate.agents.heuristic import streams_edits
+    from conjugate.agents.heuristic.streams import first_served, streams_edits
     from conjugate.plan import patch_plan, validate_plan
 
     plan = validate_plan(json.loads((ROOT / "plans" / "streams.json").read_text()))
     ledger = _context_with_ledger(plan.data, []).result.metrics.ledger  # target busy 8.0 ms, draft 5.0
     edits = sorted(streams_edits(plan, ledger), key=lambda c: -c.score)
-    assert edits[0].patch == [{"op": "replace", "path": "/priority", "value": "target"}]
+    assert first_served(patch_plan(plan, edits[0].patch)) == "target"
     assert "busier (8.00 ms against 5.00)" in edits[0].rationale
-    assert sorted(streams_edits(plan), key=lambda c: -c.score)[0].patch[0]["value"] == "draft"
+    assert first_served(patch_plan(plan, sorted(streams_edits(plan), key=lambda c: -c.score)[0].patch)) == "draft"
     favoured = patch_plan(plan, edits[0].patch)
-    back = [c for c in streams_edits(favoured, ledger) if c.patch[0]["path"] == "/streams"]
-    assert patch_plan(favoured, back[0].patch)["priority"] == "none"
+    back = [c for c in streams_edits(favoured, ledger) if c.patch[0]["path"] == "/cross/streams"]
+    assert first_served(patch_plan(favoured, back[0].patch)) == "none"
     assert all(patch_plan(favoured, c.patch) for c in streams_edits(favoured, ledger))
 
 
 def test_the_llm_prompt_shows_each_shared_launch_against_two_streams():
     from dataclasses import replace
 
-    from conjugate.agents.prompt import Prompts
+    from conjugate.agents.llm.prompt import Prompts
     from conjugate.evaluate.result import Verdict
 
     plan = json.loads((ROOT / "plans" / "interleave.json").read_text())

@@ -6,7 +6,6 @@ checked by tests/test_offline_compile.py."""
 from __future__ import annotations
 
 import json
-import random
 import re
 from dataclasses import replace
 
@@ -15,15 +14,12 @@ import pytest
 import torch
 
 import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
-from conjugate.agents.heuristic import candidates
-from conjugate.agents.heuristic_edits import NORM_FUSIONS, pdl_edits
 from conjugate.compiler.buffers import PreparedWeights, RoundBuffers
 from conjugate.compiler.codegen import NO_PDL, Dispatch, Pdl, kernel_source, persistent_source
 from conjugate.compiler.lower import lower_part
 from conjugate.compiler.persist import ASSUMED_L2_BYTES, PREFETCH_L2_SHARE
 from conjugate.compiler.round import cross_stream_waits, launch_pdl, preload_weights
 from conjugate.errors import PlanError, ScheduleError
-from conjugate.evaluate.result import LedgerSummary
 from conjugate.graph import build_graph
 from conjugate.plan import load_plan, validate_plan
 from conjugate.plan.schema import plan_hash
@@ -312,80 +308,6 @@ def test_pdl_rounds_compute_the_reference_round_under_the_interpreter(family, tm
 
 
 # -- the heuristic
-
-def _ledger(draft_ms: float, target_ms: float) -> LedgerSummary:
-    return LedgerSummary(10.0, 5.0, 0.0, False, {"draft": draft_ms, "target": target_ms}, ())
-
-
-def test_the_heuristic_proposes_pdl_for_the_critical_stream_first_and_only_valid_edits():
-    plan = validate_plan(_streams())
-    edits = pdl_edits(plan, _ledger(8.3, 6.0))
-    applied = [validate_plan(apply_patch(plan.to_dict(), c.patch)) for c in edits]
-    assert {(p["pdl"]["draft"]["trigger"], p["pdl"]["target"]["trigger"]) for p in applied} == {
-        ("end", "none"), ("start", "none"), ("none", "end"), ("none", "start")}
-    best = max(edits, key=lambda c: c.score)
-    assert best.patch[0]["value"] == {"trigger": "start", "prefetch": False} and best.patch[0]["path"] == "/pdl/draft"
-    draft_on = {c.patch[0]["value"]["trigger"] + ("+prefetch" if c.patch[0]["value"]["prefetch"] else ""): c.score
-                for c in edits if c.patch[0]["path"] == "/pdl/draft"}
-    assert draft_on["start"] > draft_on["end"] > draft_on["end+prefetch"]  # draft 1.38x as busy: as on qwen3
-    balanced = {c.patch[0]["value"]["trigger"] + ("+prefetch" if c.patch[0]["value"]["prefetch"] else ""): c.score
-                for c in pdl_edits(plan, _ledger(7.04, 6.9)) if c.patch[0]["path"] == "/pdl/draft"}
-    assert balanced["end"] > balanced["start"] > balanced["end+prefetch"]  # as on llama-1b-8b-b8
-    busier_target = max(pdl_edits(plan, _ledger(5.0, 9.0)), key=lambda c: c.score)
-    assert busier_target.score < best.score  # the draft's chain of short launches still leads
-    on = applied[edits.index(best)]
-    moves = pdl_edits(on, _ledger(8.3, 6.0))
-    for c in moves:
-        validate_plan(apply_patch(on.to_dict(), c.patch))
-    assert {c.patch[0]["path"] for c in moves if c.patch[0]["path"].startswith("/pdl/draft")} == {
-        "/pdl/draft/trigger", "/pdl/draft/prefetch", "/pdl/draft/preload", "/pdl/draft"}
-    preload = next(c for c in moves if c.patch[0]["path"] == "/pdl/draft/preload")
-    drafts = [c.score for c in moves if c.patch[0]["path"].startswith("/pdl/draft")]
-    assert preload.patch[0]["value"] is True and preload.score == min(drafts)  # measured slower: last
-    assert "1.6-3.0% slower" in preload.rationale
-    loaded = validate_plan(apply_patch(on.to_dict(), preload.patch))
-    back = next(c for c in pdl_edits(loaded, _ledger(8.3, 6.0)) if c.patch[0]["path"] == "/pdl/draft/preload")
-    assert back.patch[0]["value"] is False and back.score > preload.score
-    layered = validate_plan(_streams(persist={"draft": {"span": "layer"}}))
-    assert not [c for c in pdl_edits(layered) if c.patch[0]["path"].startswith("/pdl/draft")]
-    looped = validate_plan(_streams(persist={"target": {"span": "launch", "programs": 99}}))
-    triggers = {c.patch[0]["value"]["trigger"] for c in pdl_edits(looped) if c.patch[0]["path"] == "/pdl/target"}
-    assert triggers == {"end"}  # released at the start, the next loop would wait on the SMs the cap leaves
-    ended = validate_plan(apply_patch(looped.to_dict(), [{"op": "replace", "path": "/pdl/target/trigger",
-                                                            "value": "end"}]))
-    assert not [c for c in pdl_edits(ended) if c.patch[0]["path"] == "/pdl/target/preload"]  # tile loops: no-op
-    everything = candidates(plan, None, 132, random.Random(0))
-    assert any(c.patch[0]["path"] == "/pdl/draft" for c in everything)
-
-
-def test_with_fused_norms_the_release_at_the_end_comes_first():
-    """Measured on the H200: with the draft's norms fused, `end` beat `start` (qwen3-06b-8b-b4) and
-    fusing under `start` lost (llama-3b-8b-b4-ctx2k). So even with the draft's stream far busier, a
-    plan holding fused norms is offered the end first, moved from the start to the end first, and the
-    every-fusion edit on a plan released at the start releases it at the end too."""
-    from conjugate.agents.heuristic import fusion_edits
-    wide = _ledger(8.3, 6.0)  # 1.38x: unfused, the start comes first (above)
-    fused = validate_plan(_streams(fusions={"draft": ["attn_norm+qkv", "mlp_norm+gate_up"], "target": []}))
-    on = {c.patch[0]["value"]["trigger"] + ("+prefetch" if c.patch[0]["value"]["prefetch"] else ""): c.score
-          for c in pdl_edits(fused, wide) if c.patch[0]["path"] == "/pdl/draft"}
-    assert on["end"] > on["start"] and on["end"] > on["end+prefetch"]
-    started = validate_plan(apply_patch(fused.to_dict(), [{"op": "replace", "path": "/pdl/draft",
-                                                             "value": {"trigger": "start", "prefetch": False}}]))
-    moves = sorted(pdl_edits(started, wide), key=lambda c: -c.score)
-    assert moves[0].patch == [{"op": "replace", "path": "/pdl/draft/trigger", "value": "end"}]
-    assert "+5.9%" in moves[0].rationale
-    ended = validate_plan(apply_patch(started.to_dict(), moves[0].patch))
-    back = next(c for c in pdl_edits(ended, wide) if c.patch[0]["path"] == "/pdl/draft/trigger")
-    assert back.patch[0]["value"] == "start" and back.score < moves[0].score
-    # every fusion at once on a plan released at the start: released at the end in the same edit
-    unfused_start = validate_plan(_streams(pdl=_pdl("start")))
-    together = next(c for c in fusion_edits(unfused_start) if "launches fewer per layer" in c.rationale)
-    made = validate_plan(apply_patch(unfused_start.to_dict(), together.patch))
-    assert made["pdl"]["draft"] == {"trigger": "end", "prefetch": False, "preload": False} and "released at the end" in together.rationale
-    assert set(NORM_FUSIONS) <= set(made["fusions"]["draft"])
-    plain = next(c for c in fusion_edits(validate_plan(_streams())) if "launches fewer per layer" in c.rationale)
-    assert not any(op["path"].startswith("/pdl") for op in plain.patch)  # no pdl: nothing to move
-
 
 def test_plan_explain_marks_the_dependent_launches(tmp_path, capsys, monkeypatch):
     import conjugate.cli

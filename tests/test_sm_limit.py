@@ -3,9 +3,7 @@ expansion, the limited stream against a stand-in for torch's green contexts, the
 interpreter (which runs without it) and the heuristic's edits. The GPU run is benchmarks/knob_variants.py's."""
 from __future__ import annotations
 
-import random
 import sys
-from dataclasses import replace
 from types import ModuleType, SimpleNamespace
 
 import jsonschema
@@ -13,16 +11,12 @@ import pytest
 import torch
 
 import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
-from conjugate.agents.heuristic import candidates, persist_edits
-from conjugate.agents.heuristic_edits import sm_limit_edits
 from conjugate.compiler import sm_limit
 from conjugate.compiler.sm_limit import SmLimitUnavailable, limited_stream
 from conjugate.errors import PlanError
-from conjugate.evaluate.result import EvalResult, LedgerSummary
 from conjugate.graph import build_graph
 from conjugate.plan import load_plan, validate_plan
 from conjugate.plan.expand import expand
-from conjugate.plan.patch import apply_patch
 from test_plan import SCHEMA
 from test_round import ROOT, SMALL_TILES, _round
 
@@ -122,43 +116,6 @@ def test_a_limit_this_machine_cannot_give_says_why(green, monkeypatch):
 
 
 # -- the heuristic
-
-def _ledger(draft_ms: float, target_ms: float) -> LedgerSummary:
-    return LedgerSummary(10.0, 5.0, 0.0, False, {"draft": draft_ms, "target": target_ms}, ())
-
-
-def test_the_heuristic_limits_the_less_busy_stream_and_then_moves_the_limit():
-    plan = validate_plan(_streams())
-    wide = sm_limit_edits(plan, 132, _ledger(8.3, 6.0))  # the draft's stream 1.38x as busy: deeper limits first
-    assert [c.patch[0] for c in wide] == [{"op": "replace", "path": "/sm_limit/target", "value": n}
-                                          for n in (104, 96, 112)]
-    assert wide[0].score > wide[1].score > wide[2].score and "draft's kernels have 28" in wide[0].rationale
-    near = sm_limit_edits(plan, 132, _ledger(7.0, 6.0))  # 1.17x: a few SMs, scored lower
-    assert [c.patch[0]["value"] for c in near] == [120, 112] and near[0].score < wide[0].score
-    assert sm_limit_edits(plan, 132, _ledger(7.04, 6.90)) == []  # balanced: measured slower on the H200
-    assert {c.patch[0]["path"] for c in sm_limit_edits(plan, 132, _ledger(5.0, 9.0))} == {"/sm_limit/draft"}
-    assert [c.patch[0]["value"] for c in sm_limit_edits(plan, 132)] == [120, 112]  # no ledger: the target
-    limited = validate_plan(apply_patch(plan.to_dict(), near[1].patch))
-    moves = sm_limit_edits(limited, 132)
-    assert sorted(c.patch[0]["value"] for c in moves) == [0, 104, 120]
-    still_less_busy = {c.patch[0]["value"]: c.score for c in sm_limit_edits(limited, 132, _ledger(8.0, 6.5))}
-    assert still_less_busy[104] > still_less_busy[120]  # the limited stream can yield more
-    nearly = {c.patch[0]["value"]: c.score for c in sm_limit_edits(limited, 132, _ledger(6.8, 6.6))}
-    assert still_less_busy[104] > nearly[104] > nearly[120]  # far from balance the next step ranks high
-    now_busier = {c.patch[0]["value"]: c.score for c in sm_limit_edits(limited, 132, _ledger(6.0, 7.0))}
-    assert now_busier[120] > now_busier[104]  # it yielded too much
-    for c in moves:
-        validate_plan(apply_patch(limited.to_dict(), c.patch))
-    assert sm_limit_edits(validate_plan(load_plan(ROOT / "plans" / "sequential.json").to_dict()), 132) == []
-    layered = validate_plan(_streams(persist={"target": {"span": "layer"}}))
-    assert sm_limit_edits(layered, 132) == []  # refused with barriers: never proposed
-    assert not [c for c in persist_edits(limited, 132) if c.patch[0]["path"] == "/persist/target"
-                and c.patch[0]["value"]["span"] in ("layer", "step")]
-    measured = EvalResult("h", "tiny", "h200", "timing", "ok", False, checks={"ok": True})
-    assert "/sm_limit/target" in {c.patch[0]["path"] for c in candidates(plan, measured, 132, random.Random(0))}
-    for unmeasured in (replace(measured, modeled=True), None):  # a model ignores the limit
-        assert not [c for c in candidates(plan, unmeasured, 132, random.Random(0)) if "sm_limit" in c.patch[0]["path"]]
-
 
 def test_plan_explain_names_the_limited_stream(tmp_path, capsys, monkeypatch):
     import json

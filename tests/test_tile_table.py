@@ -11,7 +11,7 @@ import pytest
 
 from conjugate.agents.base import NodeContext
 from conjugate.agents.heuristic import HeuristicProposer
-from conjugate.agents.tile_table import TileTable, load_tile_tables, table_for
+from conjugate.agents.heuristic.tile_table import TileTable, load_tile_tables, table_for
 from conjugate.errors import ConjugateError
 from conjugate.paths import EXAMPLES_DIR, shipped_plan
 from conjugate.plan import load_plan, patch_plan
@@ -94,8 +94,8 @@ def test_the_heuristic_proposes_the_measured_tile_of_a_shape_first_and_not_once_
     assert first.kind == "tiles" and "measured on this GPU" in first.rationale
     assert "target qkv (rows=40 n=6144 k=4096)" in first.rationale
     edited = patch_plan(streams, first.patch)
-    assert edited["tiles"]["target"]["qkv"] == QKV_TILE
-    assert edited["tiles"]["draft"] == streams["tiles"]["draft"]
+    assert edited["target"]["tiles"]["qkv"] == QKV_TILE
+    assert edited["draft"]["tiles"] == streams["draft"]["tiles"]
     again = HeuristicProposer(tile_tables=tables).propose(_context(edited), 40)
     assert not any("measured on this GPU" in p.rationale for p in again)
     other_gpu = HeuristicProposer(tile_tables=tables).propose(_context(streams, "NVIDIA B300"), 40)
@@ -107,7 +107,7 @@ def test_the_heuristic_proposes_a_measured_attention_tile_for_the_drafts_shape(t
     streams = load_plan(shipped_plan("streams"))
     first = HeuristicProposer(tile_tables=tables).propose(_context(streams), 3)[0]
     assert "draft attn (batch=8 tokens=1 heads=32 kv_heads=8 head_dim=64 context=1024)" in first.rationale
-    assert patch_plan(streams, first.patch)["tiles"]["draft"]["attn"] == ATTN_ENTRY["tile"]
+    assert patch_plan(streams, first.patch)["draft"]["tiles"]["attn"] == ATTN_ENTRY["tile"]
 
 
 def _sweep(tmp_path, gpu: str = "NVIDIA H200") -> Path:
@@ -153,7 +153,7 @@ def test_tabulate_refuses_a_sweep_of_another_gpu_and_a_damaged_table(tmp_path):
 def test_the_llm_prompt_shows_the_tiles_measured_for_the_workloads_shapes(tmp_path):
     from dataclasses import replace
 
-    from conjugate.agents.prompt import Prompts
+    from conjugate.agents.llm.prompt import Prompts
 
     prompts = Prompts(tiles_file=_file(tmp_path, [_table(_entry(), ATTN_ENTRY)]))
     streams = load_plan(shipped_plan("streams"))
@@ -192,16 +192,16 @@ def test_tabulate_names_a_file_that_is_not_a_sweep(tmp_path):
 def test_no_measured_qkv_tile_for_a_model_that_fuses_rope_into_its_qkv(tmp_path):
     tables = load_tile_tables(_file(tmp_path, [_table(_entry())]))
     streams = load_plan(shipped_plan("streams"))
-    fused = patch_plan(streams, [{"op": "add", "path": "/fusions/target/-", "value": "qkv+rope_kv"}])
+    fused = patch_plan(streams, [{"op": "add", "path": "/target/fusions/-", "value": "qkv+rope_kv"}])
     proposals = HeuristicProposer(tile_tables=tables).propose(_context(fused), 40)
     assert not any("measured on this GPU" in p.rationale for p in proposals)
-    draft_fused = patch_plan(streams, [{"op": "add", "path": "/fusions/draft/-", "value": "qkv+rope_kv"}])
+    draft_fused = patch_plan(streams, [{"op": "add", "path": "/draft/fusions/-", "value": "qkv+rope_kv"}])
     first = HeuristicProposer(tile_tables=tables).propose(_context(draft_fused), 3)[0]
     assert "measured on this GPU" in first.rationale and "target qkv" in first.rationale
 
 
 def test_with_a_ledger_a_measured_tile_is_scored_by_what_it_saves_of_the_round(tmp_path):
-    from conjugate.agents.heuristic_edits import measured_tile_edits
+    from conjugate.agents.heuristic.tiles import measured_tile_edits
     from conjugate.evaluate.result import KindLoss, LedgerSummary
 
     table = load_tile_tables(_file(tmp_path, [_table(_entry())]))[0]

@@ -1,6 +1,6 @@
 """Proposers: what suggests the next plan edits to the search.
 
-    heuristic          rule-based edits driven by the measured verdicts (agents/heuristic.py)
+    heuristic          rule-based edits per knob family, driven by the node's result (agents/heuristic/)
     random, greedy     the search's baselines: random edits of random nodes, hill-climbing (agents/search_baselines.py)
     replay             the edits of a recorded run, in their order (agents/replay.py)
     anthropic:<model>  a Claude model through the anthropic SDK (key: ANTHROPIC_API_KEY)
@@ -8,7 +8,7 @@
                        (key: OPENAI_API_KEY; optional with a base URL)
 
 `make_proposer(spec)` builds one from its command-line spec; base.py holds the interface. Every LLM
-reply passes one boundary (agents/wire.py, then agents/prompt.py) before any of it is used.
+reply passes one boundary (agents/llm/wire.py, then agents/llm/prompt.py) before any of it is used.
 """
 from __future__ import annotations
 
@@ -40,8 +40,8 @@ def make_proposer(spec: str, *, seed: int = 0, base_url: str | None = None, log_
         raise ConjugateError(f"--agent: unknown agent {spec!r}; use {_FORMS}")
     from conjugate.agents.llm import DEFAULT_TIMEOUT_S, LLMProposer
     if provider == "anthropic":
-        from conjugate.agents.anthropic_agent import AnthropicClient as Client
+        from conjugate.agents.llm.anthropic import AnthropicClient as Client
     else:
-        from conjugate.agents.openai_agent import OpenAIClient as Client
+        from conjugate.agents.llm.openai import OpenAIClient as Client
     client = Client(model, base_url=base_url, timeout_s=timeout_s or DEFAULT_TIMEOUT_S)
     return LLMProposer(client, provider, model, log_call=log_call, max_cost_usd=max_cost_usd, spent_usd=spent_usd)

@@ -1,8 +1,8 @@
 """The proposer interface: given a node of the plan tree and what is known about it, propose edits.
 
 An edit is an RFC 6902 JSON Patch over the plan (conjugate/plan/patch.py applies it atomically),
-with a one-line rationale and an edit kind (one of EDIT_KINDS) that the search keeps statistics
-for. Proposers never evaluate anything and never raise on bad model output: a reply that does not
+with a one-line rationale and an edit kind (one of EDIT_KINDS: the knob family it edits) that the
+search keeps statistics for. Proposers never evaluate anything and never raise on bad model output: a reply that does not
 validate is data (see agents/llm.py).
 """
 from __future__ import annotations
@@ -13,8 +13,10 @@ from typing import Callable, Protocol
 from conjugate.errors import ConjugateError
 from conjugate.evaluate.result import EvalResult
 
-EDIT_KINDS = ("tiles", "pattern", "pairs", "fusion", "alignment", "streams", "layout", "override", "launch",
-              "other")
+# one edit kind per knob family of the plan, so the search's statistics per kind compare like with like
+EDIT_KINDS = ("tiles", "fusions", "reduce", "pdl", "streams", "cross", "other")
+# the kinds runs recorded before the plan's knobs were grouped by family: still valid in a stored run
+EARLIER_EDIT_KINDS = ("pattern", "pairs", "fusion", "alignment", "layout", "override", "launch")
 
 
 @dataclass(frozen=True)

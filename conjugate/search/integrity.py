@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from conjugate.agents.base import EDIT_KINDS
+from conjugate.agents.base import EARLIER_EDIT_KINDS, EDIT_KINDS
 from conjugate.errors import ConjugateError
 from conjugate.files import shown, shown_json
 from conjugate.search.store import StoreError
@@ -71,7 +71,7 @@ def _check_node(n: NodeRecord) -> None:
             for op in n.edit)):
         raise _damaged("nodes", n.id, f"field 'edit' is {shown_json(n.edit)}, not a JSON Patch "
                                       "(a list of operations with 'op' and 'path')")
-    if n.edit_kind not in EDIT_KINDS:
+    if n.edit_kind not in EDIT_KINDS + EARLIER_EDIT_KINDS:
         raise _damaged("nodes", n.id, f"field 'edit_kind' is {shown(n.edit_kind)}, not one of {', '.join(EDIT_KINDS)}")
     for name in ("depth", "visits"):
         value = getattr(n, name)

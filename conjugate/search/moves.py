@@ -1,34 +1,22 @@
 """Move memory: what an edit did wherever the run has already made it.
 
 One plan edit (a "move": the same JSON patch) is often offered in many branches of one tree, since
-edits commute: the draft's atomic split-K sums before a priority change or after it. MCTS values
-branches, not moves, so a move that lost in one branch is tried again in the next. Measured on the
-H200 (benchmarks/search/searchers_h200/ as of 851ea5f, 2026-11-30), heuristic MCTS made the draft's
-fusion edit six times on llama-1b-8b-b8 and seven times on llama-3b-8b-b4-ctx2k, 2-10% slower than
-its parent every time, while a move that gained (the draft's atomic split-K sums) waited in other
-branches behind the proposer's own ranking.
+edits commute. MCTS values branches, not moves, so a move that lost in one branch is tried again in
+the next (measured: search/facts.toml, `moves_repeated`).
 
 The memory keys a move by its patch and keeps its gain (child reward over parent reward, minus one)
 each time it was measured. An MCTS search (`SearchSettings.move_memory`) then offers no move that
 lost more than LOSS in that many branches already, and scales a remembered move's prior by how it
 did elsewhere, so a move that gained in one branch is tried early in the others.
 
-The proposer need not offer that move again where it would help: on qwen3-06b-8b-b4 (H200,
-2026-12-02) the draft's `pdl` released at the start gained 4.7% and the target's stream on 104 SMs
-2.7% as two children of one node (evaluations 60 and 61); each was then made again on other
-branches (a limit six times, `pdl` four), and the first plan holding both came 23 evaluations
-later. So each expansion also carries the move that gained most elsewhere (`winners`: a mean gain
-over WIN) to the node being expanded, where it applies and is new there.
+The proposer need not offer that move again where it would help (`moves_carried`), so each
+expansion also carries the move that gained most elsewhere (`winners`: a mean gain over WIN) to the
+node being expanded, where it applies and is new there.
 
-Nor does any single move carry the small gains: on llama-3b-8b-b4-ctx2k (H200, 2026-12-03) MCTS
-widened one node to 21 children, seven of which gained on it by 0.1-0.4% (the target's fusions, its
-atomic sums, the draft's priority), each under the deepen margin, so no branch outgained the node and
-none was built on; greedy hill-climbing chained such gains one at a time and ended 0.8% faster. So an
-expansion also offers every move that gained in the run (`gainers`: a mean gain over MERGE_GAIN and
-no clear loss where it was measured) applied together, as one plan (`merged`): edits commute, so
-their gains compose, and one evaluation tells whether they do here. Where they do not (on
-llama-3b-8b-b4-ctx2k, H200, 2026-12-04: the draft's fusions, measured +3.1% on a plan without `pdl`,
-merged twice into plans releasing the draft at the start, 7-8% slower each time), the moves of a merge
+Nor does any single move carry the small gains (`moves_merged`): an expansion also offers every move
+that gained in the run (`gainers`: a mean gain over MERGE_GAIN and no clear loss where it was
+measured) applied together, as one plan (`merged`): edits commute, so their gains compose, and one
+evaluation tells whether they do here. Where they do not (`merges_charged`), the moves of a merge
 that lost (made there or carried) join no later merge (`charge`; a move all of whose operations a
 lost merge made counts as one of its moves).
 """

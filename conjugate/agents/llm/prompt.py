@@ -24,14 +24,14 @@ from typing import Any, Iterator
 
 from conjugate.agents.base import EDIT_KINDS, NodeContext, Proposal
 from conjugate.agents.facts import MAX_FACTS, facts_for, load_facts
-from conjugate.agents.tile_table import load_tile_tables, measured_for, table_for
-from conjugate.agents.wire import MAX_DEPTH, Span, json_spans
+from conjugate.agents.heuristic.tile_table import load_tile_tables, measured_for, table_for
+from conjugate.agents.llm.wire import MAX_DEPTH, Span, json_spans
 from conjugate.compiler.feedback import PartRef, Resources
 from conjugate.errors import ConjugateError, PlanError
 from conjugate.files import read_text
 from conjugate.paths import FACTS_FILE, PLAN_SCHEMA_FILE, PROMPTS_DIR, TILES_FILE
 from conjugate.plan.patch import patch_plan
-from conjugate.plan.schema import Plan, without_late_defaults
+from conjugate.plan.schema import Plan
 from conjugate.text import visible
 
 MAX_REPLY_CHARS = 128 * 1024  # twice the text of the proposer's max_tokens (16384)
@@ -138,7 +138,7 @@ def _pick(entry: dict, keys: tuple[str, ...]) -> str:
 
 
 def _best(entry: dict) -> str:
-    plan = {k: v for k, v in without_late_defaults(entry.get("plan") or {}).items() if k not in ("name", "description")}
+    plan = {k: v for k, v in (entry.get("plan") or {}).items() if k not in ("name", "description")}
     return (f"latency_ms={_json(entry.get('latency_ms'))} speedups={_json(entry.get('speedups') or {})}"
             f"\n  {_json(plan, 4000)}")
 
@@ -174,9 +174,11 @@ class Prompts:
 
     def _facts(self, device: str) -> str:
         found = facts_for(device, self.facts)
-        if found is None:
+        if not found:
             return f"none recorded for {device or 'this device'}"
-        return f"{found.device}, {found.date} ({found.source}):\n" + _bullets(list(found.facts), MAX_FACTS)
+        dates = sorted(f.date for f in found)
+        return (f"{found[0].gpu}, {dates[0]} to {dates[-1]} (each with its command and commit in search/facts.toml):\n"
+                + _bullets([f.says for f in found], MAX_FACTS))
 
     def _tiles(self, ctx: NodeContext) -> str:
         table = table_for(ctx.device, self.tiles)

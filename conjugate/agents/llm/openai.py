@@ -3,7 +3,7 @@
 The key comes from OPENAI_API_KEY only. With a `base_url` (or OPENAI_BASE_URL) pointing at an
 OpenAI-compatible server (vLLM, llama.cpp, Ollama) the key may be absent. The SDK's own retries are
 off: the proposer retries transient failures itself. The SDK sends the request and raises on an
-error status; the reply's body is read by agents/wire.py, never by the SDK's models, so no body can
+error status; the reply's body is read by agents/llm/wire.py, never by the SDK's models, so no body can
 raise anything but the proposer's errors.
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import time
 
-from conjugate.agents.llm import DEFAULT_TIMEOUT_S, request_timeout, sdk_error
-from conjugate.agents.wire import ChatReply, openai_reply, read_reply
+from conjugate.agents.llm.llm import DEFAULT_TIMEOUT_S, request_timeout, sdk_error
+from conjugate.agents.llm.wire import ChatReply, openai_reply, read_reply
 from conjugate.errors import ConjugateError
 
 NO_KEY = "not-needed"  # what a local server receives when no key is set

@@ -2,7 +2,7 @@
 
 The key comes from ANTHROPIC_API_KEY only; `base_url` (or ANTHROPIC_BASE_URL) points the client at
 another endpoint. The SDK's own retries are off: the proposer retries transient failures itself. The
-SDK sends the request and raises on an error status; the reply's body is read by agents/wire.py,
+SDK sends the request and raises on an error status; the reply's body is read by agents/llm/wire.py,
 never by the SDK's models, so no body can raise anything but the proposer's errors.
 """
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import time
 
-from conjugate.agents.llm import DEFAULT_TIMEOUT_S, request_timeout, sdk_error
-from conjugate.agents.wire import ChatReply, anthropic_reply, read_reply
+from conjugate.agents.llm.llm import DEFAULT_TIMEOUT_S, request_timeout, sdk_error
+from conjugate.agents.llm.wire import ChatReply, anthropic_reply, read_reply
 from conjugate.errors import ConjugateError
 
 

@@ -5,7 +5,7 @@ typed error, whatever its status, content type, shape, field types, size, depth 
     decode_object   the body as a JSON object: JSON content type, UTF-8, nested at most MAX_DEPTH deep
     anthropic_reply / openai_reply   the protocol's fields, type-checked, as a ChatReply
     json_spans      the balanced {...} spans of a text in one linear pass (the body's depth check, and
-                    how agents/prompt.py finds the JSON in a reply's text)
+                    how agents/llm/prompt.py finds the JSON in a reply's text)
 
 A 2xx body that breaks any of these is an LLMMalformedReply. It counts as transient: the proposer
 repeats the request as it does a 5xx, since a body cut short, a proxy's error page or a garbled
@@ -19,6 +19,7 @@ import json
 import re
 import time
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Callable, Iterator
 
 from conjugate.errors import ConjugateError
@@ -29,13 +30,21 @@ MAX_TOKEN_COUNT = 10**9  # larger "counts" are not counts (and would overflow th
 _STRUCTURE = re.compile(r'[{}\[\]"\\]')
 
 
+class Failure(StrEnum):
+    """The kind of a transient failure: the first words of its message, and so of the call's record."""
+    TIMEOUT = "timed out"
+    CONNECTION = "connection failed"
+    STATUS = "error status"
+    MALFORMED = "malformed reply"
+
+
 class LLMTransientError(ConjugateError):
     """A request that may succeed if repeated: rate limit, server error, timeout, lost connection,
-    malformed reply."""
+    malformed reply (`failure` says which)."""
 
-    def __init__(self, message: str, retry_after_s: float | None = None):
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
+    def __init__(self, message: str, retry_after_s: float | None = None, failure: Failure = Failure.CONNECTION):
+        super().__init__(f"{failure}: {message}")
+        self.failure, self.retry_after_s = failure, retry_after_s
 
 
 class LLMFatalError(ConjugateError):
@@ -45,6 +54,9 @@ class LLMFatalError(ConjugateError):
 class LLMMalformedReply(LLMTransientError):
     """A 2xx reply that is not the protocol's: not JSON, cut short, of the wrong shape or field types,
     too large or nested too deep."""
+
+    def __init__(self, message: str):
+        super().__init__(message, None, Failure.MALFORMED)
 
 
 @dataclass(frozen=True)
@@ -115,7 +127,8 @@ def read_body(chunks: Iterator[bytes], deadline: float, limit: int = MAX_BODY_BY
         if len(body) > limit:
             raise LLMMalformedReply(f"the reply is larger than {limit} bytes")
         if time.monotonic() > deadline:
-            raise LLMTransientError("the reply arrived too slowly: its timeout passed while it was read")
+            raise LLMTransientError("the reply arrived too slowly: its timeout passed while it was read",
+                                    failure=Failure.TIMEOUT)
 
 
 def _is_json_type(content_type: str) -> bool:

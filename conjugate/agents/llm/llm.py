@@ -1,10 +1,10 @@
 """The LLM proposer: asks a chat model for plan edits and keeps what validates.
 
-Provider-agnostic: a ChatClient (agents/anthropic_agent.py, agents/openai_agent.py) sends one chat
-request and reads its reply through agents/wire.py, the one boundary every reply passes: whatever
+Provider-agnostic: a ChatClient (agents/llm/anthropic.py, agents/llm/openai.py) sends one chat
+request and reads its reply through agents/llm/wire.py, the one boundary every reply passes: whatever
 arrives becomes a ChatReply or LLMTransientError (worth repeating: rate limits, 5xx, timeouts, lost
 connections, malformed bodies) or LLMFatalError (`sdk_error`). The prompts are rendered and the
-reply's text read by agents/prompt.py: the text is data, parsed as JSON within size and depth
+reply's text read by agents/llm/prompt.py: the text is data, parsed as JSON within size and depth
 limits, never executed; every edit is applied and validated before it becomes a Proposal, and a
 reply without a valid edit is answered once with the reasons (retry.md).
 
@@ -29,8 +29,8 @@ from types import ModuleType
 from typing import Protocol
 
 from conjugate.agents.base import LLMCallLog, NodeContext, Proposal, ProposerUnavailable
-from conjugate.agents.prompt import Prompts, check_edits, clip, parse_reply
-from conjugate.agents.wire import ChatReply, LLMFatalError, LLMMalformedReply, LLMTransientError
+from conjugate.agents.llm.prompt import Prompts, check_edits, clip, parse_reply
+from conjugate.agents.llm.wire import ChatReply, Failure, LLMFatalError, LLMMalformedReply, LLMTransientError
 from conjugate.errors import ConjugateError, PlanError
 from conjugate.files import read_text
 from conjugate.paths import PRICES_FILE, PROMPTS_DIR
@@ -44,7 +44,7 @@ DEFAULT_TIMEOUT_S = 600.0  # one request's timeout unless --llm-timeout says oth
 STORED_CHARS = 64 * 1024  # of a call's prompt and of its reply, kept in its record
 ECHOED_CHARS = 16 * 1024  # of an unusable reply, quoted back to the model with the reasons
 CHARS_PER_TOKEN = 4  # for estimating token counts a reply does not give
-__all__ = ["ChatReply", "LLMBudgetExceeded", "LLMFatalError", "LLMMalformedReply", "LLMProposer",
+__all__ = ["ChatReply", "Failure", "LLMBudgetExceeded", "LLMFatalError", "LLMMalformedReply", "LLMProposer",
            "LLMTransientError", "ProposerUnavailable", "cost_usd", "http_error", "load_prices", "sdk_error"]
 
 
@@ -85,12 +85,13 @@ def redact(text: str, secret: str | None) -> str:
 
 def http_error(status: int, message: str, retry_after: str | None = None) -> ConjugateError:
     """An HTTP failure as the proposer's error: 408, 409, 429 and 5xx are worth repeating."""
+    message = f"HTTP {status}: {message}"
     if status in (408, 409, 429) or status >= 500:
         try:
             wait = float(retry_after) if retry_after else None
         except ValueError:
             wait = None
-        return LLMTransientError(message, wait)
+        return LLMTransientError(message, wait, Failure.STATUS)
     return LLMFatalError(message)
 
 
@@ -99,8 +100,10 @@ def sdk_error(sdk: ModuleType, e: Exception, key: str | None) -> ConjugateError:
     proposer's error: rate limits, 5xx, timeouts and lost connections are transient; the rest fatal.
     The message carries no key."""
     message = redact(f"{type(e).__name__}: {e}", key)[:500]
-    if isinstance(e, sdk.APIConnectionError):  # APITimeoutError included
-        return LLMTransientError(message)
+    if isinstance(e, sdk.APITimeoutError):
+        return LLMTransientError(message, failure=Failure.TIMEOUT)
+    if isinstance(e, sdk.APIConnectionError):
+        return LLMTransientError(message, failure=Failure.CONNECTION)
     if isinstance(e, sdk.APIStatusError):
         return http_error(e.status_code, message, e.response.headers.get("retry-after"))
     return LLMFatalError(message)
