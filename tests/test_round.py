@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
 from conjugate.compiler.feedback import CompileFailure, Resources
 from conjugate.compiler.round import compile_round
-from conjugate.errors import CompileError
+from conjugate.compiler.feedback import CompileError
 from conjugate.evaluate.correctness import compare_rounds
 from conjugate.models import make_round_inputs, random_weights, reference_round
 from conjugate.plan import load_plan, validate_plan
