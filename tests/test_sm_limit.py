@@ -15,8 +15,8 @@ import torch
 import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
 from conjugate.agents.heuristic import candidates, persist_edits
 from conjugate.agents.heuristic_edits import sm_limit_edits
-from conjugate.compiler import sm_limit
-from conjugate.compiler.sm_limit import SmLimitUnavailable, limited_stream
+from conjugate.compiler import device as sm_limit
+from conjugate.compiler.device import SmLimitUnavailable, limited_stream
 from conjugate.errors import PlanError
 from conjugate.evaluate.result import EvalResult, LedgerSummary
 from conjugate.graph import build_graph
