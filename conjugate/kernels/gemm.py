@@ -113,31 +113,34 @@ def _sum_splits(acc, acc2, sumsq, ws_ptr, counter_ptr, offs_m, offs_n, m_blk, sp
                 NORM_PASS: tl.constexpr):
     """Split-K fix-up: each split stores its partials in a slot of its own (ws [SPLIT_K, M, N], then
     acc2's, then the norm pass's sums); the tile's last split (a counter says which) sums the slots in
-    split order. Returns (whether this program is that last split, acc, acc2, sumsq)."""
-    tile = m_blk * num_n + n_blk
-    slot = (split * M + offs_m[:, None]) * N + offs_n[None, :]
-    ws_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(ws_ptr + slot, acc, mask=ws_mask)
-    if TWO_ACC:
-        tl.store(ws_ptr + SPLIT_K * M * N + slot, acc2, mask=ws_mask)
-    if NORM_PASS:  # with row statistics every split has the whole row's sum already
-        tl.store(ws_ptr + 2 * SPLIT_K * M * N + (split * num_n + n_blk) * M + offs_m, sumsq, mask=offs_m < M)
-    tl.debug_barrier()  # every thread's partials are stored before the release below
-    last = tl.atomic_add(counter_ptr + 1 + tile, 1) == SPLIT_K - 1
-    if last:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        if NORM_PASS:
-            sumsq = tl.zeros([BLOCK_M], tl.float32)
-        for s in range(SPLIT_K):
-            slot = (s * M + offs_m[:, None]) * N + offs_n[None, :]
-            acc += tl.load(ws_ptr + slot, mask=ws_mask, other=0.0, cache_modifier=".cg")
-            if TWO_ACC:
-                acc2 += tl.load(ws_ptr + SPLIT_K * M * N + slot, mask=ws_mask, other=0.0, cache_modifier=".cg")
+    split order. Returns (whether this program runs the epilogue: the last split, or the only one;
+    acc, acc2, sumsq)."""
+    last = True
+    if SPLIT_K > 1:
+        tile = m_blk * num_n + n_blk
+        slot = (split * M + offs_m[:, None]) * N + offs_n[None, :]
+        ws_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        tl.store(ws_ptr + slot, acc, mask=ws_mask)
+        if TWO_ACC:
+            tl.store(ws_ptr + SPLIT_K * M * N + slot, acc2, mask=ws_mask)
+        if NORM_PASS:  # with row statistics every split has the whole row's sum already
+            tl.store(ws_ptr + 2 * SPLIT_K * M * N + (split * num_n + n_blk) * M + offs_m, sumsq, mask=offs_m < M)
+        tl.debug_barrier()  # every thread's partials are stored before the release below
+        last = tl.atomic_add(counter_ptr + 1 + tile, 1) == SPLIT_K - 1
+        if last:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             if NORM_PASS:
-                sumsq += tl.load(ws_ptr + 2 * SPLIT_K * M * N + (s * num_n + n_blk) * M + offs_m,
-                                 mask=offs_m < M, other=0.0, cache_modifier=".cg")
-        tl.atomic_xchg(counter_ptr + 1 + tile, 0)  # ready for the next launch
+                sumsq = tl.zeros([BLOCK_M], tl.float32)
+            for s in range(SPLIT_K):
+                slot = (s * M + offs_m[:, None]) * N + offs_n[None, :]
+                acc += tl.load(ws_ptr + slot, mask=ws_mask, other=0.0, cache_modifier=".cg")
+                if TWO_ACC:
+                    acc2 += tl.load(ws_ptr + SPLIT_K * M * N + slot, mask=ws_mask, other=0.0, cache_modifier=".cg")
+                if NORM_PASS:
+                    sumsq += tl.load(ws_ptr + 2 * SPLIT_K * M * N + (s * num_n + n_blk) * M + offs_m,
+                                     mask=offs_m < M, other=0.0, cache_modifier=".cg")
+            tl.atomic_xchg(counter_ptr + 1 + tile, 0)  # ready for the next launch
     return last, acc, acc2, sumsq
 
 
@@ -263,11 +266,8 @@ def gemm_tile(pid,
     acc, acc2, sumsq, offs_m, offs_n, m_blk, split, n_blk, num_n = _accumulate_tile(
         pid, x_ptr, w_ptr, w_ptr, stats_ptr, M, N, K, stride_x, stride_w, stride_stats, blk_stride, blk_pairs,
         tail_start, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, NORM, STATS_IN, False, DOT_DTYPE)
-    last = True
-    if SPLIT_K > 1:
-        last, acc, acc2, sumsq = _sum_splits(acc, acc2, sumsq, ws_ptr, counter_ptr, offs_m, offs_n, m_blk, split,
-                                             n_blk, num_n, M, N, BLOCK_M, BLOCK_N, SPLIT_K, False,
-                                             NORM and not STATS_IN)
+    last, acc, acc2, sumsq = _sum_splits(acc, acc2, sumsq, ws_ptr, counter_ptr, offs_m, offs_n, m_blk, split, n_blk,
+                                         num_n, M, N, BLOCK_M, BLOCK_N, SPLIT_K, False, NORM and not STATS_IN)
     if last:
         _store_epilogue(_normed(acc, sumsq, K, eps, NORM), offs_m, offs_n, M, N, bias_ptr, out_ptr, stride_out,
                         HAS_BIAS)
@@ -288,11 +288,8 @@ def gemm_silu_mul_tile(pid,
     acc, acc2, sumsq, offs_m, offs_n, m_blk, split, n_blk, num_n = _accumulate_tile(
         pid, x_ptr, w_ptr, w2_ptr, stats_ptr, M, N, K, stride_x, stride_w, stride_stats, blk_stride, blk_pairs,
         tail_start, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, NORM, STATS_IN, True, DOT_DTYPE)
-    last = True
-    if SPLIT_K > 1:
-        last, acc, acc2, sumsq = _sum_splits(acc, acc2, sumsq, ws_ptr, counter_ptr, offs_m, offs_n, m_blk, split,
-                                             n_blk, num_n, M, N, BLOCK_M, BLOCK_N, SPLIT_K, True,
-                                             NORM and not STATS_IN)
+    last, acc, acc2, sumsq = _sum_splits(acc, acc2, sumsq, ws_ptr, counter_ptr, offs_m, offs_n, m_blk, split, n_blk,
+                                         num_n, M, N, BLOCK_M, BLOCK_N, SPLIT_K, True, NORM and not STATS_IN)
     if last:
         gate = _normed(acc, sumsq, K, eps, NORM)
         up = _normed(acc2, sumsq, K, eps, NORM)
@@ -330,10 +327,8 @@ def gemm_residual_tile(pid,
                                stride_copy, BLOCK_M, BLOCK_N, STATS_OUT, COPY_OUT)
                 tl.atomic_xchg(counter_ptr + 1 + tile, 0)  # ready for the next launch
     else:
-        last = True
-        if SPLIT_K > 1:
-            last, acc, acc2, sumsq = _sum_splits(acc, acc2, sumsq, ws_ptr, counter_ptr, offs_m, offs_n, m_blk, split,
-                                                 n_blk, num_n, M, N, BLOCK_M, BLOCK_N, SPLIT_K, False, False)
+        last, acc, acc2, sumsq = _sum_splits(acc, acc2, sumsq, ws_ptr, counter_ptr, offs_m, offs_n, m_blk, split,
+                                             n_blk, num_n, M, N, BLOCK_M, BLOCK_N, SPLIT_K, False, False)
         if last:
             new = tl.load(out_ptrs, mask=out_mask, other=0.0) + acc
             tl.store(out_ptrs, new, mask=out_mask)
@@ -356,11 +351,8 @@ def gemm_argmax_tile(pid,
     acc, acc2, sumsq, offs_m, offs_n, m_blk, split, n_blk, num_n = _accumulate_tile(
         pid, x_ptr, w_ptr, w_ptr, stats_ptr, M, N, K, stride_x, stride_w, stride_stats, blk_stride, blk_pairs,
         tail_start, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, NORM, STATS_IN, False, DOT_DTYPE)
-    last = True
-    if SPLIT_K > 1:
-        last, acc, acc2, sumsq = _sum_splits(acc, acc2, sumsq, ws_ptr, counter_ptr, offs_m, offs_n, m_blk, split,
-                                             n_blk, num_n, M, N, BLOCK_M, BLOCK_N, SPLIT_K, False,
-                                             NORM and not STATS_IN)
+    last, acc, acc2, sumsq = _sum_splits(acc, acc2, sumsq, ws_ptr, counter_ptr, offs_m, offs_n, m_blk, split, n_blk,
+                                         num_n, M, N, BLOCK_M, BLOCK_N, SPLIT_K, False, NORM and not STATS_IN)
     if last:
         acc = _normed(acc, sumsq, K, eps, NORM)
         if WRITE_OUT:
@@ -390,11 +382,8 @@ def gemm_rope_kv_tile(pid,
     acc, acc2, sumsq, offs_m, offs_n, m_blk, split, n_blk, num_n = _accumulate_tile(
         pid, x_ptr, w_ptr, w2_ptr, stats_ptr, M, N, K, stride_x, stride_w, stride_stats, HEAD_DIM * stride_w,
         NUM_HEADS + 2 * NUM_KV_HEADS, 0, BLOCK_M, HALF, BLOCK_K, SPLIT_K, NORM, STATS_IN, True, DOT_DTYPE)
-    last = True
-    if SPLIT_K > 1:
-        last, acc, acc2, sumsq = _sum_splits(acc, acc2, sumsq, ws_ptr, counter_ptr, offs_m, offs_n, m_blk, split,
-                                             n_blk, num_n, M, N, BLOCK_M, HALF, SPLIT_K, True,
-                                             NORM and not STATS_IN)
+    last, acc, acc2, sumsq = _sum_splits(acc, acc2, sumsq, ws_ptr, counter_ptr, offs_m, offs_n, m_blk, split, n_blk,
+                                         num_n, M, N, BLOCK_M, HALF, SPLIT_K, True, NORM and not STATS_IN)
     if last:
         _rope_kv_epilogue(_normed(acc, sumsq, K, eps, NORM), _normed(acc2, sumsq, K, eps, NORM), offs_m, n_blk, M,
                           bias_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, q_norm_ptr, k_norm_ptr,
