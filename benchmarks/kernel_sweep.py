@@ -421,7 +421,7 @@ def build(shape, tile, inputs: dict, kernels: Path):
     import torch
 
     from conjugate.compiler.attention import attn_call
-    from conjugate.compiler.codegen import KernelCache
+    from conjugate.compiler.cache import KernelCache
     from conjugate.compiler.gemm import gemm_call
     from conjugate.compiler.mlp import mlp_call
     from conjugate.compiler.round import CompiledLaunch
@@ -441,8 +441,8 @@ def build(shape, tile, inputs: dict, kernels: Path):
         out = torch.zeros(shape.rows, shape.n, device=x.device)
         call = gemm_call(x, ws[0], out, rows=shape.rows, epilogue=shape.epilogue,
                          w2=ws[1] if shape.weights == 2 else None, block_m=tile.block_m, block_n=tile.block_n,
-                         block_k=tile.block_k, split_k=tile.split_k, tma=bool(tile.tma))
-    return CompiledLaunch.build(0, [call], KernelCache(kernels), num_warps=tile.warps, num_stages=tile.stages), out
+                         block_k=tile.block_k, split_k=tile.split_k)  # TMA loads: lab/tma_gemm/
+    return CompiledLaunch.alone(0, call, KernelCache(kernels), num_warps=tile.warps, num_stages=tile.stages), out
 
 
 def shape_from(item: dict):

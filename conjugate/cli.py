@@ -76,17 +76,10 @@ def _schedule_table(schedule, title: str, limit: int | None = None) -> Table:
     for launch in launches:
         parts = " | ".join(f"{p.model[0]}:{'+'.join(p.fused)}" for p in launch.parts)
         if launch.cross_model:
-            parts += f"  [{launch.pattern}{'' if launch.pattern != 'ratio' else ' %d:%d' % launch.ratio}]"
-        if launch.tickets:
-            grid = f"{launch.programs} programs taking tickets" if launch.programs else "one program per tile"
-            parts += f"  [tickets: {grid}, each tile after the part before{', preload' if launch.preload else ''}]"
-        elif launch.persistent:
-            grid = f"{launch.programs} programs" if launch.programs else "all programs that fit at once"
-            parts += (f"  [persistent: {grid}, parts in sequence{', preload' if launch.preload else ''}]"
-                      if len(launch.parts) > 1 else f"  [tile loop: {grid}]")
+            form = launch.form
+            parts += f"  [{form.pattern}{'' if form.pattern != 'ratio' else ' %d:%d' % form.ratio}]"
         if launch.pdl != "none":
-            parts += (f"  [pdl: release at {launch.pdl}{', prefetch' if launch.pdl_prefetch else ''}"
-                      f"{', preload' if launch.pdl_preload else ''}]")
+            parts += f"  [pdl: release at {launch.pdl}]"
         tiles = " | ".join(",".join(f"{k.replace('BLOCK_', '')}{v}" for k, v in p.tiles.items()) for p in launch.parts)
         stream = f"{launch.stream} ({limits[launch.stream]} SMs)" if launch.stream in limits else launch.stream
         table.add_row(str(launch.index), stream, parts, "\n".join(" + ".join(p.ops) for p in launch.parts),

@@ -1,10 +1,6 @@
-"""Typed errors. Everything the project raises on purpose derives from ConjugateError."""
+"""Typed errors. Everything the project raises on purpose derives from ConjugateError (the compiler's
+CompileError lives with the failure data it carries, in compiler/feedback.py)."""
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from conjugate.compiler.feedback import CompileFailure
 
 
 class ConjugateError(Exception):
@@ -43,11 +39,3 @@ class ScheduleError(ConjugateError):
         self.source = source
         super().__init__(f"{source}: {error}" if source else error)
 
-
-class CompileError(ConjugateError):
-    """A launch could not be lowered or compiled; carries where and why (a CompileFailure) as data
-    for the agent."""
-
-    def __init__(self, failure: "CompileFailure"):
-        self.failure = failure
-        super().__init__(failure.message)

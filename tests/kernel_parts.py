@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from conjugate.compiler.codegen import KernelCache
+from conjugate.compiler.cache import KernelCache
 from conjugate.compiler.round import CompiledLaunch
 from conjugate.compiler.tile import PartCall
 
@@ -16,7 +16,7 @@ _CACHE = KernelCache(Path(_DIRECTORY.name))
 
 def run_part(call: PartCall, num_warps: int = 4, num_stages: int = 2) -> CompiledLaunch:
     """Build the one-part launch of `call` (as CompiledRound does) and run it once."""
-    launch = CompiledLaunch.build(0, [call], _CACHE, num_warps=num_warps, num_stages=num_stages)
+    launch = CompiledLaunch.alone(0, call, _CACHE, num_warps=num_warps, num_stages=num_stages)
     launch()
     return launch
 

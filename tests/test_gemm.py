@@ -180,116 +180,12 @@ def test_bad_bindings():
 def test_the_shared_memory_estimate_counts_each_weight_tile_a_stage_loads(epilogue, weight_tiles):
     from types import SimpleNamespace
 
-    from conjugate.compiler.gemm import EPILOGUES
-    from conjugate.compiler.resources import shared_memory_estimate
+    from conjugate.compiler.device import shared_memory_estimate
+    from conjugate.compiler.gemm import SIGNATURES
 
     bf16 = torch.empty(0, dtype=torch.bfloat16)
-    part = SimpleNamespace(sig=SimpleNamespace(fn="gemm_tile"), args={"x_ptr": torch.empty(0), "w_ptr": bf16},
-                           constexprs={"BLOCK_M": 16, "BLOCK_K": 256, "BLOCK_N": 64, "EPILOGUE": EPILOGUES[epilogue]})
+    tile = {"BLOCK_N": 64} if epilogue != "rope_kv" else {"HEAD_DIM": 128}  # a tile is half a head
+    part = SimpleNamespace(sig=SIGNATURES[epilogue], args={"x_ptr": torch.empty(0), "w_ptr": bf16},
+                           constexprs={"BLOCK_M": 16, "BLOCK_K": 256} | tile)
     x_tile, w_tile = 16 * 256 * 4, 64 * 256 * 2  # fp32 rows in, bf16 weights
     assert shared_memory_estimate(part, 5) == 5 * (x_tile + weight_tiles * w_tile)
-
-
-@pytest.mark.parametrize("split_k", [1, 3])
-def test_weights_through_tma_descriptors_give_the_pointer_loads_results(split_k):
-    """tma=True: the weight tiles come through host-made tensor descriptors (rows and columns past
-    the matrix read as zeros; a split's columns past its end meet zero input columns)."""
-    x, w, w2, b = _inputs(2)
-    ref = {"store": x @ w.T + b, "silu_mul": F.silu(x @ w.T) * (x @ w2.T)}
-    for epilogue, extra in (("store", dict(bias=b)), ("silu_mul", dict(w2=w2))):
-        out = torch.full((M, N), float("nan"))
-        call = gemm_call(x, w, out, rows=M, epilogue=epilogue, split_k=split_k, block_n=64, block_k=64, tma=True,
-                         **extra)
-        assert call.constexprs["W_TMA"]
-        run_part(call)
-        torch.testing.assert_close(out, ref[epilogue], atol=1e-4, rtol=1e-4)
-    residual = torch.randn(M, N)
-    out = residual.clone()
-    run_part(gemm_call(x, w, out, rows=M, epilogue="residual", split_k=4, block_k=32, atomic_split=True, tma=True))
-    torch.testing.assert_close(out, residual + x @ w.T, atol=1e-4, rtol=1e-4)
-
-
-def test_the_rope_kv_epilogue_reads_its_head_halves_through_tma_as_through_pointers():
-    from conjugate.compiler.gemm import RopeKV
-    from conjugate.models.presets import PRESETS
-    from conjugate.models.reference import rope_cos_sin
-
-    spec, batch, tokens, s_max = PRESETS["tiny-qwen3-t"], 2, 3, 16
-    g = torch.Generator().manual_seed(3)
-    rows, hidden = batch * tokens, spec.hidden_size
-    x = torch.randn(rows, hidden, generator=g)
-    w = torch.randn(spec.qkv_size, hidden, generator=g) / hidden ** 0.5
-    cos, sin = rope_cos_sin(spec, torch.arange(s_max))
-    norms = [torch.rand(spec.head_dim, generator=g) + 0.5 for _ in range(2)]
-    outputs = []
-    for tma in (False, True):
-        q = torch.full((rows, spec.num_heads * spec.head_dim), float("nan"))
-        caches = [torch.zeros(batch, spec.num_kv_heads, s_max, spec.head_dim) for _ in range(2)]
-        rope = RopeKV(q, *caches, cos, sin, torch.tensor([4, 7]), offset=1, tokens=tokens, num_heads=spec.num_heads,
-                      num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim, q_norm=norms[0], k_norm=norms[1])
-        run_part(gemm_call(x, w, q, rows=rows, epilogue="rope_kv", rope=rope, split_k=2, block_k=32, tma=tma))
-        outputs.append([q, *caches])
-    assert not outputs[1][0].isnan().any()
-    for pointers, descriptors in zip(*outputs):
-        torch.testing.assert_close(descriptors, pointers, atol=1e-5, rtol=1e-5)
-
-
-def test_tma_refuses_tiles_and_weights_a_descriptor_cannot_describe():
-    x, w, _, _ = _inputs()
-    out = torch.empty(M, N)
-    with pytest.raises(ValueError, match="at most 256 a side"):
-        gemm_call(x, w, out, rows=M, block_n=64, block_k=512, tma=True)
-    odd = torch.randn(N, 201)  # rows of 804 bytes: not 16-byte aligned
-    with pytest.raises(ValueError, match="16-byte aligned rows"):
-        gemm_call(torch.randn(M, 201), odd, out, rows=M, tma=True)
-
-
-@pytest.mark.parametrize("preload_k,split_k", [(16, 1), (64, 3), (128, 2), (256, 1)])
-def test_weights_preloaded_before_the_wait_give_the_streamed_results(preload_k, split_k):
-    """preload_k: the split's first columns loaded into registers up front, the rest streamed (all of
-    them where the preload covers the split, K=200 in splits of 64-256 columns); every epilogue's
-    result as without it."""
-    x, w, w2, b = _inputs(4)
-    ref = {"store": x @ w.T + b, "silu_mul": F.silu(_normed(x, 1.0) @ w.T) * (_normed(x, 1.0) @ w2.T)}
-    for epilogue, extra in (("store", dict(bias=b)), ("silu_mul", dict(w2=w2, norm_eps=1e-5))):
-        out = torch.full((M, N), float("nan"))
-        call = gemm_call(x, w, out, rows=M, epilogue=epilogue, split_k=split_k, block_n=32, block_k=64,
-                         preload_k=preload_k, **extra)
-        assert call.constexprs["PRELOAD_K"] == preload_k and not call.constexprs["WAIT"]
-        run_part(call)
-        torch.testing.assert_close(out, ref[epilogue], atol=1e-4, rtol=1e-4)
-    residual = torch.randn(M, N)
-    out = residual.clone()
-    run_part(gemm_call(x, w, out, rows=M, epilogue="residual", split_k=split_k, block_k=64, atomic_split=True,
-                       preload_k=preload_k))
-    torch.testing.assert_close(out, residual + x @ w.T, atol=1e-4, rtol=1e-4)
-
-
-def test_a_preload_is_a_power_of_two_within_the_split():
-    x, w, _, _ = _inputs()
-    out = torch.empty(M, N)
-    for bad in (8, 48, 512):  # too small for a dot, not a power of two, past the split (K 200 -> 256)
-        with pytest.raises(ValueError, match="preload of .* weight columns"):
-            gemm_call(x, w, out, rows=M, block_k=64, preload_k=bad)
-    with pytest.raises(ValueError, match="preload of 256 weight columns"):  # splits of 128 columns
-        gemm_call(x, w, out, rows=M, block_k=64, split_k=2, preload_k=256)
-
-
-def test_preload_before_wait_fits_the_registers_and_makes_the_tile_wait():
-    from conjugate.compiler.gemm import PRELOAD_PER_THREAD, preload_before_wait, preload_columns
-    from conjugate.compiler.norm import rmsnorm_call
-
-    x, w, w2, _ = _inputs()
-    big_k = torch.randn(N, 4096)
-    out = torch.empty(M, N)
-    # one BLOCK_K step at most (a split spans whole steps), PRELOAD_PER_THREAD elements a thread
-    assert preload_columns(gemm_call(x, w, out, rows=M, block_n=32, block_k=64, split_k=2), 4) == 64
-    wide = gemm_call(torch.randn(M, 4096), big_k, out, rows=M, block_n=64, block_k=256)
-    assert preload_columns(wide, 4) == PRELOAD_PER_THREAD * 128 // 64 == 128  # 4 warps: 128 threads
-    two = gemm_call(torch.randn(M, 4096), big_k, out, rows=M, epilogue="silu_mul", w2=big_k, block_n=64, block_k=256)
-    assert preload_columns(two, 4) == 64 and preload_columns(two, 8) == 128  # two weights
-    assert preload_columns(gemm_call(x, w, out, rows=M, block_n=128, block_k=64), 1) == 16
-    assert preload_columns(gemm_call(x, w, out, rows=M, block_n=256, block_k=64), 1) == 0  # not even 16 fit
-    assert preload_before_wait(wide, 4, True) and wide.constexprs["PRELOAD_K"] == 128 and wide.constexprs["WAIT"] == 2
-    norm = rmsnorm_call(x, torch.ones(K), out[:, :K], rows=M, eps=1e-5)
-    assert not preload_before_wait(norm, 4, False) and "WAIT" not in norm.constexprs

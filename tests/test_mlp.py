@@ -110,18 +110,6 @@ def test_refuses_what_it_cannot_fuse():
                  stats_out=True, block_k=8)
 
 
-def test_the_weight_prefetch_takes_the_tiles_arguments():
-    """A programmatic dependent launch or a persistent launch calls mlp_prefetch with mlp_tile's own
-    argument list (persist.PREFETCHES)."""
-    from conjugate.compiler.mlp import SIGNATURE, mlp_prefetch
-    from conjugate.compiler.persist import PREFETCHES
-    from conjugate.compiler.tile import TileSignature
-
-    prefetch = TileSignature.of(mlp_prefetch)
-    assert (prefetch.args, prefetch.constexprs) == (SIGNATURE.args, SIGNATURE.constexprs)
-    assert PREFETCHES["mlp_tile"] == ("conjugate.compiler.mlp", "mlp_prefetch")
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: the interpreter runs programs one at a time")
 def test_on_a_gpu_the_fused_chain_gives_the_separate_launches_result():
     """Programs at once (counters, read-backs, atomics): an o_proj summing split-K atomically, writing the

@@ -89,29 +89,13 @@ def test_refuses_a_process_already_interpreting(tmp_path, capsys):
     assert len(err.strip().splitlines()) == 1 and "interpreter mode" in err
 
 
-def test_persistent_launches_with_prefetch_compile_for_hopper(tmp_path, triton_cache):
-    """A draft layer and a target layer each one persistent launch, the next part's weights and keys
-    prefetched into L2 before each barrier (the inline PTX is only checked by a real compile)."""
-    plan = json.loads(_plan(tmp_path, ["mlp_norm+gate_up", "lm_head+argmax"]).read_text())
-    plan |= {"alignment": "sequential", "pairs": {}, "streams": "one",
-             "persist": {"draft": {"span": "layer"}, "target": {"span": "layer", "programs": 8}}}
-    path = tmp_path / "persist.json"
-    path.write_text(json.dumps(plan))
-    proc = _offline(path, triton_cache)
-    assert proc.returncode == 0, proc.stderr
-    rows = _rows(proc.stdout)
-    joined = [ops for ops in rows if ops.startswith("t.l0.attn_norm") and "t.l0.down" in ops]
-    assert joined and all(regs > 0 for regs, _, _ in (rows[ops] for ops in joined))
-    assert any(ops.startswith("d.s0.l0.attn_norm") and "d.s0.l0.down" in ops for ops in rows)
-
-
 def test_programmatic_dependent_launches_compile_for_hopper_with_the_wait_in_every_kernel(tmp_path):
     """Every launch of both models waits for the kernel before it (griddepcontrol.wait in each
-    kernel's PTX: the interpreter never runs it), the draft's releasing the next at the end and asking
-    L2 for its weights first, the shared launches' too. The draft's residual GEMMs sum their splits
+    kernel's PTX: the interpreter never runs it), the draft's releasing the next at the end, the shared
+    launches' too. The draft's residual GEMMs sum their splits
     atomically and still write the row statistics its fused norms read (the last split's read-back)."""
     plan = json.loads(_plan(tmp_path, ["mlp_norm+gate_up", "lm_head+argmax"]).read_text())
-    plan["pdl"] = {"draft": {"trigger": "end", "prefetch": True}, "target": {"trigger": "start"}}
+    plan["pdl"] = {"draft": {"trigger": "end"}, "target": {"trigger": "start"}}
     plan["split_reduce"] = {"draft": "atomic"}
     path = tmp_path / "pdl.json"
     path.write_text(json.dumps(plan))
@@ -121,22 +105,3 @@ def test_programmatic_dependent_launches_compile_for_hopper_with_the_wait_in_eve
     ptx = [p.read_text() for p in cache.rglob("*.ptx")]
     assert len(ptx) >= 10 and all("griddepcontrol.wait" in text for text in ptx)
     assert all("griddepcontrol.launch_dependents" in text for text in ptx)
-    assert any("prefetch.global.L2" in text for text in ptx)
-
-
-def test_gemm_tiles_that_preload_their_weights_wait_in_the_tile_and_compile_for_hopper(tmp_path):
-    """pdl.preload: each GEMM tile loads its first weight step, then makes the wait itself (and, at
-    `start`, the release after it); launches with a norm, RoPE or attention part keep the dispatcher's
-    wait before any load. In the PTX for sm_90: every kernel waits, some load before their wait (the
-    GEMMs), the others only after it."""
-    plan = json.loads(_plan(tmp_path, ["lm_head+argmax"]).read_text())
-    plan["pdl"] = {"draft": {"trigger": "start", "preload": True}, "target": {"trigger": "end", "preload": True}}
-    path = tmp_path / "preload.json"
-    path.write_text(json.dumps(plan))
-    cache = tmp_path / "triton-cache"
-    proc = _offline(path, cache)
-    assert proc.returncode == 0, proc.stderr
-    ptx = [p.read_text() for p in cache.rglob("*.ptx")]
-    assert len(ptx) >= 8 and all("griddepcontrol.wait" in text for text in ptx)
-    loads_first = [text.index("ld.global") < text.index("griddepcontrol.wait") for text in ptx if "ld.global" in text]
-    assert any(loads_first) and not all(loads_first)

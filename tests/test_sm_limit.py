@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
-from conjugate.compiler import sm_limit
-from conjugate.compiler.sm_limit import SmLimitUnavailable, limited_stream
+from conjugate.compiler import device as sm_limit
+from conjugate.compiler.device import SmLimitUnavailable, limited_stream
 from conjugate.errors import PlanError
 from conjugate.graph import build_graph
 from conjugate.plan import load_plan, validate_plan

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from conjugate.compiler.gemm import STATS_CHUNK
+from conjugate.compiler.packed import pack_pair
+from conjugate.kernels.tile import STATS_CHUNK
 from conjugate.models.reference import KVCache, RoundInputs, rope_cos_sin
 from conjugate.models.weights import ModelWeights
 from conjugate.roles import Model
@@ -139,8 +140,6 @@ class RoundBuffers:
 
     def packed(self, w_t: torch.Tensor, w_d: torch.Tensor, block_n: int):
         """The packed-layout buffer of a target and a draft weight (made once per pair and block)."""
-        from conjugate.compiler.packed import pack_pair
-
         key = (w_t.data_ptr(), w_d.data_ptr(), tuple(w_t.shape), tuple(w_d.shape), block_n)
         if key not in self._packed:
             self._packed[key] = pack_pair(w_t, w_d, block_n)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from conjugate.errors import ConjugateError
 from conjugate.roles import Model
 
 
@@ -99,3 +100,12 @@ class CompileFailure:
     def from_dict(cls, data: dict[str, Any]) -> "CompileFailure":
         return cls(data["launch"], data.get("part"), tuple(PartRef.from_dict(p) for p in data["parts"]),
                    data["reason"])
+
+
+class CompileError(ConjugateError):
+    """A launch could not be lowered or compiled; carries where and why (a CompileFailure) as data
+    for the agent."""
+
+    def __init__(self, failure: CompileFailure):
+        self.failure = failure
+        super().__init__(failure.message)

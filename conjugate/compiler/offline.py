@@ -100,7 +100,7 @@ def compile_resources(compiled: CompiledRound, arch: int = 90) -> list[Resources
     identical kernels (same source, specialization and options) are compiled once. CompileError
     (naming the launch and its ops) where a kernel does not compile or does not fit the arch;
     ConjugateError where the arch or this Triton cannot be used."""
-    from conjugate.compiler.resources import HOPPER_SHARED_BYTES
+    from conjugate.compiler.device import HOPPER_SHARED_BYTES
     from conjugate.compiler.round import _compile_error
     from conjugate.compiler.tile import INTERPRETING
     from conjugate.errors import ConjugateError
@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["TRITON_INTERPRET"] = "0"  # before the first import of triton and of conjugate.compiler.tile
 
     from conjugate.compiler.round import compile_round
-    from conjugate.errors import CompileError, ConjugateError
+    from conjugate.compiler.feedback import CompileError
+    from conjugate.errors import ConjugateError
     from conjugate.models.weights import meta_weights
     from conjugate.plan import load_plan
     from conjugate.workload import load_workload

@@ -9,20 +9,17 @@ block addressing (GemmBlocks) as per-program arguments. Both parts run the targe
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import Callable
 
-import networkx as nx
 import torch
 
-from conjugate.compiler.buffers import RoundBuffers
-from conjugate.compiler.gemm import EPILOGUES
-from conjugate.compiler.lower import lower_part
+from conjugate.compiler.gemm import SIGNATURES
 from conjugate.compiler.tile import PartCall, cdiv
-from conjugate.plan.expand import Launch
 
-# one tile loop runs both: the target's flags are the draft's too (its row statistics written or read alike)
-_MUST_MATCH = ("NORM", "EPILOGUE", "HAS_BIAS", "WRITE_OUT", "DOT_DTYPE", "ATOMIC_SPLIT", "STATS_OUT", "STATS_IN",
-               "COPY_OUT")
+# one tile loop runs both: the target's constexprs are the draft's too (its row statistics written or read
+# alike), but for K, which each model's rows carry as a runtime argument
+_MUST_MATCH = ("NORM", "HAS_BIAS", "WRITE_OUT", "DOT_DTYPE", "ATOMIC_SPLIT", "STATS_OUT", "STATS_IN", "COPY_OUT")
 
 
 @dataclass(frozen=True)
@@ -64,27 +61,25 @@ def _bind(call: PartCall, name: str, buffer: torch.Tensor, blocks: GemmBlocks) -
     call.scratch.append(buffer)
 
 
-def pack_launch(launch: Launch, calls: list[PartCall], graph: nx.DiGraph,
-                bufs: RoundBuffers) -> tuple[list[PartCall], bool]:
-    """Re-bind a target GEMM + draft GEMM launch to the packed layout; ValueError when the two GEMMs
-    cannot share a tile loop. Launches that are not GEMM beside GEMM have no weights to pack and
-    keep the separate layout. Returns the calls and whether they were packed."""
-    target, draft = launch.parts
-    if [c.sig.fn for c in calls] != ["gemm_tile", "gemm_tile"]:
-        return calls, False
-    t_call = calls[0]
-    d_call = lower_part(replace(draft, tiles=target.tiles), graph, bufs)  # the homogeneous tile shape
-    if t_call.constexprs["EPILOGUE"] == EPILOGUES["rope_kv"] or d_call.constexprs["EPILOGUE"] == EPILOGUES["rope_kv"]:
-        raise ValueError(f"the packed operand layout cannot hold a qkv+rope_kv GEMM ({target.kind} beside "
-                         f"{draft.kind}): its tiles are heads read as two halves")
-    differ = [c for c in _MUST_MATCH if t_call.constexprs[c] != d_call.constexprs[c]]
+Packer = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, GemmBlocks, GemmBlocks]]
+
+
+def pack_calls(t_call: PartCall, d_call: PartCall, packer: Packer) -> list[PartCall]:
+    """Re-bind a target GEMM and a draft GEMM, both lowered at the target's tile shape, to one packed
+    buffer of their weights (`packer`: pack_pair, or a cache of its buffers); ValueError when the two
+    GEMMs cannot share a tile loop."""
+    if SIGNATURES["rope_kv"] in (t_call.sig, d_call.sig):
+        raise ValueError(f"the packed operand layout cannot hold a qkv+rope_kv GEMM ({t_call.label} beside "
+                         f"{d_call.label}): its tiles are heads read as two halves")
+    differ = ["epilogue"] if t_call.sig != d_call.sig else []
+    differ += [c for c in _MUST_MATCH if t_call.constexprs.get(c) != d_call.constexprs.get(c)]
     if differ:
         raise ValueError(f"the packed operand layout needs GEMMs with the same epilogue, prologue, split-K sum, "
                          f"row statistics and copy of the rows; "
-                         f"{target.kind} and {draft.kind} differ in {', '.join(differ)}")
-    names = ("w_ptr", "w2_ptr") if t_call.constexprs["EPILOGUE"] == EPILOGUES["silu_mul"] else ("w_ptr",)
+                         f"{t_call.label} and {d_call.label} differ in {', '.join(differ)}")
+    names = ("w_ptr", "w2_ptr") if t_call.sig == SIGNATURES["silu_mul"] else ("w_ptr",)
     for name in names:
-        buffer, blocks_t, blocks_d = bufs.packed(t_call.args[name], d_call.args[name], t_call.constexprs["BLOCK_N"])
+        buffer, blocks_t, blocks_d = packer(t_call.args[name], d_call.args[name], t_call.constexprs["BLOCK_N"])
         _bind(t_call, name, buffer, blocks_t)
         _bind(d_call, name, buffer, blocks_d)
-    return [t_call, d_call], True
+    return [t_call, d_call]

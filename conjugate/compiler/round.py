@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,22 +23,18 @@ import networkx as nx
 import torch
 
 from conjugate.compiler.buffers import PreparedWeights, RoundBuffers
-from conjugate.compiler.codegen import (NO_PDL, Dispatch, KernelCache, Pdl, kernel_args, kernel_source, persistent_source,
-                                        ticket_source)
-from conjugate.compiler.feedback import CompileFailure, LaunchFeedback, PartRef, Resources
-from conjugate.compiler.gemm import preload_before_barrier, preload_before_wait
+from conjugate.compiler.cache import KernelCache
+from conjugate.compiler.codegen import dispatch_of, kernel_args, kernel_source
+from conjugate.compiler.device import SmLimitUnavailable, check_shared_memory, limited_stream
+from conjugate.compiler.feedback import CompileError, CompileFailure, LaunchFeedback, PartRef, Resources
 from conjugate.compiler.lower import lower_part
-from conjugate.compiler.packed import pack_launch
-from conjugate.compiler.persist import (ASSUMED_L2_BYTES, PREFETCH_L2_SHARE, resident_programs, sync_words,
-                                        ticket_words)
-from conjugate.compiler.resources import check_shared_memory
-from conjugate.compiler.sm_limit import SmLimitUnavailable, limited_stream
+from conjugate.compiler.packed import pack_calls
 from conjugate.compiler.tile import INTERPRETING, PartCall
-from conjugate.errors import CompileError
 from conjugate.graph import build_graph
 from conjugate.models.reference import KVCache, RoundInputs, RoundOutputs
 from conjugate.models.weights import ModelWeights
-from conjugate.plan.expand import Launch, Schedule, expand
+from conjugate.plan.expand import Schedule, expand
+from conjugate.plan.launch import Form, Launch, One, Packed, Pdl
 from conjugate.plan.schema import Plan
 from conjugate.roles import Model
 from conjugate.workload import Workload
@@ -65,49 +61,23 @@ class CompiledLaunch:
     stream: str
     parts: list[PartCall]
     resources: Resources = Resources()  # the compiler's report (GPU only)
-    sync: Any = None  # a persistent launch's barrier counters (persist.py); None for a tile loop
-    persistent: bool = False  # programs take the tiles in turn on a grid of their own size (`grid`)
     pdl: bool = False  # launched as a programmatic dependent launch (its kernel waits for the one before)
-    tickets: bool = False  # a persistent launch whose tiles are taken in dependency order (no residency needed)
 
     @classmethod
-    def build(cls, index: int, parts: list[PartCall], cache: KernelCache, *, dispatch: Dispatch | None = None,
-              packed: bool = False, num_warps: int = 4, num_stages: int = 2, stream: str = "main",
-              pdl: Pdl = NO_PDL) -> "CompiledLaunch":
-        """The generated kernel of `parts` (loaded through `cache`), bound to their buffers."""
-        kernel, digest = cache.load(kernel_source(parts, dispatch, packed, pdl))
-        args, constexprs = kernel_args(parts, dispatch)
+    def build(cls, index: int, form: Form | None, parts: list[PartCall], cache: KernelCache, *, num_warps: int = 4,
+              num_stages: int = 2, stream: str = "main", pdl: Pdl = Pdl.NONE,
+              launch_bytes: int = 0) -> "CompiledLaunch":
+        """The generated kernel of `form` (None: one part alone) with its parts bound to `parts`, loaded
+        through `cache`."""
+        kernel, digest = cache.load(kernel_source(form, parts, pdl))
+        args, constexprs = kernel_args(parts, dispatch_of(form, parts), launch_bytes)
         return cls(index, kernel, digest, sum(p.programs for p in parts), args, constexprs, num_warps, num_stages,
-                   stream, list(parts), pdl=pdl.on)
+                   stream, list(parts), pdl=pdl != Pdl.NONE)
 
     @classmethod
-    def build_persistent(cls, index: int, parts: list[PartCall], cache: KernelCache, programs: int,
-                         device: torch.device, *, prefetch: frozenset[int] = frozenset(), num_warps: int = 4,
-                         num_stages: int = 2, stream: str = "main", pdl: Pdl = NO_PDL) -> "CompiledLaunch":
-        """`parts` in sequence on `programs` programs (persist.py), with the counters it needs;
-        `prefetch`: the parts whose weights are asked for ahead of their barrier (none under the
-        interpreter, which has no L2 and no inline PTX)."""
-        sync = torch.zeros(sync_words(len(parts) - 1), dtype=torch.int32, device=device) if len(parts) > 1 else None
-        kernel, digest = cache.load(persistent_source(parts, frozenset() if INTERPRETING else prefetch, pdl))
-        args, constexprs = kernel_args(parts, None, sync)
-        return cls(index, kernel, digest, programs, args, constexprs, num_warps, num_stages, stream, list(parts),
-                   sync=sync, persistent=True, pdl=pdl.on)
-
-    @classmethod
-    def build_tickets(cls, index: int, parts: list[PartCall], cache: KernelCache, programs: int,
-                      device: torch.device, *, prefetch: frozenset[int] = frozenset(), num_warps: int = 4,
-                      num_stages: int = 2, stream: str = "main") -> "CompiledLaunch":
-        """`parts` in dependency order (persist.py): `programs` programs taking tickets, 0 for one program
-        per tile; `prefetch`: the parts whose tiles ask L2 for their weights before they wait (none
-        under the interpreter)."""
-        tiles = sum(p.programs for p in parts)
-        sync = torch.zeros(ticket_words(len(parts)), dtype=torch.int32, device=device)
-        one_each = programs in (0, tiles)
-        source = ticket_source(parts, frozenset() if INTERPRETING else prefetch, one_each)
-        kernel, digest = cache.load(source)
-        args, constexprs = kernel_args(parts, None, sync)
-        return cls(index, kernel, digest, tiles if one_each else min(programs, tiles), args, constexprs, num_warps,
-                   num_stages, stream, list(parts), sync=sync, persistent=True, tickets=True)
+    def alone(cls, index: int, part: PartCall, cache: KernelCache, **launch) -> "CompiledLaunch":
+        """One bound part as a launch of its own, planned or not (tests, benchmarks, a launch's solo)."""
+        return cls.build(index, None, [part], cache, **launch)
 
     def __call__(self) -> None:
         self.kernel[(self.grid,)](*self.args, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages,
@@ -130,111 +100,39 @@ def launch_pdl(launch: Launch, waits: dict[int, tuple[int, ...]], device: torch.
     """A planned launch's programmatic dependent launch: the plan's, for Triton's compiler only (the
     interpreter has none; `meta` buffers: compiled offline), and never for a launch that also waits
     for the other stream's work (a shared launch on two streams: its start must follow that work in
-    full, not only the kernel before it on its stream). Its programs prefetch their weights only
-    where the whole launch's bytes fit in PREFETCH_L2_SHARE of the L2 cache (a larger launch would
-    evict what its first programs read before the rest run)."""
-    if launch.pdl == "none" or INTERPRETING or device.type == "cpu" or launch.index in waits:
-        return NO_PDL
-    return Pdl(launch.pdl, launch.pdl_prefetch and launch.bytes <= PREFETCH_L2_SHARE * l2_bytes(device),
-               launch.pdl_preload)
+    full, not only the kernel before it on its stream)."""
+    if INTERPRETING or device.type == "cpu" or launch.index in waits:
+        return Pdl.NONE
+    return launch.pdl
 
 
-def l2_bytes(device: torch.device) -> int:
-    """The GPU's L2 cache (an H100's or H200's where the device cannot say: offline compiles)."""
-    if device.type == "cuda":
-        return getattr(torch.cuda.get_device_properties(device), "L2_cache_size", ASSUMED_L2_BYTES)
-    return ASSUMED_L2_BYTES
+def _lower_launch(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers) -> list[PartCall]:
+    """The bound calls of a launch's parts, each lowered once: a packed launch's draft part at the
+    target's tile shape, then both re-bound to their packed weights."""
+    device = bufs.target.cache.k.device
+    parts = launch.parts
+    if isinstance(launch.form, Packed):  # the homogeneous tile shape
+        parts = (parts[0], replace(parts[1], tiles=parts[0].tiles))
+    calls = []
+    for p, part in enumerate(parts):
+        try:
+            calls.append(lower_part(part, graph, bufs))
+            check_shared_memory(calls[-1], launch.num_stages, device)
+        except ValueError as e:
+            raise _compile_error(launch, p, str(e)) from e
+    if isinstance(launch.form, Packed):
+        try:
+            calls = pack_calls(calls[0], calls[1], bufs.packed)
+        except ValueError as e:
+            raise _compile_error(launch, 1, str(e)) from e
+    return calls
 
 
 def _compile_launch(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers, cache: KernelCache,
-                    pdl: Pdl = NO_PDL) -> CompiledLaunch:
-    parts = []
-    device = bufs.target.cache.k.device
-    for p, part in enumerate(launch.parts):
-        try:
-            parts.append(lower_part(part, graph, bufs))
-            check_shared_memory(parts[-1], launch.num_stages, device)
-        except ValueError as e:
-            raise _compile_error(launch, p, str(e)) from e
-    packed = launch.operand_layout == "packed" and len(parts) == 2 and not launch.persistent
-    if packed:
-        try:
-            parts, packed = pack_launch(launch, parts, graph, bufs)
-            check_shared_memory(parts[1], launch.num_stages, device)  # now at the target's tile shape
-        except ValueError as e:
-            raise _compile_error(launch, 1, str(e)) from e
-    if launch.persistent:
-        if launch.preload:
-            for part in parts[1:]:
-                preload_before_barrier(part, launch.num_warps)
-        if launch.tickets:
-            return CompiledLaunch.build_tickets(launch.index, parts, cache, launch.programs, device,
-                                                prefetch=prefetched_parts(launch, graph, device),
-                                                num_warps=launch.num_warps, num_stages=launch.num_stages,
-                                                stream=launch.stream)
-        return CompiledLaunch.build_persistent(launch.index, parts, cache, persistent_programs(launch, parts, device),
-                                               device, prefetch=prefetched_parts(launch, graph, device),
-                                               num_warps=launch.num_warps, num_stages=launch.num_stages,
-                                               stream=launch.stream, pdl=pdl)
-    if pdl.preload and not packed:
-        preload_weights(parts, launch.num_warps, pdl.trigger == "start")
-    dispatch = None
-    if len(parts) == 2:
-        dispatch = Dispatch.of(launch.pattern, launch.ratio, (parts[0].programs, parts[1].programs))
-    return CompiledLaunch.build(launch.index, parts, cache, dispatch=dispatch, packed=packed,
+                    pdl: Pdl = Pdl.NONE) -> CompiledLaunch:
+    return CompiledLaunch.build(launch.index, launch.form, _lower_launch(launch, graph, bufs), cache,
                                 num_warps=launch.num_warps, num_stages=launch.num_stages, stream=launch.stream,
-                                pdl=pdl)
-
-
-def preload_weights(parts: list[PartCall], num_warps: int, release: bool) -> bool:
-    """Every part of a programmatic dependent launch loads its first weights into registers, then waits
-    for the kernel before in its tile (gemm.preload_before_wait); where one part cannot (not a GEMM, or
-    no preload fits), none does and the dispatcher waits for all. Whether they do."""
-    before = [dict(p.constexprs) for p in parts]
-    done = [preload_before_wait(p, num_warps, release) for p in parts]
-    if not all(done):
-        for part, constexprs in zip(parts, before):
-            part.constexprs = constexprs
-    return all(done)
-
-
-def persistent_programs(launch: Launch, parts: list[PartCall], device: torch.device) -> int:
-    """A persistent launch's first grid: one program per SM (the plan's count if smaller), no more
-    than its largest part has tiles; 1 under the interpreter, which runs programs one after another.
-    Once compiled, `CompiledRound.warmup` grows it to what the GPU holds at once (persist.py)."""
-    if INTERPRETING or device.type != "cuda":
-        return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return min(launch.programs or sms, sms, max(p.programs for p in parts))
-
-
-def prefetched_parts(launch: Launch, graph: nx.DiGraph, device: torch.device) -> frozenset[int]:
-    """The parts of a persistent launch whose weights its programs prefetch ahead of their barrier:
-    with the plan's `prefetch`, those whose bytes fit in PREFETCH_L2_SHARE of the L2 cache (a
-    larger part would evict the one still running)."""
-    if not launch.prefetch:
-        return frozenset()
-    l2 = l2_bytes(device)
-    return frozenset(i for i, part in enumerate(launch.parts)
-                     if sum(graph.nodes[op]["op"].bytes for op in part.ops) <= PREFETCH_L2_SHARE * l2)
-
-
-def resident_grid(launch: CompiledLaunch, planned: Launch, device: torch.device) -> int:
-    """A compiled persistent launch's grid: the plan's `programs`, else as many as the GPU holds at
-    once, no more than its largest part has tiles; a CompileError when the plan asks for more
-    programs than can be resident (one would wait for another that never starts). Without the
-    compiler's report, one program per SM (always resident when it compiled at all)."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    r = launch.resources
-    tiles = max(p.programs for p in launch.parts)
-    if r.registers is None or r.shared_bytes is None:
-        return min(planned.programs or sms, sms, tiles)
-    fits = resident_programs(r.registers, r.shared_bytes, launch.num_warps, sms)
-    if (planned.programs > fits and len(planned.parts) > 1) or fits == 0:  # a tile loop waits for no one
-        raise _compile_error(planned, None, f"persist programs {planned.programs or 'all that fit'}: the GPU holds "
-                                            f"{fits} programs of this kernel at once ({r.registers} registers, "
-                                            f"{r.shared_bytes} bytes of shared memory, {launch.num_warps} warps each)")
-    return min(planned.programs or fits, tiles)
+                                pdl=pdl, launch_bytes=launch.bytes)
 
 
 def cross_stream_waits(launches: tuple[Launch, ...], graph: nx.DiGraph) -> dict[int, tuple[int, ...]]:
@@ -348,8 +246,6 @@ class CompiledRound:
             for launch in self.launches:
                 with self._compiling(launch):
                     launch.warmup()
-                if launch.persistent and not launch.tickets:  # as many programs as fit at once, or the plan's
-                    launch.grid = resident_grid(launch, self.schedule.launches[launch.index], self.device)
         self.run_eager()
 
     def capture(self) -> None:
@@ -395,13 +291,11 @@ class CompiledRound:
 
     def solo(self, launch: int, part: int) -> CompiledLaunch:
         """One part of a launch as a launch of its own, lowered as the plan would lower it alone (its own
-        tiles; for a packed launch, its own unpacked weights; for a persistent one, the warps and stages
-        of the launch it was joined from): what a launch's verdict compares it with."""
+        tiles; for a packed launch, its own unpacked weights): what a launch's verdict compares it with."""
         planned = self.schedule.launches[launch]
         call = lower_part(planned.parts[part], self._op_graph, self.bufs)
-        warps, stages = planned.part_launch[part] if planned.part_launch else (planned.num_warps, planned.num_stages)
-        return CompiledLaunch.build(launch, [call], self._kernels, num_warps=warps, num_stages=stages,
-                                    stream=planned.stream)
+        return CompiledLaunch.alone(launch, call, self._kernels, num_warps=planned.num_warps,
+                                    num_stages=planned.num_stages, stream=planned.stream)
 
     def feedback(self) -> tuple[LaunchFeedback, ...]:
         """Per launch: its kernel file, its parts with their programs and (GPU) the compiler's resource report."""
@@ -426,11 +320,12 @@ def round_key(plan: Plan, workload: Workload, device: torch.device) -> str:
 
 def compile_round(plan: Plan, workload: Workload, draft: ModelWeights | PreparedWeights,
                   target: ModelWeights | PreparedWeights, cache_dir: Path | None = None,
-                  schedule: Schedule | None = None) -> CompiledRound:
-    """Lower a plan for a workload over the given weights (PreparedWeights share re-layouts between plans)."""
+                  schedule: Schedule | None = None, graph: nx.DiGraph | None = None) -> CompiledRound:
+    """Lower a plan for a workload over the given weights (PreparedWeights share re-layouts between plans);
+    `graph`: the workload's op graph where the caller has built it already."""
     draft = draft if isinstance(draft, PreparedWeights) else PreparedWeights(draft)
     target = target if isinstance(target, PreparedWeights) else PreparedWeights(target)
-    graph = build_graph(workload)
+    graph = graph if graph is not None else build_graph(workload)
     schedule = schedule or expand(plan, workload, graph)
     bufs = RoundBuffers.allocate(workload, draft, target)
     directory = (cache_dir or default_cache_dir()) / round_key(plan, workload, bufs.target.cache.k.device)
@@ -439,11 +334,8 @@ def compile_round(plan: Plan, workload: Workload, draft: ModelWeights | Prepared
     pdls = [launch_pdl(launch, waits, device) for launch in schedule.launches]
     launches = [_compile_launch(launch, graph, bufs, cache, pdl) for launch, pdl in zip(schedule.launches, pdls)]
     manifest = {"plan": plan.to_dict(), "workload": workload.name, "launches": [
-        {"launch": l.index, "kernel": f"k_{l.digest}.py", "grid": l.grid, "stream": l.stream, "pdl": l.pdl,
-         "tickets": l.tickets,
-         # as compiled: a prefetch the plan asked for is dropped where the launch outgrows its L2 share
-         "pdl_trigger": pdl.trigger, "pdl_prefetch": pdl.prefetch,
-         "preload": [p.constexprs.get("PRELOAD_K", 0) for p in l.parts],  # pdl's or persist's
+        {"launch": l.index, "kernel": f"k_{l.digest}.py", "grid": l.grid, "stream": l.stream,
+         "pdl_trigger": str(pdl),  # as compiled: none under the interpreter or after a cross-stream wait
          "parts": [{"ops": p.label, "tile": p.sig.fn, "programs": p.programs} for p in l.parts]}
         for l, pdl in zip(launches, pdls)]}
     (directory / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")

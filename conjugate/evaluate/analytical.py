@@ -6,9 +6,6 @@ Per part (one op or fused chain of one model, `p` programs):
 so a grid smaller than one wave cannot draw the whole bandwidth (wave quantization).
 A launch costs the launch overhead plus its part; two parts share the launch's slots:
     time = overhead + sum_i(bytes_i / bandwidth_i) / fill(p_0 + p_1) + penalty * min(part times)
-A persistent launch runs its parts in sequence, each grid-wide barrier costing what a launch does
-(not fitted yet: no persistent round has been measured to fit it to, so the model sees joining
-launches as neither gain nor loss).
 One stream runs launches back to back; two streams hide `streams_overlap` of the shorter stream.
 A fused chain's bytes are its ops' (a fused MLP's activations included, which it never writes; its
 atomic adds into the residual stream cost nothing here): a fusion is seen to save launches alone.
@@ -17,7 +14,7 @@ Every number it produces is modeled, not measured.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import networkx as nx
 
@@ -76,11 +73,7 @@ class AnalyticalModel:
         return self.c.launch_overhead_us + max(memory, compute) + self.c.colocation_penalty * min(alone)
 
     def estimate(self, launch: Launch, parts: list[PartCost]) -> LaunchEstimate:
-        if launch.persistent and launch.programs:  # the plan's grid: fewer programs fill less of the GPU
-            parts = [replace(p, programs=min(p.programs, launch.programs)) for p in parts]
         alone = tuple(self.launch_us([p]) for p in parts)
-        if launch.persistent:
-            return LaunchEstimate(launch.index, launch.stream, sum(alone), alone)
         return LaunchEstimate(launch.index, launch.stream, self.launch_us(parts), alone,
                               self.overlap_us(alone) if len(parts) > 1 else None)
 

@@ -62,7 +62,7 @@ def make_case(plan: Plan, workload: Workload, measured_ms: float, cache_dir: Pat
     schedule = expand(plan, workload, graph)
     compiled = compile_round(plan, workload, meta_weights(workload.draft, workload.torch_dtype),
                              meta_weights(workload.target, workload.torch_dtype), cache_dir=cache_dir,
-                             schedule=schedule)
+                             schedule=schedule, graph=graph)
     return Case(f"{workload.name}/{plan.name}", graph, schedule, launch_programs(compiled), measured_ms)
 
 

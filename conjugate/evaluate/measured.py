@@ -154,7 +154,7 @@ def launch_verdicts(compiled: CompiledRound, calls: int,
     for launch in compiled.launches:
         if len(launch.parts) > 1:
             key = (launch.digest, tuple(p.programs for p in launch.parts), tuple(p.sig.fn for p in launch.parts),
-                   launch.num_warps, launch.num_stages, launch.grid)  # a persistent launch's grid is its own
+                   launch.num_warps, launch.num_stages, launch.grid)
             groups.setdefault(key, []).append(launch)
     parts = {f.launch: f.parts for f in compiled.feedback()}
     out, device = [], compiled.device
@@ -168,9 +168,8 @@ def launch_verdicts(compiled: CompiledRound, calls: int,
             timed = partial(time_per_call, device=device, calls=calls, flush_bytes=flush, flush_us=flush_us)
             solos = [compiled.solo(first.index, p) for p in range(len(first.parts))]
             alone = tuple(timed(s) for s in solos)
-            # a round forks its two streams once, not once per launch: the fork and join are not counted;
-            # a persistent launch's parts depend on each other, so they have no overlap to compare with
-            overlap = None if first.persistent else max(timed(concurrently(solos, device)) - fork_us, max(alone))
+            # a round forks its two streams once, not once per launch: the fork and join are not counted
+            overlap = max(timed(concurrently(solos, device)) - fork_us, max(alone))
             known[key] = timed(first), alone, overlap
         shared, solo, overlap = known[key]
         out.append(Verdict.judge(first.index, parts[first.index], shared, tuple(solo), modeled=False,

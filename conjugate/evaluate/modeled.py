@@ -77,7 +77,7 @@ class ModeledHarness:
         out = {}
         for name in names:
             compiled = compile_round(load_plan(shipped_plan(name)), setup.workload, *_shapes_only(setup.workload),
-                                     cache_dir=self.cache_dir)
+                                     cache_dir=self.cache_dir, graph=setup.graph)
             latency_ms, _ = model_round(self.model, setup.graph, compiled.schedule, launch_programs(compiled))
             out[name] = Baseline("ok", latency_ms, modeled=True)
         return out

@@ -15,8 +15,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
+from conjugate.compiler.feedback import CompileError
 from conjugate.compiler.round import CompiledRound, compile_round
-from conjugate.errors import CompileError, PlanError, ScheduleError
+from conjugate.errors import PlanError, ScheduleError
 from conjugate.evaluate.correctness import REFERENCE_DAMAGED
 from conjugate.evaluate.harness import Harness
 from conjugate.evaluate.measured import MeasuredHarness
@@ -102,7 +103,7 @@ def build(raw: Plan | dict, setup: RoundSetup, harness: Harness, run: "_Run") ->
     try:
         with run.step("compile"):
             compiled = compile_round(plan, setup.workload, *setup.weights, cache_dir=run.cache_dir,
-                                     schedule=schedule)
+                                     schedule=schedule, graph=setup.graph)
         with run.step("warmup"):
             harness.ready(compiled, setup)
     except CompileError as e:

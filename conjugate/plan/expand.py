@@ -14,95 +14,32 @@ Overrides (in order, later ones win) select target units by a glob over op ids: 
 or forces pairing, `with` pins a draft op's unit into that launch, and tiles, launch parameters,
 interleave and operand layout apply to every launch holding a matching op.
 
-`persist` then joins a model's consecutive launches of one decoder layer (span `layer`) or one
-decode step (`step`) into one persistent launch: its parts run one after another, each over all
-of the launch's programs, a grid-wide barrier between them, or (`order: tickets`) its tiles taken in
-dependency order, each waiting for the part before (compiler/persist.py). Launches shared
-with the other model are never joined, and with one stream only launches next to each other in the
-schedule. Span `launch` joins nothing: each of the model's own launches becomes a tile loop, its
-tiles taken in turn by a capped number of programs (`programs`), no barrier, so the other stream
-finds SMs free. A model's `pdl` marks each of its launches to start while the kernel before it on
-its stream ends; an override's `pdl` sets the trigger of the launches it matches. The finished
-schedule is checked against every dependency of both models.
+`pdl` marks each launch of a model to start while the kernel before it on its stream ends; an
+override's `pdl` sets the trigger of the launches it matches. The finished schedule is checked against
+every dependency of both models.
 """
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
 import networkx as nx
 
 from conjugate.errors import ScheduleError
 from conjugate.graph import build_graph
 from conjugate.plan.blocks import Override
+from conjugate.plan.launch import Launch, One, Packed, Part, Pdl, Split
 from conjugate.plan.schema import Plan
 from conjugate.plan.tiles import DEFAULT_TILES, FAMILY_OF, LAUNCH_BOUNDS
 from conjugate.roles import Model
 from conjugate.workload import Workload
 
-# Parts one persistent launch may join. Its kernel holds every part inline: compiling for Hopper on
-# the CPU (`python -m conjugate.compiler.offline`), llama-3.2-1b's decode step (82 parts) ran past 5
-# minutes and qwen3-8b's verify step (291 parts) past 11 without finishing (on an H200 the latter held
-# a search's evaluation for over 7 minutes: benchmarks/results/raw/searchers_qwen3_partial_2026-12-02/);
-# a layer (2-8 parts) and a tiny model's step (12-27) compile in seconds.
-MAX_PERSISTENT_PARTS = 32
-
 MAIN_KINDS = ("qkv", "gate_up", "lm_head")  # the op a fused unit is named after
+GEMM_KINDS = ("qkv", "o_proj", "gate_up", "down", "lm_head")
 
 
 RESIDUAL_GEMMS = ("o_proj", "down")  # GEMMs that add into the residual stream (plan split_reduce)
 NORM_KINDS = ("attn_norm", "mlp_norm", "final_norm")  # a fusion "<norm>+<gemm>" folds one into its GEMM
-
-
-@dataclass(frozen=True)
-class Part:
-    """One model's share of a launch: an op, or a fused chain of consecutive ops."""
-
-    model: Model
-    ops: tuple[str, ...]
-    kind: str  # the unit's main op kind; a fused norm+GEMM is a GEMM part
-    fused: tuple[str, ...]  # kinds of every op in the chain
-    tiles: dict[str, int]
-    atomic_split: bool = False  # a residual GEMM's split-K partials added atomically (plan split_reduce)
-    norm_stats: tuple[str, ...] = ()  # norm kinds of the model fused into the next GEMM, which read the row
-    # statistics the residual GEMMs write (with atomic split sums, each tile's last split reads its
-    # finished rows back for them)
-    mlp_fused: bool = False  # the model's MLP is one launch (gate_up+down): with its norm fused too, the o_proj
-    # before it copies its finished rows for it (compiler/mlp.py)
-
-
-@dataclass(frozen=True)
-class Launch:
-    index: int
-    parts: tuple[Part, ...]
-    stream: str  # "main" in one-stream mode, else the model's name
-    pattern: str
-    ratio: tuple[int, int]  # [target, draft] program ratio of the "ratio" pattern
-    operand_layout: str
-    num_warps: int
-    num_stages: int
-    bytes: int
-    flops: int
-    # parts in sequence, a grid-wide barrier between them (plan `persist`); one part: a tile loop
-    persistent: bool = False
-    programs: int = 0  # a persistent launch's programs; 0: as many as the GPU holds at once
-    prefetch: bool = False  # a persistent launch's programs prefetch the next part's weights before a barrier
-    preload: bool = False  # its GEMM parts load their first weights into registers, then wait for the barrier
-    tickets: bool = False  # its parts' tiles taken in dependency order, each waiting for the part before (persist.py)
-    part_launch: tuple[tuple[int, int], ...] = ()  # a persistent launch's parts' own (num_warps, num_stages)
-    # programmatic dependent launch (plan `pdl`): where the programs let the next launch start ("none": not
-    # launched that way), and whether they prefetch their tile's weights before waiting
-    pdl: str = "none"
-    pdl_prefetch: bool = False
-    pdl_preload: bool = False  # its GEMM tiles load their first weights into registers before the wait
-
-    @property
-    def ops(self) -> tuple[str, ...]:
-        return tuple(op for part in self.parts for op in part.ops)
-
-    @property
-    def cross_model(self) -> bool:
-        return len({p.model for p in self.parts}) > 1
 
 
 @dataclass(frozen=True)
@@ -257,11 +194,25 @@ def _launch(plan: Plan, graph: nx.DiGraph, index: int, units: list[_Unit]) -> La
     s = _launch_settings(plan, units)
     ops = [graph.nodes[o]["op"] for u in units for o in u.ops]
     stream = "main" if plan.cross.streams == "one" else units[0].model.value
-    return Launch(index=index, parts=tuple(_part(plan, u, s) for u in units), stream=stream,
-                  pattern=s["interleave"].pattern, ratio=tuple(s["interleave"].ratio),
-                  operand_layout=s["operand_layout"], num_warps=s["launch"]["num_warps"],
-                  num_stages=s["launch"]["num_stages"], bytes=sum(o.bytes for o in ops),
-                  flops=sum(o.flops for o in ops), pdl=_launch_pdl(plan, units))
+    trigger = _launch_pdl(plan, units)
+    form = _form(tuple(_part(plan, u, s) for u in units), s)
+    return Launch(index, form, stream, s["launch"]["num_warps"], s["launch"]["num_stages"], Pdl(trigger),
+                  sum(o.bytes for o in ops), sum(o.flops for o in ops))
+
+
+def _form(parts: tuple[Part, ...], settings: dict) -> One | Split | Packed:
+    """One part alone; a target and a draft part split by the interleave; two GEMMs packed where the
+    operand layout says so (other pairs have no weights to pack)."""
+    if len(parts) == 1:
+        return One(parts[0])
+    pattern, ratio = settings["interleave"].pattern, tuple(settings["interleave"].ratio)
+    packed = settings["operand_layout"] == "packed" and all(_is_gemm(p) for p in parts)
+    return (Packed if packed else Split)(parts[0], parts[1], pattern, ratio)
+
+
+def _is_gemm(part: Part) -> bool:
+    """Whether a part lowers to a GEMM tile (the fused MLP, gate_up+down, does not)."""
+    return part.kind in GEMM_KINDS and not (part.kind == "gate_up" and "down" in part.fused)
 
 
 def _launch_pdl(plan: Plan, units: list[_Unit]) -> str:
@@ -279,79 +230,9 @@ def _pdl(plan: Plan, models: set[Model]) -> str:
     return "end" if "end" in chosen else "start"
 
 
-def _span_key(graph: nx.DiGraph, launch: Launch, span: str) -> tuple | None:
-    """The layer (step, layer) or step (step,) a one-model launch belongs to; None when its ops
-    straddle two."""
-    ops = [graph.nodes[o]["op"] for o in launch.ops]
-    keys = {(op.step, op.layer) if span == "layer" else (op.step,) for op in ops}
-    return keys.pop() if len(keys) == 1 else None
-
-
-def _persist(plan: Plan, graph: nx.DiGraph, launches: list[Launch]) -> tuple[Launch, ...]:
-    """Join runs of a model's launches per the plan's `persist` (see the module doc); re-indexed."""
-    runs: dict[int, list[Launch]] = {}  # first member's position -> the run
-    loops: set[int] = set()  # launches of a model with span `launch`: tile loops
-    open_run: dict[Model, tuple[tuple, list[Launch]] | None] = {m: None for m in Model}
-    for launch in launches:
-        model = launch.parts[0].model
-        for m in Model:  # a launch of the other model breaks its run where both share one stream;
-            # a launch shared by both breaks both models' runs
-            shared_by_m = launch.cross_model and m in {p.model for p in launch.parts}
-            if (m != model and plan["streams"] == "one") or shared_by_m:
-                open_run[m] = None
-        span = plan["persist"][model.value]["span"]
-        if span == "launch" and not launch.cross_model:
-            loops.add(launch.index)
-        key = None if launch.cross_model or span in ("none", "launch") else _span_key(graph, launch, span)
-        if key is None:
-            open_run[model] = None
-            continue
-        current = open_run[model]
-        if current is not None and current[0] == key:
-            current[1].append(launch)
-        else:
-            open_run[model] = (key, [launch])
-            runs[launch.index] = open_run[model][1]
-    joined = {first: run for first, run in runs.items() if len(run) > 1}
-    for run in joined.values():
-        parts = sum(len(l.parts) for l in run)
-        if parts > MAX_PERSISTENT_PARTS:
-            model = run[0].parts[0].model.value
-            span = plan["persist"][model]["span"]
-            raise ScheduleError(f"$.persist.{model}.span: {span!r} joins {parts} parts of this workload into one "
-                                f"persistent launch, at most {MAX_PERSISTENT_PARTS}: each part is compiled inline, "
-                                f"and a kernel of that many takes many minutes to compile; use span 'layer'")
-    members = {l.index for run in joined.values() for l in run}
-    out = []
-    for launch in launches:
-        if launch.index in joined:
-            launch = _joined(plan, joined[launch.index])
-        elif launch.index in loops:
-            launch = replace(_joined(plan, [launch]), prefetch=False)  # no barrier to prefetch ahead of
-        elif launch.index in members:
-            continue
-        out.append(replace(launch, index=len(out)))
-    return tuple(out)
-
-
-def _joined(plan: Plan, run: list[Launch]) -> Launch:
-    first = run[0]
-    persist = plan["persist"][first.parts[0].model.value]
-    return replace(first, parts=tuple(p for l in run for p in l.parts), persistent=True, operand_layout="separate",
-                   programs=persist["programs"], prefetch=persist["prefetch"],
-                   preload=persist["preload"] and len(run) > 1,  # a tile loop has no barrier
-                   tickets=persist["order"] == "tickets" and len(run) > 1,
-                   pdl=first.pdl if len(run) == 1 else "none",  # barriers: never (the plan refuses both)
-                   pdl_prefetch=first.pdl_prefetch and len(run) == 1,
-                   pdl_preload=False,  # a persistent launch waits once, not in its tiles (codegen)
-                   part_launch=tuple((l.num_warps, l.num_stages) for l in run for _ in l.parts),
-                   num_warps=max(l.num_warps for l in run), num_stages=max(l.num_stages for l in run),
-                   bytes=sum(l.bytes for l in run), flops=sum(l.flops for l in run))
-
-
 def check_dependencies(graph: nx.DiGraph, launches: tuple[Launch, ...]) -> None:
-    """Every op exactly once, after everything it depends on (earlier launch, earlier in its own
-    fused part, or an earlier part of a persistent launch). Raises ScheduleError naming both ops of
+    """Every op exactly once, after everything it depends on (an earlier launch, or earlier in its own
+    fused part). Raises ScheduleError naming both ops of
     the first broken dependency."""
     where: dict[str, tuple[int, int, int]] = {}
     for launch in launches:
@@ -365,7 +246,7 @@ def check_dependencies(graph: nx.DiGraph, launches: tuple[Launch, ...]) -> None:
         raise ScheduleError(f"{len(missing)} ops are never scheduled, first {missing[0]}")
     for before, after in graph.edges:
         (lb, pb, cb), (la, pa, ca) = where[before], where[after]
-        if lb < la or (lb == la and pb == pa and cb < ca) or (lb == la and launches[la].persistent and pb < pa):
+        if lb < la or (lb == la and pb == pa and cb < ca):
             continue
         raise ScheduleError(f"launch {la} runs {after} before its dependency {before}"
                             + (f" (launch {lb})" if lb != la else " (same launch, another part)"))

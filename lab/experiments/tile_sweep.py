@@ -21,7 +21,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from conjugate.arguments import output_file  # noqa: E402
 from conjugate.compiler.attention import attn_call  # noqa: E402
-from conjugate.compiler.codegen import KernelCache  # noqa: E402
+from conjugate.compiler.cache import KernelCache  # noqa: E402
 from conjugate.compiler.gemm import gemm_call  # noqa: E402
 from conjugate.compiler.round import CompiledLaunch  # noqa: E402
 from conjugate.evaluate.timing import time_per_call  # noqa: E402
@@ -44,7 +44,7 @@ def time_call(run, reps: int = 20) -> float:
 
 def launch(call, num_warps: int, num_stages: int) -> CompiledLaunch:
     """The one-part launch of `call`, generated as a compiled round generates it."""
-    return CompiledLaunch.build(0, [call], KernelCache(Path(_KERNELS.name)), num_warps=num_warps,
+    return CompiledLaunch.alone(0, call, KernelCache(Path(_KERNELS.name)), num_warps=num_warps,
                                 num_stages=num_stages)
 
 
