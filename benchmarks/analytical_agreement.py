@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from conjugate.arguments import output_file  # noqa: E402
+from conjugate.cli.arguments import output_file  # noqa: E402
 from conjugate.evaluate.calibrate import spearman  # noqa: E402
 from conjugate.evaluate.pipeline import evaluate  # noqa: E402
 from conjugate.evaluate.profile import load_profile  # noqa: E402

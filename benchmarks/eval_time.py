@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from conjugate.arguments import output_file  # noqa: E402
+from conjugate.cli.arguments import output_file  # noqa: E402
 from conjugate.evaluate.result import STEPS  # noqa: E402
 from conjugate.search.run import eval_key, run_evaluator_id  # noqa: E402
 from conjugate.search.store import Store  # noqa: E402

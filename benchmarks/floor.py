@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from conjugate.arguments import output_file  # noqa: E402
+from conjugate.cli.arguments import output_file  # noqa: E402
 from conjugate.errors import ConjugateError  # noqa: E402
 from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402

@@ -35,7 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from conjugate.arguments import output_file  # noqa: E402
+from conjugate.cli.arguments import output_file  # noqa: E402
 from conjugate.compiler.round import device_name  # noqa: E402
 from conjugate.evaluate.rounds import round_inputs  # noqa: E402
 from conjugate.evaluate.timing import time_replays  # noqa: E402

@@ -58,7 +58,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from conjugate.arguments import output_file, positive  # noqa: E402
+from conjugate.cli.arguments import output_file, positive  # noqa: E402
 from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
 from conjugate.workload import Workload, load_workload  # noqa: E402

@@ -53,14 +53,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from conjugate.arguments import output_file  # noqa: E402
+from conjugate.cli.arguments import output_file  # noqa: E402
 from conjugate.agents import make_proposer  # noqa: E402
 from conjugate.errors import ConjugateError  # noqa: E402
 from conjugate.evaluate.profile import load_profile  # noqa: E402
 from conjugate.evaluate.worker import IsolatedEvaluator  # noqa: E402
 from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
-from conjugate.search.commands import open_store, scored_by  # noqa: E402
+from conjugate.search.databases import open_store  # noqa: E402
+from conjugate.search.scoring import scored_by  # noqa: E402
 from conjugate.search.report import node_evaluations, passed  # noqa: E402
 from conjugate.search.run import (Search, SearchSettings, baselines_to_carry, check_workload,  # noqa: E402
                                   evaluator_id, run_evaluator_id)
