@@ -458,3 +458,20 @@ def test_bench_says_before_it_tries_every_conventional_variant(capsys, monkeypat
     assert variant_trials_estimate(workload, profile) is None
     assert variant_trials_estimate(workload, load_profile("analytical")) is None
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("argv", [["plan", "explain", "streams", "--workload", "tiny"],
+                                  ["plan", "validate", "interleave", "--workload", str(TINY)]])
+def test_a_shipped_plan_is_taken_by_name(capsys, argv):
+    code, out, err = run(capsys, *argv)
+    assert code == 0 and argv[2] in out, err
+
+
+@pytest.mark.parametrize("argv", [["plan", "validate", "no-such", "--workload", "tiny"],
+                                  ["bench", "tiny", "--plan", "no-such"], ["profile", "tiny", "--plan", "no-such"]])
+def test_an_unknown_plan_name_lists_the_shipped_ones(capsys, argv):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
+    assert "no-such" in err and all(name in err for name in SHIPPED)

@@ -3,9 +3,9 @@
 those. The wheel is built offline from a copy of the source tree, installed into a fresh virtual
 environment (which sees this interpreter's installed dependencies, torch and triton included, but
 not this checkout), and `conjugate search` runs with its defaults in a directory of its own, then
-`conjugate export` and the exported reproduce.sh (with no environment activated). Every Python process of that environment refuses
-to open a file of the checkout's package or shipped folders, so a path that still leads into the
-checkout fails the test."""
+`conjugate export` and the exported reproduce.sh (with no environment activated). Every Python
+process of that environment refuses to open a file of the checkout's package or shipped folders, so a
+path that still leads into the checkout fails the test."""
 from __future__ import annotations
 
 import json

@@ -11,7 +11,7 @@ from typing import Callable
 
 from conjugate.errors import ConjugateError
 from conjugate.files import check_output, is_file_name
-from conjugate.paths import EXAMPLES_DIR, PROFILES_DIR
+from conjugate.paths import EXAMPLES_DIR, PLANS_DIR, PROFILES_DIR
 
 INT64_MAX = 2**63 - 1  # seeds and run ids are stored as signed 64-bit integers
 MAX_COUNT = 10**9  # any count a benchmark script takes
@@ -89,29 +89,40 @@ def run_name(text: str) -> str:
     return text
 
 
-def shipped_workloads() -> list[str]:
-    """The names of the workloads the package ships (examples/<name>.toml)."""
-    return sorted(p.stem for p in EXAMPLES_DIR.glob("*.toml"))
+def shipped(folder: Path, suffix: str) -> list[str]:
+    """The names of the files of a shipped folder (examples/, evaluators/, plans/), schemas left out."""
+    return sorted(p.name.removesuffix(suffix) for p in folder.glob(f"*{suffix}") if not p.name.endswith(".schema.json"))
 
 
 def shipped_profiles() -> list[str]:
-    """The names of the evaluator profiles the package ships (evaluators/<name>.toml)."""
-    return sorted(p.stem for p in PROFILES_DIR.glob("*.toml"))
+    return shipped(PROFILES_DIR, ".toml")
 
 
-def workload(text: str) -> str:
-    """A workload file, or a shipped workload by name (examples/<name>.toml): its path. A path (a
-    .toml name, a folder in it, or a file that exists) is taken as it is; its reader names what is wrong."""
+def _file_or_shipped(text: str, folder: Path, suffix: str, what: str) -> str:
+    """A file, or a shipped one by name (<folder>/<name><suffix>): its path. A path (a name with the
+    suffix, a folder in it, or a file that exists) is taken as it is; its reader names what is wrong."""
     path = Path(text)
-    if path.suffix == ".toml" or path.exists() or len(path.parts) != 1:
+    if path.suffix == suffix or path.exists() or len(path.parts) != 1:
         return text
-    if text in shipped_workloads():
-        return str(EXAMPLES_DIR / f"{text}.toml")
-    raise argparse.ArgumentTypeError(f"no workload file and no shipped workload named {text[:60]!r}; shipped: "
-                                     f"{', '.join(shipped_workloads())}")
+    names = shipped(folder, suffix)
+    if text in names:
+        return str(folder / f"{text}{suffix}")
+    raise argparse.ArgumentTypeError(f"no {what} file and no shipped {what} named {text[:60]!r}; shipped: "
+                                     f"{', '.join(names)}")
+
+
+def workload_name_or_file(text: str) -> str:
+    """A workload file, or a shipped workload by name (examples/<name>.toml)."""
+    return _file_or_shipped(text, EXAMPLES_DIR, ".toml", "workload")
+
+
+def plan_name_or_file(text: str) -> str:
+    """A plan file, or a shipped plan by name (plans/<name>.json)."""
+    return _file_or_shipped(text, PLANS_DIR, ".json", "plan")
 
 
 WORKLOAD_HELP = "workload TOML file, or a shipped workload by name"
+PLAN_HELP = "plan JSON file, or a shipped plan by name"
 
 
 def evaluator_help(default: str = "analytical") -> str:

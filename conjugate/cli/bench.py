@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from conjugate.cli.arguments import WORKLOAD_HELP, evaluator_help, workload
+from conjugate.cli.arguments import WORKLOAD_HELP, evaluator_help, plan_name_or_file, workload_name_or_file
 from conjugate.cli.bench_progress import BenchProgress, variant_trials_estimate
 from conjugate.cli.console import out
 from conjugate.cli.devices import require_device
@@ -94,8 +94,8 @@ def _bench_table(workload, profile, rows: list[tuple[str, EvalResult]]) -> None:
 
 def add_command(sub) -> None:
     bench = sub.add_parser("bench", help="evaluate plans on a workload beside the baselines")
-    bench.add_argument("workload", type=workload, help=WORKLOAD_HELP)
-    bench.add_argument("--plan", action="append",
+    bench.add_argument("workload", type=workload_name_or_file, help=WORKLOAD_HELP)
+    bench.add_argument("--plan", action="append", type=plan_name_or_file,
                        help="a plan JSON file or a shipped plan by name (repeatable; default: the shipped plans)")
     bench.add_argument("--evaluator", default="analytical", help=evaluator_help())
     bench.add_argument("--json", help="also write the results as JSON to this file")

@@ -7,7 +7,7 @@ import argparse
 from rich.table import Table
 from rich.text import Text
 
-from conjugate.cli.arguments import WORKLOAD_HELP, integer, workload
+from conjugate.cli.arguments import WORKLOAD_HELP, integer, workload_name_or_file
 from conjugate.cli.console import human_bytes, out
 from conjugate.cli.plan import schedule_table
 from conjugate.errors import PlanError
@@ -82,7 +82,7 @@ def _run_rounds(workload, plan) -> None:
 def add_command(sub) -> None:
     check = sub.add_parser("check", help="validate and expand the shipped plans on a workload; run the reference "
                                          "round and a plan's compiled round and compare them")
-    check.add_argument("workload", nargs="?", type=workload, default=str(DEFAULT_WORKLOAD),
+    check.add_argument("workload", nargs="?", type=workload_name_or_file, default=str(DEFAULT_WORKLOAD),
                        help=f"{WORKLOAD_HELP} (default: the tiny CPU one)")
     check.add_argument("--plan", default="interleave", help="the plan to print and run (default: interleave)")
     check.add_argument("--limit", type=integer(1, MAX_LIMIT), default=40, help="launches to print (default: 40)")

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import Progress as Bar, TextColumn
 from rich.text import Text
 
-from conjugate.cli.arguments import WORKLOAD_HELP, integer, workload
+from conjugate.cli.arguments import WORKLOAD_HELP, integer, workload_name_or_file
 from conjugate.cli.console import out
 from conjugate.errors import ConjugateError
 from conjugate.files import check_output, shown, write_output
@@ -29,8 +29,9 @@ def add_command(sub) -> None:
     from conjugate.workload import LIMITS
 
     gen = sub.add_parser("generate", help="greedy speculative decoding with a plan's compiled round")
-    gen.add_argument("workload", nargs="?", type=workload, help=f"{WORKLOAD_HELP}: the checkpoint or preset pair, "
-                     "k, the largest batches and the KV capacity (its context); or give --draft and --target")
+    gen.add_argument("workload", nargs="?", type=workload_name_or_file,
+                     help=f"{WORKLOAD_HELP}: the checkpoint or preset pair, k, the largest batches and the KV "
+                          "capacity (its context); or give --draft and --target")
     pair = gen.add_argument_group("the model pair without a workload file (or overriding its fields)")
     pair.add_argument("--draft", help="draft: a checkpoint directory or preset name")
     pair.add_argument("--target", help="target: a checkpoint directory or preset name")

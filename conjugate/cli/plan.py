@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from conjugate.cli.arguments import WORKLOAD_HELP, workload
+from conjugate.cli.arguments import PLAN_HELP, WORKLOAD_HELP, plan_name_or_file, workload_name_or_file
 from conjugate.cli.console import human_bytes, out
 from conjugate.files import check_output, write_output
 
@@ -93,14 +93,14 @@ def cmd_plan_compile(args: argparse.Namespace) -> None:
 
 
 def add_command(sub) -> None:
-    plan = sub.add_parser("plan", help="work with cross-model plans").add_subparsers(dest="plan_command", required=True,
-                                                                                      metavar="ACTION")
+    plans = sub.add_parser("plan", help="work with cross-model plans")
+    actions = plans.add_subparsers(dest="plan_command", required=True, metavar="ACTION")
     for name, func, text in (("validate", cmd_plan_validate, "validate a plan and expand it on a workload"),
                              ("explain", cmd_plan_explain, "print a plan's expanded launches"),
                              ("compile", cmd_plan_compile, "lower a plan and write its generated Triton kernels")):
-        action = plan.add_parser(name, help=text)
-        action.add_argument("plan", help="plan JSON file")
-        action.add_argument("--workload", required=True, type=workload, help=WORKLOAD_HELP)
+        action = actions.add_parser(name, help=text)
+        action.add_argument("plan", type=plan_name_or_file, help=PLAN_HELP)
+        action.add_argument("--workload", required=True, type=workload_name_or_file, help=WORKLOAD_HELP)
         if name == "explain":
             action.add_argument("--json", help="also write the schedule as JSON to this file")
         if name == "compile":

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from conjugate.cli.arguments import WORKLOAD_HELP, integer, workload
+from conjugate.cli.arguments import PLAN_HELP, WORKLOAD_HELP, integer, plan_name_or_file, workload_name_or_file
 from conjugate.cli.console import out
 from conjugate.errors import ConjugateError
 from conjugate.files import check_output, write_output
@@ -19,8 +19,8 @@ MAX_REPLAYS = 1000  # the profiles' own bound on ledger replays
 def add_command(sub) -> None:
     cmd = sub.add_parser("profile", help="where a plan's round spends its time on the GPU: per op kind and stream, "
                                          "against the bandwidth floor")
-    cmd.add_argument("workload", type=workload, help=WORKLOAD_HELP)
-    cmd.add_argument("--plan", default="streams", help="plan name (plans/) or JSON file (default: streams)")
+    cmd.add_argument("workload", type=workload_name_or_file, help=WORKLOAD_HELP)
+    cmd.add_argument("--plan", type=plan_name_or_file, default="streams", help=f"{PLAN_HELP} (default: streams)")
     cmd.add_argument("--replays", type=integer(1, MAX_REPLAYS), default=5,
                      help="round replays recorded (default: 5; the median one is reported)")
     cmd.add_argument("--json", help="also write the whole ledger (every launch) as JSON to this file")

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Callable
 
 from rich.console import Console
 
-from conjugate.cli.arguments import (MAX_TIMEOUT_S, WORKLOAD_HELP, dollars, duration, evaluator_help, integer,
-                                     run_id, run_name, seed, seconds_option, workload)
+from conjugate.cli.arguments import (MAX_TIMEOUT_S, WORKLOAD_HELP, dollars, duration, evaluator_help, integer, run_id,
+                                     run_name, seconds_option, seed, workload_name_or_file)
 from conjugate.cli.console import out
 from conjugate.cli.devices import require_device
 from conjugate.cli.show import show_run
@@ -256,8 +256,9 @@ def _none_succeeded(search: Search) -> bool:
 
 def add_command(sub) -> None:
     search = sub.add_parser("search", help="search for the fastest plan: MCTS over a persistent plan tree")
-    search.add_argument("workload", nargs="?", type=workload, help=f"{WORKLOAD_HELP} (default: the tiny CPU one); "
-                        "with --resume, the run's workload file where the database moved away from it")
+    search.add_argument("workload", nargs="?", type=workload_name_or_file,
+                        help=f"{WORKLOAD_HELP} (default: the tiny CPU one); with --resume, the run's workload file "
+                             "where the database moved away from it")
     search.add_argument("--db", help="SQLAlchemy URL or SQLite file (default: runs/<name>.db)")
     search.add_argument("--name", type=run_name, help="run name (default: the workload file's stem)")
     search.add_argument("--agent", default="heuristic", help="heuristic (default), random, greedy (the search's "

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from conjugate.cli.arguments import positive, run_id, workload
+from conjugate.cli.arguments import positive, run_id, workload_name_or_file
 from conjugate.cli.console import out
 from conjugate.errors import ConjugateError
 from conjugate.files import check_output
@@ -79,12 +79,13 @@ def add_commands(sub) -> None:
     show.add_argument("db", help="SQLAlchemy URL or SQLite file")
     show.add_argument("--run", type=run_id, help="the run to detail (default: the latest)")
     show.add_argument("--limit", type=positive, default=10, help="best plans listed (default: 10)")
-    show.add_argument("--workload", type=workload, help=MOVED_WORKLOAD_HELP)
+    show.add_argument("--workload", type=workload_name_or_file, help=MOVED_WORKLOAD_HELP)
     show.set_defaults(func=lambda a: cmd_show(a, out))
     export = sub.add_parser("export", help="write a run's best plan, its kernels, a report and a plot")
     export.add_argument("db", help="SQLAlchemy URL or SQLite file")
     export.add_argument("--out", required=True, help="directory to write into")
     export.add_argument("--run", type=run_id, help="the run to export (default: the latest)")
-    export.add_argument("--workload", type=workload, help=MOVED_WORKLOAD_HELP + " (default: the file the run was "
-                        "started with, else the workload the run stored)")
+    export.add_argument("--workload", type=workload_name_or_file,
+                        help=MOVED_WORKLOAD_HELP + " (default: the file the run was started with, else the workload "
+                             "the run stored)")
     export.set_defaults(func=lambda a: cmd_export(a, out))
