@@ -447,6 +447,7 @@ def test_bench_says_before_it_tries_every_conventional_variant(capsys, monkeypat
 
     monkeypatch.setenv("CONJUGATE_CACHE", str(tmp_path))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *device: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     profile, workload = load_profile("h200"), load_workload(TINY)
     estimate = variant_trials_estimate(workload, profile)
     captured = capsys.readouterr()

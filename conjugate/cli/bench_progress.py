@@ -19,10 +19,11 @@ def variant_trials_estimate(workload, profile) -> float | None:
     """Seconds the first evaluation spends choosing the conventional variants, where it will (a GPU
     profile wanting torch's baselines, no choice kept for this workload and GPU); None otherwise.
     Says so on stderr."""
-    if profile.kind != "gpu" or not {"conventional", "streams"} & set(profile.timing.baselines):
-        return None
     import torch
 
+    if (profile.kind != "gpu" or not {"conventional", "streams"} & set(profile.timing.baselines)
+            or not torch.cuda.device_count()):  # no GPU to name: the evaluation says why it cannot measure
+        return None
     from conjugate.evaluate.baselines import choice_file
 
     gpu = torch.cuda.get_device_name(0)
