@@ -7,7 +7,7 @@ from rich.console import Console
 
 # no markup: names and paths from files, flags and stores are printed as they are (a "[/]" in one is text)
 out = Console(highlight=False, markup=False, width=None if sys.stdout.isatty() else 160)
-err = Console(stderr=True, highlight=False, markup=False)
+err = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)  # a notice stays one line in a log
 
 
 def human_bytes(n: float) -> str:
