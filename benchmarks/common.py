@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from conjugate.arguments import output_file, positive  # noqa: E402,F401  (positive: for the scripts)
+from conjugate.cli.arguments import output_file, positive  # noqa: E402,F401  (positive: for the scripts)
 
 RESULTS = ROOT / "benchmarks" / "results"
 SIX = ["llama-1b-8b-b1", "llama-1b-8b-b8", "qwen25-05b-7b-b8", "qwen3-06b-8b-b4", "llama-1b-3b-b16-ctx4k",

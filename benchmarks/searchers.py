@@ -57,7 +57,8 @@ from conjugate.evaluate.profile import load_profile  # noqa: E402
 from conjugate.evaluate.worker import IsolatedEvaluator  # noqa: E402
 from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
-from conjugate.search.commands import open_store, scored_by  # noqa: E402
+from conjugate.search.databases import open_store  # noqa: E402
+from conjugate.search.scoring import scored_by  # noqa: E402
 from conjugate.search.report import node_evaluations, passed  # noqa: E402
 from conjugate.search.run import (Search, SearchSettings, baselines_to_carry, check_workload,  # noqa: E402
                                   evaluator_id, run_evaluator_id)

@@ -22,6 +22,12 @@ INTERLEAVE = PLANS / "interleave.json"
 TINY = EXAMPLES / "tiny.toml"
 SHIPPED = ("interleave", "sequential", "streams")
 
+def torch_cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 TINY_FIELDS = ('k = 3\ndraft_batch = 2\ntarget_batch = 2\ncontext = 16\ndtype = "fp32"\n')
 
 
@@ -308,3 +314,165 @@ def test_missing_workload_file(capsys, tmp_path):
 def test_workload_path_is_a_directory(capsys, tmp_path):
     code, _, err = run(capsys, "check", tmp_path)
     assert_one_line_error(code, err, str(tmp_path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Naming what ships: workloads, evaluator profiles, the version
+
+
+def test_version(capsys):
+    import conjugate
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.split() == ["conjugate", conjugate.__version__]
+
+
+@pytest.mark.parametrize("name", ["tiny", "llama-1b-8b-b1"])
+def test_a_shipped_workload_is_taken_by_name(capsys, name):
+    code, out, err = run(capsys, "plan", "validate", INTERLEAVE, "--workload", name)
+    assert code == 0, err
+    assert f"on {load_workload(EXAMPLES / f'{name}.toml').name}:" in out
+
+
+@pytest.mark.parametrize("argv", [["plan", "validate", str(INTERLEAVE), "--workload", "llama-1b-8b-b9"],
+                                  ["search", "llama-1b-8b-b9"], ["bench", "llama-1b-8b-b9"], ["check", "no-such"],
+                                  ["generate", "no-such"], ["profile", "no-such"],
+                                  ["show", "runs.db", "--workload", "no-such"]])
+def test_an_unknown_workload_name_lists_the_shipped_ones(capsys, argv):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
+    shipped = [p.stem for p in EXAMPLES.glob("*.toml")]
+    assert argv[-1] in err and all(name in err for name in shipped)
+
+
+def _options(parser):
+    """(command, option) of every option of the parser and its subcommands, and its help text."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _options(sub)
+        elif not isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            yield parser.prog, action.dest, action.help
+
+
+def test_every_option_has_help():
+    from conjugate.cli.main import build_parser
+
+    missing = [(prog, dest) for prog, dest, text in _options(build_parser()) if not text and dest != "command"]
+    assert not missing
+
+
+@pytest.mark.parametrize("command", ["search", "bench", "calibrate"])
+def test_evaluator_help_lists_the_shipped_profiles(capsys, command):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # help lines wrap anywhere
+    assert all(p.stem in text for p in (REPO / "evaluators").glob("*.toml"))
+
+
+def test_an_unknown_evaluator_lists_the_shipped_profiles(capsys):
+    code, _, err = run(capsys, "bench", "tiny", "--evaluator", "h100")
+    assert_one_line_error(code, err, "--evaluator", "'h100'",
+                          *(p.stem for p in (REPO / "evaluators").glob("*.toml")))
+
+
+@pytest.mark.skipif(torch_cuda_available(), reason="a GPU profile runs where CUDA is")
+def test_a_gpu_search_on_a_cpu_machine_is_refused_before_a_run_exists(capsys, tmp_path):
+    db = tmp_path / "gpu.db"
+    code, out, err = run(capsys, "search", "tiny", "--evaluator", "h200", "--db", db)
+    assert_one_line_error(code, err, "h200.toml", "no CUDA device")
+    assert not db.exists() and "resume" not in out
+
+
+# ---------------------------------------------------------------------------------------------
+# What export writes
+
+
+def test_report_md_lists_verdicts_worst_first_and_says_how_many_it_leaves_out():
+    from types import SimpleNamespace as Obj
+
+    from conjugate.search.report import VERDICTS_SHOWN, _markdown
+
+    gains = [(i * 37) % 50 - 25.0 for i in range(VERDICTS_SHOWN + 5)]  # shuffled, some below zero
+    verdicts = [Obj(launch=i, parts=[Obj(label=f"d.l{i}.qkv"), Obj(label=f"t.l{i}.down")], verdict="x",
+                    shared_us=1.0, separate_us=1.0, gain_percent=g) for i, g in enumerate(gains)]
+    metrics = Obj(device="H200", p20_ms=None, latency_ms=1.0, floor_ratio=1.5, floor_ms=0.7, baselines={},
+                  speedups={})
+    text = _markdown(Obj(id=1, workload_name="w", evaluator="e", agent="a", seed=0),
+                     {"node": 1, "depth": 0}, Obj(metrics=metrics, modeled=True, verdicts=verdicts), [])
+    rows = [line.split("|") for line in text.splitlines() if line.startswith("| ") and "d.l" in line]
+    shown = [float(row[6]) for row in rows]
+    assert shown == sorted(gains)[:VERDICTS_SHOWN]
+    assert "5 more not shown" in text
+
+
+def test_reproduce_sh_runs_without_python_on_the_path(tmp_path, monkeypatch):
+    """An exported reproduce.sh run with no environment activated: only bash and coreutils on PATH."""
+    fast = tmp_path / "fast.toml"
+    fast.write_text((REPO / "evaluators" / "analytical.toml").read_text().replace("max_params = 5000000",
+                                                                                   "max_params = 0"))
+    monkeypatch.setenv("CONJUGATE_CACHE", str(tmp_path / "cache"))
+    db, export = tmp_path / "r.db", tmp_path / "export"
+    assert main(["search", "tiny", "--db", str(db), "--budget", "1", "--evaluator", str(fast)]) == 0
+    assert main(["export", str(db), "--out", str(export)]) == 0
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    for tool in ("bash", "dirname"):
+        (bare / tool).symlink_to(subprocess.run(["which", tool], capture_output=True, text=True).stdout.strip())
+    env = {**os.environ, "PATH": str(bare)}
+    ran = subprocess.run(["bash", str(export / "reproduce.sh")], capture_output=True, text=True, cwd=tmp_path,
+                         env=env, timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads((export / "reproduced.json").read_text())["plans"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Long work says what it is doing
+
+
+def test_bench_says_before_it_tries_every_conventional_variant(capsys, monkeypatch, tmp_path):
+    """The first GPU evaluation of a workload on a GPU builds every conventional variant (minutes): bench
+    says so on stderr, with the variants and an estimate; once a choice is kept it says nothing."""
+    import torch
+
+    from conjugate.cli.bench_progress import variant_trials_estimate
+    from conjugate.evaluate.baselines import choice_file
+    from conjugate.evaluate.profile import load_profile
+
+    monkeypatch.setenv("CONJUGATE_CACHE", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *device: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    profile, workload = load_profile("h200"), load_workload(TINY)
+    estimate = variant_trials_estimate(workload, profile)
+    captured = capsys.readouterr()
+    assert estimate > 0 and captured.out == ""
+    assert all(variant in captured.err for variant in profile.timing.conventional)
+    kept = choice_file(workload, "NVIDIA H200", profile.timing, None)
+    kept.parent.mkdir(parents=True)
+    kept.write_text("{}")
+    assert variant_trials_estimate(workload, profile) is None
+    assert variant_trials_estimate(workload, load_profile("analytical")) is None
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("argv", [["plan", "explain", "streams", "--workload", "tiny"],
+                                  ["plan", "validate", "interleave", "--workload", str(TINY)]])
+def test_a_shipped_plan_is_taken_by_name(capsys, argv):
+    code, out, err = run(capsys, *argv)
+    assert code == 0 and argv[2] in out, err
+
+
+@pytest.mark.parametrize("argv", [["plan", "validate", "no-such", "--workload", "tiny"],
+                                  ["bench", "tiny", "--plan", "no-such"], ["profile", "tiny", "--plan", "no-such"]])
+def test_an_unknown_plan_name_lists_the_shipped_ones(capsys, argv):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
+    assert "no-such" in err and all(name in err for name in SHIPPED)

@@ -557,15 +557,6 @@ def test_the_table_covers_every_reader():
 
 # -- numbers on the command line --------------------------------------------------------------
 
-@pytest.mark.parametrize("flag,value,limits", [("--k", "17", "[1, 16]"), ("--batch", "100000", "[1, 256]"),
-                                               ("--context", "200000", "[0, 131072]")])
-def test_a_generate_flag_past_the_workload_limits_names_the_flag(flag, value, limits, capsys):
-    """Not the workload file's field, which may hold another value."""
-    code = main(["generate", str(TINY), flag, value, "--prompt-ids", "1,2"])
-    line = assert_one_line_error(code, capsys.readouterr().err, f"{flag} {value}", limits)
-    assert "tiny.toml" not in line
-
-
 @pytest.mark.parametrize("flag,value,fragment", [("--dtype", "int8", "one of bf16, fp16, fp32"),
                                                    ("--draft", "no-such-model", "neither a model preset"),
                                                    ("--target", "no-such-model", "neither a model preset")])
@@ -599,15 +590,41 @@ def test_a_generate_checkpoint_flag_is_relative_to_the_current_directory(tmp_pat
     (["show", "runs.db", "--limit", "-5"], "--limit"),
     (["search", "--name", "../outside"], "--name"),
     (["search", "--name", "two\nlines"], "--name"),
+    (["search", "--budget", "100000000000000000000000"], "--budget"),
+    (["search", "--budget", "1000001"], "--budget"),
+    (["search", "--width", "65"], "--width"),
+    (["show", "runs.db", "--limit", HUGE_INT], "--limit"),
+    (["check", "--limit", "10000000000"], "--limit"),
+    (["profile", "w.toml", "--replays", "1001"], "--replays"),
+    (["generate", "--max-new-tokens", "0"], "--max-new-tokens"),
+    (["generate", "--max-new-tokens", "99999999999999999999"], "--max-new-tokens"),
+    (["generate", "--k", "17"], "--k"),
+    (["generate", "--batch", "100000"], "--batch"),
+    (["generate", "--context", "200000"], "--context"),
 ], ids=["seed-past-64-bits", "seed-negative", "seed-huge", "run-past-64-bits", "run-zero", "cost-nan",
         "cost-negative", "k-zero", "batch-negative", "context-not-an-integer", "profile-replays-negative",
-        "show-limit-negative", "name-a-path", "name-with-a-newline"])  # output paths: tests/test_hostile_cli.py
+        "show-limit-negative", "name-a-path", "name-with-a-newline", "budget-past-1e23", "budget-past-its-bound",
+        "width-past-its-bound", "show-limit-huge", "check-limit-huge", "profile-replays-past-its-bound",
+        "new-tokens-zero", "new-tokens-huge", "k-past-the-workload-limit", "batch-past-the-workload-limit",
+        "context-past-the-workload-limit"])  # output paths: tests/test_hostile_cli.py
 def test_a_bad_number_on_the_command_line_is_a_usage_error(argv, option, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "Traceback" not in err
-    assert f"error: argument {option}" in err.splitlines()[-1]
+    assert len(err.splitlines()) == 1 and err.startswith(f"error: argument {option}"), err
+
+
+@pytest.mark.parametrize("argv,option", [
+    (["search", "--time", "99999999999999999999h"], "--time"),
+    (["search", "--time", "31d"], "--time"),
+    (["search", "--llm-timeout", "1e300"], "--llm-timeout"),
+    (["search", "--gpus", "0,99999999999999999999"], "--gpus"),
+], ids=["time-huge", "time-unknown-unit", "llm-timeout-huge", "gpu-index-huge"])
+def test_a_bad_duration_or_device_is_one_line_naming_the_option(argv, option, capsys, tmp_path):
+    code = main([*argv, "--db", str(tmp_path / "never.db")])
+    assert_one_line_error(code, capsys.readouterr().err, option)
+    assert not (tmp_path / "never.db").exists()
 
 
 # -- a search whose every evaluation failed ----------------------------------------------------

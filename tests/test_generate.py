@@ -245,3 +245,27 @@ def test_the_best_plan_of_a_search_database_generates(tmp_path):
     eager = _generate(str(DEFAULT_WORKLOAD), "simple", [[1, 2]], tmp_path, "--plan", "conventional", "--variants",
                       "eager-sdpa/eager-sdpa", new=1)
     assert result["outputs"] == eager["outputs"]
+
+
+# ---------------------------------------------------------------------------------------------
+# the figures it prints
+
+
+def test_a_slow_rate_is_printed_in_significant_figures_not_as_zero():
+    from conjugate.cli.generate import _speed
+
+    rate = re.search(r"([\d.e+-]+) tokens/s", _speed(3, 1000.0, interpreted=False))
+    assert rate and float(rate.group(1)) == pytest.approx(0.003)
+
+
+def test_generate_on_the_interpreter_prints_no_speed(capsys, monkeypatch, tmp_path):
+    """Under the Triton interpreter (no GPU) the time measures the interpreter: no tokens/s is printed."""
+    monkeypatch.setenv("CONJUGATE_CACHE", str(tmp_path / "cache"))
+    assert main(["generate", "tiny", "--prompt-ids", "1,2", "--max-new-tokens", "2", "--mode", "simple"]) == 0
+    summary = capsys.readouterr().out.splitlines()[-1]
+    from conjugate.compiler.tile import INTERPRETING
+
+    if INTERPRETING:
+        assert "tokens/s" not in summary and "interpreter" in summary
+    else:
+        assert float(re.search(r"([\d.e+-]+) tokens/s", summary).group(1)) > 0

@@ -3,9 +3,9 @@
 those. The wheel is built offline from a copy of the source tree, installed into a fresh virtual
 environment (which sees this interpreter's installed dependencies, torch and triton included, but
 not this checkout), and `conjugate search` runs with its defaults in a directory of its own, then
-`conjugate export` and the exported reproduce.sh. Every Python process of that environment refuses
-to open a file of the checkout's package or shipped folders, so a path that still leads into the
-checkout fails the test."""
+`conjugate export` and the exported reproduce.sh (with no environment activated). Every Python
+process of that environment refuses to open a file of the checkout's package or shipped folders, so a
+path that still leads into the checkout fails the test."""
 from __future__ import annotations
 
 import json
@@ -80,7 +80,7 @@ def _environment(venv: Path, forbidden: list[str]) -> tuple[Path, dict]:
     (purelib / "checkout_guard.py").write_text(GUARD.format(forbidden=forbidden))
     (purelib / "checkout_guard.pth").write_text("import checkout_guard\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"  # python3 in reproduce.sh is this one
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env["CONJUGATE_CACHE"] = str(venv.parent / "cache")
     return python, env
 
@@ -120,10 +120,12 @@ def test_wheel_installs_and_runs_from_anywhere(tmp_path):
     searched = _run([conjugate, "search", "--budget", "1"], cwd=elsewhere, env=env)
     db = elsewhere / "runs" / "tiny.db"
     assert db.is_file()
+    named = _run([conjugate, "plan", "validate", "interleave", "--workload", "llama-1b-8b-b1"], cwd=elsewhere, env=env)
+    assert "llama-1b-8b-b1" in named.stdout  # a shipped workload by its name
 
     # The export's reproduce.sh measures the plan again from any directory, on the installed files.
     _run([conjugate, "export", db, "--out", elsewhere / "export"], cwd=elsewhere, env=env, after=searched.stdout)
     script = elsewhere / "export" / "reproduce.sh"
     assert str(REPO) not in script.read_text() and str(package) not in script.read_text()
-    _run(["bash", script], cwd=tmp_path, env=env)
+    _run(["bash", script], cwd=tmp_path, env={**env, "PATH": "/usr/bin:/bin"})  # no environment activated
     assert json.loads((elsewhere / "export" / "reproduced.json").read_text())["plans"]

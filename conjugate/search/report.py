@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -23,6 +24,7 @@ from conjugate.text import visible
 from conjugate.workload import Workload, workload_toml
 
 BASELINES = ("conventional", "sequential", "streams")
+VERDICTS_SHOWN = 20  # report.md's verdict table, worst first
 
 
 def node_evaluations(store, run, workload: Workload) -> list[tuple]:
@@ -174,9 +176,12 @@ def _markdown(run, best: dict, result: EvalResult, history: list[dict]) -> str:
             lines.append(f"- vs {b}: {m.speedups[b]:.3f}x ({base.latency_ms:.3f} ms{carried})")
     lines += ["", "## Verdicts of its multi-part launches (worst first)", "",
               "| launch | ops | verdict | shared us | separate us | gain % |", "|---|---|---|---|---|---|"]
-    for v in result.verdicts[:20]:
+    worst_first = sorted(result.verdicts, key=lambda v: (v.gain_percent, v.launch))
+    for v in worst_first[:VERDICTS_SHOWN]:
         ops = " + ".join(p.label for p in v.parts)[:80]
         lines.append(f"| {v.launch} | {ops} | {v.verdict} | {v.shared_us} | {v.separate_us} | {v.gain_percent} |")
+    if len(worst_first) > VERDICTS_SHOWN:
+        lines += ["", f"{len(worst_first) - VERDICTS_SHOWN} more not shown (report.json holds every verdict)."]
     lines += ["", "## History", "", "| node | parent | kind | status | latency ms | reward | edit |",
               "|---|---|---|---|---|---|---|"]
     for h in history:
@@ -206,17 +211,20 @@ def _plot(best: list[float], path: Path, run) -> Path:
 
 def _script(run, workload_word: str) -> str:
     """The bench command for the best plan, with the run's workload file and evaluator profile file.
-    It runs from any directory, on a checkout or an installed wheel: a file the package ships (a
-    workload of examples/, a profile of evaluators/) is named in the data folder of the conjugate
-    python3 imports, any other file by its path as the run recorded it (or as given to export); a
-    run whose workload file is gone gets the workload.toml the export wrote beside the script."""
+    It runs from any directory, on a checkout or an installed wheel, with no environment activated:
+    the interpreter is the one that exported the run (python3 on PATH where that is gone); a file
+    the package ships (a workload of examples/, a profile of evaluators/) is named in the data folder
+    of the conjugate it imports, any other file by its path as the run recorded it (or as given to
+    export); a run whose workload file is gone gets the workload.toml the export wrote beside it."""
     evaluator = run_profile_source(run.settings.get("evaluator_profile", ""), run.evaluator)
     if evaluator == run.evaluator and run.settings.get("evaluator_profile") and not _same_settings(run):
         evaluator = run.settings["evaluator_profile"]  # gone, and the shipped one scores otherwise: say which
     return ("#!/usr/bin/env bash\n# Measure the exported best plan again beside the baselines.\nset -euo pipefail\n"
             'here="$(cd "$(dirname "$0")" && pwd)"\n'
-            'data="$(python3 -c \'import conjugate.paths as p; print(p.DATA_ROOT)\')"  # its examples/ and evaluators/\n'
-            f"python3 -m conjugate bench {workload_word} --plan \"$here/best_plan.json\" "
+            f"python={shlex.quote(sys.executable)}  # the interpreter that exported the run\n"
+            '[ -x "$python" ] || python=python3  # on another machine: the one on PATH\n'
+            'data="$("$python" -c \'import conjugate.paths as p; print(p.DATA_ROOT)\')"  # its examples/, evaluators/\n'
+            f"\"$python\" -m conjugate bench {workload_word} --plan \"$here/best_plan.json\" "
             f"--evaluator {_portable(evaluator)} --json \"$here/reproduced.json\"\n")
 
 

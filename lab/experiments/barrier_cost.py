@@ -29,7 +29,7 @@ import triton.language as tl
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from conjugate.arguments import output_file, positive  # noqa: E402
+from conjugate.cli.arguments import output_file, positive  # noqa: E402
 from conjugate.compiler.persist import grid_barrier, grid_exit, sync_words  # noqa: E402
 from conjugate.evaluate.timing import time_per_call  # noqa: E402
 

@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from conjugate.arguments import output_file  # noqa: E402
+from conjugate.cli.arguments import output_file  # noqa: E402
 from conjugate.errors import ConjugateError  # noqa: E402
 from conjugate.search.report import node_evaluations  # noqa: E402
 from conjugate.search.run import run_workload  # noqa: E402

@@ -38,7 +38,7 @@ import triton.language as tl
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from conjugate.arguments import output_file, positive  # noqa: E402
+from conjugate.cli.arguments import output_file, positive  # noqa: E402
 from conjugate.compiler.persist import give_up, resident_programs  # noqa: E402
 
 BLOCK_N = 16  # output columns a program owns (tl.dot's smallest side)

@@ -37,7 +37,7 @@ from conjugate.evaluate.measured import MeasuredHarness  # noqa: E402
 from conjugate.evaluate.profile import load_profile  # noqa: E402
 from conjugate.evaluate.rounds import checked_run  # noqa: E402
 from conjugate.evaluate.session import EvaluationSession  # noqa: E402
-from conjugate.arguments import output_file, positive  # noqa: E402
+from conjugate.cli.arguments import output_file, positive  # noqa: E402
 from conjugate.compiler import persist  # noqa: E402
 from conjugate.evaluate.timing import FLUSHES, flush_time_us, l2_flush_bytes, time_per_call  # noqa: E402
 from conjugate.plan import load_plan, validate_plan  # noqa: E402

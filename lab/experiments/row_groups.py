@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from conjugate.arguments import output_file, positive  # noqa: E402
+from conjugate.cli.arguments import output_file, positive  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))

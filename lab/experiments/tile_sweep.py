@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from conjugate.arguments import output_file  # noqa: E402
+from conjugate.cli.arguments import output_file  # noqa: E402
 from conjugate.compiler.attention import attn_call  # noqa: E402
 from conjugate.compiler.cache import KernelCache  # noqa: E402
 from conjugate.compiler.gemm import gemm_call  # noqa: E402

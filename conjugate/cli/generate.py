@@ -9,7 +9,8 @@ from rich.console import Console
 from rich.progress import Progress as Bar, TextColumn
 from rich.text import Text
 
-from conjugate.arguments import positive
+from conjugate.cli.arguments import WORKLOAD_HELP, integer, workload_name_or_file
+from conjugate.cli.console import out
 from conjugate.errors import ConjugateError
 from conjugate.files import check_output, shown, write_output
 from conjugate.serving.decoder import (CONVENTIONAL, MODES, GenerationError, Progress, SpeculativeDecoder,
@@ -21,17 +22,24 @@ _PAIR_FLAGS = {"draft": ("draft",), "target": ("target",), "k": ("k",), "dtype":
                "batch": ("draft_batch", "target_batch"), "context": ("context",)}
 
 
-def add_command(sub, out: Console) -> None:
+MAX_NEW_TOKENS = 1 << 20  # past any KV capacity a workload may give (workload.LIMITS)
+
+
+def add_command(sub) -> None:
+    from conjugate.workload import LIMITS
+
     gen = sub.add_parser("generate", help="greedy speculative decoding with a plan's compiled round")
-    gen.add_argument("workload", nargs="?", help="workload TOML: the checkpoint or preset pair, k, the largest "
-                                                 "batches and the KV capacity (its context); or give --draft and "
-                                                 "--target")
+    gen.add_argument("workload", nargs="?", type=workload_name_or_file,
+                     help=f"{WORKLOAD_HELP}: the checkpoint or preset pair, k, the largest batches and the KV "
+                          "capacity (its context); or give --draft and --target")
     pair = gen.add_argument_group("the model pair without a workload file (or overriding its fields)")
     pair.add_argument("--draft", help="draft: a checkpoint directory or preset name")
     pair.add_argument("--target", help="target: a checkpoint directory or preset name")
-    pair.add_argument("--k", type=positive, help="draft tokens proposed per round (default: 4)")
-    pair.add_argument("--batch", type=positive, help="sequences per group (default: what the prompts need)")
-    pair.add_argument("--context", type=positive, help="KV capacity in tokens (default: what the prompts need)")
+    pair.add_argument("--k", type=integer(*LIMITS["k"]), help="draft tokens proposed per round (default: 4)")
+    pair.add_argument("--batch", type=integer(1, LIMITS["draft_batch"][1]),
+                      help="sequences per group (default: what the prompts need)")
+    pair.add_argument("--context", type=integer(1, LIMITS["context"][1]),
+                      help="KV capacity in tokens (default: what the prompts need)")
     pair.add_argument("--dtype", help="bf16 (default), fp16 or fp32")
     gen.add_argument("--plan", help="plan name (plans/) or JSON file, or conventional / conventional-streams for "
                                     "torch's own execution (default: the best plan of --db, else streams)")
@@ -47,7 +55,8 @@ def add_command(sub, out: Console) -> None:
                                                                    "repeatable)")
     gen.add_argument("--prompt-ids", action="append", default=[], type=_ids, metavar="1,2,3",
                      help="a prompt as token ids (repeatable)")
-    gen.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate per prompt (default: 32)")
+    gen.add_argument("--max-new-tokens", type=integer(1, MAX_NEW_TOKENS), default=32,
+                     help="tokens to generate per prompt (default: 32)")
     gen.add_argument("--json", help="also write the outputs and figures as JSON to this file")
     gen.set_defaults(func=lambda args: cmd_generate(args, out))
 
@@ -62,7 +71,7 @@ def _ids(text: str) -> list[int]:
 
 def cmd_generate(args: argparse.Namespace, out: Console) -> None:
     from conjugate.paths import plan_path
-    from conjugate.search.commands import database_file
+    from conjugate.search.databases import database_file
     from conjugate.workload import workload_from_dict
 
     plan_file = plan_path(args.plan) if args.plan and args.plan not in CONVENTIONAL else None
@@ -86,7 +95,9 @@ def cmd_generate(args: argparse.Namespace, out: Console) -> None:
         decoder = SpeculativeDecoder.build(workload, plan, args.mode, variants=variants)
     with Bar(TextColumn("{task.description}", markup=False), console=out, transient=True) as bar:
         task = bar.add_task("prefill")
-        result = decoder.generate(prompts, args.max_new_tokens, lambda p: bar.update(task, description=_line(p)))
+        interpreted = _interpreted(name)
+        result = decoder.generate(prompts, args.max_new_tokens,
+                                  lambda p: bar.update(task, description=_line(p, interpreted)))
     _summary(out, result, tokenizer)
     if args.json:
         write_output(args.json, json.dumps(result.to_dict() | {"workload": workload.name}, indent=1) + "\n")
@@ -147,7 +158,7 @@ def _plan(args: argparse.Namespace):
     if args.plan:
         return load_plan(plan_path(args.plan)), variants
     if args.db:
-        from conjugate.search.commands import open_store
+        from conjugate.search.databases import open_store
         from conjugate.search.report import best_plan
 
         with open_store(args.db) as store:
@@ -158,16 +169,32 @@ def _plan(args: argparse.Namespace):
     return load_plan(shipped_plan("streams")), variants
 
 
-def _line(p: Progress) -> str:
-    rate = p.tokens / p.seconds if p.seconds else 0.0
+def _interpreted(plan: str) -> bool:
+    """Whether the rounds run under the Triton interpreter (no GPU): their times measure the
+    interpreter, not the kernels. Torch's own execution (conventional) never does."""
+    from conjugate.compiler.tile import INTERPRETING
+
+    return INTERPRETING and plan not in CONVENTIONAL
+
+
+def _speed(tokens: int, seconds: float, interpreted: bool) -> str:
+    """Tokens a second to three significant figures, or what the time is where it is no speed."""
+    if interpreted:
+        return f"{seconds:.1f} s under the Triton interpreter (no GPU: not a speed)"
+    return f"{tokens / seconds:.3g} tokens/s" if seconds > 0 else "too fast to time"
+
+
+def _line(p: Progress, interpreted: bool) -> str:
     accepted = p.drafts_accepted / p.drafts_proposed if p.drafts_proposed else 0.0
-    return f"round {p.rounds}: {p.tokens} tokens, {rate:.1f} tokens/s, acceptance {accepted:.0%}"
+    return f"round {p.rounds}: {p.tokens} tokens, {_speed(p.tokens, p.seconds, interpreted)}, acceptance {accepted:.0%}"
 
 
 def _summary(out: Console, result, tokenizer: Tokenizer | None) -> None:
     for i, generated in enumerate(result.outputs):
         shown = tokenizer.decode(generated) if tokenizer else ",".join(map(str, generated))
         out.print(f"[{i}] {shown}", markup=False)
+    interpreted = _interpreted(result.plan)
+    per_round = "" if interpreted else f", {result.round_ms:.3g} ms per round"
     out.print(f"{result.tokens} tokens in {result.rounds} rounds ({result.mode}, plan {result.plan!r}): "
-              f"{result.tokens_per_s:.1f} tokens/s, {result.round_ms:.2f} ms per round, acceptance "
+              f"{_speed(result.tokens, result.seconds, interpreted)}{per_round}, acceptance "
               f"{result.acceptance:.0%} of {result.drafts_proposed} drafts, prefill {result.prefill_seconds:.1f} s")

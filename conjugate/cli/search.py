@@ -1,51 +1,33 @@
-"""`conjugate search`, `conjugate show` and `conjugate export`: the search's command-line side."""
+"""`conjugate search`: MCTS over a persistent plan tree, started anew or resumed."""
 from __future__ import annotations
 
 import argparse
-import math
-import re
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from rich.console import Console
-from rich.table import Table
 
-from conjugate.arguments import positive, run_name
+from conjugate.cli.arguments import (MAX_TIMEOUT_S, WORKLOAD_HELP, dollars, duration, evaluator_help, integer, run_id,
+                                     run_name, seconds_option, seed, workload_name_or_file)
+from conjugate.cli.console import out
+from conjugate.cli.devices import require_device
+from conjugate.cli.show import show_run
 from conjugate.errors import ConjugateError
-from conjugate.files import check_output
 from conjugate.paths import DEFAULT_WORKLOAD, PROFILES_DIR, RUNS_DIR
+from conjugate.search.databases import open_store
 from conjugate.search.gpus import Helpers, parse_gpus, pin_this_process
 from conjugate.search.integrity import DAMAGED
-from conjugate.text import visible
 
 if TYPE_CHECKING:
     from conjugate.agents.base import Proposer
-    from conjugate.evaluate.profile import EvaluatorProfile
-    from conjugate.search.run import Search, SearchSettings
+    from conjugate.search.run import Search
     from conjugate.search.store import Store
-    from conjugate.workload import Workload
 
-
-def parse_duration(text: str) -> float:
-    """'90s', '30m', '2h' or plain seconds -> seconds."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text or "")
-    if not match or float(match.group(1)) <= 0:
-        raise ConjugateError(f"--time: {text!r} is not a duration like 90s, 30m or 2h")
-    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
-
-
-def parse_seconds(text: str, option: str) -> float:
-    """A positive, finite number of seconds, or a one-line error naming the option."""
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ConjugateError(f"{option}: {text!r} is not a positive number of seconds")
-    return seconds
+MAX_BUDGET = 1_000_000  # evaluations in one run
+MAX_WIDTH = 64  # edits asked for per expansion
+MAX_GPUS = 1024  # a GPU index past this is a typo
 
 
 def _without_userinfo(url: str) -> str:
@@ -55,65 +37,6 @@ def _without_userinfo(url: str) -> str:
     parts = urlsplit(url)
     return urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else ""))) \
         if parts.username or parts.password else url
-
-
-@contextmanager
-def open_store(target: str, create: bool = False):
-    """The store at a URL or SQLite path, as a context. Without `create` nothing is made or written on
-    opening (a missing file, an empty or foreign database is refused); a store error met inside the
-    context (a damaged row, a missing one) names the database."""
-    from conjugate.search.store import Store, StoreError
-
-    store = Store.open(target, create=create)
-    try:
-        yield store
-    except StoreError as e:
-        if target in str(e) or store.url_for_display in str(e):
-            raise
-        raise StoreError(f"{target}: {e}") from e
-    finally:
-        store.close()
-
-
-def database_file(target: str | None) -> str | None:
-    """The SQLite file a database argument names (a plain path or a sqlite URL), None for a server."""
-    if target is None or "://" not in target:
-        return target and str(Path(target).expanduser())
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        url = make_url(target)
-    except ArgumentError:
-        return None  # refused where the store opens
-    return url.database if url.get_backend_name() == "sqlite" and url.database not in ("", ":memory:") else None
-
-
-def _integer(low: int, high: int) -> Callable[[str], int]:
-    """An argparse type: an integer in [low, high]."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:  # not a number, or past the interpreter's digit limit
-            value = None
-        if value is None or not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an integer in [{low}, {high}]")
-        return value
-    return parse
-
-
-_SEED = _integer(0, 2**63 - 1)  # seeds and run ids are stored as signed 64-bit integers
-_RUN_ID = _integer(1, 2**63 - 1)
-
-
-def _dollars(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an amount of US dollars")
-    return value
 
 
 @dataclass(frozen=True)
@@ -128,10 +51,12 @@ class AgentSettings:
 
 
 def cmd_search(args: argparse.Namespace, out: Console) -> int:
-    deadline = time.monotonic() + parse_duration(args.time) if args.time else None
+    deadline = time.monotonic() + duration(args.time) if args.time else None
     if args.llm_timeout is not None:
-        args.llm_timeout = parse_seconds(args.llm_timeout, "--llm-timeout")
+        args.llm_timeout = seconds_option(args.llm_timeout, "--llm-timeout")
     args.gpus = parse_gpus(args.gpus) if args.gpus else []
+    if any(int(gpu) >= MAX_GPUS for gpu in args.gpus):
+        raise ConjugateError(f"--gpus: GPU indices are below {MAX_GPUS}")
     if args.gpus:
         pin_this_process(args.gpus[0])  # before the evaluation worker starts
     return (_resume if args.resume else _start)(args, out, deadline)
@@ -160,6 +85,7 @@ def _start(args: argparse.Namespace, out: Console, deadline: float | None) -> in
     from conjugate.evaluate.profile import load_profile
     from conjugate.evaluate.worker import IsolatedEvaluator
     from conjugate.search.run import Search, SearchSettings
+    from conjugate.search.scoring import scored_by
     from conjugate.workload import load_workload
 
     workload_path = str(Path(args.workload or DEFAULT_WORKLOAD).resolve())  # resumed or exported elsewhere
@@ -167,6 +93,7 @@ def _start(args: argparse.Namespace, out: Console, deadline: float | None) -> in
     call_log = _CallLog(None, None)
     proposer = _proposer(agent, call_log)  # a bad --agent fails before a database exists
     workload, profile = load_workload(workload_path), load_profile(args.evaluator)
+    require_device(profile)  # before a run exists: it would only stop at its first evaluation
     settings = scored_by(SearchSettings(budget=args.budget or 20, expand_width=args.width,
                                          deepen_first=args.deepen_first,
                                          base_url=_without_userinfo(args.base_url or "")), profile)
@@ -190,6 +117,7 @@ def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> i
     from conjugate.search.report import run_history
     from conjugate.search.run import (Search, SearchSettings, baselines_to_carry, evaluator_id, run_evaluator_id,
                                       run_profile_source, run_workload_file)
+    from conjugate.search.scoring import scored_by
     from conjugate.search.store import RunStatus, StoreError
 
     with open_store(args.resume) as store:
@@ -214,6 +142,7 @@ def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> i
         except ProfileError as e:  # the run's own file or name, not a command-line option
             raise ConjugateError(f"{args.resume}: run {run.id}: the evaluator profile it stored: "
                                  f"{str(e).removeprefix('--evaluator: ')}") from None
+        require_device(profile)  # before the run is marked running
         if evaluator_id(profile) != run_evaluator_id(run):
             raise ConjugateError(f"{profile.source}: the evaluator profile changed since run {run.id} started; "
                                  "start a new run to score with it")
@@ -241,12 +170,6 @@ def _carrying(carried: dict | None, run_id: int) -> str:
         return f"run {run_id} holds no measured conventional or streams baseline to carry: measuring the baselines"
     names = ", ".join(f"{name} {b['latency_ms']:.3f} ms" for name, b in carried["baselines"].items())
     return f"carrying {names} ({carried['from']}, {carried['device']}) where this GPU is the same"
-
-
-def scored_by(settings: SearchSettings, profile: EvaluatorProfile) -> SearchSettings:
-    """The settings with what the evaluator profile decides: its file, and when a claim is stale."""
-    return replace(settings, stale_after_s=2 * profile.time_limit_s,
-                   evaluator_profile=str(Path(profile.source).resolve()))
 
 
 def _drive(store: Store, make: Callable[[], Search], out: Console, deadline: float | None,
@@ -331,97 +254,36 @@ def _none_succeeded(search: Search) -> bool:
     return bool(results) and not any(r.ok for r in results)
 
 
-def cmd_show(args: argparse.Namespace, out: Console) -> None:
-    with open_store(args.db) as store:
-        runs = store.runs()
-        if not runs:
-            raise ConjugateError(f"{args.db}: holds no run")
-        table = Table(title=f"runs in {store.url_for_display}")
-        for col in ("run", "name", "workload", "evaluator", "agent", "seed", "status", "nodes", "created"):
-            table.add_column(col)
-        for r in runs:
-            table.add_row(str(r.id), r.name, r.workload_name, r.evaluator, r.agent, str(r.seed), r.status,
-                          str(len(store.nodes(r.id))), r.created_at.strftime("%Y-%m-%d %H:%M"))
-        out.print(table)
-        chosen = [store.run(args.run)] if args.run else runs[-1:]
-        for run in chosen:
-            show_run(store, run, out, limit=args.limit, workload_file=args.workload)
-
-
-def show_run(store, run, out: Console, limit: int = 10, workload_file: str | None = None,
-             workload: Workload | None = None) -> None:
-    from conjugate.search.report import run_history
-    from conjugate.search.run import run_workload
-
-    history = run_history(store, run, workload or run_workload(run, workload_file))
-    ok = sorted((h for h in history if h["status"] == "ok"), key=lambda h: h["latency_ms"])
-    table = Table(title=f"run {run.id}: best plans ({'modeled' if history and history[0]['modeled'] else 'measured'})")
-    for col in ("node", "depth", "latency", *(f"vs {b}" for b in ("conventional", "sequential", "streams")),
-                "visits", "edit"):
-        table.add_column(col)
-    for h in ok[:limit]:
-        table.add_row(str(h["node"]), str(h["depth"]), f"{h['latency_ms']:.3f} ms",
-                      *(f"{h['speedups'][b]:.3f}x" if b in h["speedups"] else "-"
-                        for b in ("conventional", "sequential", "streams")),
-                      str(h["visits"]), f"[{h['kind']}] {h['rationale'][:70]}")
-    out.print(table)
-    failed = [h for h in history if h["status"] not in ("ok", "pending")]
-    out.print(f"{len(history)} nodes, {len(ok)} ok, {len(failed)} failed" +
-              "".join(f"\n  node {h['node']}: {h['status']}: {visible(h['error'])[:120]}" for h in failed[-3:]))
-
-
-def cmd_export(args: argparse.Namespace, out: Console) -> None:
-    from conjugate.search.report import EXPORT_FILES, export_run
-
-    with open_store(args.db) as store:
-        run = store.run(args.run) if args.run else store.latest_run()
-        if run is None:
-            raise ConjugateError(f"{args.db}: holds no run to export")
-        check_output("--out", args.out, [database_file(args.db), args.workload, run.workload_path or None],
-                     EXPORT_FILES)
-        written = export_run(store, run, Path(args.out), out, args.workload)
-    out.print(f"exported run {run.id} to {args.out}: " + ", ".join(sorted(p.name for p in written)))
-
-
-def add_commands(sub, out: Console) -> None:
+def add_command(sub) -> None:
     search = sub.add_parser("search", help="search for the fastest plan: MCTS over a persistent plan tree")
-    search.add_argument("workload", nargs="?", help="workload TOML (default: the tiny CPU one); with --resume, "
-                        "the run's workload file where the database moved away from it")
+    search.add_argument("workload", nargs="?", type=workload_name_or_file,
+                        help=f"{WORKLOAD_HELP} (default: the tiny CPU one); with --resume, the run's workload file "
+                             "where the database moved away from it")
     search.add_argument("--db", help="SQLAlchemy URL or SQLite file (default: runs/<name>.db)")
     search.add_argument("--name", type=run_name, help="run name (default: the workload file's stem)")
     search.add_argument("--agent", default="heuristic", help="heuristic (default), random, greedy (the search's "
                         "baselines), replay, anthropic:<model>, openai:<model>")
-    search.add_argument("--budget", type=positive, help="evaluations in the run, seeds included (default 20)")
+    search.add_argument("--budget", type=integer(1, MAX_BUDGET), help="evaluations in the run, seeds included "
+                        f"(default 20, at most {MAX_BUDGET})")
     search.add_argument("--time", help="stop after this long: 90s, 30m, 2h")
-    search.add_argument("--seed", type=_SEED, default=0)
-    search.add_argument("--evaluator", default="analytical", help="evaluator profile name or TOML path "
-                        "(default: analytical)")
-    search.add_argument("--width", type=positive, default=3, help="edits asked for per expansion (default 3)")
+    search.add_argument("--seed", type=seed, default=0, help="seeds the agent's random choices and the tree search's "
+                        "tie-breaks (default 0)")
+    search.add_argument("--evaluator", default="analytical", help=evaluator_help())
+    search.add_argument("--width", type=integer(1, MAX_WIDTH), default=3, help="edits asked for per expansion "
+                        f"(default 3, at most {MAX_WIDTH})")
     search.add_argument("--deepen-first", action="store_true", help="once an edit of an expansion gains, "
                         "leave the expansion's other edits for later and build on the gain first")
     search.add_argument("--base-url", help="an OpenAI-compatible server (vLLM, llama.cpp, Ollama) or API proxy")
-    search.add_argument("--max-llm-cost", type=_dollars, help="stop asking the LLM after this many US dollars")
-    search.add_argument("--llm-timeout", metavar="SECONDS", help="one LLM request's timeout (default 600; "
-                        "never past what is left of --time)")
+    search.add_argument("--max-llm-cost", type=dollars, help="stop asking the LLM after this many US dollars")
+    search.add_argument("--llm-timeout", metavar="SECONDS", help=f"one LLM request's timeout (default 600, at most "
+                        f"{MAX_TIMEOUT_S}; never past what is left of --time)")
     search.add_argument("--replay-from", help="with --agent replay: the database whose edits to replay")
     search.add_argument("--resume", metavar="DB", help="continue the latest run (or --run) of this database")
-    search.add_argument("--run", type=_RUN_ID, help="with --resume: the run id")
+    search.add_argument("--run", type=run_id, help="with --resume: the id of the run to continue (conjugate show "
+                        "DB lists them; default: the latest)")
     search.add_argument("--carry-baselines", action="store_true", help="with --resume: take the torch baselines "
                         "(conventional, streams) the run measured earlier on a GPU of this name instead of compiling "
                         "them again (minutes in a fresh process); results name where they were measured")
     search.add_argument("--gpus", help="search on these GPUs at once, e.g. 0,1: this process on the first, one "
                         "joining the run per other GPU (one tree, one budget)")
     search.set_defaults(func=lambda a: cmd_search(a, out))
-    show = sub.add_parser("show", help="runs of a search database, the best plans, failures")
-    show.add_argument("db", help="SQLAlchemy URL or SQLite file")
-    show.add_argument("--run", type=_RUN_ID, help="the run to detail (default: the latest)")
-    show.add_argument("--limit", type=positive, default=10)
-    show.add_argument("--workload", help="the run's workload file, where the database moved away from it")
-    show.set_defaults(func=lambda a: cmd_show(a, out))
-    export = sub.add_parser("export", help="write a run's best plan, its kernels, a report and a plot")
-    export.add_argument("db", help="SQLAlchemy URL or SQLite file")
-    export.add_argument("--out", required=True, help="directory to write into")
-    export.add_argument("--run", type=_RUN_ID, help="the run to export (default: the latest)")
-    export.add_argument("--workload", help="the run's workload file, where the database moved away from it "
-                        "(default: the file the run was started with, else the workload the run stored)")
-    export.set_defaults(func=lambda a: cmd_export(a, out))

@@ -8,18 +8,21 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from conjugate.arguments import positive
+from conjugate.cli.arguments import PLAN_HELP, WORKLOAD_HELP, integer, plan_name_or_file, workload_name_or_file
+from conjugate.cli.console import out
 from conjugate.errors import ConjugateError
 from conjugate.files import check_output, write_output
 
+MAX_REPLAYS = 1000  # the profiles' own bound on ledger replays
 
-def add_command(sub, out: Console) -> None:
+
+def add_command(sub) -> None:
     cmd = sub.add_parser("profile", help="where a plan's round spends its time on the GPU: per op kind and stream, "
                                          "against the bandwidth floor")
-    cmd.add_argument("workload", help="workload TOML file")
-    cmd.add_argument("--plan", default="streams", help="plan name (plans/) or JSON file (default: streams)")
-    cmd.add_argument("--replays", type=positive, default=5, help="round replays recorded (default: 5; the median "
-                                                                 "one is reported)")
+    cmd.add_argument("workload", type=workload_name_or_file, help=WORKLOAD_HELP)
+    cmd.add_argument("--plan", type=plan_name_or_file, default="streams", help=f"{PLAN_HELP} (default: streams)")
+    cmd.add_argument("--replays", type=integer(1, MAX_REPLAYS), default=5,
+                     help="round replays recorded (default: 5; the median one is reported)")
     cmd.add_argument("--json", help="also write the whole ledger (every launch) as JSON to this file")
     cmd.set_defaults(func=lambda args: cmd_profile(args, out))
 
@@ -32,6 +35,7 @@ def cmd_profile(args: argparse.Namespace, out: Console) -> None:
     check_output("--json", args.json, [args.workload, plan_path(args.plan)])
     if not torch.cuda.is_available():
         raise ConjugateError("conjugate profile measures on a GPU and this machine has no CUDA device")
+    from conjugate.evaluate.round_ledger import measure_ledger
     from conjugate.plan import load_plan
     from conjugate.workload import load_workload
 
@@ -43,40 +47,6 @@ def cmd_profile(args: argparse.Namespace, out: Console) -> None:
     if args.json:
         write_output(args.json, json.dumps({"workload": workload.name, "plan": plan.name,
                                                "ledger": ledger.to_dict()}, indent=1) + "\n")
-
-
-def measure_ledger(plan, workload, replays: int):
-    """The plan's round on this GPU: compiled, checked against the reference (a wrong round is not
-    profiled), captured in its CUDA graph, its kernels recorded over `replays` replays."""
-    import torch
-
-    from conjugate.compiler.round import compile_round
-    from conjugate.evaluate.correctness import ReferenceChecker, tolerance_for
-    from conjugate.evaluate.ledger import Ledger, kernel_records
-    from conjugate.evaluate.profile import load_profile
-    from conjugate.evaluate.rounds import checked_run, round_inputs
-    from conjugate.evaluate.timing import copy_bandwidth_gbs
-    from conjugate.graph import build_graph
-    from conjugate.roles import Model
-
-    device = torch.device("cuda")
-    draft, target = workload.weights(Model.DRAFT, device), workload.weights(Model.TARGET, device)
-    inputs = round_inputs(workload, draft, target)
-    tolerances = load_profile("h200").tolerances  # the measured evaluator's: a round it would accept
-    check = ReferenceChecker(draft, target, inputs, workload.dtype, tolerance_for(workload.dtype, tolerances))
-    compiled = compile_round(plan, workload, draft, target)
-    compiled.load(inputs)
-    compiled.warmup()
-    report = checked_run(compiled, inputs, check)
-    if report.ok:
-        compiled.capture()
-        report = checked_run(compiled, inputs, check, graph=True)
-    if not report.ok:
-        raise ConjugateError(f"plan {plan.name!r} computes a wrong round on {workload.name}: "
-                             + "; ".join(report.problems[:3]))
-    compiled.load(round_inputs(workload, draft, target, workload.seed + 1))
-    return Ledger.of(compiled, build_graph(workload), kernel_records(compiled.run, device, replays),
-                     copy_bandwidth_gbs(device))
 
 
 def _table(ledger) -> Table:
