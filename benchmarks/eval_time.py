@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from conjugate.arguments import output_file  # noqa: E402
 from conjugate.evaluate.result import STEPS  # noqa: E402
-from conjugate.search.run import eval_key, run_evaluator_id  # noqa: E402
+from conjugate.search.runs import eval_key, run_evaluator_id  # noqa: E402
 from conjugate.search.store import Store  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 

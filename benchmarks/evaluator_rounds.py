@@ -30,7 +30,7 @@ from conjugate.arguments import output_file  # noqa: E402
 from conjugate.compiler.round import device_name  # noqa: E402
 from conjugate.evaluate.calibrate import spearman  # noqa: E402
 from conjugate.evaluate.pipeline import evaluate  # noqa: E402
-from conjugate.evaluate.profile import load_profile  # noqa: E402
+from conjugate.evaluate.evaluators import load_profile  # noqa: E402
 from conjugate.evaluate.result import EvalResult, VerdictKind  # noqa: E402
 from conjugate.evaluate.session import EvaluationSession  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402

@@ -201,7 +201,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Evaluate plans on a workload beside the baselines; print a table, optionally write JSON."""
     import torch
 
-    from conjugate.evaluate.profile import ProfileError, load_profile
+    from conjugate.evaluate.evaluators import ProfileError, load_profile
     from conjugate.evaluate.worker import IsolatedEvaluator
     from conjugate.plan import load_plan
     from conjugate.workload import load_workload
@@ -276,7 +276,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     import tempfile
 
     from conjugate.evaluate.calibrate import fit, loss, make_case, measured_rounds, profile_text
-    from conjugate.evaluate.profile import ProfileError, load_profile
+    from conjugate.evaluate.evaluators import ProfileError, load_profile
     from conjugate.plan import load_plan
     from conjugate.workload import load_workload
 

@@ -7,9 +7,9 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from conjugate.evaluate import baselines
-from conjugate.evaluate.baselines_apart import measure_apart
-from conjugate.evaluate.profile import load_profile
+from conjugate.evaluate.baselines import measure as baselines
+from conjugate.evaluate.baselines.apart import measure_apart
+from conjugate.evaluate.evaluators import load_profile
 from conjugate.evaluate.result import Baseline
 from conjugate.workload import Workload, load_workload
 
@@ -84,8 +84,8 @@ def test_the_child_does_not_outlive_a_killed_parent(tmp_path):
     import time
 
     script = ("import sys; from pathlib import Path; from dataclasses import replace;"
-              "from conjugate.evaluate.baselines_apart import measure_apart;"
-              "from conjugate.evaluate.profile import load_profile;"
+              "from conjugate.evaluate.baselines.apart import measure_apart;"
+              "from conjugate.evaluate.evaluators import load_profile;"
               "from conjugate.workload import load_workload;"
               "p = load_profile('analytical'); p = replace(p, timing=replace(p.timing, baselines_apart=True));"
               f"measure_apart(load_workload({str(ROOT / 'examples' / 'tiny.toml')!r}), p, Path({str(tmp_path)!r}),"

@@ -219,7 +219,7 @@ def test_a_json_output_that_cannot_be_written_names_its_path(capsys):
 def test_check_skips_rounds_whose_kv_caches_would_not_fit_a_cpu(capsys, tmp_path):
     """Tiny models, but context 131072 x batch 256: about 51 GB of caches, never allocated here."""
     from conjugate.evaluate.modeled import ModeledHarness
-    from conjugate.evaluate.profile import load_profile
+    from conjugate.evaluate.evaluators import load_profile
     from conjugate.evaluate.session import EvaluationSession
     from conjugate.workload import load_workload
 

@@ -25,7 +25,7 @@ from conjugate.errors import ConjugateError
 from conjugate.evaluate.result import EvalResult, Metrics, Stage, Status, Verdict, VerdictKind
 from conjugate.roles import Model
 from conjugate.search.store import SCHEMA_VERSION, NodeStatus, RunStatus, Store, StoreError, owner_id
-from conjugate.search.store_schema import Evaluation, Node, VerdictRow
+from conjugate.search.store.schema import Evaluation, Node, VerdictRow
 
 PG_ENV = "CONJUGATE_TEST_POSTGRES_URL"
 WORKLOAD = {"name": "tiny", "family": "llama3/llama3", "k": 4}
@@ -357,17 +357,26 @@ def _display(db_url: str) -> str:
     return make_url(db_url).render_as_string(hide_password=True)
 
 
-@pytest.mark.parametrize("version", ["1", "7"])  # 1: the store before runs.gpu became runs.evaluator
-def test_other_schema_version_is_refused(db_url, version):
-    assert SCHEMA_VERSION == 2
+@pytest.mark.parametrize("version", ["1", "2"])  # 2: plans of conjugate.plan/1, the edit kinds before knob families
+def test_an_earlier_release_store_is_refused_with_the_way_on(db_url, version):
     Store.open(db_url).close()
     _sql(db_url, f"UPDATE meta SET value = '{version}' WHERE key = 'schema_version'")
     with pytest.raises(StoreError) as caught:
         Store.open(db_url)
     message = str(caught.value)
-    assert f"store schema version {version}, this conjugate reads version 2" in message
     where = db_url if "://" not in db_url else _display(db_url)  # a SQLite file goes by its path
     assert message.startswith(f"{where}: ") and "\n" not in message
+    assert "earlier release" in message
+    assert "conjugate export" in message and "conjugate plan upgrade FILE" in message
+
+
+def test_a_later_release_store_is_refused(db_url):
+    Store.open(db_url).close()
+    _sql(db_url, f"UPDATE meta SET value = '{SCHEMA_VERSION + 1}' WHERE key = 'schema_version'")
+    with pytest.raises(StoreError) as caught:
+        Store.open(db_url)
+    message = str(caught.value)
+    assert f"version {SCHEMA_VERSION + 1}" in message and "earlier release" not in message and "\n" not in message
 
 
 def test_database_of_something_else_is_refused(db_url):

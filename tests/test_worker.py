@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conjugate.evaluate.profile import load_profile
+from conjugate.evaluate.evaluators import load_profile
 from conjugate.evaluate.worker import IsolatedEvaluator
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,6 +12,7 @@ from typing import Callable, Protocol
 
 from conjugate.errors import ConjugateError
 from conjugate.evaluate.result import EvalResult
+from conjugate.plan.schema import Plan
 
 EDIT_KINDS = ("tiles", "pattern", "pairs", "fusion", "alignment", "streams", "layout", "override", "launch",
               "other")
@@ -27,9 +28,9 @@ class Proposal:
 
 @dataclass(frozen=True)
 class NodeContext:
-    """What a proposer sees about the node it expands: its plan (JSON), its result (typed) and the
+    """What a proposer sees about the node it expands: its plan, its result (typed) and the
     search's history around it."""
-    plan: dict  # canonical plan JSON
+    plan: Plan | dict  # the search's validated Plan; a dict from elsewhere is validated by the proposer
     plan_hash: str
     workload: dict  # Workload.to_dict(), plus "family" (the lessons' key)
     evaluator: str  # the evaluator profile's name (e.g. analytical: every latency is modeled)

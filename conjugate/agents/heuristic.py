@@ -81,7 +81,7 @@ class HeuristicProposer:
 
     def propose(self, context: NodeContext, n: int) -> list[Proposal]:
         try:
-            plan = validate_plan(context.plan)
+            plan = context.plan if isinstance(context.plan, Plan) else validate_plan(context.plan)
         except ConjugateError:
             return []
         rng = random.Random(f"{self.seed}:{context.plan_hash}:{len(context.tried)}")

@@ -18,13 +18,14 @@ from conjugate.errors import ConjugateError
 from conjugate.files import check_output
 from conjugate.paths import DEFAULT_WORKLOAD, PROFILES_DIR, RUNS_DIR
 from conjugate.search.gpus import Helpers, parse_gpus, pin_this_process
-from conjugate.search.integrity import DAMAGED
+from conjugate.search.store.integrity import DAMAGED
 from conjugate.text import visible
 
 if TYPE_CHECKING:
     from conjugate.agents.base import Proposer
-    from conjugate.evaluate.profile import EvaluatorProfile
-    from conjugate.search.run import Search, SearchSettings
+    from conjugate.evaluate.evaluators import EvaluatorProfile
+    from conjugate.search.run import Search
+    from conjugate.search.settings import SearchSettings
     from conjugate.search.store import Store
     from conjugate.workload import Workload
 
@@ -157,9 +158,10 @@ def _start(args: argparse.Namespace, out: Console, deadline: float | None) -> in
         raise ConjugateError("--carry-baselines: only with --resume (a new run has measured no baselines to carry)")
     if args.run is not None:
         raise ConjugateError(f"--run {args.run}: only with --resume DB (a new run gets the next id)")
-    from conjugate.evaluate.profile import load_profile
+    from conjugate.evaluate.evaluators import load_profile
     from conjugate.evaluate.worker import IsolatedEvaluator
-    from conjugate.search.run import Search, SearchSettings
+    from conjugate.search.run import Search
+    from conjugate.search.settings import SearchSettings
     from conjugate.workload import load_workload
 
     workload_path = str(Path(args.workload or DEFAULT_WORKLOAD).resolve())  # resumed or exported elsewhere
@@ -185,11 +187,12 @@ def _start(args: argparse.Namespace, out: Console, deadline: float | None) -> in
 def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> int:
     """The latest run of the database (or --run) where it stopped, with its own workload, evaluator
     profile and agent; only the budget, the LLM server and the cost cap may be given anew."""
-    from conjugate.evaluate.profile import ProfileError, load_profile
+    from conjugate.evaluate.evaluators import ProfileError, load_profile
     from conjugate.evaluate.worker import IsolatedEvaluator
     from conjugate.search.report import run_history
-    from conjugate.search.run import (Search, SearchSettings, baselines_to_carry, evaluator_id, run_evaluator_id,
-                                      run_profile_source, run_workload_file)
+    from conjugate.search.run import Search
+    from conjugate.search.runs import baselines_to_carry, run_evaluator_id, run_profile_source, run_workload_file
+    from conjugate.search.settings import SearchSettings, evaluator_id
     from conjugate.search.store import RunStatus, StoreError
 
     with open_store(args.resume) as store:
@@ -288,7 +291,7 @@ class _CallLog:
 
 def _proposer(agent: AgentSettings, call_log: _CallLog) -> Proposer:
     from conjugate.agents import make_proposer
-    from conjugate.search.run import replay_records
+    from conjugate.search.runs import replay_records
 
     records = None
     if agent.spec == "replay":
@@ -351,7 +354,7 @@ def cmd_show(args: argparse.Namespace, out: Console) -> None:
 def show_run(store, run, out: Console, limit: int = 10, workload_file: str | None = None,
              workload: Workload | None = None) -> None:
     from conjugate.search.report import run_history
-    from conjugate.search.run import run_workload
+    from conjugate.search.runs import run_workload
 
     history = run_history(store, run, workload or run_workload(run, workload_file))
     ok = sorted((h for h in history if h["status"] == "ok"), key=lambda h: h["latency_ms"])
