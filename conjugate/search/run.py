@@ -67,6 +67,7 @@ class Search:
         self.results: dict[str, EvalResult] = {}  # plan hash -> result of this run's settled nodes
         self.plans: dict[str, Plan] = {}  # plan hash -> the plan, validated once in this process
         self.tree: dict[int, TreeNode] = {}
+        self.pending: set[int] = set()  # nodes holding a slot of the budget this process claimed, not settled
 
     @classmethod
     def start(cls, store: Store, name: str, workload: Workload, workload_path: str, evaluator: Evaluator,
@@ -127,9 +128,15 @@ class Search:
         nodes = self._load_tree()
         root_id = min(self.tree)
         for n in nodes:  # resume: what was created but not settled comes first (not siblings left to wait)
-            if n.status is NodeStatus.NEW and not self._over(deadline) and not self._waits(n):
+            if n.status is NodeStatus.NEW and not self._past(deadline) and not self._waits(n):
                 self._evaluate(n)
-        while not self._over(deadline):
+        while not self._past(deadline):
+            if self.store.slots_claimed(self.run_id) >= self.settings.budget:  # the budget is all handed out:
+                if not self.pending:  # what is left is other processes' to settle
+                    break
+                for node_id in sorted(self.pending):  # settle the nodes this process holds slots for
+                    self._evaluate(self.store.node(node_id), deadline)
+                continue
             root = self.tree[root_id]  # a reload (another process's nodes) replaces the objects
             done = self.evaluations_done()
             path = select(self._selection(done), self.mcts, root, self.tree, self.run.seed, done)
@@ -144,11 +151,6 @@ class Search:
     @staticmethod
     def _past(deadline: float | None) -> bool:
         return deadline is not None and time.monotonic() >= deadline
-
-    def _over(self, deadline: float | None) -> bool:
-        """The budget spent (every slot claimed, by this process or another sharing the run) or the
-        deadline past."""
-        return self.store.slots_claimed(self.run_id) >= self.settings.budget or self._past(deadline)
 
     def _expand(self, path: list[TreeNode], deadline: float | None = None) -> None:
         leaf = path[-1]
@@ -244,11 +246,13 @@ class Search:
         shared by every process on the run); False when none is left."""
         if not self.store.claim_slot(self.run_id, node.id, self.settings.budget):
             return False
+        self.pending.add(node.id)
         key = eval_key(node.plan_hash, self.workload, self.evaluator_id)
         self.on_event("evaluate", {"node": node.id, "kind": node.edit_kind, "rationale": node.rationale})
         result = self._result(key, node, deadline)
         if result is None:
             return True  # another process is still on it; a later pass (or a resume) settles the node
+        self.pending.discard(node.id)
         reward = reward_of(result)
         path = self._tree_node(node).path()
         status = NodeStatus.EVALUATED if result.ok else NodeStatus.FAILED

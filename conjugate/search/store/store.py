@@ -15,8 +15,10 @@ Concurrency rules (after Optuna's BaseStorage):
   read-modify-write, so concurrent settlements all count.
 - Results go in as EvalResult and come back as EvalResult; the JSON column holds its to_dict().
 - SQLite: WAL journal, a 30 s busy timeout, writes in BEGIN IMMEDIATE transactions, retried with
-  backoff on "database is locked". Ctrl-C during a write transaction takes effect once it has committed
-  or rolled back: an interrupted one would keep the write lock, and the run could not be marked stopped. PostgreSQL: READ COMMITTED, retried on deadlock/serialization.
+  backoff on "database is locked". PostgreSQL: READ COMMITTED, retried on deadlock/serialization.
+- Ctrl-C during a transaction (a read or a write) or while the store closes takes effect once it has
+  ended: an interrupted write would keep the write lock, and the run could not be marked stopped; an
+  interrupted connection close or reset is logged by the pool with a traceback.
 - claim_slot hands out a run's budget of evaluations one node at a time, under a lock on the run's
   row, so processes sharing a run never evaluate more than its budget together.
 - The schema carries SCHEMA_VERSION in table `meta`; a database of another version is refused,
@@ -122,7 +124,10 @@ class Store:
         return self._url.render_as_string(hide_password=True)
 
     def close(self) -> None:
-        self._engine.dispose()
+        """Close every pooled connection; a Ctrl-C meanwhile is raised once they are closed (the pool
+        would otherwise log it with a traceback, as a failure to close a connection)."""
+        with _interrupts_held():
+            self._engine.dispose()
 
     def __enter__(self) -> "Store":
         return self
@@ -419,7 +424,7 @@ class Store:
     def _read(self, fn: Callable[[Session], T]) -> T:
         self._after_fork()
         try:
-            with self._reader() as s, s.begin():
+            with _interrupts_held(), self._reader() as s, s.begin():
                 return fn(s)
         except DBAPIError as e:
             raise self._error(e) from e
