@@ -60,7 +60,7 @@ def test_the_profile_chooses_where_the_conventional_baselines_run(monkeypatch):
 
     calls = []
     monkeypatch.setattr(baselines, "measure_apart", lambda *a: calls.append("apart") or {"conventional": Baseline("ok", 1.0)})
-    monkeypatch.setattr(baselines, "_conventional", lambda *a: calls.append("here") or {"conventional": Baseline("ok", 2.0)})
+    monkeypatch.setattr(baselines, "measure_conventional", lambda *a: calls.append("here") or {"conventional": Baseline("ok", 2.0)})
     monkeypatch.setattr(baselines.torch.cuda, "empty_cache", lambda: None)
     setup = SimpleNamespace(workload=TINY)
     wanted = ("conventional",)

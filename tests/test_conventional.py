@@ -177,7 +177,7 @@ def test_when_no_variant_is_correct_the_baselines_say_what_each_did(monkeypatch,
     monkeypatch.setattr(baselines.torch.cuda, "empty_cache", lambda: None)
     setup = SimpleNamespace(workload=_round("llama").workload, weights=(None, SimpleNamespace(weights=SimpleNamespace(
         device=torch.device("cpu")))))
-    out = baselines._conventional(setup, TimingSettings(), tmp_path)
+    out = baselines.measure_conventional(setup, TimingSettings(), tmp_path)
     assert set(out) == {"conventional", "streams"} and {b.status for b in out.values()} == {status}
     assert out["streams"].error.startswith("no conventional variant computed the reference round: layers-grouped: ")
     assert out["conventional"].error.count("whole-grouped: ") == 1
