@@ -675,7 +675,7 @@ def test_bad_input_ends_in_one_line_and_exit_2(env, tmp_path):
     with contextlib.closing(sqlite3.connect(old)) as c, c:
         c.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     for command in (("show", old), ("search", "--resume", old), ("export", old, "--out", tmp_path / "x")):
-        assert_one_line_error(*cli(*command)[::2], str(old), "store schema version 1", "reads version 2")
+        assert_one_line_error(*cli(*command)[::2], str(old), "earlier release", "conjugate plan upgrade FILE")
 
     code, _, err = cli("search", TINY, "--db", db, "--agent", "nonsense", "--evaluator", env["profile"])
     assert_one_line_error(code, err, "'nonsense'", "heuristic", "replay", "anthropic:<model>", "openai:<model>")
