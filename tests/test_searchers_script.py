@@ -79,7 +79,7 @@ class _FakeRun:
     def __init__(self, run_id: int, clock: list, order: list, plans: int = 99):
         from conjugate.search.settings import SearchSettings
         self.run_id, self.clock, self.order, self.plans = run_id, clock, order, plans
-        self.settings, self.done = SearchSettings(budget=0), 0
+        self.settings, self.done = SearchSettings(budget=1), 0
         self.workload = type("W", (), {"name": "w"})()
 
     def evaluations_done(self) -> int:
