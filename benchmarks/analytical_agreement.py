@@ -20,7 +20,7 @@ from common import ROOT, environment, make_parser, write_json
 
 from conjugate.evaluate.calibrate import spearman  # noqa: E402
 from conjugate.evaluate.pipeline import evaluate  # noqa: E402
-from conjugate.evaluate.profile import load_profile  # noqa: E402
+from conjugate.evaluate.evaluators import load_profile  # noqa: E402
 from conjugate.evaluate.session import EvaluationSession  # noqa: E402
 from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
@@ -68,7 +68,7 @@ def search_agreement(db: Path, profile, session: EvaluationSession) -> dict:
     (not its seeds) that the GPU evaluated correctly."""
     from conjugate.plan import validate_plan
     from conjugate.search.report import run_history
-    from conjugate.search.run import check_workload
+    from conjugate.search.runs import check_workload
     from conjugate.search.store import Store
 
     with Store.open(str(db)) as store:

@@ -16,7 +16,7 @@ caches: on a fresh machine a whole-step variant takes 57-90 s to compile, one at
 
 Per workload, in one process (the evaluator's own setup: seeded random weights, the round checked
 on one set of inputs and timed on another):
-1. every conventional variant (evaluate/conventional.py) built for both phases, checked against the
+1. every conventional variant (evaluate/baselines/conventional.py) built for both phases, checked against the
    fp32 reference and each phase's CUDA graph timed alone; per phase the fastest correct one; every
    pair of correct variants timed on two streams, the fastest pair the `streams` baseline's;
 2. `conventional` (the chosen variants, draft then verify) and `streams` (both on two streams), as
@@ -49,15 +49,15 @@ from common import environment, make_parser, positive, write_json
 
 from conjugate.compiler.buffers import PreparedWeights  # noqa: E402
 from conjugate.compiler.round import compile_round, device_name  # noqa: E402
-from conjugate.evaluate.baselines import (VariantTrial, choice_file, choose_streams_pair, choose_variants,  # noqa: E402
+from conjugate.evaluate.baselines.measure import (VariantTrial, choice_file, choose_streams_pair, choose_variants,  # noqa: E402
                                           conventional_baselines, keep_choice, pair_candidates, try_all, try_variant)
-from conjugate.evaluate.conventional import ConventionalRound, Variant  # noqa: E402
-from conjugate.evaluate.baselines_apart import measure_apart  # noqa: E402
+from conjugate.evaluate.baselines.conventional import ConventionalRound, Variant  # noqa: E402
+from conjugate.evaluate.baselines.apart import measure_apart  # noqa: E402
 from conjugate.evaluate.measured import MeasuredHarness  # noqa: E402
-from conjugate.evaluate.profile import load_profile  # noqa: E402
+from conjugate.evaluate.evaluators import load_profile  # noqa: E402
 from conjugate.evaluate.rounds import checked_run  # noqa: E402
 from conjugate.evaluate.session import EvaluationSession  # noqa: E402
-from conjugate.evaluate.split_attention import chosen_cuts  # noqa: E402
+from conjugate.evaluate.baselines.split_attention import chosen_cuts  # noqa: E402
 from conjugate.evaluate.timing import time_round  # noqa: E402
 from conjugate.paths import EXAMPLES_DIR, shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402

@@ -204,7 +204,7 @@ def evaluate_workload(path: Path, plans: list, profile, analytical, session) -> 
 
 
 def evaluator_rounds(args) -> None:
-    from conjugate.evaluate.profile import load_profile
+    from conjugate.evaluate.evaluators import load_profile
     from conjugate.evaluate.session import EvaluationSession
 
     profile, analytical = load_profile(args.evaluator), load_profile("analytical")

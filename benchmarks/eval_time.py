@@ -28,7 +28,7 @@ from pathlib import Path
 from common import ROOT, environment, git_commit, make_parser, write_json
 
 from conjugate.evaluate.result import STEPS  # noqa: E402
-from conjugate.search.run import eval_key, run_evaluator_id  # noqa: E402
+from conjugate.search.runs import eval_key, run_evaluator_id  # noqa: E402
 from conjugate.search.store import Store  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 

@@ -25,7 +25,7 @@ from conjugate.errors import ConjugateError  # noqa: E402
 from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
 from conjugate.search.report import node_evaluations, passed  # noqa: E402
-from conjugate.search.run import check_workload  # noqa: E402
+from conjugate.search.runs import check_workload  # noqa: E402
 from conjugate.search.store import NodeStatus, Store  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 

@@ -38,7 +38,7 @@ from conjugate.evaluate.rounds import round_inputs  # noqa: E402
 from conjugate.evaluate.timing import time_replays  # noqa: E402
 from conjugate.paths import EXAMPLES_DIR, shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
-from conjugate.evaluate.conventional import Variant  # noqa: E402
+from conjugate.evaluate.baselines.conventional import Variant  # noqa: E402
 from conjugate.serving import SpeculativeDecoder  # noqa: E402
 from conjugate.serving.decoder import CONVENTIONAL  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402

@@ -53,15 +53,16 @@ from common import environment, make_parser, write_json
 
 from conjugate.agents import make_proposer  # noqa: E402
 from conjugate.errors import ConjugateError  # noqa: E402
-from conjugate.evaluate.profile import load_profile  # noqa: E402
+from conjugate.evaluate.evaluators import load_profile  # noqa: E402
 from conjugate.evaluate.worker import IsolatedEvaluator  # noqa: E402
 from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
 from conjugate.search.databases import open_store  # noqa: E402
 from conjugate.search.scoring import scored_by  # noqa: E402
 from conjugate.search.report import node_evaluations, passed  # noqa: E402
-from conjugate.search.run import (Search, SearchSettings, baselines_to_carry, check_workload,  # noqa: E402
-                                  evaluator_id, run_evaluator_id)
+from conjugate.search.run import Search  # noqa: E402
+from conjugate.search.runs import baselines_to_carry, check_workload, run_evaluator_id  # noqa: E402
+from conjugate.search.settings import SearchSettings, evaluator_id  # noqa: E402
 from conjugate.search.store import NodeStatus, RunStatus, Store  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 

@@ -20,7 +20,7 @@ key set after the process started is caught; every value seen is remembered for 
 process, so one unset later is still caught. Patterns are compiled once (the configured keys' once
 per set of values).
 
-Chokepoints: the store's column types (search/store_schema.py), every log record of the process
+Chokepoints: the store's column types (search/store/schema.py), every log record of the process
 (`scrub_log_records`, installed when the package is imported), the search's console lines
 (search/live.py, cli.py) and the exported files (search/report.py).
 """

@@ -7,9 +7,9 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from conjugate.evaluate import baselines
-from conjugate.evaluate.baselines_apart import measure_apart
-from conjugate.evaluate.profile import load_profile
+from conjugate.evaluate.baselines import measure as baselines
+from conjugate.evaluate.baselines.apart import measure_apart
+from conjugate.evaluate.evaluators import load_profile
 from conjugate.evaluate.result import Baseline
 from conjugate.workload import Workload, load_workload
 
@@ -60,7 +60,7 @@ def test_the_profile_chooses_where_the_conventional_baselines_run(monkeypatch):
 
     calls = []
     monkeypatch.setattr(baselines, "measure_apart", lambda *a: calls.append("apart") or {"conventional": Baseline("ok", 1.0)})
-    monkeypatch.setattr(baselines, "_conventional", lambda *a: calls.append("here") or {"conventional": Baseline("ok", 2.0)})
+    monkeypatch.setattr(baselines, "measure_conventional", lambda *a: calls.append("here") or {"conventional": Baseline("ok", 2.0)})
     monkeypatch.setattr(baselines.torch.cuda, "empty_cache", lambda: None)
     setup = SimpleNamespace(workload=TINY)
     wanted = ("conventional",)
@@ -84,8 +84,8 @@ def test_the_child_does_not_outlive_a_killed_parent(tmp_path):
     import time
 
     script = ("import sys; from pathlib import Path; from dataclasses import replace;"
-              "from conjugate.evaluate.baselines_apart import measure_apart;"
-              "from conjugate.evaluate.profile import load_profile;"
+              "from conjugate.evaluate.baselines.apart import measure_apart;"
+              "from conjugate.evaluate.evaluators import load_profile;"
               "from conjugate.workload import load_workload;"
               "p = load_profile('analytical'); p = replace(p, timing=replace(p.timing, baselines_apart=True));"
               f"measure_apart(load_workload({str(ROOT / 'examples' / 'tiny.toml')!r}), p, Path({str(tmp_path)!r}),"

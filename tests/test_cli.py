@@ -225,7 +225,7 @@ def test_a_json_output_that_cannot_be_written_names_its_path(capsys):
 def test_check_skips_rounds_whose_kv_caches_would_not_fit_a_cpu(capsys, tmp_path):
     """Tiny models, but context 131072 x batch 256: about 51 GB of caches, never allocated here."""
     from conjugate.evaluate.modeled import ModeledHarness
-    from conjugate.evaluate.profile import load_profile
+    from conjugate.evaluate.evaluators import load_profile
     from conjugate.evaluate.session import EvaluationSession
     from conjugate.workload import load_workload
 
@@ -442,8 +442,8 @@ def test_bench_says_before_it_tries_every_conventional_variant(capsys, monkeypat
     import torch
 
     from conjugate.cli.bench_progress import variant_trials_estimate
-    from conjugate.evaluate.baselines import choice_file
-    from conjugate.evaluate.profile import load_profile
+    from conjugate.evaluate.baselines.measure import choice_file
+    from conjugate.evaluate.evaluators import load_profile
 
     monkeypatch.setenv("CONJUGATE_CACHE", str(tmp_path))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *device: "NVIDIA H200")

@@ -9,8 +9,8 @@ import torch
 
 import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
 from conjugate.compiler.buffers import PreparedWeights
-from conjugate.evaluate.baselines import VariantTrial, choose_variants
-from conjugate.evaluate.conventional import ConventionalRound, Variant
+from conjugate.evaluate.baselines.measure import VariantTrial, choose_variants
+from conjugate.evaluate.baselines.conventional import ConventionalRound, Variant
 from conjugate.evaluate.correctness import compare_rounds
 from conjugate.models import make_round_inputs, random_weights, reference_round
 from test_round import FAMILIES, _round
@@ -124,8 +124,8 @@ def test_a_variant_torch_cannot_build_is_a_failed_trial(monkeypatch):
     """A compile error in one variant leaves the others to compete; the trial says why."""
     from types import SimpleNamespace
 
-    from conjugate.evaluate import baselines
-    from conjugate.evaluate.profile import TimingSettings
+    from conjugate.evaluate.baselines import measure as baselines
+    from conjugate.evaluate.evaluators import TimingSettings
 
     class Unbuildable:
         def __init__(self, *args):
@@ -146,8 +146,8 @@ def test_a_variant_torch_cannot_build_is_a_failed_trial(monkeypatch):
 def test_running_out_of_memory_or_a_cuda_error_is_not_the_variants_fault(monkeypatch, error):
     from types import SimpleNamespace
 
-    from conjugate.evaluate import baselines
-    from conjugate.evaluate.profile import TimingSettings
+    from conjugate.evaluate.baselines import measure as baselines
+    from conjugate.evaluate.evaluators import TimingSettings
 
     class Failing:
         def __init__(self, *args):
@@ -166,8 +166,8 @@ def test_running_out_of_memory_or_a_cuda_error_is_not_the_variants_fault(monkeyp
 def test_when_no_variant_is_correct_the_baselines_say_what_each_did(monkeypatch, tmp_path, built, status):
     from types import SimpleNamespace
 
-    from conjugate.evaluate import baselines
-    from conjugate.evaluate.profile import TimingSettings
+    from conjugate.evaluate.baselines import measure as baselines
+    from conjugate.evaluate.evaluators import TimingSettings
 
     def trial(setup, variant, timing, keep=None):
         problem = "target_logits off" if built else "not built: RuntimeError: no choices"
@@ -177,7 +177,7 @@ def test_when_no_variant_is_correct_the_baselines_say_what_each_did(monkeypatch,
     monkeypatch.setattr(baselines.torch.cuda, "empty_cache", lambda: None)
     setup = SimpleNamespace(workload=_round("llama").workload, weights=(None, SimpleNamespace(weights=SimpleNamespace(
         device=torch.device("cpu")))))
-    out = baselines._conventional(setup, TimingSettings(), tmp_path)
+    out = baselines.measure_conventional(setup, TimingSettings(), tmp_path)
     assert set(out) == {"conventional", "streams"} and {b.status for b in out.values()} == {status}
     assert out["streams"].error.startswith("no conventional variant computed the reference round: layers-grouped: ")
     assert out["conventional"].error.count("whole-grouped: ") == 1
@@ -187,8 +187,8 @@ def test_when_no_variant_is_correct_the_baselines_say_what_each_did(monkeypatch,
 def test_a_choice_kept_before_the_streams_pair_was_chosen_is_made_again(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from conjugate.evaluate import baselines
-    from conjugate.evaluate.profile import TimingSettings
+    from conjugate.evaluate.baselines import measure as baselines
+    from conjugate.evaluate.evaluators import TimingSettings
 
     timing = TimingSettings()
     workload = _round("llama").workload
@@ -209,8 +209,8 @@ def test_the_streams_baseline_runs_the_pair_chosen_for_two_streams(monkeypatch):
     """conventional runs the phases' own choice; streams the pair chosen on two streams, built apart."""
     from types import SimpleNamespace
 
-    from conjugate.evaluate import baselines
-    from conjugate.evaluate.profile import TimingSettings
+    from conjugate.evaluate.baselines import measure as baselines
+    from conjugate.evaluate.evaluators import TimingSettings
     from conjugate.evaluate.timing import Timing
 
     built = []
@@ -248,7 +248,7 @@ def test_the_streams_baseline_runs_the_pair_chosen_for_two_streams(monkeypatch):
 def _fake_trials(monkeypatch, times: dict[str, tuple[float, float] | None]):
     """try_variant stand-in: a variant is correct with (draft, verify) ms, or wrong (None); its kept
     round is a record of which rounds are alive. Returns that record and the pairs timed."""
-    from conjugate.evaluate import baselines
+    from conjugate.evaluate.baselines import measure as baselines
 
     alive, paired = {}, []
 
@@ -279,8 +279,8 @@ def _fake_trials(monkeypatch, times: dict[str, tuple[float, float] | None]):
 def test_only_the_fastest_three_per_phase_stay_alive_to_be_paired_on_two_streams(monkeypatch):
     from dataclasses import replace as replaced
 
-    from conjugate.evaluate import baselines
-    from conjugate.evaluate.profile import TimingSettings
+    from conjugate.evaluate.baselines import measure as baselines
+    from conjugate.evaluate.evaluators import TimingSettings
 
     a, b, c, d, e, f, g = ("layers-sdpa", "layers-grouped", "whole-sdpa", "whole-grouped", "whole-flex", "whole-split",
                            "whole-efficient")
@@ -311,8 +311,8 @@ def test_the_variant_choice_is_kept_per_workload_and_device(tmp_path, monkeypatc
     """Chosen once (every variant tried), then read back: a later process builds only the chosen ones."""
     from types import SimpleNamespace
 
-    from conjugate.evaluate import baselines
-    from conjugate.evaluate.profile import TimingSettings
+    from conjugate.evaluate.baselines import measure as baselines
+    from conjugate.evaluate.evaluators import TimingSettings
 
     tried = []
 
@@ -356,9 +356,9 @@ def test_the_split_cuts_timed_with_the_choice_are_adopted_by_a_later_process(tmp
     processes); a choice file whose cuts are malformed is chosen again."""
     from types import SimpleNamespace
 
-    from conjugate.evaluate import baselines
-    from conjugate.evaluate import split_attention as split_module
-    from conjugate.evaluate.profile import TimingSettings
+    from conjugate.evaluate.baselines import measure as baselines
+    from conjugate.evaluate.baselines import split_attention as split_module
+    from conjugate.evaluate.evaluators import TimingSettings
 
     timing = TimingSettings()
     cut_key = (4, 6, 32, 8, 1030, 128, torch.bfloat16, "cuda:0")
@@ -425,7 +425,7 @@ def test_a_bf16_residual_stream_rounds_more_and_is_judged_by_the_same_check(fami
 
 
 def test_split_count_cuts_the_cache_until_the_gpu_is_full():
-    from conjugate.evaluate.split_attention import cut, split_count
+    from conjugate.evaluate.baselines.split_attention import cut, split_count
 
     assert split_count(1029, 8) == 32  # 256 problems, chunks of 37 keys
     assert split_count(1029, 64) == 4
@@ -443,8 +443,8 @@ def test_split_count_cuts_the_cache_until_the_gpu_is_full():
 @pytest.mark.parametrize("chunks", [1, 2, 3, 4, 5])
 def test_split_attention_over_uneven_cuts_counts_each_key_once(chunks):
     """Capacity 8 in 3 chunks is chunks of 4 keys every 2: the overlap is masked in the earlier chunk."""
-    from conjugate.evaluate.conventional import _grouped_attention
-    from conjugate.evaluate.split_attention import split_attention, split_mask
+    from conjugate.evaluate.baselines.conventional import _grouped_attention
+    from conjugate.evaluate.baselines.split_attention import split_attention, split_mask
 
     gen = torch.Generator().manual_seed(chunks)
     b, t, heads, kv_heads, capacity, hd = 3, 2, 4, 2, 8, 16
@@ -461,7 +461,7 @@ def test_split_attention_combines_chunks_some_all_masked(family, garbage, monkey
     """The cache cut into chunks of 2-4 keys, ragged lengths: the chunks past a sequence's length are
     all masked and weigh nothing (`garbage`: whatever the kernel wrote there, +inf or NaN); the
     combined result is the reference round's."""
-    from conjugate.evaluate import split_attention as split_module
+    from conjugate.evaluate.baselines import split_attention as split_module
 
     monkeypatch.setattr(split_module, "SPLIT_MIN_KEYS", 2)
     if garbage:
@@ -492,7 +492,7 @@ def test_split_attention_combines_chunks_some_all_masked(family, garbage, monkey
 def test_on_a_gpu_the_split_is_timed_once_per_shape_and_the_fastest_kept(monkeypatch):
     """choose_chunks times every cut it knows (here with a stand-in clock whose fastest is 8 chunks) and
     keeps the choice per shape, so a second step of that shape times nothing."""
-    from conjugate.evaluate import split_attention as split_module
+    from conjugate.evaluate.baselines import split_attention as split_module
 
     monkeypatch.setattr(split_module, "_CHOSEN", {})
     monkeypatch.setattr(split_module, "COLD_SETS", 2)  # two caches a timed call, to keep the test short
@@ -519,7 +519,7 @@ def test_split_cuts_the_cache_by_a_view_op_compilers_follow():
     nearly twice the kernels and the H200's verify phase took 18% longer (the module's note)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from conjugate.evaluate.split_attention import split_attention, split_mask
+    from conjugate.evaluate.baselines.split_attention import split_attention, split_mask
 
     b, t, heads, kv_heads, capacity, hd = 2, 3, 8, 2, 1029, 16
     q = torch.randn(b, t, heads, hd)
@@ -536,7 +536,7 @@ def test_each_cut_is_timed_over_caches_too_large_for_the_l2_cache(monkeypatch):
     """A timed call streams COLD_BYTES of distinct caches (a model's layers read theirs from memory;
     one cache timed again and again stays in the L2 cache and favours other cuts), and no more than
     COLD_SETS of them."""
-    from conjugate.evaluate import split_attention as split_module
+    from conjugate.evaluate.baselines import split_attention as split_module
 
     monkeypatch.setattr(split_module, "_CHOSEN", {})
     monkeypatch.setattr(split_module, "COLD_BYTES", 5 << 20)
@@ -563,7 +563,7 @@ def test_each_cut_is_timed_over_caches_too_large_for_the_l2_cache(monkeypatch):
 def test_on_cuda_the_chunk_kernel_agrees_with_its_cpu_form_and_fully_masked_chunks_weigh_nothing():
     """The CUDA branch of chunk_attention (the aten memory-efficient op and its log-sum-exp) against
     the explicit CPU form, with ragged lengths so that some chunks see no key."""
-    from conjugate.evaluate import split_attention as split_module
+    from conjugate.evaluate.baselines import split_attention as split_module
 
     gen = torch.Generator().manual_seed(0)
     b, t, heads, kv_heads, capacity, hd = 3, 5, 8, 2, 192, 64

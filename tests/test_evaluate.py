@@ -16,7 +16,7 @@ from conjugate.evaluate import modeled
 from conjugate.evaluate.analytical import AnalyticalModel, LaunchEstimate, PartCost
 from conjugate.evaluate.correctness import ReferenceChecker
 from conjugate.evaluate.pipeline import evaluate
-from conjugate.evaluate.profile import ProfileError, load_profile
+from conjugate.evaluate.evaluators import ProfileError, load_profile
 from conjugate.evaluate.result import Baseline, EvalResult, Metrics, Verdict, VerdictKind
 from conjugate.evaluate.rounds import checked_run, round_inputs
 from conjugate.evaluate.session import EvaluationSession
@@ -293,7 +293,7 @@ def test_calibrate_refuses_a_gpu_profile(tmp_path, capsys):
 
 
 def test_profile_dict_round_trip():
-    from conjugate.evaluate.profile import EvaluatorProfile
+    from conjugate.evaluate.evaluators import EvaluatorProfile
 
     changed = replace(PROFILE, max_check_params=7)
     assert EvaluatorProfile.from_dict(json.loads(json.dumps(changed.to_dict()))) == changed

@@ -27,10 +27,11 @@ from conjugate.agents.llm.prompt import MAX_REPLY_CHARS, parse_reply
 from conjugate.agents.llm.wire import MAX_DEPTH, Failure
 from conjugate.cli import main
 from conjugate.evaluate.pipeline import evaluate
-from conjugate.evaluate.profile import load_profile
+from conjugate.evaluate.evaluators import load_profile
 from conjugate.paths import shipped_plan
 from conjugate.plan import load_plan
-from conjugate.search.run import Search, SearchSettings
+from conjugate.search.run import Search
+from conjugate.search.settings import SearchSettings
 from conjugate.search.store import Store
 from conjugate.workload import load_workload
 from loopback import Loopback, Request, anthropic_reply, error_body, openai_reply

@@ -18,12 +18,12 @@ from conjugate.cli import main
 from conjugate.evaluate import correctness
 from conjugate.evaluate.calibrate import ranks, spearman
 from conjugate.compiler.buffers import PreparedWeights
-from conjugate.evaluate.conventional import ConventionalRound, Variant
+from conjugate.evaluate.baselines.conventional import ConventionalRound, Variant
 from conjugate.evaluate.correctness import TOLERANCES, ReferenceChecker, Tolerance, check_round, compare_rounds, \
     tolerance_for
 from conjugate.compiler.feedback import PartRef
 from conjugate.evaluate.pipeline import evaluate
-from conjugate.evaluate.profile import EvaluatorProfile, ProfileError, TimingSettings, load_profile
+from conjugate.evaluate.evaluators import EvaluatorProfile, ProfileError, TimingSettings, load_profile
 from conjugate.evaluate.result import VERDICT_THRESHOLD_PERCENT, Baseline, EvalResult, Metrics, Verdict, VerdictKind
 from conjugate.evaluate.rounds import round_inputs
 from conjugate.evaluate.timing import Timing
@@ -316,7 +316,9 @@ class _InProcess:
 
 def test_a_resumed_run_carries_the_torch_baselines_it_measured(fake_gpu, tmp_path, monkeypatch):
     from conjugate.agents import make_proposer
-    from conjugate.search.run import Search, SearchSettings, baselines_to_carry, eval_key, run_evaluator_id
+    from conjugate.search.run import Search
+    from conjugate.search.runs import baselines_to_carry, eval_key, run_evaluator_id
+    from conjugate.search.settings import SearchSettings
     from conjugate.search.store import NodeStatus, Store, owner_id
 
     profile = load_profile("h200")
@@ -355,7 +357,7 @@ def test_a_resumed_run_carries_the_torch_baselines_it_measured(fake_gpu, tmp_pat
 
 
 def test_baselines_are_carried_only_for_their_workload_and_gpu():
-    from conjugate.evaluate.baselines import carried_baselines
+    from conjugate.evaluate.baselines.measure import carried_baselines
 
     ok = {"status": "ok", "latency_ms": 1.0, "modeled": False}
     carried = {"device": "NVIDIA H200", "from": "run 1", "workload": json.loads(json.dumps(TINY.to_dict())),
@@ -457,7 +459,7 @@ def test_a_gpu_profile_measures_only_on_its_device(monkeypatch, tmp_path):
 
 
 def test_the_device_is_part_of_the_evaluator_id(tmp_path):
-    from conjugate.search.run import evaluator_id
+    from conjugate.search.settings import evaluator_id
 
     h100 = load_profile(_edited(tmp_path, 'device = "H200"', 'device = "H100"'))
     anywhere = load_profile(_edited(tmp_path, 'device = "H200"', ""))

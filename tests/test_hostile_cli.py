@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conjugate.cli import main
-from conjugate.evaluate.profile import load_profile
+from conjugate.evaluate.evaluators import load_profile
 from conjugate.evaluate.worker import IsolatedEvaluator
 from test_cli import INTERLEAVE, REPO, TINY, assert_one_line_error, run
 

@@ -122,7 +122,7 @@ def test_the_condensed_ledger_lists_the_biggest_losses_first(compiled):
 
 def test_modeled_results_carry_a_modeled_ledger(tmp_path):
     from conjugate.evaluate.pipeline import evaluate
-    from conjugate.evaluate.profile import load_profile
+    from conjugate.evaluate.evaluators import load_profile
     from conjugate.evaluate.result import EvalResult
     from conjugate.workload import load_workload
 
@@ -141,7 +141,7 @@ def test_the_measured_harness_condenses_the_rounds_kernel_records(compiled, monk
     """MeasuredHarness.ledger on recorded kernels (a GPU's records stood in for): the condensed
     ledger, or None when the records do not match the launches (the round is still timed)."""
     from conjugate.evaluate import measured
-    from conjugate.evaluate.profile import load_profile
+    from conjugate.evaluate.evaluators import load_profile
     from conjugate.evaluate.session import EvaluationSession, RoundSetup
 
     rnd, graph = compiled

@@ -362,7 +362,7 @@ def test_with_best_weight_one_a_failed_edit_does_not_demote_the_fastest_branch()
 
 
 def test_with_the_search_settings_mcts_still_beats_random_search():
-    from conjugate.search.run import SearchSettings
+    from conjugate.search.settings import SearchSettings
     st = SearchSettings()
     guided, blind = search_margin(range(48), make=lambda: MCTS(
         c_puct=st.c_puct, behind_margin=st.behind_margin, deepen_margin=st.deepen_margin, best_weight=st.best_weight,
@@ -382,7 +382,7 @@ def test_a_gain_or_loss_within_the_noise_stays_near_one_half():
 
 
 def test_runs_stored_before_the_settings_resume_without_them():
-    from conjugate.search.run import SearchSettings
+    from conjugate.search.settings import SearchSettings
     old = SearchSettings.from_dict({"budget": 20})
     assert (old.deepen_margin, old.best_weight, old.behind_margin, old.move_memory) == (0.0, 0.5, 0.0, 0)
     new = SearchSettings()

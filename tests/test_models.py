@@ -11,7 +11,7 @@ import torch
 
 from conjugate.errors import CheckpointError, ConjugateError
 from conjugate.models import reference
-from conjugate.models.presets import PRESETS
+from conjugate.models.presets import PRESETS, from_name
 from conjugate.models.reference import KVCache, forward, make_round_inputs, reference_round
 from conjugate.models.spec import ModelSpec, RopeScaling
 from conjugate.models.weights import load_checkpoint, random_weights
@@ -31,7 +31,7 @@ def test_public_presets_present():
 
 
 def test_llama_3_1_8b_numbers():
-    s = ModelSpec.from_name("llama-3.1-8b")
+    s = from_name("llama-3.1-8b")
     assert (s.family, s.hidden_size, s.num_layers, s.num_heads, s.num_kv_heads) == ("llama", 4096, 32, 32, 8)
     assert (s.head_dim, s.ffn_size, s.vocab_size) == (128, 14336, 128256)
     assert s.rope_theta == 500000.0 and s.rms_norm_eps == 1e-5 and not s.tied_embeddings
@@ -41,7 +41,7 @@ def test_llama_3_1_8b_numbers():
 
 
 def test_llama_3_2_numbers():
-    one, three = ModelSpec.from_name("llama-3.2-1b"), ModelSpec.from_name("llama-3.2-3b")
+    one, three = from_name("llama-3.2-1b"), from_name("llama-3.2-3b")
     assert (one.hidden_size, one.num_layers, one.num_heads, one.num_kv_heads, one.head_dim, one.ffn_size) == \
         (2048, 16, 32, 8, 64, 8192)
     assert (three.hidden_size, three.num_layers, three.num_heads, three.num_kv_heads, three.head_dim) == \
@@ -52,24 +52,24 @@ def test_llama_3_2_numbers():
 
 
 def test_qwen2_5_7b_numbers():
-    s = ModelSpec.from_name("qwen2.5-7b")
+    s = from_name("qwen2.5-7b")
     assert (s.family, s.hidden_size, s.num_layers, s.num_heads, s.num_kv_heads) == ("qwen2", 3584, 28, 28, 4)
     assert (s.head_dim, s.ffn_size, s.vocab_size) == (128, 18944, 152064)
     assert s.qkv_bias and not s.qk_norm and not s.tied_embeddings and s.rope_scaling is None
     assert s.rope_theta == 1e6 and s.rms_norm_eps == 1e-6
-    small = ModelSpec.from_name("qwen2.5-0.5b")
+    small = from_name("qwen2.5-0.5b")
     assert (small.hidden_size, small.num_layers, small.num_heads, small.num_kv_heads, small.head_dim) == \
         (896, 24, 14, 2, 64)
     assert small.tied_embeddings and small.vocab_size == 151936 and small.ffn_size == 4864
-    assert ModelSpec.from_name("qwen2.5-14b").rms_norm_eps == 1e-5
+    assert from_name("qwen2.5-14b").rms_norm_eps == 1e-5
 
 
 def test_qwen3_8b_numbers():
-    s = ModelSpec.from_name("qwen3-8b")
+    s = from_name("qwen3-8b")
     assert (s.family, s.hidden_size, s.num_layers, s.num_heads, s.num_kv_heads) == ("qwen3", 4096, 36, 32, 8)
     assert (s.head_dim, s.ffn_size, s.vocab_size) == (128, 12288, 151936)
     assert s.qk_norm and not s.qkv_bias and not s.tied_embeddings
-    small = ModelSpec.from_name("qwen3-0.6b")
+    small = from_name("qwen3-0.6b")
     assert small.hidden_size == 1024 and small.head_dim == 128 and small.num_heads * small.head_dim == 2048
     assert small.tied_embeddings
 
@@ -77,7 +77,7 @@ def test_qwen3_8b_numbers():
 @pytest.mark.parametrize("name,public", [("llama-3.2-1b", 1.24e9), ("llama-3.1-8b", 8.03e9), ("qwen2.5-7b", 7.62e9),
                                          ("qwen3-8b", 8.19e9), ("qwen2.5-0.5b", 0.494e9)])
 def test_num_params_matches_public_counts(name, public):
-    assert ModelSpec.from_name(name).num_params() == pytest.approx(public, rel=0.03)
+    assert from_name(name).num_params() == pytest.approx(public, rel=0.03)
 
 
 def test_num_params_counts_random_weights():
@@ -91,7 +91,7 @@ def test_num_params_counts_random_weights():
 
 def test_from_name_unknown_lists_known_names():
     with pytest.raises(KeyError) as info:
-        ModelSpec.from_name("llama-9000")
+        from_name("llama-9000")
     message = str(info.value)
     assert "llama-9000" in message
     for name in ("llama-3.1-8b", "qwen2.5-7b", "qwen3-8b"):
@@ -99,7 +99,7 @@ def test_from_name_unknown_lists_known_names():
 
 
 def test_from_name_returns_preset():
-    assert ModelSpec.from_name("qwen3-8b") is PRESETS["qwen3-8b"]
+    assert from_name("qwen3-8b") is PRESETS["qwen3-8b"]
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -680,7 +680,7 @@ def test_workload_weights_come_from_its_checkpoint(tmp_path):
     workload = workload_from_dict({"draft": "tiny-qwen2-d", "target": "ckpt", "k": 2, "draft_batch": 1,
                                    "target_batch": 1, "context": 4, "dtype": "fp32", "seed": 0}, tmp_path / "w.toml")
     loaded = workload.weights("target")
-    expected = random_weights(ModelSpec.from_name("tiny-qwen2-t"), 99)
+    expected = random_weights(from_name("tiny-qwen2-t"), 99)
     assert torch.equal(loaded.layers[1].wq, expected.layers[1].wq)
     assert not torch.equal(loaded.layers[1].wq, random_weights(workload.target, 0).layers[1].wq)
     assert torch.equal(workload.weights("draft").embed, random_weights(workload.draft, 0).embed)  # a preset

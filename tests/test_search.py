@@ -24,14 +24,16 @@ import conjugate.cli
 from conjugate.agents import Proposal, make_proposer
 from conjugate.cli import main
 from conjugate.evaluate.pipeline import evaluate
-from conjugate.evaluate.profile import load_profile
+from conjugate.evaluate.evaluators import load_profile
 from conjugate.evaluate.result import Baseline, EvalResult, Metrics, Stage, Status
 from conjugate.graph import build_graph
-from conjugate.plan import expand, load_plan, patch_plan, validate_plan
+from conjugate.plan import Plan, expand, load_plan, patch_plan, validate_plan
 from conjugate.search.context import ContextBuilder, family_of
-from conjugate.search.moves import MoveMemory, move_key
-from conjugate.search.run import (MERGE_SUFFIX, Search, SearchSettings, eval_key, evaluator_id, replay_records,
-                                  reward_of, run_evaluator_id)
+from conjugate.search.moves import MERGE_SUFFIX, MoveMemory, merged, move_key
+from conjugate.search import seeding
+from conjugate.search.run import Search
+from conjugate.search.runs import eval_key, replay_records, reward_of, run_evaluator_id
+from conjugate.search.settings import LIMITS, SearchSettings, evaluator_id
 from conjugate.search.store import NodeStatus, Store
 from conjugate.workload import load_workload
 from scripts import load_script  # tests/scripts.py
@@ -176,13 +178,13 @@ class InProcessEvaluator:
         self.profile, self.fail_all, self.calls = load_profile(profile_path), fail_all, []
         self.after = None  # called once, after the first evaluation
 
-    def evaluate(self, plan: dict, workload_path) -> EvalResult:
-        self.calls.append(validate_plan(plan).hash)
+    def evaluate(self, plan: Plan, workload_path) -> EvalResult:
+        self.calls.append(plan.hash)
         if self.fail_all:
             return EvalResult(plan_hash=self.calls[-1], workload="tiny", evaluator=self.profile.name,
                               stage=Stage.COMPILE, status=Status.CRASHED, modeled=True,
                               error="worker exited with status -11")
-        result = evaluate(plan, load_workload(workload_path), self.profile)
+        result = evaluate(plan.to_dict(), load_workload(workload_path), self.profile)  # as the worker gets it
         after, self.after = self.after, None
         if after:
             after()
@@ -316,10 +318,10 @@ def test_a_resume_reads_settings_of_another_version(env, tmp_path):
 
 
 def test_a_run_that_fails_to_start_is_not_left_running(env, tmp_path, monkeypatch):
-    def broken(self):
+    def broken(*args):
         raise RuntimeError("seeding failed")
 
-    monkeypatch.setattr(Search, "_seed", broken)
+    monkeypatch.setattr(seeding, "seed", broken)
     db = tmp_path / "unstarted.db"
     with Store.open(db) as store, pytest.raises(RuntimeError, match="seeding failed"):
         Search.start(store, "x", WORKLOAD, str(TINY), InProcessEvaluator(env["profile"]), make_proposer("heuristic"),
@@ -482,7 +484,7 @@ def test_a_new_pair_starts_from_what_other_pairs_learned(env, base_run, tmp_path
     with Store.open(db) as store:
         second = store.latest_run()
         nodes = store.nodes(second.id)
-        context = ContextBuilder(store, second, "NVIDIA H200", 132).build(nodes[0], {}, nodes)
+        context = ContextBuilder(store, second, "NVIDIA H200", 132).build(nodes[0], validate_plan(nodes[0].plan), {}, nodes)
     assert family_of(second.workload) == "qwen2->qwen2" != FAMILY and second.id != first.id
     warm = [n for n in nodes if n.proposer == "warm-start"]
     assert warm and all("translated to this pair" in n.rationale and f"run {first.id}" in n.rationale for n in warm)
@@ -509,7 +511,7 @@ def test_a_second_run_learns_from_the_first(env, base_run, tmp_path):
         nodes = store.nodes(second.id)
         assert second.id != first.id
         stats_after = store.edit_stats(EVALUATOR, FAMILY)
-        context = ContextBuilder(store, second, "NVIDIA H200", 132).build(nodes[0], {}, nodes)
+        context = ContextBuilder(store, second, "NVIDIA H200", 132).build(nodes[0], validate_plan(nodes[0].plan), {}, nodes)
         lessons = store.lessons(EVALUATOR, FAMILY)
         reused = {h: store.evaluation(key_of(h)) for h in (b["plan_hash"] for b in best)}
     assert all(stats_after[k]["n"] >= s["n"] for k, s in stats.items())  # kept, and added to
@@ -673,7 +675,7 @@ def test_bad_input_ends_in_one_line_and_exit_2(env, tmp_path):
     with contextlib.closing(sqlite3.connect(old)) as c, c:
         c.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     for command in (("show", old), ("search", "--resume", old), ("export", old, "--out", tmp_path / "x")):
-        assert_one_line_error(*cli(*command)[::2], str(old), "store schema version 1", "reads version 2")
+        assert_one_line_error(*cli(*command)[::2], str(old), "earlier release", "conjugate plan upgrade FILE")
 
     code, _, err = cli("search", TINY, "--db", db, "--agent", "nonsense", "--evaluator", env["profile"])
     assert_one_line_error(code, err, "'nonsense'", "heuristic", "replay", "anthropic:<model>", "openai:<model>")
@@ -880,7 +882,7 @@ def test_a_moved_run_whose_checkpoint_is_gone_names_the_field_and_the_path(tmp_p
     from types import SimpleNamespace
 
     from conjugate.errors import ConjugateError
-    from conjugate.search.run import run_workload
+    from conjugate.search.runs import run_workload
 
     stored = replace(WORKLOAD, draft_source=str(tmp_path / "gone-checkpoint"))
     run = SimpleNamespace(id=1, workload_name=stored.name, workload_path=str(tmp_path / "gone.toml"),
@@ -923,9 +925,9 @@ LANDSCAPE = [([{"op": "replace", "path": "/tiles/draft/qkv/BLOCK_N", "value": 32
              ([{"op": "replace", "path": "/tiles/draft/down/BLOCK_N", "value": 32}], 1.0)]
 
 
-def _holds(plan: dict, move: list[dict]) -> bool:
+def _holds(plan: Plan | dict, move: list[dict]) -> bool:
     _, *keys = move[0]["path"].split("/")
-    value = plan
+    value = plan.to_dict() if isinstance(plan, Plan) else plan
     for key in keys:
         value = value.get(key) if isinstance(value, dict) else None
     return value == move[0]["value"]
@@ -938,13 +940,13 @@ class LandscapeEvaluator:
     def __init__(self, profile_path: Path, landscape: list = LANDSCAPE):
         self.profile, self.landscape = load_profile(profile_path), landscape
 
-    def evaluate(self, plan: dict, workload_path) -> EvalResult:
+    def evaluate(self, plan: Plan, workload_path) -> EvalResult:
         latency = 0.8 if plan["streams"] == "two" else 1.0
         for move, factor in self.landscape:
             latency *= factor if _holds(plan, move) else 1.0
         metrics = Metrics(latency, 0.5, latency / 0.5, 100.0, 3, "none", 1,
                           {"sequential": Baseline("ok", 2.0, modeled=True)}, {"sequential": 2.0 / latency})
-        return EvalResult(validate_plan(plan).hash, "tiny", self.profile.name, Stage.TIMING, Status.OK, True,
+        return EvalResult(plan.hash, "tiny", self.profile.name, Stage.TIMING, Status.OK, True,
                           metrics=metrics)
 
 
@@ -1071,10 +1073,7 @@ def test_exploit_every_widens_the_best_open_node_one_expansion_in_n(env, tmp_pat
     with Store.open(tmp_path / "exploit.db") as store:
         search = Search.start(store, "exploit", WORKLOAD, str(TINY), LandscapeEvaluator(env["profile"]),
                               GainFirstProposer(), SearchSettings(budget=4, exploit_every=3, exploit_last=0.0), seed=0)
-        rhythm = []
-        for done in range(12):
-            search.evaluations_done = lambda done=done: done
-            rhythm.append(search._selection())
+        rhythm = [search._selection(done) for done in range(12)]
         assert rhythm == ["mcts"] * 6 + ["best"] * 3 + ["mcts"] * 3
     with Store.open(tmp_path / "exploit1.db") as store:
         search = Search.start(store, "exploit", WORKLOAD, str(TINY), LandscapeEvaluator(env["profile"]),
@@ -1105,22 +1104,19 @@ def test_exploit_last_widens_the_best_open_node_over_the_budget_s_end(env, tmp_p
     with Store.open(tmp_path / "last.db") as store:
         search = Search.start(store, "last", WORKLOAD, str(TINY), LandscapeEvaluator(env["profile"]),
                               GainFirstProposer(), SearchSettings(budget=12, exploit_last=0.25), seed=0)
-        picks = []
-        for done in range(12):
-            search.evaluations_done = lambda done=done: done
-            picks.append(search._selection())
+        picks = [search._selection(done) for done in range(12)]
         assert picks == ["mcts"] * 9 + ["best"] * 3
         search.settings = replace(search.settings, budget=10, exploit_last=0.7)  # 3 left to the tree policy
-        assert [search._selection() for search.evaluations_done in (lambda: 2, lambda: 3)] == ["mcts", "best"]
+        assert [search._selection(done) for done in (2, 3)] == ["mcts", "best"]
         search.settings = replace(search.settings, exploit_last=0.0)
-        assert search._selection() == "mcts"  # off: the tree policy to the end
+        assert search._selection(3) == "mcts"  # off: the tree policy to the end
         search.proposer = make_proposer("random", seed=0)
         search.settings = replace(search.settings, exploit_last=0.25)
-        assert search._selection() == "uniform"
+        assert search._selection(3) == "uniform"
     assert SearchSettings().exploit_last == 0.25
     assert SearchSettings.from_dict({"budget": 9}).exploit_last == 0.0  # a run stored before the setting
     for wrong in (-0.5, 1.5):
-        with pytest.raises(ValueError, match=f"stored search setting 'exploit_last' is {wrong}"):
+        with pytest.raises(ValueError, match=f"search setting 'exploit_last' is {wrong}"):
             SearchSettings.from_dict({"budget": 9, "exploit_last": wrong})
 
 
@@ -1167,10 +1163,16 @@ def test_the_run_s_small_gains_are_offered_together(env, tmp_path):
     assert without > every_gain * 1.002
 
 
+def _merged(search: Search, memory: MoveMemory, node, proposals: list[Proposal]) -> list[Proposal]:
+    """moves.merged as an expansion of `node` calls it."""
+    return merged(memory, node, validate_plan(node.plan), {n.id: n for n in search.store.nodes(search.run_id)},
+                  proposals)
+
+
 class ClashEvaluator(LandscapeEvaluator):
     """SMALL_GAINS, except that moves 0 and 1 together make the round 6% slower."""
 
-    def evaluate(self, plan: dict, workload_path) -> EvalResult:
+    def evaluate(self, plan: Plan, workload_path) -> EvalResult:
         result = super().evaluate(plan, workload_path)
         if not all(_holds(plan, SMALL_GAINS[i][0]) for i in (0, 1)):
             return result
@@ -1215,7 +1217,7 @@ def test_a_merge_is_recorded_as_such_and_charged_wherever_it_lost(env, tmp_path)
             plan = patch_plan(validate_plan(parent.plan), patch)
             node_id, _ = store.add_node(search.run_id, plan.to_dict(), plan.hash, parent.id, patch, "r", proposer,
                                         "tiles", 0.5)
-            search.results[plan.hash] = evaluator.evaluate(plan.to_dict(), TINY)
+            search.results[plan.hash] = evaluator.evaluate(plan, TINY)
             return store.node(node_id)
 
         holds_1 = child(streams, SMALL_GAINS[1][0], "small-gains")
@@ -1226,14 +1228,14 @@ def test_a_merge_is_recorded_as_such_and_charged_wherever_it_lost(env, tmp_path)
         stats = store.edit_stats(search.run.evaluator, None)
         search._learn(made, search.results[made.plan_hash], reward_of(search.results[made.plan_hash]))
         assert store.edit_stats(search.run.evaluator, None) == stats
-        memory = search._move_memory()
+        memory = search._move_memory(store.nodes(search.run_id))
         assert move_key(merge) in memory.merges and not memory.in_lost_merge
         child(holds_1, merge, "small-gains")  # carried beside move 1: the clash, 6% slower
-        memory = search._move_memory()
+        memory = search._move_memory(store.nodes(search.run_id))
         assert memory.in_lost_merge == {move_key(SMALL_GAINS[0][0]), move_key(SMALL_GAINS[2][0])}
         assert {move_key(m.patch) for m in memory.gainers()} == {move_key(SMALL_GAINS[i][0]) for i in (1, 3)}
         search.settings = replace(search.settings, charge_merges=False)  # as a run stored before the charge
-        assert not search._move_memory().in_lost_merge
+        assert not search._move_memory(store.nodes(search.run_id)).in_lost_merge
 
 
 def test_a_merge_is_offered_only_when_new_and_replaces_its_moves_alone(env, tmp_path):
@@ -1246,12 +1248,12 @@ def test_a_merge_is_offered_only_when_new_and_replaces_its_moves_alone(env, tmp_
         for i in (0, 1):
             memory.add(SMALL_GAINS[i][0], 0.003, "tiles", f"move {i}")
         alone = [Proposal(SMALL_GAINS[i][0], f"move {i}", "tiles", 0.5) for i in (0, 2)]
-        merged = search._merged(memory, streams, alone)
+        merged = _merged(search, memory, streams, alone)
         assert [p.patch for p in merged] == [SMALL_GAINS[0][0] + SMALL_GAINS[1][0], SMALL_GAINS[2][0]]
         assert move_key(merged[0].patch) in memory.merges
         plan = patch_plan(validate_plan(streams.plan), merged[0].patch)
         store.add_node(search.run_id, plan.to_dict(), plan.hash, streams.id, merged[0].patch, "r", "test", "tiles", 0.5)
-        assert search._merged(memory, streams, alone) == alone  # the merged plan is in the run already
+        assert _merged(search, memory, streams, alone) == alone  # the merged plan is in the run already
 
 
 def test_a_merge_leaves_the_edits_of_the_node_s_path_alone(env, tmp_path):
@@ -1271,12 +1273,12 @@ def test_a_merge_leaves_the_edits_of_the_node_s_path_alone(env, tmp_path):
         memory.add(start, 0.05, "launch", "start")
         memory.add(SMALL_GAINS[0][0], 0.003, "tiles", "move 0")
         memory.add(SMALL_GAINS[1][0], 0.003, "tiles", "move 1")
-        merged = search._merged(memory, store.node(node_id), [])
+        merged = _merged(search, memory, store.node(node_id), [])
         assert len(merged) == 1 and merged[0].patch == SMALL_GAINS[0][0] + SMALL_GAINS[1][0]
         memory.add(SMALL_GAINS[1][0], -0.01, "tiles", "move 1")  # lost clearly once: one move is left
-        assert search._merged(memory, store.node(node_id), []) == []
+        assert _merged(search, memory, store.node(node_id), []) == []
         # at the streams node itself the release at the start is the largest gain and joins
-        merged = search._merged(MoveMemory({move_key(start): [0.05], move_key(SMALL_GAINS[0][0]): [0.003]},
+        merged = _merged(search, MoveMemory({move_key(start): [0.05], move_key(SMALL_GAINS[0][0]): [0.003]},
                                            {move_key(start): (start, "launch", "start"),
                                             move_key(SMALL_GAINS[0][0]): (SMALL_GAINS[0][0], "tiles", "move 0")}),
                                 store.node(streams.id), [])
@@ -1290,9 +1292,13 @@ def test_stored_settings_read_back_and_refuse_the_wrong_type():
     assert SearchSettings.from_dict({"budget": 9}).merge_moves is False and SearchSettings().merge_moves
     assert SearchSettings.from_dict({"budget": 9, "merge_moves": True}).charge_merges is False  # stored before it
     for key, value in (("deepen_first", 1), ("deepen_first", "yes"), ("budget", True), ("c_puct", "0.7"),
-                       ("budget", 0), ("expand_width", 0), ("c_puct", -5), ("behind_margin", float("nan"))):
-        with pytest.raises(ValueError, match=f"stored search setting '{key}' is"):
+                       ("budget", 0), ("expand_width", 0), ("c_puct", -5), ("behind_margin", float("nan")),
+                       ("budget", LIMITS["budget"] + 1), ("expand_width", LIMITS["expand_width"] + 1),
+                       ("warm_start", 10 ** 12), ("stale_after_s", float("inf"))):
+        with pytest.raises(ValueError, match=f"search setting '{key}' is"):
             SearchSettings.from_dict({**settings.to_dict(), key: value})
+        with pytest.raises(ValueError, match=f"search setting '{key}' is"):
+            SearchSettings(**{**settings.to_dict(), key: value})  # made in code, as a command makes them
 
 
 @pytest.mark.filterwarnings("ignore:Glyph")  # the plot's font lacks the rocket
@@ -1314,7 +1320,7 @@ def test_a_workload_mismatch_names_the_nested_field(env, tmp_path):
     from types import SimpleNamespace
 
     from conjugate.errors import ConjugateError
-    from conjugate.search.run import check_workload
+    from conjugate.search.runs import check_workload
 
     stored = WORKLOAD.to_dict()
     stored["draft"] = {**stored["draft"], "rms_norm_eps": 1e-3}

@@ -77,9 +77,9 @@ class _FakeRun:
     """A search that evaluates one plan per tick of a shared clock until its budget or the deadline."""
 
     def __init__(self, run_id: int, clock: list, order: list, plans: int = 99):
-        from conjugate.search.run import SearchSettings
+        from conjugate.search.settings import SearchSettings
         self.run_id, self.clock, self.order, self.plans = run_id, clock, order, plans
-        self.settings, self.done = SearchSettings(budget=0), 0
+        self.settings, self.done = SearchSettings(budget=1), 0
         self.workload = type("W", (), {"name": "w"})()
 
     def evaluations_done(self) -> int:
@@ -196,8 +196,8 @@ def test_a_fresh_run_takes_the_width_it_is_given(tmp_path, monkeypatch):
     import contextlib
     from types import SimpleNamespace
 
-    from conjugate.evaluate.profile import load_profile
-    from conjugate.search.run import SearchSettings
+    from conjugate.evaluate.evaluators import load_profile
+    from conjugate.search.settings import SearchSettings
 
     searchers = load_script("searchers")
     started = []

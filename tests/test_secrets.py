@@ -17,9 +17,9 @@ from sqlalchemy import JSON, String, create_engine
 from conjugate.cli import main
 from conjugate.evaluate.result import EvalResult, Stage, Status
 from conjugate.plan import load_plan, validate_plan
-from conjugate.search.run import eval_key
+from conjugate.search.runs import eval_key
 from conjugate.search.store import Store
-from conjugate.search.store_schema import Base
+from conjugate.search.store.schema import Base
 from conjugate.secrets import REDACTED, configured_keys, scrub, scrub_log_records, scrub_tree
 from conjugate.workload import load_workload
 from test_store import db_url  # noqa: F401  (the fixture: a fresh SQLite file, or a PostgreSQL database)

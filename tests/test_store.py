@@ -25,7 +25,7 @@ from conjugate.errors import ConjugateError
 from conjugate.evaluate.result import EvalResult, Metrics, Stage, Status, Verdict, VerdictKind
 from conjugate.roles import Model
 from conjugate.search.store import SCHEMA_VERSION, NodeStatus, RunStatus, Store, StoreError, owner_id
-from conjugate.search.store_schema import Evaluation, Node, VerdictRow
+from conjugate.search.store.schema import Evaluation, Node, VerdictRow
 
 PG_ENV = "CONJUGATE_TEST_POSTGRES_URL"
 WORKLOAD = {"name": "tiny", "family": "llama3/llama3", "k": 4}
@@ -357,17 +357,26 @@ def _display(db_url: str) -> str:
     return make_url(db_url).render_as_string(hide_password=True)
 
 
-@pytest.mark.parametrize("version", ["1", "7"])  # 1: the store before runs.gpu became runs.evaluator
-def test_other_schema_version_is_refused(db_url, version):
-    assert SCHEMA_VERSION == 2
+@pytest.mark.parametrize("version", ["1", "2"])  # 2: plans of conjugate.plan/1, the edit kinds before knob families
+def test_an_earlier_release_store_is_refused_with_the_way_on(db_url, version):
     Store.open(db_url).close()
     _sql(db_url, f"UPDATE meta SET value = '{version}' WHERE key = 'schema_version'")
     with pytest.raises(StoreError) as caught:
         Store.open(db_url)
     message = str(caught.value)
-    assert f"store schema version {version}, this conjugate reads version 2" in message
     where = db_url if "://" not in db_url else _display(db_url)  # a SQLite file goes by its path
     assert message.startswith(f"{where}: ") and "\n" not in message
+    assert "earlier release" in message
+    assert "conjugate export" in message and "conjugate plan upgrade FILE" in message
+
+
+def test_a_later_release_store_is_refused(db_url):
+    Store.open(db_url).close()
+    _sql(db_url, f"UPDATE meta SET value = '{SCHEMA_VERSION + 1}' WHERE key = 'schema_version'")
+    with pytest.raises(StoreError) as caught:
+        Store.open(db_url)
+    message = str(caught.value)
+    assert f"version {SCHEMA_VERSION + 1}" in message and "earlier release" not in message and "\n" not in message
 
 
 def test_database_of_something_else_is_refused(db_url):
@@ -526,3 +535,64 @@ def test_add_node_racing_an_uncommitted_add_gets_that_node(store, db_url):
         visits=0, value_sum=0.0, prior=1.0, status="new", created_at=datetime.now(timezone.utc))
     node_id, created = _while_uncommitted(db_url, racer, lambda: add(store, run_id, "p"))
     assert not created and store.node(node_id).proposer == "racer" and len(store.nodes(run_id)) == 1
+
+
+@pytest.mark.parametrize("during", ["close", "read"])
+def test_ctrl_c_while_the_store_closes_or_reads_is_raised_once_and_logs_nothing(tmp_path, caplog, during):
+    """A second Ctrl-C of a stopping search can land while a connection closes or is reset: it is
+    raised as one KeyboardInterrupt once that is done, and the pool logs no traceback."""
+    store = Store.open(tmp_path / "interrupted.db")
+    run_id = new_run(store)
+    store.run(run_id)  # a pooled connection to close
+
+    def interrupt(*_args):
+        os.kill(os.getpid(), signal.SIGINT)
+
+    target, name = (store._engine.pool, "close") if during == "close" else (Engine, "before_cursor_execute")
+    event.listen(target, name, interrupt)
+    try:
+        with caplog.at_level("DEBUG", logger="sqlalchemy"), pytest.raises(KeyboardInterrupt):
+            store.close() if during == "close" else store.run(run_id)
+    finally:
+        event.remove(target, name, interrupt)
+        store.close()
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "WARNING")]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with Store.open(tmp_path / "interrupted.db") as again:
+        assert again.run(run_id).id == run_id
+
+
+def _claim_slots(db: str, run_id: int, node_ids: list[int], budget: int, start, out) -> None:
+    """A process of a search sharing the run: claims a slot for each of its nodes in turn."""
+    with Store.open(db) as store:
+        start.wait()
+        out.put([node_id for node_id in node_ids if store.claim_slot(run_id, node_id, budget)])
+
+
+def test_two_processes_never_claim_more_than_the_budget(tmp_path):
+    """Two processes on one run claim budget slots at once: together exactly the budget, each node at most
+    once; a node that holds a slot keeps it (a resume evaluates it), and no other node gets one."""
+    db, budget = str(tmp_path / "budget.db"), 7
+    with Store.open(db) as store:
+        run_id = new_run(store)
+        root, _ = store.add_node(run_id, {"n": "root"}, "root", None, None, "r", "seed", "other", 1.0)
+        ids = [store.add_node(run_id, {"n": i}, f"h{i}", root, None, "r", "test", "other", 1.0)[0] for i in range(20)]
+    ctx = multiprocessing.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_claim_slots, args=(db, run_id, part, budget, start, out))
+             for part in (ids[:10], ids[10:])]
+    for p in procs:
+        p.start()
+    start.set()
+    claimed = [out.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    won = claimed[0] + claimed[1]
+    assert len(won) == budget and len(set(won)) == budget
+    with Store.open(db) as store:
+        assert store.slots_claimed(run_id) == budget
+        assert store.claim_slot(run_id, won[0], budget)  # held: kept
+        assert not store.claim_slot(run_id, next(i for i in ids if i not in won), budget)
+        assert not store.claim_slot(run_id, root, budget)
+        store.settle(won[0], NodeStatus.EVALUATED, [root, won[0]], 1.0)
+        assert store.settled_count(run_id) == 1 and store.slots_claimed(run_id) == budget

@@ -183,7 +183,7 @@ def test_a_reference_with_non_finite_logits_is_a_setup_failure_not_the_plan_s():
 
     from conjugate.evaluate.correctness import REFERENCE_DAMAGED
     from conjugate.evaluate.pipeline import _Run, check
-    from conjugate.evaluate.profile import load_profile
+    from conjugate.evaluate.evaluators import load_profile
     from conjugate.evaluate.result import Stage, Status
     from conjugate.workload import load_workload
     from test_search import TINY

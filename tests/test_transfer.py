@@ -7,7 +7,7 @@ import pytest
 
 from conjugate.graph import build_graph
 from conjugate.plan import expand, validate_plan
-from conjugate.search.transfer import same_pair_shape, scale_layer, translate_op_pattern, translate_plan
+from conjugate.search.seeding import same_pair_shape, scale_layer, translate_op_pattern, translate_plan
 from conjugate.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[1]

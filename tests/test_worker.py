@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conjugate.evaluate.profile import load_profile
+from conjugate.evaluate.evaluators import load_profile
 from conjugate.evaluate.worker import IsolatedEvaluator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,3 +64,50 @@ def test_the_worker_passes_carried_baselines_on_only_when_there_are_some(profile
         isolated.carried = {"device": "NVIDIA H200", "from": "run 1", "baselines": {}}
         sent = dict(json.loads(isolated.evaluate(CHEAP, TINY).error))
         assert sent["carried_baselines"] == isolated.carried
+
+
+PARENT = """
+import sys, time
+from conjugate.evaluate.evaluators import load_profile
+from conjugate.evaluate.worker import IsolatedEvaluator
+isolated = IsolatedEvaluator(load_profile("analytical"), time_limit_s=600, entry="evaluators:hang_in_kernel",
+                             env={"PYTHONPATH": sys.argv[2]})
+worker = isolated._start()
+print(worker.pid, flush=True)
+isolated.evaluate({"schema": "conjugate.plan/1"}, sys.argv[1])  # the worker hangs: the parent waits on it
+"""
+
+
+def test_a_worker_ends_soon_after_its_search_is_killed_outright(tmp_path):
+    """kill -9 of the search leaves its worker busy (here: hung in a kernel); the worker notices its parent
+    is gone and exits within a few seconds rather than running on."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(TINY), FAULTS["PYTHONPATH"]],
+                              stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        worker = int(parent.stdout.readline())
+        time.sleep(8)  # the worker imports, reads the request and hangs (a loaded machine is slow)
+        assert _alive(worker), "the worker should be busy until its parent is killed"
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        killed = time.monotonic()
+        while _alive(worker) and time.monotonic() - killed < 10:
+            time.sleep(0.1)
+        assert not _alive(worker), "the worker outlived its parent"
+        assert time.monotonic() - killed < 5
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+def _alive(pid: int) -> bool:
+    """Whether the process runs (a zombie, exited and not yet reaped by its new parent, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"

@@ -12,11 +12,10 @@ from typing import Callable, Protocol
 
 from conjugate.errors import ConjugateError
 from conjugate.evaluate.result import EvalResult
+from conjugate.plan.schema import Plan
 
 # one edit kind per knob family of the plan, so the search's statistics per kind compare like with like
 EDIT_KINDS = ("tiles", "fusions", "reduce", "pdl", "streams", "cross", "other")
-# the kinds runs recorded before the plan's knobs were grouped by family: still valid in a stored run
-EARLIER_EDIT_KINDS = ("pattern", "pairs", "fusion", "alignment", "layout", "override", "launch")
 
 
 @dataclass(frozen=True)
@@ -29,9 +28,9 @@ class Proposal:
 
 @dataclass(frozen=True)
 class NodeContext:
-    """What a proposer sees about the node it expands: its plan (JSON), its result (typed) and the
+    """What a proposer sees about the node it expands: its plan, its result (typed) and the
     search's history around it."""
-    plan: dict  # canonical plan JSON
+    plan: Plan | dict  # the search's validated Plan; a dict from elsewhere is validated by the proposer
     plan_hash: str
     workload: dict  # Workload.to_dict(), plus "family" (the lessons' key)
     evaluator: str  # the evaluator profile's name (e.g. analytical: every latency is modeled)

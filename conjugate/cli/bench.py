@@ -23,7 +23,7 @@ BASELINES = ("conventional", "sequential", "streams")
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Evaluate plans on a workload beside the baselines; print a table, optionally write JSON."""
-    from conjugate.evaluate.profile import load_profile
+    from conjugate.evaluate.evaluators import load_profile
     from conjugate.evaluate.worker import IsolatedEvaluator
     from conjugate.plan import load_plan
     from conjugate.workload import load_workload

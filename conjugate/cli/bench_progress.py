@@ -24,7 +24,7 @@ def variant_trials_estimate(workload, profile) -> float | None:
     if (profile.kind != "gpu" or not {"conventional", "streams"} & set(profile.timing.baselines)
             or not torch.cuda.device_count()):  # no GPU to name: the evaluation says why it cannot measure
         return None
-    from conjugate.evaluate.baselines import choice_file
+    from conjugate.evaluate.baselines.measure import choice_file
 
     gpu = torch.cuda.get_device_name(0)
     if choice_file(workload, gpu, profile.timing, None).exists():

@@ -17,7 +17,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     import tempfile
 
     from conjugate.evaluate.calibrate import fit, loss, make_case, measured_rounds, profile_text
-    from conjugate.evaluate.profile import ProfileError, load_profile
+    from conjugate.evaluate.evaluators import ProfileError, load_profile
     from conjugate.plan import load_plan
     from conjugate.workload import load_workload
 

@@ -1,7 +1,7 @@
 """What a command asks of this machine's devices, refused in one line before any work."""
 from __future__ import annotations
 
-from conjugate.evaluate.profile import EvaluatorProfile, ProfileError
+from conjugate.evaluate.evaluators import EvaluatorProfile, ProfileError
 
 
 def require_device(profile: EvaluatorProfile) -> None:

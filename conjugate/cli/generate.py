@@ -143,7 +143,7 @@ def _flag_value(flag: str, value):
 
 def _plan(args: argparse.Namespace):
     """The plan (or conventional backend) to run, and the conventional variants."""
-    from conjugate.evaluate.conventional import Variant
+    from conjugate.evaluate.baselines.conventional import Variant
     from conjugate.paths import plan_path, shipped_plan
     from conjugate.plan import load_plan, validate_plan
 

@@ -18,7 +18,7 @@ from conjugate.errors import ConjugateError
 from conjugate.paths import DEFAULT_WORKLOAD, PROFILES_DIR, RUNS_DIR
 from conjugate.search.databases import open_store
 from conjugate.search.gpus import Helpers, parse_gpus, pin_this_process
-from conjugate.search.integrity import DAMAGED
+from conjugate.search.store.integrity import DAMAGED
 
 if TYPE_CHECKING:
     from conjugate.agents.base import Proposer
@@ -82,9 +82,10 @@ def _start(args: argparse.Namespace, out: Console, deadline: float | None) -> in
         raise ConjugateError("--carry-baselines: only with --resume (a new run has measured no baselines to carry)")
     if args.run is not None:
         raise ConjugateError(f"--run {args.run}: only with --resume DB (a new run gets the next id)")
-    from conjugate.evaluate.profile import load_profile
+    from conjugate.evaluate.evaluators import load_profile
     from conjugate.evaluate.worker import IsolatedEvaluator
-    from conjugate.search.run import Search, SearchSettings
+    from conjugate.search.run import Search
+    from conjugate.search.settings import SearchSettings
     from conjugate.search.scoring import scored_by
     from conjugate.workload import load_workload
 
@@ -112,11 +113,12 @@ def _start(args: argparse.Namespace, out: Console, deadline: float | None) -> in
 def _resume(args: argparse.Namespace, out: Console, deadline: float | None) -> int:
     """The latest run of the database (or --run) where it stopped, with its own workload, evaluator
     profile and agent; only the budget, the LLM server and the cost cap may be given anew."""
-    from conjugate.evaluate.profile import ProfileError, load_profile
+    from conjugate.evaluate.evaluators import ProfileError, load_profile
     from conjugate.evaluate.worker import IsolatedEvaluator
     from conjugate.search.report import run_history
-    from conjugate.search.run import (Search, SearchSettings, baselines_to_carry, evaluator_id, run_evaluator_id,
-                                      run_profile_source, run_workload_file)
+    from conjugate.search.run import Search
+    from conjugate.search.runs import baselines_to_carry, run_evaluator_id, run_profile_source, run_workload_file
+    from conjugate.search.settings import SearchSettings, evaluator_id
     from conjugate.search.scoring import scored_by
     from conjugate.search.store import RunStatus, StoreError
 
@@ -211,7 +213,7 @@ class _CallLog:
 
 def _proposer(agent: AgentSettings, call_log: _CallLog) -> Proposer:
     from conjugate.agents import make_proposer
-    from conjugate.search.run import replay_records
+    from conjugate.search.runs import replay_records
 
     records = None
     if agent.spec == "replay":

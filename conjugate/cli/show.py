@@ -42,7 +42,7 @@ def cmd_show(args: argparse.Namespace, out: Console) -> None:
 def show_run(store, run, out: Console, limit: int = 10, workload_file: str | None = None,
              workload: Workload | None = None) -> None:
     from conjugate.search.report import run_history
-    from conjugate.search.run import run_workload
+    from conjugate.search.runs import run_workload
 
     history = run_history(store, run, workload or run_workload(run, workload_file))
     ok = sorted((h for h in history if h["status"] == "ok"), key=lambda h: h["latency_ms"])

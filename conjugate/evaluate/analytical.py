@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from conjugate.compiler.feedback import PartRef
-from conjugate.evaluate.profile import ModelConstants
+from conjugate.evaluate.evaluators import ModelConstants
 from conjugate.evaluate.result import Verdict
 from conjugate.plan.expand import Launch, Schedule
 from conjugate.plan.tiles import FAMILY_OF

@@ -15,7 +15,7 @@ import networkx as nx
 
 from conjugate.compiler.round import compile_round
 from conjugate.evaluate.analytical import AnalyticalModel, launch_programs, model_round
-from conjugate.evaluate.profile import ModelConstants, ProfileError
+from conjugate.evaluate.evaluators import ModelConstants, ProfileError
 from conjugate.files import is_file_name, read_json, shown
 from conjugate.graph import build_graph
 from conjugate.models.weights import meta_weights

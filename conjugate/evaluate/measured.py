@@ -24,10 +24,10 @@ import torch
 
 from conjugate.compiler.buffers import PreparedWeights
 from conjugate.compiler.round import CompiledRound
-from conjugate.evaluate.baselines import carried_baselines, enter_torch_graph_state, measure_baselines
+from conjugate.evaluate.baselines.measure import carried_baselines, enter_torch_graph_state, measure_baselines
 from conjugate.evaluate.correctness import ReferenceChecker, tolerance_for
 from conjugate.evaluate.harness import Timed, speedups
-from conjugate.evaluate.profile import EvaluatorProfile
+from conjugate.evaluate.evaluators import EvaluatorProfile
 from conjugate.evaluate.ledger import Ledger, LedgerError, kernel_records
 from conjugate.evaluate.result import Baseline, LedgerSummary, Metrics, Verdict
 from conjugate.evaluate.rounds import checked_run, round_inputs

@@ -16,7 +16,7 @@ from conjugate.evaluate.analytical import AnalyticalModel, launch_programs, mode
 from conjugate.evaluate.correctness import ReferenceChecker
 from conjugate.evaluate.harness import Timed, speedups
 from conjugate.evaluate.ledger import Ledger
-from conjugate.evaluate.profile import EvaluatorProfile
+from conjugate.evaluate.evaluators import EvaluatorProfile
 from conjugate.evaluate.result import Baseline, Metrics
 from conjugate.evaluate.rounds import checked_run, round_inputs
 from conjugate.evaluate.session import EvaluationSession, RoundSetup

@@ -22,7 +22,7 @@ from conjugate.evaluate.correctness import REFERENCE_DAMAGED
 from conjugate.evaluate.harness import Harness
 from conjugate.evaluate.measured import MeasuredHarness
 from conjugate.evaluate.modeled import ModeledHarness
-from conjugate.evaluate.profile import EvaluatorProfile
+from conjugate.evaluate.evaluators import EvaluatorProfile
 from conjugate.evaluate.result import Baseline, EvalResult, Stage, Status
 from conjugate.evaluate.session import EvaluationSession, RoundSetup
 from conjugate.plan import Plan, expand, validate_plan

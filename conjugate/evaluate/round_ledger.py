@@ -12,7 +12,7 @@ def measure_ledger(plan, workload, replays: int):
     from conjugate.compiler.round import compile_round
     from conjugate.evaluate.correctness import ReferenceChecker, tolerance_for
     from conjugate.evaluate.ledger import Ledger, kernel_records
-    from conjugate.evaluate.profile import load_profile
+    from conjugate.evaluate.evaluators import load_profile
     from conjugate.evaluate.rounds import checked_run, round_inputs
     from conjugate.evaluate.timing import copy_bandwidth_gbs
     from conjugate.graph import build_graph

@@ -25,8 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from conjugate.evaluate.profile import EvaluatorProfile
+from conjugate.errors import PlanError
+from conjugate.evaluate.evaluators import EvaluatorProfile
+from conjugate.evaluate.parent_watch import exit_with_parent, parent_env
 from conjugate.evaluate.result import EvalResult, Stage, Status
+from conjugate.plan import Plan, validate_plan
 
 DEFAULT_ENTRY = "conjugate.evaluate.pipeline:evaluate"
 
@@ -48,15 +51,16 @@ class IsolatedEvaluator:
             self._stderr = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a chatty worker never blocks
             self._worker = subprocess.Popen([sys.executable, "-m", "conjugate.evaluate.worker"], stdin=subprocess.PIPE,
                                             stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1,
-                                            env=self.env)
+                                            env=parent_env(self.env))
         return self._worker
 
-    def evaluate(self, plan: dict, workload_path: str | Path, refresh_baselines: bool = False,
+    def evaluate(self, plan: Plan | dict, workload_path: str | Path, refresh_baselines: bool = False,
                  on_stage=None) -> EvalResult:
         """One plan's EvalResult; `refresh_baselines` re-measures the baselines (GPU); `on_stage` hears
-        each stage as the worker enters it."""
+        each stage as the worker enters it. The plan crosses to the worker as a dict; the worker
+        validates it."""
         worker = self._start()
-        request = {"plan": plan, "workload": str(workload_path), "profile": self.profile.to_dict(),
+        request = {"plan": plan.to_dict() if isinstance(plan, Plan) else plan, "workload": str(workload_path), "profile": self.profile.to_dict(),
                    "cache_dir": str(self.cache_dir) if self.cache_dir else None, "entry": self.entry,
                    "refresh_baselines": refresh_baselines}
         if self.carried:
@@ -104,7 +108,7 @@ class IsolatedEvaluator:
         self._worker = None
         self.restarts += 1
 
-    def _lost(self, plan: dict, workload_path, stage: Stage, start: float, status: Status, error: str) -> EvalResult:
+    def _lost(self, plan: Plan | dict, workload_path, stage: Stage, start: float, status: Status, error: str) -> EvalResult:
         """The worker is gone or hung: kill it, restart on the next call, report what was seen."""
         self._retire()
         return EvalResult(plan_hash=_plan_hash(plan), workload=Path(workload_path).stem, evaluator=self.profile.name,
@@ -133,10 +137,10 @@ def log_tail(text: str, lines: int = 3) -> str:
     return f": {' | '.join(tail)}" if tail else ""
 
 
-def _plan_hash(plan: dict) -> str:
-    from conjugate.errors import PlanError
-    from conjugate.plan import validate_plan
-
+def _plan_hash(plan: Plan | dict) -> str:
+    """The plan's hash, for a result the worker could not give; "" for a dict that is no valid plan."""
+    if isinstance(plan, Plan):
+        return plan.hash
     try:
         return validate_plan(plan).hash
     except PlanError:
@@ -148,6 +152,7 @@ def _serve() -> None:
     from conjugate.evaluate.session import EvaluationSession
     from conjugate.workload import load_workload
 
+    exit_with_parent()  # a search killed outright leaves no worker compiling or timing on
     protocol = os.fdopen(os.dup(1), "w")  # the parent reads this; anything else printed goes to stderr
     os.dup2(2, 1)
     sys.stdout = sys.stderr

@@ -43,3 +43,10 @@ _TINY = [
 ]
 
 PRESETS: dict[str, ModelSpec] = {spec.name: spec for spec in _PUBLIC + _TINY}
+
+
+def from_name(name: str) -> ModelSpec:
+    """The preset of that name; KeyError listing the known names for another."""
+    if name not in PRESETS:
+        raise KeyError(f"unknown model preset {name!r}; known: {', '.join(sorted(PRESETS))}")
+    return PRESETS[name]

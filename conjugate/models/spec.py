@@ -97,14 +97,6 @@ class ModelSpec:
         return cls(**data)
 
     @classmethod
-    def from_name(cls, name: str) -> "ModelSpec":
-        from conjugate.models.presets import PRESETS
-
-        if name not in PRESETS:
-            raise KeyError(f"unknown model preset {name!r}; known: {', '.join(sorted(PRESETS))}")
-        return PRESETS[name]
-
-    @classmethod
     def from_hf_config(cls, path: str | Path) -> "ModelSpec":
         """Read a Hugging Face `config.json` (a checkpoint directory or the file itself)."""
         path = Path(path)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from conjugate.agents.base import NodeContext
 from conjugate.evaluate.result import EvalResult
+from conjugate.plan import Plan
 from conjugate.search.store import NodeRecord, RunRecord, Store
 
 FALLBACK_SMS = 132  # an H100/H200's multiprocessors: a GPU profile's count until a measurement names its GPU
@@ -31,12 +32,13 @@ class ContextBuilder:
         self.store, self.run, self.device, self.sms = store, run, device, sms
         self.family = family_of(run.workload)
 
-    def build(self, node: NodeRecord, results: dict[str, EvalResult], nodes: list[NodeRecord]) -> NodeContext:
-        """`results`: plan hash -> result of every evaluated node of the run."""
+    def build(self, node: NodeRecord, plan: Plan, results: dict[str, EvalResult], nodes: list[NodeRecord]) -> NodeContext:
+        """`plan`: the node's, validated; `results`: plan hash -> result of every evaluated node of the run;
+        `nodes`: the run's."""
         children = [n for n in nodes if n.parent_id == node.id]
         device, sms = _measured_device(results) or (self.device, self.sms)
         return NodeContext(
-            plan=node.plan, plan_hash=node.plan_hash, workload=self.run.workload, evaluator=self.run.evaluator,
+            plan=plan, plan_hash=plan.hash, workload=self.run.workload, evaluator=self.run.evaluator,
             device=device, sms=sms, result=results.get(node.plan_hash), baselines=_baselines(results),
             best=_best(results, nodes), lessons=self._lessons(),
             edit_stats=self.store.edit_stats(self.run.evaluator, self.family)

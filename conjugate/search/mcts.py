@@ -83,7 +83,7 @@ class TreeNode:
         """Root ... self."""
         nodes, seen, node = [], set(), self
         while node is not None:
-            if node.id in seen:  # parents that loop (a stored tree is checked before: search/integrity.py)
+            if node.id in seen:  # parents that loop (a stored tree is checked before: search/store/integrity.py)
                 raise ValueError(f"node {node.id} is its own ancestor")
             seen.add(node.id)
             nodes.append(node)

@@ -24,13 +24,24 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from conjugate.agents.base import Proposal
+from conjugate.errors import PatchError, PlanError
+from conjugate.evaluate.result import EvalResult
+from conjugate.plan import Plan, patch_plan
+from conjugate.search.runs import reward_of
+from conjugate.search.store import NodeRecord
 
 LOSS = 0.005  # a loss larger than the spread of repeated measurements (0.1-0.6% in one process)
 WIN = 0.01  # a mean gain clearly larger than that spread: worth carrying to other branches
 MERGE_GAIN = 0.002  # a mean gain over this (and no loss over LOSS): merged with the run's other gains
 PRIOR_SCALE = (0.25, 4.0)  # the most a remembered move's prior is scaled down or up
 GAIN_UNIT = 0.02  # a 2% mean gain scales the prior by e
+CARRIED = "gained elsewhere in this run, so made here too: "  # a carried move's rationale starts so
+MERGE_SUFFIX = "+merge"  # a merge's node is recorded as its proposer's name and this (merged)
+SEEDED = ("seed", "warm-start")  # the proposers of a run's first plans, which no move made
 
 
 def move_key(patch: list[dict]) -> str:
@@ -125,3 +136,107 @@ def conflict(a: list[dict], b: list[dict]) -> bool:
         return p == q or p.startswith(q + "/")
     return any((inside(p, q) or inside(q, p)) and not (p == q and append_p and append_q)
                for p, append_p in touched(a) for q, append_q in touched(b))
+
+
+def move_memory(nodes: list[NodeRecord], results: dict[str, EvalResult], charge_merges: bool) -> MoveMemory | None:
+    """What each move of the run (`nodes`, `results`: plan hash -> result) did where it was measured,
+    or None while no move was measured."""
+    hashes = {n.id: n.plan_hash for n in nodes}
+    memory, measured = MoveMemory(), []
+    for n in nodes:
+        if n.parent_id is None or n.proposer in SEEDED or not n.edit:
+            continue
+        child, parent = results.get(n.plan_hash), results.get(hashes[n.parent_id])
+        if child is not None and parent is not None and reward_of(parent) > 0:
+            gain = reward_of(child) / reward_of(parent) - 1
+            memory.add(n.edit, gain, n.edit_kind, n.rationale)
+            measured.append((n.edit, gain))
+    memory.merges = {move_key(n.edit) for n in nodes if n.edit and n.proposer.endswith(MERGE_SUFFIX)}
+    for patch, gain in measured:  # once every move is known; a merge carried elsewhere is the same move
+        if charge_merges and move_key(patch) in memory.merges:
+            memory.charge(patch, gain)
+    return memory if memory.gains else None
+
+
+def _top(proposals: list[Proposal]) -> float:
+    return max((p.prior for p in proposals if p.prior is not None), default=1.0)
+
+
+def carried(memory: MoveMemory, plan: Plan, here: set[str], proposals: list[Proposal]) -> list[Proposal]:
+    """The proposals, led by the move that gained most elsewhere in the run where it applies to `plan`
+    (the node's), changes it, and is neither proposed nor tried here yet (`here`: the hashes of the
+    node's plan and its children's)."""
+    offered = {move_key(p.patch) for p in proposals}
+    for move in memory.winners():
+        if move_key(move.patch) in offered:
+            continue
+        try:
+            if patch_plan(plan, move.patch).hash in here | {plan.hash}:
+                continue
+        except (PatchError, PlanError):
+            continue
+        made = Proposal(move.patch, f"{CARRIED}{move.rationale}" + memory.note(move.patch), move.kind,
+                        memory.prior(move.patch, _top(proposals)))
+        return [made] + proposals
+    return proposals
+
+
+def _lineage(node: NodeRecord, nodes: dict[int, NodeRecord]) -> list[list[dict]]:
+    """The edits that made `node`, from it up to the root (seeds excluded)."""
+    edits = []
+    while node is not None:
+        edits += [node.edit] if node.edit and node.proposer not in SEEDED else []
+        node = nodes.get(node.parent_id)
+    return edits
+
+
+def merged(memory: MoveMemory, parent: NodeRecord, plan: Plan, nodes: dict[int, NodeRecord],
+           proposals: list[Proposal]) -> list[Proposal]:
+    """The proposals, led by one plan making every move that gained in the run (gainers, the largest
+    gain first) that applies to `parent` (its plan `plan`), changes its plan and writes nothing that an
+    earlier one or an edit on the node's own path wrote; offered where it holds two moves or more and
+    is new to the run (`nodes`: the run's, by id). A proposal making one of its moves alone is dropped
+    (the merge holds it). The merge's move is added to memory.merges."""
+    lineage = _lineage(parent, nodes)  # a merge adds to them, never undoes one
+    together, made, patch = plan, [], []
+    for move in memory.gainers():
+        if any(conflict(move.patch, m) for m in lineage + [m.patch for m in made]):
+            continue
+        try:
+            after = patch_plan(together, move.patch)
+        except (PatchError, PlanError):
+            continue
+        if after.hash != together.hash:
+            together, made, patch = after, made + [move], patch + move.patch
+    if len(made) < 2 or together.hash in {n.plan_hash for n in nodes.values()}:
+        return proposals
+    try:  # the moves one after another made what the patch makes at once: checked, not assumed
+        if patch_plan(plan, patch).hash != together.hash:
+            return proposals
+    except (PatchError, PlanError):
+        return proposals
+    memory.merges.add(move_key(patch))
+    keys = {move_key(m.patch) for m in made}
+    gains = ", ".join(f"{m.gain * 100:+.1f}%" for m in made)
+    rationale = (f"the {len(made)} moves that gained in this run, together ({gains} where made): "
+                 + "; ".join(m.rationale.removeprefix(CARRIED).split(" (elsewhere")[0][:80] for m in made))
+    return [Proposal(patch, rationale, made[0].kind, _top(proposals))] + \
+        [p for p in proposals if move_key(p.patch) not in keys]
+
+
+def remembered(proposals: list[Proposal], memory: MoveMemory, times: int,
+               skipped: Callable[[Proposal], None]) -> list[Proposal]:
+    """The proposals without moves that lost everywhere they were made (`times` times at least; each
+    told to `skipped`), the others' priors scaled by how they did elsewhere (best first)."""
+    given = [p.prior for p in proposals if p.prior is not None]
+    default = sum(given) / len(given) if given else 1.0  # as MCTS.priors fills a missing prior
+    kept = []
+    for p in proposals:
+        if memory.lost_everywhere(p.patch, times):
+            skipped(replace(p, rationale=p.rationale + memory.note(p.patch)))
+        elif memory.knows(p.patch):  # priors are normalised per expansion: no cap needed
+            kept.append(replace(p, prior=memory.prior(p.patch, p.prior if p.prior is not None else default),
+                                rationale=p.rationale + memory.note(p.patch)))
+        else:
+            kept.append(p)
+    return sorted(kept, key=lambda p: -(p.prior if p.prior is not None else default))

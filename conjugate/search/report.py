@@ -14,10 +14,10 @@ from rich.console import Console
 
 from conjugate.errors import ConjugateError
 from conjugate.evaluate.result import EvalResult
-from conjugate.search.run import (eval_key, evaluator_id, reward_of, run_evaluator_id, run_profile_source,
-                                  run_workload)
+from conjugate.search.runs import eval_key, reward_of, run_evaluator_id, run_profile_source, run_workload
+from conjugate.search.settings import evaluator_id
 from conjugate.paths import DATA_ROOT, EXAMPLES_DIR, PROFILES_DIR
-from conjugate.search.integrity import check_run
+from conjugate.search.store.integrity import check_run
 from conjugate.search.store import StoreError
 from conjugate.secrets import scrub, scrub_tree
 from conjugate.text import visible
@@ -230,7 +230,7 @@ def _script(run, workload_word: str) -> str:
 
 def _same_settings(run) -> bool:
     """Whether the shipped profile of the run's evaluator name has the settings the run scored with."""
-    from conjugate.evaluate.profile import load_profile
+    from conjugate.evaluate.evaluators import load_profile
 
     try:
         return evaluator_id(load_profile(run.evaluator)) == run_evaluator_id(run)

@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from conjugate.evaluate.profile import EvaluatorProfile
-from conjugate.search.run import SearchSettings
+from conjugate.evaluate.evaluators import EvaluatorProfile
+from conjugate.search.settings import SearchSettings
 
 
 def scored_by(settings: SearchSettings, profile: EvaluatorProfile) -> SearchSettings:

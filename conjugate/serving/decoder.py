@@ -16,7 +16,7 @@ launch: settle.py) keeps the agreeing prefix plus the target's next token; a seq
   each group's draft cache lives in one and its target cache in the other.
 
 In place of a plan, `conventional` runs each model on its own by torch (the conventional baseline's
-static steps, evaluate/conventional.py: simple or pipelined, the phases one after the other) and
+static steps, evaluate/baselines/conventional.py: simple or pipelined, the phases one after the other) and
 `conventional-streams` runs the two groups' phases on two streams (pipelined only).
 
 Between rounds only device-side tensor operations run: nothing waits for the GPU but the progress
@@ -34,7 +34,7 @@ import torch
 from conjugate.compiler.buffers import ModelBuffers, PreparedWeights
 from conjugate.compiler.round import CompiledRound, compile_round
 from conjugate.errors import ConjugateError
-from conjugate.evaluate.conventional import DEFAULT, ConventionalRound, Variant
+from conjugate.evaluate.baselines.conventional import DEFAULT, ConventionalRound, Variant
 from conjugate.models.reference import forward
 from conjugate.plan import Plan, validate_plan
 from conjugate.roles import Model

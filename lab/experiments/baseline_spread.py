@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 from conjugate.cli.arguments import output_file  # noqa: E402
 from conjugate.errors import ConjugateError  # noqa: E402
 from conjugate.search.report import node_evaluations  # noqa: E402
-from conjugate.search.run import run_workload  # noqa: E402
+from conjugate.search.runs import run_workload  # noqa: E402
 from conjugate.search.store import Store  # noqa: E402
 
 BASELINES = ("conventional", "sequential", "streams")

@@ -3,7 +3,7 @@
     python lab/experiments/conventional_profile.py [WORKLOAD.toml] [--variants layers-sdpa whole-grouped ...]
                                               [--split-chunks 4 8 ...] [--json OUT.json]
 
-Per variant (evaluate/conventional.py: its compile x attention [x residual]; default: the profiles'
+Per variant (evaluate/baselines/conventional.py: its compile x attention [x residual]; default: the profiles'
 default list), both phases are built as the baseline builds them, checked against the fp32
 reference, captured as CUDA graphs and timed (median of replays on fresh inputs): draft phase alone, verify phase alone, back to
 back, on two streams. Then each phase runs once eagerly under torch.profiler and its CUDA kernels
@@ -29,11 +29,11 @@ sys.path.insert(0, str(ROOT))
 from conjugate.cli.arguments import output_file  # noqa: E402
 from conjugate.compiler.buffers import PreparedWeights  # noqa: E402
 from conjugate.compiler.round import device_name  # noqa: E402
-from conjugate.evaluate import conventional  # noqa: E402
-from conjugate.evaluate.conventional import ConventionalRound, Variant  # noqa: E402
-from conjugate.evaluate.split_attention import choose_chunks  # noqa: E402
+from conjugate.evaluate.baselines import conventional  # noqa: E402
+from conjugate.evaluate.baselines.conventional import ConventionalRound, Variant  # noqa: E402
+from conjugate.evaluate.baselines.split_attention import choose_chunks  # noqa: E402
 from conjugate.evaluate.correctness import ReferenceChecker, tolerance_for  # noqa: E402
-from conjugate.evaluate.profile import TimingSettings  # noqa: E402
+from conjugate.evaluate.evaluators import TimingSettings  # noqa: E402
 from conjugate.evaluate.rounds import round_inputs  # noqa: E402
 from conjugate.evaluate.timing import time_replays  # noqa: E402
 from conjugate.roles import Model  # noqa: E402

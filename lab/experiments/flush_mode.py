@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from conjugate.cli.arguments import output_file  # noqa: E402
 from conjugate.compiler.round import compile_round  # noqa: E402
 from conjugate.evaluate.measured import MeasuredHarness  # noqa: E402
-from conjugate.evaluate.profile import load_profile  # noqa: E402
+from conjugate.evaluate.evaluators import load_profile  # noqa: E402
 from conjugate.evaluate.rounds import checked_run  # noqa: E402
 from conjugate.evaluate.session import EvaluationSession  # noqa: E402
 from conjugate.evaluate.timing import (FLUSHES, copy_bandwidth_gbs, flush_time_us, l2_flush_bytes,  # noqa: E402

@@ -68,7 +68,7 @@ def bench(workload_path: Path, plan_path: Path, streams: list[int], replays: int
 
     from conjugate.compiler.round import compile_round
     from conjugate.evaluate.measured import MeasuredHarness
-    from conjugate.evaluate.profile import load_profile
+    from conjugate.evaluate.evaluators import load_profile
     from conjugate.evaluate.rounds import checked_run
     from conjugate.evaluate.session import EvaluationSession
     from conjugate.evaluate.timing import capture, concurrently, copy_bandwidth_gbs, time_replays

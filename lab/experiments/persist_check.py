@@ -32,7 +32,7 @@ from persist_layer import output_fields, persist_plan  # noqa: E402
 from conjugate.cli.arguments import output_file  # noqa: E402
 from conjugate.compiler.round import compile_round  # noqa: E402
 from conjugate.evaluate.measured import MeasuredHarness  # noqa: E402
-from conjugate.evaluate.profile import load_profile  # noqa: E402
+from conjugate.evaluate.evaluators import load_profile  # noqa: E402
 from conjugate.evaluate.session import EvaluationSession  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 

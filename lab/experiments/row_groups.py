@@ -41,7 +41,7 @@ def bench(workload_path: Path, plan_path: Path, groups: list[int], replays: int,
     from conjugate.compiler.buffers import PreparedWeights
     from conjugate.compiler.round import compile_round
     from conjugate.evaluate.correctness import ReferenceChecker, tolerance_for
-    from conjugate.evaluate.profile import load_profile
+    from conjugate.evaluate.evaluators import load_profile
     from conjugate.evaluate.rounds import checked_run, round_inputs
     from conjugate.evaluate.timing import capture, concurrently, copy_bandwidth_gbs, time_replays
     from conjugate.plan import load_plan

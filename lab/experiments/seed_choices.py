@@ -1,13 +1,13 @@
 """Keep the conventional variants chosen by an earlier `baselines.py` run as this machine's choice,
 so a later process builds only the chosen variant per phase instead of trying every variant again
-(evaluate/baselines.py: `chosen_variants` reads the kept choice first).
+(evaluate/baselines/measure.py: `chosen_variants` reads the kept choice first).
 
     python lab/experiments/seed_choices.py benchmarks/results/baselines_h200.json [--evaluator h200]
 
 Only when the earlier run was measured on a GPU of this name with this torch version, tried every
 variant the profile lists (and chose among them) and chose the pair for two streams; a choice already
 kept is left alone. (Rows written before `baselines.py` chose the pair for two streams seed nothing.) Where the choice is kept: $CONJUGATE_CACHE/kernels/conventional/ (default
-~/.cache/conjugate/kernels/conventional/), as evaluate/baselines.py keeps it.
+~/.cache/conjugate/kernels/conventional/), as evaluate/baselines/measure.py keeps it.
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from conjugate.evaluate.baselines import choice_file, keep_choice  # noqa: E402
-from conjugate.evaluate.profile import load_profile  # noqa: E402
+from conjugate.evaluate.baselines.measure import choice_file, keep_choice  # noqa: E402
+from conjugate.evaluate.evaluators import load_profile  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 
 

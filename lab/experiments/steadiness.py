@@ -33,10 +33,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from baselines import sm_clock_mhz  # noqa: E402
 from conjugate.compiler.buffers import kv_capacity  # noqa: E402
 from conjugate.compiler.round import compile_round  # noqa: E402
-from conjugate.evaluate.baselines import conventional_baselines  # noqa: E402
-from conjugate.evaluate.conventional import ConventionalRound, Variant  # noqa: E402
+from conjugate.evaluate.baselines.measure import conventional_baselines  # noqa: E402
+from conjugate.evaluate.baselines.conventional import ConventionalRound, Variant  # noqa: E402
 from conjugate.evaluate.measured import MeasuredHarness  # noqa: E402
-from conjugate.evaluate.profile import load_profile  # noqa: E402
+from conjugate.evaluate.evaluators import load_profile  # noqa: E402
 from conjugate.evaluate.rounds import checked_run  # noqa: E402
 from conjugate.evaluate.session import EvaluationSession  # noqa: E402
 from conjugate.evaluate.timing import capture, time_round  # noqa: E402

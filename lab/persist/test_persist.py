@@ -410,7 +410,7 @@ def test_tile_loops_beside_persistent_or_plain_launches_compute_the_reference_ro
 def test_a_tile_loops_grid_counts_in_the_analytical_model():
     """A tile loop on fewer programs than its tiles fills less of the GPU: modeled no faster than the launch."""
     from conjugate.evaluate.analytical import AnalyticalModel, PartCost
-    from conjugate.evaluate.profile import load_profile
+    from conjugate.evaluate.evaluators import load_profile
 
     model = AnalyticalModel(load_profile("analytical").model)
     part = PartCost("gemm", 8_000_000, 0, 512)

@@ -47,7 +47,7 @@ def conventional_on_cpu(workload, profile, cache_dir):
     from pathlib import Path
 
     from conjugate.compiler.buffers import PreparedWeights
-    from conjugate.evaluate.conventional import ConventionalRound, Variant
+    from conjugate.evaluate.baselines.conventional import ConventionalRound, Variant
     from conjugate.evaluate.correctness import ReferenceChecker, tolerance_for
     from conjugate.evaluate.result import Baseline
     from conjugate.evaluate.rounds import round_inputs

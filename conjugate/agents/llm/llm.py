@@ -153,7 +153,7 @@ class LLMProposer:
             return []
         self.last_error = ""
         try:
-            current = validate_plan(context.plan)
+            current = context.plan if isinstance(context.plan, Plan) else validate_plan(context.plan)
         except PlanError as e:
             self.last_error = f"{self.name}: the node's plan is invalid: {e}"
             return []

@@ -161,7 +161,7 @@ class Prompts:
 
     def expand_text(self, ctx: NodeContext, n: int) -> str:
         return self.expand.safe_substitute(
-            plan=json.dumps(ctx.plan, indent=1, sort_keys=True), schema=self.schema, n=n, kinds=self.kinds,
+            plan=json.dumps(ctx.plan.to_dict() if isinstance(ctx.plan, Plan) else ctx.plan, indent=1, sort_keys=True), schema=self.schema, n=n, kinds=self.kinds,
             workload=_json(ctx.workload), device=ctx.device, sms=ctx.sms, evaluator=ctx.evaluator,
             scores=_scores(ctx),
             baselines=_json(ctx.baselines) if ctx.baselines else "none measured",

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from conjugate.evaluate.baselines import CHOICE_KEYS, choice_file
-from conjugate.evaluate.profile import load_profile
+from conjugate.evaluate.baselines.measure import CHOICE_KEYS, choice_file
+from conjugate.evaluate.evaluators import load_profile
 from conjugate.paths import EXAMPLES_DIR
 from conjugate.workload import load_workload
 from experiment_scripts import load_script  # lab/experiments/tests/experiment_scripts.py

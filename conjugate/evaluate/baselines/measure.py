@@ -11,7 +11,7 @@
 - `sequential`: this project's kernels, one model after the other (plans/sequential.json).
 
 With `[timing] baselines_apart`, `conventional` and `streams` are measured in a process of their own
-(baselines_apart.py: their CUDA graphs would slow every graph of this process).
+(apart.py: their CUDA graphs would slow every graph of this process).
 
 Each is checked against the reference before it is timed. The evaluation session keeps them for
 its workload; a caller asks for them again with `refresh_baselines`.
@@ -28,14 +28,15 @@ import torch
 
 from conjugate.compiler.round import compile_round, default_cache_dir, device_name
 from conjugate.errors import ConjugateError
-from conjugate.evaluate.baselines_apart import measure_apart
-from conjugate.evaluate.conventional import ConventionalRound, Variant, on_two_streams
+from conjugate.evaluate.baselines.apart import measure_apart
+from conjugate.evaluate.baselines import conventional, split_attention
+from conjugate.evaluate.baselines.conventional import ConventionalRound, Variant, on_two_streams
 from conjugate.evaluate.correctness import CheckReport
-from conjugate.evaluate.profile import EvaluatorProfile, TimingSettings
+from conjugate.evaluate.evaluators import EvaluatorProfile, TimingSettings
 from conjugate.evaluate.result import CARRIABLE_BASELINES, Baseline
 from conjugate.evaluate.rounds import checked_run
 from conjugate.evaluate.session import RoundSetup
-from conjugate.evaluate.split_attention import adopt_cuts, kept_cuts
+from conjugate.evaluate.baselines.split_attention import adopt_cuts, kept_cuts
 from conjugate.evaluate.timing import median_known_within, time_round
 from conjugate.files import write_atomic
 from conjugate.paths import shipped_plan
@@ -98,7 +99,7 @@ def measure_baselines(setup: RoundSetup, profile: EvaluatorProfile, cache_dir: P
     if {"conventional", "streams"} & set(wanted) and profile.timing.baselines_apart:
         out |= measure_apart(setup.workload, profile, cache_dir)
     elif {"conventional", "streams"} & set(wanted):
-        out |= _conventional(setup, profile.timing, cache_dir)
+        out |= measure_conventional(setup, profile.timing, cache_dir)
         torch.cuda.empty_cache()  # the baseline's compiled models and graphs are gone with it
     if "sequential" in wanted:
         out["sequential"] = _sequential(setup, profile.timing, cache_dir)
@@ -222,8 +223,6 @@ def try_all(setup: RoundSetup, timing: TimingSettings, on_trial=None) -> tuple[l
 
 def variants_code() -> str:
     """A digest of the code the variants are built from: a choice made with other code is made again."""
-    from conjugate.evaluate import conventional, split_attention
-
     sources = b"".join(Path(m.__file__).read_bytes() for m in (conventional, split_attention))
     return hashlib.sha256(sources).hexdigest()[:16]
 
@@ -274,23 +273,13 @@ def _checked(rnd: ConventionalRound, setup: RoundSetup) -> CheckReport:
     return setup.check(rnd.outputs())
 
 
-def _conventional(setup: RoundSetup, timing: TimingSettings, cache_dir: Path | None) -> dict[str, Baseline]:
+def measure_conventional(setup: RoundSetup, timing: TimingSettings, cache_dir: Path | None) -> dict[str, Baseline]:
     try:
         chosen = chosen_variants(setup, timing, cache_dir)
     except NoCorrectVariant as none:
         return {name: Baseline(none.status, error=str(none)) for name in ("conventional", "streams")
                 if name in timing.baselines}
     return conventional_baselines(setup, timing, chosen)
-
-
-def conventional_alone(workload: Workload, profile: EvaluatorProfile, cache_dir: Path | None) -> dict[str, Baseline]:
-    """`conventional` and `streams` in a process that prepares the workload for them alone (the
-    child of baselines_apart.measure_apart)."""
-    from conjugate.evaluate.measured import MeasuredHarness
-    from conjugate.evaluate.session import EvaluationSession
-
-    return _conventional(MeasuredHarness(profile, cache_dir, EvaluationSession()).prepare(workload), profile.timing,
-                         cache_dir)
 
 
 def conventional_baselines(setup: RoundSetup, timing: TimingSettings, chosen: dict[str, str]) -> dict[str, Baseline]:

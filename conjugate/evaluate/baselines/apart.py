@@ -14,27 +14,25 @@ or runs out of time gives error baselines that say why, and the evaluation goes 
 CHILD_SHARE of the profile's time limit (the evaluation that waits for it has the whole limit), and
 exits as soon as its parent is gone (a worker killed at its time limit leaves no child running).
 
-    python -m conjugate.evaluate.baselines_apart     # the child: one JSON request on stdin
+    python -m conjugate.evaluate.baselines.apart_child     # the child: one JSON request on stdin
 """
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
-from conjugate.evaluate.profile import EvaluatorProfile
+from conjugate.evaluate.evaluators import EvaluatorProfile
+from conjugate.evaluate.parent_watch import parent_env
 from conjugate.evaluate.result import Baseline
 from conjugate.evaluate.worker import log_tail
-from conjugate.files import write_atomic
 from conjugate.workload import Workload
 
-DEFAULT_ENTRY = "conjugate.evaluate.baselines:conventional_alone"
+CHILD = "conjugate.evaluate.baselines.apart_child"
+DEFAULT_ENTRY = f"{CHILD}:conventional_alone"
 NAMES = ("conventional", "streams")
 CHILD_SHARE = 0.8  # of the profile's time limit: the parent's evaluation must finish inside all of it
 
@@ -51,9 +49,9 @@ def measure_apart(workload: Workload, profile: EvaluatorProfile, cache_dir: Path
                    "cache_dir": str(cache_dir) if cache_dir else None}
         with tempfile.TemporaryFile(mode="w+") as log:  # a file, not a pipe: a chatty child never blocks
             try:
-                done = subprocess.run([sys.executable, "-m", "conjugate.evaluate.baselines_apart"],
+                done = subprocess.run([sys.executable, "-m", CHILD],
                                       input=json.dumps(request), stdout=log, stderr=subprocess.STDOUT, text=True,
-                                      timeout=limit_s, env={**os.environ, **(env or {})})
+                                      timeout=limit_s, env=parent_env({**os.environ, **(env or {})}))
                 problem = "" if done.returncode == 0 else f"exited with status {done.returncode}"
             except subprocess.TimeoutExpired:
                 problem = f"ran past its time limit ({limit_s:g} s, {CHILD_SHARE:.0%} of the profile's)"
@@ -67,30 +65,3 @@ def measure_apart(workload: Workload, profile: EvaluatorProfile, cache_dir: Path
                 problem = f"wrote no readable result ({type(error).__name__}: {error})"
     why = f"the conventional baselines' own process {problem}" + tail[:400]
     return {name: Baseline("error", error=why) for name in wanted}
-
-
-def _exit_with_parent() -> None:
-    """A daemon thread that ends this process once its parent is gone (it is then re-parented)."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(3)
-
-    threading.Thread(target=watch, daemon=True).start()
-
-
-def _serve() -> None:
-    _exit_with_parent()
-    request = json.loads(sys.stdin.read())
-    module, _, function = request["entry"].partition(":")
-    measure = getattr(importlib.import_module(module), function)
-    profile = EvaluatorProfile.from_dict(request["profile"])
-    cache_dir = Path(request["cache_dir"]) if request["cache_dir"] else None
-    baselines = measure(Workload.from_dict(request["workload"]), profile, cache_dir)
-    write_atomic(Path(request["out"]), json.dumps({name: b.to_dict() for name, b in baselines.items()}))
-
-
-if __name__ == "__main__":
-    _serve()

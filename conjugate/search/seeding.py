@@ -1,4 +1,8 @@
-"""What a run on one model pair carries to a run on another: its best plans, their op ids
+"""A run's first plans: the shipped sequential plan as the root; the shipped streams and interleave
+plans and the best plans of earlier runs on this evaluator (warm starts: this model family's first, then
+any other's) as its children.
+
+What a run on one model pair carries to a run on another: its best plans, their op ids
 translated to the new pair's layers and draft steps.
 
 A plan's rules (alignment, pairs, tiles per op kind, fusions, streams) hold for any pair; only its
@@ -14,6 +18,14 @@ import copy
 import re
 
 import networkx as nx
+
+from conjugate.errors import PlanError
+from conjugate.graph import build_graph
+from conjugate.paths import SEED_PLANS, shipped_plan
+from conjugate.plan import Plan, load_plan, validate_plan
+from conjugate.search.context import family_of
+from conjugate.search.store import RunRecord, Store
+from conjugate.workload import Workload
 
 _TARGET_LAYER = re.compile(r"^(t\.l)(\d+)(?=\.|$)")
 _DRAFT_STEP_LAYER = re.compile(r"^(d\.s)(\d+)(\.l)(\d+)(?=\.|$)")
@@ -63,3 +75,39 @@ def same_pair_shape(source: dict, target: dict) -> bool:
     """Whether op ids mean the same ops in both workloads (layer counts and k alike)."""
     return (source["target"]["num_layers"], source["draft"]["num_layers"], source["k"]) == \
         (target["target"]["num_layers"], target["draft"]["num_layers"], target["k"])
+
+
+def seed(store: Store, run: RunRecord, workload: Workload, warm_start: int) -> list[Plan]:
+    """Add the run's root and its seeded children to the store; the plans added, the root first."""
+    root = load_plan(shipped_plan(SEED_PLANS[0]))
+    root_id, _ = store.add_node(run.id, root.to_dict(), root.hash, None, None,
+                                "baseline: draft phase, then verify phase", "seed", "other", 1.0)
+    seeds = [(load_plan(shipped_plan(n)), f"shipped plan {n}", "seed") for n in SEED_PLANS[1:]]
+    added = [root]
+    for plan, why, proposer in seeds + warm_starts(store, run, workload, warm_start):
+        store.add_node(run.id, plan.to_dict(), plan.hash, root_id,
+                       [{"op": "replace", "path": "", "value": plan.to_dict()}], why, proposer, "other", 1.0)
+        added.append(plan)
+    return added
+
+
+def warm_starts(store: Store, run: RunRecord, workload: Workload, wanted: int) -> list[tuple[Plan, str, str]]:
+    """The best plans of earlier runs with this evaluator (measured and modeled apart): of this model
+    family first, then of any other, their op ids translated to this pair; a plan of an earlier schema
+    that no longer validates is left out."""
+    family = family_of(run.workload)
+    mine = store.best_plans(run.evaluator, family, wanted, exclude_run=run.id)
+    others = store.best_plans(run.evaluator, None, 4 * wanted, exclude_run=run.id)
+    chosen = [w for w in mine if w["reward"] > 0]  # no failed plan
+    chosen += [w for w in others if w["reward"] > 0 and family_of(w["workload"]) != family][:wanted - len(chosen)]
+    out, graph = [], None
+    for w in chosen[:wanted]:
+        plan, why = w["plan"], f"best plan of run {w['run_id']} ({w['workload'].get('name')}): reward {w['reward']:.3f}"
+        if not same_pair_shape(w["workload"], run.workload):
+            graph = graph or build_graph(workload)
+            plan, why = translate_plan(plan, w["workload"], run.workload, graph), why + ", translated to this pair"
+        try:  # read from the store (another run's), and translated: validated here
+            out.append((validate_plan(plan), why, "warm-start"))
+        except PlanError:
+            continue
+    return out

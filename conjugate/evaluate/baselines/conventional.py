@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from conjugate.compiler.buffers import ModelBuffers, PreparedWeights, RoundBuffers
-from conjugate.evaluate.split_attention import (choose_chunks, from_grouped_rows, grouped_rows, split_attention,
+from conjugate.evaluate.baselines.split_attention import (choose_chunks, from_grouped_rows, grouped_rows, split_attention,
                                                 split_mask)
 from conjugate.models.reference import KVCache, RoundInputs, RoundOutputs
 from conjugate.roles import Model

@@ -1,5 +1,5 @@
 """One pass over a run's stored rows before `show`, `export`, a resume (report.run_history) or a replay
-(run.replay_records) use them: a damaged row ends in one line naming its table, row and field, before
+(runs.replay_records) use them: a damaged row ends in one line naming its table, row and field, before
 anything is written, instead of a traceback or an endless walk up a plan tree whose parents loop.
 
 Checked: the run's seed is an integer and its search settings read back (types and ranges), every node's
@@ -18,11 +18,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from conjugate.agents.base import EARLIER_EDIT_KINDS, EDIT_KINDS
+from conjugate.agents import EDIT_KINDS
 from conjugate.errors import ConjugateError
 from conjugate.files import shown, shown_json
-from conjugate.search.store import StoreError
-from conjugate.search.store_schema import EvaluationRecord, NodeRecord
+from conjugate.plan import validate_plan
+from conjugate.search.settings import SearchSettings
+from conjugate.search.store.schema import EvaluationRecord, NodeRecord
+from conjugate.search.store.store import StoreError
 
 EVALUATION_STATUSES = ("running", "done")
 DAMAGED = "a damaged store"
@@ -47,8 +49,6 @@ def check_run(run: Any, found: list[tuple[NodeRecord, EvaluationRecord | None]])
 def _check_settings(run: Any) -> None:
     """The run's seed an integer (what a resume seeds its agent with) and its stored search settings
     read back (types and ranges: SearchSettings.from_dict)."""
-    from conjugate.search.run import SearchSettings
-
     if not isinstance(run.seed, int) or isinstance(run.seed, bool):
         raise _damaged("runs", run.id, f"field 'seed' is {shown_json(run.seed)}, not an integer")
     if not isinstance(run.settings, dict):
@@ -71,7 +71,7 @@ def _check_node(n: NodeRecord) -> None:
             for op in n.edit)):
         raise _damaged("nodes", n.id, f"field 'edit' is {shown_json(n.edit)}, not a JSON Patch "
                                       "(a list of operations with 'op' and 'path')")
-    if n.edit_kind not in EDIT_KINDS + EARLIER_EDIT_KINDS:
+    if n.edit_kind not in EDIT_KINDS:
         raise _damaged("nodes", n.id, f"field 'edit_kind' is {shown(n.edit_kind)}, not one of {', '.join(EDIT_KINDS)}")
     for name in ("depth", "visits"):
         value = getattr(n, name)
@@ -147,8 +147,6 @@ def _check_best_branch(nodes: dict[int, NodeRecord], found: list[tuple[NodeRecor
 
 def _check_plan(node: NodeRecord) -> None:
     """The node's plan validates and hashes to its plan_hash."""
-    from conjugate.plan import validate_plan
-
     try:
         actual = validate_plan(node.plan).hash
     except (ConjugateError, ValueError, TypeError) as e:

@@ -60,7 +60,7 @@ class TimingSettings:
     # replays recorded under the profiler for the plan's time ledger (what the agents are told); 0: none
     ledger_replays: int = 0
     baselines: tuple[str, ...] = ("conventional", "sequential", "streams")
-    # `conventional` and `streams` measured in a process of their own (evaluate/baselines_apart.py)
+    # `conventional` and `streams` measured in a process of their own (evaluate/baselines/apart.py)
     baselines_apart: bool = False
     # the conventional baseline's variants tried per phase (conventional.py); the fastest correct one runs
     conventional: tuple[str, ...] = ("layers-grouped", "whole-sdpa", "whole-grouped", "whole-split")
@@ -213,7 +213,7 @@ def _timing(timing: dict, where: str) -> TimingSettings:
         raise ProfileError(f"{where}: field 'timing.baselines' names a baseline twice: {shown(baselines)}")
     variants = timing.get("conventional", list(TimingSettings.conventional))
     if not isinstance(variants, list) or not variants or not all(_is_variant(v) for v in variants):
-        from conjugate.evaluate.conventional import ATTENTION, COMPILES, RESIDUALS
+        from conjugate.evaluate.baselines.conventional import ATTENTION, COMPILES, RESIDUALS
 
         raise ProfileError(f"{where}: field 'timing.conventional' should be a non-empty list of variants "
                            f"<{'|'.join(COMPILES)}>-<{'|'.join(ATTENTION)}>[-{'|'.join(RESIDUALS[1:])}], "
@@ -222,7 +222,7 @@ def _timing(timing: dict, where: str) -> TimingSettings:
 
 
 def _is_variant(name) -> bool:
-    from conjugate.evaluate.conventional import Variant
+    from conjugate.evaluate.baselines.conventional import Variant
 
     try:
         Variant.parse(name)

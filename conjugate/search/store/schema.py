@@ -24,7 +24,9 @@ from conjugate.evaluate.result import EvalResult
 from conjugate.files import shown
 from conjugate.secrets import scrub, scrub_tree
 
-SCHEMA_VERSION = 2  # 2: runs.gpu dropped (runs.evaluator holds it), lessons and edit_outcomes keyed by evaluator
+# 2: runs.gpu dropped (runs.evaluator holds it), lessons and edit_outcomes keyed by evaluator
+# 3: plans of schema conjugate.plan/2, edit kinds by knob family, nodes.slot (the budget's claims)
+SCHEMA_VERSION = 3
 
 
 class RunStatus(StrEnum):
@@ -135,6 +137,7 @@ class Node(Base):
     best_reward: Mapped[float | None]  # None until a reward was backpropagated through the node
     prior: Mapped[float]
     status: Mapped[str] = mapped_column(ScrubbedString(16))
+    slot: Mapped[bool] = mapped_column(default=False)  # holds one of the run's budget of evaluations (claim_slot)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

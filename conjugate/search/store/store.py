@@ -15,12 +15,16 @@ Concurrency rules (after Optuna's BaseStorage):
   read-modify-write, so concurrent settlements all count.
 - Results go in as EvalResult and come back as EvalResult; the JSON column holds its to_dict().
 - SQLite: WAL journal, a 30 s busy timeout, writes in BEGIN IMMEDIATE transactions, retried with
-  backoff on "database is locked". Ctrl-C during a write transaction takes effect once it has committed
-  or rolled back: an interrupted one would keep the write lock, and the run could not be marked stopped. PostgreSQL: READ COMMITTED, retried on deadlock/serialization.
+  backoff on "database is locked". PostgreSQL: READ COMMITTED, retried on deadlock/serialization.
+- Ctrl-C during a transaction (a read or a write) or while the store closes takes effect once it has
+  ended: an interrupted write would keep the write lock, and the run could not be marked stopped; an
+  interrupted connection close or reset is logged by the pool with a traceback.
+- claim_slot hands out a run's budget of evaluations one node at a time, under a lock on the run's
+  row, so processes sharing a run never evaluate more than its budget together.
 - The schema carries SCHEMA_VERSION in table `meta`; a database of another version is refused,
-  never migrated.
+  never migrated (one written by an earlier release: its best plan is exported and upgraded).
 - Nothing here takes an API key, and none is stored: every text and JSON column scrubs the values
-  bound to it, writes and query values alike (store_schema.py, conjugate/secrets.py).
+  bound to it, writes and query values alike (schema.py, conjugate/secrets.py).
 """
 from __future__ import annotations
 
@@ -43,7 +47,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from conjugate.errors import ConjugateError
 from conjugate.evaluate.result import EvalResult, Verdict
-from conjugate.search.store_schema import (SCHEMA_VERSION, Base, EditOutcome, Evaluation, EvaluationRecord, LLMCall,
+from conjugate.search.store.schema import (SCHEMA_VERSION, Base, EditOutcome, Evaluation, EvaluationRecord, LLMCall,
                                            Lesson, Meta, Node, NodeRecord, NodeStatus, Run, RunRecord, RunStatus,
                                            VerdictRow, utcnow)
 
@@ -120,7 +124,10 @@ class Store:
         return self._url.render_as_string(hide_password=True)
 
     def close(self) -> None:
-        self._engine.dispose()
+        """Close every pooled connection; a Ctrl-C meanwhile is raised once they are closed (the pool
+        would otherwise log it with a traceback, as a failure to close a connection)."""
+        with _interrupts_held():
+            self._engine.dispose()
 
     def __enter__(self) -> "Store":
         return self
@@ -208,6 +215,33 @@ class Store:
         stmt = select(Node).where(Node.run_id == run_id, Node.plan_hash == plan_hash)
         return self._read(lambda s: _snapshot(NodeRecord, s.scalar(stmt)))
 
+    def claim_slot(self, run_id: int, node_id: int, budget: int) -> bool:
+        """One of the run's `budget` evaluations for the node: True when the node holds a slot (taken now or
+        before: a resumed node keeps its own), False when every slot is taken. Atomic across processes:
+        the run's row is locked (SQLite: the write transaction) while its slots are counted."""
+        def claim(s: Session) -> bool:
+            s.execute(select(Run.id).where(Run.id == run_id).with_for_update())
+            held = s.scalar(select(Node.slot).where(Node.id == node_id, Node.run_id == run_id))
+            if held is None:
+                raise StoreError(f"no nodes row {node_id} in run {run_id}")
+            if held:
+                return True
+            if s.scalar(_slots(run_id)) >= budget:
+                return False
+            s.execute(update(Node).where(Node.id == node_id).values(slot=True),
+                      execution_options={"synchronize_session": False})
+            return True
+        return self._write(claim)
+
+    def slots_claimed(self, run_id: int) -> int:
+        """How many of the run's nodes hold a slot of its budget (every settled node holds one)."""
+        return int(self._read(lambda s: s.scalar(_slots(run_id))))
+
+    def settled_count(self, run_id: int) -> int:
+        """How many of the run's nodes are settled (evaluated, failed or expanded)."""
+        stmt = select(func.count()).select_from(Node).where(Node.run_id == run_id, Node.status != NodeStatus.NEW)
+        return int(self._read(lambda s: s.scalar(stmt)))
+
     def set_node_status(self, node_id: int, status: NodeStatus) -> None:
         self._update_one(Node, node_id, status=_choice("node status", NodeStatus, status))
 
@@ -224,7 +258,7 @@ class Store:
 
         def apply(s: Session) -> bool:
             marked = s.execute(update(Node).where(Node.id == node_id, Node.status == NodeStatus.NEW)
-                               .values(status=status))
+                               .values(status=status, slot=True))
             if marked.rowcount != 1:
                 return False
             for path_id in sorted(path_ids):  # one lock order, so concurrent paths cannot deadlock
@@ -367,8 +401,7 @@ class Store:
                              "not a conjugate store")
         found = s.scalar(select(Meta.value).where(Meta.key == "schema_version"))
         if found != str(SCHEMA_VERSION):
-            raise StoreError(f"{self._where}: store schema version {found or 'unknown'}, this conjugate reads "
-                             f"version {SCHEMA_VERSION} (stores are never migrated: start a new database)")
+            raise StoreError(_other_version(self._where, found))
         missing = sorted(set(Base.metadata.tables) - tables)
         if missing:
             raise StoreError(f"{self._where}: a store of schema version {found} without its table {missing[0]!r}: "
@@ -391,7 +424,7 @@ class Store:
     def _read(self, fn: Callable[[Session], T]) -> T:
         self._after_fork()
         try:
-            with self._reader() as s, s.begin():
+            with _interrupts_held(), self._reader() as s, s.begin():
                 return fn(s)
         except DBAPIError as e:
             raise self._error(e) from e
@@ -463,6 +496,16 @@ def _url(target: str | Path, create: bool = True) -> URL:
         elif not path.exists():
             raise StoreError(f"{url.database}: no such database file")
     return url
+
+
+def _other_version(where: str, found: str | None) -> str:
+    """Why a store of another schema version is refused, and how to carry on from it."""
+    if found is not None and found.isdigit() and int(found) < SCHEMA_VERSION:
+        return (f"{where}: written by an earlier release of conjugate (store schema version {found}, this release "
+                f"reads version {SCHEMA_VERSION}): export its best plan with the earlier release (`conjugate export`), "
+                "convert it with `conjugate plan upgrade FILE`, and start a new search from it")
+    return (f"{where}: store schema version {found or 'unknown'}, this release reads version {SCHEMA_VERSION} "
+            "(stores are never migrated: open it with the release that wrote it, or start a new database)")
 
 
 def _journal_mode(s: Session) -> str:
@@ -587,6 +630,10 @@ def _choice(what: str, enum: type[E], value: str) -> E:
         return enum(value)
     except ValueError:
         raise StoreError(f"{what} {value!r}: expected one of {', '.join(enum)}") from None
+
+
+def _slots(run_id: int) -> Any:
+    return select(func.count()).select_from(Node).where(Node.run_id == run_id, Node.slot.is_(True))
 
 
 def _child_depth(s: Session, run_id: int, parent_id: int | None) -> int:
