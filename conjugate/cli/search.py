@@ -18,6 +18,7 @@ from conjugate.errors import ConjugateError
 from conjugate.paths import DEFAULT_WORKLOAD, PROFILES_DIR, RUNS_DIR
 from conjugate.search.databases import open_store
 from conjugate.search.gpus import Helpers, parse_gpus, pin_this_process
+from conjugate.search.settings import LIMITS
 from conjugate.search.store.integrity import DAMAGED
 
 if TYPE_CHECKING:
@@ -25,8 +26,8 @@ if TYPE_CHECKING:
     from conjugate.search.run import Search
     from conjugate.search.store import Store
 
-MAX_BUDGET = 1_000_000  # evaluations in one run
-MAX_WIDTH = 64  # edits asked for per expansion
+MAX_BUDGET = int(LIMITS["budget"])  # evaluations in one run: the bounds the stored settings are held to
+MAX_WIDTH = int(LIMITS["expand_width"])  # edits asked for per expansion
 MAX_GPUS = 1024  # a GPU index past this is a typo
 
 
