@@ -240,3 +240,15 @@ def write_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_generated(path: Path, text: str, command: str, check: bool) -> int:
+    """A file generated from the code (`command` makes it): written, or with `check` only compared with
+    the committed one. Returns the exit status: 1 where `check` finds it out of date."""
+    if check:
+        current = path.exists() and path.read_text(encoding="utf-8") == text
+        print(f"{path}: {'current' if current else f'out of date; run {command}'}")
+        return 0 if current else 1
+    path.write_text(text, encoding="utf-8")
+    print(f"wrote {path}")
+    return 0

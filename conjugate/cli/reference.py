@@ -10,6 +10,8 @@ import os
 import sys
 from pathlib import Path
 
+from conjugate.files import write_generated
+
 DOC_FILE = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 HEAD = """# The `conjugate` command
 
@@ -44,15 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m conjugate.cli.reference", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only say whether docs/cli.md is current")
     args = parser.parse_args(argv)
-    text = cli_reference()
-    if args.check:
-        current = DOC_FILE.exists() and DOC_FILE.read_text(encoding="utf-8") == text
-        print(f"{DOC_FILE}: {'current' if current else 'out of date; run python -m conjugate.cli.reference'}")
-        return 0 if current else 1
-    DOC_FILE.write_text(text, encoding="utf-8")
-    print(f"wrote {DOC_FILE}")
-    return 0
-
+    return write_generated(DOC_FILE, cli_reference(), "python -m conjugate.cli.reference", args.check)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 
+from conjugate.files import write_generated
 from conjugate.paths import PLAN_SCHEMA_FILE as SCHEMA_FILE
 from conjugate.plan.fields import Record
 from conjugate.plan.schema import PLAN, RULES, SCHEMA
@@ -38,15 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m conjugate.plan.json_schema", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only say whether the committed file is current")
     args = parser.parse_args(argv)
-    text = schema_text()
-    if args.check:
-        current = SCHEMA_FILE.exists() and SCHEMA_FILE.read_text(encoding="utf-8") == text
-        print(f"{SCHEMA_FILE}: {'current' if current else 'out of date; run python -m conjugate.plan.json_schema'}")
-        return 0 if current else 1
-    SCHEMA_FILE.write_text(text, encoding="utf-8")
-    print(f"wrote {SCHEMA_FILE}")
-    return 0
-
+    return write_generated(SCHEMA_FILE, schema_text(), "python -m conjugate.plan.json_schema", args.check)
 
 if __name__ == "__main__":
     sys.exit(main())

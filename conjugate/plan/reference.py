@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from conjugate.files import write_generated
 from conjugate.plan.fields import Choice, Const, Flag, Integer, IntPair, ListOf, Names, Record, Text
 from conjugate.plan.rules import AtMostOne, Needs, shown_path
 from conjugate.plan.schema import MODEL_KEYS, PLAN, RULES
@@ -110,13 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     if BEGIN not in text or END not in text:
         print(f"{DOC_FILE}: the markers of the generated part are missing", file=sys.stderr)
         return 2
-    new = _spliced(text)
-    if args.check:
-        print(f"{DOC_FILE}: {'current' if new == text else 'out of date; run python -m conjugate.plan.reference'}")
-        return 0 if new == text else 1
-    DOC_FILE.write_text(new, encoding="utf-8")
-    print(f"wrote {DOC_FILE}")
-    return 0
+    return write_generated(DOC_FILE, _spliced(text), "python -m conjugate.plan.reference", args.check)
 
 
 if __name__ == "__main__":
