@@ -470,3 +470,33 @@ def test_search_time_is_kept_against_a_hung_endpoint(search_env, profile, provid
     hung = [latency for _, _, e, latency in llm_calls(db) if Failure.TIMEOUT in e]
     assert hung and max(hung) < STALL_S
     print(f"--time {promise_s:g} against a hung endpoint: ended after {took:.2f} s")
+
+
+def test_a_second_ctrl_c_while_a_hung_request_is_closed_ends_in_one_line(tmp_path):
+    """The `conjugate search` process itself, its LLM request hanging: Ctrl-C, then Ctrl-C again while
+    the request and the store are being closed. One line, exit 130, the run left resumable."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    with Loopback("openai") as server:
+        server.stall(120)
+        db = tmp_path / "run.db"
+        env = dict(os.environ, OPENAI_API_KEY="sk-test", PYTHONPATH=str(root))
+        search = subprocess.Popen([sys.executable, "-m", "conjugate", "search", "--agent", "openai:m", "--base-url",
+                                   server.base_url, "--db", str(db), "--budget", "5"], env=env, cwd=tmp_path,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 240
+        while not server.requests and time.monotonic() < deadline and search.poll() is None:
+            time.sleep(0.1)  # the seeds are evaluated; the first LLM request hangs
+        assert server.requests, search.communicate(timeout=30)
+        time.sleep(0.3)
+        search.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+        search.send_signal(signal.SIGINT)
+        _, err = search.communicate(timeout=120)
+    assert search.returncode == 130 and len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+    assert main(["show", str(db)]) == 0  # the store is whole
