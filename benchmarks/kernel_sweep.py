@@ -294,10 +294,11 @@ def shapes_of(workload: Workload, models: tuple[str, ...], kinds: tuple[str, ...
 
 
 def shipped_tile(plan: dict, model: str, kind: str) -> Tile | AttnTile:
-    """The tile and launch settings `plan` gives `kind` in `model` (per-op num_warps/num_stages first)."""
+    """The tile and launch settings `plan` (a canonical conjugate.plan/2 dict) gives `kind` in `model`
+    (per-op num_warps/num_stages first)."""
     if kind == "mlp":  # gate_up's tile, its SPLIT_K giving way to 1 (compiler/lower.py)
         return replace(shipped_tile(plan, model, "gate_up"), split_k=1)
-    tiles, launch = plan["tiles"][model][kind], plan["launch"]
+    tiles, launch = plan[model]["tiles"][kind], plan["cross"]["launch"]
     warps, stages = tiles.get("num_warps", launch["num_warps"]), tiles.get("num_stages", launch["num_stages"])
     if kind == "attn":
         return AttnTile(tiles["BLOCK_N"], tiles["SPLIT_KV"], warps, stages)

@@ -53,8 +53,8 @@ def test_fused_mlp_candidates_never_split_k_and_are_told_against_the_separate_la
 
 
 def test_a_per_op_launch_setting_in_the_plan_wins_over_the_launch_default():
-    plan = {"tiles": {"target": {"lm_head": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 1,
-                                             "num_stages": 2}}}, "launch": {"num_warps": 4, "num_stages": 3}}
+    plan = {"target": {"tiles": {"lm_head": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 1,
+                                             "num_stages": 2}}}, "cross": {"launch": {"num_warps": 4, "num_stages": 3}}}
     assert sweep.shipped_tile(plan, "target", "lm_head") == sweep.Tile(64, 128, 128, 1, 4, 2)
 
 

@@ -188,7 +188,7 @@ def test_the_heuristic_aims_at_the_biggest_loss_first():
     proposals = HeuristicProposer().propose(_context_with_ledger(plan, losses), 40)
     tiles = [p for p in proposals if p.kind == "tiles"]
     assert "draft down" in tiles[0].rationale and "the ledger" in tiles[0].rationale
-    fusions = [p for p in proposals if p.kind == "fusion"]
+    fusions = [p for p in proposals if p.kind == "fusions"]
     assert "attn_norm+qkv, " in fusions[0].rationale and "the ledger" in fusions[0].rationale  # all at once first
     single = [p for p in fusions if len(p.patch) == 1 and p.patch[0]["op"] == "add"]
     # the norm's loss goes whole with its launches; gate_up+down, which would absorb the down, was

@@ -1,6 +1,7 @@
 """Compiled rounds under the interpreter equal the reference round, plan by plan."""
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -67,6 +68,22 @@ def _round(family: str) -> _Round:
 
 def _plan(**fields):
     return validate_plan({"schema": "conjugate.plan/1", "tiles": SMALL_TILES} | fields)
+
+
+def _shipped(name: str, **cross) -> dict:
+    """A shipped plan (conjugate.plan/2) as a dict, with the small tiles and the given `cross` keys set."""
+    plan = load_plan(ROOT / "plans" / f"{name}.json").to_dict()
+    for model in ("draft", "target"):
+        plan[model]["tiles"] = copy.deepcopy(SMALL_TILES[model])
+    plan["cross"].update(copy.deepcopy(cross))
+    return plan
+
+
+def _fused(plan: dict, draft: list[str], target: list[str]) -> dict:
+    """A copy of `plan` with each model's fusions replaced."""
+    plan = copy.deepcopy(plan)
+    plan["draft"]["fusions"], plan["target"]["fusions"] = list(draft), list(target)
+    return plan
 
 
 @pytest.mark.parametrize("family,plan", [(f, p) for f in FAMILIES for p in ("sequential", "streams", "interleave")])
@@ -220,9 +237,8 @@ def test_packed_layout_needs_matching_gemms(tmp_path):
 
 
 def test_packed_plan_packs_only_gemm_pairs(tmp_path):
-    shipped = load_plan(ROOT / "plans" / "interleave.json").to_dict()
-    shipped.update(tiles=SMALL_TILES, operand_layout="packed",
-                   pairs={"qkv": ["qkv"], "o_proj": ["o_proj", "down", "attn"], "down": ["*"], "attn": ["*"]})
+    shipped = _shipped("interleave", operand_layout="packed",
+                       pairs={"qkv": ["qkv"], "o_proj": ["o_proj", "down", "attn"], "down": ["*"], "attn": ["*"]})
     compiled, _ = _round("llama").check(validate_plan(shipped), tmp_path)
     kinds = {tuple(p.sig.fn for p in l.parts) for l in compiled.launches if len(l.parts) == 2}
     assert ("gemm_tile", "gemm_tile") in kinds and len(kinds) > 1  # GEMM pairs packed, the others separate
@@ -337,8 +353,7 @@ def test_the_packed_layout_refuses_qkv_with_rope(tmp_path):
 
 def test_a_mixed_plan_computes_the_reference_round(tmp_path):
     """Two streams, one draft op pinned into a target launch (on a CPU the launches run in order)."""
-    streams = load_plan(ROOT / "plans" / "streams.json").to_dict()
-    streams.update(tiles=SMALL_TILES, overrides=[{"match": "t.l1.o_proj", "with": "d.s1.l0.down"}])
+    streams = _shipped("streams", overrides=[{"match": "t.l1.o_proj", "with": "d.s1.l0.down"}])
     compiled, _ = _round("qwen2").check(validate_plan(streams), tmp_path)
     shared = [l for l in compiled.schedule.launches if l.cross_model]
     assert len(shared) == 1 and compiled.waits[shared[0].index]
@@ -421,9 +436,8 @@ def test_the_fused_mlp_with_its_norm_reads_the_o_projs_copy_of_the_rows(reduce, 
 def test_the_fused_mlp_shares_a_launch(tmp_path):
     """The fused MLP as one part beside the other model's parts in interleaved launches (the separate
     operand layout: there are no GEMM weights to pack)."""
-    base = load_plan(ROOT / "plans" / "interleave.json").to_dict()
-    plan = validate_plan(base | {"tiles": SMALL_TILES, "fusions": {"draft": ["gate_up+down", "lm_head+argmax"],
-                                                                    "target": ["gate_up+down", "lm_head+argmax"]}})
+    fused = ["gate_up+down", "lm_head+argmax"]
+    plan = validate_plan(_fused(_shipped("interleave"), draft=fused, target=fused))
     compiled, _ = _round("qwen3").check(plan, tmp_path)
     holding = [launch for launch in compiled.launches if any(c.sig.fn == "mlp_tile" for c in launch.parts)]
     assert any(len(launch.parts) > 1 for launch in holding)
@@ -434,15 +448,13 @@ def test_a_packed_launch_needs_both_models_row_statistics_alike(tmp_path):
     fused norm reads, beside a target o_proj that writes none, is a compile error naming them (run
     with the target's flags it left the draft's norm reading stale statistics)."""
     rnd = _round("llama")
-    plan = load_plan(ROOT / "plans" / "interleave.json").to_dict() | {
-        "tiles": SMALL_TILES,
-        "fusions": {"target": ["lm_head+argmax"], "draft": ["lm_head+argmax", "mlp_norm+gate_up"]},
-        "overrides": [{"match": "t.l0.o_proj", "with": "d.s0.l0.o_proj", "operand_layout": "packed"}]}
+    pinned = _shipped("interleave", overrides=[{"match": "t.l0.o_proj", "with": "d.s0.l0.o_proj",
+                                                "operand_layout": "packed"}])
+    normed = ["lm_head+argmax", "mlp_norm+gate_up"]
+    plan = _fused(pinned, draft=normed, target=["lm_head+argmax"])
     with pytest.raises(CompileError, match="differ in STATS_OUT"):
         compile_round(validate_plan(plan), rnd.workload, rnd.draft, rnd.target, cache_dir=tmp_path)
-    both = plan | {"fusions": {"target": ["lm_head+argmax", "mlp_norm+gate_up"],
-                               "draft": ["lm_head+argmax", "mlp_norm+gate_up"]}}
-    compiled, _ = rnd.check(validate_plan(both), tmp_path)
+    compiled, _ = rnd.check(validate_plan(_fused(pinned, draft=normed, target=normed)), tmp_path)
     packed = next(l for l in compiled.launches if len(l.parts) == 2 and l.parts[0].label == "t.l0.o_proj")
     assert [p.constexprs["STATS_OUT"] for p in packed.parts] == [True, True]
 
@@ -453,12 +465,12 @@ def test_a_packed_launch_needs_both_models_copies_of_the_rows_alike(tmp_path):
     computes the reference round."""
     rnd = _round("llama")
     mlp = ["lm_head+argmax", "mlp_norm+gate_up", "gate_up+down"]
-    plan = load_plan(ROOT / "plans" / "interleave.json").to_dict() | {
-        "tiles": SMALL_TILES, "fusions": {"target": ["lm_head+argmax", "mlp_norm+gate_up"], "draft": mlp},
-        "overrides": [{"match": "t.l0.o_proj", "with": "d.s0.l0.o_proj", "operand_layout": "packed"}]}
+    pinned = _shipped("interleave", overrides=[{"match": "t.l0.o_proj", "with": "d.s0.l0.o_proj",
+                                                "operand_layout": "packed"}])
+    plan = _fused(pinned, draft=mlp, target=["lm_head+argmax", "mlp_norm+gate_up"])
     with pytest.raises(CompileError, match="differ in COPY_OUT"):
         compile_round(validate_plan(plan), rnd.workload, rnd.draft, rnd.target, cache_dir=tmp_path)
-    compiled, _ = rnd.check(validate_plan(plan | {"fusions": {"target": mlp, "draft": mlp}}), tmp_path)
+    compiled, _ = rnd.check(validate_plan(_fused(pinned, draft=mlp, target=mlp)), tmp_path)
     packed = next(l for l in compiled.launches if len(l.parts) == 2 and l.parts[0].label == "t.l0.o_proj")
     assert [p.constexprs["COPY_OUT"] for p in packed.parts] == [True, True]
 

@@ -1,4 +1,4 @@
-"""One model's stream on part of the GPU's SMs (plan `sm_limit`, a CUDA green context): validation,
+"""One model's stream on part of the GPU's SMs (plan `<model>.stream.sms`, a CUDA green context): validation,
 expansion, the limited stream against a stand-in for torch's green contexts, the round under the
 interpreter (which runs without it) and the heuristic's edits. The GPU run is benchmarks/knob_variants.py's."""
 from __future__ import annotations
@@ -15,38 +15,42 @@ from conjugate.compiler import device as sm_limit
 from conjugate.compiler.device import SmLimitUnavailable, limited_stream
 from conjugate.errors import PlanError
 from conjugate.graph import build_graph
-from conjugate.plan import load_plan, validate_plan
+from conjugate.plan import validate_plan
 from conjugate.plan.expand import expand
 from test_plan import SCHEMA
-from test_round import ROOT, SMALL_TILES, _round
+from test_round import ROOT, _round, _shipped
 
 
-def _streams(**fields) -> dict:
-    return load_plan(ROOT / "plans" / "streams.json").to_dict() | {"tiles": SMALL_TILES} | fields
+def _streams(draft=None, target=None, **cross) -> dict:
+    """plans/streams.json with small tiles; `draft`/`target`: that model's stream.sms (left out: unset)."""
+    plan = _shipped("streams", **cross)
+    for model, sms in (("draft", draft), ("target", target)):
+        if sms is not None:
+            plan[model]["stream"]["sms"] = sms
+    return plan
 
 
 def test_a_limit_is_part_of_the_plan_only_when_set():
     plain = validate_plan(_streams())
-    assert plain["sm_limit"] == {"draft": 0, "target": 0}
-    assert validate_plan(_streams(sm_limit={"target": 0})).hash == plain.hash  # plans stored before keep theirs
-    limited = validate_plan(_streams(sm_limit={"target": 112}))
-    assert limited.hash != plain.hash and limited["sm_limit"] == {"draft": 0, "target": 112}
+    assert [plain.model(m).stream.sms for m in ("draft", "target")] == [0, 0]
+    unset = _streams()
+    del unset["target"]["stream"]["sms"]
+    assert validate_plan(unset).hash == validate_plan(_streams(target=0)).hash == plain.hash  # 0 is the default
+    limited = validate_plan(_streams(target=112))
+    assert limited.hash != plain.hash
+    assert [limited.model(m).stream.sms for m in ("draft", "target")] == [0, 112]
     jsonschema.validate(limited.to_dict(), SCHEMA)
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(_streams(sm_limit={"target": 100}), SCHEMA)
+        jsonschema.validate(_streams(target=100), SCHEMA)
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"sm_limit": {"target": 100}},
-     "$.sm_limit.target: should be a multiple of 8 (SMs are partitioned in groups of 8)"),
-    ({"sm_limit": {"target": 2048}}, "$.sm_limit.target: 2048 is out of range [0, 1024]"),
-    ({"sm_limit": {"target": "112"}}, "$.sm_limit.target: should be an integer, got a string"),
-    ({"sm_limit": {"draft": 16, "target": 112}}, "$.sm_limit: limits both models: at most one"),
-    ({"sm_limit": {"verify": 8}}, "$.sm_limit"),
-    ({"sm_limit": {"target": 112}, "persist": {"target": {"span": "layer"}}},
-     "$.sm_limit.target: limits a model persistent with barriers ($.persist.target.span 'layer')"),
-    ({"sm_limit": {"target": 112}, "streams": "one"}, "$.sm_limit.target: limits one model's stream to part of the "
-                                                      "GPU, so it needs $.streams 'two'"),
+    ({"target": 100}, "$.target.stream.sms: should be a multiple of 8 (SMs are partitioned in groups of 8)"),
+    ({"target": 2048}, "$.target.stream.sms: 2048 is out of range [0, 1024]"),
+    ({"target": "112"}, "$.target.stream.sms: should be an integer, got a string"),
+    ({"draft": 16, "target": 112}, "$.target.stream.sms: 112 limits both models: at most one"),
+    ({"target": 112, "streams": "one"}, "$.target.stream.sms: 112 limits this model's stream to part of the GPU, "
+                                        "so it needs $.cross.streams \"two\""),
 ])
 def test_a_bad_limit_is_refused_naming_its_field(fields, message):
     with pytest.raises(PlanError) as refused:
@@ -54,14 +58,24 @@ def test_a_bad_limit_is_refused_naming_its_field(fields, message):
     assert message in str(refused.value)
 
 
+def test_a_limit_outside_a_model_s_stream_is_refused_naming_it():
+    verify = _streams() | {"verify": {"stream": {"sms": 8}}}  # no third model
+    with pytest.raises(PlanError, match=r"\$\.verify: unknown key"):
+        validate_plan(verify)
+    limit = _streams()
+    limit["target"]["stream"]["limit"] = 8
+    with pytest.raises(PlanError, match=r"\$\.target\.stream\.limit: unknown key"):
+        validate_plan(limit)
+
+
 def test_the_schedule_carries_the_limit():
     w = _round("llama").workload
-    assert expand(validate_plan(_streams(sm_limit={"draft": 64})), w, build_graph(w)).sm_limits == (("draft", 64),)
+    assert expand(validate_plan(_streams(draft=64)), w, build_graph(w)).sm_limits == (("draft", 64),)
     assert expand(validate_plan(_streams()), w, build_graph(w)).sm_limits == ()
 
 
 def test_limited_rounds_compute_the_reference_round_under_the_interpreter(tmp_path):
-    compiled, _ = _round("llama").check(validate_plan(_streams(sm_limit={"target": 8})), tmp_path)
+    compiled, _ = _round("llama").check(validate_plan(_streams(target=8)), tmp_path)
     assert compiled._green == []  # no GPU, no green context: the streams are the interpreter's
 
 
@@ -125,7 +139,7 @@ def test_plan_explain_names_the_limited_stream(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(conjugate.cli.out, "width", 200)  # one line a launch
     path = tmp_path / "limited.json"
-    path.write_text(json.dumps(_streams(sm_limit={"target": 112})))
+    path.write_text(json.dumps(_streams(target=112)))
     assert main(["plan", "explain", str(path), "--workload", str(ROOT / "examples" / "tiny.toml")]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if "│ draft" in line or "│ target" in line]
     assert rows and all(("│ target (112 SMs)" in row) == ("│ target" in row) for row in rows)
