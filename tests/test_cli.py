@@ -131,10 +131,21 @@ def test_plan_explain_json(capsys, tmp_path):
     launches = schedule["launches"]
     assert launches
     assert [launch["index"] for launch in launches] == list(range(len(launches)))
-    counts = Counter(op for launch in launches for part in launch["parts"] for op in part["ops"])
+    parts = [form_parts(launch["form"]) for launch in launches]
+    counts = Counter(op for launch_parts in parts for part in launch_parts for op in part["ops"])
     assert counts and set(counts.values()) == {1}, [op for op, n in counts.items() if n != 1]
     assert set(counts) == set(build_graph(load_workload(TINY)).nodes)
-    assert any(len({part["model"] for part in launch["parts"]}) == 2 for launch in launches)  # interleaved
+    assert any([part["model"] for part in launch_parts] == ["target", "draft"] for launch_parts in parts)  # interleaved
+
+
+def form_parts(form: dict) -> list[dict]:
+    """A launch form's parts, as the schedule JSON writes them: One {part}, or a pair (Split or Packed)
+    {target, draft, pattern, ratio}."""
+    if "part" in form:
+        assert set(form) == {"part"}, form
+        return [form["part"]]
+    assert {"target", "draft", "pattern", "ratio"} <= set(form), form
+    return [form["target"], form["draft"]]
 
 
 def test_check_default_workload(capsys):
@@ -159,7 +170,7 @@ def test_check_unknown_plan(capsys):
 
 def test_malformed_plan_json(capsys, tmp_path):
     path = tmp_path / "plan.json"
-    path.write_text('{"schema": "conjugate.plan/1", "name": }')
+    path.write_text('{"schema": "conjugate.plan/2", "name": }')
     code, _, err = run(capsys, "plan", "validate", path, "--workload", TINY)
     assert_one_line_error(code, err, str(path), "malformed JSON", "line 1")
 
@@ -174,26 +185,28 @@ def test_plan_unknown_key(capsys, tmp_path):
 
 def test_plan_tile_not_power_of_two(capsys, tmp_path):
     plan = interleave_plan()
-    plan["tiles"]["target"]["qkv"]["BLOCK_N"] = 48
+    plan["target"]["tiles"]["qkv"]["BLOCK_N"] = 48
     path = write_json(tmp_path / "plan.json", plan)
     code, _, err = run(capsys, "plan", "explain", path, "--workload", TINY)
-    assert_one_line_error(code, err, str(path), "$.tiles.target.qkv.BLOCK_N", "power of two", "48")
+    assert_one_line_error(code, err, str(path), "$.target.tiles.qkv.BLOCK_N", "power of two", "48")
 
 
 def test_plan_wrong_type(capsys, tmp_path):
     plan = interleave_plan()
-    plan["tiles"]["draft"]["down"]["SPLIT_K"] = "2"
+    plan["draft"]["tiles"]["down"]["SPLIT_K"] = "2"
     path = write_json(tmp_path / "plan.json", plan)
     code, _, err = run(capsys, "plan", "validate", path, "--workload", TINY)
-    assert_one_line_error(code, err, str(path), "$.tiles.draft.down.SPLIT_K", "integer")
+    assert_one_line_error(code, err, str(path), "$.draft.tiles.down.SPLIT_K", "integer")
 
 
 def test_a_long_override_glob_is_refused_at_once(capsys, tmp_path):
     """Globbing costs the square of a pattern's length: a long one is refused before any glob runs."""
-    plan = interleave_plan() | {"overrides": [{"match": "[" * 50000, "pair": False}]}
+    plan = interleave_plan()
+    plan["cross"]["overrides"] = [{"match": "[" * 50000, "pair": False}]
     path = write_json(tmp_path / "plan.json", plan)
     code, _, err = run(capsys, "plan", "validate", path, "--workload", TINY)
-    line = assert_one_line_error(code, err, str(path), "$.overrides[0].match", "50000 characters", "at most 200")
+    line = assert_one_line_error(code, err, str(path), "$.cross.overrides[0].match", "50000 characters",
+                                 "at most 200")
     assert len(line) < 400
 
 
@@ -240,12 +253,12 @@ def test_check_skips_rounds_whose_kv_caches_would_not_fit_a_cpu(capsys, tmp_path
 
 def test_plan_several_errors_stay_on_one_line(capsys, tmp_path):
     plan = interleave_plan()
-    plan["alignment"] = "diagonal"
-    plan["capture"] = True
-    plan["tiles"]["target"]["qkv"]["BLOCK_N"] = 48
+    plan["cross"]["alignment"] = "diagonal"
+    plan["cross"]["capture"] = True
+    plan["target"]["tiles"]["qkv"]["BLOCK_N"] = 48
     path = write_json(tmp_path / "plan.json", plan)
     code, _, err = run(capsys, "plan", "validate", path, "--workload", TINY)
-    assert_one_line_error(code, err, str(path), "$.alignment", "$.capture", "$.tiles.target.qkv.BLOCK_N")
+    assert_one_line_error(code, err, str(path), "$.cross.alignment", "$.cross.capture", "$.target.tiles.qkv.BLOCK_N")
 
 
 def test_missing_plan_file(capsys, tmp_path):

@@ -23,12 +23,14 @@ import torch
 from safetensors.torch import save_file
 
 from conjugate.cli import main
+from conjugate.search.store.schema import SCHEMA_VERSION as STORE_VERSION
 from test_cli import EXAMPLES, INTERLEAVE, REPO, TINY, assert_one_line_error, run  # tests/test_cli.py
 
 ANALYTICAL = (REPO / "evaluators" / "analytical.toml").read_text()
 H200 = (REPO / "evaluators" / "h200.toml").read_text()
 TINY_TEXT = TINY.read_text()
-SCHEMA = "conjugate.plan/1"
+SCHEMA = "conjugate.plan/2"
+SCHEMA_V1 = "conjugate.plan/1"  # converted on read
 DROP = object()  # a key to leave out
 CONFIG = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
           "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 200, "rms_norm_eps": 1e-5,
@@ -55,6 +57,20 @@ def F(id: str, kind: str, bad, *fragments: str) -> Fault:
 
 def plan(**fields) -> str:
     return json.dumps({"schema": SCHEMA, **fields})
+
+
+def cross(**fields) -> str:
+    """A plan whose cross-model block holds these fields."""
+    return plan(cross=fields)
+
+
+def model(which: str, **fields) -> str:
+    """A plan whose `which` model block (draft or target) holds these fields."""
+    return plan(**{which: fields})
+
+
+def v1(**fields) -> str:
+    return json.dumps({"schema": SCHEMA_V1, **fields})
 
 
 def nested(depth: int, leaf: str = "1") -> str:
@@ -140,7 +156,7 @@ def too_large(path: Path, *_) -> None:
 
 FAULTS = [
     # -- plans: plan validate PLAN --workload tiny
-    F("plan-malformed", "plan", '{"schema": "conjugate.plan/1", "name": }', "malformed JSON", "line 1"),
+    F("plan-malformed", "plan", '{"schema": "conjugate.plan/2", "name": }', "malformed JSON", "line 1"),
     F("plan-empty", "plan", "", "malformed JSON"),
     F("plan-bom", "plan", "\ufeff" + plan(), "malformed JSON"),
     F("plan-not-utf8", "plan", b"\xff\xfe{}", "not UTF-8"),
@@ -150,99 +166,146 @@ FAULTS = [
     F("plan-arrays-past-the-stack", "plan", "[" * 100_000 + "]" * 100_000, "nested deeper than 32 levels"),
     F("plan-objects-past-the-stack", "plan", nested(5000), "nested deeper than 32 levels"),
     F("plan-nested-40-levels", "plan", nested(40), "nested deeper than 32 levels"),
-    F("plan-huge-integer", "plan", '{"schema": "conjugate.plan/1", "launch": {"num_warps": ' + HUGE_INT + "}}",
-      "an integer of more than 4300 digits"),
-    F("plan-unpaired-surrogate", "plan", '{"schema": "conjugate.plan/1", "name": "\\ud800"}', "surrogates"),
+    F("plan-huge-integer", "plan", '{"schema": "conjugate.plan/2", "cross": {"launch": {"num_warps": ' + HUGE_INT
+      + "}}}", "an integer of more than 4300 digits"),
+    F("plan-unpaired-surrogate", "plan", '{"schema": "conjugate.plan/2", "name": "\\ud800"}', "surrogates"),
     F("plan-top-level-list", "plan", "[]", "$: should be an object, got a list"),
     F("plan-top-level-string", "plan", '"plan"', "$: should be an object"),
     F("plan-top-level-null", "plan", "null", "$: should be an object"),
     F("plan-schema-missing", "plan", "{}", "$.schema"),
-    F("plan-schema-wrong", "plan", plan(schema="conjugate.plan/2"), "$.schema"),
+    F("plan-schema-wrong", "plan", plan(schema="conjugate.plan/3"), "$.schema"),
     F("plan-unknown-key", "plan", plan(colour="blue"), "$.colour", "unknown key"),
     F("plan-unknown-key-with-line-break", "plan", plan(**{"a\nb": 1}), '$["a\\nb"]', "unknown key"),
     F("plan-unknown-key-very-long", "plan", plan(**{"k" * 10_000: 1}), "unknown key"),
+    F("plan-v1-key-in-a-v2-plan", "plan", plan(alignment="greedy"), "$.alignment", "unknown key"),
     F("plan-name-number", "plan", plan(name=3), "$.name", "string"),
     F("plan-name-escape", "plan", plan(name="\x1b]0;pwned\x07"), "$.name", "printable", "\\u001b"),
     F("plan-name-newline", "plan", plan(name="a\nb"), "$.name", "printable"),
     F("plan-name-huge", "plan", plan(name="p" * 201), "$.name", "1 to 200"),
-    F("plan-key-twice", "plan", '{"schema": "conjugate.plan/1", "alignment": "greedy", "alignment": "sequential"}',
-      '"alignment"', "twice"),
-    F("plan-key-twice-nested", "plan", '{"schema": "conjugate.plan/1", "launch": {"num_warps": 4, "num_warps": 8}}',
-      '"num_warps"', "twice"),
+    F("plan-key-twice", "plan", '{"schema": "conjugate.plan/2", "cross": {"alignment": "greedy", '
+      '"alignment": "sequential"}}', '"alignment"', "twice"),
+    F("plan-key-twice-nested", "plan", '{"schema": "conjugate.plan/2", "cross": {"launch": {"num_warps": 4, '
+      '"num_warps": 8}}}', '"num_warps"', "twice"),
     F("plan-description-list", "plan", plan(description=["a"]), "$.description"),
-    F("plan-alignment-list", "plan", plan(alignment=["greedy"]), "$.alignment"),
-    F("plan-alignment-unknown", "plan", plan(alignment="diagonal"), "$.alignment"),
-    F("plan-capture-boolean", "plan", plan(capture=True), "$.capture"),
-    F("plan-streams-two-with-greedy", "plan", plan(streams="two", alignment="greedy"), "$.streams"),
-    F("plan-layout-object", "plan", plan(operand_layout={"packed": True}), "$.operand_layout"),
-    F("plan-tiles-list", "plan", plan(tiles=[]), "$.tiles", "should be an object, got a list"),
-    F("plan-tiles-model-string", "plan", plan(tiles={"target": "big"}), "$.tiles.target"),
-    F("plan-tiles-kind-list", "plan", plan(tiles={"target": {"qkv": [64]}}), "$.tiles.target.qkv"),
-    F("plan-tiles-unknown-model", "plan", plan(tiles={"oracle": {}}), "$.tiles.oracle"),
-    F("plan-tile-nan", "plan", plan(tiles={"target": {"qkv": {"BLOCK_N": float("nan")}}}),
-      "$.tiles.target.qkv.BLOCK_N", "nan"),
-    F("plan-tile-minus-infinity", "plan", plan(tiles={"draft": {"down": {"BLOCK_K": float("-inf")}}}),
-      "$.tiles.draft.down.BLOCK_K"),
-    F("plan-tile-float-overflow", "plan", '{"schema": "conjugate.plan/1", "tiles": {"target": {"attn": '
-      '{"SPLIT_KV": 1e400}}}}', "$.tiles.target.attn.SPLIT_KV"),
-    F("plan-tile-power-of-two-past-range", "plan", plan(tiles={"target": {"down": {"SPLIT_K": 2**100}}}),
-      "$.tiles.target.down.SPLIT_K", "out of range"),
-    F("plan-tile-not-power-of-two", "plan", plan(tiles={"target": {"qkv": {"BLOCK_N": 48}}}),
-      "$.tiles.target.qkv.BLOCK_N", "power of two"),
-    F("plan-tile-string", "plan", plan(tiles={"draft": {"down": {"SPLIT_K": "2"}}}), "$.tiles.draft.down.SPLIT_K"),
-    F("plan-tile-unknown-key", "plan", plan(tiles={"target": {"attn": {"BLOCK_K": 64}}}),
-      "$.tiles.target.attn.BLOCK_K", "unknown key"),
-    F("plan-launch-list", "plan", plan(launch=[4, 2]), "$.launch"),
-    F("plan-launch-warps-nan", "plan", plan(launch={"num_warps": float("nan")}), "$.launch.num_warps"),
-    F("plan-launch-warps-infinity", "plan", plan(launch={"num_warps": float("inf")}), "$.launch.num_warps"),
-    F("plan-launch-stages-float", "plan", plan(launch={"num_stages": 2.0}), "$.launch.num_stages"),
-    F("plan-launch-stages-zero", "plan", plan(launch={"num_stages": 0}), "$.launch.num_stages", "out of range"),
-    F("plan-launch-warps-negative", "plan", plan(launch={"num_warps": -4}), "$.launch.num_warps"),
-    F("plan-launch-warps-boolean", "plan", plan(launch={"num_warps": True}), "$.launch.num_warps"),
-    F("plan-pairs-list", "plan", plan(pairs=["qkv"]), "$.pairs"),
-    F("plan-pairs-kinds-string", "plan", plan(pairs={"qkv": "*"}), "$.pairs.qkv"),
-    F("plan-pairs-kind-object", "plan", plan(pairs={"qkv": [{"kind": "attn"}]}), "$.pairs.qkv[0]"),
-    F("plan-pairs-unknown-kind", "plan", plan(pairs={"qkv": ["conv"]}), "$.pairs.qkv[0]"),
-    F("plan-fusions-list", "plan", plan(fusions=["lm_head+argmax"]), "$.fusions"),
-    F("plan-fusions-model-object", "plan", plan(fusions={"draft": {"lm_head+argmax": True}}), "$.fusions.draft"),
-    F("plan-fusion-unknown", "plan", plan(fusions={"target": ["qkv+attn"]}), "$.fusions.target[0]"),
-    F("plan-interleave-list", "plan", plan(interleave=["ratio"]), "$.interleave"),
-    F("plan-interleave-pattern-unknown", "plan", plan(interleave={"pattern": "zigzag"}), "$.interleave.pattern"),
-    F("plan-ratio-three", "plan", plan(interleave={"pattern": "ratio", "ratio": [1, 2, 3]}), "$.interleave.ratio"),
-    F("plan-ratio-string", "plan", plan(interleave={"pattern": "ratio", "ratio": "1:2"}), "$.interleave.ratio"),
-    F("plan-ratio-infinity", "plan", plan(interleave={"pattern": "ratio", "ratio": [float("inf"), 1]}),
-      "$.interleave.ratio[0]"),
-    F("plan-ratio-zero", "plan", plan(interleave={"pattern": "ratio", "ratio": [1, 0]}), "$.interleave.ratio[1]"),
-    F("plan-overrides-object", "plan", plan(overrides={"match": "t.*"}), "$.overrides", "should be a list"),
-    F("plan-override-list", "plan", plan(overrides=[["t.*"]]), "$.overrides[0]"),
-    F("plan-override-without-match", "plan", plan(overrides=[{"pair": False}]), "$.overrides[0].match"),
-    F("plan-override-match-number", "plan", plan(overrides=[{"match": 7}]), "$.overrides[0].match"),
-    F("plan-override-pair-string", "plan", plan(overrides=[{"match": "t.*", "pair": "no"}]), "$.overrides[0].pair"),
-    F("plan-override-with-list", "plan", plan(overrides=[{"match": "t.l0.qkv", "with": ["d.s0.l0.qkv"]}]),
-      "$.overrides[0].with"),
-    F("plan-override-with-target-op", "plan", plan(overrides=[{"match": "t.l0.qkv", "with": "t.l1.qkv"}]),
-      "$.overrides[0].with", "draft op"),
-    F("plan-override-tiles-list", "plan", plan(overrides=[{"match": "t.*", "tiles": []}]), "$.overrides[0].tiles"),
-    F("plan-override-launch-nan", "plan", plan(overrides=[{"match": "t.*", "launch": {"num_warps": float("nan")}}]),
-      "$.overrides[0].launch.num_warps"),
-    F("plan-override-unknown-key", "plan", plan(overrides=[{"match": "t.*", "colour": 1}]), "$.overrides[0].colour"),
-    F("plan-pin-unknown-op", "plan", plan(alignment="greedy", overrides=[{"match": "t.l0.qkv", "with": "d.s9.l0.qkv"}]),
-      "$.overrides[0].with", "not a draft op"),
-    F("plan-pin-into-three-launches", "plan", plan(alignment="greedy", overrides=[{"match": "t.l*.qkv",
-                                                                                   "with": "d.s0.l0.qkv"}]),
-      "$.overrides[0].with", "exactly one target launch", "3"),
-    F("plan-pin-into-no-launch", "plan", plan(alignment="greedy", overrides=[{"match": "t.nothing",
-                                                                              "with": "d.s0.l0.qkv"}]),
-      "$.overrides[0].with", "selects 0"),
-    F("plan-pin-one-op-twice", "plan", plan(alignment="greedy", overrides=[
+    F("plan-cross-list", "plan", plan(cross=[]), "$.cross", "should be an object, got a list"),
+    F("plan-cross-unknown-key", "plan", cross(persist={}), "$.cross.persist", "unknown key"),
+    F("plan-alignment-list", "plan", cross(alignment=["greedy"]), "$.cross.alignment"),
+    F("plan-alignment-unknown", "plan", cross(alignment="diagonal"), "$.cross.alignment"),
+    F("plan-capture-boolean", "plan", cross(capture=True), "$.cross.capture"),
+    F("plan-streams-two-with-greedy", "plan", cross(streams="two", alignment="greedy"), "$.cross.streams"),
+    F("plan-layout-object", "plan", cross(operand_layout={"packed": True}), "$.cross.operand_layout"),
+    F("plan-model-string", "plan", plan(target="big"), "$.target", "should be an object, got a string"),
+    F("plan-model-unknown", "plan", plan(oracle={"tiles": {}}), "$.oracle", "unknown key"),
+    F("plan-model-unknown-key", "plan", model("draft", persist={}), "$.draft.persist", "unknown key"),
+    F("plan-tiles-list", "plan", model("target", tiles=[]), "$.target.tiles", "should be an object, got a list"),
+    F("plan-tiles-kind-list", "plan", model("target", tiles={"qkv": [64]}), "$.target.tiles.qkv"),
+    F("plan-tiles-unknown-kind", "plan", model("target", tiles={"conv": {}}), "$.target.tiles.conv", "unknown key"),
+    F("plan-tile-nan", "plan", model("target", tiles={"qkv": {"BLOCK_N": float("nan")}}),
+      "$.target.tiles.qkv.BLOCK_N", "nan"),
+    F("plan-tile-minus-infinity", "plan", model("draft", tiles={"down": {"BLOCK_K": float("-inf")}}),
+      "$.draft.tiles.down.BLOCK_K"),
+    F("plan-tile-float-overflow", "plan", '{"schema": "conjugate.plan/2", "target": {"tiles": {"attn": '
+      '{"SPLIT_KV": 1e400}}}}', "$.target.tiles.attn.SPLIT_KV"),
+    F("plan-tile-power-of-two-past-range", "plan", model("target", tiles={"down": {"SPLIT_K": 2**100}}),
+      "$.target.tiles.down.SPLIT_K", "out of range"),
+    F("plan-tile-not-power-of-two", "plan", model("target", tiles={"qkv": {"BLOCK_N": 48}}),
+      "$.target.tiles.qkv.BLOCK_N", "power of two"),
+    F("plan-tile-string", "plan", model("draft", tiles={"down": {"SPLIT_K": "2"}}), "$.draft.tiles.down.SPLIT_K"),
+    F("plan-tile-unknown-key", "plan", model("target", tiles={"attn": {"BLOCK_K": 64}}),
+      "$.target.tiles.attn.BLOCK_K", "unknown key"),
+    F("plan-reduce-unknown", "plan", model("draft", reduce="sum"), "$.draft.reduce"),
+    F("plan-pdl-boolean", "plan", model("target", pdl=True), "$.target.pdl"),
+    F("plan-pdl-v1-object", "plan", model("draft", pdl={"trigger": "end"}), "$.draft.pdl"),
+    F("plan-stream-list", "plan", model("draft", stream=["high"]), "$.draft.stream"),
+    F("plan-stream-priority-unknown", "plan", model("target", stream={"priority": "urgent"}),
+      "$.target.stream.priority"),
+    F("plan-stream-priority-on-one-stream", "plan", model("draft", stream={"priority": "high"}),
+      "$.draft.stream.priority", "$.cross.streams"),
+    F("plan-stream-sms-not-a-multiple-of-8", "plan", plan(draft={"stream": {"sms": 12}}, cross={"streams": "two"}),
+      "$.draft.stream.sms", "multiple of 8"),
+    F("plan-stream-sms-negative", "plan", plan(draft={"stream": {"sms": -8}}, cross={"streams": "two"}),
+      "$.draft.stream.sms"),
+    F("plan-stream-sms-both-models", "plan", plan(draft={"stream": {"sms": 16}}, target={"stream": {"sms": 16}},
+                                                  cross={"streams": "two"}), "$.target.stream.sms", "at most one"),
+    F("plan-launch-list", "plan", cross(launch=[4, 2]), "$.cross.launch"),
+    F("plan-launch-warps-nan", "plan", cross(launch={"num_warps": float("nan")}), "$.cross.launch.num_warps"),
+    F("plan-launch-warps-infinity", "plan", cross(launch={"num_warps": float("inf")}), "$.cross.launch.num_warps"),
+    F("plan-launch-stages-float", "plan", cross(launch={"num_stages": 2.0}), "$.cross.launch.num_stages"),
+    F("plan-launch-stages-zero", "plan", cross(launch={"num_stages": 0}), "$.cross.launch.num_stages",
+      "out of range"),
+    F("plan-launch-warps-negative", "plan", cross(launch={"num_warps": -4}), "$.cross.launch.num_warps"),
+    F("plan-launch-warps-boolean", "plan", cross(launch={"num_warps": True}), "$.cross.launch.num_warps"),
+    F("plan-pairs-list", "plan", cross(pairs=["qkv"]), "$.cross.pairs"),
+    F("plan-pairs-kinds-string", "plan", cross(pairs={"qkv": "*"}), "$.cross.pairs.qkv"),
+    F("plan-pairs-kind-object", "plan", cross(pairs={"qkv": [{"kind": "attn"}]}), "$.cross.pairs.qkv[0]"),
+    F("plan-pairs-unknown-kind", "plan", cross(pairs={"qkv": ["conv"]}), "$.cross.pairs.qkv[0]"),
+    F("plan-fusions-object", "plan", model("draft", fusions={"lm_head+argmax": True}), "$.draft.fusions",
+      "should be a list"),
+    F("plan-fusions-string", "plan", model("target", fusions="lm_head+argmax"), "$.target.fusions"),
+    F("plan-fusion-unknown", "plan", model("target", fusions=["qkv+attn"]), "$.target.fusions[0]"),
+    F("plan-interleave-list", "plan", cross(interleave=["ratio"]), "$.cross.interleave"),
+    F("plan-interleave-pattern-unknown", "plan", cross(interleave={"pattern": "zigzag"}),
+      "$.cross.interleave.pattern"),
+    F("plan-ratio-three", "plan", cross(interleave={"pattern": "ratio", "ratio": [1, 2, 3]}),
+      "$.cross.interleave.ratio"),
+    F("plan-ratio-string", "plan", cross(interleave={"pattern": "ratio", "ratio": "1:2"}), "$.cross.interleave.ratio"),
+    F("plan-ratio-infinity", "plan", cross(interleave={"pattern": "ratio", "ratio": [float("inf"), 1]}),
+      "$.cross.interleave.ratio[0]"),
+    F("plan-ratio-zero", "plan", cross(interleave={"pattern": "ratio", "ratio": [1, 0]}),
+      "$.cross.interleave.ratio[1]"),
+    F("plan-overrides-object", "plan", cross(overrides={"match": "t.*"}), "$.cross.overrides", "should be a list"),
+    F("plan-override-list", "plan", cross(overrides=[["t.*"]]), "$.cross.overrides[0]"),
+    F("plan-override-without-match", "plan", cross(overrides=[{"pair": False}]), "$.cross.overrides[0].match"),
+    F("plan-override-match-number", "plan", cross(overrides=[{"match": 7}]), "$.cross.overrides[0].match"),
+    F("plan-override-pair-string", "plan", cross(overrides=[{"match": "t.*", "pair": "no"}]),
+      "$.cross.overrides[0].pair"),
+    F("plan-override-with-list", "plan", cross(overrides=[{"match": "t.l0.qkv", "with": ["d.s0.l0.qkv"]}]),
+      "$.cross.overrides[0].with"),
+    F("plan-override-with-target-op", "plan", cross(overrides=[{"match": "t.l0.qkv", "with": "t.l1.qkv"}]),
+      "$.cross.overrides[0].with", "draft op"),
+    F("plan-override-tiles-list", "plan", cross(overrides=[{"match": "t.*", "tiles": []}]),
+      "$.cross.overrides[0].tiles"),
+    F("plan-override-tiles-unknown-model", "plan", cross(overrides=[{"match": "t.*", "tiles": {"oracle": {}}}]),
+      "$.cross.overrides[0].tiles.oracle", "unknown key"),
+    F("plan-override-launch-nan", "plan", cross(overrides=[{"match": "t.*", "launch": {"num_warps": float("nan")}}]),
+      "$.cross.overrides[0].launch.num_warps"),
+    F("plan-override-pdl-v1-object", "plan", cross(overrides=[{"match": "t.*", "pdl": {"trigger": "end"}}]),
+      "$.cross.overrides[0].pdl"),
+    F("plan-override-unknown-key", "plan", cross(overrides=[{"match": "t.*", "colour": 1}]),
+      "$.cross.overrides[0].colour"),
+    F("plan-pin-unknown-op", "plan", cross(alignment="greedy", overrides=[{"match": "t.l0.qkv",
+                                                                           "with": "d.s9.l0.qkv"}]),
+      "$.cross.overrides[0].with", "not a draft op"),
+    F("plan-pin-into-three-launches", "plan", cross(alignment="greedy", overrides=[{"match": "t.l*.qkv",
+                                                                                    "with": "d.s0.l0.qkv"}]),
+      "$.cross.overrides[0].with", "exactly one target launch", "3"),
+    F("plan-pin-into-no-launch", "plan", cross(alignment="greedy", overrides=[{"match": "t.nothing",
+                                                                               "with": "d.s0.l0.qkv"}]),
+      "$.cross.overrides[0].with", "selects 0"),
+    F("plan-pin-one-op-twice", "plan", cross(alignment="greedy", overrides=[
         {"match": "t.l0.qkv", "with": "d.s0.l0.qkv"}, {"match": "t.l2.qkv", "with": "d.s0.l0.qkv"}]),
-      "$.overrides[1].with", "already pinned"),
-    F("plan-pin-two-ops-one-launch", "plan", plan(alignment="greedy", overrides=[
+      "$.cross.overrides[1].with", "already pinned"),
+    F("plan-pin-two-ops-one-launch", "plan", cross(alignment="greedy", overrides=[
         {"match": "t.l0.qkv", "with": "d.s0.l0.qkv"}, {"match": "t.l0.qkv", "with": "d.s0.l1.qkv"}]),
-      "$.overrides", "same target launch"),
-    F("plan-pins-against-the-chain", "plan", plan(alignment="greedy", overrides=[
+      "$.cross.overrides", "same target launch"),
+    F("plan-pins-against-the-chain", "plan", cross(alignment="greedy", overrides=[
         {"match": "t.l0.qkv", "with": "d.s1.l0.qkv"}, {"match": "t.l2.qkv", "with": "d.s0.l0.qkv"}]),
       "d.s0.l0.qkv", "before its dependency"),
+    # a conjugate.plan/1 plan is converted on read: a shape error names its v1 field, a value error the
+    # field it became, a retired knob set away from its default is refused
+    F("plan-v1-malformed", "plan", '{"schema": "conjugate.plan/1", "alignment": }', "malformed JSON"),
+    F("plan-v1-unknown-key", "plan", v1(colour="blue"), "$.colour", "unknown key"),
+    F("plan-v1-with-a-v2-block", "plan", v1(cross={"alignment": "greedy"}), "$.cross", "unknown key"),
+    F("plan-v1-tiles-list", "plan", v1(tiles=[]), "$.tiles", "should be an object, got a list"),
+    F("plan-v1-tiles-unknown-model", "plan", v1(tiles={"oracle": {}}), "$.tiles.oracle", "unknown key"),
+    F("plan-v1-fusions-list", "plan", v1(fusions=["lm_head+argmax"]), "$.fusions", "should be an object"),
+    F("plan-v1-tile-not-power-of-two", "plan", v1(tiles={"target": {"qkv": {"BLOCK_N": 48}}}),
+      "$.target.tiles.qkv.BLOCK_N", "power of two"),
+    F("plan-v1-alignment-unknown", "plan", v1(alignment="diagonal"), "$.cross.alignment"),
+    F("plan-v1-retired-persist", "plan", v1(persist={"target": {"span": "layer"}}), "$.persist.target.span",
+      "retired"),
+    F("plan-v1-retired-prefetch", "plan", v1(pdl={"draft": {"trigger": "end", "prefetch": True}}),
+      "$.pdl.draft.prefetch", "retired"),
 
     # -- workloads: plan validate interleave --workload W
     F("workload-malformed", "workload", 'draft = "tiny-llama-d\n', "malformed TOML"),
@@ -451,11 +514,13 @@ FAULTS = [
     F("database-meta-without-values", "database", sqlite("CREATE TABLE meta (a int);"), "not a conjugate store"),
     F("database-meta-without-version", "database", sqlite("CREATE TABLE meta (key text, value text);"),
       "store schema version unknown"),
-    F("database-newer-schema", "database", sqlite("CREATE TABLE meta (key text, value text); "
-                                                  "INSERT INTO meta VALUES ('schema_version', '3');"),
-      "store schema version 3"),
+    F("database-newer-schema", "database",
+      sqlite(f"CREATE TABLE meta (key text, value text); INSERT INTO meta VALUES ('schema_version', "
+             f"'{STORE_VERSION + 1}');"),
+      f"store schema version {STORE_VERSION + 1}"),
     F("database-current-version-without-tables", "database",
-      sqlite("CREATE TABLE meta (key text, value text); INSERT INTO meta VALUES ('schema_version', '2');"),
+      sqlite(f"CREATE TABLE meta (key text, value text); INSERT INTO meta VALUES ('schema_version', "
+             f"'{STORE_VERSION}');"),
       "without its table"),
     F("database-older-schema", "database", damaged("UPDATE meta SET value = '1' WHERE key = 'schema_version'"),
       "store schema version 1"),

@@ -83,7 +83,9 @@ def small_tiled(tmp_path_factory):
     the interpreter slow; these still split K and KV)."""
     root = tmp_path_factory.mktemp("plans")
     for name in ("streams", "interleave"):
-        plan = json.loads((ROOT / "plans" / f"{name}.json").read_text()) | {"tiles": SMALL_TILES}
+        plan = json.loads((ROOT / "plans" / f"{name}.json").read_text())
+        for model in ("draft", "target"):
+            plan[model]["tiles"] = SMALL_TILES[model]
         (root / f"{name}.json").write_text(json.dumps(plan))
     return lambda name: str(root / f"{name}.json")
 

@@ -30,7 +30,7 @@ KEY = "loopback-credential-4f9c2a71"  # the configured OPENAI_API_KEY: shaped li
 SK_KEY = "sk-ant-api03-Vq8Lr2Xw5Tn1Kc7Hs4Jd9Bm3Fy6Pz0Ga"  # shaped like a key, configured nowhere
 RANDOM_KEY = "Zx81QmR4vT0pLw7YhN3bKc5JdF2sGe9AuW6x"  # an unlabelled random token, configured nowhere
 SECRETS = (KEY, SK_KEY, RANDOM_KEY)
-HUGE_TILES = [{"op": "replace", "path": "/tiles/target/gate_up",  # validates, then fails to compile
+HUGE_TILES = [{"op": "replace", "path": "/target/tiles/gate_up",  # validates, then fails to compile
                "value": {"BLOCK_M": 256, "BLOCK_N": 512, "BLOCK_K": 512, "SPLIT_K": 1}}]
 
 
@@ -93,7 +93,7 @@ def test_hashes_ids_and_ordinary_text_are_left_alone(no_keys):
             "test_an_llm_agent_drives_the_search_and_resumes_against_its_server",
             "task-0123456789-abcdefghijklmnopqrstuvwxyz", "sk-learn", "Bearer short", "api_key: missing",
             "BLOCK_M 64 -> 128 on t.l0.qkv: +3.2% (target programs first)", "launch/num_warps=8 and SPLIT_K=4",
-            "edit 1: /tiles/target/qkv/BLOCK_M: 48 is not a power of two"]
+            "edit 1: /target/tiles/qkv/BLOCK_M: 48 is not a power of two"]
     for text in kept:
         assert scrub(text) == text
     assert scrub_tree(plan.to_dict()) == plan.to_dict() and scrub_tree(workload.to_dict()) == workload.to_dict()
@@ -197,7 +197,8 @@ def reply(*items: dict) -> str:
 
 
 def warps(n: int, why: str) -> dict:
-    return {"patch": [{"op": "replace", "path": "/launch/num_warps", "value": n}], "rationale": why, "kind": "launch"}
+    return {"patch": [{"op": "replace", "path": "/cross/launch/num_warps", "value": n}], "rationale": why,
+            "kind": "cross"}
 
 
 def script_echoes(server) -> None:
@@ -205,16 +206,16 @@ def script_echoes(server) -> None:
     edits (its reasons quote the key back in the next prompt), edits whose rationales, values and a
     plan's description carry the keys, one of them failing to compile (a lesson)."""
     server.fail(500, f"upstream refused {KEY} ({SK_KEY}, {RANDOM_KEY})")
-    server.reply(reply({"patch": [{"op": "replace", "path": "/alignment", "value": KEY}], "kind": "other"}))
-    described = {"patch": [{"op": "replace", "path": "/launch/num_stages", "value": 4},
+    server.reply(reply({"patch": [{"op": "replace", "path": "/cross/alignment", "value": KEY}], "kind": "other"}))
+    described = {"patch": [{"op": "replace", "path": "/cross/launch/num_stages", "value": 4},
                            {"op": "replace", "path": "/description", "value": f"by {SK_KEY}"}],
-                 "rationale": f"stages, see {RANDOM_KEY}", "kind": "launch"}
+                 "rationale": f"stages, see {RANDOM_KEY}", "kind": "cross"}
     server.reply(reply(warps(8, f"more warps for {KEY}"), described,
                        {"patch": HUGE_TILES, "rationale": f"huge tiles {SK_KEY}", "kind": "tiles"}))
     for n in range(30):
         server.reply(reply(warps(2 ** (n % 5), f"{2 ** (n % 5)} warps ({KEY})"),
-                           {"patch": [{"op": "replace", "path": "/launch/num_stages", "value": 1 + n % 8}],
-                            "rationale": f"stages {1 + n % 8} {SK_KEY}", "kind": "launch"}))
+                           {"patch": [{"op": "replace", "path": "/cross/launch/num_stages", "value": 1 + n % 8}],
+                            "rationale": f"stages {1 + n % 8} {SK_KEY}", "kind": "cross"}))
 
 
 @pytest.fixture
