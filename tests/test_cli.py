@@ -139,12 +139,12 @@ def test_plan_explain_json(capsys, tmp_path):
 
 
 def form_parts(form: dict) -> list[dict]:
-    """A launch form's parts, as the schedule JSON writes them: One {part}, or a pair (Split or Packed)
-    {target, draft, pattern, ratio}."""
-    if "part" in form:
-        assert set(form) == {"part"}, form
+    """A launch form's parts, as the schedule JSON writes them: One {kind, part}, or a pair (Split or
+    Packed) {kind, target, draft, pattern, ratio}."""
+    if form["kind"] == "one":
+        assert set(form) == {"kind", "part"}, form
         return [form["part"]]
-    assert {"target", "draft", "pattern", "ratio"} <= set(form), form
+    assert form["kind"] in ("split", "packed") and {"target", "draft", "pattern", "ratio"} <= set(form), form
     return [form["target"], form["draft"]]
 
 

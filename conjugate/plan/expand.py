@@ -54,7 +54,11 @@ class Schedule:
     sm_limits: tuple[tuple[str, int], ...] = ()  # with two streams: (model, SMs its stream may use), plan `sm_limit`
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Plain data; each launch's form says which it is (`"kind": "one" | "split" | "packed"`)."""
+        data = asdict(self)
+        for launch, out in zip(self.launches, data["launches"]):
+            out["form"] = {"kind": type(launch.form).__name__.lower()} | out["form"]
+        return data
 
     def summary(self) -> dict[str, int]:
         return {"launches": len(self.launches), "cross_model": sum(l.cross_model for l in self.launches),
