@@ -139,16 +139,16 @@ ROWS = [  # (id, SQL, the fragments of the line; {...}: the fixture's ids)
      "evaluations row {best_eval}: field 'reward'"),
     ("evaluation-status", "UPDATE evaluations SET status = 'weird' WHERE id = {best_eval}",
      "evaluations row {best_eval}: field 'status' is 'weird'"),
-    ("best-plan-hash", "UPDATE nodes SET plan = json_set(plan, '$.capture', CASE json_extract(plan, '$.capture') "
+    ("best-plan-hash", "UPDATE nodes SET plan = json_set(plan, '$.cross.capture', CASE json_extract(plan, '$.cross.capture') "
                        "WHEN 'graph' THEN 'none' ELSE 'graph' END) WHERE id = {best}",
      "nodes row {best}: field 'plan_hash' is not the hash of its plan"),
-    ("best-branch-plan-hash", "UPDATE nodes SET plan = json_set(plan, '$.capture', 'none') WHERE id = {root}",
+    ("best-branch-plan-hash", "UPDATE nodes SET plan = json_set(plan, '$.cross.capture', 'none') WHERE id = {root}",
      "nodes row {root}: field 'plan_hash'"),
     # a node left new is evaluated first by a resume, its result stored under its plan_hash
-    ("new-plan-edited", "UPDATE nodes SET plan = json_set(plan, '$.capture', CASE json_extract(plan, '$.capture') "
+    ("new-plan-edited", "UPDATE nodes SET plan = json_set(plan, '$.cross.capture', CASE json_extract(plan, '$.cross.capture') "
                         "WHEN 'graph' THEN 'none' ELSE 'graph' END) WHERE id = {new}",
      "nodes row {new}: field 'plan_hash' is not the hash of its plan"),
-    ("new-plan-invalid", "UPDATE nodes SET plan = json_set(plan, '$.launch.num_warps', 3) WHERE id = {new}",
+    ("new-plan-invalid", "UPDATE nodes SET plan = json_set(plan, '$.cross.launch.num_warps', 3) WHERE id = {new}",
      "nodes row {new}: field 'plan' is not a valid plan"),
     ("new-plan-hash", "UPDATE nodes SET plan_hash = 'zzz' WHERE id = {new}",
      "nodes row {new}: field 'plan_hash' is not the hash of its plan"),
@@ -202,7 +202,7 @@ def test_an_llm_rationale_is_stored_with_its_control_characters_escaped():
     from conjugate.agents.llm.prompt import check_edit
     from conjugate.plan import load_plan
 
-    edit = {"patch": [{"op": "replace", "path": "/capture", "value": "none"}], "rationale": ESCAPES, "kind": "launch"}
+    edit = {"patch": [{"op": "replace", "path": "/cross/capture", "value": "none"}], "rationale": ESCAPES, "kind": "cross"}
     proposal, _ = check_edit(edit, load_plan(REPO / "plans" / "sequential.json"))
     assert proposal.rationale == SHOWN
 

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = load_workload(ROOT / "examples" / "tiny.toml")
 PROFILE = load_profile("analytical")
 SEQUENTIAL = load_plan(ROOT / "plans" / "sequential.json")
-QUICK = validate_plan({"schema": "conjugate.plan/1"})  # the default tiles: checked some 3x faster than shipped
+QUICK = validate_plan({"schema": "conjugate.plan/2"})  # the default tiles: checked some 3x faster than shipped
 
 
 @pytest.fixture(scope="module")
@@ -105,10 +105,11 @@ def test_pipeline_checks_and_models_the_tiny_round(tmp_path):
 
 
 def test_pipeline_stops_at_the_failing_stage(tmp_path, monkeypatch):
-    bad = evaluate({"schema": "conjugate.plan/1", "alignment": "diagonal"}, TINY, PROFILE, cache_dir=tmp_path)
-    assert (bad.stage, bad.status) == ("validate", "invalid") and "$.alignment" in bad.error
-    assert any(e.startswith("$.alignment") for e in bad.plan_errors) and not bad.feedback
-    huge = {"schema": "conjugate.plan/1", "tiles": {"target": {"down": {"BLOCK_M": 256, "BLOCK_N": 512,
+    bad = evaluate({"schema": "conjugate.plan/2", "cross": {"alignment": "diagonal"}}, TINY, PROFILE,
+                   cache_dir=tmp_path)
+    assert (bad.stage, bad.status) == ("validate", "invalid") and "$.cross.alignment" in bad.error
+    assert any(e.startswith("$.cross.alignment") for e in bad.plan_errors) and not bad.feedback
+    huge = {"schema": "conjugate.plan/2", "target": {"tiles": {"down": {"BLOCK_M": 256, "BLOCK_N": 512,
                                                                        "BLOCK_K": 512}}}}
     failed = evaluate(huge, TINY, PROFILE, cache_dir=tmp_path)
     assert (failed.stage, failed.status) == ("compile", "compile_error")

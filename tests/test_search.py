@@ -46,7 +46,7 @@ FAMILY = "llama->llama"
 SHIPPED = {name: load_plan(REPO / "plans" / f"{name}.json").hash for name in ("sequential", "streams", "interleave")}
 BASE_BUDGET = 8
 # A tile shape far over a program's shared memory: the plan validates and expands, and fails to compile.
-HUGE_TILES = [{"op": "replace", "path": "/tiles/target/gate_up",
+HUGE_TILES = [{"op": "replace", "path": "/target/tiles/gate_up",
                "value": {"BLOCK_M": 256, "BLOCK_N": 512, "BLOCK_K": 512, "SPLIT_K": 1}}]
 
 
@@ -797,8 +797,8 @@ def test_an_llm_agent_drives_the_search_and_resumes_against_its_server(env, tmp_
     secret = "sk-test-search-0123456789"
     monkeypatch.setenv("OPENAI_API_KEY", secret)
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
-    edits = {"edits": [{"patch": [{"op": "replace", "path": "/launch/num_warps", "value": w}],
-                        "rationale": f"{w} warps", "kind": "launch"} for w in (2, 8)]}
+    edits = {"edits": [{"patch": [{"op": "replace", "path": "/cross/launch/num_warps", "value": w}],
+                        "rationale": f"{w} warps", "kind": "cross"} for w in (2, 8)]}
     db = tmp_path / "llm.db"
     with Loopback("openai") as server:
         for _ in range(30):
@@ -918,11 +918,11 @@ def test_a_resume_falls_back_to_the_profile_of_its_name_where_its_file_is_gone(t
 
 
 # Moves that commute, each with the factor it puts on the round's latency wherever it is made.
-LANDSCAPE = [([{"op": "replace", "path": "/tiles/draft/qkv/BLOCK_N", "value": 32}], 1.05),
-             ([{"op": "replace", "path": "/tiles/draft/o_proj/BLOCK_N", "value": 32}], 1.04),
-             ([{"op": "replace", "path": "/split_reduce/draft", "value": "atomic"}], 0.97),
-             ([{"op": "replace", "path": "/tiles/target/qkv/BLOCK_N", "value": 32}], 0.99),
-             ([{"op": "replace", "path": "/tiles/draft/down/BLOCK_N", "value": 32}], 1.0)]
+LANDSCAPE = [([{"op": "replace", "path": "/draft/tiles/qkv/BLOCK_N", "value": 32}], 1.05),
+             ([{"op": "replace", "path": "/draft/tiles/o_proj/BLOCK_N", "value": 32}], 1.04),
+             ([{"op": "replace", "path": "/draft/reduce", "value": "atomic"}], 0.97),
+             ([{"op": "replace", "path": "/target/tiles/qkv/BLOCK_N", "value": 32}], 0.99),
+             ([{"op": "replace", "path": "/draft/tiles/down/BLOCK_N", "value": 32}], 1.0)]
 
 
 def _holds(plan: Plan | dict, move: list[dict]) -> bool:
@@ -941,7 +941,7 @@ class LandscapeEvaluator:
         self.profile, self.landscape = load_profile(profile_path), landscape
 
     def evaluate(self, plan: Plan, workload_path) -> EvalResult:
-        latency = 0.8 if plan["streams"] == "two" else 1.0
+        latency = 0.8 if plan["cross"]["streams"] == "two" else 1.0
         for move, factor in self.landscape:
             latency *= factor if _holds(plan, move) else 1.0
         metrics = Metrics(latency, 0.5, latency / 0.5, 100.0, 3, "none", 1,
@@ -1121,7 +1121,7 @@ def test_exploit_last_widens_the_best_open_node_over_the_budget_s_end(env, tmp_p
 
 
 # Small gains: each move alone gains 0.3% (under the deepen margin of 0.5%, over MERGE_GAIN), two lose.
-SMALL_GAINS = [([{"op": "replace", "path": f"/tiles/{model}/{op}/BLOCK_N", "value": 32}], factor)
+SMALL_GAINS = [([{"op": "replace", "path": f"/{model}/tiles/{op}/BLOCK_N", "value": 32}], factor)
                for model, op, factor in (("draft", "qkv", 0.997), ("draft", "o_proj", 0.997),
                                          ("target", "qkv", 0.997), ("target", "o_proj", 0.997),
                                          ("draft", "down", 1.05), ("target", "down", 1.05))]
@@ -1157,7 +1157,7 @@ def test_the_run_s_small_gains_are_offered_together(env, tmp_path):
     merges = [n for n in nodes if n.proposer == "small-gains" + MERGE_SUFFIX]
     assert merges and all(n.rationale.startswith("the ") and " moves that gained in this run, together (+0.3%, +0.3%"
                           in n.rationale for n in merges)
-    assert all(len(n.edit) >= 2 and not any(op["path"].startswith("/tiles/draft/down") for op in n.edit)
+    assert all(len(n.edit) >= 2 and not any(op["path"].startswith("/draft/tiles/down") for op in n.edit)
                for n in merges)  # the harmful move never joins a merge
     without, _ = run(False)
     assert without > every_gain * 1.002
@@ -1264,13 +1264,13 @@ def test_a_merge_leaves_the_edits_of_the_node_s_path_alone(env, tmp_path):
                               SmallGainsProposer(), SearchSettings(budget=3), seed=0)
         search.run_loop()
         streams = next(n for n in store.nodes(search.run_id) if n.rationale == "shipped plan streams")
-        start = [{"op": "replace", "path": "/pdl/draft", "value": {"trigger": "start", "prefetch": False}}]
-        end = [{"op": "replace", "path": "/pdl/draft/trigger", "value": "end"}]
+        start = [{"op": "replace", "path": "/draft/pdl", "value": "start"}]
+        end = [{"op": "replace", "path": "/draft/pdl", "value": "end"}]
         plan = patch_plan(validate_plan(streams.plan), end)
         node_id, _ = store.add_node(search.run_id, plan.to_dict(), plan.hash, streams.id, end, "end", "test",
-                                    "launch", 0.5)
+                                    "pdl", 0.5)
         memory = MoveMemory()
-        memory.add(start, 0.05, "launch", "start")
+        memory.add(start, 0.05, "pdl", "start")
         memory.add(SMALL_GAINS[0][0], 0.003, "tiles", "move 0")
         memory.add(SMALL_GAINS[1][0], 0.003, "tiles", "move 1")
         merged = _merged(search, memory, store.node(node_id), [])
@@ -1279,7 +1279,7 @@ def test_a_merge_leaves_the_edits_of_the_node_s_path_alone(env, tmp_path):
         assert _merged(search, memory, store.node(node_id), []) == []
         # at the streams node itself the release at the start is the largest gain and joins
         merged = _merged(search, MoveMemory({move_key(start): [0.05], move_key(SMALL_GAINS[0][0]): [0.003]},
-                                           {move_key(start): (start, "launch", "start"),
+                                           {move_key(start): (start, "pdl", "start"),
                                             move_key(SMALL_GAINS[0][0]): (SMALL_GAINS[0][0], "tiles", "move 0")}),
                                 store.node(streams.id), [])
         assert merged and merged[0].patch == start + SMALL_GAINS[0][0]

@@ -12,7 +12,7 @@ from conjugate.evaluate.worker import IsolatedEvaluator
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "examples" / "tiny.toml"
 FAULTS = {"PYTHONPATH": os.pathsep.join([str(Path(__file__).parent / "faults"), os.environ.get("PYTHONPATH", "")])}
-CHEAP = {"schema": "conjugate.plan/1"}  # default tiles: few programs, quick under the interpreter
+CHEAP = {"schema": "conjugate.plan/2"}  # default tiles: few programs, quick under the interpreter
 
 
 @pytest.fixture
@@ -22,9 +22,9 @@ def profile():
 
 def test_failing_plans_come_back_as_results(profile, tmp_path):
     with IsolatedEvaluator(profile, time_limit_s=120, cache_dir=tmp_path) as isolated:
-        bad = isolated.evaluate({"schema": "conjugate.plan/1", "launch": {"num_warps": 3}}, TINY)
-        assert (bad.stage, bad.status) == ("validate", "invalid") and "$.launch.num_warps" in bad.error
-        huge = {"schema": "conjugate.plan/1", "tiles": {"target": {"qkv": {"BLOCK_M": 256, "BLOCK_N": 512,
+        bad = isolated.evaluate({"schema": "conjugate.plan/2", "cross": {"launch": {"num_warps": 3}}}, TINY)
+        assert (bad.stage, bad.status) == ("validate", "invalid") and "$.cross.launch.num_warps" in bad.error
+        huge = {"schema": "conjugate.plan/2", "target": {"tiles": {"qkv": {"BLOCK_M": 256, "BLOCK_N": 512,
                                                                            "BLOCK_K": 512}}}}
         failed = isolated.evaluate(huge, TINY)
         assert (failed.stage, failed.status) == ("compile", "compile_error")
@@ -74,7 +74,7 @@ isolated = IsolatedEvaluator(load_profile("analytical"), time_limit_s=600, entry
                              env={"PYTHONPATH": sys.argv[2]})
 worker = isolated._start()
 print(worker.pid, flush=True)
-isolated.evaluate({"schema": "conjugate.plan/1"}, sys.argv[1])  # the worker hangs: the parent waits on it
+isolated.evaluate({"schema": "conjugate.plan/2"}, sys.argv[1])  # the worker hangs: the parent waits on it
 """
 
 
