@@ -481,12 +481,14 @@ def test_a_second_ctrl_c_while_a_hung_request_is_closed_ends_in_one_line(tmp_pat
     import sys
 
     root = Path(__file__).resolve().parents[1]
+    profile = tmp_path / "unchecked.toml"  # the seeds scored without the interpreter's check: the LLM is asked soon
+    profile.write_text(re.sub(r"(?m)^max_params\s*=.*$", "max_params = 0", (root / "evaluators" / "analytical.toml").read_text()))
     with Loopback("openai") as server:
         server.stall(120)
         db = tmp_path / "run.db"
         env = dict(os.environ, OPENAI_API_KEY="sk-test", PYTHONPATH=str(root))
         search = subprocess.Popen([sys.executable, "-m", "conjugate", "search", "--agent", "openai:m", "--base-url",
-                                   server.base_url, "--db", str(db), "--budget", "5"], env=env, cwd=tmp_path,
+                                   server.base_url, "--db", str(db), "--budget", "5", "--evaluator", str(profile)], env=env, cwd=tmp_path,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 240
         while not server.requests and time.monotonic() < deadline and search.poll() is None:
