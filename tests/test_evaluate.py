@@ -233,8 +233,8 @@ def test_bench_command(tmp_path, capsys, unchecked):
     assert main(["bench", str(ROOT / "examples" / "tiny.toml"), "--evaluator", "nope"]) == 2
 
 
-def test_bench_takes_shipped_plans_by_name(capsys):
-    assert main(["bench", str(ROOT / "examples" / "tiny.toml"), "--plan", "streams"]) == 0
+def test_bench_takes_shipped_plans_by_name(capsys, unchecked):
+    assert main(["bench", str(ROOT / "examples" / "tiny.toml"), "--plan", "streams", "--evaluator", unchecked]) == 0
     printed = capsys.readouterr().out
     assert "streams" in printed and "interleave" not in printed
 
