@@ -45,6 +45,15 @@ def test_every_knob_the_facts_list_has_a_measured_win_or_is_a_paper_mechanism():
     assert knobs <= won | set(PAPER_MECHANISMS), knobs - won
 
 
+def test_every_knob_of_a_model_block_has_a_measured_win():
+    """The per-model knobs of the plan schema entered it with a win recorded in the facts."""
+    from conjugate.plan.schema import MODEL_BLOCK
+
+    won = {f.knob for f in load_facts() if f.effect == "win"}
+    families = {{"stream": "streams"}.get(key, key) for key in MODEL_BLOCK.fields}
+    assert families <= won, families - won
+
+
 def _fact_ids_read(module: Path) -> set[str]:
     """The ids a module passes to figure() or sentence(), and the fact ids its constants name."""
     ids = set()

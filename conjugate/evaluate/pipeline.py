@@ -61,7 +61,7 @@ def _stages(raw: Plan | dict, run: "_Run", harness: Harness, session: Evaluation
     with run.step("setup"):
         setup = session.setup(kind, key, partial(harness.prepare, run.workload))
     # Baselines first (once per workload): running them slows later rounds on the GPU by up to 4%
-    # for the rest of the process (benchmarks/steadiness.py), so every plan is timed after them.
+    # for the rest of the process (lab/experiments/steadiness.py), so every plan is timed after them.
     with run.step("baselines"):
         baselines = session.baselines(kind, harness.baselines_wanted, refresh,
                                       partial(_baselines, harness, setup, None if refresh else carried))

@@ -48,7 +48,7 @@ def _rows(record: Record, prefix: str, skip: tuple[str, ...] = ()) -> list[str]:
         if key in skip:
             continue
         path = f"{prefix}.{key}" if prefix else key
-        if isinstance(f, Record) and not f.ref.startswith("tile") and f.ref not in ("tiles",) and key != "pairs":
+        if isinstance(f, Record) and not f.ref.startswith("tile") and key != "pairs":  # tiles and pairs: one row
             rows += _rows(f, path)
             continue
         default = json.dumps(f.default) if not isinstance(f, Record) else "{}"

@@ -2,7 +2,7 @@
 
 Once a CUDA graph holding some of torch's kernels (its softmax, `where`, cuDNN or math SDPA: the
 conventional baseline's graphs hold them) has been captured, every CUDA graph of the process replays
-about 0.2 us per launch slower on the H200 (benchmarks/graph_step.py). A plan's round served by this
+about 0.2 us per launch slower on the H200 (lab/experiments/graph_step.py). A plan's round served by this
 project never shares a process with those graphs; measured beside them, it pays for them. Apart,
 each side is timed in the state it runs in: the conventional round with its own graphs (as a torch
 serving engine runs it), the plans and the `sequential` baseline without them.

@@ -33,7 +33,7 @@ the baselines time each and use the fastest correct one per phase (baselines.py)
   draft: benchmarks/README.md).
 
 Attention by explicit matmuls over the cache made the round 40% slower: cuBLAS ran the score GEMMs
-in its path without tensor cores (benchmarks/conventional_profile.py).
+in its path without tensor cores (lab/experiments/conventional_profile.py).
 
 `ConventionalRound` runs both phases over the same `RoundBuffers` a compiled plan uses, with the
 same interface (load, phase, run_eager, warmup, capture, run, outputs), so the checks, the timing
