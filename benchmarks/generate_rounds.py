@@ -39,7 +39,7 @@ from conjugate.evaluate.timing import time_replays  # noqa: E402
 from conjugate.paths import EXAMPLES_DIR, shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
 from conjugate.evaluate.baselines.conventional import Variant  # noqa: E402
-from conjugate.serving import SpeculativeDecoder  # noqa: E402
+from conjugate.serving import SpeculativeDecoder, generate  # noqa: E402
 from conjugate.serving.decoder import CONVENTIONAL  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 
@@ -68,8 +68,8 @@ def run_case(workload, plan, mode: str, new: int, variants) -> dict:
     decoder = SpeculativeDecoder.build(workload, plan, mode, variants=variants)
     # contexts end near the workload's, as in the benchmarked round
     asked = prompts(decoder.capacity, workload.draft.vocab_size, workload.context - new - workload.k)
-    decoder.generate(asked, 4)  # warm: kernels compiled, graphs captured
-    result = decoder.generate(asked, new)
+    generate(decoder, asked, 4)  # warm: kernels compiled, graphs captured
+    result = generate(decoder, asked, new)
     bench_ms = bench_round(decoder)
     row = {"workload": workload.name, "mode": mode, "plan": decoder.plan_name, "round_ms_in_loop": result.round_ms,
            "round_ms_bench": bench_ms, "loop_over_bench": result.round_ms / bench_ms,

@@ -109,10 +109,12 @@ def _hf_greedy(model, prompt: list[int], new: int) -> list[int]:
 
 
 def _generate(workload: str | list[str], mode: str, prompts: list[list[int]], tmp_path, *extra: str,
-              new: int = NEW) -> dict:
-    """Run `conjugate generate` on a workload file (or the flags naming a pair) and read its JSON."""
+              new: int = NEW, eos: bool = False) -> dict:
+    """Run `conjugate generate` on a workload file (or the flags naming a pair) and read its JSON;
+    past end-of-sequence ids unless `eos` (as `_hf_greedy` decodes)."""
     pair = [workload] if isinstance(workload, str) else workload
     args = ["generate", *pair, "--mode", mode, "--max-new-tokens", str(new), "--json", str(tmp_path / "g.json")]
+    args += [] if eos else ["--ignore-eos"]
     for p in prompts:
         args += ["--prompt-ids", ",".join(map(str, p))]
     assert main(args + list(extra)) == 0
@@ -174,6 +176,30 @@ def test_a_draft_identical_to_the_target_accepts_every_token(small_tiled, tmp_pa
         assert float(re.search(r"([\d.e+-]+) tokens/s", summary).group(1)) > 0
 
 
+def test_generation_ends_at_the_checkpoints_end_of_sequence_id(pair, tmp_path):
+    """The target's generation_config.json names an id the target emits: each sequence ends with it,
+    as transformers' generate ends there; more prompts than slots take the slots in turn."""
+    import shutil
+
+    workload, target = pair("qwen2")
+    prompts = PROMPTS["pipelined"] + [[9, 200, 41, 7]]
+    eos = _hf_greedy(target, prompts[-1], NEW)[1]
+    for role in ("draft", "target"):
+        shutil.copytree(Path(workload).parent / role, tmp_path / role)
+    (tmp_path / "target" / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos]}))
+    result = _generate(_workload(tmp_path, "draft", "target", draft_batch=1, target_batch=1), "pipelined", prompts,
+                       tmp_path, "--plan", "conventional", "--variants", "eager-sdpa/eager-sdpa", eos=True)
+    for entry, prompt in zip(result["outputs"], prompts):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            hf = target.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False, eos_token_id=eos,
+                                 pad_token_id=0)[0, len(prompt):].tolist()
+        ended = eos in hf
+        assert entry["generated_ids"] == (hf[:hf.index(eos) + 1] if ended else hf), prompt
+        assert entry["finish"] == ("stop" if ended else "length")
+    assert result["outputs"][-1]["finish"] == "stop"
+
+
 # ---------------------------------------------------------------------------------------------
 # bad input: one line, exit 2, before any work
 
@@ -189,13 +215,12 @@ def _refused(capsys, args: list[str], *needles: str) -> None:
 
 def test_bad_prompts_are_refused(tmp_path, capsys):
     workload = _workload(tmp_path, "tiny-llama-d", "tiny-llama-t", context=12)
-    _refused(capsys, ["generate", workload, "--prompt-ids", ""], "prompt 0 is empty")
+    _refused(capsys, ["generate", workload, "--prompt-ids", ""], "prompt 0", "empty")
     _refused(capsys, ["generate", workload, "--prompt-ids", "1,2,3,4,5,6,7,8,9", "--max-new-tokens", "4"],
              "prompt 0", "KV capacity", "context is 12")
     _refused(capsys, ["generate", workload, "--prompt-ids", "1,99999"], "token ids")
     _refused(capsys, ["generate", workload, "--prompt", "hello"], "tokenizer", "--prompt-ids")
     _refused(capsys, ["generate", workload], "no prompts")
-    _refused(capsys, ["generate", workload] + ["--prompt-ids", "1"] * 5, "5 prompts", "at most 4")
     _refused(capsys, ["generate", "--prompt-ids", "1"], "no model pair", "--draft and --target")
     _refused(capsys, ["generate", workload, "--prompt-ids", "1", "--plan", "conventional", "--variants", "fast"],
              "--variants", "conventional variant 'fast'")

@@ -13,8 +13,9 @@ from conjugate.cli.arguments import WORKLOAD_HELP, integer, workload_name_or_fil
 from conjugate.cli.console import out
 from conjugate.errors import ConjugateError
 from conjugate.files import check_output, shown, write_output
-from conjugate.serving.decoder import (CONVENTIONAL, MODES, GenerationError, Progress, SpeculativeDecoder,
-                                       check_prompts)
+from conjugate.serving.decoder import CONVENTIONAL, MODES, GenerationError, SpeculativeDecoder, check_prompts
+from conjugate.serving.generation import Progress, generate
+from conjugate.serving.stop_ids import checkpoint_stop_ids
 from conjugate.serving.tokens import Tokenizer
 
 # flags that set (or override) a workload field: flag -> field(s)
@@ -57,6 +58,8 @@ def add_command(sub) -> None:
                      help="a prompt as token ids (repeatable)")
     gen.add_argument("--max-new-tokens", type=integer(1, MAX_NEW_TOKENS), default=32,
                      help="tokens to generate per prompt (default: 32)")
+    gen.add_argument("--ignore-eos", action="store_true",
+                     help="go on past the checkpoint's end-of-sequence ids (default: a sequence ends at one)")
     gen.add_argument("--json", help="also write the outputs and figures as JSON to this file")
     gen.set_defaults(func=lambda args: cmd_generate(args, out))
 
@@ -89,15 +92,16 @@ def cmd_generate(args: argparse.Namespace, out: Console) -> None:
         batch = max(-(-len(prompts) // groups), 1)
         need = max(len(p) for p in prompts) - 1 + max(args.max_new_tokens, 1) + workload.k
         workload = workload_from_dict({"draft_batch": batch, "target_batch": batch, "context": need} | fields, where)
-    check_prompts(workload, args.mode, prompts, args.max_new_tokens)
+    check_prompts(workload, prompts, args.max_new_tokens)
+    stop_ids = () if args.ignore_eos else checkpoint_stop_ids(workload)
     name = plan if isinstance(plan, str) else plan.name
     with out.status(Text(f"compiling {name!r} for {workload.name} ({args.mode})")):
         decoder = SpeculativeDecoder.build(workload, plan, args.mode, variants=variants)
     with Bar(TextColumn("{task.description}", markup=False), console=out, transient=True) as bar:
         task = bar.add_task("prefill")
         interpreted = _interpreted(name)
-        result = decoder.generate(prompts, args.max_new_tokens,
-                                  lambda p: bar.update(task, description=_line(p, interpreted)))
+        result = generate(decoder, prompts, args.max_new_tokens, stop_ids=stop_ids,
+                          on_progress=lambda p: bar.update(task, description=_line(p, interpreted)))
     _summary(out, result, tokenizer)
     if args.json:
         write_output(args.json, json.dumps(result.to_dict() | {"workload": workload.name}, indent=1) + "\n")

@@ -24,6 +24,10 @@ class RequestError(ConjugateError):
         self.field = field
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How a request's tokens are drawn. Temperature 0 is greedy decoding (the target's argmax), the
@@ -37,10 +41,9 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
-                and 0.0 <= self.temperature <= 100.0):
+        if not (_number(self.temperature) and 0.0 <= self.temperature <= 100.0):
             raise RequestError(f"temperature {self.temperature!r}: a number in [0, 100]", "temperature")
-        if not (isinstance(self.top_p, (int, float)) and math.isfinite(self.top_p) and 0.0 < self.top_p <= 1.0):
+        if not (_number(self.top_p) and 0.0 < self.top_p <= 1.0):
             raise RequestError(f"top_p {self.top_p!r}: a number in (0, 1]", "top_p")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or not 0 <= self.top_k <= MAX_TOP_K:
             raise RequestError(f"top_k {self.top_k!r}: an integer in [0, {MAX_TOP_K}] (0: off)", "top_k")
@@ -56,6 +59,7 @@ class SamplingParams:
 GREEDY = SamplingParams()
 
 
+
 @dataclass(frozen=True)
 class Request:
     """`stop_ids`: token ids that end the sequence (emitted, then the sequence stops); None: the
@@ -64,6 +68,21 @@ class Request:
     max_tokens: int
     sampling: SamplingParams = GREEDY
     stop_ids: tuple[int, ...] | None = None
+
+
+def check_request(prompt, max_tokens, vocab: int, k: int, context: int) -> None:
+    """Refuse a prompt and token budget that a round of this vocabulary, k and KV capacity (context)
+    cannot serve, naming the request's field."""
+    if not prompt:
+        raise RequestError("the prompt is empty", "prompt")
+    if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in prompt):
+        raise RequestError(f"token ids must be integers in 0..{vocab - 1}", "prompt")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise RequestError(f"max_tokens {max_tokens!r}: an integer of at least 1", "max_tokens")
+    need = len(prompt) - 1 + max_tokens + k
+    if need > context:
+        raise RequestError(f"{len(prompt)} prompt tokens + {max_tokens} new + k = {k} need a KV capacity of "
+                           f"{need}; the context is {context}", "max_tokens")
 
 
 FinishReason = Literal["stop", "length", "cancelled"]
