@@ -81,6 +81,7 @@ class Engine:
         self._queue: deque[Ticket] = deque()
         self._lock = threading.Condition()
         self._pending: deque[_Snapshot] = deque()
+        self._spare: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []  # host buffers of read snapshots
         self._lag = 1 if decoder.device.type == "cuda" else 0
         self._thread: threading.Thread | None = None
         self._closing = False
@@ -218,9 +219,9 @@ class Engine:
             return  # its verify pass ran on nothing: it has not drafted yet
         values = torch.cat([group.fresh.flatten(), group.accepted])
         cuda = values.device.type == "cuda"
-        host = torch.empty(values.shape, dtype=values.dtype, pin_memory=cuda)
+        host, event = self._spare.pop() if self._spare else (
+            torch.empty(values.shape, dtype=values.dtype, pin_memory=cuda), torch.cuda.Event() if cuda else None)
         host.copy_(values, non_blocking=cuda)
-        event = torch.cuda.Event() if cuda else None
         if event is not None:
             event.record()
         self._pending.append(_Snapshot(g, list(self.slots[g]), host, event))
@@ -231,6 +232,7 @@ class Engine:
             snap.event.synchronize()
         k1 = self.k + 1
         values = snap.host.tolist()
+        self._spare.append((snap.host, snap.event))  # pinned buffers are slow to allocate: reused
         self.drafts[snap.group] = values[-2:]
         for row, ticket in enumerate(snap.owners):
             if ticket is None or ticket.done:
