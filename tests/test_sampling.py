@@ -1,0 +1,240 @@
+"""Sampling on the device (kernels/sampling.py: the sample part, the sampled accept step of settle.py)
+against the torch rules of serving/accept.py, under the interpreter.
+
+Two kinds of check: exact ones, the kernel's tokens equal to the rules' given the same random numbers
+(this file replays the kernels' Philox draws on the host), and statistical ones, frequencies against
+the distributions they must follow by a chi-square test at ALPHA = 1e-3 (scipy's survival function
+where scipy is installed, else the closed forms in `_chi2_sf`). The interpreter runs one program at a
+time, some 30 ms a draw here: the statistical checks keep the vocabulary tiny and draw a few hundred
+times, enough to catch a wrong distribution (the draft's instead of the target's, say)."""
+from __future__ import annotations
+
+import math
+
+import conjugate  # noqa: F401, I001  (selects the interpreter before triton is imported)
+import numpy as np
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from conjugate.compiler.embed import sample_call
+from conjugate.compiler.sampling import SamplingRows, launch_sample
+from conjugate.kernels.sampling import warp_stats, warped_probs
+from conjugate.serving.accept import accept_sampled, gumbel_draw, warp_probs
+from conjugate.serving.requests import SamplingParams
+from conjugate.serving.settle import settle
+
+ALPHA = 1e-3
+DRAFT, ACCEPT, RESIDUAL, PURPOSES = 0, 1, 2, 3  # kernels/sampling.py's purposes
+
+
+# -- the kernels' random numbers, replayed on the host ------------------------------------------
+M32 = 0xFFFFFFFF
+
+
+def _philox(key: int, counter: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The first two words of Philox 4x32-10 (as Triton's tl.randint4x) of counters (counter, 0, 0, 0)."""
+    c0, c1, c2, c3 = counter.astype(np.uint64), *(np.zeros_like(counter, dtype=np.uint64) for _ in range(3))
+    k0, k1 = np.uint64(key & M32), np.uint64(key >> 32)
+    a, b, m = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57), np.uint64(M32)
+    for _ in range(10):
+        p0, p2 = a * c0, b * c2  # 32 x 32 bits: exact in uint64
+        c0, c1, c2, c3 = ((p2 >> np.uint64(32)) ^ c1 ^ k0, p2 & m, (p0 >> np.uint64(32)) ^ c3 ^ k1, p0 & m)
+        k0, k1 = (k0 + np.uint64(0x9E3779B9)) & m, (k1 + np.uint64(0xBB67AE85)) & m
+    return c0, c1
+
+
+def _draw_key(seed: int, position: int, purpose: int) -> int:
+    hi, lo = _philox(seed, np.array([position * PURPOSES + purpose]))
+    return (int(hi[0]) << 32) | int(lo[0])
+
+
+def _uniforms(seed: int, position: int, purpose: int, n: int) -> np.ndarray:
+    x, _ = _philox(_draw_key(seed, position, purpose), np.arange(n))
+    return (x.astype(np.float32) + np.float32(0.5)) * np.float32(2.0 ** -32)
+
+
+def _gumbel(seed: int, position: int, purpose: int, n: int) -> torch.Tensor:
+    u = _uniforms(seed, position, purpose, n)
+    with np.errstate(divide="ignore"):
+        e = np.where(u < 0.0625, u * (1 + u * (0.5 + u * (1 / 3 + u * (0.25 + u * (0.2 + u / 6))))), -np.log1p(-u))
+        return torch.from_numpy(-np.log(e.astype(np.float32)))
+
+
+# -- statistics -------------------------------------------------------------------------------
+def _chi2_sf(x: float, dof: int) -> float:
+    """P(chi2(dof) > x): scipy's where installed, else the closed forms for integer dof."""
+    try:
+        from scipy.stats import chi2
+    except ImportError:
+        half = x / 2
+        if dof % 2 == 0:
+            return math.exp(-half) * sum(half ** i / math.factorial(i) for i in range(dof // 2))
+        term, total = math.sqrt(x) * math.exp(-half) * math.sqrt(2 / math.pi), 0.0
+        for i in range(1, (dof + 1) // 2):
+            total, term = total + term, term * x / (2 * i + 1)
+        return math.erfc(math.sqrt(half)) + total
+    return float(chi2.sf(x, dof))
+
+
+def _fits(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """The chi-square test's p-value of counts [V] drawn from probs [V] (cells of probability 0 must be empty)."""
+    assert counts[probs == 0].sum() == 0, (counts, probs)
+    expected = probs[probs > 0].double() * counts.sum()
+    observed = counts[probs > 0].double()
+    return _chi2_sf(float(((observed - expected) ** 2 / expected).sum()), int((probs > 0).sum()) - 1)
+
+
+def test_the_own_chi_square_survival_matches_known_values():
+    import builtins
+
+    real_import = builtins.__import__
+
+    def without_scipy(name, *args, **kwargs):
+        if name.startswith("scipy"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    builtins.__import__ = without_scipy
+    try:
+        values = [_chi2_sf(x, dof) for x, dof in ((3.841459, 1), (5.991465, 2), (16.26624, 3), (11.34487, 3),
+                                                  (20.51501, 5))]
+    finally:
+        builtins.__import__ = real_import
+    assert values == pytest.approx([0.05, 0.05, 0.001, 0.01, 0.001], rel=1e-4)
+
+
+# -- warped distributions ---------------------------------------------------------------------
+@triton.jit
+def _probs_kernel(logits_ptr, probs_ptr, vocab, temperature_ptr, top_p_ptr, top_k_ptr, VP: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    logits = logits_ptr + row * vocab
+    temperature = tl.load(temperature_ptr + row)
+    high, lse, cutoff = warp_stats(logits, vocab, temperature, tl.load(top_k_ptr + row), tl.load(top_p_ptr + row),
+                                   BLOCK)
+    offs = tl.arange(0, VP)
+    tl.store(probs_ptr + row * vocab + offs, warped_probs(logits, offs, vocab, temperature, high, lse, cutoff),
+             mask=offs < vocab)
+
+
+def _warped_on_device(logits: torch.Tensor, rows: SamplingRows, block: int) -> torch.Tensor:
+    probs = torch.full_like(logits, float("nan"))
+    vocab = logits.shape[1]
+    _probs_kernel[(logits.shape[0],)](logits, probs, vocab, rows.temperature, rows.top_p, rows.top_k,
+                                      VP=triton.next_power_of_2(vocab), BLOCK=block)
+    return probs
+
+
+def _rows(params: list[SamplingParams]) -> SamplingRows:
+    rows = SamplingRows.allocate(len(params), "cpu")
+    for r, p in enumerate(params):
+        rows.set(r, p)
+    return rows
+
+
+# (temperature, top_k, top_p): each cut alone, both, cuts that keep one token or everything
+WARPS = [(1.0, 0, 1.0), (0.5, 0, 1.0), (2.0, 0, 1.0), (1.0, 3, 1.0), (0.7, 1, 1.0), (1.0, 12, 1.0), (1.0, 40, 1.0),
+         (1.0, 0, 0.9), (1.3, 0, 0.5), (0.8, 0, 0.05), (1.0, 5, 0.8), (2.5, 7, 0.6), (1.0, 4, 0.999)]
+
+
+def test_warped_distribution_matches_the_reference():
+    """Temperature, then top-k, then top-p over the renormalised top-k distribution; the rows span
+    two BLOCK chunks, so every pass loops."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(len(WARPS), 12, generator=g) * 2
+    rows = _rows([SamplingParams(temperature=t, top_k=k, top_p=p) for t, k, p in WARPS])
+    got = _warped_on_device(logits, rows, block=8)
+    want = warp_probs(logits, rows.temperature, rows.top_k, rows.top_p)
+    assert torch.equal(got > 0, want > 0), (got > 0) ^ (want > 0)  # the same tokens kept
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    kept = (want > 0).sum(1).tolist()
+    assert kept[4] == 1 and kept[3] == 3 and kept[6] == 12 and kept[0] == 12  # top_k 1, 3, past V, off
+
+
+def test_tokens_tied_at_a_cutoff_are_kept():
+    logits = torch.tensor([[3.0, 1.0, 2.0, 2.0, 0.5, 2.0, -1.0, 0.0],  # top-2 cuts inside a three-way tie
+                           [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]])  # top-p 0.3 of four equal tokens
+    rows = _rows([SamplingParams(temperature=1.0, top_k=2), SamplingParams(temperature=1.0, top_p=0.3)])
+    kept = _warped_on_device(logits, rows, block=8) > 0
+    assert kept[0].tolist() == [True, False, True, True, False, True, False, False]
+    assert kept[1].tolist() == [True] * 4 + [False] * 4
+    assert torch.equal(kept, warp_probs(logits, rows.temperature, rows.top_k, rows.top_p) > 0)
+
+
+# -- the draft's sample part ------------------------------------------------------------------
+def _sample(logits: torch.Tensor, rows: SamplingRows, lengths: torch.Tensor, step: int = 0,
+            block: int = 8) -> torch.Tensor:
+    out = torch.full((logits.shape[0],), -1, dtype=torch.int64)
+    launch_sample(sample_call(logits, out, lengths, rows, rows=logits.shape[0], vocab=logits.shape[1], step=step,
+                              block=block))
+    return out
+
+
+def test_temperature_zero_rows_take_the_argmax_first_index_on_ties():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randint(0, 3, (6, 12), generator=g).float()  # many ties, some across chunks
+    logits[0] = float("-inf")
+    rows = _rows([SamplingParams(top_k=2, top_p=0.5, seed=9)] * 6)  # cuts and seeds do not matter at 0
+    assert torch.equal(_sample(logits, rows, torch.arange(6)), logits.argmax(1))
+
+
+def test_sampled_tokens_are_the_reference_draws():
+    """Each row's token is the Gumbel-max draw over its warped distribution with the noise keyed by
+    (seed, length + step + 1, DRAFT)."""
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(len(WARPS), 12, generator=g) * 2
+    seeds = [5, 2 ** 62 + 3, 0, 77] * 4
+    rows = _rows([SamplingParams(temperature=t, top_k=k, top_p=p, seed=s) for (t, k, p), s in zip(WARPS, seeds)])
+    lengths, step = torch.tensor([0, 3, 1 << 20, 9] * 4)[:len(WARPS)], 2
+    probs = warp_probs(logits, rows.temperature, rows.top_k, rows.top_p)
+    noise = torch.stack([_gumbel(s, int(n) + step + 1, DRAFT, 12) for s, n in zip(seeds, lengths)])
+    assert torch.equal(_sample(logits, rows, lengths, step), gumbel_draw(probs, noise))
+
+
+def test_draws_follow_the_warped_distribution():
+    """Chi-square of 300 draws (300 seeds) against softmax(logits / T)."""
+    n, logits = 300, torch.tensor([1.0, 0.2, -0.5, 0.7, -2.0, 0.0])
+    rows = _rows([SamplingParams(temperature=0.8, seed=1000 + i) for i in range(n)])
+    tokens = _sample(logits.repeat(n, 1), rows, torch.full((n,), 4))
+    probs = torch.softmax(logits / 0.8, 0)
+    assert _fits(torch.bincount(tokens, minlength=6), probs) > ALPHA
+
+
+def test_a_draw_depends_on_its_seed_and_position_only():
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 16, generator=g) * 0.1  # near uniform: other keys draw other tokens
+    params = [SamplingParams(temperature=1.0, seed=s) for s in (1, 2, 1, 1)]
+    lengths = torch.tensor([5, 5, 5, 6])
+    batched = _sample(logits[[0, 1, 0, 0]], _rows(params), lengths)
+    alone = _sample(logits[[0]], _rows(params[:1]), lengths[:1])
+    assert batched[0] == batched[2] == alone[0]  # the same key and row: the same token, whatever is beside it
+    seeds = _sample(logits[[0] * 16], _rows([SamplingParams(temperature=1.0, seed=s) for s in range(16)]),
+                    torch.full((16,), 5))
+    positions = _sample(logits[[0] * 16], _rows(params[:1] * 16), torch.arange(16))
+    assert len(set(seeds.tolist())) > 1 and len(set(positions.tolist())) > 1
+
+
+def test_sample_call_refuses_rows_it_cannot_read():
+    logits, out = torch.zeros(2, 8), torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(ValueError, match="sampling temperature"):
+        sample_call(logits, out, torch.zeros(2, dtype=torch.int64), SamplingRows.allocate(3, "cpu"), rows=2, vocab=8)
+    with pytest.raises(ValueError, match="lengths must be"):
+        sample_call(logits, out, torch.zeros(2, dtype=torch.int32), SamplingRows.allocate(2, "cpu"), rows=2, vocab=8)
+
+
+@pytest.mark.parametrize("row,params,match", [(2, SamplingParams(), "row 2"), (-1, SamplingParams(), "row -1"),
+                                              (0, {"temperature": 1.0}, "expected SamplingParams")])
+def test_sampling_rows_refuse_bad_arguments(row, params, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingRows.allocate(2, "cpu").set(row, params)
+
+
+def test_a_row_set_and_reset():
+    rows = SamplingRows.allocate(2, "cpu")
+    rows[1:].set(0, SamplingParams(temperature=0.5, top_p=0.9, top_k=4, seed=11))
+    rows.set(0, SamplingParams(temperature=1.0))  # no seed: one drawn
+    assert (rows.temperature.tolist(), rows.top_k.tolist(), rows.seed[1].item()) == ([1.0, 0.5], [0, 4], 11)
+    rows.set_greedy(1)
+    assert (rows.temperature[1].item(), rows.top_p[1].item(), rows.top_k[1].item()) == (0.0, 1.0, 0)
