@@ -21,9 +21,10 @@ import triton.language as tl
 from conjugate.compiler.embed import sample_call
 from conjugate.compiler.sampling import SamplingRows, launch_sample
 from conjugate.kernels.sampling import warp_stats, warped_probs
-from conjugate.serving.accept import accept_sampled, gumbel_draw, warp_probs
+from conjugate.serving.accept import Accepted, accept, accept_sampled, gumbel_draw, warp_probs
 from conjugate.serving.requests import SamplingParams
 from conjugate.serving.settle import settle
+from test_settle import WIDTH, assert_same, random_state, reference_settle, run_settle  # tests/test_settle.py
 
 ALPHA = 1e-3
 DRAFT, ACCEPT, RESIDUAL, PURPOSES = 0, 1, 2, 3  # kernels/sampling.py's purposes
@@ -194,8 +195,8 @@ def test_sampled_tokens_are_the_reference_draws():
 
 
 def test_draws_follow_the_warped_distribution():
-    """Chi-square of 300 draws (300 seeds) against softmax(logits / T)."""
-    n, logits = 300, torch.tensor([1.0, 0.2, -0.5, 0.7, -2.0, 0.0])
+    """Chi-square of 200 draws (200 seeds) against softmax(logits / T)."""
+    n, logits = 200, torch.tensor([1.0, 0.2, -0.5, 0.7, -2.0, 0.0])
     rows = _rows([SamplingParams(temperature=0.8, seed=1000 + i) for i in range(n)])
     tokens = _sample(logits.repeat(n, 1), rows, torch.full((n,), 4))
     probs = torch.softmax(logits / 0.8, 0)
@@ -238,3 +239,87 @@ def test_a_row_set_and_reset():
     assert (rows.temperature.tolist(), rows.top_k.tolist(), rows.seed[1].item()) == ([1.0, 0.5], [0, 4], 11)
     rows.set_greedy(1)
     assert (rows.temperature[1].item(), rows.top_p[1].item(), rows.top_k[1].item()) == (0.0, 1.0, 0)
+
+
+# -- the accept step of sampled rows ------------------------------------------------------------
+def _sampled_reference(verify_in, verify_out, draft_logits, target_logits, rows: SamplingRows,
+                       lengths: torch.Tensor) -> Accepted:
+    """accept.py's rules per row: greedy at temperature 0, else accept_sampled with the kernel's
+    uniforms and residual noise (keyed by seed and position L + j + 1)."""
+    batch, k = verify_in.shape[0], verify_in.shape[1] - 1
+    vocab = target_logits.shape[1]
+    p = warp_probs(target_logits.view(batch, k + 1, vocab), rows.temperature.clamp(min=1e-3), rows.top_k, rows.top_p)
+    q = warp_probs(draft_logits, rows.temperature.clamp(min=1e-3), rows.top_k, rows.top_p)
+    keys = [(int(s), int(n) + j + 1) for s, n in zip(rows.seed, lengths) for j in range(k)]
+    uniforms = torch.tensor(np.array([_uniforms(s, pos, ACCEPT, 1)[0] for s, pos in keys])).view(batch, k)
+    noise = torch.stack([_gumbel(s, pos, RESIDUAL, vocab) for s, pos in keys]).view(batch, k, vocab)
+    sampled, greedy = accept_sampled(verify_in[:, 1:], p, q, uniforms, noise), accept(verify_in[:, 1:], verify_out)
+    pick = rows.temperature > 0
+    return Accepted(*(torch.where(pick.view(-1, *(1,) * (a.dim() - 1)), a, b) for a, b in zip(
+        (sampled.tokens, sampled.counts, sampled.drafts_accepted, sampled.last),
+        (greedy.tokens, greedy.counts, greedy.drafts_accepted, greedy.last))))
+
+
+def test_sampled_rows_settle_by_the_rules_of_accept_sampled():
+    """Greedy and sampled rows (cuts among them) in one launch, stop ids on: the state settle leaves
+    is the rules' given the kernel's random numbers, drafts accepted in every number 0..k."""
+    g = torch.Generator().manual_seed(7)
+    k, batch, vocab = 3, 12, 8
+    params = [SamplingParams(temperature=t, top_k=tk, top_p=tp, seed=s) for s, (t, tk, tp) in
+              enumerate([(1.0, 0, 1.0), (0.0, 0, 1.0), (0.7, 0, 1.0), (1.0, 3, 1.0), (1.5, 0, 0.8), (1.0, 4, 0.9)] * 2)]
+    rows = _rows(params)
+    draft_logits = torch.randn(batch, k, vocab, generator=g)
+    target_logits = (draft_logits + 0.5 * torch.randn(batch, k, vocab, generator=g))  # agreeing, mostly
+    target_logits = torch.cat([target_logits, torch.randn(batch, 1, vocab, generator=g)], 1).view(-1, vocab)
+    q = warp_probs(draft_logits, rows.temperature.clamp(min=1e-3), rows.top_k, rows.top_p)
+    drafts = torch.multinomial(q.view(-1, vocab), 1, generator=g).view(batch, k)  # drawn from q, as the draft does
+    verify_in = torch.cat([torch.zeros(batch, 1, dtype=torch.int64), drafts], 1)
+    verify_out = torch.cat([drafts[:, :1], torch.randint(0, vocab, (batch, k), generator=g)], 1)
+    state = random_state(g, batch)
+    state[5][:] = 50  # every row active but the padding row
+    state[5][0] = 0
+    stop_ids = torch.tensor([7])
+    result = _sampled_reference(verify_in, verify_out, draft_logits, target_logits, rows, state[1])
+    got = run_settle(verify_in, verify_out, state, sampling=rows, draft_logits=draft_logits,
+                     target_logits=target_logits, stop_ids=stop_ids)
+    assert_same(got, reference_settle(verify_in, verify_out, *state, result=result, stop_ids=stop_ids))
+    assert set(result.drafts_accepted[rows.temperature > 0].tolist()) == set(range(k + 1))
+
+
+def test_acceptance_follows_min_one_p_over_q_and_emits_p():
+    """k = 1, 240 sequences, synthetic p and q, drafts drawn from q: a draft d is accepted at the rate
+    min(1, p(d) / q(d)) (chi-square over the d that may be rejected; always where p(d) >= q(d)), and
+    the token emitted is distributed as p."""
+    n, p, q = 240, torch.tensor([0.1, 0.2, 0.3, 0.4]), torch.tensor([0.4, 0.3, 0.2, 0.1])
+    g = torch.Generator().manual_seed(6)
+    drafts = torch.multinomial(q, n, replacement=True, generator=g)
+    verify_in = torch.stack([torch.zeros(n, dtype=torch.int64), drafts], 1)
+    state = (torch.zeros(n, dtype=torch.int64), torch.full((n,), 3), torch.full((n,), 3),
+             torch.zeros(n, WIDTH, dtype=torch.int64), torch.zeros(n, dtype=torch.int64), torch.full((n,), 9),
+             torch.zeros(2, dtype=torch.int64))
+    got = run_settle(verify_in, torch.zeros_like(verify_in), state,
+                     sampling=_rows([SamplingParams(temperature=1.0, seed=i) for i in range(n)]),
+                     draft_logits=q.log().repeat(n, 1, 1), target_logits=p.log().repeat(2 * n, 1))
+    emitted = got["fresh"][:, 1]
+    kept = emitted == drafts
+    rate = (p / q).clamp(max=1)
+    assert kept[rate[drafts] == 1].all()
+    tested = [d for d in range(4) if rate[d] < 1]
+    statistic = sum(float((kept[drafts == d].sum() - (drafts == d).sum() * rate[d]) ** 2
+                          / ((drafts == d).sum() * rate[d] * (1 - rate[d]))) for d in tested)
+    assert _chi2_sf(statistic, len(tested)) > ALPHA
+    assert _fits(torch.bincount(emitted, minlength=4), p) > ALPHA
+    assert got["accepted"].tolist() == [n, int(kept.sum())]
+
+
+def test_settle_refuses_sampling_without_its_logits():
+    rows = torch.zeros(2, 3, dtype=torch.int64)
+    vec = torch.zeros(2, dtype=torch.int64)
+    state = (vec, vec, vec, torch.zeros(2, 8, dtype=torch.int64), vec, vec, torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="sampling needs the round's draft_logits"):
+        settle(rows, rows, *state, sampling=SamplingRows.allocate(2, "cpu"))
+    with pytest.raises(ValueError, match="draft_logits must be"):
+        settle(rows, rows, *state, sampling=SamplingRows.allocate(2, "cpu"), draft_logits=torch.zeros(2, 3, 4),
+               target_logits=torch.zeros(6, 4))
+    with pytest.raises(ValueError, match="stop_ids must be"):
+        settle(rows, rows, *state, stop_ids=torch.tensor([1.0]))
