@@ -323,3 +323,65 @@ def test_settle_refuses_sampling_without_its_logits():
                target_logits=torch.zeros(6, 4))
     with pytest.raises(ValueError, match="stop_ids must be"):
         settle(rows, rows, *state, stop_ids=torch.tensor([1.0]))
+
+
+# -- rounds that sample ---------------------------------------------------------------------------
+def _draws_of(outputs, rows: SamplingRows, lengths: torch.Tensor, row: int) -> torch.Tensor:
+    """The tokens the draft's row must have drawn from the logits it wrote, step by step."""
+    logits = outputs.draft_logits[row]  # [k, V]
+    k, vocab = logits.shape
+    pick = slice(row, row + 1)
+    probs = warp_probs(logits[None], rows.temperature[pick], rows.top_k[pick], rows.top_p[pick])[0]
+    noise = torch.stack([_gumbel(int(rows.seed[row]), int(lengths[row]) + s + 1, DRAFT, vocab) for s in range(k)])
+    return gumbel_draw(probs, noise)
+
+
+def _check_sampling_round(want, sampled, inputs) -> None:
+    """Row 0 greedy, row 1 sampled: row 0 drafts the greedy round's tokens (`want`'s), row 1 the
+    draws from the logits it wrote; the target's tokens are the greedy round's."""
+    rows = sampled.bufs.draft.sampling
+    rows.set(1, SamplingParams(temperature=1.5, top_k=20, seed=123))
+    sampled.load(inputs)
+    sampled.bufs.poison()
+    sampled.run()
+    got = sampled.outputs()
+    assert torch.equal(got.draft_tokens[0], want.draft_tokens[0])
+    assert torch.equal(got.target_tokens, want.target_tokens)
+    assert got.draft_logits is not None and got.target_logits is not None
+    assert torch.equal(got.draft_tokens[1], _draws_of(got, rows, inputs.draft_lengths, 1))
+    assert not torch.equal(got.draft_tokens[1], want.draft_tokens[1])  # 20 of the tiny vocabulary at T = 1.5
+
+
+def test_a_compiled_round_that_samples(tmp_path):
+    """A shipped plan (lm_head+argmax fused) compiled to sample: the fusion goes, the draft's argmax
+    becomes the sample part, and the kernels live apart from the greedy round's. The greedy round of
+    this plan computes the reference round's tokens exactly (test_round.py): the reference stands in."""
+    from conjugate.compiler.round import compile_round, round_key
+    from conjugate.plan import validate_plan
+    from conjugate.plan.transforms import keeping_logits
+    from test_round import _round, _shipped
+
+    rnd = _round("llama")
+    plan = validate_plan(_shipped("sequential"))
+    sampled = compile_round(plan, rnd.workload, rnd.draft, rnd.target, cache_dir=tmp_path, sampling=True)
+    assert sampled.bufs.target.sampling is None
+    tiles = [p.sig.fn for launch in sampled.launches for p in launch.parts]
+    assert tiles.count("sample_tile") == rnd.workload.k and "argmax_tile" in tiles  # the target's argmax stays
+    unfused = keeping_logits(plan)
+    assert unfused.hash != plan.hash and sampled.source_dir.name == round_key(unfused, rnd.workload, sampled.device, True)
+    assert sampled.source_dir.name not in {round_key(p, rnd.workload, sampled.device) for p in (plan, unfused)}
+    _check_sampling_round(rnd.ref, sampled, rnd.inputs)
+
+
+def test_a_conventional_round_that_samples():
+    from conjugate.compiler.buffers import PreparedWeights
+    from conjugate.evaluate.baselines.conventional import ConventionalRound, Variant
+    from test_round import _round
+
+    rnd = _round("llama")
+    draft, target, eager = PreparedWeights(rnd.draft), PreparedWeights(rnd.target), Variant("eager", "sdpa")
+    greedy = ConventionalRound(rnd.workload, draft, target, eager, eager)
+    greedy.load(rnd.inputs)
+    greedy.run()
+    _check_sampling_round(greedy.outputs(), ConventionalRound(rnd.workload, draft, target, eager, eager, sampling=True),
+                          rnd.inputs)
