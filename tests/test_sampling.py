@@ -368,9 +368,22 @@ def test_a_compiled_round_that_samples(tmp_path):
     tiles = [p.sig.fn for launch in sampled.launches for p in launch.parts]
     assert tiles.count("sample_tile") == rnd.workload.k and "argmax_tile" in tiles  # the target's argmax stays
     unfused = keeping_logits(plan)
-    assert unfused.hash != plan.hash and sampled.source_dir.name == round_key(unfused, rnd.workload, sampled.device, True)
+    assert unfused.hash != plan.hash
+    assert sampled.source_dir.name == round_key(unfused, rnd.workload, sampled.device, True)
     assert sampled.source_dir.name not in {round_key(p, rnd.workload, sampled.device) for p in (plan, unfused)}
     _check_sampling_round(rnd.ref, sampled, rnd.inputs)
+
+
+def test_a_schedule_that_writes_no_logits_cannot_sample(tmp_path):
+    from conjugate.compiler.round import compile_round
+    from conjugate.plan import expand, validate_plan
+    from test_round import _round, _shipped
+
+    rnd = _round("llama")
+    plan = validate_plan(_shipped("sequential"))
+    with pytest.raises(ValueError, match="fuses lm_head\\+argmax"):
+        compile_round(plan, rnd.workload, rnd.draft, rnd.target, cache_dir=tmp_path,
+                      schedule=expand(plan, rnd.workload), sampling=True)
 
 
 def test_a_conventional_round_that_samples():
