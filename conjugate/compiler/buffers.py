@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from conjugate.compiler.packed import pack_pair
+from conjugate.compiler.sampling import SamplingRows
 from conjugate.kernels.tile import STATS_CHUNK
 from conjugate.models.reference import KVCache, RoundInputs, rope_cos_sin
 from conjugate.models.weights import ModelWeights
@@ -94,6 +95,7 @@ class ModelBuffers:
     cos: torch.Tensor  # [S_max, head_dim] fp32
     sin: torch.Tensor
     act: dict[str, torch.Tensor] = field(default_factory=dict)  # x, h, qkv, q, attn_out, mlp rows
+    sampling: SamplingRows | None = None  # the draft's per-sequence sampling: its argmax op samples
 
     @property
     def spec(self):
@@ -109,7 +111,7 @@ class ModelBuffers:
 
     @classmethod
     def allocate(cls, prepared: PreparedWeights, batch: int, tokens: int, steps: int, capacity: int,
-                 model: Model) -> "ModelBuffers":
+                 model: Model, sampling: bool = False) -> "ModelBuffers":
         w, is_draft = prepared.weights, model == Model.DRAFT
         spec, dev, rows = w.spec, w.device, batch * tokens
         cache = KVCache.empty(spec, batch, capacity, w.dtype, dev)
@@ -129,7 +131,8 @@ class ModelBuffers:
                "attn_out": operand(rows, spec.q_size), "mlp": operand(rows, spec.ffn_size)}
         return cls(prepared, batch, tokens, steps, model, cache, torch.zeros(batch, dtype=torch.int64, device=dev),
                    torch.zeros(batch if is_draft else rows, dtype=torch.int64, device=dev),
-                   torch.zeros(token_shape, dtype=torch.int64, device=dev), f32(*logit_shape), cos, sin, act)
+                   torch.zeros(token_shape, dtype=torch.int64, device=dev), f32(*logit_shape), cos, sin, act,
+                   SamplingRows.allocate(batch, dev) if sampling else None)
 
 
 @dataclass
@@ -146,9 +149,11 @@ class RoundBuffers:
         return self._packed[key]
 
     @classmethod
-    def allocate(cls, workload: Workload, draft: PreparedWeights, target: PreparedWeights) -> "RoundBuffers":
+    def allocate(cls, workload: Workload, draft: PreparedWeights, target: PreparedWeights,
+                 sampling: bool = False) -> "RoundBuffers":
+        """`sampling`: the draft's buffers hold sampling rows (greedy until set)."""
         k, capacity = workload.k, kv_capacity(workload)
-        return cls(ModelBuffers.allocate(draft, workload.draft_batch, 1, k, capacity, Model.DRAFT),
+        return cls(ModelBuffers.allocate(draft, workload.draft_batch, 1, k, capacity, Model.DRAFT, sampling),
                    ModelBuffers.allocate(target, workload.target_batch, k + 1, 1, capacity, Model.TARGET))
 
     def model(self, model: Model) -> ModelBuffers:

@@ -6,7 +6,8 @@ squares read from the row statistics the residual GEMM before it writes (o_proj 
 previous layer's down for attn_norm, the last down for final_norm; layer 0's qkv, after the
 embedding, passes over x itself; with split-K partials summed atomically, each residual tile's
 last split reads its finished rows back for them);
-`lm_head+argmax` becomes the GEMM's argmax epilogue, which writes tokens and no logits;
+`lm_head+argmax` becomes the GEMM's argmax epilogue, which writes tokens and no logits (a round that
+samples has the fusion off, and its draft's argmax lowers to the sample part: embed.sample_call);
 `qkv+rope_kv` becomes the GEMM's rope_kv epilogue (one head per tile: the plan's BLOCK_N for qkv
 gives way to head_dim / 2), which writes q and the layer's caches and no qkv activations;
 `gate_up+down` becomes the fused MLP (mlp.py): gate_up's tiles, BLOCK_N the ffn columns a program
@@ -24,7 +25,7 @@ import networkx as nx
 
 from conjugate.compiler.attention import attn_call
 from conjugate.compiler.buffers import ModelBuffers, RoundBuffers
-from conjugate.compiler.embed import argmax_call, embed_call
+from conjugate.compiler.embed import argmax_call, embed_call, sample_call
 from conjugate.compiler.gemm import RopeKV, gemm_call
 from conjugate.compiler.mlp import mlp_call
 from conjugate.compiler.norm import rmsnorm_call
@@ -137,6 +138,9 @@ def lower_part(part: Part, graph: nx.DiGraph, bufs: RoundBuffers) -> PartCall:
                          head_dim=spec.head_dim, block_n=tiles["BLOCK_N"], split_kv=tiles["SPLIT_KV"], label=label)
     if main.kind == "argmax":
         _, _, tokens_out, stride_out, logits = _step_views(b, main.step)
+        if b.sampling is not None:
+            return sample_call(logits, tokens_out, b.lengths, b.sampling, rows=rows, vocab=spec.vocab_size,
+                               step=main.step, stride_out=stride_out, block=tiles["BLOCK"], label=label)
         return argmax_call(logits, tokens_out, rows=rows, vocab=spec.vocab_size, stride_out=stride_out,
                            block=tiles["BLOCK"], label=label)
     raise ValueError(f"no lowering for op kind {main.kind!r}")

@@ -36,6 +36,7 @@ from conjugate.models.weights import ModelWeights
 from conjugate.plan.expand import Schedule, expand
 from conjugate.plan.launch import Form, Launch, One, Packed, Pdl
 from conjugate.plan.schema import Plan
+from conjugate.plan.transforms import TOKENS_ONLY, keeping_logits
 from conjugate.roles import Model
 from conjugate.workload import Workload
 
@@ -312,23 +313,31 @@ def _is_compile_failure(e: Exception) -> bool:
     return module.startswith("triton") or "OutOfResources" in type(e).__name__
 
 
-def round_key(plan: Plan, workload: Workload, device: torch.device) -> str:
-    body = json.dumps({"plan": plan.hash, "workload": workload.to_dict(), "device": device_name(device)},
-                      sort_keys=True, default=str)
+def round_key(plan: Plan, workload: Workload, device: torch.device, sampling: bool = False) -> str:
+    """The kernel cache folder of a compiled round: its plan, workload, device and whether it samples
+    (the draft's sample part in place of its argmax)."""
+    body = {"plan": plan.hash, "workload": workload.to_dict(), "device": device_name(device)}
+    body = json.dumps(body | ({"sampling": True} if sampling else {}), sort_keys=True, default=str)
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
 def compile_round(plan: Plan, workload: Workload, draft: ModelWeights | PreparedWeights,
                   target: ModelWeights | PreparedWeights, cache_dir: Path | None = None,
-                  schedule: Schedule | None = None, graph: nx.DiGraph | None = None) -> CompiledRound:
+                  schedule: Schedule | None = None, graph: nx.DiGraph | None = None,
+                  sampling: bool = False) -> CompiledRound:
     """Lower a plan for a workload over the given weights (PreparedWeights share re-layouts between plans);
-    `graph`: the workload's op graph where the caller has built it already."""
+    `graph`: the workload's op graph where the caller has built it already. `sampling`: the draft
+    samples its tokens by its buffers' sampling rows (`bufs.draft.sampling`; greedy until set) and
+    both models write their logits (the plan's lm_head+argmax fusion off: `keeping_logits`)."""
     draft = draft if isinstance(draft, PreparedWeights) else PreparedWeights(draft)
     target = target if isinstance(target, PreparedWeights) else PreparedWeights(target)
     graph = graph if graph is not None else build_graph(workload)
+    plan = keeping_logits(plan) if sampling else plan
     schedule = schedule or expand(plan, workload, graph)
-    bufs = RoundBuffers.allocate(workload, draft, target)
-    directory = (cache_dir or default_cache_dir()) / round_key(plan, workload, bufs.target.cache.k.device)
+    if sampling and any(TOKENS_ONLY in "+".join(p.fused) for launch in schedule.launches for p in launch.parts):
+        raise ValueError(f"sampling reads the logits: the schedule given fuses {TOKENS_ONLY}")
+    bufs = RoundBuffers.allocate(workload, draft, target, sampling=sampling)
+    directory = (cache_dir or default_cache_dir()) / round_key(plan, workload, bufs.target.cache.k.device, sampling)
     cache = KernelCache(directory)
     waits, device = cross_stream_waits(schedule.launches, graph), bufs.target.cache.k.device
     pdls = [launch_pdl(launch, waits, device) for launch in schedule.launches]

@@ -42,12 +42,16 @@ and the serving loop take either.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from conjugate.compiler.buffers import ModelBuffers, PreparedWeights, RoundBuffers
+from conjugate.compiler.embed import sample_call
+from conjugate.compiler.sampling import launch_sample
+from conjugate.compiler.tile import PartCall
 from conjugate.evaluate.baselines.split_attention import (choose_chunks, from_grouped_rows, grouped_rows, split_attention,
                                                 split_mask)
 from conjugate.models.reference import KVCache, RoundInputs, RoundOutputs
@@ -314,10 +318,13 @@ class ConventionalRound:
     streams baseline)."""
 
     def __init__(self, workload: Workload, draft: PreparedWeights, target: PreparedWeights,
-                 draft_variant: Variant = DEFAULT, verify_variant: Variant = DEFAULT, streams: bool = False):
+                 draft_variant: Variant = DEFAULT, verify_variant: Variant = DEFAULT, streams: bool = False,
+                 sampling: bool = False):
+        """`sampling`: the draft samples its tokens from its logits by the sampling rows of its buffers
+        (`bufs.draft.sampling`, greedy until set), with the compiled round's sample kernel."""
         self.workload, self.k = workload, workload.k
         self.variants = {Model.DRAFT: draft_variant, Model.TARGET: verify_variant}
-        self.bufs = RoundBuffers.allocate(workload, draft, target)
+        self.bufs = RoundBuffers.allocate(workload, draft, target, sampling=sampling)
         self.device = self.bufs.target.cache.k.device
         self.draft_step = StaticStep(self.bufs.draft, draft_variant)
         self.verify_step = StaticStep(self.bufs.target, verify_variant)
@@ -338,8 +345,18 @@ class ConventionalRound:
         for s in range(self.k):
             logits, greedy = self.draft_step(current, s)  # [Bd, 1, V], [Bd, 1]
             d.logits[:, s] = logits[:, 0]
-            d.tokens_out[:, s] = greedy[:, 0]
+            if d.sampling is None:
+                d.tokens_out[:, s] = greedy[:, 0]
+            else:
+                launch_sample(self._samples[s])
             current = d.tokens_out[:, s:s + 1]
+
+    @cached_property
+    def _samples(self) -> list[PartCall]:
+        """Per draft step, the sample kernel bound to the step's logits and tokens."""
+        d = self.bufs.draft
+        return [sample_call(d.logits[:, s], d.tokens_out[:, s], d.lengths, d.sampling, rows=d.batch,
+                            vocab=d.logits.shape[2], step=s, stride_out=d.steps) for s in range(self.k)]
 
     def verify_phase(self) -> None:
         t = self.bufs.target

@@ -1,0 +1,18 @@
+"""Plans rewritten for what a caller needs of the round, whatever the plan chose."""
+from __future__ import annotations
+
+from conjugate.plan.schema import Plan, validate_plan
+from conjugate.roles import Model
+
+TOKENS_ONLY = "lm_head+argmax"  # the fusion whose lm_head writes tokens and no logits
+
+
+def keeping_logits(plan: Plan) -> Plan:
+    """The plan with `lm_head+argmax` off for both models, so that both write their logits (sampling
+    reads them); the plan itself where neither fuses it."""
+    data = plan.to_dict()
+    if not any(TOKENS_ONLY in data[m.value]["fusions"] for m in Model):
+        return plan
+    for model in Model:
+        data[model.value]["fusions"] = [f for f in data[model.value]["fusions"] if f != TOKENS_ONLY]
+    return validate_plan(data, plan.source or None)
