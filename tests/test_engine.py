@@ -1,11 +1,12 @@
 """The serving engine: continuous batching (more requests than slots, each still the target's own
 greedy decoding, slots refilled as requests end), stop ids, cancellation, its thread, and requests
 it refuses. torch's own execution (`conventional`) keeps most cases quick; one compiled plan runs
-the same loop under the Triton interpreter."""
+the same loop under the Triton interpreter, compiled to sample."""
 from __future__ import annotations
 
 import threading
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -156,19 +157,6 @@ def test_requests_it_cannot_serve_are_refused_naming_the_field(pair):
         assert refused.value.field == field
 
 
-def test_a_compiled_plan_serves_more_requests_than_slots(pair, small_tiled):
-    """The same loop over a plan's compiled rounds (under the interpreter): five requests, four slots."""
-    from conjugate.plan import load_plan
-
-    workload, target = pair("llama")
-    engine = Engine(SpeculativeDecoder.build(load_workload(workload), load_plan(small_tiled("interleave")),
-                                             "pipelined"))
-    prompts, budgets = PROMPTS[:5], [3, 1, 2, 3, 2]
-    sinks = _run(engine, prompts, budgets)
-    for prompt, budget, sink in zip(prompts, budgets, sinks):
-        assert sink.ids == _hf_greedy(target, prompt, budget), prompt
-
-
 def test_stop_ids_come_from_the_target_checkpoint(tmp_path):
     """generation_config.json's eos_token_id first, else config.json's; an id or a list; a bad value
     is refused naming the file and field; a preset has none."""
@@ -190,3 +178,112 @@ def test_stop_ids_come_from_the_target_checkpoint(tmp_path):
     with pytest.raises(GenerationError, match="generation_config.json.*eos_token_id"):
         checkpoint_stop_ids(Pair(tmp_path))
     assert checkpoint_stop_ids(Pair(None)) == ()
+
+
+# ---------------------------------------------------------------------------------------------
+# sampling
+
+
+def _sampling_engine(workload: str, plan="conventional", mode="pipelined") -> Engine:
+    from conjugate.evaluate.baselines.conventional import Variant
+
+    variants = tuple(Variant.parse(v) for v in EAGER)
+    return Engine(SpeculativeDecoder.build(load_workload(workload), plan, mode, variants=variants, sampling=True))
+
+
+def _binned_p_value(tokens: list[int], probs: torch.Tensor) -> float:
+    """Chi-square p-value of `tokens` drawn from `probs` [V], cells merged (likeliest first) until
+    each expects at least 5 draws; tokens of probability 0 must not occur."""
+    from test_sampling import _chi2_sf
+
+    counts = torch.bincount(torch.tensor(tokens), minlength=probs.shape[0]).double()
+    assert counts[probs == 0].sum() == 0
+    n, order = len(tokens), torch.argsort(probs, descending=True)
+    bins, observed, expected = [], 0.0, 0.0
+    for v in order.tolist():
+        if probs[v] == 0:
+            break
+        observed, expected = observed + counts[v].item(), expected + probs[v].item() * n
+        if expected >= 5:
+            bins.append((observed, expected))
+            observed, expected = 0.0, 0.0
+    if expected:  # the tail joins the last bin
+        last = bins.pop()
+        bins.append((last[0] + observed, last[1] + expected))
+    stat = sum((o - e) ** 2 / e for o, e in bins)
+    return _chi2_sf(stat, len(bins) - 1)
+
+
+@pytest.fixture(scope="module")
+def unlike_pair(pair, tmp_path_factory):
+    """(workload file, HF target): qwen3's target with a draft of its own, not derived from it, so
+    that the draft's next-token distribution is far from the target's (total variation about 0.5)."""
+    from test_reference_hf import _make_model, _save
+
+    workload, target = pair("qwen3")
+    root = tmp_path_factory.mktemp("unlike")
+    _save(target, root / "target")
+    _save(_make_model("qwen3", seed=99, layers=1), root / "draft")
+    return _workload(root, "draft", "target", k=1, draft_batch=8, target_batch=8), target
+
+
+def test_sampled_tokens_follow_the_targets_distribution_not_the_drafts(unlike_pair):
+    """200 seeds, one token each at temperature 1: the tokens' frequencies fit the target's own
+    next-token distribution by a chi-square test at significance 1e-3 and do not fit the draft's
+    (the seeds are fixed: the test is deterministic). About half the drafts are rejected, so the
+    residual draw makes up much of the sample."""
+    workload, target = unlike_pair
+    engine = _sampling_engine(workload)
+    prompt = [250, 4, 4, 90]
+    sinks = _run_requests(engine, [Request(tuple(prompt), 1, SamplingParams(temperature=1.0, seed=seed))
+                                   for seed in range(200)])
+    tokens = [s.ids[0] for s in sinks]
+    with torch.no_grad():
+        p = target(torch.tensor([prompt])).logits[0, -1].float().softmax(-1)
+    draft = transformers.AutoModelForCausalLM.from_pretrained(Path(workload).parent / "draft").eval()
+    with torch.no_grad():
+        q = draft(torch.tensor([prompt])).logits[0, -1].float().softmax(-1)
+    assert _binned_p_value(tokens, p) > 1e-3
+    assert _binned_p_value(tokens, q) < 1e-3  # the test can tell the two apart
+    assert 0.2 < engine.drafts_accepted / engine.drafts_proposed < 0.8
+
+
+def test_a_seed_fixes_a_requests_tokens_whatever_is_batched_beside_it(pair):
+    workload, target = pair("llama")
+    engine = _sampling_engine(workload)
+    request = Request((3, 1, 4), 8, SamplingParams(temperature=1.0, seed=11))
+    alone = _run_requests(engine, [request])[0]
+    others = [Request((9, 9), 6, SamplingParams(temperature=0.7, seed=s)) for s in range(3)]
+    crowded = _run_requests(engine, others[:2] + [request] + others[2:])[2]
+    assert alone.ids == crowded.ids and len(alone.ids) == 8
+    reseeded = _run_requests(engine, [Request((3, 1, 4), 8, SamplingParams(temperature=1.0, seed=12))])[0]
+    assert reseeded.ids != alone.ids
+    greedy = _run_requests(engine, [Request((3, 1, 4), 8)])[0]  # temperature 0 beside nothing: greedy
+    assert greedy.ids == _hf_greedy(target, [3, 1, 4], 8)
+
+
+def test_a_compiled_sampling_round_serves_greedy_and_sampled_requests(pair, small_tiled):
+    """The loop over a plan's compiled rounds (under the interpreter), compiled to sample (logits
+    kept): five requests through four slots; temperature-0 ones are still the target's greedy
+    decoding, the sampled one is reproducible by its seed."""
+    from conjugate.plan import load_plan
+
+    workload, target = pair("llama")
+    engine = Engine(SpeculativeDecoder.build(load_workload(workload), load_plan(small_tiled("interleave")),
+                                             "pipelined", sampling=True))
+    requests = [Request((3,), 3), Request((250, 4, 4, 90), 3, SamplingParams(temperature=1.0, seed=4)),
+                Request((11, 12, 13), 2), Request((7, 7), 2), Request((40, 41, 42, 43, 44), 1)]
+    first = _run_requests(engine, requests)
+    for request, sink in zip(requests, first):
+        if request.sampling.greedy:
+            assert sink.ids == _hf_greedy(target, list(request.prompt), request.max_tokens)
+    again = _run_requests(engine, requests[1:2])[0]
+    assert again.ids == first[1].ids and len(again.ids) == 3
+
+
+def _run_requests(engine: Engine, requests: list[Request]) -> list[Sink]:
+    sinks = [Sink(engine) for _ in requests]
+    for request, sink in zip(requests, sinks):
+        engine.submit(request, sink)
+    engine.run_until_idle()
+    return sinks

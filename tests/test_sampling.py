@@ -261,7 +261,7 @@ def _sampled_reference(verify_in, verify_out, draft_logits, target_logits, rows:
 
 
 def test_sampled_rows_settle_by_the_rules_of_accept_sampled():
-    """Greedy and sampled rows (cuts among them) in one launch, stop ids on: the state settle leaves
+    """Greedy and sampled rows (cuts among them) in one launch: the state settle leaves
     is the rules' given the kernel's random numbers, drafts accepted in every number 0..k."""
     g = torch.Generator().manual_seed(7)
     k, batch, vocab = 3, 12, 8
@@ -278,11 +278,10 @@ def test_sampled_rows_settle_by_the_rules_of_accept_sampled():
     state = random_state(g, batch)
     state[5][:] = 50  # every row active but the padding row
     state[5][0] = 0
-    stop_ids = torch.tensor([7])
     result = _sampled_reference(verify_in, verify_out, draft_logits, target_logits, rows, state[1])
     got = run_settle(verify_in, verify_out, state, sampling=rows, draft_logits=draft_logits,
-                     target_logits=target_logits, stop_ids=stop_ids)
-    assert_same(got, reference_settle(verify_in, verify_out, *state, result=result, stop_ids=stop_ids))
+                     target_logits=target_logits)
+    assert_same(got, reference_settle(verify_in, verify_out, *state, result=result))
     assert set(result.drafts_accepted[rows.temperature > 0].tolist()) == set(range(k + 1))
 
 
@@ -321,8 +320,6 @@ def test_settle_refuses_sampling_without_its_logits():
     with pytest.raises(ValueError, match="draft_logits must be"):
         settle(rows, rows, *state, sampling=SamplingRows.allocate(2, "cpu"), draft_logits=torch.zeros(2, 3, 4),
                target_logits=torch.zeros(6, 4))
-    with pytest.raises(ValueError, match="stop_ids must be"):
-        settle(rows, rows, *state, stop_ids=torch.tensor([1.0]))
 
 
 # -- rounds that sample ---------------------------------------------------------------------------

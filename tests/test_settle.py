@@ -1,5 +1,5 @@
 """The accept step in one launch (serving/settle.py) against the rules of serving/accept.py, on
-random rounds: every draft accepted, none, some; sequences done or padding (not active); stop ids.
+random rounds: every draft accepted, none, some; sequences done or padding (not active). Stop ids are the engine's (serving/engine.py).
 Sampled rows: tests/test_sampling.py."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 import conjugate  # noqa: F401  (selects the interpreter before triton is imported)
 from conjugate.compiler.sampling import SamplingRows
-from conjugate.serving.accept import Accepted, accept, append_emitted, stop_at
+from conjugate.serving.accept import Accepted, accept, append_emitted
 from conjugate.serving.settle import settle
 
 WIDTH = 20
@@ -20,19 +20,15 @@ STATE = ("out", "produced", "tokens_in", "draft_lengths", "target_lengths", "acc
 
 
 def reference_settle(verify_in, verify_out, tokens_in, draft_lengths, target_lengths, out, produced, limit, accepted,
-                     result: Accepted | None = None, stop_ids: torch.Tensor | None = None) -> dict:
+                     result: Accepted | None = None) -> dict:
     """accept.py's rules as torch operations, on copies -> the state settle leaves (STATE). result:
     what the rows emit where not the greedy rule's (sampled rows)."""
     k = verify_in.shape[1] - 1
     out, produced, accepted = out.clone(), produced.clone(), accepted.clone()
     result = result or accept(verify_in[:, 1:], verify_out)
-    stopped = torch.zeros_like(limit, dtype=torch.bool)
-    if stop_ids is not None:
-        result, stopped = stop_at(result, stop_ids)
     active = produced < limit
     counts = torch.where(active, result.counts, 0)
     accepted += torch.stack([active.sum() * k, torch.where(active, result.drafts_accepted, 0).sum()])
-    limit = torch.where(active & stopped, produced + counts, limit)
     append_emitted(out, produced, replace(result, counts=counts))
     j = torch.arange(k)
     fresh = torch.cat([counts[:, None], torch.where(j < counts[:, None], result.tokens, -1)], 1)
@@ -83,32 +79,6 @@ def test_one_launch_keeps_the_rules_of_accept(k, batch):
         verify_in, verify_out = _rounds(g, k, batch, trial)
         state = random_state(g, batch)
         assert_same(run_settle(verify_in, verify_out, state), reference_settle(verify_in, verify_out, *state))
-
-
-@pytest.mark.parametrize("k,batch", [(1, 3), (4, 5)])
-def test_a_stop_id_is_emitted_and_ends_the_sequence(k, batch):
-    g = torch.Generator().manual_seed(k + batch)
-    stop_ids, ended = torch.tensor([2, 40]), 0
-    for trial in range(4):
-        verify_in, verify_out = _rounds(g, k, batch, trial)
-        state = random_state(g, batch)
-        got = run_settle(verify_in, verify_out, state, stop_ids=stop_ids)
-        assert_same(got, reference_settle(verify_in, verify_out, *state, stop_ids=stop_ids))
-        ended += _check_stops(state, got, stop=2)
-    assert ended  # the rounds did stop some sequences
-
-
-def _check_stops(state: tuple, got: dict, stop: int) -> int:
-    """What a stop id does, row by row: emitted last, and the row's limit is where it ended.
-    -> the rows it ended."""
-    ended = 0
-    for b, was_active in enumerate((state[4] < state[5]).tolist()):
-        emitted = got["fresh"][b, 1:1 + got["fresh"][b, 0]].tolist()
-        assert bool(emitted) == was_active and stop not in emitted[:-1]
-        stopped = bool(emitted) and emitted[-1] == stop
-        assert got["limit"][b] == (got["produced"][b] if stopped else state[5][b])
-        ended += stopped
-    return ended
 
 
 def test_greedy_rows_settle_alike_with_sampling_rows():

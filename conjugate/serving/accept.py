@@ -23,7 +23,6 @@ The uniforms and Gumbel noises are keyed by (seed, position, purpose) (kernels/s
 keys of a position a round leaves undecided were never consulted by what it emitted, so reusing them
 when the next round decides that position keeps them independent of everything emitted before.
 
-Stop ids (`stop_at`): the first emitted stop id is emitted and ends the sequence.
 """
 from __future__ import annotations
 
@@ -108,15 +107,3 @@ def accept_sampled(draft_tokens: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
     tokens = torch.where(j[None, :] < accepted[:, None], draft_tokens, draws)
     counts = (accepted + 1).clamp(max=k)
     return Accepted(tokens, counts, accepted, tokens.gather(1, (counts - 1)[:, None])[:, 0])
-
-
-def stop_at(accepted: Accepted, stop_ids: torch.Tensor) -> tuple[Accepted, torch.Tensor]:
-    """The emitted tokens cut after the first stop id among them -> (what is emitted, [B] bool:
-    whether a stop id ended the sequence)."""
-    k = accepted.tokens.shape[1]
-    j = torch.arange(k, device=accepted.tokens.device)
-    is_stop = torch.isin(accepted.tokens, stop_ids) & (j[None, :] < accepted.counts[:, None])
-    first = torch.where(is_stop, j[None, :], k).amin(1)
-    counts = torch.minimum(accepted.counts, first + 1)
-    last = accepted.tokens.gather(1, (counts - 1)[:, None])[:, 0]
-    return Accepted(accepted.tokens, counts, accepted.drafts_accepted, last), first < k

@@ -23,6 +23,7 @@ round late, so nothing waits for the GPU).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -36,7 +37,6 @@ from conjugate.plan import Plan, validate_plan
 from conjugate.roles import Model
 from conjugate.serving.group import Group
 from conjugate.serving.requests import RequestError, SamplingParams, check_request
-from conjugate.serving.settle import warm_settle
 from conjugate.workload import Workload
 
 MODES = ("simple", "pipelined")
@@ -50,20 +50,23 @@ class GenerationError(ConjugateError):
 class SpeculativeDecoder:
     """A compiled round (two in pipelined mode) over both models' weights, and how a loop runs it."""
 
-    def __init__(self, workload: Workload, plan_name: str, mode: str, rounds: list[CompiledRound | ConventionalRound]):
+    def __init__(self, workload: Workload, plan_name: str, mode: str, rounds: list[CompiledRound | ConventionalRound],
+                 sampling: bool = False):
         self.workload, self.plan_name, self.mode, self.rounds = workload, plan_name, mode, rounds
         self.device = rounds[0].device
         self.k = workload.k
         self.slots = min(workload.draft_batch, workload.target_batch)  # sequences per group
-        self.sampling = False  # draws tokens at a temperature (else greedy only)
+        self.sampling = sampling  # draws tokens at a temperature (else greedy only)
         self._steps: list[Callable[[], None]] = []  # a round's steps, each a CUDA graph on a GPU
 
     @classmethod
     def build(cls, workload: Workload, plan: Plan | str, mode: str = "pipelined", device: str | None = None,
-              cache_dir: Path | None = None, variants: tuple[Variant, Variant] = (DEFAULT, DEFAULT)
-              ) -> "SpeculativeDecoder":
+              cache_dir: Path | None = None, variants: tuple[Variant, Variant] = (DEFAULT, DEFAULT),
+              sampling: bool = False) -> "SpeculativeDecoder":
         """Load both models' weights and compile the plan's round(s) for this workload. `plan`: a plan,
-        or one of CONVENTIONAL, whose draft and verify steps are built in `variants`."""
+        or one of CONVENTIONAL, whose draft and verify steps are built in `variants`. `sampling`: the
+        rounds can draw tokens at a temperature (they write logits; each sequence's parameters are
+        set as it is admitted), else they are greedy only (the lm_head's argmax epilogue allowed)."""
         if mode not in MODES:
             raise GenerationError(f"mode {mode!r}: expected one of {', '.join(MODES)}")
         if isinstance(plan, str) and plan not in CONVENTIONAL:
@@ -75,12 +78,13 @@ class SpeculativeDecoder:
         target = PreparedWeights(workload.weights(Model.TARGET, device))
         count = 1 if mode == "simple" else 2
         if isinstance(plan, str):
-            rounds = [ConventionalRound(workload, draft, target, *variants, streams=plan == "conventional-streams")
-                      for _ in range(count)]
-            return cls(workload, plan, mode, rounds)
+            rounds = [ConventionalRound(workload, draft, target, *variants, streams=plan == "conventional-streams",
+                                        sampling=sampling) for _ in range(count)]
+            return cls(workload, plan, mode, rounds, sampling)
         compiled = phase_plan(plan) if mode == "simple" else plan
-        rounds = [compile_round(compiled, workload, draft, target, cache_dir=cache_dir) for _ in range(count)]
-        return cls(workload, plan.name, mode, rounds)
+        rounds = [compile_round(compiled, workload, draft, target, cache_dir=cache_dir, sampling=sampling)
+                  for _ in range(count)]
+        return cls(workload, plan.name, mode, rounds, sampling)
 
     @property
     def capacity(self) -> int:
@@ -118,9 +122,10 @@ class SpeculativeDecoder:
         drafting.propose()
 
     def set_sampling(self, group: Group, row: int, params: SamplingParams, seed: int) -> None:
-        """How slot `row` of `group` draws its tokens (a greedy-only decoder has nothing to set)."""
+        """How slot `row` of `group` draws its tokens, its seed fixed (a greedy-only decoder has
+        nothing to set)."""
         if self.sampling:
-            raise NotImplementedError  # set by the sampling round (next change)
+            group.draft.sampling.set(row, replace(params, seed=seed))
 
     def replay_round(self) -> None:
         """One round's kernels as the loop replays them, without the accept step (for timing it alone)."""
@@ -143,7 +148,6 @@ class SpeculativeDecoder:
         if self.device.type == "cuda":
             for rnd in self.rounds:
                 rnd.warmup()  # every kernel compiled before anything is captured
-        warm_settle(self.k, self.device)  # the accept step's kernel too, before the loop is timed
         return [_captured(step, self.device) for step in steps]
 
 

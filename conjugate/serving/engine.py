@@ -89,14 +89,18 @@ class Engine:
         self.drafts = [[0, 0] for _ in self.groups]  # per group: drafts proposed, accepted (as last read)
         self.on_read: Callable[[], None] | None = None  # called after each round's output is read
         decoder.prepare()
+        for group in self.groups:  # the accept step's kernel compiled too: on empty slots it changes nothing
+            group.settle()
 
     @classmethod
-    def build(cls, workload, plan, mode: str = "pipelined", device: str | None = None, **build) -> "Engine":
-        """A decoder compiled for the workload (SpeculativeDecoder.build), serving the target
-        checkpoint's end-of-sequence ids as stop ids."""
+    def build(cls, workload, plan, mode: str = "pipelined", device: str | None = None, sampling: bool = True,
+              **build) -> "Engine":
+        """A decoder compiled for the workload (SpeculativeDecoder.build; able to sample unless
+        `sampling` is False), serving the target checkpoint's end-of-sequence ids as stop ids."""
         from conjugate.serving.stop_ids import checkpoint_stop_ids
 
-        return cls(SpeculativeDecoder.build(workload, plan, mode, device, **build), checkpoint_stop_ids(workload))
+        decoder = SpeculativeDecoder.build(workload, plan, mode, device, sampling=sampling, **build)
+        return cls(decoder, checkpoint_stop_ids(workload))
 
     # -- requests (any thread) ------------------------------------------------------------------------
     def check(self, request: Request) -> None:

@@ -50,17 +50,17 @@ class Group:
         self.proposed = True
 
     def settle(self) -> None:
-        """Accept what the target agreed with: emitted ids appended, lengths and the next round's input
-        advanced (settle.py, one launch); `fresh` says what this step emitted per row."""
+        """Accept what the target agreed with (greedy rows) or by speculative sampling (sampled rows):
+        emitted ids appended, lengths and the next round's input advanced, `fresh` written (settle.py,
+        one launch)."""
         k, n = self.k, self.size
-        before = self.produced.clone()
         verify = self.target.tokens_in.view(self.target.batch, k + 1)[:n]
         target = self.target.tokens_out.view(self.target.batch, k + 1)[:n]
+        sampled = {} if self.draft.sampling is None else dict(
+            sampling=self.draft.sampling[:n], draft_logits=self.draft.logits[:n],
+            target_logits=self.target.logits[:n * (k + 1)])
         settle(verify, target, self.draft.tokens_in[:n], self.draft.lengths[:n], self.target.lengths[:n], self.out,
-               self.produced, self.limit, self.accepted)
-        cols = (before[:, None] + torch.arange(k, device=before.device)).clamp(max=self.out.shape[1] - 1)
-        self.fresh[:, 0] = self.produced - before
-        self.fresh[:, 1:] = self.out.gather(1, cols)
+               self.produced, self.limit, self.accepted, fresh=self.fresh, **sampled)
 
     # -- slots ----------------------------------------------------------------------------------------
     def admit(self, row: int, prompt: list[int], max_tokens: int) -> None:

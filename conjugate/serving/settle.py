@@ -1,5 +1,5 @@
 """A group's accept step in one launch: the rules of accept.py (greedy acceptance or speculative
-sampling, stop ids, emitted tokens appended, lengths and the next round's input advanced) as one
+sampling, emitted tokens appended, lengths and the next round's input advanced) as one
 Triton kernel, one program per sequence, instead of some twenty small torch kernels between the
 round's CUDA graphs.
 
@@ -8,9 +8,9 @@ Per sequence b of the group (size B, k drafts each):
         matched = leading drafts equal to the target's tokens; emitted e_j = target[b, j]
     sampled row: speculative sampling over the warped draft and target logits (kernels/sampling.py
         accept_sampled): matched = drafts accepted; e_j = d_{j+1} for j < matched, then the residual draw
-    counts = min(matched + 1, k); with stop ids, counts ends at the first emitted stop id
+    counts = min(matched + 1, k)
     active  = produced[b] < limit[b]; c = counts if active else 0
-    out[b, produced[b] + j] = e_j for j < c; produced[b] += c; a stop id sets limit[b] = produced[b]
+    out[b, produced[b] + j] = e_j for j < c; produced[b] += c
     draft and target lengths[b] += c; draft tokens_in[b] = e_{counts - 1} if active
     fresh[b] = [c, e_0 .. e_{c-1}, -1 ...]   (when asked for)
     accepted += (k, matched) if active            (integer atomics: the order does not matter)
@@ -26,23 +26,12 @@ from conjugate.kernels.sampling import accept_sampled
 
 
 @triton.jit
-def _cut_at_stop(emitted, counts, stop_ptr, n_stop, KP: tl.constexpr):
-    """(counts cut after the first of the emitted tokens that is a stop id, whether there is one)."""
-    j = tl.arange(0, KP)
-    stop = tl.zeros([KP], dtype=tl.int1)
-    for i in range(0, n_stop):
-        stop = stop | (emitted == tl.load(stop_ptr + i))
-    first = tl.min(tl.where(stop & (j < counts), j, KP), axis=0)
-    return tl.minimum(counts, first + 1), first < counts
-
-
-@triton.jit
 def _settle(verify_in_ptr, verify_out_ptr, tokens_in_ptr, draft_len_ptr, target_len_ptr, out_ptr, produced_ptr,
             limit_ptr, accepted_ptr, out_stride,
             draft_logits_ptr, draft_stride_b, draft_stride_j, draft_vocab,  # sampling: q rows [B, k, Vd]
             target_logits_ptr, target_stride, target_vocab,  # p rows [B * (k + 1), Vt]
             temperature_ptr, top_p_ptr, top_k_ptr, seed_ptr,  # per-sequence sampling parameters
-            stop_ptr, n_stop, fresh_ptr,
+            fresh_ptr,
             K: tl.constexpr, KP: tl.constexpr, SAMPLING: tl.constexpr, FRESH: tl.constexpr, BLOCK: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, KP)
@@ -59,15 +48,13 @@ def _settle(verify_in_ptr, verify_out_ptr, tokens_in_ptr, draft_len_ptr, target_
                 drafts, target_logits_ptr + row * target_stride, target_stride, target_vocab,
                 draft_logits_ptr + b * draft_stride_b, draft_stride_j, draft_vocab, temperature, tl.load(top_k_ptr + b),
                 tl.load(top_p_ptr + b), tl.load(seed_ptr + b), tl.load(draft_len_ptr + b), K, KP, BLOCK)
-    counts, stopped = _cut_at_stop(emitted, tl.minimum(matched + 1, K), stop_ptr, n_stop, KP)
+    counts = tl.minimum(matched + 1, K)
     last = tl.sum(tl.where(j == counts - 1, emitted, 0), axis=0)
     produced = tl.load(produced_ptr + b)
-    limit = tl.load(limit_ptr + b)
-    active = produced < limit
+    active = produced < tl.load(limit_ptr + b)
     c = tl.where(active, counts, 0)
     tl.store(out_ptr + b * out_stride + produced + j, emitted, mask=j < c)
     tl.store(produced_ptr + b, produced + c)
-    tl.store(limit_ptr + b, tl.where(active & stopped, produced + c, limit))  # a stop id ends the sequence
     tl.store(draft_len_ptr + b, tl.load(draft_len_ptr + b) + c)
     tl.store(target_len_ptr + b, tl.load(target_len_ptr + b) + c)
     tl.store(tokens_in_ptr + b, tl.where(active, last, tl.load(tokens_in_ptr + b)))
@@ -81,21 +68,19 @@ def _settle(verify_in_ptr, verify_out_ptr, tokens_in_ptr, draft_len_ptr, target_
 def settle(verify_in: torch.Tensor, verify_out: torch.Tensor, tokens_in: torch.Tensor, draft_lengths: torch.Tensor,
            target_lengths: torch.Tensor, out: torch.Tensor, produced: torch.Tensor, limit: torch.Tensor,
            accepted: torch.Tensor, *, sampling: SamplingRows | None = None, draft_logits: torch.Tensor | None = None,
-           target_logits: torch.Tensor | None = None, stop_ids: torch.Tensor | None = None,
+           target_logits: torch.Tensor | None = None,
            fresh: torch.Tensor | None = None, block: int = 1024) -> None:
     """verify_in/verify_out [B, k + 1] int64 (the target's input [last, d_1..d_k] and its greedy
     tokens); tokens_in, draft/target lengths, produced, limit [B] int64 (views of the group's rows);
     out [B, width] int64 (rows contiguous); accepted [2] int64. Updated in place, no host sync.
 
     sampling: the group's rows (len B); its sampled rows need the logits the round wrote:
-    draft_logits [B, k, Vd] and target_logits [B * (k + 1), Vt] fp32, rows contiguous. stop_ids:
-    int64 [n], the ids that end a sequence (emitted, then limit[b] = produced[b]). fresh: int64
+    draft_logits [B, k, Vd] and target_logits [B * (k + 1), Vt] fp32, rows contiguous. fresh: int64
     [B, k + 1], written: [tokens emitted this settle (0 for an inactive row), those tokens, -1 ...]."""
     b, k1 = verify_in.shape
     _check_state(verify_in, verify_out, tokens_in, draft_lengths, target_lengths, out, produced, limit, accepted)
     k, device = k1 - 1, verify_in.device
     logits = _sampling_logits(sampling, draft_logits, target_logits, b, k, device)
-    stops = _stop_ids(stop_ids, device) if stop_ids is not None else verify_in.view(-1)[:1]  # none: n = 0
     if fresh is not None and (tuple(fresh.shape) != (b, k1) or fresh.dtype != torch.int64 or fresh.stride() != (k1, 1)):
         raise ValueError(f"fresh must be a contiguous int64 [{b}, {k1}], got {fresh.dtype} {tuple(fresh.shape)}")
     dummy = verify_in  # pointer arguments the kernel does not read
@@ -104,7 +89,7 @@ def settle(verify_in: torch.Tensor, verify_out: torch.Tensor, tokens_in: torch.T
     vocab = max(q.shape[2], p.shape[1])
     _settle[(b,)](verify_in, verify_out, tokens_in, draft_lengths, target_lengths, out, produced, limit, accepted,
                   out.stride(0), q, q.stride(0), q.stride(1), q.shape[2], p, p.stride(0), p.shape[1],
-                  rows.temperature, rows.top_p, rows.top_k, rows.seed, stops, 0 if stop_ids is None else stops.shape[0],
+                  rows.temperature, rows.top_p, rows.top_k, rows.seed,
                   fresh if fresh is not None else dummy, K=k, KP=triton.next_power_of_2(k),
                   SAMPLING=sampling is not None, FRESH=fresh is not None,
                   BLOCK=min(block, triton.next_power_of_2(vocab)), num_warps=4 if sampling is not None else 1)
@@ -141,20 +126,3 @@ def _sampling_logits(sampling, draft_logits, target_logits, b: int, k: int, devi
         if t.dtype != torch.float32 or t.device != device:
             raise ValueError(f"{name} must be fp32 on {device}, got {t.dtype} on {t.device}")
     return draft_logits, target_logits
-
-
-def _stop_ids(stop_ids: torch.Tensor, device) -> torch.Tensor:
-    """The stop ids as the kernel reads them."""
-    if stop_ids.dim() != 1 or stop_ids.dtype != torch.int64 or stop_ids.device != device:
-        raise ValueError(f"stop_ids must be an int64 vector on {device}, got {stop_ids.dtype} "
-                         f"{tuple(stop_ids.shape)} on {stop_ids.device}")
-    return stop_ids.contiguous()
-
-
-def warm_settle(k: int, device: torch.device) -> None:
-    """Compile the kernel for this k ahead (on one inactive row of scratch tensors), so that the first
-    round of a timed loop does not pay for it."""
-    z = torch.zeros(1, dtype=torch.int64, device=device)
-    rows = torch.zeros(1, k + 1, dtype=torch.int64, device=device)
-    settle(rows, rows.clone(), z.clone(), z.clone(), z.clone(), torch.zeros(1, k + 1, dtype=torch.int64, device=device),
-           z.clone(), z.clone(), torch.zeros(2, dtype=torch.int64, device=device))
