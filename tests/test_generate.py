@@ -200,6 +200,15 @@ def test_generation_ends_at_the_checkpoints_end_of_sequence_id(pair, tmp_path):
     assert result["outputs"][-1]["finish"] == "stop"
 
 
+def test_sampled_generation_is_fixed_by_its_seed(pair, tmp_path):
+    workload, _ = pair("qwen3")
+    flags = ["--plan", "conventional", "--variants", "eager-sdpa/eager-sdpa", "--temperature", "1"]
+    runs = [_generate(workload, "simple", PROMPTS["simple"], tmp_path, *flags, "--seed", seed, new=4)["outputs"]
+            for seed in ("3", "3", "4")]
+    assert runs[0] == runs[1] != runs[2]
+    assert all(len(o["generated_ids"]) == 4 for o in runs[0])
+
+
 # ---------------------------------------------------------------------------------------------
 # bad input: one line, exit 2, before any work
 
@@ -221,6 +230,8 @@ def test_bad_prompts_are_refused(tmp_path, capsys):
     _refused(capsys, ["generate", workload, "--prompt-ids", "1,99999"], "token ids")
     _refused(capsys, ["generate", workload, "--prompt", "hello"], "tokenizer", "--prompt-ids")
     _refused(capsys, ["generate", workload], "no prompts")
+    _refused(capsys, ["generate", workload, "--prompt-ids", "1", "--temperature", "nan"], "--temperature")
+    _refused(capsys, ["generate", workload, "--prompt-ids", "1", "--top-p", "0"], "--top-p")
     _refused(capsys, ["generate", "--prompt-ids", "1"], "no model pair", "--draft and --target")
     _refused(capsys, ["generate", workload, "--prompt-ids", "1", "--plan", "conventional", "--variants", "fast"],
              "--variants", "conventional variant 'fast'")

@@ -15,6 +15,7 @@ from conjugate.errors import ConjugateError
 from conjugate.files import check_output, shown, write_output
 from conjugate.serving.decoder import CONVENTIONAL, MODES, GenerationError, SpeculativeDecoder, check_prompts
 from conjugate.serving.generation import Progress, generate
+from conjugate.serving.requests import RequestError, SamplingParams
 from conjugate.serving.stop_ids import checkpoint_stop_ids
 from conjugate.serving.tokens import Tokenizer
 
@@ -58,6 +59,12 @@ def add_command(sub) -> None:
                      help="a prompt as token ids (repeatable)")
     gen.add_argument("--max-new-tokens", type=integer(1, MAX_NEW_TOKENS), default=32,
                      help="tokens to generate per prompt (default: 32)")
+    sampling = gen.add_argument_group("sampling (default: greedy, the target's own argmax tokens)")
+    sampling.add_argument("--temperature", type=float, default=0.0,
+                          help="draw tokens from the target's distribution at this temperature (0: greedy)")
+    sampling.add_argument("--top-p", type=float, default=1.0, help="keep the likeliest tokens holding this much mass")
+    sampling.add_argument("--top-k", type=int, default=0, help="keep this many likeliest tokens (0: all)")
+    sampling.add_argument("--seed", type=int, help="fixes every draw (default: a random one per prompt)")
     gen.add_argument("--ignore-eos", action="store_true",
                      help="go on past the checkpoint's end-of-sequence ids (default: a sequence ends at one)")
     gen.add_argument("--json", help="also write the outputs and figures as JSON to this file")
@@ -80,6 +87,7 @@ def cmd_generate(args: argparse.Namespace, out: Console) -> None:
     plan_file = plan_path(args.plan) if args.plan and args.plan not in CONVENTIONAL else None
     check_output("--json", args.json, [args.workload, plan_file, database_file(args.db)])
     plan, variants = _plan(args)  # a bad plan or variant is refused before any model loads
+    params = _sampling(args)
     fields, where = _workload_fields(args)
     provisional = {"draft_batch": 1, "target_batch": 1, "context": 0} | fields  # until the prompts are known
     workload = workload_from_dict(provisional, where)
@@ -96,15 +104,22 @@ def cmd_generate(args: argparse.Namespace, out: Console) -> None:
     stop_ids = () if args.ignore_eos else checkpoint_stop_ids(workload)
     name = plan if isinstance(plan, str) else plan.name
     with out.status(Text(f"compiling {name!r} for {workload.name} ({args.mode})")):
-        decoder = SpeculativeDecoder.build(workload, plan, args.mode, variants=variants)
+        decoder = SpeculativeDecoder.build(workload, plan, args.mode, variants=variants, sampling=not params.greedy)
     with Bar(TextColumn("{task.description}", markup=False), console=out, transient=True) as bar:
         task = bar.add_task("prefill")
         interpreted = _interpreted(name)
-        result = generate(decoder, prompts, args.max_new_tokens, stop_ids=stop_ids,
+        result = generate(decoder, prompts, args.max_new_tokens, params, stop_ids=stop_ids,
                           on_progress=lambda p: bar.update(task, description=_line(p, interpreted)))
     _summary(out, result, tokenizer)
     if args.json:
         write_output(args.json, json.dumps(result.to_dict() | {"workload": workload.name}, indent=1) + "\n")
+
+
+def _sampling(args: argparse.Namespace) -> SamplingParams:
+    try:
+        return SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
+    except RequestError as e:
+        raise GenerationError(f"--{e.field.replace('_', '-')}: {e}") from None
 
 
 def _workload_fields(args: argparse.Namespace) -> tuple[dict, Path]:
