@@ -3,56 +3,27 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from rich.console import Console
 from rich.progress import Progress as Bar, TextColumn
 from rich.text import Text
 
-from conjugate.cli.arguments import WORKLOAD_HELP, integer, workload_name_or_file
+from conjugate.cli.arguments import integer
 from conjugate.cli.console import out
-from conjugate.errors import ConjugateError
-from conjugate.files import check_output, shown, write_output
-from conjugate.serving.decoder import CONVENTIONAL, MODES, GenerationError, SpeculativeDecoder, check_prompts
+from conjugate.cli.decoding import add_decoding_arguments, chosen_plan, interpreted, workload_fields
+from conjugate.files import check_output, write_output
+from conjugate.serving.decoder import CONVENTIONAL, GenerationError, SpeculativeDecoder, check_prompts
 from conjugate.serving.generation import Progress, generate
 from conjugate.serving.requests import RequestError, SamplingParams
 from conjugate.serving.stop_ids import checkpoint_stop_ids
 from conjugate.serving.tokens import Tokenizer
 
-# flags that set (or override) a workload field: flag -> field(s)
-_PAIR_FLAGS = {"draft": ("draft",), "target": ("target",), "k": ("k",), "dtype": ("dtype",),
-               "batch": ("draft_batch", "target_batch"), "context": ("context",)}
-
-
 MAX_NEW_TOKENS = 1 << 20  # past any KV capacity a workload may give (workload.LIMITS)
 
 
 def add_command(sub) -> None:
-    from conjugate.workload import LIMITS
-
     gen = sub.add_parser("generate", help="greedy speculative decoding with a plan's compiled round")
-    gen.add_argument("workload", nargs="?", type=workload_name_or_file,
-                     help=f"{WORKLOAD_HELP}: the checkpoint or preset pair, k, the largest batches and the KV "
-                          "capacity (its context); or give --draft and --target")
-    pair = gen.add_argument_group("the model pair without a workload file (or overriding its fields)")
-    pair.add_argument("--draft", help="draft: a checkpoint directory or preset name")
-    pair.add_argument("--target", help="target: a checkpoint directory or preset name")
-    pair.add_argument("--k", type=integer(*LIMITS["k"]), help="draft tokens proposed per round (default: 4)")
-    pair.add_argument("--batch", type=integer(1, LIMITS["draft_batch"][1]),
-                      help="sequences per group (default: what the prompts need)")
-    pair.add_argument("--context", type=integer(1, LIMITS["context"][1]),
-                      help="KV capacity in tokens (default: what the prompts need)")
-    pair.add_argument("--dtype", help="bf16 (default), fp16 or fp32")
-    gen.add_argument("--plan", help="plan name (plans/) or JSON file, or conventional / conventional-streams for "
-                                    "torch's own execution (default: the best plan of --db, else streams)")
-    gen.add_argument("--variants", default="layers-sdpa/layers-sdpa", metavar="DRAFT/VERIFY",
-                     help="with --plan conventional*: the variant of each model's step (default: "
-                          "layers-sdpa/layers-sdpa; the evaluator's fastest per workload is named in its results' "
-                          "conventional baseline, `variants`)")
-    gen.add_argument("--db", help="a search database whose latest run's best plan to use")
-    gen.add_argument("--mode", choices=MODES, default="pipelined",
-                     help="simple: one group, draft then verify; pipelined (default): two groups alternate, every "
-                          "round the co-located round")
+    add_decoding_arguments(gen, sized="what the prompts need")
     gen.add_argument("--prompt", action="append", default=[], help="a prompt as text (the checkpoint's tokenizer; "
                                                                    "repeatable)")
     gen.add_argument("--prompt-ids", action="append", default=[], type=_ids, metavar="1,2,3",
@@ -86,9 +57,9 @@ def cmd_generate(args: argparse.Namespace, out: Console) -> None:
 
     plan_file = plan_path(args.plan) if args.plan and args.plan not in CONVENTIONAL else None
     check_output("--json", args.json, [args.workload, plan_file, database_file(args.db)])
-    plan, variants = _plan(args)  # a bad plan or variant is refused before any model loads
+    plan, variants = chosen_plan(args)  # a bad plan or variant is refused before any model loads
     params = _sampling(args)
-    fields, where = _workload_fields(args)
+    fields, where = workload_fields(args)
     provisional = {"draft_batch": 1, "target_batch": 1, "context": 0} | fields  # until the prompts are known
     workload = workload_from_dict(provisional, where)
     tokenizer = Tokenizer.of(workload, required=bool(args.prompt))  # also decodes the output, where there is one
@@ -107,7 +78,7 @@ def cmd_generate(args: argparse.Namespace, out: Console) -> None:
         decoder = SpeculativeDecoder.build(workload, plan, args.mode, variants=variants, sampling=not params.greedy)
     with Bar(TextColumn("{task.description}", markup=False), console=out, transient=True) as bar:
         task = bar.add_task("prefill")
-        interpreted = _interpreted(name)
+        interpreted = interpreted(name)
         result = generate(decoder, prompts, args.max_new_tokens, params, stop_ids=stop_ids,
                           on_progress=lambda p: bar.update(task, description=_line(p, interpreted)))
     _summary(out, result, tokenizer)
@@ -120,80 +91,6 @@ def _sampling(args: argparse.Namespace) -> SamplingParams:
         return SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
     except RequestError as e:
         raise GenerationError(f"--{e.field.replace('_', '-')}: {e}") from None
-
-
-def _workload_fields(args: argparse.Namespace) -> tuple[dict, Path]:
-    """The workload's fields (from its file, flags overriding) and the path errors name."""
-    from conjugate.workload import LIMITS, read_workload_fields
-
-    if args.workload:
-        fields, where = read_workload_fields(args.workload), Path(args.workload)
-    elif args.draft and args.target:
-        fields = {"name": f"{Path(args.draft).name}-{Path(args.target).name}", "k": 4, "dtype": "bf16"}
-        where = Path.cwd() / "(command line)"  # checkpoint directories are relative to the current one
-    else:
-        raise GenerationError("no model pair: give a WORKLOAD file, or --draft and --target")
-    for flag, keys in _PAIR_FLAGS.items():
-        value = getattr(args, flag)
-        if value is None:
-            continue
-        limits = LIMITS.get(keys[0])  # the numeric flags'
-        if limits and not limits[0] <= value <= limits[1]:  # named as the flag: the file may say otherwise
-            raise GenerationError(f"--{flag} {value}: must be in [{limits[0]}, {limits[1]}]")
-        fields |= {key: _flag_value(flag, value) for key in keys}
-    return fields, where
-
-
-def _flag_value(flag: str, value):
-    """A --draft, --target or --dtype value checked here, so that its error names the flag and not the
-    workload file; a checkpoint directory is relative to the current directory, not to the file's."""
-    from conjugate.models.presets import PRESETS
-    from conjugate.models.weights import DTYPES
-
-    if flag == "dtype" and value not in DTYPES:
-        raise GenerationError(f"--dtype {shown(value)}: one of {', '.join(DTYPES)}")
-    if flag in ("draft", "target") and value not in PRESETS:
-        if not Path(value).is_dir():
-            raise GenerationError(f"--{flag} {shown(value)}: neither a model preset nor a checkpoint directory "
-                                  "(presets: conjugate models)")
-        return str(Path(value).resolve())
-    return value
-
-
-def _plan(args: argparse.Namespace):
-    """The plan (or conventional backend) to run, and the conventional variants."""
-    from conjugate.evaluate.baselines.conventional import Variant
-    from conjugate.paths import plan_path, shipped_plan
-    from conjugate.plan import load_plan, validate_plan
-
-    try:
-        variants = tuple(Variant.parse(v) for v in args.variants.split("/"))
-    except ValueError as e:
-        raise GenerationError(f"--variants: {e}") from None
-    if len(variants) != 2:
-        raise GenerationError(f"--variants {args.variants!r}: expected DRAFT/VERIFY, e.g. layers-sdpa/whole-grouped")
-    if args.plan in CONVENTIONAL:
-        return args.plan, variants
-    if args.plan:
-        return load_plan(plan_path(args.plan)), variants
-    if args.db:
-        from conjugate.search.databases import open_store
-        from conjugate.search.report import best_plan
-
-        with open_store(args.db) as store:
-            run = store.latest_run()
-            if run is None:
-                raise ConjugateError(f"{args.db}: no search run in this database")
-            return validate_plan(best_plan(store, run), f"{args.db} run {run.id}"), variants
-    return load_plan(shipped_plan("streams")), variants
-
-
-def _interpreted(plan: str) -> bool:
-    """Whether the rounds run under the Triton interpreter (no GPU): their times measure the
-    interpreter, not the kernels. Torch's own execution (conventional) never does."""
-    from conjugate.compiler.tile import INTERPRETING
-
-    return INTERPRETING and plan not in CONVENTIONAL
 
 
 def _speed(tokens: int, seconds: float, interpreted: bool) -> str:
@@ -212,7 +109,7 @@ def _summary(out: Console, result, tokenizer: Tokenizer | None) -> None:
     for i, generated in enumerate(result.outputs):
         shown = tokenizer.decode(generated) if tokenizer else ",".join(map(str, generated))
         out.print(f"[{i}] {shown}", markup=False)
-    interpreted = _interpreted(result.plan)
+    interpreted = interpreted(result.plan)
     per_round = "" if interpreted else f", {result.round_ms:.3g} ms per round"
     out.print(f"{result.tokens} tokens in {result.rounds} rounds ({result.mode}, plan {result.plan!r}): "
               f"{_speed(result.tokens, result.seconds, interpreted)}{per_round}, acceptance "

@@ -20,7 +20,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     from conjugate import __version__
-    from conjugate.cli import bench, calibrate, check, generate, models, plan, profile, search, show
+    from conjugate.cli import bench, calibrate, check, generate, models, plan, profile, search, serve, show
 
     parser = Parser(prog="conjugate", description="Compile the draft and target models of speculative decoding "
                     "together.")
@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     for group in (check, models, bench, calibrate, plan, search):
         group.add_command(sub)
     show.add_commands(sub)
-    for group in (generate, profile):
+    for group in (generate, serve, profile):
         group.add_command(sub)
     return parser
 
