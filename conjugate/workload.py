@@ -10,6 +10,7 @@
     dtype = "bf16"                 # bf16 | fp16 | fp32
     seed = 0
     kv_init = "random"             # random | prefill (optional)
+    weight_init = "checkpoint"     # checkpoint | random (optional): see WEIGHT_INITS
 """
 from __future__ import annotations
 
@@ -25,10 +26,15 @@ from conjugate.models.weights import DTYPES, check_checkpoint, checkpoint_files
 from conjugate.roles import Model
 
 _FIELDS: dict[str, type] = {"name": str, "draft": str, "target": str, "k": int, "draft_batch": int,
-                            "target_batch": int, "context": int, "dtype": str, "seed": int, "kv_init": str}
+                            "target_batch": int, "context": int, "dtype": str, "seed": int, "kv_init": str,
+                            "weight_init": str}
 _REQUIRED = ("draft", "target", "k", "draft_batch", "target_batch", "context", "dtype")
 LIMITS = {"k": (1, 16), "draft_batch": (1, 256), "target_batch": (1, 256), "context": (0, 131072),
            "seed": (0, 2**63 - 1)}  # a seed seeds torch's generators: a signed 64-bit integer
+# How a checkpoint directory's weights come: "checkpoint" loads its safetensors; "random" reads its
+# config.json alone and seeds the weights by the workload's seed, as a preset's always are (a pair
+# searched, benchmarked and checked by shapes, never decoded with).
+WEIGHT_INITS = ("checkpoint", "random")
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,7 @@ class Workload:
     dtype: str  # a key of DTYPES
     seed: int = 0
     kv_init: str = "random"
+    weight_init: str = "checkpoint"  # one of WEIGHT_INITS
     draft_source: str = ""  # what the file said: a preset name or a checkpoint directory
     target_source: str = ""
     schema_version: int = field(default=1, compare=False)
@@ -76,18 +83,27 @@ class Workload:
 
     def weights(self, model: Model, device="cpu"):
         """The model's weights: loaded from the checkpoint directory the workload names, or seeded
-        random for a preset."""
+        random for a preset or where the workload declares weight_init = "random"."""
         from conjugate.models.weights import load_checkpoint, random_weights
 
         spec = self.draft if model == Model.DRAFT else self.target
         directory = self.checkpoint_dir(model)
-        if directory is None:
+        if directory is None or self.weight_init == "random":
             return random_weights(spec, self.seed, self.torch_dtype, device)
         return load_checkpoint(directory, self.torch_dtype, device, spec)
+
+    def require_real_weights(self, where: Path | str) -> None:
+        """WorkloadError naming `where` (the workload file) and the field when the workload declares its
+        weights random: decoding (generate, serve) needs a checkpoint's own weights."""
+        if self.weight_init == "random":
+            raise WorkloadError(f"{where}: field 'weight_init' is \"random\": decoding needs the checkpoints' own "
+                                "weights (a workload of random weights is for search, bench, profile and check)")
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["draft"], data["target"] = self.draft.to_dict(), self.target.to_dict()
+        if self.weight_init == "checkpoint":  # the default, left out: keys and runs stored before the field hold
+            del data["weight_init"]
         return data
 
     @classmethod
@@ -101,7 +117,8 @@ def workload_toml(workload: Workload) -> str:
     """A workload file that load_workload reads back as this workload."""
     values = {"name": workload.name, "draft": workload.draft_source, "target": workload.target_source,
               "k": workload.k, "draft_batch": workload.draft_batch, "target_batch": workload.target_batch,
-              "context": workload.context, "dtype": workload.dtype, "seed": workload.seed, "kv_init": workload.kv_init}
+              "context": workload.context, "dtype": workload.dtype, "seed": workload.seed, "kv_init": workload.kv_init,
+              "weight_init": workload.weight_init}
     return "".join(f"{key} = {_toml_value(value)}\n" for key, value in values.items())
 
 
@@ -126,8 +143,9 @@ def read_workload_fields(path: str | Path) -> dict[str, Any]:
 
 def workload_from_dict(data: dict[str, Any], path: Path) -> Workload:
     check_fields(data, path)
-    draft, draft_source = _resolve_model(data["draft"], "draft", path)
-    target, target_source = _resolve_model(data["target"], "target", path)
+    weight_init = data.get("weight_init", "checkpoint")
+    draft, draft_source = _resolve_model(data["draft"], "draft", path, weight_init)
+    target, target_source = _resolve_model(data["target"], "target", path, weight_init)
     check_models(draft, target, path)
     if not same_tokenizer(draft_source, target_source):
         raise WorkloadError(f"{path}: fields 'draft' and 'target': the checkpoints ship different tokenizers "
@@ -135,7 +153,7 @@ def workload_from_dict(data: dict[str, Any], path: Path) -> Workload:
     return Workload(name=data.get("name", path.stem), draft=draft, target=target, k=data["k"],
                     draft_batch=data["draft_batch"], target_batch=data["target_batch"], context=data["context"],
                     dtype=data["dtype"], seed=data.get("seed", 0), kv_init=data.get("kv_init", "random"),
-                    draft_source=draft_source, target_source=target_source)
+                    weight_init=weight_init, draft_source=draft_source, target_source=target_source)
 
 
 def check_models(draft: ModelSpec, target: ModelSpec, path: Path | str) -> None:
@@ -173,6 +191,9 @@ def check_fields(data: dict[str, Any], path: Path | str) -> None:
     kv_init = data.get("kv_init", "random")
     if kv_init not in ("random", "prefill"):
         raise WorkloadError(f"{path}: field 'kv_init' is {shown(kv_init)}; one of random, prefill")
+    weight_init = data.get("weight_init", "checkpoint")
+    if weight_init not in WEIGHT_INITS:
+        raise WorkloadError(f"{path}: field 'weight_init' is {shown(weight_init)}; one of {', '.join(WEIGHT_INITS)}")
 
 
 def same_tokenizer(draft_source: str, target_source: str) -> bool:
@@ -183,7 +204,7 @@ def same_tokenizer(draft_source: str, target_source: str) -> bool:
     return files[0].read_bytes() == files[1].read_bytes()
 
 
-def _resolve_model(value: str, key: str, path: Path) -> tuple[ModelSpec, str]:
+def _resolve_model(value: str, key: str, path: Path, weight_init: str) -> tuple[ModelSpec, str]:
     if value in PRESETS:
         return PRESETS[value], value
     try:
@@ -194,13 +215,29 @@ def _resolve_model(value: str, key: str, path: Path) -> tuple[ModelSpec, str]:
     if not is_directory:
         raise WorkloadError(f"{path}: field {key!r}: {shown(value)} is neither a model preset nor a checkpoint "
                             f"directory (presets: conjugate models)")
+    spec = None
     try:
         spec = ModelSpec.from_hf_config(directory)
-        for shard in sorted(set(checkpoint_files(directory).values())):
-            if not shard.exists():  # only an index names shards; a single model.safetensors was opened
-                raise CheckpointError(f"{directory / 'model.safetensors.index.json'}: field 'weight_map' names "
-                                      f"a missing safetensors shard, {shard}")
-        check_checkpoint(directory, spec)  # every tensor there, shaped and typed as a weight: headers only
+        if weight_init == "checkpoint":
+            _check_weights(directory, spec)
     except CheckpointError as e:
-        raise WorkloadError(f"{path}: field {key!r}: {e}") from e
+        hint = _RANDOM_HINT if spec is not None and not _holds_weights(directory) else ""
+        raise WorkloadError(f"{path}: field {key!r}: {e}{hint}") from e
     return spec, str(directory)
+
+
+def _check_weights(directory: Path, spec: ModelSpec) -> None:
+    """Every shard the checkpoint names exists, and holds every tensor, shaped and typed as a weight
+    (headers only); CheckpointError otherwise."""
+    for shard in sorted(set(checkpoint_files(directory).values())):
+        if not shard.exists():  # only an index names shards; a single model.safetensors was opened
+            raise CheckpointError(f"{directory / 'model.safetensors.index.json'}: field 'weight_map' names "
+                                  f"a missing safetensors shard, {shard}")
+    check_checkpoint(directory, spec)
+
+
+_RANDOM_HINT = ' (to use its config.json alone, with seeded random weights, declare weight_init = "random")'
+
+
+def _holds_weights(directory: Path) -> bool:
+    return any((directory / name).exists() for name in ("model.safetensors", "model.safetensors.index.json"))

@@ -146,7 +146,7 @@ def test_unknown_key(tmp_path):
 
 @pytest.mark.parametrize("key,value", [("k", "4"), ("k", True), ("k", 4.0), ("context", "1024"),
                                        ("draft_batch", False), ("dtype", 16), ("draft", 1), ("name", 3),
-                                       ("seed", "0"), ("kv_init", True)])
+                                       ("seed", "0"), ("kv_init", True), ("weight_init", False)])
 def test_wrong_type(tmp_path, key, value):
     _raises(write_workload(tmp_path / "w.toml", with_fields(**{key: value})), f"'{key}'", "should be")
 
@@ -171,6 +171,12 @@ def test_bad_dtype(tmp_path, dtype):
 @pytest.mark.parametrize("kv_init", ["zeros", "Prefill", ""])
 def test_bad_kv_init(tmp_path, kv_init):
     _raises(write_workload(tmp_path / "w.toml", with_fields(kv_init=kv_init)), "'kv_init'", "prefill")
+
+
+@pytest.mark.parametrize("weight_init", ["Random", "zeros", "safetensors", ""])
+def test_bad_weight_init(tmp_path, weight_init):
+    _raises(write_workload(tmp_path / "w.toml", with_fields(weight_init=weight_init)), "'weight_init'",
+            "checkpoint, random")
 
 
 @pytest.mark.parametrize("key", ["draft", "target"])
@@ -351,3 +357,112 @@ def test_malformed_config_json(tmp_path):
     (ckpt / "config.json").write_text("{")
     _raises(write_workload(tmp_path / "w.toml", with_fields(draft="ck")), "'draft'", "config.json", "malformed")
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Config-only directories: shapes from config.json, weights declared random (weight_init)
+
+DRAFT_CONFIG = dict(LLAMA_CONFIG, num_hidden_layers=1)
+TARGET_CONFIG = dict(LLAMA_CONFIG, num_hidden_layers=1, hidden_size=128, intermediate_size=256,
+                     tie_word_embeddings=False)
+
+
+def config_only_pair(root: Path, **changes) -> Path:
+    """A workload of two directories holding config.json alone, declaring its weights random."""
+    make_checkpoint(root / "d", DRAFT_CONFIG, safetensors=False)
+    make_checkpoint(root / "t", TARGET_CONFIG, safetensors=False)
+    fields = dict(draft="d", target="t", k=2, draft_batch=1, target_batch=1, context=8, weight_init="random")
+    return write_workload(root / "w.toml", with_fields(**fields | changes))
+
+
+def test_a_config_only_pair_declared_random_loads_with_seeded_random_weights(tmp_path):
+    from conjugate.models.weights import random_weights
+    from conjugate.workload import workload_toml
+
+    w = load_workload(config_only_pair(tmp_path))
+    assert w.weight_init == "random"
+    assert w.draft == ModelSpec.from_hf_config(tmp_path / "d") and w.target.hidden_size == 128
+    assert w.checkpoint_dir("target") == (tmp_path / "t").resolve()  # its config.json, its tokenizer
+    for model, spec in (("draft", w.draft), ("target", w.target)):
+        got, seeded = w.weights(model), random_weights(spec, w.seed)
+        assert torch.equal(got.embed, seeded.embed) and torch.equal(got.layers[0].wq, seeded.layers[0].wq)
+    reseeded = load_workload(config_only_pair(tmp_path / "s", seed=5)).weights("target")
+    assert not torch.equal(reseeded.embed, w.weights("target").embed)  # the workload's seed applies
+    again = tmp_path / "again.toml"
+    again.write_text(workload_toml(w))
+    assert load_workload(again) == w and Workload.from_dict(w.to_dict()) == w
+
+
+def test_a_declaration_is_not_a_fallback(tmp_path):
+    """Random where declared, even beside safetensors; loaded where not; a default workload's dict as
+    runs stored before the field wrote it."""
+    make_checkpoint(tmp_path / "full")  # zeros
+    declared = load_workload(write_workload(tmp_path / "r.toml", with_fields(draft="full", weight_init="random")))
+    assert declared.weights("draft").embed.abs().sum() > 0
+    loaded = load_workload(write_workload(tmp_path / "c.toml", with_fields(draft="full", weight_init="checkpoint")))
+    assert loaded.weights("draft").embed.abs().sum() == 0
+    assert loaded == load_workload(write_workload(tmp_path / "n.toml", with_fields(draft="full")))
+    assert "weight_init" not in loaded.to_dict() and Workload.from_dict(loaded.to_dict()) == loaded
+    assert declared.to_dict() != loaded.to_dict()  # evaluations of the two are keyed apart
+
+
+@pytest.mark.parametrize("weight_init", [None, "checkpoint"])
+def test_a_config_only_directory_without_the_declaration_is_refused(tmp_path, weight_init):
+    path = config_only_pair(tmp_path, weight_init=weight_init)
+    message = _raises(path, "'draft'", "model.safetensors", 'weight_init = "random"')
+    assert str(tmp_path / "d") in message
+
+
+def test_config_only_pairs_are_held_to_the_pair_checks(tmp_path):
+    path = config_only_pair(tmp_path)
+    (tmp_path / "d" / "tokenizer.json").write_text('{"model": {"vocab": {"a": 0}}}')
+    (tmp_path / "t" / "tokenizer.json").write_text('{"model": {"vocab": {"b": 0}}}')
+    _raises(path, "'draft' and 'target'", "different tokenizers")
+    (tmp_path / "t" / "tokenizer.json").write_text('{"model": {"vocab": {"a": 0}}}')
+    assert load_workload(path).weight_init == "random"
+    (tmp_path / "d" / "config.json").write_text(json.dumps(dict(DRAFT_CONFIG, vocab_size=300)))
+    _raises(path, "'draft'", "300", "200")
+
+
+def test_decoding_refuses_weights_declared_random(tmp_path, monkeypatch, capsys):
+    from conjugate.cli import main
+    from conjugate.serving import tokens
+
+    path = config_only_pair(tmp_path)
+    with pytest.raises(WorkloadError, match="'weight_init'") as info:
+        load_workload(path).require_real_weights(path)
+    assert str(path) in str(info.value)
+    load_workload(DEFAULT_WORKLOAD).require_real_weights(DEFAULT_WORKLOAD)  # presets and checkpoints decode
+
+    def loads(*args, **kwargs):
+        raise AssertionError("generate loaded a tokenizer before refusing")
+
+    monkeypatch.setattr(tokens.Tokenizer, "of", loads)
+    assert main(["generate", str(path), "--prompt-ids", "1,2"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and str(path) in err and "'weight_init'" in err
+
+
+def test_check_and_search_run_on_a_config_only_pair(tmp_path, monkeypatch, capsys):
+    import sqlite3
+
+    from conjugate.cli import main
+    from conjugate.search.databases import open_store
+    from conjugate.search.runs import run_workload_file
+
+    monkeypatch.setenv("CONJUGATE_CACHE", str(tmp_path / "cache"))
+    path = config_only_pair(tmp_path)
+    assert main(["check", str(path), "--plan", "streams", "--limit", "1"]) == 0
+    assert "equals the reference round" in " ".join(capsys.readouterr().out.split())  # on random weights
+    fast = tmp_path / "fast.toml"  # the analytical evaluator, modeled only: quick
+    fast.write_text((REPO / "evaluators" / "analytical.toml").read_text().replace("max_params = 5000000",
+                                                                                   "max_params = 0"))
+    db = tmp_path / "s.db"
+    assert main(["search", str(path), "--db", str(db), "--budget", "2", "--evaluator", str(fast)]) == 0
+    with sqlite3.connect(db) as con:
+        assert con.execute("select count(*) from evaluations").fetchone()[0] == 2
+    searched = load_workload(path)
+    path.rename(tmp_path / "moved.toml")  # a resume then hands its worker the workload the run stored
+    with open_store(str(db)) as store:
+        stored, file = run_workload_file(store.latest_run())
+    assert stored == searched and load_workload(file) == searched

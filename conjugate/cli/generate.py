@@ -62,6 +62,7 @@ def cmd_generate(args: argparse.Namespace, out: Console) -> None:
     fields, where = workload_fields(args)
     provisional = {"draft_batch": 1, "target_batch": 1, "context": 0} | fields  # until the prompts are known
     workload = workload_from_dict(provisional, where)
+    workload.require_real_weights(where)  # before any model or tokenizer loads
     tokenizer = Tokenizer.of(workload, required=bool(args.prompt))  # also decodes the output, where there is one
     prompts = [tokenizer.encode(text) for text in args.prompt] + args.prompt_ids
     if not prompts:

@@ -97,7 +97,7 @@ def stored_workload(run: RunRecord) -> Workload:
     damaged = "a damaged store, or one of another version"
     try:
         check_fields({k: v for k, v in data.items() if k in ("name", "k", "draft_batch", "target_batch", "context",
-                                                            "dtype", "seed", "kv_init")}
+                                                            "dtype", "seed", "kv_init", "weight_init")}
                      | {"draft": data.get("draft_source", ""), "target": data.get("target_source", "")}, where)
         specs = {}
         for key in ("draft", "target"):
