@@ -438,9 +438,10 @@ def test_decoding_refuses_weights_declared_random(tmp_path, monkeypatch, capsys)
         raise AssertionError("generate loaded a tokenizer before refusing")
 
     monkeypatch.setattr(tokens.Tokenizer, "of", loads)
-    assert main(["generate", str(path), "--prompt-ids", "1,2"]) == 2
-    err = capsys.readouterr().err
-    assert len(err.splitlines()) == 1 and str(path) in err and "'weight_init'" in err
+    for command in (["generate", str(path), "--prompt-ids", "1,2"], ["serve", str(path), "--port", "1"]):
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and str(path) in err and "'weight_init'" in err
 
 
 def test_check_and_search_run_on_a_config_only_pair(tmp_path, monkeypatch, capsys):

@@ -38,6 +38,7 @@ def cmd_serve(args: argparse.Namespace, out: Console) -> None:
     fields, where = workload_fields(args)
     workload = workload_from_dict({"draft_batch": DEFAULT_BATCH, "target_batch": DEFAULT_BATCH,
                                    "context": DEFAULT_CONTEXT} | fields, where)
+    workload.require_real_weights(where)  # before any model loads
     chat = ChatTemplate.of(workload)
     name = plan if isinstance(plan, str) else plan.name
     with out.status(Text(f"compiling {name!r} for {workload.name} ({args.mode})")):
