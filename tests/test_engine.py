@@ -287,3 +287,23 @@ def _run_requests(engine: Engine, requests: list[Request]) -> list[Sink]:
         engine.submit(request, sink)
     engine.run_until_idle()
     return sinks
+
+
+def test_a_failed_round_ends_every_request_with_the_error_and_refuses_more(pair, monkeypatch):
+    workload, _ = pair("qwen3")
+    engine = _engine(workload, "simple")
+
+    def broken(*args):
+        raise RuntimeError("unspecified launch failure\nmore detail")
+
+    monkeypatch.setattr(engine.decoder, "run_round", broken)
+    sinks = [Sink() for _ in range(3)]
+    for sink in sinks:
+        engine.submit(Request((1, 2), 4), sink)
+    engine.start()
+    assert all(s.done.wait(30) for s in sinks)
+    assert {s.finish.reason for s in sinks} == {"error"}
+    assert sinks[0].finish.stats["error"] == engine.failure == "RuntimeError: unspecified launch failure"
+    with pytest.raises(EngineClosed, match="unspecified launch failure"):
+        engine.submit(Request((1,), 1), Sink())
+    engine.close()

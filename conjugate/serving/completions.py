@@ -31,7 +31,8 @@ class Piece:
     """What one round added to a completion; the last piece has a finish reason (and maybe no text)."""
     text: str
     token_ids: tuple[int, ...]
-    finish_reason: str | None = None  # stop | length | cancelled
+    finish_reason: str | None = None  # stop | length | cancelled | error
+    error: str | None = None  # why, when the engine failed
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ class _Translator:
             self.completion += len(event.ids)
             return Piece(text, event.ids)
         reason = "stop" if self.stopped_by_string else event.reason
-        return Piece(self.text.finish() if self.text else "", (), reason)
+        return Piece(self.text.finish() if self.text else "", (), reason, event.stats.get("error"))
 
 
 class Completions:

@@ -55,9 +55,9 @@ class Ticket:
         """End the request soon (thread-safe): it finishes as `cancelled` unless it ended already."""
         self.cancelled = True
 
-    def _finish(self, reason: str) -> None:
+    def _finish(self, reason: str, **stats) -> None:
         self.done = True
-        self.on_event(Finished(reason, len(self.request.prompt), self.emitted, {"rounds": self.rounds}))
+        self.on_event(Finished(reason, len(self.request.prompt), self.emitted, {"rounds": self.rounds} | stats))
 
 
 @dataclass
@@ -180,7 +180,7 @@ class Engine:
                 self.step()
         except Exception as e:  # a failed round: no request can be served any more; say so to each
             self.failure = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            self._end_all()
+            self._end_all("error", error=self.failure)
 
     def step(self) -> bool:
         """One round if any request waits or runs (else drain what is in flight); False when idle."""
@@ -281,10 +281,10 @@ class Engine:
                     self._release(g, row)
                     ticket._finish("cancelled")
 
-    def _end_all(self) -> None:
+    def _end_all(self, reason: str = "cancelled", **stats) -> None:
         with self._lock:
             queued, self._queue = list(self._queue), deque()
         for ticket in queued + [t for slots in self.slots for t in slots if t is not None]:
             if not ticket.done:
-                ticket._finish("cancelled")
+                ticket._finish(reason, **stats)
         self.slots = [[None] * len(slots) for slots in self.slots]

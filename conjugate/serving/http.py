@@ -196,6 +196,10 @@ async def _events(pieces: AsyncPieces, reply: _Reply, include_usage: bool):
     async with pieces:
         first = True
         async for piece in pieces:
+            if piece.finish_reason == "error":
+                failed = ApiError(500, f"the engine failed: {piece.error}", kind="server_error")
+                yield f"data: {failed.response().body.decode()}\n\n"
+                break
             finish = _finish(piece.finish_reason) if piece.finish_reason else None
             if piece.text or piece.token_ids or finish or first:
                 yield f"data: {json.dumps(reply.chunk(piece.text, piece.token_ids, finish, first))}\n\n"
@@ -224,6 +228,8 @@ async def _whole(pieces: AsyncPieces, reply: _Reply, http: HttpRequest) -> dict:
                 piece = step.result()
             except StopAsyncIteration:
                 break
+            if piece.finish_reason == "error":
+                raise ApiError(500, f"the engine failed: {piece.error}", kind="server_error")
             text += piece.text
             ids.extend(piece.token_ids)
             finish = _finish(piece.finish_reason) if piece.finish_reason else finish

@@ -85,7 +85,7 @@ def check_request(prompt, max_tokens, vocab: int, k: int, context: int) -> None:
                            f"{need}; the context is {context}", "max_tokens")
 
 
-FinishReason = Literal["stop", "length", "cancelled"]
+FinishReason = Literal["stop", "length", "cancelled", "error"]
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,8 @@ class Tokens:
 @dataclass(frozen=True)
 class Finished:
     """The request's end: `stop` (a stop id, or a stop string the text layer found), `length`
-    (max_tokens), `cancelled` (the client went away or cancelled it)."""
+    (max_tokens), `cancelled` (the client went away or cancelled it, or the engine closed), `error`
+    (a round failed: `stats["error"]` says why; the engine serves no more)."""
     reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
