@@ -68,7 +68,9 @@ class Group:
         the row's own length), the last as the next draft step's input. Only while the group has no
         proposals in flight (after its accept step, before its next draft pass)."""
         device = self.produced.device
-        tokens = torch.tensor(prompt, dtype=torch.int64, device=device)
+        tokens = torch.tensor(prompt, dtype=torch.int64)
+        if device.type == "cuda":  # from pinned memory: the copy queues behind the round, the host goes on
+            tokens = tokens.pin_memory().to(device, non_blocking=True)
         for bufs in (self.draft, self.target):
             if len(prompt) > 1:
                 forward(bufs.prepared.weights, tokens[None, :-1], bufs.cache.rows(row), 0)
