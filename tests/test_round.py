@@ -23,8 +23,11 @@ from conjugate.workload import workload_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ("llama", "qwen2", "qwen3")
-# small tiles keep the interpreter quick while still exercising split-K and split-KV
-SMALL_TILES = {m: {"qkv": {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": 2},
+# small tiles keep the interpreter quick while still exercising split-K and split-KV; the interpreter
+# pays per program, so qkv (the widest GEMM) takes 128 columns a tile (target qkv still two tiles, a
+# quarter of the programs at 32), while down keeps narrow tiles: several N tiles per row, whose partial row
+# statistics the fused norms combine
+SMALL_TILES = {m: {"qkv": {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_K": 2},
                    "down": {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": 2},
                    "attn": {"BLOCK_N": 16, "SPLIT_KV": 2}} for m in ("draft", "target")}
 
