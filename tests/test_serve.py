@@ -273,6 +273,9 @@ def test_text_never_splits_a_character_and_stops_across_pieces(ckpt):
     held = TextStream(ckpt.tok, stop=("lo!",), hidden_ids=(ids[0],))
     assert held.push(ids[:5]) == "él"  # "lo" might begin the stop string: held back; the hidden id dropped
     assert held.finish() == "l"
+    for chunks in ([ids[:1], ids[1:3], ids[3:]], [ids]):  # overlapping stops: one cut however ids arrive
+        stream = TextStream(ckpt.tok, stop=("l", "éll"))
+        assert "".join(stream.push(c) for c in chunks) + stream.finish() == "hé"
 
 
 def test_the_python_api_and_a_server_for_a_model_without_tokenizer(ckpt):

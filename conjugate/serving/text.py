@@ -60,7 +60,9 @@ class TextStream:
         self._pending += added
 
     def _release(self, final: bool) -> str:
-        cut = min((i for i in (self._pending.find(s) for s in self.stop) if i >= 0), default=-1)
+        # the stop string completed first (at equal ends the longest): the same cut however ids arrive
+        found = [(i + len(s), i) for s in self.stop if (i := self._pending.find(s)) >= 0]
+        cut = min(found)[1] if found else -1
         if cut >= 0:
             self.stopped = True
             out, self._pending = self._pending[:cut], ""
