@@ -7,6 +7,8 @@ transformers' would; every bad request gets a 4xx while other clients keep being
 from __future__ import annotations
 
 import json
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -80,23 +82,20 @@ class Server:
     """A `conjugate serve` process, ready once /health answers."""
 
     def __init__(self, workload: str, *flags: str):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.process = subprocess.Popen([sys.executable, "-m", "conjugate", "serve", workload, "--port",
-                                         str(self.port), "--model-name", "pair", *flags],
+        self.process = subprocess.Popen([sys.executable, "-m", "conjugate", "serve", workload, "--port", "0",
+                                         "--model-name", "pair", *flags],
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and self.process.poll() is None:
-            try:
-                urllib.request.urlopen(self.url + "/health", timeout=2)
+        said = ""
+        for line in self.process.stdout:  # --port 0: the port it took is in its "serving ... on URL" line
+            said += line
+            if found := re.search(r" on http://127\.0\.0\.1:(\d+)/v1$", line.rstrip()):
+                self.port = int(found[1])
                 break
-            except OSError:
-                time.sleep(0.2)
         else:
             self.close()
-            pytest.fail(f"conjugate serve did not start: {self.process.stdout.read()}")
+            pytest.fail(f"conjugate serve did not start: {said}")
+        self.url = f"http://127.0.0.1:{self.port}"
+        urllib.request.urlopen(self.url + "/health", timeout=10)  # listening since before it compiled
         self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
     def stats(self) -> dict:
@@ -320,3 +319,39 @@ def test_the_python_api_and_a_server_for_a_model_without_tokenizer(ckpt):
             client.chat.completions.create(model=service.model, messages=[{"role": "user", "content": "hi"}])
         server.should_exit = True
         thread.join(10)
+
+
+def test_a_signal_ends_open_streams_at_once_and_the_server_exits_cleanly(ckpt):
+    server = Server(ckpt.workload, "--plan", "conventional", "--variants", "eager-sdpa/eager-sdpa", "--mode", "simple")
+    try:
+        stream = iter(server.client.completions.create(model="pair", prompt="a", max_tokens=40, temperature=0,
+                                                       stream=True, extra_body={"ignore_eos": True}))
+        ids = list(next(stream).choices[0].token_ids)
+        asked = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        finish = None
+        for chunk in stream:
+            for choice in chunk.choices:
+                ids += choice.token_ids
+                finish = choice.finish_reason or finish
+        code = server.process.wait(30)
+        took = time.monotonic() - asked
+        said = server.process.stdout.read()
+    finally:
+        server.close()
+    # cut short (not max_tokens, nor an end-of-sequence id: they are ignored), well inside uvicorn's 5 s of grace
+    assert finish == "stop" and len(ids) < 40 and took < 4, (finish, len(ids), took)
+    assert code == 0 and said.strip().endswith("stopped"), said
+
+
+def test_a_taken_port_is_refused_in_one_line_before_any_model_loads(ckpt):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "conjugate", "serve", ckpt.workload, "--port", str(port),
+                               "--plan", "conventional", "--variants", "eager-sdpa/eager-sdpa"],
+                              capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--port" in lines[0] and str(port) in lines[0], proc.stderr

@@ -19,7 +19,8 @@ def add_command(sub) -> None:
                                          "over a plan's compiled round")
     add_decoding_arguments(serve, sized=f"the workload's, else {DEFAULT_BATCH} and {DEFAULT_CONTEXT}")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    serve.add_argument("--port", type=integer(1, 65535), default=8000, help="port (default: 8000)")
+    serve.add_argument("--port", type=integer(0, 65535), default=8000,
+                       help="port (default: 8000; 0: a free one, printed)")
     serve.add_argument("--model-name", help="the model's name in the API (default: the workload's name)")
     serve.add_argument("--max-tokens", type=integer(1, 1 << 20), default=16,
                        help="a request's max_tokens when it gives none (default: 16, as the OpenAI API)")
@@ -27,11 +28,10 @@ def add_command(sub) -> None:
 
 
 def cmd_serve(args: argparse.Namespace, out: Console) -> None:
-    import uvicorn
-
     from conjugate.serving.chat import ChatTemplate
     from conjugate.serving.completions import Completions
     from conjugate.serving.http import create_app
+    from conjugate.serving.server import Server, listen
     from conjugate.workload import workload_from_dict
 
     plan, variants = chosen_plan(args)  # a bad plan or variant is refused before any model loads
@@ -40,15 +40,16 @@ def cmd_serve(args: argparse.Namespace, out: Console) -> None:
                                    "context": DEFAULT_CONTEXT} | fields, where)
     workload.require_real_weights(where)  # before any model loads
     chat = ChatTemplate.of(workload)
-    name = plan if isinstance(plan, str) else plan.name
-    with out.status(Text(f"compiling {name!r} for {workload.name} ({args.mode})")):
-        service = Completions.build(workload, plan, args.mode, model=args.model_name, variants=variants)
-    app = create_app(service, chat, default_max_tokens=args.max_tokens)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                                           timeout_graceful_shutdown=5))
-    with service:  # the engine's thread; on the way out every unfinished request is cancelled
-        out.print(f"serving {service.model!r} ({name}, {args.mode}, {service.engine.decoder.capacity} sequences at "
-                  f"once, context {workload.context}) on http://{args.host}:{args.port}/v1", markup=False)
-        if not server.run():
-            raise GenerationError(f"could not listen on {args.host}:{args.port}")
+    with listen(args.host, args.port) as listener:  # a taken port is refused before any model loads
+        name = plan if isinstance(plan, str) else plan.name
+        with out.status(Text(f"compiling {name!r} for {workload.name} ({args.mode})")):
+            service = Completions.build(workload, plan, args.mode, model=args.model_name, variants=variants)
+        app = create_app(service, chat, default_max_tokens=args.max_tokens)
+        server = Server(app, on_stop=service.engine.close)  # a signal ends every unfinished request at once
+        with service:  # the engine's thread runs while the server does
+            host, port = listener.getsockname()[:2]
+            out.print(f"serving {service.model!r} ({name}, {args.mode}, {service.engine.decoder.capacity} sequences "
+                      f"at once, context {workload.context}) on http://{host}:{port}/v1", markup=False)
+            server.run(sockets=[listener])
+            server.stopped()
     out.print("stopped", markup=False)
