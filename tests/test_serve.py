@@ -241,19 +241,28 @@ def test_bad_requests_get_4xx_while_other_clients_are_served(ckpt, simple):
     assert status == 400 and body["error"]["param"] == "temperature"  # the client library cannot send NaN
     for chunked in (False, True):  # a 413 from the declared length, or while the body is read
         assert _oversized(simple, chunked).startswith(b"HTTP/1.1 413")
-    # a client that goes away mid-stream: its request is cancelled
-    with urllib.request.urlopen(urllib.request.Request(
-            simple.url + "/v1/completions", method="POST", headers={"content-type": "application/json"},
-            data=json.dumps({"model": "pair", "prompt": "a", "max_tokens": 40, "stream": True,
-                             "extra": 1}).encode()), timeout=30) as stream:
-        assert stream.readline().startswith(b"data: ")
+    # a client that goes away, mid-stream or waiting for a whole completion: its request is cancelled
+    cancelled = simple.stats()["finished"]["cancelled"]
+    for stream in (True, False):
+        with socket.create_connection(("127.0.0.1", simple.port), timeout=30) as conn:
+            body = json.dumps({"model": "pair", "prompt": "a", "max_tokens": 40, "stream": stream,
+                               "ignore_eos": True}).encode()
+            conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            if stream:
+                assert conn.recv(64).startswith(b"HTTP/1.1 200")
+            else:  # admitted, then gone
+                deadline = time.monotonic() + 30
+                while not simple.stats()["running"] and time.monotonic() < deadline:
+                    time.sleep(0.05)
     worker.join(300)
     want = ckpt.greedy(PROMPTS[2])
     assert [(r[1], r[0]) for r in results["ok"]] == [want] * 3
     deadline = time.monotonic() + 30
-    while simple.stats()["running"] and time.monotonic() < deadline:
+    while simple.stats()["finished"]["cancelled"] < cancelled + 2 and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert simple.stats()["running"] == 0 and simple.process.poll() is None
+    stats = simple.stats()
+    assert stats["finished"]["cancelled"] == cancelled + 2 and stats["running"] == 0 and simple.process.poll() is None
     assert _complete(simple, "a", False)[1] == ckpt.greedy("a")[0]  # still serving
 
 

@@ -88,6 +88,7 @@ class Engine:
         self.failure: str | None = None  # why the engine stopped, when a round failed
         self.drafts = [[0, 0] for _ in self.groups]  # per group: drafts proposed, accepted (as last read)
         self.on_read: Callable[[], None] | None = None  # called after each round's output is read
+        self.finished = dict.fromkeys(("stop", "length", "cancelled", "error"), 0)  # requests, by reason
         decoder.prepare()
         for group in self.groups:  # the accept step's kernel compiled too: on empty slots it changes nothing
             group.settle()
@@ -115,7 +116,14 @@ class Engine:
         """Queue a request; `on_event` hears its Tokens and one Finished, on the engine's thread."""
         self.check(request)
         seed = request.sampling.seed if request.sampling.seed is not None else secrets.randbits(63)
-        ticket = Ticket(request, on_event, seed)
+
+        def heard(event: Event) -> None:
+            if isinstance(event, Finished):
+                with self._lock:
+                    self.finished[event.reason] += 1
+            on_event(event)
+
+        ticket = Ticket(request, heard, seed)
         with self._lock:
             if self._closing or self.failure:
                 raise EngineClosed(self.failure or "the engine is closed")

@@ -3,6 +3,8 @@
     GET  /health                 200 while the engine serves, 503 once it has failed
     GET  /v1/models              the one model served
     GET  /v1/stats               the engine's counters: rounds, drafts proposed and accepted, requests
+                                 running and waiting, requests finished by reason (stop, length,
+                                 cancelled, error)
     POST /v1/completions         prompt as text or token ids; max_tokens, temperature, top_p, top_k,
                                  seed, stop, stream (server-sent events), stream_options.include_usage,
                                  ignore_eos
@@ -108,7 +110,8 @@ def create_app(service: Completions, chat: ChatTemplate | None = None, max_body:
     @app.get("/v1/stats")
     async def stats():
         return {"rounds": engine.rounds, "drafts_proposed": engine.drafts_proposed,
-                "drafts_accepted": engine.drafts_accepted, "running": engine.busy, "waiting": engine.waiting}
+                "drafts_accepted": engine.drafts_accepted, "running": engine.busy, "waiting": engine.waiting,
+                "finished": dict(engine.finished)}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionBody, http: HttpRequest):
