@@ -35,12 +35,15 @@ def test_failing_plans_come_back_as_results(profile, tmp_path):
 
 
 def test_a_hung_kernel_times_out_and_the_next_evaluation_proceeds(profile, tmp_path):
-    with IsolatedEvaluator(profile, time_limit_s=20, cache_dir=tmp_path, entry="evaluators:hang_in_kernel",
-                           env=FAULTS) as isolated:
+    with IsolatedEvaluator(profile, time_limit_s=120, cache_dir=tmp_path, env=FAULTS) as isolated:
+        # An invalid plan first: the worker is up, its imports done, so a short limit times only the hang.
+        assert isolated.evaluate({"schema": "conjugate.plan/2", "cross": {"launch": {"num_warps": 3}}},
+                                 TINY).status == "invalid"
+        isolated.entry, isolated.time_limit_s = "evaluators:hang_in_kernel", 5
         hung = isolated.evaluate(CHEAP, TINY)
-        assert (hung.stage, hung.status) == ("compile", "timeout") and "time limit of 20 s" in hung.error
+        assert (hung.stage, hung.status) == ("compile", "timeout") and "time limit of 5 s" in hung.error
         assert isolated.restarts == 1 and hung.plan_hash
-        isolated.entry = "conjugate.evaluate.pipeline:evaluate"
+        isolated.entry, isolated.time_limit_s = "conjugate.evaluate.pipeline:evaluate", 120
         after = isolated.evaluate(CHEAP, TINY)  # a fresh worker
         assert after.ok
 
