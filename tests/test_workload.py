@@ -22,6 +22,7 @@ EXPECTED = {
     "tiny": ("tiny-llama-d", "tiny-llama-t", 3, 2, 2, 16, "fp32"),
     "llama-1b-8b-b1": ("llama-3.2-1b", "llama-3.1-8b", 4, 1, 1, 1024, "bf16"),
     "llama-1b-8b-b8": ("llama-3.2-1b", "llama-3.1-8b", 4, 8, 8, 1024, "bf16"),
+    "llama-1b-8b-b32": ("llama-3.2-1b", "llama-3.1-8b", 3, 32, 32, 1024, "bf16"),
     "llama-1b-3b-b16-ctx4k": ("llama-3.2-1b", "llama-3.2-3b", 3, 16, 16, 4096, "bf16"),
     "qwen25-05b-7b-b8": ("qwen2.5-0.5b", "qwen2.5-7b", 4, 8, 8, 1024, "bf16"),
     "qwen25-15b-14b-b4": ("qwen2.5-1.5b", "qwen2.5-14b", 5, 4, 4, 1024, "bf16"),
@@ -59,7 +60,7 @@ def with_fields(**changes) -> dict:
 # The shipped examples
 
 
-def test_examples_are_exactly_the_seven_known():
+def test_examples_are_exactly_the_known_ones():
     assert sorted(p.stem for p in EXAMPLES.glob("*.toml")) == sorted(EXPECTED)
 
 

@@ -217,16 +217,22 @@ async def _whole(pieces: AsyncPieces, reply: _Reply, http: HttpRequest) -> dict:
     import asyncio
 
     text, ids, finish = "", [], "stop"
+    checked = time.monotonic()  # the connection is looked at every half second, pieces arriving or not
     async with pieces:
         iterator = pieces.__aiter__()
         while True:
             step = asyncio.ensure_future(iterator.__anext__())
-            while not step.done():
+            while True:
                 await asyncio.wait([step], timeout=0.5)
-                if not step.done() and await http.is_disconnected():
+                if step.done() and time.monotonic() - checked < 0.5:
+                    break
+                checked = time.monotonic()
+                if await http.is_disconnected():
                     step.cancel()
                     pieces.close()
                     raise ApiError(499, "the client closed the request")
+                if step.done():
+                    break
             try:
                 piece = step.result()
             except StopAsyncIteration:
