@@ -79,7 +79,7 @@ class Checkpoints:
 
 
 class Server:
-    """A `conjugate serve` process, ready once /health answers."""
+    """A `conjugate serve` process on a free port (--port 0), ready once it prints its URL."""
 
     def __init__(self, workload: str, *flags: str):
         self.process = subprocess.Popen([sys.executable, "-m", "conjugate", "serve", workload, "--port", "0",

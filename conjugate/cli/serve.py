@@ -48,6 +48,7 @@ def cmd_serve(args: argparse.Namespace, out: Console) -> None:
         server = Server(app, on_stop=service.engine.close)  # a signal ends every unfinished request at once
         with service:  # the engine's thread runs while the server does
             host, port = listener.getsockname()[:2]
+            host = f"[{host}]" if ":" in host else host  # an IPv6 address, as a URL writes it
             out.print(f"serving {service.model!r} ({name}, {args.mode}, {service.engine.decoder.capacity} sequences "
                       f"at once, context {workload.context}) on http://{host}:{port}/v1", markup=False)
             server.run(sockets=[listener])

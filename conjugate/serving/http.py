@@ -224,13 +224,12 @@ async def _whole(pieces: AsyncPieces, reply: _Reply, http: HttpRequest) -> dict:
             step = asyncio.ensure_future(iterator.__anext__())
             while True:
                 await asyncio.wait([step], timeout=0.5)
-                if step.done() and time.monotonic() - checked < 0.5:
-                    break
-                checked = time.monotonic()
-                if await http.is_disconnected():
-                    step.cancel()
-                    pieces.close()
-                    raise ApiError(499, "the client closed the request")
+                if time.monotonic() - checked >= 0.5:
+                    checked = time.monotonic()
+                    if await http.is_disconnected():
+                        step.cancel()
+                        pieces.close()
+                        raise ApiError(499, "the client closed the request")
                 if step.done():
                     break
             try:
