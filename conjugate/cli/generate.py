@@ -79,9 +79,9 @@ def cmd_generate(args: argparse.Namespace, out: Console) -> None:
         decoder = SpeculativeDecoder.build(workload, plan, args.mode, variants=variants, sampling=not params.greedy)
     with Bar(TextColumn("{task.description}", markup=False), console=out, transient=True) as bar:
         task = bar.add_task("prefill")
-        interpreted = interpreted(name)
+        slow = interpreted(name)
         result = generate(decoder, prompts, args.max_new_tokens, params, stop_ids=stop_ids,
-                          on_progress=lambda p: bar.update(task, description=_line(p, interpreted)))
+                          on_progress=lambda p: bar.update(task, description=_line(p, slow)))
     _summary(out, result, tokenizer)
     if args.json:
         write_output(args.json, json.dumps(result.to_dict() | {"workload": workload.name}, indent=1) + "\n")
@@ -110,8 +110,8 @@ def _summary(out: Console, result, tokenizer: Tokenizer | None) -> None:
     for i, generated in enumerate(result.outputs):
         shown = tokenizer.decode(generated) if tokenizer else ",".join(map(str, generated))
         out.print(f"[{i}] {shown}", markup=False)
-    interpreted = interpreted(result.plan)
-    per_round = "" if interpreted else f", {result.round_ms:.3g} ms per round"
+    slow = interpreted(result.plan)
+    per_round = "" if slow else f", {result.round_ms:.3g} ms per round"
     out.print(f"{result.tokens} tokens in {result.rounds} rounds ({result.mode}, plan {result.plan!r}): "
-              f"{_speed(result.tokens, result.seconds, interpreted)}{per_round}, acceptance "
+              f"{_speed(result.tokens, result.seconds, slow)}{per_round}, acceptance "
               f"{result.acceptance:.0%} of {result.drafts_proposed} drafts, prefill {result.prefill_seconds:.1f} s")
