@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -27,38 +28,21 @@ def test_every_json_the_readme_cites_is_committed():
     assert cited and [path for path in sorted(cited) if not (BENCHMARKS / path).is_file()] == []
 
 
-# Runs each script given as `python SCRIPT --help` would (as __main__, its folder first on sys.path), in one
-# process: Python and torch start once for the suite, not once a script.
-HELP = """
-import contextlib, io, json, os, runpy, sys
-answers, path0 = {}, sys.path[0]
-for script in sys.argv[1:]:
-    sys.argv, sys.path[0] = [script, "--help"], os.path.dirname(script)
-    out, err, code = io.StringIO(), io.StringIO(), 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            runpy.run_path(script, run_name="__main__")
-        except SystemExit as e:
-            code = e.code
-        except BaseException as e:
-            code = repr(e)
-    answers[script] = {"code": code, "out": out.getvalue(), "err": err.getvalue()}
-sys.path[0] = path0
-print(json.dumps(answers))
-"""
-
-
 @pytest.fixture(scope="module")
-def help_answers(tmp_path_factory) -> dict:
-    scripts = [str(BENCHMARKS / f"{script}.py") for script in SUITE]
-    proc = subprocess.run([sys.executable, "-c", HELP, *scripts], cwd=tmp_path_factory.mktemp("help"),
-                          capture_output=True, text=True, timeout=300)
+def help_answers(tmp_path_factory) -> dict[str, dict]:
+    """Each script's answer to --help, as the program gives it (tests/scripts.py), all in one fresh Python
+    process started in a folder outside the checkout: Python and torch start once, not once a script."""
+    answer = "import json, sys; from scripts import run_script; print(json.dumps({s: vars(run_script(s, '--help')) " \
+             "for s in sys.argv[1:]}))"
+    proc = subprocess.run([sys.executable, "-c", answer, *SUITE], cwd=tmp_path_factory.mktemp("help"),
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get(
+                              "PYTHONPATH", "")])}, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return {Path(script).stem: answer for script, answer in json.loads(proc.stdout.splitlines()[-1]).items()}
+    return json.loads(proc.stdout.splitlines()[-1])
 
 
 @pytest.mark.parametrize("script", SUITE)
 def test_a_suite_script_answers_help(script, help_answers):
     answer = help_answers[script]
-    assert answer["code"] in (0, None), answer["err"][-2000:]
-    assert "--json" in answer["out"]
+    assert answer["returncode"] == 0, answer["stderr"][-2000:]
+    assert "--json" in answer["stdout"]

@@ -17,7 +17,7 @@ import torch
 from conjugate.cli import main
 from conjugate.evaluate.evaluators import load_profile
 from conjugate.evaluate.worker import IsolatedEvaluator
-from scripts import load_script  # tests/scripts.py
+from scripts import run_script  # tests/scripts.py
 from test_cli import INTERLEAVE, REPO, TINY, assert_one_line_error, run
 
 FAST_TEXT = (REPO / "evaluators" / "analytical.toml").read_text().replace("max_params = 5000000", "max_params = 0")
@@ -210,25 +210,18 @@ def test_a_profile_may_leave_the_baselines_out(tmp_path):
 # -- benchmark scripts: a --json path that cannot take the result, refused before the measurements
 
 @pytest.mark.parametrize("script", ["searchers", "floor", "baselines", "kernel_sweep"])
-def test_a_benchmark_s_json_path_is_checked_before_its_work(script, tmp_path, monkeypatch, capsys):
-    """Run as a program once (exit 2, one line, no traceback); the other bad paths through the script's
-    main in this process: the same parser, without starting Python and torch again for each."""
+def test_a_benchmark_s_json_path_is_checked_before_its_work(script, tmp_path, monkeypatch):
+    """Run as a program once; the other bad paths run in this process (tests/scripts.py), the same program
+    without starting Python and torch again for each."""
     (tmp_path / "taken").write_text("a file where a folder should be")
     monkeypatch.chdir(tmp_path)
-    module = load_script(script)
     for i, (path, fragment) in enumerate(((tmp_path / "missing" / "out.json", "does not exist"),
                                           (tmp_path, "a directory"),
                                           (tmp_path / "taken" / "out.json", "is a file, not a folder"))):
-        if i == 0:
-            proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / f"{script}.py"), "--json", str(path)],
-                                  cwd=tmp_path, capture_output=True, text=True, timeout=120)
-            code, err = proc.returncode, proc.stderr
-        else:
-            monkeypatch.setattr(sys, "argv", [f"{script}.py", "--json", str(path)])
-            with pytest.raises(SystemExit) as exited:
-                module.main()
-            code, err = exited.value.code, capsys.readouterr().err
-        last = err.strip().splitlines()[-1]
-        assert code == 2 and "argument --json" in last and fragment in last, err[-2000:]
-        assert "Traceback" not in err
+        proc = run_script(script, "--json", path) if i else subprocess.run(
+            [sys.executable, str(REPO / "benchmarks" / f"{script}.py"), "--json", str(path)], cwd=tmp_path,
+            capture_output=True, text=True, timeout=120)
+        last = proc.stderr.strip().splitlines()[-1]
+        assert proc.returncode == 2 and "argument --json" in last and fragment in last, proc.stderr[-2000:]
+        assert "Traceback" not in proc.stderr
     assert not (tmp_path / "missing").exists()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,7 @@ def test_a_hung_kernel_times_out_and_the_next_evaluation_proceeds(profile, tmp_p
         assert (hung.stage, hung.status) == ("compile", "timeout") and "time limit of 3 s" in hung.error
         assert isolated.restarts == 1 and hung.plan_hash
         isolated.entry, isolated.time_limit_s = "conjugate.evaluate.pipeline:evaluate", 120
+        isolated.profile = replace(profile, max_check_params=0)  # modeled only: quick
         after = isolated.evaluate(CHEAP, TINY)  # a fresh worker
         assert after.ok
 
