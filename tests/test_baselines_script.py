@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scripts import load_script  # tests/scripts.py
+from scripts import load_script, run_script  # tests/scripts.py
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,13 +55,13 @@ def test_each_joined_row_gains_its_median_seconds_per_evaluation_after_and_befor
         timed_run("llama-1b-8b-b8", "before", [100.0, 9.5]), timed_run("llama-1b-8b-b1", "after", [60.0, 1.5]),
         timed_run("llama-1b-8b-b1", "replays", [60.0, 4.0])]}))
     out = tmp_path / "joined.json"
-    done = _merge(a, "--eval-times", times, "--json", out)
+    done = _merge_here(a, "--eval-times", times, "--json", out)
     assert done.returncode == 0, done.stderr
     rows = {w["workload"]: w for w in json.loads(out.read_text())["workloads"]}
     assert (rows["llama-1b-8b-b8"]["eval_seconds_median"], rows["llama-1b-8b-b8"]["eval_seconds_before"]) == (2.5, 9.5)
     assert (rows["llama-1b-8b-b1"]["eval_seconds_median"], rows["llama-1b-8b-b1"]["eval_seconds_before"]) == (1.5, None)
     times.write_text(json.dumps({"gpu": "NVIDIA B300", "runs": []}))
-    done = _merge(a, "--eval-times", times, "--json", tmp_path / "other.json")
+    done = _merge_here(a, "--eval-times", times, "--json", tmp_path / "other.json")
     assert done.returncode != 0 and f"--eval-times {times}: measured on NVIDIA B300" in done.stderr
     assert not (tmp_path / "other.json").exists()
 
@@ -69,7 +69,7 @@ def test_each_joined_row_gains_its_median_seconds_per_evaluation_after_and_befor
 def test_runs_from_different_gpus_are_not_joined(tmp_path):
     a = _run(tmp_path, "a", "NVIDIA H200", [_row("llama-1b-8b-b8")])
     b = _run(tmp_path, "b", "NVIDIA B300", [_row("llama-1b-8b-b1")])
-    done = _merge(a, b, "--json", tmp_path / "joined.json")
+    done = _merge_here(a, b, "--json", tmp_path / "joined.json")
     assert done.returncode != 0 and "different GPUs" in done.stderr
     assert not (tmp_path / "joined.json").exists()
 
@@ -102,7 +102,9 @@ def test_a_resumed_run_keeps_the_cut_short_choice_and_its_pairs():
 
 
 def test_resume_names_a_file_it_cannot_use(tmp_path):
-    def resume(path):
+    def resume(path):  # the first as a program, the others in this process
+        if path != done:
+            return run_script("baselines", "--resume", path)
         return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "baselines.py"), "--resume", str(path)],
                               capture_output=True, text=True, timeout=120)
 
@@ -157,8 +159,7 @@ def test_prewarm_deals_whole_step_variants_out_first_and_survives_a_failed_proce
 
 def test_resume_refuses_a_workload_cut_before_all_its_trials_and_flags_that_do_not_apply(tmp_path):
     def resume(*args):
-        return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "baselines.py"), "--resume", *map(str, args)],
-                              capture_output=True, text=True, timeout=120)
+        return run_script("baselines", "--resume", *args)
 
     early = _run(tmp_path, "early", "NVIDIA H200", [CUT | {"trials": CUT["trials"][:2]}])
     failed = resume(early)
@@ -173,29 +174,19 @@ def test_resume_refuses_a_workload_cut_before_all_its_trials_and_flags_that_do_n
     assert json.loads(whole.read_text())["workloads"] == [CUT]  # untouched
 
 
-def _merge_here(monkeypatch, capsys, *args) -> subprocess.CompletedProcess:
-    """`_merge` in this process (no interpreter to start, no torch to import): the exit status and the
-    stderr that the script's own process gives."""
-    monkeypatch.setattr(sys, "argv", [str(ROOT / "benchmarks" / "baselines.py"), "--merge", *map(str, args)])
-    code = 0
-    try:
-        _script().main()
-    except SystemExit as e:
-        if isinstance(e.code, str):  # as Python exits with it: the message on stderr, status 1
-            print(e.code, file=sys.stderr)
-        code = 1 if isinstance(e.code, str) else e.code or 0
-    captured = capsys.readouterr()
-    return subprocess.CompletedProcess(sys.argv, code, captured.out, captured.err)
+def _merge_here(*args) -> subprocess.CompletedProcess:
+    """`_merge` in this process (tests/scripts.py: no interpreter to start, no torch to import)."""
+    return run_script("baselines", "--merge", *args)
 
 
-def test_a_file_that_is_not_a_run_is_named_in_one_line(tmp_path, monkeypatch, capsys):
+def test_a_file_that_is_not_a_run_is_named_in_one_line(tmp_path):
     a = _run(tmp_path, "a", "NVIDIA H200", [_row("llama-1b-8b-b8")])
     broken, joined = tmp_path / "broken.json", tmp_path / "joined.json"
     for text, said in (("{", "JSONDecodeError"), ("[]", "it lacks an object"), ('{"gpu": "x"}', "it lacks torch")):
         broken.write_text(text)
-        done = _merge_here(monkeypatch, capsys, a, broken, "--json", joined)
+        done = _merge_here(a, broken, "--json", joined)
         assert done.returncode == 1 and f"--merge {broken}: " in done.stderr and said in done.stderr
-        done = _merge_here(monkeypatch, capsys, a, "--eval-times", broken, "--json", joined)
+        done = _merge_here(a, "--eval-times", broken, "--json", joined)
         assert done.returncode == 1 and f"--eval-times {broken}: " in done.stderr
     done = _merge(a, broken, "--json", joined)  # the last again, in the script's own process
     assert done.returncode == 1 and f"--merge {broken}: " in done.stderr and "it lacks torch" in done.stderr

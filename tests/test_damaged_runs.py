@@ -15,6 +15,7 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -255,10 +256,30 @@ def test_a_replay_of_a_damaged_edit_is_refused_before_a_database_is_made(tiny_ru
 SETPRIV = shutil.which("setpriv")
 
 
-def _without_write_access(*argv) -> subprocess.CompletedProcess:
-    """The command run with no capabilities (root then meets the files' permissions like any user)."""
-    return subprocess.run([SETPRIV, "--inh-caps=-all", "--bounding-set=-all", sys.executable, *argv],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
+# `conjugate` commands in one process (Python and torch started once), each as `python -m conjugate` runs
+# it: its exit status, stdout and stderr.
+COMMANDS = """
+import contextlib, io, json, sys
+from conjugate.cli import main
+answers = []
+for argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            code = e.code
+    answers.append({"returncode": code, "stdout": out.getvalue(), "stderr": err.getvalue()})
+print(json.dumps(answers))
+"""
+
+
+def _without_write_access(*commands: list[str]) -> list[SimpleNamespace]:
+    """The commands run with no capabilities (root then meets the files' permissions like any user)."""
+    proc = subprocess.run([SETPRIV, "--inh-caps=-all", "--bounding-set=-all", sys.executable, "-c", COMMANDS,
+                           json.dumps(commands)], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [SimpleNamespace(**answer) for answer in json.loads(proc.stdout.splitlines()[-1])]
 
 
 @pytest.mark.skipif(SETPRIV is None, reason="needs util-linux's setpriv to drop root's capabilities")
@@ -293,20 +314,18 @@ def test_a_store_in_a_folder_this_user_only_reads_shows_and_exports(tiny_run, tm
         path.chmod(0o444)
     folder.chmod(0o555)
     try:
-        shown = _without_write_access("-m", "conjugate", "show", str(db))
+        shown, exported, resumed, in_journal_mode, refused_wal = _without_write_access(
+            ["show", str(db)], ["export", str(db), "--out", str(tmp_path / "out")],
+            ["search", "--resume", str(db), "--budget", str(BUDGET + 4)],
+            ["search", "--resume", str(journal), "--budget", str(BUDGET + 4)], ["show", str(pending)])
         assert shown.returncode == 0 and re.search(r"\d+ nodes, \d+ ok, 0 failed", shown.stdout), shown.stderr
-        exported = _without_write_access("-m", "conjugate", "export", str(db), "--out", str(tmp_path / "out"))
         assert exported.returncode == 0 and (tmp_path / "out" / "best_plan.json").exists(), exported.stderr
-        resumed = _without_write_access("-m", "conjugate", "search", "--resume", str(db), "--budget", str(BUDGET + 4))
         assert resumed.returncode == 2 and resumed.stderr.strip().splitlines() == [
             f"error: {db}: this user may not write it or the files SQLite keeps beside it: a search records its "
             "evaluations there; copy the store where it can be written"], resumed.stderr
-        in_journal_mode = _without_write_access("-m", "conjugate", "search", "--resume", str(journal),
-                                                "--budget", str(BUDGET + 4))
         assert in_journal_mode.returncode == 2 and in_journal_mode.stderr.strip().splitlines() == [
             f"error: {journal}: this user may not write its folder {folder.resolve()}: a search records its "
             "evaluations there; copy the store where it can be written"], in_journal_mode.stderr
-        refused_wal = _without_write_access("-m", "conjugate", "show", str(pending))
         assert refused_wal.returncode == 2 and refused_wal.stderr.strip().splitlines() == [
             f"error: {pending}: its write-ahead log pending.db-wal holds writes not yet in the database file, "
             "which this user cannot read without writing beside it: open it where its folder can be written, "

@@ -218,7 +218,7 @@ def test_large_rounds_compile_on_shapes_and_skip_the_numerical_check(tmp_path):
     assert "skipped" in evaluate(SEQUENTIAL, TINY, small_limit, cache_dir=tmp_path).checks
 
 
-def test_bench_command(tmp_path, capsys, unchecked):
+def test_bench_command(tmp_path, capsys, unchecked, shared_worker):
     """Every shipped plan beside the baselines, modeled only (bench with its numerical check: the next test;
     the shipped plans checked on this workload: the pipeline test and the next)."""
     out = tmp_path / "bench.json"
@@ -233,13 +233,13 @@ def test_bench_command(tmp_path, capsys, unchecked):
     assert main(["bench", str(ROOT / "examples" / "tiny.toml"), "--evaluator", "nope"]) == 2
 
 
-def test_bench_takes_shipped_plans_by_name(capsys, unchecked):
+def test_bench_takes_shipped_plans_by_name(capsys, unchecked, shared_worker):
     assert main(["bench", str(ROOT / "examples" / "tiny.toml"), "--plan", "streams", "--evaluator", unchecked]) == 0
     printed = capsys.readouterr().out
     assert "streams" in printed and "interleave" not in printed
 
 
-def test_bench_names_a_plan_file_whose_plan_keeps_a_seed_name(tmp_path, capsys, unchecked):
+def test_bench_names_a_plan_file_whose_plan_keeps_a_seed_name(tmp_path, capsys, unchecked, shared_worker):
     best = tmp_path / "best-of-search.json"
     best.write_text((ROOT / "plans" / "streams.json").read_text())  # an exported best plan keeps its seed's name
     out = tmp_path / "bench.json"

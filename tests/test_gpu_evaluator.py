@@ -217,7 +217,7 @@ def test_an_error_retires_the_worker(tmp_path):
         assert (failed.stage, failed.status) == ("setup", "error") and isolated.restarts == 1
         first_worker = isolated._worker
         assert first_worker is None
-        isolated.profile = load_profile("analytical")
+        isolated.profile = replace(load_profile("analytical"), max_check_params=0)  # modeled only: quick
         after = isolated.evaluate(CHEAP, TINY_PATH)  # a fresh worker
         assert after.ok and after.modeled and isolated.restarts == 1
 

@@ -17,6 +17,7 @@ import torch
 from conjugate.cli import main
 from conjugate.evaluate.evaluators import load_profile
 from conjugate.evaluate.worker import IsolatedEvaluator
+from scripts import run_script  # tests/scripts.py
 from test_cli import INTERLEAVE, REPO, TINY, assert_one_line_error, run
 
 FAST_TEXT = (REPO / "evaluators" / "analytical.toml").read_text().replace("max_params = 5000000", "max_params = 0")
@@ -209,12 +210,17 @@ def test_a_profile_may_leave_the_baselines_out(tmp_path):
 # -- benchmark scripts: a --json path that cannot take the result, refused before the measurements
 
 @pytest.mark.parametrize("script", ["searchers", "floor", "baselines", "kernel_sweep"])
-def test_a_benchmark_s_json_path_is_checked_before_its_work(script, tmp_path):
+def test_a_benchmark_s_json_path_is_checked_before_its_work(script, tmp_path, monkeypatch):
+    """Run as a program once; the other bad paths run in this process (tests/scripts.py), the same program
+    without starting Python and torch again for each."""
     (tmp_path / "taken").write_text("a file where a folder should be")
-    for path, fragment in ((tmp_path / "missing" / "out.json", "does not exist"), (tmp_path, "a directory"),
-                           (tmp_path / "taken" / "out.json", "is a file, not a folder")):
-        proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / f"{script}.py"), "--json", str(path)],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    monkeypatch.chdir(tmp_path)
+    for i, (path, fragment) in enumerate(((tmp_path / "missing" / "out.json", "does not exist"),
+                                          (tmp_path, "a directory"),
+                                          (tmp_path / "taken" / "out.json", "is a file, not a folder"))):
+        proc = run_script(script, "--json", path) if i else subprocess.run(
+            [sys.executable, str(REPO / "benchmarks" / f"{script}.py"), "--json", str(path)], cwd=tmp_path,
+            capture_output=True, text=True, timeout=120)
         last = proc.stderr.strip().splitlines()[-1]
         assert proc.returncode == 2 and "argument --json" in last and fragment in last, proc.stderr[-2000:]
         assert "Traceback" not in proc.stderr

@@ -83,6 +83,12 @@ def wide_console(monkeypatch):
     monkeypatch.setattr(conjugate.cli.out, "width", 200)
 
 
+@pytest.fixture(autouse=True)
+def searches_share_workers(shared_worker):
+    """The many short in-process searches below share worker processes (tests/shared_worker.py); base_run,
+    made before this, and the searches in subprocesses each start their own, as a search does."""
+
+
 def cli(*argv) -> tuple[int, str, str]:
     """conjugate.cli.main in this process; (exit status, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()

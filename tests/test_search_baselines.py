@@ -65,7 +65,7 @@ def test_random_edits_are_valid_new_and_equally_likely():
 
 
 @pytest.mark.parametrize("agent", ["random", "greedy"])
-def test_each_baseline_runs_stores_resumes_and_exports(env, tmp_path, agent):
+def test_each_baseline_runs_stores_resumes_and_exports(env, tmp_path, agent, shared_worker):
     db = tmp_path / f"{agent}.db"
     code, out, err = search_cli(db, env["profile"], 6, "--agent", agent)
     assert code == 0, err

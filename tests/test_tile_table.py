@@ -17,6 +17,7 @@ from conjugate.paths import EXAMPLES_DIR, shipped_plan
 from conjugate.plan import load_plan, patch_plan
 from conjugate.workload import load_workload
 
+from scripts import run_script  # tests/scripts.py
 from test_round import ROOT
 
 B8 = load_workload(EXAMPLES_DIR / "llama-1b-8b-b8.toml")
@@ -121,14 +122,17 @@ def _sweep(tmp_path, gpu: str = "NVIDIA H200") -> Path:
     return path
 
 
-def _tabulate(*args) -> subprocess.CompletedProcess:
+def _tabulate(*args, program: bool = False) -> subprocess.CompletedProcess:
+    """kernel_sweep.py --tabulate, in this process (tests/scripts.py), or as a program."""
+    if not program:
+        return run_script("kernel_sweep", "--tabulate", *args)
     return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernel_sweep.py"), "--tabulate", *map(str, args)],
                           capture_output=True, text=True, timeout=120)
 
 
 def test_tabulate_writes_the_tiles_that_beat_the_shipped_one_into_the_gpu_models_table(tmp_path):
     table = _file(tmp_path, [_table(_entry(rows=8)), _table(_entry()) | {"device": "B300"}])
-    done = _tabulate(_sweep(tmp_path), "--device", "H200", "--table", table)
+    done = _tabulate(_sweep(tmp_path), "--device", "H200", "--table", table, program=True)
     assert done.returncode == 0, done.stderr
     tables = load_tile_tables(table)
     assert [t.device for t in tables] == ["B300", "H200"]  # the earlier H200 table replaced, the other kept

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,7 @@ def test_a_hung_kernel_times_out_and_the_next_evaluation_proceeds(profile, tmp_p
         assert (hung.stage, hung.status) == ("compile", "timeout") and "time limit of 5 s" in hung.error
         assert isolated.restarts == 1 and hung.plan_hash
         isolated.entry, isolated.time_limit_s = "conjugate.evaluate.pipeline:evaluate", 120
+        isolated.profile = replace(profile, max_check_params=0)  # modeled only: quick
         after = isolated.evaluate(CHEAP, TINY)  # a fresh worker
         assert after.ok
 
@@ -77,7 +79,8 @@ isolated = IsolatedEvaluator(load_profile("analytical"), time_limit_s=600, entry
                              env={"PYTHONPATH": sys.argv[2]})
 worker = isolated._start()
 print(worker.pid, flush=True)
-isolated.evaluate({"schema": "conjugate.plan/2"}, sys.argv[1])  # the worker hangs: the parent waits on it
+# the worker hangs: the parent waits on it; each stage the worker enters is printed
+isolated.evaluate({"schema": "conjugate.plan/2"}, sys.argv[1], on_stage=lambda stage: print(stage, flush=True))
 """
 
 
@@ -93,7 +96,8 @@ def test_a_worker_ends_soon_after_its_search_is_killed_outright(tmp_path):
                               stdout=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
         worker = int(parent.stdout.readline())
-        time.sleep(8)  # the worker imports, reads the request and hangs (a loaded machine is slow)
+        while parent.stdout.readline().strip() != "compile":  # the worker imported, read the request and hangs
+            assert parent.poll() is None, "the parent exited before its worker hung"
         assert _alive(worker), "the worker should be busy until its parent is killed"
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait()
