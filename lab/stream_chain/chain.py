@@ -2,25 +2,27 @@
 model's decode step as ONE persistent, warp-specialized Gluon kernel, to learn whether weights can
 stream at close to copy bandwidth while activations wait on other programs.
 
-The chain is the draft's MLP for B <= 16 rows (Llama-3.2-1B: H=2048, I=8192):
+The chain is L of the draft's MLP blocks with their residual, for B <= 16 rows (Llama-3.2-1B: H=2048,
+I=8192):
 
-    h = silu(x @ Wg^T) * (x @ Wu^T)        stage 1: I / 64 tasks, one 64-column tile of h each
-    y = h @ Wd^T                           stage 2: (H / 128) x S2 tasks, a 128-column tile of y over
-                                           one S2-th of I (fp32 atomics add the partial sums)
+    h_l = silu(x_l Wg_l^T) * (x_l Wu_l^T)   stage 1: I / 64 tasks, one 64-column tile of h each
+    x_{l+1} = x_l + h_l Wd_l^T              stage 2: (H / 128) x S2 tasks, a 128-column tile over one
+                                            S2-th of I; fp32 atomics sum the partials, the last one
+                                            in adds the residual and publishes the tile
 
 Each program (one per SM, all co-resident) runs two partitions:
 
-* the **loader** (1 warp) streams every weight tile the program will need, stage 1's then stage 2's,
-  by TMA into a ring of shared-memory slots. It waits only for free slots, never on a dependency,
-  so stage 2's weights are already arriving while stage 1 is still being finished elsewhere;
-* the **compute** partition (one warpgroup) stages activations (x, then the h slice a stage-2 task
-  reads) by cp.async into shared memory, runs swap-AB wgmma (W tile [rows, 64] x act^T [64, 16]),
-  writes h and publishes each finished stage-1 tile on a per-slice counter (release); a stage-2 task
-  first waits for its slice's counter (acquire) with a bounded spin: a wait that runs out records an
+* the **loader** (1 warp) streams every weight tile the program will need, layer after layer, by TMA
+  into a ring of shared-memory slots. It waits only for free slots, never on a dependency, so the
+  next stage's weights are already arriving while the previous stage is being finished elsewhere;
+* the **compute** partition (one warpgroup) stages activations by cp.async into shared memory, runs
+  swap-AB wgmma (W tile [rows, 64] x act^T [64, 16]), and talks to other programs through counters:
+  release after writing, acquire (a bounded spin) before reading. A wait that runs out records an
   error and goes on, so a wrong schedule is a failed check, never a hung GPU.
 
     python lab/stream_chain/chain.py --json OUT.json   # Hopper GPU: check, then time beside torch
     python lab/stream_chain/chain.py --offline         # no GPU: compile for sm_90a, read the PTX
+    python -m pytest -q lab/stream_chain               # CPU: the schedule simulated against the reference
 """
 from __future__ import annotations
 
@@ -76,27 +78,30 @@ def _fill_slot(ring, ready, empty, i, STAGES: gl.constexpr):
 
 @gluon.jit
 def load_partition(w1_desc, w2_desc, ring, ready, empty, H: gl.constexpr, I: gl.constexpr, S2: gl.constexpr,
-                   STAGES: gl.constexpr):
-    """Stream this program's weight tiles, in the order the compute partition consumes them."""
+                   L: gl.constexpr, STAGES: gl.constexpr):
+    """Stream this program's weight tiles of every layer, in the order the compute partition consumes
+    them. It waits for free slots only: layer l+1's weights arrive while layer l is being finished."""
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
-    i = 0
-    for t in range(pid, I // HALF, programs):  # stage 1: gate rows over up rows in one slot
-        for kk in range(H // BK):
-            s = _fill_slot(ring, ready, empty, i, STAGES)
-            slot = ring.index(s)
-            tma.async_copy_global_to_shared(w1_desc, [t * HALF, kk * BK], ready.index(s), slot.slice(0, HALF))
-            tma.async_copy_global_to_shared(w1_desc, [I + t * HALF, kk * BK], ready.index(s),
-                                            slot.slice(HALF, HALF))
-            i += 1
     NT2: gl.constexpr = H // SLOT_ROWS
     KR2: gl.constexpr = I // S2
-    for t in range(pid, NT2 * S2, programs):  # stage 2: down-projection rows over one slice of I
-        for kk in range(KR2 // BK):
-            s = _fill_slot(ring, ready, empty, i, STAGES)
-            tma.async_copy_global_to_shared(w2_desc, [(t % NT2) * SLOT_ROWS, (t // NT2) * KR2 + kk * BK],
-                                            ready.index(s), ring.index(s))
-            i += 1
+    i = 0
+    for layer in range(L):
+        for t in range(pid, I // HALF, programs):  # stage 1: gate rows over up rows in one slot
+            row = layer * 2 * I + t * HALF
+            for kk in range(H // BK):
+                s = _fill_slot(ring, ready, empty, i, STAGES)
+                slot = ring.index(s)
+                tma.async_copy_global_to_shared(w1_desc, [row, kk * BK], ready.index(s), slot.slice(0, HALF))
+                tma.async_copy_global_to_shared(w1_desc, [row + I, kk * BK], ready.index(s), slot.slice(HALF, HALF))
+                i += 1
+        for t in range(pid, NT2 * S2, programs):  # stage 2: down-projection rows over one slice of I
+            row = layer * H + (t % NT2) * SLOT_ROWS
+            for kk in range(KR2 // BK):
+                s = _fill_slot(ring, ready, empty, i, STAGES)
+                tma.async_copy_global_to_shared(w2_desc, [row, (t // NT2) * KR2 + kk * BK], ready.index(s),
+                                                ring.index(s))
+                i += 1
 
 
 @gluon.jit
@@ -178,41 +183,73 @@ def _store_h(h_ptr, acc_g, acc_u, col0, B, I: gl.constexpr):
 
 
 @gluon.jit
-def _add_y(y_ptr, acc, col0, B, H: gl.constexpr):
-    """y[b, col0 + r] += acc[r, b] (fp32 atomics: S2 programs add into each tile)."""
+def _add_partial(sum_ptr, acc, col0, B, H: gl.constexpr):
+    """sums[b, col0 + r] += acc[r, b]: fp32 atomics, S2 programs add into each output tile."""
     r = gl.arange(0, SLOT_ROWS, layout=gl.SliceLayout(1, acc.type.layout))
     b = gl.arange(0, BPAD, layout=gl.SliceLayout(0, acc.type.layout))
-    gl.atomic_add(y_ptr + b[None, :] * H + (col0 + r)[:, None], acc, mask=(b < B)[None, :], sem="relaxed")
+    gl.atomic_add(sum_ptr + b[None, :] * H + (col0 + r)[:, None], acc, mask=(b < B)[None, :], sem="relaxed")
 
 
 @gluon.jit
-def compute_partition(ring, ready, empty, act, x_ptr, h_ptr, y_ptr, counter_ptr, error_ptr, B, spin_limit,
-                      H: gl.constexpr, I: gl.constexpr, S2: gl.constexpr, STAGES: gl.constexpr):
+def _finish_tile(sum_ptr, x_ptr, x_next_ptr, col0, B, H: gl.constexpr):
+    """x_next[:, tile] = bf16(x[:, tile] + sums[:, tile]): the residual, once all S2 partials are in."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
+    b = gl.arange(0, BPAD, layout=gl.SliceLayout(1, layout))
+    c = col0 + gl.arange(0, SLOT_ROWS, layout=gl.SliceLayout(0, layout))
+    offsets = b[:, None] * H + c[None, :]
+    mask = (b < B)[:, None] & (c < H)[None, :]
+    total = gl.load(sum_ptr + offsets, mask=mask, cache_modifier=".cg")
+    total += gl.load(x_ptr + offsets, mask=mask, cache_modifier=".cg").to(gl.float32)
+    gl.store(x_next_ptr + offsets, total.to(gl.bfloat16), mask=mask)
+
+
+@gluon.jit
+def compute_partition(ring, ready, empty, act, xs_ptr, h_ptr, sum_ptr, counter_ptr, error_ptr, B, spin_limit,
+                      H: gl.constexpr, I: gl.constexpr, S2: gl.constexpr, L: gl.constexpr, STAGES: gl.constexpr):
+    """Per layer: every stage-1 task this program owns, then every stage-2 task. Counters (one int32
+    buffer): h_done[L, S2] (stage-1 tiles per slice of I), parts[L, NT2] (stage-2 partials per output
+    tile), x_done[L] (output tiles of x_{l+1} finished)."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BPAD, 16])
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
     KR2: gl.constexpr = I // S2
     NT2: gl.constexpr = H // SLOT_ROWS
+    h_done = counter_ptr
+    parts = counter_ptr + L * S2
+    x_done = parts + L * NT2
     i = 0
-    _stage_activations(act, x_ptr, H, B, 0, H // BK)
-    for t in range(pid, I // HALF, programs):
-        acc_g, acc_u, i = _gate_up_tile(ring, ready, empty, act, i, H, STAGES, acc_layout)
-        _store_h(h_ptr, acc_g, acc_u, t * HALF, B, I)
-        _release(counter_ptr + (t * HALF) // KR2)
-    for t in range(pid, NT2 * S2, programs):
-        ks = t // NT2
-        _acquire(counter_ptr + ks, KR2 // HALF, error_ptr, spin_limit)
-        _stage_activations(act, h_ptr, I, B, ks * KR2, KR2 // BK)
-        acc, i = _down_tile(ring, ready, empty, act, i, KR2 // BK, STAGES, acc_layout)
-        _add_y(y_ptr, acc, (t % NT2) * SLOT_ROWS, B, H)
+    for layer in range(L):
+        x_ptr = xs_ptr + layer * B * H
+        layer_h = h_ptr + layer * B * I
+        layer_sums = sum_ptr + layer * B * H
+        if layer > 0:
+            _acquire(x_done + layer - 1, NT2, error_ptr, spin_limit)
+        _stage_activations(act, x_ptr, H, B, 0, H // BK)
+        for t in range(pid, I // HALF, programs):
+            acc_g, acc_u, i = _gate_up_tile(ring, ready, empty, act, i, H, STAGES, acc_layout)
+            _store_h(layer_h, acc_g, acc_u, t * HALF, B, I)
+            _release(h_done + layer * S2 + (t * HALF) // KR2)
+        for t in range(pid, NT2 * S2, programs):
+            ks = t // NT2
+            col0 = (t % NT2) * SLOT_ROWS
+            _acquire(h_done + layer * S2 + ks, KR2 // HALF, error_ptr, spin_limit)
+            _stage_activations(act, layer_h, I, B, ks * KR2, KR2 // BK)
+            acc, i = _down_tile(ring, ready, empty, act, i, KR2 // BK, STAGES, acc_layout)
+            _add_partial(layer_sums, acc, col0, B, H)
+            gl.thread_barrier()
+            arrived = gl.atomic_add(parts + layer * NT2 + t % NT2, 1, sem="acq_rel", scope="gpu")
+            if arrived == S2 - 1:  # the last partial of this tile: finish it and publish it
+                _finish_tile(layer_sums, x_ptr, x_ptr + B * H, col0, B, H)
+                _release(x_done + layer)
 
 
 @gluon.jit
-def mlp_chain_kernel(w1_desc, w2_desc, x_ptr, h_ptr, y_ptr, counter_ptr, error_ptr, B, spin_limit,  #
-                     H: gl.constexpr, I: gl.constexpr, S2: gl.constexpr, STAGES: gl.constexpr,
+def mlp_chain_kernel(w1_desc, w2_desc, xs_ptr, h_ptr, sum_ptr, counter_ptr, error_ptr, B, spin_limit,  #
+                     H: gl.constexpr, I: gl.constexpr, S2: gl.constexpr, L: gl.constexpr, STAGES: gl.constexpr,
                      KT_MAX: gl.constexpr):
-    """Persistent: grid <= SMs, every program co-resident. y (fp32) and the counters start at zero."""
+    """x_{l+1} = x_l + mlp_l(x_l) for L layers, persistent: grid <= SMs, every program co-resident.
+    The fp32 partial sums and the counters start at zero."""
     ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, SLOT_ROWS, BK], w2_desc.layout)
     act_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BPAD, BK], gl.bfloat16)
     act = gl.allocate_shared_memory(gl.bfloat16, [KT_MAX, BPAD, BK], act_layout)
@@ -223,9 +260,9 @@ def mlp_chain_kernel(w1_desc, w2_desc, x_ptr, h_ptr, y_ptr, counter_ptr, error_p
         mbarrier.init(empty.index(s), count=1)
     fence_async_shared()
     gl.warp_specialize([
-        (compute_partition, (ring, ready, empty, act, x_ptr, h_ptr, y_ptr, counter_ptr, error_ptr, B, spin_limit,
-                             H, I, S2, STAGES)),
-        (load_partition, (w1_desc, w2_desc, ring, ready, empty, H, I, S2, STAGES)),
+        (compute_partition, (ring, ready, empty, act, xs_ptr, h_ptr, sum_ptr, counter_ptr, error_ptr, B, spin_limit,
+                             H, I, S2, L, STAGES)),
+        (load_partition, (w1_desc, w2_desc, ring, ready, empty, H, I, S2, L, STAGES)),
     ], [1], [40])
 
 
@@ -237,6 +274,7 @@ def mlp_chain_kernel(w1_desc, w2_desc, x_ptr, h_ptr, y_ptr, counter_ptr, error_p
 class Schedule:
     H: int
     I: int
+    layers: int
     S2: int
     stages: int
     programs: int
@@ -245,85 +283,178 @@ class Schedule:
     def kt_max(self) -> int:
         return max(self.H, self.I // self.S2) // K_PER_SLOT
 
+    @property
+    def n_counters(self) -> int:
+        return self.layers * (self.S2 + self.H // ROWS_PER_SLOT + 1)
+
     def shared_bytes(self) -> int:
-        return self.stages * ROWS_PER_SLOT * K_PER_SLOT * 2 + self.kt_max * BATCH_PAD * K_PER_SLOT * 2 + self.stages * 16
+        return (self.stages * ROWS_PER_SLOT * K_PER_SLOT * 2 + self.kt_max * BATCH_PAD * K_PER_SLOT * 2
+                + self.stages * 16)
 
 
-def plan_schedule(H: int, I: int, sms: int, S2: int | None = None, stages: int | None = None) -> Schedule:
+def plan_schedule(H: int, I: int, layers: int, sms: int, S2: int | None = None,
+                  stages: int | None = None) -> Schedule:
     """The chain's schedule, checked: tile divisibility, one program per SM at most (co-residency is
-    what lets a stage-2 wait ever end), and the shared memory it needs."""
-    if H % ROWS_PER_SLOT or I % (ROWS_PER_SLOT // 2):
-        raise ValueError(f"H={H} must divide by {ROWS_PER_SLOT} and I={I} by {(ROWS_PER_SLOT // 2)}")
-    stage1 = I // (ROWS_PER_SLOT // 2)
-    if S2 is None:  # as many stage-2 tasks as stage-1 ones, K slices a whole number of 64-column tiles
-        S2 = max((s for s in range(1, I // K_PER_SLOT + 1) if I % (s * K_PER_SLOT) == 0 and (H // ROWS_PER_SLOT) * s <= stage1),
-                 default=1)
+    what lets every wait end), and the shared memory it needs."""
+    half = ROWS_PER_SLOT // 2
+    if H % ROWS_PER_SLOT or I % half:
+        raise ValueError(f"H={H} must divide by {ROWS_PER_SLOT} and I={I} by {half}")
+    stage1 = I // half
+    if S2 is None:  # as many stage-2 tasks as stage-1 ones, slices a whole number of K tiles
+        S2 = max((s for s in range(1, I // K_PER_SLOT + 1)
+                  if I % (s * K_PER_SLOT) == 0 and (H // ROWS_PER_SLOT) * s <= stage1), default=1)
     if I % (S2 * K_PER_SLOT):
         raise ValueError(f"S2={S2} must split I={I} into whole {K_PER_SLOT}-column tiles")
     programs = min(sms, max(stage1, (H // ROWS_PER_SLOT) * S2))
     kt_max = max(H, I // S2) // K_PER_SLOT
     if stages is None:
         stages = min(16, (SMEM_BUDGET - kt_max * BATCH_PAD * K_PER_SLOT * 2) // (ROWS_PER_SLOT * K_PER_SLOT * 2 + 16))
-    schedule = Schedule(H, I, S2, stages, programs)
+    schedule = Schedule(H, I, layers, S2, stages, programs)
     if stages < 2 or schedule.shared_bytes() > SMEM_BUDGET:
         raise ValueError(f"{schedule} needs {schedule.shared_bytes()} bytes of shared memory (budget "
                          f"{SMEM_BUDGET}) or has fewer than 2 slots")
     return schedule
 
 
-def launch_args(x, w_gu, w_d, h, y, counters, error, schedule: Schedule, spin_limit: int):
-    layout = gl.NVMMASharedLayout.get_default_for([(ROWS_PER_SLOT // 2), K_PER_SLOT], gl.bfloat16)
-    w1_desc = TensorDescriptor.from_tensor(w_gu, [(ROWS_PER_SLOT // 2), K_PER_SLOT], layout)
-    w2_desc = TensorDescriptor.from_tensor(w_d, [ROWS_PER_SLOT, K_PER_SLOT],
-                                           gl.NVMMASharedLayout.get_default_for([ROWS_PER_SLOT, K_PER_SLOT], gl.bfloat16))
-    args = (w1_desc, w2_desc, x, h, y, counters, error, x.shape[0], spin_limit)
-    kwargs = dict(H=schedule.H, I=schedule.I, S2=schedule.S2, STAGES=schedule.stages, KT_MAX=schedule.kt_max,
-                  num_warps=4, maxnreg=168)
+def launch_args(xs, w_gu, w_d, h, sums, counters, error, schedule: Schedule, spin_limit: int):
+    half = ROWS_PER_SLOT // 2
+    w1_desc = TensorDescriptor.from_tensor(w_gu, [half, K_PER_SLOT],
+                                           gl.NVMMASharedLayout.get_default_for([half, K_PER_SLOT], gl.bfloat16))
+    w2_desc = TensorDescriptor.from_tensor(
+        w_d, [ROWS_PER_SLOT, K_PER_SLOT], gl.NVMMASharedLayout.get_default_for([ROWS_PER_SLOT, K_PER_SLOT],
+                                                                               gl.bfloat16))
+    args = (w1_desc, w2_desc, xs, h, sums, counters, error, xs.shape[1], spin_limit)
+    kwargs = dict(H=schedule.H, I=schedule.I, S2=schedule.S2, L=schedule.layers, STAGES=schedule.stages,
+                  KT_MAX=schedule.kt_max, num_warps=4, maxnreg=168)
     return (schedule.programs, ), args, kwargs
 
 
 class Chain:
-    """One MLP chain's buffers and launch: call() zeroes y and the counters, then runs the kernel."""
+    """One chain's buffers and launch. w_gu: [L*2I, H] (each layer's gate rows over its up rows),
+    w_d: [L*H, I]. xs[0] is the input; call() zeroes the partial sums and counters, runs the kernel
+    and returns xs[L]."""
 
     def __init__(self, w_gu, w_d, B: int, schedule: Schedule, spin_limit: int = 1 << 20):
-        dev = w_gu.device
+        dev, L = w_gu.device, schedule.layers
         assert B <= BATCH_PAD, f"B={B} > {BATCH_PAD}"
-        self.x = torch.zeros(B, schedule.H, device=dev, dtype=torch.bfloat16)
-        self.h = torch.empty(B, schedule.I, device=dev, dtype=torch.bfloat16)
-        self.y = torch.empty(B, schedule.H, device=dev, dtype=torch.float32)
-        self.counters = torch.zeros(schedule.S2, device=dev, dtype=torch.int32)
+        self.xs = torch.zeros(L + 1, B, schedule.H, device=dev, dtype=torch.bfloat16)
+        self.h = torch.empty(L, B, schedule.I, device=dev, dtype=torch.bfloat16)
+        self.sums = torch.empty(L, B, schedule.H, device=dev, dtype=torch.float32)
+        self.counters = torch.zeros(schedule.n_counters, device=dev, dtype=torch.int32)
         self.error = torch.zeros(1, device=dev, dtype=torch.int32)
-        self.grid, self.args, self.kwargs = launch_args(self.x, w_gu, w_d, self.h, self.y, self.counters,
+        self.grid, self.args, self.kwargs = launch_args(self.xs, w_gu, w_d, self.h, self.sums, self.counters,
                                                         self.error, schedule, spin_limit)
 
     def __call__(self):
-        self.y.zero_()
+        self.sums.zero_()
         self.counters.zero_()
         mlp_chain_kernel[self.grid](*self.args, **self.kwargs)
-        return self.y
+        return self.xs[-1]
 
 
-def torch_chain(x, w_gu, w_d):
-    gu = x @ w_gu.T
-    I = w_d.shape[1]
-    return (torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]) @ w_d.T
+def torch_chain(x, w_gu, w_d, layers: int):
+    """The same chain as cuBLAS GEMMs and torch elementwise ops (what a graph of launches does)."""
+    H, I = x.shape[1], w_d.shape[1]
+    for layer in range(layers):
+        gu = x @ w_gu[layer * 2 * I:(layer + 1) * 2 * I].T
+        x = x + (torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]) @ w_d[layer * H:(layer + 1) * H].T
+    return x
 
 
-def reference(x, w_gu, w_d):
-    """fp32 math on the bf16 inputs, h rounded to bf16 as the kernel stores it."""
-    I = w_d.shape[1]
-    gu = x.float() @ w_gu.float().T
-    h = (torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]).to(torch.bfloat16)
-    return h.float() @ w_d.float().T
+def reference(x, w_gu, w_d, layers: int):
+    """fp32 math on bf16 inputs, rounded to bf16 where the kernel stores (h, each layer's x)."""
+    H, I = x.shape[1], w_d.shape[1]
+    for layer in range(layers):
+        gu = x.float() @ w_gu[layer * 2 * I:(layer + 1) * 2 * I].float().T
+        h = (torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]).to(torch.bfloat16)
+        x = (x.float() + h.float() @ w_d[layer * H:(layer + 1) * H].float().T).to(torch.bfloat16)
+    return x.float()
+
+
+# --------------------------------------------------------------------------------------------------
+# The schedule simulated on the CPU: the same task order, counters and tile offsets as the kernel's
+# compute partition, executed with torch ops, programs interleaved round-robin
+# --------------------------------------------------------------------------------------------------
+
+def program_tasks(schedule: Schedule, pid: int):
+    """The compute partition's steps for program pid, in its order: ("wait", counter, target) or
+    ("run", kind, layer, task). Counters are named tuples: ("h", layer, slice), ("x", layer)."""
+    H, I, S2, P = schedule.H, schedule.I, schedule.S2, schedule.programs
+    half, nt2, kr2 = ROWS_PER_SLOT // 2, H // ROWS_PER_SLOT, I // S2
+    for layer in range(schedule.layers):
+        if layer > 0:
+            yield ("wait", ("x", layer - 1), nt2)
+        for t in range(pid, I // half, P):
+            yield ("run", "gate_up", layer, t)
+        for t in range(pid, nt2 * S2, P):
+            yield ("wait", ("h", layer, t // nt2), kr2 // half)
+            yield ("run", "down", layer, t)
+
+
+def weight_slots(schedule: Schedule, pid: int) -> tuple[int, int]:
+    """(slots the loader fills, slots the compute partition consumes) for program pid: equal, or a
+    partition would wait forever on a slot."""
+    H, I, S2, P = schedule.H, schedule.I, schedule.S2, schedule.programs
+    half, nt2 = ROWS_PER_SLOT // 2, H // ROWS_PER_SLOT
+    loaded = schedule.layers * (len(range(pid, I // half, P)) * (H // K_PER_SLOT)
+                                + len(range(pid, nt2 * S2, P)) * (I // S2 // K_PER_SLOT))
+    consumed = sum((H // K_PER_SLOT) if step[1] == "gate_up" else (I // S2 // K_PER_SLOT)
+                   for step in program_tasks(schedule, pid) if step[0] == "run")
+    return loaded, consumed
+
+
+def simulate(schedule: Schedule, x0, w_gu, w_d):
+    """Run every program's steps against shared counters, one step per program per turn; a turn in
+    which no program moves is a deadlock (raised). Returns x_L (bf16) computed tile by tile."""
+    H, I, S2, L = schedule.H, schedule.I, schedule.S2, schedule.layers
+    half, nt2, kr2 = ROWS_PER_SLOT // 2, H // ROWS_PER_SLOT, I // S2
+    B = x0.shape[0]
+    xs = torch.zeros(L + 1, B, H, dtype=torch.bfloat16)
+    xs[0] = x0
+    h = torch.full((L, B, I), float("nan"), dtype=torch.bfloat16)
+    sums = torch.zeros(L, B, H)
+    counters: dict = {}
+    parts: dict = {}
+    programs = [program_tasks(schedule, pid) for pid in range(schedule.programs)]
+    pending = [next(p, None) for p in programs]
+    while any(step is not None for step in pending):
+        moved = False
+        for pid, step in enumerate(pending):
+            if step is None or (step[0] == "wait" and counters.get(step[1], 0) < step[2]):
+                continue
+            if step[0] == "run" and step[1] == "gate_up":
+                layer, t = step[2], step[3]
+                rows = slice(layer * 2 * I + t * half, layer * 2 * I + (t + 1) * half)
+                up = slice(rows.start + I, rows.stop + I)
+                g, u = xs[layer].float() @ w_gu[rows].float().T, xs[layer].float() @ w_gu[up].float().T
+                h[layer, :, t * half:(t + 1) * half] = (torch.nn.functional.silu(g) * u).to(torch.bfloat16)
+                key = ("h", layer, t * half // kr2)
+                counters[key] = counters.get(key, 0) + 1
+            elif step[0] == "run":
+                layer, t = step[2], step[3]
+                ks, n = t // nt2, t % nt2
+                cols = slice(n * ROWS_PER_SLOT, (n + 1) * ROWS_PER_SLOT)
+                k = slice(ks * kr2, (ks + 1) * kr2)
+                sums[layer, :, cols] += h[layer, :, k].float() @ w_d[layer * H + cols.start:layer * H + cols.stop, k].float().T
+                parts[(layer, n)] = parts.get((layer, n), 0) + 1
+                if parts[(layer, n)] == S2:
+                    xs[layer + 1, :, cols] = (xs[layer, :, cols].float() + sums[layer, :, cols]).to(torch.bfloat16)
+                    counters[("x", layer)] = counters.get(("x", layer), 0) + 1
+            pending[pid] = next(programs[pid], None)
+            moved = True
+        if not moved:
+            stuck = {pid: step for pid, step in enumerate(pending) if step is not None}
+            raise RuntimeError(f"deadlock: {len(stuck)} programs wait, e.g. {next(iter(stuck.items()))}")
+    return xs[L]
 
 
 # --------------------------------------------------------------------------------------------------
 # Measurement (GPU)
 # --------------------------------------------------------------------------------------------------
 
-def weights(H, I, dev):
-    w_gu = torch.randn(2 * I, H, device=dev, dtype=torch.bfloat16) / H ** 0.5
-    w_d = torch.randn(H, I, device=dev, dtype=torch.bfloat16) / I ** 0.5
+def weights(H, I, layers, dev):
+    w_gu = torch.randn(layers * 2 * I, H, device=dev, dtype=torch.bfloat16) / H ** 0.5
+    w_d = torch.randn(layers * H, I, device=dev, dtype=torch.bfloat16) / I ** 0.5
     return w_gu, w_d
 
 
@@ -359,18 +490,19 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * 2 / (us * 1e-6)
 
 
-def check(model, H, I, B, schedule) -> float:
-    w_gu, w_d = weights(H, I, "cuda")
-    chain = Chain(w_gu, w_d, B, schedule)
-    chain.x.copy_(torch.randn(B, H, device="cuda", dtype=torch.bfloat16))
-    chain.h.fill_(float("nan"))  # a stage-2 read before its stage-1 write shows up as NaN
-    y = chain().clone()
+def check(label: str, chain: Chain, w_gu, w_d, layers: int) -> float:
+    """Fresh input, h poisoned with NaN (a stage-2 read before its stage-1 write shows up), against
+    the fp32 reference; exits on a relative error over 5e-2, NaN, or any wait that ran out."""
+    chain.xs[0].copy_(torch.randn_like(chain.xs[0]))
+    chain.h.fill_(float("nan"))
+    chain.error.zero_()
+    out = chain().float()
     torch.cuda.synchronize()
-    ref = reference(chain.x, w_gu, w_d)
-    err = ((y - ref).abs().max() / ref.abs().max()).item()
+    ref = reference(chain.xs[0], w_gu, w_d, layers)
+    err = ((out - ref).abs().max() / ref.abs().max()).item()
     errors = int(chain.error.item())
-    if errors or not err < 2e-2:
-        raise SystemExit(f"{model} B={B} {schedule}: relative error {err}, {errors} waits ran out")
+    if errors or not err < 5e-2:
+        raise SystemExit(f"{label}: relative error {err}, {errors} waits ran out")
     return err
 
 
@@ -380,39 +512,44 @@ def run_gpu(args) -> int:
         return 2
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     bw = copy_bandwidth()
-    print(f"{torch.cuda.get_device_name()}: {sms} SMs, copy {bw / 1e9:.0f} GB/s")
-    print(f"{'model':<14}{'B':>3}  {'schedule':<24}{'err':>9}{'floor us':>10}{'chain us':>10}{'of floor':>9}"
+    print(f"{torch.cuda.get_device_name()}: {sms} SMs, copy {bw / 1e9:.0f} GB/s", flush=True)
+    print(f"{'model':<14}{'L':>3}{'B':>3}  {'schedule':<20}{'err':>9}{'floor us':>10}{'chain us':>10}{'of floor':>9}"
           f"{'torch us':>10}{'of floor':>9}{'chain/torch':>12}")
     rows = []
     for model in args.models:
         H, I = MODELS[model]
-        schedule = plan_schedule(H, I, sms, S2=args.s2, stages=args.stages)
-        weight_bytes = (3 * H * I) * 2
-        copies = max(2, -(-300_000_000 // weight_bytes))  # > 2x L2 in flight between repeats
-        sets = [weights(H, I, "cuda") for _ in range(copies)]
-        for B in args.batches:
-            err = check(model, H, I, B, schedule)
-            chains = [Chain(w_gu, w_d, B, schedule) for w_gu, w_d in sets]
-            x = torch.randn(B, H, device="cuda", dtype=torch.bfloat16)
-            for c in chains:
-                c.x.copy_(x)
-            chain_us = graph_time_us(chains)
-            errors = sum(int(c.error.item()) for c in chains)
-            torch_us = graph_time_us([lambda w=w: torch_chain(x, *w) for w in sets])
-            floor_us = weight_bytes / bw * 1e6
-            row = dict(model=model, H=H, I=I, B=B, schedule=asdict(schedule), rel_err=err, waits_ran_out=errors,
-                       floor_us=floor_us, chain_us=chain_us, torch_us=torch_us)
-            rows.append(row)
-            sched = f"S2={schedule.S2} st={schedule.stages} P={schedule.programs}"
-            print(f"{model:<14}{B:>3}  {sched:<24}{err:>9.1e}{floor_us:>10.1f}{chain_us:>10.1f}"
-                  f"{chain_us / floor_us:>9.2f}{torch_us:>10.1f}{torch_us / floor_us:>9.2f}"
-                  f"{chain_us / torch_us:>12.2f}" + (f"  ({errors} waits ran out)" if errors else ""), flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(dict(
-            gpu=torch.cuda.get_device_name(), sms=sms, copy_gbs=bw / 1e9,
-            command=" ".join([Path(sys.executable).name] + sys.argv), triton=triton.__version__,
-            torch=torch.__version__, cuda=torch.version.cuda, rows=rows), indent=1) + "\n")
-        print(f"wrote {args.json}")
+        for layers in args.layers:
+            schedule = plan_schedule(H, I, layers, sms, S2=args.s2, stages=args.stages)
+            weight_bytes = layers * 3 * H * I * 2
+            copies = max(1, -(-300_000_000 // weight_bytes))  # > 2x L2 between repeats of one set
+            sets = [weights(H, I, layers, "cuda") for _ in range(copies)]
+            for B in args.batches:
+                label = f"{model} L={layers} B={B} {schedule}"
+                chains = [Chain(w_gu, w_d, B, schedule) for w_gu, w_d in sets]
+                err = check(label, chains[0], *sets[0], layers)
+                x = torch.randn(B, H, device="cuda", dtype=torch.bfloat16)
+                for c in chains:
+                    c.xs[0].copy_(x)
+                    c.error.zero_()
+                chain_us = graph_time_us(chains)
+                errors = sum(int(c.error.item()) for c in chains)
+                torch_us = graph_time_us([lambda w=w: torch_chain(x, *w, layers) for w in sets])
+                floor_us = weight_bytes / bw * 1e6
+                row = dict(model=model, H=H, I=I, layers=layers, B=B, schedule=asdict(schedule), rel_err=err,
+                           waits_ran_out=errors, floor_us=floor_us, chain_us=chain_us, torch_us=torch_us)
+                rows.append(row)
+                sched = f"S2={schedule.S2} st={schedule.stages} P={schedule.programs}"
+                print(f"{model:<14}{layers:>3}{B:>3}  {sched:<20}{err:>9.1e}{floor_us:>10.1f}{chain_us:>10.1f}"
+                      f"{chain_us / floor_us:>9.2f}{torch_us:>10.1f}{torch_us / floor_us:>9.2f}"
+                      f"{chain_us / torch_us:>12.2f}" + (f"  ({errors} waits ran out)" if errors else ""),
+                      flush=True)
+                if args.json:  # after every row: a cut-short run keeps what it measured
+                    Path(args.json).write_text(json.dumps(dict(
+                        gpu=torch.cuda.get_device_name(), sms=sms, copy_gbs=bw / 1e9,
+                        command=" ".join([Path(sys.executable).name] + sys.argv), triton=triton.__version__,
+                        torch=torch.__version__, cuda=torch.version.cuda, rows=rows), indent=1) + "\n")
+            del sets, chains
+            torch.cuda.empty_cache()
     return 0
 
 
@@ -420,7 +557,7 @@ def run_gpu(args) -> int:
 # Offline compile (no GPU)
 # --------------------------------------------------------------------------------------------------
 
-def compile_offline(H: int, I: int, schedule: Schedule, B: int = 8):
+def compile_offline(schedule: Schedule, B: int = 8):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -428,11 +565,12 @@ def compile_offline(H: int, I: int, schedule: Schedule, B: int = 8):
 
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
-    w_gu, w_d = torch.empty(2 * I, H, dtype=torch.bfloat16), torch.empty(H, I, dtype=torch.bfloat16)
-    x, h = torch.empty(B, H, dtype=torch.bfloat16), torch.empty(B, I, dtype=torch.bfloat16)
-    y = torch.empty(B, H, dtype=torch.float32)
-    counters, error = torch.empty(schedule.S2, dtype=torch.int32), torch.empty(1, dtype=torch.int32)
-    _, args, kwargs = launch_args(x, w_gu, w_d, h, y, counters, error, schedule, 1 << 20)
+    H, I, L = schedule.H, schedule.I, schedule.layers
+    w_gu, w_d = torch.empty(L * 2 * I, H, dtype=torch.bfloat16), torch.empty(L * H, I, dtype=torch.bfloat16)
+    xs, h = torch.empty(L + 1, B, H, dtype=torch.bfloat16), torch.empty(L, B, I, dtype=torch.bfloat16)
+    sums = torch.empty(L, B, H, dtype=torch.float32)
+    counters, error = torch.empty(schedule.n_counters, dtype=torch.int32), torch.empty(1, dtype=torch.int32)
+    _, args, kwargs = launch_args(xs, w_gu, w_d, h, sums, counters, error, schedule, 1 << 20)
     kernel = mlp_chain_kernel
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     bound, specialization, options = binder(*args, **{**kwargs, "debug": False})
@@ -446,29 +584,31 @@ def run_offline(args) -> int:
     print(f"triton {triton.__version__}: mlp_chain_kernel for cuda:90 (sm_90a), no GPU")
     for model in args.models:
         H, I = MODELS[model]
-        schedule = plan_schedule(H, I, 132, S2=args.s2, stages=args.stages)
-        compiled = compile_offline(H, I, schedule)
-        ptx = compiled.asm["ptx"]
-        found = {name: pattern in ptx for name, pattern in (
-            ("wgmma", "wgmma.mma_async"), ("tma", "cp.async.bulk.tensor"), ("cp.async", "cp.async.cg"),
-            ("mbarrier", "mbarrier.try_wait"), ("acquire", "acquire.gpu"), ("release", "release.gpu"),
-            ("setmaxnreg", "setmaxnreg"))}
-        sm = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1)
-        print(f"{model}: {schedule}, shared {compiled.metadata.shared} B, target {sm}, "
-              + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in found.items()))
-        if args.dump_ptx:
-            Path(args.dump_ptx).mkdir(parents=True, exist_ok=True)
-            (Path(args.dump_ptx) / f"{model}.ptx").write_text(ptx)
+        for layers in args.layers:
+            schedule = plan_schedule(H, I, layers, 132, S2=args.s2, stages=args.stages)
+            compiled = compile_offline(schedule)
+            ptx = compiled.asm["ptx"]
+            found = {name: pattern in ptx for name, pattern in (
+                ("wgmma", "wgmma.mma_async"), ("tma", "cp.async.bulk.tensor"), ("cp.async", "cp.async.cg"),
+                ("mbarrier", "mbarrier.try_wait"), ("acquire", ".acquire"), ("release", ".release"),
+                ("acq_rel", ".acq_rel"), ("setmaxnreg", "setmaxnreg"))}
+            sm = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1)
+            print(f"{model}: {schedule}, shared {compiled.metadata.shared} B, target {sm}, "
+                  + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in found.items()))
+            if args.dump_ptx:
+                Path(args.dump_ptx).mkdir(parents=True, exist_ok=True)
+                (Path(args.dump_ptx) / f"{model}-L{layers}.ptx").write_text(ptx)
     return 0
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="The draft MLP as one persistent warp-specialized Gluon kernel "
+    parser = argparse.ArgumentParser(description="A chain of the draft's MLP blocks as one persistent warp-specialized Gluon kernel "
                                                  "(weights stream while activations wait), against torch.")
     parser.add_argument("--json")
     parser.add_argument("--offline", action="store_true")
     parser.add_argument("--dump-ptx")
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--layers", nargs="+", type=int, default=[1, 16], help="MLP blocks in the chain")
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 4, 8, 16])
     parser.add_argument("--s2", type=int, default=None, help="K slices of the down projection")
     parser.add_argument("--stages", type=int, default=None, help="ring slots (default: fill shared memory)")

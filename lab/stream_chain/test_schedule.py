@@ -1,0 +1,57 @@
+"""CPU checks of the chain's schedule (the kernel itself needs a Hopper GPU: `chain.py --json`).
+
+    python -m pytest -q lab/stream_chain/test_schedule.py
+"""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import chain  # noqa: E402
+
+
+@pytest.mark.parametrize("H, I, layers, programs", [(256, 512, 3, 132), (256, 512, 2, 5), (384, 768, 2, 7)])
+def test_simulated_schedule_matches_reference(H, I, layers, programs):
+    schedule = chain.plan_schedule(H, I, layers, programs)
+    torch.manual_seed(0)
+    w_gu, w_d = chain.weights(H, I, layers, "cpu")
+    x0 = torch.randn(3, H, dtype=torch.bfloat16)
+    out = chain.simulate(schedule, x0, w_gu, w_d)
+    ref = chain.reference(x0, w_gu, w_d, layers)
+    assert not out.isnan().any()
+    assert ((out.float() - ref).abs().max() / ref.abs().max()).item() < 2e-2
+
+
+@pytest.mark.parametrize("model", list(chain.MODELS))
+def test_every_program_loads_the_slots_it_consumes(model):
+    H, I = chain.MODELS[model]
+    schedule = chain.plan_schedule(H, I, 16, 132)
+    assert schedule.programs <= 132 and schedule.shared_bytes() <= chain.SMEM_BUDGET
+    for pid in range(schedule.programs):
+        loaded, consumed = chain.weight_slots(schedule, pid)
+        assert loaded == consumed > 0
+
+
+def test_a_wait_with_no_producer_is_reported_as_deadlock(monkeypatch):
+    schedule = chain.plan_schedule(256, 512, 2, 4)
+    original = chain.program_tasks
+
+    def one_wait_too_many(schedule, pid):
+        yield from original(schedule, pid)
+        yield ("wait", ("x", 1), 10 ** 6)
+
+    monkeypatch.setattr(chain, "program_tasks", one_wait_too_many)
+    w_gu, w_d = chain.weights(256, 512, 2, "cpu")
+    with pytest.raises(RuntimeError, match="deadlock"):
+        chain.simulate(schedule, torch.randn(2, 256, dtype=torch.bfloat16), w_gu, w_d)
+
+
+def test_schedules_that_cannot_run_are_refused():
+    with pytest.raises(ValueError, match="must divide"):
+        chain.plan_schedule(200, 512, 1, 132)
+    with pytest.raises(ValueError, match="whole"):
+        chain.plan_schedule(256, 512, 1, 132, S2=3)
+    with pytest.raises(ValueError, match="shared memory"):
+        chain.plan_schedule(256, 512, 1, 132, stages=40)
