@@ -36,3 +36,39 @@ def test_an_unknown_workload_is_refused_before_any_work(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "--workloads" in proc.stderr and "nope" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "o.json").exists()
+
+
+def cut_short_run(tmp_path, gpu=None, evaluator="analytical") -> Path:
+    """A best_plans.py result as a run cut short leaves it: one measured row, one that failed."""
+    measured = {"workload": "llama-1b-8b-b1", "best_ms": 6.8, "streams_ms": 7.1, "recorded_best_ms": 6.703,
+                "recorded_streams_ms": 7.076, "best_over_recorded": 6.8 / 6.703, "streams_over_recorded": 7.1 / 7.076,
+                "within": True, "status": {"streams": "ok", "best": "ok"}}
+    failed = dict(measured, workload="llama-1b-8b-b8", best_ms=None, best_over_recorded=None, within=False,
+                  status={"streams": "ok", "best": "error"})
+    path = tmp_path / "cut.json"
+    path.write_text(json.dumps({"command": "python benchmarks/best_plans.py --json cut.json", "gpu": gpu,
+                                "code": "abc1234", "date": "2026-12-05", "evaluator": evaluator,
+                                "tolerance": 0.01, "rows": [measured, failed]}))
+    return path
+
+
+def test_resume_keeps_the_measured_rows_of_a_cut_short_run_with_their_provenance(tmp_path):
+    out = tmp_path / "best.json"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--workloads", "llama-1b-8b-b1", "--evaluator", "analytical",
+                           "--tolerance", "0.001", "--resume", str(cut_short_run(tmp_path)), "--json", str(out),
+                           "--logs", str(tmp_path / "logs")], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    [row] = json.loads(out.read_text())["rows"]
+    assert row["best_ms"] == 6.8 and row["measured_by"] == {
+        "command": "python benchmarks/best_plans.py --json cut.json", "code": "abc1234", "date": "2026-12-05"}
+    assert row["within"] is False and proc.returncode == 1  # 1.4% off: outside this run's tolerance
+    assert not (tmp_path / "logs" / "llama-1b-8b-b1.log").exists()  # nothing was benched again
+
+
+def test_resume_refuses_a_run_from_another_gpu_or_evaluator(tmp_path):
+    for partial in (cut_short_run(tmp_path, gpu="NVIDIA H100 80GB HBM3"), cut_short_run(tmp_path, evaluator="h200")):
+        proc = subprocess.run([sys.executable, str(SCRIPT), "--workloads", "llama-1b-8b-b1", "--evaluator",
+                               "analytical", "--resume", str(partial), "--json", str(tmp_path / "o.json")],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0 and "--resume" in proc.stderr and "Traceback" not in proc.stderr
+        assert not (tmp_path / "o.json").exists()
