@@ -54,7 +54,8 @@ BPAD = gl.constexpr(BATCH_PAD)
 SMEM_BUDGET = 220 * 1024
 
 # Draft MLPs (H, I) this probe runs.
-MODELS = {"llama-3.2-1b": (2048, 8192), "llama-3.2-3b": (3072, 8192)}
+MODELS = {"llama-3.2-1b": (2048, 8192), "llama-3.2-3b": (3072, 8192), "qwen3-0.6b": (1024, 3072),
+          "qwen2.5-0.5b": (896, 4864)}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -77,23 +78,26 @@ def _fill_slot(ring, ready, empty, i, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def load_partition(w1_desc, w2_desc, ring, ready, empty, H: gl.constexpr, I: gl.constexpr, S2: gl.constexpr,
-                   L: gl.constexpr, STAGES: gl.constexpr):
+def load_partition(w1_desc, w2_desc, ring, ready, empty, H: gl.constexpr, I: gl.constexpr, S1: gl.constexpr,
+                   S2: gl.constexpr, L: gl.constexpr, STAGES: gl.constexpr):
     """Stream this program's weight tiles of every layer, in the order the compute partition consumes
     them. It waits for free slots only: layer l+1's weights arrive while layer l is being finished."""
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
+    T1: gl.constexpr = I // HALF
+    KR1: gl.constexpr = H // S1
     NT2: gl.constexpr = H // SLOT_ROWS
     KR2: gl.constexpr = I // S2
     i = 0
     for layer in range(L):
-        for t in range(pid, I // HALF, programs):  # stage 1: gate rows over up rows in one slot
-            row = layer * 2 * I + t * HALF
-            for kk in range(H // BK):
+        for t in range(pid, T1 * S1, programs):  # stage 1: gate rows over up rows in one slot
+            row = layer * 2 * I + (t % T1) * HALF
+            for kk in range(KR1 // BK):
+                col = (t // T1) * KR1 + kk * BK
                 s = _fill_slot(ring, ready, empty, i, STAGES)
                 slot = ring.index(s)
-                tma.async_copy_global_to_shared(w1_desc, [row, kk * BK], ready.index(s), slot.slice(0, HALF))
-                tma.async_copy_global_to_shared(w1_desc, [row + I, kk * BK], ready.index(s), slot.slice(HALF, HALF))
+                tma.async_copy_global_to_shared(w1_desc, [row, col], ready.index(s), slot.slice(0, HALF))
+                tma.async_copy_global_to_shared(w1_desc, [row + I, col], ready.index(s), slot.slice(HALF, HALF))
                 i += 1
         for t in range(pid, NT2 * S2, programs):  # stage 2: down-projection rows over one slice of I
             row = layer * H + (t % NT2) * SLOT_ROWS
@@ -142,11 +146,11 @@ def _release(counter_ptr):
 
 
 @gluon.jit
-def _gate_up_tile(ring, ready, empty, act, i, H: gl.constexpr, STAGES: gl.constexpr, acc_layout: gl.constexpr):
-    """(x @ Wg_tile^T, x @ Wu_tile^T) transposed: two [64, BPAD] fp32 accumulators over H / BK slots."""
+def _gate_up_tile(ring, ready, empty, act, i, n_tiles, STAGES: gl.constexpr, acc_layout: gl.constexpr):
+    """(x @ Wg_tile^T, x @ Wu_tile^T) transposed: two [64, BPAD] fp32 accumulators over n_tiles slots."""
     acc_g = gl.zeros((HALF, BPAD), dtype=gl.float32, layout=acc_layout)
     acc_u = gl.zeros((HALF, BPAD), dtype=gl.float32, layout=acc_layout)
-    for kk in range(H // BK):
+    for kk in range(n_tiles):
         s, phase = _slot(i, STAGES)
         mbarrier.wait(ready.index(s), phase)
         slot = ring.index(s)
@@ -183,6 +187,30 @@ def _store_h(h_ptr, acc_g, acc_u, col0, B, I: gl.constexpr):
 
 
 @gluon.jit
+def _add_gate_up_partial(gu_ptr, acc_g, acc_u, col0, B, I: gl.constexpr):
+    """gu[b, col0 + r] += g[r, b] and gu[b, I + col0 + r] += u[r, b] (stage 1 split over S1 slices of H)."""
+    r = gl.arange(0, HALF, layout=gl.SliceLayout(1, acc_g.type.layout))
+    b = gl.arange(0, BPAD, layout=gl.SliceLayout(0, acc_g.type.layout))
+    offsets = b[None, :] * (2 * I) + (col0 + r)[:, None]
+    mask = (b < B)[None, :]
+    gl.atomic_add(gu_ptr + offsets, acc_g, mask=mask, sem="relaxed")
+    gl.atomic_add(gu_ptr + I + offsets, acc_u, mask=mask, sem="relaxed")
+
+
+@gluon.jit
+def _finish_h(gu_ptr, h_ptr, col0, B, I: gl.constexpr):
+    """h[:, tile] = silu(g) * u from the summed partials, once all S1 of them are in."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 2], [2, 16], [4, 1], [1, 0])
+    b = gl.arange(0, BPAD, layout=gl.SliceLayout(1, layout))
+    c = col0 + gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
+    mask = (b < B)[:, None] & (c < I)[None, :]
+    g = gl.load(gu_ptr + b[:, None] * (2 * I) + c[None, :], mask=mask, cache_modifier=".cg")
+    u = gl.load(gu_ptr + I + b[:, None] * (2 * I) + c[None, :], mask=mask, cache_modifier=".cg")
+    h = g / (1.0 + gl.exp(-g)) * u
+    gl.store(h_ptr + b[:, None] * I + c[None, :], h.to(gl.bfloat16), mask=mask)
+
+
+@gluon.jit
 def _add_partial(sum_ptr, acc, col0, B, H: gl.constexpr):
     """sums[b, col0 + r] += acc[r, b]: fp32 atomics, S2 programs add into each output tile."""
     r = gl.arange(0, SLOT_ROWS, layout=gl.SliceLayout(1, acc.type.layout))
@@ -204,19 +232,24 @@ def _finish_tile(sum_ptr, x_ptr, x_next_ptr, col0, B, H: gl.constexpr):
 
 
 @gluon.jit
-def compute_partition(ring, ready, empty, act, xs_ptr, h_ptr, sum_ptr, counter_ptr, error_ptr, B, spin_limit,
-                      H: gl.constexpr, I: gl.constexpr, S2: gl.constexpr, L: gl.constexpr, STAGES: gl.constexpr):
+def compute_partition(ring, ready, empty, act, xs_ptr, h_ptr, gu_ptr, sum_ptr, counter_ptr, error_ptr, B,
+                      spin_limit, H: gl.constexpr, I: gl.constexpr, S1: gl.constexpr, S2: gl.constexpr,
+                      L: gl.constexpr, STAGES: gl.constexpr):
     """Per layer: every stage-1 task this program owns, then every stage-2 task. Counters (one int32
-    buffer): h_done[L, S2] (stage-1 tiles per slice of I), parts[L, NT2] (stage-2 partials per output
-    tile), x_done[L] (output tiles of x_{l+1} finished)."""
+    buffer): h_done[L, S2] (h tiles finished per slice of I), parts1[L, T1] (stage-1 partials per h
+    tile, when S1 > 1), parts2[L, NT2] (stage-2 partials per output tile), x_done[L] (output tiles of
+    x_{l+1} finished)."""
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BPAD, 16])
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
+    T1: gl.constexpr = I // HALF
+    KR1: gl.constexpr = H // S1
     KR2: gl.constexpr = I // S2
     NT2: gl.constexpr = H // SLOT_ROWS
     h_done = counter_ptr
-    parts = counter_ptr + L * S2
+    parts1 = h_done + L * S2
+    parts = parts1 + L * T1
     x_done = parts + L * NT2
     i = 0
     for layer in range(L):
@@ -225,11 +258,21 @@ def compute_partition(ring, ready, empty, act, xs_ptr, h_ptr, sum_ptr, counter_p
         layer_sums = sum_ptr + layer * B * H
         if layer > 0:
             _acquire(x_done + layer - 1, NT2, error_ptr, spin_limit)
-        _stage_activations(act, x_ptr, H, B, 0, H // BK)
-        for t in range(pid, I // HALF, programs):
-            acc_g, acc_u, i = _gate_up_tile(ring, ready, empty, act, i, H, STAGES, acc_layout)
-            _store_h(layer_h, acc_g, acc_u, t * HALF, B, I)
-            _release(h_done + layer * S2 + (t * HALF) // KR2)
+        for t in range(pid, T1 * S1, programs):
+            n = t % T1
+            _stage_activations(act, x_ptr, H, B, (t // T1) * KR1, KR1 // BK)
+            acc_g, acc_u, i = _gate_up_tile(ring, ready, empty, act, i, KR1 // BK, STAGES, acc_layout)
+            if S1 == 1:
+                _store_h(layer_h, acc_g, acc_u, n * HALF, B, I)
+                _release(h_done + layer * S2 + (n * HALF) // KR2)
+            else:
+                layer_gu = gu_ptr + layer * B * 2 * I
+                _add_gate_up_partial(layer_gu, acc_g, acc_u, n * HALF, B, I)
+                gl.thread_barrier()
+                arrived = gl.atomic_add(parts1 + layer * T1 + n, 1, sem="acq_rel", scope="gpu")
+                if arrived == S1 - 1:  # the last partial of this h tile: finish it and publish it
+                    _finish_h(layer_gu, layer_h, n * HALF, B, I)
+                    _release(h_done + layer * S2 + (n * HALF) // KR2)
         for t in range(pid, NT2 * S2, programs):
             ks = t // NT2
             col0 = (t % NT2) * SLOT_ROWS
@@ -245,11 +288,11 @@ def compute_partition(ring, ready, empty, act, xs_ptr, h_ptr, sum_ptr, counter_p
 
 
 @gluon.jit
-def mlp_chain_kernel(w1_desc, w2_desc, xs_ptr, h_ptr, sum_ptr, counter_ptr, error_ptr, B, spin_limit,  #
-                     H: gl.constexpr, I: gl.constexpr, S2: gl.constexpr, L: gl.constexpr, STAGES: gl.constexpr,
-                     KT_MAX: gl.constexpr):
+def mlp_chain_kernel(w1_desc, w2_desc, xs_ptr, h_ptr, gu_ptr, sum_ptr, counter_ptr, error_ptr, B, spin_limit,  #
+                     H: gl.constexpr, I: gl.constexpr, S1: gl.constexpr, S2: gl.constexpr, L: gl.constexpr,
+                     STAGES: gl.constexpr, KT_MAX: gl.constexpr):
     """x_{l+1} = x_l + mlp_l(x_l) for L layers, persistent: grid <= SMs, every program co-resident.
-    The fp32 partial sums and the counters start at zero."""
+    The fp32 partial sums (gu when S1 > 1, sums) and the counters start at zero."""
     ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, SLOT_ROWS, BK], w2_desc.layout)
     act_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BPAD, BK], gl.bfloat16)
     act = gl.allocate_shared_memory(gl.bfloat16, [KT_MAX, BPAD, BK], act_layout)
@@ -260,9 +303,9 @@ def mlp_chain_kernel(w1_desc, w2_desc, xs_ptr, h_ptr, sum_ptr, counter_ptr, erro
         mbarrier.init(empty.index(s), count=1)
     fence_async_shared()
     gl.warp_specialize([
-        (compute_partition, (ring, ready, empty, act, xs_ptr, h_ptr, sum_ptr, counter_ptr, error_ptr, B, spin_limit,
-                             H, I, S2, L, STAGES)),
-        (load_partition, (w1_desc, w2_desc, ring, ready, empty, H, I, S2, L, STAGES)),
+        (compute_partition, (ring, ready, empty, act, xs_ptr, h_ptr, gu_ptr, sum_ptr, counter_ptr, error_ptr, B,
+                             spin_limit, H, I, S1, S2, L, STAGES)),
+        (load_partition, (w1_desc, w2_desc, ring, ready, empty, H, I, S1, S2, L, STAGES)),
     ], [1], [40])
 
 
@@ -275,56 +318,62 @@ class Schedule:
     H: int
     I: int
     layers: int
+    S1: int
     S2: int
     stages: int
     programs: int
 
     @property
     def kt_max(self) -> int:
-        return max(self.H, self.I // self.S2) // K_PER_SLOT
+        return max(self.H // self.S1, self.I // self.S2) // K_PER_SLOT
 
     @property
     def n_counters(self) -> int:
-        return self.layers * (self.S2 + self.H // ROWS_PER_SLOT + 1)
+        return self.layers * (self.S2 + self.I // (ROWS_PER_SLOT // 2) + self.H // ROWS_PER_SLOT + 1)
 
     def shared_bytes(self) -> int:
         return (self.stages * ROWS_PER_SLOT * K_PER_SLOT * 2 + self.kt_max * BATCH_PAD * K_PER_SLOT * 2
                 + self.stages * 16)
 
 
-def plan_schedule(H: int, I: int, layers: int, sms: int, S2: int | None = None,
+def plan_schedule(H: int, I: int, layers: int, sms: int, S1: int | None = None, S2: int | None = None,
                   stages: int | None = None) -> Schedule:
     """The chain's schedule, checked: tile divisibility, one program per SM at most (co-residency is
-    what lets every wait end), and the shared memory it needs."""
+    what lets every wait end), and the shared memory it needs. By default stage 1 splits H over S1
+    slices and stage 2 splits I over S2 slices, each as finely as keeps its tasks within the SMs."""
     half = ROWS_PER_SLOT // 2
     if H % ROWS_PER_SLOT or I % half:
         raise ValueError(f"H={H} must divide by {ROWS_PER_SLOT} and I={I} by {half}")
-    stage1 = I // half
-    if S2 is None:  # as many stage-2 tasks as stage-1 ones, slices a whole number of K tiles
-        S2 = max((s for s in range(1, I // K_PER_SLOT + 1)
-                  if I % (s * K_PER_SLOT) == 0 and (H // ROWS_PER_SLOT) * s <= stage1), default=1)
-    if I % (S2 * K_PER_SLOT):
-        raise ValueError(f"S2={S2} must split I={I} into whole {K_PER_SLOT}-column tiles")
-    programs = min(sms, max(stage1, (H // ROWS_PER_SLOT) * S2))
-    kt_max = max(H, I // S2) // K_PER_SLOT
+    t1, nt2 = I // half, H // ROWS_PER_SLOT
+
+    def finest(n: int, tasks: int) -> int:
+        return max((s for s in range(1, n // K_PER_SLOT + 1) if n % (s * K_PER_SLOT) == 0 and tasks * s <= sms),
+                   default=1)
+
+    S1 = S1 or finest(H, t1)
+    S2 = S2 or finest(I, nt2)
+    if H % (S1 * K_PER_SLOT) or I % (S2 * K_PER_SLOT):
+        raise ValueError(f"S1={S1} must split H={H} and S2={S2} must split I={I} into whole {K_PER_SLOT}-column tiles")
+    programs = min(sms, max(t1 * S1, nt2 * S2))
+    kt_max = max(H // S1, I // S2) // K_PER_SLOT
     if stages is None:
         stages = min(16, (SMEM_BUDGET - kt_max * BATCH_PAD * K_PER_SLOT * 2) // (ROWS_PER_SLOT * K_PER_SLOT * 2 + 16))
-    schedule = Schedule(H, I, layers, S2, stages, programs)
+    schedule = Schedule(H, I, layers, S1, S2, stages, programs)
     if stages < 2 or schedule.shared_bytes() > SMEM_BUDGET:
         raise ValueError(f"{schedule} needs {schedule.shared_bytes()} bytes of shared memory (budget "
                          f"{SMEM_BUDGET}) or has fewer than 2 slots")
     return schedule
 
 
-def launch_args(xs, w_gu, w_d, h, sums, counters, error, schedule: Schedule, spin_limit: int):
+def launch_args(xs, w_gu, w_d, h, gu, sums, counters, error, schedule: Schedule, spin_limit: int):
     half = ROWS_PER_SLOT // 2
     w1_desc = TensorDescriptor.from_tensor(w_gu, [half, K_PER_SLOT],
                                            gl.NVMMASharedLayout.get_default_for([half, K_PER_SLOT], gl.bfloat16))
     w2_desc = TensorDescriptor.from_tensor(
         w_d, [ROWS_PER_SLOT, K_PER_SLOT], gl.NVMMASharedLayout.get_default_for([ROWS_PER_SLOT, K_PER_SLOT],
                                                                                gl.bfloat16))
-    args = (w1_desc, w2_desc, xs, h, sums, counters, error, xs.shape[1], spin_limit)
-    kwargs = dict(H=schedule.H, I=schedule.I, S2=schedule.S2, L=schedule.layers, STAGES=schedule.stages,
+    args = (w1_desc, w2_desc, xs, h, gu, sums, counters, error, xs.shape[1], spin_limit)
+    kwargs = dict(H=schedule.H, I=schedule.I, S1=schedule.S1, S2=schedule.S2, L=schedule.layers, STAGES=schedule.stages,
                   KT_MAX=schedule.kt_max, num_warps=4, maxnreg=168)
     return (schedule.programs, ), args, kwargs
 
@@ -340,12 +389,17 @@ class Chain:
         self.xs = torch.zeros(L + 1, B, schedule.H, device=dev, dtype=torch.bfloat16)
         self.h = torch.empty(L, B, schedule.I, device=dev, dtype=torch.bfloat16)
         self.sums = torch.empty(L, B, schedule.H, device=dev, dtype=torch.float32)
+        # stage 1's partial sums, read only when it is split (else one unused layer's worth)
+        self.gu = torch.empty(L if schedule.S1 > 1 else 1, B, 2 * schedule.I, device=dev, dtype=torch.float32)
+        self.split_stage1 = schedule.S1 > 1
         self.counters = torch.zeros(schedule.n_counters, device=dev, dtype=torch.int32)
         self.error = torch.zeros(1, device=dev, dtype=torch.int32)
-        self.grid, self.args, self.kwargs = launch_args(self.xs, w_gu, w_d, self.h, self.sums, self.counters,
-                                                        self.error, schedule, spin_limit)
+        self.grid, self.args, self.kwargs = launch_args(self.xs, w_gu, w_d, self.h, self.gu, self.sums,
+                                                        self.counters, self.error, schedule, spin_limit)
 
     def __call__(self):
+        if self.split_stage1:
+            self.gu.zero_()
         self.sums.zero_()
         self.counters.zero_()
         mlp_chain_kernel[self.grid](*self.args, **self.kwargs)
@@ -379,12 +433,12 @@ def reference(x, w_gu, w_d, layers: int):
 def program_tasks(schedule: Schedule, pid: int):
     """The compute partition's steps for program pid, in its order: ("wait", counter, target) or
     ("run", kind, layer, task). Counters are named tuples: ("h", layer, slice), ("x", layer)."""
-    H, I, S2, P = schedule.H, schedule.I, schedule.S2, schedule.programs
+    H, I, S1, S2, P = schedule.H, schedule.I, schedule.S1, schedule.S2, schedule.programs
     half, nt2, kr2 = ROWS_PER_SLOT // 2, H // ROWS_PER_SLOT, I // S2
     for layer in range(schedule.layers):
         if layer > 0:
             yield ("wait", ("x", layer - 1), nt2)
-        for t in range(pid, I // half, P):
+        for t in range(pid, I // half * S1, P):
             yield ("run", "gate_up", layer, t)
         for t in range(pid, nt2 * S2, P):
             yield ("wait", ("h", layer, t // nt2), kr2 // half)
@@ -394,11 +448,11 @@ def program_tasks(schedule: Schedule, pid: int):
 def weight_slots(schedule: Schedule, pid: int) -> tuple[int, int]:
     """(slots the loader fills, slots the compute partition consumes) for program pid: equal, or a
     partition would wait forever on a slot."""
-    H, I, S2, P = schedule.H, schedule.I, schedule.S2, schedule.programs
+    H, I, S1, S2, P = schedule.H, schedule.I, schedule.S1, schedule.S2, schedule.programs
     half, nt2 = ROWS_PER_SLOT // 2, H // ROWS_PER_SLOT
-    loaded = schedule.layers * (len(range(pid, I // half, P)) * (H // K_PER_SLOT)
+    loaded = schedule.layers * (len(range(pid, I // half * S1, P)) * (H // S1 // K_PER_SLOT)
                                 + len(range(pid, nt2 * S2, P)) * (I // S2 // K_PER_SLOT))
-    consumed = sum((H // K_PER_SLOT) if step[1] == "gate_up" else (I // S2 // K_PER_SLOT)
+    consumed = sum((H // S1 // K_PER_SLOT) if step[1] == "gate_up" else (I // S2 // K_PER_SLOT)
                    for step in program_tasks(schedule, pid) if step[0] == "run")
     return loaded, consumed
 
@@ -406,9 +460,10 @@ def weight_slots(schedule: Schedule, pid: int) -> tuple[int, int]:
 def simulate(schedule: Schedule, x0, w_gu, w_d):
     """Run every program's steps against shared counters, one step per program per turn; a turn in
     which no program moves is a deadlock (raised). Returns x_L (bf16) computed tile by tile."""
-    H, I, S2, L = schedule.H, schedule.I, schedule.S2, schedule.layers
-    half, nt2, kr2 = ROWS_PER_SLOT // 2, H // ROWS_PER_SLOT, I // S2
+    H, I, S1, S2, L = schedule.H, schedule.I, schedule.S1, schedule.S2, schedule.layers
+    half, nt2, kr1, kr2 = ROWS_PER_SLOT // 2, H // ROWS_PER_SLOT, H // S1, I // S2
     B = x0.shape[0]
+    gu = torch.zeros(L, B, 2 * I)
     xs = torch.zeros(L + 1, B, H, dtype=torch.bfloat16)
     xs[0] = x0
     h = torch.full((L, B, I), float("nan"), dtype=torch.bfloat16)
@@ -424,12 +479,18 @@ def simulate(schedule: Schedule, x0, w_gu, w_d):
                 continue
             if step[0] == "run" and step[1] == "gate_up":
                 layer, t = step[2], step[3]
-                rows = slice(layer * 2 * I + t * half, layer * 2 * I + (t + 1) * half)
+                n, k = t % (I // half), slice((t // (I // half)) * kr1, (t // (I // half) + 1) * kr1)
+                rows = slice(layer * 2 * I + n * half, layer * 2 * I + (n + 1) * half)
                 up = slice(rows.start + I, rows.stop + I)
-                g, u = xs[layer].float() @ w_gu[rows].float().T, xs[layer].float() @ w_gu[up].float().T
-                h[layer, :, t * half:(t + 1) * half] = (torch.nn.functional.silu(g) * u).to(torch.bfloat16)
-                key = ("h", layer, t * half // kr2)
-                counters[key] = counters.get(key, 0) + 1
+                cols = slice(n * half, (n + 1) * half)
+                gu[layer, :, cols] += xs[layer, :, k].float() @ w_gu[rows, k].float().T
+                gu[layer, :, I + cols.start:I + cols.stop] += xs[layer, :, k].float() @ w_gu[up, k].float().T
+                parts[("h", layer, n)] = parts.get(("h", layer, n), 0) + 1
+                if parts[("h", layer, n)] == S1:
+                    g, u = gu[layer, :, cols], gu[layer, :, I + cols.start:I + cols.stop]
+                    h[layer, :, cols] = (torch.nn.functional.silu(g) * u).to(torch.bfloat16)
+                    key = ("h", layer, n * half // kr2)
+                    counters[key] = counters.get(key, 0) + 1
             elif step[0] == "run":
                 layer, t = step[2], step[3]
                 ks, n = t // nt2, t % nt2
@@ -539,7 +600,7 @@ def run_gpu(args) -> int:
     for model in args.models:
         H, I = MODELS[model]
         for layers in args.layers:
-            schedule = plan_schedule(H, I, layers, sms, S2=args.s2, stages=args.stages)
+            schedule = plan_schedule(H, I, layers, sms, S1=args.s1, S2=args.s2, stages=args.stages)
             weight_bytes = layers * 3 * H * I * 2
             copies = max(1, -(-300_000_000 // weight_bytes))  # > 2x L2 between repeats of one set
             sets = [weights(H, I, layers, "cuda") for _ in range(copies)]
@@ -558,7 +619,7 @@ def run_gpu(args) -> int:
                 row = dict(model=model, H=H, I=I, layers=layers, B=B, schedule=asdict(schedule), rel_err=err,
                            waits_ran_out=errors, floor_us=floor_us, chain_us=chain_us, torch_us=torch_us)
                 rows.append(row)
-                sched = f"S2={schedule.S2} st={schedule.stages} P={schedule.programs}"
+                sched = f"S={schedule.S1}/{schedule.S2} st={schedule.stages} P={schedule.programs}"
                 print(f"{model:<14}{layers:>3}{B:>3}  {sched:<20}{err:>9.1e}{floor_us:>10.1f}{chain_us:>10.1f}"
                       f"{chain_us / floor_us:>9.2f}{torch_us:>10.1f}{torch_us / floor_us:>9.2f}"
                       f"{chain_us / torch_us:>12.2f}" + (f"  ({errors} waits ran out)" if errors else ""),
@@ -589,8 +650,9 @@ def compile_offline(schedule: Schedule, B: int = 8):
     w_gu, w_d = torch.empty(L * 2 * I, H, dtype=torch.bfloat16), torch.empty(L * H, I, dtype=torch.bfloat16)
     xs, h = torch.empty(L + 1, B, H, dtype=torch.bfloat16), torch.empty(L, B, I, dtype=torch.bfloat16)
     sums = torch.empty(L, B, H, dtype=torch.float32)
+    gu = torch.empty(L if schedule.S1 > 1 else 1, B, 2 * I, dtype=torch.float32)
     counters, error = torch.empty(schedule.n_counters, dtype=torch.int32), torch.empty(1, dtype=torch.int32)
-    _, args, kwargs = launch_args(xs, w_gu, w_d, h, sums, counters, error, schedule, 1 << 20)
+    _, args, kwargs = launch_args(xs, w_gu, w_d, h, gu, sums, counters, error, schedule, 1 << 20)
     kernel = mlp_chain_kernel
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     bound, specialization, options = binder(*args, **{**kwargs, "debug": False})
@@ -605,7 +667,7 @@ def run_offline(args) -> int:
     for model in args.models:
         H, I = MODELS[model]
         for layers in args.layers:
-            schedule = plan_schedule(H, I, layers, 132, S2=args.s2, stages=args.stages)
+            schedule = plan_schedule(H, I, layers, 132, S1=args.s1, S2=args.s2, stages=args.stages)
             compiled = compile_offline(schedule)
             ptx = compiled.asm["ptx"]
             found = {name: pattern in ptx for name, pattern in (
@@ -630,6 +692,7 @@ def main(argv=None) -> int:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--layers", nargs="+", type=int, default=[1, 16], help="MLP blocks in the chain")
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 4, 8, 16])
+    parser.add_argument("--s1", type=int, default=None, help="K slices of the gate/up projection")
     parser.add_argument("--s2", type=int, default=None, help="K slices of the down projection")
     parser.add_argument("--stages", type=int, default=None, help="ring slots (default: fill shared memory)")
     args = parser.parse_args(argv)

@@ -12,9 +12,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 import chain  # noqa: E402
 
 
-@pytest.mark.parametrize("H, I, layers, programs", [(256, 512, 3, 132), (256, 512, 2, 5), (384, 768, 2, 7)])
-def test_simulated_schedule_matches_reference(H, I, layers, programs):
-    schedule = chain.plan_schedule(H, I, layers, programs)
+@pytest.mark.parametrize("H, I, layers, programs, S1", [(256, 512, 3, 132, 4), (256, 512, 3, 132, 1),
+                                                        (256, 512, 2, 5, None), (384, 768, 2, 7, 2)])
+def test_simulated_schedule_matches_reference(H, I, layers, programs, S1):
+    schedule = chain.plan_schedule(H, I, layers, programs, S1=S1)
     torch.manual_seed(0)
     w_gu, w_d = chain.weights(H, I, layers, "cpu")
     x0 = torch.randn(3, H, dtype=torch.bfloat16)
@@ -48,10 +49,17 @@ def test_a_wait_with_no_producer_is_reported_as_deadlock(monkeypatch):
         chain.simulate(schedule, torch.randn(2, 256, dtype=torch.bfloat16), w_gu, w_d)
 
 
+def test_the_default_schedule_splits_small_projections_to_fill_the_sms():
+    schedule = chain.plan_schedule(*chain.MODELS["qwen3-0.6b"], 16, 132)
+    assert (schedule.S1, schedule.S2, schedule.programs) == (2, 16, 128)  # 48 h tiles alone would use 48 SMs
+
+
 def test_schedules_that_cannot_run_are_refused():
     with pytest.raises(ValueError, match="must divide"):
         chain.plan_schedule(200, 512, 1, 132)
     with pytest.raises(ValueError, match="whole"):
         chain.plan_schedule(256, 512, 1, 132, S2=3)
+    with pytest.raises(ValueError, match="whole"):
+        chain.plan_schedule(256, 512, 1, 132, S1=3)
     with pytest.raises(ValueError, match="shared memory"):
         chain.plan_schedule(256, 512, 1, 132, stages=40)
