@@ -2,10 +2,12 @@
 model's decode step as ONE persistent, warp-specialized Gluon kernel, to learn whether weights can
 stream at close to copy bandwidth while activations wait on other programs.
 
-The chain is L of the draft's MLP blocks with their residual, for B <= 16 rows (Llama-3.2-1B: H=2048,
-I=8192):
+The chain is L of the draft's pre-norm MLP blocks with their residual, for B <= 16 rows (Llama-3.2-1B:
+H=2048, I=8192). RMSNorm costs no pass of its own: its weight is folded into Wg and Wu, each x_l's
+summed squares per row are added up by the programs that write x_l's tiles, and stage 1 scales its
+finished dot products by the row's 1 / rms.
 
-    h_l = silu(x_l Wg_l^T) * (x_l Wu_l^T)   stage 1: I / 64 tasks, one 64-column tile of h each
+    h_l = silu(n_l Wg_l^T) * (n_l Wu_l^T)   n_l = rmsnorm(x_l); stage 1: I / 64 tasks, one 64-column tile of h each
     x_{l+1} = x_l + h_l Wd_l^T              stage 2: (H / 128) x S2 tasks, a 128-column tile over one
                                             S2-th of I; fp32 atomics sum the partials, the last one
                                             in adds the residual and publishes the tile
@@ -51,6 +53,7 @@ SLOT_ROWS = gl.constexpr(ROWS_PER_SLOT)
 HALF = gl.constexpr(ROWS_PER_SLOT // 2)
 BK = gl.constexpr(K_PER_SLOT)
 BPAD = gl.constexpr(BATCH_PAD)
+EPS = gl.constexpr(1e-5)  # RMSNorm's epsilon
 SMEM_BUDGET = 220 * 1024
 
 # Draft MLPs (H, I) this probe runs.
@@ -178,6 +181,16 @@ def _down_tile(ring, ready, empty, act, i, n_tiles, STAGES: gl.constexpr, acc_la
 
 
 @gluon.jit
+def _row_rstd(ss_ptr, B, H: gl.constexpr, acc_layout: gl.constexpr):
+    """RMSNorm's 1 / rms of each batch row (the accumulators' columns), from the row's summed squares.
+    Scaling the finished dot products by it is the norm: x_norm W^T = rstd * (x W^T), and the norm's
+    weight is folded into W's columns on the host."""
+    b = gl.arange(0, BPAD, layout=gl.SliceLayout(0, acc_layout))
+    ss = gl.load(ss_ptr + b, mask=b < B, other=0.0, cache_modifier=".cg")
+    return gl.rsqrt(ss / H + EPS)
+
+
+@gluon.jit
 def _store_h(h_ptr, acc_g, acc_u, col0, B, I: gl.constexpr):
     """h[b, col0 + r] = silu(g) * u, from the transposed accumulators (row r, column b)."""
     r = gl.arange(0, HALF, layout=gl.SliceLayout(1, acc_g.type.layout))
@@ -219,8 +232,9 @@ def _add_partial(sum_ptr, acc, col0, B, H: gl.constexpr):
 
 
 @gluon.jit
-def _finish_tile(sum_ptr, x_ptr, x_next_ptr, col0, B, H: gl.constexpr):
-    """x_next[:, tile] = bf16(x[:, tile] + sums[:, tile]): the residual, once all S2 partials are in."""
+def _finish_tile(sum_ptr, x_ptr, x_next_ptr, ss_next_ptr, col0, B, H: gl.constexpr):
+    """x_next[:, tile] = bf16(x[:, tile] + sums[:, tile]): the residual, once all S2 partials are in;
+    the tile's squares are added into each row's sum for the next layer's norm."""
     layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
     b = gl.arange(0, BPAD, layout=gl.SliceLayout(1, layout))
     c = col0 + gl.arange(0, SLOT_ROWS, layout=gl.SliceLayout(0, layout))
@@ -228,11 +242,14 @@ def _finish_tile(sum_ptr, x_ptr, x_next_ptr, col0, B, H: gl.constexpr):
     mask = (b < B)[:, None] & (c < H)[None, :]
     total = gl.load(sum_ptr + offsets, mask=mask, cache_modifier=".cg")
     total += gl.load(x_ptr + offsets, mask=mask, cache_modifier=".cg").to(gl.float32)
-    gl.store(x_next_ptr + offsets, total.to(gl.bfloat16), mask=mask)
+    out = total.to(gl.bfloat16)
+    gl.store(x_next_ptr + offsets, out, mask=mask)
+    rounded = out.to(gl.float32)
+    gl.atomic_add(ss_next_ptr + b, gl.sum(rounded * rounded, axis=1), mask=b < B, sem="relaxed")
 
 
 @gluon.jit
-def compute_partition(ring, ready, empty, act, xs_ptr, h_ptr, gu_ptr, sum_ptr, counter_ptr, error_ptr, B,
+def compute_partition(ring, ready, empty, act, xs_ptr, h_ptr, gu_ptr, sum_ptr, ss_ptr, counter_ptr, error_ptr, B,
                       spin_limit, H: gl.constexpr, I: gl.constexpr, S1: gl.constexpr, S2: gl.constexpr,
                       L: gl.constexpr, STAGES: gl.constexpr):
     """Per layer: every stage-1 task this program owns, then every stage-2 task. Counters (one int32
@@ -262,6 +279,9 @@ def compute_partition(ring, ready, empty, act, xs_ptr, h_ptr, gu_ptr, sum_ptr, c
             n = t % T1
             _stage_activations(act, x_ptr, H, B, (t // T1) * KR1, KR1 // BK)
             acc_g, acc_u, i = _gate_up_tile(ring, ready, empty, act, i, KR1 // BK, STAGES, acc_layout)
+            rstd = _row_rstd(ss_ptr + layer * B, B, H, acc_layout)[None, :]
+            acc_g *= rstd
+            acc_u *= rstd
             if S1 == 1:
                 _store_h(layer_h, acc_g, acc_u, n * HALF, B, I)
                 _release(h_done + layer * S2 + (n * HALF) // KR2)
@@ -283,16 +303,18 @@ def compute_partition(ring, ready, empty, act, xs_ptr, h_ptr, gu_ptr, sum_ptr, c
             gl.thread_barrier()
             arrived = gl.atomic_add(parts + layer * NT2 + t % NT2, 1, sem="acq_rel", scope="gpu")
             if arrived == S2 - 1:  # the last partial of this tile: finish it and publish it
-                _finish_tile(layer_sums, x_ptr, x_ptr + B * H, col0, B, H)
+                _finish_tile(layer_sums, x_ptr, x_ptr + B * H, ss_ptr + (layer + 1) * B, col0, B, H)
                 _release(x_done + layer)
 
 
 @gluon.jit
-def mlp_chain_kernel(w1_desc, w2_desc, xs_ptr, h_ptr, gu_ptr, sum_ptr, counter_ptr, error_ptr, B, spin_limit,  #
+def mlp_chain_kernel(w1_desc, w2_desc, xs_ptr, h_ptr, gu_ptr, sum_ptr, ss_ptr, counter_ptr, error_ptr, B,
+                     spin_limit,  #
                      H: gl.constexpr, I: gl.constexpr, S1: gl.constexpr, S2: gl.constexpr, L: gl.constexpr,
                      STAGES: gl.constexpr, KT_MAX: gl.constexpr):
-    """x_{l+1} = x_l + mlp_l(x_l) for L layers, persistent: grid <= SMs, every program co-resident.
-    The fp32 partial sums (gu when S1 > 1, sums) and the counters start at zero."""
+    """x_{l+1} = x_l + mlp_l(rmsnorm(x_l)) for L layers (the norm's weight folded into Wg, Wu),
+    persistent: grid <= SMs, every program co-resident. ss[0] holds x_0's summed squares per row; the
+    fp32 partial sums (gu when S1 > 1, sums), ss[1:] and the counters start at zero."""
     ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, SLOT_ROWS, BK], w2_desc.layout)
     act_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BPAD, BK], gl.bfloat16)
     act = gl.allocate_shared_memory(gl.bfloat16, [KT_MAX, BPAD, BK], act_layout)
@@ -303,7 +325,7 @@ def mlp_chain_kernel(w1_desc, w2_desc, xs_ptr, h_ptr, gu_ptr, sum_ptr, counter_p
         mbarrier.init(empty.index(s), count=1)
     fence_async_shared()
     gl.warp_specialize([
-        (compute_partition, (ring, ready, empty, act, xs_ptr, h_ptr, gu_ptr, sum_ptr, counter_ptr, error_ptr, B,
+        (compute_partition, (ring, ready, empty, act, xs_ptr, h_ptr, gu_ptr, sum_ptr, ss_ptr, counter_ptr, error_ptr, B,
                              spin_limit, H, I, S1, S2, L, STAGES)),
         (load_partition, (w1_desc, w2_desc, ring, ready, empty, H, I, S1, S2, L, STAGES)),
     ], [1], [40])
@@ -365,14 +387,14 @@ def plan_schedule(H: int, I: int, layers: int, sms: int, S1: int | None = None, 
     return schedule
 
 
-def launch_args(xs, w_gu, w_d, h, gu, sums, counters, error, schedule: Schedule, spin_limit: int):
+def launch_args(xs, w_gu, w_d, h, gu, sums, ss, counters, error, schedule: Schedule, spin_limit: int):
     half = ROWS_PER_SLOT // 2
     w1_desc = TensorDescriptor.from_tensor(w_gu, [half, K_PER_SLOT],
                                            gl.NVMMASharedLayout.get_default_for([half, K_PER_SLOT], gl.bfloat16))
     w2_desc = TensorDescriptor.from_tensor(
         w_d, [ROWS_PER_SLOT, K_PER_SLOT], gl.NVMMASharedLayout.get_default_for([ROWS_PER_SLOT, K_PER_SLOT],
                                                                                gl.bfloat16))
-    args = (w1_desc, w2_desc, xs, h, gu, sums, counters, error, xs.shape[1], spin_limit)
+    args = (w1_desc, w2_desc, xs, h, gu, sums, ss, counters, error, xs.shape[1], spin_limit)
     kwargs = dict(H=schedule.H, I=schedule.I, S1=schedule.S1, S2=schedule.S2, L=schedule.layers, STAGES=schedule.stages,
                   KT_MAX=schedule.kt_max, num_warps=4, maxnreg=168)
     return (schedule.programs, ), args, kwargs
@@ -392,34 +414,44 @@ class Chain:
         # stage 1's partial sums, read only when it is split (else one unused layer's worth)
         self.gu = torch.empty(L if schedule.S1 > 1 else 1, B, 2 * schedule.I, device=dev, dtype=torch.float32)
         self.split_stage1 = schedule.S1 > 1
+        self.ss = torch.empty(L + 1, B, device=dev, dtype=torch.float32)  # each x_l's summed squares per row
         self.counters = torch.zeros(schedule.n_counters, device=dev, dtype=torch.int32)
         self.error = torch.zeros(1, device=dev, dtype=torch.int32)
-        self.grid, self.args, self.kwargs = launch_args(self.xs, w_gu, w_d, self.h, self.gu, self.sums,
+        self.grid, self.args, self.kwargs = launch_args(self.xs, w_gu, w_d, self.h, self.gu, self.sums, self.ss,
                                                         self.counters, self.error, schedule, spin_limit)
 
     def __call__(self):
         if self.split_stage1:
             self.gu.zero_()
         self.sums.zero_()
+        torch.sum(self.xs[0].float().square(), dim=-1, out=self.ss[0])  # the embedding's job in a real step
+        self.ss[1:].zero_()
         self.counters.zero_()
         mlp_chain_kernel[self.grid](*self.args, **self.kwargs)
         return self.xs[-1]
 
 
 def torch_chain(x, w_gu, w_d, layers: int):
-    """The same chain as cuBLAS GEMMs and torch elementwise ops (what a graph of launches does)."""
+    """The same chain as torch's RMSNorm, cuBLAS GEMMs and torch elementwise ops (what a graph of
+    launches does)."""
     H, I = x.shape[1], w_d.shape[1]
     for layer in range(layers):
-        gu = x @ w_gu[layer * 2 * I:(layer + 1) * 2 * I].T
+        gu = torch.nn.functional.rms_norm(x, (H, ), eps=1e-5) @ w_gu[layer * 2 * I:(layer + 1) * 2 * I].T
         x = x + (torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]) @ w_d[layer * H:(layer + 1) * H].T
     return x
+
+
+def rms_normed(x):
+    """x / rms(x) per row, in fp32 (the norm's weight is folded into the next weights)."""
+    x = x.float()
+    return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-5)
 
 
 def reference(x, w_gu, w_d, layers: int):
     """fp32 math on bf16 inputs, rounded to bf16 where the kernel stores (h, each layer's x)."""
     H, I = x.shape[1], w_d.shape[1]
     for layer in range(layers):
-        gu = x.float() @ w_gu[layer * 2 * I:(layer + 1) * 2 * I].float().T
+        gu = rms_normed(x) @ w_gu[layer * 2 * I:(layer + 1) * 2 * I].float().T
         h = (torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]).to(torch.bfloat16)
         x = (x.float() + h.float() @ w_d[layer * H:(layer + 1) * H].float().T).to(torch.bfloat16)
     return x.float()
@@ -464,6 +496,8 @@ def simulate(schedule: Schedule, x0, w_gu, w_d):
     half, nt2, kr1, kr2 = ROWS_PER_SLOT // 2, H // ROWS_PER_SLOT, H // S1, I // S2
     B = x0.shape[0]
     gu = torch.zeros(L, B, 2 * I)
+    ss = torch.zeros(L + 1, B)
+    ss[0] = x0.float().square().sum(-1)
     xs = torch.zeros(L + 1, B, H, dtype=torch.bfloat16)
     xs[0] = x0
     h = torch.full((L, B, I), float("nan"), dtype=torch.bfloat16)
@@ -483,8 +517,9 @@ def simulate(schedule: Schedule, x0, w_gu, w_d):
                 rows = slice(layer * 2 * I + n * half, layer * 2 * I + (n + 1) * half)
                 up = slice(rows.start + I, rows.stop + I)
                 cols = slice(n * half, (n + 1) * half)
-                gu[layer, :, cols] += xs[layer, :, k].float() @ w_gu[rows, k].float().T
-                gu[layer, :, I + cols.start:I + cols.stop] += xs[layer, :, k].float() @ w_gu[up, k].float().T
+                rstd = torch.rsqrt(ss[layer] / H + 1e-5)[:, None]
+                gu[layer, :, cols] += xs[layer, :, k].float() @ w_gu[rows, k].float().T * rstd
+                gu[layer, :, I + cols.start:I + cols.stop] += xs[layer, :, k].float() @ w_gu[up, k].float().T * rstd
                 parts[("h", layer, n)] = parts.get(("h", layer, n), 0) + 1
                 if parts[("h", layer, n)] == S1:
                     g, u = gu[layer, :, cols], gu[layer, :, I + cols.start:I + cols.stop]
@@ -500,6 +535,7 @@ def simulate(schedule: Schedule, x0, w_gu, w_d):
                 parts[(layer, n)] = parts.get((layer, n), 0) + 1
                 if parts[(layer, n)] == S2:
                     xs[layer + 1, :, cols] = (xs[layer, :, cols].float() + sums[layer, :, cols]).to(torch.bfloat16)
+                    ss[layer + 1] += xs[layer + 1, :, cols].float().square().sum(-1)
                     counters[("x", layer)] = counters.get(("x", layer), 0) + 1
             pending[pid] = next(programs[pid], None)
             moved = True
@@ -514,10 +550,12 @@ def simulate(schedule: Schedule, x0, w_gu, w_d):
 # --------------------------------------------------------------------------------------------------
 
 def weights(H, I, layers, dev):
-    """Random layers whose residual stream stays bounded without a norm: each block adds about
-    0.02 |x|^2 to |x|^2 (at 1/sqrt(I) on Wd it adds 0.35 |x|^2, and 16 layers overflow bf16)."""
-    w_gu = torch.randn(layers * 2 * I, H, device=dev, dtype=torch.bfloat16) / H ** 0.5
-    w_d = torch.randn(layers * H, I, device=dev, dtype=torch.bfloat16) * (0.25 / I ** 0.5)
+    """Random layers at the scales of a trained model's: each block's RMSNorm weight (about 1) folded
+    into its gate and up rows, so w_gu is what the kernel reads. The norm keeps the residual stream's
+    growth additive, about 0.35 |x|^2 / H a layer."""
+    gamma = 1 + 0.1 * torch.randn(layers, 1, H, device=dev)
+    w_gu = (torch.randn(layers, 2 * I, H, device=dev) / H ** 0.5 * gamma).to(torch.bfloat16).reshape(-1, H)
+    w_d = torch.randn(layers * H, I, device=dev, dtype=torch.bfloat16) / I ** 0.5
     return w_gu, w_d
 
 
@@ -560,7 +598,7 @@ def layer_errors(chain: Chain, w_gu, w_d, layers: int) -> tuple[float, float]:
     err_h = err_x = 0.0
     for layer in range(layers):
         x = chain.xs[layer].float()
-        gu = x @ w_gu[layer * 2 * I:(layer + 1) * 2 * I].float().T
+        gu = rms_normed(x) @ w_gu[layer * 2 * I:(layer + 1) * 2 * I].float().T
         h_ref = torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]
         err_h = max(err_h, ((chain.h[layer].float() - h_ref).abs().max() / h_ref.abs().max()).item())
         delta = chain.h[layer].float() @ w_d[layer * H:(layer + 1) * H].float().T
@@ -650,9 +688,10 @@ def compile_offline(schedule: Schedule, B: int = 8):
     w_gu, w_d = torch.empty(L * 2 * I, H, dtype=torch.bfloat16), torch.empty(L * H, I, dtype=torch.bfloat16)
     xs, h = torch.empty(L + 1, B, H, dtype=torch.bfloat16), torch.empty(L, B, I, dtype=torch.bfloat16)
     sums = torch.empty(L, B, H, dtype=torch.float32)
+    ss = torch.empty(L + 1, B, dtype=torch.float32)
     gu = torch.empty(L if schedule.S1 > 1 else 1, B, 2 * I, dtype=torch.float32)
     counters, error = torch.empty(schedule.n_counters, dtype=torch.int32), torch.empty(1, dtype=torch.int32)
-    _, args, kwargs = launch_args(xs, w_gu, w_d, h, gu, sums, counters, error, schedule, 1 << 20)
+    _, args, kwargs = launch_args(xs, w_gu, w_d, h, gu, sums, ss, counters, error, schedule, 1 << 20)
     kernel = mlp_chain_kernel
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     bound, specialization, options = binder(*args, **{**kwargs, "debug": False})
