@@ -63,3 +63,19 @@ def test_schedules_that_cannot_run_are_refused():
         chain.plan_schedule(256, 512, 1, 132, S1=3)
     with pytest.raises(ValueError, match="shared memory"):
         chain.plan_schedule(256, 512, 1, 132, stages=40)
+
+
+@pytest.mark.parametrize("M, N, K, programs", [(3, 384, 256, 5), (16, 640, 512, 7), (8, 256, 192, 132)])
+def test_stream_k_dealing_adds_every_step_once(M, N, K, programs):
+    import gemm
+    torch.manual_seed(0)
+    x, w = torch.randn(M, K, dtype=torch.bfloat16), torch.randn(N, K, dtype=torch.bfloat16)
+    ref = x.float() @ w.float().T
+    assert torch.allclose(gemm.simulate(x, w, programs), ref, rtol=1e-4, atol=1e-3)
+
+
+def test_stream_gemm_refuses_rows_and_widths_it_cannot_take():
+    import gemm
+    with pytest.raises(ValueError, match="rows"):
+        gemm.padded_rows(129)
+    assert [gemm.padded_rows(m) for m in (1, 16, 17, 96, 128)] == [16, 16, 32, 128, 128]
