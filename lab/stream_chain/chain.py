@@ -676,7 +676,9 @@ def run_gpu(args) -> int:
 # Offline compile (no GPU)
 # --------------------------------------------------------------------------------------------------
 
-def compile_offline(schedule: Schedule, B: int = 8):
+def compile_for_sm90(kernel, args, kwargs):
+    """A Gluon kernel compiled for GPUTarget('cuda', 90, 32) (sm_90a) from CPU tensors of the right
+    shapes: the binder reads only dtypes, shapes, strides and alignment."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -684,6 +686,15 @@ def compile_offline(schedule: Schedule, B: int = 8):
 
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
+    kwargs = {**kwargs, "debug": False}
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
+    return triton.compile(GluonASTSource(kernel, signature, constexprs, attrs), target=target,
+                          options=options.__dict__)
+
+
+def compile_offline(schedule: Schedule, B: int = 8):
     H, I, L = schedule.H, schedule.I, schedule.layers
     w_gu, w_d = torch.empty(L * 2 * I, H, dtype=torch.bfloat16), torch.empty(L * H, I, dtype=torch.bfloat16)
     xs, h = torch.empty(L + 1, B, H, dtype=torch.bfloat16), torch.empty(L, B, I, dtype=torch.bfloat16)
@@ -692,13 +703,7 @@ def compile_offline(schedule: Schedule, B: int = 8):
     gu = torch.empty(L if schedule.S1 > 1 else 1, B, 2 * I, dtype=torch.float32)
     counters, error = torch.empty(schedule.n_counters, dtype=torch.int32), torch.empty(1, dtype=torch.int32)
     _, args, kwargs = launch_args(xs, w_gu, w_d, h, gu, sums, ss, counters, error, schedule, 1 << 20)
-    kernel = mlp_chain_kernel
-    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-    bound, specialization, options = binder(*args, **{**kwargs, "debug": False})
-    options, signature, constexprs, attrs = kernel._pack_args(backend, {**kwargs, "debug": False}, bound,
-                                                              specialization, options)
-    return triton.compile(GluonASTSource(kernel, signature, constexprs, attrs), target=target,
-                          options=options.__dict__)
+    return compile_for_sm90(mlp_chain_kernel, args, kwargs)
 
 
 def run_offline(args) -> int:

@@ -35,7 +35,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 sys.path.insert(0, str(Path(__file__).parent))
-from chain import BK, K_PER_SLOT, ROWS_PER_SLOT, SLOT_ROWS, _slot, copy_bandwidth, graph_time_us  # noqa: E402
+from chain import (BK, K_PER_SLOT, ROWS_PER_SLOT, SLOT_ROWS, _slot, compile_for_sm90, copy_bandwidth,  # noqa: E402
+                   graph_time_us)
 
 SMEM_BUDGET = 200 * 1024
 # Llama-3.1-8B's projections (N, K) and verify-phase rows: B x (k+1) from 8 to 128.
@@ -220,22 +221,9 @@ def run_gpu(args) -> int:
 
 
 def compile_offline(M: int, N: int, K: int):
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import create_function_from_signature
-
-    target = GPUTarget("cuda", 90, 32)
-    backend = make_backend(target)
     x, w = torch.empty(M, K, dtype=torch.bfloat16), torch.empty(N, K, dtype=torch.bfloat16)
     _, args, kwargs = launch_args(x, w, torch.empty(M, N, dtype=torch.float32), 132)
-    kernel = stream_gemm_kernel
-    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-    bound, specialization, options = binder(*args, **{**kwargs, "debug": False})
-    options, signature, constexprs, attrs = kernel._pack_args(backend, {**kwargs, "debug": False}, bound,
-                                                              specialization, options)
-    return triton.compile(GluonASTSource(kernel, signature, constexprs, attrs), target=target,
-                          options=options.__dict__)
+    return compile_for_sm90(stream_gemm_kernel, args, kwargs)
 
 
 def run_offline(args) -> int:
