@@ -79,3 +79,23 @@ def test_stream_gemm_refuses_rows_and_widths_it_cannot_take():
     with pytest.raises(ValueError, match="rows"):
         gemm.padded_rows(129)
     assert [gemm.padded_rows(m) for m in (1, 16, 17, 96, 128)] == [16, 16, 32, 128, 128]
+
+
+@pytest.mark.parametrize("B, T, HQ, HKV, D, CTX, CH", [(3, 4, 8, 2, 64, 256, 128), (2, 1, 4, 4, 64, 192, 64),
+                                                     (2, 8, 16, 2, 128, 320, 128)])
+def test_attention_units_masks_and_merge_match_the_reference(B, T, HQ, HKV, D, CTX, CH):
+    import attention
+    shape = attention.Shape(B, T, HQ, HKV, D, CTX, CH)
+    shape.check()
+    q, k, v, lens = attention.inputs(shape, "cpu", seed=B + T)
+    lens[0] = T  # a row whose only keys are the new ones: every later chunk is empty
+    ref = attention.reference(q, k, v, lens)
+    out = attention.simulate(shape, q, k, v, lens)
+    assert not out.isnan().any()
+    assert ((out - ref).abs().max() / ref.abs().max()).item() < 2e-2
+
+
+def test_attention_refuses_query_groups_larger_than_a_tile():
+    import attention
+    with pytest.raises(ValueError, match="T x G"):
+        attention.Shape(1, 8, 32, 2, 128, 512).check()
