@@ -40,7 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 sys.path.insert(0, str(Path(__file__).parent))
-from chain import _slot, compile_for_sm90, copy_bandwidth, graph_time_us  # noqa: E402
+from chain import _slot, compile_for_sm90, graph_time_us, hopper_and_copy_rate  # noqa: E402
 
 Q_ROWS = 64        # a unit's T x G queries, padded to one wgmma tile
 KEYS_PER_TILE = 64
@@ -319,12 +319,10 @@ SHAPES = [Shape(B, T, 32, 8, 128, ctx) for B, T, ctx in ((1, 4, 512), (8, 4, 102
 
 
 def run_gpu(args) -> int:
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
-        print("error: needs a Hopper GPU (sm_90); use --offline without one", file=sys.stderr)
+    gpu = hopper_and_copy_rate()
+    if gpu is None:
         return 2
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    bw = copy_bandwidth()
-    print(f"{torch.cuda.get_device_name()}: {sms} SMs, copy {bw / 1e9:.0f} GB/s", flush=True)
+    sms, bw = gpu
     print(f"{'B':>3}{'T':>3}{'HQ/HKV':>8}{'D':>5}{'ctx':>6}{'err':>9}{'floor us':>10}{'ours us':>9}{'of copy':>8}"
           f"{'sdpa us':>9}{'of copy':>8}")
     rows = []

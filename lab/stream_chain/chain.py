@@ -606,6 +606,17 @@ def layer_errors(chain: Chain, w_gu, w_d, layers: int) -> tuple[float, float]:
     return err_h, err_x
 
 
+def hopper_and_copy_rate() -> tuple[int, float] | None:
+    """(SMs, measured copy bytes/s) on a Hopper GPU, printed; None (and a line on stderr) elsewhere."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        print("error: needs a Hopper GPU (sm_90); use --offline without one", file=sys.stderr)
+        return None
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    bw = copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}: {sms} SMs, copy {bw / 1e9:.0f} GB/s", flush=True)
+    return sms, bw
+
+
 def check(label: str, chain: Chain, w_gu, w_d, layers: int) -> float:
     """Fresh input, h poisoned with NaN (a stage-2 read before its stage-1 write shows up): every
     layer on its own input (h within 2e-2, the residual update within 5e-2, relative), and the output
@@ -626,12 +637,10 @@ def check(label: str, chain: Chain, w_gu, w_d, layers: int) -> float:
 
 
 def run_gpu(args) -> int:
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
-        print("error: needs a Hopper GPU (sm_90); use --offline without one", file=sys.stderr)
+    gpu = hopper_and_copy_rate()
+    if gpu is None:
         return 2
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    bw = copy_bandwidth()
-    print(f"{torch.cuda.get_device_name()}: {sms} SMs, copy {bw / 1e9:.0f} GB/s", flush=True)
+    sms, bw = gpu
     print(f"{'model':<14}{'L':>3}{'B':>3}  {'schedule':<20}{'err':>9}{'floor us':>10}{'chain us':>10}{'of floor':>9}"
           f"{'torch us':>10}{'of floor':>9}{'chain/torch':>12}")
     rows = []

@@ -35,8 +35,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 sys.path.insert(0, str(Path(__file__).parent))
-from chain import (BK, K_PER_SLOT, ROWS_PER_SLOT, SLOT_ROWS, _slot, compile_for_sm90, copy_bandwidth,  # noqa: E402
-                   graph_time_us)
+from chain import (BK, K_PER_SLOT, ROWS_PER_SLOT, SLOT_ROWS, _slot, compile_for_sm90, graph_time_us,  # noqa: E402
+                   hopper_and_copy_rate)
 
 SMEM_BUDGET = 200 * 1024
 # Llama-3.1-8B's projections (N, K) and verify-phase rows: B x (k+1) from 8 to 128.
@@ -177,12 +177,10 @@ def traffic_bytes(M: int, N: int, K: int) -> int:
 
 
 def run_gpu(args) -> int:
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
-        print("error: needs a Hopper GPU (sm_90); use --offline without one", file=sys.stderr)
+    gpu = hopper_and_copy_rate()
+    if gpu is None:
         return 2
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    bw = copy_bandwidth()
-    print(f"{torch.cuda.get_device_name()}: {sms} SMs, copy {bw / 1e9:.0f} GB/s", flush=True)
+    sms, bw = gpu
     print(f"{'proj':<9}{'M':>4}{'N':>7}{'K':>7}{'err':>9}{'floor us':>10}{'ours us':>9}{'of copy':>8}"
           f"{'torch us':>10}{'of copy':>8}{'ours/torch':>11}")
     rows = []
