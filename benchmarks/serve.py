@@ -3,7 +3,7 @@ acceptance, per plan, number of clients and temperature.
 
     python benchmarks/serve.py [--workloads llama-1b-8b-b8] [--plans best conventional]
                                [--clients 1 8 32] [--temperatures 0 0.8] [--requests 4] [--max-tokens 64]
-                               [--json benchmarks/results/serve_h200.json]
+                               [--json benchmarks/results/serve_h200.json] [--resume CUT.json]
 
 A plan is `best` (the workload's searched plan, benchmarks/results/plans/<workload>.json), a shipped
 plan's name, a plan file, or `conventional` (each model run by torch, the phases one after the
@@ -16,6 +16,11 @@ second: every completion token over the wall time of the whole mix. Acceptance: 
 drafts proposed during the mix, from the server's `/v1/stats`. The examples' workloads are presets
 of random weights: their draft rarely agrees with their target (acceptance near 0), so the figures
 measure the round and the serving loop around it, not how well a real pair agrees.
+
+`--resume` takes a run cut short (its `--json`, from the same GPU with the same `--requests` and
+`--max-tokens`): its rows are kept, with that run's command, commit and date as `measured_by`, and
+only the missing (workload, plan, clients, temperature) are measured; a plan with nothing missing
+starts no server.
 """
 from __future__ import annotations
 
@@ -120,6 +125,22 @@ async def drive(server: Server, mix, max_tokens: int, temperature: float) -> dic
             "acceptance": accepted / proposed if proposed else 0.0}
 
 
+def resumed_runs(path: Path, gpu: str | None, settings: dict) -> dict[tuple, dict]:
+    """A cut-short run's rows by (workload, plan, clients, temperature). Refused with one line when it
+    is unreadable or comes from another GPU or other settings."""
+    try:
+        cut = json.loads(path.read_text())
+        rows, their_settings = cut["runs"], cut["settings"]
+        keys = [(r["workload"], r["plan"], r["clients"], float(r["temperature"])) for r in rows]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"serve.py: --resume: {path}: not a serve.py result ({type(e).__name__}: {e})")
+    if cut.get("gpu") != gpu or their_settings != settings:
+        raise SystemExit(f"serve.py: --resume: {path} was measured on {cut.get('gpu')} with {their_settings}; "
+                         f"this run is {gpu} with {settings}")
+    provenance = {key: cut.get(key) for key in ("command", "code", "date")}
+    return {key: r | {"measured_by": r.get("measured_by", provenance)} for key, r in zip(keys, rows)}
+
+
 def plan_argument(plan: str, workload: str) -> str:
     if plan == "best":
         return str(RESULTS / "plans" / f"{workload}.json")
@@ -135,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=positive, default=4, help="completions each client sends in turn")
     parser.add_argument("--max-tokens", type=positive, default=64)
     parser.add_argument("--logs", type=Path, default=Path("serve-logs"), help="each server's output goes here")
+    parser.add_argument("--resume", type=Path, metavar="CUT.json",
+                        help="a run cut short: keep its rows (same GPU and settings), measure the rest")
     args = parser.parse_args(argv)
 
     from conjugate.cli.arguments import workload_name_or_file
@@ -149,26 +172,36 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--workloads {name}: {e}")
         if workload.context + 1 - args.max_tokens - workload.k < 1:
             parser.error(f"--max-tokens {args.max_tokens}: past {name}'s context {workload.context}")
+    settings = {"requests": args.requests, "max_tokens": args.max_tokens}
+    out = {**environment("serve"), "command": command_line("serve", argv), "settings": settings, "runs": []}
+    kept = resumed_runs(args.resume, out["gpu"], settings) if args.resume else {}
     args.logs.mkdir(parents=True, exist_ok=True)
-    runs = []
     for name, workload in workloads.items():
         longest = min(256, workload.context + 1 - args.max_tokens - workload.k)
         for plan in args.plans:
+            cases = [(name, plan, clients, float(t)) for t in args.temperatures for clients in args.clients]
+            if all(case in kept for case in cases):  # nothing to measure: no server
+                out["runs"] += [kept[case] for case in cases]
+                write_json(args.json, out)
+                continue
             server = Server(name, plan_argument(plan, name), args.logs / f"{name}-{Path(plan).stem}.log")
             try:
                 warm = request_mix(2, 1, workload.draft.vocab_size, longest, seed=99)
                 asyncio.run(drive(server, warm, args.max_tokens, 0.0))
-                for temperature in args.temperatures:
-                    for clients in args.clients:
+                for case in cases:
+                    if case in kept:
+                        row = kept[case]
+                    else:
+                        clients, temperature = case[2], case[3]
                         mix = request_mix(clients, args.requests, workload.draft.vocab_size, longest)
                         row = {"workload": name, "plan": plan, "clients": clients, "temperature": temperature,
                                **asyncio.run(drive(server, mix, args.max_tokens, temperature))}
-                        print(json.dumps(row), flush=True)
-                        runs.append(row)
-                        write_json(args.json, {**environment("serve"), "command": command_line("serve", argv),
-                                               "runs": runs})  # after every row: a run cut short keeps its rows
+                    print(json.dumps(row), flush=True)
+                    out["runs"].append(row)
+                    write_json(args.json, out)  # after every row: a run cut short keeps its rows
             finally:
                 server.close()
+    runs = out["runs"]
     _table(runs)
     return 0
 
