@@ -13,12 +13,12 @@ run() {  # run NAME SECONDS ARGS...: one probe, its log and exit status
     timeout "$limit" python "$@" > "$out/$name.log" 2>&1
     echo "$name: exit $?" >> "$out/status.txt"
 }
-run chain 240 lab/stream_chain/chain.py --models llama-3.2-1b qwen3-0.6b qwen2.5-0.5b --layers 1 16 \
+run chain 200 lab/stream_chain/chain.py --models llama-3.2-1b qwen3-0.6b qwen2.5-0.5b --layers 1 16 \
     --batches 1 8 16 --json "$out/chain.json"
-run chain_stages3 60 lab/stream_chain/chain.py --models llama-3.2-1b --layers 16 --stages 3 --batches 8
-run gemm 150 lab/stream_chain/gemm.py --json "$out/gemm.json"
-run attention 150 lab/stream_chain/attention.py --json "$out/attention.json"
-run gluon_gemm_graph 120 lab/gluon_gemm/gemm.py --graph --json "$out/gluon_gemm_graph.json"
+run chain_stages3 50 lab/stream_chain/chain.py --models llama-3.2-1b --layers 16 --stages 3 --batches 8
+run gemm 120 lab/stream_chain/gemm.py --json "$out/gemm.json"
+run attention 120 lab/stream_chain/attention.py --json "$out/attention.json"
+run gluon_gemm_graph 90 lab/gluon_gemm/gemm.py --graph --json "$out/gluon_gemm_graph.json"
 cat "$out/status.txt"
 for name in chain chain_stages3 gemm attention gluon_gemm_graph; do
     echo "== $name"
