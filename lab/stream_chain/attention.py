@@ -24,7 +24,6 @@ problem, dealt like chain.py's GEMMs:
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import re
@@ -36,11 +35,12 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 sys.path.insert(0, str(Path(__file__).parent))
-from chain import _slot, compile_for_sm90, graph_time_us, hopper_and_copy_rate  # noqa: E402
+from chain import (_slot, compile_for_sm90, graph_time_us, hopper_and_copy_rate, ring_barriers,  # noqa: E402
+                   write_probe_result)
 
 Q_ROWS = 64        # a unit's T x G queries, padded to one wgmma tile
 KEYS_PER_TILE = 64
@@ -173,12 +173,7 @@ def verify_attention_kernel(k_desc, v_desc, q_ptr, out_ptr, lens_ptr, ws_o, ws_m
     D: gl.constexpr = k_desc.block_type.shape[1]
     k_ring = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, D], k_desc.layout)
     v_ring = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, D], v_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1)
-    fence_async_shared()
+    ready, empty = ring_barriers(STAGES)
     gl.warp_specialize([
         (compute_partition, (k_ring, v_ring, ready, empty, q_ptr, out_ptr, lens_ptr, ws_o, ws_ml, count_ptr, units,
                              HKV, NCH, T, HQ, G, scale, D, CH, STAGES)),
@@ -345,11 +340,7 @@ def run_gpu(args) -> int:
                          bw_fraction=floor / ours, sdpa_us=theirs, sdpa_bw_fraction=floor / theirs))
         print(f"{shape.B:>3}{shape.T:>3}{f'{shape.HQ}/{shape.HKV}':>8}{shape.D:>5}{shape.CTX:>6}{err:>9.1e}"
               f"{floor:>10.1f}{ours:>9.1f}{floor / ours:>8.2f}{theirs:>9.1f}{floor / theirs:>8.2f}", flush=True)
-        if args.json:
-            Path(args.json).write_text(json.dumps(dict(
-                gpu=torch.cuda.get_device_name(), sms=sms, copy_gbs=bw / 1e9,
-                command=" ".join([Path(sys.executable).name] + sys.argv), triton=triton.__version__,
-                torch=torch.__version__, timing="cuda graph", shapes=rows), indent=1) + "\n")
+        write_probe_result(args.json, sms, bw, timing="cuda graph", shapes=rows)
         del sets
         torch.cuda.empty_cache()
     return 0

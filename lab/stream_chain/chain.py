@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import re
+import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -69,6 +70,18 @@ MODELS = {"llama-3.2-1b": (2048, 8192), "llama-3.2-3b": (3072, 8192), "qwen3-0.6
 def _slot(i, STAGES: gl.constexpr):
     """Ring position of the i-th weight tile: (slot, phase of that slot's barriers)."""
     return i % STAGES, (i // STAGES) & 1
+
+
+@gluon.jit
+def ring_barriers(STAGES: gl.constexpr):
+    """(ready, empty): one mbarrier per ring slot each, initialised and fenced for TMA."""
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    fence_async_shared()  # barrier inits visible to the async proxy before the first copy
+    return ready, empty
 
 
 @gluon.jit
@@ -266,8 +279,8 @@ def compute_partition(ring, ready, empty, act, xs_ptr, h_ptr, gu_ptr, sum_ptr, s
     NT2: gl.constexpr = H // SLOT_ROWS
     h_done = counter_ptr
     parts1 = h_done + L * S2
-    parts = parts1 + L * T1
-    x_done = parts + L * NT2
+    parts2 = parts1 + L * T1
+    x_done = parts2 + L * NT2
     i = 0
     for layer in range(L):
         x_ptr = xs_ptr + layer * B * H
@@ -301,7 +314,7 @@ def compute_partition(ring, ready, empty, act, xs_ptr, h_ptr, gu_ptr, sum_ptr, s
             acc, i = _down_tile(ring, ready, empty, act, i, KR2 // BK, STAGES, acc_layout)
             _add_partial(layer_sums, acc, col0, B, H)
             gl.thread_barrier()
-            arrived = gl.atomic_add(parts + layer * NT2 + t % NT2, 1, sem="acq_rel", scope="gpu")
+            arrived = gl.atomic_add(parts2 + layer * NT2 + t % NT2, 1, sem="acq_rel", scope="gpu")
             if arrived == S2 - 1:  # the last partial of this tile: finish it and publish it
                 _finish_tile(layer_sums, x_ptr, x_ptr + B * H, ss_ptr + (layer + 1) * B, col0, B, H)
                 _release(x_done + layer)
@@ -318,12 +331,7 @@ def mlp_chain_kernel(w1_desc, w2_desc, xs_ptr, h_ptr, gu_ptr, sum_ptr, ss_ptr, c
     ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, SLOT_ROWS, BK], w2_desc.layout)
     act_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BPAD, BK], gl.bfloat16)
     act = gl.allocate_shared_memory(gl.bfloat16, [KT_MAX, BPAD, BK], act_layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1)
-    fence_async_shared()
+    ready, empty = ring_barriers(STAGES)
     gl.warp_specialize([
         (compute_partition, (ring, ready, empty, act, xs_ptr, h_ptr, gu_ptr, sum_ptr, ss_ptr, counter_ptr, error_ptr, B,
                              spin_limit, H, I, S1, S2, L, STAGES)),
@@ -606,6 +614,19 @@ def layer_errors(chain: Chain, w_gu, w_d, layers: int) -> tuple[float, float]:
     return err_h, err_x
 
 
+def write_probe_result(path: str | None, sms: int, bw: float, **fields) -> None:
+    """A probe's JSON (rewritten after every row, so a run cut short keeps what it measured): GPU,
+    SMs, copy rate, command, commit, versions, then the probe's own fields."""
+    if not path:
+        return
+    commit = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip() or "unknown"
+    Path(path).write_text(json.dumps(dict(
+        gpu=torch.cuda.get_device_name(), sms=sms, copy_gbs=bw / 1e9,
+        command=" ".join(["python"] + sys.argv), code=commit, triton=triton.__version__, torch=torch.__version__,
+        cuda=torch.version.cuda, **fields), indent=1) + "\n")
+
+
 def hopper_and_copy_rate() -> tuple[int, float] | None:
     """(SMs, measured copy bytes/s) on a Hopper GPU, printed; None (and a line on stderr) elsewhere."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
@@ -671,11 +692,7 @@ def run_gpu(args) -> int:
                       f"{chain_us / floor_us:>9.2f}{torch_us:>10.1f}{torch_us / floor_us:>9.2f}"
                       f"{chain_us / torch_us:>12.2f}" + (f"  ({errors} waits ran out)" if errors else ""),
                       flush=True)
-                if args.json:  # after every row: a cut-short run keeps what it measured
-                    Path(args.json).write_text(json.dumps(dict(
-                        gpu=torch.cuda.get_device_name(), sms=sms, copy_gbs=bw / 1e9,
-                        command=" ".join([Path(sys.executable).name] + sys.argv), triton=triton.__version__,
-                        torch=torch.__version__, cuda=torch.version.cuda, rows=rows), indent=1) + "\n")
+                write_probe_result(args.json, sms, bw, rows=rows)
             del sets, chains
             torch.cuda.empty_cache()
     return 0

@@ -20,7 +20,6 @@ chain.py's machinery, with the work dealt stream-K style:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -30,13 +29,13 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 sys.path.insert(0, str(Path(__file__).parent))
 from chain import (BK, K_PER_SLOT, ROWS_PER_SLOT, SLOT_ROWS, _slot, compile_for_sm90, graph_time_us,  # noqa: E402
-                   hopper_and_copy_rate)
+                   hopper_and_copy_rate, ring_barriers, write_probe_result)
 
 SMEM_BUDGET = 200 * 1024
 # Llama-3.1-8B's projections (N, K) and verify-phase rows: B x (k+1) from 8 to 128.
@@ -94,12 +93,7 @@ def stream_gemm_kernel(w_desc, x_desc, y_ptr, M, N, K, STAGES: gl.constexpr):
     last = (gl.program_id(0) + 1) * total // programs
     w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, SLOT_ROWS, BK], w_desc.layout)
     x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES, MPAD, BK], x_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1)
-    fence_async_shared()
+    ready, empty = ring_barriers(STAGES)
     gl.warp_specialize([
         (compute_partition, (w_ring, x_ring, ready, empty, y_ptr, M, N, first, last, K_STEPS, MPAD, STAGES)),
         (load_partition, (w_desc, x_desc, w_ring, x_ring, ready, empty, first, last, K_STEPS, STAGES)),
@@ -207,12 +201,7 @@ def run_gpu(args) -> int:
             rows.append(row)
             print(f"{name:<9}{M:>4}{N:>7}{K:>7}{err:>9.1e}{floor:>10.1f}{ours:>9.1f}{floor / ours:>8.2f}"
                   f"{theirs:>10.1f}{floor / theirs:>8.2f}{ours / theirs:>11.2f}", flush=True)
-            if args.json:
-                Path(args.json).write_text(json.dumps(dict(
-                    gpu=torch.cuda.get_device_name(), sms=sms, copy_gbs=bw / 1e9,
-                    command=" ".join([Path(sys.executable).name] + sys.argv), triton=triton.__version__,
-                    torch=torch.__version__, cuda=torch.version.cuda, timing="cuda graph, rotating weights",
-                    shapes=rows), indent=1) + "\n")
+            write_probe_result(args.json, sms, bw, timing="cuda graph, rotating weights", shapes=rows)
         del ws, gemms
         torch.cuda.empty_cache()
     return 0
