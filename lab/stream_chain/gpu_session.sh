@@ -20,7 +20,10 @@ run gemm 120 lab/stream_chain/gemm.py --json "$out/gemm.json"
 run attention 120 lab/stream_chain/attention.py --json "$out/attention.json"
 run gluon_gemm_graph 90 lab/gluon_gemm/gemm.py --graph --json "$out/gluon_gemm_graph.json"
 cat "$out/status.txt"
+# the device returns at most 8 files: the logs travel as one archive
+tar -czf "$out/logs.tar.gz" -C "$out" $(cd "$out" && ls *.log)
 for name in chain chain_stages3 gemm attention gluon_gemm_graph; do
     echo "== $name"
     tail -n 14 "$out/$name.log"
 done
+rm -f "$out"/*.log
