@@ -211,16 +211,18 @@ class Engine:
         return True
 
     def _admit(self, g: int) -> None:
-        """Fill group g's free slots from the queue (it has no drafts in flight now)."""
+        """Fill group g's free slots from the queue (it has no drafts in flight now), their
+        prompts prefilled together."""
         group, slots = self.groups[g], self.slots[g]
-        for row, owner in enumerate(slots):
-            if owner is not None:
-                continue
-            with self._lock:
-                ticket = self._queue.popleft() if self._queue else None
-            if ticket is None:
-                return
-            group.admit(row, list(ticket.request.prompt), ticket.request.max_tokens)
+        admitted: dict[int, Ticket] = {}
+        with self._lock:
+            for row, owner in enumerate(slots):
+                if owner is None and self._queue:
+                    admitted[row] = self._queue.popleft()
+        if not admitted:
+            return
+        group.admit({row: (list(t.request.prompt), t.request.max_tokens) for row, t in admitted.items()})
+        for row, ticket in admitted.items():
             self.decoder.set_sampling(group, row, ticket.request.sampling, ticket.seed)
             slots[row] = ticket
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from conjugate.compiler.buffers import ModelBuffers
-from conjugate.models.reference import forward
+from conjugate.serving.prefill import prefill
 from conjugate.serving.settle import settle
 
 
@@ -63,21 +63,30 @@ class Group:
                self.produced, self.limit, self.accepted, fresh=self.fresh, **sampled)
 
     # -- slots ----------------------------------------------------------------------------------------
-    def admit(self, row: int, prompt: list[int], max_tokens: int) -> None:
-        """Start a request in slot `row`: every prompt id but the last into both caches (prefill at
-        the row's own length), the last as the next draft step's input. Only while the group has no
-        proposals in flight (after its accept step, before its next draft pass)."""
+    def admit(self, requests: dict[int, tuple[list[int], int]]) -> None:
+        """Start requests in slots (row -> (prompt, max_tokens)): every prompt id but the last into
+        both caches (prefill.py: the rows batched, each at its own length), the last as the next
+        draft step's input. Only while the group has no proposals in flight (after its accept step,
+        before its next draft pass)."""
+        if not requests:
+            return
         device = self.produced.device
-        tokens = torch.tensor(prompt, dtype=torch.int64)
-        if device.type == "cuda":  # from pinned memory: the copy queues behind the round, the host goes on
-            tokens = tokens.pin_memory().to(device, non_blocking=True)
+        rows = list(requests)
+        prompts = {row: prompt[:-1] for row, (prompt, _) in requests.items()}
         for bufs in (self.draft, self.target):
-            if len(prompt) > 1:
-                forward(bufs.prepared.weights, tokens[None, :-1], bufs.cache.rows(row), 0)
-            bufs.lengths[row] = len(prompt) - 1
-        self.draft.tokens_in[row] = tokens[-1]
-        self.produced[row] = 0
-        self.limit[row] = max_tokens
+            prefill(bufs.prepared.weights, bufs.cache, prompts)
+        lengths = torch.tensor([len(prompts[r]) for r in rows], dtype=torch.int64)
+        last = torch.tensor([requests[r][0][-1] for r in rows], dtype=torch.int64)
+        limits = torch.tensor([requests[r][1] for r in rows], dtype=torch.int64)
+        index = torch.tensor(rows, dtype=torch.int64)
+        if device.type == "cuda":  # from pinned memory: the copies queue behind the round, the host goes on
+            lengths, last, limits, index = (t.pin_memory().to(device, non_blocking=True)
+                                            for t in (lengths, last, limits, index))
+        for bufs in (self.draft, self.target):
+            bufs.lengths[index] = lengths.to(bufs.lengths.dtype)
+        self.draft.tokens_in[index] = last.to(self.draft.tokens_in.dtype)
+        self.produced[index] = 0
+        self.limit[index] = limits
 
     def stop(self, row: int) -> None:
         """Make slot `row` inactive from the next accept step on (its request ended or went away)."""
