@@ -8,14 +8,16 @@ cache at positions [0, len_b), the new ones at the end. Query heads share a KV h
 At these sizes the attention reads the cache once and does little else, so it is a streaming
 problem, dealt like chain.py's GEMMs:
 
-* a unit is (row b, KV head g, chunk c of CH keys). Units are dealt round-robin over one program per
-  SM. A unit's T x G queries are one 64-row wgmma tile (rows past T*G idle, which costs MMA time, not
-  bytes);
-* a 1-warp loader TMA-loads every K and V tile of its units below len_b into a ring. It waits only
-  for free slots;
-* the compute warpgroup runs S = Q K^T (Q from registers), the causal and length mask, an online
-  softmax in base 2, and O += P V (P from registers). It writes the unit's (m, l, O) and counts the
-  unit in. The last unit of (b, g) to arrive merges the chunks and writes out.
+* the work is dealt stream-K style, in the kernel, from the runtime lengths (as a CUDA graph needs):
+  the key tiles of every (row b, KV head g) pair below len_b, pair after pair, are cut into one
+  equal contiguous range per program (one program per SM, fewer when there are fewer tiles). A
+  program's range is a run of pieces: whole pairs in the middle, part of a pair at either end;
+* a 1-warp loader TMA-loads the K and V tiles of its range into a ring. It waits only for free slots;
+* the compute warpgroup puts a pair's T x G queries in one 64-row wgmma tile (rows past T*G idle:
+  MMA time, not bytes) and runs S = Q K^T, the causal and length mask, an online softmax in base 2,
+  and O += P V (Q and P from registers). A whole pair is written out at once. A piece leaves its
+  (m, l, O) in the program's slot 0 (the piece its range starts in) or slot 1 (the one it ends in);
+  the pair's last piece to arrive (a counter per pair) merges them and writes out.
 
     python lab/stream_chain/attention.py --json OUT.json   # Hopper GPU: check, time beside torch SDPA
     python lab/stream_chain/attention.py --offline         # no GPU: compile for sm_90a
@@ -42,41 +44,80 @@ sys.path.insert(0, str(Path(__file__).parent))
 from chain import (_slot, compile_for_sm90, graph_time_us, hopper_and_copy_rate, ring_barriers,  # noqa: E402
                    write_probe_result)
 
-Q_ROWS = 64        # a unit's T x G queries, padded to one wgmma tile
+Q_ROWS = 64        # a piece's T x G queries, padded to one wgmma tile
 KEYS_PER_TILE = 64
 QROWS = gl.constexpr(Q_ROWS)
 BLOCK_N = gl.constexpr(KEYS_PER_TILE)
 LOG2E = gl.constexpr(1.4426950408889634)
 
 
+# --------------------------------------------------------------------------------------------------
+# The dealing: every program computes it from the lengths alone (runtime values, as in a CUDA graph)
+# --------------------------------------------------------------------------------------------------
 @gluon.jit
-def _unit(u, HKV, NCH):
-    """Unit u's (row b, KV head g, chunk c)."""
-    return u // (HKV * NCH), (u // NCH) % HKV, u % NCH
+def _total_tiles(lens_ptr, B, HKV):
+    """Key tiles of every (row, KV head) pair below its row's length."""
+    total = 0
+    for b in range(B):
+        total += gl.cdiv(gl.load(lens_ptr + b), BLOCK_N)
+    return total * HKV
 
 
 @gluon.jit
-def _unit_tiles(lens_ptr, b, c, CH: gl.constexpr):
-    """The K/V tiles of chunk c below row b's length (0 for a chunk past it)."""
-    keys = gl.minimum(gl.maximum(gl.load(lens_ptr + b) - c * CH, 0), CH)
-    return gl.cdiv(keys, BLOCK_N)
+def _dealt(total):
+    """(programs that get work, this program's tiles [lo, hi)): equal contiguous ranges, none empty."""
+    programs = gl.minimum(gl.num_programs(0), total)
+    i = gl.program_id(0)
+    return programs, i * total // programs, (i + 1) * total // programs
 
 
 @gluon.jit
-def load_partition(k_desc, v_desc, k_ring, v_ring, ready, empty, lens_ptr, units, HKV, NCH, CTX,
-                   CH: gl.constexpr, STAGES: gl.constexpr):
+def _pair_at(lens_ptr, t, HKV):
+    """The pair holding tile t: (row b, its tiles n, tiles before row b over all heads, KV head g, j)."""
+    b = 0
+    before = 0
+    n = gl.cdiv(gl.load(lens_ptr), BLOCK_N)
+    while before + n * HKV <= t:
+        before += n * HKV
+        b += 1
+        n = gl.cdiv(gl.load(lens_ptr + b), BLOCK_N)
+    g = (t - before) // n
+    return b, n, before, g, t - before - g * n
+
+
+@gluon.jit
+def _owner(t, programs, total):
+    """The program whose range holds tile t."""
+    return ((t + 1) * programs - 1) // total
+
+
+@gluon.jit
+def load_partition(k_desc, v_desc, k_ring, v_ring, ready, empty, lens_ptr, B, HKV, CTX, STAGES: gl.constexpr):
     nbytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes
-    i = 0
-    for u in range(gl.program_id(0), units, gl.num_programs(0)):
-        b, g, c = _unit(u, HKV, NCH)
-        row0 = (b * HKV + g) * CTX + c * CH
-        for j in range(_unit_tiles(lens_ptr, b, c, CH)):
-            s, phase = _slot(i, STAGES)
-            mbarrier.wait(empty.index(s), phase ^ 1)
-            mbarrier.expect(ready.index(s), nbytes)
-            tma.async_copy_global_to_shared(k_desc, [row0 + j * BLOCK_N, 0], ready.index(s), k_ring.index(s))
-            tma.async_copy_global_to_shared(v_desc, [row0 + j * BLOCK_N, 0], ready.index(s), v_ring.index(s))
-            i += 1
+    total = _total_tiles(lens_ptr, B, HKV)
+    programs, lo, hi = _dealt(total)
+    if gl.program_id(0) < programs:
+        b, n, before, g, j = _pair_at(lens_ptr, lo, HKV)
+        t = lo
+        i = 0
+        while t < hi:
+            row0 = (b * HKV + g) * CTX
+            first = before + g * n
+            for jj in range(j, gl.minimum(n, hi - first)):
+                s, phase = _slot(i, STAGES)
+                mbarrier.wait(empty.index(s), phase ^ 1)
+                mbarrier.expect(ready.index(s), nbytes)
+                tma.async_copy_global_to_shared(k_desc, [row0 + jj * BLOCK_N, 0], ready.index(s), k_ring.index(s))
+                tma.async_copy_global_to_shared(v_desc, [row0 + jj * BLOCK_N, 0], ready.index(s), v_ring.index(s))
+                i += 1
+            t = first + n
+            j = 0
+            g += 1
+            if (g == HKV) & (t < hi):
+                g = 0
+                b += 1
+                before = t
+                n = gl.cdiv(gl.load(lens_ptr + b), BLOCK_N)
 
 
 @gluon.jit
@@ -89,95 +130,140 @@ def _load_queries(q_ptr, b, g, T, HQ, G, D: gl.constexpr, layout: gl.constexpr):
 
 
 @gluon.jit
-def _store_partial(ws_o, ws_ml, u, o, m, l, D: gl.constexpr):
-    """The unit's unnormalized O and its running max and sum (base 2), fp32, for the merge."""
+def _store_out(out_ptr, o, b, g, T, HQ, G, D: gl.constexpr):
+    """A finished [64, D] tile's first T*G rows into out [B, T, HQ, D]."""
     r = gl.arange(0, QROWS, layout=gl.SliceLayout(1, o.type.layout))
     d = gl.arange(0, D, layout=gl.SliceLayout(0, o.type.layout))
-    gl.store(ws_o + (u * QROWS + r)[:, None] * D + d[None, :], o)
-    gl.store(ws_ml + (u * 2) * QROWS + r, m)
-    gl.store(ws_ml + (u * 2 + 1) * QROWS + r, l)
+    row = (b * T + r // G) * HQ + g * G + r % G
+    gl.store(out_ptr + row[:, None] * D + d[None, :], o.to(gl.bfloat16), mask=(r < T * G)[:, None])
 
 
 @gluon.jit
-def _merge(ws_o, ws_ml, out_ptr, b, g, u0, NCH, T, HQ, G, D: gl.constexpr):
-    """out for (b, g) from its NCH chunks' partials: rescale each to the largest max, sum, divide."""
+def _store_partial(ws_o, ws_ml, slot, o, m, l, rows, D: gl.constexpr):
+    """A piece's unnormalized O and its running max and sum (base 2), fp32, its first `rows` rows."""
+    r = gl.arange(0, QROWS, layout=gl.SliceLayout(1, o.type.layout))
+    d = gl.arange(0, D, layout=gl.SliceLayout(0, o.type.layout))
+    gl.store(ws_o + (slot * QROWS + r)[:, None] * D + d[None, :], o, mask=(r < rows)[:, None])
+    gl.store(ws_ml + (slot * 2) * QROWS + r, m, mask=r < rows)
+    gl.store(ws_ml + (slot * 2 + 1) * QROWS + r, l, mask=r < rows)
+
+
+@gluon.jit
+def _merge(ws_o, ws_ml, out_ptr, b, g, first, n, programs, total, T, HQ, G, D: gl.constexpr):
+    """out for pair (b, g) from the partials of the programs its tiles [first, first + n) were dealt to:
+    each piece rescaled to the largest max, summed, divided. A program's piece of the pair is its
+    slot 0 when its range starts inside the pair, else slot 1 (the pair came after its first piece)."""
     layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
     r = gl.arange(0, QROWS, layout=gl.SliceLayout(1, layout))
     d = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
+    rows = T * G
+    p0 = _owner(first, programs, total)
+    p1 = _owner(first + n - 1, programs, total)
     m_all = gl.full([QROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, layout))
-    for c in range(NCH):
-        m_all = gl.maximum(m_all, gl.load(ws_ml + ((u0 + c) * 2) * QROWS + r, cache_modifier=".cg"))
+    for p in range(p0, p1 + 1):
+        slot = 2 * p + (p * total // programs < first).to(gl.int32)
+        m_all = gl.maximum(m_all, gl.load(ws_ml + (slot * 2) * QROWS + r, mask=r < rows, other=float("-inf"),
+                                          cache_modifier=".cg"))
     m_all = gl.where(m_all == float("-inf"), 0.0, m_all)
     acc = gl.zeros([QROWS, D], gl.float32, layout=layout)
-    total = gl.zeros([QROWS], gl.float32, layout=gl.SliceLayout(1, layout))
-    for c in range(NCH):
-        u = u0 + c
-        w = gl.exp2(gl.load(ws_ml + (u * 2) * QROWS + r, cache_modifier=".cg") - m_all)
-        total += w * gl.load(ws_ml + (u * 2 + 1) * QROWS + r, cache_modifier=".cg")
-        acc += w[:, None] * gl.load(ws_o + (u * QROWS + r)[:, None] * D + d[None, :], cache_modifier=".cg")
-    out = acc / gl.where(total > 0, total, 1.0)[:, None]
-    row = (b * T + r // G) * HQ + g * G + r % G
-    gl.store(out_ptr + row[:, None] * D + d[None, :], out.to(gl.bfloat16), mask=(r < T * G)[:, None])
+    sum_l = gl.zeros([QROWS], gl.float32, layout=gl.SliceLayout(1, layout))
+    for p in range(p0, p1 + 1):
+        slot = 2 * p + (p * total // programs < first).to(gl.int32)
+        w = gl.exp2(gl.load(ws_ml + (slot * 2) * QROWS + r, mask=r < rows, other=float("-inf"),
+                            cache_modifier=".cg") - m_all)
+        sum_l += w * gl.load(ws_ml + (slot * 2 + 1) * QROWS + r, mask=r < rows, other=0.0, cache_modifier=".cg")
+        acc += w[:, None] * gl.load(ws_o + (slot * QROWS + r)[:, None] * D + d[None, :], mask=(r < rows)[:, None],
+                                    other=0.0, cache_modifier=".cg")
+    _store_out(out_ptr, acc / gl.where(sum_l > 0, sum_l, 1.0)[:, None], b, g, T, HQ, G, D)
 
 
 @gluon.jit
-def compute_partition(k_ring, v_ring, ready, empty, q_ptr, out_ptr, lens_ptr, ws_o, ws_ml, count_ptr, units,
-                      HKV, NCH, T, HQ, G, scale, D: gl.constexpr, CH: gl.constexpr, STAGES: gl.constexpr):
+def _attend_piece(k_ring, v_ring, ready, empty, q, i, j0, j1, length, T, G, qk_scale,
+                  D: gl.constexpr, STAGES: gl.constexpr):
+    """Online softmax over key tiles j0..j1-1 of one pair (ring positions from i): (o, m, l, i)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
-    q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     r = gl.arange(0, QROWS, layout=gl.SliceLayout(1, s_layout))
     key = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    qk_scale = scale * LOG2E
-    i = 0
-    for u in range(gl.program_id(0), units, gl.num_programs(0)):
-        b, g, c = _unit(u, HKV, NCH)
-        length = gl.load(lens_ptr + b)
-        q = _load_queries(q_ptr, b, g, T, HQ, G, D, q_layout)
-        last_key = length - T + r // G  # each query's own position: it sees keys up to it
-        m = gl.full([QROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-        l = gl.zeros([QROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
-        o = gl.zeros([QROWS, D], gl.float32, layout=o_layout)
-        for j in range(_unit_tiles(lens_ptr, b, c, CH)):
-            s, phase = _slot(i, STAGES)
-            mbarrier.wait(ready.index(s), phase)
-            scores = warpgroup_mma(q, k_ring.index(s).permute((1, 0)),
-                                   gl.zeros([QROWS, BLOCK_N], gl.float32, layout=s_layout))
-            pos = c * CH + j * BLOCK_N + key
-            seen = (pos[None, :] <= last_key[:, None]) & (r < T * G)[:, None]
-            scores = gl.where(seen, scores * qk_scale, float("-inf"))
-            m_new = gl.maximum(m, gl.max(scores, axis=1))
-            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-            p = gl.exp2(scores - m_safe[:, None])
-            alpha = gl.exp2(m - m_safe)
-            l = l * alpha + gl.sum(p, axis=1)
-            o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            o = warpgroup_mma(gl.convert_layout(p.to(gl.bfloat16), p_layout), v_ring.index(s), o)
-            mbarrier.arrive(empty.index(s), count=1)
-            m = m_new
-            i += 1
-        _store_partial(ws_o, ws_ml, u, o, gl.convert_layout(m, gl.SliceLayout(1, o_layout)),
-                       gl.convert_layout(l, gl.SliceLayout(1, o_layout)), D)
-        gl.thread_barrier()
-        arrived = gl.atomic_add(count_ptr + b * HKV + g, 1, sem="acq_rel", scope="gpu")
-        if arrived == NCH - 1:  # the last chunk of (b, g) in: merge and write out
-            _merge(ws_o, ws_ml, out_ptr, b, g, u - c, NCH, T, HQ, G, D)
+    last_key = length - T + r // G  # each query's own position: it sees keys up to it
+    m = gl.full([QROWS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l = gl.zeros([QROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    o = gl.zeros([QROWS, D], gl.float32, layout=o_layout)
+    for j in range(j0, j1):
+        s, phase = _slot(i, STAGES)
+        mbarrier.wait(ready.index(s), phase)
+        scores = warpgroup_mma(q, k_ring.index(s).permute((1, 0)),
+                               gl.zeros([QROWS, BLOCK_N], gl.float32, layout=s_layout))
+        pos = j * BLOCK_N + key
+        seen = (pos[None, :] <= last_key[:, None]) & (r < T * G)[:, None]
+        scores = gl.where(seen, scores * qk_scale, float("-inf"))
+        m_new = gl.maximum(m, gl.max(scores, axis=1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(scores - m_safe[:, None])
+        alpha = gl.exp2(m - m_safe)
+        l = l * alpha + gl.sum(p, axis=1)
+        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        o = warpgroup_mma(gl.convert_layout(p.to(gl.bfloat16), p_layout), v_ring.index(s), o)
+        mbarrier.arrive(empty.index(s), count=1)
+        m = m_new
+        i += 1
+    return o, gl.convert_layout(m, gl.SliceLayout(1, o_layout)), gl.convert_layout(l, gl.SliceLayout(1, o_layout)), i
 
 
 @gluon.jit
-def verify_attention_kernel(k_desc, v_desc, q_ptr, out_ptr, lens_ptr, ws_o, ws_ml, count_ptr, units, HKV, NCH,
-                            CTX, T, HQ, G, scale, CH: gl.constexpr, STAGES: gl.constexpr):
-    """Persistent; the per-(b, g) counters start at zero."""
+def compute_partition(k_ring, v_ring, ready, empty, q_ptr, out_ptr, lens_ptr, ws_o, ws_ml, count_ptr, B, HKV, T,
+                      HQ, G, scale, D: gl.constexpr, STAGES: gl.constexpr):
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
+    qk_scale = scale * LOG2E
+    total = _total_tiles(lens_ptr, B, HKV)
+    programs, lo, hi = _dealt(total)
+    if gl.program_id(0) < programs:
+        b, n, before, g, j = _pair_at(lens_ptr, lo, HKV)
+        t = lo
+        i = 0
+        while t < hi:
+            first = before + g * n
+            j1 = gl.minimum(n, hi - first)
+            q = _load_queries(q_ptr, b, g, T, HQ, G, D, q_layout)
+            o, m, l, i = _attend_piece(k_ring, v_ring, ready, empty, q, i, j, j1, gl.load(lens_ptr + b), T, G,
+                                       qk_scale, D, STAGES)
+            if (j == 0) & (j1 == n):  # the whole pair here: finish it
+                _store_out(out_ptr, o / gl.where(l > 0, l, 1.0)[:, None], b, g, T, HQ, G, D)
+            else:  # a piece: leave the partial; the pair's last piece in merges
+                slot = 2 * gl.program_id(0) + (first > lo).to(gl.int32)
+                _store_partial(ws_o, ws_ml, slot, o, m, l, T * G, D)
+                gl.thread_barrier()
+                pieces = _owner(first + n - 1, programs, total) - _owner(first, programs, total) + 1
+                arrived = gl.atomic_add(count_ptr + b * HKV + g, 1, sem="acq_rel", scope="gpu")
+                if arrived == pieces - 1:
+                    _merge(ws_o, ws_ml, out_ptr, b, g, first, n, programs, total, T, HQ, G, D)
+                    gl.store(count_ptr + b * HKV + g, 0)  # ready for the next launch
+            t = first + n
+            j = 0
+            g += 1
+            if (g == HKV) & (t < hi):
+                g = 0
+                b += 1
+                before = t
+                n = gl.cdiv(gl.load(lens_ptr + b), BLOCK_N)
+
+
+@gluon.jit
+def verify_attention_kernel(k_desc, v_desc, q_ptr, out_ptr, lens_ptr, ws_o, ws_ml, count_ptr, B, HKV, CTX, T, HQ, G,
+                            scale, STAGES: gl.constexpr):
+    """Persistent; the per-(b, g) counters start at zero and are left at zero."""
     D: gl.constexpr = k_desc.block_type.shape[1]
     k_ring = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, D], k_desc.layout)
     v_ring = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, D], v_desc.layout)
     ready, empty = ring_barriers(STAGES)
     gl.warp_specialize([
-        (compute_partition, (k_ring, v_ring, ready, empty, q_ptr, out_ptr, lens_ptr, ws_o, ws_ml, count_ptr, units,
-                             HKV, NCH, T, HQ, G, scale, D, CH, STAGES)),
-        (load_partition, (k_desc, v_desc, k_ring, v_ring, ready, empty, lens_ptr, units, HKV, NCH, CTX, CH, STAGES)),
+        (compute_partition, (k_ring, v_ring, ready, empty, q_ptr, out_ptr, lens_ptr, ws_o, ws_ml, count_ptr, B, HKV,
+                             T, HQ, G, scale, D, STAGES)),
+        (load_partition, (k_desc, v_desc, k_ring, v_ring, ready, empty, lens_ptr, B, HKV, CTX, STAGES)),
     ], [1], [40])
 
 
@@ -188,28 +274,19 @@ def verify_attention_kernel(k_desc, v_desc, q_ptr, out_ptr, lens_ptr, ws_o, ws_m
 @dataclass(frozen=True)
 class Shape:
     """One verify attention: B rows of T queries, HQ query heads over HKV KV heads of dim D, a cache
-    of CTX positions, chunks of CH keys."""
+    of CTX positions."""
     B: int
     T: int
     HQ: int
     HKV: int
     D: int
     CTX: int
-    CH: int = 512
 
     def check(self) -> None:
         if self.HQ % self.HKV or self.T * (self.HQ // self.HKV) > Q_ROWS:
             raise ValueError(f"{self}: T x G must be at most {Q_ROWS} with G = HQ / HKV whole")
-        if self.D not in (64, 128) or self.CH % KEYS_PER_TILE or self.CTX % KEYS_PER_TILE:
-            raise ValueError(f"{self}: D must be 64 or 128, CH and CTX multiples of {KEYS_PER_TILE}")
-
-    @property
-    def chunks(self) -> int:
-        return -(-self.CTX // self.CH)
-
-    @property
-    def units(self) -> int:
-        return self.B * self.HKV * self.chunks
+        if self.D not in (64, 128) or self.CTX % KEYS_PER_TILE:
+            raise ValueError(f"{self}: D must be 64 or 128, CTX a multiple of {KEYS_PER_TILE}")
 
     @property
     def stages(self) -> int:
@@ -217,27 +294,52 @@ class Shape:
 
 
 class VerifyAttention:
-    """Buffers and launch for one shape; call() zeroes the counters and runs the kernel."""
+    """Buffers and launch for one shape: one program per SM, the dealing done in the kernel."""
 
     def __init__(self, shape: Shape, q, k_cache, v_cache, lens, sms: int):
         shape.check()
         self.shape, dev = shape, q.device
         self.out = torch.empty_like(q)
-        self.ws_o = torch.empty(shape.units, Q_ROWS, shape.D, device=dev, dtype=torch.float32)
-        self.ws_ml = torch.empty(shape.units, 2, Q_ROWS, device=dev, dtype=torch.float32)
-        self.counts = torch.zeros(shape.B * shape.HKV, device=dev, dtype=torch.int32)
+        self.ws_o = torch.empty(2 * sms, Q_ROWS, shape.D, device=dev, dtype=torch.float32)  # two pieces a program
+        self.ws_ml = torch.empty(2 * sms, 2, Q_ROWS, device=dev, dtype=torch.float32)
+        self.counts = torch.zeros(shape.B * shape.HKV, device=dev, dtype=torch.int32)  # left at zero by the merges
         layout = gl.NVMMASharedLayout.get_default_for([KEYS_PER_TILE, shape.D], gl.bfloat16)
         k_desc = TensorDescriptor.from_tensor(k_cache.view(-1, shape.D), [KEYS_PER_TILE, shape.D], layout)
         v_desc = TensorDescriptor.from_tensor(v_cache.view(-1, shape.D), [KEYS_PER_TILE, shape.D], layout)
-        self.grid = (min(sms, shape.units), )
-        self.args = (k_desc, v_desc, q, self.out, lens, self.ws_o, self.ws_ml, self.counts, shape.units, shape.HKV,
-                     shape.chunks, shape.CTX, shape.T, shape.HQ, shape.HQ // shape.HKV, 1 / math.sqrt(shape.D))
-        self.kwargs = dict(CH=shape.CH, STAGES=shape.stages, num_warps=4, maxnreg=168)
+        self.grid = (sms, )
+        self.args = (k_desc, v_desc, q, self.out, lens, self.ws_o, self.ws_ml, self.counts, shape.B, shape.HKV,
+                     shape.CTX, shape.T, shape.HQ, shape.HQ // shape.HKV, 1 / math.sqrt(shape.D))
+        self.kwargs = dict(STAGES=shape.stages, num_warps=4, maxnreg=168)
 
     def __call__(self):
-        self.counts.zero_()
         verify_attention_kernel[self.grid](*self.args, **self.kwargs)
         return self.out
+
+
+def deal(lens: list[int], HKV: int, programs: int) -> list[list[tuple[int, int, int, int]]]:
+    """What the kernel's dealing gives each program: its pieces (b, g, j0, j1), key tiles j0..j1-1 of
+    pair (b, g), in order (the kernel's walk, in Python)."""
+    tiles = [-(-n // KEYS_PER_TILE) for n in lens]
+    total = sum(tiles) * HKV
+    programs = min(programs, total)
+    pieces = []
+    for i in range(programs):
+        lo, hi = i * total // programs, (i + 1) * total // programs
+        mine, before = [], 0
+        for b, n in enumerate(tiles):
+            for g in range(HKV):
+                first = before + g * n
+                j0, j1 = max(lo - first, 0), min(n, hi - first)
+                if j0 < j1:
+                    mine.append((b, g, j0, j1))
+            before += n * HKV
+        pieces.append(mine)
+    return pieces
+
+
+def owner(t: int, programs: int, total: int) -> int:
+    """The program whose range holds tile t (the kernel's `_owner`)."""
+    return ((t + 1) * programs - 1) // total
 
 
 def reference(q, k_cache, v_cache, lens):
@@ -256,42 +358,61 @@ def reference(q, k_cache, v_cache, lens):
     return out
 
 
-def simulate(shape: Shape, q, k_cache, v_cache, lens):
-    """The kernel's units, tile masks, base-2 online softmax and merge in torch on the CPU."""
+def simulate(shape: Shape, q, k_cache, v_cache, lens, programs: int = 132):
+    """The kernel's dealing, tile masks, base-2 online softmax, partial slots and merges in torch on
+    the CPU. Pieces run program by program; a pair's merge reads the slots `_merge` reads."""
     B, T, HQ, D = q.shape
     G, scale = HQ // shape.HKV, 1 / math.sqrt(D) * 1.4426950408889634
-    out = torch.zeros(B, T, HQ, D)
+    lens_l = [int(n) for n in lens]
+    tiles = [-(-n // KEYS_PER_TILE) for n in lens_l]
+    total = sum(tiles) * shape.HKV
+    dealt = deal(lens_l, shape.HKV, programs)
+    programs = len(dealt)
+    out = torch.full((B, T, HQ, D), float("nan"))
+    slots: dict[int, tuple] = {}
     r = torch.arange(Q_ROWS)
     valid = r < T * G
-    for b in range(B):
-        n = int(lens[b])
-        for g in range(shape.HKV):
-            heads = g * G + r % G
+    starts = [sum(tiles[:b]) * shape.HKV for b in range(B)]
+
+    def store(b, g, res):
+        out[b, (r // G)[valid], (g * G + r % G)[valid]] = res[valid]
+
+    for i, pieces in enumerate(dealt):
+        lo = i * total // programs
+        for b, g, j0, j1 in pieces:
+            n, first = tiles[b], starts[b] + g * tiles[b]
             qt = torch.zeros(Q_ROWS, D)
-            qt[valid] = q[b, (r // G)[valid], heads[valid]].float()
-            parts = []
-            for c in range(shape.chunks):
-                m, l, o = torch.full((Q_ROWS, ), float("-inf")), torch.zeros(Q_ROWS), torch.zeros(Q_ROWS, D)
-                tiles = -(-min(max(n - c * shape.CH, 0), shape.CH) // KEYS_PER_TILE)
-                for j in range(tiles):
-                    pos = c * shape.CH + j * KEYS_PER_TILE + torch.arange(KEYS_PER_TILE)
-                    kt = k_cache[b, g, pos.clamp(max=shape.CTX - 1)].float()
-                    vt = v_cache[b, g, pos.clamp(max=shape.CTX - 1)].float()
-                    seen = (pos[None, :] <= (n - T + r // G)[:, None]) & valid[:, None]
-                    s = (qt @ kt.T * scale).masked_fill(~seen, float("-inf"))
-                    m_new = torch.maximum(m, s.max(1).values)
-                    m_safe = torch.where(m_new == float("-inf"), 0.0, m_new)
-                    p = torch.exp2(s - m_safe[:, None])
-                    alpha = torch.exp2(m - m_safe)
-                    l, o, m = l * alpha + p.sum(1), o * alpha[:, None] + p.bfloat16().float() @ vt, m_new
-                parts.append((m, l, o))
-            m_all = torch.stack([p[0] for p in parts]).max(0).values
-            m_all = torch.where(m_all == float("-inf"), 0.0, m_all)
-            w = [torch.exp2(p[0] - m_all) for p in parts]
-            total = sum(wc * p[1] for wc, p in zip(w, parts))
-            acc = sum(wc[:, None] * p[2] for wc, p in zip(w, parts))
-            res = acc / torch.where(total > 0, total, 1.0)[:, None]
-            out[b, (r // G)[valid], heads[valid]] = res[valid]
+            qt[valid] = q[b, (r // G)[valid], (g * G + r % G)[valid]].float()
+            m, l, o = torch.full((Q_ROWS, ), float("-inf")), torch.zeros(Q_ROWS), torch.zeros(Q_ROWS, D)
+            for j in range(j0, j1):
+                pos = j * KEYS_PER_TILE + torch.arange(KEYS_PER_TILE)
+                kt = k_cache[b, g, pos.clamp(max=shape.CTX - 1)].float()
+                vt = v_cache[b, g, pos.clamp(max=shape.CTX - 1)].float()
+                seen = (pos[None, :] <= (lens_l[b] - T + r // G)[:, None]) & valid[:, None]
+                sc = (qt @ kt.T * scale).masked_fill(~seen, float("-inf"))
+                m_new = torch.maximum(m, sc.max(1).values)
+                m_safe = torch.where(m_new == float("-inf"), 0.0, m_new)
+                p = torch.exp2(sc - m_safe[:, None])
+                alpha = torch.exp2(m - m_safe)
+                l, o, m = l * alpha + p.sum(1), o * alpha[:, None] + p.bfloat16().float() @ vt, m_new
+            if j0 == 0 and j1 == n:
+                store(b, g, o / torch.where(l > 0, l, 1.0)[:, None])
+                continue
+            slot = 2 * i + int(first > lo)
+            if slot in slots:
+                raise AssertionError(f"program {i} fills slot {slot} twice")
+            slots[slot] = (m, l, o)
+            p0, p1 = owner(first, programs, total), owner(first + n - 1, programs, total)
+            if i == p1:  # programs run in order here, so the pair's last program is its last piece in
+                parts = [slots.pop(2 * p + int(p * total // programs < first)) for p in range(p0, p1 + 1)]
+                m_all = torch.stack([pt[0] for pt in parts]).max(0).values
+                m_all = torch.where(m_all == float("-inf"), 0.0, m_all)
+                w = [torch.exp2(pt[0] - m_all) for pt in parts]
+                sum_l = sum(wc * pt[1] for wc, pt in zip(w, parts))
+                acc = sum(wc[:, None] * pt[2] for wc, pt in zip(w, parts))
+                store(b, g, acc / torch.where(sum_l > 0, sum_l, 1.0)[:, None])
+    if slots:
+        raise AssertionError(f"partials never merged: slots {sorted(slots)}")
     return out
 
 
@@ -358,10 +479,9 @@ def sdpa(shape: Shape, q, k, v, lens):
 def run_offline(args) -> int:
     print(f"triton {triton.__version__}: verify_attention_kernel for cuda:90 (sm_90a), no GPU")
     for shape in (SHAPES[0], SHAPES[-1]):
-        q, k, v, lens = inputs(Shape(shape.B, shape.T, shape.HQ, shape.HKV, shape.D, 128, 64), "cpu")
-        attn_args = VerifyAttention.__new__(VerifyAttention)
-        VerifyAttention.__init__(attn_args, Shape(shape.B, shape.T, shape.HQ, shape.HKV, shape.D, 128, 64), q, k, v,
-                                 lens, 132)
+        small = Shape(shape.B, shape.T, shape.HQ, shape.HKV, shape.D, 128)
+        q, k, v, lens = inputs(small, "cpu")
+        attn_args = VerifyAttention(small, q, k, v, lens, 132)
         compiled = compile_for_sm90(verify_attention_kernel, attn_args.args, attn_args.kwargs)
         ptx = compiled.asm["ptx"]
         mmas = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)))

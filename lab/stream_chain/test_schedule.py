@@ -81,18 +81,34 @@ def test_stream_gemm_refuses_rows_and_widths_it_cannot_take():
     assert [gemm.padded_rows(m) for m in (1, 16, 17, 96, 128)] == [16, 16, 32, 128, 128]
 
 
-@pytest.mark.parametrize("B, T, HQ, HKV, D, CTX, CH", [(3, 4, 8, 2, 64, 256, 128), (2, 1, 4, 4, 64, 192, 64),
-                                                     (2, 8, 16, 2, 128, 320, 128)])
-def test_attention_units_masks_and_merge_match_the_reference(B, T, HQ, HKV, D, CTX, CH):
+@pytest.mark.parametrize("B, T, HQ, HKV, D, CTX, programs", [(3, 4, 8, 2, 64, 256, 5), (2, 1, 4, 4, 64, 192, 132),
+                                                           (2, 8, 16, 2, 128, 320, 7), (4, 2, 8, 8, 64, 512, 3)])
+def test_attention_dealing_masks_and_merge_match_the_reference(B, T, HQ, HKV, D, CTX, programs):
     import attention
-    shape = attention.Shape(B, T, HQ, HKV, D, CTX, CH)
+    shape = attention.Shape(B, T, HQ, HKV, D, CTX)
     shape.check()
     q, k, v, lens = attention.inputs(shape, "cpu", seed=B + T)
-    lens[0] = T  # a row whose only keys are the new ones: every later chunk is empty
+    lens[0] = T  # a row whose only keys are the new ones: one tile
     ref = attention.reference(q, k, v, lens)
-    out = attention.simulate(shape, q, k, v, lens)
-    assert not out.isnan().any()
+    out = attention.simulate(shape, q, k, v, lens, programs)
+    assert not out.isnan().any()  # every pair written
     assert ((out - ref).abs().max() / ref.abs().max()).item() < 2e-2
+
+
+@pytest.mark.parametrize("programs", [1, 4, 7, 132, 1000])
+def test_attention_dealing_covers_every_tile_once_in_near_equal_ranges(programs):
+    import attention
+    lens, HKV = [64, 1, 700, 130, 4096, 65], 4
+    tiles = [-(-n // attention.KEYS_PER_TILE) for n in lens]
+    dealt = attention.deal(lens, HKV, programs)
+    assert len(dealt) == min(programs, sum(tiles) * HKV)  # no program without work
+    seen = sorted((b, g, j) for pieces in dealt for b, g, j0, j1 in pieces for j in range(j0, j1))
+    assert seen == [(b, g, j) for b in range(len(lens)) for g in range(HKV) for j in range(tiles[b])]
+    sizes = [sum(j1 - j0 for *_, j0, j1 in pieces) for pieces in dealt]
+    assert max(sizes) - min(sizes) <= 1
+    for pieces in dealt:  # only a range's ends can be part of a pair
+        for b, g, j0, j1 in pieces[1:-1]:
+            assert (j0, j1) == (0, tiles[b])
 
 
 def test_attention_refuses_query_groups_larger_than_a_tile():
