@@ -86,6 +86,19 @@ def _pair_at(lens_ptr, t, HKV):
 
 
 @gluon.jit
+def _next_pair(lens_ptr, b, n, before, g, first, hi, HKV):
+    """After pair (b, g), whose tiles start at `first`: (its end t, and the next pair's b, n, before, g)."""
+    t = first + n
+    g += 1
+    if (g == HKV) & (t < hi):
+        g = 0
+        b += 1
+        before = t
+        n = gl.cdiv(gl.load(lens_ptr + b), BLOCK_N)
+    return t, b, n, before, g
+
+
+@gluon.jit
 def _owner(t, programs, total):
     """The program whose range holds tile t."""
     return ((t + 1) * programs - 1) // total
@@ -110,14 +123,8 @@ def load_partition(k_desc, v_desc, k_ring, v_ring, ready, empty, lens_ptr, B, HK
                 tma.async_copy_global_to_shared(k_desc, [row0 + jj * BLOCK_N, 0], ready.index(s), k_ring.index(s))
                 tma.async_copy_global_to_shared(v_desc, [row0 + jj * BLOCK_N, 0], ready.index(s), v_ring.index(s))
                 i += 1
-            t = first + n
+            t, b, n, before, g = _next_pair(lens_ptr, b, n, before, g, first, hi, HKV)
             j = 0
-            g += 1
-            if (g == HKV) & (t < hi):
-                g = 0
-                b += 1
-                before = t
-                n = gl.cdiv(gl.load(lens_ptr + b), BLOCK_N)
 
 
 @gluon.jit
@@ -242,14 +249,8 @@ def compute_partition(k_ring, v_ring, ready, empty, q_ptr, out_ptr, lens_ptr, ws
                 if arrived == pieces - 1:
                     _merge(ws_o, ws_ml, out_ptr, b, g, first, n, programs, total, T, HQ, G, D)
                     gl.store(count_ptr + b * HKV + g, 0)  # ready for the next launch
-            t = first + n
+            t, b, n, before, g = _next_pair(lens_ptr, b, n, before, g, first, hi, HKV)
             j = 0
-            g += 1
-            if (g == HKV) & (t < hi):
-                g = 0
-                b += 1
-                before = t
-                n = gl.cdiv(gl.load(lens_ptr + b), BLOCK_N)
 
 
 @gluon.jit
