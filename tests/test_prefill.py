@@ -44,8 +44,10 @@ def test_batched_prefill_writes_each_row_as_the_reference_does(name, device):
         if n:
             want = KVCache.empty(spec, 1, capacity, dtype, device)
             forward(w, torch.tensor([ids], device=device), want, 0)
-            tol = dict(atol=3e-2, rtol=3e-2) if dtype == torch.bfloat16 else dict(atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(got.k[:, row, :, :n].float(), want.k[:, 0, :, :n].float(), **tol)
-            torch.testing.assert_close(got.v[:, row, :, :n].float(), want.v[:, 0, :, :n].float(), **tol)
+            for mine, theirs in ((got.k[:, row, :, :n], want.k[:, 0, :, :n]), (got.v[:, row, :, :n], want.v[:, 0, :, :n])):
+                if dtype == torch.bfloat16:  # bf16 products against fp32 ones: a few bf16 steps of the largest
+                    assert (mine.float() - theirs.float()).abs().max() <= 2e-2 * theirs.float().abs().max()
+                else:
+                    torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
     for row in (1, 4, 5):  # not admitted, or nothing to prefill: untouched
         assert bool((got.k[:, row] == sentinel).all()) and bool((got.v[:, row] == sentinel).all())
