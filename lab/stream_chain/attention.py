@@ -55,12 +55,18 @@ LOG2E = gl.constexpr(1.4426950408889634)
 # The dealing: every program computes it from the lengths alone (runtime values, as in a CUDA graph)
 # --------------------------------------------------------------------------------------------------
 @gluon.jit
-def _total_tiles(lens_ptr, B, HKV):
-    """Key tiles of every (row, KV head) pair below its row's length."""
-    total = 0
-    for b in range(B):
-        total += gl.cdiv(gl.load(lens_ptr + b), BLOCK_N)
-    return total * HKV
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _rows(lens_ptr, B, HKV, BP: gl.constexpr, WARPS: gl.constexpr):
+    """Every row at once, as [BP] vectors (rows past B: no tiles): (row ids, key tiles n_b below its
+    length, tiles of all pairs before row b). One load, no dependent chain."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    rows = gl.arange(0, BP, layout=layout)
+    n = gl.cdiv(gl.load(lens_ptr + rows, mask=rows < B, other=0), BLOCK_N)
+    return rows, n, (gl.associative_scan(n, 0, _add) - n) * HKV
 
 
 @gluon.jit
@@ -72,29 +78,29 @@ def _dealt(total):
 
 
 @gluon.jit
-def _pair_at(lens_ptr, t, HKV):
+def _row(rows, n_all, before_all, b):
+    """Row b's (key tiles, tiles of all pairs before it), picked out of _rows' vectors."""
+    return gl.sum(gl.where(rows == b, n_all, 0), axis=0), gl.sum(gl.where(rows == b, before_all, 0), axis=0)
+
+
+@gluon.jit
+def _pair_at(rows, n_all, before_all, t, HKV):
     """The pair holding tile t: (row b, its tiles n, tiles before row b over all heads, KV head g, j)."""
-    b = 0
-    before = 0
-    n = gl.cdiv(gl.load(lens_ptr), BLOCK_N)
-    while before + n * HKV <= t:
-        before += n * HKV
-        b += 1
-        n = gl.cdiv(gl.load(lens_ptr + b), BLOCK_N)
+    b = gl.sum((before_all + n_all * HKV <= t).to(gl.int32), axis=0)  # rows wholly before t
+    n, before = _row(rows, n_all, before_all, b)
     g = (t - before) // n
     return b, n, before, g, t - before - g * n
 
 
 @gluon.jit
-def _next_pair(lens_ptr, b, n, before, g, first, hi, HKV):
+def _next_pair(rows, n_all, before_all, b, n, before, g, first, hi, HKV):
     """After pair (b, g), whose tiles start at `first`: (its end t, and the next pair's b, n, before, g)."""
     t = first + n
     g += 1
     if (g == HKV) & (t < hi):
         g = 0
         b += 1
-        before = t
-        n = gl.cdiv(gl.load(lens_ptr + b), BLOCK_N)
+        n, before = _row(rows, n_all, before_all, b)
     return t, b, n, before, g
 
 
@@ -105,12 +111,13 @@ def _owner(t, programs, total):
 
 
 @gluon.jit
-def load_partition(k_desc, v_desc, k_ring, v_ring, ready, empty, lens_ptr, B, HKV, CTX, STAGES: gl.constexpr):
+def load_partition(k_desc, v_desc, k_ring, v_ring, ready, empty, lens_ptr, B, HKV, CTX, BP: gl.constexpr,
+                   STAGES: gl.constexpr):
     nbytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes
-    total = _total_tiles(lens_ptr, B, HKV)
-    programs, lo, hi = _dealt(total)
+    rows, n_all, before_all = _rows(lens_ptr, B, HKV, BP, 1)
+    programs, lo, hi = _dealt(gl.sum(n_all, axis=0) * HKV)
     if gl.program_id(0) < programs:
-        b, n, before, g, j = _pair_at(lens_ptr, lo, HKV)
+        b, n, before, g, j = _pair_at(rows, n_all, before_all, lo, HKV)
         t = lo
         i = 0
         while t < hi:
@@ -123,7 +130,7 @@ def load_partition(k_desc, v_desc, k_ring, v_ring, ready, empty, lens_ptr, B, HK
                 tma.async_copy_global_to_shared(k_desc, [row0 + jj * BLOCK_N, 0], ready.index(s), k_ring.index(s))
                 tma.async_copy_global_to_shared(v_desc, [row0 + jj * BLOCK_N, 0], ready.index(s), v_ring.index(s))
                 i += 1
-            t, b, n, before, g = _next_pair(lens_ptr, b, n, before, g, first, hi, HKV)
+            t, b, n, before, g = _next_pair(rows, n_all, before_all, b, n, before, g, first, hi, HKV)
             j = 0
 
 
@@ -221,15 +228,16 @@ def _attend_piece(k_ring, v_ring, ready, empty, q, i, j0, j1, length, T, G, qk_s
 
 @gluon.jit
 def compute_partition(k_ring, v_ring, ready, empty, q_ptr, out_ptr, lens_ptr, ws_o, ws_ml, count_ptr, B, HKV, T,
-                      HQ, G, scale, D: gl.constexpr, STAGES: gl.constexpr):
+                      HQ, G, scale, D: gl.constexpr, BP: gl.constexpr, STAGES: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
     qk_scale = scale * LOG2E
-    total = _total_tiles(lens_ptr, B, HKV)
+    rows, n_all, before_all = _rows(lens_ptr, B, HKV, BP, 4)
+    total = gl.sum(n_all, axis=0) * HKV
     programs, lo, hi = _dealt(total)
     if gl.program_id(0) < programs:
-        b, n, before, g, j = _pair_at(lens_ptr, lo, HKV)
+        b, n, before, g, j = _pair_at(rows, n_all, before_all, lo, HKV)
         t = lo
         i = 0
         while t < hi:
@@ -249,13 +257,13 @@ def compute_partition(k_ring, v_ring, ready, empty, q_ptr, out_ptr, lens_ptr, ws
                 if arrived == pieces - 1:
                     _merge(ws_o, ws_ml, out_ptr, b, g, first, n, programs, total, T, HQ, G, D)
                     gl.store(count_ptr + b * HKV + g, 0)  # ready for the next launch
-            t, b, n, before, g = _next_pair(lens_ptr, b, n, before, g, first, hi, HKV)
+            t, b, n, before, g = _next_pair(rows, n_all, before_all, b, n, before, g, first, hi, HKV)
             j = 0
 
 
 @gluon.jit
 def verify_attention_kernel(k_desc, v_desc, q_ptr, out_ptr, lens_ptr, ws_o, ws_ml, count_ptr, B, HKV, CTX, T, HQ, G,
-                            scale, STAGES: gl.constexpr):
+                            scale, BP: gl.constexpr, STAGES: gl.constexpr):
     """Persistent; the per-(b, g) counters start at zero and are left at zero."""
     D: gl.constexpr = k_desc.block_type.shape[1]
     k_ring = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, D], k_desc.layout)
@@ -263,8 +271,8 @@ def verify_attention_kernel(k_desc, v_desc, q_ptr, out_ptr, lens_ptr, ws_o, ws_m
     ready, empty = ring_barriers(STAGES)
     gl.warp_specialize([
         (compute_partition, (k_ring, v_ring, ready, empty, q_ptr, out_ptr, lens_ptr, ws_o, ws_ml, count_ptr, B, HKV,
-                             T, HQ, G, scale, D, STAGES)),
-        (load_partition, (k_desc, v_desc, k_ring, v_ring, ready, empty, lens_ptr, B, HKV, CTX, STAGES)),
+                             T, HQ, G, scale, D, BP, STAGES)),
+        (load_partition, (k_desc, v_desc, k_ring, v_ring, ready, empty, lens_ptr, B, HKV, CTX, BP, STAGES)),
     ], [1], [40])
 
 
@@ -310,7 +318,7 @@ class VerifyAttention:
         self.grid = (sms, )
         self.args = (k_desc, v_desc, q, self.out, lens, self.ws_o, self.ws_ml, self.counts, shape.B, shape.HKV,
                      shape.CTX, shape.T, shape.HQ, shape.HQ // shape.HKV, 1 / math.sqrt(shape.D))
-        self.kwargs = dict(STAGES=shape.stages, num_warps=4, maxnreg=168)
+        self.kwargs = dict(BP=max(32, triton.next_power_of_2(shape.B)), STAGES=shape.stages, num_warps=4, maxnreg=168)
 
     def __call__(self):
         verify_attention_kernel[self.grid](*self.args, **self.kwargs)
