@@ -140,6 +140,65 @@ def gemm_kernel(x_desc, w_desc, out_ptr, M, N, K, stride_om,  #
     _store_tile(out_ptr, acc, M, N, stride_om, off_n, BLOCK_M, BLOCK_N, SPLIT_K)
 
 
+@gluon.jit
+def _add_partial(out_ptr, acc, M, N, stride_om, off_n, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Add one partial sum of a column block into the fp32 out (zeroed before the launch)."""
+    rows = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc.type.layout))
+    cols = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc.type.layout))
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    gl.atomic_add(out_ptr + rows[:, None] * stride_om + cols[None, :], acc, mask=mask, sem="relaxed")
+
+
+@gluon.jit
+def gemm_stream_k_kernel(x_desc, w_desc, out_ptr, M, N, K, stride_om,  #
+                         STAGES: gl.constexpr, INSTR_N: gl.constexpr, num_warps: gl.constexpr):
+    """Persistent, one program per SM. The (column block, K tile) steps, column block major, are cut
+    into one equal contiguous range per program, so every SM streams the same bytes whatever the
+    number of column blocks (no partial wave). The ring runs across column blocks without draining;
+    where a program's range leaves a column block, its partial sum is added into the fp32 out."""
+    BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    total = gl.cdiv(N, BLOCK_N) * k_tiles
+    lo = gl.program_id(0) * total // gl.num_programs(0)
+    steps = (gl.program_id(0) + 1) * total // gl.num_programs(0) - lo
+
+    x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
+    w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+    fence_async_shared()
+
+    for i in gl.static_range(STAGES - 1):
+        if i < steps:
+            step = lo + i
+            _issue_tile_load(x_desc, w_desc, x_ring, w_ring, ready, i, step % k_tiles, step // k_tiles * BLOCK_N,
+                             BLOCK_K)
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, INSTR_N, 16])
+    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+    for i in range(steps):
+        step = lo + i
+        slot = i % STAGES
+        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+        x_tile, w_tile = x_ring.index(slot), w_ring.index(slot)
+        acc = warpgroup_mma(x_tile, w_tile.permute((1, 0)), acc, is_async=True)
+        acc, x_tile, w_tile = warpgroup_mma_wait(num_outstanding=1, deps=(acc, x_tile, w_tile))
+        refill = i + STAGES - 1
+        if refill < steps:
+            ahead = lo + refill
+            _issue_tile_load(x_desc, w_desc, x_ring, w_ring, ready, refill % STAGES, ahead % k_tiles,
+                             ahead // k_tiles * BLOCK_N, BLOCK_K)
+        if (step % k_tiles == k_tiles - 1) | (i == steps - 1):  # the range leaves this column block
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            _add_partial(out_ptr, acc, M, N, stride_om, step // k_tiles * BLOCK_N, BLOCK_M, BLOCK_N)
+            acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+    for s in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(s))
+
+
 # --------------------------------------------------------------------------------------------------
 # Host side: tile choice, descriptors, launch
 # --------------------------------------------------------------------------------------------------
@@ -202,13 +261,32 @@ def launch_args(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, cfg: Config
     return grid, args, kwargs
 
 
+def stream_k_config(M: int, N: int, K: int, block_n: int = 128, block_k: int = 64) -> Config:
+    """All M rows in one tile, one program per SM (split_k 0 marks the stream-K form), the ring as deep
+    as ~200 KB allows."""
+    block_m = 64 if M <= 64 else 128
+    return Config(block_m, block_n, block_k, max(2, min(8, 200 * 1024 // ((block_m + block_n) * block_k * 2))), 0)
+
+
+def stream_k_launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, cfg: Config, sms: int):
+    """(grid, positional args, keyword args) of gemm_stream_k_kernel: out must be fp32, zeroed first."""
+    M, K = x.shape
+    x_desc, w_desc = descriptors(x, w, cfg)
+    args = (x_desc, w_desc, out, M, w.shape[0], K, out.stride(0))
+    return (sms, ), args, dict(STAGES=cfg.stages, INSTR_N=instr_n(cfg), num_warps=cfg.num_warps)
+
+
 def gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, cfg: Config) -> torch.Tensor:
-    """out = x @ w.T. With cfg.split_k > 1, out must be fp32 (partials are added atomically); it is
+    """out = x @ w.T. With cfg.split_k != 1 (0: stream-K), out must be fp32 (partials are added atomically); it is
     zeroed here, and that memset is part of what is timed."""
     assert x.dtype == w.dtype == torch.bfloat16 and x.is_contiguous() and w.is_contiguous()
-    assert cfg.split_k == 1 or out.dtype == torch.float32, "split-K adds fp32 partials: out must be fp32"
-    if cfg.split_k > 1:
+    assert cfg.split_k == 1 or out.dtype == torch.float32, "split-K and stream-K add fp32 partials: out must be fp32"
+    if cfg.split_k != 1:
         out.zero_()
+    if cfg.split_k == 0:
+        grid, args, kwargs = stream_k_launch(x, w, out, cfg, torch.cuda.get_device_properties(x.device).multi_processor_count)
+        gemm_stream_k_kernel[grid](*args, **kwargs)
+        return out
     grid, args, kwargs = launch_args(x, w, out, cfg)
     gemm_kernel[grid](*args, **kwargs)
     return out
@@ -272,14 +350,45 @@ def graph_pair_us(M: int, N: int, K: int, cfg: Config, out_dtype) -> tuple[float
     ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
     outs = [torch.empty(M, N, device="cuda", dtype=out_dtype) for _ in ws]
     ref_outs = [torch.empty(M, N, device="cuda", dtype=torch.bfloat16) for _ in ws]
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     launches = []
-    for w, out in zip(ws, outs):
-        grid, args, kwargs = launch_args(x, w, out, cfg)  # descriptors built once, outside the graph
-        launches.append(lambda out=out, grid=grid, args=args, kwargs=kwargs: (
-            out.zero_() if cfg.split_k > 1 else None, gemm_kernel[grid](*args, **kwargs)))
+    for w, out in zip(ws, outs):  # descriptors built once, outside the graph
+        if cfg.split_k == 0:
+            grid, args, kwargs = stream_k_launch(x, w, out, cfg, sms)
+            kernel = gemm_stream_k_kernel
+        else:
+            grid, args, kwargs = launch_args(x, w, out, cfg)
+            kernel = gemm_kernel
+        launches.append(lambda out=out, grid=grid, args=args, kwargs=kwargs, kernel=kernel: (
+            out.zero_() if cfg.split_k != 1 else None, kernel[grid](*args, **kwargs)))
     ours = graph_time_us(launches)
     theirs = graph_time_us([lambda w=w, o=o: torch.mm(x, w.T, out=o) for w, o in zip(ws, ref_outs)])
     return ours, theirs
+
+
+def measure(name: str, M: int, N: int, K: int, cfg: Config, args) -> dict:
+    """Check one shape's kernel, time it beside torch.mm, print its row; the row."""
+    out_dtype = torch.float32 if cfg.split_k != 1 or args.fp32_out else torch.bfloat16
+    err = check(name, M, N, K, cfg, out_dtype)
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(M, N, device="cuda", dtype=out_dtype)
+    ref_out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    if args.graph:
+        us, torch_us = graph_pair_us(M, N, K, cfg, out_dtype)
+    else:
+        us = time_us(lambda: gemm(x, w, out, cfg))
+        torch_us = time_us(lambda: torch.mm(x, w.T, out=ref_out))
+    nbytes, torch_bytes = traffic_bytes(M, N, K, out_dtype), traffic_bytes(M, N, K, torch.bfloat16)
+    gbs, torch_gbs = nbytes / us * 1e-3, torch_bytes / torch_us * 1e-3
+    row = dict(shape=name, M=M, N=N, K=K, config=cfg.__dict__, out_dtype=str(out_dtype), rel_err=err,
+               us=us, gbps=gbs, frac=gbs * 1e9 / COPY_BANDWIDTH, torch_us=torch_us, torch_gbps=torch_gbs,
+               torch_frac=torch_gbs * 1e9 / COPY_BANDWIDTH, floor_us=nbytes / COPY_BANDWIDTH * 1e6)
+    cfg_s = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{cfg.stages} k{cfg.split_k}"
+    print(f"{name:<9}{M:>5}{N:>7}{K:>7}  {cfg_s:<22}{str(out_dtype)[6:]:>5}{err:>10.2e}"
+          f"{us:>10.1f}{gbs:>8.0f}{row['frac']:>6.2f}{torch_us:>10.1f}{torch_gbs:>8.0f}"
+          f"{row['torch_frac']:>6.2f}", flush=True)
+    return row
 
 
 def run_gpu(args) -> int:
@@ -292,28 +401,11 @@ def run_gpu(args) -> int:
     print(header)
     for name, (N, K) in SHAPES.items():
         for M in ROWS:
-            cfg = choose_config(M, N, K, block_n=args.block_n, stages=args.stages, split_k=args.split_k)
-            out_dtype = torch.float32 if cfg.split_k > 1 or args.fp32_out else torch.bfloat16
-            err = check(name, M, N, K, cfg, out_dtype)
-            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-            w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
-            out = torch.empty(M, N, device="cuda", dtype=out_dtype)
-            ref_out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-            if args.graph:
-                us, torch_us = graph_pair_us(M, N, K, cfg, out_dtype)
-            else:
-                us = time_us(lambda: gemm(x, w, out, cfg))
-                torch_us = time_us(lambda: torch.mm(x, w.T, out=ref_out))
-            nbytes, torch_bytes = traffic_bytes(M, N, K, out_dtype), traffic_bytes(M, N, K, torch.bfloat16)
-            gbs, torch_gbs = nbytes / us * 1e-3, torch_bytes / torch_us * 1e-3
-            row = dict(shape=name, M=M, N=N, K=K, config=cfg.__dict__, out_dtype=str(out_dtype), rel_err=err,
-                       us=us, gbps=gbs, frac=gbs * 1e9 / COPY_BANDWIDTH, torch_us=torch_us, torch_gbps=torch_gbs,
-                       torch_frac=torch_gbs * 1e9 / COPY_BANDWIDTH, floor_us=nbytes / COPY_BANDWIDTH * 1e6)
-            rows.append(row)
-            cfg_s = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{cfg.stages} k{cfg.split_k}"
-            print(f"{name:<9}{M:>5}{N:>7}{K:>7}  {cfg_s:<22}{str(out_dtype)[6:]:>5}{err:>10.2e}"
-                  f"{us:>10.1f}{gbs:>8.0f}{row['frac']:>6.2f}{torch_us:>10.1f}{torch_gbs:>8.0f}"
-                  f"{row['torch_frac']:>6.2f}", flush=True)
+            configs = [choose_config(M, N, K, block_n=args.block_n, stages=args.stages, split_k=args.split_k)]
+            if args.stream_k:
+                configs.append(stream_k_config(M, N, K, block_n=args.block_n))
+            for cfg in configs:
+                rows.append(measure(name, M, N, K, cfg, args))
     if args.json:
         Path(args.json).write_text(json.dumps(dict(
             gpu=torch.cuda.get_device_name(), command=" ".join([sys.executable] + sys.argv),
@@ -337,12 +429,16 @@ def compile_offline(M: int, N: int, K: int, cfg: Config, arch: int = 90):
 
     target = GPUTarget("cuda", arch, 32)
     backend = make_backend(target)
-    out_dtype = torch.float32 if cfg.split_k > 1 else torch.bfloat16
+    out_dtype = torch.float32 if cfg.split_k != 1 else torch.bfloat16
     x = torch.empty(M, K, dtype=torch.bfloat16)
     w = torch.empty(N, K, dtype=torch.bfloat16)
     out = torch.empty(M, N, dtype=out_dtype)
-    _, args, kwargs = launch_args(x, w, out, cfg)
-    kernel = gemm_kernel
+    if cfg.split_k == 0:
+        _, args, kwargs = stream_k_launch(x, w, out, cfg, H200_SMS)
+        kernel = gemm_stream_k_kernel
+    else:
+        _, args, kwargs = launch_args(x, w, out, cfg)
+        kernel = gemm_kernel
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     kwargs = {**kwargs, "debug": False}
     bound, specialization, options = binder(*args, **kwargs)
@@ -369,10 +465,11 @@ def run_offline(args) -> int:
           f"{'mbar':>6}{'regs':>6}{'local':>6}{'shared':>8}  floor us @4.3TB/s")
     failed = 0
     for name, (N, K) in SHAPES.items():
-        for M in ROWS:
-            cfg = choose_config(M, N, K, block_n=args.block_n, stages=args.stages, split_k=args.split_k)
+        for M, cfg in ((M, cfg) for M in ROWS for cfg in [
+                choose_config(M, N, K, block_n=args.block_n, stages=args.stages, split_k=args.split_k)]
+                + ([stream_k_config(M, N, K, block_n=args.block_n)] if args.stream_k else [])):
             cfg_s = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{cfg.stages} k{cfg.split_k}"
-            grid = f"{triton.cdiv(N, cfg.block_n)}x{cfg.split_k}"
+            grid = f"{triton.cdiv(N, cfg.block_n)}x{cfg.split_k}" if cfg.split_k else f"{H200_SMS} (stream-K)"
             try:
                 compiled = compile_offline(M, N, K, cfg)
             except Exception as e:  # report and go on: one line per failing shape
@@ -389,7 +486,7 @@ def run_offline(args) -> int:
             has_tma = "cp.async.bulk.tensor" in ptx
             has_mbar = "mbarrier.try_wait" in ptx or "mbarrier.wait" in ptx
             regs, local = resources(compiled)
-            floor = traffic_bytes(M, N, K, torch.float32 if cfg.split_k > 1 else torch.bfloat16) / COPY_BANDWIDTH
+            floor = traffic_bytes(M, N, K, torch.float32 if cfg.split_k != 1 else torch.bfloat16) / COPY_BANDWIDTH
             print(f"{name:<9}{M:>5}{N:>7}{K:>7}  {cfg_s:<22}{grid:>9}{sm:>8}{'yes' if has_wgmma else 'NO':>7}"
                   f"{'yes' if has_tma else 'NO':>5}{'yes' if has_mbar else 'NO':>6}{regs:>6}{local:>6}"
                   f"{compiled.metadata.shared:>8}  {floor * 1e6:.1f}", flush=True)
@@ -409,6 +506,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stages", type=int, default=None, help="ring depth (default: fill ~200 KB)")
     parser.add_argument("--split-k", type=int, default=None, help="default: SMs // column blocks, at least 1")
     parser.add_argument("--fp32-out", action="store_true", help="fp32 output even without split-K")
+    parser.add_argument("--stream-k", action="store_true",
+                        help="also the persistent stream-K kernel, each shape in the same process")
     parser.add_argument("--graph", action="store_true",
                         help="time in CUDA graphs over rotating weight copies (default: do_bench, one launch)")
     args = parser.parse_args(argv)
