@@ -60,6 +60,18 @@ def _issue_tile_load(x_desc, w_desc, x_ring, w_ring, ready, slot, k_tile, off_n,
 
 
 @gluon.jit
+def _ring(x_desc, w_desc, STAGES: gl.constexpr):
+    """The ring: STAGES slots of an x tile and a W tile, and one barrier per slot, initialised."""
+    x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+    w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+    fence_async_shared()  # barrier inits visible to the async proxy (TMA) before the first copy
+    return x_ring, w_ring, ready
+
+
+@gluon.jit
 def _k_range(K, pid_k, BLOCK_K: gl.constexpr, SPLIT_K: gl.constexpr):
     """This program's K tiles [first, last): the K tiles dealt as evenly as possible over SPLIT_K."""
     k_tiles = gl.cdiv(K, BLOCK_K)
@@ -121,13 +133,7 @@ def gemm_kernel(x_desc, w_desc, out_ptr, M, N, K, stride_om,  #
     off_n = gl.program_id(0) * BLOCK_N
     first, last = _k_range(K, gl.program_id(1), BLOCK_K, SPLIT_K)
 
-    # The ring: STAGES slots of an x tile and a W tile, and one barrier per slot.
-    x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
-    w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-    fence_async_shared()  # barrier inits visible to the async proxy (TMA) before the first copy
+    x_ring, w_ring, ready = _ring(x_desc, w_desc, STAGES)
 
     # wgmma accumulator: four warps stacked along M (one warpgroup), instruction [16, INSTR_N, 16].
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -164,12 +170,7 @@ def gemm_stream_k_kernel(x_desc, w_desc, out_ptr, M, N, K, stride_om,  #
     lo = gl.program_id(0) * total // gl.num_programs(0)
     steps = (gl.program_id(0) + 1) * total // gl.num_programs(0) - lo
 
-    x_ring = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], x_desc.layout)
-    w_ring = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-    fence_async_shared()
+    x_ring, w_ring, ready = _ring(x_desc, w_desc, STAGES)
 
     for i in gl.static_range(STAGES - 1):
         if i < steps:
