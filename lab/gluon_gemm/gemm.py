@@ -26,7 +26,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -200,6 +200,58 @@ def gemm_stream_k_kernel(x_desc, w_desc, out_ptr, M, N, K, stride_om,  #
         mbarrier.invalidate(ready.index(s))
 
 
+@gluon.jit
+def _ws_loader(x_desc, w_desc, x_ring, w_ring, ready, empty, first, last, off_n, BLOCK_K: gl.constexpr,
+               STAGES: gl.constexpr):
+    """The loader warp: every tile of [first, last) into the ring, waiting only for a free slot."""
+    for i in range(last - first):
+        slot = i % STAGES
+        mbarrier.wait(empty.index(slot), ((i // STAGES) & 1) ^ 1)
+        _issue_tile_load(x_desc, w_desc, x_ring, w_ring, ready, slot, first + i, off_n, BLOCK_K)
+
+
+@gluon.jit
+def _ws_compute(x_ring, w_ring, ready, empty, out_ptr, M, N, stride_om, first, last, off_n,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT_K: gl.constexpr, STAGES: gl.constexpr,
+                INSTR_N: gl.constexpr, WARPS: gl.constexpr):
+    """The MMA warpgroup: one wgmma in flight; a slot goes back to the loader once the wgmma that
+    read it has retired."""
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                         instr_shape=[16, INSTR_N, 16])
+    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+    for i in range(last - first):
+        slot = i % STAGES
+        mbarrier.wait(ready.index(slot), (i // STAGES) & 1)
+        acc = warpgroup_mma(x_ring.index(slot), w_ring.index(slot).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+        if i > 0:
+            mbarrier.arrive(empty.index((i - 1) % STAGES), count=1)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    _store_tile(out_ptr, acc, M, N, stride_om, off_n, BLOCK_M, BLOCK_N, SPLIT_K)
+
+
+@gluon.jit
+def gemm_ws_kernel(x_desc, w_desc, out_ptr, M, N, K, stride_om,  #
+                   SPLIT_K: gl.constexpr, STAGES: gl.constexpr, INSTR_N: gl.constexpr, num_warps: gl.constexpr):
+    """gemm_kernel's grid and tiles, warp-specialized: a 1-warp loader keeps the ring full while the
+    warpgroup multiplies, so the loads in flight never wait on an MMA."""
+    BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
+    off_n = gl.program_id(0) * BLOCK_N
+    first, last = _k_range(K, gl.program_id(1), BLOCK_K, SPLIT_K)
+    x_ring, w_ring, ready = _ring(x_desc, w_desc, STAGES)
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(empty.index(s), count=1)
+    fence_async_shared()
+    gl.warp_specialize([
+        (_ws_compute, (x_ring, w_ring, ready, empty, out_ptr, M, N, stride_om, first, last, off_n, BLOCK_M, BLOCK_N,
+                       SPLIT_K, STAGES, INSTR_N, num_warps)),
+        (_ws_loader, (x_desc, w_desc, x_ring, w_ring, ready, empty, first, last, off_n, BLOCK_K, STAGES)),
+    ], [1], [40])
+
+
 # --------------------------------------------------------------------------------------------------
 # Host side: tile choice, descriptors, launch
 # --------------------------------------------------------------------------------------------------
@@ -210,8 +262,9 @@ class Config:
     block_n: int
     block_k: int
     stages: int
-    split_k: int
+    split_k: int  # 0: the stream-K kernel
     num_warps: int = 4
+    warp_specialized: bool = False  # gemm_ws_kernel (a loader warp) instead of gemm_kernel
 
     def shared_bytes(self) -> int:
         return self.stages * (self.block_m + self.block_n) * self.block_k * 2
@@ -277,19 +330,22 @@ def stream_k_launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, cfg: Co
     return (sms, ), args, dict(STAGES=cfg.stages, INSTR_N=instr_n(cfg), num_warps=cfg.num_warps)
 
 
+def kernel_launch(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, cfg: Config, sms: int = H200_SMS):
+    """(kernel, grid, positional args, keyword args) of cfg's form for these tensors."""
+    if cfg.split_k == 0:
+        return (gemm_stream_k_kernel, ) + stream_k_launch(x, w, out, cfg, sms)
+    return (gemm_ws_kernel if cfg.warp_specialized else gemm_kernel, ) + launch_args(x, w, out, cfg)
+
+
 def gemm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, cfg: Config) -> torch.Tensor:
-    """out = x @ w.T. With cfg.split_k != 1 (0: stream-K), out must be fp32 (partials are added atomically); it is
-    zeroed here, and that memset is part of what is timed."""
+    """out = x @ w.T. With cfg.split_k != 1 (0: stream-K), out must be fp32 (partials are added
+    atomically); it is zeroed here, and that memset is part of what is timed."""
     assert x.dtype == w.dtype == torch.bfloat16 and x.is_contiguous() and w.is_contiguous()
     assert cfg.split_k == 1 or out.dtype == torch.float32, "split-K and stream-K add fp32 partials: out must be fp32"
     if cfg.split_k != 1:
         out.zero_()
-    if cfg.split_k == 0:
-        grid, args, kwargs = stream_k_launch(x, w, out, cfg, torch.cuda.get_device_properties(x.device).multi_processor_count)
-        gemm_stream_k_kernel[grid](*args, **kwargs)
-        return out
-    grid, args, kwargs = launch_args(x, w, out, cfg)
-    gemm_kernel[grid](*args, **kwargs)
+    kernel, grid, args, kwargs = kernel_launch(x, w, out, cfg, torch.cuda.get_device_properties(x.device).multi_processor_count)
+    kernel[grid](*args, **kwargs)
     return out
 
 
@@ -354,12 +410,7 @@ def graph_pair_us(M: int, N: int, K: int, cfg: Config, out_dtype) -> tuple[float
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     launches = []
     for w, out in zip(ws, outs):  # descriptors built once, outside the graph
-        if cfg.split_k == 0:
-            grid, args, kwargs = stream_k_launch(x, w, out, cfg, sms)
-            kernel = gemm_stream_k_kernel
-        else:
-            grid, args, kwargs = launch_args(x, w, out, cfg)
-            kernel = gemm_kernel
+        kernel, grid, args, kwargs = kernel_launch(x, w, out, cfg, sms)
         launches.append(lambda out=out, grid=grid, args=args, kwargs=kwargs, kernel=kernel: (
             out.zero_() if cfg.split_k != 1 else None, kernel[grid](*args, **kwargs)))
     ours = graph_time_us(launches)
@@ -385,7 +436,7 @@ def measure(name: str, M: int, N: int, K: int, cfg: Config, args) -> dict:
     row = dict(shape=name, M=M, N=N, K=K, config=cfg.__dict__, out_dtype=str(out_dtype), rel_err=err,
                us=us, gbps=gbs, frac=gbs * 1e9 / COPY_BANDWIDTH, torch_us=torch_us, torch_gbps=torch_gbs,
                torch_frac=torch_gbs * 1e9 / COPY_BANDWIDTH, floor_us=nbytes / COPY_BANDWIDTH * 1e6)
-    cfg_s = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{cfg.stages} k{cfg.split_k}"
+    cfg_s = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{cfg.stages} k{cfg.split_k}{' ws' if cfg.warp_specialized else ''}"
     print(f"{name:<9}{M:>5}{N:>7}{K:>7}  {cfg_s:<22}{str(out_dtype)[6:]:>5}{err:>10.2e}"
           f"{us:>10.1f}{gbs:>8.0f}{row['frac']:>6.2f}{torch_us:>10.1f}{torch_gbs:>8.0f}"
           f"{row['torch_frac']:>6.2f}", flush=True)
@@ -405,6 +456,8 @@ def run_gpu(args) -> int:
             configs = [choose_config(M, N, K, block_n=args.block_n, stages=args.stages, split_k=args.split_k)]
             if args.stream_k:
                 configs.append(stream_k_config(M, N, K, block_n=args.block_n))
+            if args.ws:
+                configs.append(replace(configs[0], warp_specialized=True))
             for cfg in configs:
                 rows.append(measure(name, M, N, K, cfg, args))
     if args.json:
@@ -434,12 +487,7 @@ def compile_offline(M: int, N: int, K: int, cfg: Config, arch: int = 90):
     x = torch.empty(M, K, dtype=torch.bfloat16)
     w = torch.empty(N, K, dtype=torch.bfloat16)
     out = torch.empty(M, N, dtype=out_dtype)
-    if cfg.split_k == 0:
-        _, args, kwargs = stream_k_launch(x, w, out, cfg, H200_SMS)
-        kernel = gemm_stream_k_kernel
-    else:
-        _, args, kwargs = launch_args(x, w, out, cfg)
-        kernel = gemm_kernel
+    kernel, _, args, kwargs = kernel_launch(x, w, out, cfg)
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     kwargs = {**kwargs, "debug": False}
     bound, specialization, options = binder(*args, **kwargs)
@@ -468,8 +516,10 @@ def run_offline(args) -> int:
     for name, (N, K) in SHAPES.items():
         for M, cfg in ((M, cfg) for M in ROWS for cfg in [
                 choose_config(M, N, K, block_n=args.block_n, stages=args.stages, split_k=args.split_k)]
-                + ([stream_k_config(M, N, K, block_n=args.block_n)] if args.stream_k else [])):
-            cfg_s = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{cfg.stages} k{cfg.split_k}"
+                + ([stream_k_config(M, N, K, block_n=args.block_n)] if args.stream_k else [])
+                + ([replace(choose_config(M, N, K, block_n=args.block_n, stages=args.stages, split_k=args.split_k),
+                            warp_specialized=True)] if args.ws else [])):
+            cfg_s = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{cfg.stages} k{cfg.split_k}{' ws' if cfg.warp_specialized else ''}"
             grid = f"{triton.cdiv(N, cfg.block_n)}x{cfg.split_k}" if cfg.split_k else f"{H200_SMS} (stream-K)"
             try:
                 compiled = compile_offline(M, N, K, cfg)
@@ -507,6 +557,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stages", type=int, default=None, help="ring depth (default: fill ~200 KB)")
     parser.add_argument("--split-k", type=int, default=None, help="default: SMs // column blocks, at least 1")
     parser.add_argument("--fp32-out", action="store_true", help="fp32 output even without split-K")
+    parser.add_argument("--ws", action="store_true",
+                        help="also the warp-specialized kernel (a loader warp), each shape in the same process")
     parser.add_argument("--stream-k", action="store_true",
                         help="also the persistent stream-K kernel, each shape in the same process")
     parser.add_argument("--graph", action="store_true",
