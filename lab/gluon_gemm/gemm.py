@@ -81,6 +81,13 @@ def _k_range(K, pid_k, BLOCK_K: gl.constexpr, SPLIT_K: gl.constexpr):
 
 
 @gluon.jit
+def _columns_and_k_range(x_desc, w_desc, K, SPLIT_K: gl.constexpr):
+    """Program (n, k) of grid (cdiv(N, BLOCK_N), SPLIT_K): (its first output column, its K tiles [first, last))."""
+    first, last = _k_range(K, gl.program_id(1), x_desc.block_type.shape[1], SPLIT_K)
+    return gl.program_id(0) * w_desc.block_type.shape[0], first, last
+
+
+@gluon.jit
 def _mainloop(x_desc, w_desc, x_ring, w_ring, ready, acc, first, last, off_n,
               BLOCK_K: gl.constexpr, STAGES: gl.constexpr):
     """acc += x[:, first:last] @ W[off_n:, first:last]^T over the ring: STAGES - 1 tile loads ahead of
@@ -130,9 +137,7 @@ def gemm_kernel(x_desc, w_desc, out_ptr, M, N, K, stride_om,  #
     BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
-    off_n = gl.program_id(0) * BLOCK_N
-    first, last = _k_range(K, gl.program_id(1), BLOCK_K, SPLIT_K)
-
+    off_n, first, last = _columns_and_k_range(x_desc, w_desc, K, SPLIT_K)
     x_ring, w_ring, ready = _ring(x_desc, w_desc, STAGES)
 
     # wgmma accumulator: four warps stacked along M (one warpgroup), instruction [16, INSTR_N, 16].
@@ -235,20 +240,19 @@ def gemm_ws_kernel(x_desc, w_desc, out_ptr, M, N, K, stride_om,  #
                    SPLIT_K: gl.constexpr, STAGES: gl.constexpr, INSTR_N: gl.constexpr, num_warps: gl.constexpr):
     """gemm_kernel's grid and tiles, warp-specialized: a 1-warp loader keeps the ring full while the
     warpgroup multiplies, so the loads in flight never wait on an MMA."""
-    BLOCK_M: gl.constexpr = x_desc.block_type.shape[0]
-    BLOCK_K: gl.constexpr = x_desc.block_type.shape[1]
-    BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
-    off_n = gl.program_id(0) * BLOCK_N
-    first, last = _k_range(K, gl.program_id(1), BLOCK_K, SPLIT_K)
+    TILE_M: gl.constexpr = x_desc.block_type.shape[0]  # constexprs, for the partitions' arguments
+    TILE_N: gl.constexpr = w_desc.block_type.shape[0]
+    TILE_K: gl.constexpr = x_desc.block_type.shape[1]
+    off_n, first, last = _columns_and_k_range(x_desc, w_desc, K, SPLIT_K)
     x_ring, w_ring, ready = _ring(x_desc, w_desc, STAGES)
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(empty.index(s), count=1)
     fence_async_shared()
     gl.warp_specialize([
-        (_ws_compute, (x_ring, w_ring, ready, empty, out_ptr, M, N, stride_om, first, last, off_n, BLOCK_M, BLOCK_N,
-                       SPLIT_K, STAGES, INSTR_N, num_warps)),
-        (_ws_loader, (x_desc, w_desc, x_ring, w_ring, ready, empty, first, last, off_n, BLOCK_K, STAGES)),
+        (_ws_compute, (x_ring, w_ring, ready, empty, out_ptr, M, N, stride_om, first, last, off_n,
+                       TILE_M, TILE_N, SPLIT_K, STAGES, INSTR_N, num_warps)),
+        (_ws_loader, (x_desc, w_desc, x_ring, w_ring, ready, empty, first, last, off_n, TILE_K, STAGES)),
     ], [1], [40])
 
 
