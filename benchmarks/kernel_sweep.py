@@ -33,7 +33,7 @@ bytes (`torch.mm`, gate and up stacked, no epilogue): what the library reaches.
     python benchmarks/kernel_sweep.py --tabulate SWEEP.json [...] --device H200 [--table search/tiles.json]
 
 measures nothing: it writes the tiles that beat the shipped one by at least MIN_GAIN into the GPU
-model's table of search/tiles.json (the heuristic proposes them: conjugate/agents/tile_table.py),
+model's table of search/tiles.json (the heuristic proposes them: conjugate/agents/heuristic/tile_table.py),
 replacing that model's earlier table.
 
     python benchmarks/kernel_sweep.py --fit SWEEP.json

@@ -29,7 +29,7 @@ DEFAULT_WORKLOAD = EXAMPLES_DIR / "tiny.toml"
 PROMPTS_DIR = DATA_ROOT / "search" / "prompts"
 PRICES_FILE = DATA_ROOT / "search" / "prices.toml"
 FACTS_FILE = DATA_ROOT / "search" / "facts.toml"  # measured effects of plan edits per GPU model (agents/facts.py)
-TILES_FILE = DATA_ROOT / "search" / "tiles.json"  # GEMM tiles measured fastest per GPU model (agents/tile_table.py)
+TILES_FILE = DATA_ROOT / "search" / "tiles.json"  # GEMM tiles measured fastest per GPU model (agents/heuristic/tile_table.py)
 RUNS_DIR = Path("runs")  # run databases and exports, under the current directory
 
 BASELINE_PLANS = ("sequential", "streams")  # this project's own baselines (conventional is torch's)

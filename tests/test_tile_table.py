@@ -50,6 +50,21 @@ def test_the_shipped_file_parses_and_a_table_matches_whole_words_of_the_device_n
     assert table_for("NVIDIA H200", tables).tile_for("attn", (8, 1, 32, 8, 64, 1024)) is None
 
 
+def test_a_gemm_shape_not_in_the_table_takes_the_nearest_measured_rows_and_says_so(tmp_path):
+    table = table_for("NVIDIA H200", load_tile_tables(_file(tmp_path, [_table(
+        _entry(rows=32, us=30.0), _entry(rows=128, tile=QKV_TILE | {"BLOCK_M": 128}, us=40.0),
+        _entry(kind="o_proj", rows=96, n=4096), ATTN_ENTRY)])))
+    near = table.tile_near("qkv", (96, 6144, 4096))  # 128 is 1.33x away, 32 is 3x
+    assert near.shape == (128, 6144, 4096) and near.tile["BLOCK_M"] == 128 and near.asked_rows == 96
+    assert "nearest measured shape to rows=96" in near.describe()
+    assert table.tile_near("qkv", (40, 6144, 4096)).shape == (32, 6144, 4096)  # 1.25x: the nearer one
+    assert table.tile_near("qkv", (128, 6144, 4096)).asked_rows is None  # measured: no mark
+    assert table.tile_near("qkv", (64, 6144, 4096)) is None  # 2x from either
+    assert table.tile_near("qkv", (96, 4096, 4096)) is None  # other N: never
+    assert table.tile_near("attn", (8, 1, 32, 8, 64, 2048)) is None  # attention: exact shapes only
+    assert table.tile_near("attn", (8, 1, 32, 8, 64, 1024)) is not None
+
+
 @pytest.mark.parametrize("tables, field", [
     ([_table(_entry(kind="norm"))], "tables[0].tiles[0]: field 'kind'"),
     ([_table(_entry(kind="attn"))], "tables[0].tiles[0]: unknown field 'k'"),
@@ -101,6 +116,15 @@ def test_the_heuristic_proposes_the_measured_tile_of_a_shape_first_and_not_once_
     assert not any("measured on this GPU" in p.rationale for p in again)
     other_gpu = HeuristicProposer(tile_tables=tables).propose(_context(streams, "NVIDIA B300"), 40)
     assert not any("measured on this GPU" in p.rationale for p in other_gpu)
+
+
+def test_the_heuristic_proposes_the_tile_of_the_nearest_measured_rows_for_an_unmeasured_shape(tmp_path):
+    tables = load_tile_tables(_file(tmp_path, [_table(_entry(rows=48))]))  # the workload verifies 40 rows
+    streams = load_plan(shipped_plan("streams"))
+    first = HeuristicProposer(tile_tables=tables).propose(_context(streams), 3)[0]
+    assert "target qkv (rows=48 n=6144 k=4096)" in first.rationale
+    assert "nearest measured shape to rows=40" in first.rationale
+    assert patch_plan(streams, first.patch)["target"]["tiles"]["qkv"] == QKV_TILE
 
 
 def test_the_heuristic_proposes_a_measured_attention_tile_for_the_drafts_shape(tmp_path):

@@ -5,12 +5,14 @@ used when the evaluating GPU's name holds the table's `device` as whole words (a
 A shape is a GEMM's (rows, N, K) or an attention's (batch, tokens, heads, KV heads, head dim,
 context) as one launch of the `streams` plan runs it; a tile is the plan's tile keys with the
 launch's `num_warps` and `num_stages`, timed alone from cold L2 against the tile the shipped plan
-gives it. A table lists only tiles that beat the shipped one. A file that does not
+gives it. A table lists only tiles that beat the shipped one. A GEMM shape a table lacks takes the
+tile of the nearest row count measured for the same N and K (within NEAREST_ROWS), said so wherever
+it is shown: a verify pass of 96 rows starts from the tile measured at 128. A file that does not
 parse, or an entry with a missing or wrong field, is an error naming the file and the field.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from conjugate.errors import ConjugateError
@@ -26,6 +28,9 @@ TILE_KEYS = {kind: ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "nu
     "attn": ("BLOCK_N", "SPLIT_KV", "num_warps", "num_stages")}
 
 
+NEAREST_ROWS = 1.5  # a GEMM shape not in a table takes the tile of its nearest row count within this factor
+
+
 @dataclass(frozen=True)
 class MeasuredTile:
     kind: str
@@ -33,6 +38,7 @@ class MeasuredTile:
     tile: dict[str, int]  # TILE_KEYS[kind] -> value
     us: float  # the tile alone, cold L2
     shipped_us: float  # the shipped plan's tile for the shape, in the same run
+    asked_rows: int | None = None  # looked up for this row count, not measured at it (TileTable.tile_near)
 
     @property
     def gain(self) -> float:
@@ -43,8 +49,9 @@ class MeasuredTile:
         """"qkv (rows=40 n=6144 k=4096) alone 24.0 us with BLOCK_M=64 ..., 36.9 us with the shipped tile"."""
         shape = " ".join(f"{f}={v}" for f, v in zip(SHAPE_FIELDS[self.kind], self.shape))
         tile = " ".join(f"{k}={v}" for k, v in self.tile.items())
+        near = f" (the nearest measured shape to rows={self.asked_rows})" if self.asked_rows is not None else ""
         return (f"{self.kind} ({shape}) alone {self.us:.1f} us with {tile}, "
-                f"{self.shipped_us:.1f} us with the shipped tile")
+                f"{self.shipped_us:.1f} us with the shipped tile{near}")
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,21 @@ class TileTable:
 
     def tile_for(self, kind: str, shape: tuple[int, ...]) -> MeasuredTile | None:
         return next((t for t in self.tiles if (t.kind, t.shape) == (kind, tuple(shape))), None)
+
+    def tile_near(self, kind: str, shape: tuple[int, ...]) -> MeasuredTile | None:
+        """The tile measured for this shape; for a GEMM shape the table lacks, the one measured at the
+        nearest row count (same N and K, within NEAREST_ROWS either way; the smaller count on a tie),
+        marked with the rows it was asked for. Attention shapes: exact only."""
+        exact = self.tile_for(kind, shape)
+        if exact is not None or kind == "attn":
+            return exact
+        rows, n, k = shape
+        near = [t for t in self.tiles if t.kind == kind and t.shape[1:] == (n, k)
+                and max(t.shape[0], rows) <= NEAREST_ROWS * min(t.shape[0], rows)]
+        if not near:
+            return None
+        best = min(near, key=lambda t: (max(t.shape[0], rows) / min(t.shape[0], rows), t.shape[0]))
+        return replace(best, asked_rows=rows)
 
 
 def load_tile_tables(path: Path = TILES_FILE) -> tuple[TileTable, ...]:
@@ -124,7 +146,8 @@ def measured_shapes(workload: dict, model: Model) -> dict[str, tuple[int, ...]]:
 
 
 def measured_for(table: TileTable, workload: dict) -> list[tuple[Model, MeasuredTile]]:
-    """The table's tiles for the shapes of this workload's (Workload.to_dict()) draft and target."""
+    """The table's tiles for the shapes of this workload's (Workload.to_dict()) draft and target,
+    GEMMs at the nearest measured row count where their own is not in the table."""
     return [(model, found) for model in (Model.DRAFT, Model.TARGET)
             for kind, shape in measured_shapes(workload, model).items()
-            if (found := table.tile_for(kind, shape)) is not None]
+            if (found := table.tile_near(kind, shape)) is not None]
