@@ -457,9 +457,9 @@ def run_gpu(args) -> int:
     print(header)
     for name, (N, K) in SHAPES.items():
         for M in ROWS:
-            configs = [choose_config(M, N, K, block_n=args.block_n, stages=args.stages, split_k=args.split_k)]
+            configs = [choose_config(M, N, K, block_n=args.block_n, block_k=args.block_k, stages=args.stages, split_k=args.split_k)]
             if args.stream_k:
-                configs.append(stream_k_config(M, N, K, block_n=args.block_n))
+                configs.append(stream_k_config(M, N, K, block_n=args.block_n, block_k=args.block_k))
             if args.ws:
                 configs.append(replace(configs[0], warp_specialized=True))
             for cfg in configs:
@@ -519,9 +519,9 @@ def run_offline(args) -> int:
     failed = 0
     for name, (N, K) in SHAPES.items():
         for M, cfg in ((M, cfg) for M in ROWS for cfg in [
-                choose_config(M, N, K, block_n=args.block_n, stages=args.stages, split_k=args.split_k)]
-                + ([stream_k_config(M, N, K, block_n=args.block_n)] if args.stream_k else [])
-                + ([replace(choose_config(M, N, K, block_n=args.block_n, stages=args.stages, split_k=args.split_k),
+                choose_config(M, N, K, block_n=args.block_n, block_k=args.block_k, stages=args.stages, split_k=args.split_k)]
+                + ([stream_k_config(M, N, K, block_n=args.block_n, block_k=args.block_k)] if args.stream_k else [])
+                + ([replace(choose_config(M, N, K, block_n=args.block_n, block_k=args.block_k, stages=args.stages, split_k=args.split_k),
                             warp_specialized=True)] if args.ws else [])):
             cfg_s = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{cfg.stages} k{cfg.split_k}{' ws' if cfg.warp_specialized else ''}"
             grid = f"{triton.cdiv(N, cfg.block_n)}x{cfg.split_k}" if cfg.split_k else f"{H200_SMS} (stream-K)"
@@ -558,6 +558,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--offline", action="store_true", help="compile for sm_90a without a GPU and read the PTX")
     parser.add_argument("--dump-ptx", help="offline: write each shape's PTX (M=64) into this folder")
     parser.add_argument("--block-n", type=int, default=128)
+    parser.add_argument("--block-k", type=int, default=64)
     parser.add_argument("--stages", type=int, default=None, help="ring depth (default: fill ~200 KB)")
     parser.add_argument("--split-k", type=int, default=None, help="default: SMs // column blocks, at least 1")
     parser.add_argument("--fp32-out", action="store_true", help="fp32 output even without split-K")
