@@ -1,13 +1,15 @@
 """`conjugate serve` under concurrent clients: output tokens per second, time to first token and
 acceptance, per plan, number of clients and temperature.
 
-    python benchmarks/serve.py [--workloads llama-1b-8b-b8] [--plans best conventional]
+    python benchmarks/serve.py [--workloads llama-1b-8b-b8] [--plans best conventional] [--modes pipelined simple]
                                [--clients 1 8 32] [--temperatures 0 0.8] [--requests 4] [--max-tokens 64]
                                [--json benchmarks/results/serve_h200.json] [--resume CUT.json]
 
 A plan is `best` (the workload's searched plan, benchmarks/results/plans/<workload>.json), a shipped
 plan's name, a plan file, or `conventional` (each model run by torch, the phases one after the
-other). Each plan is served by a `conjugate serve` process of its own (pipelined mode), warmed up,
+other). Each plan is served by a `conjugate serve` process of its own per `--modes` entry (default
+pipelined: two groups, one drafting beside the other's verification; simple: one group, its draft
+then its verification, each round), warmed up,
 then driven by each number of clients in turn: every client sends `--requests` streamed completions
 one after another (a fixed mix: seeded random prompt ids of 16 to 256 tokens (fewer where the context is short), `--max-tokens` each,
 the end-of-sequence ids ignored by a stop list of none, seeds fixed), through the official `openai`
@@ -19,7 +21,7 @@ measure the round and the serving loop around it, not how well a real pair agree
 
 `--resume` takes a run cut short (its `--json`, from the same GPU with the same `--requests` and
 `--max-tokens`): its rows are kept, with that run's command, commit and date as `measured_by`, and
-only the missing (workload, plan, clients, temperature) are measured; a plan with nothing missing
+only the missing (workload, plan, mode, clients, temperature) are measured; a plan with nothing missing
 starts no server.
 """
 from __future__ import annotations
@@ -48,10 +50,11 @@ def get_json(url: str) -> dict:
 class Server:
     """A `conjugate serve` process, ready once it prints the URL it serves on."""
 
-    def __init__(self, workload: str, plan: str, log: Path):
+    def __init__(self, workload: str, plan: str, mode: str, log: Path):
         self.log = log.open("w")
         self.process = subprocess.Popen([sys.executable, "-m", "conjugate", "serve", workload, "--plan", plan,
-                                         "--port", "0"], stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+                                         "--mode", mode, "--port", "0"], stdout=self.log, stderr=subprocess.STDOUT,
+                                        cwd=ROOT)
         deadline = time.monotonic() + READY_S
         while time.monotonic() < deadline:  # --port 0: the port it took is in its "serving ... on URL" line
             if self.process.poll() is not None:
@@ -126,12 +129,14 @@ async def drive(server: Server, mix, max_tokens: int, temperature: float) -> dic
 
 
 def resumed_runs(path: Path, gpu: str | None, settings: dict) -> dict[tuple, dict]:
-    """A cut-short run's rows by (workload, plan, clients, temperature). Refused with one line when it
-    is unreadable or comes from another GPU or other settings."""
+    """A cut-short run's rows by (workload, plan, mode, clients, temperature) (a row without a mode
+    was served pipelined). Refused with one line when it is unreadable or comes from another GPU or
+    other settings."""
     try:
         cut = json.loads(path.read_text())
         rows, their_settings = cut["runs"], cut["settings"]
-        keys = [(r["workload"], r["plan"], r["clients"], float(r["temperature"])) for r in rows]
+        keys = [(r["workload"], r["plan"], r.get("mode", "pipelined"), r["clients"], float(r["temperature"]))
+                for r in rows]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SystemExit(f"serve.py: --resume: {path}: not a serve.py result ({type(e).__name__}: {e})")
     if cut.get("gpu") != gpu or their_settings != settings:
@@ -151,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = make_parser(__doc__, full_doc=True)
     parser.add_argument("--workloads", nargs="+", default=["llama-1b-8b-b8"])
     parser.add_argument("--plans", nargs="+", default=["best", "conventional"])
+    parser.add_argument("--modes", nargs="+", choices=("pipelined", "simple"), default=["pipelined"],
+                        help="how each plan's server runs its rounds (conjugate serve --mode)")
     parser.add_argument("--clients", nargs="+", type=positive, default=[1, 8, 32])
     parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 0.8])
     parser.add_argument("--requests", type=positive, default=4, help="completions each client sends in turn")
@@ -178,13 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     args.logs.mkdir(parents=True, exist_ok=True)
     for name, workload in workloads.items():
         longest = min(256, workload.context + 1 - args.max_tokens - workload.k)
-        for plan in args.plans:
-            cases = [(name, plan, clients, float(t)) for t in args.temperatures for clients in args.clients]
+        for plan, mode in ((plan, mode) for plan in args.plans for mode in args.modes):
+            cases = [(name, plan, mode, clients, float(t)) for t in args.temperatures for clients in args.clients]
             if all(case in kept for case in cases):  # nothing to measure: no server
                 out["runs"] += [kept[case] for case in cases]
                 write_json(args.json, out)
                 continue
-            server = Server(name, plan_argument(plan, name), args.logs / f"{name}-{Path(plan).stem}.log")
+            server = Server(name, plan_argument(plan, name), mode, args.logs / f"{name}-{Path(plan).stem}-{mode}.log")
             try:
                 warm = request_mix(2, 1, workload.draft.vocab_size, longest, seed=99)
                 asyncio.run(drive(server, warm, args.max_tokens, 0.0))
@@ -192,10 +199,11 @@ def main(argv: list[str] | None = None) -> int:
                     if case in kept:
                         row = kept[case]
                     else:
-                        clients, temperature = case[2], case[3]
+                        clients, temperature = case[3], case[4]
                         mix = request_mix(clients, args.requests, workload.draft.vocab_size, longest)
-                        row = {"workload": name, "plan": plan, "clients": clients, "temperature": temperature,
-                               **asyncio.run(drive(server, mix, args.max_tokens, temperature))}
+                        measured = asyncio.run(drive(server, mix, args.max_tokens, temperature))
+                        row = {"workload": name, "plan": plan, "mode": mode, "clients": clients,
+                               "temperature": temperature, **measured}
                     print(json.dumps(row), flush=True)
                     out["runs"].append(row)
                     write_json(args.json, out)  # after every row: a run cut short keeps its rows
@@ -207,9 +215,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _table(runs: list[dict]) -> None:
-    print(f"{'workload':24} {'plan':14} {'clients':>7} {'T':>4} {'tok/s':>9} {'ttft p50':>9} {'ttft p90':>9} {'accept':>6}")
+    print(f"{'workload':24} {'plan':14} {'mode':10} {'clients':>7} {'T':>4} {'tok/s':>9} {'ttft p50':>9} "
+          f"{'ttft p90':>9} {'accept':>6}")
     for r in runs:
-        print(f"{r['workload']:24} {Path(r['plan']).stem:14} {r['clients']:7} {r['temperature']:4} "
+        print(f"{r['workload']:24} {Path(r['plan']).stem:14} {r.get('mode', 'pipelined'):10} {r['clients']:7} "
+              f"{r['temperature']:4} "
               f"{r['output_tokens_per_s']:9.1f} {r['ttft_ms_median']:9.1f} {r['ttft_ms_p90']:9.1f} {r['acceptance']:6.2f}")
 
 

@@ -44,7 +44,8 @@ def test_batched_prefill_writes_each_row_as_the_reference_does(name, device):
         if n:
             want = KVCache.empty(spec, 1, capacity, dtype, device)
             forward(w, torch.tensor([ids], device=device), want, 0)
-            for mine, theirs in ((got.k[:, row, :, :n], want.k[:, 0, :, :n]), (got.v[:, row, :, :n], want.v[:, 0, :, :n])):
+            pairs = ((got.k[:, row, :, :n], want.k[:, 0, :, :n]), (got.v[:, row, :, :n], want.v[:, 0, :, :n]))
+            for mine, theirs in pairs:
                 if dtype == torch.bfloat16:  # bf16 products against fp32 ones: a few bf16 steps of the largest
                     assert (mine.float() - theirs.float()).abs().max() <= 2e-2 * theirs.float().abs().max()
                 else:

@@ -47,6 +47,18 @@ def test_resume_measures_only_what_a_cut_short_run_left(tmp_path):
     assert measured["output_tokens_per_s"] > 0 and result["settings"] == {"requests": 1, "max_tokens": 4}
 
 
+def test_each_mode_gets_a_server_of_its_own_and_rows_that_name_it(tmp_path):
+    out = tmp_path / "serve.json"
+    proc = serve(tmp_path, "--clients", "1", "--modes", "simple", "pipelined", "--resume",
+                 str(cut_short(tmp_path, [row(1, 5.0)])), "--json", str(out))  # the cut row: pipelined (no mode)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    simple, kept = json.loads(out.read_text())["runs"]
+    assert simple["mode"] == "simple" and simple["output_tokens"] == 4 and "measured_by" not in simple
+    assert kept["output_tokens_per_s"] == 5.0 and "measured_by" in kept
+    assert [p.name for p in (tmp_path / "logs").glob("*.log")] == ["tiny-conventional-simple.log"]
+    assert "simple" in (tmp_path / "logs" / "tiny-conventional-simple.log").read_text()
+
+
 def test_resume_with_nothing_missing_starts_no_server(tmp_path):
     out = tmp_path / "serve.json"
     proc = serve(tmp_path, "--clients", "1", "--resume", str(cut_short(tmp_path, [row(1, 7.0)])), "--json", str(out),

@@ -6,8 +6,8 @@
     engine.run_until_idle()                             # on the caller's
 
 Requests wait in a queue; each group's free slots are refilled from it (the new prompts prefilled
-together, each into its slot at its own length: prefill.py) at the one point where the group has no drafts in flight: after its
-accept step, before its next draft pass. So under load both groups of the pipelined round stay full.
+together, each into its slot at its own length: prefill.py) at the one point where the group has no
+drafts in flight: after its accept step, before its next draft pass. So under load both groups of the pipelined round stay full.
 A request ends when it emits a stop id, reaches `max_tokens` or is cancelled; its slot is freed then.
 
 The host never waits for the round it has just queued: after each round the ids it emitted are

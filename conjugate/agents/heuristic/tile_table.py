@@ -6,7 +6,7 @@ A shape is a GEMM's (rows, N, K) or an attention's (batch, tokens, heads, KV hea
 context) as one launch of the `streams` plan runs it; a tile is the plan's tile keys with the
 launch's `num_warps` and `num_stages`, timed alone from cold L2 against the tile the shipped plan
 gives it. A table lists only tiles that beat the shipped one. A GEMM shape a table lacks takes the
-tile of the nearest row count measured for the same N and K (within NEAREST_ROWS), said so wherever
+tile of the nearest row count measured for the same N and K (within NEAREST_ROWS, 3/2), said so wherever
 it is shown: a verify pass of 96 rows starts from the tile measured at 128. A file that does not
 parse, or an entry with a missing or wrong field, is an error naming the file and the field.
 """
@@ -28,7 +28,7 @@ TILE_KEYS = {kind: ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "nu
     "attn": ("BLOCK_N", "SPLIT_KV", "num_warps", "num_stages")}
 
 
-NEAREST_ROWS = 1.5  # a GEMM shape not in a table takes the tile of its nearest row count within this factor
+NEAREST_ROWS = (3, 2)  # a GEMM shape not in a table takes the tile of its nearest row count within 3/2 either way
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class TileTable:
             return exact
         rows, n, k = shape
         near = [t for t in self.tiles if t.kind == kind and t.shape[1:] == (n, k)
-                and max(t.shape[0], rows) <= NEAREST_ROWS * min(t.shape[0], rows)]
+                and max(t.shape[0], rows) * NEAREST_ROWS[1] <= NEAREST_ROWS[0] * min(t.shape[0], rows)]
         if not near:
             return None
         best = min(near, key=lambda t: (max(t.shape[0], rows) / min(t.shape[0], rows), t.shape[0]))
