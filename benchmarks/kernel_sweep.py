@@ -4,6 +4,7 @@ from cold L2, against the tile the shipped plan gives it.
     python benchmarks/kernel_sweep.py examples/llama-1b-8b-b8.toml [...] [--kinds qkv o_proj gate_up down mlp attn]
                                       [--models draft target] [--per-shape 96] [--prewarm 14] [--json OUT.json]
                                       [--tiles-from SWEEP.json ...] [--tma] [--cublas]
+                                      [--batches 16 32 64] [--ks 1 3 5 7] [--contexts 512 8192]
 
 Per distinct shape of the workloads' qkv, o_proj, gate_up and down GEMMs (the epilogues of the
 `streams` plan: store, residual, silu_mul, residual into fp32 rows; bf16 input rows and weights, as
@@ -16,6 +17,10 @@ neighbours first, then a seeded sample of the rest. Each launch is checked again
 timed as launch verdicts time one: ten calls in a CUDA graph, L2 overwritten before each and the
 overwrite's own time subtracted (timing.time_per_call). Its bytes (weights; K and V read) over that
 time against the copy bandwidth say how near the byte floor the tile gets.
+
+`--batches`, `--ks` and `--contexts` also take each workload's models at those serving sizes (every
+combination; what is not given stays the workload's): the verify rows of B x (k + 1), the draft's B
+rows, attention at each context. A shape is swept once however many sizes share it, and lists them.
 
 Kind `mlp` is the fused MLP (plan fusion gate_up+down, compiler/mlp.py) at the gate_up shape: its
 tiles are gate_up's keys (BLOCK_N the ffn columns a program owns, SPLIT_K 1), the shipped one
@@ -305,16 +310,40 @@ def shipped_tile(plan: dict, model: str, kind: str) -> Tile | AttnTile:
     return Tile(tiles["BLOCK_M"], tiles["BLOCK_N"], tiles["BLOCK_K"], tiles["SPLIT_K"], warps, stages)
 
 
-def distinct_shapes(paths: list[Path], models: tuple[str, ...], kinds: tuple[str, ...]) -> list[dict]:
-    """Each distinct shape once, with the workloads and model it comes from and the shipped tile."""
+@dataclass(frozen=True)
+class Serving:
+    """Batch sizes, k values and contexts at which to sweep each workload's shapes besides its own
+    (empty: the workload's own value)."""
+    batches: tuple[int, ...] = ()
+    ks: tuple[int, ...] = ()
+    contexts: tuple[int, ...] = ()
+
+    def variants(self, workload: Workload) -> list[tuple[Workload, str]]:
+        """The workload at every combination given, each with the label its shapes are listed under."""
+        out = []
+        for batch in self.batches or (None, ):
+            for k in self.ks or (workload.k, ):
+                for context in self.contexts or (workload.context, ):
+                    sizes = {} if batch is None else {"draft_batch": batch, "target_batch": batch}
+                    w = replace(workload, k=k, context=context, **sizes)
+                    label = workload.name if w == workload else \
+                        f"{workload.name} (B={w.target_batch}, k={w.k}, context={w.context})"
+                    out.append((w, label))
+        return out
+
+
+def distinct_shapes(paths: list[Path], models: tuple[str, ...], kinds: tuple[str, ...],
+                    serving: Serving = Serving()) -> list[dict]:
+    """Each distinct shape once, with the workloads (and serving sizes) it comes from, its model and
+    the shipped tile."""
     plan = load_plan(shipped_plan("streams")).data
     seen: dict[object, dict] = {}
     for path in paths:
-        workload = load_workload(path)
-        for model, shape in shapes_of(workload, models, kinds):
-            entry = seen.setdefault(shape, {"shape": shape, "model": model, "workloads": [],
-                                            "shipped": shipped_tile(plan, model, shape.kind)})
-            entry["workloads"].append(workload.name)
+        for workload, label in serving.variants(load_workload(path)):
+            for model, shape in shapes_of(workload, models, kinds):
+                entry = seen.setdefault(shape, {"shape": shape, "model": model, "workloads": [],
+                                                "shipped": shipped_tile(plan, model, shape.kind)})
+                entry["workloads"].append(label)
     return list(seen.values())
 
 
@@ -554,6 +583,10 @@ def main() -> None:
     parser.add_argument("workloads", nargs="*", type=Path)
     parser.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS))
     parser.add_argument("--models", nargs="+", choices=("draft", "target"), default=["draft", "target"])
+    parser.add_argument("--batches", nargs="+", type=positive, metavar="B",
+                        help="also sweep each workload at these batch sizes (draft and target alike)")
+    parser.add_argument("--ks", nargs="+", type=positive, metavar="K", help="... and these k")
+    parser.add_argument("--contexts", nargs="+", type=positive, metavar="C", help="... and these contexts")
     parser.add_argument("--per-shape", type=positive, default=96, help="candidates per shape besides the shipped tile")
     parser.add_argument("--prewarm", type=positive, default=0, metavar="N",
                         help="compile the candidates in N processes first")
@@ -597,7 +630,8 @@ def main() -> None:
 
     device = torch.device("cuda")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    entries = distinct_shapes(args.workloads, tuple(args.models), tuple(args.kinds))
+    entries = distinct_shapes(args.workloads, tuple(args.models), tuple(args.kinds),
+                              Serving(tuple(args.batches or ()), tuple(args.ks or ()), tuple(args.contexts or ())))
     tiles = {e["shape"]: candidates(e["shape"], e["shipped"], sms, args.per_shape) for e in entries}
     if args.tiles_from:
         tiles = {e["shape"]: found_tiles(args.tiles_from, e["shape"], e["shipped"]) for e in entries}

@@ -36,6 +36,25 @@ def test_each_distinct_shape_once_with_its_workloads_and_the_shipped_tile():
     assert mlp["shipped"] == replace(shapes[("draft", "gate_up")]["shipped"], split_k=1)
 
 
+def test_serving_sizes_add_each_distinct_shape_once_and_name_the_sizes_it_comes_from():
+    b8 = EXAMPLES_DIR / "llama-1b-8b-b8.toml"
+    serving = sweep.Serving(batches=(16, 32), ks=(1, 3), contexts=(512, ))
+    entries = sweep.distinct_shapes([b8], ("draft", "target"), ("gate_up", "attn"), serving)
+    rows = {(e["model"], e["shape"].kind): set() for e in entries}
+    for e in entries:
+        rows[(e["model"], e["shape"].kind)].add(getattr(e["shape"], "rows"))
+    assert rows[("target", "gate_up")] == {32, 64, 128}  # 16 x 2, 16 x 4 = 32 x 2, 32 x 4
+    assert rows[("draft", "gate_up")] == {16, 32}
+    shared = next(e for e in entries
+                  if e["model"] == "target" and e["shape"].kind == "gate_up" and e["shape"].rows == 64)
+    assert sorted(shared["workloads"]) == ["llama-1b-8b-b8 (B=16, k=3, context=512)",
+                                           "llama-1b-8b-b8 (B=32, k=1, context=512)"]
+    verify = {e["shape"] for e in entries if e["model"] == "target" and e["shape"].kind == "attn"}
+    assert verify == {sweep.AttnShape(b, k + 1, 32, 8, 128, 512) for b in (16, 32) for k in (1, 3)}
+    own = sweep.distinct_shapes([b8], ("target", ), ("gate_up", ), sweep.Serving(ks=(4, )))
+    assert own[0]["workloads"] == ["llama-1b-8b-b8"]  # its own sizes: its own name
+
+
 def test_fused_mlp_candidates_never_split_k_and_are_told_against_the_separate_launches():
     shape = sweep.Shape(4, 3072, 1024, "mlp")
     tiles = sweep.candidates(shape, sweep.Tile(16, 32, 128, 1, 4, 3), H200_SMS, per_shape=40)
