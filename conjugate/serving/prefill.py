@@ -6,10 +6,10 @@ blind to the padding after it), at most PREFILL_TOKENS positions a batch. Keys a
 a scratch cache and are copied into the rows' slots; what the padding wrote past a row's length is
 never read, since every kernel of the round masks by the row's length.
 
-The arithmetic is the reference's (conjugate/models/reference.py) with two serving changes: the
-projections multiply in the weights' type (fp32 activations cast once per layer, as the round's
-kernels do) instead of converting every weight to fp32 each call, and no logits are computed (the
-last prompt id is the draft's first input, not part of the prefill).
+The arithmetic is the reference's (conjugate/models/reference.py) with two serving changes: on a
+GPU the projections multiply in the weights' type (the fp32 activations cast, as the round's kernels
+do) instead of converting every weight to fp32 on each call, and no logits are computed (the last
+prompt id is the draft's first input, not part of the prefill).
 """
 from __future__ import annotations
 
