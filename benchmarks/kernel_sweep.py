@@ -311,7 +311,7 @@ def shipped_tile(plan: dict, model: str, kind: str) -> Tile | AttnTile:
 
 
 @dataclass(frozen=True)
-class Serving:
+class ServingSizes:
     """Batch sizes, k values and contexts at which to sweep each workload's shapes besides its own
     (empty: the workload's own value)."""
     batches: tuple[int, ...] = ()
@@ -333,7 +333,7 @@ class Serving:
 
 
 def distinct_shapes(paths: list[Path], models: tuple[str, ...], kinds: tuple[str, ...],
-                    serving: Serving = Serving()) -> list[dict]:
+                    serving: ServingSizes = ServingSizes()) -> list[dict]:
     """Each distinct shape once, with the workloads (and serving sizes) it comes from, its model and
     the shipped tile."""
     plan = load_plan(shipped_plan("streams")).data
@@ -631,7 +631,7 @@ def main() -> None:
     device = torch.device("cuda")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     entries = distinct_shapes(args.workloads, tuple(args.models), tuple(args.kinds),
-                              Serving(tuple(args.batches or ()), tuple(args.ks or ()), tuple(args.contexts or ())))
+                              ServingSizes(tuple(args.batches or ()), tuple(args.ks or ()), tuple(args.contexts or ())))
     tiles = {e["shape"]: candidates(e["shape"], e["shipped"], sms, args.per_shape) for e in entries}
     if args.tiles_from:
         tiles = {e["shape"]: found_tiles(args.tiles_from, e["shape"], e["shipped"]) for e in entries}

@@ -9,8 +9,7 @@ A plan is `best` (the workload's searched plan, benchmarks/results/plans/<worklo
 plan's name, a plan file, or `conventional` (each model run by torch, the phases one after the
 other). Each plan is served by a `conjugate serve` process of its own per `--modes` entry (default
 pipelined: two groups, one drafting beside the other's verification; simple: one group, its draft
-then its verification, each round), warmed up,
-then driven by each number of clients in turn: every client sends `--requests` streamed completions
+then its verification, each round), warmed up, then driven by each number of clients in turn: every client sends `--requests` streamed completions
 one after another (a fixed mix: seeded random prompt ids of 16 to 256 tokens (fewer where the context is short), `--max-tokens` each,
 the end-of-sequence ids ignored by a stop list of none, seeds fixed), through the official `openai`
 client. Time to first token: from sending a request to its first streamed token ids; output tokens per

@@ -38,7 +38,7 @@ def test_each_distinct_shape_once_with_its_workloads_and_the_shipped_tile():
 
 def test_serving_sizes_add_each_distinct_shape_once_and_name_the_sizes_it_comes_from():
     b8 = EXAMPLES_DIR / "llama-1b-8b-b8.toml"
-    serving = sweep.Serving(batches=(16, 32), ks=(1, 3), contexts=(512, ))
+    serving = sweep.ServingSizes(batches=(16, 32), ks=(1, 3), contexts=(512, ))
     entries = sweep.distinct_shapes([b8], ("draft", "target"), ("gate_up", "attn"), serving)
     rows = {(e["model"], e["shape"].kind): set() for e in entries}
     for e in entries:
@@ -51,7 +51,7 @@ def test_serving_sizes_add_each_distinct_shape_once_and_name_the_sizes_it_comes_
                                            "llama-1b-8b-b8 (B=32, k=1, context=512)"]
     verify = {e["shape"] for e in entries if e["model"] == "target" and e["shape"].kind == "attn"}
     assert verify == {sweep.AttnShape(b, k + 1, 32, 8, 128, 512) for b in (16, 32) for k in (1, 3)}
-    own = sweep.distinct_shapes([b8], ("target", ), ("gate_up", ), sweep.Serving(ks=(4, )))
+    own = sweep.distinct_shapes([b8], ("target", ), ("gate_up", ), sweep.ServingSizes(ks=(4, )))
     assert own[0]["workloads"] == ["llama-1b-8b-b8"]  # its own sizes: its own name
 
 
