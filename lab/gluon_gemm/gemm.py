@@ -275,7 +275,7 @@ class Config:
 
 
 def choose_config(M: int, N: int, K: int, block_n: int = 128, block_k: int = 64, stages: int | None = None,
-                  split_k: int | None = None) -> Config:
+                  split_k: int | None = None, warps_128: int = 4) -> Config:
     """All M rows in one tile (64 or 128); K split so the column blocks times the split fill the SMs
     at most once (never more than a wave: a second partial wave would cost a full K slice's time)."""
     assert M <= 128, "the verify-phase kernel keeps all rows in one tile"
@@ -290,7 +290,9 @@ def choose_config(M: int, N: int, K: int, block_n: int = 128, block_k: int = 64,
         # an SM and the grid is one wave, not 1.7.
         budget = 200 * 1024 if n_blocks * split_k <= H200_SMS else 100 * 1024
         stages = max(2, min(8, budget // ((block_m + block_n) * block_k * 2)))
-    return Config(block_m, block_n, block_k, stages, split_k)
+    # 8 warps on a 128-row tile: two warpgroups, 64 rows each, so a 128 x 256 accumulator is 128
+    # registers a thread instead of 256
+    return Config(block_m, block_n, block_k, stages, split_k, num_warps=warps_128 if block_m == 128 else 4)
 
 
 def instr_n(cfg: Config) -> int:
@@ -440,7 +442,8 @@ def measure(name: str, M: int, N: int, K: int, cfg: Config, args) -> dict:
     row = dict(shape=name, M=M, N=N, K=K, config=cfg.__dict__, out_dtype=str(out_dtype), rel_err=err,
                us=us, gbps=gbs, frac=gbs * 1e9 / COPY_BANDWIDTH, torch_us=torch_us, torch_gbps=torch_gbs,
                torch_frac=torch_gbs * 1e9 / COPY_BANDWIDTH, floor_us=nbytes / COPY_BANDWIDTH * 1e6)
-    cfg_s = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{cfg.stages} k{cfg.split_k}{' ws' if cfg.warp_specialized else ''}"
+    cfg_s = (f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{cfg.stages} k{cfg.split_k} w{cfg.num_warps}"
+             f"{' ws' if cfg.warp_specialized else ''}")
     print(f"{name:<9}{M:>5}{N:>7}{K:>7}  {cfg_s:<22}{str(out_dtype)[6:]:>5}{err:>10.2e}"
           f"{us:>10.1f}{gbs:>8.0f}{row['frac']:>6.2f}{torch_us:>10.1f}{torch_gbs:>8.0f}"
           f"{row['torch_frac']:>6.2f}", flush=True)
@@ -457,7 +460,8 @@ def run_gpu(args) -> int:
     print(header)
     for name, (N, K) in SHAPES.items():
         for M in ROWS:
-            configs = [choose_config(M, N, K, block_n=args.block_n, block_k=args.block_k, stages=args.stages, split_k=args.split_k)]
+            configs = [choose_config(M, N, K, block_n=args.block_n, block_k=args.block_k, stages=args.stages, split_k=args.split_k,
+                                     warps_128=args.warps_128)]
             if args.stream_k:
                 configs.append(stream_k_config(M, N, K, block_n=args.block_n, block_k=args.block_k))
             if args.ws:
@@ -519,9 +523,11 @@ def run_offline(args) -> int:
     failed = 0
     for name, (N, K) in SHAPES.items():
         for M, cfg in ((M, cfg) for M in ROWS for cfg in [
-                choose_config(M, N, K, block_n=args.block_n, block_k=args.block_k, stages=args.stages, split_k=args.split_k)]
+                choose_config(M, N, K, block_n=args.block_n, block_k=args.block_k, stages=args.stages, split_k=args.split_k,
+                                     warps_128=args.warps_128)]
                 + ([stream_k_config(M, N, K, block_n=args.block_n, block_k=args.block_k)] if args.stream_k else [])
-                + ([replace(choose_config(M, N, K, block_n=args.block_n, block_k=args.block_k, stages=args.stages, split_k=args.split_k),
+                + ([replace(choose_config(M, N, K, block_n=args.block_n, block_k=args.block_k, stages=args.stages, split_k=args.split_k,
+                                     warps_128=args.warps_128),
                             warp_specialized=True)] if args.ws else [])):
             cfg_s = f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k} s{cfg.stages} k{cfg.split_k}{' ws' if cfg.warp_specialized else ''}"
             grid = f"{triton.cdiv(N, cfg.block_n)}x{cfg.split_k}" if cfg.split_k else f"{H200_SMS} (stream-K)"
@@ -561,6 +567,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-k", type=int, default=64)
     parser.add_argument("--stages", type=int, default=None, help="ring depth (default: fill ~200 KB)")
     parser.add_argument("--split-k", type=int, default=None, help="default: SMs // column blocks, at least 1")
+    parser.add_argument("--warps-128", type=int, default=4, choices=(4, 8),
+                        help="warps of a 128-row tile (8: two warpgroups of 64 rows)")
     parser.add_argument("--fp32-out", action="store_true", help="fp32 output even without split-K")
     parser.add_argument("--ws", action="store_true",
                         help="also the warp-specialized kernel (a loader warp), each shape in the same process")
