@@ -122,30 +122,8 @@ def test_partials_hold_the_real_rows_only(split_kv):
     call, _, out = _run(q, k, v, lengths, tokens=tokens, offset=offset, heads=heads, kv_heads=kv_heads, hd=hd,
                         block_n=16, split_kv=split_kv)
     assert (call.constexprs["ROWS"], call.constexprs["CROWS"]) == (16, 2)
-    assert tuple(call.args["part_o_ptr"].shape) == (2 * len(lengths) * kv_heads * split_kv, 2, hd)  # 2 slots a program
+    assert tuple(call.args["part_o_ptr"].shape) == (len(lengths) * kv_heads, split_kv, 2, hd)
     torch.testing.assert_close(out, _expected(q, k, v, lengths, tokens, offset, heads, hd), rtol=1e-4, atol=1e-4)
-
-
-# lengths, tokens, kv_heads, split_kv: the split's programs share all pairs' key tiles equally (block_n 16)
-SKEWED = [
-    ([300, 1], 1, 1, 12),  # 20 tiles, 24 programs: one tile each; sequence 0's 19 pieces pass MERGE_UNROLL (a loop)
-    ([90, 3, 41, 7], 4, 2, 3),  # shares cut pairs at both ends and cross from one sequence's pairs to the next
-    ([5, 200], 2, 2, 2),  # the short sequence's pairs whole inside one share, the long one's in pieces
-]
-
-
-@pytest.mark.parametrize("lengths,tokens,kv_heads,split_kv", SKEWED)
-def test_shares_cross_pairs_and_sequences(lengths, tokens, kv_heads, split_kv):
-    heads, hd = 2 * kv_heads, 16
-    q, k, v = _inputs(lengths, tokens, 0, heads, kv_heads, hd, torch.float32, seed=8)
-    call, launch, out = _run(q, k, v, lengths, tokens=tokens, offset=0, heads=heads, kv_heads=kv_heads, hd=hd,
-                             block_n=16, split_kv=split_kv)
-    torch.testing.assert_close(out, _expected(q, k, v, lengths, tokens, 0, heads, hd), rtol=1e-4, atol=1e-4)
-    assert call.args["counter_ptr"].tolist() == [0] * (len(lengths) * kv_heads), "a merge left its counter set"
-    first = out.clone()
-    out.fill_(float("nan"))
-    launch()
-    assert torch.equal(out, first)
 
 
 def test_second_launch_is_identical_and_counter_resets():

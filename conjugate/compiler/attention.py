@@ -10,7 +10,6 @@ from conjugate.compiler.tile import PartCall, TileSignature
 from conjugate.kernels.attention import attn_tile
 
 SIGNATURE = TileSignature.of(attn_tile)
-MERGE_UNROLL = 16  # a pair's merges unrolled up to this many pieces (H200: 2-32 measured unrolled)
 
 
 def _check(q, k_cache, v_cache, out, lengths, batch, tokens, offset, num_heads, num_kv_heads, head_dim, block_n,
@@ -47,25 +46,23 @@ def _check(q, k_cache, v_cache, out, lengths, batch, tokens, offset, num_heads, 
 def attn_call(q, k_cache, v_cache, out, lengths, *, batch, tokens, offset, num_heads, num_kv_heads, head_dim,
               block_n=64, split_kv=1, label="") -> PartCall:
     """Binds one layer's attention at positions lengths[b] + offset + t (lengths read at run time);
-    allocates the split-KV scratch (two slots a program) and counters (kept in PartCall.scratch)."""
+    allocates the split-KV scratch and counter (kept in PartCall.scratch)."""
     _check(q, k_cache, v_cache, out, lengths, batch, tokens, offset, num_heads, num_kv_heads, head_dim, block_n,
            split_kv)
     group = num_heads // num_kv_heads
     rows = tile.next_pow2(max(16, group * tokens))
     crows = tile.next_pow2(max(2, group * tokens))  # the partials' rows: real heads and tokens only
     dev = q.device
-    programs = batch * num_kv_heads * split_kv
     if split_kv > 1:
-        part_o = torch.empty(2 * programs, crows, head_dim, dtype=torch.float32, device=dev)
-        part_ml = torch.empty(2 * programs, 2, crows, dtype=torch.float32, device=dev)
+        part_o = torch.empty(batch * num_kv_heads, split_kv, crows, head_dim, dtype=torch.float32, device=dev)
+        part_ml = torch.empty(batch * num_kv_heads, split_kv, 2, crows, dtype=torch.float32, device=dev)
     else:  # unused by the kernel
         part_o = part_ml = torch.empty(1, dtype=torch.float32, device=dev)
     counter = torch.zeros(max(1, batch * num_kv_heads), dtype=torch.int32, device=dev)
     args = dict(q_ptr=q, k_ptr=k_cache, v_ptr=v_cache, out_ptr=out, part_o_ptr=part_o, part_ml_ptr=part_ml,
-                counter_ptr=counter, lengths_ptr=lengths, batch=batch, offset=offset, T=tokens, S_max=k_cache.shape[2],
+                counter_ptr=counter, lengths_ptr=lengths, offset=offset, T=tokens, S_max=k_cache.shape[2],
                 stride_q=q.stride(0), stride_o=out.stride(0), scale=1.0 / math.sqrt(head_dim))
     constexprs = dict(NUM_KV_HEADS=num_kv_heads, GROUP=group, HEAD_DIM=head_dim, ROWS=rows, CROWS=crows,
-                      BLOCK_N=block_n, SPLIT_KV=split_kv, BATCH_BLOCK=tile.next_pow2(batch),
-                      MERGE_UNROLL=min(split_kv + 1, MERGE_UNROLL), DOT_DTYPE=tile.dot_dtype(k_cache.dtype))
-    return PartCall(SIGNATURE, args, constexprs, programs=programs, label=label,
+                      BLOCK_N=block_n, SPLIT_KV=split_kv, DOT_DTYPE=tile.dot_dtype(k_cache.dtype))
+    return PartCall(SIGNATURE, args, constexprs, programs=batch * num_kv_heads * split_kv, label=label,
                     scratch=[part_o, part_ml, counter])

@@ -1,9 +1,9 @@
 """The attention template's two ways of dealing keys to its split programs, side by side on one GPU.
 
-    per pair   (per_pair.py, the template until this experiment) each (b, kv_head) pair's keys cut
-               into SPLIT_KV chunks of its own: with ragged lengths the longest sequence's programs
-               run on after the others have finished
-    shares     (conjugate/kernels/attention.py) the same B * KVH * SPLIT_KV programs, every pair's key
+    per pair   (conjugate/kernels/attention.py, the product's) each (b, kv_head) pair's keys cut into
+               SPLIT_KV chunks of its own: with ragged lengths the longest sequence's programs run
+               on after the others have finished
+    shares     (shares.py, this experiment) the same B * KVH * SPLIT_KV programs, every pair's key
                tiles dealt in one equal contiguous share a program, pieces merged by the last one in
 
 For every case (the examples' verify and draft attention shapes, and #49's serving sizes), at equal
@@ -26,14 +26,14 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout's conjugate
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # per_pair
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # shares
 
 from conjugate.compiler.attention import attn_call  # noqa: E402
 from conjugate.compiler.cache import KernelCache  # noqa: E402
 from conjugate.compiler.round import CompiledLaunch  # noqa: E402
 from conjugate.compiler.tile import PartCall, TileSignature  # noqa: E402
 from conjugate.evaluate.timing import copy_bandwidth_gbs, flush_time_us, l2_flush_bytes, time_per_call  # noqa: E402
-from per_pair import per_pair_tile  # noqa: E402
+from shares import shares_tile  # noqa: E402
 
 CALLS = 20
 DEVICE = "cuda"  # "cpu" under the interpreter: the check only (lab/attention_dealing/README.md)
@@ -79,17 +79,16 @@ def build(kind: str, data: dict, batch, tokens, heads, kv_heads, hd, split, cach
     out = torch.full((batch * tokens, heads * hd), float("nan"), device=DEVICE, dtype=torch.bfloat16)
     call = attn_call(data["q"], data["k"], data["v"], out, data["lengths"], batch=batch, tokens=tokens, offset=0,
                      num_heads=heads, num_kv_heads=kv_heads, head_dim=hd, block_n=64, split_kv=split)
-    if kind == "per pair":  # the same tensors bound to the old tile, its scratch as it was shaped
-        group = heads // kv_heads
+    if kind == "shares":  # the same tensors bound to the lab tile: two scratch slots a program
+        programs = batch * kv_heads * split
         crows = call.constexprs["CROWS"]
-        part_o = torch.empty(batch * kv_heads, split, crows, hd, device=DEVICE)
-        part_ml = torch.empty(batch * kv_heads, split, 2, crows, device=DEVICE)
-        sig = TileSignature.of(per_pair_tile)
-        args = {a: call.args[a] for a in sig.args if a in call.args} | {"part_o_ptr": part_o, "part_ml_ptr": part_ml}
-        constexprs = {c: call.constexprs[c] for c in sig.constexprs}
-        call = PartCall(sig, args, constexprs, programs=batch * kv_heads * split, label="per pair",
+        part_o = torch.empty(2 * programs, crows, hd, device=DEVICE)
+        part_ml = torch.empty(2 * programs, 2, crows, device=DEVICE)
+        sig = TileSignature.of(shares_tile)
+        args = call.args | {"part_o_ptr": part_o, "part_ml_ptr": part_ml, "batch": batch}
+        constexprs = call.constexprs | {"BATCH_BLOCK": 1 << (batch - 1).bit_length(), "MERGE_UNROLL": min(split + 1, 16)}
+        call = PartCall(sig, args, constexprs, programs=programs, label="shares",
                         scratch=[part_o, part_ml, call.args["counter_ptr"]])
-        assert constexprs["GROUP"] == group
     launch = CompiledLaunch.alone(0, call, cache, num_warps=4, num_stages=3)
     return launch, out
 
