@@ -1,0 +1,302 @@
+"""Lab (#48; nothing in conjugate/ imports it): the draft's k decode steps as one task table, the plan a
+persistent step kernel would run, built and checked on the host.
+
+A step is, per layer: qkv (RMSNorm folded in, bias, Qwen3's q/k norm, RoPE, the KV write), attention
+per (sequence, KV head), o_proj with the residual, gate_up with SiLU-mul (norm folded in), down with
+the residual; then the final norm and lm_head with a per-tile argmax, reduced to the step's tokens
+by the last tile in; the next step's embedding waits for them. Every op is cut into output tiles
+and, where its tiles alone would leave programs idle, its K into slices:
+
+    task = (op, step, layer, output tile, K slice)
+
+A task waits on counters (acquire) before it reads anything another task wrote, adds its partial
+product, and arrives at its tile's parts counter; the last slice in runs the epilogue and bumps the
+tile's done counter (release). The norms need whole rows: their 1/rms scales the finished dot
+products (x W'^T * rstd, the norm's weight folded into W'), so a slice may start as soon as the x
+columns it reads are written, and only the epilogue waits for the whole row (`finish_waits`).
+
+Tasks are numbered in stage order (op by op, layer by layer, step by step) and dealt round-robin to
+P programs, each running its tasks in that order. The checks (`check`) are what make such a table
+safe to launch: every waited counter has producers and its target is exactly their number; every
+producer sits in an earlier stage than its waiter; each program's tasks are in stage order; every
+output element is computed by exactly one tile and every K column by exactly one slice; and the P
+programs fit the SMs at once. Under those, the earliest unfinished task can always run, so the
+programs cannot deadlock; a wrong table is refused before launch, and the kernel's spins are bounded
+besides. `simulate.py` runs the table with torch ops against the reference.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from conjugate.models.spec import ModelSpec
+
+OPS = ("embed", "qkv", "attn", "o_proj", "gate_up", "down", "head")
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Tile shapes (elements). `k`: K per weight tile (a ring slot's width); `rows`: weight rows per
+    output tile of o_proj, down and lm_head; `half`: rows per half of a paired tile (qkv: the heads'
+    first halves over their second halves, so RoPE's pairs meet in one tile; gate_up: gate over up)."""
+
+    k: int = 64
+    rows: int = 128
+    half: int = 64
+
+
+@dataclass(frozen=True)
+class Task:
+    index: int
+    op: str
+    step: int
+    layer: int  # -1 for embed and head
+    tile: int  # output tile (attn: b * kv_heads + kv_head)
+    split: int  # K slice
+    splits: int
+    k_range: tuple[int, int]  # the K columns this task multiplies ((0, 0) for attn and embed)
+    out: tuple[tuple[int, int], ...]  # output columns: one range, or (first halves, second halves)
+    waits: tuple[tuple[str, int], ...]  # (counter, target) before it reads
+    finish_waits: tuple[tuple[str, int], ...]  # before the last slice's epilogue (whole-row norms)
+    parts: str | None  # arrival counter of the tile's slices (splits > 1)
+    done: str  # bumped once the tile is finished
+    stage: int = 0
+    program: int = -1
+
+
+@dataclass
+class StepProgram:
+    spec: ModelSpec
+    batch: int
+    steps: int
+    programs: int
+    tiles: Tiles
+    splits: dict[str, int]
+    tasks: list[Task] = field(default_factory=list)
+
+    def of_program(self, p: int) -> list[Task]:
+        return [t for t in self.tasks if t.program == p]
+
+    def producers(self) -> dict[str, list[Task]]:
+        """Counter -> the tasks that bump it once each (a `head_tiles` counter's last bump also
+        bumps `token`: see simulate)."""
+        out: dict[str, list[Task]] = defaultdict(list)
+        for t in self.tasks:
+            out[t.done].append(t)
+        return out
+
+    def loads(self, p: int) -> int:
+        """Weight tiles (ring slots) program p's loader streams: what its compute partition consumes."""
+        return sum((t.k_range[1] - t.k_range[0]) // self.tiles.k for t in self.of_program(p) if t.op not in ("attn", "embed"))
+
+
+class ProgramError(ValueError):
+    """A task table that must not be launched, and why."""
+
+
+def _ranges(total: int, size: int) -> list[tuple[int, int]]:
+    return [(lo, min(lo + size, total)) for lo in range(0, total, size)]
+
+
+def _slices(total: int, splits: int, k: int) -> list[tuple[int, int]]:
+    """K cut into `splits` slices of whole k-wide tiles, as even as they come."""
+    tiles = -(-total // k)
+    bounds = [s * tiles // splits * k for s in range(splits + 1)]
+    return [(bounds[s], min(bounds[s + 1], total)) for s in range(splits)]
+
+
+def _overlapping(ranges: list[tuple[int, int]], lo: int, hi: int) -> list[int]:
+    return [i for i, (a, b) in enumerate(ranges) if a < hi and lo < b]
+
+
+def finest_split(tiles: int, k_total: int, k: int, programs: int) -> int:
+    """The most K slices that keep tiles x slices within the programs (at least 1)."""
+    return max(1, min(-(-k_total // k), programs // max(1, tiles)))
+
+
+def qkv_tiles(spec: ModelSpec, tiles: Tiles) -> list[tuple[str, int, int]]:
+    """qkv's paired tiles: (segment q/k/v, first head, heads). A tile holds the first halves of its
+    heads over their second halves, `half` rows each."""
+    per_tile = max(1, 2 * tiles.half // spec.head_dim)
+    if spec.head_dim > 2 * tiles.half or 2 * tiles.half % spec.head_dim:
+        raise ProgramError(f"head_dim {spec.head_dim} does not pair into tiles of 2 x {tiles.half} rows")
+    out = []
+    for seg, heads in (("q", spec.num_heads), ("k", spec.num_kv_heads), ("v", spec.num_kv_heads)):
+        out += [(seg, h, min(per_tile, heads - h)) for h in range(0, heads, per_tile)]
+    return out
+
+
+def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles = Tiles(),
+          splits: dict[str, int] | None = None, early_start: bool = True) -> StepProgram:
+    """The task table of `steps` decode steps of `spec` for `batch` rows on `programs` programs.
+    `splits` (op -> K slices) defaults to the finest that fits the programs; with `early_start` a
+    normed op's slices wait only for the x columns they read (their epilogue for the whole row)."""
+    H, Q, F = spec.hidden_size, spec.q_size, spec.ffn_size
+    pairs = qkv_tiles(spec, tiles)
+    n_tiles = {"qkv": len(pairs), "o_proj": -(-H // tiles.rows), "gate_up": -(-F // tiles.half),
+               "down": -(-H // tiles.rows), "head": -(-spec.vocab_size // tiles.rows)}
+    k_total = {"qkv": H, "o_proj": Q, "gate_up": H, "down": F, "head": H}
+    splits = {op: finest_split(n_tiles[op], k_total[op], tiles.k, programs) for op in n_tiles} | (splits or {})
+    prog = StepProgram(spec, batch, steps, programs, tiles, splits)
+    x_tiles = _ranges(H, tiles.rows)  # how embed, o_proj and down write the residual stream
+    h_tiles = _ranges(F, tiles.half)
+    tasks: list[Task] = []
+    stage = 0
+
+    def add(op, step, layer, tile, out, k_total_op, waits_of, finish, done):
+        """One tile's tasks: a task per K slice, waits_of(k_lo, k_hi) naming what a slice reads."""
+        n = splits.get(op, 1) if k_total_op else 1
+        for s, (lo, hi) in enumerate(_slices(k_total_op, n, tiles.k) if k_total_op else [(0, 0)]):
+            waits = tuple(waits_of(lo, hi)) if early_start or not finish else tuple(finish)
+            tasks.append(Task(len(tasks), op, step, layer, tile, s, n, (lo, hi), out, waits,
+                              tuple(finish) if early_start else (),
+                              f"parts/{op}/{step}/{layer}/{tile}" if n > 1 else None,
+                              done, stage))
+
+    def x_waits(name, lo, hi):
+        return [(f"{name}/{i}", 1) for i in _overlapping(x_tiles, lo, hi)]
+
+    for step in range(steps):
+        x_in = f"x/{step}/0"
+        for i, out in enumerate(x_tiles):
+            add("embed", step, -1, i, (out,), 0,
+                lambda lo, hi: [(f"token/{step - 1}", 1)] if step else [], [], f"{x_in}/{i}")
+        stage += 1
+        for layer in range(spec.num_layers):
+            x_all = [(f"{x_in}/{i}", 1) for i in range(len(x_tiles))]
+            q_cols = {}
+            for i, (seg, head, count) in enumerate(pairs):
+                base = {"q": 0, "k": Q, "v": Q + spec.kv_size}[seg] + head * spec.head_dim
+                d2 = spec.head_dim // 2
+                out = tuple((base + j * spec.head_dim + half * d2, base + j * spec.head_dim + (half + 1) * d2)
+                            for half in (0, 1) for j in range(count))
+                q_cols[i] = (seg, head, count)
+                add("qkv", step, layer, i, out, H, lambda lo, hi, x_in=x_in: x_waits(x_in, lo, hi), x_all,
+                    f"qkv/{step}/{layer}/{i}")
+            stage += 1
+            group = spec.num_heads // spec.num_kv_heads
+
+            def tile_of(seg, head):
+                return next(i for i, (s, h, c) in q_cols.items() if s == seg and h <= head < h + c)
+
+            for b in range(batch):
+                for g in range(spec.num_kv_heads):
+                    needs = sorted({tile_of("q", h) for h in range(g * group, (g + 1) * group)}
+                                   | {tile_of("k", g), tile_of("v", g)})
+                    cols = (g * group * spec.head_dim, (g + 1) * group * spec.head_dim)
+                    add("attn", step, layer, b * spec.num_kv_heads + g, (cols,), 0,
+                        lambda lo, hi, needs=needs, step=step, layer=layer: [(f"qkv/{step}/{layer}/{i}", 1) for i in needs],
+                        [], f"attn/{step}/{layer}/{g}")
+            stage += 1
+            head_cols = group * spec.head_dim  # o's columns one KV head's attention writes
+            for i, out in enumerate(x_tiles):
+                add("o_proj", step, layer, i, (out,), Q,
+                    lambda lo, hi, step=step, layer=layer: [(f"attn/{step}/{layer}/{g}", batch)
+                                                            for g in range(lo // head_cols, -(-hi // head_cols))],
+                    [], f"xm/{step}/{layer}/{i}")
+            stage += 1
+            xm = f"xm/{step}/{layer}"
+            xm_all = [(f"{xm}/{i}", 1) for i in range(len(x_tiles))]
+            for i, out in enumerate(h_tiles):
+                add("gate_up", step, layer, i, (out, (F + out[0], F + out[1])), H,
+                    lambda lo, hi, xm=xm: x_waits(xm, lo, hi), xm_all, f"h/{step}/{layer}/{i}")
+            stage += 1
+            x_next = f"x/{step}/{layer + 1}"
+            for i, out in enumerate(x_tiles):
+                add("down", step, layer, i, (out,), F,
+                    lambda lo, hi, step=step, layer=layer: [(f"h/{step}/{layer}/{j}", 1)
+                                                            for j in _overlapping(h_tiles, lo, hi)],
+                    [], f"{x_next}/{i}")
+            stage += 1
+            x_in = x_next
+        x_all = [(f"{x_in}/{i}", 1) for i in range(len(x_tiles))]
+        for i, out in enumerate(_ranges(spec.vocab_size, tiles.rows)):
+            add("head", step, -1, i, (out,), H, lambda lo, hi, x_in=x_in: x_waits(x_in, lo, hi), x_all,
+                f"head_tiles/{step}")
+        stage += 1
+    # Deal: task g of the whole table to program g % P keeps every program's tasks in stage order and
+    # spreads each op's tiles over all programs.
+    prog.tasks = [Task(**{**t.__dict__, "program": t.index % programs}) for t in tasks]
+    return prog
+
+
+def counter_targets(prog: StepProgram) -> dict[str, int]:
+    """Every counter's final value: one bump per producer task (per tile: by its last slice); the
+    token counter of a step is bumped once, by the head tile that finishes last."""
+    counts: dict[str, set] = defaultdict(set)
+    for t in prog.tasks:
+        counts[t.done].add((t.op, t.layer, t.tile, t.step) if t.op != "attn" else t.tile)
+    out = {name: len(v) for name, v in counts.items()}
+    for step in range(prog.steps):
+        out[f"token/{step}"] = 1
+    return out
+
+
+def _stage_of_counter(prog: StepProgram) -> dict[str, int]:
+    stage = {}
+    for t in prog.tasks:
+        stage[t.done] = max(stage.get(t.done, -1), t.stage)
+        if t.op == "head":
+            stage[f"token/{t.step}"] = max(stage.get(f"token/{t.step}", -1), t.stage)
+    return stage
+
+
+def check(prog: StepProgram, sms: int) -> None:
+    """Raises ProgramError naming the first task or counter that makes the table unsafe to launch."""
+    if not 1 <= prog.programs <= sms:
+        raise ProgramError(f"{prog.programs} programs: a persistent kernel needs 1 to {sms} (one an SM, all "
+                           f"co-resident, or a wait may never end)")
+    targets, stage = counter_targets(prog), _stage_of_counter(prog)
+    for t in prog.tasks:
+        for name, target in t.waits + t.finish_waits:
+            if name not in targets:
+                raise ProgramError(f"task {t.index} ({t.op}, step {t.step}, layer {t.layer}, tile {t.tile}) waits on "
+                                   f"{name}, which no task bumps")
+            if target != targets[name]:
+                raise ProgramError(f"task {t.index} ({t.op}) waits for {name} >= {target}; its producers bring it "
+                                   f"to {targets[name]}")
+            if stage[name] >= t.stage:
+                raise ProgramError(f"task {t.index} ({t.op}, stage {t.stage}) waits on {name}, bumped in stage "
+                                   f"{stage[name]}: not an earlier stage, so the programs could deadlock")
+    for p in range(prog.programs):
+        stages = [t.stage for t in prog.of_program(p)]
+        if stages != sorted(stages):
+            raise ProgramError(f"program {p} runs its tasks out of stage order")
+    _check_coverage(prog)
+
+
+def _check_coverage(prog: StepProgram) -> None:
+    """Each (op, step, layer) computes every output column once and multiplies every K column once per tile."""
+    spec = prog.spec
+    width = {"embed": spec.hidden_size, "qkv": spec.qkv_size, "o_proj": spec.hidden_size,
+             "gate_up": 2 * spec.ffn_size, "down": spec.hidden_size, "head": spec.vocab_size}
+    k_total = {"qkv": spec.hidden_size, "o_proj": spec.q_size, "gate_up": spec.hidden_size, "down": spec.ffn_size,
+               "head": spec.hidden_size}
+    groups: dict[tuple, list[Task]] = defaultdict(list)
+    for t in prog.tasks:
+        groups[(t.op, t.step, t.layer)].append(t)
+    for (op, step, layer), ts in groups.items():
+        where = f"{op} of step {step}, layer {layer}"
+        if op == "attn":
+            tiles = sorted(t.tile for t in ts)
+            if tiles != list(range(prog.batch * spec.num_kv_heads)):
+                raise ProgramError(f"{where}: the (sequence, KV head) pairs are not each attended once")
+            continue
+        cover = [0] * width[op]
+        for t in ts:
+            if t.split == 0:
+                for lo, hi in t.out:
+                    for c in range(lo, hi):
+                        cover[c] += 1
+        if any(c != 1 for c in cover):
+            raise ProgramError(f"{where}: output column {next(i for i, c in enumerate(cover) if c != 1)} is "
+                               f"computed {cover[next(i for i, c in enumerate(cover) if c != 1)]} times")
+        if op == "embed":
+            continue
+        by_tile: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        for t in ts:
+            by_tile[t.tile].append(t.k_range)
+        for tile, ranges in by_tile.items():
+            ranges.sort()
+            if ranges[0][0] != 0 or ranges[-1][1] != k_total[op] or any(a[1] != b[0] for a, b in zip(ranges, ranges[1:])):
+                raise ProgramError(f"{where}, tile {tile}: its K slices {ranges} do not cover 0..{k_total[op]} once")
