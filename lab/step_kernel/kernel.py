@@ -1,0 +1,737 @@
+"""Lab (#48; nothing in conjugate/ imports it): the step program's task table (program.py) run by one
+persistent, warp-specialized Gluon kernel on Hopper: the draft's k decode steps in one launch.
+
+Each program (one per SM, all co-resident) reads its own list of tasks from the table and runs two
+partitions over it, both in the table's order:
+
+* the **loader** (1 warp) streams every weight tile of its GEMM tasks by TMA into a ring of 128 x 64
+  slots, waiting only for free slots (`lab/stream_chain`'s ring), so the weights of later tasks are
+  arriving while the compute partition waits on another program;
+* the **compute** partition (one warpgroup) waits on the task's counters (bounded acquire spins: a
+  spin that runs out counts an error and goes on), then runs it:
+    embed    the step's token rows of the embedding into x (and their summed squares)
+    GEMMs    x rows staged by cp.async, swap-AB wgmma over the ring's slots (paired tiles: the first
+             64 rows and the second 64 apart), the partial added into fp32 sums; the tile's last
+             slice in (an acq_rel counter) waits for its finish counters and runs the epilogue:
+               qkv      1/rms, bias, Qwen3's q/k norm, RoPE; q to its buffer, k and v into the cache
+               o_proj   + the residual: x_mid and its summed squares
+               gate_up  1/rms, SiLU(gate) * up: h
+               down     + the residual: the next layer's x and its summed squares
+               lm_head  1/rms, the tile's max and first argmax; the last tile in reduces them to the
+                        step's tokens and releases the token counter
+    attn     one (sequence, KV head): each query head's online softmax over the cache (CUDA cores)
+  and bumps the tile's done counter (release).
+
+    python lab/step_kernel/kernel.py --json OUT.json     # Hopper GPU: check against the simulation, time
+    python lab/step_kernel/kernel.py --offline           # no GPU: compile for sm_90a
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import tma
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "stream_chain"), str(HERE.parents[1])]
+from chain import (BK, BPAD, HALF, SLOT_ROWS, _acquire, _down_tile, _fill_slot, _gate_up_tile,  # noqa: E402
+                   _release, _stage_activations, copy_bandwidth, graph_time_us, ring_barriers)
+from program import StepProgram, Tiles, build, check, counter_targets  # noqa: E402
+
+OPS = {"embed": 0, "qkv": 1, "attn": 2, "o_proj": 3, "gate_up": 4, "down": 5, "head": 6}
+# the table's columns
+(C_OP, C_STEP, C_LAYER, C_TILE, C_KLO, C_KHI, C_SPLITS, C_PARTS, C_DONE, C_WOFF, C_WCNT, C_FOFF, C_FCNT,
+ C_ROW0, C_SEG, C_HEAD0, C_COL0, C_TOKEN) = (gl.constexpr(i) for i in range(18))
+REC = gl.constexpr(18)
+KEYS = gl.constexpr(64)  # keys per attention block
+
+
+# --------------------------------------------------------------------------------------------------
+# Waits and the loader
+# --------------------------------------------------------------------------------------------------
+
+@gluon.jit
+def _wait_all(waits_ptr, offset, count, counter_ptr, error_ptr, spin_limit):
+    """Each (counter, target) of the task's list, a bounded acquire spin each. Once any spin anywhere
+    has run out the launch is a failed check already: later waits do not spin, so a wrong table ends
+    in about one spin limit, not one per wait."""
+    for j in range(count):
+        c = gl.load(waits_ptr + 2 * (offset + j))
+        target = gl.load(waits_ptr + 2 * (offset + j) + 1)
+        failed = gl.atomic_add(error_ptr, 0, sem="relaxed", scope="gpu")
+        if failed == 0:
+            _acquire(counter_ptr + c, target, error_ptr, spin_limit)
+
+
+@gluon.jit
+def step_loader(qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty, table_ptr, list_ptr, bounds_ptr,
+                STAGES: gl.constexpr):
+    """Every weight tile of this program's GEMM tasks, in task order; waits for free slots only."""
+    pid = gl.program_id(0)
+    i = 0
+    for n in range(gl.load(bounds_ptr + pid), gl.load(bounds_ptr + pid + 1)):
+        rec = table_ptr + gl.load(list_ptr + n) * REC
+        op = gl.load(rec + C_OP)
+        row0 = gl.load(rec + C_ROW0)
+        k_lo = gl.load(rec + C_KLO) * BK
+        if (op != 0) & (op != 2):
+            for kk in range(gl.load(rec + C_KHI) - gl.load(rec + C_KLO)):
+                s = _fill_slot(ring, ready, empty, i, STAGES)
+                col = k_lo + kk * BK
+                if op == 1:
+                    tma.async_copy_global_to_shared(qkv_desc, [row0, col], ready.index(s), ring.index(s))
+                elif op == 3:
+                    tma.async_copy_global_to_shared(o_desc, [row0, col], ready.index(s), ring.index(s))
+                elif op == 4:
+                    tma.async_copy_global_to_shared(gu_desc, [row0, col], ready.index(s), ring.index(s))
+                elif op == 5:
+                    tma.async_copy_global_to_shared(d_desc, [row0, col], ready.index(s), ring.index(s))
+                else:
+                    tma.async_copy_global_to_shared(head_desc, [row0, col], ready.index(s), ring.index(s))
+                i += 1
+
+
+# --------------------------------------------------------------------------------------------------
+# Partial sums in, finished tiles out
+# --------------------------------------------------------------------------------------------------
+
+@gluon.jit
+def _add_rows(sum_ptr, acc, col0, width, B, ROWS: gl.constexpr):
+    """sums[b, col0 + r] += acc[r, b] (acc is the transposed [ROWS, BPAD] accumulator), r < ROWS."""
+    r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc.type.layout))
+    b = gl.arange(0, BPAD, layout=gl.SliceLayout(0, acc.type.layout))
+    gl.atomic_add(sum_ptr + b[None, :] * width + (col0 + r)[:, None], acc, mask=(b < B)[None, :], sem="relaxed")
+
+
+@gluon.jit
+def _tile(ptr, col0, width, B, ROWS: gl.constexpr, layout: gl.constexpr):
+    """[BPAD, ROWS] fp32 of ptr[b, col0 + c] (rows past B zero), through L2."""
+    b = gl.arange(0, BPAD, layout=gl.SliceLayout(1, layout))
+    c = gl.arange(0, ROWS, layout=gl.SliceLayout(0, layout))
+    mask = (b < B)[:, None] & (c < ROWS)[None, :]
+    return gl.load(ptr + b[:, None] * width + (col0 + c)[None, :], mask=mask, other=0.0, cache_modifier=".cg").to(gl.float32)
+
+
+@gluon.jit
+def _rstd(ss_ptr, B, H: gl.constexpr, EPS: gl.constexpr, layout: gl.constexpr):
+    """[BPAD, 1]: each row's 1 / rms from its summed squares."""
+    b = gl.arange(0, BPAD, layout=gl.SliceLayout(1, layout))
+    ss = gl.load(ss_ptr + b, mask=b < B, other=0.0, cache_modifier=".cg")
+    return gl.rsqrt(ss / H + EPS)[:, None]
+
+
+@gluon.jit
+def _residual_epilogue(sum_ptr, res_ptr, out_ptr, ss_out_ptr, col0, B, H: gl.constexpr):
+    """out[:, tile] = bf16(res[:, tile] + sums[:, tile]); the rounded tile's squares into ss_out."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
+    b = gl.arange(0, BPAD, layout=gl.SliceLayout(1, layout))
+    c = gl.arange(0, SLOT_ROWS, layout=gl.SliceLayout(0, layout))
+    new = (_tile(sum_ptr, col0, H, B, SLOT_ROWS, layout) + _tile(res_ptr, col0, H, B, SLOT_ROWS, layout)).to(gl.bfloat16)
+    mask = (b < B)[:, None] & (c < SLOT_ROWS)[None, :]
+    gl.store(out_ptr + b[:, None] * H + (col0 + c)[None, :], new, mask=mask)
+    rounded = new.to(gl.float32)
+    gl.atomic_add(ss_out_ptr + b, gl.sum(rounded * rounded, axis=1), mask=b < B, sem="relaxed")
+
+
+@gluon.jit
+def _gate_up_epilogue(sum_ptr, ss_ptr, h_ptr, tile, B, H: gl.constexpr, F: gl.constexpr, EPS: gl.constexpr):
+    layout: gl.constexpr = gl.BlockedLayout([1, 2], [2, 16], [4, 1], [1, 0])
+    b = gl.arange(0, BPAD, layout=gl.SliceLayout(1, layout))
+    c = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
+    rstd = _rstd(ss_ptr, B, H, EPS, layout)
+    g = _tile(sum_ptr, tile * SLOT_ROWS, 2 * F, B, HALF, layout) * rstd
+    u = _tile(sum_ptr, tile * SLOT_ROWS + HALF, 2 * F, B, HALF, layout) * rstd
+    h = g / (1.0 + gl.exp(-g)) * u
+    gl.store(h_ptr + b[:, None] * F + (tile * HALF + c)[None, :], h.to(gl.bfloat16), mask=(b < B)[:, None])
+
+
+@gluon.jit
+def _qkv_epilogue(sum_ptr, ss_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, lengths_ptr, q_ptr, kv_ptr, layer, step, tile,
+                  seg, head0, B, H: gl.constexpr, NQ: gl.constexpr, Q: gl.constexpr, D: gl.constexpr,
+                  KVH: gl.constexpr, L: gl.constexpr, S: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr,
+                  EPS: gl.constexpr):
+    """One paired tile: rows r < 64 are dims d = r % (D/2) of head head0 + r // (D/2) (first halves),
+    the next 64 the same heads' second halves."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 2], [2, 16], [4, 1], [1, 0])
+    b = gl.arange(0, BPAD, layout=gl.SliceLayout(1, layout))
+    r = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
+    HD2: gl.constexpr = D // 2
+    j = r // HD2
+    d = r % HD2
+    rstd = _rstd(ss_ptr, B, H, EPS, layout)
+    bias1 = gl.load(bias_ptr + layer * NQ * SLOT_ROWS + tile * SLOT_ROWS + r)
+    bias2 = gl.load(bias_ptr + layer * NQ * SLOT_ROWS + tile * SLOT_ROWS + HALF + r)
+    a1 = _tile(sum_ptr, tile * SLOT_ROWS, NQ * SLOT_ROWS, B, HALF, layout) * rstd + bias1[None, :]
+    a2 = _tile(sum_ptr, tile * SLOT_ROWS + HALF, NQ * SLOT_ROWS, B, HALF, layout) * rstd + bias2[None, :]
+    pos = gl.load(lengths_ptr + b, mask=b < B, other=0) + step  # [BPAD]
+    if seg < 2:
+        if QK_NORM:  # one head per tile (D = 128): its 1/rms over both halves
+            ms = (gl.sum(a1 * a1, axis=1) + gl.sum(a2 * a2, axis=1)) / D
+            rn = gl.rsqrt(ms + EPS)[:, None]
+            w1 = gl.load(qkn_ptr + (layer * 2 + seg) * D + d)
+            w2 = gl.load(qkn_ptr + (layer * 2 + seg) * D + HD2 + d)
+            a1 = a1 * rn * w1[None, :]
+            a2 = a2 * rn * w2[None, :]
+        angle = pos.to(gl.float32)[:, None] * gl.load(inv_freq_ptr + d)[None, :]
+        cos = gl.cos(angle)
+        sin = gl.sin(angle)
+        o1 = a1 * cos - a2 * sin
+        o2 = a2 * cos + a1 * sin
+    else:
+        o1 = a1
+        o2 = a2
+    head = head0 + j  # [HALF]
+    mask = (b < B)[:, None]
+    if seg == 0:
+        base = q_ptr + b[:, None] * Q + (head * D + d)[None, :]
+        gl.store(base, o1.to(gl.bfloat16), mask=mask)
+        gl.store(base + HD2, o2.to(gl.bfloat16), mask=mask)
+    else:
+        plane = ((seg - 1) * L + layer) * BATCH + b  # [BPAD]: the (k or v, layer, sequence) cache plane
+        base = kv_ptr + ((plane[:, None] * KVH + head[None, :]) * S + pos[:, None]) * D + d[None, :]
+        gl.store(base, o1.to(gl.bfloat16), mask=mask)
+        gl.store(base + HD2, o2.to(gl.bfloat16), mask=mask)
+
+
+@gluon.jit
+def _head_epilogue(sum_ptr, ss_ptr, best_val_ptr, best_idx_ptr, tile, B, H: gl.constexpr, V: gl.constexpr,
+                   NTH: gl.constexpr, EPS: gl.constexpr):
+    """The tile's logits (1/rms applied): each row's max and its first column, into the step's partials."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
+    b = gl.arange(0, BPAD, layout=gl.SliceLayout(1, layout))
+    c = tile * SLOT_ROWS + gl.arange(0, SLOT_ROWS, layout=gl.SliceLayout(0, layout))
+    logits = _tile(sum_ptr, tile * SLOT_ROWS, NTH * SLOT_ROWS, B, SLOT_ROWS, layout) * _rstd(ss_ptr, B, H, EPS, layout)
+    logits = gl.where((c < V)[None, :], logits, float("-inf"))
+    best = gl.max(logits, axis=1)
+    first = -gl.max(gl.where(logits == best[:, None], -c[None, :], -(V + 1)), axis=1)
+    gl.store(best_val_ptr + tile * BPAD + b, best, mask=b < B)
+    gl.store(best_idx_ptr + tile * BPAD + b, first, mask=b < B)
+
+
+@gluon.jit
+def _reduce_tokens(best_val_ptr, best_idx_ptr, tokens_ptr, B, NTH: gl.constexpr):
+    """The step's tokens: per row, the first tile (in column order) holding the largest maximum."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
+    b = gl.arange(0, BPAD, layout=gl.SliceLayout(1, layout))
+    t = gl.arange(0, SLOT_ROWS, layout=gl.SliceLayout(0, layout))
+    top = gl.full([BPAD], float("-inf"), gl.float32, layout=gl.SliceLayout(1, layout))
+    arg = gl.zeros([BPAD], gl.int32, layout=gl.SliceLayout(1, layout))
+    for t0 in range(0, NTH, SLOT_ROWS):
+        tiles = t0 + t
+        mask = (b < B)[:, None] & (tiles < NTH)[None, :]
+        vals = gl.load(best_val_ptr + tiles[None, :] * BPAD + b[:, None], mask=mask, other=float("-inf"),
+                       cache_modifier=".cg")
+        idx = gl.load(best_idx_ptr + tiles[None, :] * BPAD + b[:, None], mask=mask, other=0, cache_modifier=".cg")
+        chunk = gl.max(vals, axis=1)
+        first = -gl.max(gl.where(vals == chunk[:, None], -idx, -2147483647), axis=1)
+        better = chunk > top
+        arg = gl.where(better, first, arg)
+        top = gl.where(better, chunk, top)
+    gl.store(tokens_ptr + b, arg, mask=b < B)
+
+
+# --------------------------------------------------------------------------------------------------
+# Embedding and attention (no weights through the ring)
+# --------------------------------------------------------------------------------------------------
+
+@gluon.jit
+def _embed(embed_ptr, tokens_ptr, x_ptr, ss_ptr, col0, B, H: gl.constexpr):
+    layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
+    b = gl.arange(0, BPAD, layout=gl.SliceLayout(1, layout))
+    c = col0 + gl.arange(0, SLOT_ROWS, layout=gl.SliceLayout(0, layout))
+    tok = gl.load(tokens_ptr + b, mask=b < B, other=0, cache_modifier=".cg")
+    mask = (b < B)[:, None]
+    rows = gl.load(embed_ptr + tok.to(gl.int64)[:, None] * H + c[None, :], mask=mask, other=0.0)
+    gl.store(x_ptr + b[:, None] * H + c[None, :], rows, mask=mask)
+    f = rows.to(gl.float32)
+    gl.atomic_add(ss_ptr + b, gl.sum(f * f, axis=1), mask=b < B, sem="relaxed")
+
+
+@gluon.jit
+def _attend(q_ptr, kv_ptr, o_ptr, lengths_ptr, layer, step, b, g, D: gl.constexpr, G: gl.constexpr,
+            KVH: gl.constexpr, Q: gl.constexpr, L: gl.constexpr, S: gl.constexpr, BATCH: gl.constexpr,
+            QK_SCALE: gl.constexpr):
+    """o[b, heads of g] = softmax(q K^T / sqrt(D)) V over keys 0 .. length + step, one query head at a
+    time (online softmax in base 2, CUDA cores)."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    keys = gl.arange(0, KEYS, layout=gl.SliceLayout(1, layout))
+    d = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
+    n = gl.load(lengths_ptr + b) + step + 1
+    k_base = kv_ptr + ((layer * BATCH + b) * KVH + g).to(gl.int64) * S * D
+    v_base = kv_ptr + (((L + layer) * BATCH + b) * KVH + g).to(gl.int64) * S * D
+    for h in range(G):
+        head = g * G + h
+        q = gl.load(q_ptr + b * Q + head * D + d, cache_modifier=".cg").to(gl.float32) * QK_SCALE
+        m = gl.max(gl.full([KEYS], float("-inf"), gl.float32, layout=gl.SliceLayout(1, layout)), axis=0)
+        l = gl.sum(gl.zeros([KEYS], gl.float32, layout=gl.SliceLayout(1, layout)), axis=0)
+        acc = gl.zeros([D], gl.float32, layout=gl.SliceLayout(0, layout))
+        for k0 in range(0, n, KEYS):
+            kk = k0 + keys
+            ok = (kk < n)[:, None]
+            k_tile = gl.load(k_base + kk[:, None] * D + d[None, :], mask=ok, other=0.0, cache_modifier=".cg").to(gl.float32)
+            s = gl.sum(k_tile * q[None, :], axis=1)
+            s = gl.where(kk < n, s, float("-inf"))
+            m_new = gl.maximum(m, gl.max(s, axis=0))
+            p = gl.exp2(s - m_new)
+            alpha = gl.exp2(m - m_new)
+            v_tile = gl.load(v_base + kk[:, None] * D + d[None, :], mask=ok, other=0.0, cache_modifier=".cg").to(gl.float32)
+            acc = acc * alpha + gl.sum(p[:, None] * v_tile, axis=0)
+            l = l * alpha + gl.sum(p, axis=0)
+            m = m_new
+        gl.store(o_ptr + b * Q + head * D + d, (acc / l).to(gl.bfloat16))
+
+
+# --------------------------------------------------------------------------------------------------
+# The compute partition and the kernel
+# --------------------------------------------------------------------------------------------------
+
+@gluon.jit
+def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits_ptr, counter_ptr, error_ptr,
+                 spin_limit, B, tokens_in_ptr, tokens_ptr, lengths_ptr, embed_ptr, xs_ptr, xm_ptr, ssx_ptr, ssm_ptr,
+                 q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr, best_val_ptr,
+                 best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr,
+                 H: gl.constexpr, Q: gl.constexpr, F: gl.constexpr, V: gl.constexpr, D: gl.constexpr,
+                 G: gl.constexpr, KVH: gl.constexpr, L: gl.constexpr, S: gl.constexpr, NQ: gl.constexpr,
+                 NTH: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr, STAGES: gl.constexpr, EPS: gl.constexpr,
+                 QK_SCALE: gl.constexpr):
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, BPAD, 16])
+    pid = gl.program_id(0)
+    i = 0  # ring slots consumed
+    for n in range(gl.load(bounds_ptr + pid), gl.load(bounds_ptr + pid + 1)):
+        rec = table_ptr + gl.load(list_ptr + n) * REC
+        op = gl.load(rec + C_OP)
+        step = gl.load(rec + C_STEP)
+        layer = gl.load(rec + C_LAYER)
+        tile = gl.load(rec + C_TILE)
+        col0 = tile * SLOT_ROWS  # o_proj, down, lm_head and the embedding: 128-column tiles from 0
+        _wait_all(waits_ptr, gl.load(rec + C_WOFF), gl.load(rec + C_WCNT), counter_ptr, error_ptr, spin_limit)
+        sl = step * L + layer  # this (step, layer)'s slot in the per-layer buffers
+        sx = step * (L + 1) + layer
+        if op == 0:
+            if step == 0:
+                tokens = tokens_in_ptr
+            else:
+                tokens = tokens_ptr + (step - 1) * BPAD
+            _embed(embed_ptr, tokens, xs_ptr + step * (L + 1) * BATCH * H, ssx_ptr + step * (L + 1) * BATCH, col0,
+                   B, H)
+            _release(counter_ptr + gl.load(rec + C_DONE))
+        elif op == 2:
+            _attend(q_ptr + sl * BATCH * Q, kv_ptr, o_ptr + sl * BATCH * Q, lengths_ptr, layer, step,
+                    gl.load(rec + C_SEG), gl.load(rec + C_HEAD0), D, G, KVH, Q, L, S, BATCH, QK_SCALE)
+            _release(counter_ptr + gl.load(rec + C_DONE))
+        else:
+            k_lo = gl.load(rec + C_KLO) * BK  # the table holds K in BK-column tiles
+            n_k = gl.load(rec + C_KHI) - gl.load(rec + C_KLO)
+            # the rows this op reads (constexpr row widths: cp.async needs to know they are 16-byte aligned)
+            if op == 1:
+                _stage_activations(act, xs_ptr + sx * BATCH * H, H, B, k_lo, n_k)
+            elif op == 3:
+                _stage_activations(act, o_ptr + sl * BATCH * Q, Q, B, k_lo, n_k)
+            elif op == 4:
+                _stage_activations(act, xm_ptr + sl * BATCH * H, H, B, k_lo, n_k)
+            elif op == 5:
+                _stage_activations(act, h_ptr + sl * BATCH * F, F, B, k_lo, n_k)
+            else:
+                _stage_activations(act, xs_ptr + (step * (L + 1) + L) * BATCH * H, H, B, k_lo, n_k)
+            if (op == 1) | (op == 4):
+                acc1, acc2, i = _gate_up_tile(ring, ready, empty, act, i, n_k, STAGES, acc_layout)
+                if op == 1:
+                    _add_rows(s_qkv_ptr + sl * BATCH * NQ * SLOT_ROWS, acc1, tile * SLOT_ROWS, NQ * SLOT_ROWS, B, HALF)
+                    _add_rows(s_qkv_ptr + sl * BATCH * NQ * SLOT_ROWS, acc2, tile * SLOT_ROWS + HALF, NQ * SLOT_ROWS, B,
+                              HALF)
+                else:
+                    _add_rows(s_gu_ptr + sl * BATCH * 2 * F, acc1, tile * SLOT_ROWS, 2 * F, B, HALF)
+                    _add_rows(s_gu_ptr + sl * BATCH * 2 * F, acc2, tile * SLOT_ROWS + HALF, 2 * F, B, HALF)
+            else:
+                acc, i = _down_tile(ring, ready, empty, act, i, n_k, STAGES, acc_layout)
+                if op == 3:
+                    _add_rows(s_o_ptr + sl * BATCH * H, acc, col0, H, B, SLOT_ROWS)
+                elif op == 5:
+                    _add_rows(s_d_ptr + sl * BATCH * H, acc, col0, H, B, SLOT_ROWS)
+                else:
+                    _add_rows(s_head_ptr + step * BATCH * NTH * SLOT_ROWS, acc, col0, NTH * SLOT_ROWS, B, SLOT_ROWS)
+            gl.thread_barrier()
+            arrived = gl.atomic_add(counter_ptr + gl.load(rec + C_PARTS), 1, sem="acq_rel", scope="gpu")
+            if arrived == gl.load(rec + C_SPLITS) - 1:  # the tile's last slice: its epilogue
+                _wait_all(waits_ptr, gl.load(rec + C_FOFF), gl.load(rec + C_FCNT), counter_ptr, error_ptr, spin_limit)
+                if op == 1:
+                    _qkv_epilogue(s_qkv_ptr + sl * BATCH * NQ * SLOT_ROWS, ssx_ptr + sx * BATCH, bias_ptr, qkn_ptr,
+                                  inv_freq_ptr, lengths_ptr, q_ptr + sl * BATCH * Q, kv_ptr, layer, step, tile,
+                                  gl.load(rec + C_SEG), gl.load(rec + C_HEAD0), B, H, NQ, Q, D, KVH, L, S, BATCH,
+                                  QK_NORM, EPS)
+                elif op == 3:
+                    _residual_epilogue(s_o_ptr + sl * BATCH * H, xs_ptr + sx * BATCH * H, xm_ptr + sl * BATCH * H,
+                                       ssm_ptr + sl * BATCH, col0, B, H)
+                elif op == 4:
+                    _gate_up_epilogue(s_gu_ptr + sl * BATCH * 2 * F, ssm_ptr + sl * BATCH, h_ptr + sl * BATCH * F,
+                                      tile, B, H, F, EPS)
+                elif op == 5:
+                    _residual_epilogue(s_d_ptr + sl * BATCH * H, xm_ptr + sl * BATCH * H,
+                                       xs_ptr + (sx + 1) * BATCH * H, ssx_ptr + (sx + 1) * BATCH, col0, B, H)
+                else:
+                    _head_epilogue(s_head_ptr + step * BATCH * NTH * SLOT_ROWS, ssx_ptr + (step * (L + 1) + L) * BATCH,
+                                   best_val_ptr + step * NTH * BPAD, best_idx_ptr + step * NTH * BPAD, tile, B, H, V, NTH, EPS)
+                if op == 6:
+                    gl.thread_barrier()
+                    done = gl.atomic_add(counter_ptr + gl.load(rec + C_DONE), 1, sem="acq_rel", scope="gpu")
+                    if done == NTH - 1:  # every tile's partial is in: the step's tokens
+                        _reduce_tokens(best_val_ptr + step * NTH * BPAD, best_idx_ptr + step * NTH * BPAD,
+                                       tokens_ptr + step * BPAD, B, NTH)
+                        _release(counter_ptr + gl.load(rec + C_TOKEN))
+                else:
+                    _release(counter_ptr + gl.load(rec + C_DONE))
+
+
+@gluon.jit
+def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_ptr, bounds_ptr, waits_ptr, counter_ptr,
+                error_ptr, spin_limit, B, tokens_in_ptr, tokens_ptr, lengths_ptr, embed_ptr, xs_ptr, xm_ptr, ssx_ptr,
+                ssm_ptr, q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr, best_val_ptr,
+                best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr,  #
+                H: gl.constexpr, Q: gl.constexpr, F: gl.constexpr, V: gl.constexpr, D: gl.constexpr,
+                G: gl.constexpr, KVH: gl.constexpr, L: gl.constexpr, S: gl.constexpr, NQ: gl.constexpr,
+                NTH: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr, STAGES: gl.constexpr,
+                KT_MAX: gl.constexpr, EPS: gl.constexpr, QK_SCALE: gl.constexpr):
+    ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, SLOT_ROWS, BK], qkv_desc.layout)
+    act_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BPAD, BK], gl.bfloat16)
+    act = gl.allocate_shared_memory(gl.bfloat16, [KT_MAX, BPAD, BK], act_layout)
+    ready, empty = ring_barriers(STAGES)
+    gl.warp_specialize([
+        (step_compute, (ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits_ptr, counter_ptr, error_ptr,
+                        spin_limit, B, tokens_in_ptr, tokens_ptr, lengths_ptr, embed_ptr, xs_ptr, xm_ptr, ssx_ptr,
+                        ssm_ptr, q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr,
+                        best_val_ptr, best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, H, Q, F, V, D, G, KVH, L, S, NQ,
+                        NTH, BATCH, QK_NORM, STAGES, EPS, QK_SCALE)),
+        (step_loader, (qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty, table_ptr, list_ptr,
+                       bounds_ptr, STAGES)),
+    ], [1], [40])
+
+
+# --------------------------------------------------------------------------------------------------
+# Host side: the table as int32 arrays, the weights in tile order, the buffers, the launch
+# --------------------------------------------------------------------------------------------------
+
+def encode(prog: StepProgram) -> dict[str, torch.Tensor]:
+    """The table (one REC-wide int32 row a task), the waits ((counter, target) pairs), each program's
+    task list and its bounds, and the number of counters. A GEMM tile of one slice still gets a parts
+    counter: its epilogue reads the sums its own atomics wrote, behind the same acq_rel."""
+    spec, tiles = prog.spec, prog.tiles
+    names: dict[str, int] = {}
+
+    def counter(name: str) -> int:
+        return names.setdefault(name, len(names))
+
+    for name in counter_targets(prog):
+        counter(name)
+    waits: list[int] = []
+    rows = []
+    n_gu = spec.ffn_size // tiles.half
+    pairs_per_layer = -(-spec.qkv_size // (2 * tiles.half))
+    for t in prog.tasks:
+        row = [0] * REC.value
+        row[C_OP], row[C_STEP], row[C_LAYER], row[C_TILE] = OPS[t.op], t.step, max(t.layer, 0), t.tile
+        row[C_KLO], row[C_KHI], row[C_SPLITS] = t.k_range[0] // tiles.k, t.k_range[1] // tiles.k, t.splits
+        assert t.k_range[0] % tiles.k == 0 and t.k_range[1] % tiles.k == 0, "K slices of whole tiles"
+        row[C_PARTS] = counter(t.parts or f"parts1/{t.index}")
+        row[C_DONE] = counter(t.done)
+        row[C_WOFF], row[C_WCNT] = len(waits) // 2, len(t.waits)
+        waits += [v for name, target in t.waits for v in (counter(name), target)]
+        row[C_FOFF], row[C_FCNT] = len(waits) // 2, len(t.finish_waits)
+        waits += [v for name, target in t.finish_waits for v in (counter(name), target)]
+        row[C_COL0] = t.out[0][0]
+        if t.op == "qkv":
+            row[C_ROW0] = (t.layer * pairs_per_layer + t.tile) * SLOT_ROWS
+            first = t.out[0][0]
+            seg = 0 if first < spec.q_size else (1 if first < spec.q_size + spec.kv_size else 2)
+            base = (0, spec.q_size, spec.q_size + spec.kv_size)[seg]
+            row[C_SEG], row[C_HEAD0] = seg, (first - base) // spec.head_dim
+        elif t.op == "attn":
+            row[C_SEG], row[C_HEAD0] = divmod(t.tile, spec.num_kv_heads)
+        elif t.op in ("o_proj", "down"):
+            row[C_ROW0] = t.layer * spec.hidden_size + t.out[0][0]
+        elif t.op == "gate_up":
+            row[C_ROW0] = (t.layer * n_gu + t.tile) * SLOT_ROWS
+        elif t.op == "head":
+            row[C_ROW0] = t.out[0][0]
+            row[C_TOKEN] = counter(f"token/{t.step}")
+        rows.append(row)
+    order = [t.index for p in range(prog.programs) for t in prog.of_program(p)]
+    bounds = [0]
+    for p in range(prog.programs):
+        bounds.append(bounds[-1] + len(prog.of_program(p)))
+    as_int = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+    return {"table": as_int(rows), "waits": as_int(waits or [0, 0]), "list": as_int(order), "bounds": as_int(bounds),
+            "counters": len(names)}
+
+
+def tile_weights(w, prog: StepProgram) -> dict[str, torch.Tensor]:
+    """Every weight matrix as the loader reads it, bf16: qkv's rows in paired tiles (each tile's heads'
+    first halves, then their second halves) and gate_up's (64 gate rows over the same 64 up rows), the
+    RMSNorm weights folded into qkv, gate_up and lm_head; qkv's bias in the same order (fp32), the q/k
+    norm weights, RoPE's inverse frequencies."""
+    from conjugate.models.reference import rope_inv_freq
+    from program import qkv_tiles
+
+    spec, dev = prog.spec, w.device
+    D, half = spec.head_dim, prog.tiles.half
+    qkv, bias, gu = [], [], []
+    starts = {"q": 0, "k": spec.q_size, "v": spec.q_size + spec.kv_size}
+    for lw in w.layers:
+        wqkv = torch.cat([lw.wq, lw.wk, lw.wv]).float() * lw.attn_norm.float()[None, :]
+        b = torch.cat([lw.bq, lw.bk, lw.bv]).float() if lw.bq is not None else torch.zeros(spec.qkv_size, device=dev)
+        for seg, head0, count in qkv_tiles(spec, prog.tiles):
+            assert count * D == 2 * half, "a qkv tile must be full"
+            heads = [starts[seg] + (head0 + j) * D for j in range(count)]
+            idx = torch.tensor([h + d for part in (0, 1) for h in heads for d in range(part * D // 2, (part + 1) * D // 2)],
+                               device=dev)
+            qkv.append(wqkv[idx])
+            bias.append(b[idx])
+        wgu = (torch.cat([lw.w_gate, lw.w_up]).float() * lw.mlp_norm.float()[None, :])
+        F = spec.ffn_size
+        for t in range(F // half):
+            gu += [wgu[t * half:(t + 1) * half], wgu[F + t * half:F + (t + 1) * half]]
+    ones = torch.ones(D, device=dev)
+    qkn = torch.stack([torch.stack([(lw.q_norm if lw.q_norm is not None else ones).float(),
+                                    (lw.k_norm if lw.k_norm is not None else ones).float()]) for lw in w.layers])
+    bf16 = torch.bfloat16
+    return {"qkv": torch.cat(qkv).to(bf16).contiguous(), "bias": torch.cat(bias).contiguous(),
+            "o": torch.cat([lw.wo for lw in w.layers]).to(bf16).contiguous(),
+            "gu": torch.cat(gu).to(bf16).contiguous(),
+            "d": torch.cat([lw.w_down for lw in w.layers]).to(bf16).contiguous(),
+            "head": (w.lm_head.float() * w.final_norm.float()[None, :]).to(bf16).contiguous(),
+            "qkn": qkn.contiguous(), "inv_freq": rope_inv_freq(spec).float().to(dev).contiguous(),
+            "embed": w.embed.to(bf16).contiguous()}
+
+
+class StepLaunch:
+    """One table's buffers and launch on the GPU. call(last_tokens, lengths, kv) runs the k steps:
+    kv [2, L, B, KVH, S, D] bf16 is read and written in place; returns tokens [B, k] and the logits."""
+
+    def __init__(self, prog: StepProgram, weights: dict, capacity: int, spin_limit: int = 1 << 20):
+        spec, dev, B, k = prog.spec, weights["qkv"].device, prog.batch, prog.steps
+        assert B <= 16 and prog.tiles == Tiles(), "B <= 16, the kernel's tile shapes"
+        self.prog, self.w, self.spec = prog, weights, spec
+        enc = encode(prog)
+        self.table, self.waits = enc["table"].to(dev), enc["waits"].to(dev)
+        self.list, self.bounds = enc["list"].to(dev), enc["bounds"].to(dev)
+        self.counters = torch.zeros(enc["counters"], dtype=torch.int32, device=dev)
+        self.error = torch.zeros(1, dtype=torch.int32, device=dev)
+        H, Q, F, V, L = spec.hidden_size, spec.q_size, spec.ffn_size, spec.vocab_size, spec.num_layers
+        self.nq = weights["qkv"].shape[0] // (L * SLOT_ROWS)
+        self.nth = -(-V // SLOT_ROWS)
+        f32, bf16 = torch.float32, torch.bfloat16
+
+        def buf(*shape, dtype=bf16):
+            return torch.empty(*shape, dtype=dtype, device=dev)
+
+        self.tokens_in = torch.zeros(BPAD_ROWS, dtype=torch.int32, device=dev)
+        self.tokens = torch.zeros(k, BPAD_ROWS, dtype=torch.int32, device=dev)
+        self.lengths = torch.zeros(B, dtype=torch.int32, device=dev)
+        self.xs, self.xm = buf(k, L + 1, B, H), buf(k, L, B, H)
+        self.ssx, self.ssm = buf(k, L + 1, B, dtype=f32), buf(k, L, B, dtype=f32)
+        self.q, self.o, self.h = buf(k, L, B, Q), buf(k, L, B, Q), buf(k, L, B, F)
+        self.sums = [buf(k, L, B, self.nq * SLOT_ROWS, dtype=f32), buf(k, L, B, H, dtype=f32),
+                     buf(k, L, B, 2 * F, dtype=f32), buf(k, L, B, H, dtype=f32), buf(k, B, self.nth * SLOT_ROWS, dtype=f32)]
+        self.best_val, self.best_idx = buf(k, self.nth, BPAD_ROWS, dtype=f32), buf(k, self.nth, BPAD_ROWS, dtype=torch.int32)
+        layout = gl.NVMMASharedLayout.get_default_for([SLOT_ROWS.value, BK.value], gl.bfloat16)
+        self.descs = [TensorDescriptor.from_tensor(weights[n], [SLOT_ROWS.value, BK.value], layout)
+                      for n in ("qkv", "o", "gu", "d", "head")]
+        kt_max = max((t.k_range[1] - t.k_range[0]) // prog.tiles.k for t in prog.tasks)
+        act_bytes = kt_max * BPAD_ROWS * BK.value * 2
+        stages = min(12, (SMEM_BUDGET - act_bytes) // (SLOT_ROWS.value * BK.value * 2 + 16))
+        assert stages >= 2, f"{kt_max} activation tiles leave no room for a ring"
+        self.capacity = capacity
+        self.kwargs = dict(H=H, Q=Q, F=F, V=V, D=spec.head_dim, G=spec.num_heads // spec.num_kv_heads,
+                           KVH=spec.num_kv_heads, L=L, S=capacity, NQ=self.nq, NTH=self.nth, BATCH=B,
+                           QK_NORM=spec.qk_norm, STAGES=stages, KT_MAX=kt_max, EPS=spec.rms_norm_eps,
+                           QK_SCALE=1.4426950408889634 / spec.head_dim ** 0.5, num_warps=4, maxnreg=168)
+        self.spin_limit = spin_limit
+
+    def args(self, kv):
+        return (*self.descs, self.table, self.list, self.bounds, self.waits, self.counters, self.error, self.spin_limit,
+                self.prog.batch, self.tokens_in, self.tokens, self.lengths, self.w["embed"], self.xs, self.xm, self.ssx,
+                self.ssm, self.q, self.o, self.h, kv, *self.sums, self.best_val, self.best_idx, self.w["bias"],
+                self.w["qkn"], self.w["inv_freq"])
+
+    def run(self, kv) -> None:
+        """Zero the sums, statistics and counters, launch (graph-capturable: no host sync)."""
+        for s in self.sums:
+            s.zero_()
+        self.ssx.zero_()
+        self.ssm.zero_()
+        self.counters.zero_()
+        step_kernel[(self.prog.programs, )](*self.args(kv), **self.kwargs)
+
+
+BPAD_ROWS = 16
+SMEM_BUDGET = 220 * 1024
+
+
+def empty_weights(prog: StepProgram, device="cpu") -> dict[str, torch.Tensor]:
+    """tile_weights' shapes, uninitialised (compiling reads only shapes, dtypes and alignment)."""
+    spec = prog.spec
+    L, H, F, V, D = spec.num_layers, spec.hidden_size, spec.ffn_size, spec.vocab_size, spec.head_dim
+    from program import qkv_tiles
+    nq = len(qkv_tiles(spec, prog.tiles))
+    e = lambda *shape, dtype=torch.bfloat16: torch.empty(*shape, dtype=dtype, device=device)  # noqa: E731
+    return {"qkv": e(L * nq * SLOT_ROWS, H), "bias": e(L * nq * SLOT_ROWS, dtype=torch.float32), "o": e(L * H, spec.q_size),
+            "gu": e(L * 2 * F, H), "d": e(L * H, F), "head": e(V, H), "qkn": e(L, 2, D, dtype=torch.float32),
+            "inv_freq": e(D // 2, dtype=torch.float32), "embed": e(V, H)}
+
+
+def compile_offline(model: str, batch: int, steps: int, programs: int = 132, capacity: int = 1100):
+    from chain import compile_for_sm90
+    from conjugate.models.presets import from_name
+
+    spec = from_name(model)
+    prog = build(spec, batch, steps, programs)
+    check(prog, programs)
+    launch = StepLaunch(prog, empty_weights(prog), capacity)
+    kv = torch.empty(2, spec.num_layers, batch, spec.num_kv_heads, capacity, spec.head_dim, dtype=torch.bfloat16)
+    return launch, compile_for_sm90(step_kernel, launch.args(kv), launch.kwargs)
+
+
+def run_offline(args) -> int:
+    import re
+    print(f"triton {triton.__version__}: step_kernel for cuda:90 (sm_90a), no GPU")
+    for model in args.models:
+        launch, compiled = compile_offline(model, args.batch, args.steps)
+        ptx = compiled.asm["ptx"]
+        found = {name: pattern in ptx for name, pattern in (
+            ("wgmma", "wgmma.mma_async"), ("tma", "cp.async.bulk.tensor"), ("cp.async", "cp.async.cg"),
+            ("mbarrier", "mbarrier.try_wait"), ("acquire", ".acquire"), ("release", ".release"))}
+        sm = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1)
+        print(f"{model} B={args.batch} steps={args.steps}: {len(launch.prog.tasks)} tasks, stages "
+              f"{launch.kwargs['STAGES']}, act tiles {launch.kwargs['KT_MAX']}, shared {compiled.metadata.shared} B, "
+              f"target {sm}, " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in found.items()), flush=True)
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------
+# On the GPU: check against the reference, then time
+# --------------------------------------------------------------------------------------------------
+
+def _inputs(spec, batch: int, context: int, steps: int, seed: int):
+    """Random bf16 weights, last tokens, ragged lengths in [context/2, context], a cache of noise."""
+    from conjugate.models.weights import random_weights
+
+    w = random_weights(spec, seed=seed, dtype=torch.bfloat16, device="cuda")
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    last = torch.randint(0, spec.vocab_size, (batch, ), generator=gen).cuda()
+    lengths = torch.randint(context // 2, context + 1, (batch, ), generator=gen).cuda()
+    capacity = context + steps + 1
+    kv = (torch.randn(2, spec.num_layers, batch, spec.num_kv_heads, capacity, spec.head_dim, generator=gen)
+          .to(torch.bfloat16).cuda())
+    return w, last, lengths, kv
+
+
+def check_against_reference(launch: StepLaunch, w, last, lengths, kv) -> dict:
+    """Runs the kernel once (sums and activations poisoned first), then the reference draft phase on
+    the same inputs, teacher-forced with the kernel's tokens so every step compares like with like:
+    each step's logits (relative to their largest), whether each chosen token is the reference's
+    argmax or within 1% of its logit range of it, the caches' new positions, and the spins that ran out."""
+    from conjugate.models.reference import KVCache, draft_phase
+
+    spec, k = launch.spec, launch.prog.steps
+    for buf in (launch.xs, launch.xm, launch.q, launch.o, launch.h):
+        buf.fill(float("nan"))
+    kv_kernel = kv.clone()
+    launch.tokens_in[:len(last)] = last.to(torch.int32)
+    launch.lengths.copy_(lengths.to(torch.int32))
+    launch.error.zero_()
+    launch.run(kv_kernel)
+    torch.cuda.synchronize()
+    tokens = launch.tokens[:, :len(last)].T.long()  # [B, k]
+    rstd = torch.rsqrt(launch.ssx[:, -1] / spec.hidden_size + spec.rms_norm_eps)  # [k, B]
+    logits = (launch.sums[4][:, :, :spec.vocab_size] * rstd[:, :, None]).transpose(0, 1)  # [B, k, V]
+    cache = KVCache(kv[0].clone(), kv[1].clone())
+    ref_tokens, ref_logits = draft_phase(w, last, cache, lengths, k, forced=tokens)
+    span = (ref_logits.amax(-1) - ref_logits.amin(-1))
+    chosen = ref_logits.gather(-1, tokens[..., None])[..., 0]
+    near = ((ref_logits.amax(-1) - chosen) <= 0.01 * span)
+    err = ((logits - ref_logits).abs().amax() / ref_logits.abs().amax()).item()
+    new = torch.zeros_like(kv, dtype=torch.bool)
+    for b, n in enumerate(lengths.tolist()):
+        new[:, :, b, :, n:n + k] = True
+    cache_err = ((kv_kernel[new].float() - torch.stack([cache.k, cache.v])[new].float()).abs().max()
+                 / torch.stack([cache.k, cache.v])[new].float().abs().max()).item()
+    untouched = bool(torch.equal(kv_kernel[~new], kv[~new]))
+    return {"logits_rel_err": err, "tokens_equal": int((tokens == ref_tokens).sum()), "tokens": tokens.numel(),
+            "tokens_near": int(near.sum()), "cache_rel_err": cache_err, "cache_elsewhere_untouched": untouched,
+            "waits_ran_out": int(launch.error.item())}
+
+
+def floor_bytes(spec, batch: int, steps: int, lengths) -> int:
+    """What the k steps must read: every weight once a step (embedding rows aside), the caches below
+    each position."""
+    L, H = spec.num_layers, spec.hidden_size
+    per_layer = (spec.qkv_size * H + spec.q_size * H + 3 * spec.ffn_size * H) * 2
+    weights = L * per_layer + spec.vocab_size * H * 2
+    kv = sum(int(n) + s + 1 for n in lengths.tolist() for s in range(steps)) * L * spec.num_kv_heads * spec.head_dim * 4
+    return steps * weights + kv
+
+
+def run_gpu(args) -> int:
+    from chain import hopper_and_copy_rate, write_probe_result
+    from conjugate.models.presets import from_name
+
+    gpu = hopper_and_copy_rate()
+    if gpu is None:
+        return 2
+    sms, bw = gpu
+    rows = []
+    for model in args.models:
+        spec = from_name(model)
+        for batch in args.batches:
+            prog = build(spec, batch, args.steps, min(sms, args.programs or sms))
+            check(prog, sms)
+            w, last, lengths, kv = _inputs(spec, batch, args.context, args.steps, seed=0)
+            launch = StepLaunch(prog, tile_weights(w, prog), kv.shape[4])
+            result = check_against_reference(launch, w, last, lengths, kv)
+            ok = (result["logits_rel_err"] < 3e-2 and result["tokens_near"] == result["tokens"]
+                  and result["cache_rel_err"] < 3e-2 and result["cache_elsewhere_untouched"] and not result["waits_ran_out"])
+            row = dict(model=model, batch=batch, steps=args.steps, context=args.context, programs=prog.programs,
+                       stages=launch.kwargs["STAGES"], tasks=len(prog.tasks), check=result, passed=ok)
+            print(f"{model} B={batch} k={args.steps}: {json.dumps(result)}", flush=True)
+            if ok:
+                kv_run = kv.clone()
+                launch.error.zero_()
+                us = graph_time_us([lambda: launch.run(kv_run)])
+                floor_us = floor_bytes(spec, batch, args.steps, lengths) / bw * 1e6
+                row.update(step_kernel_us=us, floor_us=floor_us, of_floor=us / floor_us,
+                           waits_ran_out_timed=int(launch.error.item()))
+                print(f"  {us:.1f} us for {args.steps} steps, floor {floor_us:.1f} us: {us / floor_us:.2f}x", flush=True)
+            rows.append(row)
+            write_probe_result(args.json, sms, bw, rows=rows)
+            del launch, w, kv
+            torch.cuda.empty_cache()
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="The draft's k decode steps as one persistent Gluon kernel "
+                                                 "running the step program's task table.")
+    parser.add_argument("--json")
+    parser.add_argument("--offline", action="store_true")
+    parser.add_argument("--models", nargs="+", default=["llama-3.2-1b"])
+    parser.add_argument("--batches", nargs="+", type=int, default=[8])
+    parser.add_argument("--batch", type=int, default=8, help="--offline: the batch compiled for")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--programs", type=int, default=None, help="default: one an SM")
+    args = parser.parse_args(argv)
+    return run_offline(args) if args.offline else run_gpu(args)
+
+
+if __name__ == "__main__":
+    if "--offline" in sys.argv:
+        os.environ.setdefault("TRITON_INTERPRET", "0")
+    sys.exit(main())
