@@ -27,7 +27,7 @@ besides. `simulate.py` runs the table with torch ops against the reference.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from conjugate.models.spec import ModelSpec
 
@@ -300,3 +300,24 @@ def _check_coverage(prog: StepProgram) -> None:
             ranges.sort()
             if ranges[0][0] != 0 or ranges[-1][1] != k_total[op] or any(a[1] != b[0] for a, b in zip(ranges, ranges[1:])):
                 raise ProgramError(f"{where}, tile {tile}: its K slices {ranges} do not cover 0..{k_total[op]} once")
+
+
+def _group(name: str) -> str:
+    """A tile's counter -> its op instance's (x/s/l/i -> x/s/l, attn/s/l/g -> attn/s/l)."""
+    head = name.split("/", 1)[0]
+    return name.rsplit("/", 1)[0] if head in ("x", "xm", "qkv", "h", "attn") else name
+
+
+def coarsen(prog: StepProgram) -> StepProgram:
+    """The same tasks with one done counter per op instance (step, layer) instead of one per tile:
+    every task waits once, for everything of the op it reads (no early start), at the target of all
+    that op's tiles. On a GPU each wait is a round trip; the fine table's whole-row norm waits are 16
+    or more of them in a row."""
+    grouped = [replace(t, done=_group(t.done)) for t in prog.tasks]
+    coarse = StepProgram(prog.spec, prog.batch, prog.steps, prog.programs, prog.tiles, prog.splits, grouped)
+    targets = counter_targets(coarse)
+    tasks = []
+    for t in grouped:
+        names = sorted({_group(name) for name, _ in t.waits + t.finish_waits})
+        tasks.append(replace(t, waits=tuple((n, targets[n]) for n in names), finish_waits=()))
+    return replace(coarse, tasks=tasks)

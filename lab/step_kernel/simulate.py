@@ -140,7 +140,7 @@ class _Run:
         elif t.op == "head":
             self.head_epilogue(t, acc)
             return  # bumps its own counters
-        self.bump(t.done)
+        self.bump(t.done)  # once a tile: a counter past its target would let a waiter in early
 
     def qkv_epilogue(self, t: Task, acc: torch.Tensor) -> None:
         spec, s, layer, D = self.spec, t.step, t.layer, self.spec.head_dim
@@ -166,7 +166,6 @@ class _Run:
             cache = self.cache.k if seg == "k" else self.cache.v
             for b in range(self.prog.batch):
                 cache[layer, b, head, int(positions[b])] = v[b].to(cache.dtype)
-        self.bump(t.done)
 
     def head_epilogue(self, t: Task, acc: torch.Tensor) -> None:
         (a, b), = t.out
