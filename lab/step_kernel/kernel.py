@@ -269,17 +269,22 @@ def _embed(embed_ptr, tokens_ptr, x_ptr, ss_ptr, col0, B, H: gl.constexpr):
 
 
 @gluon.jit
-def _attend(q_ptr, kv_ptr, o_ptr, lengths_ptr, layer, step, b, g, D: gl.constexpr, G: gl.constexpr,
-            KVH: gl.constexpr, Q: gl.constexpr, L: gl.constexpr, S: gl.constexpr, BATCH: gl.constexpr,
-            QK_SCALE: gl.constexpr, GP: gl.constexpr):
-    """o[b, heads of g] = softmax(q K^T / sqrt(D)) V over keys 0 .. length + step, on CUDA cores: each
-    block of KEYS keys and values is loaded once for all G query heads (online softmax in base 2, per
-    head state in [GP] and [GP, D] tensors), the next block's loads issued before this one is used."""
+def _attend_chunk(q_ptr, kv_ptr, part_ml_ptr, part_acc_ptr, slot, lengths_ptr, layer, step, b, g, chunk,
+                  D: gl.constexpr, G: gl.constexpr, KVH: gl.constexpr, Q: gl.constexpr, L: gl.constexpr,
+                  S: gl.constexpr, BATCH: gl.constexpr, QK_SCALE: gl.constexpr, GP: gl.constexpr,
+                  CHUNKS: gl.constexpr):
+    """One key chunk of (b, g) for all G query heads, on CUDA cores: keys [lo, hi), chunk `chunk` of
+    CHUNKS of the length + step + 1 keys in whole KEYS blocks. Each block's keys and values are loaded
+    once for every head (online softmax in base 2, per-head state in [GP] and [GP, D] tensors), the
+    next block's loads issued before this one is used. Leaves (m, l, unnormalised acc) in `slot`."""
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     keys = gl.arange(0, KEYS, layout=gl.SliceLayout(1, layout))
     d = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
     heads = gl.arange(0, GP, layout=gl.SliceLayout(1, layout))
     n = gl.load(lengths_ptr + b) + step + 1
+    size = gl.cdiv(gl.cdiv(n, CHUNKS), KEYS) * KEYS
+    lo = gl.minimum(chunk * size, n)
+    hi = gl.minimum(lo + size, n)
     k_base = kv_ptr + ((layer * BATCH + b) * KVH + g).to(gl.int64) * S * D
     v_base = kv_ptr + (((L + layer) * BATCH + b) * KVH + g).to(gl.int64) * S * D
     q = gl.load(q_ptr + b * Q + (g * G + heads)[:, None] * D + d[None, :], mask=(heads < G)[:, None], other=0.0,
@@ -288,15 +293,15 @@ def _attend(q_ptr, kv_ptr, o_ptr, lengths_ptr, layer, step, b, g, D: gl.constexp
     l = gl.zeros([GP], gl.float32, layout=gl.SliceLayout(1, layout))
     acc = gl.zeros([GP, D], gl.float32, layout=layout)
     offs = keys[:, None] * D + d[None, :]
-    k_next = gl.load(k_base + offs, mask=(keys < n)[:, None], other=0.0, cache_modifier=".cg")
-    v_next = gl.load(v_base + offs, mask=(keys < n)[:, None], other=0.0, cache_modifier=".cg")
-    for k0 in range(0, n, KEYS):
+    k_next = gl.load(k_base + lo * D + offs, mask=(lo + keys < hi)[:, None], other=0.0, cache_modifier=".cg")
+    v_next = gl.load(v_base + lo * D + offs, mask=(lo + keys < hi)[:, None], other=0.0, cache_modifier=".cg")
+    for k0 in range(lo, hi, KEYS):
         k_tile = k_next.to(gl.float32)
         v_tile = v_next.to(gl.float32)
-        ahead = (k0 + KEYS + keys < n)[:, None]
+        ahead = (k0 + KEYS + keys < hi)[:, None]
         k_next = gl.load(k_base + (k0 + KEYS) * D + offs, mask=ahead, other=0.0, cache_modifier=".cg")
         v_next = gl.load(v_base + (k0 + KEYS) * D + offs, mask=ahead, other=0.0, cache_modifier=".cg")
-        live = k0 + keys < n
+        live = k0 + keys < hi
         for h in gl.static_range(GP):
             mine = heads == h
             q_h = gl.sum(gl.where(mine[:, None], q, 0.0), axis=0)  # [D]
@@ -309,6 +314,33 @@ def _attend(q_ptr, kv_ptr, o_ptr, lengths_ptr, layer, step, b, g, D: gl.constexp
             l = gl.where(mine, l * alpha + gl.sum(p, axis=0), l)
             m = gl.where(mine, m_new, m)
             acc = gl.where(mine[:, None], acc * alpha + pv[None, :], acc)
+    gl.store(part_ml_ptr + slot * 2 * GP + heads, m)
+    gl.store(part_ml_ptr + slot * 2 * GP + GP + heads, l)
+    gl.store(part_acc_ptr + (slot * GP + heads)[:, None] * D + d[None, :], acc)
+
+
+@gluon.jit
+def _merge_chunks(part_ml_ptr, part_acc_ptr, first_slot, o_ptr, b, g, D: gl.constexpr, G: gl.constexpr,
+                  Q: gl.constexpr, GP: gl.constexpr, CHUNKS: gl.constexpr):
+    """o[b, heads of g] from the CHUNKS partials (log-sum-exp rescale; an empty chunk weighs 0)."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    d = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
+    heads = gl.arange(0, GP, layout=gl.SliceLayout(1, layout))
+    m = gl.full([GP], float("-inf"), gl.float32, layout=gl.SliceLayout(1, layout))
+    l = gl.zeros([GP], gl.float32, layout=gl.SliceLayout(1, layout))
+    acc = gl.zeros([GP, D], gl.float32, layout=layout)
+    for c in range(CHUNKS):
+        slot = first_slot + c
+        m_c = gl.load(part_ml_ptr + slot * 2 * GP + heads, cache_modifier=".cg")
+        l_c = gl.load(part_ml_ptr + slot * 2 * GP + GP + heads, cache_modifier=".cg")
+        a_c = gl.load(part_acc_ptr + (slot * GP + heads)[:, None] * D + d[None, :], cache_modifier=".cg")
+        m_new = gl.maximum(m, m_c)
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        w_old = gl.exp2(m - m_safe)
+        w_c = gl.exp2(m_c - m_safe)
+        l = l * w_old + l_c * w_c
+        acc = acc * w_old[:, None] + a_c * w_c[:, None]
+        m = m_new
     out = acc / gl.where(l > 0.0, l, 1.0)[:, None]
     gl.store(o_ptr + b * Q + (g * G + heads)[:, None] * D + d[None, :], out.to(gl.bfloat16), mask=(heads < G)[:, None])
 
@@ -321,11 +353,11 @@ def _attend(q_ptr, kv_ptr, o_ptr, lengths_ptr, layer, step, b, g, D: gl.constexp
 def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits_ptr, counter_ptr, error_ptr,
                  spin_limit, B, tokens_in_ptr, tokens_ptr, lengths_ptr, embed_ptr, xs_ptr, xm_ptr, ssx_ptr, ssm_ptr,
                  q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr, best_val_ptr,
-                 best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr,
+                 best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr,
                  H: gl.constexpr, Q: gl.constexpr, F: gl.constexpr, V: gl.constexpr, D: gl.constexpr,
                  G: gl.constexpr, KVH: gl.constexpr, L: gl.constexpr, S: gl.constexpr, NQ: gl.constexpr,
                  NTH: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr, STAGES: gl.constexpr, EPS: gl.constexpr,
-                 QK_SCALE: gl.constexpr, GP: gl.constexpr):
+                 QK_SCALE: gl.constexpr, GP: gl.constexpr, CHUNKS: gl.constexpr):
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BPAD, 16])
     pid = gl.program_id(0)
@@ -349,9 +381,17 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                    B, H)
             _release(counter_ptr + gl.load(rec + C_DONE))
         elif op == 2:
-            _attend(q_ptr + sl * BATCH * Q, kv_ptr, o_ptr + sl * BATCH * Q, lengths_ptr, layer, step,
-                    gl.load(rec + C_SEG), gl.load(rec + C_HEAD0), D, G, KVH, Q, L, S, BATCH, QK_SCALE, GP)
-            _release(counter_ptr + gl.load(rec + C_DONE))
+            b = gl.load(rec + C_SEG)
+            g = gl.load(rec + C_HEAD0)
+            first_slot = ((sl * BATCH + b) * KVH + g) * CHUNKS
+            _attend_chunk(q_ptr + sl * BATCH * Q, kv_ptr, part_ml_ptr, part_acc_ptr, first_slot + gl.load(rec + C_KLO),
+                          lengths_ptr, layer, step, b, g, gl.load(rec + C_KLO), D, G, KVH, Q, L, S, BATCH, QK_SCALE,
+                          GP, CHUNKS)
+            gl.thread_barrier()
+            arrived = gl.atomic_add(counter_ptr + gl.load(rec + C_PARTS), 1, sem="acq_rel", scope="gpu")
+            if arrived == CHUNKS - 1:  # the pair's last chunk in merges them
+                _merge_chunks(part_ml_ptr, part_acc_ptr, first_slot, o_ptr + sl * BATCH * Q, b, g, D, G, Q, GP, CHUNKS)
+                _release(counter_ptr + gl.load(rec + C_DONE))
         else:
             k_lo = gl.load(rec + C_KLO) * BK  # the table holds K in BK-column tiles
             n_k = gl.load(rec + C_KHI) - gl.load(rec + C_KLO)
@@ -419,11 +459,12 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
 def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_ptr, bounds_ptr, waits_ptr, counter_ptr,
                 error_ptr, spin_limit, B, tokens_in_ptr, tokens_ptr, lengths_ptr, embed_ptr, xs_ptr, xm_ptr, ssx_ptr,
                 ssm_ptr, q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr, best_val_ptr,
-                best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr,  #
+                best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr,  #
                 H: gl.constexpr, Q: gl.constexpr, F: gl.constexpr, V: gl.constexpr, D: gl.constexpr,
                 G: gl.constexpr, KVH: gl.constexpr, L: gl.constexpr, S: gl.constexpr, NQ: gl.constexpr,
                 NTH: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr, STAGES: gl.constexpr,
-                KT_MAX: gl.constexpr, EPS: gl.constexpr, QK_SCALE: gl.constexpr, GP: gl.constexpr):
+                KT_MAX: gl.constexpr, EPS: gl.constexpr, QK_SCALE: gl.constexpr, GP: gl.constexpr,
+                CHUNKS: gl.constexpr):
     ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, SLOT_ROWS, BK], qkv_desc.layout)
     act_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BPAD, BK], gl.bfloat16)
     act = gl.allocate_shared_memory(gl.bfloat16, [KT_MAX, BPAD, BK], act_layout)
@@ -432,8 +473,8 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_pt
         (step_compute, (ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits_ptr, counter_ptr, error_ptr,
                         spin_limit, B, tokens_in_ptr, tokens_ptr, lengths_ptr, embed_ptr, xs_ptr, xm_ptr, ssx_ptr,
                         ssm_ptr, q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr,
-                        best_val_ptr, best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, H, Q, F, V, D, G, KVH, L, S, NQ,
-                        NTH, BATCH, QK_NORM, STAGES, EPS, QK_SCALE, GP)),
+                        best_val_ptr, best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr, H, Q, F,
+                        V, D, G, KVH, L, S, NQ, NTH, BATCH, QK_NORM, STAGES, EPS, QK_SCALE, GP, CHUNKS)),
         (step_loader, (qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty, table_ptr, list_ptr,
                        bounds_ptr, STAGES)),
     ], [1], [40])
@@ -463,7 +504,7 @@ def encode(prog: StepProgram) -> dict[str, torch.Tensor]:
         row = [0] * REC.value
         row[C_OP], row[C_STEP], row[C_LAYER], row[C_TILE] = OPS[t.op], t.step, max(t.layer, 0), t.tile
         row[C_KLO], row[C_KHI], row[C_SPLITS] = t.k_range[0] // tiles.k, t.k_range[1] // tiles.k, t.splits
-        assert t.k_range[0] % tiles.k == 0 and t.k_range[1] % tiles.k == 0, "K slices of whole tiles"
+        assert t.op == "attn" or (t.k_range[0] % tiles.k == 0 and t.k_range[1] % tiles.k == 0), "K in whole tiles"
         row[C_PARTS] = counter(t.parts or f"parts1/{t.index}")
         row[C_DONE] = counter(t.done)
         row[C_WOFF], row[C_WCNT] = len(waits) // 2, len(t.waits)
@@ -471,6 +512,8 @@ def encode(prog: StepProgram) -> dict[str, torch.Tensor]:
         row[C_FOFF], row[C_FCNT] = len(waits) // 2, len(t.finish_waits)
         waits += [v for name, target in t.finish_waits for v in (counter(name), target)]
         row[C_COL0] = t.out[0][0]
+        if t.op == "attn":
+            row[C_KLO], row[C_KHI] = t.k_range  # chunk, chunks
         if t.op == "qkv":
             row[C_ROW0] = (t.layer * pairs_per_layer + t.tile) * SLOT_ROWS
             first = t.out[0][0]
@@ -568,7 +611,11 @@ class StepLaunch:
         layout = gl.NVMMASharedLayout.get_default_for([SLOT_ROWS.value, BK.value], gl.bfloat16)
         self.descs = [TensorDescriptor.from_tensor(weights[n], [SLOT_ROWS.value, BK.value], layout)
                       for n in ("qkv", "o", "gu", "d", "head")]
-        kt_max = max((t.k_range[1] - t.k_range[0]) // prog.tiles.k for t in prog.tasks)
+        kt_max = max((t.k_range[1] - t.k_range[0]) // prog.tiles.k for t in prog.tasks if t.op != "attn")
+        chunks = prog.splits["attn"]
+        gp = triton.next_power_of_2(spec.num_heads // spec.num_kv_heads)
+        pairs = k * L * B * spec.num_kv_heads * chunks
+        self.part_ml, self.part_acc = buf(pairs, 2, gp, dtype=f32), buf(pairs, gp, spec.head_dim, dtype=f32)
         act_bytes = kt_max * BPAD_ROWS * BK.value * 2
         stages = min(12, (SMEM_BUDGET - act_bytes) // (SLOT_ROWS.value * BK.value * 2 + 16))
         assert stages >= 2, f"{kt_max} activation tiles leave no room for a ring"
@@ -577,14 +624,14 @@ class StepLaunch:
                            KVH=spec.num_kv_heads, L=L, S=capacity, NQ=self.nq, NTH=self.nth, BATCH=B,
                            QK_NORM=spec.qk_norm, STAGES=stages, KT_MAX=kt_max, EPS=spec.rms_norm_eps,
                            QK_SCALE=1.4426950408889634 / spec.head_dim ** 0.5,
-                           GP=triton.next_power_of_2(spec.num_heads // spec.num_kv_heads), num_warps=4, maxnreg=168)
+                           GP=gp, CHUNKS=chunks, num_warps=4, maxnreg=168)
         self.spin_limit = spin_limit
 
     def args(self, kv):
         return (*self.descs, self.table, self.list, self.bounds, self.waits, self.counters, self.error, self.spin_limit,
                 self.prog.batch, self.tokens_in, self.tokens, self.lengths, self.w["embed"], self.xs, self.xm, self.ssx,
                 self.ssm, self.q, self.o, self.h, kv, *self.sums, self.best_val, self.best_idx, self.w["bias"],
-                self.w["qkn"], self.w["inv_freq"])
+                self.w["qkn"], self.w["inv_freq"], self.part_ml, self.part_acc)
 
     def run(self, kv) -> None:
         """Zero the sums, statistics and counters, launch (graph-capturable: no host sync)."""

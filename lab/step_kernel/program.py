@@ -94,6 +94,12 @@ class ProgramError(ValueError):
     """A task table that must not be launched, and why."""
 
 
+def chunk_keys(n: int, chunk: int, chunks: int, block: int) -> tuple[int, int]:
+    """Keys [lo, hi) of an attention task: chunk `chunk` of `chunks` of the n keys, in whole blocks."""
+    size = -(-(-(-n // chunks)) // block) * block
+    return min(chunk * size, n), min((chunk + 1) * size, n)
+
+
 def _ranges(total: int, size: int) -> list[tuple[int, int]]:
     return [(lo, min(lo + size, total)) for lo in range(0, total, size)]
 
@@ -109,9 +115,10 @@ def _overlapping(ranges: list[tuple[int, int]], lo: int, hi: int) -> list[int]:
     return [i for i, (a, b) in enumerate(ranges) if a < hi and lo < b]
 
 
-def finest_split(tiles: int, k_total: int, k: int, programs: int) -> int:
-    """The most K slices that keep tiles x slices within the programs (at least 1)."""
-    return max(1, min(-(-k_total // k), programs // max(1, tiles)))
+def finest_split(tiles: int, k_total: int, k: int, programs: int, min_k_tiles: int = 4) -> int:
+    """The most K slices that keep tiles x slices within the programs and every slice at least
+    min_k_tiles weight tiles long (a task's fixed cost, its waits and table reads, wants work behind it)."""
+    return max(1, min(-(-k_total // k) // min_k_tiles, programs // max(1, tiles)))
 
 
 def qkv_tiles(spec: ModelSpec, tiles: Tiles) -> list[tuple[str, int, int]]:
@@ -137,6 +144,7 @@ def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles =
                "down": -(-H // tiles.rows), "head": -(-spec.vocab_size // tiles.rows)}
     k_total = {"qkv": H, "o_proj": Q, "gate_up": H, "down": F, "head": H}
     splits = {op: finest_split(n_tiles[op], k_total[op], tiles.k, programs) for op in n_tiles} | (splits or {})
+    splits.setdefault("attn", max(1, min(16, programs // (batch * spec.num_kv_heads))))
     prog = StepProgram(spec, batch, steps, programs, tiles, splits)
     x_tiles = _ranges(H, tiles.rows)  # how embed, o_proj and down write the residual stream
     h_tiles = _ranges(F, tiles.half)
@@ -145,8 +153,12 @@ def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles =
 
     def add(op, step, layer, tile, out, k_total_op, waits_of, finish, done):
         """One tile's tasks: a task per K slice, waits_of(k_lo, k_hi) naming what a slice reads."""
-        n = splits.get(op, 1) if k_total_op else 1
-        for s, (lo, hi) in enumerate(_slices(k_total_op, n, tiles.k) if k_total_op else [(0, 0)]):
+        n = splits.get(op, 1) if k_total_op or op == "attn" else 1
+        if op == "attn":  # key chunks: chunk c of n (the keys are known at run time only: chunk_keys)
+            ranges = [(c, n) for c in range(n)]
+        else:
+            ranges = _slices(k_total_op, n, tiles.k) if k_total_op else [(0, 0)]
+        for s, (lo, hi) in enumerate(ranges):
             waits = tuple(waits_of(lo, hi)) if early_start or not finish else tuple(finish)
             tasks.append(Task(len(tasks), op, step, layer, tile, s, n, (lo, hi), out, waits,
                               tuple(finish) if early_start else (),
@@ -278,9 +290,11 @@ def _check_coverage(prog: StepProgram) -> None:
     for (op, step, layer), ts in groups.items():
         where = f"{op} of step {step}, layer {layer}"
         if op == "attn":
-            tiles = sorted(t.tile for t in ts)
-            if tiles != list(range(prog.batch * spec.num_kv_heads)):
-                raise ProgramError(f"{where}: the (sequence, KV head) pairs are not each attended once")
+            chunks = sorted((t.tile, t.k_range) for t in ts)
+            n = ts[0].splits
+            if chunks != [(pair, (c, n)) for pair in range(prog.batch * spec.num_kv_heads) for c in range(n)]:
+                raise ProgramError(f"{where}: the (sequence, KV head) pairs are not each attended once, "
+                                   f"in chunks 0..{n - 1}")
             continue
         cover = [0] * width[op]
         for t in ts:

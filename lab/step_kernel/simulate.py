@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from conjugate.models.reference import KVCache, rope_cos_sin
 from conjugate.models.weights import ModelWeights
-from program import StepProgram, Task  # lab/step_kernel/program.py
+from program import StepProgram, Task, chunk_keys  # lab/step_kernel/program.py
 
 
 class Deadlock(RuntimeError):
@@ -51,6 +51,7 @@ class _Run:
         self.tokens = torch.full((B, prog.steps), -1, dtype=torch.int64)
         self.logits = torch.full((B, prog.steps, spec.vocab_size), float("nan"))
         self.tile_best: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.attn_parts: dict[tuple, list] = {}
         # the norms' weights folded into the weights they precede: x_norm W^T = rstd * (x (W * n)^T)
         self.weights = {}
         for i, lw in enumerate(w.layers):
@@ -105,8 +106,7 @@ class _Run:
             self.embed(t)
             return False
         if t.op == "attn":
-            self.attend(t)
-            return False
+            return self.attend(t)
         _, x = self.source(t)
         w = self.weight(t)
         lo, hi = t.k_range
@@ -121,6 +121,9 @@ class _Run:
 
     # --- epilogues ----------------------------------------------------------------------------------
     def finish(self, t: Task) -> None:
+        if t.op == "attn":
+            self.merge_attention(t)
+            return
         spec, s, layer = self.spec, t.step, t.layer
         acc = self.sums[(t.op, s, layer)]
         if t.op == "qkv":
@@ -193,15 +196,35 @@ class _Run:
         self.sumsq(name).add_(rows.float().square().sum(-1))
         self.bump(t.done)
 
-    def attend(self, t: Task) -> None:
+    def attend(self, t: Task) -> bool:
+        """One key chunk of one (sequence, KV head): its partial (m, l, unnormalised acc) per query
+        head; True when it is the pair's last chunk in, whose epilogue merges them."""
         spec, s, layer, D = self.spec, t.step, t.layer, self.spec.head_dim
         b, g = divmod(t.tile, spec.num_kv_heads)
         group = spec.num_heads // spec.num_kv_heads
-        pos = int(self.lengths[b]) + s
+        n = int(self.lengths[b]) + s + 1
+        lo, hi = chunk_keys(n, t.k_range[0], t.k_range[1], self.prog.tiles.k)
         q = self.buf(f"q/{s}/{layer}", spec.q_size)[b, g * group * D:(g + 1) * group * D].float().view(group, D)
-        keys = self.cache.k[layer, b, g, :pos + 1].float()
-        values = self.cache.v[layer, b, g, :pos + 1].float()
-        o = ((q @ keys.T) / math.sqrt(D)).softmax(-1) @ values  # [group, D]
+        keys = self.cache.k[layer, b, g, lo:hi].float()
+        values = self.cache.v[layer, b, g, lo:hi].float()
+        scores = (q @ keys.T) / math.sqrt(D)  # [group, hi - lo]
+        m = scores.amax(-1) if hi > lo else torch.full((group, ), float("-inf"))
+        p = (scores - m[:, None]).exp() if hi > lo else scores
+        self.attn_parts.setdefault((s, layer, t.tile), []).append((m, p.sum(-1), p @ values))
+        if t.parts is None:
+            return True
+        self.arrived[t.parts] = self.arrived.get(t.parts, 0) + 1
+        return self.arrived[t.parts] == t.splits
+
+    def merge_attention(self, t: Task) -> None:
+        spec, s, layer, D = self.spec, t.step, t.layer, self.spec.head_dim
+        b, g = divmod(t.tile, spec.num_kv_heads)
+        group = spec.num_heads // spec.num_kv_heads
+        parts = self.attn_parts[(s, layer, t.tile)]
+        top = torch.stack([m for m, _, _ in parts]).amax(0)
+        scale = [torch.where(m > float("-inf"), (m - top).exp(), 0.0) for m, _, _ in parts]
+        l = sum(w * l for w, (_, l, _) in zip(scale, parts))
+        o = sum(w[:, None] * acc for w, (_, _, acc) in zip(scale, parts)) / l[:, None]
         self.buf(f"o/{s}/{layer}", spec.q_size)[b, g * group * D:(g + 1) * group * D] = o.reshape(-1).to(self.act)
         self.bump(t.done)
 

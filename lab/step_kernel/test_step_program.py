@@ -130,3 +130,17 @@ def test_a_wait_nobody_meets_is_a_deadlock():
     prog = _with(prog, last.index, waits=last.waits + (("token/0", 1), ))  # the head waits on its own result
     with pytest.raises(Deadlock, match="blocked"):
         simulate(prog, w, inputs.draft_last_tokens, inputs.draft_cache, inputs.draft_lengths)
+
+
+def test_attention_in_key_chunks_merges_to_the_reference():
+    """Contexts of 40-60 keys in chunks of 16-key blocks: four chunks a pair hold keys, the merge of
+    their partials gives the reference (and a chunk past a short sequence's keys weighs nothing)."""
+    w = random_weights(from_name("tiny-qwen2-d"), seed=3)
+    inputs = make_round_inputs(w, w, k=2, draft_batch=2, target_batch=1, context=60, seed=3, ragged=True)
+    prog = build(w.spec, 2, 2, 12, SMALL, splits={"attn": 5})
+    check(prog, sms=12)
+    assert {t.splits for t in prog.tasks if t.op == "attn"} == {5}
+    out = simulate(prog, w, inputs.draft_last_tokens, inputs.draft_cache, inputs.draft_lengths, seed=2)
+    ref_tokens, ref_logits, ref_cache = _reference(w, inputs, 2)
+    assert torch.equal(out.tokens, ref_tokens)
+    torch.testing.assert_close(out.logits, ref_logits, rtol=1e-4, atol=1e-4)
