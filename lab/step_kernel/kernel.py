@@ -59,6 +59,13 @@ KEYS = gl.constexpr(64)  # keys per attention block
 # --------------------------------------------------------------------------------------------------
 
 @gluon.jit
+def _now(anchor):
+    """The GPU's global nanosecond timer (anchor: any int32 scalar, for the asm's operand)."""
+    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [anchor], dtype=gl.int64, is_pure=False,
+                                     pack=1)
+
+
+@gluon.jit
 def _acquire_bounded(counter_ptr, target, error_ptr, spin_limit):
     """Wait (bounded) until counter >= target. One acquire poll when the counter is already there (the
     common case); otherwise spin, unless a spin anywhere has already run out: the launch is then a
@@ -353,23 +360,29 @@ def _merge_chunks(part_ml_ptr, part_acc_ptr, first_slot, o_ptr, b, g, D: gl.cons
 def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits_ptr, counter_ptr, error_ptr,
                  spin_limit, B, tokens_in_ptr, tokens_ptr, lengths_ptr, embed_ptr, xs_ptr, xm_ptr, ssx_ptr, ssm_ptr,
                  q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr, best_val_ptr,
-                 best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr,
+                 best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr, stamps_ptr,
                  H: gl.constexpr, Q: gl.constexpr, F: gl.constexpr, V: gl.constexpr, D: gl.constexpr,
                  G: gl.constexpr, KVH: gl.constexpr, L: gl.constexpr, S: gl.constexpr, NQ: gl.constexpr,
                  NTH: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr, STAGES: gl.constexpr, EPS: gl.constexpr,
-                 QK_SCALE: gl.constexpr, GP: gl.constexpr, CHUNKS: gl.constexpr):
+                 QK_SCALE: gl.constexpr, GP: gl.constexpr, CHUNKS: gl.constexpr, STAMPS: gl.constexpr):
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BPAD, 16])
     pid = gl.program_id(0)
     i = 0  # ring slots consumed
     for n in range(gl.load(bounds_ptr + pid), gl.load(bounds_ptr + pid + 1)):
-        rec = table_ptr + gl.load(list_ptr + n) * REC
+        task = gl.load(list_ptr + n)
+        if STAMPS:
+            t_start = _now(task)
+        rec = table_ptr + task * REC
         op = gl.load(rec + C_OP)
         step = gl.load(rec + C_STEP)
         layer = gl.load(rec + C_LAYER)
         tile = gl.load(rec + C_TILE)
         col0 = tile * SLOT_ROWS  # o_proj, down, lm_head and the embedding: 128-column tiles from 0
         _wait_all(waits_ptr, gl.load(rec + C_WOFF), gl.load(rec + C_WCNT), counter_ptr, error_ptr, spin_limit)
+        if STAMPS:
+            gl.store(stamps_ptr + task * 3, t_start)
+            gl.store(stamps_ptr + task * 3 + 1, _now(task))
         sl = step * L + layer  # this (step, layer)'s slot in the per-layer buffers
         sx = step * (L + 1) + layer
         if op == 0:
@@ -453,18 +466,20 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                         _release(counter_ptr + gl.load(rec + C_TOKEN))
                 else:
                     _release(counter_ptr + gl.load(rec + C_DONE))
+        if STAMPS:
+            gl.store(stamps_ptr + task * 3 + 2, _now(task))
 
 
 @gluon.jit
 def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_ptr, bounds_ptr, waits_ptr, counter_ptr,
                 error_ptr, spin_limit, B, tokens_in_ptr, tokens_ptr, lengths_ptr, embed_ptr, xs_ptr, xm_ptr, ssx_ptr,
                 ssm_ptr, q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr, best_val_ptr,
-                best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr,  #
+                best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr, stamps_ptr,  #
                 H: gl.constexpr, Q: gl.constexpr, F: gl.constexpr, V: gl.constexpr, D: gl.constexpr,
                 G: gl.constexpr, KVH: gl.constexpr, L: gl.constexpr, S: gl.constexpr, NQ: gl.constexpr,
                 NTH: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr, STAGES: gl.constexpr,
                 KT_MAX: gl.constexpr, EPS: gl.constexpr, QK_SCALE: gl.constexpr, GP: gl.constexpr,
-                CHUNKS: gl.constexpr):
+                CHUNKS: gl.constexpr, STAMPS: gl.constexpr):
     ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, SLOT_ROWS, BK], qkv_desc.layout)
     act_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BPAD, BK], gl.bfloat16)
     act = gl.allocate_shared_memory(gl.bfloat16, [KT_MAX, BPAD, BK], act_layout)
@@ -473,8 +488,9 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_pt
         (step_compute, (ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits_ptr, counter_ptr, error_ptr,
                         spin_limit, B, tokens_in_ptr, tokens_ptr, lengths_ptr, embed_ptr, xs_ptr, xm_ptr, ssx_ptr,
                         ssm_ptr, q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr,
-                        best_val_ptr, best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr, H, Q, F,
-                        V, D, G, KVH, L, S, NQ, NTH, BATCH, QK_NORM, STAGES, EPS, QK_SCALE, GP, CHUNKS)),
+                        best_val_ptr, best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr,
+                        stamps_ptr, H, Q, F, V, D, G, KVH, L, S, NQ, NTH, BATCH, QK_NORM, STAGES, EPS, QK_SCALE, GP,
+                        CHUNKS, STAMPS)),
         (step_loader, (qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty, table_ptr, list_ptr,
                        bounds_ptr, STAGES)),
     ], [1], [40])
@@ -582,7 +598,8 @@ class StepLaunch:
     """One table's buffers and launch on the GPU. call(last_tokens, lengths, kv) runs the k steps:
     kv [2, L, B, KVH, S, D] bf16 is read and written in place; returns tokens [B, k] and the logits."""
 
-    def __init__(self, prog: StepProgram, weights: dict, capacity: int, spin_limit: int = 1 << 20):
+    def __init__(self, prog: StepProgram, weights: dict, capacity: int, spin_limit: int = 1 << 20,
+                 stamps: bool = False):
         spec, dev, B, k = prog.spec, weights["qkv"].device, prog.batch, prog.steps
         assert B <= 16 and prog.tiles == Tiles(), "B <= 16, the kernel's tile shapes"
         self.prog, self.w, self.spec = prog, weights, spec
@@ -624,14 +641,15 @@ class StepLaunch:
                            KVH=spec.num_kv_heads, L=L, S=capacity, NQ=self.nq, NTH=self.nth, BATCH=B,
                            QK_NORM=spec.qk_norm, STAGES=stages, KT_MAX=kt_max, EPS=spec.rms_norm_eps,
                            QK_SCALE=1.4426950408889634 / spec.head_dim ** 0.5,
-                           GP=gp, CHUNKS=chunks, num_warps=4, maxnreg=168)
+                           GP=gp, CHUNKS=chunks, STAMPS=stamps, num_warps=4, maxnreg=168)
+        self.stamps = torch.zeros(len(prog.tasks), 3, dtype=torch.int64, device=dev)  # start, waited, end (ns)
         self.spin_limit = spin_limit
 
     def args(self, kv):
         return (*self.descs, self.table, self.list, self.bounds, self.waits, self.counters, self.error, self.spin_limit,
                 self.prog.batch, self.tokens_in, self.tokens, self.lengths, self.w["embed"], self.xs, self.xm, self.ssx,
                 self.ssm, self.q, self.o, self.h, kv, *self.sums, self.best_val, self.best_idx, self.w["bias"],
-                self.w["qkn"], self.w["inv_freq"], self.part_ml, self.part_acc)
+                self.w["qkn"], self.w["inv_freq"], self.part_ml, self.part_acc, self.stamps)
 
     def run(self, kv) -> None:
         """Zero the sums, statistics and counters, launch (graph-capturable: no host sync)."""
@@ -741,6 +759,27 @@ def check_against_reference(launch: StepLaunch, w, last, lengths, kv) -> dict:
             "waits_ran_out": int(launch.error.item())}
 
 
+def ledger(prog: StepProgram, stamps: torch.Tensor) -> dict:
+    """Where the launch's time went, from the in-kernel stamps (start, waits met, end of each task):
+    per op, the mean per program of the time spent waiting on counters and of the time spent working
+    (a GEMM's work includes waiting for its weight tiles: the streaming), and the launch's span. What a
+    program spends outside its tasks (reading the table) is the rest."""
+    st = stamps.cpu().double() / 1e3  # us
+    t0 = st[:, 0].min()
+    span = (st[:, 2].max() - t0).item()
+    out = {"span_us": span, "programs": prog.programs, "ops": {}}
+    for op in ("embed", "qkv", "attn", "o_proj", "gate_up", "down", "head"):
+        idx = torch.tensor([t.index for t in prog.tasks if t.op == op])
+        if len(idx) == 0:
+            continue
+        rows = st[idx]
+        out["ops"][op] = {"tasks": len(idx), "wait_us": ((rows[:, 1] - rows[:, 0]).sum() / prog.programs).item(),
+                          "work_us": ((rows[:, 2] - rows[:, 1]).sum() / prog.programs).item()}
+    busy = sum(v["wait_us"] + v["work_us"] for v in out["ops"].values())
+    out["between_tasks_us"] = span - busy
+    return out
+
+
 def floor_bytes(spec, batch: int, steps: int, lengths) -> int:
     """What the k steps must read: every weight once a step (embedding rows aside), the caches below
     each position."""
@@ -793,6 +832,17 @@ def run_gpu(args) -> int:
                         row.update(step_kernel_us=us, of_floor=us / floor_us, waits_ran_out_timed=int(launch.error.item()))
                         print(f"  {us:.1f} us for {args.steps} steps, floor {floor_us:.1f} us: {us / floor_us:.2f}x",
                               flush=True)
+                        stamped = StepLaunch(prog, weights, kv.shape[4], stamps=True)
+                        stamped.tokens_in.copy_(launch.tokens_in)
+                        stamped.lengths.copy_(launch.lengths)
+                        stamped.run(kv.clone())
+                        torch.cuda.synchronize()
+                        row["ledger"] = ledger(prog, stamped.stamps)
+                        lg = row["ledger"]
+                        print(f"  stamped: span {lg['span_us']:.0f} us; per program, wait / work us: "
+                              + ", ".join(f"{op} {v['wait_us']:.0f}/{v['work_us']:.0f}" for op, v in lg["ops"].items())
+                              + f"; between tasks {lg['between_tasks_us']:.0f}", flush=True)
+                        del stamped
                     rows.append(row)
                     write_probe_result(args.json, sms, bw, rows=rows)
                     del launch
