@@ -51,7 +51,6 @@ OPS = {"embed": 0, "qkv": 1, "attn": 2, "o_proj": 3, "gate_up": 4, "down": 5, "h
 (C_OP, C_STEP, C_LAYER, C_TILE, C_KLO, C_KHI, C_SPLITS, C_PARTS, C_DONE, C_WOFF, C_WCNT, C_FOFF, C_FCNT,
  C_ROW0, C_SEG, C_HEAD0, C_COL0, C_TOKEN) = (gl.constexpr(i) for i in range(18))
 REC = gl.constexpr(18)
-KEYS = gl.constexpr(64)  # keys per attention block
 
 
 # --------------------------------------------------------------------------------------------------
@@ -281,49 +280,55 @@ def _attend_chunk(q_ptr, kv_ptr, part_ml_ptr, part_acc_ptr, slot, lengths_ptr, l
                   S: gl.constexpr, BATCH: gl.constexpr, QK_SCALE: gl.constexpr, GP: gl.constexpr,
                   CHUNKS: gl.constexpr):
     """One key chunk of (b, g) for all G query heads, on CUDA cores: keys [lo, hi), chunk `chunk` of
-    CHUNKS of the length + step + 1 keys in whole KEYS blocks. Each block's keys and values are loaded
-    once for every head (online softmax in base 2, per-head state in [GP] and [GP, D] tensors), the
-    next block's loads issued before this one is used. Leaves (m, l, unnormalised acc) in `slot`."""
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    keys = gl.arange(0, KEYS, layout=gl.SliceLayout(1, layout))
-    d = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
-    heads = gl.arange(0, GP, layout=gl.SliceLayout(1, layout))
+    CHUNKS of the length + step + 1 keys in whole blocks. The work is [heads, keys, D] with the heads
+    on the warps (GP >= 4 rows, one or more heads a warp): every reduction, over D for the scores and
+    over the keys for the softmax and P V, stays inside a warp. Each warp reads the whole key and value
+    block (through L1: a cache line of keys is one position, and the positions this launch writes are
+    read only after their write), the next block's loads issued before this one is used. Leaves (m, l,
+    unnormalised acc) in `slot`."""
+    KB: gl.constexpr = 2048 // D  # keys a block: 32 at D = 64, 16 at D = 128 (the product's registers)
+    L3: gl.constexpr = gl.BlockedLayout([GP // 4, KB // 4, D // 8], [1, 4, 8], [4, 1, 1], [2, 1, 0])
+    QL: gl.constexpr = gl.SliceLayout(1, L3)  # [GP, D]: q and acc
+    KL: gl.constexpr = gl.SliceLayout(0, L3)  # [KB, D]: a key or value block
+    SL: gl.constexpr = gl.SliceLayout(2, L3)  # [GP, KB]: scores
+    heads_q = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
+    d_q = gl.arange(0, D, layout=gl.SliceLayout(0, QL))
+    keys = gl.arange(0, KB, layout=gl.SliceLayout(1, KL))
+    d_k = gl.arange(0, D, layout=gl.SliceLayout(0, KL))
+    keys_s = gl.arange(0, KB, layout=gl.SliceLayout(0, SL))
+    heads_s = gl.arange(0, GP, layout=gl.SliceLayout(1, SL))
     n = gl.load(lengths_ptr + b) + step + 1
-    size = gl.cdiv(gl.cdiv(n, CHUNKS), KEYS) * KEYS
+    size = gl.cdiv(gl.cdiv(n, CHUNKS), KB) * KB
     lo = gl.minimum(chunk * size, n)
     hi = gl.minimum(lo + size, n)
     k_base = kv_ptr + ((layer * BATCH + b) * KVH + g).to(gl.int64) * S * D
     v_base = kv_ptr + (((L + layer) * BATCH + b) * KVH + g).to(gl.int64) * S * D
-    q = gl.load(q_ptr + b * Q + (g * G + heads)[:, None] * D + d[None, :], mask=(heads < G)[:, None], other=0.0,
+    q = gl.load(q_ptr + b * Q + (g * G + heads_q)[:, None] * D + d_q[None, :], mask=(heads_q < G)[:, None], other=0.0,
                 cache_modifier=".cg").to(gl.float32) * QK_SCALE  # [GP, D]
-    m = gl.full([GP], float("-inf"), gl.float32, layout=gl.SliceLayout(1, layout))
-    l = gl.zeros([GP], gl.float32, layout=gl.SliceLayout(1, layout))
-    acc = gl.zeros([GP, D], gl.float32, layout=layout)
-    offs = keys[:, None] * D + d[None, :]
-    k_next = gl.load(k_base + lo * D + offs, mask=(lo + keys < hi)[:, None], other=0.0, cache_modifier=".cg")
-    v_next = gl.load(v_base + lo * D + offs, mask=(lo + keys < hi)[:, None], other=0.0, cache_modifier=".cg")
-    for k0 in range(lo, hi, KEYS):
+    m = gl.full([GP], float("-inf"), gl.float32, layout=gl.SliceLayout(1, SL))
+    l = gl.zeros([GP], gl.float32, layout=gl.SliceLayout(1, SL))
+    acc = gl.zeros([GP, D], gl.float32, layout=QL)
+    offs = keys[:, None] * D + d_k[None, :]
+    k_next = gl.load(k_base + lo * D + offs, mask=(lo + keys < hi)[:, None], other=0.0)
+    v_next = gl.load(v_base + lo * D + offs, mask=(lo + keys < hi)[:, None], other=0.0)
+    for k0 in range(lo, hi, KB):
         k_tile = k_next.to(gl.float32)
         v_tile = v_next.to(gl.float32)
-        ahead = (k0 + KEYS + keys < hi)[:, None]
-        k_next = gl.load(k_base + (k0 + KEYS) * D + offs, mask=ahead, other=0.0, cache_modifier=".cg")
-        v_next = gl.load(v_base + (k0 + KEYS) * D + offs, mask=ahead, other=0.0, cache_modifier=".cg")
-        live = k0 + keys < hi
-        for h in gl.static_range(GP):
-            mine = heads == h
-            q_h = gl.sum(gl.where(mine[:, None], q, 0.0), axis=0)  # [D]
-            s = gl.where(live, gl.sum(k_tile * q_h[None, :], axis=1), float("-inf"))  # [KEYS]
-            m_h = gl.max(gl.where(mine, m, float("-inf")), axis=0)
-            m_new = gl.maximum(m_h, gl.max(s, axis=0))
-            p = gl.exp2(s - m_new)
-            alpha = gl.exp2(m_h - m_new)
-            pv = gl.sum(p[:, None] * v_tile, axis=0)  # [D]
-            l = gl.where(mine, l * alpha + gl.sum(p, axis=0), l)
-            m = gl.where(mine, m_new, m)
-            acc = gl.where(mine[:, None], acc * alpha + pv[None, :], acc)
-    gl.store(part_ml_ptr + slot * 2 * GP + heads, m)
-    gl.store(part_ml_ptr + slot * 2 * GP + GP + heads, l)
-    gl.store(part_acc_ptr + (slot * GP + heads)[:, None] * D + d[None, :], acc)
+        ahead = (k0 + KB + keys < hi)[:, None]
+        k_next = gl.load(k_base + (k0 + KB) * D + offs, mask=ahead, other=0.0)
+        v_next = gl.load(v_base + (k0 + KB) * D + offs, mask=ahead, other=0.0)
+        s = gl.sum(gl.expand_dims(q, 1) * gl.expand_dims(k_tile, 0), axis=2)  # [GP, KB]
+        s = gl.where((k0 + keys_s < hi)[None, :], s, float("-inf"))
+        m_new = gl.maximum(m, gl.max(s, axis=1))
+        p = gl.exp2(s - m_new[:, None])
+        alpha = gl.exp2(m - m_new)
+        l = l * alpha + gl.sum(p, axis=1)
+        pv = gl.sum(gl.expand_dims(p, 2) * gl.expand_dims(v_tile, 0), axis=1)  # [GP, D]
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, QL))[:, None] + pv
+        m = m_new
+    gl.store(part_ml_ptr + slot * 2 * GP + heads_s, m)
+    gl.store(part_ml_ptr + slot * 2 * GP + GP + heads_s, l)
+    gl.store(part_acc_ptr + (slot * GP + heads_q)[:, None] * D + d_q[None, :], acc)
 
 
 @gluon.jit
@@ -630,7 +635,7 @@ class StepLaunch:
                       for n in ("qkv", "o", "gu", "d", "head")]
         kt_max = max((t.k_range[1] - t.k_range[0]) // prog.tiles.k for t in prog.tasks if t.op != "attn")
         chunks = prog.splits["attn"]
-        gp = triton.next_power_of_2(spec.num_heads // spec.num_kv_heads)
+        gp = max(4, triton.next_power_of_2(spec.num_heads // spec.num_kv_heads))  # the heads span the 4 warps
         pairs = k * L * B * spec.num_kv_heads * chunks
         self.part_ml, self.part_acc = buf(pairs, 2, gp, dtype=f32), buf(pairs, gp, spec.head_dim, dtype=f32)
         act_bytes = kt_max * BPAD_ROWS * BK.value * 2
