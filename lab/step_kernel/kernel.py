@@ -813,7 +813,7 @@ def run_gpu(args) -> int:
         for batch in args.batches:
             for context in args.contexts:
                 fine = build(spec, batch, args.steps, min(sms, args.programs or sms))
-                tables = {"fine": fine, "whole": coarsen(fine)}
+                tables = {"fine": fine, "whole": coarsen(fine), "mixed": coarsen(fine, kinds=("x", "xm", "h"))}
                 w, last, lengths, kv = _inputs(spec, batch, context, args.steps, seed=0)
                 weights = tile_weights(w, fine)
                 floor_us = floor_bytes(spec, batch, args.steps, lengths) / bw * 1e6
@@ -866,8 +866,9 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=8, help="--offline: the batch compiled for")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--contexts", nargs="+", type=int, default=[1024])
-    parser.add_argument("--counters", nargs="+", default=["fine", "whole"], choices=["fine", "whole"],
-                        help="one counter a tile (fine) or an op instance (whole)")
+    parser.add_argument("--counters", nargs="+", default=["fine", "whole"], choices=["fine", "whole", "mixed"],
+                        help="one counter a tile (fine), an op instance (whole), or an op instance but for qkv's "
+                             "tiles and attention's KV heads (mixed)")
     parser.add_argument("--programs", type=int, default=None, help="default: one an SM")
     args = parser.parse_args(argv)
     return run_offline(args) if args.offline else run_gpu(args)

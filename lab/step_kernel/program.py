@@ -316,22 +316,27 @@ def _check_coverage(prog: StepProgram) -> None:
                 raise ProgramError(f"{where}, tile {tile}: its K slices {ranges} do not cover 0..{k_total[op]} once")
 
 
-def _group(name: str) -> str:
-    """A tile's counter -> its op instance's (x/s/l/i -> x/s/l, attn/s/l/g -> attn/s/l)."""
+COARSE = ("x", "xm", "qkv", "h", "attn")
+
+
+def _group(name: str, kinds: tuple[str, ...] = COARSE) -> str:
+    """A tile's counter -> its op instance's (x/s/l/i -> x/s/l, attn/s/l/g -> attn/s/l), for the kinds given."""
     head = name.split("/", 1)[0]
-    return name.rsplit("/", 1)[0] if head in ("x", "xm", "qkv", "h", "attn") else name
+    return name.rsplit("/", 1)[0] if head in kinds else name
 
 
-def coarsen(prog: StepProgram) -> StepProgram:
-    """The same tasks with one done counter per op instance (step, layer) instead of one per tile:
-    every task waits once, for everything of the op it reads (no early start), at the target of all
-    that op's tiles. On a GPU each wait is a round trip; the fine table's whole-row norm waits are 16
-    or more of them in a row."""
-    grouped = [replace(t, done=_group(t.done)) for t in prog.tasks]
+def coarsen(prog: StepProgram, kinds: tuple[str, ...] = COARSE) -> StepProgram:
+    """The same tasks with one done counter per op instance (step, layer) instead of one per tile, for
+    the counters of `kinds`: a task waits once for everything of such an op it reads (no early start),
+    at the target of all that op's tiles. On a GPU each wait is a round trip; the fine table's
+    whole-row norm waits are 16 or more of them in a row. Kept fine (kinds without "qkv" and
+    "attn"), attention waits only for its KV head's qkv tiles, and an o_proj slice only for the
+    attention of the KV heads it reads."""
+    grouped = [replace(t, done=_group(t.done, kinds)) for t in prog.tasks]
     coarse = StepProgram(prog.spec, prog.batch, prog.steps, prog.programs, prog.tiles, prog.splits, grouped)
     targets = counter_targets(coarse)
     tasks = []
     for t in grouped:
-        names = sorted({_group(name) for name, _ in t.waits + t.finish_waits})
+        names = sorted({_group(name, kinds) for name, _ in t.waits + t.finish_waits})
         tasks.append(replace(t, waits=tuple((n, targets[n]) for n in names), finish_waits=()))
     return replace(coarse, tasks=tasks)
