@@ -49,8 +49,9 @@ from program import StepProgram, Tiles, build, check, counter_targets  # noqa: E
 OPS = {"embed": 0, "qkv": 1, "attn": 2, "o_proj": 3, "gate_up": 4, "down": 5, "head": 6}
 # the table's columns
 (C_OP, C_STEP, C_LAYER, C_TILE, C_KLO, C_KHI, C_SPLITS, C_PARTS, C_DONE, C_WOFF, C_WCNT, C_FOFF, C_FCNT,
- C_ROW0, C_SEG, C_HEAD0, C_COL0, C_TOKEN) = (gl.constexpr(i) for i in range(18))
-REC = gl.constexpr(18)
+ C_ROW0, C_SEG, C_HEAD0, C_COL0, C_TOKEN, C_W1C, C_W1T) = (gl.constexpr(i) for i in range(20))
+REC = gl.constexpr(20)  # the first wait inline (C_W1C, C_W1T: target 0 when none), the rest in the list
+FIELDS = gl.constexpr(32)  # a record as one vector load
 
 
 # --------------------------------------------------------------------------------------------------
@@ -116,6 +117,21 @@ def step_loader(qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty
                 else:
                     tma.async_copy_global_to_shared(head_desc, [row0, col], ready.index(s), ring.index(s))
                 i += 1
+
+
+@gluon.jit
+def _record(table_ptr, task):
+    """Task `task`'s record as one [FIELDS] vector (one round trip; issued a task ahead)."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    f = gl.arange(0, FIELDS, layout=layout)
+    return gl.load(table_ptr + task * REC + f, mask=f < REC, other=0)
+
+
+@gluon.jit
+def _field(record, i: gl.constexpr):
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    f = gl.arange(0, FIELDS, layout=layout)
+    return gl.sum(gl.where(f == i, record, 0), axis=0)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -374,17 +390,25 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                                                          instr_shape=[16, BPAD, 16])
     pid = gl.program_id(0)
     i = 0  # ring slots consumed
-    for n in range(gl.load(bounds_ptr + pid), gl.load(bounds_ptr + pid + 1)):
-        task = gl.load(list_ptr + n)
+    first = gl.load(bounds_ptr + pid)
+    last = gl.load(bounds_ptr + pid + 1)
+    task = gl.load(list_ptr + first, mask=first < last, other=0)
+    vec = _record(table_ptr, task)
+    for n in range(first, last):
+        # the next task's record is on its way while this one runs
+        task_next = gl.load(list_ptr + gl.minimum(n + 1, last - 1))
+        vec_next = _record(table_ptr, task_next)
         if STAMPS:
             t_start = _now(task)
-        rec = table_ptr + task * REC
-        op = gl.load(rec + C_OP)
-        step = gl.load(rec + C_STEP)
-        layer = gl.load(rec + C_LAYER)
-        tile = gl.load(rec + C_TILE)
+        op = _field(vec, C_OP)
+        step = _field(vec, C_STEP)
+        layer = _field(vec, C_LAYER)
+        tile = _field(vec, C_TILE)
         col0 = tile * SLOT_ROWS  # o_proj, down, lm_head and the embedding: 128-column tiles from 0
-        _wait_all(waits_ptr, gl.load(rec + C_WOFF), gl.load(rec + C_WCNT), counter_ptr, error_ptr, spin_limit)
+        w1_target = _field(vec, C_W1T)
+        if w1_target > 0:
+            _acquire_bounded(counter_ptr + _field(vec, C_W1C), w1_target, error_ptr, spin_limit)
+        _wait_all(waits_ptr, _field(vec, C_WOFF) + 1, _field(vec, C_WCNT) - 1, counter_ptr, error_ptr, spin_limit)
         if STAMPS:
             gl.store(stamps_ptr + task * 3, t_start)
             gl.store(stamps_ptr + task * 3 + 1, _now(task))
@@ -397,22 +421,22 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                 tokens = tokens_ptr + (step - 1) * BPAD
             _embed(embed_ptr, tokens, xs_ptr + step * (L + 1) * BATCH * H, ssx_ptr + step * (L + 1) * BATCH, col0,
                    B, H)
-            _release(counter_ptr + gl.load(rec + C_DONE))
+            _release(counter_ptr + _field(vec, C_DONE))
         elif op == 2:
-            b = gl.load(rec + C_SEG)
-            g = gl.load(rec + C_HEAD0)
+            b = _field(vec, C_SEG)
+            g = _field(vec, C_HEAD0)
             first_slot = ((sl * BATCH + b) * KVH + g) * CHUNKS
-            _attend_chunk(q_ptr + sl * BATCH * Q, kv_ptr, part_ml_ptr, part_acc_ptr, first_slot + gl.load(rec + C_KLO),
-                          lengths_ptr, layer, step, b, g, gl.load(rec + C_KLO), D, G, KVH, Q, L, S, BATCH, QK_SCALE,
+            _attend_chunk(q_ptr + sl * BATCH * Q, kv_ptr, part_ml_ptr, part_acc_ptr, first_slot + _field(vec, C_KLO),
+                          lengths_ptr, layer, step, b, g, _field(vec, C_KLO), D, G, KVH, Q, L, S, BATCH, QK_SCALE,
                           GP, CHUNKS)
             gl.thread_barrier()
-            arrived = gl.atomic_add(counter_ptr + gl.load(rec + C_PARTS), 1, sem="acq_rel", scope="gpu")
+            arrived = gl.atomic_add(counter_ptr + _field(vec, C_PARTS), 1, sem="acq_rel", scope="gpu")
             if arrived == CHUNKS - 1:  # the pair's last chunk in merges them
                 _merge_chunks(part_ml_ptr, part_acc_ptr, first_slot, o_ptr + sl * BATCH * Q, b, g, D, G, Q, GP, CHUNKS)
-                _release(counter_ptr + gl.load(rec + C_DONE))
+                _release(counter_ptr + _field(vec, C_DONE))
         else:
-            k_lo = gl.load(rec + C_KLO) * BK  # the table holds K in BK-column tiles
-            n_k = gl.load(rec + C_KHI) - gl.load(rec + C_KLO)
+            k_lo = _field(vec, C_KLO) * BK  # the table holds K in BK-column tiles
+            n_k = _field(vec, C_KHI) - _field(vec, C_KLO)
             # the rows this op reads (constexpr row widths: cp.async needs to know they are 16-byte aligned)
             if op == 1:
                 _stage_activations(act, xs_ptr + sx * BATCH * H, H, B, k_lo, n_k)
@@ -442,13 +466,13 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                 else:
                     _add_rows(s_head_ptr + step * BATCH * NTH * SLOT_ROWS, acc, col0, NTH * SLOT_ROWS, B, SLOT_ROWS)
             gl.thread_barrier()
-            arrived = gl.atomic_add(counter_ptr + gl.load(rec + C_PARTS), 1, sem="acq_rel", scope="gpu")
-            if arrived == gl.load(rec + C_SPLITS) - 1:  # the tile's last slice: its epilogue
-                _wait_all(waits_ptr, gl.load(rec + C_FOFF), gl.load(rec + C_FCNT), counter_ptr, error_ptr, spin_limit)
+            arrived = gl.atomic_add(counter_ptr + _field(vec, C_PARTS), 1, sem="acq_rel", scope="gpu")
+            if arrived == _field(vec, C_SPLITS) - 1:  # the tile's last slice: its epilogue
+                _wait_all(waits_ptr, _field(vec, C_FOFF), _field(vec, C_FCNT), counter_ptr, error_ptr, spin_limit)
                 if op == 1:
                     _qkv_epilogue(s_qkv_ptr + sl * BATCH * NQ * SLOT_ROWS, ssx_ptr + sx * BATCH, bias_ptr, qkn_ptr,
                                   inv_freq_ptr, lengths_ptr, q_ptr + sl * BATCH * Q, kv_ptr, layer, step, tile,
-                                  gl.load(rec + C_SEG), gl.load(rec + C_HEAD0), B, H, NQ, Q, D, KVH, L, S, BATCH,
+                                  _field(vec, C_SEG), _field(vec, C_HEAD0), B, H, NQ, Q, D, KVH, L, S, BATCH,
                                   QK_NORM, EPS)
                 elif op == 3:
                     _residual_epilogue(s_o_ptr + sl * BATCH * H, xs_ptr + sx * BATCH * H, xm_ptr + sl * BATCH * H,
@@ -464,15 +488,17 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                                    best_val_ptr + step * NTH * BPAD, best_idx_ptr + step * NTH * BPAD, tile, B, H, V, NTH, EPS)
                 if op == 6:
                     gl.thread_barrier()
-                    done = gl.atomic_add(counter_ptr + gl.load(rec + C_DONE), 1, sem="acq_rel", scope="gpu")
+                    done = gl.atomic_add(counter_ptr + _field(vec, C_DONE), 1, sem="acq_rel", scope="gpu")
                     if done == NTH - 1:  # every tile's partial is in: the step's tokens
                         _reduce_tokens(best_val_ptr + step * NTH * BPAD, best_idx_ptr + step * NTH * BPAD,
                                        tokens_ptr + step * BPAD, B, NTH)
-                        _release(counter_ptr + gl.load(rec + C_TOKEN))
+                        _release(counter_ptr + _field(vec, C_TOKEN))
                 else:
-                    _release(counter_ptr + gl.load(rec + C_DONE))
+                    _release(counter_ptr + _field(vec, C_DONE))
         if STAMPS:
             gl.store(stamps_ptr + task * 3 + 2, _now(task))
+        task = task_next
+        vec = vec_next
 
 
 @gluon.jit
@@ -529,6 +555,8 @@ def encode(prog: StepProgram) -> dict[str, torch.Tensor]:
         row[C_PARTS] = counter(t.parts or f"parts1/{t.index}")
         row[C_DONE] = counter(t.done)
         row[C_WOFF], row[C_WCNT] = len(waits) // 2, len(t.waits)
+        if t.waits:
+            row[C_W1C], row[C_W1T] = counter(t.waits[0][0]), t.waits[0][1]
         waits += [v for name, target in t.waits for v in (counter(name), target)]
         row[C_FOFF], row[C_FCNT] = len(waits) // 2, len(t.finish_waits)
         waits += [v for name, target in t.finish_waits for v in (counter(name), target)]
