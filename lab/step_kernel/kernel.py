@@ -37,7 +37,8 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import tma
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, tma, warpgroup_mma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 HERE = Path(__file__).resolve().parent
@@ -348,6 +349,82 @@ def _attend_chunk(q_ptr, kv_ptr, part_ml_ptr, part_acc_ptr, slot, lengths_ptr, l
 
 
 @gluon.jit
+def _issue_kv(tiles, buf, k_base, v_base, k0, hi, keys, d, D: gl.constexpr):
+    """cp.async of the key and value rows [k0, k0 + 64) below hi into buffer `buf` (rows past hi zero)."""
+    offs = (k0 + keys)[:, None] * D + d[None, :]
+    ok = (k0 + keys < hi)[:, None]
+    async_copy.async_copy_global_to_shared(tiles.index(2 * buf), k_base + offs, mask=ok)
+    async_copy.async_copy_global_to_shared(tiles.index(2 * buf + 1), v_base + offs, mask=ok)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _attend_chunk_mma(q_ptr, kv_ptr, part_ml_ptr, part_acc_ptr, slot, lengths_ptr, layer, step, b, g, chunk, act,
+                      D: gl.constexpr, G: gl.constexpr, KVH: gl.constexpr, Q: gl.constexpr, L: gl.constexpr,
+                      S: gl.constexpr, BATCH: gl.constexpr, QK_SCALE: gl.constexpr, GP: gl.constexpr,
+                      CHUNKS: gl.constexpr, KV_BUFS: gl.constexpr):
+    """_attend_chunk on tensor cores (written after the last GPU run; compiles for sm_90a, not yet run):
+    the G query heads are the first rows of a 64-row wgmma tile (register operand), key and value blocks
+    of 64 positions come by cp.async into the activation buffer's shared memory (free while attention
+    runs), KV_BUFS deep, so block j + 1 is on its way while block j is multiplied. Leaves the same
+    (m, l, acc) partial in `slot` as _attend_chunk."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+    q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, D], gl.bfloat16)
+    ld: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    tiles = act._reinterpret(gl.bfloat16, [2 * KV_BUFS, 64, D], kv_layout)  # (K, V) per buffer
+    r = gl.arange(0, 64, layout=gl.SliceLayout(1, ld))
+    d = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
+    q = gl.load(q_ptr + b * Q + (g * G + r)[:, None] * D + d[None, :], mask=(r < G)[:, None], other=0.0,
+                cache_modifier=".cg")
+    q = gl.convert_layout(q.to(gl.bfloat16), q_layout)
+    n = gl.load(lengths_ptr + b) + step + 1
+    size = gl.cdiv(gl.cdiv(n, CHUNKS), 64) * 64
+    lo = gl.minimum(chunk * size, n)
+    hi = gl.minimum(lo + size, n)
+    k_base = kv_ptr + ((layer * BATCH + b) * KVH + g).to(gl.int64) * S * D
+    v_base = kv_ptr + (((L + layer) * BATCH + b) * KVH + g).to(gl.int64) * S * D
+    key = gl.arange(0, 64, layout=gl.SliceLayout(0, s_layout))
+    m = gl.full([64], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+    l = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, s_layout))
+    o = gl.zeros([64, D], gl.float32, layout=o_layout)
+    _issue_kv(tiles, 0, k_base, v_base, lo, hi, r, d, D)
+    for k0 in range(lo, hi, 64):
+        buf = ((k0 - lo) // 64) % KV_BUFS
+        if KV_BUFS == 2:
+            _issue_kv(tiles, 1 - buf, k_base, v_base, k0 + 64, hi, r, d, D)  # the next block (none past hi)
+            async_copy.wait_group(1)
+        else:
+            async_copy.wait_group(0)
+        fence_async_shared()
+        gl.thread_barrier()
+        scores = warpgroup_mma(q, tiles.index(2 * buf).permute((1, 0)),
+                               gl.zeros([64, 64], gl.float32, layout=s_layout))
+        scores = gl.where((k0 + key < hi)[None, :], scores * QK_SCALE, float("-inf"))
+        m_new = gl.maximum(m, gl.max(scores, axis=1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(scores - m_safe[:, None])
+        alpha = gl.exp2(m - m_safe)
+        l = l * alpha + gl.sum(p, axis=1)
+        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        o = warpgroup_mma(gl.convert_layout(p.to(gl.bfloat16), p_layout), tiles.index(2 * buf + 1), o)
+        m = m_new
+        gl.thread_barrier()  # every warp is done with this buffer before a later issue refills it
+        if KV_BUFS == 1:
+            _issue_kv(tiles, 0, k_base, v_base, k0 + 64, hi, r, d, D)
+    async_copy.wait_group(0)  # the activation buffer is the GEMMs' again after this task
+    gl.thread_barrier()
+    rows = gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
+    dd = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+    live = rows < GP
+    gl.store(part_ml_ptr + slot * 2 * GP + rows, gl.convert_layout(m, gl.SliceLayout(1, o_layout)), mask=live)
+    gl.store(part_ml_ptr + slot * 2 * GP + GP + rows, gl.convert_layout(l, gl.SliceLayout(1, o_layout)), mask=live)
+    gl.store(part_acc_ptr + (slot * GP + rows)[:, None] * D + dd[None, :], o, mask=live[:, None])
+
+
+@gluon.jit
 def _merge_chunks(part_ml_ptr, part_acc_ptr, first_slot, o_ptr, b, g, D: gl.constexpr, G: gl.constexpr,
                   Q: gl.constexpr, GP: gl.constexpr, CHUNKS: gl.constexpr):
     """o[b, heads of g] from the CHUNKS partials (log-sum-exp rescale; an empty chunk weighs 0)."""
@@ -385,7 +462,8 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                  H: gl.constexpr, Q: gl.constexpr, F: gl.constexpr, V: gl.constexpr, D: gl.constexpr,
                  G: gl.constexpr, KVH: gl.constexpr, L: gl.constexpr, S: gl.constexpr, NQ: gl.constexpr,
                  NTH: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr, STAGES: gl.constexpr, EPS: gl.constexpr,
-                 QK_SCALE: gl.constexpr, GP: gl.constexpr, CHUNKS: gl.constexpr, STAMPS: gl.constexpr):
+                 QK_SCALE: gl.constexpr, GP: gl.constexpr, CHUNKS: gl.constexpr, STAMPS: gl.constexpr,
+                 ATTN_MMA: gl.constexpr):
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BPAD, 16])
     pid = gl.program_id(0)
@@ -426,9 +504,14 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
             b = _field(vec, C_SEG)
             g = _field(vec, C_HEAD0)
             first_slot = ((sl * BATCH + b) * KVH + g) * CHUNKS
-            _attend_chunk(q_ptr + sl * BATCH * Q, kv_ptr, part_ml_ptr, part_acc_ptr, first_slot + _field(vec, C_KLO),
-                          lengths_ptr, layer, step, b, g, _field(vec, C_KLO), D, G, KVH, Q, L, S, BATCH, QK_SCALE,
-                          GP, CHUNKS)
+            if ATTN_MMA > 0:
+                _attend_chunk_mma(q_ptr + sl * BATCH * Q, kv_ptr, part_ml_ptr, part_acc_ptr,
+                                  first_slot + _field(vec, C_KLO), lengths_ptr, layer, step, b, g, _field(vec, C_KLO),
+                                  act, D, G, KVH, Q, L, S, BATCH, QK_SCALE, GP, CHUNKS, ATTN_MMA)
+            else:
+                _attend_chunk(q_ptr + sl * BATCH * Q, kv_ptr, part_ml_ptr, part_acc_ptr, first_slot + _field(vec, C_KLO),
+                              lengths_ptr, layer, step, b, g, _field(vec, C_KLO), D, G, KVH, Q, L, S, BATCH, QK_SCALE,
+                              GP, CHUNKS)
             gl.thread_barrier()
             arrived = gl.atomic_add(counter_ptr + _field(vec, C_PARTS), 1, sem="acq_rel", scope="gpu")
             if arrived == CHUNKS - 1:  # the pair's last chunk in merges them
@@ -510,7 +593,7 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_pt
                 G: gl.constexpr, KVH: gl.constexpr, L: gl.constexpr, S: gl.constexpr, NQ: gl.constexpr,
                 NTH: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr, STAGES: gl.constexpr,
                 KT_MAX: gl.constexpr, EPS: gl.constexpr, QK_SCALE: gl.constexpr, GP: gl.constexpr,
-                CHUNKS: gl.constexpr, STAMPS: gl.constexpr):
+                CHUNKS: gl.constexpr, STAMPS: gl.constexpr, ATTN_MMA: gl.constexpr):
     ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, SLOT_ROWS, BK], qkv_desc.layout)
     act_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BPAD, BK], gl.bfloat16)
     act = gl.allocate_shared_memory(gl.bfloat16, [KT_MAX, BPAD, BK], act_layout)
@@ -521,7 +604,7 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_pt
                         ssm_ptr, q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr,
                         best_val_ptr, best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr,
                         stamps_ptr, H, Q, F, V, D, G, KVH, L, S, NQ, NTH, BATCH, QK_NORM, STAGES, EPS, QK_SCALE, GP,
-                        CHUNKS, STAMPS)),
+                        CHUNKS, STAMPS, ATTN_MMA)),
         (step_loader, (qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty, table_ptr, list_ptr,
                        bounds_ptr, STAGES)),
     ], [1], [40])
@@ -632,7 +715,7 @@ class StepLaunch:
     kv [2, L, B, KVH, S, D] bf16 is read and written in place; returns tokens [B, k] and the logits."""
 
     def __init__(self, prog: StepProgram, weights: dict, capacity: int, spin_limit: int = 1 << 20,
-                 stamps: bool = False):
+                 stamps: bool = False, attention: str = "cores"):
         spec, dev, B, k = prog.spec, weights["qkv"].device, prog.batch, prog.steps
         assert B <= 16 and prog.tiles == Tiles(), "B <= 16, the kernel's tile shapes"
         self.prog, self.w, self.spec = prog, weights, spec
@@ -674,9 +757,21 @@ class StepLaunch:
                            KVH=spec.num_kv_heads, L=L, S=capacity, NQ=self.nq, NTH=self.nth, BATCH=B,
                            QK_NORM=spec.qk_norm, STAGES=stages, KT_MAX=kt_max, EPS=spec.rms_norm_eps,
                            QK_SCALE=1.4426950408889634 / spec.head_dim ** 0.5,
-                           GP=gp, CHUNKS=chunks, STAMPS=stamps, num_warps=4, maxnreg=168)
+                           GP=gp, CHUNKS=chunks, STAMPS=stamps, ATTN_MMA=self.kv_buffers(attention, act_bytes, spec),
+                           num_warps=4, maxnreg=168)
         self.stamps = torch.zeros(len(prog.tasks), 3, dtype=torch.int64, device=dev)  # start, waited, end (ns)
         self.spin_limit = spin_limit
+
+    @staticmethod
+    def kv_buffers(attention: str, act_bytes: int, spec) -> int:
+        """0: attention on CUDA cores; 1 or 2: on tensor cores, with that many (key, value) block buffers
+        in the activation buffer's shared memory (two where it holds them)."""
+        if attention == "cores":
+            return 0
+        block = 2 * 64 * spec.head_dim * 2  # a key block and a value block, bf16
+        if act_bytes < block:
+            raise ValueError(f"tensor-core attention needs {block} bytes of the activation buffer, which has {act_bytes}")
+        return 2 if act_bytes >= 2 * block else 1
 
     def args(self, kv):
         return (*self.descs, self.table, self.list, self.bounds, self.waits, self.counters, self.error, self.spin_limit,
@@ -710,14 +805,15 @@ def empty_weights(prog: StepProgram, device="cpu") -> dict[str, torch.Tensor]:
             "inv_freq": e(D // 2, dtype=torch.float32), "embed": e(V, H)}
 
 
-def compile_offline(model: str, batch: int, steps: int, programs: int = 132, capacity: int = 1100):
+def compile_offline(model: str, batch: int, steps: int, programs: int = 132, capacity: int = 1100,
+                    attention: str = "cores"):
     from chain import compile_for_sm90
     from conjugate.models.presets import from_name
 
     spec = from_name(model)
     prog = build(spec, batch, steps, programs)
     check(prog, programs)
-    launch = StepLaunch(prog, empty_weights(prog), capacity)
+    launch = StepLaunch(prog, empty_weights(prog), capacity, attention=attention)
     kv = torch.empty(2, spec.num_layers, batch, spec.num_kv_heads, capacity, spec.head_dim, dtype=torch.bfloat16)
     return launch, compile_for_sm90(step_kernel, launch.args(kv), launch.kwargs)
 
@@ -725,14 +821,15 @@ def compile_offline(model: str, batch: int, steps: int, programs: int = 132, cap
 def run_offline(args) -> int:
     import re
     print(f"triton {triton.__version__}: step_kernel for cuda:90 (sm_90a), no GPU")
-    for model in args.models:
-        launch, compiled = compile_offline(model, args.batch, args.steps)
+    for model, attention in ((m, a) for m in args.models for a in args.attention):
+        launch, compiled = compile_offline(model, args.batch, args.steps, attention=attention)
         ptx = compiled.asm["ptx"]
         found = {name: pattern in ptx for name, pattern in (
             ("wgmma", "wgmma.mma_async"), ("tma", "cp.async.bulk.tensor"), ("cp.async", "cp.async.cg"),
             ("mbarrier", "mbarrier.try_wait"), ("acquire", ".acquire"), ("release", ".release"))}
         sm = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1)
-        print(f"{model} B={args.batch} steps={args.steps}: {len(launch.prog.tasks)} tasks, stages "
+        print(f"{model} B={args.batch} steps={args.steps} attention {attention} "
+              f"(kv buffers {launch.kwargs['ATTN_MMA']}): {len(launch.prog.tasks)} tasks, stages "
               f"{launch.kwargs['STAGES']}, act tiles {launch.kwargs['KT_MAX']}, shared {compiled.metadata.shared} B, "
               f"target {sm}, " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in found.items()), flush=True)
     return 0
@@ -845,19 +942,21 @@ def run_gpu(args) -> int:
                 w, last, lengths, kv = _inputs(spec, batch, context, args.steps, seed=0)
                 weights = tile_weights(w, fine)
                 floor_us = floor_bytes(spec, batch, args.steps, lengths) / bw * 1e6
-                for name in args.counters:
+                for name, attention in ((c, a) for c in args.counters for a in args.attention):
                     prog = tables[name]
                     check(prog, sms)
-                    launch = StepLaunch(prog, weights, kv.shape[4])
+                    launch = StepLaunch(prog, weights, kv.shape[4], attention=attention)
                     result = check_against_reference(launch, w, last, lengths, kv)
                     ok = (result["logits_rel_err"] < 5e-2 and result["tokens_near"] == result["tokens"]
                           and result["cache_rel_err"] < 5e-2 and result["cache_elsewhere_untouched"]
                           and not result["waits_ran_out"])
                     row = dict(model=model, batch=batch, steps=args.steps, context=context, counters=name,
+                               attention=attention,
                                programs=prog.programs, stages=launch.kwargs["STAGES"], tasks=len(prog.tasks),
                                waits=sum(len(t.waits) + len(t.finish_waits) for t in prog.tasks), check=result,
                                passed=ok, floor_us=floor_us)
-                    print(f"{model} B={batch} k={args.steps} ctx={context} {name}: {json.dumps(result)}", flush=True)
+                    print(f"{model} B={batch} k={args.steps} ctx={context} {name} {attention}: {json.dumps(result)}",
+                          flush=True)
                     if ok:
                         kv_run = kv.clone()
                         launch.error.zero_()
@@ -865,7 +964,7 @@ def run_gpu(args) -> int:
                         row.update(step_kernel_us=us, of_floor=us / floor_us, waits_ran_out_timed=int(launch.error.item()))
                         print(f"  {us:.1f} us for {args.steps} steps, floor {floor_us:.1f} us: {us / floor_us:.2f}x",
                               flush=True)
-                        stamped = StepLaunch(prog, weights, kv.shape[4], stamps=True)
+                        stamped = StepLaunch(prog, weights, kv.shape[4], stamps=True, attention=attention)
                         stamped.tokens_in.copy_(launch.tokens_in)
                         stamped.lengths.copy_(launch.lengths)
                         stamped.run(kv.clone())
@@ -898,6 +997,8 @@ def main(argv=None) -> int:
                         help="one counter a tile (fine), an op instance (whole), or an op instance but for qkv's "
                              "tiles and attention's KV heads (mixed)")
     parser.add_argument("--programs", type=int, default=None, help="default: one an SM")
+    parser.add_argument("--attention", nargs="+", default=["cores"], choices=["cores", "mma"],
+                        help="attention on CUDA cores, or on tensor cores (written, not yet run on a GPU)")
     args = parser.parse_args(argv)
     return run_offline(args) if args.offline else run_gpu(args)
 
