@@ -1,5 +1,7 @@
 """Lab (#48; nothing in conjugate/ imports it): the step program's task table (program.py) run by one
-persistent, warp-specialized Gluon kernel on Hopper: the draft's k decode steps in one launch.
+persistent, warp-specialized Gluon kernel on Hopper: the draft's k decode steps in one launch. This
+module is the device code; host.py lays out the table, weights and buffers and launches it, run.py
+checks and times it.
 
 Each program (one per SM, all co-resident) reads its own list of tasks from the table and runs two
 partitions over it, both in the table's order:
@@ -7,8 +9,9 @@ partitions over it, both in the table's order:
 * the **loader** (1 warp) streams every weight tile of its GEMM tasks by TMA into a ring of 128 x 64
   slots, waiting only for free slots (`lab/stream_chain`'s ring), so the weights of later tasks are
   arriving while the compute partition waits on another program;
-* the **compute** partition (one warpgroup) waits on the task's counters (bounded acquire spins: a
-  spin that runs out counts an error and goes on), then runs it:
+* the **compute** partition (one warpgroup) reads each task's record (one vector load, issued while
+  the task before runs), waits on its counters (bounded acquire spins: a spin that runs out counts
+  an error, and later waits stop spinning), then runs it:
     embed    the step's token rows of the embedding into x (and their summed squares)
     GEMMs    x rows staged by cp.async, swap-AB wgmma over the ring's slots (paired tiles: the first
              64 rows and the second 64 apart), the partial added into fp32 sums; the tile's last
@@ -19,33 +22,24 @@ partitions over it, both in the table's order:
                down     + the residual: the next layer's x and its summed squares
                lm_head  1/rms, the tile's max and first argmax; the last tile in reduces them to the
                         step's tokens and releases the token counter
-    attn     one (sequence, KV head): each query head's online softmax over the cache (CUDA cores)
+    attn     one key chunk of one (sequence, KV head) for all its query heads (CUDA cores, or
+             tensor cores with ATTN_MMA); the pair's last chunk in merges the partials
   and bumps the tile's done counter (release).
-
-    python lab/step_kernel/kernel.py --json OUT.json     # Hopper GPU: check against the simulation, time
-    python lab/step_kernel/kernel.py --offline           # no GPU: compile for sm_90a
 """
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
 from pathlib import Path
 
-import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, tma, warpgroup_mma
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "stream_chain"), str(HERE.parents[1])]
 from chain import (BK, BPAD, HALF, SLOT_ROWS, _down_tile, _fill_slot, _gate_up_tile,  # noqa: E402
-                   _release, _stage_activations, copy_bandwidth, graph_time_us, ring_barriers)
-from program import StepProgram, Tiles, build, check, counter_targets  # noqa: E402
+                   _release, _stage_activations, ring_barriers)
 
 OPS = {"embed": 0, "qkv": 1, "attn": 2, "o_proj": 3, "gate_up": 4, "down": 5, "head": 6}
 # the table's columns
@@ -610,400 +604,3 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_pt
     ], [1], [40])
 
 
-# --------------------------------------------------------------------------------------------------
-# Host side: the table as int32 arrays, the weights in tile order, the buffers, the launch
-# --------------------------------------------------------------------------------------------------
-
-def encode(prog: StepProgram) -> dict[str, torch.Tensor]:
-    """The table (one REC-wide int32 row a task), the waits ((counter, target) pairs), each program's
-    task list and its bounds, and the number of counters. A GEMM tile of one slice still gets a parts
-    counter: its epilogue reads the sums its own atomics wrote, behind the same acq_rel."""
-    spec, tiles = prog.spec, prog.tiles
-    names: dict[str, int] = {}
-
-    def counter(name: str) -> int:
-        return names.setdefault(name, len(names))
-
-    for name in counter_targets(prog):
-        counter(name)
-    waits: list[int] = []
-    rows = []
-    n_gu = spec.ffn_size // tiles.half
-    pairs_per_layer = -(-spec.qkv_size // (2 * tiles.half))
-    for t in prog.tasks:
-        row = [0] * REC.value
-        row[C_OP], row[C_STEP], row[C_LAYER], row[C_TILE] = OPS[t.op], t.step, max(t.layer, 0), t.tile
-        row[C_KLO], row[C_KHI], row[C_SPLITS] = t.k_range[0] // tiles.k, t.k_range[1] // tiles.k, t.splits
-        assert t.op == "attn" or (t.k_range[0] % tiles.k == 0 and t.k_range[1] % tiles.k == 0), "K in whole tiles"
-        row[C_PARTS] = counter(t.parts or f"parts1/{t.index}")
-        row[C_DONE] = counter(t.done)
-        row[C_WOFF], row[C_WCNT] = len(waits) // 2, len(t.waits)
-        if t.waits:
-            row[C_W1C], row[C_W1T] = counter(t.waits[0][0]), t.waits[0][1]
-        waits += [v for name, target in t.waits for v in (counter(name), target)]
-        row[C_FOFF], row[C_FCNT] = len(waits) // 2, len(t.finish_waits)
-        waits += [v for name, target in t.finish_waits for v in (counter(name), target)]
-        row[C_COL0] = t.out[0][0]
-        if t.op == "attn":
-            row[C_KLO], row[C_KHI] = t.k_range  # chunk, chunks
-        if t.op == "qkv":
-            row[C_ROW0] = (t.layer * pairs_per_layer + t.tile) * SLOT_ROWS
-            first = t.out[0][0]
-            seg = 0 if first < spec.q_size else (1 if first < spec.q_size + spec.kv_size else 2)
-            base = (0, spec.q_size, spec.q_size + spec.kv_size)[seg]
-            row[C_SEG], row[C_HEAD0] = seg, (first - base) // spec.head_dim
-        elif t.op == "attn":
-            row[C_SEG], row[C_HEAD0] = divmod(t.tile, spec.num_kv_heads)
-        elif t.op in ("o_proj", "down"):
-            row[C_ROW0] = t.layer * spec.hidden_size + t.out[0][0]
-        elif t.op == "gate_up":
-            row[C_ROW0] = (t.layer * n_gu + t.tile) * SLOT_ROWS
-        elif t.op == "head":
-            row[C_ROW0] = t.out[0][0]
-            row[C_TOKEN] = counter(f"token/{t.step}")
-        rows.append(row)
-    order = [t.index for p in range(prog.programs) for t in prog.of_program(p)]
-    bounds = [0]
-    for p in range(prog.programs):
-        bounds.append(bounds[-1] + len(prog.of_program(p)))
-    as_int = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
-    return {"table": as_int(rows), "waits": as_int(waits or [0, 0]), "list": as_int(order), "bounds": as_int(bounds),
-            "counters": len(names)}
-
-
-def tile_weights(w, prog: StepProgram) -> dict[str, torch.Tensor]:
-    """Every weight matrix as the loader reads it, bf16: qkv's rows in paired tiles (each tile's heads'
-    first halves, then their second halves) and gate_up's (64 gate rows over the same 64 up rows), the
-    RMSNorm weights folded into qkv, gate_up and lm_head; qkv's bias in the same order (fp32), the q/k
-    norm weights, RoPE's inverse frequencies."""
-    from conjugate.models.reference import rope_inv_freq
-    from program import qkv_tiles
-
-    spec, dev = prog.spec, w.device
-    D, half = spec.head_dim, prog.tiles.half
-    qkv, bias, gu = [], [], []
-    starts = {"q": 0, "k": spec.q_size, "v": spec.q_size + spec.kv_size}
-    for lw in w.layers:
-        wqkv = torch.cat([lw.wq, lw.wk, lw.wv]).float() * lw.attn_norm.float()[None, :]
-        b = torch.cat([lw.bq, lw.bk, lw.bv]).float() if lw.bq is not None else torch.zeros(spec.qkv_size, device=dev)
-        for seg, head0, count in qkv_tiles(spec, prog.tiles):
-            assert count * D == 2 * half, "a qkv tile must be full"
-            heads = [starts[seg] + (head0 + j) * D for j in range(count)]
-            idx = torch.tensor([h + d for part in (0, 1) for h in heads for d in range(part * D // 2, (part + 1) * D // 2)],
-                               device=dev)
-            qkv.append(wqkv[idx])
-            bias.append(b[idx])
-        wgu = (torch.cat([lw.w_gate, lw.w_up]).float() * lw.mlp_norm.float()[None, :])
-        F = spec.ffn_size
-        for t in range(F // half):
-            gu += [wgu[t * half:(t + 1) * half], wgu[F + t * half:F + (t + 1) * half]]
-    ones = torch.ones(D, device=dev)
-    qkn = torch.stack([torch.stack([(lw.q_norm if lw.q_norm is not None else ones).float(),
-                                    (lw.k_norm if lw.k_norm is not None else ones).float()]) for lw in w.layers])
-    bf16 = torch.bfloat16
-    return {"qkv": torch.cat(qkv).to(bf16).contiguous(), "bias": torch.cat(bias).contiguous(),
-            "o": torch.cat([lw.wo for lw in w.layers]).to(bf16).contiguous(),
-            "gu": torch.cat(gu).to(bf16).contiguous(),
-            "d": torch.cat([lw.w_down for lw in w.layers]).to(bf16).contiguous(),
-            "head": (w.lm_head.float() * w.final_norm.float()[None, :]).to(bf16).contiguous(),
-            "qkn": qkn.contiguous(), "inv_freq": rope_inv_freq(spec).float().to(dev).contiguous(),
-            "embed": w.embed.to(bf16).contiguous()}
-
-
-class StepLaunch:
-    """One table's buffers and launch on the GPU. call(last_tokens, lengths, kv) runs the k steps:
-    kv [2, L, B, KVH, S, D] bf16 is read and written in place; returns tokens [B, k] and the logits."""
-
-    def __init__(self, prog: StepProgram, weights: dict, capacity: int, spin_limit: int = 1 << 20,
-                 stamps: bool = False, attention: str = "cores"):
-        spec, dev, B, k = prog.spec, weights["qkv"].device, prog.batch, prog.steps
-        assert B <= 16 and prog.tiles == Tiles(), "B <= 16, the kernel's tile shapes"
-        self.prog, self.w, self.spec = prog, weights, spec
-        enc = encode(prog)
-        self.table, self.waits = enc["table"].to(dev), enc["waits"].to(dev)
-        self.list, self.bounds = enc["list"].to(dev), enc["bounds"].to(dev)
-        self.counters = torch.zeros(enc["counters"], dtype=torch.int32, device=dev)
-        self.error = torch.zeros(1, dtype=torch.int32, device=dev)
-        H, Q, F, V, L = spec.hidden_size, spec.q_size, spec.ffn_size, spec.vocab_size, spec.num_layers
-        self.nq = weights["qkv"].shape[0] // (L * SLOT_ROWS)
-        self.nth = -(-V // SLOT_ROWS)
-        f32, bf16 = torch.float32, torch.bfloat16
-
-        def buf(*shape, dtype=bf16):
-            return torch.empty(*shape, dtype=dtype, device=dev)
-
-        self.tokens_in = torch.zeros(BPAD_ROWS, dtype=torch.int32, device=dev)
-        self.tokens = torch.zeros(k, BPAD_ROWS, dtype=torch.int32, device=dev)
-        self.lengths = torch.zeros(B, dtype=torch.int32, device=dev)
-        self.xs, self.xm = buf(k, L + 1, B, H), buf(k, L, B, H)
-        self.ssx, self.ssm = buf(k, L + 1, B, dtype=f32), buf(k, L, B, dtype=f32)
-        self.q, self.o, self.h = buf(k, L, B, Q), buf(k, L, B, Q), buf(k, L, B, F)
-        self.sums = [buf(k, L, B, self.nq * SLOT_ROWS, dtype=f32), buf(k, L, B, H, dtype=f32),
-                     buf(k, L, B, 2 * F, dtype=f32), buf(k, L, B, H, dtype=f32), buf(k, B, self.nth * SLOT_ROWS, dtype=f32)]
-        self.best_val, self.best_idx = buf(k, self.nth, BPAD_ROWS, dtype=f32), buf(k, self.nth, BPAD_ROWS, dtype=torch.int32)
-        layout = gl.NVMMASharedLayout.get_default_for([SLOT_ROWS.value, BK.value], gl.bfloat16)
-        self.descs = [TensorDescriptor.from_tensor(weights[n], [SLOT_ROWS.value, BK.value], layout)
-                      for n in ("qkv", "o", "gu", "d", "head")]
-        kt_max = max((t.k_range[1] - t.k_range[0]) // prog.tiles.k for t in prog.tasks if t.op != "attn")
-        chunks = prog.splits["attn"]
-        gp = max(4, triton.next_power_of_2(spec.num_heads // spec.num_kv_heads))  # the heads span the 4 warps
-        pairs = k * L * B * spec.num_kv_heads * chunks
-        self.part_ml, self.part_acc = buf(pairs, 2, gp, dtype=f32), buf(pairs, gp, spec.head_dim, dtype=f32)
-        act_bytes = kt_max * BPAD_ROWS * BK.value * 2
-        stages = min(12, (SMEM_BUDGET - act_bytes) // (SLOT_ROWS.value * BK.value * 2 + 16))
-        assert stages >= 2, f"{kt_max} activation tiles leave no room for a ring"
-        self.capacity = capacity
-        self.kwargs = dict(H=H, Q=Q, F=F, V=V, D=spec.head_dim, G=spec.num_heads // spec.num_kv_heads,
-                           KVH=spec.num_kv_heads, L=L, S=capacity, NQ=self.nq, NTH=self.nth, BATCH=B,
-                           QK_NORM=spec.qk_norm, STAGES=stages, KT_MAX=kt_max, EPS=spec.rms_norm_eps,
-                           QK_SCALE=1.4426950408889634 / spec.head_dim ** 0.5,
-                           GP=gp, CHUNKS=chunks, STAMPS=stamps, ATTN_MMA=self.kv_buffers(attention, act_bytes, spec),
-                           num_warps=4, maxnreg=168)
-        self.stamps = torch.zeros(len(prog.tasks), 3, dtype=torch.int64, device=dev)  # start, waited, end (ns)
-        self.spin_limit = spin_limit
-
-    @staticmethod
-    def kv_buffers(attention: str, act_bytes: int, spec) -> int:
-        """0: attention on CUDA cores; 1 or 2: on tensor cores, with that many (key, value) block buffers
-        in the activation buffer's shared memory (two where it holds them)."""
-        if attention == "cores":
-            return 0
-        block = 2 * 64 * spec.head_dim * 2  # a key block and a value block, bf16
-        if act_bytes < block:
-            raise ValueError(f"tensor-core attention needs {block} bytes of the activation buffer, which has {act_bytes}")
-        return 2 if act_bytes >= 2 * block else 1
-
-    def args(self, kv):
-        return (*self.descs, self.table, self.list, self.bounds, self.waits, self.counters, self.error, self.spin_limit,
-                self.prog.batch, self.tokens_in, self.tokens, self.lengths, self.w["embed"], self.xs, self.xm, self.ssx,
-                self.ssm, self.q, self.o, self.h, kv, *self.sums, self.best_val, self.best_idx, self.w["bias"],
-                self.w["qkn"], self.w["inv_freq"], self.part_ml, self.part_acc, self.stamps)
-
-    def run(self, kv) -> None:
-        """Zero the sums, statistics and counters, launch (graph-capturable: no host sync)."""
-        for s in self.sums:
-            s.zero_()
-        self.ssx.zero_()
-        self.ssm.zero_()
-        self.counters.zero_()
-        step_kernel[(self.prog.programs, )](*self.args(kv), **self.kwargs)
-
-
-BPAD_ROWS = 16
-SMEM_BUDGET = 220 * 1024
-
-
-def empty_weights(prog: StepProgram, device="cpu") -> dict[str, torch.Tensor]:
-    """tile_weights' shapes, uninitialised (compiling reads only shapes, dtypes and alignment)."""
-    spec = prog.spec
-    L, H, F, V, D = spec.num_layers, spec.hidden_size, spec.ffn_size, spec.vocab_size, spec.head_dim
-    from program import qkv_tiles
-    nq = len(qkv_tiles(spec, prog.tiles))
-    e = lambda *shape, dtype=torch.bfloat16: torch.empty(*shape, dtype=dtype, device=device)  # noqa: E731
-    return {"qkv": e(L * nq * SLOT_ROWS, H), "bias": e(L * nq * SLOT_ROWS, dtype=torch.float32), "o": e(L * H, spec.q_size),
-            "gu": e(L * 2 * F, H), "d": e(L * H, F), "head": e(V, H), "qkn": e(L, 2, D, dtype=torch.float32),
-            "inv_freq": e(D // 2, dtype=torch.float32), "embed": e(V, H)}
-
-
-def compile_offline(model: str, batch: int, steps: int, programs: int = 132, capacity: int = 1100,
-                    attention: str = "cores"):
-    from chain import compile_for_sm90
-    from conjugate.models.presets import from_name
-
-    spec = from_name(model)
-    prog = build(spec, batch, steps, programs)
-    check(prog, programs)
-    launch = StepLaunch(prog, empty_weights(prog), capacity, attention=attention)
-    kv = torch.empty(2, spec.num_layers, batch, spec.num_kv_heads, capacity, spec.head_dim, dtype=torch.bfloat16)
-    return launch, compile_for_sm90(step_kernel, launch.args(kv), launch.kwargs)
-
-
-def run_offline(args) -> int:
-    import re
-    print(f"triton {triton.__version__}: step_kernel for cuda:90 (sm_90a), no GPU")
-    for model, attention in ((m, a) for m in args.models for a in args.attention):
-        launch, compiled = compile_offline(model, args.batch, args.steps, attention=attention)
-        ptx = compiled.asm["ptx"]
-        found = {name: pattern in ptx for name, pattern in (
-            ("wgmma", "wgmma.mma_async"), ("tma", "cp.async.bulk.tensor"), ("cp.async", "cp.async.cg"),
-            ("mbarrier", "mbarrier.try_wait"), ("acquire", ".acquire"), ("release", ".release"))}
-        sm = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1)
-        print(f"{model} B={args.batch} steps={args.steps} attention {attention} "
-              f"(kv buffers {launch.kwargs['ATTN_MMA']}): {len(launch.prog.tasks)} tasks, stages "
-              f"{launch.kwargs['STAGES']}, act tiles {launch.kwargs['KT_MAX']}, shared {compiled.metadata.shared} B, "
-              f"target {sm}, " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in found.items()), flush=True)
-    return 0
-
-
-# --------------------------------------------------------------------------------------------------
-# On the GPU: check against the reference, then time
-# --------------------------------------------------------------------------------------------------
-
-def _inputs(spec, batch: int, context: int, steps: int, seed: int):
-    """Random bf16 weights, last tokens, ragged lengths in [context/2, context], a cache of noise."""
-    from conjugate.models.weights import random_weights
-
-    w = random_weights(spec, seed=seed, dtype=torch.bfloat16, device="cuda")
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    last = torch.randint(0, spec.vocab_size, (batch, ), generator=gen).cuda()
-    lengths = torch.randint(context // 2, context + 1, (batch, ), generator=gen).cuda()
-    capacity = context + steps + 1
-    kv = (torch.randn(2, spec.num_layers, batch, spec.num_kv_heads, capacity, spec.head_dim, generator=gen)
-          .to(torch.bfloat16).cuda())
-    return w, last, lengths, kv
-
-
-def check_against_reference(launch: StepLaunch, w, last, lengths, kv) -> dict:
-    """Runs the kernel once (sums and activations poisoned first), then the reference draft phase on
-    the same inputs, teacher-forced with the kernel's tokens so every step compares like with like:
-    each step's logits (relative to their largest), whether each chosen token is the reference's
-    argmax or within 1% of its logit range of it, the caches' new positions, and the spins that ran out."""
-    from conjugate.models.reference import KVCache, draft_phase
-
-    spec, k = launch.spec, launch.prog.steps
-    for buf in (launch.xs, launch.xm, launch.q, launch.o, launch.h):
-        buf.fill_(float("nan"))
-    kv_kernel = kv.clone()
-    launch.tokens_in[:len(last)] = last.to(torch.int32)
-    launch.lengths.copy_(lengths.to(torch.int32))
-    launch.error.zero_()
-    launch.run(kv_kernel)
-    torch.cuda.synchronize()
-    tokens = launch.tokens[:, :len(last)].T.long()  # [B, k]
-    rstd = torch.rsqrt(launch.ssx[:, -1] / spec.hidden_size + spec.rms_norm_eps)  # [k, B]
-    logits = (launch.sums[4][:, :, :spec.vocab_size] * rstd[:, :, None]).transpose(0, 1)  # [B, k, V]
-    cache = KVCache(kv[0].clone(), kv[1].clone())
-    ref_tokens, ref_logits = draft_phase(w, last, cache, lengths, k, forced=tokens)
-    span = (ref_logits.amax(-1) - ref_logits.amin(-1))
-    chosen = ref_logits.gather(-1, tokens[..., None])[..., 0]
-    near = ((ref_logits.amax(-1) - chosen) <= 0.01 * span)
-    err = ((logits - ref_logits).abs().amax() / ref_logits.abs().amax()).item()
-    new = torch.zeros_like(kv, dtype=torch.bool)
-    for b, n in enumerate(lengths.tolist()):
-        new[:, :, b, :, n:n + k] = True
-    cache_err = ((kv_kernel[new].float() - torch.stack([cache.k, cache.v])[new].float()).abs().max()
-                 / torch.stack([cache.k, cache.v])[new].float().abs().max()).item()
-    untouched = bool(torch.equal(kv_kernel[~new], kv[~new]))
-    return {"logits_rel_err": err, "tokens_equal": int((tokens == ref_tokens).sum()), "tokens": tokens.numel(),
-            "tokens_near": int(near.sum()), "cache_rel_err": cache_err, "cache_elsewhere_untouched": untouched,
-            "waits_ran_out": int(launch.error.item())}
-
-
-def ledger(prog: StepProgram, stamps: torch.Tensor) -> dict:
-    """Where the launch's time went, from the in-kernel stamps (start, waits met, end of each task):
-    per op, the mean per program of the time spent waiting on counters and of the time spent working
-    (a GEMM's work includes waiting for its weight tiles: the streaming), and the launch's span. What a
-    program spends outside its tasks (reading the table) is the rest."""
-    st = stamps.cpu().double() / 1e3  # us
-    t0 = st[:, 0].min()
-    span = (st[:, 2].max() - t0).item()
-    out = {"span_us": span, "programs": prog.programs, "ops": {}}
-    for op in ("embed", "qkv", "attn", "o_proj", "gate_up", "down", "head"):
-        idx = torch.tensor([t.index for t in prog.tasks if t.op == op])
-        if len(idx) == 0:
-            continue
-        rows = st[idx]
-        out["ops"][op] = {"tasks": len(idx), "wait_us": ((rows[:, 1] - rows[:, 0]).sum() / prog.programs).item(),
-                          "work_us": ((rows[:, 2] - rows[:, 1]).sum() / prog.programs).item()}
-    busy = sum(v["wait_us"] + v["work_us"] for v in out["ops"].values())
-    out["between_tasks_us"] = span - busy
-    return out
-
-
-def floor_bytes(spec, batch: int, steps: int, lengths) -> int:
-    """What the k steps must read: every weight once a step (embedding rows aside), the caches below
-    each position."""
-    L, H = spec.num_layers, spec.hidden_size
-    per_layer = (spec.qkv_size * H + spec.q_size * H + 3 * spec.ffn_size * H) * 2
-    weights = L * per_layer + spec.vocab_size * H * 2
-    kv = sum(int(n) + s + 1 for n in lengths.tolist() for s in range(steps)) * L * spec.num_kv_heads * spec.head_dim * 4
-    return steps * weights + kv
-
-
-def run_gpu(args) -> int:
-    from chain import hopper_and_copy_rate, write_probe_result
-    from conjugate.evaluate.timing import copy_bandwidth_gbs
-    from conjugate.models.presets import from_name
-    from program import coarsen
-
-    gpu = hopper_and_copy_rate()
-    if gpu is None:
-        return 2
-    sms, _ = gpu
-    bw = copy_bandwidth_gbs(torch.device("cuda")) * 1e9  # the project's floor rate (floor_h200.json's)
-    print(f"copy (conjugate.evaluate.timing): {bw / 1e9:.0f} GB/s", flush=True)
-    rows = []
-    for model in args.models:
-        spec = from_name(model)
-        for batch in args.batches:
-            for context in args.contexts:
-                fine = build(spec, batch, args.steps, min(sms, args.programs or sms))
-                tables = {"fine": fine, "whole": coarsen(fine), "mixed": coarsen(fine, kinds=("x", "xm", "h"))}
-                w, last, lengths, kv = _inputs(spec, batch, context, args.steps, seed=0)
-                weights = tile_weights(w, fine)
-                floor_us = floor_bytes(spec, batch, args.steps, lengths) / bw * 1e6
-                for name, attention in ((c, a) for c in args.counters for a in args.attention):
-                    prog = tables[name]
-                    check(prog, sms)
-                    launch = StepLaunch(prog, weights, kv.shape[4], attention=attention)
-                    result = check_against_reference(launch, w, last, lengths, kv)
-                    ok = (result["logits_rel_err"] < 5e-2 and result["tokens_near"] == result["tokens"]
-                          and result["cache_rel_err"] < 5e-2 and result["cache_elsewhere_untouched"]
-                          and not result["waits_ran_out"])
-                    row = dict(model=model, batch=batch, steps=args.steps, context=context, counters=name,
-                               attention=attention,
-                               programs=prog.programs, stages=launch.kwargs["STAGES"], tasks=len(prog.tasks),
-                               waits=sum(len(t.waits) + len(t.finish_waits) for t in prog.tasks), check=result,
-                               passed=ok, floor_us=floor_us)
-                    print(f"{model} B={batch} k={args.steps} ctx={context} {name} {attention}: {json.dumps(result)}",
-                          flush=True)
-                    if ok:
-                        kv_run = kv.clone()
-                        launch.error.zero_()
-                        us = graph_time_us([lambda: launch.run(kv_run)])
-                        row.update(step_kernel_us=us, of_floor=us / floor_us, waits_ran_out_timed=int(launch.error.item()))
-                        print(f"  {us:.1f} us for {args.steps} steps, floor {floor_us:.1f} us: {us / floor_us:.2f}x",
-                              flush=True)
-                        stamped = StepLaunch(prog, weights, kv.shape[4], stamps=True, attention=attention)
-                        stamped.tokens_in.copy_(launch.tokens_in)
-                        stamped.lengths.copy_(launch.lengths)
-                        stamped.run(kv.clone())
-                        torch.cuda.synchronize()
-                        row["ledger"] = ledger(prog, stamped.stamps)
-                        lg = row["ledger"]
-                        print(f"  stamped: span {lg['span_us']:.0f} us; per program, wait / work us: "
-                              + ", ".join(f"{op} {v['wait_us']:.0f}/{v['work_us']:.0f}" for op, v in lg["ops"].items())
-                              + f"; between tasks {lg['between_tasks_us']:.0f}", flush=True)
-                        del stamped
-                    rows.append(row)
-                    write_probe_result(args.json, sms, bw, rows=rows)
-                    del launch
-                del w, kv, weights
-                torch.cuda.empty_cache()
-    return 0
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="The draft's k decode steps as one persistent Gluon kernel "
-                                                 "running the step program's task table.")
-    parser.add_argument("--json")
-    parser.add_argument("--offline", action="store_true")
-    parser.add_argument("--models", nargs="+", default=["llama-3.2-1b"])
-    parser.add_argument("--batches", nargs="+", type=int, default=[8])
-    parser.add_argument("--batch", type=int, default=8, help="--offline: the batch compiled for")
-    parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--contexts", nargs="+", type=int, default=[1024])
-    parser.add_argument("--counters", nargs="+", default=["fine", "whole"], choices=["fine", "whole", "mixed"],
-                        help="one counter a tile (fine), an op instance (whole), or an op instance but for qkv's "
-                             "tiles and attention's KV heads (mixed)")
-    parser.add_argument("--programs", type=int, default=None, help="default: one an SM")
-    parser.add_argument("--attention", nargs="+", default=["cores"], choices=["cores", "mma"],
-                        help="attention on CUDA cores, or on tensor cores (written, not yet run on a GPU)")
-    args = parser.parse_args(argv)
-    return run_offline(args) if args.offline else run_gpu(args)
-
-
-if __name__ == "__main__":
-    if "--offline" in sys.argv:
-        os.environ.setdefault("TRITON_INTERPRET", "0")
-    sys.exit(main())

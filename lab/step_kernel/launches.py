@@ -19,7 +19,8 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "stream_chain"), str(HERE.parents[1])]
 from chain import graph_time_us, write_probe_result  # noqa: E402
-from kernel import StepLaunch, check_against_reference, floor_bytes, ledger, tile_weights  # noqa: E402
+from host import StepLaunch, tile_weights  # noqa: E402
+from run import check_against_reference, floor_bytes, ledger  # noqa: E402
 from program import build, check, coarsen  # noqa: E402
 
 from conjugate.compiler.round import compile_round  # noqa: E402
