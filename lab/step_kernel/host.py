@@ -55,7 +55,7 @@ def encode(prog: StepProgram) -> dict[str, torch.Tensor]:
         if t.op == "attn":
             row[C_KLO], row[C_KHI] = t.k_range  # chunk, chunks
         if t.op == "qkv":
-            row[C_ROW0] = (t.layer * pairs_per_layer + t.tile) * SLOT_ROWS
+            row[C_ROW0] = (t.layer * pairs_per_layer + t.tile) * 2 * tiles.half  # tile_weights' order
             first = t.out[0][0]
             seg = 0 if first < spec.q_size else (1 if first < spec.q_size + spec.kv_size else 2)
             base = (0, spec.q_size, spec.q_size + spec.kv_size)[seg]
@@ -65,7 +65,7 @@ def encode(prog: StepProgram) -> dict[str, torch.Tensor]:
         elif t.op in ("o_proj", "down"):
             row[C_ROW0] = t.layer * spec.hidden_size + t.out[0][0]
         elif t.op == "gate_up":
-            row[C_ROW0] = (t.layer * n_gu + t.tile) * SLOT_ROWS
+            row[C_ROW0] = (t.layer * n_gu + t.tile) * 2 * tiles.half
         elif t.op == "head":
             row[C_ROW0] = t.out[0][0]
             row[C_TOKEN] = counter(f"token/{t.step}")
