@@ -97,7 +97,8 @@ def tile_weights(w, prog: StepProgram) -> dict[str, torch.Tensor]:
         for seg, head0, count in qkv_tiles(spec, prog.tiles):
             assert count * D == 2 * half, "a qkv tile must be full"
             heads = [starts[seg] + (head0 + j) * D for j in range(count)]
-            idx = torch.tensor([h + d for part in (0, 1) for h in heads for d in range(part * D // 2, (part + 1) * D // 2)],
+            halves = [range(part * D // 2, (part + 1) * D // 2) for part in (0, 1)]
+            idx = torch.tensor([h + d for dims in halves for h in heads for d in dims],
                                device=dev)
             qkv.append(wqkv[idx])
             bias.append(b[idx])
@@ -123,7 +124,7 @@ class StepLaunch:
     kv [2, L, B, KVH, S, D] bf16 is read and written in place; returns tokens [B, k] and the logits."""
 
     def __init__(self, prog: StepProgram, weights: dict, capacity: int, spin_limit: int = 1 << 20,
-                 stamps: bool = False, attention: str = "cores"):
+                 stamps: bool = False, attention: str = "cores", spin_sleep: int = 0):
         spec, dev, B, k = prog.spec, weights["qkv"].device, prog.batch, prog.steps
         assert B <= 16 and prog.tiles == Tiles(), "B <= 16, the kernel's tile shapes"
         self.prog, self.w, self.spec = prog, weights, spec
@@ -147,8 +148,10 @@ class StepLaunch:
         self.ssx, self.ssm = buf(k, L + 1, B, dtype=f32), buf(k, L, B, dtype=f32)
         self.q, self.o, self.h = buf(k, L, B, Q), buf(k, L, B, Q), buf(k, L, B, F)
         self.sums = [buf(k, L, B, self.nq * SLOT_ROWS, dtype=f32), buf(k, L, B, H, dtype=f32),
-                     buf(k, L, B, 2 * F, dtype=f32), buf(k, L, B, H, dtype=f32), buf(k, B, self.nth * SLOT_ROWS, dtype=f32)]
-        self.best_val, self.best_idx = buf(k, self.nth, BPAD_ROWS, dtype=f32), buf(k, self.nth, BPAD_ROWS, dtype=torch.int32)
+                     buf(k, L, B, 2 * F, dtype=f32), buf(k, L, B, H, dtype=f32),
+                     buf(k, B, self.nth * SLOT_ROWS, dtype=f32)]
+        self.best_val = buf(k, self.nth, BPAD_ROWS, dtype=f32)
+        self.best_idx = buf(k, self.nth, BPAD_ROWS, dtype=torch.int32)
         layout = gl.NVMMASharedLayout.get_default_for([SLOT_ROWS.value, BK.value], gl.bfloat16)
         self.descs = [TensorDescriptor.from_tensor(weights[n], [SLOT_ROWS.value, BK.value], layout)
                       for n in ("qkv", "o", "gu", "d", "head")]
@@ -168,7 +171,7 @@ class StepLaunch:
                            GP=gp, CHUNKS=chunks, STAMPS=stamps, ATTN_MMA=self.kv_buffers(attention, act_bytes, spec),
                            num_warps=4, maxnreg=168)
         self.stamps = torch.zeros(len(prog.tasks), 3, dtype=torch.int64, device=dev)  # start, waited, end (ns)
-        self.spin_limit = spin_limit
+        self.spin_limit, self.spin_sleep = spin_limit, spin_sleep
 
     @staticmethod
     def kv_buffers(attention: str, act_bytes: int, spec) -> int:
@@ -178,14 +181,15 @@ class StepLaunch:
             return 0
         block = 2 * 64 * spec.head_dim * 2  # a key block and a value block, bf16
         if act_bytes < block:
-            raise ValueError(f"tensor-core attention needs {block} bytes of the activation buffer, which has {act_bytes}")
+            raise ValueError(f"tensor-core attention needs {block} bytes of the activation buffer, "
+                             f"which has {act_bytes}")
         return 2 if act_bytes >= 2 * block else 1
 
     def args(self, kv):
         return (*self.descs, self.table, self.list, self.bounds, self.waits, self.counters, self.error, self.spin_limit,
-                self.prog.batch, self.tokens_in, self.tokens, self.lengths, self.w["embed"], self.xs, self.xm, self.ssx,
-                self.ssm, self.q, self.o, self.h, kv, *self.sums, self.best_val, self.best_idx, self.w["bias"],
-                self.w["qkn"], self.w["inv_freq"], self.part_ml, self.part_acc, self.stamps)
+                self.spin_sleep, self.prog.batch, self.tokens_in, self.tokens, self.lengths, self.w["embed"], self.xs,
+                self.xm, self.ssx, self.ssm, self.q, self.o, self.h, kv, *self.sums, self.best_val, self.best_idx,
+                self.w["bias"], self.w["qkn"], self.w["inv_freq"], self.part_ml, self.part_acc, self.stamps)
 
     def run(self, kv) -> None:
         """Zero the sums, statistics and counters, launch (graph-capturable: no host sync)."""

@@ -61,15 +61,26 @@ def _now(anchor):
 
 
 @gluon.jit
-def _acquire_bounded(counter_ptr, target, error_ptr, spin_limit):
+def _pause(ns):
+    """nanosleep for about `ns` nanoseconds (a spinning program's pause between polls)."""
+    return gl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r", [ns], dtype=gl.int32, is_pure=False,
+                                     pack=1)
+
+
+@gluon.jit
+def _acquire_bounded(counter_ptr, target, error_ptr, spin_limit, spin_sleep):
     """Wait (bounded) until counter >= target. One acquire poll when the counter is already there (the
-    common case); otherwise spin, unless a spin anywhere has already run out: the launch is then a
-    failed check, and a wrong table ends in about one spin limit, not one per wait."""
+    common case); otherwise spin, pausing spin_sleep ns between polls (0: none; every program polls
+    the same counter of an op instance, and each poll is an atomic at L2), unless a spin anywhere has
+    already run out: the launch is then a failed check, and a wrong table ends in about one spin
+    limit, not one per wait."""
     seen = gl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
     if seen < target:
         if gl.atomic_add(error_ptr, 0, sem="relaxed", scope="gpu") == 0:
             spins = 0
             while (seen < target) & (spins < spin_limit):
+                if spin_sleep > 0:
+                    _pause(spin_sleep)
                 seen = gl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
                 spins += 1
             if seen < target:
@@ -78,12 +89,12 @@ def _acquire_bounded(counter_ptr, target, error_ptr, spin_limit):
 
 
 @gluon.jit
-def _wait_all(waits_ptr, offset, count, counter_ptr, error_ptr, spin_limit):
+def _wait_all(waits_ptr, offset, count, counter_ptr, error_ptr, spin_limit, spin_sleep):
     """Each (counter, target) of the task's list."""
     for j in range(count):
         c = gl.load(waits_ptr + 2 * (offset + j))
         target = gl.load(waits_ptr + 2 * (offset + j) + 1)
-        _acquire_bounded(counter_ptr + c, target, error_ptr, spin_limit)
+        _acquire_bounded(counter_ptr + c, target, error_ptr, spin_limit, spin_sleep)
 
 
 @gluon.jit
@@ -147,7 +158,8 @@ def _tile(ptr, col0, width, B, ROWS: gl.constexpr, layout: gl.constexpr):
     b = gl.arange(0, BPAD, layout=gl.SliceLayout(1, layout))
     c = gl.arange(0, ROWS, layout=gl.SliceLayout(0, layout))
     mask = (b < B)[:, None] & (c < ROWS)[None, :]
-    return gl.load(ptr + b[:, None] * width + (col0 + c)[None, :], mask=mask, other=0.0, cache_modifier=".cg").to(gl.float32)
+    return gl.load(ptr + b[:, None] * width + (col0 + c)[None, :], mask=mask, other=0.0,
+                   cache_modifier=".cg").to(gl.float32)
 
 
 @gluon.jit
@@ -164,7 +176,8 @@ def _residual_epilogue(sum_ptr, res_ptr, out_ptr, ss_out_ptr, col0, B, H: gl.con
     layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
     b = gl.arange(0, BPAD, layout=gl.SliceLayout(1, layout))
     c = gl.arange(0, SLOT_ROWS, layout=gl.SliceLayout(0, layout))
-    new = (_tile(sum_ptr, col0, H, B, SLOT_ROWS, layout) + _tile(res_ptr, col0, H, B, SLOT_ROWS, layout)).to(gl.bfloat16)
+    new = _tile(sum_ptr, col0, H, B, SLOT_ROWS, layout) + _tile(res_ptr, col0, H, B, SLOT_ROWS, layout)
+    new = new.to(gl.bfloat16)
     mask = (b < B)[:, None] & (c < SLOT_ROWS)[None, :]
     gl.store(out_ptr + b[:, None] * H + (col0 + c)[None, :], new, mask=mask)
     rounded = new.to(gl.float32)
@@ -450,7 +463,8 @@ def _merge_chunks(part_ml_ptr, part_acc_ptr, first_slot, o_ptr, b, g, D: gl.cons
 
 @gluon.jit
 def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits_ptr, counter_ptr, error_ptr,
-                 spin_limit, B, tokens_in_ptr, tokens_ptr, lengths_ptr, embed_ptr, xs_ptr, xm_ptr, ssx_ptr, ssm_ptr,
+                 spin_limit, spin_sleep, B, tokens_in_ptr, tokens_ptr, lengths_ptr, embed_ptr, xs_ptr, xm_ptr, ssx_ptr,
+                 ssm_ptr,
                  q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr, best_val_ptr,
                  best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr, stamps_ptr,
                  H: gl.constexpr, Q: gl.constexpr, F: gl.constexpr, V: gl.constexpr, D: gl.constexpr,
@@ -479,8 +493,9 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
         col0 = tile * SLOT_ROWS  # o_proj, down, lm_head and the embedding: 128-column tiles from 0
         w1_target = _field(vec, C_W1T)
         if w1_target > 0:
-            _acquire_bounded(counter_ptr + _field(vec, C_W1C), w1_target, error_ptr, spin_limit)
-        _wait_all(waits_ptr, _field(vec, C_WOFF) + 1, _field(vec, C_WCNT) - 1, counter_ptr, error_ptr, spin_limit)
+            _acquire_bounded(counter_ptr + _field(vec, C_W1C), w1_target, error_ptr, spin_limit, spin_sleep)
+        _wait_all(waits_ptr, _field(vec, C_WOFF) + 1, _field(vec, C_WCNT) - 1, counter_ptr, error_ptr, spin_limit,
+                  spin_sleep)
         if STAMPS:
             gl.store(stamps_ptr + task * 3, t_start)
             gl.store(stamps_ptr + task * 3 + 1, _now(task))
@@ -503,7 +518,8 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                                   first_slot + _field(vec, C_KLO), lengths_ptr, layer, step, b, g, _field(vec, C_KLO),
                                   act, D, G, KVH, Q, L, S, BATCH, QK_SCALE, GP, CHUNKS, ATTN_MMA)
             else:
-                _attend_chunk(q_ptr + sl * BATCH * Q, kv_ptr, part_ml_ptr, part_acc_ptr, first_slot + _field(vec, C_KLO),
+                _attend_chunk(q_ptr + sl * BATCH * Q, kv_ptr, part_ml_ptr, part_acc_ptr,
+                              first_slot + _field(vec, C_KLO),
                               lengths_ptr, layer, step, b, g, _field(vec, C_KLO), D, G, KVH, Q, L, S, BATCH, QK_SCALE,
                               GP, CHUNKS)
             gl.thread_barrier()
@@ -545,7 +561,8 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
             gl.thread_barrier()
             arrived = gl.atomic_add(counter_ptr + _field(vec, C_PARTS), 1, sem="acq_rel", scope="gpu")
             if arrived == _field(vec, C_SPLITS) - 1:  # the tile's last slice: its epilogue
-                _wait_all(waits_ptr, _field(vec, C_FOFF), _field(vec, C_FCNT), counter_ptr, error_ptr, spin_limit)
+                _wait_all(waits_ptr, _field(vec, C_FOFF), _field(vec, C_FCNT), counter_ptr, error_ptr, spin_limit,
+                          spin_sleep)
                 if op == 1:
                     _qkv_epilogue(s_qkv_ptr + sl * BATCH * NQ * SLOT_ROWS, ssx_ptr + sx * BATCH, bias_ptr, qkn_ptr,
                                   inv_freq_ptr, lengths_ptr, q_ptr + sl * BATCH * Q, kv_ptr, layer, step, tile,
@@ -562,7 +579,8 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                                        xs_ptr + (sx + 1) * BATCH * H, ssx_ptr + (sx + 1) * BATCH, col0, B, H)
                 else:
                     _head_epilogue(s_head_ptr + step * BATCH * NTH * SLOT_ROWS, ssx_ptr + (step * (L + 1) + L) * BATCH,
-                                   best_val_ptr + step * NTH * BPAD, best_idx_ptr + step * NTH * BPAD, tile, B, H, V, NTH, EPS)
+                                   best_val_ptr + step * NTH * BPAD, best_idx_ptr + step * NTH * BPAD, tile, B, H, V,
+                                   NTH, EPS)
                 if op == 6:
                     gl.thread_barrier()
                     done = gl.atomic_add(counter_ptr + _field(vec, C_DONE), 1, sem="acq_rel", scope="gpu")
@@ -580,7 +598,8 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
 
 @gluon.jit
 def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_ptr, bounds_ptr, waits_ptr, counter_ptr,
-                error_ptr, spin_limit, B, tokens_in_ptr, tokens_ptr, lengths_ptr, embed_ptr, xs_ptr, xm_ptr, ssx_ptr,
+                error_ptr, spin_limit, spin_sleep, B, tokens_in_ptr, tokens_ptr, lengths_ptr, embed_ptr, xs_ptr, xm_ptr,
+                ssx_ptr,
                 ssm_ptr, q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr, best_val_ptr,
                 best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr, stamps_ptr,  #
                 H: gl.constexpr, Q: gl.constexpr, F: gl.constexpr, V: gl.constexpr, D: gl.constexpr,
@@ -594,7 +613,8 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_pt
     ready, empty = ring_barriers(STAGES)
     gl.warp_specialize([
         (step_compute, (ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits_ptr, counter_ptr, error_ptr,
-                        spin_limit, B, tokens_in_ptr, tokens_ptr, lengths_ptr, embed_ptr, xs_ptr, xm_ptr, ssx_ptr,
+                        spin_limit, spin_sleep, B, tokens_in_ptr, tokens_ptr, lengths_ptr, embed_ptr, xs_ptr, xm_ptr,
+                        ssx_ptr,
                         ssm_ptr, q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr,
                         best_val_ptr, best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr,
                         stamps_ptr, H, Q, F, V, D, G, KVH, L, S, NQ, NTH, BATCH, QK_NORM, STAGES, EPS, QK_SCALE, GP,

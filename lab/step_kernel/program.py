@@ -87,7 +87,8 @@ class StepProgram:
 
     def loads(self, p: int) -> int:
         """Weight tiles (ring slots) program p's loader streams: what its compute partition consumes."""
-        return sum((t.k_range[1] - t.k_range[0]) // self.tiles.k for t in self.of_program(p) if t.op not in ("attn", "embed"))
+        return sum((t.k_range[1] - t.k_range[0]) // self.tiles.k for t in self.of_program(p)
+                   if t.op not in ("attn", "embed"))
 
 
 class ProgramError(ValueError):
@@ -197,7 +198,8 @@ def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles =
                                    | {tile_of("k", g), tile_of("v", g)})
                     cols = (g * group * spec.head_dim, (g + 1) * group * spec.head_dim)
                     add("attn", step, layer, b * spec.num_kv_heads + g, (cols,), 0,
-                        lambda lo, hi, needs=needs, step=step, layer=layer: [(f"qkv/{step}/{layer}/{i}", 1) for i in needs],
+                        lambda lo, hi, needs=needs, step=step, layer=layer: [(f"qkv/{step}/{layer}/{i}", 1)
+                                                                             for i in needs],
                         [], f"attn/{step}/{layer}/{g}")
             stage += 1
             head_cols = group * spec.head_dim  # o's columns one KV head's attention writes
@@ -312,7 +314,8 @@ def _check_coverage(prog: StepProgram) -> None:
             by_tile[t.tile].append(t.k_range)
         for tile, ranges in by_tile.items():
             ranges.sort()
-            if ranges[0][0] != 0 or ranges[-1][1] != k_total[op] or any(a[1] != b[0] for a, b in zip(ranges, ranges[1:])):
+            gaps = any(a[1] != b[0] for a, b in zip(ranges, ranges[1:]))
+            if ranges[0][0] != 0 or ranges[-1][1] != k_total[op] or gaps:
                 raise ProgramError(f"{where}, tile {tile}: its K slices {ranges} do not cover 0..{k_total[op]} once")
 
 

@@ -29,7 +29,8 @@ def empty_weights(prog: StepProgram, device="cpu") -> dict[str, torch.Tensor]:
     from program import qkv_tiles
     nq = len(qkv_tiles(spec, prog.tiles))
     e = lambda *shape, dtype=torch.bfloat16: torch.empty(*shape, dtype=dtype, device=device)  # noqa: E731
-    return {"qkv": e(L * nq * SLOT_ROWS, H), "bias": e(L * nq * SLOT_ROWS, dtype=torch.float32), "o": e(L * H, spec.q_size),
+    return {"qkv": e(L * nq * SLOT_ROWS, H), "bias": e(L * nq * SLOT_ROWS, dtype=torch.float32),
+            "o": e(L * H, spec.q_size),
             "gu": e(L * 2 * F, H), "d": e(L * H, F), "head": e(V, H), "qkn": e(L, 2, D, dtype=torch.float32),
             "inv_freq": e(D // 2, dtype=torch.float32), "embed": e(V, H)}
 
@@ -171,29 +172,33 @@ def run_gpu(args) -> int:
                 w, last, lengths, kv = _inputs(spec, batch, context, args.steps, seed=0)
                 weights = tile_weights(w, fine)
                 floor_us = floor_bytes(spec, batch, args.steps, lengths) / bw * 1e6
-                for name, attention in ((c, a) for c in args.counters for a in args.attention):
+                for name, attention, sleep in ((c, a, z) for c in args.counters for a in args.attention
+                                               for z in args.spin_sleep):
                     prog = tables[name]
                     check(prog, sms)
-                    launch = StepLaunch(prog, weights, kv.shape[4], attention=attention)
+                    launch = StepLaunch(prog, weights, kv.shape[4], attention=attention, spin_sleep=sleep)
                     result = check_against_reference(launch, w, last, lengths, kv)
                     ok = (result["logits_rel_err"] < 5e-2 and result["tokens_near"] == result["tokens"]
                           and result["cache_rel_err"] < 5e-2 and result["cache_elsewhere_untouched"]
                           and not result["waits_ran_out"])
                     row = dict(model=model, batch=batch, steps=args.steps, context=context, counters=name,
-                               attention=attention,
+                               attention=attention, spin_sleep=sleep,
                                programs=prog.programs, stages=launch.kwargs["STAGES"], tasks=len(prog.tasks),
                                waits=sum(len(t.waits) + len(t.finish_waits) for t in prog.tasks), check=result,
                                passed=ok, floor_us=floor_us)
-                    print(f"{model} B={batch} k={args.steps} ctx={context} {name} {attention}: {json.dumps(result)}",
+                    print(f"{model} B={batch} k={args.steps} ctx={context} {name} {attention} sleep {sleep}: "
+                          f"{json.dumps(result)}",
                           flush=True)
                     if ok:
                         kv_run = kv.clone()
                         launch.error.zero_()
                         us = graph_time_us([lambda: launch.run(kv_run)])
-                        row.update(step_kernel_us=us, of_floor=us / floor_us, waits_ran_out_timed=int(launch.error.item()))
+                        row.update(step_kernel_us=us, of_floor=us / floor_us,
+                                   waits_ran_out_timed=int(launch.error.item()))
                         print(f"  {us:.1f} us for {args.steps} steps, floor {floor_us:.1f} us: {us / floor_us:.2f}x",
                               flush=True)
-                        stamped = StepLaunch(prog, weights, kv.shape[4], stamps=True, attention=attention)
+                        stamped = StepLaunch(prog, weights, kv.shape[4], stamps=True, attention=attention,
+                                             spin_sleep=sleep)
                         stamped.tokens_in.copy_(launch.tokens_in)
                         stamped.lengths.copy_(launch.lengths)
                         stamped.run(kv.clone())
@@ -226,6 +231,8 @@ def main(argv=None) -> int:
                         help="one counter a tile (fine), an op instance (whole), or an op instance but for qkv's "
                              "tiles and attention's KV heads (mixed)")
     parser.add_argument("--programs", type=int, default=None, help="default: one an SM")
+    parser.add_argument("--spin-sleep", nargs="+", type=int, default=[0],
+                        help="ns a spinning wait pauses between polls (0: none; written, not yet run on a GPU)")
     parser.add_argument("--attention", nargs="+", default=["cores"], choices=["cores", "mma"],
                         help="attention on CUDA cores, or on tensor cores (written, not yet run on a GPU)")
     args = parser.parse_args(argv)

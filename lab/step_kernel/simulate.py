@@ -250,9 +250,10 @@ def simulate(prog: StepProgram, w: ModelWeights, last_tokens: torch.Tensor, cach
             if not blocked:
                 break
             t = blocked[0]
+            pending = t.finish_waits if finishing[t.program] else t.waits
             raise Deadlock(f"{len(blocked)} programs blocked, e.g. task {t.index} ({t.op}, step {t.step}, "
                            f"layer {t.layer}, tile {t.tile}) waiting on "
-                           f"{[w for w in (t.finish_waits if finishing[t.program] else t.waits) if run.counters.get(w[0], 0) < w[1]]}")
+                           f"{[w for w in pending if run.counters.get(w[0], 0) < w[1]]}")
         p = rng.choice(ready)
         t = queues[p][position[p]]
         if finishing[p]:
