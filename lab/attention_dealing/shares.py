@@ -1,5 +1,6 @@
 """Lab copy (lost on an H100, README.md): the attention template with its split programs taking equal
-shares of all pairs' key tiles, as it was in conjugate/kernels/attention.py at commit de1e68b.
+shares of all pairs' key tiles, as it was in conjugate/kernels/attention.py at commit de1e68b
+(its unchanged helpers are imported from the product template).
 
 Decode / verify attention over one layer's KV cache, with GQA and optional split-KV.
 
@@ -47,86 +48,8 @@ A piece (or a row of a piece) that saw no key keeps m = -inf and weighs 0, witho
 import triton
 import triton.language as tl
 
-LOG2E = tl.constexpr(1.4426950408889634)  # softmax runs in base 2
-
-
-@triton.jit
-def _dot(a, b, acc, DOT_DTYPE: tl.constexpr):
-    """acc + a @ b with operands cast to DOT_DTYPE; fp32 operands use exact (ieee) products."""
-    if DOT_DTYPE == tl.float32:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        return tl.dot(a.to(DOT_DTYPE), b.to(DOT_DTYPE), acc)
-
-
-@triton.jit
-def _row_offsets(b, kv_head, T, stride, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr):
-    """Element offsets [ROWS, HEAD_DIM] of the q/out rows of this program, row mask [ROWS], tokens [ROWS]."""
-    i = tl.arange(0, ROWS)  # [ROWS]
-    t = i % T  # [ROWS] token index
-    head = kv_head * GROUP + i // T  # [ROWS]
-    d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
-    offs = (b * T + t)[:, None] * stride + (head * HEAD_DIM)[:, None] + d[None, :]  # [ROWS, HEAD_DIM]
-    return offs, i < GROUP * T, t
-
-
-@triton.jit
-def _attend(k_ptr, v_ptr, q, t, kv_base, lo, hi, start, qk_scale, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
-            BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """Online softmax of q [ROWS, HEAD_DIM] over keys lo .. hi - 1; returns m, l [ROWS] and acc [ROWS, HEAD_DIM].
-
-    m is in base-2 units (scores scaled by qk_scale = scale * log2(e)); -inf where a row saw no key.
-    """
-    d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
-    m = tl.full([ROWS], float("-inf"), tl.float32)  # [ROWS]
-    l = tl.zeros([ROWS], tl.float32)  # [ROWS]
-    acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)  # [ROWS, HEAD_DIM]
-    q = q.to(DOT_DTYPE)  # once, not per key block
-    for n0 in range(lo, hi, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
-        kv_offs = kv_base + n[:, None] * HEAD_DIM + d[None, :]  # [BLOCK_N, HEAD_DIM]
-        in_range = (n < hi)[:, None]  # [BLOCK_N, 1]
-        k = tl.load(k_ptr + kv_offs, mask=in_range, other=0.0)  # [BLOCK_N, HEAD_DIM] cache dtype
-        v = tl.load(v_ptr + kv_offs, mask=in_range, other=0.0)  # [BLOCK_N, HEAD_DIM]
-        s = _dot(q, tl.trans(k), tl.zeros([ROWS, BLOCK_N], tl.float32), DOT_DTYPE) * qk_scale  # [ROWS, BLOCK_N]
-        visible = (n[None, :] <= (start + t)[:, None]) & (n < hi)[None, :]  # [ROWS, BLOCK_N]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))  # [ROWS]
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # [ROWS] no -inf - -inf
-        p = tl.exp2(s - m_safe[:, None])  # [ROWS, BLOCK_N]
-        alpha = tl.exp2(m - m_safe)  # [ROWS]
-        l = l * alpha + tl.sum(p, 1)
-        acc = _dot(p, v, acc * alpha[:, None], DOT_DTYPE)  # [ROWS, HEAD_DIM]
-        m = m_new
-    return m, l, acc
-
-
-@triton.jit
-def _store_partial(part_o_ptr, part_ml_ptr, slot, m, l, acc, REAL_ROWS, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
-                   CROWS: tl.constexpr):
-    """Writes one split's m, l [ROWS] and acc [ROWS, HEAD_DIM] at scratch slot bh * SPLIT_KV + split: its
-    first REAL_ROWS rows (real heads and tokens: a draft step with two query heads per KV head uses 2 of
-    16), each slot CROWS rows long."""
-    i = tl.arange(0, ROWS)  # [ROWS]
-    d = tl.arange(0, HEAD_DIM)  # [HEAD_DIM]
-    real = i < REAL_ROWS  # [ROWS]
-    tl.store(part_o_ptr + slot * CROWS * HEAD_DIM + i[:, None] * HEAD_DIM + d[None, :], acc, mask=real[:, None])
-    tl.store(part_ml_ptr + slot * 2 * CROWS + i, m, mask=real)
-    tl.store(part_ml_ptr + slot * 2 * CROWS + CROWS + i, l, mask=real)
-
-
-@triton.jit
-def _merge_split(part_o_ptr, part_ml_ptr, slot, m, l, o, r, d, real, HEAD_DIM: tl.constexpr, CROWS: tl.constexpr):
-    """(m, l, o) merged with the partial at scratch `slot` (log-sum-exp rescale)."""
-    m_s = tl.load(part_ml_ptr + slot * 2 * CROWS + r, mask=real, other=float("-inf"), cache_modifier=".cg")  # [CROWS]
-    l_s = tl.load(part_ml_ptr + slot * 2 * CROWS + CROWS + r, mask=real, other=0.0, cache_modifier=".cg")
-    o_s = tl.load(part_o_ptr + (slot * CROWS + r)[:, None] * HEAD_DIM + d[None, :], mask=real[:, None],
-                  other=0.0, cache_modifier=".cg")  # [CROWS, HEAD_DIM]
-    m_new = tl.maximum(m, m_s)  # [CROWS]
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # [CROWS] no -inf - -inf
-    a_old = tl.exp2(m - m_safe)  # [CROWS] 0 when m = -inf
-    a_s = tl.exp2(m_s - m_safe)  # [CROWS] 0 when the split saw no key
-    return m_new, l * a_old + l_s * a_s, o * a_old[:, None] + o_s * a_s[:, None]
+# the piece loop and the partials' store and merge are the product template's own
+from conjugate.kernels.attention import LOG2E, _attend, _merge_split, _row_offsets, _store_partial  # noqa: F401
 
 
 @triton.jit

@@ -48,7 +48,8 @@ def main() -> int:
                 print(f"{model:13} {proj:8} {m:4d}  {f['us_median']:7.1f} us x{f['calls'] // 5}  {f['kernel'][:150]}",
                       flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+        args.json.write_text(json.dumps({"gpu": torch.cuda.get_device_name(),
+                                         "command": " ".join(["python"] + sys.argv), "torch": torch.__version__,
                                          "cuda": torch.version.cuda, "rows": rows}, indent=1) + "\n")
     return 0
 
