@@ -36,7 +36,10 @@ def main() -> int:
     parser.add_argument("workloads", nargs="+", type=Path)
     parser.add_argument("--plans", nargs="+", type=Path, default=[Path("plans/sequential.json")])
     parser.add_argument("--json")
+    parser.add_argument("--attention", default="cores", choices=["cores", "mma"])
+    parser.add_argument("--spin-sleep", type=int, default=0, help="ns a spinning wait pauses between polls")
     args = parser.parse_args()
+    form = dict(attention=args.attention, spin_sleep=args.spin_sleep)
     device = torch.device("cuda")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     bw = copy_bandwidth_gbs(device) * 1e9
@@ -50,7 +53,7 @@ def main() -> int:
         lengths = inputs.draft_lengths
         floor_us = floor_bytes(wl.draft, wl.draft_batch, wl.k, lengths) / bw * 1e6
         row = dict(workload=wl.name, draft=wl.draft.name, batch=wl.draft_batch, k=wl.k, context=wl.context,
-                   floor_ms=floor_us / 1e3, launches_ms={})
+                   floor_ms=floor_us / 1e3, launches_ms={}, **form)
         for plan_path in args.plans:
             compiled = compile_round(load_plan(plan_path), wl, draft, target)
             compiled.load(inputs)
@@ -66,7 +69,7 @@ def main() -> int:
         check(prog, sms)
         kv = torch.stack([inputs.draft_cache.k, inputs.draft_cache.v]).contiguous()
         weights = tile_weights(draft, prog)
-        launch = StepLaunch(prog, weights, kv.shape[4])
+        launch = StepLaunch(prog, weights, kv.shape[4], **form)
         row["check"] = check_against_reference(launch, draft, inputs.draft_last_tokens, lengths, kv)
         ok = (row["check"]["logits_rel_err"] < 5e-2 and row["check"]["tokens_near"] == row["check"]["tokens"]
               and row["check"]["cache_rel_err"] < 5e-2 and row["check"]["cache_elsewhere_untouched"]
@@ -77,7 +80,7 @@ def main() -> int:
             kv_run = kv.clone()
             us = graph_time_us([lambda: launch.run(kv_run)])
             row["step_kernel_ms"] = us / 1e3
-            stamped = StepLaunch(prog, weights, kv.shape[4], stamps=True)
+            stamped = StepLaunch(prog, weights, kv.shape[4], stamps=True, **form)
             stamped.tokens_in.copy_(launch.tokens_in)
             stamped.lengths.copy_(launch.lengths)
             stamped.run(kv.clone())
