@@ -510,6 +510,6 @@ def test_every_candidate_is_filed_under_its_knob_family():
                 assert c.kind in EDIT_KINDS and c.kind != "other", (name, c)
                 keys = {op["path"].split("/")[2] for op in c.patch}  # /draft/tiles/..., /cross/pairs/...
                 family = {"tiles": {"tiles", "launch"}, "fusions": {"fusions", "pdl"}, "reduce": {"reduce"},
-                          "pdl": {"pdl"}, "streams": {"streams", "stream"},
+                          "pdl": {"pdl"}, "streams": {"streams", "stream"}, "form": {"form", "alignment", "overrides"},
                           "cross": {"alignment", "pairs", "interleave", "overrides", "operand_layout", "streams"}}
                 assert keys <= family[c.kind], (c.kind, keys)

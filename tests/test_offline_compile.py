@@ -105,3 +105,39 @@ def test_programmatic_dependent_launches_compile_for_hopper_with_the_wait_in_eve
     ptx = [p.read_text() for p in cache.rglob("*.ptx")]
     assert len(ptx) >= 10 and all("griddepcontrol.wait" in text for text in ptx)
     assert all("griddepcontrol.launch_dependents" in text for text in ptx)
+
+
+STEP_COMPILE = """
+import sys
+from conjugate.compiler.buffers import ModelBuffers, PreparedWeights
+from conjugate.compiler.offline import _Triton
+from conjugate.compiler.step.compiled import CompiledStep
+from conjugate.models.presets import from_name
+from conjugate.models.weights import meta_weights
+from conjugate.roles import Model
+import torch
+
+tools = _Triton(90)
+for name in sys.argv[1:]:
+    bufs = ModelBuffers.allocate(PreparedWeights(meta_weights(from_name(name), torch.bfloat16)), 2, 1, 2, 64,
+                                 Model.DRAFT)
+    step = CompiledStep.build(0, bufs, 132, "main")
+    key, (source, options) = tools.bind_step(step)
+    r = tools.compile(source, options)
+    print(name, r.registers, r.spills, r.shared_bytes, step.launch.kwargs["KV_BUFS"])
+"""
+
+
+def test_the_step_kernel_compiles_for_hopper_for_every_family(triton_cache):
+    """The step form's Gluon kernel, bound to each family's draft shapes (llama: RoPE scaling, qwen2:
+    bias, qwen3: q/k norm and 128-dim heads) on meta buffers: compiled for sm_90a within a program's
+    registers (168), with no local memory and within Hopper's shared memory."""
+    env = os.environ | {"TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(triton_cache)}
+    proc = subprocess.run([sys.executable, "-c", STEP_COMPILE, "llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b"],
+                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line.split() for line in proc.stdout.splitlines()]
+    assert [r[0] for r in rows] == ["llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b"]
+    for name, regs, spills, shared, kv_buffers in rows:
+        assert int(regs) <= 168 and int(spills) == 0 and 200_000 < int(shared) <= 232_448, (name, regs, shared)
+        assert int(kv_buffers) in (1, 2)

@@ -52,7 +52,7 @@ def _stream(model: str, **stream) -> dict:
 
 
 def test_shipped_and_best_plans_are_v2_and_valid_under_both_validators():
-    assert {p.stem for p in PLANS} == {"sequential", "streams", "interleave"} and len(BEST) == 7
+    assert {p.stem for p in PLANS} == {"sequential", "streams", "interleave", "step"} and len(BEST) == 7
     for path in PLANS + BEST:
         raw = json.loads(path.read_text())
         assert raw["schema"] == "conjugate.plan/2", path.name
@@ -202,7 +202,7 @@ def test_canonical_form_fills_defaults_and_is_idempotent():
     plan = validate_plan(BASE)
     assert plan.cross.alignment == "sequential" and dict(plan.cross.launch) == {"num_warps": 4, "num_stages": 2}
     assert plan.to_dict()["draft"] == {"tiles": {}, "fusions": [], "reduce": "ordered", "pdl": "none",
-                                       "stream": {"priority": "normal", "sms": 0}}
+                                       "stream": {"priority": "normal", "sms": 0}, "form": "launches"}
     assert validate_plan(plan.to_dict()) == plan
     for path in PLANS + BEST:
         shipped = load_plan(path)
@@ -228,8 +228,16 @@ def test_hash_is_the_canonical_json_with_defaults_filled():
     stated["draft"] |= {"reduce": "ordered", "stream": {"priority": "normal", "sms": 0}}
     assert validate_plan(stated).hash == plan.hash
     body = {k: v for k, v in plan.to_dict().items() if k not in ("name", "description")}
+    for model in ("draft", "target"):  # added after plans were stored: at its default, not hashed
+        assert body[model].pop("form") == "launches"
     assert plan.hash == hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     assert plan_hash(plan.to_dict()) == plan.hash
+    step = json.loads((ROOT / "plans" / "streams.json").read_text())
+    step["draft"]["form"] = "step"
+    step["cross"]["alignment"] = "sequential"
+    aligned = json.loads((ROOT / "plans" / "streams.json").read_text())
+    aligned["cross"]["alignment"] = "sequential"
+    assert validate_plan(step).hash != validate_plan(aligned).hash  # a form that is set is hashed
 
 
 # ---------------------------------------------------------------------------------------------

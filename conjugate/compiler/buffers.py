@@ -59,6 +59,11 @@ class PreparedWeights:
         lw = self.weights.layers[layer]
         return self._once(("gate_up_stacked", layer), lambda: torch.cat([lw.w_gate, lw.w_up]))
 
+    def step_weights(self, table) -> dict[str, torch.Tensor]:
+        """The weights as the step kernel's loader streams them (compiler/step/layout.py), per tile shape."""
+        from conjugate.compiler.step.layout import tile_weights
+        return self._once(("step", table.tiles), lambda: tile_weights(self.weights, table))
+
     def lm_head(self, folded: bool) -> torch.Tensor:
         w = self.weights
         return self._once(("lm_folded",), lambda: self._fold(w.lm_head, w.final_norm)) if folded else w.lm_head

@@ -25,6 +25,8 @@ class PartRef:
 
     @property
     def label(self) -> str:
+        if self.kind == "step":  # the draft's whole phase: hundreds of ops
+            return f"the draft's steps ({len(self.ops)} ops, {self.ops[0]}..{self.ops[-1]})"
         return "+".join(self.ops)
 
     @classmethod

@@ -69,6 +69,19 @@ class _Triton:
         key = (launch.digest, repr(specialization), repr(sorted(options.__dict__.items())))
         return key, (self.ast_source(kernel, signature, constexprs, attrs), options.__dict__)
 
+    def bind_step(self, step) -> tuple[tuple, tuple]:
+        """bind() of a step launch (compiler/step): its Gluon kernel over the launch's meta buffers."""
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        launch = step.launch
+        kernel = type(launch).kernel
+        kwargs = {**launch.kwargs, "debug": kernel.debug or self.knobs.runtime.debug}
+        binder = self.binder_of(kernel.signature, kernel.params, self.backend)
+        bound, specialization, options = binder(*launch.args(), **kwargs)
+        options, signature, constexprs, attrs = kernel._pack_args(self.backend, kwargs, bound, specialization, options)
+        key = (step.digest, repr(specialization), repr(sorted(options.__dict__.items())))
+        return key, (GluonASTSource(kernel, signature, constexprs, attrs), options.__dict__)
+
     def compile(self, source, options: dict) -> Resources:
         from conjugate.compiler.feedback import Resources
 
@@ -102,6 +115,7 @@ def compile_resources(compiled: CompiledRound, arch: int = 90) -> list[Resources
     ConjugateError where the arch or this Triton cannot be used."""
     from conjugate.compiler.device import HOPPER_SHARED_BYTES
     from conjugate.compiler.round import _compile_error
+    from conjugate.compiler.step.compiled import CompiledStep
     from conjugate.compiler.tile import INTERPRETING
     from conjugate.errors import ConjugateError
 
@@ -113,7 +127,7 @@ def compile_resources(compiled: CompiledRound, arch: int = 90) -> list[Resources
     out = []
     for launch in compiled.launches:
         planned = compiled.schedule.launches[launch.index]
-        key, (source, options) = tools.bind(launch)
+        key, (source, options) = tools.bind_step(launch) if isinstance(launch, CompiledStep) else tools.bind(launch)
         if key not in done:
             try:
                 done[key] = tools.compile(source, options)

@@ -29,12 +29,13 @@ from conjugate.compiler.device import SmLimitUnavailable, check_shared_memory, l
 from conjugate.compiler.feedback import CompileError, CompileFailure, LaunchFeedback, PartRef, Resources
 from conjugate.compiler.lower import lower_part
 from conjugate.compiler.packed import pack_calls
+from conjugate.compiler.step.compiled import HOPPER_SMS, CompiledStep
 from conjugate.compiler.tile import INTERPRETING, PartCall
 from conjugate.graph import build_graph
 from conjugate.models.reference import KVCache, RoundInputs, RoundOutputs
 from conjugate.models.weights import ModelWeights
 from conjugate.plan.expand import Schedule, expand
-from conjugate.plan.launch import Form, Launch, One, Packed, Pdl
+from conjugate.plan.launch import Form, Launch, One, Packed, Pdl, Step
 from conjugate.plan.schema import Plan
 from conjugate.plan.transforms import TOKENS_ONLY, keeping_logits
 from conjugate.roles import Model
@@ -79,6 +80,21 @@ class CompiledLaunch:
     def alone(cls, index: int, part: PartCall, cache: KernelCache, **launch) -> "CompiledLaunch":
         """One bound part as a launch of its own, planned or not (tests, benchmarks, a launch's solo)."""
         return cls.build(index, None, [part], cache, **launch)
+
+    @property
+    def record_name(self) -> str:
+        """The kernel's name in the profiler's records: generated kernels are named after their source."""
+        return f"k_{self.digest}"
+
+    @property
+    def kernel_file(self) -> str:
+        return f"k_{self.digest}.py"
+
+    def manifest(self, pdl: str) -> dict:
+        """Its entry in the round's manifest.json (`pdl`: the trigger as compiled)."""
+        return {"launch": self.index, "kernel": self.kernel_file, "grid": self.grid, "stream": self.stream,
+                "pdl_trigger": pdl, "parts": [{"ops": p.label, "tile": p.sig.fn, "programs": p.programs}
+                                              for p in self.parts]}
 
     def __call__(self) -> None:
         self.kernel[(self.grid,)](*self.args, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages,
@@ -129,8 +145,24 @@ def _lower_launch(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers) -> list
     return calls
 
 
+def _compile_step(launch: Launch, bufs: RoundBuffers, sm_limits: tuple[tuple[str, int], ...]) -> CompiledStep:
+    """A Step launch on the SMs its stream may use (one program each: all must be co-resident)."""
+    device = bufs.draft.cache.k.device
+    programs = dict(sm_limits).get(Model.DRAFT.value, 0)
+    if not programs and device.type == "cuda":
+        programs = torch.cuda.get_device_properties(device).multi_processor_count
+    elif not programs and device.type == "meta":
+        programs = HOPPER_SMS
+    try:
+        return CompiledStep.build(launch.index, bufs.draft, programs, launch.stream)
+    except ValueError as e:
+        raise _compile_error(launch, 0, str(e)) from e
+
+
 def _compile_launch(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers, cache: KernelCache,
-                    pdl: Pdl = Pdl.NONE) -> CompiledLaunch:
+                    pdl: Pdl = Pdl.NONE, sm_limits: tuple[tuple[str, int], ...] = ()) -> CompiledLaunch | CompiledStep:
+    if isinstance(launch.form, Step):
+        return _compile_step(launch, bufs, sm_limits)
     return CompiledLaunch.build(launch.index, launch.form, _lower_launch(launch, graph, bufs), cache,
                                 num_warps=launch.num_warps, num_stages=launch.num_stages, stream=launch.stream,
                                 pdl=pdl, launch_bytes=launch.bytes)
@@ -275,7 +307,8 @@ class CompiledRound:
 
     # -- results ---------------------------------------------------------------------------
     def writes_logits(self, model: Model) -> bool:
-        """False where the plan fused argmax into lm_head: that model's logits are never written."""
+        """False where the plan fused argmax into lm_head, or runs the draft as a step launch: that
+        model's logits are never written."""
         return not any(p.model == model and "argmax" in p.fused and "lm_head" in p.fused
                        for launch in self.schedule.launches for p in launch.parts)
 
@@ -305,7 +338,7 @@ class CompiledRound:
     def _feedback(self, launch: CompiledLaunch) -> LaunchFeedback:
         planned = self.schedule.launches[launch.index].parts
         parts = tuple(PartRef.of(part, call.programs) for part, call in zip(planned, launch.parts))
-        return LaunchFeedback(launch.index, f"k_{launch.digest}.py", parts, launch.resources)
+        return LaunchFeedback(launch.index, launch.kernel_file, parts, launch.resources)
 
 
 def _is_compile_failure(e: Exception) -> bool:
@@ -334,6 +367,9 @@ def compile_round(plan: Plan, workload: Workload, draft: ModelWeights | Prepared
     graph = graph if graph is not None else build_graph(workload)
     plan = keeping_logits(plan) if sampling else plan
     schedule = schedule or expand(plan, workload, graph)
+    if sampling and any(isinstance(launch.form, Step) for launch in schedule.launches):
+        raise ValueError("sampling reads the draft's logits: the plan's step launch (draft.form \"step\") takes "
+                         "the argmax in the kernel; sample with a plan of launches")
     if sampling and any(TOKENS_ONLY in "+".join(p.fused) for launch in schedule.launches for p in launch.parts):
         raise ValueError(f"sampling reads the logits: the schedule given fuses {TOKENS_ONLY}")
     bufs = RoundBuffers.allocate(workload, draft, target, sampling=sampling)
@@ -341,11 +377,10 @@ def compile_round(plan: Plan, workload: Workload, draft: ModelWeights | Prepared
     cache = KernelCache(directory)
     waits, device = cross_stream_waits(schedule.launches, graph), bufs.target.cache.k.device
     pdls = [launch_pdl(launch, waits, device) for launch in schedule.launches]
-    launches = [_compile_launch(launch, graph, bufs, cache, pdl) for launch, pdl in zip(schedule.launches, pdls)]
-    manifest = {"plan": plan.to_dict(), "workload": workload.name, "launches": [
-        {"launch": l.index, "kernel": f"k_{l.digest}.py", "grid": l.grid, "stream": l.stream,
-         "pdl_trigger": str(pdl),  # as compiled: none under the interpreter or after a cross-stream wait
-         "parts": [{"ops": p.label, "tile": p.sig.fn, "programs": p.programs} for p in l.parts]}
-        for l, pdl in zip(launches, pdls)]}
+    launches = [_compile_launch(launch, graph, bufs, cache, pdl, schedule.sm_limits)
+                for launch, pdl in zip(schedule.launches, pdls)]
+    # the pdl trigger as compiled: none under the interpreter or after a cross-stream wait
+    manifest = {"plan": plan.to_dict(), "workload": workload.name,
+                "launches": [l.manifest(str(pdl)) for l, pdl in zip(launches, pdls)]}
     (directory / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return CompiledRound(schedule, workload, bufs, launches, directory, graph, cache)

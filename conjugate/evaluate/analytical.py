@@ -3,7 +3,9 @@
 Per part (one op or fused chain of one model, `p` programs):
     time = max(bytes / (bandwidth * efficiency[family]), flops / matmul rate) / fill(p)
     fill(p) = p / (waves * slots), waves = ceil(p / slots), slots = SMs * programs per SM
-so a grid smaller than one wave cannot draw the whole bandwidth (wave quantization).
+so a grid smaller than one wave cannot draw the whole bandwidth (wave quantization). A step launch
+(the draft's k steps as one persistent launch) is one part of family `step` with no waves: its
+efficiency says how near the bandwidth the whole dependent chain runs.
 A launch costs the launch overhead plus its part; two parts share the launch's slots:
     time = overhead + sum_i(bytes_i / bandwidth_i) / fill(p_0 + p_1) + penalty * min(part times)
 One stream runs launches back to back; two streams hide `streams_overlap` of the shorter stream.
@@ -21,7 +23,7 @@ import networkx as nx
 from conjugate.compiler.feedback import PartRef
 from conjugate.evaluate.evaluators import ModelConstants
 from conjugate.evaluate.result import Verdict
-from conjugate.plan.expand import Launch, Schedule
+from conjugate.plan.expand import STEP, Launch, Schedule
 from conjugate.plan.tiles import FAMILY_OF
 
 
@@ -62,6 +64,8 @@ class AnalyticalModel:
         return part.flops / (self.c.matmul_tflops * 1e6)  # TFLOP/s = 1e6 FLOP/us
 
     def part_us(self, part: PartCost) -> float:
+        if part.family == STEP:  # a persistent launch holds its SMs all through: no waves to fill
+            return max(self._memory_us(part), self._compute_us(part))
         return max(self._memory_us(part), self._compute_us(part)) / self.fill(part.programs)
 
     def launch_us(self, parts: list[PartCost]) -> float:
@@ -97,7 +101,7 @@ def part_costs(graph: nx.DiGraph, launch: Launch, programs: list[int]) -> list[P
     costs = []
     for part, count in zip(launch.parts, programs):
         ops = [graph.nodes[o]["op"] for o in part.ops]
-        costs.append(PartCost(FAMILY_OF[part.kind], sum(o.bytes for o in ops), sum(o.flops for o in ops), count))
+        costs.append(PartCost(FAMILY_OF.get(part.kind, part.kind), sum(o.bytes for o in ops), sum(o.flops for o in ops), count))
     return costs
 
 

@@ -130,6 +130,7 @@ streams_overlap = {c.streams_overlap:.3f}
 gemm = {c.efficiency["gemm"]:.3f}
 attn = {c.efficiency["attn"]:.3f}
 elementwise = {c.efficiency["elementwise"]:.3f}
+step = {c.efficiency["step"]:.3f}
 '''
 
 

@@ -18,7 +18,7 @@ PROFILE_DIR = PROFILES_DIR
 KINDS = ("analytical", "gpu")
 _MODEL_KEYS = {"gpu": str, "bandwidth_gbs": float, "matmul_tflops": float, "sms": int, "programs_per_sm": int,
                "launch_overhead_us": float, "colocation_penalty": float, "streams_overlap": float}
-_FAMILIES = ("gemm", "attn", "elementwise")
+_FAMILIES = ("gemm", "attn", "elementwise", "step")
 # field -> (low, high): the range of every number a profile may hold (none is infinite or NaN)
 _BOUNDS: dict[str, tuple[float, float]] = {
     "time_limit_s": (1, 7 * 86400),  # below a second every evaluation would time out

@@ -173,7 +173,7 @@ def exclusive_us(records: list[KernelRecord]) -> dict[int, float]:
 def _launches_by_kernel(compiled: CompiledRound) -> dict[str, list[int]]:
     out: dict[str, list[int]] = defaultdict(list)
     for launch in compiled.launches:  # in launch order
-        out[f"k_{launch.digest}"].append(launch.index)
+        out[launch.record_name].append(launch.index)
     return out
 
 

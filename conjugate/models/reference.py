@@ -22,8 +22,10 @@ class KVCache:
 
     @classmethod
     def empty(cls, spec: ModelSpec, batch: int, max_len: int, dtype, device) -> "KVCache":
-        shape = (spec.num_layers, batch, spec.num_kv_heads, max_len, spec.head_dim)
-        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        """Zeros; keys and values are the two halves of one [2, ...] tensor (the step kernel's layout)."""
+        both = torch.zeros((2, spec.num_layers, batch, spec.num_kv_heads, max_len, spec.head_dim), dtype=dtype,
+                           device=device)
+        return cls(both[0], both[1])
 
     def clone(self) -> "KVCache":
         return KVCache(self.k.clone(), self.v.clone())

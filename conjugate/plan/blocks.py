@@ -30,11 +30,12 @@ class ModelBlock:
     reduce: str  # how a residual GEMM sums its split-K partials: "ordered" | "atomic"
     pdl: str  # programmatic dependent launch trigger: "none" | "start" | "end"
     stream: Stream
+    form: str = "launches"  # "launches" | "step" (the draft's k steps as one persistent launch; draft only)
 
     @classmethod
     def from_dict(cls, data: dict) -> "ModelBlock":
         return cls(frozen(data["tiles"]), tuple(data["fusions"]), data["reduce"], data["pdl"],
-                   Stream(**data["stream"]))
+                   Stream(**data["stream"]), data.get("form", "launches"))
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,9 @@ Overrides (in order, later ones win) select target units by a glob over op ids: 
 or forces pairing, `with` pins a draft op's unit into that launch, and tiles, launch parameters,
 interleave and operand layout apply to every launch holding a matching op.
 
+With `draft.form: step` the draft is one unit holding all its ops, launched alone before the target
+(a Step launch, kernels/step); no draft op can then be pinned into a target launch.
+
 `pdl` marks each launch of a model to start while the kernel before it on its stream ends; an
 override's `pdl` sets the trigger of the launches it matches. The finished schedule is checked against
 every dependency of both models.
@@ -28,7 +31,7 @@ import networkx as nx
 from conjugate.errors import ScheduleError
 from conjugate.graph import build_graph
 from conjugate.plan.blocks import Override
-from conjugate.plan.launch import Launch, One, Packed, Part, Pdl, Split
+from conjugate.plan.launch import Launch, One, Packed, Part, Pdl, Split, Step
 from conjugate.plan.schema import Plan
 from conjugate.plan.tiles import DEFAULT_TILES, FAMILY_OF, LAUNCH_BOUNDS
 from conjugate.roles import Model
@@ -38,6 +41,8 @@ MAIN_KINDS = ("qkv", "gate_up", "lm_head")  # the op a fused unit is named after
 GEMM_KINDS = ("qkv", "o_proj", "gate_up", "down", "lm_head")
 
 
+STEP = "step"  # the kind of a Step launch's part: the draft's whole phase
+STEP_WARPS = 5  # the step kernel's warps: a compute warpgroup and a loader warp
 RESIDUAL_GEMMS = ("o_proj", "down")  # GEMMs that add into the residual stream (plan split_reduce)
 NORM_KINDS = ("attn_norm", "mlp_norm", "final_norm")  # a fusion "<norm>+<gemm>" folds one into its GEMM
 
@@ -71,8 +76,12 @@ class _Unit:
     ops: tuple[str, ...]
     kinds: tuple[str, ...]
 
+    step: bool = False  # the draft's whole phase as one Step launch
+
     @property
     def kind(self) -> str:
+        if self.step:
+            return STEP
         return next((k for k in self.kinds if k in MAIN_KINDS), self.kinds[-1])
 
 
@@ -195,9 +204,13 @@ def _part(plan: Plan, unit: _Unit, settings: dict) -> Part:
 
 
 def _launch(plan: Plan, graph: nx.DiGraph, index: int, units: list[_Unit]) -> Launch:
-    s = _launch_settings(plan, units)
     ops = [graph.nodes[o]["op"] for u in units for o in u.ops]
     stream = "main" if plan.cross.streams == "one" else units[0].model.value
+    if units[0].kind == STEP:
+        part = Part(Model.DRAFT, units[0].ops, STEP, units[0].kinds, {})
+        return Launch(index, Step(part), stream, STEP_WARPS, 1, Pdl.NONE, sum(o.bytes for o in ops),
+                      sum(o.flops for o in ops))
+    s = _launch_settings(plan, units)
     trigger = _launch_pdl(plan, units)
     form = _form(tuple(_part(plan, u, s) for u in units), s)
     return Launch(index, form, stream, s["launch"]["num_warps"], s["launch"]["num_stages"], Pdl(trigger),
@@ -266,11 +279,24 @@ def expand(plan: Plan, workload: Workload, graph: nx.DiGraph | None = None) -> S
         raise ScheduleError(e.errors[0], plan.source) from e
 
 
+def _step_unit(graph: nx.DiGraph) -> _Unit:
+    ops = tuple(graph.graph["order"][Model.DRAFT])
+    return _Unit(Model.DRAFT, ops, tuple(graph.nodes[o]["op"].kind for o in ops), step=True)
+
+
 def _expand(plan: Plan, workload: Workload, graph: nx.DiGraph) -> Schedule:
     target = _units(graph, Model.TARGET, plan.model(Model.TARGET).fusions)
-    draft = _units(graph, Model.DRAFT, plan.model(Model.DRAFT).fusions)
-    slots = _align(plan, target, draft)
-    _apply_pins(plan, target, draft, slots)
+    if plan.model(Model.DRAFT).form == STEP:
+        pins = [n for n, o in enumerate(plan.cross.overrides) if o.with_ is not None]
+        if pins:
+            raise ScheduleError(f"$.cross.overrides[{pins[0]}].with: the draft runs as one step launch "
+                                "(draft.form \"step\"), so none of its ops can be pinned into a target launch")
+        draft = [_step_unit(graph)]
+        slots = _align(plan, target, draft)
+    else:
+        draft = _units(graph, Model.DRAFT, plan.model(Model.DRAFT).fusions)
+        slots = _align(plan, target, draft)
+        _apply_pins(plan, target, draft, slots)
     groups: list[list[_Unit]] = []
     order = sorted(range(len(draft)), key=lambda i: (slots[i], i))
     pending = iter(order)

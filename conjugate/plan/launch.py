@@ -1,8 +1,10 @@
 """A planned launch and its form: what the code generator and the round need to know of it.
 
-A launch's form is one of three types, so a combination no kernel can run cannot be built:
+A launch's form is one of four types, so a combination no kernel can run cannot be built:
 
     One(part)                               one part alone
+    Step(part)                              the draft's k decode steps, every op of them, as one
+                                            persistent launch (kernels/step)
     Split(target, draft, pattern, ratio)    a part of each model, the program ids split between them
     Packed(target, draft, pattern, ratio)   two GEMMs over one block-interleaved weight buffer, one
                                             homogeneous tile loop (compiler/packed.py)
@@ -47,6 +49,21 @@ class One:
 
 
 @dataclass(frozen=True)
+class Step:
+    """The draft's whole phase (plan `draft.form: step`): its part holds every draft op of the round."""
+
+    part: Part
+
+    def __post_init__(self):
+        if self.part.model != Model.DRAFT:
+            raise ValueError("a step launch runs the draft's steps")
+
+    @property
+    def parts(self) -> tuple[Part, ...]:
+        return (self.part,)
+
+
+@dataclass(frozen=True)
 class _Pair:
     """A target part and a draft part sharing one grid: rounds of `ratio` programs (the `ratio`
     pattern), one of each (`strided`), or all of the target's first (`blocked`)."""
@@ -77,7 +94,7 @@ class Packed(_Pair):
     """Both GEMMs run one tile function, their weights packed into one buffer (operand layout `packed`)."""
 
 
-Form = One | Split | Packed
+Form = One | Step | Split | Packed
 
 
 class Pdl(StrEnum):

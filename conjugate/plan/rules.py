@@ -52,6 +52,25 @@ class Needs:
 
 
 @dataclass(frozen=True)
+class Only:
+    """A field that takes only some of its type's values here (the target's launch form)."""
+
+    path: Path
+    allowed: tuple
+    why: str  # why the other values cannot apply
+
+    def check(self, plan: dict) -> list[str]:
+        value = value_at(plan, self.path)
+        if value in self.allowed:
+            return []
+        wanted = " or ".join(shown_json(a) for a in self.allowed)
+        return [f"{shown_path(self.path)}: {shown_json(value)}: it {self.why}, so it can only be {wanted}"]
+
+    def json_schema(self, default_of: Callable[[Path], Any]) -> dict:
+        return _nest(self.path, {"enum": list(self.allowed)}, required=False)
+
+
+@dataclass(frozen=True)
 class AtMostOne:
     """Of these fields, at most one may be set to anything but `free`."""
 

@@ -1,7 +1,7 @@
 """The cross-model plan (conjugate.plan/2): its fields and rules, declared once, and `Plan`.
 
 A plan is compact JSON an LLM can edit: one block per model (`draft`, `target`: tiles, fusions,
-split-K reduction, programmatic dependent launch, stream) and one `cross` block for what the two
+split-K reduction, programmatic dependent launch, stream; the draft's also its launch form) and one `cross` block for what the two
 share (streams, graph capture, default launch parameters, and the rules that place draft ops into
 target launches, with overrides selecting launches by a glob over op ids). The declaration below is
 the one source of the checker and of plans/plan.schema.json (`python -m conjugate.plan.json_schema`).
@@ -22,7 +22,7 @@ from conjugate.files import check_nesting, read_json
 from conjugate.graph import KINDS
 from conjugate.plan.blocks import Cross, ModelBlock
 from conjugate.plan.fields import Choice, Const, Flag, Integer, IntPair, ListOf, Names, Record, Text
-from conjugate.plan.rules import AtMostOne, Needs
+from conjugate.plan.rules import AtMostOne, Needs, Only
 from conjugate.plan.tiles import DEFAULT_LAUNCH, DEFAULT_TILES, FAMILY_OF, LAUNCH_BOUNDS, tile_keys
 from conjugate.plan.upgrade import SCHEMA, is_v1, upgrade_v1
 from conjugate.roles import Model
@@ -46,9 +46,15 @@ PDL_TRIGGERS = ("none", "start", "end")
 SM_LIMIT_STEP, SM_LIMIT_MAX = 8, 1024
 FUSIONS = ("attn_norm+qkv", "qkv+rope_kv", "mlp_norm+gate_up", "gate_up+down", "final_norm+lm_head",
            "lm_head+argmax")
+# how the draft's k decode steps run: one launch per op (or fused chain) per step, or all of them as
+# one persistent launch of the step kernel (conjugate/kernels/step, Hopper; the CPU runs its table
+# in torch)
+FORMS = ("launches", "step")
 MATCH_MAX = 200  # characters of an override's glob: globbing costs the square of a pattern's length
 MODEL_KEYS = tuple(model.value for model in Model)  # plain strings: the plan stays plain JSON
 _HASH_IGNORED = ("name", "description")  # cosmetic: two plans differing only here are the same plan
+# fields added after plans were first stored: at these values they leave a plan's hash as it was
+_HASH_NEUTRAL = tuple(((m, "form"), "launches") for m in MODEL_KEYS)
 
 
 def _launch_fields() -> dict:
@@ -85,6 +91,8 @@ MODEL_BLOCK = Record({
         "sms": Integer(0, SM_LIMIT_MAX, 0, step=SM_LIMIT_STEP, why_step="SMs are partitioned in groups of 8",
                        doc="SMs this model's stream may use; 0: every SM."),
     }, doc="This model's CUDA stream, with two streams."),
+    "form": Choice(FORMS, "launches", doc="Draft only. 'step': its k decode steps as one persistent launch "
+                                          "(Hopper, bf16, batch <= 16); its tiles, fusions, reduce, pdl unused."),
 }, ref="model", doc="One model's choices.")
 
 OVERRIDE = Record({
@@ -122,6 +130,10 @@ PLAN = Record({
 
 _TWO = ("cross", "streams")
 RULES = (
+    Only((Model.TARGET.value, "form"), ("launches",), "verifies k + 1 tokens a sequence in one pass: only the "
+         "draft's steps run as a step launch"),
+    Needs((Model.DRAFT.value, "form"), ("launches",), ("cross", "alignment"), ("sequential",),
+          "runs the draft's steps as one launch of its own, which no target launch can share"),
     Needs(_TWO, ("one",), ("cross", "alignment"), ("sequential",),
           "runs each model on its own stream (cross-model launches belong to one stream)"),
     *(Needs((m, "stream", "priority"), ("normal",), _TWO, ("two",), "favours this model's stream")
@@ -199,4 +211,14 @@ def load_plan(path: str | Path) -> Plan:
 def plan_hash(data: dict) -> str:
     """sha256 of the canonical JSON (defaults filled), without the cosmetic name and description."""
     body = {k: v for k, v in data.items() if k not in _HASH_IGNORED}
+    for path, value in _HASH_NEUTRAL:
+        block = body
+        for key in path[:-1]:
+            block = block.get(key, {})
+        if block.get(path[-1]) == value:
+            body = copy.deepcopy(body)
+            inner = body
+            for key in path[:-1]:
+                inner = inner[key]
+            del inner[path[-1]]
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

@@ -41,6 +41,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 sys.path.insert(0, str(Path(__file__).parent))
+from conjugate.kernels.step.device import online_softmax  # noqa: E402
 from chain import (_slot, compile_for_sm90, graph_time_us, hopper_and_copy_rate, ring_barriers,  # noqa: E402
                    write_probe_result)
 
@@ -213,12 +214,7 @@ def _attend_piece(k_ring, v_ring, ready, empty, q, i, j0, j1, length, T, G, qk_s
         pos = j * BLOCK_N + key
         seen = (pos[None, :] <= last_key[:, None]) & (r < T * G)[:, None]
         scores = gl.where(seen, scores * qk_scale, float("-inf"))
-        m_new = gl.maximum(m, gl.max(scores, axis=1))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = gl.exp2(scores - m_safe[:, None])
-        alpha = gl.exp2(m - m_safe)
-        l = l * alpha + gl.sum(p, axis=1)
-        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        p, m_new, l, o = online_softmax(scores, m, l, o, o_layout)  # the product's step kernel's, as this probe had it
         o = warpgroup_mma(gl.convert_layout(p.to(gl.bfloat16), p_layout), v_ring.index(s), o)
         mbarrier.arrive(empty.index(s), count=1)
         m = m_new

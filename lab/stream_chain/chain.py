@@ -41,9 +41,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 ROWS_PER_SLOT = 128  # weight rows a ring slot holds: stage 1 puts 64 gate rows over 64 up rows
@@ -57,6 +55,16 @@ BPAD = gl.constexpr(BATCH_PAD)
 EPS = gl.constexpr(1e-5)  # RMSNorm's epsilon
 SMEM_BUDGET = 220 * 1024
 
+# The weight ring, activation staging, GEMM tiles and bounded acquire this probe grew are the
+# product's step kernel's now (conjugate/kernels/step/ring.py; its acquire stops spinning once any
+# spin ran out); the probe imports them from there.
+from conjugate.kernels.step.ring import _fill_slot, _slot, ring_barriers  # noqa: E402,F401
+from conjugate.kernels.step.ring import paired_tile as _gate_up_tile  # noqa: E402,F401
+from conjugate.kernels.step.ring import acquire as _acquire  # noqa: E402,F401
+from conjugate.kernels.step.ring import release as _release  # noqa: E402,F401
+from conjugate.kernels.step.ring import single_tile as _down_tile  # noqa: E402,F401
+from conjugate.kernels.step.ring import stage_activations as _stage_activations  # noqa: E402,F401
+
 # Draft MLPs (H, I) this probe runs.
 MODELS = {"llama-3.2-1b": (2048, 8192), "llama-3.2-3b": (3072, 8192), "qwen3-0.6b": (1024, 3072),
           "qwen2.5-0.5b": (896, 4864)}
@@ -65,33 +73,6 @@ MODELS = {"llama-3.2-1b": (2048, 8192), "llama-3.2-3b": (3072, 8192), "qwen3-0.6
 # --------------------------------------------------------------------------------------------------
 # The kernel, one concern per function
 # --------------------------------------------------------------------------------------------------
-
-@gluon.jit
-def _slot(i, STAGES: gl.constexpr):
-    """Ring position of the i-th weight tile: (slot, phase of that slot's barriers)."""
-    return i % STAGES, (i // STAGES) & 1
-
-
-@gluon.jit
-def ring_barriers(STAGES: gl.constexpr):
-    """(ready, empty): one mbarrier per ring slot each, initialised and fenced for TMA."""
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1)
-    fence_async_shared()  # barrier inits visible to the async proxy before the first copy
-    return ready, empty
-
-
-@gluon.jit
-def _fill_slot(ring, ready, empty, i, STAGES: gl.constexpr):
-    """Wait until slot i is free, arm its ready barrier for a full slot's bytes; return the slot."""
-    s, phase = _slot(i, STAGES)
-    mbarrier.wait(empty.index(s), phase ^ 1)  # barriers start as if phase 1 had completed
-    mbarrier.expect(ready.index(s), SLOT_ROWS * BK * 2)
-    return s
-
 
 @gluon.jit
 def load_partition(w1_desc, w2_desc, ring, ready, empty, H: gl.constexpr, I: gl.constexpr, S1: gl.constexpr,
@@ -122,75 +103,6 @@ def load_partition(w1_desc, w2_desc, ring, ready, empty, H: gl.constexpr, I: gl.
                 tma.async_copy_global_to_shared(w2_desc, [row, (t // NT2) * KR2 + kk * BK], ready.index(s),
                                                 ring.index(s))
                 i += 1
-
-
-@gluon.jit
-def _stage_activations(act, src_ptr, row_stride, B, col0, n_tiles):
-    """act[kk] = src[:B, col0 + kk*BK : +BK] for kk < n_tiles (rows past B zero), by cp.async through
-    L2 (.cg: another program may have just written src), then made visible to wgmma."""
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    rows = gl.arange(0, BPAD, layout=gl.SliceLayout(1, layout))
-    cols = gl.arange(0, BK, layout=gl.SliceLayout(0, layout))
-    mask = (rows < B)[:, None] & (cols < BK)[None, :]
-    for kk in range(n_tiles):
-        ptrs = src_ptr + rows[:, None] * row_stride + (col0 + kk * BK + cols)[None, :]
-        async_copy.async_copy_global_to_shared(act.index(kk), ptrs, mask=mask, cache_modifier=".cg")
-    async_copy.commit_group()
-    async_copy.wait_group(0)
-    fence_async_shared()
-    gl.thread_barrier()
-
-
-@gluon.jit
-def _acquire(counter_ptr, target, error_ptr, spin_limit):
-    """Wait (bounded) until counter >= target; on running out, count an error and go on."""
-    seen = gl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-    spins = 0
-    while (seen < target) & (spins < spin_limit):
-        seen = gl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-        spins += 1
-    if seen < target:
-        gl.atomic_add(error_ptr, 1, sem="relaxed", scope="gpu")
-    gl.thread_barrier()
-
-
-@gluon.jit
-def _release(counter_ptr):
-    """Publish this program's writes (every warp's, ordered by the barrier) to waiting programs."""
-    gl.thread_barrier()
-    gl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
-
-
-@gluon.jit
-def _gate_up_tile(ring, ready, empty, act, i, n_tiles, STAGES: gl.constexpr, acc_layout: gl.constexpr):
-    """(x @ Wg_tile^T, x @ Wu_tile^T) transposed: two [64, BPAD] fp32 accumulators over n_tiles slots."""
-    acc_g = gl.zeros((HALF, BPAD), dtype=gl.float32, layout=acc_layout)
-    acc_u = gl.zeros((HALF, BPAD), dtype=gl.float32, layout=acc_layout)
-    for kk in range(n_tiles):
-        s, phase = _slot(i, STAGES)
-        mbarrier.wait(ready.index(s), phase)
-        slot = ring.index(s)
-        x_t = act.index(kk).permute((1, 0))
-        acc_g = warpgroup_mma(slot.slice(0, HALF), x_t, acc_g, is_async=True)
-        acc_u = warpgroup_mma(slot.slice(HALF, HALF), x_t, acc_u, is_async=True)
-        acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
-        mbarrier.arrive(empty.index(s), count=1)
-        i += 1
-    return acc_g, acc_u, i
-
-
-@gluon.jit
-def _down_tile(ring, ready, empty, act, i, n_tiles, STAGES: gl.constexpr, acc_layout: gl.constexpr):
-    """h_slice @ Wd_tile^T transposed: one [128, BPAD] fp32 accumulator over n_tiles slots."""
-    acc = gl.zeros((SLOT_ROWS, BPAD), dtype=gl.float32, layout=acc_layout)
-    for kk in range(n_tiles):
-        s, phase = _slot(i, STAGES)
-        mbarrier.wait(ready.index(s), phase)
-        acc = warpgroup_mma(ring.index(s), act.index(kk).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(empty.index(s), count=1)
-        i += 1
-    return acc, i
 
 
 @gluon.jit

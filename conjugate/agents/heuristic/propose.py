@@ -1,7 +1,7 @@
 """The heuristic proposer: rule-based plan edits, offline and deterministic.
 
 One module per knob family proposes that family's edits (tiles, fusions, reduce, pdl, streams,
-cross; repair undoes a failed node's likely cause), reading what the node's result says: its
+form, cross; repair undoes a failed node's likely cause), reading what the node's result says: its
 compiler feedback, per-launch verdicts and time ledger. This module gathers them (`candidates`),
 ranks them and keeps the ones that make a plan new to the node (`fresh_filter`).
 
@@ -29,6 +29,7 @@ from conjugate.agents.base import NodeContext, Proposal
 from conjugate.agents.heuristic.candidate import Candidate, launch_parts, ledger_of
 from conjugate.agents.heuristic.cross import (alignment_edits, gain_edits, headroom_edits, layout_edits,
                                               mixed_edits, pattern_edits, split_edits)
+from conjugate.agents.heuristic.form import form_edits
 from conjugate.agents.heuristic.fusions import fusion_edits
 from conjugate.agents.heuristic.pdl import pdl_edits
 from conjugate.agents.heuristic.reduce import reduce_edits
@@ -170,6 +171,6 @@ def candidates(plan: Plan, result: EvalResult | None, sms: int, rng: random.Rand
     interfering = any(v.verdict is VerdictKind.INTERFERENCE for v in verdicts)
     out += pattern_edits(plan, interfering) + fusion_edits(plan, ledger) + alignment_edits(plan)
     out += streams_edits(plan, ledger) + mixed_edits(plan, verdicts, workload) + layout_edits(plan)
-    out += reduce_edits(plan) + pdl_edits(plan, ledger)
+    out += reduce_edits(plan) + pdl_edits(plan, ledger) + form_edits(plan, workload, ledger)
     measured = result is not None and not result.modeled  # a model ignores SM limits: no use proposing them
     return out + (sm_limit_edits(plan, sms, ledger) if measured else [])

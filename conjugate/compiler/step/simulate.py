@@ -19,11 +19,11 @@ import torch.nn.functional as F
 
 from conjugate.models.reference import KVCache, rope_cos_sin
 from conjugate.models.weights import ModelWeights
-from program import StepProgram, Task, chunk_keys  # lab/step_kernel/program.py
+from conjugate.compiler.step.table import StepProgram, Task, chunk_keys
 
 
 class Deadlock(RuntimeError):
-    pass
+    """No program can move: the table's waits cannot all be met."""
 
 
 @dataclass

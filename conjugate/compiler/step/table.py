@@ -1,5 +1,5 @@
-"""Lab (#48; nothing in conjugate/ imports it): the draft's k decode steps as one task table, the plan a
-persistent step kernel would run, built and checked on the host.
+"""The step form's task table: the draft's k decode steps as one list of tile tasks that a persistent
+kernel (`device.py`) or the simulation (`simulate.py`) runs, built and checked on the host.
 
 A step is, per layer: qkv (RMSNorm folded in, bias, Qwen3's q/k norm, RoPE, the KV write), attention
 per (sequence, KV head), o_proj with the residual, gate_up with SiLU-mul (norm folded in), down with
@@ -22,7 +22,12 @@ producer sits in an earlier stage than its waiter; each program's tasks are in s
 output element is computed by exactly one tile and every K column by exactly one slice; and the P
 programs fit the SMs at once. Under those, the earliest unfinished task can always run, so the
 programs cannot deadlock; a wrong table is refused before launch, and the kernel's spins are bounded
-besides. `simulate.py` runs the table with torch ops against the reference.
+besides.
+
+Waits are per op instance (`coarsen`): a task waits once for everything of the op it reads. The
+per-tile counters `build` makes first let a slice start on the columns it reads; on the GPU their
+round trips cost more than the early start gains (lab/step_kernel), so the launch runs the coarse
+table, and the per-tile one stays as the simulation's stricter test of the dependencies.
 """
 from __future__ import annotations
 
@@ -319,27 +324,51 @@ def _check_coverage(prog: StepProgram) -> None:
                 raise ProgramError(f"{where}, tile {tile}: its K slices {ranges} do not cover 0..{k_total[op]} once")
 
 
-COARSE = ("x", "xm", "qkv", "h", "attn")
+PER_TILE = ("x", "xm", "qkv", "h", "attn")  # counter kinds `build` keeps per tile
 
 
-def _group(name: str, kinds: tuple[str, ...] = COARSE) -> str:
-    """A tile's counter -> its op instance's (x/s/l/i -> x/s/l, attn/s/l/g -> attn/s/l), for the kinds given."""
-    head = name.split("/", 1)[0]
-    return name.rsplit("/", 1)[0] if head in kinds else name
+def _instance(name: str) -> str:
+    """A tile's counter -> its op instance's: x/s/l/i -> x/s/l, attn/s/l/g -> attn/s/l."""
+    return name.rsplit("/", 1)[0] if name.split("/", 1)[0] in PER_TILE else name
 
 
-def coarsen(prog: StepProgram, kinds: tuple[str, ...] = COARSE) -> StepProgram:
-    """The same tasks with one done counter per op instance (step, layer) instead of one per tile, for
-    the counters of `kinds`: a task waits once for everything of such an op it reads (no early start),
-    at the target of all that op's tiles. On a GPU each wait is a round trip; the fine table's
-    whole-row norm waits are 16 or more of them in a row. Kept fine (kinds without "qkv" and
-    "attn"), attention waits only for its KV head's qkv tiles, and an o_proj slice only for the
-    attention of the KV heads it reads."""
-    grouped = [replace(t, done=_group(t.done, kinds)) for t in prog.tasks]
+def coarsen(prog: StepProgram) -> StepProgram:
+    """The same tasks with one done counter per op instance (step, layer) instead of one per tile: a
+    task waits once for everything of the op it reads (no early start), at the target of all that
+    op's tiles. On a GPU each wait is a round trip; the per-tile table's whole-row norm waits are 16
+    or more of them in a row."""
+    grouped = [replace(t, done=_instance(t.done)) for t in prog.tasks]
     coarse = StepProgram(prog.spec, prog.batch, prog.steps, prog.programs, prog.tiles, prog.splits, grouped)
     targets = counter_targets(coarse)
     tasks = []
     for t in grouped:
-        names = sorted({_group(name, kinds) for name, _ in t.waits + t.finish_waits})
+        names = sorted({_instance(name) for name, _ in t.waits + t.finish_waits})
         tasks.append(replace(t, waits=tuple((n, targets[n]) for n in names), finish_waits=()))
     return replace(coarse, tasks=tasks)
+
+
+def step_table(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles = Tiles()) -> StepProgram:
+    """The table a step launch runs: built, coarsened to per-op-instance counters, and checked."""
+    if programs < 1:
+        raise ProgramError(f"{programs} programs: a step launch needs at least one")
+    prog = coarsen(build(spec, batch, steps, programs, tiles))
+    check(prog, programs)
+    return prog
+
+
+def task_ledger(prog: StepProgram, stamps) -> dict:
+    """Where a step launch's time went, from its in-kernel stamps (per task: start, waits met, end, ns):
+    per op the mean per program of the time spent waiting on other programs' counters and of the time
+    working (a GEMM's work includes waiting for its weight tiles: the streaming), the launch's span,
+    and what the programs spent between tasks (reading the table)."""
+    st = stamps.cpu().double() / 1e3  # us
+    span = float(st[:, 2].max() - st[:, 0].min())
+    out = {"span_us": span, "programs": prog.programs, "ops": {}}
+    for op in OPS:
+        rows = st[[t.index for t in prog.tasks if t.op == op]]
+        if len(rows):
+            out["ops"][op] = {"tasks": len(rows), "wait_us": float((rows[:, 1] - rows[:, 0]).sum()) / prog.programs,
+                              "work_us": float((rows[:, 2] - rows[:, 1]).sum()) / prog.programs}
+    out["between_tasks_us"] = span - sum(v["wait_us"] + v["work_us"] for v in out["ops"].values())
+    return out
+

@@ -1,143 +1,42 @@
-"""Lab (#48; nothing in conjugate/ imports it): the step program's task table (program.py) run by one
-persistent, warp-specialized Gluon kernel on Hopper: the draft's k decode steps in one launch. This
-module is the device code; host.py lays out the table, weights and buffers and launches it, run.py
-checks and times it.
+"""The step kernel (Gluon, Hopper): the draft's k decode steps as one persistent, warp-specialized
+launch running the task table that conjugate/compiler/step/ builds (table.py) and encodes (layout.py).
 
-Each program (one per SM, all co-resident) reads its own list of tasks from the table and runs two
+Each program (one per SM it is given, all co-resident) reads its own list of tasks and runs two
 partitions over it, both in the table's order:
 
-* the **loader** (1 warp) streams every weight tile of its GEMM tasks by TMA into a ring of 128 x 64
-  slots, waiting only for free slots (`lab/stream_chain`'s ring), so the weights of later tasks are
-  arriving while the compute partition waits on another program;
+* the **loader** (1 warp, ring.py) streams every weight tile of its GEMM tasks by TMA into the ring,
+  waiting only for free slots, so later tasks' weights arrive while the compute partition waits;
 * the **compute** partition (one warpgroup) reads each task's record (one vector load, issued while
   the task before runs), waits on its counters (bounded acquire spins: a spin that runs out counts
   an error, and later waits stop spinning), then runs it:
     embed    the step's token rows of the embedding into x (and their summed squares)
-    GEMMs    x rows staged by cp.async, swap-AB wgmma over the ring's slots (paired tiles: the first
-             64 rows and the second 64 apart), the partial added into fp32 sums; the tile's last
-             slice in (an acq_rel counter) waits for its finish counters and runs the epilogue:
+    GEMMs    x rows staged by cp.async, swap-AB wgmma over the ring's slots, the partial added into
+             fp32 sums; the tile's last slice in (an acq_rel counter) runs the epilogue:
                qkv      1/rms, bias, Qwen3's q/k norm, RoPE; q to its buffer, k and v into the cache
                o_proj   + the residual: x_mid and its summed squares
                gate_up  1/rms, SiLU(gate) * up: h
                down     + the residual: the next layer's x and its summed squares
                lm_head  1/rms, the tile's max and first argmax; the last tile in reduces them to the
                         step's tokens and releases the token counter
-    attn     one key chunk of one (sequence, KV head) for all its query heads (CUDA cores, or
-             tensor cores with ATTN_MMA); the pair's last chunk in merges the partials
+    attn     one key chunk of one (sequence, KV head) for all its query heads on tensor cores; the
+             pair's last chunk in merges the partials
   and bumps the tile's done counter (release).
+
+The KV cache is one [2, L, B, KVH, S, D] tensor (keys, then values: KVCache.empty's layout).
+`%globaltimer` stamps (STAMPS) give each task's start, end of waits and end: the in-kernel ledger.
 """
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, tma, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "stream_chain"), str(HERE.parents[1])]
-from chain import (BK, BPAD, HALF, SLOT_ROWS, _down_tile, _fill_slot, _gate_up_tile,  # noqa: E402
-                   _release, _stage_activations, ring_barriers)
-
-OPS = {"embed": 0, "qkv": 1, "attn": 2, "o_proj": 3, "gate_up": 4, "down": 5, "head": 6}
-# the table's columns
-(C_OP, C_STEP, C_LAYER, C_TILE, C_KLO, C_KHI, C_SPLITS, C_PARTS, C_DONE, C_WOFF, C_WCNT, C_FOFF, C_FCNT,
- C_ROW0, C_SEG, C_HEAD0, C_COL0, C_TOKEN, C_W1C, C_W1T) = (gl.constexpr(i) for i in range(20))
-REC = gl.constexpr(20)  # the first wait inline (C_W1C, C_W1T: target 0 when none), the rest in the list
-FIELDS = gl.constexpr(32)  # a record as one vector load
-
-
-# --------------------------------------------------------------------------------------------------
-# Waits and the loader
-# --------------------------------------------------------------------------------------------------
-
-@gluon.jit
-def _now(anchor):
-    """The GPU's global nanosecond timer (anchor: any int32 scalar, for the asm's operand)."""
-    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [anchor], dtype=gl.int64, is_pure=False,
-                                     pack=1)
-
-
-@gluon.jit
-def _pause(ns):
-    """nanosleep for about `ns` nanoseconds (a spinning program's pause between polls)."""
-    return gl.inline_asm_elementwise("nanosleep.u32 $1; mov.u32 $0, 0;", "=r,r", [ns], dtype=gl.int32, is_pure=False,
-                                     pack=1)
-
-
-@gluon.jit
-def _acquire_bounded(counter_ptr, target, error_ptr, spin_limit, spin_sleep):
-    """Wait (bounded) until counter >= target. One acquire poll when the counter is already there (the
-    common case); otherwise spin, pausing spin_sleep ns between polls (0: none; every program polls
-    the same counter of an op instance, and each poll is an atomic at L2), unless a spin anywhere has
-    already run out: the launch is then a failed check, and a wrong table ends in about one spin
-    limit, not one per wait."""
-    seen = gl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-    if seen < target:
-        if gl.atomic_add(error_ptr, 0, sem="relaxed", scope="gpu") == 0:
-            spins = 0
-            while (seen < target) & (spins < spin_limit):
-                if spin_sleep > 0:
-                    _pause(spin_sleep)
-                seen = gl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-                spins += 1
-            if seen < target:
-                gl.atomic_add(error_ptr, 1, sem="relaxed", scope="gpu")
-    gl.thread_barrier()
-
-
-@gluon.jit
-def _wait_all(waits_ptr, offset, count, counter_ptr, error_ptr, spin_limit, spin_sleep):
-    """Each (counter, target) of the task's list."""
-    for j in range(count):
-        c = gl.load(waits_ptr + 2 * (offset + j))
-        target = gl.load(waits_ptr + 2 * (offset + j) + 1)
-        _acquire_bounded(counter_ptr + c, target, error_ptr, spin_limit, spin_sleep)
-
-
-@gluon.jit
-def step_loader(qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty, table_ptr, list_ptr, bounds_ptr,
-                STAGES: gl.constexpr):
-    """Every weight tile of this program's GEMM tasks, in task order; waits for free slots only."""
-    pid = gl.program_id(0)
-    i = 0
-    for n in range(gl.load(bounds_ptr + pid), gl.load(bounds_ptr + pid + 1)):
-        rec = table_ptr + gl.load(list_ptr + n) * REC
-        op = gl.load(rec + C_OP)
-        row0 = gl.load(rec + C_ROW0)
-        k_lo = gl.load(rec + C_KLO) * BK
-        if (op != 0) & (op != 2):
-            for kk in range(gl.load(rec + C_KHI) - gl.load(rec + C_KLO)):
-                s = _fill_slot(ring, ready, empty, i, STAGES)
-                col = k_lo + kk * BK
-                if op == 1:
-                    tma.async_copy_global_to_shared(qkv_desc, [row0, col], ready.index(s), ring.index(s))
-                elif op == 3:
-                    tma.async_copy_global_to_shared(o_desc, [row0, col], ready.index(s), ring.index(s))
-                elif op == 4:
-                    tma.async_copy_global_to_shared(gu_desc, [row0, col], ready.index(s), ring.index(s))
-                elif op == 5:
-                    tma.async_copy_global_to_shared(d_desc, [row0, col], ready.index(s), ring.index(s))
-                else:
-                    tma.async_copy_global_to_shared(head_desc, [row0, col], ready.index(s), ring.index(s))
-                i += 1
-
-
-@gluon.jit
-def _record(table_ptr, task):
-    """Task `task`'s record as one [FIELDS] vector (one round trip; issued a task ahead)."""
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    f = gl.arange(0, FIELDS, layout=layout)
-    return gl.load(table_ptr + task * REC + f, mask=f < REC, other=0)
-
-
-@gluon.jit
-def _field(record, i: gl.constexpr):
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    f = gl.arange(0, FIELDS, layout=layout)
-    return gl.sum(gl.where(f == i, record, 0), axis=0)
+from conjugate.kernels.step.ring import (BK, BPAD, C_DONE, C_FCNT, C_FOFF, C_HEAD0, C_KHI, C_KLO, C_LAYER,
+                                         C_OP, C_PARTS, C_SEG, C_SPLITS, C_STEP, C_TILE, C_TOKEN, C_W1C, C_W1T,
+                                         C_WCNT, C_WOFF, HALF, SLOT_ROWS, acquire, field, now, paired_tile, record,
+                                         release, ring_barriers, single_tile, stage_activations, step_loader,
+                                         wait_all)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -299,63 +198,6 @@ def _embed(embed_ptr, tokens_ptr, x_ptr, ss_ptr, col0, B, H: gl.constexpr):
 
 
 @gluon.jit
-def _attend_chunk(q_ptr, kv_ptr, part_ml_ptr, part_acc_ptr, slot, lengths_ptr, layer, step, b, g, chunk,
-                  D: gl.constexpr, G: gl.constexpr, KVH: gl.constexpr, Q: gl.constexpr, L: gl.constexpr,
-                  S: gl.constexpr, BATCH: gl.constexpr, QK_SCALE: gl.constexpr, GP: gl.constexpr,
-                  CHUNKS: gl.constexpr):
-    """One key chunk of (b, g) for all G query heads, on CUDA cores: keys [lo, hi), chunk `chunk` of
-    CHUNKS of the length + step + 1 keys in whole blocks. The work is [heads, keys, D] with the heads
-    on the warps (GP >= 4 rows, one or more heads a warp): every reduction, over D for the scores and
-    over the keys for the softmax and P V, stays inside a warp. Each warp reads the whole key and value
-    block (through L1: a cache line of keys is one position, and the positions this launch writes are
-    read only after their write), the next block's loads issued before this one is used. Leaves (m, l,
-    unnormalised acc) in `slot`."""
-    KB: gl.constexpr = 2048 // D  # keys a block: 32 at D = 64, 16 at D = 128 (the product's registers)
-    L3: gl.constexpr = gl.BlockedLayout([GP // 4, KB // 4, D // 8], [1, 4, 8], [4, 1, 1], [2, 1, 0])
-    QL: gl.constexpr = gl.SliceLayout(1, L3)  # [GP, D]: q and acc
-    KL: gl.constexpr = gl.SliceLayout(0, L3)  # [KB, D]: a key or value block
-    SL: gl.constexpr = gl.SliceLayout(2, L3)  # [GP, KB]: scores
-    heads_q = gl.arange(0, GP, layout=gl.SliceLayout(1, QL))
-    d_q = gl.arange(0, D, layout=gl.SliceLayout(0, QL))
-    keys = gl.arange(0, KB, layout=gl.SliceLayout(1, KL))
-    d_k = gl.arange(0, D, layout=gl.SliceLayout(0, KL))
-    keys_s = gl.arange(0, KB, layout=gl.SliceLayout(0, SL))
-    heads_s = gl.arange(0, GP, layout=gl.SliceLayout(1, SL))
-    n = gl.load(lengths_ptr + b) + step + 1
-    size = gl.cdiv(gl.cdiv(n, CHUNKS), KB) * KB
-    lo = gl.minimum(chunk * size, n)
-    hi = gl.minimum(lo + size, n)
-    k_base = kv_ptr + ((layer * BATCH + b) * KVH + g).to(gl.int64) * S * D
-    v_base = kv_ptr + (((L + layer) * BATCH + b) * KVH + g).to(gl.int64) * S * D
-    q = gl.load(q_ptr + b * Q + (g * G + heads_q)[:, None] * D + d_q[None, :], mask=(heads_q < G)[:, None], other=0.0,
-                cache_modifier=".cg").to(gl.float32) * QK_SCALE  # [GP, D]
-    m = gl.full([GP], float("-inf"), gl.float32, layout=gl.SliceLayout(1, SL))
-    l = gl.zeros([GP], gl.float32, layout=gl.SliceLayout(1, SL))
-    acc = gl.zeros([GP, D], gl.float32, layout=QL)
-    offs = keys[:, None] * D + d_k[None, :]
-    k_next = gl.load(k_base + lo * D + offs, mask=(lo + keys < hi)[:, None], other=0.0)
-    v_next = gl.load(v_base + lo * D + offs, mask=(lo + keys < hi)[:, None], other=0.0)
-    for k0 in range(lo, hi, KB):
-        k_tile = k_next.to(gl.float32)
-        v_tile = v_next.to(gl.float32)
-        ahead = (k0 + KB + keys < hi)[:, None]
-        k_next = gl.load(k_base + (k0 + KB) * D + offs, mask=ahead, other=0.0)
-        v_next = gl.load(v_base + (k0 + KB) * D + offs, mask=ahead, other=0.0)
-        s = gl.sum(gl.expand_dims(q, 1) * gl.expand_dims(k_tile, 0), axis=2)  # [GP, KB]
-        s = gl.where((k0 + keys_s < hi)[None, :], s, float("-inf"))
-        m_new = gl.maximum(m, gl.max(s, axis=1))
-        p = gl.exp2(s - m_new[:, None])
-        alpha = gl.exp2(m - m_new)
-        l = l * alpha + gl.sum(p, axis=1)
-        pv = gl.sum(gl.expand_dims(p, 2) * gl.expand_dims(v_tile, 0), axis=1)  # [GP, D]
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, QL))[:, None] + pv
-        m = m_new
-    gl.store(part_ml_ptr + slot * 2 * GP + heads_s, m)
-    gl.store(part_ml_ptr + slot * 2 * GP + GP + heads_s, l)
-    gl.store(part_acc_ptr + (slot * GP + heads_q)[:, None] * D + d_q[None, :], acc)
-
-
-@gluon.jit
 def _issue_kv(tiles, buf, k_base, v_base, k0, hi, keys, d, D: gl.constexpr):
     """cp.async of the key and value rows [k0, k0 + 64) below hi into buffer `buf` (rows past hi zero)."""
     offs = (k0 + keys)[:, None] * D + d[None, :]
@@ -366,15 +208,29 @@ def _issue_kv(tiles, buf, k_base, v_base, k0, hi, keys, d, D: gl.constexpr):
 
 
 @gluon.jit
-def _attend_chunk_mma(q_ptr, kv_ptr, part_ml_ptr, part_acc_ptr, slot, lengths_ptr, layer, step, b, g, chunk, act,
+def online_softmax(scores, m, l, o, o_layout: gl.constexpr):
+    """One key block of the streaming softmax (base 2; scores already scaled, masked keys -inf):
+    (p, the new running max, the new running sum, o rescaled to the new max). A row with no key
+    seen yet keeps max -inf and weighs nothing."""
+    m_new = gl.maximum(m, gl.max(scores, axis=1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(scores - m_safe[:, None])
+    alpha = gl.exp2(m - m_safe)
+    l = l * alpha + gl.sum(p, axis=1)
+    o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    return p, m_new, l, o
+
+
+@gluon.jit
+def attend_chunk(q_ptr, kv_ptr, part_ml_ptr, part_acc_ptr, slot, lengths_ptr, layer, step, b, g, chunk, act,
                       D: gl.constexpr, G: gl.constexpr, KVH: gl.constexpr, Q: gl.constexpr, L: gl.constexpr,
                       S: gl.constexpr, BATCH: gl.constexpr, QK_SCALE: gl.constexpr, GP: gl.constexpr,
                       CHUNKS: gl.constexpr, KV_BUFS: gl.constexpr):
-    """_attend_chunk on tensor cores (written after the last GPU run; compiles for sm_90a, not yet run):
-    the G query heads are the first rows of a 64-row wgmma tile (register operand), key and value blocks
-    of 64 positions come by cp.async into the activation buffer's shared memory (free while attention
-    runs), KV_BUFS deep, so block j + 1 is on its way while block j is multiplied. Leaves the same
-    (m, l, acc) partial in `slot` as _attend_chunk."""
+    """One key chunk of (sequence b, KV head g) for its G query heads, on tensor cores: keys [lo, hi),
+    chunk `chunk` of CHUNKS of the length + step + 1 keys in whole 64-key blocks. The query heads are
+    the first rows of a 64-row wgmma tile (register operand); key and value blocks come by cp.async
+    into the activation buffer's shared memory (free while attention runs), KV_BUFS deep, so block
+    j + 1 is on its way while block j is multiplied. Leaves (m, l, unnormalised acc) in `slot`."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
     q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
@@ -410,14 +266,8 @@ def _attend_chunk_mma(q_ptr, kv_ptr, part_ml_ptr, part_acc_ptr, slot, lengths_pt
         scores = warpgroup_mma(q, tiles.index(2 * buf).permute((1, 0)),
                                gl.zeros([64, 64], gl.float32, layout=s_layout))
         scores = gl.where((k0 + key < hi)[None, :], scores * QK_SCALE, float("-inf"))
-        m_new = gl.maximum(m, gl.max(scores, axis=1))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = gl.exp2(scores - m_safe[:, None])
-        alpha = gl.exp2(m - m_safe)
-        l = l * alpha + gl.sum(p, axis=1)
-        o = o * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        p, m, l, o = online_softmax(scores, m, l, o, o_layout)
         o = warpgroup_mma(gl.convert_layout(p.to(gl.bfloat16), p_layout), tiles.index(2 * buf + 1), o)
-        m = m_new
         gl.thread_barrier()  # every warp is done with this buffer before a later issue refills it
         if KV_BUFS == 1:
             _issue_kv(tiles, 0, k_base, v_base, k0 + 64, hi, r, d, D)
@@ -463,7 +313,7 @@ def _merge_chunks(part_ml_ptr, part_acc_ptr, first_slot, o_ptr, b, g, D: gl.cons
 
 @gluon.jit
 def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits_ptr, counter_ptr, error_ptr,
-                 spin_limit, spin_sleep, B, tokens_in_ptr, tokens_ptr, lengths_ptr, embed_ptr, xs_ptr, xm_ptr, ssx_ptr,
+                 spin_limit, B, tokens_in_ptr, tokens_ptr, lengths_ptr, embed_ptr, xs_ptr, xm_ptr, ssx_ptr,
                  ssm_ptr,
                  q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr, best_val_ptr,
                  best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr, stamps_ptr,
@@ -471,7 +321,7 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                  G: gl.constexpr, KVH: gl.constexpr, L: gl.constexpr, S: gl.constexpr, NQ: gl.constexpr,
                  NTH: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr, STAGES: gl.constexpr, EPS: gl.constexpr,
                  QK_SCALE: gl.constexpr, GP: gl.constexpr, CHUNKS: gl.constexpr, STAMPS: gl.constexpr,
-                 ATTN_MMA: gl.constexpr):
+                 KV_BUFS: gl.constexpr):
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BPAD, 16])
     pid = gl.program_id(0)
@@ -479,26 +329,25 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
     first = gl.load(bounds_ptr + pid)
     last = gl.load(bounds_ptr + pid + 1)
     task = gl.load(list_ptr + first, mask=first < last, other=0)
-    vec = _record(table_ptr, task)
+    vec = record(table_ptr, task)
     for n in range(first, last):
         # the next task's record is on its way while this one runs
         task_next = gl.load(list_ptr + gl.minimum(n + 1, last - 1))
-        vec_next = _record(table_ptr, task_next)
+        vec_next = record(table_ptr, task_next)
         if STAMPS:
-            t_start = _now(task)
-        op = _field(vec, C_OP)
-        step = _field(vec, C_STEP)
-        layer = _field(vec, C_LAYER)
-        tile = _field(vec, C_TILE)
+            t_start = now(task)
+        op = field(vec, C_OP)
+        step = field(vec, C_STEP)
+        layer = field(vec, C_LAYER)
+        tile = field(vec, C_TILE)
         col0 = tile * SLOT_ROWS  # o_proj, down, lm_head and the embedding: 128-column tiles from 0
-        w1_target = _field(vec, C_W1T)
+        w1_target = field(vec, C_W1T)
         if w1_target > 0:
-            _acquire_bounded(counter_ptr + _field(vec, C_W1C), w1_target, error_ptr, spin_limit, spin_sleep)
-        _wait_all(waits_ptr, _field(vec, C_WOFF) + 1, _field(vec, C_WCNT) - 1, counter_ptr, error_ptr, spin_limit,
-                  spin_sleep)
+            acquire(counter_ptr + field(vec, C_W1C), w1_target, error_ptr, spin_limit)
+        wait_all(waits_ptr, field(vec, C_WOFF) + 1, field(vec, C_WCNT) - 1, counter_ptr, error_ptr, spin_limit)
         if STAMPS:
             gl.store(stamps_ptr + task * 3, t_start)
-            gl.store(stamps_ptr + task * 3 + 1, _now(task))
+            gl.store(stamps_ptr + task * 3 + 1, now(task))
         sl = step * L + layer  # this (step, layer)'s slot in the per-layer buffers
         sx = step * (L + 1) + layer
         if op == 0:
@@ -508,41 +357,35 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                 tokens = tokens_ptr + (step - 1) * BPAD
             _embed(embed_ptr, tokens, xs_ptr + step * (L + 1) * BATCH * H, ssx_ptr + step * (L + 1) * BATCH, col0,
                    B, H)
-            _release(counter_ptr + _field(vec, C_DONE))
+            release(counter_ptr + field(vec, C_DONE))
         elif op == 2:
-            b = _field(vec, C_SEG)
-            g = _field(vec, C_HEAD0)
+            b = field(vec, C_SEG)
+            g = field(vec, C_HEAD0)
             first_slot = ((sl * BATCH + b) * KVH + g) * CHUNKS
-            if ATTN_MMA > 0:
-                _attend_chunk_mma(q_ptr + sl * BATCH * Q, kv_ptr, part_ml_ptr, part_acc_ptr,
-                                  first_slot + _field(vec, C_KLO), lengths_ptr, layer, step, b, g, _field(vec, C_KLO),
-                                  act, D, G, KVH, Q, L, S, BATCH, QK_SCALE, GP, CHUNKS, ATTN_MMA)
-            else:
-                _attend_chunk(q_ptr + sl * BATCH * Q, kv_ptr, part_ml_ptr, part_acc_ptr,
-                              first_slot + _field(vec, C_KLO),
-                              lengths_ptr, layer, step, b, g, _field(vec, C_KLO), D, G, KVH, Q, L, S, BATCH, QK_SCALE,
-                              GP, CHUNKS)
+            attend_chunk(q_ptr + sl * BATCH * Q, kv_ptr, part_ml_ptr, part_acc_ptr, first_slot + field(vec, C_KLO),
+                         lengths_ptr, layer, step, b, g, field(vec, C_KLO), act, D, G, KVH, Q, L, S, BATCH, QK_SCALE,
+                         GP, CHUNKS, KV_BUFS)
             gl.thread_barrier()
-            arrived = gl.atomic_add(counter_ptr + _field(vec, C_PARTS), 1, sem="acq_rel", scope="gpu")
+            arrived = gl.atomic_add(counter_ptr + field(vec, C_PARTS), 1, sem="acq_rel", scope="gpu")
             if arrived == CHUNKS - 1:  # the pair's last chunk in merges them
                 _merge_chunks(part_ml_ptr, part_acc_ptr, first_slot, o_ptr + sl * BATCH * Q, b, g, D, G, Q, GP, CHUNKS)
-                _release(counter_ptr + _field(vec, C_DONE))
+                release(counter_ptr + field(vec, C_DONE))
         else:
-            k_lo = _field(vec, C_KLO) * BK  # the table holds K in BK-column tiles
-            n_k = _field(vec, C_KHI) - _field(vec, C_KLO)
+            k_lo = field(vec, C_KLO) * BK  # the table holds K in BK-column tiles
+            n_k = field(vec, C_KHI) - field(vec, C_KLO)
             # the rows this op reads (constexpr row widths: cp.async needs to know they are 16-byte aligned)
             if op == 1:
-                _stage_activations(act, xs_ptr + sx * BATCH * H, H, B, k_lo, n_k)
+                stage_activations(act, xs_ptr + sx * BATCH * H, H, B, k_lo, n_k)
             elif op == 3:
-                _stage_activations(act, o_ptr + sl * BATCH * Q, Q, B, k_lo, n_k)
+                stage_activations(act, o_ptr + sl * BATCH * Q, Q, B, k_lo, n_k)
             elif op == 4:
-                _stage_activations(act, xm_ptr + sl * BATCH * H, H, B, k_lo, n_k)
+                stage_activations(act, xm_ptr + sl * BATCH * H, H, B, k_lo, n_k)
             elif op == 5:
-                _stage_activations(act, h_ptr + sl * BATCH * F, F, B, k_lo, n_k)
+                stage_activations(act, h_ptr + sl * BATCH * F, F, B, k_lo, n_k)
             else:
-                _stage_activations(act, xs_ptr + (step * (L + 1) + L) * BATCH * H, H, B, k_lo, n_k)
+                stage_activations(act, xs_ptr + (step * (L + 1) + L) * BATCH * H, H, B, k_lo, n_k)
             if (op == 1) | (op == 4):
-                acc1, acc2, i = _gate_up_tile(ring, ready, empty, act, i, n_k, STAGES, acc_layout)
+                acc1, acc2, i = paired_tile(ring, ready, empty, act, i, n_k, STAGES, acc_layout)
                 if op == 1:
                     _add_rows(s_qkv_ptr + sl * BATCH * NQ * SLOT_ROWS, acc1, tile * SLOT_ROWS, NQ * SLOT_ROWS, B, HALF)
                     _add_rows(s_qkv_ptr + sl * BATCH * NQ * SLOT_ROWS, acc2, tile * SLOT_ROWS + HALF, NQ * SLOT_ROWS, B,
@@ -551,7 +394,7 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                     _add_rows(s_gu_ptr + sl * BATCH * 2 * F, acc1, tile * SLOT_ROWS, 2 * F, B, HALF)
                     _add_rows(s_gu_ptr + sl * BATCH * 2 * F, acc2, tile * SLOT_ROWS + HALF, 2 * F, B, HALF)
             else:
-                acc, i = _down_tile(ring, ready, empty, act, i, n_k, STAGES, acc_layout)
+                acc, i = single_tile(ring, ready, empty, act, i, n_k, STAGES, acc_layout)
                 if op == 3:
                     _add_rows(s_o_ptr + sl * BATCH * H, acc, col0, H, B, SLOT_ROWS)
                 elif op == 5:
@@ -559,14 +402,13 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                 else:
                     _add_rows(s_head_ptr + step * BATCH * NTH * SLOT_ROWS, acc, col0, NTH * SLOT_ROWS, B, SLOT_ROWS)
             gl.thread_barrier()
-            arrived = gl.atomic_add(counter_ptr + _field(vec, C_PARTS), 1, sem="acq_rel", scope="gpu")
-            if arrived == _field(vec, C_SPLITS) - 1:  # the tile's last slice: its epilogue
-                _wait_all(waits_ptr, _field(vec, C_FOFF), _field(vec, C_FCNT), counter_ptr, error_ptr, spin_limit,
-                          spin_sleep)
+            arrived = gl.atomic_add(counter_ptr + field(vec, C_PARTS), 1, sem="acq_rel", scope="gpu")
+            if arrived == field(vec, C_SPLITS) - 1:  # the tile's last slice: its epilogue
+                wait_all(waits_ptr, field(vec, C_FOFF), field(vec, C_FCNT), counter_ptr, error_ptr, spin_limit)
                 if op == 1:
                     _qkv_epilogue(s_qkv_ptr + sl * BATCH * NQ * SLOT_ROWS, ssx_ptr + sx * BATCH, bias_ptr, qkn_ptr,
                                   inv_freq_ptr, lengths_ptr, q_ptr + sl * BATCH * Q, kv_ptr, layer, step, tile,
-                                  _field(vec, C_SEG), _field(vec, C_HEAD0), B, H, NQ, Q, D, KVH, L, S, BATCH,
+                                  field(vec, C_SEG), field(vec, C_HEAD0), B, H, NQ, Q, D, KVH, L, S, BATCH,
                                   QK_NORM, EPS)
                 elif op == 3:
                     _residual_epilogue(s_o_ptr + sl * BATCH * H, xs_ptr + sx * BATCH * H, xm_ptr + sl * BATCH * H,
@@ -583,22 +425,22 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                                    NTH, EPS)
                 if op == 6:
                     gl.thread_barrier()
-                    done = gl.atomic_add(counter_ptr + _field(vec, C_DONE), 1, sem="acq_rel", scope="gpu")
+                    done = gl.atomic_add(counter_ptr + field(vec, C_DONE), 1, sem="acq_rel", scope="gpu")
                     if done == NTH - 1:  # every tile's partial is in: the step's tokens
                         _reduce_tokens(best_val_ptr + step * NTH * BPAD, best_idx_ptr + step * NTH * BPAD,
                                        tokens_ptr + step * BPAD, B, NTH)
-                        _release(counter_ptr + _field(vec, C_TOKEN))
+                        release(counter_ptr + field(vec, C_TOKEN))
                 else:
-                    _release(counter_ptr + _field(vec, C_DONE))
+                    release(counter_ptr + field(vec, C_DONE))
         if STAMPS:
-            gl.store(stamps_ptr + task * 3 + 2, _now(task))
+            gl.store(stamps_ptr + task * 3 + 2, now(task))
         task = task_next
         vec = vec_next
 
 
 @gluon.jit
 def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_ptr, bounds_ptr, waits_ptr, counter_ptr,
-                error_ptr, spin_limit, spin_sleep, B, tokens_in_ptr, tokens_ptr, lengths_ptr, embed_ptr, xs_ptr, xm_ptr,
+                error_ptr, spin_limit, B, tokens_in_ptr, tokens_ptr, lengths_ptr, embed_ptr, xs_ptr, xm_ptr,
                 ssx_ptr,
                 ssm_ptr, q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr, best_val_ptr,
                 best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr, stamps_ptr,  #
@@ -606,19 +448,19 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_pt
                 G: gl.constexpr, KVH: gl.constexpr, L: gl.constexpr, S: gl.constexpr, NQ: gl.constexpr,
                 NTH: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr, STAGES: gl.constexpr,
                 KT_MAX: gl.constexpr, EPS: gl.constexpr, QK_SCALE: gl.constexpr, GP: gl.constexpr,
-                CHUNKS: gl.constexpr, STAMPS: gl.constexpr, ATTN_MMA: gl.constexpr):
+                CHUNKS: gl.constexpr, STAMPS: gl.constexpr, KV_BUFS: gl.constexpr):
     ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, SLOT_ROWS, BK], qkv_desc.layout)
     act_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BPAD, BK], gl.bfloat16)
     act = gl.allocate_shared_memory(gl.bfloat16, [KT_MAX, BPAD, BK], act_layout)
     ready, empty = ring_barriers(STAGES)
     gl.warp_specialize([
         (step_compute, (ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits_ptr, counter_ptr, error_ptr,
-                        spin_limit, spin_sleep, B, tokens_in_ptr, tokens_ptr, lengths_ptr, embed_ptr, xs_ptr, xm_ptr,
+                        spin_limit, B, tokens_in_ptr, tokens_ptr, lengths_ptr, embed_ptr, xs_ptr, xm_ptr,
                         ssx_ptr,
                         ssm_ptr, q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr,
                         best_val_ptr, best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr,
                         stamps_ptr, H, Q, F, V, D, G, KVH, L, S, NQ, NTH, BATCH, QK_NORM, STAGES, EPS, QK_SCALE, GP,
-                        CHUNKS, STAMPS, ATTN_MMA)),
+                        CHUNKS, STAMPS, KV_BUFS)),
         (step_loader, (qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty, table_ptr, list_ptr,
                        bounds_ptr, STAGES)),
     ], [1], [40])

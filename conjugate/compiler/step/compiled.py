@@ -1,0 +1,150 @@
+"""A Step launch compiled: the draft's k decode steps as one persistent launch of the step kernel.
+
+    step = CompiledStep.build(index, bufs.draft, programs, stream)   # raises ValueError if it cannot run
+    step()                                                            # reads and writes bufs.draft
+
+It reads the draft's buffers the way the launches would (its last tokens, lengths and KV cache) and
+writes its tokens and cache entries; it writes no logits (the argmax is taken in the kernel). On a
+Hopper GPU it is the Gluon kernel (kernels/step/device.py) on `programs` SMs; on the CPU the same
+task table runs in torch (simulate.py), so a step plan checks and generates there too.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+from conjugate.compiler.buffers import ModelBuffers
+from conjugate.compiler.feedback import Resources
+from conjugate.kernels.step.columns import BATCH_PAD
+from conjugate.compiler.step.table import ProgramError, StepProgram, Tiles, step_table, task_ledger
+
+CPU_TILES = Tiles(k=16, rows=32, half=16)  # the simulation's tiles: the tiny models' sizes
+CPU_PROGRAMS = 8  # programs the simulation interleaves
+HOPPER_SMS = 132  # programs of a step launch compiled offline (meta buffers): an H100's or H200's SMs
+
+
+@dataclass(frozen=True)
+class StepCall:
+    """The one part of a step launch, as feedback and the ledger see parts."""
+    programs: int
+    label: str = "draft steps"
+
+
+class CompiledStep:
+    num_warps, num_stages, pdl = 5, 1, False  # a compute warpgroup and a loader warp
+
+    def __init__(self, index: int, bufs: ModelBuffers, table: StepProgram, stream: str):
+        self.index, self.bufs, self.table, self.stream = index, bufs, table, stream
+        self.grid = table.programs
+        self.parts = [StepCall(table.programs)]
+        self.resources = Resources()
+        spec = table.spec
+        self.digest = hashlib.sha256(f"step:{spec}:{table.batch}:{table.steps}:{table.programs}:{table.tiles}"
+                                     .encode()).hexdigest()[:16]
+        self._launch = None
+        if _gpu_shaped(bufs):  # on meta buffers: built to be compiled offline, never run
+            from conjugate.compiler.step.launch import StepLaunch  # Gluon: imported where a GPU runs it
+            weights = bufs.prepared.step_weights(table)
+            self._launch = StepLaunch(table, weights, stacked_cache(bufs))
+
+    @classmethod
+    def build(cls, index: int, bufs: ModelBuffers, programs: int, stream: str) -> "CompiledStep":
+        """The step launch of the draft's buffers on `programs` programs (GPU: one an SM it may use)."""
+        spec, w = bufs.spec, bufs.prepared.weights
+        gpu = _gpu_shaped(bufs)
+        if bufs.cache.k.device.type == "cuda":
+            major, minor = torch.cuda.get_device_capability(bufs.cache.k.device)
+            if (major, minor) != (9, 0):
+                raise ValueError(f"the step kernel needs a Hopper GPU (sm_90); this one is sm_{major}{minor}")
+        if gpu:
+            if w.dtype != torch.bfloat16:
+                raise ValueError(f"the step kernel runs bf16 drafts; this draft is {w.dtype}")
+            if bufs.batch > BATCH_PAD:
+                raise ValueError(f"the step kernel runs 1 to {BATCH_PAD} draft sequences; this round has {bufs.batch}")
+        try:
+            table = step_table(spec, bufs.batch, bufs.steps, programs if gpu else CPU_PROGRAMS,
+                               Tiles() if gpu else CPU_TILES)
+        except ProgramError as e:
+            raise ValueError(f"the step table: {e}") from e
+        return cls(index, bufs, table, stream)
+
+    @property
+    def launch(self):
+        """The Gluon launch (kernels/step/launch.py's StepLaunch) on a GPU or meta buffers; None on the CPU."""
+        return self._launch
+
+    @property
+    def record_name(self) -> str:
+        """The kernel's name in the profiler's records."""
+        return "step_kernel"
+
+    @property
+    def kernel_file(self) -> str:
+        return "conjugate/kernels/step/device.py"
+
+    def manifest(self, pdl: str = "none") -> dict:
+        return {"launch": self.index, "kernel": self.kernel_file, "grid": self.grid, "stream": self.stream,
+                "pdl_trigger": "none", "parts": [{"ops": "draft steps", "tile": "step_kernel",
+                                                  "programs": self.grid}]}
+
+    def __call__(self) -> None:
+        if self._launch is None:
+            return self._simulate()
+        b, launch = self.bufs, self._launch
+        launch.tokens_in[:b.batch].copy_(b.tokens_in)
+        launch.lengths.copy_(b.lengths)
+        launch.run()
+        b.tokens_out.copy_(launch.tokens[:, :b.batch].T)
+
+    def _simulate(self) -> None:
+        from conjugate.compiler.step.simulate import simulate
+        from conjugate.models.reference import KVCache
+
+        b = self.bufs
+        out = simulate(self.table, b.prepared.weights, b.tokens_in, KVCache(b.cache.k, b.cache.v), b.lengths)
+        b.tokens_out.copy_(out.tokens)
+        b.cache.k.copy_(out.cache.k)
+        b.cache.v.copy_(out.cache.v)
+
+    def warmup(self) -> None:
+        """Compile (GPU) and record the compiler's resource report."""
+        if self._launch is not None:
+            compiled = self._launch.warmup()
+            compiled._init_handles()
+            self.resources = Resources(compiled.n_regs, compiled.n_spills, compiled.metadata.shared)
+
+    def ledger(self) -> dict:
+        """Per op, the waits and work of the last inputs' launch, from a stamped launch of its own on a
+        copy of the cache (GPU; table.task_ledger)."""
+        from conjugate.compiler.step.launch import StepLaunch
+
+        if self._launch is None:
+            raise ValueError("the step launch's ledger reads the GPU's timer: run it on a GPU")
+        b = self.bufs
+        stamped = StepLaunch(self.table, b.prepared.step_weights(self.table), stacked_cache(b).clone(), stamps=True)
+        stamped.tokens_in.copy_(self._launch.tokens_in)
+        stamped.lengths.copy_(self._launch.lengths)
+        stamped.run()
+        torch.cuda.synchronize()
+        return task_ledger(self.table, stamped.stamps)
+
+    def spins_ran_out(self) -> int:
+        """Waits that hit their spin limit in the launches so far (GPU; a checked table never does)."""
+        return int(self._launch.error.item()) if self._launch is not None else 0
+
+
+def _gpu_shaped(bufs: ModelBuffers) -> bool:
+    """The kernel's own table and launch: on a GPU, and on meta buffers (compiled offline)."""
+    return bufs.cache.k.device.type in ("cuda", "meta")
+
+
+def stacked_cache(bufs: ModelBuffers) -> torch.Tensor:
+    """The draft's KV cache as the [2, L, B, KVH, S, D] tensor the kernel indexes: KVCache.empty
+    allocates k and v as its two halves."""
+    k, v = bufs.cache.k, bufs.cache.v
+    base = k._base
+    if base is None or base.shape[0] != 2 or v.data_ptr() != base[1].data_ptr() or k.data_ptr() != base.data_ptr():
+        raise ValueError("the step kernel needs the KV cache's keys and values as halves of one tensor")
+    return base

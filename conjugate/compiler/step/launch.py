@@ -1,0 +1,109 @@
+"""One step launch on a Hopper GPU: a checked task table's buffers and the Gluon kernel over them.
+
+    launch = StepLaunch(table, tile_weights(weights, table), kv)   # kv: [2, L, B, KVH, S, D] bf16
+    launch.tokens_in[:B] = last_tokens; launch.lengths.copy_(lengths)
+    launch.run()                                                     # graph-capturable: no host sync
+    tokens = launch.tokens[:, :B].T                                  # [B, k]; launch.error: spins that ran out
+"""
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from conjugate.compiler.step.layout import encode
+from conjugate.compiler.step.table import StepProgram, Tiles
+from conjugate.kernels.step.columns import BATCH_PAD, K_TILE, SLOT_ROWS
+from conjugate.kernels.step.device import step_kernel
+
+SMEM_BUDGET = 220 * 1024  # shared memory a program may take: the ring and the activation tiles
+SPIN_LIMIT = 1 << 20  # polls of one wait before it counts an error (a checked table never gets there)
+KEY_BLOCK = 64  # keys per attention block (the wgmma N of the scores)
+
+
+class StepLaunch:
+    """The buffers of one table and its launch. Activations between ops are bf16, the GEMMs' partial
+    sums and the norms' summed squares fp32; `stamps` (int64 [tasks, 3], ns) are written with
+    stamps=True: each task's start, end of its waits and end."""
+
+    kernel = step_kernel
+
+    def __init__(self, prog: StepProgram, weights: dict, kv: torch.Tensor, stamps: bool = False,
+                 spin_limit: int = SPIN_LIMIT):
+        spec, dev, B, k = prog.spec, weights["qkv"].device, prog.batch, prog.steps
+        if B > BATCH_PAD or prog.tiles != Tiles():
+            raise ValueError(f"the step kernel runs batches of 1 to {BATCH_PAD} at its own tile shapes")
+        self.prog, self.w, self.spec, self.kv = prog, weights, spec, kv
+        enc = encode(prog)
+        self.table, self.waits = enc["table"].to(dev), enc["waits"].to(dev)
+        self.list, self.bounds = enc["list"].to(dev), enc["bounds"].to(dev)
+        self.counters = torch.zeros(enc["counters"], dtype=torch.int32, device=dev)
+        self.error = torch.zeros(1, dtype=torch.int32, device=dev)
+        H, Q, F, V, L = spec.hidden_size, spec.q_size, spec.ffn_size, spec.vocab_size, spec.num_layers
+        nq = weights["qkv"].shape[0] // (L * SLOT_ROWS)
+        nth = -(-V // SLOT_ROWS)
+        f32, bf16 = torch.float32, torch.bfloat16
+
+        def buf(*shape, dtype=bf16):
+            return torch.empty(*shape, dtype=dtype, device=dev)
+
+        self.tokens_in = torch.zeros(BATCH_PAD, dtype=torch.int32, device=dev)
+        self.tokens = torch.zeros(k, BATCH_PAD, dtype=torch.int32, device=dev)
+        self.lengths = torch.zeros(B, dtype=torch.int32, device=dev)
+        self.xs, self.xm = buf(k, L + 1, B, H), buf(k, L, B, H)
+        self.ssx, self.ssm = buf(k, L + 1, B, dtype=f32), buf(k, L, B, dtype=f32)
+        self.q, self.o, self.h = buf(k, L, B, Q), buf(k, L, B, Q), buf(k, L, B, F)
+        self.sums = [buf(k, L, B, nq * SLOT_ROWS, dtype=f32), buf(k, L, B, H, dtype=f32),
+                     buf(k, L, B, 2 * F, dtype=f32), buf(k, L, B, H, dtype=f32),
+                     buf(k, B, nth * SLOT_ROWS, dtype=f32)]
+        self.best_val = buf(k, nth, BATCH_PAD, dtype=f32)
+        self.best_idx = buf(k, nth, BATCH_PAD, dtype=torch.int32)
+        layout = gl.NVMMASharedLayout.get_default_for([SLOT_ROWS, K_TILE], gl.bfloat16)
+        self.descs = [TensorDescriptor.from_tensor(weights[n], [SLOT_ROWS, K_TILE], layout)
+                      for n in ("qkv", "o", "gu", "d", "head")]
+        kt_max = max((t.k_range[1] - t.k_range[0]) // prog.tiles.k for t in prog.tasks if t.op != "attn")
+        chunks = prog.splits["attn"]
+        gp = max(4, triton.next_power_of_2(spec.num_heads // spec.num_kv_heads))  # the heads span the 4 warps
+        pairs = k * L * B * spec.num_kv_heads * chunks
+        self.part_ml, self.part_acc = buf(pairs, 2, gp, dtype=f32), buf(pairs, gp, spec.head_dim, dtype=f32)
+        act_bytes = kt_max * BATCH_PAD * K_TILE * 2
+        stages = min(12, (SMEM_BUDGET - act_bytes) // (SLOT_ROWS * K_TILE * 2 + 16))
+        if stages < 2:
+            raise ValueError(f"{kt_max} activation tiles leave no shared memory for a ring")
+        self.kwargs = dict(H=H, Q=Q, F=F, V=V, D=spec.head_dim, G=spec.num_heads // spec.num_kv_heads,
+                           KVH=spec.num_kv_heads, L=L, S=kv.shape[4], NQ=nq, NTH=nth, BATCH=B,
+                           QK_NORM=spec.qk_norm, STAGES=stages, KT_MAX=kt_max, EPS=spec.rms_norm_eps,
+                           QK_SCALE=1.4426950408889634 / spec.head_dim ** 0.5, GP=gp, CHUNKS=chunks, STAMPS=stamps,
+                           KV_BUFS=kv_buffers(act_bytes, spec.head_dim), num_warps=4, maxnreg=168)
+        self.stamps = torch.zeros(len(prog.tasks), 3, dtype=torch.int64, device=dev)
+        self.spin_limit = spin_limit
+
+    def args(self) -> tuple:
+        return (*self.descs, self.table, self.list, self.bounds, self.waits, self.counters, self.error, self.spin_limit,
+                self.prog.batch, self.tokens_in, self.tokens, self.lengths, self.w["embed"], self.xs, self.xm,
+                self.ssx, self.ssm, self.q, self.o, self.h, self.kv, *self.sums, self.best_val, self.best_idx,
+                self.w["bias"], self.w["qkn"], self.w["inv_freq"], self.part_ml, self.part_acc, self.stamps)
+
+    def run(self) -> None:
+        """Zero the sums, statistics and counters, and launch one program per table program."""
+        for s in self.sums:
+            s.zero_()
+        self.ssx.zero_()
+        self.ssm.zero_()
+        self.counters.zero_()
+        step_kernel[(self.prog.programs,)](*self.args(), **self.kwargs)
+
+    def warmup(self):
+        """Compile without running; returns Triton's compiled kernel (registers, spills, shared memory)."""
+        return step_kernel.warmup(*self.args(), **self.kwargs, grid=(self.prog.programs,))
+
+
+def kv_buffers(act_bytes: int, head_dim: int) -> int:
+    """Key/value block buffers attention gets in the activation tiles' shared memory: two where they
+    fit (the next block loads while one is used), else one."""
+    block = 2 * KEY_BLOCK * head_dim * 2  # a key block and a value block, bf16
+    if act_bytes < block:
+        raise ValueError(f"attention needs {block} bytes of the activation tiles' shared memory, which hold "
+                         f"{act_bytes}")
+    return 2 if act_bytes >= 2 * block else 1

@@ -1,0 +1,12 @@
+"""What the step kernel and its host side agree on: tile sizes and the task record's int32 columns.
+
+A record is REC int32 columns (C_*); a task's first wait is inline (C_W1C, C_W1T; target 0 when it
+has none), the rest sit in the wait list from C_WOFF. Weight tiles are SLOT_ROWS x K_TILE bf16, the
+TMA box of one ring slot. Plain Python: the host (compiler/step/layout.py) writes records by these,
+the Gluon kernel (ring.py, device.py) reads them.
+"""
+SLOT_ROWS, K_TILE, HALF_ROWS, BATCH_PAD = 128, 64, 64, 16  # a ring slot [rows, K]; a paired tile's half; B <= 16
+OPS = {"embed": 0, "qkv": 1, "attn": 2, "o_proj": 3, "gate_up": 4, "down": 5, "head": 6}
+(C_OP, C_STEP, C_LAYER, C_TILE, C_KLO, C_KHI, C_SPLITS, C_PARTS, C_DONE, C_WOFF, C_WCNT, C_FOFF, C_FCNT,
+ C_ROW0, C_SEG, C_HEAD0, C_COL0, C_TOKEN, C_W1C, C_W1T) = range(20)
+REC = 20  # int32 columns a record

@@ -1,0 +1,197 @@
+"""The step kernel's weight ring and waits (Gluon, Hopper): a loader partition streams each task's weight
+tiles by TMA into a ring of SLOT_ROWS x BK shared-memory slots, waiting only for free slots; the
+compute partition stages a task's activation rows by cp.async, multiplies them against the ring's
+slots with swap-AB wgmma (weights as the 128- or 2 x 64-row A operand, the B <= 16 rows as N), and
+waits on other programs' counters with bounded acquire spins.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from conjugate.kernels.step import columns as layout
+
+SLOT_ROWS = gl.constexpr(layout.SLOT_ROWS)
+HALF = gl.constexpr(layout.HALF_ROWS)
+BK = gl.constexpr(layout.K_TILE)
+BPAD = gl.constexpr(layout.BATCH_PAD)
+OPS = layout.OPS
+(C_OP, C_STEP, C_LAYER, C_TILE, C_KLO, C_KHI, C_SPLITS, C_PARTS, C_DONE, C_WOFF, C_WCNT, C_FOFF, C_FCNT,
+ C_ROW0, C_SEG, C_HEAD0, C_COL0, C_TOKEN, C_W1C, C_W1T) = (gl.constexpr(i) for i in range(layout.REC))
+REC = gl.constexpr(layout.REC)
+FIELDS = gl.constexpr(32)  # a record as one vector load
+
+
+# --------------------------------------------------------------------------------------------------
+# The ring
+# --------------------------------------------------------------------------------------------------
+
+@gluon.jit
+def _slot(i, STAGES: gl.constexpr):
+    """Ring position of the i-th weight tile: (slot, phase of that slot's barriers)."""
+    return i % STAGES, (i // STAGES) & 1
+
+
+@gluon.jit
+def ring_barriers(STAGES: gl.constexpr):
+    """(ready, empty): one mbarrier per ring slot each, initialised and fenced for TMA."""
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    fence_async_shared()  # barrier inits visible to the async proxy before the first copy
+    return ready, empty
+
+
+@gluon.jit
+def _fill_slot(ring, ready, empty, i, STAGES: gl.constexpr):
+    """Wait until slot i is free, arm its ready barrier for a full slot's bytes; return the slot."""
+    s, phase = _slot(i, STAGES)
+    mbarrier.wait(empty.index(s), phase ^ 1)  # barriers start as if phase 1 had completed
+    mbarrier.expect(ready.index(s), SLOT_ROWS * BK * 2)
+    return s
+
+
+@gluon.jit
+def step_loader(qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty, table_ptr, list_ptr, bounds_ptr,
+                STAGES: gl.constexpr):
+    """Every weight tile of this program's GEMM tasks, in task order; waits for free slots only."""
+    pid = gl.program_id(0)
+    i = 0
+    for n in range(gl.load(bounds_ptr + pid), gl.load(bounds_ptr + pid + 1)):
+        rec = table_ptr + gl.load(list_ptr + n) * REC
+        op = gl.load(rec + C_OP)
+        row0 = gl.load(rec + C_ROW0)
+        k_lo = gl.load(rec + C_KLO) * BK
+        if (op != 0) & (op != 2):
+            for kk in range(gl.load(rec + C_KHI) - gl.load(rec + C_KLO)):
+                s = _fill_slot(ring, ready, empty, i, STAGES)
+                col = k_lo + kk * BK
+                if op == 1:
+                    tma.async_copy_global_to_shared(qkv_desc, [row0, col], ready.index(s), ring.index(s))
+                elif op == 3:
+                    tma.async_copy_global_to_shared(o_desc, [row0, col], ready.index(s), ring.index(s))
+                elif op == 4:
+                    tma.async_copy_global_to_shared(gu_desc, [row0, col], ready.index(s), ring.index(s))
+                elif op == 5:
+                    tma.async_copy_global_to_shared(d_desc, [row0, col], ready.index(s), ring.index(s))
+                else:
+                    tma.async_copy_global_to_shared(head_desc, [row0, col], ready.index(s), ring.index(s))
+                i += 1
+
+
+# --------------------------------------------------------------------------------------------------
+# Activations and GEMM tiles
+# --------------------------------------------------------------------------------------------------
+
+@gluon.jit
+def stage_activations(act, src_ptr, row_stride, B, col0, n_tiles):
+    """act[kk] = src[:B, col0 + kk*BK : +BK] for kk < n_tiles (rows past B zero), by cp.async through
+    L2 (.cg: another program may have just written src), then made visible to wgmma."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    rows = gl.arange(0, BPAD, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, BK, layout=gl.SliceLayout(0, layout))
+    mask = (rows < B)[:, None] & (cols < BK)[None, :]
+    for kk in range(n_tiles):
+        ptrs = src_ptr + rows[:, None] * row_stride + (col0 + kk * BK + cols)[None, :]
+        async_copy.async_copy_global_to_shared(act.index(kk), ptrs, mask=mask, cache_modifier=".cg")
+    async_copy.commit_group()
+    async_copy.wait_group(0)
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
+def paired_tile(ring, ready, empty, act, i, n_tiles, STAGES: gl.constexpr, acc_layout: gl.constexpr):
+    """A paired tile (qkv's heads' halves, gate_up's gate over up): x @ W^T of each 64-row half of the
+    slots, transposed: two [HALF, BPAD] fp32 accumulators over n_tiles slots."""
+    acc_g = gl.zeros((HALF, BPAD), dtype=gl.float32, layout=acc_layout)
+    acc_u = gl.zeros((HALF, BPAD), dtype=gl.float32, layout=acc_layout)
+    for kk in range(n_tiles):
+        s, phase = _slot(i, STAGES)
+        mbarrier.wait(ready.index(s), phase)
+        slot = ring.index(s)
+        x_t = act.index(kk).permute((1, 0))
+        acc_g = warpgroup_mma(slot.slice(0, HALF), x_t, acc_g, is_async=True)
+        acc_u = warpgroup_mma(slot.slice(HALF, HALF), x_t, acc_u, is_async=True)
+        acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
+        mbarrier.arrive(empty.index(s), count=1)
+        i += 1
+    return acc_g, acc_u, i
+
+
+@gluon.jit
+def single_tile(ring, ready, empty, act, i, n_tiles, STAGES: gl.constexpr, acc_layout: gl.constexpr):
+    """x @ W_tile^T transposed (o_proj, down, lm_head): one [SLOT_ROWS, BPAD] fp32 accumulator over n_tiles slots."""
+    acc = gl.zeros((SLOT_ROWS, BPAD), dtype=gl.float32, layout=acc_layout)
+    for kk in range(n_tiles):
+        s, phase = _slot(i, STAGES)
+        mbarrier.wait(ready.index(s), phase)
+        acc = warpgroup_mma(ring.index(s), act.index(kk).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(empty.index(s), count=1)
+        i += 1
+    return acc, i
+
+
+# --------------------------------------------------------------------------------------------------
+# Counters and the table
+# --------------------------------------------------------------------------------------------------
+
+@gluon.jit
+def now(anchor):
+    """The GPU's global nanosecond timer (anchor: any int32 scalar, for the asm's operand)."""
+    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [anchor], dtype=gl.int64, is_pure=False,
+                                     pack=1)
+
+
+@gluon.jit
+def acquire(counter_ptr, target, error_ptr, spin_limit):
+    """Wait (bounded) until counter >= target. One acquire poll when the counter is already there (the
+    common case); otherwise spin, unless a spin anywhere has already run out: the launch is then a
+    failed check (the error word), and a wrong table ends in about one spin limit, not one per wait."""
+    seen = gl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+    if seen < target:
+        if gl.atomic_add(error_ptr, 0, sem="relaxed", scope="gpu") == 0:
+            spins = 0
+            while (seen < target) & (spins < spin_limit):
+                seen = gl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+                spins += 1
+            if seen < target:
+                gl.atomic_add(error_ptr, 1, sem="relaxed", scope="gpu")
+    gl.thread_barrier()
+
+
+@gluon.jit
+def wait_all(waits_ptr, offset, count, counter_ptr, error_ptr, spin_limit):
+    """Each (counter, target) of the task's list."""
+    for j in range(count):
+        c = gl.load(waits_ptr + 2 * (offset + j))
+        target = gl.load(waits_ptr + 2 * (offset + j) + 1)
+        acquire(counter_ptr + c, target, error_ptr, spin_limit)
+
+
+@gluon.jit
+def release(counter_ptr):
+    """Publish this program's writes (every warp's, ordered by the barrier) to waiting programs."""
+    gl.thread_barrier()
+    gl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
+
+
+@gluon.jit
+def record(table_ptr, task):
+    """Task `task`'s record as one [FIELDS] vector (one round trip; issued a task ahead)."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    f = gl.arange(0, FIELDS, layout=layout)
+    return gl.load(table_ptr + task * REC + f, mask=f < REC, other=0)
+
+
+@gluon.jit
+def field(record, i: gl.constexpr):
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    f = gl.arange(0, FIELDS, layout=layout)
+    return gl.sum(gl.where(f == i, record, 0), axis=0)

@@ -1,0 +1,261 @@
+"""The step form's task table (compiler/step/table.py) on the CPU: tables built for every family,
+checked, and run by the simulation against the reference draft phase; unsafe tables refused; a
+missing wait caught; the records and weight layout the Gluon kernel reads (layout.py, kernels/step/columns.py, ring.py)."""
+from dataclasses import replace
+
+import pytest
+import torch
+
+from conjugate.compiler.step.layout import encode, tile_weights
+from conjugate.compiler.step.simulate import Deadlock, simulate
+from conjugate.compiler.step.table import (ProgramError, Tiles, build, check, coarsen, qkv_tiles, step_table,
+                                          task_ledger)
+from conjugate.models.presets import from_name
+from conjugate.models.reference import draft_phase, make_round_inputs
+from conjugate.kernels.step import columns as layout
+from conjugate.models.weights import random_weights
+
+SMALL = Tiles(k=16, rows=32, half=16)  # the tiny models' sizes: many tiles and slices
+
+
+def _case(name: str, batch: int, ragged: bool = True, seed: int = 0):
+    w = random_weights(from_name(name), seed=seed)
+    inputs = make_round_inputs(w, w, k=3, draft_batch=batch, target_batch=1, context=12, seed=seed, ragged=ragged)
+    return w, inputs
+
+
+def _reference(w, inputs, steps):
+    cache = inputs.draft_cache.clone()
+    tokens, logits = draft_phase(w, inputs.draft_last_tokens, cache, inputs.draft_lengths, steps)
+    return tokens, logits, cache
+
+
+@pytest.mark.parametrize("name", ["tiny-llama-d", "tiny-qwen2-d", "tiny-qwen3-d", "tiny-llama-t"])
+@pytest.mark.parametrize("programs,early,coarse", [(7, True, False), (40, True, False), (40, False, False),
+                                                   (40, True, True)])
+def test_simulated_table_gives_the_reference_tokens(name, programs, early, coarse):
+    w, inputs = _case(name, batch=3)
+    steps = 3
+    prog = build(w.spec, 3, steps, programs, SMALL, early_start=early)
+    if coarse:
+        prog = coarsen(prog)
+        assert all(len(t.waits) <= 1 and not t.finish_waits for t in prog.tasks if t.op != "o_proj")
+    check(prog, sms=132)
+    ref_tokens, ref_logits, ref_cache = _reference(w, inputs, steps)
+    for seed in (0, 1):  # two interleavings of the programs
+        out = simulate(prog, w, inputs.draft_last_tokens, inputs.draft_cache, inputs.draft_lengths, seed=seed)
+        assert torch.equal(out.tokens, ref_tokens)
+        torch.testing.assert_close(out.logits, ref_logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(out.cache.k, ref_cache.k, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(out.cache.v, ref_cache.v, rtol=1e-4, atol=1e-4)
+
+
+def test_one_program_runs_the_whole_table_in_order():
+    w, inputs = _case("tiny-qwen3-d", batch=2)
+    prog = build(w.spec, 2, 2, 1, SMALL)
+    check(prog, sms=1)
+    out = simulate(prog, w, inputs.draft_last_tokens, inputs.draft_cache, inputs.draft_lengths)
+    assert torch.equal(out.tokens, _reference(w, inputs, 2)[0])
+
+
+def test_splits_fill_the_programs_and_slices_cover_k():
+    spec = from_name("llama-3.2-1b")
+    prog = build(spec, 8, 1, 132)
+    check(prog, sms=132)
+    # qkv: 24 paired tiles (two 64-dim heads each) x 5 slices of 2048 = 120 tasks on 132 programs
+    assert len(qkv_tiles(spec, Tiles())) == 24 and prog.splits["qkv"] == 5
+    assert prog.splits["down"] == 8 and prog.splits["gate_up"] == 1  # 16 tiles of 128 x 8; 256 h tiles
+    assert all(t.program == t.index % 132 for t in prog.tasks)
+
+
+def test_every_program_streams_about_the_same_weight_bytes():
+    spec = from_name("llama-3.2-1b")
+    prog = build(spec, 8, 1, 132)
+    slots = [prog.loads(p) for p in range(132)]
+    H, F, L = spec.hidden_size, spec.ffn_size, spec.num_layers
+    weights = L * (spec.qkv_size * H + H * spec.q_size + 2 * F * H + H * F) + spec.vocab_size * H
+    assert sum(slots) * 128 * 64 == weights  # every weight once a step, in 128 x 64 slots (all full here)
+    assert max(slots) <= 1.3 * (sum(slots) / len(slots))
+
+
+def _with(prog, index, **changes):
+    tasks = list(prog.tasks)
+    tasks[index] = replace(tasks[index], **changes)
+    return replace(prog, tasks=tasks)
+
+
+def test_check_refuses_unsafe_tables():
+    spec = from_name("tiny-llama-d")
+    prog = build(spec, 2, 2, 9, SMALL)
+    check(prog, sms=9)
+    with pytest.raises(ProgramError, match="programs"):
+        check(prog, sms=8)  # not all co-resident
+    attn = next(t.index for t in prog.tasks if t.op == "attn")
+    with pytest.raises(ProgramError, match="no task bumps"):
+        check(_with(prog, attn, waits=(("qkv/9/9/9", 1), )), sms=9)
+    with pytest.raises(ProgramError, match="bring it to"):
+        check(_with(prog, attn, waits=((prog.tasks[attn].waits[0][0], 2), )), sms=9)
+    o_proj = next(t for t in prog.tasks if t.op == "o_proj")
+    down_done = next(t.done for t in prog.tasks if t.op == "down" and t.step == o_proj.step and t.layer == o_proj.layer)
+    with pytest.raises(ProgramError, match="deadlock"):
+        check(_with(prog, o_proj.index, waits=((down_done, 1), )), sms=9)
+    late = next(t for t in reversed(prog.tasks) if t.program == 0)  # program 0 would run its last task first
+    with pytest.raises(ProgramError, match="stage order"):
+        check(replace(prog, tasks=[late] + [t for t in prog.tasks if t is not late]), sms=9)
+    qkv = next(t for t in prog.tasks if t.op == "qkv" and t.split == 0)
+    with pytest.raises(ProgramError, match="computed"):
+        check(_with(prog, qkv.index, out=qkv.out[:1]), sms=9)
+    gate = next(t for t in prog.tasks if t.op == "down" and t.splits > 1)
+    with pytest.raises(ProgramError, match="K slices"):
+        check(_with(prog, gate.index, k_range=(gate.k_range[0], gate.k_range[1] - 16)), sms=9)
+
+
+def test_a_missing_wait_is_caught_by_the_tokens():
+    """Drop the waits of every attention task: the simulation reads q before qkv wrote it (NaN) or a
+    stale cache, and the tokens or the logits leave the reference."""
+    w, inputs = _case("tiny-llama-d", batch=2)
+    prog = build(w.spec, 2, 2, 16, SMALL)
+    tasks = [replace(t, waits=()) if t.op == "attn" else t for t in prog.tasks]
+    out = simulate(replace(prog, tasks=tasks), w, inputs.draft_last_tokens, inputs.draft_cache, inputs.draft_lengths)
+    ref_tokens, ref_logits, _ = _reference(w, inputs, 2)
+    assert not torch.equal(out.tokens, ref_tokens) or not torch.allclose(out.logits, ref_logits, atol=1e-4)
+
+
+def test_a_wait_nobody_meets_is_a_deadlock():
+    w, inputs = _case("tiny-llama-d", batch=1)
+    prog = build(w.spec, 1, 1, 4, SMALL)
+    last = prog.tasks[-1]
+    prog = _with(prog, last.index, waits=last.waits + (("token/0", 1), ))  # the head waits on its own result
+    with pytest.raises(Deadlock, match="blocked"):
+        simulate(prog, w, inputs.draft_last_tokens, inputs.draft_cache, inputs.draft_lengths)
+
+
+def test_attention_in_key_chunks_merges_to_the_reference():
+    """Contexts of 40-60 keys in chunks of 16-key blocks: four chunks a pair hold keys, the merge of
+    their partials gives the reference (and a chunk past a short sequence's keys weighs nothing)."""
+    w = random_weights(from_name("tiny-qwen2-d"), seed=3)
+    inputs = make_round_inputs(w, w, k=2, draft_batch=2, target_batch=1, context=60, seed=3, ragged=True)
+    prog = build(w.spec, 2, 2, 12, SMALL, splits={"attn": 5})
+    check(prog, sms=12)
+    assert {t.splits for t in prog.tasks if t.op == "attn"} == {5}
+    out = simulate(prog, w, inputs.draft_last_tokens, inputs.draft_cache, inputs.draft_lengths, seed=2)
+    ref_tokens, ref_logits, ref_cache = _reference(w, inputs, 2)
+    assert torch.equal(out.tokens, ref_tokens)
+    torch.testing.assert_close(out.logits, ref_logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["tiny-llama-d", "tiny-qwen2-d", "tiny-qwen3-d"])
+def test_qkv_rows_are_where_the_epilogue_reads_them(name):
+    """Row r of qkv tile t is dim r % (D/2) of head head0 + r // (D/2) (first halves), row half + r the
+    same head's dim D/2 + r % (D/2), each times the attention norm's weight; the bias in the same order."""
+    w = random_weights(from_name(name), seed=1)
+    spec, prog = w.spec, build(w.spec, 2, 1, 8, SMALL)
+    laid = tile_weights(w, prog)
+    half, d2 = SMALL.half, spec.head_dim // 2
+    tiles = qkv_tiles(spec, SMALL)
+    starts = {"q": 0, "k": spec.q_size, "v": spec.q_size + spec.kv_size}
+    for layer, lw in enumerate(w.layers):
+        wqkv = torch.cat([lw.wq, lw.wk, lw.wv]).float() * lw.attn_norm.float()[None, :]
+        bias = torch.cat([lw.bq, lw.bk, lw.bv]).float() if lw.bq is not None else torch.zeros(spec.qkv_size)
+        for t, (seg, head0, _) in enumerate(tiles):
+            base = (layer * len(tiles) + t) * 2 * half
+            for r in range(half):
+                head, dim = head0 + r // d2, r % d2
+                for part in (0, 1):
+                    src = starts[seg] + head * spec.head_dim + part * d2 + dim
+                    row = base + part * half + r
+                    assert torch.equal(laid["qkv"][row], wqkv[src].to(torch.bfloat16))
+                    assert laid["bias"][row] == bias[src]
+
+
+def test_gate_up_tiles_hold_gate_rows_over_up_rows():
+    w = random_weights(from_name("tiny-llama-d"), seed=2)
+    spec, prog = w.spec, build(w.spec, 2, 1, 8, SMALL)
+    laid = tile_weights(w, prog)
+    half, F = SMALL.half, spec.ffn_size
+    for layer, lw in enumerate(w.layers):
+        wgu = torch.cat([lw.w_gate, lw.w_up]).float() * lw.mlp_norm.float()[None, :]
+        for t in range(F // half):
+            base = (layer * (F // half) + t) * 2 * half
+            assert torch.equal(laid["gu"][base:base + half], wgu[t * half:(t + 1) * half].to(torch.bfloat16))
+            assert torch.equal(laid["gu"][base + half:base + 2 * half],
+                               wgu[F + t * half:F + (t + 1) * half].to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("coarse", [False, True])
+def test_records_say_what_the_tasks_say(coarse):
+    """Each record: the op's code, step, layer, K in tiles (attention: chunk and chunks), the first wait
+    inline and again first in the list, the weight row where the task's rows start in the laid-out
+    matrix, and one parts counter a GEMM tile of its own; every program's list in the table's order."""
+    spec = from_name("tiny-qwen2-d")
+    prog = build(spec, 3, 2, 10, SMALL)
+    prog = coarsen(prog) if coarse else prog
+    enc = encode(prog)
+    table, waits = enc["table"], enc["waits"].view(-1, 2)
+    c = {name: getattr(layout, name) for name in dir(layout) if name.startswith("C_")}
+    n_gu, pairs = spec.ffn_size // SMALL.half, len(qkv_tiles(spec, SMALL))
+    for t in prog.tasks:
+        row = table[t.index]
+        assert int(row[c["C_OP"]]) == layout.OPS[t.op] and int(row[c["C_STEP"]]) == t.step
+        assert int(row[c["C_LAYER"]]) == max(t.layer, 0) and int(row[c["C_SPLITS"]]) == t.splits
+        if t.op == "attn":
+            assert (int(row[c["C_KLO"]]), int(row[c["C_KHI"]])) == t.k_range
+            assert (int(row[c["C_SEG"]]), int(row[c["C_HEAD0"]])) == divmod(t.tile, spec.num_kv_heads)
+        else:
+            assert (int(row[c["C_KLO"]]) * SMALL.k, int(row[c["C_KHI"]]) * SMALL.k) == t.k_range
+        offset, count = int(row[c["C_WOFF"]]), int(row[c["C_WCNT"]])
+        assert count == len(t.waits)
+        assert [target for _, target in waits[offset:offset + count].tolist()] == [target for _, target in t.waits]
+        f_offset, f_count = int(row[c["C_FOFF"]]), int(row[c["C_FCNT"]])
+        assert [target for _, target in waits[f_offset:f_offset + f_count].tolist()] == \
+            [target for _, target in t.finish_waits]
+        if t.waits:
+            assert (int(row[c["C_W1C"]]), int(row[c["C_W1T"]])) == tuple(waits[offset].tolist())
+            assert int(row[c["C_W1T"]]) == t.waits[0][1]
+        else:
+            assert int(row[c["C_W1T"]]) == 0
+        expected_row0 = {"qkv": (t.layer * pairs + t.tile) * 2 * SMALL.half,
+                         "gate_up": (t.layer * n_gu + t.tile) * 2 * SMALL.half,
+                         "o_proj": t.layer * spec.hidden_size + t.out[0][0],
+                         "down": t.layer * spec.hidden_size + t.out[0][0], "head": t.out[0][0]}.get(t.op)
+        if expected_row0 is not None:
+            assert int(row[c["C_ROW0"]]) == expected_row0
+    parts = [int(table[t.index][c["C_PARTS"]]) for t in prog.tasks if t.splits == 1 and t.op != "embed"]
+    assert len(parts) == len(set(parts)), "a one-slice tile shares its parts counter"
+    order = enc["list"].tolist()
+    bounds = enc["bounds"].tolist()
+    for p in range(prog.programs):
+        assert order[bounds[p]:bounds[p + 1]] == [t.index for t in prog.of_program(p)]
+
+
+def test_the_kernel_reads_the_columns_the_host_writes():
+    from conjugate.kernels.step import ring  # Gluon: imports on the CPU, runs only on Hopper
+
+    for name in dir(layout):
+        if name.startswith("C_"):
+            assert getattr(ring, name).value == getattr(layout, name), name
+    assert (ring.REC.value, ring.SLOT_ROWS.value, ring.BK.value, ring.HALF.value, ring.BPAD.value) == \
+        (layout.REC, layout.SLOT_ROWS, layout.K_TILE, layout.HALF_ROWS, layout.BATCH_PAD)
+    assert Tiles() == Tiles(k=layout.K_TILE, rows=layout.SLOT_ROWS, half=layout.HALF_ROWS)
+
+
+def test_step_table_is_coarse_and_checked():
+    spec = from_name("qwen3-0.6b")
+    prog = step_table(spec, 4, 5, 132)
+    assert all(len(t.waits) <= 1 and not t.finish_waits for t in prog.tasks if t.op != "o_proj")
+    with pytest.raises(ProgramError, match="programs"):
+        step_table(spec, 4, 5, 0)
+
+
+def test_ledger_splits_each_task_into_wait_and_work():
+    spec = from_name("tiny-llama-d")
+    prog = step_table(spec, 2, 1, 4, SMALL)
+    stamps = torch.zeros(len(prog.tasks), 3, dtype=torch.int64)
+    for t in prog.tasks:  # each task: 1 us of waiting from its start, then 2 us of work (on 4 programs)
+        stamps[t.index] = torch.tensor([10_000 * t.index, 10_000 * t.index + 1_000, 10_000 * t.index + 3_000])
+    out = task_ledger(prog, stamps)
+    n = {op: sum(t.op == op for t in prog.tasks) for op in out["ops"]}
+    for op, v in out["ops"].items():
+        assert v["tasks"] == n[op]
+        assert v["wait_us"] == pytest.approx(n[op] * 1.0 / 4) and v["work_us"] == pytest.approx(n[op] * 2.0 / 4)
+    assert out["span_us"] == pytest.approx(10 * (len(prog.tasks) - 1) + 3)
