@@ -14,7 +14,7 @@ from conjugate.compiler.feedback import CompileError
 from conjugate.compiler.round import compile_round
 from conjugate.compiler.step.compiled import CompiledStep
 from conjugate.errors import PlanError, ScheduleError
-from conjugate.evaluate.analytical import STEP, AnalyticalModel, PartCost
+from conjugate.evaluate.analytical import STEP, AnalyticalModel, LaunchEstimate, PartCost
 from conjugate.evaluate.correctness import compare_rounds
 from conjugate.evaluate.evaluators import load_profile
 from conjugate.models.reference import make_round_inputs, reference_round
@@ -104,11 +104,13 @@ def test_a_step_round_computes_the_reference_round(family, tmp_path):
     assert feedback.parts[0].kind == "step" and "draft's steps" in feedback.parts[0].label
 
 
-def test_sampling_and_tables_that_cannot_run_are_refused(tmp_path):
+def test_sampling_runs_the_draft_as_launches_and_tables_that_cannot_run_are_refused(tmp_path):
     draft, target = TINY.weights(Model.DRAFT), TINY.weights(Model.TARGET)
     plan = validate_plan(_step_plan())
-    with pytest.raises(ValueError, match="sampling reads the draft's logits"):
-        compile_round(plan, TINY, draft, target, cache_dir=tmp_path, sampling=True)
+    sampled = compile_round(plan, TINY, draft, target, cache_dir=tmp_path, sampling=True)  # it reads the logits
+    assert not any(isinstance(l, CompiledStep) for l in sampled.launches) and sampled.writes_logits(Model.DRAFT)
+    with pytest.raises(ValueError, match="sampling reads the draft's logits"):  # a schedule given as it is
+        compile_round(plan, TINY, draft, target, cache_dir=tmp_path, sampling=True, schedule=expand(plan, TINY))
     odd = _workload("llama")
     spec = odd.draft
     w = random_weights(spec, 0, torch.float32)
@@ -124,6 +126,9 @@ def test_the_analytical_model_costs_a_step_launch_without_waves():
     expected = 10**9 / (constants.bandwidth_gbs * 1e3 * constants.efficiency["step"])
     assert model.part_us(part) == pytest.approx(expected)  # 8 programs, yet no wave quantization
     assert model.part_us(PartCost("gemm", 10**9, 0, 8)) > model.part_us(PartCost("gemm", 10**9, 0, 264))
+    streams = [LaunchEstimate(0, "draft", 3000.0, (3000.0,)), LaunchEstimate(1, "target", 2000.0, (2000.0,))]
+    assert model.round_ms(streams) < 5.0  # two streams overlap
+    assert model.round_ms(streams, holds_every_sm=True) == pytest.approx(5.0)  # a step launch keeps the target off
 
 
 def test_the_heuristic_proposes_the_step_form_with_what_it_needs():
@@ -140,3 +145,4 @@ def test_the_heuristic_proposes_the_step_form_with_what_it_needs():
     (back,) = form_edits(made, workload)
     assert patch_plan(made, back.patch).model(Model.DRAFT).form == "launches"
     assert form_edits(plan, workload | {"draft_batch": 32}) == []
+    assert form_edits(load_plan(ROOT / "plans" / "streams.json"), workload) == []  # beside a target stream it lost

@@ -241,10 +241,10 @@ def test_the_kernel_reads_the_columns_the_host_writes():
 
 def test_step_table_is_coarse_and_checked():
     spec = from_name("qwen3-0.6b")
-    prog = step_table(spec, 4, 5, 132)
+    prog = step_table(spec, 2, 1, 132)
     assert all(len(t.waits) <= 1 and not t.finish_waits for t in prog.tasks if t.op != "o_proj")
     with pytest.raises(ProgramError, match="programs"):
-        step_table(spec, 4, 5, 0)
+        step_table(spec, 2, 1, 0)
 
 
 def test_ledger_splits_each_task_into_wait_and_work():

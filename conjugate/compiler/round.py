@@ -146,13 +146,13 @@ def _lower_launch(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers) -> list
 
 
 def _compile_step(launch: Launch, bufs: RoundBuffers, sm_limits: tuple[tuple[str, int], ...]) -> CompiledStep:
-    """A Step launch on the SMs its stream may use (one program each: all must be co-resident)."""
+    """A Step launch on the SMs its stream may use (one program each, all co-resident): the draft's
+    SM limit, else every SM. On every SM it holds the target's kernels off until it ends, so beside
+    a target stream the round runs the two phases one after the other; on only the SMs a limited
+    target leaves it was slower still (benchmarks/results/draft_step_h100.json, "co_located")."""
     device = bufs.draft.cache.k.device
-    programs = dict(sm_limits).get(Model.DRAFT.value, 0)
-    if not programs and device.type == "cuda":
-        programs = torch.cuda.get_device_properties(device).multi_processor_count
-    elif not programs and device.type == "meta":
-        programs = HOPPER_SMS
+    sms = HOPPER_SMS if device.type != "cuda" else torch.cuda.get_device_properties(device).multi_processor_count
+    programs = dict(sm_limits).get(Model.DRAFT.value, 0) or sms
     try:
         return CompiledStep.build(launch.index, bufs.draft, programs, launch.stream)
     except ValueError as e:

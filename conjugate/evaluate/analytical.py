@@ -5,7 +5,8 @@ Per part (one op or fused chain of one model, `p` programs):
     fill(p) = p / (waves * slots), waves = ceil(p / slots), slots = SMs * programs per SM
 so a grid smaller than one wave cannot draw the whole bandwidth (wave quantization). A step launch
 (the draft's k steps as one persistent launch) is one part of family `step` with no waves: its
-efficiency says how near the bandwidth the whole dependent chain runs.
+efficiency says how near the bandwidth the whole dependent chain runs; it holds every SM, so a round
+holding one overlaps no streams.
 A launch costs the launch overhead plus its part; two parts share the launch's slots:
     time = overhead + sum_i(bytes_i / bandwidth_i) / fill(p_0 + p_1) + penalty * min(part times)
 One stream runs launches back to back; two streams hide `streams_overlap` of the shorter stream.
@@ -24,6 +25,7 @@ from conjugate.compiler.feedback import PartRef
 from conjugate.evaluate.evaluators import ModelConstants
 from conjugate.evaluate.result import Verdict
 from conjugate.plan.expand import STEP, Launch, Schedule
+from conjugate.plan.launch import Step
 from conjugate.plan.tiles import FAMILY_OF
 
 
@@ -86,12 +88,14 @@ class AnalyticalModel:
         share of the rest that does not overlap it."""
         return max(alone) + (1 - self.c.streams_overlap) * (sum(alone) - max(alone))
 
-    def round_ms(self, estimates: list[LaunchEstimate]) -> float:
+    def round_ms(self, estimates: list[LaunchEstimate], holds_every_sm: bool = False) -> float:
+        """`holds_every_sm`: a launch (a step launch) keeps the other stream's kernels off the GPU
+        until it ends, so the streams do not overlap."""
         per_stream: dict[str, float] = {}
         for e in estimates:
             per_stream[e.stream] = per_stream.get(e.stream, 0.0) + e.us
-        if len(per_stream) == 1:
-            return next(iter(per_stream.values())) / 1e3
+        if len(per_stream) == 1 or holds_every_sm:
+            return sum(per_stream.values()) / 1e3
         longest, shortest = max(per_stream.values()), min(per_stream.values())
         return (longest + (1 - self.c.streams_overlap) * shortest) / 1e3
 
@@ -109,7 +113,7 @@ def model_round(model: AnalyticalModel, graph: nx.DiGraph, schedule: Schedule,
                 programs: list[list[int]]) -> tuple[float, list[LaunchEstimate]]:
     estimates = [model.estimate(launch, part_costs(graph, launch, counts))
                  for launch, counts in zip(schedule.launches, programs)]
-    return model.round_ms(estimates), estimates
+    return model.round_ms(estimates, any(isinstance(l.form, Step) for l in schedule.launches)), estimates
 
 
 def launch_programs(compiled) -> list[list[int]]:

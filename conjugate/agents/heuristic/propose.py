@@ -171,6 +171,6 @@ def candidates(plan: Plan, result: EvalResult | None, sms: int, rng: random.Rand
     interfering = any(v.verdict is VerdictKind.INTERFERENCE for v in verdicts)
     out += pattern_edits(plan, interfering) + fusion_edits(plan, ledger) + alignment_edits(plan)
     out += streams_edits(plan, ledger) + mixed_edits(plan, verdicts, workload) + layout_edits(plan)
-    out += reduce_edits(plan) + pdl_edits(plan, ledger) + form_edits(plan, workload, ledger)
+    out += reduce_edits(plan) + pdl_edits(plan, ledger) + form_edits(plan, workload)
     measured = result is not None and not result.modeled  # a model ignores SM limits: no use proposing them
     return out + (sm_limit_edits(plan, sms, ledger) if measured else [])
