@@ -146,3 +146,13 @@ def test_the_heuristic_proposes_the_step_form_with_what_it_needs():
     assert patch_plan(made, back.patch).model(Model.DRAFT).form == "launches"
     assert form_edits(plan, workload | {"draft_batch": 32}) == []
     assert form_edits(load_plan(ROOT / "plans" / "streams.json"), workload) == []  # beside a target stream it lost
+
+
+def test_plan_explain_names_the_step_launch_by_its_ends(capsys, monkeypatch):
+    import conjugate.cli
+    from conjugate.cli.main import main
+
+    monkeypatch.setattr(conjugate.cli.out, "width", 200)  # rich sizes tables to the terminal
+    assert main(["plan", "explain", str(ROOT / "plans" / "step.json"), "--workload", "tiny"]) == 0
+    shown = capsys.readouterr().out
+    assert "d:step" in shown and "60 ops: d.s0.embed .. d.s2.argmax" in shown and "d.s1.l0.qkv" not in shown

@@ -11,6 +11,7 @@ from rich.table import Table
 from conjugate.cli.arguments import PLAN_HELP, WORKLOAD_HELP, plan_name_or_file, workload_name_or_file
 from conjugate.cli.console import human_bytes, out
 from conjugate.files import check_output, write_output
+from conjugate.plan.launch import Step
 
 
 def _load(plan_path: str, workload_path: str):
@@ -38,6 +39,11 @@ def schedule_table(schedule, title: str, limit: int | None = None) -> Table:
     launches = schedule.launches if limit is None else schedule.launches[:limit]
     limits = dict(schedule.sm_limits)
     for launch in launches:
+        if isinstance(launch.form, Step):  # hundreds of ops: named by their kind and their ends
+            part = launch.parts[0]
+            table.add_row(str(launch.index), launch.stream, "d:step (the draft's k decode steps, one launch)",
+                          f"{len(part.ops)} ops: {part.ops[0]} .. {part.ops[-1]}", "", human_bytes(launch.bytes))
+            continue
         parts = " | ".join(f"{p.model[0]}:{'+'.join(p.fused)}" for p in launch.parts)
         if launch.cross_model:
             form = launch.form
