@@ -88,7 +88,7 @@ def test_a_step_round_computes_the_reference_round(family, tmp_path):
     inputs = make_round_inputs(draft, target, k=wl.k, draft_batch=wl.draft_batch, target_batch=wl.target_batch,
                                context=wl.context, seed=wl.seed, ragged=True)
     compiled = compile_round(validate_plan(_step_plan()), wl, draft, target, cache_dir=tmp_path)
-    assert isinstance(compiled.launches[0], CompiledStep) and compiled.launches[0].spins_ran_out() == 0
+    assert isinstance(compiled.launches[0], CompiledStep)
     compiled.load(inputs)
     compiled.bufs.poison()
     compiled.run()
@@ -111,12 +111,19 @@ def test_sampling_runs_the_draft_as_launches_and_tables_that_cannot_run_are_refu
     assert not any(isinstance(l, CompiledStep) for l in sampled.launches) and sampled.writes_logits(Model.DRAFT)
     with pytest.raises(ValueError, match="sampling reads the draft's logits"):  # a schedule given as it is
         compile_round(plan, TINY, draft, target, cache_dir=tmp_path, sampling=True, schedule=expand(plan, TINY))
-    odd = _workload("llama")
-    spec = odd.draft
-    w = random_weights(spec, 0, torch.float32)
-    w.spec = spec.__class__(**{**spec.__dict__, "head_dim": 48})  # no pairing of 48-dim heads into 16-row halves
-    with pytest.raises(CompileError, match="the step table: head_dim 48"):
-        compile_round(plan, odd, w, random_weights(odd.target, 0, torch.float32), cache_dir=tmp_path)
+    from conjugate.models.weights import meta_weights  # the kernel's own table, as a GPU would build it
+
+    def compiled(wl, dtype):
+        return compile_round(plan, wl, meta_weights(wl.draft, dtype), meta_weights(wl.target, dtype),
+                             cache_dir=tmp_path)
+
+    with pytest.raises(CompileError, match="runs bf16 drafts"):
+        compiled(TINY, torch.float32)
+    with pytest.raises(CompileError, match="qkv tiles hold 128 rows"):  # the tiny draft's 4 heads of 16
+        compiled(TINY, torch.bfloat16)
+    b32 = load_workload(ROOT / "examples" / "llama-1b-8b-b32.toml")
+    with pytest.raises(CompileError, match="1 to 16 draft sequences; this round has 32"):
+        compiled(b32, torch.bfloat16)
 
 
 def test_the_analytical_model_costs_a_step_launch_without_waves():
@@ -156,3 +163,91 @@ def test_plan_explain_names_the_step_launch_by_its_ends(capsys, monkeypatch):
     assert main(["plan", "explain", str(ROOT / "plans" / "step.json"), "--workload", "tiny"]) == 0
     shown = capsys.readouterr().out
     assert "d:step" in shown and "60 ops: d.s0.embed .. d.s2.argmax" in shown and "d.s1.l0.qkv" not in shown
+
+
+def test_a_step_launch_whose_waits_ran_out_fails_its_check(tmp_path, monkeypatch):
+    """The kernel's error word (waits that hit their spin limit) fails the round's check whatever its
+    tokens say: a wait that stopped waiting may have raced."""
+    from conjugate.evaluate.correctness import ReferenceChecker
+    from conjugate.evaluate.rounds import checked_run, round_inputs
+
+    draft, target = TINY.weights(Model.DRAFT), TINY.weights(Model.TARGET)
+    inputs = round_inputs(TINY, draft, target)
+    compiled = compile_round(validate_plan(_step_plan()), TINY, draft, target, cache_dir=tmp_path)
+    check = ReferenceChecker(draft, target, inputs, TINY.dtype)
+    assert checked_run(compiled, inputs, check).ok
+    monkeypatch.setattr(CompiledStep, "spins_ran_out", lambda self: 3)
+    report = checked_run(compiled, inputs, check)
+    assert not report.ok and any("3 waits ran out of spins" in p for p in report.problems)
+
+
+def test_the_kv_cache_is_the_stacked_tensor_the_kernel_indexes():
+    from conjugate.compiler.buffers import ModelBuffers, PreparedWeights
+    from conjugate.compiler.step.compiled import stacked_cache
+    from conjugate.models.reference import KVCache
+
+    bufs = ModelBuffers.allocate(PreparedWeights(TINY.weights(Model.DRAFT)), 2, 1, 3, 20, Model.DRAFT)
+    both = stacked_cache(bufs)
+    assert both.shape[0] == 2 and both[0].data_ptr() == bufs.cache.k.data_ptr()
+    assert both[1].data_ptr() == bufs.cache.v.data_ptr()
+    bufs.cache = KVCache(bufs.cache.k.clone(), bufs.cache.v.clone())  # two tensors of their own
+    with pytest.raises(ValueError, match="halves of one tensor"):
+        stacked_cache(bufs)
+
+
+def test_a_table_of_more_programs_than_the_gpu_has_is_refused_on_meta(tmp_path):
+    """Offline (meta buffers) the table is checked against a Hopper GPU's SMs, not its own size."""
+    from conjugate.models.weights import meta_weights
+
+    wl = load_workload(ROOT / "examples" / "qwen3-06b-8b-b4.toml")
+    plan = _step_plan()
+    plan["draft"]["stream"]["sms"] = 512
+    plan["cross"]["streams"] = "two"
+    with pytest.raises(CompileError, match="512 programs"):
+        compile_round(validate_plan(plan), wl, meta_weights(wl.draft, wl.torch_dtype),
+                      meta_weights(wl.target, wl.torch_dtype), cache_dir=tmp_path)
+
+
+def _step_result(plan, status, stage, **fields):
+    from conjugate.evaluate.result import EvalResult
+
+    return EvalResult(plan.hash, TINY.name, "h200", stage, status, False, **fields)
+
+
+def test_the_heuristic_reads_a_step_plans_results_without_tiles_for_its_step_part():
+    """A step launch's feedback (it spills, as Triton counts on the GPU) and its failures: no tile edit
+    for a part without tiles; a failed step launch is undone first; nothing the step launch does not
+    read, nor a second stream, is proposed for a step plan."""
+    import random
+
+    from conjugate.agents.heuristic import candidates
+    from conjugate.agents.heuristic.repair import repair_edits
+    from conjugate.agents.heuristic.tiles import spill_edits
+    from conjugate.compiler.feedback import CompileFailure, LaunchFeedback, PartRef, Resources
+    from conjugate.evaluate.result import Stage, Status
+
+    plan = load_plan(ROOT / "plans" / "step.json")
+    step_part = PartRef.of(expand(plan, TINY).launches[0].parts[0], 132)
+    spilled = _step_result(plan, Status.OK, Stage.TIMING,
+                           feedback=(LaunchFeedback(0, "device.py", (step_part,), Resources(168, 8, 221_000)),))
+    assert spill_edits(plan, spilled) == []
+    failed = _step_result(plan, Status.COMPILE_ERROR, Stage.COMPILE,
+                          compile_failure=CompileFailure(0, 0, (step_part,), "the step kernel needs a Hopper GPU"))
+    first = repair_edits(plan, failed)[0]
+    assert first.kind == "form" and first.score == 1.0
+    assert patch_plan(plan, first.patch).model(Model.DRAFT).form == "launches"
+    wrong = _step_result(plan, Status.INCORRECT, Stage.CORRECTNESS)  # no part blamed: still a likely cause
+    assert any(c.kind == "form" for c in repair_edits(plan, wrong))
+    for result in (None, spilled):
+        for c in candidates(plan, result, 132, random.Random(0), TINY.to_dict()):
+            paths = [op["path"] for op in c.patch]
+            assert not any(p.startswith(("/draft/tiles", "/draft/fusions", "/draft/pdl", "/draft/reduce"))
+                           for p in paths), c
+            assert {"path": "/cross/streams", "op": "replace", "value": "two"} not in c.patch, c
+
+
+def test_a_profile_from_before_the_step_form_loads_with_its_measured_efficiency(tmp_path):
+    text = (ROOT / "evaluators" / "analytical.toml").read_text()
+    old = tmp_path / "old.toml"
+    old.write_text("\n".join(line for line in text.splitlines() if not line.startswith("step =")) + "\n")
+    assert load_profile(old).model.efficiency["step"] == load_profile("analytical").model.efficiency["step"]

@@ -154,7 +154,7 @@ def _compile_step(launch: Launch, bufs: RoundBuffers, sm_limits: tuple[tuple[str
     sms = HOPPER_SMS if device.type != "cuda" else torch.cuda.get_device_properties(device).multi_processor_count
     programs = dict(sm_limits).get(Model.DRAFT.value, 0) or sms
     try:
-        return CompiledStep.build(launch.index, bufs.draft, programs, launch.stream)
+        return CompiledStep.build(launch.index, bufs.draft, programs, launch.stream, sms)
     except ValueError as e:
         raise _compile_error(launch, 0, str(e)) from e
 
@@ -306,6 +306,10 @@ class CompiledRound:
             self.run_eager()
 
     # -- results ---------------------------------------------------------------------------
+    def spins_ran_out(self) -> int:
+        """Waits of the step launch's last run that hit their spin limit (0 without one)."""
+        return sum(launch.spins_ran_out() for launch in self.launches if isinstance(launch, CompiledStep))
+
     def writes_logits(self, model: Model) -> bool:
         """False where the plan fused argmax into lm_head, or runs the draft as a step launch: that
         model's logits are never written."""

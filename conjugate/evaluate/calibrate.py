@@ -130,6 +130,7 @@ streams_overlap = {c.streams_overlap:.3f}
 gemm = {c.efficiency["gemm"]:.3f}
 attn = {c.efficiency["attn"]:.3f}
 elementwise = {c.efficiency["elementwise"]:.3f}
+# not fitted (no step rounds among them): kept as given, from benchmarks/results/draft_step_h100.json
 step = {c.efficiency["step"]:.3f}
 '''
 

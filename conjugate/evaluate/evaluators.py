@@ -19,6 +19,9 @@ KINDS = ("analytical", "gpu")
 _MODEL_KEYS = {"gpu": str, "bandwidth_gbs": float, "matmul_tflops": float, "sms": int, "programs_per_sm": int,
                "launch_overhead_us": float, "colocation_penalty": float, "streams_overlap": float}
 _FAMILIES = ("gemm", "attn", "elementwise", "step")
+# a profile written before the step form may leave `step` out: the value evaluators/analytical.toml
+# sets from benchmarks/results/draft_step_h100.json ("analytical_step_efficiency")
+OPTIONAL_EFFICIENCY = {"step": 0.505}
 # field -> (low, high): the range of every number a profile may hold (none is infinite or NaN)
 _BOUNDS: dict[str, tuple[float, float]] = {
     "time_limit_s": (1, 7 * 86400),  # below a second every evaluation would time out
@@ -181,6 +184,7 @@ def _model(model: dict, where: str) -> ModelConstants:
     efficiency = _table(model.get("efficiency", {}), "model.efficiency", where)
     for extra in set(efficiency) - set(_FAMILIES):
         raise ProfileError(f"{where}: unknown field {_dotted('model.efficiency', extra)}")
+    efficiency = OPTIONAL_EFFICIENCY | efficiency
     for family in _FAMILIES:
         e = _need(efficiency, family, float, f"{where}: [model.efficiency]")
         if not 0 < e <= 1:

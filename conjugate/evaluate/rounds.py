@@ -35,4 +35,9 @@ def checked_run(compiled: CompiledRound, inputs: RoundInputs, check: Check, grap
     compiled.run() if graph else compiled.run_eager()
     if compiled.device.type == "cuda":
         torch.cuda.synchronize()
-    return check(compiled.outputs())
+    report = check(compiled.outputs())
+    spins = compiled.spins_ran_out()
+    if spins:  # the step launch's waits stopped waiting: whatever it wrote may have raced
+        report.problems.append(f"the draft's step launch: {spins} waits ran out of spins")
+        report.ok = False
+    return report

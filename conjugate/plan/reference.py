@@ -13,7 +13,7 @@ from pathlib import Path
 
 from conjugate.files import write_generated
 from conjugate.plan.fields import Choice, Const, Flag, Integer, IntPair, ListOf, Names, Record, Text
-from conjugate.plan.rules import AtMostOne, Needs, shown_path
+from conjugate.plan.rules import AtMostOne, Needs, Only, shown_path
 from conjugate.plan.schema import MODEL_KEYS, PLAN, RULES
 
 DOC_FILE = Path(__file__).resolve().parents[2] / "docs" / "plans.md"
@@ -78,6 +78,9 @@ def _rule_lines() -> list[str]:
         if isinstance(rule, Needs):
             lines.append(f"- `{shown_path(rule.path)}` other than {', '.join(f'`{json.dumps(v)}`' for v in rule.free)} "
                          f"{rule.why}: it needs `{shown_path(rule.needs)}` "
+                         f"{' or '.join(f'`{json.dumps(a)}`' for a in rule.allowed)}.")
+        elif isinstance(rule, Only):
+            lines.append(f"- `{shown_path(rule.path)}`: {rule.why}, so it can only be "
                          f"{' or '.join(f'`{json.dumps(a)}`' for a in rule.allowed)}.")
         elif isinstance(rule, AtMostOne):
             lines.append(f"- at most one of {', '.join(f'`{shown_path(p)}`' for p in rule.paths)} may differ from "

@@ -64,7 +64,7 @@ class Only:
         if value in self.allowed:
             return []
         wanted = " or ".join(shown_json(a) for a in self.allowed)
-        return [f"{shown_path(self.path)}: {shown_json(value)}: it {self.why}, so it can only be {wanted}"]
+        return [f"{shown_path(self.path)}: {shown_json(value)}: {self.why}, so it can only be {wanted}"]
 
     def json_schema(self, default_of: Callable[[Path], Any]) -> dict:
         return _nest(self.path, {"enum": list(self.allowed)}, required=False)

@@ -130,8 +130,8 @@ PLAN = Record({
 
 _TWO = ("cross", "streams")
 RULES = (
-    Only((Model.TARGET.value, "form"), ("launches",), "verifies k + 1 tokens a sequence in one pass: only the "
-         "draft's steps run as a step launch"),
+    Only((Model.TARGET.value, "form"), ("launches",), "only the draft's k decode steps run as a step launch (the "
+         "target verifies k + 1 tokens a sequence in one pass)"),
     Needs((Model.DRAFT.value, "form"), ("launches",), ("cross", "alignment"), ("sequential",),
           "runs the draft's steps as one launch of its own, which no target launch can share"),
     Needs(_TWO, ("one",), ("cross", "alignment"), ("sequential",),

@@ -42,6 +42,7 @@ from conjugate.evaluate.result import EvalResult, VerdictKind
 from conjugate.paths import TILES_FILE
 from conjugate.plan.patch import patch_plan
 from conjugate.plan.schema import MODEL_KEYS, Plan, validate_plan
+from conjugate.roles import Model
 
 _DECAY = 0.85  # score factor per proposal of the same kind already chosen
 
@@ -173,4 +174,18 @@ def candidates(plan: Plan, result: EvalResult | None, sms: int, rng: random.Rand
     out += streams_edits(plan, ledger) + mixed_edits(plan, verdicts, workload) + layout_edits(plan)
     out += reduce_edits(plan) + pdl_edits(plan, ledger) + form_edits(plan, workload)
     measured = result is not None and not result.modeled  # a model ignores SM limits: no use proposing them
-    return out + (sm_limit_edits(plan, sms, ledger) if measured else [])
+    out += sm_limit_edits(plan, sms, ledger) if measured else []
+    return [c for c in out if not _idle_under_step(plan, c)]
+
+
+_STEP_UNUSED = tuple(f"/{Model.DRAFT.value}/{key}" for key in ("tiles", "fusions", "pdl", "reduce"))
+
+
+def _idle_under_step(plan: Plan, cand: Candidate) -> bool:
+    """Whether `cand` edits what a step launch does not read (the draft's tiles, fusions, pdl and
+    reduce), or adds a second stream, beside which the step launch lost (facts:
+    form_step_two_streams): a new plan and the same round, or a measured loss."""
+    if plan[Model.DRAFT.value]["form"] != "step" or any(op["path"] == f"/{Model.DRAFT.value}/form" for op in cand.patch):
+        return False
+    return any(op["path"].startswith(_STEP_UNUSED) or (op["path"] == "/cross/streams" and op.get("value") == "two")
+               for op in cand.patch)

@@ -12,6 +12,7 @@ from conjugate.agents.heuristic.cross import unpair_override
 from conjugate.agents.heuristic.tiles import scaled, set_tile, shrink
 from conjugate.compiler.feedback import PartRef
 from conjugate.evaluate.result import EvalResult, Status
+from conjugate.plan.expand import STEP
 from conjugate.plan.schema import Plan
 from conjugate.plan.tiles import FAMILY_OF
 from conjugate.roles import Model
@@ -22,6 +23,13 @@ _OVERRIDE_PATH = re.compile(r"^\$\.cross\.overrides\[(\d+)\]")  # a plan error's
 def repair_edits(plan: Plan, result: EvalResult) -> list[Candidate]:
     """A failed node: undo the likely cause, the parts the compile failure blames first."""
     text, (parts, head), out = _failure_text(result), failed_parts(result), []
+    if plan[Model.DRAFT.value]["form"] == STEP:  # blamed, or the newest and largest launch of the round
+        blamed = any(p.kind == STEP for p in parts)
+        out.append(Candidate("form", [{"op": "replace", "path": f"/{Model.DRAFT.value}/form", "value": "launches"}],
+                             f"{result.status} with the draft's step launch: its steps as launches again",
+                             1.0 if blamed else 0.6))
+        parts = tuple(p for p in parts if p.kind != STEP)
+        head = head if head is None or head.kind != STEP else None
     if "shared memory" in text or "out of resource" in text or "outofresources" in text:
         for p in parts:
             out += shrink(plan, p, head or p, 1.0, f"{p.op} does not fit the GPU's resources")
@@ -56,7 +64,7 @@ def _undo_colocation(plan: Plan, parts: tuple[PartRef, ...], status: Status) -> 
             out.append(Candidate("cross", unpair_override(t.op),
                                  f"{status} in the shared launch of {t.op}: keep draft work out of it", 0.95))
     for p in parts:
-        key = {"gemm": "SPLIT_K", "attn": "SPLIT_KV"}.get(FAMILY_OF[p.kind])
+        key = {"gemm": "SPLIT_K", "attn": "SPLIT_KV"}.get(FAMILY_OF.get(p.kind, ""))
         new = scaled(plan, p.model, p.kind, key, 0.5) if key else None
         if new is not None:
             out.append(Candidate("tiles", set_tile(plan, p.model, p.kind, key, new),

@@ -52,7 +52,10 @@ def scaled(plan: Plan, model: str, kind: str, key: str, factor: float) -> int | 
 
 def shrink(plan: Plan, part: PartRef, head: PartRef, score: float, why: str) -> list[Candidate]:
     """Halve the part's largest tile keys, then one stage fewer for its launch (set on the head
-    part, whose tile config carries the launch parameters)."""
+    part, whose tile config carries the launch parameters). A part without tiles (the draft's step
+    launch) has none to shrink."""
+    if part.kind not in FAMILY_OF or head.kind not in FAMILY_OF:
+        return []
     keys = sorted(SHRINK_KEYS[FAMILY_OF[part.kind]], key=lambda k: -tile_value(plan, part.model, part.kind, k))
     out = []
     for i, (p, key) in enumerate([(part, k) for k in keys] + [(head, "num_stages")]):

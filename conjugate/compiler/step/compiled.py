@@ -18,9 +18,16 @@ import torch
 from conjugate.compiler.buffers import ModelBuffers
 from conjugate.compiler.feedback import Resources
 from conjugate.kernels.step.columns import BATCH_PAD
-from conjugate.compiler.step.table import ProgramError, StepProgram, Tiles, step_table, task_ledger
+from conjugate.plan.expand import STEP_WARPS
+from conjugate.compiler.step.table import ProgramError, StepProgram, Tiles, qkv_tiles, step_table, task_ledger
 
-CPU_TILES = Tiles(k=16, rows=32, half=16)  # the simulation's tiles: the tiny models' sizes
+def cpu_tiles(spec) -> Tiles:
+    """The simulation's tiles: small (many tiles and slices even for the tiny models), a paired qkv
+    tile holding whole heads."""
+    return Tiles(k=16, rows=32, half=max(16, spec.head_dim // 2))
+
+
+
 CPU_PROGRAMS = 8  # programs the simulation interleaves
 HOPPER_SMS = 132  # programs of a step launch compiled offline (meta buffers): an H100's or H200's SMs
 
@@ -33,7 +40,7 @@ class StepCall:
 
 
 class CompiledStep:
-    num_warps, num_stages, pdl = 5, 1, False  # a compute warpgroup and a loader warp
+    num_warps, num_stages, pdl = STEP_WARPS, 1, False
 
     def __init__(self, index: int, bufs: ModelBuffers, table: StepProgram, stream: str):
         self.index, self.bufs, self.table, self.stream = index, bufs, table, stream
@@ -44,14 +51,15 @@ class CompiledStep:
         self.digest = hashlib.sha256(f"step:{spec}:{table.batch}:{table.steps}:{table.programs}:{table.tiles}"
                                      .encode()).hexdigest()[:16]
         self._launch = None
-        if _gpu_shaped(bufs):  # on meta buffers: built to be compiled offline, never run
+        if _gpu_shaped(bufs):  # the kernel's launch (on meta buffers: to be compiled offline, never run)
             from conjugate.compiler.step.launch import StepLaunch  # Gluon: imported where a GPU runs it
             weights = bufs.prepared.step_weights(table)
             self._launch = StepLaunch(table, weights, stacked_cache(bufs))
 
     @classmethod
-    def build(cls, index: int, bufs: ModelBuffers, programs: int, stream: str) -> "CompiledStep":
-        """The step launch of the draft's buffers on `programs` programs (GPU: one an SM it may use)."""
+    def build(cls, index: int, bufs: ModelBuffers, programs: int, stream: str, sms: int | None = None) -> "CompiledStep":
+        """The step launch of the draft's buffers on `programs` programs (GPU: one an SM it may use,
+        of the `sms` it has: all must be resident at once)."""
         spec, w = bufs.spec, bufs.prepared.weights
         gpu = _gpu_shaped(bufs)
         if bufs.cache.k.device.type == "cuda":
@@ -63,9 +71,17 @@ class CompiledStep:
                 raise ValueError(f"the step kernel runs bf16 drafts; this draft is {w.dtype}")
             if bufs.batch > BATCH_PAD:
                 raise ValueError(f"the step kernel runs 1 to {BATCH_PAD} draft sequences; this round has {bufs.batch}")
+            tiles = Tiles()
+            try:
+                partial = [seg for seg, _, count in qkv_tiles(spec, tiles) if count * spec.head_dim != 2 * tiles.half]
+            except ProgramError as e:
+                raise ValueError(f"the step table: {e}") from e
+            if partial:
+                raise ValueError(f"the step kernel's qkv tiles hold {2 * tiles.half} rows of whole heads; the "
+                                 f"draft's {partial[0]} heads ({spec.head_dim} dims) leave one part-filled")
         try:
-            table = step_table(spec, bufs.batch, bufs.steps, programs if gpu else CPU_PROGRAMS,
-                               Tiles() if gpu else CPU_TILES)
+            table = (step_table(spec, bufs.batch, bufs.steps, programs, Tiles(), sms or programs) if gpu else
+                     step_table(spec, bufs.batch, bufs.steps, CPU_PROGRAMS, cpu_tiles(spec)))
         except ProgramError as e:
             raise ValueError(f"the step table: {e}") from e
         return cls(index, bufs, table, stream)

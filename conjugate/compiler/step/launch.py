@@ -86,7 +86,9 @@ class StepLaunch:
                 self.w["bias"], self.w["qkn"], self.w["inv_freq"], self.part_ml, self.part_acc, self.stamps)
 
     def run(self) -> None:
-        """Zero the sums, statistics and counters, and launch one program per table program."""
+        """Zero the sums, statistics, counters and the error word, and launch one program per table
+        program. The error word counts this launch's waits that ran out of spins."""
+        self.error.zero_()
         for s in self.sums:
             s.zero_()
         self.ssx.zero_()

@@ -347,13 +347,24 @@ def coarsen(prog: StepProgram) -> StepProgram:
     return replace(coarse, tasks=tasks)
 
 
-def step_table(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles = Tiles()) -> StepProgram:
-    """The table a step launch runs: built, coarsened to per-op-instance counters, and checked."""
+def step_table(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles = Tiles(),
+               sms: int | None = None) -> StepProgram:
+    """The table a step launch runs on a GPU of `sms` SMs (None: no GPU, as many as the programs):
+    built, coarsened to per-op-instance counters, and checked. Tables are kept per arguments: a
+    search compiles the same one for many plans, and building one takes seconds at real sizes."""
     if programs < 1:
         raise ProgramError(f"{programs} programs: a step launch needs at least one")
-    prog = coarsen(build(spec, batch, steps, programs, tiles))
-    check(prog, programs)
-    return prog
+    key = (spec, batch, steps, programs, tiles, sms)
+    if key not in _TABLES:
+        prog = coarsen(build(spec, batch, steps, programs, tiles))
+        check(prog, programs if sms is None else sms)
+        if len(_TABLES) >= 8:
+            _TABLES.pop(next(iter(_TABLES)))
+        _TABLES[key] = prog
+    return _TABLES[key]
+
+
+_TABLES: dict[tuple, StepProgram] = {}  # step_table's, newest last (read only once built)
 
 
 def task_ledger(prog: StepProgram, stamps) -> dict:
