@@ -43,6 +43,13 @@ def test_the_form_is_the_drafts_and_needs_the_sequential_alignment():
         validate_plan(_step_plan(alignment="greedy"))
     with pytest.raises(PlanError, match=r"\$\.draft\.form"):
         validate_plan(_step_plan() | {"draft": {"form": "persistent"}})
+    import jsonschema  # plans/plan.schema.json says the same
+
+    schema = json.loads((ROOT / "plans" / "plan.schema.json").read_text())
+    jsonschema.validate(_step_plan(), schema)
+    for wrong in (_step_plan() | {"target": {"form": "step"}}, _step_plan(alignment="greedy")):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(wrong, schema)
 
 
 def test_a_plan_stored_before_the_form_keeps_its_hash():
