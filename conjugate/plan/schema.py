@@ -53,8 +53,8 @@ FORMS = ("launches", "step")
 MATCH_MAX = 200  # characters of an override's glob: globbing costs the square of a pattern's length
 MODEL_KEYS = tuple(model.value for model in Model)  # plain strings: the plan stays plain JSON
 _HASH_IGNORED = ("name", "description")  # cosmetic: two plans differing only here are the same plan
-# fields added after plans were first stored: at these values they leave a plan's hash as it was
-_HASH_NEUTRAL = tuple(((m, "form"), "launches") for m in MODEL_KEYS)
+# model-block fields added after plans were first stored: at these values they leave a plan's hash as it was
+_HASH_NEUTRAL = {"form": "launches"}
 
 
 def _launch_fields() -> dict:
@@ -211,14 +211,7 @@ def load_plan(path: str | Path) -> Plan:
 def plan_hash(data: dict) -> str:
     """sha256 of the canonical JSON (defaults filled), without the cosmetic name and description."""
     body = {k: v for k, v in data.items() if k not in _HASH_IGNORED}
-    for path, value in _HASH_NEUTRAL:
-        block = body
-        for key in path[:-1]:
-            block = block.get(key, {})
-        if block.get(path[-1]) == value:
-            body = copy.deepcopy(body)
-            inner = body
-            for key in path[:-1]:
-                inner = inner[key]
-            del inner[path[-1]]
+    for model in MODEL_KEYS:
+        if isinstance(body.get(model), dict):
+            body[model] = {k: v for k, v in body[model].items() if k not in _HASH_NEUTRAL or v != _HASH_NEUTRAL[k]}
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

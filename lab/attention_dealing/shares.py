@@ -2,20 +2,7 @@
 shares of all pairs' key tiles, as it was in conjugate/kernels/attention.py at commit de1e68b
 (its unchanged helpers are imported from the product template).
 
-Decode / verify attention over one layer's KV cache, with GQA and optional split-KV.
-
-Layout (fixed by the rest of the compiler):
-
-* q: fp32, out: fp32 or bf16/fp16 (a GEMM operand) [M, num_heads * head_dim], row strides
-  `stride_q` / `stride_o`; row r = b * T + t
-  (b = sequence, t = new token, T = 1 for a draft decode step, k + 1 for target verify). Token t
-  sits at position start + t and sees keys 0 .. start + t (causal among the new tokens).
-* k_cache, v_cache: [B, num_kv_heads, S_max, head_dim] contiguous, bf16/fp16/fp32 (the dot products'
-  operand type; fp32 under the interpreter). Positions 0 .. start + T - 1 are valid. Head h reads kv
-  head h // GROUP.
-* lengths: int64 [B], each sequence's length before the round, read at run time (sequences may
-  differ); start = lengths[b] + offset, offset being the draft step (0 for the verify pass). Keys
-  past S_max are never read.
+Its tensors, layout and causal rule are the product template's (see that module's docstring).
 
 A program attends one piece: the keys [lo, hi) of one (b, kv_head) pair. It stacks the GROUP query
 heads of its kv head and the T tokens into one q tile of ROWS = next_pow2(max(16, GROUP * T)) rows
