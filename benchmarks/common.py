@@ -12,6 +12,7 @@ import platform
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,6 +78,40 @@ def write_json(path: Path | None, out: dict) -> None:
     """Write `out` when a path was given (after every row, so a run cut short keeps what it measured)."""
     if path is not None:
         Path(path).write_text(json.dumps(out, indent=1, default=str) + "\n")
+
+
+@dataclass
+class RoundCase:
+    """A workload on a device: both models' weights, one round's inputs (ragged lengths unless told
+    otherwise), its op graph and the fp32 reference check of a compiled round."""
+
+    workload: object
+    draft: object
+    target: object
+    inputs: object
+    graph: object
+    check: object
+
+    def draft_floor_ms(self, copy_gbs: float) -> float:
+        """The draft phase's bytes at `copy_gbs`."""
+        from conjugate.roles import Model
+
+        order = self.graph.graph["order"][Model.DRAFT]
+        return sum(self.graph.nodes[op]["op"].bytes for op in order) / (copy_gbs * 1e6)
+
+
+def round_case(path: Path, device, ragged: bool = True) -> RoundCase:
+    from conjugate.evaluate.correctness import ReferenceChecker
+    from conjugate.graph import build_graph
+    from conjugate.models.reference import make_round_inputs
+    from conjugate.roles import Model
+    from conjugate.workload import load_workload
+
+    wl = load_workload(path)
+    draft, target = wl.weights(Model.DRAFT, device), wl.weights(Model.TARGET, device)
+    inputs = make_round_inputs(draft, target, k=wl.k, draft_batch=wl.draft_batch, target_batch=wl.target_batch,
+                               context=wl.context, seed=wl.seed, ragged=ragged)
+    return RoundCase(wl, draft, target, inputs, build_graph(wl), ReferenceChecker(draft, target, inputs, wl.dtype))
 
 
 def check_then_time(compiled, inputs, check, replays: int, warmup: int = 10) -> dict:

@@ -19,7 +19,7 @@ import math
 import tempfile
 from pathlib import Path
 
-from common import ROOT, environment, make_parser, write_json
+from common import ROOT, environment, make_parser, round_case, write_json
 
 import torch  # noqa: E402
 
@@ -28,12 +28,10 @@ from conjugate.compiler.round import compile_round  # noqa: E402
 from conjugate.compiler.step.compiled import CompiledStep  # noqa: E402
 from conjugate.evaluate.analytical import AnalyticalModel, launch_programs, part_costs  # noqa: E402
 from conjugate.evaluate.calibrate import meta_weights  # noqa: E402
-from conjugate.evaluate.correctness import ReferenceChecker  # noqa: E402
 from conjugate.evaluate.evaluators import load_profile  # noqa: E402
 from conjugate.evaluate.rounds import checked_run  # noqa: E402
 from conjugate.evaluate.timing import capture, copy_bandwidth_gbs, time_replays  # noqa: E402
 from conjugate.graph import build_graph  # noqa: E402
-from conjugate.models.reference import make_round_inputs  # noqa: E402
 from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
 from conjugate.roles import Model  # noqa: E402
@@ -47,14 +45,11 @@ def draft_bytes(graph) -> int:
 
 
 def measure(path: Path, args, copy_gbs: float) -> dict:
-    wl = load_workload(path)
+    case = round_case(path, torch.device("cuda"), ragged=not args.equal)
+    wl, draft, target, inputs, graph, check = (case.workload, case.draft, case.target, case.inputs, case.graph,
+                                               case.check)
     device = torch.device("cuda")
-    draft, target = wl.weights(Model.DRAFT, device), wl.weights(Model.TARGET, device)
-    inputs = make_round_inputs(draft, target, k=wl.k, draft_batch=wl.draft_batch, target_batch=wl.target_batch,
-                               context=wl.context, seed=wl.seed, ragged=not args.equal)
-    graph = build_graph(wl)
-    floor_ms = draft_bytes(graph) / (copy_gbs * 1e9) * 1e3
-    check = ReferenceChecker(draft, target, inputs, wl.dtype)
+    floor_ms = case.draft_floor_ms(copy_gbs)
     row = {"workload": wl.name, "draft": wl.draft.name, "batch": wl.draft_batch, "k": wl.k, "context": wl.context,
            "ragged": not args.equal, "floor_ms": floor_ms, "plan": f"plans/{FORMS['step']}.json", "checks": {}}
     for form, plan_name in FORMS.items():

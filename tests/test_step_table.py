@@ -1,6 +1,7 @@
 """The step form's task table (compiler/step/table.py) on the CPU: tables built for every family,
 checked, and run by the simulation against the reference draft phase; unsafe tables refused; a
 missing wait caught; the records and weight layout the Gluon kernel reads (layout.py, kernels/step/columns.py, ring.py)."""
+from collections import defaultdict
 from dataclasses import replace
 
 import pytest
@@ -8,8 +9,8 @@ import torch
 
 from conjugate.compiler.step.layout import encode, tile_weights
 from conjugate.compiler.step.simulate import Deadlock, simulate
-from conjugate.compiler.step.table import (ProgramError, Tiles, build, check, coarsen, qkv_tiles, step_table,
-                                          task_ledger)
+from conjugate.compiler.step.table import (MIN_RUN_K_TILES, ProgramError, Tiles, balanced_runs, build, check,
+                                          coarsen, finest_split, qkv_tiles, step_table, task_ledger)
 from conjugate.models.presets import from_name
 from conjugate.models.reference import draft_phase, make_round_inputs
 from conjugate.kernels.step import columns as layout
@@ -60,12 +61,57 @@ def test_one_program_runs_the_whole_table_in_order():
 
 def test_splits_fill_the_programs_and_slices_cover_k():
     spec = from_name("llama-3.2-1b")
-    prog = build(spec, 8, 1, 132)
+    given = {"qkv": 5, "o_proj": 4, "gate_up": 1, "down": 8, "head": 1}
+    prog = build(spec, 8, 1, 132, splits=given)
     check(prog, sms=132)
     # qkv: 24 paired tiles (two 64-dim heads each) x 5 slices of 2048 = 120 tasks on 132 programs
-    assert len(qkv_tiles(spec, Tiles())) == 24 and prog.splits["qkv"] == 5
-    assert prog.splits["down"] == 8 and prog.splits["gate_up"] == 1  # 16 tiles of 128 x 8; 256 h tiles
-    assert all(t.program == t.index % 132 for t in prog.tasks)
+    assert len(qkv_tiles(spec, Tiles())) == 24 and finest_split(24, 2048, 64, 132) == 5
+    assert finest_split(16, 8192, 64, 132) == 8 and finest_split(256, 2048, 64, 132) == 1  # down, gate_up
+    assert sum(t.op == "qkv" for t in prog.tasks) == 120 * spec.num_layers
+    assert all(t.program == t.index % 132 for t in prog.tasks)  # slices as given go task after task round
+
+
+def _k_tiles_per_program(prog, op):
+    per = defaultdict(int)
+    for t in prog.tasks:
+        if t.op == op and t.step == 0 and t.layer == 0:
+            per[t.program] += (t.k_range[1] - t.k_range[0]) // prog.tiles.k
+    return per
+
+
+@pytest.mark.parametrize("name,op,uniform_most,most", [
+    ("qwen2.5-0.5b", "gate_up", 14, 9),  # 76 tiles x 14 K tiles: one whole tile for 76 programs, 56 idle
+    ("qwen2.5-0.5b", "qkv", 5, 2),  # 9 tiles x 14 K tiles in 3 slices
+    ("qwen2.5-1.5b", "gate_up", 48, 26),  # 140 tiles x 24 K tiles: 8 programs took two tiles
+])
+def test_an_uneven_op_is_cut_into_balanced_runs(name, op, uniform_most, most):
+    spec = from_name(name)
+    uniform = _k_tiles_per_program(build(spec, 4, 1, 132, splits={op: 1 if op == "gate_up" else 3}), op)
+    balanced = _k_tiles_per_program(prog := build(spec, 4, 1, 132), op)
+    check(prog, sms=132)
+    assert max(uniform.values()) == uniform_most and max(balanced.values()) == most
+    assert sum(uniform.values()) == sum(balanced.values())  # the same weight tiles, each once
+    tile_parts = defaultdict(list)
+    for t in prog.tasks:
+        if t.op == op and t.step == 0 and t.layer == 0:
+            tile_parts[t.tile].append(t)
+    assert any(len(ts) > 1 for ts in tile_parts.values())  # runs cross tiles: a tile in parts, each told how many
+    assert all({t.splits for t in ts} == {len(ts)} and sorted(t.split for t in ts) == list(range(len(ts)))
+               for ts in tile_parts.values())
+
+
+@pytest.mark.parametrize("n_tiles,k_total,programs", [(76, 896, 132), (9, 896, 132), (3, 160, 5), (7, 64, 20)])
+def test_balanced_runs_cover_every_weight_tile_once_in_near_equal_runs(n_tiles, k_total, programs):
+    runs = balanced_runs(n_tiles, k_total, 64, programs)
+    k_tiles = -(-k_total // 64)
+    assert 1 <= len(runs) <= programs
+    units = [(tile, k) for run in runs for tile, (lo, hi) in run for k in range(lo // 64, -(-hi // 64))]
+    assert units == [(t, k) for t in range(n_tiles) for k in range(k_tiles)]  # in order, each once
+    lengths = [sum(-(-(hi - lo) // 64) for _, (lo, hi) in run) for run in runs]
+    assert max(lengths) - min(lengths) <= 1
+    assert min(lengths) >= min(MIN_RUN_K_TILES, n_tiles * k_tiles)
+    assert all(hi <= k_total for run in runs for _, (_, hi) in run)
+    assert balanced_runs(n_tiles, 0, 64, programs) is None
 
 
 def test_every_program_streams_about_the_same_weight_bytes():

@@ -127,6 +127,48 @@ def finest_split(tiles: int, k_total: int, k: int, programs: int, min_k_tiles: i
     return max(1, min(-(-k_total // k) // min_k_tiles, programs // max(1, tiles)))
 
 
+MIN_RUN_K_TILES = 2  # the shortest balanced run: a task's fixed cost (waits, staging, arrival) wants work behind it
+# A task's fixed cost in K tiles streamed: on an H100 a task's work took 0.18 us and each 128 x 64 weight
+# tile 0.75 us (a fit over the six examples' ledgers, benchmarks/results/draft_step_h100.json), and
+# a task also polls its counter once (about 0.5-1 us even when it is met).
+TASK_COST_K_TILES = 1
+
+
+def balanced_runs(n_tiles: int, k_total: int, k: int, programs: int,
+                  min_run: int | None = None) -> list[list[tuple[int, tuple[int, int]]]] | None:
+    """An op's n_tiles x K weight tiles (k wide) cut into equal runs, one a program, as stream-K cuts a
+    GEMM: the units (tile, K tile) tile by tile, run j the units [j U / n, (j + 1) U / n), split where it
+    crosses from one output tile into the next. Each run is [(tile, (k_lo, k_hi)), ...]; None for an op
+    without K. So 76 tiles of 14 K tiles on 132 programs take at most 9 K tiles a program, not 14."""
+    if not k_total:
+        return None
+    kt = -(-k_total // k)
+    units = n_tiles * kt
+    n = min(programs, max(1, units // (min_run or MIN_RUN_K_TILES)))
+    bounds = [j * units // n for j in range(n + 1)]
+    runs = []
+    for lo, hi in zip(bounds, bounds[1:]):
+        run, u = [], lo
+        while u < hi:
+            tile = u // kt
+            end = min(hi, (tile + 1) * kt)
+            run.append((tile, ((u - tile * kt) * k, min((end - tile * kt) * k, k_total))))
+            u = end
+        runs.append(run)
+    return runs
+
+
+def _cost(widths: list[int], k: int) -> float:
+    """A program's share of one op instance in K tiles streamed, a task counting TASK_COST_K_TILES more."""
+    return sum(-(-w // k) + TASK_COST_K_TILES for w in widths)
+
+
+def _round_robin_cost(tiles: list[tuple[int, list[tuple[int, int]]]], k: int, programs: int) -> float:
+    """The most one program takes (`_cost`) when the tiles' slices go task after task round the programs."""
+    widths = [hi - lo for _, ranges in tiles for lo, hi in ranges]
+    return -(-len(widths) // programs) * _cost([max(widths)], k)
+
+
 def qkv_tiles(spec: ModelSpec, tiles: Tiles) -> list[tuple[str, int, int]]:
     """qkv's paired tiles: (segment q/k/v, first head, heads). A tile holds the first halves of its
     heads over their second halves, `half` rows each."""
@@ -142,20 +184,24 @@ def qkv_tiles(spec: ModelSpec, tiles: Tiles) -> list[tuple[str, int, int]]:
 def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles = Tiles(),
           splits: dict[str, int] | None = None, early_start: bool = True) -> StepProgram:
     """The task table of `steps` decode steps of `spec` for `batch` rows on `programs` programs.
-    `splits` (op -> K slices) defaults to the finest that fits the programs; with `early_start` a
-    normed op's slices wait only for the x columns they read (their epilogue for the whole row)."""
+    `splits` (op -> K slices) defaults to the finest that fits the programs, and an op whose tiles and
+    slices would leave some programs more weight tiles than others is cut into balanced runs instead;
+    with `early_start` a normed op's slices wait only for the x columns they read (their epilogue for
+    the whole row)."""
     H, Q, F = spec.hidden_size, spec.q_size, spec.ffn_size
     pairs = qkv_tiles(spec, tiles)
     n_tiles = {"qkv": len(pairs), "o_proj": -(-H // tiles.rows), "gate_up": -(-F // tiles.half),
                "down": -(-H // tiles.rows), "head": -(-spec.vocab_size // tiles.rows)}
     k_total = {"qkv": H, "o_proj": Q, "gate_up": H, "down": F, "head": H}
+    splits_given = set(splits or {})  # ops sliced as the caller says, never rebalanced
     splits = {op: finest_split(n_tiles[op], k_total[op], tiles.k, programs) for op in n_tiles} | (splits or {})
     splits.setdefault("attn", max(1, min(16, programs // (batch * spec.num_kv_heads))))
     prog = StepProgram(spec, batch, steps, programs, tiles, splits)
     x_tiles = _ranges(H, tiles.rows)  # how embed, o_proj and down write the residual stream
     h_tiles = _ranges(F, tiles.half)
     tasks: list[Task] = []
-    stage = 0
+    pending: list[tuple] = []  # the op instance's tiles, until `deal` makes their tasks
+    stage = cursor = 0  # cursor: the program the next dealt task goes to (mod P)
 
     def add(op, step, layer, tile, out, k_total_op, waits_of, finish, done):
         """One tile's tasks: a task per K slice, waits_of(k_lo, k_hi) naming what a slice reads."""
@@ -164,12 +210,39 @@ def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles =
             ranges = [(c, n) for c in range(n)]
         else:
             ranges = _slices(k_total_op, n, tiles.k) if k_total_op else [(0, 0)]
-        for s, (lo, hi) in enumerate(ranges):
-            waits = tuple(waits_of(lo, hi)) if early_start or not finish else tuple(finish)
-            tasks.append(Task(len(tasks), op, step, layer, tile, s, n, (lo, hi), out, waits,
-                              tuple(finish) if early_start else (),
-                              f"parts/{op}/{step}/{layer}/{tile}" if n > 1 else None,
-                              done, stage))
+        pending.append((op, step, layer, tile, out, waits_of, finish, done, ranges))
+
+    def deal(k_total_op: int = 0) -> None:
+        """The op instance's tasks gathered by `add`, onto programs: as sliced, task after task round the
+        programs; or, where its tiles and slices would leave some programs more weight tiles than the
+        rest, cut afresh into equal runs of K tiles, one run a program (`balanced_runs`)."""
+        nonlocal cursor
+        uniform = [(tile, ranges) for (_, _, _, tile, _, _, _, _, ranges) in pending]
+        runs = None if pending[0][0] in splits_given else balanced_runs(len(pending), k_total_op, tiles.k, programs)
+        if runs is None or _round_robin_cost(uniform, tiles.k, programs) <= max(
+                _cost([hi - lo for _, (lo, hi) in run], tiles.k) for run in runs):
+            owner = {}
+            for i, (_, ranges) in enumerate(uniform):
+                for s in range(len(ranges)):
+                    owner[(i, s)] = cursor % programs
+                    cursor += 1
+            cut = [ranges for _, ranges in uniform]
+        else:
+            cut, owner = [[] for _ in pending], {}
+            for j, run in enumerate(runs):
+                for i, k_range in run:
+                    owner[(i, len(cut[i]))] = (cursor + j) % programs
+                    cut[i].append(k_range)
+            cursor += len(runs)
+        for i, (op, step, layer, tile, out, waits_of, finish, done) in enumerate(p[:8] for p in pending):
+            n = len(cut[i])
+            for s, (lo, hi) in enumerate(cut[i]):
+                waits = tuple(waits_of(lo, hi)) if early_start or not finish else tuple(finish)
+                tasks.append(Task(len(tasks), op, step, layer, tile, s, n, (lo, hi), out, waits,
+                                  tuple(finish) if early_start else (),
+                                  f"parts/{op}/{step}/{layer}/{tile}" if n > 1 else None,
+                                  done, stage, owner[(i, s)]))
+        pending.clear()
 
     def x_waits(name, lo, hi):
         return [(f"{name}/{i}", 1) for i in _overlapping(x_tiles, lo, hi)]
@@ -179,6 +252,7 @@ def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles =
         for i, out in enumerate(x_tiles):
             add("embed", step, -1, i, (out,), 0,
                 lambda lo, hi: [(f"token/{step - 1}", 1)] if step else [], [], f"{x_in}/{i}")
+        deal()
         stage += 1
         for layer in range(spec.num_layers):
             x_all = [(f"{x_in}/{i}", 1) for i in range(len(x_tiles))]
@@ -191,6 +265,7 @@ def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles =
                 q_cols[i] = (seg, head, count)
                 add("qkv", step, layer, i, out, H, lambda lo, hi, x_in=x_in: x_waits(x_in, lo, hi), x_all,
                     f"qkv/{step}/{layer}/{i}")
+            deal(H)
             stage += 1
             group = spec.num_heads // spec.num_kv_heads
 
@@ -206,6 +281,7 @@ def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles =
                         lambda lo, hi, needs=needs, step=step, layer=layer: [(f"qkv/{step}/{layer}/{i}", 1)
                                                                              for i in needs],
                         [], f"attn/{step}/{layer}/{g}")
+            deal()
             stage += 1
             head_cols = group * spec.head_dim  # o's columns one KV head's attention writes
             for i, out in enumerate(x_tiles):
@@ -213,12 +289,14 @@ def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles =
                     lambda lo, hi, step=step, layer=layer: [(f"attn/{step}/{layer}/{g}", batch)
                                                             for g in range(lo // head_cols, -(-hi // head_cols))],
                     [], f"xm/{step}/{layer}/{i}")
+            deal(Q)
             stage += 1
             xm = f"xm/{step}/{layer}"
             xm_all = [(f"{xm}/{i}", 1) for i in range(len(x_tiles))]
             for i, out in enumerate(h_tiles):
                 add("gate_up", step, layer, i, (out, (F + out[0], F + out[1])), H,
                     lambda lo, hi, xm=xm: x_waits(xm, lo, hi), xm_all, f"h/{step}/{layer}/{i}")
+            deal(H)
             stage += 1
             x_next = f"x/{step}/{layer + 1}"
             for i, out in enumerate(x_tiles):
@@ -226,16 +304,16 @@ def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles =
                     lambda lo, hi, step=step, layer=layer: [(f"h/{step}/{layer}/{j}", 1)
                                                             for j in _overlapping(h_tiles, lo, hi)],
                     [], f"{x_next}/{i}")
+            deal(F)
             stage += 1
             x_in = x_next
         x_all = [(f"{x_in}/{i}", 1) for i in range(len(x_tiles))]
         for i, out in enumerate(_ranges(spec.vocab_size, tiles.rows)):
             add("head", step, -1, i, (out,), H, lambda lo, hi, x_in=x_in: x_waits(x_in, lo, hi), x_all,
                 f"head_tiles/{step}")
+        deal(H)
         stage += 1
-    # Deal: task g of the whole table to program g % P keeps every program's tasks in stage order and
-    # spreads each op's tiles over all programs.
-    prog.tasks = [Task(**{**t.__dict__, "program": t.index % programs}) for t in tasks]
+    prog.tasks = tasks
     return prog
 
 

@@ -1,0 +1,118 @@
+"""How the step table deals an op's weight tiles to the programs: tile by tile round the programs
+(the table as it was), or cut into balanced runs of K tiles (stream-K), with runs of at least
+1, 2 or 4 K tiles. Per workload the draft phase of `plans/step.json` alone, every variant checked
+against the fp32 reference (and for spent spins) before it is timed, all timed in one process,
+interleaved over three passes.
+
+    python lab/step_dealing/dealing.py examples/qwen25-05b-7b-b8.toml ... --json OUT.json
+
+Lab code: it swaps `balanced_runs` and `MIN_RUN_K_TILES` of conjugate/compiler/step/table.py per
+variant; nothing in `conjugate/` imports it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from common import environment, round_case  # noqa: E402
+
+import torch  # noqa: E402
+
+from conjugate.compiler.round import compile_round  # noqa: E402
+from conjugate.compiler.step import table  # noqa: E402
+from conjugate.compiler.step.compiled import CompiledStep  # noqa: E402
+from conjugate.evaluate.rounds import checked_run  # noqa: E402
+from conjugate.evaluate.timing import capture, copy_bandwidth_gbs, time_replays  # noqa: E402
+from conjugate.paths import shipped_plan  # noqa: E402
+from conjugate.plan import load_plan  # noqa: E402
+from conjugate.roles import Model  # noqa: E402
+
+PRODUCT_RUNS, PRODUCT_MIN = table.balanced_runs, table.MIN_RUN_K_TILES
+VARIANTS = {"round_robin": None, "balanced_1": 1, "balanced_2": 2, "balanced_4": 4}
+
+
+def use(variant: str) -> None:
+    minimum = VARIANTS[variant]
+    table.balanced_runs = PRODUCT_RUNS if minimum else (lambda *a, **k: None)
+    table.MIN_RUN_K_TILES = minimum or PRODUCT_MIN
+    table._TABLES.clear()
+
+
+def most_k_tiles(prog) -> dict:
+    """Per op, the most K tiles one program streams in one op instance (step 0, layer 0 / head)."""
+    out = {}
+    for op in ("qkv", "o_proj", "gate_up", "down", "head"):
+        per: dict[int, int] = {}
+        for t in prog.tasks:
+            if t.op == op and t.step == 0 and t.layer in (0, -1):
+                per[t.program] = per.get(t.program, 0) + (t.k_range[1] - t.k_range[0]) // prog.tiles.k
+        out[op] = max(per.values())
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workloads", nargs="+", type=Path)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--replays", type=int, default=50)
+    parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--json", type=Path, required=True)
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    copy_gbs = copy_bandwidth_gbs(device)
+    out = {**environment("dealing"), "command": "python " + " ".join(sys.argv), "copy_gbs": copy_gbs, "workloads": []}
+    for path in args.workloads:
+        case = round_case(path, device)
+        wl, draft, target, inputs, graph, check = (case.workload, case.draft, case.target, case.inputs, case.graph,
+                                                   case.check)
+        floor_ms = case.draft_floor_ms(copy_gbs)
+        entry = {"workload": wl.name, "draft": wl.draft.name, "batch": wl.draft_batch, "k": wl.k,
+                 "floor_ms": floor_ms, "variants": {}}
+        graphs, keep = {}, []
+        for variant in args.variants:
+            use(variant)
+            row: dict = {}
+            entry["variants"][variant] = row
+            try:
+                compiled = compile_round(load_plan(shipped_plan("step")), wl, draft, target, graph=graph)
+                compiled.warmup()
+                report = checked_run(compiled, inputs, check)
+                step = next(l for l in compiled.launches if isinstance(l, CompiledStep))
+                row["check"] = {"ok": bool(report.ok), "problems": report.problems[:3],
+                                "spins_ran_out": step.spins_ran_out()}
+                row["most_k_tiles"] = most_k_tiles(step.table)
+                if report.ok and not row["check"]["spins_ran_out"]:
+                    compiled.load(inputs)
+                    graphs[variant] = capture(compiled.phase(Model.DRAFT), device)
+                    row["ledger"] = step.ledger()
+                    keep.append(compiled)
+            except Exception as e:  # a variant that fails is a row, not the end of the run
+                row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+            print(f"{wl.name} {variant}: {row.get('error') or row.get('check')}", flush=True)
+        times: dict[str, list[float]] = {v: [] for v in graphs}
+        for _ in range(args.passes):
+            for variant, g in graphs.items():
+                times[variant].append(time_replays(g.replay, args.replays, warmup=10).median_ms)
+        for variant, ms in times.items():
+            entry["variants"][variant]["passes_ms"] = ms
+            entry["variants"][variant]["ms"] = statistics.median(ms)
+        out["workloads"].append(entry)
+        args.json.write_text(json.dumps(out, indent=1))
+        del graphs, keep, draft, target, inputs, check
+        torch.cuda.empty_cache()
+    table.balanced_runs, table.MIN_RUN_K_TILES = PRODUCT_RUNS, PRODUCT_MIN
+    print(f"\n{'workload':<24} {'floor':>7} " + " ".join(f"{v:>12}" for v in args.variants))
+    for e in out["workloads"]:
+        cells = " ".join(f"{e['variants'][v].get('ms', float('nan')):12.3f}" for v in args.variants)
+        print(f"{e['workload']:<24} {e['floor_ms']:7.3f} {cells}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
