@@ -12,7 +12,7 @@ from conjugate.compiler.step.simulate import Deadlock, simulate
 from conjugate.compiler.step.table import (MIN_RUN_K_TILES, ProgramError, Tiles, balanced_runs, build, check,
                                           coarsen, finest_split, qkv_tiles, step_table, task_ledger)
 from conjugate.models.presets import from_name
-from conjugate.models.reference import draft_phase, make_round_inputs
+from conjugate.models.reference import draft_phase, forward, make_round_inputs
 from conjugate.kernels.step import columns as layout
 from conjugate.models.weights import random_weights
 
@@ -49,6 +49,36 @@ def test_simulated_table_gives_the_reference_tokens(name, programs, early, coars
         torch.testing.assert_close(out.logits, ref_logits, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(out.cache.k, ref_cache.k, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(out.cache.v, ref_cache.v, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["tiny-llama-t", "tiny-qwen2-d", "tiny-qwen3-d"])
+@pytest.mark.parametrize("programs,tokens,coarse", [(7, 4, False), (40, 3, True), (40, 1, False)])
+def test_a_verify_table_gives_the_reference_forward(name, programs, tokens, coarse):
+    """One step of T tokens a sequence (a verify pass): logits, argmax and the T new cache rows of
+    forward(), each token attending causally, at ragged lengths."""
+    w, inputs = _case(name, batch=3)
+    verify = torch.randint(0, w.spec.vocab_size, (3, tokens), generator=torch.Generator().manual_seed(tokens))
+    cache = inputs.draft_cache.clone()
+    ref_logits = forward(w, verify, cache, inputs.draft_lengths)
+    prog = build(w.spec, 3, 1, programs, SMALL, tokens=tokens)
+    prog = coarsen(prog) if coarse else prog
+    check(prog, sms=132)
+    assert prog.rows == 3 * tokens
+    out = simulate(prog, w, verify, inputs.draft_cache, inputs.draft_lengths, seed=tokens)
+    torch.testing.assert_close(out.logits, ref_logits, rtol=1e-4, atol=1e-4)
+    assert torch.equal(out.tokens, ref_logits.argmax(-1))
+    torch.testing.assert_close(out.cache.k, cache.k, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out.cache.v, cache.v, rtol=1e-4, atol=1e-4)
+
+
+def test_a_verify_pass_is_one_step_and_reads_its_tokens():
+    spec = from_name("tiny-llama-t")
+    with pytest.raises(ProgramError, match="one step"):
+        build(spec, 2, 2, 8, SMALL, tokens=3)
+    w, inputs = _case("tiny-llama-t", batch=2)
+    with pytest.raises(ValueError, match="first tokens"):
+        simulate(build(spec, 2, 1, 8, SMALL, tokens=3), w, inputs.draft_last_tokens, inputs.draft_cache,
+                 inputs.draft_lengths)
 
 
 def test_one_program_runs_the_whole_table_in_order():

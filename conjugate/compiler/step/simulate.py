@@ -28,28 +28,28 @@ class Deadlock(RuntimeError):
 
 @dataclass
 class StepOutputs:
-    tokens: torch.Tensor  # [B, steps]
-    logits: torch.Tensor  # [B, steps, V] fp32
+    tokens: torch.Tensor  # [B, steps * T]: each row's argmax (T: the table's tokens a sequence, 1 for decode)
+    logits: torch.Tensor  # [B, steps * T, V] fp32
     cache: KVCache
 
 
 class _Run:
     """The buffers of one simulated launch and the epilogue of every op."""
 
-    def __init__(self, prog: StepProgram, w: ModelWeights, last_tokens, cache: KVCache, lengths):
-        spec, B = prog.spec, prog.batch
+    def __init__(self, prog: StepProgram, w: ModelWeights, first_tokens, cache: KVCache, lengths):
+        spec, B, T = prog.spec, prog.batch, prog.tokens
         self.prog, self.w, self.spec = prog, w, spec
         self.act = w.dtype
         self.lengths = lengths
         self.cache = cache.clone()
-        self.last_tokens = last_tokens
+        self.first_tokens = first_tokens.reshape(B * T)  # [B] or [B, T] -> one a row
         self.counters: dict[str, int] = {}
         self.arrived: dict[str, int] = {}
         self.bufs: dict[str, torch.Tensor] = {}
         self.sums: dict[tuple, torch.Tensor] = {}
         self.ss: dict[str, torch.Tensor] = {}
-        self.tokens = torch.full((B, prog.steps), -1, dtype=torch.int64)
-        self.logits = torch.full((B, prog.steps, spec.vocab_size), float("nan"))
+        self.tokens = torch.full((B, prog.steps * T), -1, dtype=torch.int64)
+        self.logits = torch.full((B, prog.steps * T, spec.vocab_size), float("nan"))
         self.tile_best: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
         self.attn_parts: dict[tuple, list] = {}
         # the norms' weights folded into the weights they precede: x_norm W^T = rstd * (x (W * n)^T)
@@ -65,11 +65,16 @@ class _Run:
     # --- buffers -----------------------------------------------------------------------------------
     def buf(self, name: str, width: int) -> torch.Tensor:
         if name not in self.bufs:
-            self.bufs[name] = torch.full((self.prog.batch, width), float("nan"), dtype=self.act)
+            self.bufs[name] = torch.full((self.prog.rows, width), float("nan"), dtype=self.act)
         return self.bufs[name]
 
     def sumsq(self, name: str) -> torch.Tensor:
-        return self.ss.setdefault(name, torch.zeros(self.prog.batch))
+        return self.ss.setdefault(name, torch.zeros(self.prog.rows))
+
+    def positions(self, step: int) -> torch.Tensor:
+        """Each row's position in its sequence at `step`: length + step + t for token t."""
+        t = torch.arange(self.prog.tokens, device=self.lengths.device)
+        return (self.lengths[:, None] + step + t[None, :]).reshape(-1)
 
     def rstd(self, name: str) -> torch.Tensor:
         return torch.rsqrt(self.sumsq(name) / self.spec.hidden_size + self.spec.rms_norm_eps)[:, None]
@@ -111,7 +116,7 @@ class _Run:
         w = self.weight(t)
         lo, hi = t.k_range
         width = w.shape[0]
-        sums = self.sums.setdefault((t.op, t.step, t.layer), torch.zeros(self.prog.batch, width))
+        sums = self.sums.setdefault((t.op, t.step, t.layer), torch.zeros(self.prog.rows, width))
         for a, b in t.out:
             sums[:, a:b] += x[:, lo:hi].float() @ w[a:b, lo:hi].T
         if t.parts is None:
@@ -151,8 +156,8 @@ class _Run:
         lw = self.w.layers[layer]
         out = acc * self.rstd(f"x/{s}/{layer}")
         bias = self.weights[layer]["qkv_bias"]
-        positions = self.lengths + s
-        cos, sin = rope_cos_sin(spec, positions)  # [B, D]
+        positions = self.positions(s)
+        cos, sin = rope_cos_sin(spec, positions)  # [rows, D]
         heads = sorted({(a // D) * D for a, _ in t.out})  # first column of each head in the tile
         for base in heads:
             v = out[:, base:base + D] + (bias[base:base + D] if bias is not None else 0.0)
@@ -167,14 +172,15 @@ class _Run:
                 continue
             head = (base - Q - (0 if seg == "k" else KV)) // D
             cache = self.cache.k if seg == "k" else self.cache.v
-            for b in range(self.prog.batch):
-                cache[layer, b, head, int(positions[b])] = v[b].to(cache.dtype)
+            for r in range(self.prog.rows):
+                cache[layer, r // self.prog.tokens, head, int(positions[r])] = v[r].to(cache.dtype)
 
     def head_epilogue(self, t: Task, acc: torch.Tensor) -> None:
         (a, b), = t.out
         s = t.step
+        B, T = self.prog.batch, self.prog.tokens
         logits = acc[:, a:b] * self.rstd(f"x/{s}/{self.spec.num_layers}")
-        self.logits[:, s, a:b] = logits
+        self.logits[:, s * T:(s + 1) * T, a:b] = logits.view(B, T, -1)
         best, where = logits.max(-1)  # first index of the maximum: torch.argmax's rule
         self.tile_best.setdefault(s, {})[t.tile] = (best, where + a)
         self.bump(t.done)
@@ -183,12 +189,12 @@ class _Run:
             tiles = [self.tile_best[s][i] for i in range(n_tiles)]  # in column order: ties go to the first
             vals = torch.stack([v for v, _ in tiles], -1)
             idx = torch.stack([i for _, i in tiles], -1)
-            self.tokens[:, s] = idx.gather(-1, vals.argmax(-1, keepdim=True))[:, 0]
+            self.tokens[:, s * T:(s + 1) * T] = idx.gather(-1, vals.argmax(-1, keepdim=True)).view(B, T)
             self.bump(f"token/{s}")
 
     def embed(self, t: Task) -> None:
         s = t.step
-        tokens = self.last_tokens if s == 0 else self.tokens[:, s - 1]
+        tokens = self.first_tokens if s == 0 else self.tokens[:, s - 1]  # a decode step's (T = 1) previous
         (a, b), = t.out
         name = f"x/{s}/0"
         rows = self.w.embed[tokens, a:b].to(self.act)
@@ -197,19 +203,23 @@ class _Run:
         self.bump(t.done)
 
     def attend(self, t: Task) -> bool:
-        """One key chunk of one (sequence, KV head): its partial (m, l, unnormalised acc) per query
-        head; True when it is the pair's last chunk in, whose epilogue merges them."""
-        spec, s, layer, D = self.spec, t.step, t.layer, self.spec.head_dim
+        """One key chunk of one (sequence, KV head): its partial (m, l, unnormalised acc) for each of its
+        T tokens' query heads, token t seeing keys up to its own position; True when it is the pair's
+        last chunk in, whose epilogue merges them."""
+        spec, s, layer, D, T = self.spec, t.step, t.layer, self.spec.head_dim, self.prog.tokens
         b, g = divmod(t.tile, spec.num_kv_heads)
         group = spec.num_heads // spec.num_kv_heads
-        n = int(self.lengths[b]) + s + 1
+        n = int(self.lengths[b]) + s + T
         lo, hi = chunk_keys(n, t.k_range[0], t.k_range[1], self.prog.tiles.k)
-        q = self.buf(f"q/{s}/{layer}", spec.q_size)[b, g * group * D:(g + 1) * group * D].float().view(group, D)
+        cols = slice(g * group * D, (g + 1) * group * D)
+        q = self.buf(f"q/{s}/{layer}", spec.q_size)[b * T:(b + 1) * T, cols].float().reshape(T * group, D)
         keys = self.cache.k[layer, b, g, lo:hi].float()
         values = self.cache.v[layer, b, g, lo:hi].float()
-        scores = (q @ keys.T) / math.sqrt(D)  # [group, hi - lo]
-        m = scores.amax(-1) if hi > lo else torch.full((group, ), float("-inf"))
-        p = (scores - m[:, None]).exp() if hi > lo else scores
+        last = (n - T + torch.arange(T)).repeat_interleave(group)  # each query row's own position
+        visible = torch.arange(lo, hi)[None, :] <= last[:, None]
+        scores = ((q @ keys.T) / math.sqrt(D)).masked_fill(~visible, float("-inf"))  # [T * group, hi - lo]
+        m = scores.amax(-1) if hi > lo else torch.full((T * group,), float("-inf"))
+        p = torch.where(visible, (scores - m[:, None]).exp(), 0.0) if hi > lo else scores
         self.attn_parts.setdefault((s, layer, t.tile), []).append((m, p.sum(-1), p @ values))
         if t.parts is None:
             return True
@@ -217,7 +227,7 @@ class _Run:
         return self.arrived[t.parts] == t.splits
 
     def merge_attention(self, t: Task) -> None:
-        spec, s, layer, D = self.spec, t.step, t.layer, self.spec.head_dim
+        spec, s, layer, D, T = self.spec, t.step, t.layer, self.spec.head_dim, self.prog.tokens
         b, g = divmod(t.tile, spec.num_kv_heads)
         group = spec.num_heads // spec.num_kv_heads
         parts = self.attn_parts[(s, layer, t.tile)]
@@ -225,14 +235,20 @@ class _Run:
         scale = [torch.where(m > float("-inf"), (m - top).exp(), 0.0) for m, _, _ in parts]
         l = sum(w * l for w, (_, l, _) in zip(scale, parts))
         o = sum(w[:, None] * acc for w, (_, _, acc) in zip(scale, parts)) / l[:, None]
-        self.buf(f"o/{s}/{layer}", spec.q_size)[b, g * group * D:(g + 1) * group * D] = o.reshape(-1).to(self.act)
+        out = self.buf(f"o/{s}/{layer}", spec.q_size)
+        out[b * T:(b + 1) * T, g * group * D:(g + 1) * group * D] = o.reshape(T, group * D).to(self.act)
         self.bump(t.done)
 
 
-def simulate(prog: StepProgram, w: ModelWeights, last_tokens: torch.Tensor, cache: KVCache, lengths: torch.Tensor,
+def simulate(prog: StepProgram, w: ModelWeights, first_tokens: torch.Tensor, cache: KVCache, lengths: torch.Tensor,
              seed: int = 0) -> StepOutputs:
-    """The table run to the end (Deadlock if it cannot be); the input cache is left untouched."""
-    run = _Run(prog, w, last_tokens, cache, lengths)
+    """The table run to the end (Deadlock if it cannot be); the input cache is left untouched.
+    first_tokens: [B] each sequence's last token (decode steps), or [B, T] the tokens a verify pass
+    reads."""
+    if first_tokens.numel() != prog.rows:
+        raise ValueError(f"{tuple(first_tokens.shape)} first tokens for a table of {prog.batch} sequences x "
+                         f"{prog.tokens} tokens")
+    run = _Run(prog, w, first_tokens, cache, lengths)
     queues = [prog.of_program(p) for p in range(prog.programs)]
     position = [0] * prog.programs
     finishing = [False] * prog.programs  # the program's current task is its tile's last: epilogue pending

@@ -78,6 +78,12 @@ class StepProgram:
     tiles: Tiles
     splits: dict[str, int]
     tasks: list[Task] = field(default_factory=list)
+    tokens: int = 1  # tokens a sequence in each step: 1 for decode steps, k + 1 for a verify pass
+
+    @property
+    def rows(self) -> int:
+        """Activation rows of a step: sequence b's token t is row b * tokens + t."""
+        return self.batch * self.tokens
 
     def of_program(self, p: int) -> list[Task]:
         return [t for t in self.tasks if t.program == p]
@@ -182,12 +188,16 @@ def qkv_tiles(spec: ModelSpec, tiles: Tiles) -> list[tuple[str, int, int]]:
 
 
 def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles = Tiles(),
-          splits: dict[str, int] | None = None, early_start: bool = True) -> StepProgram:
-    """The task table of `steps` decode steps of `spec` for `batch` rows on `programs` programs.
+          splits: dict[str, int] | None = None, early_start: bool = True, tokens: int = 1) -> StepProgram:
+    """The task table of `steps` decode steps of `spec` for `batch` sequences on `programs` programs,
+    or with `tokens` T > 1 of one verify pass: each sequence's T tokens in one step, its queries
+    attending causally (a pair's attention task holds all T x group query rows).
     `splits` (op -> K slices) defaults to the finest that fits the programs, and an op whose tiles and
     slices would leave some programs more weight tiles than others is cut into balanced runs instead;
     with `early_start` a normed op's slices wait only for the x columns they read (their epilogue for
     the whole row)."""
+    if tokens < 1 or (tokens > 1 and steps != 1):
+        raise ProgramError(f"{tokens} tokens a sequence in {steps} steps: a verify pass (tokens > 1) is one step")
     H, Q, F = spec.hidden_size, spec.q_size, spec.ffn_size
     pairs = qkv_tiles(spec, tiles)
     n_tiles = {"qkv": len(pairs), "o_proj": -(-H // tiles.rows), "gate_up": -(-F // tiles.half),
@@ -196,7 +206,7 @@ def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles =
     splits_given = set(splits or {})  # ops sliced as the caller says, never rebalanced
     splits = {op: finest_split(n_tiles[op], k_total[op], tiles.k, programs) for op in n_tiles} | (splits or {})
     splits.setdefault("attn", max(1, min(16, programs // (batch * spec.num_kv_heads))))
-    prog = StepProgram(spec, batch, steps, programs, tiles, splits)
+    prog = StepProgram(spec, batch, steps, programs, tiles, splits, tokens=tokens)
     x_tiles = _ranges(H, tiles.rows)  # how embed, o_proj and down write the residual stream
     h_tiles = _ranges(F, tiles.half)
     tasks: list[Task] = []
@@ -416,7 +426,7 @@ def coarsen(prog: StepProgram) -> StepProgram:
     op's tiles. On a GPU each wait is a round trip; the per-tile table's whole-row norm waits are 16
     or more of them in a row."""
     grouped = [replace(t, done=_instance(t.done)) for t in prog.tasks]
-    coarse = StepProgram(prog.spec, prog.batch, prog.steps, prog.programs, prog.tiles, prog.splits, grouped)
+    coarse = replace(prog, tasks=grouped)
     targets = counter_targets(coarse)
     tasks = []
     for t in grouped:
@@ -426,15 +436,15 @@ def coarsen(prog: StepProgram) -> StepProgram:
 
 
 def step_table(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles = Tiles(),
-               sms: int | None = None) -> StepProgram:
+               sms: int | None = None, tokens: int = 1) -> StepProgram:
     """The table a step launch runs on a GPU of `sms` SMs (None: no GPU, as many as the programs):
     built, coarsened to per-op-instance counters, and checked. Tables are kept per arguments: a
     search compiles the same one for many plans, and building one takes seconds at real sizes."""
     if programs < 1:
         raise ProgramError(f"{programs} programs: a step launch needs at least one")
-    key = (spec, batch, steps, programs, tiles, sms)
+    key = (spec, batch, steps, programs, tiles, sms, tokens)
     if key not in _TABLES:
-        prog = coarsen(build(spec, batch, steps, programs, tiles))
+        prog = coarsen(build(spec, batch, steps, programs, tiles, tokens=tokens))
         check(prog, programs if sms is None else sms)
         if len(_TABLES) >= 8:
             _TABLES.pop(next(iter(_TABLES)))
