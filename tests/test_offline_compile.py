@@ -109,6 +109,10 @@ def test_programmatic_dependent_launches_compile_for_hopper_with_the_wait_in_eve
 
 STEP_COMPILE = """
 import sys
+from types import SimpleNamespace
+from conjugate.compiler.step.launch import StepLaunch
+from conjugate.compiler.step.layout import tile_weights
+from conjugate.compiler.step.table import step_table
 from conjugate.compiler.buffers import ModelBuffers, PreparedWeights
 from conjugate.compiler.offline import _Triton
 from conjugate.compiler.step.compiled import CompiledStep
@@ -119,9 +123,17 @@ import torch
 
 tools = _Triton(90)
 for name in sys.argv[1:]:
-    bufs = ModelBuffers.allocate(PreparedWeights(meta_weights(from_name(name), torch.bfloat16)), 16, 1, 2, 1100,
-                                 Model.DRAFT)  # the examples' largest step batch, 2 steps, a 1k context
-    step = CompiledStep.build(0, bufs, 132, "main")
+    if name.startswith("verify:"):  # a target's verify pass: 2 sequences of 6 tokens, their logits kept
+        spec = from_name(name.split(":")[1])
+        prog = step_table(spec, 2, 1, 132, sms=132, tokens=6)
+        kv = torch.empty(2, spec.num_layers, 2, spec.num_kv_heads, 1100, spec.head_dim, dtype=torch.bfloat16,
+                         device="meta")
+        launch = StepLaunch(prog, tile_weights(meta_weights(spec, torch.bfloat16), prog), kv, logits=True)
+        step = SimpleNamespace(launch=launch, digest=name)
+    else:
+        bufs = ModelBuffers.allocate(PreparedWeights(meta_weights(from_name(name), torch.bfloat16)), 16, 1, 2, 1100,
+                                     Model.DRAFT)  # the examples' largest step batch, 2 steps, a 1k context
+        step = CompiledStep.build(0, bufs, 132, "main")
     key, (source, options) = tools.bind_step(step)
     r = tools.compile(source, options)
     print(name, r.registers, r.spills, r.shared_bytes, step.launch.kwargs["KV_BUFS"])
@@ -134,11 +146,12 @@ def test_the_step_kernel_compiles_for_hopper_for_every_family(triton_cache):
     registers (168), with no local memory (cuobjdump's count; Triton's own spill count on a GPU read 8
     for the same kernels) and within Hopper's shared memory."""
     env = os.environ | {"TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(triton_cache)}
-    proc = subprocess.run([sys.executable, "-c", STEP_COMPILE, "llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b"],
+    names = ["llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b", "verify:qwen3-8b"]
+    proc = subprocess.run([sys.executable, "-c", STEP_COMPILE, *names],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line.split() for line in proc.stdout.splitlines()]
-    assert [r[0] for r in rows] == ["llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b"]
+    assert [r[0] for r in rows] == names
     for name, regs, spills, shared, kv_buffers in rows:
         assert int(regs) <= 168 and int(spills) == 0 and 200_000 < int(shared) <= 232_448, (name, regs, shared)
         assert int(kv_buffers) in (1, 2)

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from conjugate.compiler.step.launch import StepLaunch
 from conjugate.compiler.step.layout import encode, tile_weights
 from conjugate.compiler.step.simulate import Deadlock, simulate
 from conjugate.compiler.step.table import (MIN_RUN_K_TILES, ProgramError, Tiles, balanced_runs, build, check,
@@ -335,3 +336,17 @@ def test_ledger_splits_each_task_into_wait_and_work():
         assert v["tasks"] == n[op]
         assert v["wait_us"] == pytest.approx(n[op] * 1.0 / 4) and v["work_us"] == pytest.approx(n[op] * 2.0 / 4)
     assert out["span_us"] == pytest.approx(10 * (len(prog.tasks) - 1) + 3)
+
+
+@pytest.mark.parametrize("name,batch,tokens,reason", [
+    ("qwen3-0.6b", 17, 1, "1 to 16 rows"),  # 17 decode rows
+    ("qwen3-8b", 3, 6, "1 to 16 rows"),  # a verify pass of 18 rows
+    ("qwen2.5-0.5b", 1, 10, "exceed the attention tile"),  # 10 tokens x 7 query heads a KV head > 64
+])
+def test_a_launch_past_the_kernels_row_tile_is_refused_before_it_is_built(name, batch, tokens, reason):
+    spec = from_name(name)
+    prog = step_table(spec, batch, 1 if tokens > 1 else 2, 132, sms=132, tokens=tokens)
+    kv = torch.empty(2, spec.num_layers, batch, spec.num_kv_heads, 64, spec.head_dim, dtype=torch.bfloat16,
+                     device="meta")
+    with pytest.raises(ValueError, match=reason):
+        StepLaunch(prog, {"qkv": kv}, kv)

@@ -25,15 +25,20 @@ KEY_BLOCK = 64  # keys per attention block (the wgmma N of the scores)
 class StepLaunch:
     """The buffers of one table and its launch. Activations between ops are bf16, the GEMMs' partial
     sums and the norms' summed squares fp32; `stamps` (int64 [tasks, 3], ns) are written with
-    stamps=True: each task's start, end of its waits and end."""
+    stamps=True: each task's start, end of its waits and end. With logits=True the lm_head's
+    epilogue leaves each step's fp32 logits in its sums (`logits()`)."""
 
     kernel = step_kernel
 
     def __init__(self, prog: StepProgram, weights: dict, kv: torch.Tensor, stamps: bool = False,
-                 spin_limit: int = SPIN_LIMIT):
-        spec, dev, B, k = prog.spec, weights["qkv"].device, prog.batch, prog.steps
-        if B > BATCH_PAD or prog.tiles != Tiles():
-            raise ValueError(f"the step kernel runs batches of 1 to {BATCH_PAD} at its own tile shapes")
+                 spin_limit: int = SPIN_LIMIT, logits: bool = False):
+        spec, dev, B, R, k = prog.spec, weights["qkv"].device, prog.batch, prog.rows, prog.steps
+        group = spec.num_heads // spec.num_kv_heads
+        if R > BATCH_PAD or prog.tiles != Tiles():
+            raise ValueError(f"the step kernel runs 1 to {BATCH_PAD} rows a step at its own tile shapes")
+        if group * prog.tokens > KEY_BLOCK:
+            raise ValueError(f"{prog.tokens} tokens x {group} query heads a KV head exceed the attention tile's "
+                             f"{KEY_BLOCK} rows")
         self.prog, self.w, self.spec, self.kv = prog, weights, spec, kv
         enc = encode(prog)
         self.table, self.waits = enc["table"].to(dev), enc["waits"].to(dev)
@@ -51,12 +56,12 @@ class StepLaunch:
         self.tokens_in = torch.zeros(BATCH_PAD, dtype=torch.int32, device=dev)
         self.tokens = torch.zeros(k, BATCH_PAD, dtype=torch.int32, device=dev)
         self.lengths = torch.zeros(B, dtype=torch.int32, device=dev)
-        self.xs, self.xm = buf(k, L + 1, B, H), buf(k, L, B, H)
-        self.ssx, self.ssm = buf(k, L + 1, B, dtype=f32), buf(k, L, B, dtype=f32)
-        self.q, self.o, self.h = buf(k, L, B, Q), buf(k, L, B, Q), buf(k, L, B, F)
-        self.sums = [buf(k, L, B, nq * SLOT_ROWS, dtype=f32), buf(k, L, B, H, dtype=f32),
-                     buf(k, L, B, 2 * F, dtype=f32), buf(k, L, B, H, dtype=f32),
-                     buf(k, B, nth * SLOT_ROWS, dtype=f32)]
+        self.xs, self.xm = buf(k, L + 1, R, H), buf(k, L, R, H)
+        self.ssx, self.ssm = buf(k, L + 1, R, dtype=f32), buf(k, L, R, dtype=f32)
+        self.q, self.o, self.h = buf(k, L, R, Q), buf(k, L, R, Q), buf(k, L, R, F)
+        self.sums = [buf(k, L, R, nq * SLOT_ROWS, dtype=f32), buf(k, L, R, H, dtype=f32),
+                     buf(k, L, R, 2 * F, dtype=f32), buf(k, L, R, H, dtype=f32),
+                     buf(k, R, nth * SLOT_ROWS, dtype=f32)]
         self.best_val = buf(k, nth, BATCH_PAD, dtype=f32)
         self.best_idx = buf(k, nth, BATCH_PAD, dtype=torch.int32)
         layout = gl.NVMMASharedLayout.get_default_for([SLOT_ROWS, K_TILE], gl.bfloat16)
@@ -64,26 +69,33 @@ class StepLaunch:
                       for n in ("qkv", "o", "gu", "d", "head")]
         kt_max = max((t.k_range[1] - t.k_range[0]) // prog.tiles.k for t in prog.tasks if t.op != "attn")
         chunks = prog.splits["attn"]
-        gp = max(4, triton.next_power_of_2(spec.num_heads // spec.num_kv_heads))  # the heads span the 4 warps
+        gp = max(4, triton.next_power_of_2(group * prog.tokens))  # a pair's query rows; they span the 4 warps
         pairs = k * L * B * spec.num_kv_heads * chunks
         self.part_ml, self.part_acc = buf(pairs, 2, gp, dtype=f32), buf(pairs, gp, spec.head_dim, dtype=f32)
         act_bytes = kt_max * BATCH_PAD * K_TILE * 2
         stages = min(12, (SMEM_BUDGET - act_bytes) // (SLOT_ROWS * K_TILE * 2 + 16))
         if stages < 2:
             raise ValueError(f"{kt_max} activation tiles leave no shared memory for a ring")
-        self.kwargs = dict(H=H, Q=Q, F=F, V=V, D=spec.head_dim, G=spec.num_heads // spec.num_kv_heads,
+        self.kwargs = dict(H=H, Q=Q, F=F, V=V, D=spec.head_dim, G=group,
                            KVH=spec.num_kv_heads, L=L, S=kv.shape[4], NQ=nq, NTH=nth, BATCH=B,
                            QK_NORM=spec.qk_norm, STAGES=stages, KT_MAX=kt_max, EPS=spec.rms_norm_eps,
                            QK_SCALE=1.4426950408889634 / spec.head_dim ** 0.5, GP=gp, CHUNKS=chunks, STAMPS=stamps,
-                           KV_BUFS=kv_buffers(act_bytes, spec.head_dim), num_warps=4, maxnreg=168)
+                           KV_BUFS=kv_buffers(act_bytes, spec.head_dim), TOKENS=prog.tokens, LOGITS=logits, num_warps=4,
+                           maxnreg=168)
         self.stamps = torch.zeros(len(prog.tasks), 3, dtype=torch.int64, device=dev)
         self.spin_limit = spin_limit
 
     def args(self) -> tuple:
         return (*self.descs, self.table, self.list, self.bounds, self.waits, self.counters, self.error, self.spin_limit,
-                self.prog.batch, self.tokens_in, self.tokens, self.lengths, self.w["embed"], self.xs, self.xm,
+                self.prog.rows, self.tokens_in, self.tokens, self.lengths, self.w["embed"], self.xs, self.xm,
                 self.ssx, self.ssm, self.q, self.o, self.h, self.kv, *self.sums, self.best_val, self.best_idx,
                 self.w["bias"], self.w["qkn"], self.w["inv_freq"], self.part_ml, self.part_acc, self.stamps)
+
+    def logits(self) -> torch.Tensor:
+        """[steps, rows, V] fp32: the last run's logits (a launch built with logits=True)."""
+        if not self.kwargs["LOGITS"]:
+            raise ValueError("this step launch keeps no logits (built without logits=True)")
+        return self.sums[4][:, :, :self.spec.vocab_size]
 
     def run(self) -> None:
         """Zero the sums, statistics, counters and the error word, and launch one program per table

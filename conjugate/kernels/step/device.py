@@ -99,9 +99,10 @@ def _gate_up_epilogue(sum_ptr, ss_ptr, h_ptr, tile, B, H: gl.constexpr, F: gl.co
 def _qkv_epilogue(sum_ptr, ss_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, lengths_ptr, q_ptr, kv_ptr, layer, step, tile,
                   seg, head0, B, H: gl.constexpr, NQ: gl.constexpr, Q: gl.constexpr, D: gl.constexpr,
                   KVH: gl.constexpr, L: gl.constexpr, S: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr,
-                  EPS: gl.constexpr):
+                  EPS: gl.constexpr, TOKENS: gl.constexpr):
     """One paired tile: rows r < 64 are dims d = r % (D/2) of head head0 + r // (D/2) (first halves),
-    the next 64 the same heads' second halves."""
+    the next 64 the same heads' second halves. Activation row b is token b % TOKENS of sequence
+    b // TOKENS, at position length + step + that token."""
     layout: gl.constexpr = gl.BlockedLayout([1, 2], [2, 16], [4, 1], [1, 0])
     b = gl.arange(0, BPAD, layout=gl.SliceLayout(1, layout))
     r = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
@@ -113,7 +114,12 @@ def _qkv_epilogue(sum_ptr, ss_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, lengths_ptr,
     bias2 = gl.load(bias_ptr + layer * NQ * SLOT_ROWS + tile * SLOT_ROWS + HALF + r)
     a1 = _tile(sum_ptr, tile * SLOT_ROWS, NQ * SLOT_ROWS, B, HALF, layout) * rstd + bias1[None, :]
     a2 = _tile(sum_ptr, tile * SLOT_ROWS + HALF, NQ * SLOT_ROWS, B, HALF, layout) * rstd + bias2[None, :]
-    pos = gl.load(lengths_ptr + b, mask=b < B, other=0) + step  # [BPAD]
+    if TOKENS == 1:
+        seq = b
+        pos = gl.load(lengths_ptr + b, mask=b < B, other=0) + step  # [BPAD]
+    else:
+        seq = b // TOKENS
+        pos = gl.load(lengths_ptr + seq, mask=b < B, other=0) + step + b % TOKENS
     if seg < 2:
         if QK_NORM:  # one head per tile (D = 128): its 1/rms over both halves
             ms = (gl.sum(a1 * a1, axis=1) + gl.sum(a2 * a2, axis=1)) / D
@@ -137,7 +143,7 @@ def _qkv_epilogue(sum_ptr, ss_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, lengths_ptr,
         gl.store(base, o1.to(gl.bfloat16), mask=mask)
         gl.store(base + HD2, o2.to(gl.bfloat16), mask=mask)
     else:
-        plane = ((seg - 1) * L + layer) * BATCH + b  # [BPAD]: the (k or v, layer, sequence) cache plane
+        plane = ((seg - 1) * L + layer) * BATCH + seq  # [BPAD]: the (k or v, layer, sequence) cache plane
         base = kv_ptr + ((plane[:, None] * KVH + head[None, :]) * S + pos[:, None]) * D + d[None, :]
         gl.store(base, o1.to(gl.bfloat16), mask=mask)
         gl.store(base + HD2, o2.to(gl.bfloat16), mask=mask)
@@ -145,12 +151,15 @@ def _qkv_epilogue(sum_ptr, ss_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, lengths_ptr,
 
 @gluon.jit
 def _head_epilogue(sum_ptr, ss_ptr, best_val_ptr, best_idx_ptr, tile, B, H: gl.constexpr, V: gl.constexpr,
-                   NTH: gl.constexpr, EPS: gl.constexpr):
-    """The tile's logits (1/rms applied): each row's max and its first column, into the step's partials."""
+                   NTH: gl.constexpr, EPS: gl.constexpr, LOGITS: gl.constexpr):
+    """The tile's logits (1/rms applied): each row's max and its first column, into the step's partials;
+    with LOGITS the logits themselves too, over the tile's sums (the step's [rows, NTH * 128] fp32)."""
     layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
     b = gl.arange(0, BPAD, layout=gl.SliceLayout(1, layout))
     c = tile * SLOT_ROWS + gl.arange(0, SLOT_ROWS, layout=gl.SliceLayout(0, layout))
     logits = _tile(sum_ptr, tile * SLOT_ROWS, NTH * SLOT_ROWS, B, SLOT_ROWS, layout) * _rstd(ss_ptr, B, H, EPS, layout)
+    if LOGITS:
+        gl.store(sum_ptr + b[:, None] * (NTH * SLOT_ROWS) + c[None, :], logits, mask=(b < B)[:, None] & (c < V)[None, :])
     logits = gl.where((c < V)[None, :], logits, float("-inf"))
     best = gl.max(logits, axis=1)
     first = -gl.max(gl.where(logits == best[:, None], -c[None, :], -(V + 1)), axis=1)
@@ -225,10 +234,11 @@ def online_softmax(scores, m, l, o, o_layout: gl.constexpr):
 def attend_chunk(q_ptr, kv_ptr, part_ml_ptr, part_acc_ptr, slot, lengths_ptr, layer, step, b, g, chunk, act,
                       D: gl.constexpr, G: gl.constexpr, KVH: gl.constexpr, Q: gl.constexpr, L: gl.constexpr,
                       S: gl.constexpr, BATCH: gl.constexpr, QK_SCALE: gl.constexpr, GP: gl.constexpr,
-                      CHUNKS: gl.constexpr, KV_BUFS: gl.constexpr):
-    """One key chunk of (sequence b, KV head g) for its G query heads, on tensor cores: keys [lo, hi),
-    chunk `chunk` of CHUNKS of the length + step + 1 keys in whole 64-key blocks. The query heads are
-    the first rows of a 64-row wgmma tile (register operand); key and value blocks come by cp.async
+                      CHUNKS: gl.constexpr, KV_BUFS: gl.constexpr, TOKENS: gl.constexpr):
+    """One key chunk of (sequence b, KV head g) for its G query heads of each of its TOKENS tokens, on
+    tensor cores: keys [lo, hi), chunk `chunk` of CHUNKS of the length + step + TOKENS keys in whole
+    64-key blocks, token t seeing the keys up to its own position. The query rows (token t's head h
+    is row t * G + h) are the first rows of a 64-row wgmma tile (register operand); key and value blocks come by cp.async
     into the activation buffer's shared memory (free while attention runs), KV_BUFS deep, so block
     j + 1 is on its way while block j is multiplied. Leaves (m, l, unnormalised acc) in `slot`."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
@@ -240,10 +250,14 @@ def attend_chunk(q_ptr, kv_ptr, part_ml_ptr, part_acc_ptr, slot, lengths_ptr, la
     tiles = act._reinterpret(gl.bfloat16, [2 * KV_BUFS, 64, D], kv_layout)  # (K, V) per buffer
     r = gl.arange(0, 64, layout=gl.SliceLayout(1, ld))
     d = gl.arange(0, D, layout=gl.SliceLayout(0, ld))
-    q = gl.load(q_ptr + b * Q + (g * G + r)[:, None] * D + d[None, :], mask=(r < G)[:, None], other=0.0,
-                cache_modifier=".cg")
+    if TOKENS == 1:
+        q = gl.load(q_ptr + b * Q + (g * G + r)[:, None] * D + d[None, :], mask=(r < G)[:, None], other=0.0,
+                    cache_modifier=".cg")
+    else:
+        q = gl.load(q_ptr + (b * TOKENS + r // G)[:, None] * Q + (g * G + r % G)[:, None] * D + d[None, :],
+                    mask=(r < G * TOKENS)[:, None], other=0.0, cache_modifier=".cg")
     q = gl.convert_layout(q.to(gl.bfloat16), q_layout)
-    n = gl.load(lengths_ptr + b) + step + 1
+    n = gl.load(lengths_ptr + b) + step + TOKENS
     size = gl.cdiv(gl.cdiv(n, CHUNKS), 64) * 64
     lo = gl.minimum(chunk * size, n)
     hi = gl.minimum(lo + size, n)
@@ -265,7 +279,11 @@ def attend_chunk(q_ptr, kv_ptr, part_ml_ptr, part_acc_ptr, slot, lengths_ptr, la
         gl.thread_barrier()
         scores = warpgroup_mma(q, tiles.index(2 * buf).permute((1, 0)),
                                gl.zeros([64, 64], gl.float32, layout=s_layout))
-        scores = gl.where((k0 + key < hi)[None, :], scores * QK_SCALE, float("-inf"))
+        visible = (k0 + key < hi)[None, :]
+        if TOKENS > 1:  # causal among the new tokens: row t * G + h sees keys up to n - TOKENS + t
+            own = n - TOKENS + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout)) // G
+            visible = visible & ((k0 + key)[None, :] <= own[:, None])
+        scores = gl.where(visible, scores * QK_SCALE, float("-inf"))
         p, m, l, o = online_softmax(scores, m, l, o, o_layout)
         o = warpgroup_mma(gl.convert_layout(p.to(gl.bfloat16), p_layout), tiles.index(2 * buf + 1), o)
         gl.thread_barrier()  # every warp is done with this buffer before a later issue refills it
@@ -283,8 +301,9 @@ def attend_chunk(q_ptr, kv_ptr, part_ml_ptr, part_acc_ptr, slot, lengths_ptr, la
 
 @gluon.jit
 def _merge_chunks(part_ml_ptr, part_acc_ptr, first_slot, o_ptr, b, g, D: gl.constexpr, G: gl.constexpr,
-                  Q: gl.constexpr, GP: gl.constexpr, CHUNKS: gl.constexpr):
-    """o[b, heads of g] from the CHUNKS partials (log-sum-exp rescale; an empty chunk weighs 0)."""
+                  Q: gl.constexpr, GP: gl.constexpr, CHUNKS: gl.constexpr, TOKENS: gl.constexpr):
+    """o[b's rows, heads of g] from the CHUNKS partials (log-sum-exp rescale; an empty chunk weighs 0).
+    The GP partial rows are the TOKENS x G query rows (token t's head h: row t * G + h), padded."""
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     d = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
     heads = gl.arange(0, GP, layout=gl.SliceLayout(1, layout))
@@ -304,7 +323,12 @@ def _merge_chunks(part_ml_ptr, part_acc_ptr, first_slot, o_ptr, b, g, D: gl.cons
         acc = acc * w_old[:, None] + a_c * w_c[:, None]
         m = m_new
     out = acc / gl.where(l > 0.0, l, 1.0)[:, None]
-    gl.store(o_ptr + b * Q + (g * G + heads)[:, None] * D + d[None, :], out.to(gl.bfloat16), mask=(heads < G)[:, None])
+    if TOKENS == 1:
+        gl.store(o_ptr + b * Q + (g * G + heads)[:, None] * D + d[None, :], out.to(gl.bfloat16),
+                 mask=(heads < G)[:, None])
+    else:
+        gl.store(o_ptr + (b * TOKENS + heads // G)[:, None] * Q + (g * G + heads % G)[:, None] * D + d[None, :],
+                 out.to(gl.bfloat16), mask=(heads < G * TOKENS)[:, None])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -321,7 +345,8 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                  G: gl.constexpr, KVH: gl.constexpr, L: gl.constexpr, S: gl.constexpr, NQ: gl.constexpr,
                  NTH: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr, STAGES: gl.constexpr, EPS: gl.constexpr,
                  QK_SCALE: gl.constexpr, GP: gl.constexpr, CHUNKS: gl.constexpr, STAMPS: gl.constexpr,
-                 KV_BUFS: gl.constexpr):
+                 KV_BUFS: gl.constexpr, TOKENS: gl.constexpr, LOGITS: gl.constexpr):
+    ROWS: gl.constexpr = BATCH * TOKENS  # activation rows a step: sequence b's token t is row b * TOKENS + t
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BPAD, 16])
     pid = gl.program_id(0)
@@ -355,74 +380,75 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                 tokens = tokens_in_ptr
             else:
                 tokens = tokens_ptr + (step - 1) * BPAD
-            _embed(embed_ptr, tokens, xs_ptr + step * (L + 1) * BATCH * H, ssx_ptr + step * (L + 1) * BATCH, col0,
+            _embed(embed_ptr, tokens, xs_ptr + step * (L + 1) * ROWS * H, ssx_ptr + step * (L + 1) * ROWS, col0,
                    B, H)
             release(counter_ptr + field(vec, C_DONE))
         elif op == 2:
             b = field(vec, C_SEG)
             g = field(vec, C_HEAD0)
-            first_slot = ((sl * BATCH + b) * KVH + g) * CHUNKS
-            attend_chunk(q_ptr + sl * BATCH * Q, kv_ptr, part_ml_ptr, part_acc_ptr, first_slot + field(vec, C_KLO),
+            first_slot = ((sl * BATCH + b) * KVH + g) * CHUNKS  # per (sequence, KV head)
+            attend_chunk(q_ptr + sl * ROWS * Q, kv_ptr, part_ml_ptr, part_acc_ptr, first_slot + field(vec, C_KLO),
                          lengths_ptr, layer, step, b, g, field(vec, C_KLO), act, D, G, KVH, Q, L, S, BATCH, QK_SCALE,
-                         GP, CHUNKS, KV_BUFS)
+                         GP, CHUNKS, KV_BUFS, TOKENS)
             gl.thread_barrier()
             arrived = gl.atomic_add(counter_ptr + field(vec, C_PARTS), 1, sem="acq_rel", scope="gpu")
             if arrived == CHUNKS - 1:  # the pair's last chunk in merges them
-                _merge_chunks(part_ml_ptr, part_acc_ptr, first_slot, o_ptr + sl * BATCH * Q, b, g, D, G, Q, GP, CHUNKS)
+                _merge_chunks(part_ml_ptr, part_acc_ptr, first_slot, o_ptr + sl * ROWS * Q, b, g, D, G, Q, GP, CHUNKS,
+                              TOKENS)
                 release(counter_ptr + field(vec, C_DONE))
         else:
             k_lo = field(vec, C_KLO) * BK  # the table holds K in BK-column tiles
             n_k = field(vec, C_KHI) - field(vec, C_KLO)
             # the rows this op reads (constexpr row widths: cp.async needs to know they are 16-byte aligned)
             if op == 1:
-                stage_activations(act, xs_ptr + sx * BATCH * H, H, B, k_lo, n_k)
+                stage_activations(act, xs_ptr + sx * ROWS * H, H, B, k_lo, n_k)
             elif op == 3:
-                stage_activations(act, o_ptr + sl * BATCH * Q, Q, B, k_lo, n_k)
+                stage_activations(act, o_ptr + sl * ROWS * Q, Q, B, k_lo, n_k)
             elif op == 4:
-                stage_activations(act, xm_ptr + sl * BATCH * H, H, B, k_lo, n_k)
+                stage_activations(act, xm_ptr + sl * ROWS * H, H, B, k_lo, n_k)
             elif op == 5:
-                stage_activations(act, h_ptr + sl * BATCH * F, F, B, k_lo, n_k)
+                stage_activations(act, h_ptr + sl * ROWS * F, F, B, k_lo, n_k)
             else:
-                stage_activations(act, xs_ptr + (step * (L + 1) + L) * BATCH * H, H, B, k_lo, n_k)
+                stage_activations(act, xs_ptr + (step * (L + 1) + L) * ROWS * H, H, B, k_lo, n_k)
             if (op == 1) | (op == 4):
                 acc1, acc2, i = paired_tile(ring, ready, empty, act, i, n_k, STAGES, acc_layout)
                 if op == 1:
-                    _add_rows(s_qkv_ptr + sl * BATCH * NQ * SLOT_ROWS, acc1, tile * SLOT_ROWS, NQ * SLOT_ROWS, B, HALF)
-                    _add_rows(s_qkv_ptr + sl * BATCH * NQ * SLOT_ROWS, acc2, tile * SLOT_ROWS + HALF, NQ * SLOT_ROWS, B,
+                    _add_rows(s_qkv_ptr + sl * ROWS * NQ * SLOT_ROWS, acc1, tile * SLOT_ROWS, NQ * SLOT_ROWS, B, HALF)
+                    _add_rows(s_qkv_ptr + sl * ROWS * NQ * SLOT_ROWS, acc2, tile * SLOT_ROWS + HALF, NQ * SLOT_ROWS, B,
                               HALF)
                 else:
-                    _add_rows(s_gu_ptr + sl * BATCH * 2 * F, acc1, tile * SLOT_ROWS, 2 * F, B, HALF)
-                    _add_rows(s_gu_ptr + sl * BATCH * 2 * F, acc2, tile * SLOT_ROWS + HALF, 2 * F, B, HALF)
+                    _add_rows(s_gu_ptr + sl * ROWS * 2 * F, acc1, tile * SLOT_ROWS, 2 * F, B, HALF)
+                    _add_rows(s_gu_ptr + sl * ROWS * 2 * F, acc2, tile * SLOT_ROWS + HALF, 2 * F, B, HALF)
             else:
                 acc, i = single_tile(ring, ready, empty, act, i, n_k, STAGES, acc_layout)
                 if op == 3:
-                    _add_rows(s_o_ptr + sl * BATCH * H, acc, col0, H, B, SLOT_ROWS)
+                    _add_rows(s_o_ptr + sl * ROWS * H, acc, col0, H, B, SLOT_ROWS)
                 elif op == 5:
-                    _add_rows(s_d_ptr + sl * BATCH * H, acc, col0, H, B, SLOT_ROWS)
+                    _add_rows(s_d_ptr + sl * ROWS * H, acc, col0, H, B, SLOT_ROWS)
                 else:
-                    _add_rows(s_head_ptr + step * BATCH * NTH * SLOT_ROWS, acc, col0, NTH * SLOT_ROWS, B, SLOT_ROWS)
+                    _add_rows(s_head_ptr + step * ROWS * NTH * SLOT_ROWS, acc, col0, NTH * SLOT_ROWS, B, SLOT_ROWS)
             gl.thread_barrier()
             arrived = gl.atomic_add(counter_ptr + field(vec, C_PARTS), 1, sem="acq_rel", scope="gpu")
             if arrived == field(vec, C_SPLITS) - 1:  # the tile's last slice: its epilogue
                 wait_all(waits_ptr, field(vec, C_FOFF), field(vec, C_FCNT), counter_ptr, error_ptr, spin_limit)
                 if op == 1:
-                    _qkv_epilogue(s_qkv_ptr + sl * BATCH * NQ * SLOT_ROWS, ssx_ptr + sx * BATCH, bias_ptr, qkn_ptr,
-                                  inv_freq_ptr, lengths_ptr, q_ptr + sl * BATCH * Q, kv_ptr, layer, step, tile,
+                    _qkv_epilogue(s_qkv_ptr + sl * ROWS * NQ * SLOT_ROWS, ssx_ptr + sx * ROWS, bias_ptr, qkn_ptr,
+                                  inv_freq_ptr, lengths_ptr, q_ptr + sl * ROWS * Q, kv_ptr, layer, step, tile,
                                   field(vec, C_SEG), field(vec, C_HEAD0), B, H, NQ, Q, D, KVH, L, S, BATCH,
-                                  QK_NORM, EPS)
+                                  QK_NORM, EPS, TOKENS)
                 elif op == 3:
-                    _residual_epilogue(s_o_ptr + sl * BATCH * H, xs_ptr + sx * BATCH * H, xm_ptr + sl * BATCH * H,
-                                       ssm_ptr + sl * BATCH, col0, B, H)
+                    _residual_epilogue(s_o_ptr + sl * ROWS * H, xs_ptr + sx * ROWS * H, xm_ptr + sl * ROWS * H,
+                                       ssm_ptr + sl * ROWS, col0, B, H)
                 elif op == 4:
-                    _gate_up_epilogue(s_gu_ptr + sl * BATCH * 2 * F, ssm_ptr + sl * BATCH, h_ptr + sl * BATCH * F,
+                    _gate_up_epilogue(s_gu_ptr + sl * ROWS * 2 * F, ssm_ptr + sl * ROWS, h_ptr + sl * ROWS * F,
                                       tile, B, H, F, EPS)
                 elif op == 5:
-                    _residual_epilogue(s_d_ptr + sl * BATCH * H, xm_ptr + sl * BATCH * H,
-                                       xs_ptr + (sx + 1) * BATCH * H, ssx_ptr + (sx + 1) * BATCH, col0, B, H)
+                    _residual_epilogue(s_d_ptr + sl * ROWS * H, xm_ptr + sl * ROWS * H,
+                                       xs_ptr + (sx + 1) * ROWS * H, ssx_ptr + (sx + 1) * ROWS, col0, B, H)
                 else:
-                    _head_epilogue(s_head_ptr + step * BATCH * NTH * SLOT_ROWS, ssx_ptr + (step * (L + 1) + L) * BATCH,
+                    _head_epilogue(s_head_ptr + step * ROWS * NTH * SLOT_ROWS, ssx_ptr + (step * (L + 1) + L) * ROWS,
                                    best_val_ptr + step * NTH * BPAD, best_idx_ptr + step * NTH * BPAD, tile, B, H, V,
-                                   NTH, EPS)
+                                   NTH, EPS, LOGITS)
                 if op == 6:
                     gl.thread_barrier()
                     done = gl.atomic_add(counter_ptr + field(vec, C_DONE), 1, sem="acq_rel", scope="gpu")
@@ -448,7 +474,8 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_pt
                 G: gl.constexpr, KVH: gl.constexpr, L: gl.constexpr, S: gl.constexpr, NQ: gl.constexpr,
                 NTH: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr, STAGES: gl.constexpr,
                 KT_MAX: gl.constexpr, EPS: gl.constexpr, QK_SCALE: gl.constexpr, GP: gl.constexpr,
-                CHUNKS: gl.constexpr, STAMPS: gl.constexpr, KV_BUFS: gl.constexpr):
+                CHUNKS: gl.constexpr, STAMPS: gl.constexpr, KV_BUFS: gl.constexpr, TOKENS: gl.constexpr,
+                LOGITS: gl.constexpr):
     ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, SLOT_ROWS, BK], qkv_desc.layout)
     act_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BPAD, BK], gl.bfloat16)
     act = gl.allocate_shared_memory(gl.bfloat16, [KT_MAX, BPAD, BK], act_layout)
@@ -460,7 +487,7 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_pt
                         ssm_ptr, q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr,
                         best_val_ptr, best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr,
                         stamps_ptr, H, Q, F, V, D, G, KVH, L, S, NQ, NTH, BATCH, QK_NORM, STAGES, EPS, QK_SCALE, GP,
-                        CHUNKS, STAMPS, KV_BUFS)),
+                        CHUNKS, STAMPS, KV_BUFS, TOKENS, LOGITS)),
         (step_loader, (qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty, table_ptr, list_ptr,
                        bounds_ptr, STAGES)),
     ], [1], [40])
