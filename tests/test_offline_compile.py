@@ -123,10 +123,10 @@ import torch
 
 tools = _Triton(90)
 for name in sys.argv[1:]:
-    if name.startswith("verify:"):  # a target's verify pass: 2 sequences of 6 tokens, their logits kept
-        spec = from_name(name.split(":")[1])
-        prog = step_table(spec, 2, 1, 132, sms=132, tokens=6)
-        kv = torch.empty(2, spec.num_layers, 2, spec.num_kv_heads, 1100, spec.head_dim, dtype=torch.bfloat16,
+    if name.startswith("verify:"):  # a target's verify pass: 8 sequences of 6 tokens (a 64-row tile, K
+        spec = from_name(name.split(":")[1])  # staged 16 tiles at a time), their logits kept
+        prog = step_table(spec, 8, 1, 132, sms=132, tokens=6)
+        kv = torch.empty(2, spec.num_layers, 8, spec.num_kv_heads, 1100, spec.head_dim, dtype=torch.bfloat16,
                          device="meta")
         launch = StepLaunch(prog, tile_weights(meta_weights(spec, torch.bfloat16), prog), kv, logits=True)
         step = SimpleNamespace(launch=launch, digest=name)
@@ -136,7 +136,8 @@ for name in sys.argv[1:]:
         step = CompiledStep.build(0, bufs, 132, "main")
     key, (source, options) = tools.bind_step(step)
     r = tools.compile(source, options)
-    print(name, r.registers, r.spills, r.shared_bytes, step.launch.kwargs["KV_BUFS"])
+    print(name, r.registers, r.spills, r.shared_bytes, step.launch.kwargs["KV_BUFS"], step.launch.kwargs["RPAD"],
+          step.launch.kwargs["CHUNK"])
 """
 
 
@@ -152,6 +153,7 @@ def test_the_step_kernel_compiles_for_hopper_for_every_family(triton_cache):
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line.split() for line in proc.stdout.splitlines()]
     assert [r[0] for r in rows] == names
-    for name, regs, spills, shared, kv_buffers in rows:
+    for name, regs, spills, shared, kv_buffers, rpad, chunk in rows:
         assert int(regs) <= 168 and int(spills) == 0 and 200_000 < int(shared) <= 232_448, (name, regs, shared)
         assert int(kv_buffers) in (1, 2)
+    assert [(r[5], r[6]) for r in rows] == [("16", "0")] * 3 + [("64", "16")]  # the drafts' row tile, whole K

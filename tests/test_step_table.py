@@ -311,8 +311,9 @@ def test_the_kernel_reads_the_columns_the_host_writes():
     for name in dir(layout):
         if name.startswith("C_"):
             assert getattr(ring, name).value == getattr(layout, name), name
-    assert (ring.REC.value, ring.SLOT_ROWS.value, ring.BK.value, ring.HALF.value, ring.BPAD.value) == \
-        (layout.REC, layout.SLOT_ROWS, layout.K_TILE, layout.HALF_ROWS, layout.BATCH_PAD)
+    assert (ring.REC.value, ring.SLOT_ROWS.value, ring.BK.value, ring.HALF.value) == \
+        (layout.REC, layout.SLOT_ROWS, layout.K_TILE, layout.HALF_ROWS)
+    assert layout.BATCH_PAD in layout.ROW_TILES and all(t % 8 == 0 and t <= 256 for t in layout.ROW_TILES)  # wgmma N
     assert Tiles() == Tiles(k=layout.K_TILE, rows=layout.SLOT_ROWS, half=layout.HALF_ROWS)
 
 
@@ -339,8 +340,8 @@ def test_ledger_splits_each_task_into_wait_and_work():
 
 
 @pytest.mark.parametrize("name,batch,tokens,reason", [
-    ("qwen3-0.6b", 17, 1, "1 to 16 rows"),  # 17 decode rows
-    ("qwen3-8b", 3, 6, "1 to 16 rows"),  # a verify pass of 18 rows
+    ("qwen3-0.6b", 65, 1, "1 to 64 rows"),  # 65 decode rows
+    ("qwen3-8b", 11, 6, "1 to 64 rows"),  # a verify pass of 66 rows
     ("qwen2.5-0.5b", 1, 10, "exceed the attention tile"),  # 10 tokens x 7 query heads a KV head > 64
 ])
 def test_a_launch_past_the_kernels_row_tile_is_refused_before_it_is_built(name, batch, tokens, reason):
@@ -350,3 +351,12 @@ def test_a_launch_past_the_kernels_row_tile_is_refused_before_it_is_built(name, 
                      device="meta")
     with pytest.raises(ValueError, match=reason):
         StepLaunch(prog, {"qkv": kv}, kv)
+
+
+def test_activation_tiles_hold_a_whole_k_slice_where_it_fits_else_runs_of_it():
+    from conjugate.compiler.step.launch import ACT_BUDGET, activation_tiles
+
+    assert activation_tiles(32, 16) == 32  # the drafts: every slice whole (64 KB)
+    assert activation_tiles(64, 16) == 64 and 64 * 16 * 128 == ACT_BUDGET  # an 8B target's lm_head K at 16 rows
+    assert activation_tiles(64, 32) == 32 and activation_tiles(64, 64) == 16  # staged in runs
+    assert activation_tiles(8, 64) == 8

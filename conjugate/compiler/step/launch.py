@@ -14,10 +14,11 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from conjugate.compiler.step.layout import encode
 from conjugate.compiler.step.table import StepProgram, Tiles
-from conjugate.kernels.step.columns import BATCH_PAD, K_TILE, SLOT_ROWS
+from conjugate.kernels.step.columns import K_TILE, ROW_TILES, SLOT_ROWS
 from conjugate.kernels.step.device import step_kernel
 
 SMEM_BUDGET = 220 * 1024  # shared memory a program may take: the ring and the activation tiles
+ACT_BUDGET = 128 * 1024  # the activation tiles' share of it at most (the ring keeps 5 or more slots)
 SPIN_LIMIT = 1 << 20  # polls of one wait before it counts an error (a checked table never gets there)
 KEY_BLOCK = 64  # keys per attention block (the wgmma N of the scores)
 
@@ -34,8 +35,9 @@ class StepLaunch:
                  spin_limit: int = SPIN_LIMIT, logits: bool = False):
         spec, dev, B, R, k = prog.spec, weights["qkv"].device, prog.batch, prog.rows, prog.steps
         group = spec.num_heads // spec.num_kv_heads
-        if R > BATCH_PAD or prog.tiles != Tiles():
-            raise ValueError(f"the step kernel runs 1 to {BATCH_PAD} rows a step at its own tile shapes")
+        if R > ROW_TILES[-1] or prog.tiles != Tiles():
+            raise ValueError(f"the step kernel runs 1 to {ROW_TILES[-1]} rows a step at its own tile shapes")
+        rpad = next(t for t in ROW_TILES if t >= R)
         if group * prog.tokens > KEY_BLOCK:
             raise ValueError(f"{prog.tokens} tokens x {group} query heads a KV head exceed the attention tile's "
                              f"{KEY_BLOCK} rows")
@@ -53,8 +55,8 @@ class StepLaunch:
         def buf(*shape, dtype=bf16):
             return torch.empty(*shape, dtype=dtype, device=dev)
 
-        self.tokens_in = torch.zeros(BATCH_PAD, dtype=torch.int32, device=dev)
-        self.tokens = torch.zeros(k, BATCH_PAD, dtype=torch.int32, device=dev)
+        self.tokens_in = torch.zeros(rpad, dtype=torch.int32, device=dev)
+        self.tokens = torch.zeros(k, rpad, dtype=torch.int32, device=dev)
         self.lengths = torch.zeros(B, dtype=torch.int32, device=dev)
         self.xs, self.xm = buf(k, L + 1, R, H), buf(k, L, R, H)
         self.ssx, self.ssm = buf(k, L + 1, R, dtype=f32), buf(k, L, R, dtype=f32)
@@ -62,8 +64,8 @@ class StepLaunch:
         self.sums = [buf(k, L, R, nq * SLOT_ROWS, dtype=f32), buf(k, L, R, H, dtype=f32),
                      buf(k, L, R, 2 * F, dtype=f32), buf(k, L, R, H, dtype=f32),
                      buf(k, R, nth * SLOT_ROWS, dtype=f32)]
-        self.best_val = buf(k, nth, BATCH_PAD, dtype=f32)
-        self.best_idx = buf(k, nth, BATCH_PAD, dtype=torch.int32)
+        self.best_val = buf(k, nth, rpad, dtype=f32)
+        self.best_idx = buf(k, nth, rpad, dtype=torch.int32)
         layout = gl.NVMMASharedLayout.get_default_for([SLOT_ROWS, K_TILE], gl.bfloat16)
         self.descs = [TensorDescriptor.from_tensor(weights[n], [SLOT_ROWS, K_TILE], layout)
                       for n in ("qkv", "o", "gu", "d", "head")]
@@ -72,15 +74,16 @@ class StepLaunch:
         gp = max(4, triton.next_power_of_2(group * prog.tokens))  # a pair's query rows; they span the 4 warps
         pairs = k * L * B * spec.num_kv_heads * chunks
         self.part_ml, self.part_acc = buf(pairs, 2, gp, dtype=f32), buf(pairs, gp, spec.head_dim, dtype=f32)
-        act_bytes = kt_max * BATCH_PAD * K_TILE * 2
+        act_tiles = activation_tiles(kt_max, rpad)
+        act_bytes = act_tiles * rpad * K_TILE * 2
         stages = min(12, (SMEM_BUDGET - act_bytes) // (SLOT_ROWS * K_TILE * 2 + 16))
         if stages < 2:
             raise ValueError(f"{kt_max} activation tiles leave no shared memory for a ring")
         self.kwargs = dict(H=H, Q=Q, F=F, V=V, D=spec.head_dim, G=group,
                            KVH=spec.num_kv_heads, L=L, S=kv.shape[4], NQ=nq, NTH=nth, BATCH=B,
-                           QK_NORM=spec.qk_norm, STAGES=stages, KT_MAX=kt_max, EPS=spec.rms_norm_eps,
+                           QK_NORM=spec.qk_norm, STAGES=stages, KT_MAX=act_tiles, EPS=spec.rms_norm_eps,
                            QK_SCALE=1.4426950408889634 / spec.head_dim ** 0.5, GP=gp, CHUNKS=chunks, STAMPS=stamps,
-                           KV_BUFS=kv_buffers(act_bytes, spec.head_dim), TOKENS=prog.tokens, LOGITS=logits, num_warps=4,
+                           KV_BUFS=kv_buffers(act_bytes, spec.head_dim), TOKENS=prog.tokens, LOGITS=logits, RPAD=rpad, CHUNK=0 if act_tiles == kt_max else act_tiles, num_warps=4,
                            maxnreg=168)
         self.stamps = torch.zeros(len(prog.tasks), 3, dtype=torch.int64, device=dev)
         self.spin_limit = spin_limit
@@ -111,6 +114,13 @@ class StepLaunch:
     def warmup(self):
         """Compile without running; returns Triton's compiled kernel (registers, spills, shared memory)."""
         return step_kernel.warmup(*self.args(), **self.kwargs, grid=(self.prog.programs,))
+
+
+def activation_tiles(kt_max: int, rpad: int) -> int:
+    """K tiles of activation rows a program stages at once: every task's whole K slice where that fits
+    ACT_BUDGET, else as many as fit (the kernel then stages and multiplies a slice a run at a time)."""
+    tile = rpad * K_TILE * 2
+    return kt_max if kt_max * tile <= ACT_BUDGET else ACT_BUDGET // tile
 
 
 def kv_buffers(act_bytes: int, head_dim: int) -> int:

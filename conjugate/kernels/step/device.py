@@ -32,7 +32,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
-from conjugate.kernels.step.ring import (BK, BPAD, C_DONE, C_FCNT, C_FOFF, C_HEAD0, C_KHI, C_KLO, C_LAYER,
+from conjugate.kernels.step.ring import (BK, C_DONE, C_FCNT, C_FOFF, C_HEAD0, C_KHI, C_KLO, C_LAYER,
                                          C_OP, C_PARTS, C_SEG, C_SPLITS, C_STEP, C_TILE, C_TOKEN, C_W1C, C_W1T,
                                          C_WCNT, C_WOFF, HALF, SLOT_ROWS, acquire, field, now, paired_tile, record,
                                          release, ring_barriers, single_tile, stage_activations, step_loader,
@@ -44,17 +44,59 @@ from conjugate.kernels.step.ring import (BK, BPAD, C_DONE, C_FCNT, C_FOFF, C_HEA
 # --------------------------------------------------------------------------------------------------
 
 @gluon.jit
-def _add_rows(sum_ptr, acc, col0, width, B, ROWS: gl.constexpr):
-    """sums[b, col0 + r] += acc[r, b] (acc is the transposed [ROWS, BPAD] accumulator), r < ROWS."""
+def _add_rows(sum_ptr, acc, col0, width, B, ROWS: gl.constexpr, RPAD: gl.constexpr):
+    """sums[b, col0 + r] += acc[r, b] (acc is the transposed [ROWS, RPAD] accumulator), r < ROWS."""
     r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, acc.type.layout))
-    b = gl.arange(0, BPAD, layout=gl.SliceLayout(0, acc.type.layout))
+    b = gl.arange(0, RPAD, layout=gl.SliceLayout(0, acc.type.layout))
     gl.atomic_add(sum_ptr + b[None, :] * width + (col0 + r)[:, None], acc, mask=(b < B)[None, :], sem="relaxed")
 
 
 @gluon.jit
-def _tile(ptr, col0, width, B, ROWS: gl.constexpr, layout: gl.constexpr):
-    """[BPAD, ROWS] fp32 of ptr[b, col0 + c] (rows past B zero), through L2."""
-    b = gl.arange(0, BPAD, layout=gl.SliceLayout(1, layout))
+def _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, step, sl, sx, B, k_lo, n_k, H: gl.constexpr, Q: gl.constexpr,
+           F: gl.constexpr, L: gl.constexpr, ROWS: gl.constexpr, RPAD: gl.constexpr):
+    """The activation rows a GEMM task reads, K tiles [k_lo, k_lo + n_k * BK), into the activation tiles
+    (constexpr row widths: cp.async needs to know they are 16-byte aligned)."""
+    if op == 1:
+        stage_activations(act, xs_ptr + sx * ROWS * H, H, B, k_lo, n_k, RPAD)
+    elif op == 3:
+        stage_activations(act, o_ptr + sl * ROWS * Q, Q, B, k_lo, n_k, RPAD)
+    elif op == 4:
+        stage_activations(act, xm_ptr + sl * ROWS * H, H, B, k_lo, n_k, RPAD)
+    elif op == 5:
+        stage_activations(act, h_ptr + sl * ROWS * F, F, B, k_lo, n_k, RPAD)
+    else:
+        stage_activations(act, xs_ptr + (step * (L + 1) + L) * ROWS * H, H, B, k_lo, n_k, RPAD)
+
+
+@gluon.jit
+def _add_paired(op, acc1, acc2, s_qkv_ptr, s_gu_ptr, sl, tile, B, NQ: gl.constexpr, F: gl.constexpr,
+                ROWS: gl.constexpr, RPAD: gl.constexpr):
+    """A paired tile's partial (qkv or gate_up) into the op's fp32 sums."""
+    if op == 1:
+        _add_rows(s_qkv_ptr + sl * ROWS * NQ * SLOT_ROWS, acc1, tile * SLOT_ROWS, NQ * SLOT_ROWS, B, HALF, RPAD)
+        _add_rows(s_qkv_ptr + sl * ROWS * NQ * SLOT_ROWS, acc2, tile * SLOT_ROWS + HALF, NQ * SLOT_ROWS, B,
+                  HALF, RPAD)
+    else:
+        _add_rows(s_gu_ptr + sl * ROWS * 2 * F, acc1, tile * SLOT_ROWS, 2 * F, B, HALF, RPAD)
+        _add_rows(s_gu_ptr + sl * ROWS * 2 * F, acc2, tile * SLOT_ROWS + HALF, 2 * F, B, HALF, RPAD)
+
+
+@gluon.jit
+def _add_single(op, acc, s_o_ptr, s_d_ptr, s_head_ptr, step, sl, col0, B, H: gl.constexpr, NTH: gl.constexpr,
+                ROWS: gl.constexpr, RPAD: gl.constexpr):
+    """A single tile's partial (o_proj, down or lm_head) into the op's fp32 sums."""
+    if op == 3:
+        _add_rows(s_o_ptr + sl * ROWS * H, acc, col0, H, B, SLOT_ROWS, RPAD)
+    elif op == 5:
+        _add_rows(s_d_ptr + sl * ROWS * H, acc, col0, H, B, SLOT_ROWS, RPAD)
+    else:
+        _add_rows(s_head_ptr + step * ROWS * NTH * SLOT_ROWS, acc, col0, NTH * SLOT_ROWS, B, SLOT_ROWS, RPAD)
+
+
+@gluon.jit
+def _tile(ptr, col0, width, B, ROWS: gl.constexpr, layout: gl.constexpr, RPAD: gl.constexpr):
+    """[RPAD, ROWS] fp32 of ptr[b, col0 + c] (rows past B zero), through L2."""
+    b = gl.arange(0, RPAD, layout=gl.SliceLayout(1, layout))
     c = gl.arange(0, ROWS, layout=gl.SliceLayout(0, layout))
     mask = (b < B)[:, None] & (c < ROWS)[None, :]
     return gl.load(ptr + b[:, None] * width + (col0 + c)[None, :], mask=mask, other=0.0,
@@ -62,20 +104,20 @@ def _tile(ptr, col0, width, B, ROWS: gl.constexpr, layout: gl.constexpr):
 
 
 @gluon.jit
-def _rstd(ss_ptr, B, H: gl.constexpr, EPS: gl.constexpr, layout: gl.constexpr):
-    """[BPAD, 1]: each row's 1 / rms from its summed squares."""
-    b = gl.arange(0, BPAD, layout=gl.SliceLayout(1, layout))
+def _rstd(ss_ptr, B, H: gl.constexpr, EPS: gl.constexpr, layout: gl.constexpr, RPAD: gl.constexpr):
+    """[RPAD, 1]: each row's 1 / rms from its summed squares."""
+    b = gl.arange(0, RPAD, layout=gl.SliceLayout(1, layout))
     ss = gl.load(ss_ptr + b, mask=b < B, other=0.0, cache_modifier=".cg")
     return gl.rsqrt(ss / H + EPS)[:, None]
 
 
 @gluon.jit
-def _residual_epilogue(sum_ptr, res_ptr, out_ptr, ss_out_ptr, col0, B, H: gl.constexpr):
+def _residual_epilogue(sum_ptr, res_ptr, out_ptr, ss_out_ptr, col0, B, H: gl.constexpr, RPAD: gl.constexpr):
     """out[:, tile] = bf16(res[:, tile] + sums[:, tile]); the rounded tile's squares into ss_out."""
     layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
-    b = gl.arange(0, BPAD, layout=gl.SliceLayout(1, layout))
+    b = gl.arange(0, RPAD, layout=gl.SliceLayout(1, layout))
     c = gl.arange(0, SLOT_ROWS, layout=gl.SliceLayout(0, layout))
-    new = _tile(sum_ptr, col0, H, B, SLOT_ROWS, layout) + _tile(res_ptr, col0, H, B, SLOT_ROWS, layout)
+    new = _tile(sum_ptr, col0, H, B, SLOT_ROWS, layout, RPAD) + _tile(res_ptr, col0, H, B, SLOT_ROWS, layout, RPAD)
     new = new.to(gl.bfloat16)
     mask = (b < B)[:, None] & (c < SLOT_ROWS)[None, :]
     gl.store(out_ptr + b[:, None] * H + (col0 + c)[None, :], new, mask=mask)
@@ -84,13 +126,13 @@ def _residual_epilogue(sum_ptr, res_ptr, out_ptr, ss_out_ptr, col0, B, H: gl.con
 
 
 @gluon.jit
-def _gate_up_epilogue(sum_ptr, ss_ptr, h_ptr, tile, B, H: gl.constexpr, F: gl.constexpr, EPS: gl.constexpr):
+def _gate_up_epilogue(sum_ptr, ss_ptr, h_ptr, tile, B, H: gl.constexpr, F: gl.constexpr, EPS: gl.constexpr, RPAD: gl.constexpr):
     layout: gl.constexpr = gl.BlockedLayout([1, 2], [2, 16], [4, 1], [1, 0])
-    b = gl.arange(0, BPAD, layout=gl.SliceLayout(1, layout))
+    b = gl.arange(0, RPAD, layout=gl.SliceLayout(1, layout))
     c = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
-    rstd = _rstd(ss_ptr, B, H, EPS, layout)
-    g = _tile(sum_ptr, tile * SLOT_ROWS, 2 * F, B, HALF, layout) * rstd
-    u = _tile(sum_ptr, tile * SLOT_ROWS + HALF, 2 * F, B, HALF, layout) * rstd
+    rstd = _rstd(ss_ptr, B, H, EPS, layout, RPAD)
+    g = _tile(sum_ptr, tile * SLOT_ROWS, 2 * F, B, HALF, layout, RPAD) * rstd
+    u = _tile(sum_ptr, tile * SLOT_ROWS + HALF, 2 * F, B, HALF, layout, RPAD) * rstd
     h = g / (1.0 + gl.exp(-g)) * u
     gl.store(h_ptr + b[:, None] * F + (tile * HALF + c)[None, :], h.to(gl.bfloat16), mask=(b < B)[:, None])
 
@@ -99,24 +141,24 @@ def _gate_up_epilogue(sum_ptr, ss_ptr, h_ptr, tile, B, H: gl.constexpr, F: gl.co
 def _qkv_epilogue(sum_ptr, ss_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, lengths_ptr, q_ptr, kv_ptr, layer, step, tile,
                   seg, head0, B, H: gl.constexpr, NQ: gl.constexpr, Q: gl.constexpr, D: gl.constexpr,
                   KVH: gl.constexpr, L: gl.constexpr, S: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr,
-                  EPS: gl.constexpr, TOKENS: gl.constexpr):
+                  EPS: gl.constexpr, TOKENS: gl.constexpr, RPAD: gl.constexpr):
     """One paired tile: rows r < 64 are dims d = r % (D/2) of head head0 + r // (D/2) (first halves),
     the next 64 the same heads' second halves. Activation row b is token b % TOKENS of sequence
     b // TOKENS, at position length + step + that token."""
     layout: gl.constexpr = gl.BlockedLayout([1, 2], [2, 16], [4, 1], [1, 0])
-    b = gl.arange(0, BPAD, layout=gl.SliceLayout(1, layout))
+    b = gl.arange(0, RPAD, layout=gl.SliceLayout(1, layout))
     r = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
     HD2: gl.constexpr = D // 2
     j = r // HD2
     d = r % HD2
-    rstd = _rstd(ss_ptr, B, H, EPS, layout)
+    rstd = _rstd(ss_ptr, B, H, EPS, layout, RPAD)
     bias1 = gl.load(bias_ptr + layer * NQ * SLOT_ROWS + tile * SLOT_ROWS + r)
     bias2 = gl.load(bias_ptr + layer * NQ * SLOT_ROWS + tile * SLOT_ROWS + HALF + r)
-    a1 = _tile(sum_ptr, tile * SLOT_ROWS, NQ * SLOT_ROWS, B, HALF, layout) * rstd + bias1[None, :]
-    a2 = _tile(sum_ptr, tile * SLOT_ROWS + HALF, NQ * SLOT_ROWS, B, HALF, layout) * rstd + bias2[None, :]
+    a1 = _tile(sum_ptr, tile * SLOT_ROWS, NQ * SLOT_ROWS, B, HALF, layout, RPAD) * rstd + bias1[None, :]
+    a2 = _tile(sum_ptr, tile * SLOT_ROWS + HALF, NQ * SLOT_ROWS, B, HALF, layout, RPAD) * rstd + bias2[None, :]
     if TOKENS == 1:
         seq = b
-        pos = gl.load(lengths_ptr + b, mask=b < B, other=0) + step  # [BPAD]
+        pos = gl.load(lengths_ptr + b, mask=b < B, other=0) + step  # [RPAD]
     else:
         seq = b // TOKENS
         pos = gl.load(lengths_ptr + seq, mask=b < B, other=0) + step + b % TOKENS
@@ -143,7 +185,7 @@ def _qkv_epilogue(sum_ptr, ss_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, lengths_ptr,
         gl.store(base, o1.to(gl.bfloat16), mask=mask)
         gl.store(base + HD2, o2.to(gl.bfloat16), mask=mask)
     else:
-        plane = ((seg - 1) * L + layer) * BATCH + seq  # [BPAD]: the (k or v, layer, sequence) cache plane
+        plane = ((seg - 1) * L + layer) * BATCH + seq  # [RPAD]: the (k or v, layer, sequence) cache plane
         base = kv_ptr + ((plane[:, None] * KVH + head[None, :]) * S + pos[:, None]) * D + d[None, :]
         gl.store(base, o1.to(gl.bfloat16), mask=mask)
         gl.store(base + HD2, o2.to(gl.bfloat16), mask=mask)
@@ -151,36 +193,36 @@ def _qkv_epilogue(sum_ptr, ss_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, lengths_ptr,
 
 @gluon.jit
 def _head_epilogue(sum_ptr, ss_ptr, best_val_ptr, best_idx_ptr, tile, B, H: gl.constexpr, V: gl.constexpr,
-                   NTH: gl.constexpr, EPS: gl.constexpr, LOGITS: gl.constexpr):
+                   NTH: gl.constexpr, EPS: gl.constexpr, LOGITS: gl.constexpr, RPAD: gl.constexpr):
     """The tile's logits (1/rms applied): each row's max and its first column, into the step's partials;
     with LOGITS the logits themselves too, over the tile's sums (the step's [rows, NTH * 128] fp32)."""
     layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
-    b = gl.arange(0, BPAD, layout=gl.SliceLayout(1, layout))
+    b = gl.arange(0, RPAD, layout=gl.SliceLayout(1, layout))
     c = tile * SLOT_ROWS + gl.arange(0, SLOT_ROWS, layout=gl.SliceLayout(0, layout))
-    logits = _tile(sum_ptr, tile * SLOT_ROWS, NTH * SLOT_ROWS, B, SLOT_ROWS, layout) * _rstd(ss_ptr, B, H, EPS, layout)
+    logits = _tile(sum_ptr, tile * SLOT_ROWS, NTH * SLOT_ROWS, B, SLOT_ROWS, layout, RPAD) * _rstd(ss_ptr, B, H, EPS, layout, RPAD)
     if LOGITS:
         gl.store(sum_ptr + b[:, None] * (NTH * SLOT_ROWS) + c[None, :], logits, mask=(b < B)[:, None] & (c < V)[None, :])
     logits = gl.where((c < V)[None, :], logits, float("-inf"))
     best = gl.max(logits, axis=1)
     first = -gl.max(gl.where(logits == best[:, None], -c[None, :], -(V + 1)), axis=1)
-    gl.store(best_val_ptr + tile * BPAD + b, best, mask=b < B)
-    gl.store(best_idx_ptr + tile * BPAD + b, first, mask=b < B)
+    gl.store(best_val_ptr + tile * RPAD + b, best, mask=b < B)
+    gl.store(best_idx_ptr + tile * RPAD + b, first, mask=b < B)
 
 
 @gluon.jit
-def _reduce_tokens(best_val_ptr, best_idx_ptr, tokens_ptr, B, NTH: gl.constexpr):
+def _reduce_tokens(best_val_ptr, best_idx_ptr, tokens_ptr, B, NTH: gl.constexpr, RPAD: gl.constexpr):
     """The step's tokens: per row, the first tile (in column order) holding the largest maximum."""
     layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
-    b = gl.arange(0, BPAD, layout=gl.SliceLayout(1, layout))
+    b = gl.arange(0, RPAD, layout=gl.SliceLayout(1, layout))
     t = gl.arange(0, SLOT_ROWS, layout=gl.SliceLayout(0, layout))
-    top = gl.full([BPAD], float("-inf"), gl.float32, layout=gl.SliceLayout(1, layout))
-    arg = gl.zeros([BPAD], gl.int32, layout=gl.SliceLayout(1, layout))
+    top = gl.full([RPAD], float("-inf"), gl.float32, layout=gl.SliceLayout(1, layout))
+    arg = gl.zeros([RPAD], gl.int32, layout=gl.SliceLayout(1, layout))
     for t0 in range(0, NTH, SLOT_ROWS):
         tiles = t0 + t
         mask = (b < B)[:, None] & (tiles < NTH)[None, :]
-        vals = gl.load(best_val_ptr + tiles[None, :] * BPAD + b[:, None], mask=mask, other=float("-inf"),
+        vals = gl.load(best_val_ptr + tiles[None, :] * RPAD + b[:, None], mask=mask, other=float("-inf"),
                        cache_modifier=".cg")
-        idx = gl.load(best_idx_ptr + tiles[None, :] * BPAD + b[:, None], mask=mask, other=0, cache_modifier=".cg")
+        idx = gl.load(best_idx_ptr + tiles[None, :] * RPAD + b[:, None], mask=mask, other=0, cache_modifier=".cg")
         chunk = gl.max(vals, axis=1)
         first = -gl.max(gl.where(vals == chunk[:, None], -idx, -2147483647), axis=1)
         better = chunk > top
@@ -194,9 +236,9 @@ def _reduce_tokens(best_val_ptr, best_idx_ptr, tokens_ptr, B, NTH: gl.constexpr)
 # --------------------------------------------------------------------------------------------------
 
 @gluon.jit
-def _embed(embed_ptr, tokens_ptr, x_ptr, ss_ptr, col0, B, H: gl.constexpr):
+def _embed(embed_ptr, tokens_ptr, x_ptr, ss_ptr, col0, B, H: gl.constexpr, RPAD: gl.constexpr):
     layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
-    b = gl.arange(0, BPAD, layout=gl.SliceLayout(1, layout))
+    b = gl.arange(0, RPAD, layout=gl.SliceLayout(1, layout))
     c = col0 + gl.arange(0, SLOT_ROWS, layout=gl.SliceLayout(0, layout))
     tok = gl.load(tokens_ptr + b, mask=b < B, other=0, cache_modifier=".cg")
     mask = (b < B)[:, None]
@@ -345,10 +387,11 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                  G: gl.constexpr, KVH: gl.constexpr, L: gl.constexpr, S: gl.constexpr, NQ: gl.constexpr,
                  NTH: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr, STAGES: gl.constexpr, EPS: gl.constexpr,
                  QK_SCALE: gl.constexpr, GP: gl.constexpr, CHUNKS: gl.constexpr, STAMPS: gl.constexpr,
-                 KV_BUFS: gl.constexpr, TOKENS: gl.constexpr, LOGITS: gl.constexpr):
+                 KV_BUFS: gl.constexpr, TOKENS: gl.constexpr, LOGITS: gl.constexpr, RPAD: gl.constexpr,
+                 CHUNK: gl.constexpr):
     ROWS: gl.constexpr = BATCH * TOKENS  # activation rows a step: sequence b's token t is row b * TOKENS + t
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, BPAD, 16])
+                                                         instr_shape=[16, RPAD, 16])
     pid = gl.program_id(0)
     i = 0  # ring slots consumed
     first = gl.load(bounds_ptr + pid)
@@ -379,9 +422,9 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
             if step == 0:
                 tokens = tokens_in_ptr
             else:
-                tokens = tokens_ptr + (step - 1) * BPAD
+                tokens = tokens_ptr + (step - 1) * RPAD
             _embed(embed_ptr, tokens, xs_ptr + step * (L + 1) * ROWS * H, ssx_ptr + step * (L + 1) * ROWS, col0,
-                   B, H)
+                   B, H, RPAD)
             release(counter_ptr + field(vec, C_DONE))
         elif op == 2:
             b = field(vec, C_SEG)
@@ -399,34 +442,35 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
         else:
             k_lo = field(vec, C_KLO) * BK  # the table holds K in BK-column tiles
             n_k = field(vec, C_KHI) - field(vec, C_KLO)
-            # the rows this op reads (constexpr row widths: cp.async needs to know they are 16-byte aligned)
-            if op == 1:
-                stage_activations(act, xs_ptr + sx * ROWS * H, H, B, k_lo, n_k)
-            elif op == 3:
-                stage_activations(act, o_ptr + sl * ROWS * Q, Q, B, k_lo, n_k)
-            elif op == 4:
-                stage_activations(act, xm_ptr + sl * ROWS * H, H, B, k_lo, n_k)
-            elif op == 5:
-                stage_activations(act, h_ptr + sl * ROWS * F, F, B, k_lo, n_k)
-            else:
-                stage_activations(act, xs_ptr + (step * (L + 1) + L) * ROWS * H, H, B, k_lo, n_k)
-            if (op == 1) | (op == 4):
-                acc1, acc2, i = paired_tile(ring, ready, empty, act, i, n_k, STAGES, acc_layout)
-                if op == 1:
-                    _add_rows(s_qkv_ptr + sl * ROWS * NQ * SLOT_ROWS, acc1, tile * SLOT_ROWS, NQ * SLOT_ROWS, B, HALF)
-                    _add_rows(s_qkv_ptr + sl * ROWS * NQ * SLOT_ROWS, acc2, tile * SLOT_ROWS + HALF, NQ * SLOT_ROWS, B,
-                              HALF)
+            if CHUNK == 0:  # the activation tiles hold every task's K
+                _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, step, sl, sx, B, k_lo, n_k, H, Q, F, L, ROWS, RPAD)
+                if (op == 1) | (op == 4):
+                    acc1, acc2, i = paired_tile(ring, ready, empty, act, i, n_k, STAGES,
+                                                gl.zeros((HALF, RPAD), dtype=gl.float32, layout=acc_layout),
+                                                gl.zeros((HALF, RPAD), dtype=gl.float32, layout=acc_layout))
+                    _add_paired(op, acc1, acc2, s_qkv_ptr, s_gu_ptr, sl, tile, B, NQ, F, ROWS, RPAD)
                 else:
-                    _add_rows(s_gu_ptr + sl * ROWS * 2 * F, acc1, tile * SLOT_ROWS, 2 * F, B, HALF)
-                    _add_rows(s_gu_ptr + sl * ROWS * 2 * F, acc2, tile * SLOT_ROWS + HALF, 2 * F, B, HALF)
-            else:
-                acc, i = single_tile(ring, ready, empty, act, i, n_k, STAGES, acc_layout)
-                if op == 3:
-                    _add_rows(s_o_ptr + sl * ROWS * H, acc, col0, H, B, SLOT_ROWS)
-                elif op == 5:
-                    _add_rows(s_d_ptr + sl * ROWS * H, acc, col0, H, B, SLOT_ROWS)
+                    acc, i = single_tile(ring, ready, empty, act, i, n_k, STAGES,
+                                         gl.zeros((SLOT_ROWS, RPAD), dtype=gl.float32, layout=acc_layout))
+                    _add_single(op, acc, s_o_ptr, s_d_ptr, s_head_ptr, step, sl, col0, B, H, NTH, ROWS, RPAD)
+            else:  # they hold CHUNK K tiles: the task's K is staged and multiplied CHUNK tiles at a time
+                if (op == 1) | (op == 4):
+                    acc1 = gl.zeros((HALF, RPAD), dtype=gl.float32, layout=acc_layout)
+                    acc2 = gl.zeros((HALF, RPAD), dtype=gl.float32, layout=acc_layout)
+                    for c0 in range(0, n_k, CHUNK):
+                        m = gl.minimum(n_k - c0, CHUNK)
+                        _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, step, sl, sx, B, k_lo + c0 * BK, m, H, Q, F, L,
+                               ROWS, RPAD)
+                        acc1, acc2, i = paired_tile(ring, ready, empty, act, i, m, STAGES, acc1, acc2)
+                    _add_paired(op, acc1, acc2, s_qkv_ptr, s_gu_ptr, sl, tile, B, NQ, F, ROWS, RPAD)
                 else:
-                    _add_rows(s_head_ptr + step * ROWS * NTH * SLOT_ROWS, acc, col0, NTH * SLOT_ROWS, B, SLOT_ROWS)
+                    acc = gl.zeros((SLOT_ROWS, RPAD), dtype=gl.float32, layout=acc_layout)
+                    for c0 in range(0, n_k, CHUNK):
+                        m = gl.minimum(n_k - c0, CHUNK)
+                        _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, step, sl, sx, B, k_lo + c0 * BK, m, H, Q, F, L,
+                               ROWS, RPAD)
+                        acc, i = single_tile(ring, ready, empty, act, i, m, STAGES, acc)
+                    _add_single(op, acc, s_o_ptr, s_d_ptr, s_head_ptr, step, sl, col0, B, H, NTH, ROWS, RPAD)
             gl.thread_barrier()
             arrived = gl.atomic_add(counter_ptr + field(vec, C_PARTS), 1, sem="acq_rel", scope="gpu")
             if arrived == field(vec, C_SPLITS) - 1:  # the tile's last slice: its epilogue
@@ -435,26 +479,26 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                     _qkv_epilogue(s_qkv_ptr + sl * ROWS * NQ * SLOT_ROWS, ssx_ptr + sx * ROWS, bias_ptr, qkn_ptr,
                                   inv_freq_ptr, lengths_ptr, q_ptr + sl * ROWS * Q, kv_ptr, layer, step, tile,
                                   field(vec, C_SEG), field(vec, C_HEAD0), B, H, NQ, Q, D, KVH, L, S, BATCH,
-                                  QK_NORM, EPS, TOKENS)
+                                  QK_NORM, EPS, TOKENS, RPAD)
                 elif op == 3:
                     _residual_epilogue(s_o_ptr + sl * ROWS * H, xs_ptr + sx * ROWS * H, xm_ptr + sl * ROWS * H,
-                                       ssm_ptr + sl * ROWS, col0, B, H)
+                                       ssm_ptr + sl * ROWS, col0, B, H, RPAD)
                 elif op == 4:
                     _gate_up_epilogue(s_gu_ptr + sl * ROWS * 2 * F, ssm_ptr + sl * ROWS, h_ptr + sl * ROWS * F,
-                                      tile, B, H, F, EPS)
+                                      tile, B, H, F, EPS, RPAD)
                 elif op == 5:
                     _residual_epilogue(s_d_ptr + sl * ROWS * H, xm_ptr + sl * ROWS * H,
-                                       xs_ptr + (sx + 1) * ROWS * H, ssx_ptr + (sx + 1) * ROWS, col0, B, H)
+                                       xs_ptr + (sx + 1) * ROWS * H, ssx_ptr + (sx + 1) * ROWS, col0, B, H, RPAD)
                 else:
                     _head_epilogue(s_head_ptr + step * ROWS * NTH * SLOT_ROWS, ssx_ptr + (step * (L + 1) + L) * ROWS,
-                                   best_val_ptr + step * NTH * BPAD, best_idx_ptr + step * NTH * BPAD, tile, B, H, V,
-                                   NTH, EPS, LOGITS)
+                                   best_val_ptr + step * NTH * RPAD, best_idx_ptr + step * NTH * RPAD, tile, B, H, V,
+                                   NTH, EPS, LOGITS, RPAD)
                 if op == 6:
                     gl.thread_barrier()
                     done = gl.atomic_add(counter_ptr + field(vec, C_DONE), 1, sem="acq_rel", scope="gpu")
                     if done == NTH - 1:  # every tile's partial is in: the step's tokens
-                        _reduce_tokens(best_val_ptr + step * NTH * BPAD, best_idx_ptr + step * NTH * BPAD,
-                                       tokens_ptr + step * BPAD, B, NTH)
+                        _reduce_tokens(best_val_ptr + step * NTH * RPAD, best_idx_ptr + step * NTH * RPAD,
+                                       tokens_ptr + step * RPAD, B, NTH, RPAD)
                         release(counter_ptr + field(vec, C_TOKEN))
                 else:
                     release(counter_ptr + field(vec, C_DONE))
@@ -475,10 +519,10 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_pt
                 NTH: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr, STAGES: gl.constexpr,
                 KT_MAX: gl.constexpr, EPS: gl.constexpr, QK_SCALE: gl.constexpr, GP: gl.constexpr,
                 CHUNKS: gl.constexpr, STAMPS: gl.constexpr, KV_BUFS: gl.constexpr, TOKENS: gl.constexpr,
-                LOGITS: gl.constexpr):
+                LOGITS: gl.constexpr, RPAD: gl.constexpr, CHUNK: gl.constexpr):
     ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, SLOT_ROWS, BK], qkv_desc.layout)
-    act_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BPAD, BK], gl.bfloat16)
-    act = gl.allocate_shared_memory(gl.bfloat16, [KT_MAX, BPAD, BK], act_layout)
+    act_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([RPAD, BK], gl.bfloat16)
+    act = gl.allocate_shared_memory(gl.bfloat16, [KT_MAX, RPAD, BK], act_layout)
     ready, empty = ring_barriers(STAGES)
     gl.warp_specialize([
         (step_compute, (ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits_ptr, counter_ptr, error_ptr,
@@ -487,7 +531,7 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_pt
                         ssm_ptr, q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr,
                         best_val_ptr, best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr,
                         stamps_ptr, H, Q, F, V, D, G, KVH, L, S, NQ, NTH, BATCH, QK_NORM, STAGES, EPS, QK_SCALE, GP,
-                        CHUNKS, STAMPS, KV_BUFS, TOKENS, LOGITS)),
+                        CHUNKS, STAMPS, KV_BUFS, TOKENS, LOGITS, RPAD, CHUNK)),
         (step_loader, (qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty, table_ptr, list_ptr,
                        bounds_ptr, STAGES)),
     ], [1], [40])

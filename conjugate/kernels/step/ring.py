@@ -1,7 +1,8 @@
 """The step kernel's weight ring and waits (Gluon, Hopper): a loader partition streams each task's weight
 tiles by TMA into a ring of SLOT_ROWS x BK shared-memory slots, waiting only for free slots; the
 compute partition stages a task's activation rows by cp.async, multiplies them against the ring's
-slots with swap-AB wgmma (weights as the 128- or 2 x 64-row A operand, the B <= 16 rows as N), and
+slots with swap-AB wgmma (weights as the 128- or 2 x 64-row A operand, the RPAD activation rows as N),
+and
 waits on other programs' counters with bounded acquire spins.
 """
 from __future__ import annotations
@@ -17,7 +18,6 @@ from conjugate.kernels.step import columns as layout
 SLOT_ROWS = gl.constexpr(layout.SLOT_ROWS)
 HALF = gl.constexpr(layout.HALF_ROWS)
 BK = gl.constexpr(layout.K_TILE)
-BPAD = gl.constexpr(layout.BATCH_PAD)
 OPS = layout.OPS
 (C_OP, C_STEP, C_LAYER, C_TILE, C_KLO, C_KHI, C_SPLITS, C_PARTS, C_DONE, C_WOFF, C_WCNT, C_FOFF, C_FCNT,
  C_ROW0, C_SEG, C_HEAD0, C_COL0, C_TOKEN, C_W1C, C_W1T) = (gl.constexpr(i) for i in range(layout.REC))
@@ -89,11 +89,11 @@ def step_loader(qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty
 # --------------------------------------------------------------------------------------------------
 
 @gluon.jit
-def stage_activations(act, src_ptr, row_stride, B, col0, n_tiles):
+def stage_activations(act, src_ptr, row_stride, B, col0, n_tiles, RPAD: gl.constexpr):
     """act[kk] = src[:B, col0 + kk*BK : +BK] for kk < n_tiles (rows past B zero), by cp.async through
     L2 (.cg: another program may have just written src), then made visible to wgmma."""
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    rows = gl.arange(0, BPAD, layout=gl.SliceLayout(1, layout))
+    rows = gl.arange(0, RPAD, layout=gl.SliceLayout(1, layout))
     cols = gl.arange(0, BK, layout=gl.SliceLayout(0, layout))
     mask = (rows < B)[:, None] & (cols < BK)[None, :]
     for kk in range(n_tiles):
@@ -106,11 +106,9 @@ def stage_activations(act, src_ptr, row_stride, B, col0, n_tiles):
 
 
 @gluon.jit
-def paired_tile(ring, ready, empty, act, i, n_tiles, STAGES: gl.constexpr, acc_layout: gl.constexpr):
+def paired_tile(ring, ready, empty, act, i, n_tiles, STAGES: gl.constexpr, acc_g, acc_u):
     """A paired tile (qkv's heads' halves, gate_up's gate over up): x @ W^T of each 64-row half of the
-    slots, transposed: two [HALF, BPAD] fp32 accumulators over n_tiles slots."""
-    acc_g = gl.zeros((HALF, BPAD), dtype=gl.float32, layout=acc_layout)
-    acc_u = gl.zeros((HALF, BPAD), dtype=gl.float32, layout=acc_layout)
+    slots, transposed, added over n_tiles slots into the two [HALF, RPAD] fp32 accumulators."""
     for kk in range(n_tiles):
         s, phase = _slot(i, STAGES)
         mbarrier.wait(ready.index(s), phase)
@@ -125,9 +123,9 @@ def paired_tile(ring, ready, empty, act, i, n_tiles, STAGES: gl.constexpr, acc_l
 
 
 @gluon.jit
-def single_tile(ring, ready, empty, act, i, n_tiles, STAGES: gl.constexpr, acc_layout: gl.constexpr):
-    """x @ W_tile^T transposed (o_proj, down, lm_head): one [SLOT_ROWS, BPAD] fp32 accumulator over n_tiles slots."""
-    acc = gl.zeros((SLOT_ROWS, BPAD), dtype=gl.float32, layout=acc_layout)
+def single_tile(ring, ready, empty, act, i, n_tiles, STAGES: gl.constexpr, acc):
+    """x @ W_tile^T transposed (o_proj, down, lm_head), added over n_tiles slots into the one
+    [SLOT_ROWS, RPAD] fp32 accumulator."""
     for kk in range(n_tiles):
         s, phase = _slot(i, STAGES)
         mbarrier.wait(ready.index(s), phase)
