@@ -104,7 +104,7 @@ def main() -> int:
             entry["variants"][variant]["ms"] = statistics.median(ms)
         out["workloads"].append(entry)
         args.json.write_text(json.dumps(out, indent=1))
-        del graphs, keep, draft, target, inputs, check
+        del graphs, keep, draft, target, inputs, check, case
         torch.cuda.empty_cache()
     table.balanced_runs, table.MIN_RUN_K_TILES = PRODUCT_RUNS, PRODUCT_MIN
     print(f"\n{'workload':<24} {'floor':>7} " + " ".join(f"{v:>12}" for v in args.variants))

@@ -147,7 +147,7 @@ def main() -> int:
             print(f"{wl.name} round {name}: {row.get('round_ms', row.get('error') or row.get('check'))}", flush=True)
             torch.cuda.empty_cache()
         args.json.write_text(json.dumps(out, indent=1))
-        del draft, target, inputs, check
+        del draft, target, inputs, check, case
         torch.cuda.empty_cache()
     print(f"\n{'workload':<22} {'what':<26} {'ms':>8}")
     for e in out["workloads"]:
