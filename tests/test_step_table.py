@@ -10,8 +10,8 @@ import torch
 from conjugate.compiler.step.launch import StepLaunch
 from conjugate.compiler.step.layout import encode, tile_weights
 from conjugate.compiler.step.simulate import Deadlock, simulate
-from conjugate.compiler.step.table import (MIN_RUN_K_TILES, ProgramError, Tiles, balanced_runs, build, check,
-                                          coarsen, finest_split, qkv_tiles, step_table, task_ledger)
+from conjugate.compiler.step.table import (MIN_RUN_K_TILES, ProgramError, StepProgram, Tiles, balanced_runs, build,
+                                          check, coarsen, finest_split, qkv_tiles, step_table, task_ledger)
 from conjugate.models.presets import from_name
 from conjugate.models.reference import draft_phase, forward, make_round_inputs
 from conjugate.kernels.step import columns as layout
@@ -53,7 +53,7 @@ def test_simulated_table_gives_the_reference_tokens(name, programs, early, coars
 
 
 @pytest.mark.parametrize("name", ["tiny-llama-t", "tiny-qwen2-d", "tiny-qwen3-d"])
-@pytest.mark.parametrize("programs,tokens,coarse", [(7, 4, False), (40, 3, True), (40, 1, False)])
+@pytest.mark.parametrize("programs,tokens,coarse", [(7, 4, False), (40, 3, True)])
 def test_a_verify_table_gives_the_reference_forward(name, programs, tokens, coarse):
     """One step of T tokens a sequence (a verify pass): logits, argmax and the T new cache rows of
     forward(), each token attending causally, at ragged lengths."""
@@ -346,10 +346,18 @@ def test_ledger_splits_each_task_into_wait_and_work():
 ])
 def test_a_launch_past_the_kernels_row_tile_is_refused_before_it_is_built(name, batch, tokens, reason):
     spec = from_name(name)
-    prog = step_table(spec, batch, 1 if tokens > 1 else 2, 132, sms=132, tokens=tokens)
+    prog = StepProgram(spec, batch, 1 if tokens > 1 else 2, 132, Tiles(), {}, tokens=tokens)  # refused before its tasks
     kv = torch.empty(2, spec.num_layers, batch, spec.num_kv_heads, 64, spec.head_dim, dtype=torch.bfloat16,
                      device="meta")
     with pytest.raises(ValueError, match=reason):
+        StepLaunch(prog, {"qkv": kv}, kv)
+
+
+def test_a_cache_of_other_sequences_than_the_tables_is_refused():
+    spec = from_name("qwen3-0.6b")
+    prog = StepProgram(spec, 4, 2, 132, Tiles(), {})  # refused before its tasks are read
+    kv = torch.empty(2, spec.num_layers, 3, spec.num_kv_heads, 64, spec.head_dim, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(ValueError, match="KV cache"):
         StepLaunch(prog, {"qkv": kv}, kv)
 
 

@@ -38,6 +38,10 @@ class StepLaunch:
         if R > ROW_TILES[-1] or prog.tiles != Tiles():
             raise ValueError(f"the step kernel runs 1 to {ROW_TILES[-1]} rows a step at its own tile shapes")
         rpad = next(t for t in ROW_TILES if t >= R)
+        cache = (2, spec.num_layers, B, spec.num_kv_heads, spec.head_dim)
+        if kv.dim() != 6 or tuple(kv.shape[:4]) + (kv.shape[5],) != cache:
+            raise ValueError(f"the KV cache is {tuple(kv.shape)}; the table needs (2, layers, sequences, KV heads, "
+                             f"positions, head dim) = {cache[:4] + ('S',) + cache[4:]}")
         if group * prog.tokens > KEY_BLOCK:
             raise ValueError(f"{prog.tokens} tokens x {group} query heads a KV head exceed the attention tile's "
                              f"{KEY_BLOCK} rows")

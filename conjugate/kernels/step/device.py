@@ -185,7 +185,9 @@ def _qkv_epilogue(sum_ptr, ss_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, lengths_ptr,
         gl.store(base, o1.to(gl.bfloat16), mask=mask)
         gl.store(base + HD2, o2.to(gl.bfloat16), mask=mask)
     else:
-        plane = ((seg - 1) * L + layer) * BATCH + seq  # [RPAD]: the (k or v, layer, sequence) cache plane
+        # [RPAD]: the (k or v, layer, sequence) cache plane; in int64, as attention's reads are (a target's
+        # cache passes 2^31 elements: llama-3.2-3b at 16 sequences of 4100 positions)
+        plane = (((seg - 1) * L + layer) * BATCH + seq).to(gl.int64)
         base = kv_ptr + ((plane[:, None] * KVH + head[None, :]) * S + pos[:, None]) * D + d[None, :]
         gl.store(base, o1.to(gl.bfloat16), mask=mask)
         gl.store(base + HD2, o2.to(gl.bfloat16), mask=mask)
