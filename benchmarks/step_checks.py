@@ -5,7 +5,7 @@ counts, nothing timed: the log #48 asks for.
 
 Per draft model (a preset of each family, random weights) and per batch and k, a round of
 `plans/step.json` is compiled with the model as its own target (one sequence verified, so the
-target's part stays small), run on ragged lengths (uniform in [1, context]) and checked against the
+target's part stays small), run on ragged lengths (context // 2 to context) and checked against the
 fp32 reference round, and the step launch's waits are checked for spent spins. A batch the step
 kernel cannot take is a row with the compiler's refusal. Rows are written as they finish.
 """

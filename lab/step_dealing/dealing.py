@@ -90,8 +90,8 @@ def main() -> int:
                 if report.ok and not row["check"]["spins_ran_out"]:
                     compiled.load(inputs)
                     graphs[variant] = capture(compiled.phase(Model.DRAFT), device)
+                    keep.append(compiled)  # the graph replays its buffers: keep them with it
                     row["ledger"] = step.ledger()
-                    keep.append(compiled)
             except Exception as e:  # a variant that fails is a row, not the end of the run
                 row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
             print(f"{wl.name} {variant}: {row.get('error') or row.get('check')}", flush=True)
@@ -104,6 +104,7 @@ def main() -> int:
             entry["variants"][variant]["ms"] = statistics.median(ms)
         out["workloads"].append(entry)
         args.json.write_text(json.dumps(out, indent=1))
+        compiled = step = None
         del graphs, keep, draft, target, inputs, check, case
         torch.cuda.empty_cache()
     table.balanced_runs, table.MIN_RUN_K_TILES = PRODUCT_RUNS, PRODUCT_MIN

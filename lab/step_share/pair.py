@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "lab" / "verify_step"))
 
 from common import environment  # noqa: E402
-from verify import check_step  # noqa: E402
+from verify import TOL, check_step, token_ok  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -42,14 +42,15 @@ from conjugate.workload import load_workload  # noqa: E402
 
 class Pair:
     """A draft step launch on `draft_programs` and a verify step launch on `target_programs`, loaded
-    with one round's inputs (each on a copy of its cache)."""
+    with one round's inputs (each on a copy of its cache). `tiled`: both models' weights as the
+    loader streams them (tile_weights: the same for any program count)."""
 
-    def __init__(self, wl, draft, target, inputs, draft_programs: int, target_programs: int, sms: int):
+    def __init__(self, wl, tiled: tuple[dict, dict], inputs, draft_programs: int, target_programs: int, sms: int):
         self.wl, self.inputs = wl, inputs
         dt = step_table(wl.draft, wl.draft_batch, wl.k, draft_programs, sms=sms)
         tt = step_table(wl.target, wl.target_batch, 1, target_programs, sms=sms, tokens=wl.k + 1)
-        self.draft = StepLaunch(dt, tile_weights(draft, dt), inputs.draft_cache.k._base.clone())
-        self.target = StepLaunch(tt, tile_weights(target, tt), inputs.target_cache.k._base.clone(), logits=True)
+        self.draft = StepLaunch(dt, tiled[0], inputs.draft_cache.k._base.clone())
+        self.target = StepLaunch(tt, tiled[1], inputs.target_cache.k._base.clone(), logits=True)
         self.draft.tokens_in[:wl.draft_batch].copy_(inputs.draft_last_tokens)
         self.draft.lengths.copy_(inputs.draft_lengths)
         self.target.tokens_in[:tt.rows].copy_(inputs.verify_tokens.reshape(-1))
@@ -62,14 +63,22 @@ class Pair:
         self.target.kv.copy_(self.kv0[1])
 
 
-def check_draft(launch: StepLaunch, ref_tokens, ref_kv, lengths, steps: int) -> dict:
-    got = launch.tokens[:, :ref_tokens.shape[0]].T.long()
-    new = torch.stack([torch.arange(int(n), int(n) + steps) for n in lengths.cpu()])
+def check_draft(launch: StepLaunch, draft, inputs, steps: int) -> dict:
+    """The launch's draft tokens and new cache rows against draft_phase() teacher-forced with those
+    tokens (as the evaluator checks a round): a token may differ from the reference's argmax only at a
+    near tie, and the cache rows stay within the evaluator's bf16 tolerance."""
+    got = launch.tokens[:, :inputs.draft_last_tokens.shape[0]].T.long()
+    cache = inputs.draft_cache.clone()
+    ref_tokens, ref_logits = draft_phase(draft, inputs.draft_last_tokens, cache, inputs.draft_lengths, steps,
+                                         forced=got)
+    differ = (got != ref_tokens).nonzero().tolist()
+    mismatches = [(b, s) for b, s in differ if not token_ok(int(got[b, s]), ref_logits[b, s])]
+    new = torch.stack([torch.arange(int(n), int(n) + steps) for n in inputs.draft_lengths.cpu()])
     rows = lambda kv: torch.stack([kv[:, :, b, :, new[b]] for b in range(len(new))], 2)  # noqa: E731
-    a, b = rows(launch.kv).double(), rows(ref_kv).double()
-    out = {"token_mismatches": int((got != ref_tokens).sum()), "cache_rel": float((a - b).norm() / b.norm()),
-           "spins_ran_out": int(launch.error.item())}
-    out["ok"] = not out["token_mismatches"] and out["cache_rel"] < 2e-2 and not out["spins_ran_out"]
+    a, b = rows(launch.kv).double(), rows(torch.stack([cache.k, cache.v])).double()
+    out = {"token_mismatches": len(mismatches), "near_ties": len(differ) - len(mismatches),
+           "cache_rel": float((a - b).norm() / b.norm()), "spins_ran_out": int(launch.error.item())}
+    out["ok"] = not out["token_mismatches"] and out["cache_rel"] < TOL.rel and not out["spins_ran_out"]
     return out
 
 
@@ -91,14 +100,15 @@ def main() -> int:
                                    context=wl.context, seed=wl.seed, ragged=True)
         graph = build_graph(wl)
         floor_ms = sum(graph.nodes[o]["op"].bytes for m in Model for o in graph.graph["order"][m]) / (copy_gbs * 1e6)
-        ref_draft_cache, ref_target_cache = inputs.draft_cache.clone(), inputs.target_cache.clone()
-        ref_tokens, _ = draft_phase(draft, inputs.draft_last_tokens, ref_draft_cache, inputs.draft_lengths, wl.k)
+        ref_target_cache = inputs.target_cache.clone()
         ref_logits = forward(target, inputs.verify_tokens, ref_target_cache, inputs.target_lengths)
-        ref_kv = (torch.stack([ref_draft_cache.k, ref_draft_cache.v]), torch.stack([ref_target_cache.k, ref_target_cache.v]))
+        ref_target_kv = torch.stack([ref_target_cache.k, ref_target_cache.v])
+        tiled = (tile_weights(draft, step_table(wl.draft, wl.draft_batch, wl.k, sms, sms=sms)),
+                 tile_weights(target, step_table(wl.target, wl.target_batch, 1, sms, sms=sms, tokens=wl.k + 1)))
         for p in [0, *args.draft_sms]:  # 0: one after the other, every SM each
             row: dict = {"workload": wl.name, "draft_sms": p or None, "round_floor_ms": floor_ms}
             try:
-                pair = Pair(wl, draft, target, inputs, p or sms, (sms - p) or sms, sms)
+                pair = Pair(wl, tiled, inputs, p or sms, (sms - p) or sms, sms)
                 if p:
                     context, draft_stream = limited_stream(device, p)
                     target_stream = torch.cuda.Stream(device)
@@ -120,8 +130,8 @@ def main() -> int:
                 pair.reset()
                 run()
                 torch.cuda.synchronize()
-                row["draft_check"] = check_draft(pair.draft, ref_tokens, ref_kv[0], inputs.draft_lengths, wl.k)
-                row["target_check"] = check_step(pair.target, ref_logits, ref_kv[1], inputs.target_lengths, wl.k + 1)
+                row["draft_check"] = check_draft(pair.draft, draft, inputs, wl.k)
+                row["target_check"] = check_step(pair.target, ref_logits, ref_target_kv, inputs.target_lengths, wl.k + 1)
                 if row["draft_check"]["ok"] and row["target_check"]["ok"]:
                     row["round_ms"] = time_replays(capture(run, device).replay, args.replays, 20).median_ms
             except Exception as e:  # a variant that fails is a row, not the end of the run
@@ -130,7 +140,8 @@ def main() -> int:
             args.json.write_text(json.dumps(out, indent=1))
             print(json.dumps(row), flush=True)
             torch.cuda.empty_cache()
-        del draft, target, inputs
+        del draft, target, inputs, tiled
+        pair = None
         torch.cuda.empty_cache()
     print(f"\n{'workload':<24} {'draft SMs':>9} {'floor':>7} {'round':>7}")
     for r in out["rows"]:
