@@ -10,10 +10,11 @@ before it is timed:
   takes every SM in a one-stream plan); the draft phase alone, as a CUDA graph, and the kernel's ledger.
 * **co-located**: the whole round, as a CUDA graph, for the `streams` plan (or `--base PLAN`) and
   the same plan with `draft.form: "step"` and the draft's stream on P SMs (a green context; the
-  target keeps every SM). The plan rule that keeps a step draft sequential is lifted for this.
+  target keeps every SM). The schema takes such a plan (the step form needs the sequential
+  alignment, which two streams keep); the heuristic does not propose it (`form_step_two_streams`).
 
-Lab code: it patches two module globals of the package (the step launch's program count, the plan
-rules); nothing in `conjugate/` imports it.
+Lab code: it patches one module global of the package (the step launch's program count); nothing in
+`conjugate/` imports it.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from conjugate.compiler.step.compiled import CompiledStep  # noqa: E402
 from conjugate.evaluate.rounds import checked_run  # noqa: E402
 from conjugate.evaluate.timing import capture, copy_bandwidth_gbs, time_replays, time_round  # noqa: E402
 from conjugate.paths import shipped_plan  # noqa: E402
-from conjugate.plan import load_plan, schema  # noqa: E402
+from conjugate.plan import load_plan  # noqa: E402
 from conjugate.plan.schema import validate_plan  # noqa: E402
 from conjugate.roles import Model  # noqa: E402
 
@@ -49,14 +50,6 @@ def force_programs(programs: int | None) -> None:
     else:
         round_module._compile_step = lambda launch, bufs, limits: _PRODUCT_COMPILE_STEP(
             launch, bufs, ((Model.DRAFT.value, programs),))
-
-
-def lift_sequential_rule() -> None:
-    schema.RULES = tuple(r for r in schema.RULES if "one launch of its own" not in getattr(r, "why", ""))
-    assert len(schema.RULES) == len(_RULES) - 1, "the rule that keeps a step draft sequential was not found"
-
-
-_RULES = schema.RULES
 
 
 def step_variant(base: dict, sms: int) -> dict:
@@ -123,7 +116,6 @@ def main() -> int:
     parser.add_argument("--replays", type=int, default=100)
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args()
-    lift_sequential_rule()
     device = torch.device("cuda")
     copy_gbs = copy_bandwidth_gbs(device)
     out = {**environment("share"), "command": "python " + " ".join(sys.argv), "copy_gbs": copy_gbs, "workloads": []}
