@@ -114,6 +114,12 @@ def round_case(path: Path, device, ragged: bool = True) -> RoundCase:
     return RoundCase(wl, draft, target, inputs, build_graph(wl), ReferenceChecker(draft, target, inputs, wl.dtype))
 
 
+def failure(e: BaseException) -> str:
+    """An exception as one line for a result row: its type and the last line of its message."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[-1] if text else ''}"
+
+
 def check_then_time(compiled, inputs, check, replays: int, warmup: int = 10) -> dict:
     """Check one eager round and one CUDA-graph replay against the reference, then, only when both
     match, time `replays` replays: {"correct", "check", "eager_check_ok"} plus the timing's fields."""

@@ -29,7 +29,7 @@ case "${1:-}" in
     run 320 verify python lab/verify_step/verify.py examples/llama-1b-8b-b1.toml examples/qwen3-06b-8b-b4.toml \
         examples/llama-1b-8b-b8.toml --json "$out/verify.json" ;;
 3)
-    run 280 cross python lab/cross_step/pair.py examples/qwen3-06b-8b-b4.toml examples/llama-1b-8b-b1.toml \
+    run 280 cross python lab/cross_step/cross.py examples/qwen3-06b-8b-b4.toml examples/llama-1b-8b-b1.toml \
         examples/qwen25-05b-7b-b8.toml --json "$out/cross.json"
     run 290 share_pair python lab/step_share/pair.py examples/qwen3-06b-8b-b4.toml examples/llama-1b-8b-b1.toml \
         --draft-sms 40 64 88 --json "$out/share_pair.json" ;;

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from common import environment, round_case  # noqa: E402
+from common import environment, failure, round_case  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -93,7 +93,7 @@ def main() -> int:
                     keep.append(compiled)  # the graph replays its buffers: keep them with it
                     row["ledger"] = step.ledger()
             except Exception as e:  # a variant that fails is a row, not the end of the run
-                row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+                row["error"] = failure(e)
             print(f"{wl.name} {variant}: {row.get('error') or row.get('check')}", flush=True)
         times: dict[str, list[float]] = {v: [] for v in graphs}
         for _ in range(args.passes):

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "lab" / "verify_step"))
 
-from common import environment  # noqa: E402
+from common import environment, failure  # noqa: E402
 from verify import TOL, check_step, token_ok  # noqa: E402
 
 import torch  # noqa: E402
@@ -135,7 +135,7 @@ def main() -> int:
                 if row["draft_check"]["ok"] and row["target_check"]["ok"]:
                     row["round_ms"] = time_replays(capture(run, device).replay, args.replays, 20).median_ms
             except Exception as e:  # a variant that fails is a row, not the end of the run
-                row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+                row["error"] = failure(e)
             out["rows"].append(row)
             args.json.write_text(json.dumps(out, indent=1))
             print(json.dumps(row), flush=True)

@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from common import environment, round_case  # noqa: E402
+from common import environment, failure, round_case  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -87,7 +87,7 @@ def alone(wl, draft, target, inputs, check, graph, programs: int, replays: int) 
             step = next(l for l in compiled.launches if isinstance(l, CompiledStep))
             row["ledger"] = step.ledger()
     except Exception as e:  # a variant that does not compile or run is a row, not the end of the run
-        row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+        row["error"] = failure(e)
     finally:
         force_programs(None)
     return row
@@ -103,7 +103,7 @@ def co_located(name: str, plan_dict: dict, wl, draft, target, inputs, check, gra
             compiled.prepare()
             row["round_ms"] = time_round(compiled.run, lambda: compiled.load(inputs), replays, 10).median_ms
     except Exception as e:
-        row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+        row["error"] = failure(e)
     return row
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from common import environment  # noqa: E402
+from common import environment, failure  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -125,7 +125,7 @@ def measure(path: Path, target_batch: int | None, copy_gbs: float, replays: int)
             torch.cuda.synchronize()
             row["ledger"] = task_ledger(prog, stamped.stamps)
     except Exception as e:  # a launch that fails is a row, not the end of the run
-        row["step"] = row.get("step", {}) | {"error": f"{type(e).__name__}: {str(e).strip().splitlines()[-1]}"}
+        row["step"] = row.get("step", {}) | {"error": failure(e)}
     return row
 
 

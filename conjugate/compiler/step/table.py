@@ -4,7 +4,8 @@ kernel (`device.py`) or the simulation (`simulate.py`) runs, built and checked o
 A step is, per layer: qkv (RMSNorm folded in, bias, Qwen3's q/k norm, RoPE, the KV write), attention
 per (sequence, KV head), o_proj with the residual, gate_up with SiLU-mul (norm folded in), down with
 the residual; then the final norm and lm_head with a per-tile argmax, reduced to the step's tokens
-by the last tile in; the next step's embedding waits for them. Every op is cut into output tiles
+by the last tile in; the next step's embedding waits for them. With `tokens` T > 1 the table is one
+verify pass instead: T tokens a sequence in one step, attending causally. Every op is cut into output tiles
 and, where its tiles alone would leave programs idle, its K into slices:
 
     task = (op, step, layer, output tile, K slice)
@@ -15,8 +16,10 @@ tile's done counter (release). The norms need whole rows: their 1/rms scales the
 products (x W'^T * rstd, the norm's weight folded into W'), so a slice may start as soon as the x
 columns it reads are written, and only the epilogue waits for the whole row (`finish_waits`).
 
-Tasks are numbered in stage order (op by op, layer by layer, step by step) and dealt round-robin to
-P programs, each running its tasks in that order. The checks (`check`) are what make such a table
+Tasks are numbered in stage order (op by op, layer by layer, step by step) and dealt to P programs,
+each running its tasks in that order: an op instance's tasks go round the programs, or, where that
+would leave some programs more weight tiles than others, its (tile, K tile) units are cut into equal
+runs, one a program (`balanced_runs`; a tile's pieces then differ in length). The checks (`check`) are what make such a table
 safe to launch: every waited counter has producers and its target is exactly their number; every
 producer sits in an earlier stage than its waiter; each program's tasks are in stage order; every
 output element is computed by exactly one tile and every K column by exactly one slice; and the P

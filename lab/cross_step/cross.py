@@ -1,8 +1,8 @@
 """The draft's step table and the target's verify table as one persistent launch (pair_kernel.py):
 the host side, and on a GPU a check and a timing beside the two step launches one after the other.
 
-    python lab/cross_step/pair.py examples/qwen3-06b-8b-b4.toml examples/llama-1b-8b-b1.toml --json OUT.json
-    python lab/cross_step/pair.py --offline qwen3-0.6b:4:5 qwen3-8b:4     # compile for sm_90a only
+    python lab/cross_step/cross.py examples/qwen3-06b-8b-b4.toml examples/llama-1b-8b-b1.toml --json OUT.json
+    python lab/cross_step/cross.py --offline qwen3-0.6b:4:5 qwen3-8b:4     # compile for sm_90a only
 
 Each model gets its own StepLaunch (buffers, table, counters) built with half a program's shared
 memory (a ring and activation tiles each); both tables have one program an SM. Lab code: nothing in
@@ -120,7 +120,7 @@ def main() -> int:
 
 
 def measure(args) -> int:
-    from common import environment
+    from common import environment, failure  # noqa: E402
     from pair import check_draft  # lab/step_share
     from verify import check_step  # lab/verify_step
 
@@ -159,7 +159,7 @@ def measure(args) -> int:
             if row["draft_check"]["ok"] and row["target_check"]["ok"]:
                 row["pair_ms"] = time_replays(capture(pair.run, device).replay, args.replays, 20).median_ms
         except Exception as e:  # a workload that fails is a row, not the end of the run
-            row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+            row["error"] = failure(e)
         out["rows"].append(row)
         if args.json:
             args.json.write_text(json.dumps(out, indent=1))
