@@ -2,9 +2,9 @@
 # The next device calls for the step template's open questions, three of them, each under the device's
 # 10 minutes (one H100 or H200; logs and JSONs under $OUT). Usage, from the repository root:
 #     bash lab/cross_step/gpu_session.sh 1      # then 2, then 3
-# 1: the draft form's correctness log (two families) and the table's dealing compared (qwen drafts);
-# 2: the log's other two families and the verify pass as one step launch;
-# 3: both models persistent: in one launch (cross_step) and side by side on split SMs (step_share).
+# 1: the table's dealing compared (qwen drafts) and the draft form's correctness log (every family);
+# 2: the verify pass as one step launch, and both models persistent in one launch (cross_step);
+# 3: both models persistent side by side on split SMs (step_share).
 # Every script checks before it times; a failing variant is a row, not the end of the call.
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -19,18 +19,16 @@ run() {  # seconds, log name, command...
 }
 case "${1:-}" in
 1)
-    run 270 step_checks_a python benchmarks/step_checks.py --models llama-3.2-1b qwen3-0.6b \
-        --json "$out/step_checks_a.json"
-    run 300 dealing python lab/step_dealing/dealing.py examples/qwen25-05b-7b-b8.toml \
-        examples/qwen3-06b-8b-b4.toml examples/qwen25-15b-14b-b4.toml --json "$out/dealing.json" ;;
+    run 270 dealing python lab/step_dealing/dealing.py examples/qwen25-05b-7b-b8.toml \
+        examples/qwen3-06b-8b-b4.toml examples/qwen25-15b-14b-b4.toml --variants round_robin balanced_2 \
+        --json "$out/dealing.json"
+    run 290 step_checks python benchmarks/step_checks.py --json "$out/step_checks.json" ;;
 2)
-    run 250 step_checks_b python benchmarks/step_checks.py --models qwen2.5-0.5b qwen2.5-1.5b \
-        --json "$out/step_checks_b.json"
-    run 320 verify python lab/verify_step/verify.py examples/llama-1b-8b-b1.toml examples/qwen3-06b-8b-b4.toml \
-        examples/llama-1b-8b-b8.toml --json "$out/verify.json" ;;
-3)
+    run 260 verify python lab/verify_step/verify.py examples/llama-1b-8b-b1.toml examples/qwen3-06b-8b-b4.toml \
+        examples/llama-1b-8b-b8.toml --json "$out/verify.json"
     run 280 cross python lab/cross_step/cross.py examples/qwen3-06b-8b-b4.toml examples/llama-1b-8b-b1.toml \
-        examples/qwen25-05b-7b-b8.toml --json "$out/cross.json"
+        examples/qwen25-05b-7b-b8.toml --json "$out/cross.json" ;;
+3)
     run 290 share_pair python lab/step_share/pair.py examples/qwen3-06b-8b-b4.toml examples/llama-1b-8b-b1.toml \
         --draft-sms 40 64 88 --json "$out/share_pair.json" ;;
 *)
