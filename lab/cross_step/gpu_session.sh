@@ -32,10 +32,10 @@ case "${1:-}" in
 3)
     run 290 share_pair python lab/step_share/pair.py examples/qwen3-06b-8b-b4.toml examples/llama-1b-8b-b1.toml \
         --draft-sms 40 64 88 --json "$out/share_pair.json" ;;
-short)  # one call when the session has time for one: the first three questions, shorter
-    run 190 dealing python lab/step_dealing/dealing.py examples/qwen25-05b-7b-b8.toml \
-        examples/qwen3-06b-8b-b4.toml --variants round_robin balanced_2 --json "$out/dealing.json"
+short)  # one call when the session has time for one: the product's checks first, then dealing, then verify
     run 200 step_checks python benchmarks/step_checks.py --batches 5 32 --json "$out/step_checks.json"
+    run 190 dealing python lab/step_dealing/dealing.py examples/qwen3-06b-8b-b4.toml \
+        examples/qwen25-05b-7b-b8.toml --variants round_robin balanced_2 --json "$out/dealing.json"
     run 170 verify python lab/verify_step/verify.py examples/qwen3-06b-8b-b4.toml examples/llama-1b-8b-b8.toml \
         --json "$out/verify.json" ;;
 *)
