@@ -339,6 +339,36 @@ def test_ledger_splits_each_task_into_wait_and_work():
     assert out["span_us"] == pytest.approx(10 * (len(prog.tasks) - 1) + 3)
 
 
+def test_ledger_splits_a_wait_at_its_last_producers_end():
+    spec = from_name("tiny-llama-d")
+    prog = step_table(spec, 2, 2, 4, SMALL)
+    stamps = torch.zeros(len(prog.tasks), 3, dtype=torch.int64)
+    for t in prog.tasks:  # every task starts at 0; task i's waits are met at 10i + 1 us and it ends at 10i + 3
+        stamps[t.index] = torch.tensor([0, 10_000 * t.index + 1_000, 10_000 * t.index + 3_000])
+    out = task_ledger(prog, stamps)
+    attn_end = {}  # (step, layer) -> when its attention's last task ended, us
+    for t in prog.tasks:
+        if t.op == "attn":
+            attn_end[t.step, t.layer] = max(attn_end.get((t.step, t.layer), 0), 10 * t.index + 3.0)
+    o_proj = [t for t in prog.tasks if t.op == "o_proj"]  # each waits for its layer's attention, last
+    assert out["ops"]["o_proj"]["producers_us"] == pytest.approx(sum(attn_end[t.step, t.layer] for t in o_proj) / 4)
+    assert out["ops"]["o_proj"]["handoff_us"] == pytest.approx(
+        sum(10 * t.index + 1.0 - attn_end[t.step, t.layer] for t in o_proj) / 4)
+    for op, v in out["ops"].items():  # nothing starts late: every wait is producers then handoff
+        waited = sum(10 * t.index + 1.0 for t in prog.tasks if t.op == op and t.waits) / 4
+        assert v["producers_us"] + v["handoff_us"] == pytest.approx(waited)
+    assert out["ops"]["embed"]["handoff_us"] + out["ops"]["embed"]["producers_us"] > 0  # step 1 waits on step 0
+    # tasks that start after their producers ended wait only for the handoff
+    later = stamps.clone()
+    for t in prog.tasks:
+        later[t.index] = torch.tensor([10_000 * t.index, 10_000 * t.index + 1_000, 10_000 * t.index + 3_000])
+    out = task_ledger(prog, later)
+    assert out["stages"] == len({t.stage for t in prog.tasks})
+    for op, v in out["ops"].items():
+        assert v["producers_us"] == 0
+        assert v["handoff_us"] == pytest.approx(sum(1.0 for t in prog.tasks if t.op == op and t.waits) / 4)
+
+
 @pytest.mark.parametrize("name,batch,tokens,reason", [
     ("qwen3-0.6b", 65, 1, "1 to 64 rows"),  # 65 decode rows
     ("qwen3-8b", 11, 6, "1 to 64 rows"),  # a verify pass of 66 rows

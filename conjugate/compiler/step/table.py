@@ -458,19 +458,47 @@ def step_table(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Ti
 _TABLES: dict[tuple, StepProgram] = {}  # step_table's, newest last (read only once built)
 
 
+def _ready_us(prog: StepProgram, st) -> dict[str, float]:
+    """Each counter's time of completion as the stamps see it: the last end among the tasks that bump
+    it (a step's token counter: its last head task's)."""
+    ready: dict[str, float] = {}
+    for t in prog.tasks:
+        end = float(st[t.index, 2])
+        names = (t.done, f"token/{t.step}") if t.op == "head" else (t.done,)
+        for name in names:
+            ready[name] = max(ready.get(name, end), end)
+    return ready
+
+
 def task_ledger(prog: StepProgram, stamps) -> dict:
     """Where a step launch's time went, from its in-kernel stamps (per task: start, waits met, end, ns):
     per op the mean per program of the time spent waiting on other programs' counters and of the time
     working (a GEMM's work includes waiting for its weight tiles: the streaming), the launch's span,
-    and what the programs spent between tasks (reading the table)."""
+    and what the programs spent between tasks (reading the table).
+
+    A wait is split in two at the moment its counters' last producer task ended: `producers_us`, the
+    time before it (the producers still working: the chain and any imbalance), and `handoff_us`, the
+    time after it (the last piece's epilogue past its stamp, the counter's trip through L2 and the
+    poll that sees it). %globaltimer ticks coarsely on some GPUs (about 1 us): the split is a mean over
+    thousands of waits, not a per-wait reading."""
     st = stamps.cpu().double() / 1e3  # us
     span = float(st[:, 2].max() - st[:, 0].min())
-    out = {"span_us": span, "programs": prog.programs, "ops": {}}
+    ready = _ready_us(prog, st)
+    out = {"span_us": span, "programs": prog.programs, "stages": len({t.stage for t in prog.tasks}), "ops": {}}
     for op in OPS:
-        rows = st[[t.index for t in prog.tasks if t.op == op]]
-        if len(rows):
-            out["ops"][op] = {"tasks": len(rows), "wait_us": float((rows[:, 1] - rows[:, 0]).sum()) / prog.programs,
-                              "work_us": float((rows[:, 2] - rows[:, 1]).sum()) / prog.programs}
+        tasks = [t for t in prog.tasks if t.op == op]
+        if not tasks:
+            continue
+        rows = st[[t.index for t in tasks]]
+        before = after = 0.0
+        for t, (start, met, _) in zip(tasks, rows.tolist()):
+            if t.waits:
+                last = max(ready[name] for name, _ in t.waits)
+                before += max(0.0, min(last, met) - start)
+                after += max(0.0, met - max(last, start))
+        out["ops"][op] = {"tasks": len(rows), "wait_us": float((rows[:, 1] - rows[:, 0]).sum()) / prog.programs,
+                          "work_us": float((rows[:, 2] - rows[:, 1]).sum()) / prog.programs,
+                          "producers_us": before / prog.programs, "handoff_us": after / prog.programs}
     out["between_tasks_us"] = span - sum(v["wait_us"] + v["work_us"] for v in out["ops"].values())
     return out
 
