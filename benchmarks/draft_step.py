@@ -8,8 +8,8 @@ against its byte floor.
 Both forms run the `sequential` plan's target launches; the step plan is plans/step.json. Sequence
 lengths are ragged (`--equal` for all at the context). Per workload the JSON holds #48's fields
 (workload, draft, batch, k, floor_ms, launches_ms, step_kernel_ms, plan) with both checks and the
-step launch's in-kernel ledger (per op: the mean per program of the time waiting on other programs
-and of the time working). `analytical_step_efficiency`: the analytical evaluator's `step` efficiency
+step launch's in-kernel ledger (per op: the mean per program of the time waiting on other programs,
+split at the last producer's end into producers and handoff, and of the time working). `analytical_step_efficiency`: the analytical evaluator's `step` efficiency
 that gives each workload's measured step/launches ratio (geometric mean), as evaluators/analytical.toml
 sets it.
 """
@@ -75,7 +75,11 @@ def measure(path: Path, args, copy_gbs: float) -> dict:
         print(f"{wl.name} {form}: draft phase {ms:.3f} ms, {ms / floor_ms:.2f}x its floor {floor_ms:.3f} ms", flush=True)
         if step is not None:
             row["resources"] = step.resources.to_dict()
-            row["ledger"] = step.ledger()
+            row["ledger"] = led = step.ledger()
+            per_stage = {key: sum(o[key] for o in led["ops"].values()) / led["stages"]
+                         for key in ("wait_us", "producers_us", "handoff_us")}
+            print(f"{wl.name} step ledger, a stage: {per_stage['wait_us']:.2f} us waited "
+                  f"({per_stage['producers_us']:.2f} on producers, {per_stage['handoff_us']:.2f} handoff)", flush=True)
         del compiled, phase
         torch.cuda.empty_cache()
     return row
