@@ -130,9 +130,10 @@ for name in sys.argv[1:]:
                          device="meta")
         launch = StepLaunch(prog, tile_weights(meta_weights(spec, torch.bfloat16), prog), kv, logits=True)
         step = SimpleNamespace(launch=launch, digest=name)
-    else:
-        bufs = ModelBuffers.allocate(PreparedWeights(meta_weights(from_name(name), torch.bfloat16)), 16, 1, 2, 1100,
-                                     Model.DRAFT)  # the examples' largest step batch, 2 steps, a 1k context
+    else:  # the examples' largest step batch (or b32:MODEL, the compiler's largest), 2 steps, a 1k context
+        batch, model = (32, name[4:]) if name.startswith("b32:") else (16, name)
+        bufs = ModelBuffers.allocate(PreparedWeights(meta_weights(from_name(model), torch.bfloat16)), batch, 1, 2,
+                                     1100, Model.DRAFT)
         step = CompiledStep.build(0, bufs, 132, "main")
     key, (source, options) = tools.bind_step(step)
     r = tools.compile(source, options)
@@ -143,11 +144,12 @@ for name in sys.argv[1:]:
 
 def test_the_step_kernel_compiles_for_hopper_for_every_family(triton_cache):
     """The step form's Gluon kernel, bound to each family's draft shapes (llama: RoPE scaling, qwen2:
-    bias, qwen3: q/k norm and 128-dim heads) on meta buffers: compiled for sm_90a within a program's
-    registers (168), with no local memory (cuobjdump's count; Triton's own spill count on a GPU read 8
-    for the same kernels) and within Hopper's shared memory."""
+    bias, qwen3: q/k norm and 128-dim heads; qwen3 also at 32 sequences, a 32-row tile) on meta
+    buffers: compiled for sm_90a within a program's registers (168), with no local memory (cuobjdump's
+    count; Triton's own spill count on a GPU read 8 for the same kernels) and within Hopper's shared
+    memory."""
     env = os.environ | {"TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(triton_cache)}
-    names = ["llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b", "verify:qwen3-8b"]
+    names = ["llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b", "b32:qwen3-0.6b", "verify:qwen3-8b"]
     proc = subprocess.run([sys.executable, "-c", STEP_COMPILE, *names],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -156,4 +158,4 @@ def test_the_step_kernel_compiles_for_hopper_for_every_family(triton_cache):
     for name, regs, spills, shared, kv_buffers, rpad, chunk in rows:
         assert int(regs) <= 168 and int(spills) == 0 and 200_000 < int(shared) <= 232_448, (name, regs, shared)
         assert int(kv_buffers) in (1, 2)
-    assert [(r[5], r[6]) for r in rows] == [("16", "0")] * 3 + [("64", "16")]  # the drafts' row tile, whole K
+    assert [(r[5], r[6]) for r in rows] == [("16", "0")] * 3 + [("32", "0"), ("64", "16")]  # row tiles; whole K or staged
