@@ -56,7 +56,7 @@ def measure(path: Path, args, copy_gbs: float) -> dict:
         try:
             compiled = compile_round(load_plan(shipped_plan(plan_name)), wl, draft, target, graph=graph)
             compiled.warmup()
-        except CompileError as e:  # a form this workload cannot take (the step kernel: batches up to 16)
+        except CompileError as e:  # a form this workload cannot take (the step kernel: batches up to 32)
             row["checks"][form] = {"ok": False, "problems": [str(e)]}
             print(f"{wl.name} {form}: {e}", flush=True)
             continue

@@ -357,7 +357,16 @@ def test_ledger_splits_a_wait_at_its_last_producers_end():
     for op, v in out["ops"].items():  # nothing starts late: every wait is producers then handoff
         waited = sum(10 * t.index + 1.0 for t in prog.tasks if t.op == op and t.waits) / 4
         assert v["producers_us"] + v["handoff_us"] == pytest.approx(waited)
-    assert out["ops"]["embed"]["handoff_us"] + out["ops"]["embed"]["producers_us"] > 0  # step 1 waits on step 0
+    head0_end = max(10 * t.index + 3.0 for t in prog.tasks if t.op == "head" and t.step == 0)
+    embeds1 = [t for t in prog.tasks if t.op == "embed" and t.step == 1]  # wait for step 0's token: its last head
+    assert out["ops"]["embed"]["producers_us"] == pytest.approx(head0_end * len(embeds1) / 4)
+    # a poll that sees the counter before its producer stamps its end: all producers, no handoff
+    early = stamps.clone()
+    for t in embeds1:
+        early[t.index, 1] = int(head0_end * 1000) - 500
+    out_early = task_ledger(prog, early)
+    assert out_early["ops"]["embed"]["handoff_us"] == 0
+    assert out_early["ops"]["embed"]["producers_us"] == pytest.approx((head0_end - 0.5) * len(embeds1) / 4)
     # tasks that start after their producers ended wait only for the handoff
     later = stamps.clone()
     for t in prog.tasks:

@@ -476,11 +476,13 @@ def task_ledger(prog: StepProgram, stamps) -> dict:
     working (a GEMM's work includes waiting for its weight tiles: the streaming), the launch's span,
     and what the programs spent between tasks (reading the table).
 
-    A wait is split in two at the moment its counters' last producer task ended: `producers_us`, the
-    time before it (the producers still working: the chain and any imbalance), and `handoff_us`, the
-    time after it (the last piece's epilogue past its stamp, the counter's trip through L2 and the
-    poll that sees it). %globaltimer ticks coarsely on some GPUs (about 1 us): the split is a mean over
-    thousands of waits, not a per-wait reading."""
+    The wait of a task that waits on counters is split in two at the moment the counters' last
+    producer task ended (its end is stamped after its epilogue and its counter's release):
+    `producers_us`, the time before it (the producers' work, epilogues included: the chain and any
+    imbalance), and `handoff_us`, the time after it (the rest of the counter's trip and the poll that
+    sees it; a lower bound, since a poll may see the counter before the producer stamps its end).
+    `wait_us` also counts the few tasks that wait on nothing (their stamping). %globaltimer ticks
+    coarsely on some GPUs (about 1 us): the split is a mean over thousands of waits."""
     st = stamps.cpu().double() / 1e3  # us
     span = float(st[:, 2].max() - st[:, 0].min())
     ready = _ready_us(prog, st)

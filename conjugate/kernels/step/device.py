@@ -24,7 +24,7 @@ partitions over it, both in the table's order:
 
 The template's constexprs also run a verify pass (TOKENS tokens a sequence, causal attention,
 LOGITS kept in lm_head's sums) and pad the activation rows to RPAD (16, 32 or 64), staging a long K
-slice CHUNK tiles at a time; the draft form uses TOKENS 1, RPAD 16, whole slices, and the verify
+slice CHUNK tiles at a time; the draft form uses TOKENS 1, RPAD 16 or 32, whole slices, and the verify
 pass is so far run only from lab/ (verify_step, cross_step).
 
 The KV cache is one [2, L, B, KVH, S, D] tensor (keys, then values: KVCache.empty's layout).
