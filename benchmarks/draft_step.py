@@ -9,9 +9,9 @@ Both forms run the `sequential` plan's target launches; the step plan is plans/s
 lengths are ragged (`--equal` for all at the context). Per workload the JSON holds #48's fields
 (workload, draft, batch, k, floor_ms, launches_ms, step_kernel_ms, plan) with both checks and the
 step launch's in-kernel ledger (per op: the mean per program of the time waiting on other programs,
-split at the last producer's end into producers and handoff, and of the time working). `analytical_step_efficiency`: the analytical evaluator's `step` efficiency
-that gives each workload's measured step/launches ratio (geometric mean), as evaluators/analytical.toml
-sets it.
+split at the last producer's end into producers and handoff, and of the time working).
+`analytical_step_efficiency`: the analytical evaluator's `step` efficiency that gives each
+workload's measured step/launches ratio (geometric mean), as evaluators/analytical.toml sets it.
 """
 from __future__ import annotations
 

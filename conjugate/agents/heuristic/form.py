@@ -5,9 +5,9 @@ The step launch runs the draft's whole dependent chain in one kernel: it beat th
 alone (facts: form_step), and it lost beside a target stream, whose kernels wait for the SMs it
 holds (facts: form_step_two_streams). So it is proposed for one-stream plans only. It needs the sequential alignment (no target launch
 can share it), so the edit also sets that and drops pins of draft ops into target launches. The
-kernel compiles batches of up to 32 sequences (`kernels/step/columns.py`), but it is proposed only up to CHECKED_BATCH, the
-batches its GPU runs have checked (the 32-row tile waits for `benchmarks/step_checks.py` on a GPU);
-fp16 drafts are left to the launches (it is bf16 on the GPU).
+kernel compiles batches of up to 32 sequences (`kernels/step/columns.py`), but it is proposed only
+up to CHECKED_BATCH, the batches its GPU runs have checked (the 32-row tile waits for
+`benchmarks/step_checks.py` on a GPU); fp16 drafts are left to the launches (it is bf16 on the GPU).
 """
 from __future__ import annotations
 
