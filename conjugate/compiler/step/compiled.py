@@ -50,11 +50,8 @@ class CompiledStep:
         spec = table.spec
         self.digest = hashlib.sha256(f"step:{spec}:{table.batch}:{table.steps}:{table.programs}:{table.tiles}"
                                      .encode()).hexdigest()[:16]
-        self._launch = None
-        if _gpu_shaped(bufs):  # the kernel's launch (on meta buffers: to be compiled offline, never run)
-            from conjugate.compiler.step.launch import StepLaunch  # Gluon: imported where a GPU runs it
-            weights = bufs.prepared.step_weights(table)
-            self._launch = StepLaunch(table, weights, stacked_cache(bufs))
+        self.attention_buffers: int | None = None  # attention's key/value pipeline depth (None: the launch's)
+        self._launch = self._make_launch() if _gpu_shaped(bufs) else None  # meta buffers: compiled offline only
 
     @classmethod
     def build(cls, index: int, bufs: ModelBuffers, programs: int, stream: str, sms: int | None = None) -> "CompiledStep":
@@ -85,6 +82,22 @@ class CompiledStep:
         except ProgramError as e:
             raise ValueError(f"the step table: {e}") from e
         return cls(index, bufs, table, stream)
+
+    def _make_launch(self, stamps: bool = False, cache: torch.Tensor | None = None):
+        from conjugate.compiler.step.launch import StepLaunch  # Gluon: imported where a GPU runs it
+
+        b = self.bufs
+        return StepLaunch(self.table, b.prepared.step_weights(self.table),
+                          stacked_cache(b) if cache is None else cache, stamps=stamps,
+                          attention_buffers=self.attention_buffers)
+
+    def use_attention_buffers(self, buffers: int | None) -> None:
+        """Rebuild the launch with attention's key/value pipeline `buffers` deep (None: the launch's
+        default); the next warmup compiles it."""
+        if self._launch is None:
+            raise ValueError("attention's buffers are the GPU kernel's: the CPU simulation has none")
+        self.attention_buffers = buffers
+        self._launch = self._make_launch()
 
     @property
     def launch(self):
@@ -134,12 +147,9 @@ class CompiledStep:
     def ledger(self) -> dict:
         """Per op, the waits and work of the last inputs' launch, from a stamped launch of its own on a
         copy of the cache (GPU; table.task_ledger)."""
-        from conjugate.compiler.step.launch import StepLaunch
-
         if self._launch is None:
             raise ValueError("the step launch's ledger reads the GPU's timer: run it on a GPU")
-        b = self.bufs
-        stamped = StepLaunch(self.table, b.prepared.step_weights(self.table), stacked_cache(b).clone(), stamps=True)
+        stamped = self._make_launch(stamps=True, cache=stacked_cache(self.bufs).clone())
         stamped.tokens_in.copy_(self._launch.tokens_in)
         stamped.lengths.copy_(self._launch.lengths)
         stamped.run()

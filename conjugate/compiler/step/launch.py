@@ -21,6 +21,7 @@ SMEM_BUDGET = 220 * 1024  # shared memory a program may take: the ring and the a
 ACT_BUDGET = 128 * 1024  # the activation tiles' share of it at most (the ring keeps 5 or more slots)
 SPIN_LIMIT = 1 << 20  # polls of one wait before it counts an error (a checked table never gets there)
 KEY_BLOCK = 64  # keys per attention block (the wgmma N of the scores)
+MAX_KV_BUFFERS = 4  # attention's key/value pipeline depth at most
 
 
 class StepLaunch:
@@ -32,7 +33,7 @@ class StepLaunch:
     kernel = step_kernel
 
     def __init__(self, prog: StepProgram, weights: dict, kv: torch.Tensor, stamps: bool = False,
-                 spin_limit: int = SPIN_LIMIT, logits: bool = False):
+                 spin_limit: int = SPIN_LIMIT, logits: bool = False, attention_buffers: int | None = None):
         spec, dev, B, R, k = prog.spec, weights["qkv"].device, prog.batch, prog.rows, prog.steps
         group = spec.num_heads // spec.num_kv_heads
         if R > ROW_TILES[-1] or prog.tiles != Tiles():
@@ -79,15 +80,20 @@ class StepLaunch:
         pairs = k * L * B * spec.num_kv_heads * chunks
         self.part_ml, self.part_acc = buf(pairs, 2, gp, dtype=f32), buf(pairs, gp, spec.head_dim, dtype=f32)
         act_tiles = activation_tiles(kt_max, rpad)
+        chunk = 0 if act_tiles == kt_max else act_tiles
+        if attention_buffers is None:
+            attention_buffers = kv_buffers(act_tiles * rpad * K_TILE * 2, spec.head_dim)
+        act_tiles = max(act_tiles, attention_tiles(attention_buffers, spec.head_dim, rpad))
         act_bytes = act_tiles * rpad * K_TILE * 2
         stages = min(12, (SMEM_BUDGET - act_bytes) // (SLOT_ROWS * K_TILE * 2 + 16))
         if stages < 2:
-            raise ValueError(f"{kt_max} activation tiles leave no shared memory for a ring")
+            raise ValueError(f"{act_tiles} activation tiles ({act_bytes} bytes) leave no shared memory for a ring")
         self.kwargs = dict(H=H, Q=Q, F=F, V=V, D=spec.head_dim, G=group,
                            KVH=spec.num_kv_heads, L=L, S=kv.shape[4], NQ=nq, NTH=nth, BATCH=B,
                            QK_NORM=spec.qk_norm, STAGES=stages, KT_MAX=act_tiles, EPS=spec.rms_norm_eps,
                            QK_SCALE=1.4426950408889634 / spec.head_dim ** 0.5, GP=gp, CHUNKS=chunks, STAMPS=stamps,
-                           KV_BUFS=kv_buffers(act_bytes, spec.head_dim), TOKENS=prog.tokens, LOGITS=logits, RPAD=rpad, CHUNK=0 if act_tiles == kt_max else act_tiles, num_warps=4,
+                           KV_BUFS=attention_buffers, TOKENS=prog.tokens, LOGITS=logits, RPAD=rpad, CHUNK=chunk,
+                           num_warps=4,
                            maxnreg=168)
         self.stamps = torch.zeros(len(prog.tasks), 3, dtype=torch.int64, device=dev)
         self.spin_limit = spin_limit
@@ -127,11 +133,18 @@ def activation_tiles(kt_max: int, rpad: int) -> int:
     return kt_max if kt_max * tile <= ACT_BUDGET else ACT_BUDGET // tile
 
 
+def attention_tiles(buffers: int, head_dim: int, rpad: int) -> int:
+    """Activation tiles whose shared memory holds `buffers` key/value block pairs (attention's
+    pipeline, 1 to MAX_KV_BUFFERS deep, in the activation tiles while no GEMM uses them)."""
+    if not 1 <= buffers <= MAX_KV_BUFFERS:
+        raise ValueError(f"attention takes 1 to {MAX_KV_BUFFERS} key/value buffers, not {buffers}")
+    block = 2 * KEY_BLOCK * head_dim * 2
+    tile = rpad * K_TILE * 2
+    return -(-buffers * block // tile)
+
+
 def kv_buffers(act_bytes: int, head_dim: int) -> int:
-    """Key/value block buffers attention gets in the activation tiles' shared memory: two where they
-    fit (the next block loads while one is used), else one."""
+    """Key/value block buffers attention gets by default: two where the GEMMs' activation tiles hold
+    them (the next block loads while one is used), else one (the tiles are then grown to hold it)."""
     block = 2 * KEY_BLOCK * head_dim * 2  # a key block and a value block, bf16
-    if act_bytes < block:
-        raise ValueError(f"attention needs {block} bytes of the activation tiles' shared memory, which hold "
-                         f"{act_bytes}")
     return 2 if act_bytes >= 2 * block else 1

@@ -288,8 +288,9 @@ def attend_chunk(q_ptr, kv_ptr, part_ml_ptr, part_acc_ptr, slot, lengths_ptr, la
     tensor cores: keys [lo, hi), chunk `chunk` of CHUNKS of the length + step + TOKENS keys in whole
     64-key blocks, token t seeing the keys up to its own position. The query rows (token t's head h
     is row t * G + h) are the first rows of a 64-row wgmma tile (register operand); key and value blocks come by cp.async
-    into the activation buffer's shared memory (free while attention runs), KV_BUFS deep, so block
-    j + 1 is on its way while block j is multiplied. Leaves (m, l, unnormalised acc) in `slot`."""
+    into the activation buffer's shared memory (free while attention runs), KV_BUFS deep, so blocks
+    j + 1 .. j + KV_BUFS - 1 are on their way while block j is multiplied. Leaves (m, l, unnormalised
+    acc) in `slot`."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
     q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
@@ -316,13 +317,16 @@ def attend_chunk(q_ptr, kv_ptr, part_ml_ptr, part_acc_ptr, slot, lengths_ptr, la
     m = gl.full([64], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
     l = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, s_layout))
     o = gl.zeros([64, D], gl.float32, layout=o_layout)
-    _issue_kv(tiles, 0, k_base, v_base, lo, hi, r, d, D)
+    for j in gl.static_range(KV_BUFS - 1):  # the first KV_BUFS - 1 blocks (blocks past hi: zeros)
+        _issue_kv(tiles, j, k_base, v_base, lo + j * 64, hi, r, d, D)
     for k0 in range(lo, hi, 64):
-        buf = ((k0 - lo) // 64) % KV_BUFS
-        if KV_BUFS == 2:
-            _issue_kv(tiles, 1 - buf, k_base, v_base, k0 + 64, hi, r, d, D)  # the next block (none past hi)
-            async_copy.wait_group(1)
+        block = (k0 - lo) // 64
+        buf = block % KV_BUFS
+        if KV_BUFS > 1:  # block + KV_BUFS - 1 into the buffer the block before used (every warp is done with it)
+            _issue_kv(tiles, (block + KV_BUFS - 1) % KV_BUFS, k_base, v_base, k0 + (KV_BUFS - 1) * 64, hi, r, d, D)
+            async_copy.wait_group(KV_BUFS - 1)
         else:
+            _issue_kv(tiles, 0, k_base, v_base, k0, hi, r, d, D)
             async_copy.wait_group(0)
         fence_async_shared()
         gl.thread_barrier()
@@ -336,8 +340,6 @@ def attend_chunk(q_ptr, kv_ptr, part_ml_ptr, part_acc_ptr, slot, lengths_ptr, la
         p, m, l, o = online_softmax(scores, m, l, o, o_layout)
         o = warpgroup_mma(gl.convert_layout(p.to(gl.bfloat16), p_layout), tiles.index(2 * buf + 1), o)
         gl.thread_barrier()  # every warp is done with this buffer before a later issue refills it
-        if KV_BUFS == 1:
-            _issue_kv(tiles, 0, k_base, v_base, k0 + 64, hi, r, d, D)
     async_copy.wait_group(0)  # the activation buffer is the GEMMs' again after this task
     gl.thread_barrier()
     rows = gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
