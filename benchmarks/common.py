@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -133,3 +134,33 @@ def check_then_time(compiled, inputs, check, replays: int, warmup: int = 10) -> 
     if row["correct"]:
         row |= time_replays(compiled.run, replays, warmup=warmup).to_dict()
     return row
+
+
+def checked_draft_phase(compiled, inputs, check, device) -> tuple[dict, object | None, object | None]:
+    """Check a compiled round against the reference (its step launch, if any, also for spins that ran
+    out); only when it passes, capture its draft phase as a CUDA graph. Returns (the check as a row,
+    the graph or None, the round's CompiledStep or None). Keep `compiled` while the graph replays."""
+    from conjugate.compiler.step.compiled import CompiledStep
+    from conjugate.evaluate.rounds import checked_run
+    from conjugate.evaluate.timing import capture
+    from conjugate.roles import Model
+
+    report = checked_run(compiled, inputs, check)
+    step = next((l for l in compiled.launches if isinstance(l, CompiledStep)), None)
+    row = {"ok": bool(report.ok), "problems": report.problems[:3], "spins_ran_out": step.spins_ran_out() if step else 0}
+    if not row["ok"] or row["spins_ran_out"]:
+        return row, None, step
+    compiled.load(inputs)
+    return row, capture(compiled.phase(Model.DRAFT), device), step
+
+
+def time_interleaved(graphs: dict, replays: int, passes: int) -> dict[str, dict]:
+    """Each variant's CUDA graph timed `passes` times, the variants taking turns (so drift falls on all
+    alike): {variant: {"passes_ms": [median of `replays` replays, a pass], "ms": their median}}."""
+    from conjugate.evaluate.timing import time_replays
+
+    times: dict[str, list[float]] = {v: [] for v in graphs}
+    for _ in range(passes):
+        for variant, g in graphs.items():
+            times[variant].append(time_replays(g.replay, replays, warmup=10).median_ms)
+    return {v: {"passes_ms": ms, "ms": statistics.median(ms)} for v, ms in times.items()}

@@ -12,24 +12,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from common import environment, failure, round_case  # noqa: E402
+from common import checked_draft_phase, environment, failure, round_case, time_interleaved  # noqa: E402
 
 import torch  # noqa: E402
 
 from conjugate.compiler.round import compile_round  # noqa: E402
 from conjugate.compiler.step.compiled import CompiledStep  # noqa: E402
-from conjugate.evaluate.rounds import checked_run  # noqa: E402
-from conjugate.evaluate.timing import capture, copy_bandwidth_gbs, time_replays  # noqa: E402
+from conjugate.evaluate.timing import copy_bandwidth_gbs  # noqa: E402
 from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
-from conjugate.roles import Model  # noqa: E402
 
 DEPTHS = ["default", "1", "2", "3", "4"]
 
@@ -71,24 +68,16 @@ def main() -> int:
                 kw = step.launch.kwargs
                 row["kernel"] = {"KV_BUFS": kw["KV_BUFS"], "STAGES": kw["STAGES"], "KT_MAX": kw["KT_MAX"],
                                  "registers": step.resources.registers, "spills": step.resources.spills}
-                report = checked_run(compiled, inputs, check)
-                row["check"] = {"ok": bool(report.ok), "problems": report.problems[:3],
-                                "spins_ran_out": step.spins_ran_out()}
-                if report.ok and not row["check"]["spins_ran_out"]:
-                    compiled.load(inputs)
-                    graphs[depth] = capture(compiled.phase(Model.DRAFT), device)
+                row["check"], phase, _ = checked_draft_phase(compiled, inputs, check, device)
+                if phase is not None:
+                    graphs[depth] = phase
                     keep.append(compiled)  # the graph replays its buffers: keep them with it
                     row["ledger"] = step.ledger()
             except Exception as e:  # a depth that fails is a row, not the end of the run
                 row["error"] = failure(e)
             print(f"{wl.name} {depth}: {row.get('error') or row.get('check')} {row.get('kernel')}", flush=True)
-        times: dict[str, list[float]] = {d: [] for d in graphs}
-        for _ in range(args.passes):
-            for depth, g in graphs.items():
-                times[depth].append(time_replays(g.replay, args.replays, warmup=10).median_ms)
-        for depth, ms in times.items():
-            entry["depths"][depth]["passes_ms"] = ms
-            entry["depths"][depth]["ms"] = statistics.median(ms)
+        for depth, timing in time_interleaved(graphs, args.replays, args.passes).items():
+            entry["depths"][depth] |= timing
         out["workloads"].append(entry)
         args.json.write_text(json.dumps(out, indent=1))
         compiled = step = None

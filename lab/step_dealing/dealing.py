@@ -13,25 +13,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from common import environment, failure, round_case  # noqa: E402
+from common import checked_draft_phase, environment, failure, round_case, time_interleaved  # noqa: E402
 
 import torch  # noqa: E402
 
 from conjugate.compiler.round import compile_round  # noqa: E402
 from conjugate.compiler.step import table  # noqa: E402
-from conjugate.compiler.step.compiled import CompiledStep  # noqa: E402
-from conjugate.evaluate.rounds import checked_run  # noqa: E402
-from conjugate.evaluate.timing import capture, copy_bandwidth_gbs, time_replays  # noqa: E402
+from conjugate.evaluate.timing import copy_bandwidth_gbs  # noqa: E402
 from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
-from conjugate.roles import Model  # noqa: E402
 
 PRODUCT_RUNS, PRODUCT_MIN = table.balanced_runs, table.MIN_RUN_K_TILES
 VARIANTS = {"round_robin": None, "balanced_1": 1, "balanced_2": 2, "balanced_4": 4}
@@ -82,26 +78,17 @@ def main() -> int:
             try:
                 compiled = compile_round(load_plan(shipped_plan("step")), wl, draft, target, graph=graph)
                 compiled.warmup()
-                report = checked_run(compiled, inputs, check)
-                step = next(l for l in compiled.launches if isinstance(l, CompiledStep))
-                row["check"] = {"ok": bool(report.ok), "problems": report.problems[:3],
-                                "spins_ran_out": step.spins_ran_out()}
+                row["check"], phase, step = checked_draft_phase(compiled, inputs, check, device)
                 row["most_k_tiles"] = most_k_tiles(step.table)
-                if report.ok and not row["check"]["spins_ran_out"]:
-                    compiled.load(inputs)
-                    graphs[variant] = capture(compiled.phase(Model.DRAFT), device)
+                if phase is not None:
+                    graphs[variant] = phase
                     keep.append(compiled)  # the graph replays its buffers: keep them with it
                     row["ledger"] = step.ledger()
             except Exception as e:  # a variant that fails is a row, not the end of the run
                 row["error"] = failure(e)
             print(f"{wl.name} {variant}: {row.get('error') or row.get('check')}", flush=True)
-        times: dict[str, list[float]] = {v: [] for v in graphs}
-        for _ in range(args.passes):
-            for variant, g in graphs.items():
-                times[variant].append(time_replays(g.replay, args.replays, warmup=10).median_ms)
-        for variant, ms in times.items():
-            entry["variants"][variant]["passes_ms"] = ms
-            entry["variants"][variant]["ms"] = statistics.median(ms)
+        for variant, timing in time_interleaved(graphs, args.replays, args.passes).items():
+            entry["variants"][variant] |= timing
         out["workloads"].append(entry)
         args.json.write_text(json.dumps(out, indent=1))
         compiled = step = None
