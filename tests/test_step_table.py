@@ -15,7 +15,7 @@ from conjugate.compiler.step.table import (MIN_RUN_K_TILES, ProgramError, StepPr
 from conjugate.models.presets import from_name
 from conjugate.models.reference import draft_phase, forward, make_round_inputs
 from conjugate.kernels.step import columns as layout
-from conjugate.models.weights import random_weights
+from conjugate.models.weights import meta_weights, random_weights
 
 SMALL = Tiles(k=16, rows=32, half=16)  # the tiny models' sizes: many tiles and slices
 
@@ -407,3 +407,25 @@ def test_activation_tiles_hold_a_whole_k_slice_where_it_fits_else_runs_of_it():
     assert activation_tiles(64, 16) == 64 and 64 * 16 * 128 == ACT_BUDGET  # an 8B target's lm_head K at 16 rows
     assert activation_tiles(64, 32) == 32 and activation_tiles(64, 64) == 16  # staged in runs
     assert activation_tiles(8, 64) == 8
+
+
+def test_a_deeper_attention_pipeline_takes_its_shared_memory_from_the_ring():
+    """Attention's key/value buffers live in the activation tiles: asking for more grows the tiles to
+    hold them (the GEMMs still stage whole K slices) and the ring keeps what is left; a depth past
+    the kernel's is refused."""
+    spec = from_name("qwen3-0.6b")  # 128-dim heads: a 64-key block pair is 32 KB
+    prog = step_table(spec, 4, 1, 132, Tiles(), 132)
+    kv = torch.empty(2, spec.num_layers, 4, spec.num_kv_heads, 80, spec.head_dim, dtype=torch.bfloat16,
+                     device="meta")
+    weights = tile_weights(meta_weights(spec, torch.bfloat16), prog)
+    launches = {n: StepLaunch(prog, weights, kv, attention_buffers=n).kwargs for n in (None, 1, 2, 3, 4)}
+    tile = 16 * layout.K_TILE * 2  # an activation tile: 16 rows
+    slot = layout.SLOT_ROWS * layout.K_TILE * 2
+    assert launches[None] == launches[1]  # 16 tiles (32 KB) hold one pair: the default
+    for n in (1, 2, 3, 4):
+        kw = launches[n]
+        assert kw["KV_BUFS"] == n and kw["KT_MAX"] * tile >= n * 32 * 1024 and kw["CHUNK"] == 0
+        assert kw["KT_MAX"] * tile + kw["STAGES"] * slot <= 220 * 1024
+    assert [launches[n]["STAGES"] for n in (1, 2, 3, 4)] == [11, 9, 7, 5]
+    with pytest.raises(ValueError, match="1 to 4"):
+        StepLaunch(prog, weights, kv, attention_buffers=5)
