@@ -9,7 +9,8 @@ Both forms run the `sequential` plan's target launches; the step plan is plans/s
 lengths are ragged (`--equal` for all at the context). Per workload the JSON holds #48's fields
 (workload, draft, batch, k, floor_ms, launches_ms, step_kernel_ms, plan) with both checks and the
 step launch's in-kernel ledger (per op: the mean per program of the time waiting on other programs,
-split at the last producer's end into producers and handoff, and of the time working).
+split at the last producer's end into producers and handoff, and of the time working, split into
+staging, the product and the finish; and how far ahead the loader issued a task's weights).
 `analytical_step_efficiency`: the analytical evaluator's `step` efficiency that gives each
 workload's measured step/launches ratio (geometric mean), as evaluators/analytical.toml sets it.
 """
@@ -80,6 +81,12 @@ def measure(path: Path, args, copy_gbs: float) -> dict:
                          for key in ("wait_us", "producers_us", "handoff_us")}
             print(f"{wl.name} step ledger, a stage: {per_stage['wait_us']:.2f} us waited "
                   f"({per_stage['producers_us']:.2f} on producers, {per_stage['handoff_us']:.2f} handoff)", flush=True)
+            for op, v in led["ops"].items():
+                if "stage_us" in v:  # a program's means over the launch: staging, product, finish; loader lead
+                    print(f"    {op:<8} work {v['work_us']:7.0f} us = stage {v['stage_us']:6.0f} + product "
+                          f"{v['multiply_us']:6.0f} + finish {v['finish_us']:6.0f}"
+                          + (f"; first tile issued {v['lead_us']:6.2f} us before the waits were met"
+                             if "lead_us" in v else ""), flush=True)
         del compiled, phase
         torch.cuda.empty_cache()
     return row

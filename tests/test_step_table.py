@@ -328,23 +328,41 @@ def test_step_table_is_coarse_and_checked():
 def test_ledger_splits_each_task_into_wait_and_work():
     spec = from_name("tiny-llama-d")
     prog = step_table(spec, 2, 1, 4, SMALL)
-    stamps = torch.zeros(len(prog.tasks), 3, dtype=torch.int64)
-    for t in prog.tasks:  # each task: 1 us of waiting from its start, then 2 us of work (on 4 programs)
-        stamps[t.index] = torch.tensor([10_000 * t.index, 10_000 * t.index + 1_000, 10_000 * t.index + 3_000])
+    stamps = torch.zeros(len(prog.tasks), layout.STAMP_COLS, dtype=torch.int64)
+    for t in prog.tasks:  # each task: 1 us of waiting from its start, then 2 us of work (on 4 programs):
+        at = 10_000 * t.index  # 0.25 staging, 1.5 multiplying, 0.25 finishing; its weights issued at its start
+        stamps[t.index] = stamp(at, at + 1_000, at + 1_250, at + 2_750, at + 3_000, at)
     out = task_ledger(prog, stamps)
     n = {op: sum(t.op == op for t in prog.tasks) for op in out["ops"]}
     for op, v in out["ops"].items():
         assert v["tasks"] == n[op]
         assert v["wait_us"] == pytest.approx(n[op] * 1.0 / 4) and v["work_us"] == pytest.approx(n[op] * 2.0 / 4)
+        if op != "embed":
+            assert (v["stage_us"], v["multiply_us"], v["finish_us"]) == pytest.approx(
+                (n[op] * 0.25 / 4, n[op] * 1.5 / 4, n[op] * 0.25 / 4))
+        assert ("lead_us" in v) == (op not in ("embed", "attn"))
     assert out["span_us"] == pytest.approx(10 * (len(prog.tasks) - 1) + 3)
+    for t in prog.tasks:  # the loader issues every task's first tile 0.5 us after its waits are met
+        stamps[t.index, layout.S_ISSUED] = 10_000 * t.index + 1_500
+    assert all(v["lead_us"] == pytest.approx(-0.5) for v in task_ledger(prog, stamps)["ops"].values() if "lead_us" in v)
+
+
+def stamp(start, met, staged, multiplied, end, issued):
+    """One task's stamps (ns) in the kernel's column order."""
+    row = [0] * layout.STAMP_COLS
+    for col, value in ((layout.S_START, start), (layout.S_MET, met), (layout.S_STAGED, staged),
+                       (layout.S_MULTIPLIED, multiplied), (layout.S_END, end), (layout.S_ISSUED, issued)):
+        row[col] = value
+    return torch.tensor(row)
 
 
 def test_ledger_splits_a_wait_at_its_last_producers_end():
     spec = from_name("tiny-llama-d")
     prog = step_table(spec, 2, 2, 4, SMALL)
-    stamps = torch.zeros(len(prog.tasks), 3, dtype=torch.int64)
+    stamps = torch.zeros(len(prog.tasks), layout.STAMP_COLS, dtype=torch.int64)
     for t in prog.tasks:  # every task starts at 0; task i's waits are met at 10i + 1 us and it ends at 10i + 3
-        stamps[t.index] = torch.tensor([0, 10_000 * t.index + 1_000, 10_000 * t.index + 3_000])
+        met = 10_000 * t.index + 1_000
+        stamps[t.index] = stamp(0, met, met, met, met + 2_000, 0)
     out = task_ledger(prog, stamps)
     attn_end = {}  # (step, layer) -> when its attention's last task ended, us
     for t in prog.tasks:
@@ -363,14 +381,15 @@ def test_ledger_splits_a_wait_at_its_last_producers_end():
     # a poll that sees the counter before its producer stamps its end: all producers, no handoff
     early = stamps.clone()
     for t in embeds1:
-        early[t.index, 1] = int(head0_end * 1000) - 500
+        early[t.index, layout.S_MET] = int(head0_end * 1000) - 500
     out_early = task_ledger(prog, early)
     assert out_early["ops"]["embed"]["handoff_us"] == 0
     assert out_early["ops"]["embed"]["producers_us"] == pytest.approx((head0_end - 0.5) * len(embeds1) / 4)
     # tasks that start after their producers ended wait only for the handoff
     later = stamps.clone()
     for t in prog.tasks:
-        later[t.index] = torch.tensor([10_000 * t.index, 10_000 * t.index + 1_000, 10_000 * t.index + 3_000])
+        at = 10_000 * t.index
+        later[t.index] = stamp(at, at + 1_000, at + 1_000, at + 1_000, at + 3_000, 0)
     out = task_ledger(prog, later)
     assert out["stages"] == 2 * (spec.num_layers * 5 + 2)  # a step: its embedding, 5 ops a layer, its head
     for op, v in out["ops"].items():

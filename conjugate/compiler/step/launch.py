@@ -14,7 +14,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from conjugate.compiler.step.layout import encode
 from conjugate.compiler.step.table import StepProgram, Tiles
-from conjugate.kernels.step.columns import K_TILE, ROW_TILES, SLOT_ROWS
+from conjugate.kernels.step.columns import K_TILE, ROW_TILES, SLOT_ROWS, STAMP_COLS
 from conjugate.kernels.step.device import step_kernel
 
 SMEM_BUDGET = 220 * 1024  # shared memory a program may take: the ring and the activation tiles
@@ -26,8 +26,8 @@ MAX_KV_BUFFERS = 4  # attention's key/value pipeline depth at most
 
 class StepLaunch:
     """The buffers of one table and its launch. Activations between ops are bf16, the GEMMs' partial
-    sums and the norms' summed squares fp32; `stamps` (int64 [tasks, 3], ns) are written with
-    stamps=True: each task's start, end of its waits and end. With logits=True the lm_head's
+    sums and the norms' summed squares fp32; `stamps` (int64 [tasks, STAMP_COLS], ns; columns.py's
+    S_*) are written with stamps=True. With logits=True the lm_head's
     epilogue leaves each step's fp32 logits in its sums (`logits()`)."""
 
     kernel = step_kernel
@@ -95,7 +95,7 @@ class StepLaunch:
                            KV_BUFS=attention_buffers, TOKENS=prog.tokens, LOGITS=logits, RPAD=rpad, CHUNK=chunk,
                            num_warps=4,
                            maxnreg=168)
-        self.stamps = torch.zeros(len(prog.tasks), 3, dtype=torch.int64, device=dev)
+        self.stamps = torch.zeros(len(prog.tasks), STAMP_COLS, dtype=torch.int64, device=dev)
         self.spin_limit = spin_limit
 
     def args(self) -> tuple:

@@ -28,7 +28,8 @@ slice CHUNK tiles at a time; the draft form uses TOKENS 1, RPAD 16 or 32, whole 
 pass is so far run only from lab/ (verify_step, cross_step).
 
 The KV cache is one [2, L, B, KVH, S, D] tensor (keys, then values: KVCache.empty's layout).
-`%globaltimer` stamps (STAMPS) give each task's start, end of waits and end: the in-kernel ledger.
+`%globaltimer` stamps (STAMPS) give each task's start, waits met, activations staged, product done and
+end, and the loader's issue of its first weight tile (columns.py's S_*): the in-kernel ledger.
 """
 from __future__ import annotations
 
@@ -39,9 +40,9 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from conjugate.kernels.step.ring import (BK, C_DONE, C_FCNT, C_FOFF, C_HEAD0, C_KHI, C_KLO, C_LAYER,
                                          C_OP, C_PARTS, C_SEG, C_SPLITS, C_STEP, C_TILE, C_TOKEN, C_W1C, C_W1T,
-                                         C_WCNT, C_WOFF, HALF, SLOT_ROWS, acquire, field, now, paired_tile, record,
-                                         release, ring_barriers, single_tile, stage_activations, step_loader,
-                                         wait_all)
+                                         C_WCNT, C_WOFF, HALF, S_END, S_MET, S_MULTIPLIED, S_STAGED, S_START,
+                                         SLOT_ROWS, STAMP_COLS, acquire, field, now, paired_tile, record, release,
+                                         ring_barriers, single_tile, stage_activations, step_loader, wait_all)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -423,8 +424,8 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
             acquire(counter_ptr + field(vec, C_W1C), w1_target, error_ptr, spin_limit)
         wait_all(waits_ptr, field(vec, C_WOFF) + 1, field(vec, C_WCNT) - 1, counter_ptr, error_ptr, spin_limit)
         if STAMPS:
-            gl.store(stamps_ptr + task * 3, t_start)
-            gl.store(stamps_ptr + task * 3 + 1, now(task))
+            gl.store(stamps_ptr + task * STAMP_COLS + S_START, t_start)
+            gl.store(stamps_ptr + task * STAMP_COLS + S_MET, now(task))
         sl = step * L + layer  # this (step, layer)'s slot in the per-layer buffers
         sx = step * (L + 1) + layer
         if op == 0:
@@ -442,6 +443,10 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
             attend_chunk(q_ptr + sl * ROWS * Q, kv_ptr, part_ml_ptr, part_acc_ptr, first_slot + field(vec, C_KLO),
                          lengths_ptr, layer, step, b, g, field(vec, C_KLO), act, D, G, KVH, Q, L, S, BATCH, QK_SCALE,
                          GP, CHUNKS, KV_BUFS, TOKENS)
+            if STAMPS:
+                t_done = now(task)
+                gl.store(stamps_ptr + task * STAMP_COLS + S_STAGED, t_done)
+                gl.store(stamps_ptr + task * STAMP_COLS + S_MULTIPLIED, t_done)
             gl.thread_barrier()
             arrived = gl.atomic_add(counter_ptr + field(vec, C_PARTS), 1, sem="acq_rel", scope="gpu")
             if arrived == CHUNKS - 1:  # the pair's last chunk in merges them
@@ -453,6 +458,8 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
             n_k = field(vec, C_KHI) - field(vec, C_KLO)
             if CHUNK == 0:  # the activation tiles hold every task's K
                 _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, step, sl, sx, B, k_lo, n_k, H, Q, F, L, ROWS, RPAD)
+                if STAMPS:
+                    gl.store(stamps_ptr + task * STAMP_COLS + S_STAGED, now(task))
                 if (op == 1) | (op == 4):
                     acc1, acc2, i = paired_tile(ring, ready, empty, act, i, n_k, STAGES,
                                                 gl.zeros((HALF, RPAD), dtype=gl.float32, layout=acc_layout),
@@ -463,6 +470,8 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                                          gl.zeros((SLOT_ROWS, RPAD), dtype=gl.float32, layout=acc_layout))
                     _add_single(op, acc, s_o_ptr, s_d_ptr, s_head_ptr, step, sl, col0, B, H, NTH, ROWS, RPAD)
             else:  # they hold CHUNK K tiles: the task's K is staged and multiplied CHUNK tiles at a time
+                if STAMPS:  # staging and multiplying interleave: the whole product counts as multiplying
+                    gl.store(stamps_ptr + task * STAMP_COLS + S_STAGED, now(task))
                 if (op == 1) | (op == 4):
                     acc1 = gl.zeros((HALF, RPAD), dtype=gl.float32, layout=acc_layout)
                     acc2 = gl.zeros((HALF, RPAD), dtype=gl.float32, layout=acc_layout)
@@ -480,6 +489,8 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                                ROWS, RPAD)
                         acc, i = single_tile(ring, ready, empty, act, i, m, STAGES, acc)
                     _add_single(op, acc, s_o_ptr, s_d_ptr, s_head_ptr, step, sl, col0, B, H, NTH, ROWS, RPAD)
+            if STAMPS:
+                gl.store(stamps_ptr + task * STAMP_COLS + S_MULTIPLIED, now(task))
             gl.thread_barrier()
             arrived = gl.atomic_add(counter_ptr + field(vec, C_PARTS), 1, sem="acq_rel", scope="gpu")
             if arrived == field(vec, C_SPLITS) - 1:  # the tile's last slice: its epilogue
@@ -512,7 +523,7 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                 else:
                     release(counter_ptr + field(vec, C_DONE))
         if STAMPS:
-            gl.store(stamps_ptr + task * 3 + 2, now(task))
+            gl.store(stamps_ptr + task * STAMP_COLS + S_END, now(task))
         task = task_next
         vec = vec_next
 
@@ -542,7 +553,7 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_pt
                         stamps_ptr, H, Q, F, V, D, G, KVH, L, S, NQ, NTH, BATCH, QK_NORM, STAGES, EPS, QK_SCALE, GP,
                         CHUNKS, STAMPS, KV_BUFS, TOKENS, LOGITS, RPAD, CHUNK)),
         (step_loader, (qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty, table_ptr, list_ptr,
-                       bounds_ptr, STAGES)),
+                       bounds_ptr, stamps_ptr, STAGES, STAMPS)),
     ], [1], [40])
 
 

@@ -22,6 +22,8 @@ OPS = layout.OPS
 (C_OP, C_STEP, C_LAYER, C_TILE, C_KLO, C_KHI, C_SPLITS, C_PARTS, C_DONE, C_WOFF, C_WCNT, C_FOFF, C_FCNT,
  C_ROW0, C_SEG, C_HEAD0, C_COL0, C_TOKEN, C_W1C, C_W1T) = (gl.constexpr(i) for i in range(layout.REC))
 REC = gl.constexpr(layout.REC)
+STAMP_COLS = gl.constexpr(layout.STAMP_COLS)
+(S_START, S_MET, S_STAGED, S_MULTIPLIED, S_END, S_ISSUED) = (gl.constexpr(i) for i in range(layout.STAMP_COLS))
 FIELDS = gl.constexpr(32)  # a record as one vector load
 
 
@@ -58,12 +60,14 @@ def _fill_slot(ring, ready, empty, i, STAGES: gl.constexpr):
 
 @gluon.jit
 def step_loader(qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty, table_ptr, list_ptr, bounds_ptr,
-                STAGES: gl.constexpr):
-    """Every weight tile of this program's GEMM tasks, in task order; waits for free slots only."""
+                stamps_ptr, STAGES: gl.constexpr, STAMPS: gl.constexpr):
+    """Every weight tile of this program's GEMM tasks, in task order; waits for free slots only. With
+    STAMPS, stamps when it issued each task's first tile."""
     pid = gl.program_id(0)
     i = 0
     for n in range(gl.load(bounds_ptr + pid), gl.load(bounds_ptr + pid + 1)):
-        rec = table_ptr + gl.load(list_ptr + n) * REC
+        task = gl.load(list_ptr + n)
+        rec = table_ptr + task * REC
         op = gl.load(rec + C_OP)
         row0 = gl.load(rec + C_ROW0)
         k_lo = gl.load(rec + C_KLO) * BK
@@ -81,6 +85,9 @@ def step_loader(qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty
                     tma.async_copy_global_to_shared(d_desc, [row0, col], ready.index(s), ring.index(s))
                 else:
                     tma.async_copy_global_to_shared(head_desc, [row0, col], ready.index(s), ring.index(s))
+                if STAMPS:
+                    if kk == 0:
+                        gl.store(stamps_ptr + task * STAMP_COLS + S_ISSUED, now(task))
                 i += 1
 
 
