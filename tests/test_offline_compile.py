@@ -157,5 +157,5 @@ def test_the_step_kernel_compiles_for_hopper_for_every_family(triton_cache):
     assert [r[0] for r in rows] == names
     for name, regs, spills, shared, kv_buffers, rpad, chunk in rows:
         assert int(regs) <= 168 and int(spills) == 0 and 200_000 < int(shared) <= 232_448, (name, regs, shared)
-        assert int(kv_buffers) in (1, 2)
+        assert int(kv_buffers) == 2  # attention's default depth, the activation tiles grown where needed
     assert [(r[5], r[6]) for r in rows] == [("16", "0")] * 3 + [("32", "0"), ("64", "16")]  # row tiles; whole K or staged

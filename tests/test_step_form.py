@@ -160,7 +160,8 @@ def test_the_heuristic_proposes_the_step_form_with_what_it_needs():
     expand(made, TINY)  # schedules
     (back,) = form_edits(made, workload)
     assert patch_plan(made, back.patch).model(Model.DRAFT).form == "launches"
-    assert form_edits(plan, workload | {"draft_batch": 17}) == []
+    assert form_edits(plan, workload | {"draft_batch": 32})  # the 32-row tile, checked on a GPU
+    assert form_edits(plan, workload | {"draft_batch": 33}) == []  # past the kernel's rows
     assert form_edits(load_plan(ROOT / "plans" / "streams.json"), workload) == []  # beside a target stream it lost
 
 

@@ -1,13 +1,14 @@
 """How the step table deals an op's weight tiles to the programs: tile by tile round the programs
-(the table as it was), or cut into balanced runs of K tiles (stream-K), with runs of at least
-1, 2 or 4 K tiles. Per workload the draft phase of `plans/step.json` alone, every variant checked
-against the fp32 reference (and for spent spins) before it is timed, all timed in one process,
-interleaved over three passes.
+(the table as it was), cut into balanced runs of K tiles (stream-K) wherever they even out any K
+tile, with runs of at least 1, 2 or 4 K tiles, or the product's rule (balanced only where they take
+many). Per workload the draft phase of `plans/step.json` alone, every variant checked against the
+fp32 reference (and for spent spins) before it is timed, all timed in one process, interleaved over
+three passes.
 
     python lab/step_dealing/dealing.py examples/qwen25-05b-7b-b8.toml ... --json OUT.json
 
-Lab code: it swaps `balanced_runs` and `MIN_RUN_K_TILES` of conjugate/compiler/step/table.py per
-variant; nothing in `conjugate/` imports it.
+Lab code: it swaps `balanced_runs`, `MIN_RUN_K_TILES` and `_balance_pays` of
+conjugate/compiler/step/table.py per variant; nothing in `conjugate/` imports it.
 """
 from __future__ import annotations
 
@@ -29,14 +30,17 @@ from conjugate.evaluate.timing import copy_bandwidth_gbs  # noqa: E402
 from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
 
-PRODUCT_RUNS, PRODUCT_MIN = table.balanced_runs, table.MIN_RUN_K_TILES
-VARIANTS = {"round_robin": None, "balanced_1": 1, "balanced_2": 2, "balanced_4": 4}
+PRODUCT_RUNS, PRODUCT_MIN, PRODUCT_PAYS = table.balanced_runs, table.MIN_RUN_K_TILES, table._balance_pays
+VARIANTS = {"product": None, "round_robin": 0, "balanced_1": 1, "balanced_2": 2, "balanced_4": 4}
 
 
 def use(variant: str) -> None:
+    """The table's dealing for a variant: the product's rule, every op round the programs, or balanced
+    runs (of at least N K tiles) wherever they take any K tile off the busiest program."""
     minimum = VARIANTS[variant]
-    table.balanced_runs = PRODUCT_RUNS if minimum else (lambda *a, **k: None)
+    table.balanced_runs = PRODUCT_RUNS if minimum != 0 else (lambda *a, **k: None)
     table.MIN_RUN_K_TILES = minimum or PRODUCT_MIN
+    table._balance_pays = PRODUCT_PAYS if minimum is None else (lambda round_robin, balanced: balanced < round_robin)
     table._TABLES.clear()
 
 
@@ -94,7 +98,7 @@ def main() -> int:
         compiled = step = None
         del graphs, keep, draft, target, inputs, check, case
         torch.cuda.empty_cache()
-    table.balanced_runs, table.MIN_RUN_K_TILES = PRODUCT_RUNS, PRODUCT_MIN
+    table.balanced_runs, table.MIN_RUN_K_TILES, table._balance_pays = PRODUCT_RUNS, PRODUCT_MIN, PRODUCT_PAYS
     print(f"\n{'workload':<24} {'floor':>7} " + " ".join(f"{v:>12}" for v in args.variants))
     for e in out["workloads"]:
         cells = " ".join(f"{e['variants'][v].get('ms', float('nan')):12.3f}" for v in args.variants)

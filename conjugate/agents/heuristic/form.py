@@ -5,9 +5,9 @@ The step launch runs the draft's whole dependent chain in one kernel: it beat th
 alone (facts: form_step), and it lost beside a target stream, whose kernels wait for the SMs it
 holds (facts: form_step_two_streams). So it is proposed for one-stream plans only. It needs the sequential alignment (no target launch
 can share it), so the edit also sets that and drops pins of draft ops into target launches. The
-kernel compiles batches of up to 32 sequences (`kernels/step/columns.py`), but it is proposed only
-up to CHECKED_BATCH, the batches its GPU runs have checked (the 32-row tile waits for
-`benchmarks/step_checks.py` on a GPU); fp16 drafts are left to the launches (it is bf16 on the GPU).
+kernel takes batches of up to 32 sequences (`kernels/step/columns.py`), each checked on a GPU
+(`benchmarks/results/step_checks_h100.json`: 5 and 32 sequences, every family); fp16 drafts are left
+to the launches (it is bf16 on the GPU).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from conjugate.plan.schema import Plan
 from conjugate.roles import Model
 
 DRAFT = Model.DRAFT.value
-CHECKED_BATCH = 16  # draft_step_h100.json's batches: one 16-row tile
+CHECKED_BATCH = 32  # step_checks_h100.json's batches: the 16- and 32-row tiles
 
 
 def form_edits(plan: Plan, workload: dict | None) -> list[Candidate]:

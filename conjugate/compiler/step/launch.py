@@ -22,6 +22,11 @@ ACT_BUDGET = 128 * 1024  # the activation tiles' share of it at most (the ring k
 SPIN_LIMIT = 1 << 20  # polls of one wait before it counts an error (a checked table never gets there)
 KEY_BLOCK = 64  # keys per attention block (the wgmma N of the scores)
 MAX_KV_BUFFERS = 4  # attention's key/value pipeline depth at most
+# Attention's depth by default: two block pairs (one loading while one is used), the activation tiles
+# grown to hold them where the GEMMs' share would not. Measured on an H100 against one (the tiles as
+# the GEMMs need them; lab/step_attention/h100.json): qwen3-0.6b's draft phase 4.9% faster,
+# qwen2.5-0.5b's 0.8%, qwen2.5-1.5b's within 0.3%; three and four lost their ring slots' worth.
+KV_BUFFERS = 2
 
 
 class StepLaunch:
@@ -81,8 +86,7 @@ class StepLaunch:
         self.part_ml, self.part_acc = buf(pairs, 2, gp, dtype=f32), buf(pairs, gp, spec.head_dim, dtype=f32)
         act_tiles = activation_tiles(kt_max, rpad)
         chunk = 0 if act_tiles == kt_max else act_tiles
-        if attention_buffers is None:
-            attention_buffers = kv_buffers(act_tiles * rpad * K_TILE * 2, spec.head_dim)
+        attention_buffers = KV_BUFFERS if attention_buffers is None else attention_buffers
         act_tiles = max(act_tiles, attention_tiles(attention_buffers, spec.head_dim, rpad))
         act_bytes = act_tiles * rpad * K_TILE * 2
         stages = min(12, (SMEM_BUDGET - act_bytes) // (SLOT_ROWS * K_TILE * 2 + 16))
@@ -141,10 +145,3 @@ def attention_tiles(buffers: int, head_dim: int, rpad: int) -> int:
     block = 2 * KEY_BLOCK * head_dim * 2
     tile = rpad * K_TILE * 2
     return -(-buffers * block // tile)
-
-
-def kv_buffers(act_bytes: int, head_dim: int) -> int:
-    """Key/value block buffers attention gets by default: two where the GEMMs' activation tiles hold
-    them (the next block loads while one is used), else one (the tiles are then grown to hold it)."""
-    block = 2 * KEY_BLOCK * head_dim * 2  # a key block and a value block, bf16
-    return 2 if act_bytes >= 2 * block else 1

@@ -18,9 +18,9 @@ columns it reads are written, and only the epilogue waits for the whole row (`fi
 
 Tasks are numbered in stage order (op by op, layer by layer, step by step) and dealt to P programs,
 each running its tasks in that order: an op instance's tasks go round the programs, or, where that
-would leave some programs more weight tiles than others, its (tile, K tile) units are cut into equal
-runs, one a program (`balanced_runs`; a tile's pieces then differ in length). The checks (`check`) are what make such a table
-safe to launch: every waited counter has producers and its target is exactly their number; every
+would leave the busiest program many more weight tiles than the rest (`_balance_pays`), its (tile, K
+tile) units are cut into equal runs, one a program (`balanced_runs`; a tile's pieces then differ in
+length). The checks (`check`) are what make such a table safe to launch: every waited counter has producers and its target is exactly their number; every
 producer sits in an earlier stage than its waiter; each program's tasks are in stage order; every
 output element is computed by exactly one tile and every K column by exactly one slice; and the P
 programs fit the SMs at once. Under those, the earliest unfinished task can always run, so the
@@ -138,6 +138,14 @@ def finest_split(tiles: int, k_total: int, k: int, programs: int, min_k_tiles: i
 
 
 MIN_RUN_K_TILES = 2  # the shortest balanced run: a task's fixed cost (waits, staging, arrival) wants work behind it
+# Balanced runs cut an op's tiles into more pieces (more partial adds and arrivals before a tile's
+# epilogue), which cost more than the K tiles they even out unless they take many off the busiest
+# program. Measured on an H100 (lab/step_dealing/h100.json, in one process against round-robin
+# dealing): qwen2.5-1.5b's gate_up, 48 -> 26 K tiles, 10.6% faster; 2-13 K tiles fewer elsewhere
+# (qwen3-0.6b, qwen2.5-0.5b, llama-3.2-1b) 0.7-5.7% slower. So they replace round-robin dealing only
+# where they take at least this many K tiles, and this share, off the busiest program.
+BALANCE_MIN_SAVED_K_TILES = 8
+BALANCE_MIN_SAVED_SHARE = 0.25
 # A task's fixed cost in K tiles streamed: on an H100 a task's work took 0.18 us and each 128 x 64 weight
 # tile 0.75 us (a fit over the six examples' ledgers, benchmarks/results/draft_step_h100.json), and
 # a task also polls its counter once (about 0.5-1 us even when it is met).
@@ -179,6 +187,12 @@ def _round_robin_cost(tiles: list[tuple[int, list[tuple[int, int]]]], k: int, pr
     return -(-len(widths) // programs) * _cost([max(widths)], k)
 
 
+def _balance_pays(round_robin: float, balanced: float) -> bool:
+    """Whether balanced runs take enough off the busiest program's share (`_cost`) to pay for their pieces."""
+    saved = round_robin - balanced
+    return saved >= BALANCE_MIN_SAVED_K_TILES and saved >= BALANCE_MIN_SAVED_SHARE * round_robin
+
+
 def qkv_tiles(spec: ModelSpec, tiles: Tiles) -> list[tuple[str, int, int]]:
     """qkv's paired tiles: (segment q/k/v, first head, heads). A tile holds the first halves of its
     heads over their second halves, `half` rows each."""
@@ -197,7 +211,8 @@ def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles =
     or with `tokens` T > 1 of one verify pass: each sequence's T tokens in one step, its queries
     attending causally (a pair's attention task holds all T x group query rows).
     `splits` (op -> K slices) defaults to the finest that fits the programs, and an op whose tiles and
-    slices would leave some programs more weight tiles than others is cut into balanced runs instead;
+    slices would leave the busiest program many more weight tiles than the rest is cut into balanced
+    runs instead (`_balance_pays`);
     with `early_start` a normed op's slices wait only for the x columns they read (their epilogue for
     the whole row)."""
     if tokens < 1 or (tokens > 1 and steps != 1):
@@ -228,13 +243,14 @@ def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles =
 
     def deal(k_total_op: int = 0) -> None:
         """The op instance's tasks gathered by `add`, onto programs: as sliced, task after task round the
-        programs; or, where its tiles and slices would leave some programs more weight tiles than the
-        rest, cut afresh into equal runs of K tiles, one run a program (`balanced_runs`)."""
+        programs; or, where its tiles and slices would leave the busiest program many more weight tiles
+        than the rest (`_balance_pays`), cut afresh into equal runs of K tiles, one run a program
+        (`balanced_runs`)."""
         nonlocal cursor
         uniform = [(tile, ranges) for (_, _, _, tile, _, _, _, _, ranges) in pending]
         runs = None if pending[0][0] in splits_given else balanced_runs(len(pending), k_total_op, tiles.k, programs)
-        if runs is None or _round_robin_cost(uniform, tiles.k, programs) <= max(
-                _cost([hi - lo for _, (lo, hi) in run], tiles.k) for run in runs):
+        if runs is None or not _balance_pays(_round_robin_cost(uniform, tiles.k, programs),
+                                             max(_cost([hi - lo for _, (lo, hi) in run], tiles.k) for run in runs)):
             owner = {}
             for i, (_, ranges) in enumerate(uniform):
                 for s in range(len(ranges)):
