@@ -431,7 +431,7 @@ def test_activation_tiles_hold_a_whole_k_slice_where_it_fits_else_runs_of_it():
     assert activation_tiles(8, 64) == 8
 
 
-def test_a_deeper_attention_pipeline_takes_its_shared_memory_from_the_ring():
+def test_a_deeper_attention_pipeline_takes_its_shared_memory_from_the_ring_and_depths_are_checked():
     """Attention's key/value buffers live in the activation tiles: asking for more grows the tiles to
     hold them (the GEMMs still stage whole K slices) and the ring keeps what is left; a depth outside
     the kernel's is refused."""
@@ -452,3 +452,6 @@ def test_a_deeper_attention_pipeline_takes_its_shared_memory_from_the_ring():
     for depth in (0, 5):
         with pytest.raises(ValueError, match="1 to 4"):
             StepLaunch(prog, weights, kv, attention_buffers=depth)
+    assert launches[None]["MMA_DEPTH"] == 1 and StepLaunch(prog, weights, kv, mma_depth=2).kwargs["MMA_DEPTH"] == 2
+    with pytest.raises(ValueError, match="1 or 2"):
+        StepLaunch(prog, weights, kv, mma_depth=3)

@@ -50,7 +50,7 @@ class CompiledStep:
         spec = table.spec
         self.digest = hashlib.sha256(f"step:{spec}:{table.batch}:{table.steps}:{table.programs}:{table.tiles}"
                                      .encode()).hexdigest()[:16]
-        self.attention_buffers: int | None = None  # attention's key/value pipeline depth (None: the launch's)
+        self.launch_options: dict = {}  # StepLaunch's tuning parameters where not its defaults (lab variants)
         self._launch = self._make_launch() if _gpu_shaped(bufs) else None  # meta buffers: compiled offline only
 
     @classmethod
@@ -88,15 +88,14 @@ class CompiledStep:
 
         b = self.bufs
         return StepLaunch(self.table, b.prepared.step_weights(self.table),
-                          stacked_cache(b) if cache is None else cache, stamps=stamps,
-                          attention_buffers=self.attention_buffers)
+                          stacked_cache(b) if cache is None else cache, stamps=stamps, **self.launch_options)
 
-    def use_attention_buffers(self, buffers: int | None) -> None:
-        """Rebuild the launch with attention's key/value pipeline `buffers` deep (None: the launch's
-        default); the next warmup compiles it."""
+    def use_launch_options(self, **options) -> None:
+        """Rebuild the launch with StepLaunch's tuning parameters (`attention_buffers`, `mma_depth`; the
+        launch's defaults for those not given); the next warmup compiles it."""
         if self._launch is None:
-            raise ValueError("attention's buffers are the GPU kernel's: the CPU simulation has none")
-        self.attention_buffers = buffers
+            raise ValueError("launch options tune the GPU kernel: the CPU simulation has none")
+        self.launch_options = dict(options)
         self._launch = self._make_launch()
 
     @property

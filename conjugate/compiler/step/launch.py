@@ -27,6 +27,7 @@ MAX_KV_BUFFERS = 4  # attention's key/value pipeline depth at most
 # the GEMMs need them; lab/step_attention/h100.json): qwen3-0.6b's draft phase 4.9% faster,
 # qwen2.5-0.5b's 0.8%, qwen2.5-1.5b's within 0.3%; three and four lost their ring slots' worth.
 KV_BUFFERS = 2
+MMA_DEPTH = 1  # K tiles whose wgmma a GEMM task keeps in flight (2: the next issued before the last is done)
 
 
 class StepLaunch:
@@ -38,7 +39,8 @@ class StepLaunch:
     kernel = step_kernel
 
     def __init__(self, prog: StepProgram, weights: dict, kv: torch.Tensor, stamps: bool = False,
-                 spin_limit: int = SPIN_LIMIT, logits: bool = False, attention_buffers: int | None = None):
+                 spin_limit: int = SPIN_LIMIT, logits: bool = False, attention_buffers: int | None = None,
+                 mma_depth: int = MMA_DEPTH):
         spec, dev, B, R, k = prog.spec, weights["qkv"].device, prog.batch, prog.rows, prog.steps
         group = spec.num_heads // spec.num_kv_heads
         if R > ROW_TILES[-1] or prog.tiles != Tiles():
@@ -87,6 +89,8 @@ class StepLaunch:
         act_tiles = activation_tiles(kt_max, rpad)
         chunk = 0 if act_tiles == kt_max else act_tiles
         attention_buffers = KV_BUFFERS if attention_buffers is None else attention_buffers
+        if mma_depth not in (1, 2):
+            raise ValueError(f"a GEMM keeps 1 or 2 K tiles' wgmma in flight, not {mma_depth}")
         act_tiles = max(act_tiles, attention_tiles(attention_buffers, spec.head_dim, rpad))
         act_bytes = act_tiles * rpad * K_TILE * 2
         stages = min(12, (SMEM_BUDGET - act_bytes) // (SLOT_ROWS * K_TILE * 2 + 16))
@@ -97,7 +101,7 @@ class StepLaunch:
                            QK_NORM=spec.qk_norm, STAGES=stages, KT_MAX=act_tiles, EPS=spec.rms_norm_eps,
                            QK_SCALE=1.4426950408889634 / spec.head_dim ** 0.5, GP=gp, CHUNKS=chunks, STAMPS=stamps,
                            KV_BUFS=attention_buffers, TOKENS=prog.tokens, LOGITS=logits, RPAD=rpad, CHUNK=chunk,
-                           num_warps=4,
+                           MMA_DEPTH=mma_depth, num_warps=4,
                            maxnreg=168)
         self.stamps = torch.zeros(len(prog.tasks), STAMP_COLS, dtype=torch.int64, device=dev)
         self.spin_limit = spin_limit

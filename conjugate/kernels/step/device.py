@@ -398,7 +398,7 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                  NTH: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr, STAGES: gl.constexpr, EPS: gl.constexpr,
                  QK_SCALE: gl.constexpr, GP: gl.constexpr, CHUNKS: gl.constexpr, STAMPS: gl.constexpr,
                  KV_BUFS: gl.constexpr, TOKENS: gl.constexpr, LOGITS: gl.constexpr, RPAD: gl.constexpr,
-                 CHUNK: gl.constexpr):
+                 CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr):
     ROWS: gl.constexpr = BATCH * TOKENS  # activation rows a step: sequence b's token t is row b * TOKENS + t
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, RPAD, 16])
@@ -461,12 +461,12 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                 if STAMPS:
                     gl.store(stamps_ptr + task * STAMP_COLS + S_STAGED, now(task))
                 if (op == 1) | (op == 4):
-                    acc1, acc2, i = paired_tile(ring, ready, empty, act, i, n_k, STAGES,
+                    acc1, acc2, i = paired_tile(ring, ready, empty, act, i, n_k, STAGES, MMA_DEPTH,
                                                 gl.zeros((HALF, RPAD), dtype=gl.float32, layout=acc_layout),
                                                 gl.zeros((HALF, RPAD), dtype=gl.float32, layout=acc_layout))
                     _add_paired(op, acc1, acc2, s_qkv_ptr, s_gu_ptr, sl, tile, B, NQ, F, ROWS, RPAD)
                 else:
-                    acc, i = single_tile(ring, ready, empty, act, i, n_k, STAGES,
+                    acc, i = single_tile(ring, ready, empty, act, i, n_k, STAGES, MMA_DEPTH,
                                          gl.zeros((SLOT_ROWS, RPAD), dtype=gl.float32, layout=acc_layout))
                     _add_single(op, acc, s_o_ptr, s_d_ptr, s_head_ptr, step, sl, col0, B, H, NTH, ROWS, RPAD)
             else:  # they hold CHUNK K tiles: the task's K is staged and multiplied CHUNK tiles at a time
@@ -479,7 +479,7 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                         m = gl.minimum(n_k - c0, CHUNK)
                         _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, step, sl, sx, B, k_lo + c0 * BK, m, H, Q, F, L,
                                ROWS, RPAD)
-                        acc1, acc2, i = paired_tile(ring, ready, empty, act, i, m, STAGES, acc1, acc2)
+                        acc1, acc2, i = paired_tile(ring, ready, empty, act, i, m, STAGES, MMA_DEPTH, acc1, acc2)
                     _add_paired(op, acc1, acc2, s_qkv_ptr, s_gu_ptr, sl, tile, B, NQ, F, ROWS, RPAD)
                 else:
                     acc = gl.zeros((SLOT_ROWS, RPAD), dtype=gl.float32, layout=acc_layout)
@@ -487,7 +487,7 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                         m = gl.minimum(n_k - c0, CHUNK)
                         _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, step, sl, sx, B, k_lo + c0 * BK, m, H, Q, F, L,
                                ROWS, RPAD)
-                        acc, i = single_tile(ring, ready, empty, act, i, m, STAGES, acc)
+                        acc, i = single_tile(ring, ready, empty, act, i, m, STAGES, MMA_DEPTH, acc)
                     _add_single(op, acc, s_o_ptr, s_d_ptr, s_head_ptr, step, sl, col0, B, H, NTH, ROWS, RPAD)
             if STAMPS:
                 gl.store(stamps_ptr + task * STAMP_COLS + S_MULTIPLIED, now(task))
@@ -539,7 +539,7 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_pt
                 NTH: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr, STAGES: gl.constexpr,
                 KT_MAX: gl.constexpr, EPS: gl.constexpr, QK_SCALE: gl.constexpr, GP: gl.constexpr,
                 CHUNKS: gl.constexpr, STAMPS: gl.constexpr, KV_BUFS: gl.constexpr, TOKENS: gl.constexpr,
-                LOGITS: gl.constexpr, RPAD: gl.constexpr, CHUNK: gl.constexpr):
+                LOGITS: gl.constexpr, RPAD: gl.constexpr, CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr):
     ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, SLOT_ROWS, BK], qkv_desc.layout)
     act_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([RPAD, BK], gl.bfloat16)
     act = gl.allocate_shared_memory(gl.bfloat16, [KT_MAX, RPAD, BK], act_layout)
@@ -551,7 +551,7 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_pt
                         ssm_ptr, q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr,
                         best_val_ptr, best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr,
                         stamps_ptr, H, Q, F, V, D, G, KVH, L, S, NQ, NTH, BATCH, QK_NORM, STAGES, EPS, QK_SCALE, GP,
-                        CHUNKS, STAMPS, KV_BUFS, TOKENS, LOGITS, RPAD, CHUNK)),
+                        CHUNKS, STAMPS, KV_BUFS, TOKENS, LOGITS, RPAD, CHUNK, MMA_DEPTH)),
         (step_loader, (qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty, table_ptr, list_ptr,
                        bounds_ptr, stamps_ptr, STAGES, STAMPS)),
     ], [1], [40])

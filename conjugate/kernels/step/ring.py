@@ -113,9 +113,17 @@ def stage_activations(act, src_ptr, row_stride, B, col0, n_tiles, RPAD: gl.const
 
 
 @gluon.jit
-def paired_tile(ring, ready, empty, act, i, n_tiles, STAGES: gl.constexpr, acc_g, acc_u):
+def _free_slot(empty, i, STAGES: gl.constexpr):
+    """Hand ring slot (i % STAGES) back to the loader."""
+    mbarrier.arrive(empty.index(i % STAGES), count=1)
+
+
+@gluon.jit
+def paired_tile(ring, ready, empty, act, i, n_tiles, STAGES: gl.constexpr, MMA_DEPTH: gl.constexpr, acc_g, acc_u):
     """A paired tile (qkv's heads' halves, gate_up's gate over up): x @ W^T of each 64-row half of the
-    slots, transposed, added over n_tiles slots into the two [HALF, RPAD] fp32 accumulators."""
+    slots, transposed, added over n_tiles slots into the two [HALF, RPAD] fp32 accumulators. With
+    MMA_DEPTH 2 a slot's pair of wgmma is still running while the next slot's is issued (its slot
+    is handed back once it is done); with 1 each slot's finishes first."""
     for kk in range(n_tiles):
         s, phase = _slot(i, STAGES)
         mbarrier.wait(ready.index(s), phase)
@@ -123,23 +131,41 @@ def paired_tile(ring, ready, empty, act, i, n_tiles, STAGES: gl.constexpr, acc_g
         x_t = act.index(kk).permute((1, 0))
         acc_g = warpgroup_mma(slot.slice(0, HALF), x_t, acc_g, is_async=True)
         acc_u = warpgroup_mma(slot.slice(HALF, HALF), x_t, acc_u, is_async=True)
-        acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
-        mbarrier.arrive(empty.index(s), count=1)
+        if MMA_DEPTH == 1:
+            acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
+            _free_slot(empty, i, STAGES)
+        else:
+            acc_g, acc_u = warpgroup_mma_wait(num_outstanding=2, deps=(acc_g, acc_u))  # the slot before's pair
+            if kk > 0:
+                _free_slot(empty, i - 1, STAGES)
         i += 1
+    if MMA_DEPTH > 1:
+        acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
+        if n_tiles > 0:
+            _free_slot(empty, i - 1, STAGES)
     return acc_g, acc_u, i
 
 
 @gluon.jit
-def single_tile(ring, ready, empty, act, i, n_tiles, STAGES: gl.constexpr, acc):
+def single_tile(ring, ready, empty, act, i, n_tiles, STAGES: gl.constexpr, MMA_DEPTH: gl.constexpr, acc):
     """x @ W_tile^T transposed (o_proj, down, lm_head), added over n_tiles slots into the one
-    [SLOT_ROWS, RPAD] fp32 accumulator."""
+    [SLOT_ROWS, RPAD] fp32 accumulator; MMA_DEPTH as in paired_tile."""
     for kk in range(n_tiles):
         s, phase = _slot(i, STAGES)
         mbarrier.wait(ready.index(s), phase)
         acc = warpgroup_mma(ring.index(s), act.index(kk).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(empty.index(s), count=1)
+        if MMA_DEPTH == 1:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            _free_slot(empty, i, STAGES)
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))  # the slot before's wgmma
+            if kk > 0:
+                _free_slot(empty, i - 1, STAGES)
         i += 1
+    if MMA_DEPTH > 1:
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        if n_tiles > 0:
+            _free_slot(empty, i - 1, STAGES)
     return acc, i
 
 
