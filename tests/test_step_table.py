@@ -452,6 +452,6 @@ def test_a_deeper_attention_pipeline_takes_its_shared_memory_from_the_ring_and_d
     for depth in (0, 5):
         with pytest.raises(ValueError, match="1 to 4"):
             StepLaunch(prog, weights, kv, attention_buffers=depth)
-    assert launches[None]["MMA_DEPTH"] == 1 and StepLaunch(prog, weights, kv, mma_depth=2).kwargs["MMA_DEPTH"] == 2
+    assert launches[None]["MMA_DEPTH"] == 2 and StepLaunch(prog, weights, kv, mma_depth=1).kwargs["MMA_DEPTH"] == 1
     with pytest.raises(ValueError, match="1 or 2"):
         StepLaunch(prog, weights, kv, mma_depth=3)

@@ -27,7 +27,11 @@ MAX_KV_BUFFERS = 4  # attention's key/value pipeline depth at most
 # the GEMMs need them; lab/step_attention/h100.json): qwen3-0.6b's draft phase 4.9% faster,
 # qwen2.5-0.5b's 0.8%, qwen2.5-1.5b's within 0.3%; three and four lost their ring slots' worth.
 KV_BUFFERS = 2
-MMA_DEPTH = 1  # K tiles whose wgmma a GEMM task keeps in flight (2: the next issued before the last is done)
+# K tiles whose wgmma a GEMM task keeps in flight: with 2 the next tile's is issued before the last's
+# is done. Measured on an H100 against 1 (lab/step_variants/h100_mma_depth.json, one process, every
+# variant checked first): the draft phase 0.7% faster on qwen3-06b-8b-b4, 1.4% on qwen25-05b-7b-b8,
+# 0.5% on llama-1b-8b-b1 (the GEMMs' product time 5-14% shorter).
+MMA_DEPTH = 2
 
 
 class StepLaunch:
