@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from conjugate.agents.heuristic.form import form_edits
+from conjugate.agents.heuristic.form import CHECKED_BATCH, form_edits
 from conjugate.compiler.feedback import CompileError
 from conjugate.compiler.round import compile_round
 from conjugate.compiler.step.compiled import CompiledStep
 from conjugate.errors import PlanError, ScheduleError
 from conjugate.evaluate.analytical import STEP, AnalyticalModel, LaunchEstimate, PartCost
 from conjugate.evaluate.correctness import compare_rounds
+from conjugate.kernels.step.columns import BATCH_PAD
 from conjugate.evaluate.evaluators import load_profile
 from conjugate.models.reference import make_round_inputs, reference_round
 from conjugate.models.weights import random_weights
@@ -161,7 +162,8 @@ def test_the_heuristic_proposes_the_step_form_with_what_it_needs():
     (back,) = form_edits(made, workload)
     assert patch_plan(made, back.patch).model(Model.DRAFT).form == "launches"
     assert form_edits(plan, workload | {"draft_batch": 32})  # the 32-row tile, checked on a GPU
-    assert form_edits(plan, workload | {"draft_batch": 33}) == []  # past the kernel's rows
+    assert form_edits(plan, workload | {"draft_batch": 33}) == []  # past the batches checked (and the kernel's)
+    assert CHECKED_BATCH <= BATCH_PAD
     assert form_edits(load_plan(ROOT / "plans" / "streams.json"), workload) == []  # beside a target stream it lost
 
 
@@ -261,3 +263,25 @@ def test_a_profile_from_before_the_step_form_loads_with_its_measured_efficiency(
     old = tmp_path / "old.toml"
     old.write_text("\n".join(line for line in text.splitlines() if not line.startswith("step =")) + "\n")
     assert load_profile(old).model.efficiency["step"] == load_profile("analytical").model.efficiency["step"]
+
+
+def test_launch_options_rebuild_the_gpu_launch_under_a_digest_of_their_own():
+    """Lab variants retune the step launch (attention's depth, the GEMMs' wgmma depth): the rebuilt
+    launch carries them, and its digest (a compiled kernel's key) differs from the default's; the CPU
+    simulation has no launch to tune."""
+    from conjugate.compiler.buffers import ModelBuffers, PreparedWeights
+    from conjugate.models.presets import from_name
+    from conjugate.models.weights import meta_weights
+
+    bufs = ModelBuffers.allocate(PreparedWeights(meta_weights(from_name("qwen3-0.6b"), torch.bfloat16)), 4, 1, 1, 80,
+                                 Model.DRAFT)
+    step = CompiledStep.build(0, bufs, 132, "main")
+    default = (step.digest, step.launch.kwargs["KV_BUFS"], step.launch.kwargs["MMA_DEPTH"])
+    step.use_launch_options(attention_buffers=3, mma_depth=1)
+    assert (step.launch.kwargs["KV_BUFS"], step.launch.kwargs["MMA_DEPTH"]) == (3, 1) and step.digest != default[0]
+    step.use_launch_options()
+    assert (step.digest, step.launch.kwargs["KV_BUFS"], step.launch.kwargs["MMA_DEPTH"]) == default
+    cpu = CompiledStep.build(0, ModelBuffers.allocate(PreparedWeights(random_weights(TINY.draft, 0)), 2, 1, 1, 40,
+                                                      Model.DRAFT), 8, "main")
+    with pytest.raises(ValueError, match="CPU simulation"):
+        cpu.use_launch_options(mma_depth=1)

@@ -10,8 +10,9 @@ import torch
 from conjugate.compiler.step.launch import StepLaunch
 from conjugate.compiler.step.layout import encode, tile_weights
 from conjugate.compiler.step.simulate import Deadlock, simulate
-from conjugate.compiler.step.table import (MIN_RUN_K_TILES, ProgramError, StepProgram, Tiles, balanced_runs, build,
-                                          check, coarsen, finest_split, qkv_tiles, step_table, task_ledger)
+from conjugate.compiler.step.table import (MIN_RUN_K_TILES, ProgramError, StepProgram, Tiles, _balance_pays,
+                                          balanced_runs, build, check, coarsen, finest_split, qkv_tiles, step_table,
+                                          task_ledger)
 from conjugate.models.presets import from_name
 from conjugate.models.reference import draft_phase, forward, make_round_inputs
 from conjugate.kernels.step import columns as layout
@@ -105,7 +106,7 @@ def test_splits_fill_the_programs_and_slices_cover_k():
 def _k_tiles_per_program(prog, op):
     per = defaultdict(int)
     for t in prog.tasks:
-        if t.op == op and t.step == 0 and t.layer == 0:
+        if t.op == op and t.step == 0 and t.layer in (0, -1):  # layer 0's op, or the step's head
             per[t.program] += (t.k_range[1] - t.k_range[0]) // prog.tiles.k
     return per
 
@@ -114,11 +115,12 @@ def _k_tiles_per_program(prog, op):
     ("qwen2.5-1.5b", "gate_up", 48, 26),  # 140 tiles x 24 K tiles: 8 programs took two tiles
     ("qwen2.5-0.5b", "gate_up", 14, 14),  # 76 tiles x 14 K tiles: balanced runs (9) save too few to pay
     ("qwen2.5-0.5b", "qkv", 5, 5),  # 9 tiles x 14 K tiles in 3 slices: balanced (2) save too few
+    ("llama-3.2-1b", "head", 256, 256),  # 1002 tiles x 32 K tiles: balanced (243) save 13, under a quarter
 ])
 def test_an_uneven_op_is_cut_into_balanced_runs_only_where_they_take_many_k_tiles_off(name, op, uniform_most,
                                                                                      most):
     spec = from_name(name)
-    uniform = _k_tiles_per_program(build(spec, 4, 1, 132, splits={op: 1 if op == "gate_up" else 3}), op)
+    uniform = _k_tiles_per_program(build(spec, 4, 1, 132, splits={op: 3 if op == "qkv" else 1}), op)  # as dealt
     balanced = _k_tiles_per_program(prog := build(spec, 4, 1, 132), op)
     check(prog, sms=132)
     assert max(uniform.values()) == uniform_most and max(balanced.values()) == most
@@ -127,11 +129,18 @@ def test_an_uneven_op_is_cut_into_balanced_runs_only_where_they_take_many_k_tile
         return
     tile_parts = defaultdict(list)
     for t in prog.tasks:
-        if t.op == op and t.step == 0 and t.layer == 0:
+        if t.op == op and t.step == 0 and t.layer in (0, -1):
             tile_parts[t.tile].append(t)
     assert any(len(ts) > 1 for ts in tile_parts.values())  # runs cross tiles: a tile in parts, each told how many
     assert all({t.splits for t in ts} == {len(ts)} and sorted(t.split for t in ts) == list(range(len(ts)))
                for ts in tile_parts.values())
+
+
+def test_balanced_runs_pay_only_for_many_k_tiles_and_a_quarter_of_the_busiest_programs():
+    assert _balance_pays(49, 28) and _balance_pays(32, 24)  # 21 K tiles (43%); 8 exactly, a quarter exactly
+    assert not _balance_pays(15, 11)  # 4 K tiles: too few, whatever the share
+    assert not _balance_pays(264, 252)  # 12 K tiles but 4.5%
+    assert not _balance_pays(32, 24.5)  # 7.5 K tiles
 
 
 @pytest.mark.parametrize("n_tiles,k_total,programs", [(76, 896, 132), (9, 896, 132), (3, 160, 5), (7, 64, 20)])
@@ -343,7 +352,7 @@ def test_ledger_splits_each_task_into_wait_and_work():
         if op != "embed":
             assert (v["stage_us"], v["multiply_us"], v["finish_us"]) == pytest.approx(
                 (n[op] * 0.25 / 4, n[op] * 1.5 / 4, n[op] * 0.25 / 4))
-        assert ("lead_us" in v) == (op not in ("embed", "attn"))
+        assert ("lead_us" in v) == (op not in ("embed", "attn")) and ("stage_us" in v) == (op != "embed")
     assert out["span_us"] == pytest.approx(10 * (len(prog.tasks) - 1) + 3)
     for t in prog.tasks:  # the loader issues every task's first tile 0.5 us after its waits are met
         stamps[t.index, layout.S_ISSUED] = 10_000 * t.index + 1_500

@@ -92,7 +92,7 @@ MODEL_BLOCK = Record({
                        doc="SMs this model's stream may use; 0: every SM."),
     }, doc="This model's CUDA stream, with two streams."),
     "form": Choice(FORMS, "launches", doc="Draft only. 'step': its k decode steps as one persistent launch "
-                                          "(Hopper, bf16, batch <= 16); its tiles, fusions, reduce, pdl unused."),
+                                          "(Hopper, bf16, batch <= 32); its tiles, fusions, reduce, pdl unused."),
 }, ref="model", doc="One model's choices.")
 
 OVERRIDE = Record({

@@ -57,9 +57,10 @@ class PairLaunch:
         dt = step_table(draft_w.spec, batch, steps, programs, sms=sms)
         tt = step_table(target_w.spec, target_batch, 1, programs, sms=sms, tokens=steps + 1)
         with budget(*SHARES["draft"]):
-            self.draft = StepLaunch(dt, tile_weights(draft_w, dt), draft_kv)
+            # attention one block deep: the shares above were sized before the launch's default became two
+            self.draft = StepLaunch(dt, tile_weights(draft_w, dt), draft_kv, attention_buffers=1)
         with budget(*SHARES["target"]):
-            self.target = StepLaunch(tt, tile_weights(target_w, tt), target_kv, logits=True)
+            self.target = StepLaunch(tt, tile_weights(target_w, tt), target_kv, logits=True, attention_buffers=1)
         self.programs = programs
         options = {"num_warps", "maxnreg"}
         self.kwargs = {f"{m}_{k}": v for m, launch in (("d", self.draft), ("t", self.target))

@@ -6,7 +6,7 @@ reference (and for spent spins) before it is timed, all timed in one process, in
 passes, with each variant's in-kernel ledger.
 
     python lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml ... \
-        --variants default mma_depth=2 attention_buffers=1 --json OUT.json
+        --variants default mma_depth=1 attention_buffers=1 --json OUT.json
 
 Lab code: it sets `CompiledStep.use_launch_options` per variant; nothing in `conjugate/` imports it.
 """

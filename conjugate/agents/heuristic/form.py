@@ -5,9 +5,9 @@ The step launch runs the draft's whole dependent chain in one kernel: it beat th
 alone (facts: form_step), and it lost beside a target stream, whose kernels wait for the SMs it
 holds (facts: form_step_two_streams). So it is proposed for one-stream plans only. It needs the sequential alignment (no target launch
 can share it), so the edit also sets that and drops pins of draft ops into target launches. The
-kernel takes batches of up to 32 sequences (`kernels/step/columns.py`), each checked on a GPU
-(`benchmarks/results/step_checks_h100.json`: 5 and 32 sequences, every family); fp16 drafts are left
-to the launches (it is bf16 on the GPU).
+kernel takes batches of up to 32 sequences (`kernels/step/columns.py`), checked on a GPU at 5 and
+32 (`benchmarks/results/step_checks_h100.json`, every family; the evaluator checks each plan besides);
+fp16 drafts are left to the launches (it is bf16 on the GPU).
 """
 from __future__ import annotations
 

@@ -48,8 +48,9 @@ class CompiledStep:
         self.parts = [StepCall(table.programs)]
         self.resources = Resources()
         spec = table.spec
-        self.digest = hashlib.sha256(f"step:{spec}:{table.batch}:{table.steps}:{table.programs}:{table.tiles}"
-                                     .encode()).hexdigest()[:16]
+        self._table_digest = hashlib.sha256(f"step:{spec}:{table.batch}:{table.steps}:{table.programs}:"
+                                            f"{table.tiles}".encode()).hexdigest()[:16]
+        self.digest = self._table_digest
         self.launch_options: dict = {}  # StepLaunch's tuning parameters where not its defaults (lab variants)
         self._launch = self._make_launch() if _gpu_shaped(bufs) else None  # meta buffers: compiled offline only
 
@@ -97,6 +98,8 @@ class CompiledStep:
             raise ValueError("launch options tune the GPU kernel: the CPU simulation has none")
         self.launch_options = dict(options)
         self._launch = self._make_launch()
+        self.digest = (hashlib.sha256(f"{self._table_digest}:{sorted(options.items())}".encode()).hexdigest()[:16]
+                       if options else self._table_digest)
 
     @property
     def launch(self):

@@ -24,13 +24,13 @@ KEY_BLOCK = 64  # keys per attention block (the wgmma N of the scores)
 MAX_KV_BUFFERS = 4  # attention's key/value pipeline depth at most
 # Attention's depth by default: two block pairs (one loading while one is used), the activation tiles
 # grown to hold them where the GEMMs' share would not. Measured on an H100 against one (the tiles as
-# the GEMMs need them; lab/step_attention/h100.json): qwen3-0.6b's draft phase 4.9% faster,
-# qwen2.5-0.5b's 0.8%, qwen2.5-1.5b's within 0.3%; three and four lost their ring slots' worth.
+# the GEMMs need them; lab/step_attention/h100.json): qwen3-0.6b's draft phase 4.3-4.9% faster,
+# qwen2.5-0.5b's 0.6-0.8%, qwen2.5-1.5b's 0.3-1.0% slower; three and four lost their ring slots' worth.
 KV_BUFFERS = 2
 # K tiles whose wgmma a GEMM task keeps in flight: with 2 the next tile's is issued before the last's
 # is done. Measured on an H100 against 1 (lab/step_variants/h100_mma_depth.json, one process, every
 # variant checked first): the draft phase 0.7% faster on qwen3-06b-8b-b4, 1.4% on qwen25-05b-7b-b8,
-# 0.5% on llama-1b-8b-b1 (the GEMMs' product time 5-14% shorter).
+# 0.5% on llama-1b-8b-b1 (the GEMMs' product time 2-14% shorter).
 MMA_DEPTH = 2
 
 
@@ -91,11 +91,11 @@ class StepLaunch:
         pairs = k * L * B * spec.num_kv_heads * chunks
         self.part_ml, self.part_acc = buf(pairs, 2, gp, dtype=f32), buf(pairs, gp, spec.head_dim, dtype=f32)
         act_tiles = activation_tiles(kt_max, rpad)
-        chunk = 0 if act_tiles == kt_max else act_tiles
         attention_buffers = KV_BUFFERS if attention_buffers is None else attention_buffers
         if mma_depth not in (1, 2):
             raise ValueError(f"a GEMM keeps 1 or 2 K tiles' wgmma in flight, not {mma_depth}")
         act_tiles = max(act_tiles, attention_tiles(attention_buffers, spec.head_dim, rpad))
+        chunk = 0 if act_tiles >= kt_max else act_tiles  # whole K slices, else runs as long as the tiles hold
         act_bytes = act_tiles * rpad * K_TILE * 2
         stages = min(12, (SMEM_BUDGET - act_bytes) // (SLOT_ROWS * K_TILE * 2 + 16))
         if stages < 2:

@@ -141,7 +141,7 @@ MIN_RUN_K_TILES = 2  # the shortest balanced run: a task's fixed cost (waits, st
 # Balanced runs cut an op's tiles into more pieces (more partial adds and arrivals before a tile's
 # epilogue), which cost more than the K tiles they even out unless they take many off the busiest
 # program. Measured on an H100 (lab/step_dealing/h100.json, in one process against round-robin
-# dealing): qwen2.5-1.5b's gate_up, 48 -> 26 K tiles, 10.6% faster; 2-13 K tiles fewer elsewhere
+# dealing): qwen2.5-1.5b's gate_up, 48 -> 26 K tiles, 10.6% faster; 1-13 K tiles fewer elsewhere
 # (qwen3-0.6b, qwen2.5-0.5b, llama-3.2-1b) 0.7-5.7% slower. So they replace round-robin dealing only
 # where they take at least this many K tiles, and this share, off the busiest program.
 BALANCE_MIN_SAVED_K_TILES = 8
@@ -492,10 +492,12 @@ def task_ledger(prog: StepProgram, stamps) -> dict:
     mean per program of the time spent waiting on other programs' counters and of the time working,
     the launch's span, and what the programs spent between tasks (reading the table).
 
-    Work is split in three (GEMMs and attention): `stage_us` (waits met to activations staged),
-    `multiply_us` (to the product done: a GEMM's waits for its weight tiles and its wgmma, the
-    partials' adds issued; attention's whole chunk) and `finish_us` (to its end: the parts counter,
-    the last piece's epilogue and the done counter's release). `lead_us` (GEMMs) is the mean time a
+    Work is split in three (GEMMs and attention): `stage_us` (waits met to activations staged;
+    attention's whole chunk, its keys and values staged and multiplied block by block; 0 where a
+    GEMM stages its K a run at a time), `multiply_us` (to the product done: a GEMM's waits for its
+    weight tiles and its wgmma, the partials' adds issued, and its staging where that is run by run;
+    0 for attention) and `finish_us` (to its end: the parts counter, the last piece's epilogue or
+    attention's merge, and the done counter's release). `lead_us` (GEMMs) is the mean time a
     task's first weight tile was issued by the loader before the task's waits were met: negative
     where the loader issued it later, the weights then streaming while the task waits for them.
 

@@ -14,8 +14,9 @@ OPS = {"embed": 0, "qkv": 1, "attn": 2, "o_proj": 3, "gate_up": 4, "down": 5, "h
  C_ROW0, C_SEG, C_HEAD0, C_COL0, C_TOKEN, C_W1C, C_W1T) = range(20)
 REC = 20  # int32 columns a record
 # A stamped launch's int64 %globaltimer columns a task (ns): the compute partition's start, waits met,
-# activations staged, product done (the ring's weight tiles waited for and multiplied; for attention,
-# its chunk done), end (epilogue and counters included); and the loader's issue of the task's first
-# weight tile (0 for tasks with no weights).
+# activations staged (attention: its chunk done; a GEMM staging its K a run at a time: waits met),
+# product done (the ring's weight tiles waited for and multiplied; attention: its chunk done), end
+# (epilogue and counters included); and the loader's issue of the task's first weight tile (0 for
+# tasks with no weights).
 S_START, S_MET, S_STAGED, S_MULTIPLIED, S_END, S_ISSUED = range(6)
 STAMP_COLS = 6
