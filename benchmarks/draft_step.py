@@ -84,7 +84,7 @@ def measure(path: Path, args, copy_gbs: float) -> dict:
             for op, v in led["ops"].items():
                 if "stage_us" in v:  # a program's means over the launch: staging, product, finish; loader lead
                     print(f"    {op:<8} work {v['work_us']:7.0f} us = stage {v['stage_us']:6.0f} + product "
-                          f"{v['multiply_us']:6.0f} + finish {v['finish_us']:6.0f}"
+                          f"{v['multiply_us']:6.0f} + arrive {v['arrive_us']:6.0f} + epilogue {v['epilogue_us']:6.0f}"
                           + (f"; first tile issued {v['lead_us']:6.2f} us before the waits were met"
                              if "lead_us" in v else ""), flush=True)
         del compiled, phase

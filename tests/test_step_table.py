@@ -342,16 +342,16 @@ def test_ledger_splits_each_task_into_wait_and_work():
     prog = step_table(spec, 2, 1, 4, SMALL)
     stamps = torch.zeros(len(prog.tasks), layout.STAMP_COLS, dtype=torch.int64)
     for t in prog.tasks:  # each task: 1 us of waiting from its start, then 2 us of work (on 4 programs):
-        at = 10_000 * t.index  # 0.25 staging, 1.5 multiplying, 0.25 finishing; its weights issued at its start
-        stamps[t.index] = stamp(at, at + 1_000, at + 1_250, at + 2_750, at + 3_000, at)
+        at = 10_000 * t.index  # 0.25 staging, 1.5 multiplying, 0.25 finishing (0.1 arriving); weights issued at its start
+        stamps[t.index] = stamp(at, at + 1_000, at + 1_250, at + 2_750, at + 3_000, at, at + 2_850)
     out = task_ledger(prog, stamps)
     n = {op: sum(t.op == op for t in prog.tasks) for op in out["ops"]}
     for op, v in out["ops"].items():
         assert v["tasks"] == n[op]
         assert v["wait_us"] == pytest.approx(n[op] * 1.0 / 4) and v["work_us"] == pytest.approx(n[op] * 2.0 / 4)
         if op != "embed":
-            assert (v["stage_us"], v["multiply_us"], v["finish_us"]) == pytest.approx(
-                (n[op] * 0.25 / 4, n[op] * 1.5 / 4, n[op] * 0.25 / 4))
+            assert (v["stage_us"], v["multiply_us"], v["finish_us"], v["arrive_us"], v["epilogue_us"]) == pytest.approx(
+                (n[op] * 0.25 / 4, n[op] * 1.5 / 4, n[op] * 0.25 / 4, n[op] * 0.1 / 4, n[op] * 0.15 / 4))
         assert ("lead_us" in v) == (op not in ("embed", "attn")) and ("stage_us" in v) == (op != "embed")
     assert out["span_us"] == pytest.approx(10 * (len(prog.tasks) - 1) + 3)
     for t in prog.tasks:  # the loader issues every task's first tile 0.5 us after its waits are met
@@ -359,11 +359,12 @@ def test_ledger_splits_each_task_into_wait_and_work():
     assert all(v["lead_us"] == pytest.approx(-0.5) for v in task_ledger(prog, stamps)["ops"].values() if "lead_us" in v)
 
 
-def stamp(start, met, staged, multiplied, end, issued):
-    """One task's stamps (ns) in the kernel's column order."""
+def stamp(start, met, staged, multiplied, end, issued, arrived=None):
+    """One task's stamps (ns) in the kernel's column order (arrived: at the product's end unless given)."""
     row = [0] * layout.STAMP_COLS
     for col, value in ((layout.S_START, start), (layout.S_MET, met), (layout.S_STAGED, staged),
-                       (layout.S_MULTIPLIED, multiplied), (layout.S_END, end), (layout.S_ISSUED, issued)):
+                       (layout.S_MULTIPLIED, multiplied), (layout.S_END, end), (layout.S_ISSUED, issued),
+                       (layout.S_ARRIVED, multiplied if arrived is None else arrived)):
         row[col] = value
     return torch.tensor(row)
 

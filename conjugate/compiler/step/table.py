@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
-from conjugate.kernels.step.columns import S_END, S_ISSUED, S_MET, S_MULTIPLIED, S_STAGED, S_START
+from conjugate.kernels.step.columns import S_ARRIVED, S_END, S_ISSUED, S_MET, S_MULTIPLIED, S_STAGED, S_START
 from conjugate.models.spec import ModelSpec
 
 OPS = ("embed", "qkv", "attn", "o_proj", "gate_up", "down", "head")
@@ -496,8 +496,9 @@ def task_ledger(prog: StepProgram, stamps) -> dict:
     attention's whole chunk, its keys and values staged and multiplied block by block; 0 where a
     GEMM stages its K a run at a time), `multiply_us` (to the product done: a GEMM's waits for its
     weight tiles and its wgmma, the partials' adds issued, and its staging where that is run by run;
-    0 for attention) and `finish_us` (to its end: the parts counter, the last piece's epilogue or
-    attention's merge, and the done counter's release). `lead_us` (GEMMs) is the mean time a
+    0 for attention) and `finish_us` (to its end), itself `arrive_us` (the parts counter's acq_rel
+    trip, which first waits for the task's partial adds to land) and `epilogue_us` (the rest: the last
+    piece's epilogue or attention's merge, and the done counter's release). `lead_us` (GEMMs) is the mean time a
     task's first weight tile was issued by the loader before the task's waits were met: negative
     where the loader issued it later, the weights then streaming while the task waits for them.
 
@@ -533,7 +534,9 @@ def task_ledger(prog: StepProgram, stamps) -> dict:
         if op != "embed":
             entry |= {"stage_us": per_program(rows[:, S_STAGED] - rows[:, S_MET]),
                       "multiply_us": per_program(rows[:, S_MULTIPLIED] - rows[:, S_STAGED]),
-                      "finish_us": per_program(rows[:, S_END] - rows[:, S_MULTIPLIED])}
+                      "finish_us": per_program(rows[:, S_END] - rows[:, S_MULTIPLIED]),
+                      "arrive_us": per_program(rows[:, S_ARRIVED] - rows[:, S_MULTIPLIED]),
+                      "epilogue_us": per_program(rows[:, S_END] - rows[:, S_ARRIVED])}
         if op not in ("embed", "attn"):
             entry["lead_us"] = float((rows[:, S_MET] - rows[:, S_ISSUED]).mean())
         out["ops"][op] = entry

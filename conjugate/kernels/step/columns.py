@@ -16,7 +16,7 @@ REC = 20  # int32 columns a record
 # A stamped launch's int64 %globaltimer columns a task (ns): the compute partition's start, waits met,
 # activations staged (attention: its chunk done; a GEMM staging its K a run at a time: waits met),
 # product done (the ring's weight tiles waited for and multiplied; attention: its chunk done), end
-# (epilogue and counters included); and the loader's issue of the task's first weight tile (0 for
-# tasks with no weights).
-S_START, S_MET, S_STAGED, S_MULTIPLIED, S_END, S_ISSUED = range(6)
-STAMP_COLS = 6
+# (epilogue and counters included); the loader's issue of the task's first weight tile (0 for tasks
+# with no weights); and the parts counter's answer back (the task's pieces all arrived before it?).
+S_START, S_MET, S_STAGED, S_MULTIPLIED, S_END, S_ISSUED, S_ARRIVED = range(7)
+STAMP_COLS = 7

@@ -28,8 +28,9 @@ slice CHUNK tiles at a time; the draft form uses TOKENS 1, RPAD 16 or 32, whole 
 pass is so far run only from lab/ (verify_step, cross_step).
 
 The KV cache is one [2, L, B, KVH, S, D] tensor (keys, then values: KVCache.empty's layout).
-`%globaltimer` stamps (STAMPS) give each task's start, waits met, activations staged, product done and
-end, and the loader's issue of its first weight tile (columns.py's S_*): the in-kernel ledger.
+`%globaltimer` stamps (STAMPS) give each task's start, waits met, activations staged, product done, parts
+counter answered and end, and the loader's issue of its first weight tile (columns.py's S_*): the
+in-kernel ledger.
 """
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from conjugate.kernels.step.ring import (BK, C_DONE, C_FCNT, C_FOFF, C_HEAD0, C_KHI, C_KLO, C_LAYER,
                                          C_OP, C_PARTS, C_SEG, C_SPLITS, C_STEP, C_TILE, C_TOKEN, C_W1C, C_W1T,
-                                         C_WCNT, C_WOFF, HALF, S_END, S_MET, S_MULTIPLIED, S_STAGED, S_START,
+                                         C_WCNT, C_WOFF, HALF, S_ARRIVED, S_END, S_MET, S_MULTIPLIED, S_STAGED,
+                                         S_START,
                                          SLOT_ROWS, STAMP_COLS, acquire, field, now, paired_tile, record, release,
                                          ring_barriers, single_tile, stage_activations, step_loader, wait_all)
 
@@ -449,6 +451,8 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                 gl.store(stamps_ptr + task * STAMP_COLS + S_MULTIPLIED, t_done)
             gl.thread_barrier()
             arrived = gl.atomic_add(counter_ptr + field(vec, C_PARTS), 1, sem="acq_rel", scope="gpu")
+            if STAMPS:  # the timer reads `arrived`: stamped once the counter has answered
+                gl.store(stamps_ptr + task * STAMP_COLS + S_ARRIVED, now(arrived))
             if arrived == CHUNKS - 1:  # the pair's last chunk in merges them
                 _merge_chunks(part_ml_ptr, part_acc_ptr, first_slot, o_ptr + sl * ROWS * Q, b, g, D, G, Q, GP, CHUNKS,
                               TOKENS)
@@ -493,6 +497,8 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                 gl.store(stamps_ptr + task * STAMP_COLS + S_MULTIPLIED, now(task))
             gl.thread_barrier()
             arrived = gl.atomic_add(counter_ptr + field(vec, C_PARTS), 1, sem="acq_rel", scope="gpu")
+            if STAMPS:
+                gl.store(stamps_ptr + task * STAMP_COLS + S_ARRIVED, now(arrived))
             if arrived == field(vec, C_SPLITS) - 1:  # the tile's last slice: its epilogue
                 wait_all(waits_ptr, field(vec, C_FOFF), field(vec, C_FCNT), counter_ptr, error_ptr, spin_limit)
                 if op == 1:

@@ -23,7 +23,8 @@ OPS = layout.OPS
  C_ROW0, C_SEG, C_HEAD0, C_COL0, C_TOKEN, C_W1C, C_W1T) = (gl.constexpr(i) for i in range(layout.REC))
 REC = gl.constexpr(layout.REC)
 STAMP_COLS = gl.constexpr(layout.STAMP_COLS)
-(S_START, S_MET, S_STAGED, S_MULTIPLIED, S_END, S_ISSUED) = (gl.constexpr(i) for i in range(layout.STAMP_COLS))
+(S_START, S_MET, S_STAGED, S_MULTIPLIED, S_END, S_ISSUED, S_ARRIVED) = (gl.constexpr(i) for i in
+                                                                        range(layout.STAMP_COLS))
 FIELDS = gl.constexpr(32)  # a record as one vector load
 
 
