@@ -220,6 +220,43 @@ def _head_epilogue(sum_ptr, ss_ptr, best_val_ptr, best_idx_ptr, tile, B, H: gl.c
 
 
 @gluon.jit
+def _head_epilogue_direct(acc, sum_ptr, ss_ptr, best_val_ptr, best_idx_ptr, tile, B, H: gl.constexpr, V: gl.constexpr,
+                          NTH: gl.constexpr, EPS: gl.constexpr, LOGITS: gl.constexpr, RPAD: gl.constexpr):
+    """_head_epilogue over a whole tile's accumulator ([SLOT_ROWS, RPAD], transposed) instead of its
+    sums: HEAD_DIRECT, not yet timed (lab/step_variants); one of the two goes once it is."""
+    layout: gl.constexpr = acc.type.layout
+    c = tile * SLOT_ROWS + gl.arange(0, SLOT_ROWS, layout=gl.SliceLayout(1, layout))
+    b = gl.arange(0, RPAD, layout=gl.SliceLayout(0, layout))
+    ss = gl.load(ss_ptr + b, mask=b < B, other=0.0, cache_modifier=".cg")
+    logits = acc * gl.rsqrt(ss / H + EPS)[None, :]
+    if LOGITS:
+        gl.store(sum_ptr + b[None, :] * (NTH * SLOT_ROWS) + c[:, None], logits,
+                 mask=(b < B)[None, :] & (c < V)[:, None])
+    logits = gl.where((c < V)[:, None], logits, float("-inf"))
+    best = gl.max(logits, axis=0)
+    first = -gl.max(gl.where(logits == best[None, :], -c[:, None], -(V + 1)), axis=0)
+    gl.store(best_val_ptr + tile * RPAD + b, best, mask=b < B)
+    gl.store(best_idx_ptr + tile * RPAD + b, first, mask=b < B)
+
+
+@gluon.jit
+def _single_out(op, acc, s_o_ptr, s_d_ptr, s_head_ptr, ssx_ptr, best_val_ptr, best_idx_ptr, step, sl, tile, col0, B,
+                H: gl.constexpr, V: gl.constexpr, NTH: gl.constexpr, L: gl.constexpr, EPS: gl.constexpr,
+                LOGITS: gl.constexpr, ROWS: gl.constexpr, RPAD: gl.constexpr, HEAD_DIRECT: gl.constexpr):
+    """A single tile's product out: its partial into the op's sums; or, for an lm_head tile with
+    HEAD_DIRECT (a whole tile, one task), its epilogue straight from the accumulator."""
+    if HEAD_DIRECT:
+        if op == 6:
+            _head_epilogue_direct(acc, s_head_ptr + step * ROWS * NTH * SLOT_ROWS,
+                                  ssx_ptr + (step * (L + 1) + L) * ROWS, best_val_ptr + step * NTH * RPAD,
+                                  best_idx_ptr + step * NTH * RPAD, tile, B, H, V, NTH, EPS, LOGITS, RPAD)
+        else:
+            _add_single(op, acc, s_o_ptr, s_d_ptr, s_head_ptr, step, sl, col0, B, H, NTH, ROWS, RPAD)
+    else:
+        _add_single(op, acc, s_o_ptr, s_d_ptr, s_head_ptr, step, sl, col0, B, H, NTH, ROWS, RPAD)
+
+
+@gluon.jit
 def _reduce_tokens(best_val_ptr, best_idx_ptr, tokens_ptr, B, NTH: gl.constexpr, RPAD: gl.constexpr):
     """The step's tokens: per row, the first tile (in column order) holding the largest maximum."""
     layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
@@ -400,7 +437,7 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                  NTH: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr, STAGES: gl.constexpr, EPS: gl.constexpr,
                  QK_SCALE: gl.constexpr, GP: gl.constexpr, CHUNKS: gl.constexpr, STAMPS: gl.constexpr,
                  KV_BUFS: gl.constexpr, TOKENS: gl.constexpr, LOGITS: gl.constexpr, RPAD: gl.constexpr,
-                 CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr):
+                 CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr, HEAD_DIRECT: gl.constexpr):
     ROWS: gl.constexpr = BATCH * TOKENS  # activation rows a step: sequence b's token t is row b * TOKENS + t
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, RPAD, 16])
@@ -472,7 +509,8 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                 else:
                     acc, i = single_tile(ring, ready, empty, act, i, n_k, STAGES, MMA_DEPTH,
                                          gl.zeros((SLOT_ROWS, RPAD), dtype=gl.float32, layout=acc_layout))
-                    _add_single(op, acc, s_o_ptr, s_d_ptr, s_head_ptr, step, sl, col0, B, H, NTH, ROWS, RPAD)
+                    _single_out(op, acc, s_o_ptr, s_d_ptr, s_head_ptr, ssx_ptr, best_val_ptr, best_idx_ptr, step, sl,
+                                tile, col0, B, H, V, NTH, L, EPS, LOGITS, ROWS, RPAD, HEAD_DIRECT)
             else:  # they hold CHUNK K tiles: the task's K is staged and multiplied CHUNK tiles at a time
                 if STAMPS:  # staging and multiplying interleave: the whole product counts as multiplying
                     gl.store(stamps_ptr + task * STAMP_COLS + S_STAGED, now(task))
@@ -492,11 +530,18 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                         _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, step, sl, sx, B, k_lo + c0 * BK, m, H, Q, F, L,
                                ROWS, RPAD)
                         acc, i = single_tile(ring, ready, empty, act, i, m, STAGES, MMA_DEPTH, acc)
-                    _add_single(op, acc, s_o_ptr, s_d_ptr, s_head_ptr, step, sl, col0, B, H, NTH, ROWS, RPAD)
+                    _single_out(op, acc, s_o_ptr, s_d_ptr, s_head_ptr, ssx_ptr, best_val_ptr, best_idx_ptr, step, sl,
+                                tile, col0, B, H, V, NTH, L, EPS, LOGITS, ROWS, RPAD, HEAD_DIRECT)
             if STAMPS:
                 gl.store(stamps_ptr + task * STAMP_COLS + S_MULTIPLIED, now(task))
             gl.thread_barrier()
-            arrived = gl.atomic_add(counter_ptr + field(vec, C_PARTS), 1, sem="acq_rel", scope="gpu")
+            if HEAD_DIRECT:  # an lm_head tile's epilogue already ran from its accumulator: no pieces to count
+                if op == 6:
+                    arrived = field(vec, C_SPLITS) - 1
+                else:
+                    arrived = gl.atomic_add(counter_ptr + field(vec, C_PARTS), 1, sem="acq_rel", scope="gpu")
+            else:
+                arrived = gl.atomic_add(counter_ptr + field(vec, C_PARTS), 1, sem="acq_rel", scope="gpu")
             if STAMPS:
                 gl.store(stamps_ptr + task * STAMP_COLS + S_ARRIVED, now(arrived))
             if arrived == field(vec, C_SPLITS) - 1:  # the tile's last slice: its epilogue
@@ -515,7 +560,7 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                 elif op == 5:
                     _residual_epilogue(s_d_ptr + sl * ROWS * H, xm_ptr + sl * ROWS * H,
                                        xs_ptr + (sx + 1) * ROWS * H, ssx_ptr + (sx + 1) * ROWS, col0, B, H, RPAD)
-                else:
+                elif not HEAD_DIRECT:
                     _head_epilogue(s_head_ptr + step * ROWS * NTH * SLOT_ROWS, ssx_ptr + (step * (L + 1) + L) * ROWS,
                                    best_val_ptr + step * NTH * RPAD, best_idx_ptr + step * NTH * RPAD, tile, B, H, V,
                                    NTH, EPS, LOGITS, RPAD)
@@ -545,7 +590,8 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_pt
                 NTH: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr, STAGES: gl.constexpr,
                 KT_MAX: gl.constexpr, EPS: gl.constexpr, QK_SCALE: gl.constexpr, GP: gl.constexpr,
                 CHUNKS: gl.constexpr, STAMPS: gl.constexpr, KV_BUFS: gl.constexpr, TOKENS: gl.constexpr,
-                LOGITS: gl.constexpr, RPAD: gl.constexpr, CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr):
+                LOGITS: gl.constexpr, RPAD: gl.constexpr, CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr,
+                HEAD_DIRECT: gl.constexpr):
     ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, SLOT_ROWS, BK], qkv_desc.layout)
     act_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([RPAD, BK], gl.bfloat16)
     act = gl.allocate_shared_memory(gl.bfloat16, [KT_MAX, RPAD, BK], act_layout)
@@ -557,7 +603,7 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_pt
                         ssm_ptr, q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr,
                         best_val_ptr, best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr,
                         stamps_ptr, H, Q, F, V, D, G, KVH, L, S, NQ, NTH, BATCH, QK_NORM, STAGES, EPS, QK_SCALE, GP,
-                        CHUNKS, STAMPS, KV_BUFS, TOKENS, LOGITS, RPAD, CHUNK, MMA_DEPTH)),
+                        CHUNKS, STAMPS, KV_BUFS, TOKENS, LOGITS, RPAD, CHUNK, MMA_DEPTH, HEAD_DIRECT)),
         (step_loader, (qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty, table_ptr, list_ptr,
                        bounds_ptr, stamps_ptr, STAGES, STAMPS)),
     ], [1], [40])
