@@ -465,7 +465,5 @@ def test_a_deeper_attention_pipeline_takes_its_shared_memory_from_the_ring_and_d
     assert launches[None]["MMA_DEPTH"] == 2 and StepLaunch(prog, weights, kv, mma_depth=1).kwargs["MMA_DEPTH"] == 1
     with pytest.raises(ValueError, match="1 or 2"):
         StepLaunch(prog, weights, kv, mma_depth=3)
-    assert not launches[None]["HEAD_DIRECT"] and StepLaunch(prog, weights, kv, head_direct=True).kwargs["HEAD_DIRECT"]
-    split_head = coarsen(build(spec, 4, 1, 132, splits={"head": 2}))  # lm_head's K in two pieces a tile
-    with pytest.raises(ValueError, match="whole tiles"):
-        StepLaunch(split_head, tile_weights(meta_weights(spec, torch.bfloat16), split_head), kv, head_direct=True)
+    assert not launches[None]["DIRECT_EPILOGUE"]
+    assert StepLaunch(prog, weights, kv, direct_epilogue=True).kwargs["DIRECT_EPILOGUE"]

@@ -37,7 +37,7 @@ case "${1:-}" in
 short)  # one call when the session has time for one: the product's checks, its launch defaults, its dealing
     run 170 step_checks python benchmarks/step_checks.py --batches 5 32 --json "$out/step_checks.json"
     run 200 variants python lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml \
-        examples/qwen25-05b-7b-b8.toml --variants default head_direct=1 mma_depth=1 attention_buffers=1 \
+        examples/qwen25-05b-7b-b8.toml --variants default direct_epilogue=1 mma_depth=1 attention_buffers=1 \
         --json "$out/variants.json"
     run 150 dealing python lab/step_dealing/dealing.py examples/qwen25-15b-14b-b4.toml \
         --variants product round_robin balanced_2 --json "$out/dealing.json" ;;
@@ -45,7 +45,7 @@ short2)  # the call after short: the verify pass, and the wgmma depth on the oth
     run 250 verify python lab/verify_step/verify.py examples/llama-1b-8b-b1.toml examples/qwen25-05b-7b-b8.toml \
         examples/llama-1b-3b-b16-ctx4k.toml --json "$out/verify.json"
     run 250 variants2 python lab/step_variants/variants.py examples/llama-1b-8b-b8.toml \
-        examples/llama-1b-8b-b1.toml examples/qwen25-15b-14b-b4.toml --variants default head_direct=1 mma_depth=1 \
+        examples/llama-1b-8b-b1.toml examples/qwen25-15b-14b-b4.toml --variants default direct_epilogue=1 mma_depth=1 \
         --json "$out/variants2.json" ;;
 *)
     echo "usage: bash lab/cross_step/gpu_session.sh 1|2|3|short|short2" >&2; exit 2 ;;

@@ -32,9 +32,9 @@ KV_BUFFERS = 2
 # variant checked first): the draft phase 0.7% faster on qwen3-06b-8b-b4, 1.4% on qwen25-05b-7b-b8,
 # 0.5% on llama-1b-8b-b1 (the GEMMs' product time 2-14% shorter).
 MMA_DEPTH = 2
-# lm_head's epilogue (1/rms, the tile's max and argmax) straight from a whole tile's accumulator
-# instead of through the fp32 sums and the parts counter (written, compiled; not yet timed: off).
-HEAD_DIRECT = False
+# gate_up's and lm_head's epilogues straight from a whole tile's accumulators (a tile whose K is one
+# task's) instead of through the fp32 sums and the parts counter (written, compiled; not yet timed: off).
+DIRECT_EPILOGUE = False
 
 
 class StepLaunch:
@@ -47,7 +47,7 @@ class StepLaunch:
 
     def __init__(self, prog: StepProgram, weights: dict, kv: torch.Tensor, stamps: bool = False,
                  spin_limit: int = SPIN_LIMIT, logits: bool = False, attention_buffers: int | None = None,
-                 mma_depth: int = MMA_DEPTH, head_direct: bool = HEAD_DIRECT):
+                 mma_depth: int = MMA_DEPTH, direct_epilogue: bool = DIRECT_EPILOGUE):
         spec, dev, B, R, k = prog.spec, weights["qkv"].device, prog.batch, prog.rows, prog.steps
         group = spec.num_heads // spec.num_kv_heads
         if R > ROW_TILES[-1] or prog.tiles != Tiles():
@@ -97,9 +97,6 @@ class StepLaunch:
         attention_buffers = KV_BUFFERS if attention_buffers is None else attention_buffers
         if mma_depth not in (1, 2):
             raise ValueError(f"a GEMM keeps 1 or 2 K tiles' wgmma in flight, not {mma_depth}")
-        if head_direct and any(t.op == "head" and t.splits > 1 for t in prog.tasks):
-            raise ValueError("lm_head's epilogue from the accumulator needs whole tiles, one task each; this "
-                             "table splits their K")
         act_tiles = max(act_tiles, attention_tiles(attention_buffers, spec.head_dim, rpad))
         chunk = 0 if act_tiles >= kt_max else act_tiles  # whole K slices, else runs as long as the tiles hold
         act_bytes = act_tiles * rpad * K_TILE * 2
@@ -111,7 +108,7 @@ class StepLaunch:
                            QK_NORM=spec.qk_norm, STAGES=stages, KT_MAX=act_tiles, EPS=spec.rms_norm_eps,
                            QK_SCALE=1.4426950408889634 / spec.head_dim ** 0.5, GP=gp, CHUNKS=chunks, STAMPS=stamps,
                            KV_BUFS=attention_buffers, TOKENS=prog.tokens, LOGITS=logits, RPAD=rpad, CHUNK=chunk,
-                           MMA_DEPTH=mma_depth, HEAD_DIRECT=bool(head_direct), num_warps=4,
+                           MMA_DEPTH=mma_depth, DIRECT_EPILOGUE=bool(direct_epilogue), num_warps=4,
                            maxnreg=168)
         self.stamps = torch.zeros(len(prog.tasks), STAMP_COLS, dtype=torch.int64, device=dev)
         self.spin_limit = spin_limit
