@@ -42,7 +42,8 @@ def variant(text: str) -> dict[str, int]:
     out = {}
     for part in text.split(","):
         key, sep, value = part.partition("=")
-        if not sep or key not in OPTIONS or not value.isdigit():
+        flag_ok = key != "direct_epilogue" or value in ("0", "1")
+        if not sep or key not in OPTIONS or not value.isdigit() or not flag_ok:
             raise argparse.ArgumentTypeError(f"{text!r}: a variant is 'default' or key=value[,key=value] with keys "
                                              f"{', '.join(OPTIONS)} and whole-number values")
         out[key] = int(value)

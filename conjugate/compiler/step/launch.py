@@ -40,8 +40,10 @@ DIRECT_EPILOGUE = False
 class StepLaunch:
     """The buffers of one table and its launch. Activations between ops are bf16, the GEMMs' partial
     sums and the norms' summed squares fp32; `stamps` (int64 [tasks, STAMP_COLS], ns; columns.py's
-    S_*) are written with stamps=True. With logits=True the lm_head's
-    epilogue leaves each step's fp32 logits in its sums (`logits()`)."""
+    S_*) are written with stamps=True. With logits=True the lm_head's epilogue leaves each step's
+    fp32 logits in its sums (`logits()`). Tuning (defaults below): `attention_buffers` (key/value
+    blocks in flight, 1-4), `mma_depth` (K tiles' wgmma in flight, 1-2), `direct_epilogue` (whole
+    gate_up and lm_head tiles' epilogues on their accumulators; needs a coarse table)."""
 
     kernel = step_kernel
 
@@ -97,6 +99,9 @@ class StepLaunch:
         attention_buffers = KV_BUFFERS if attention_buffers is None else attention_buffers
         if mma_depth not in (1, 2):
             raise ValueError(f"a GEMM keeps 1 or 2 K tiles' wgmma in flight, not {mma_depth}")
+        if direct_epilogue and any(t.finish_waits for t in prog.tasks):  # it runs before a last piece's waits
+            raise ValueError("epilogues on the accumulators need a coarse table (step_table's): this one's tiles "
+                             "wait for whole rows before their epilogues")
         act_tiles = max(act_tiles, attention_tiles(attention_buffers, spec.head_dim, rpad))
         chunk = 0 if act_tiles >= kt_max else act_tiles  # whole K slices, else runs as long as the tiles hold
         act_bytes = act_tiles * rpad * K_TILE * 2

@@ -11,7 +11,8 @@ partitions over it, both in the table's order:
   an error, and later waits stop spinning), then runs it:
     embed    the step's token rows of the embedding into x (and their summed squares)
     GEMMs    x rows staged by cp.async, swap-AB wgmma over the ring's slots, the partial added into
-             fp32 sums; the tile's last slice in (an acq_rel counter) runs the epilogue:
+             fp32 sums; the tile's last slice in (an acq_rel counter) runs the epilogue (with
+             DIRECT_EPILOGUE a whole gate_up or lm_head tile runs it on its accumulators instead):
                qkv      1/rms, bias, Qwen3's q/k norm, RoPE; q to its buffer, k and v into the cache
                o_proj   + the residual: x_mid and its summed squares
                gate_up  1/rms, SiLU(gate) * up: h
@@ -509,7 +510,7 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                 gl.store(stamps_ptr + task * STAMP_COLS + S_MULTIPLIED, t_done)
             gl.thread_barrier()
             arrived = gl.atomic_add(counter_ptr + field(vec, C_PARTS), 1, sem="acq_rel", scope="gpu")
-            if STAMPS:  # the timer reads `arrived`: stamped once the counter has answered
+            if STAMPS:  # after the counter's answer: a scalar atomic's result is shared through a barrier
                 gl.store(stamps_ptr + task * STAMP_COLS + S_ARRIVED, now(arrived))
             if arrived == CHUNKS - 1:  # the pair's last chunk in merges them
                 _merge_chunks(part_ml_ptr, part_acc_ptr, first_slot, o_ptr + sl * ROWS * Q, b, g, D, G, Q, GP, CHUNKS,
