@@ -5,26 +5,26 @@ The step launch runs the draft's whole dependent chain in one kernel: it beat th
 alone (facts: form_step), and it lost beside a target stream, whose kernels wait for the SMs it
 holds (facts: form_step_two_streams). So it is proposed for one-stream plans only. It needs the sequential alignment (no target launch
 can share it), so the edit also sets that and drops pins of draft ops into target launches. The
-kernel takes batches of up to 32 sequences (`kernels/step/columns.py`), checked on a GPU at 5 and
-32 (`benchmarks/results/step_checks_h100.json`, every family; the evaluator checks each plan besides);
+kernel takes batches of up to BATCH_PAD (32) sequences, checked on a GPU at 32 for every family
+(`benchmarks/results/step_checks_h100.json`; the evaluator checks each plan besides);
 fp16 drafts are left to the launches (it is bf16 on the GPU).
 """
 from __future__ import annotations
 
 from conjugate.agents.facts import sentence
 from conjugate.agents.heuristic.candidate import Candidate
+from conjugate.kernels.step.columns import BATCH_PAD
 from conjugate.plan.schema import Plan
 from conjugate.roles import Model
 
 DRAFT = Model.DRAFT.value
-CHECKED_BATCH = 32  # step_checks_h100.json's batches: the 16- and 32-row tiles
 
 
 def form_edits(plan: Plan, workload: dict | None) -> list[Candidate]:
     if plan[DRAFT]["form"] == "step":
         return [Candidate("form", [{"op": "replace", "path": f"/{DRAFT}/form", "value": "launches"}],
                           "the draft's steps as one launch per op again", 0.15)]
-    if workload is not None and (workload.get("draft_batch", 1) > CHECKED_BATCH or workload.get("dtype") == "fp16"):
+    if workload is not None and (workload.get("draft_batch", 1) > BATCH_PAD or workload.get("dtype") == "fp16"):
         return []
     if plan["cross"]["streams"] == "two":  # it holds every SM: the target's stream waits (facts: form_step_two_streams)
         return []
