@@ -20,7 +20,7 @@ import math
 import tempfile
 from pathlib import Path
 
-from common import ROOT, environment, make_parser, round_case, write_json
+from common import environment, make_parser, round_case, write_json
 
 import torch  # noqa: E402
 
@@ -51,7 +51,7 @@ def measure(path: Path, args, copy_gbs: float) -> dict:
                                                case.check)
     device = torch.device("cuda")
     floor_ms = case.draft_floor_ms(copy_gbs)
-    row = {"workload": wl.name, "draft": wl.draft.name, "batch": wl.draft_batch, "k": wl.k, "context": wl.context,
+    row = {"workload": wl.name, "path": str(path), "draft": wl.draft.name, "batch": wl.draft_batch, "k": wl.k, "context": wl.context,
            "ragged": not args.equal, "floor_ms": floor_ms, "plan": f"plans/{FORMS['step']}.json", "checks": {}}
     for form, plan_name in FORMS.items():
         try:
@@ -100,7 +100,7 @@ def step_efficiency(rows: list[dict]) -> float | None:
     for row in rows:
         if "launches_ms" not in row or "step_kernel_ms" not in row:
             continue
-        wl = load_workload(ROOT / "examples" / f"{row['workload']}.toml")
+        wl = load_workload(Path(row["path"]))
         graph = build_graph(wl)
         compiled = compile_round(load_plan(shipped_plan("sequential")), wl, meta_weights(wl.draft, wl.torch_dtype),
                                  meta_weights(wl.target, wl.torch_dtype), cache_dir=Path(tempfile.mkdtemp()),
