@@ -465,3 +465,9 @@ def test_a_deeper_attention_pipeline_takes_its_shared_memory_from_the_ring_and_d
     assert launches[None]["MMA_DEPTH"] == 2 and StepLaunch(prog, weights, kv, mma_depth=1).kwargs["MMA_DEPTH"] == 1
     with pytest.raises(ValueError, match="1 or 2"):
         StepLaunch(prog, weights, kv, mma_depth=3)
+    assert launches[None]["DIRECT_EPILOGUE"]  # on by default where the table is coarse (step_table's)
+    assert not StepLaunch(prog, weights, kv, direct_epilogue=False).kwargs["DIRECT_EPILOGUE"]
+    early = build(spec, 4, 1, 132)  # per-tile waits: epilogues wait for whole rows, which a direct one would not
+    assert not StepLaunch(early, weights, kv).kwargs["DIRECT_EPILOGUE"]  # the default leaves such a table alone
+    with pytest.raises(ValueError, match="coarse table"):
+        StepLaunch(early, weights, kv, direct_epilogue=True)

@@ -6,8 +6,9 @@
 # 2: the verify pass as one step launch, and both models persistent in one launch (cross_step);
 # 3: both models persistent side by side on split SMs (step_share);
 # short: the step form's checks at 5 and 32 sequences at the current defaults, the launch defaults
-#        against the depths before them, and the product's dealing where it balances (qwen2.5-1.5b),
-#        cut to fit one call; short2: the verify pass and the wgmma depth on the other drafts.
+#        against the epilogues through the sums and the depths before them, and the product's dealing where it
+#        balances (qwen2.5-1.5b), cut to fit one call; short2: the verify pass, and the epilogues through the
+#        sums and the wgmma depth on the other drafts.
 # Every script checks before it times; a failing variant is a row, not the end of the call.
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -36,15 +37,16 @@ case "${1:-}" in
         --draft-sms 40 64 88 --json "$out/share_pair.json" ;;
 short)  # one call when the session has time for one: the product's checks, its launch defaults, its dealing
     run 150 step_checks python benchmarks/step_checks.py --batches 5 32 --json "$out/step_checks.json"
-    run 240 variants python lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml \
-        examples/qwen25-05b-7b-b8.toml --variants default mma_depth=1 attention_buffers=1 --json "$out/variants.json"
-    run 150 dealing python lab/step_dealing/dealing.py examples/qwen25-15b-14b-b4.toml \
+    run 250 variants python lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml \
+        examples/qwen25-05b-7b-b8.toml --variants default direct_epilogue=0 mma_depth=1 attention_buffers=1 \
+        --json "$out/variants.json"
+    run 140 dealing python lab/step_dealing/dealing.py examples/qwen25-15b-14b-b4.toml \
         --variants product round_robin balanced_2 --json "$out/dealing.json" ;;
 short2)  # the call after short: the verify pass, and the wgmma depth on the other drafts
     run 250 verify python lab/verify_step/verify.py examples/llama-1b-8b-b1.toml examples/qwen25-05b-7b-b8.toml \
         examples/llama-1b-3b-b16-ctx4k.toml --json "$out/verify.json"
     run 250 variants2 python lab/step_variants/variants.py examples/llama-1b-8b-b8.toml \
-        examples/llama-1b-8b-b1.toml examples/qwen25-15b-14b-b4.toml --variants default mma_depth=1 \
+        examples/llama-1b-8b-b1.toml examples/qwen25-15b-14b-b4.toml --variants default direct_epilogue=0 mma_depth=1 \
         --json "$out/variants2.json" ;;
 *)
     echo "usage: bash lab/cross_step/gpu_session.sh 1|2|3|short|short2" >&2; exit 2 ;;

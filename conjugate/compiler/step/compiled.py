@@ -92,8 +92,8 @@ class CompiledStep:
                           stacked_cache(b) if cache is None else cache, stamps=stamps, **self.launch_options)
 
     def use_launch_options(self, **options) -> None:
-        """Rebuild the launch with StepLaunch's tuning parameters (`attention_buffers`, `mma_depth`; the
-        launch's defaults for those not given); the next warmup compiles it."""
+        """Rebuild the launch with StepLaunch's tuning parameters (`attention_buffers`, `mma_depth`,
+        `direct_epilogue`; the launch's defaults for those not given); the next warmup compiles it."""
         if self._launch is None:
             raise ValueError("launch options tune the GPU kernel: the CPU simulation has none")
         self.launch_options = dict(options)

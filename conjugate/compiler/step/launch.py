@@ -32,20 +32,29 @@ KV_BUFFERS = 2
 # variant checked first): the draft phase 0.7% faster on qwen3-06b-8b-b4, 1.4% on qwen25-05b-7b-b8,
 # 0.5% on llama-1b-8b-b1 (the GEMMs' product time 2-14% shorter).
 MMA_DEPTH = 2
+# gate_up's and lm_head's epilogues straight from a whole tile's accumulators (a tile whose K is one
+# task's) instead of through the fp32 sums and the parts counter, wherever the table allows it
+# (`python lab/step_variants/variants.py ... --variants default direct_epilogue=1`, H200, checkout
+# e0107a0 with 83e401c reverted, each variant checked first; lab/step_variants/h200_direct_epilogue.json):
+# the draft phase 5.142 -> 5.100 ms on qwen3-06b-8b-b4, 3.730 -> 3.630 on llama-1b-8b-b1, 4.284 -> 4.100
+# on llama-1b-8b-b8, 3.441 -> 3.180 on qwen25-05b-7b-b8 (every pass below every pass).
+DIRECT_EPILOGUE = True
 
 
 class StepLaunch:
     """The buffers of one table and its launch. Activations between ops are bf16, the GEMMs' partial
     sums and the norms' summed squares fp32; `stamps` (int64 [tasks, STAMP_COLS], ns; columns.py's
     S_*) are written with stamps=True. With logits=True the lm_head's epilogue leaves each step's
-    fp32 logits in its sums (`logits()`). Tuning (defaults below, measured): `attention_buffers`
-    (key/value blocks in flight, 1-4), `mma_depth` (K tiles' wgmma in flight, 1-2)."""
+    fp32 logits in its sums (`logits()`). Tuning (defaults below): `attention_buffers` (key/value
+    blocks in flight, 1-4), `mma_depth` (K tiles' wgmma in flight, 1-2), `direct_epilogue` (whole
+    gate_up and lm_head tiles' epilogues on their accumulators; by default wherever the table is
+    coarse, as step_table's are)."""
 
     kernel = step_kernel
 
     def __init__(self, prog: StepProgram, weights: dict, kv: torch.Tensor, stamps: bool = False,
                  spin_limit: int = SPIN_LIMIT, logits: bool = False, attention_buffers: int | None = None,
-                 mma_depth: int = MMA_DEPTH):
+                 mma_depth: int = MMA_DEPTH, direct_epilogue: bool | None = None):
         spec, dev, B, R, k = prog.spec, weights["qkv"].device, prog.batch, prog.rows, prog.steps
         group = spec.num_heads // spec.num_kv_heads
         if R > ROW_TILES[-1] or prog.tiles != Tiles():
@@ -95,6 +104,12 @@ class StepLaunch:
         attention_buffers = KV_BUFFERS if attention_buffers is None else attention_buffers
         if mma_depth not in (1, 2):
             raise ValueError(f"a GEMM keeps 1 or 2 K tiles' wgmma in flight, not {mma_depth}")
+        coarse = not any(t.finish_waits for t in prog.tasks)  # a direct epilogue runs before a last piece's waits
+        if direct_epilogue is None:
+            direct_epilogue = DIRECT_EPILOGUE and coarse
+        elif direct_epilogue and not coarse:
+            raise ValueError("epilogues on the accumulators need a coarse table (step_table's): this one's tiles "
+                             "wait for whole rows before their epilogues")
         act_tiles = max(act_tiles, attention_tiles(attention_buffers, spec.head_dim, rpad))
         chunk = 0 if act_tiles >= kt_max else act_tiles  # whole K slices, else runs as long as the tiles hold
         act_bytes = act_tiles * rpad * K_TILE * 2
@@ -106,7 +121,7 @@ class StepLaunch:
                            QK_NORM=spec.qk_norm, STAGES=stages, KT_MAX=act_tiles, EPS=spec.rms_norm_eps,
                            QK_SCALE=1.4426950408889634 / spec.head_dim ** 0.5, GP=gp, CHUNKS=chunks, STAMPS=stamps,
                            KV_BUFS=attention_buffers, TOKENS=prog.tokens, LOGITS=logits, RPAD=rpad, CHUNK=chunk,
-                           MMA_DEPTH=mma_depth, num_warps=4,
+                           MMA_DEPTH=mma_depth, DIRECT_EPILOGUE=bool(direct_epilogue), num_warps=4,
                            maxnreg=168)
         self.stamps = torch.zeros(len(prog.tasks), STAMP_COLS, dtype=torch.int64, device=dev)
         self.spin_limit = spin_limit

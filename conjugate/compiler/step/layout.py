@@ -15,7 +15,8 @@ from conjugate.models.reference import rope_inv_freq
 def encode(prog: StepProgram) -> dict[str, torch.Tensor]:
     """The table (one REC-wide int32 row a task), the waits ((counter, target) pairs), each program's
     task list and its bounds, and the number of counters. A GEMM tile of one slice still gets a parts
-    counter: its epilogue reads the sums its own atomics wrote, behind the same acq_rel."""
+    counter: its epilogue reads the sums its own atomics wrote, behind the same acq_rel (unless the
+    launch runs whole gate_up and lm_head tiles' epilogues on their accumulators: `direct_epilogue`)."""
     spec, tiles = prog.spec, prog.tiles
     names: dict[str, int] = {}
 

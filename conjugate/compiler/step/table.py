@@ -498,7 +498,9 @@ def task_ledger(prog: StepProgram, stamps) -> dict:
     weight tiles and its wgmma, the partials' adds issued, and its staging where that is run by run;
     0 for attention) and `finish_us` (to its end), itself `arrive_us` (the parts counter's acq_rel
     trip, which first waits for the task's partial adds to land) and `epilogue_us` (the rest: the last
-    piece's epilogue or attention's merge, and the done counter's release). `lead_us` (GEMMs) is the mean time a
+    piece's epilogue or attention's merge, and the done counter's release). A task whose epilogue
+    ran on its accumulators (`direct_epilogue`) counts it in `multiply_us`: compare such variants by
+    their span, not their finish. `lead_us` (GEMMs) is the mean time a
     task's first weight tile was issued by the loader before the task's waits were met: negative
     where the loader issued it later, the weights then streaming while the task waits for them.
 

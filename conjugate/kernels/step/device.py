@@ -11,7 +11,8 @@ partitions over it, both in the table's order:
   an error, and later waits stop spinning), then runs it:
     embed    the step's token rows of the embedding into x (and their summed squares)
     GEMMs    x rows staged by cp.async, swap-AB wgmma over the ring's slots, the partial added into
-             fp32 sums; the tile's last slice in (an acq_rel counter) runs the epilogue:
+             fp32 sums; the tile's last slice in (an acq_rel counter) runs the epilogue (with
+             DIRECT_EPILOGUE a whole gate_up or lm_head tile runs it on its accumulators instead):
                qkv      1/rms, bias, Qwen3's q/k norm, RoPE; q to its buffer, k and v into the cache
                o_proj   + the residual: x_mid and its summed squares
                gate_up  1/rms, SiLU(gate) * up: h
@@ -146,6 +147,21 @@ def _gate_up_epilogue(sum_ptr, ss_ptr, h_ptr, tile, B, H: gl.constexpr, F: gl.co
 
 
 @gluon.jit
+def _gate_up_epilogue_direct(acc_g, acc_u, ss_ptr, h_ptr, tile, B, H: gl.constexpr, F: gl.constexpr, EPS: gl.constexpr,
+                             RPAD: gl.constexpr):
+    """_gate_up_epilogue over a whole tile's accumulators ([HALF, RPAD] each, transposed) instead of its
+    sums (DIRECT_EPILOGUE: the launch's default on a coarse table; split tiles still finish from their sums)."""
+    layout: gl.constexpr = acc_g.type.layout
+    c = gl.arange(0, HALF, layout=gl.SliceLayout(1, layout))
+    b = gl.arange(0, RPAD, layout=gl.SliceLayout(0, layout))
+    ss = gl.load(ss_ptr + b, mask=b < B, other=0.0, cache_modifier=".cg")
+    rstd = gl.rsqrt(ss / H + EPS)[None, :]
+    g = acc_g * rstd
+    h = g / (1.0 + gl.exp(-g)) * (acc_u * rstd)
+    gl.store(h_ptr + b[None, :] * F + (tile * HALF + c)[:, None], h.to(gl.bfloat16), mask=(b < B)[None, :])
+
+
+@gluon.jit
 def _qkv_epilogue(sum_ptr, ss_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, lengths_ptr, q_ptr, kv_ptr, layer, step, tile,
                   seg, head0, B, H: gl.constexpr, NQ: gl.constexpr, Q: gl.constexpr, D: gl.constexpr,
                   KVH: gl.constexpr, L: gl.constexpr, S: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr,
@@ -217,6 +233,49 @@ def _head_epilogue(sum_ptr, ss_ptr, best_val_ptr, best_idx_ptr, tile, B, H: gl.c
     first = -gl.max(gl.where(logits == best[:, None], -c[None, :], -(V + 1)), axis=1)
     gl.store(best_val_ptr + tile * RPAD + b, best, mask=b < B)
     gl.store(best_idx_ptr + tile * RPAD + b, first, mask=b < B)
+
+
+@gluon.jit
+def _head_epilogue_direct(acc, sum_ptr, ss_ptr, best_val_ptr, best_idx_ptr, tile, B, H: gl.constexpr, V: gl.constexpr,
+                          NTH: gl.constexpr, EPS: gl.constexpr, LOGITS: gl.constexpr, RPAD: gl.constexpr):
+    """_head_epilogue over a whole tile's accumulator ([SLOT_ROWS, RPAD], transposed) instead of its
+    sums (DIRECT_EPILOGUE: the launch's default on a coarse table; split tiles still finish from their sums)."""
+    layout: gl.constexpr = acc.type.layout
+    c = tile * SLOT_ROWS + gl.arange(0, SLOT_ROWS, layout=gl.SliceLayout(1, layout))
+    b = gl.arange(0, RPAD, layout=gl.SliceLayout(0, layout))
+    ss = gl.load(ss_ptr + b, mask=b < B, other=0.0, cache_modifier=".cg")
+    logits = acc * gl.rsqrt(ss / H + EPS)[None, :]
+    if LOGITS:
+        gl.store(sum_ptr + b[None, :] * (NTH * SLOT_ROWS) + c[:, None], logits,
+                 mask=(b < B)[None, :] & (c < V)[:, None])
+    logits = gl.where((c < V)[:, None], logits, float("-inf"))
+    best = gl.max(logits, axis=0)
+    first = -gl.max(gl.where(logits == best[None, :], -c[:, None], -(V + 1)), axis=0)
+    gl.store(best_val_ptr + tile * RPAD + b, best, mask=b < B)
+    gl.store(best_idx_ptr + tile * RPAD + b, first, mask=b < B)
+
+
+@gluon.jit
+def _paired_out(op, acc1, acc2, direct, s_qkv_ptr, s_gu_ptr, ssm_ptr, h_ptr, sl, tile, B, H: gl.constexpr,
+                NQ: gl.constexpr, F: gl.constexpr, EPS: gl.constexpr, ROWS: gl.constexpr, RPAD: gl.constexpr):
+    """A paired tile's product out: its partials into the op's sums, or (`direct`) gate_up's epilogue."""
+    if direct:
+        _gate_up_epilogue_direct(acc1, acc2, ssm_ptr + sl * ROWS, h_ptr + sl * ROWS * F, tile, B, H, F, EPS, RPAD)
+    else:
+        _add_paired(op, acc1, acc2, s_qkv_ptr, s_gu_ptr, sl, tile, B, NQ, F, ROWS, RPAD)
+
+
+@gluon.jit
+def _single_out(op, acc, direct, s_o_ptr, s_d_ptr, s_head_ptr, ssx_ptr, best_val_ptr, best_idx_ptr, step, sl, tile,
+                col0, B, H: gl.constexpr, V: gl.constexpr, NTH: gl.constexpr, L: gl.constexpr, EPS: gl.constexpr,
+                LOGITS: gl.constexpr, ROWS: gl.constexpr, RPAD: gl.constexpr):
+    """A single tile's product out: its partial into the op's sums, or (`direct`) lm_head's epilogue."""
+    if direct:
+        _head_epilogue_direct(acc, s_head_ptr + step * ROWS * NTH * SLOT_ROWS, ssx_ptr + (step * (L + 1) + L) * ROWS,
+                              best_val_ptr + step * NTH * RPAD, best_idx_ptr + step * NTH * RPAD, tile, B, H, V, NTH,
+                              EPS, LOGITS, RPAD)
+    else:
+        _add_single(op, acc, s_o_ptr, s_d_ptr, s_head_ptr, step, sl, col0, B, H, NTH, ROWS, RPAD)
 
 
 @gluon.jit
@@ -400,7 +459,7 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                  NTH: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr, STAGES: gl.constexpr, EPS: gl.constexpr,
                  QK_SCALE: gl.constexpr, GP: gl.constexpr, CHUNKS: gl.constexpr, STAMPS: gl.constexpr,
                  KV_BUFS: gl.constexpr, TOKENS: gl.constexpr, LOGITS: gl.constexpr, RPAD: gl.constexpr,
-                 CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr):
+                 CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr, DIRECT_EPILOGUE: gl.constexpr):
     ROWS: gl.constexpr = BATCH * TOKENS  # activation rows a step: sequence b's token t is row b * TOKENS + t
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, RPAD, 16])
@@ -460,6 +519,8 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
         else:
             k_lo = field(vec, C_KLO) * BK  # the table holds K in BK-column tiles
             n_k = field(vec, C_KHI) - field(vec, C_KLO)
+            if DIRECT_EPILOGUE:  # a whole gate_up or lm_head tile (its K one task's): its epilogue on its accumulators
+                direct = ((op == 4) | (op == 6)) & (field(vec, C_SPLITS) == 1)
             if CHUNK == 0:  # the activation tiles hold every task's K
                 _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, step, sl, sx, B, k_lo, n_k, H, Q, F, L, ROWS, RPAD)
                 if STAMPS:
@@ -468,11 +529,19 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                     acc1, acc2, i = paired_tile(ring, ready, empty, act, i, n_k, STAGES, MMA_DEPTH,
                                                 gl.zeros((HALF, RPAD), dtype=gl.float32, layout=acc_layout),
                                                 gl.zeros((HALF, RPAD), dtype=gl.float32, layout=acc_layout))
-                    _add_paired(op, acc1, acc2, s_qkv_ptr, s_gu_ptr, sl, tile, B, NQ, F, ROWS, RPAD)
+                    if DIRECT_EPILOGUE:
+                        _paired_out(op, acc1, acc2, direct, s_qkv_ptr, s_gu_ptr, ssm_ptr, h_ptr, sl, tile, B, H, NQ, F,
+                                    EPS, ROWS, RPAD)
+                    else:
+                        _add_paired(op, acc1, acc2, s_qkv_ptr, s_gu_ptr, sl, tile, B, NQ, F, ROWS, RPAD)
                 else:
                     acc, i = single_tile(ring, ready, empty, act, i, n_k, STAGES, MMA_DEPTH,
                                          gl.zeros((SLOT_ROWS, RPAD), dtype=gl.float32, layout=acc_layout))
-                    _add_single(op, acc, s_o_ptr, s_d_ptr, s_head_ptr, step, sl, col0, B, H, NTH, ROWS, RPAD)
+                    if DIRECT_EPILOGUE:
+                        _single_out(op, acc, direct, s_o_ptr, s_d_ptr, s_head_ptr, ssx_ptr, best_val_ptr, best_idx_ptr,
+                                    step, sl, tile, col0, B, H, V, NTH, L, EPS, LOGITS, ROWS, RPAD)
+                    else:
+                        _add_single(op, acc, s_o_ptr, s_d_ptr, s_head_ptr, step, sl, col0, B, H, NTH, ROWS, RPAD)
             else:  # they hold CHUNK K tiles: the task's K is staged and multiplied CHUNK tiles at a time
                 if STAMPS:  # staging and multiplying interleave: the whole product counts as multiplying
                     gl.store(stamps_ptr + task * STAMP_COLS + S_STAGED, now(task))
@@ -484,7 +553,11 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                         _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, step, sl, sx, B, k_lo + c0 * BK, m, H, Q, F, L,
                                ROWS, RPAD)
                         acc1, acc2, i = paired_tile(ring, ready, empty, act, i, m, STAGES, MMA_DEPTH, acc1, acc2)
-                    _add_paired(op, acc1, acc2, s_qkv_ptr, s_gu_ptr, sl, tile, B, NQ, F, ROWS, RPAD)
+                    if DIRECT_EPILOGUE:
+                        _paired_out(op, acc1, acc2, direct, s_qkv_ptr, s_gu_ptr, ssm_ptr, h_ptr, sl, tile, B, H, NQ, F,
+                                    EPS, ROWS, RPAD)
+                    else:
+                        _add_paired(op, acc1, acc2, s_qkv_ptr, s_gu_ptr, sl, tile, B, NQ, F, ROWS, RPAD)
                 else:
                     acc = gl.zeros((SLOT_ROWS, RPAD), dtype=gl.float32, layout=acc_layout)
                     for c0 in range(0, n_k, CHUNK):
@@ -492,11 +565,21 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                         _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, step, sl, sx, B, k_lo + c0 * BK, m, H, Q, F, L,
                                ROWS, RPAD)
                         acc, i = single_tile(ring, ready, empty, act, i, m, STAGES, MMA_DEPTH, acc)
-                    _add_single(op, acc, s_o_ptr, s_d_ptr, s_head_ptr, step, sl, col0, B, H, NTH, ROWS, RPAD)
+                    if DIRECT_EPILOGUE:
+                        _single_out(op, acc, direct, s_o_ptr, s_d_ptr, s_head_ptr, ssx_ptr, best_val_ptr, best_idx_ptr,
+                                    step, sl, tile, col0, B, H, V, NTH, L, EPS, LOGITS, ROWS, RPAD)
+                    else:
+                        _add_single(op, acc, s_o_ptr, s_d_ptr, s_head_ptr, step, sl, col0, B, H, NTH, ROWS, RPAD)
             if STAMPS:
                 gl.store(stamps_ptr + task * STAMP_COLS + S_MULTIPLIED, now(task))
             gl.thread_barrier()
-            arrived = gl.atomic_add(counter_ptr + field(vec, C_PARTS), 1, sem="acq_rel", scope="gpu")
+            if DIRECT_EPILOGUE:
+                if direct:  # its epilogue already ran on its accumulators: no pieces to count
+                    arrived = field(vec, C_SPLITS) - 1
+                else:
+                    arrived = gl.atomic_add(counter_ptr + field(vec, C_PARTS), 1, sem="acq_rel", scope="gpu")
+            else:
+                arrived = gl.atomic_add(counter_ptr + field(vec, C_PARTS), 1, sem="acq_rel", scope="gpu")
             if STAMPS:
                 gl.store(stamps_ptr + task * STAMP_COLS + S_ARRIVED, now(arrived))
             if arrived == field(vec, C_SPLITS) - 1:  # the tile's last slice: its epilogue
@@ -510,12 +593,13 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                     _residual_epilogue(s_o_ptr + sl * ROWS * H, xs_ptr + sx * ROWS * H, xm_ptr + sl * ROWS * H,
                                        ssm_ptr + sl * ROWS, col0, B, H, RPAD)
                 elif op == 4:
-                    _gate_up_epilogue(s_gu_ptr + sl * ROWS * 2 * F, ssm_ptr + sl * ROWS, h_ptr + sl * ROWS * F,
-                                      tile, B, H, F, EPS, RPAD)
+                    if (not DIRECT_EPILOGUE) or field(vec, C_SPLITS) > 1:  # else it ran on the accumulators
+                        _gate_up_epilogue(s_gu_ptr + sl * ROWS * 2 * F, ssm_ptr + sl * ROWS, h_ptr + sl * ROWS * F,
+                                          tile, B, H, F, EPS, RPAD)
                 elif op == 5:
                     _residual_epilogue(s_d_ptr + sl * ROWS * H, xm_ptr + sl * ROWS * H,
                                        xs_ptr + (sx + 1) * ROWS * H, ssx_ptr + (sx + 1) * ROWS, col0, B, H, RPAD)
-                else:
+                elif (not DIRECT_EPILOGUE) or field(vec, C_SPLITS) > 1:
                     _head_epilogue(s_head_ptr + step * ROWS * NTH * SLOT_ROWS, ssx_ptr + (step * (L + 1) + L) * ROWS,
                                    best_val_ptr + step * NTH * RPAD, best_idx_ptr + step * NTH * RPAD, tile, B, H, V,
                                    NTH, EPS, LOGITS, RPAD)
@@ -545,7 +629,8 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_pt
                 NTH: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr, STAGES: gl.constexpr,
                 KT_MAX: gl.constexpr, EPS: gl.constexpr, QK_SCALE: gl.constexpr, GP: gl.constexpr,
                 CHUNKS: gl.constexpr, STAMPS: gl.constexpr, KV_BUFS: gl.constexpr, TOKENS: gl.constexpr,
-                LOGITS: gl.constexpr, RPAD: gl.constexpr, CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr):
+                LOGITS: gl.constexpr, RPAD: gl.constexpr, CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr,
+                DIRECT_EPILOGUE: gl.constexpr):
     ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, SLOT_ROWS, BK], qkv_desc.layout)
     act_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([RPAD, BK], gl.bfloat16)
     act = gl.allocate_shared_memory(gl.bfloat16, [KT_MAX, RPAD, BK], act_layout)
@@ -557,7 +642,7 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_pt
                         ssm_ptr, q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr,
                         best_val_ptr, best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr,
                         stamps_ptr, H, Q, F, V, D, G, KVH, L, S, NQ, NTH, BATCH, QK_NORM, STAGES, EPS, QK_SCALE, GP,
-                        CHUNKS, STAMPS, KV_BUFS, TOKENS, LOGITS, RPAD, CHUNK, MMA_DEPTH)),
+                        CHUNKS, STAMPS, KV_BUFS, TOKENS, LOGITS, RPAD, CHUNK, MMA_DEPTH, DIRECT_EPILOGUE)),
         (step_loader, (qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty, table_ptr, list_ptr,
                        bounds_ptr, stamps_ptr, STAGES, STAMPS)),
     ], [1], [40])
