@@ -20,8 +20,8 @@ _MODEL_KEYS = {"gpu": str, "bandwidth_gbs": float, "matmul_tflops": float, "sms"
                "launch_overhead_us": float, "colocation_penalty": float, "streams_overlap": float}
 _FAMILIES = ("gemm", "attn", "elementwise", "step")
 # a profile written before the step form may leave `step` out: the value evaluators/analytical.toml
-# sets from benchmarks/results/draft_step_h100.json ("analytical_step_efficiency")
-OPTIONAL_EFFICIENCY = {"step": 0.505}
+# sets from benchmarks/results/draft_step_h200.json ("analytical_step_efficiency")
+OPTIONAL_EFFICIENCY = {"step": 0.434}
 # field -> (low, high): the range of every number a profile may hold (none is infinite or NaN)
 _BOUNDS: dict[str, tuple[float, float]] = {
     "time_limit_s": (1, 7 * 86400),  # below a second every evaluation would time out
