@@ -8,7 +8,8 @@
 # short: the step form's checks at 5 and 32 sequences at the current defaults, the launch defaults
 #        against the epilogues through the sums and the depths before them, and the product's dealing where it
 #        balances (qwen2.5-1.5b), cut to fit one call; short2: the verify pass, and the epilogues through the
-#        sums and the wgmma depth on the other drafts.
+#        sums and the wgmma depth on the other drafts; narrow: whole-K narrow tiles against split K in a
+#        chain of dependent GEMMs (lab/narrow_tiles).
 # Every script checks before it times; a failing variant is a row, not the end of the call.
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -48,6 +49,8 @@ short2)  # the call after short: the verify pass, and the wgmma depth on the oth
     run 250 variants2 python lab/step_variants/variants.py examples/llama-1b-8b-b8.toml \
         examples/llama-1b-8b-b1.toml examples/qwen25-15b-14b-b4.toml --variants default direct_epilogue=0 mma_depth=1 \
         --json "$out/variants2.json" ;;
+narrow)
+    run 300 narrow python lab/narrow_tiles/chain.py --json "$out/narrow.json" ;;
 *)
-    echo "usage: bash lab/cross_step/gpu_session.sh 1|2|3|short|short2" >&2; exit 2 ;;
+    echo "usage: bash lab/cross_step/gpu_session.sh 1|2|3|short|short2|narrow" >&2; exit 2 ;;
 esac
