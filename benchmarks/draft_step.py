@@ -51,8 +51,8 @@ def measure(path: Path, args, copy_gbs: float) -> dict:
                                                case.check)
     device = torch.device("cuda")
     floor_ms = case.draft_floor_ms(copy_gbs)
-    row = {"workload": wl.name, "path": str(path), "draft": wl.draft.name, "batch": wl.draft_batch, "k": wl.k, "context": wl.context,
-           "ragged": not args.equal, "floor_ms": floor_ms, "plan": f"plans/{FORMS['step']}.json", "checks": {}}
+    row = {"workload": wl.name, "path": str(path), "draft": wl.draft.name, "batch": wl.draft_batch, "k": wl.k,
+           "context": wl.context, "ragged": not args.equal, "floor_ms": floor_ms, "plan": f"plans/{FORMS['step']}.json", "checks": {}}
     for form, plan_name in FORMS.items():
         try:
             compiled = compile_round(load_plan(shipped_plan(plan_name)), wl, draft, target, graph=graph)

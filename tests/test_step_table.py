@@ -103,7 +103,6 @@ def test_splits_fill_the_programs_and_slices_cover_k():
     assert all(t.program == t.index % 132 for t in prog.tasks)  # slices as given go task after task round
 
 
-
 def test_slices_are_cut_shorter_only_where_long_ones_leave_most_programs_idle():
     """Slices of at least 4 K tiles, or of 2 where 4 would give fewer than a third of the programs a
     task of the op (measured: lab/step_dealing/h200_slices.json)."""
@@ -116,6 +115,8 @@ def test_slices_are_cut_shorter_only_where_long_ones_leave_most_programs_idle():
     assert finest_split(8, 2048, 64, 132) == finest_split(8, 2048, 64, 132, min_k_tiles=4) == 8
     assert step_table(from_name("qwen3-0.6b"), 4, 1, 132, sms=132).splits["o_proj"] == 8
     assert finest_split(1, 128, 64, 132) == 1  # never below one slice
+    # at the boundary: 11 tiles x 4 slices = 44 tasks, a third of 132, keep slices of 4; 33 take slices of 2
+    assert finest_split(11, 1024, 64, 132) == 4 and finest_split(11, 768, 64, 132) == 6
 
 def _k_tiles_per_program(prog, op):
     per = defaultdict(int)

@@ -4,7 +4,8 @@ partial sums): x_{l+1} = bf16(x_l @ W_l^T), x [B, DIM], W_l [DIM, DIM], LAYERS l
 
 * `split`: the step kernel's tiling today. 128-row weight tiles (swap-AB wgmma, the B activation
   rows as N), too few for the programs, so each is cut in K (the product's finest_split: slices of
-  at least 4 K tiles; `split1`: of 1, as many pieces as the programs take) and its
+  4 K tiles, or 2 where 4 leave most programs idle; `split1`: of 1, as many pieces as the programs
+  take) and its
   pieces add fp32 partials by atomics, count themselves in at the tile's parts counter (acq_rel),
   and the last piece reads the sums back, stores the bf16 tile and releases the layer's counter.
 * `narrow`: 8-row tiles with the whole K, enough of them for the programs. A ring slot (128 x 64)
@@ -212,7 +213,7 @@ def chain_kernel(w_desc, w8_desc, table_ptr, list_ptr, bounds_ptr, counter_ptr, 
 # The table and the launch
 # --------------------------------------------------------------------------------------------------
 
-FORMS = {"split": 4, "split1": 1, "narrow": 0}  # form -> the shortest K slice in K tiles (narrow: whole K)
+FORMS = {"split": None, "split1": 1, "narrow": 0}  # form -> the shortest K slice (None: the product's rule)
 
 
 def chain_table(form: str, dim: int, layers: int, programs: int) -> tuple[list[list[int]], list[list[int]], int]:
@@ -263,8 +264,8 @@ class ChainLaunch:
                       TensorDescriptor.from_tensor(flat, [NARROW_ROWS, columns.K_TILE], layout)]
         k_max = 16 if form == "narrow" else max(r[3] - r[2] for r in records)
         self.batch = batch
-        self.kwargs = dict(DIM=dim, STAGES=STAGES["narrow" if form == "narrow" else "split"], KT_MAX=k_max, NARROW=form == "narrow", RPAD=RPAD, num_warps=4,
-                           maxnreg=168)
+        self.kwargs = dict(DIM=dim, STAGES=STAGES["narrow" if form == "narrow" else "split"], KT_MAX=k_max,
+                           NARROW=form == "narrow", RPAD=RPAD, num_warps=4, maxnreg=168)
 
     def args(self) -> tuple:
         return (*self.descs, self.table, self.list, self.bounds, self.counters, self.error, SPIN_LIMIT, self.batch,

@@ -2,8 +2,8 @@
 (the table as it was), cut into balanced runs of K tiles (stream-K) wherever they even out any K
 tile, with runs of at least 1, 2 or 4 K tiles, or the product's rule (balanced only where they take
 many); and how finely an op's K is sliced (`slices_N`: the product's dealing with slices of at least
-N K tiles where the product's are at least 4: fewer pieces a tile, each longer, fewer partial adds). Per workload the draft phase of `plans/step.json` alone, every variant checked against the
-fp32 reference (and for spent spins) before it is timed, all timed in one process, interleaved over
+N K tiles, where the product's are 4, or 2 where 4 leave most programs idle: `finest_split`). Per
+workload the draft phase of `plans/step.json` alone, every variant checked against the fp32 reference (and for spent spins) before it is timed, all timed in one process, interleaved over
 three passes.
 
     python lab/step_dealing/dealing.py examples/qwen25-05b-7b-b8.toml ... --json OUT.json
@@ -34,7 +34,7 @@ from conjugate.plan import load_plan  # noqa: E402
 PRODUCT_RUNS, PRODUCT_MIN, PRODUCT_PAYS = table.balanced_runs, table.MIN_RUN_K_TILES, table._balance_pays
 PRODUCT_SPLIT = table.finest_split
 VARIANTS = {"product": None, "round_robin": 0, "balanced_1": 1, "balanced_2": 2, "balanced_4": 4}
-SLICES = {"slices_2": 2, "slices_8": 8, "slices_16": 16}  # the shortest K slice, in K tiles (the product's: 4)
+SLICES = {"slices_2": 2, "slices_8": 8, "slices_16": 16}  # the shortest K slice, K tiles (product: 4 or 2)
 
 
 def use(variant: str) -> None:
@@ -68,7 +68,8 @@ def most_k_tiles(prog) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("workloads", nargs="+", type=Path)
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS) + list(SLICES))
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS),
+                        choices=list(VARIANTS) + list(SLICES))
     parser.add_argument("--replays", type=int, default=50)
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--json", type=Path, required=True)
