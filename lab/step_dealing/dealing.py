@@ -3,8 +3,8 @@
 tile, with runs of at least 1, 2 or 4 K tiles, or the product's rule (balanced only where they take
 many); and how finely an op's K is sliced (`slices_N`: the product's dealing with slices of at least
 N K tiles, where the product's are 4, or 2 where 4 leave most programs idle: `finest_split`). Per
-workload the draft phase of `plans/step.json` alone, every variant checked against the fp32 reference (and for spent spins) before it is timed, all timed in one process, interleaved over
-three passes.
+workload the draft phase of `plans/step.json` alone, every variant checked against the fp32 reference
+(and for spent spins) before it is timed, all timed in one process, interleaved over three passes.
 
     python lab/step_dealing/dealing.py examples/qwen25-05b-7b-b8.toml ... --json OUT.json
 
