@@ -1,0 +1,114 @@
+"""#49's record: the verify-phase kernels' shapes against the copy rate, and each workload's verify
+phase alone against its byte floor, in the JSON #49 names.
+
+    python benchmarks/verify_kernels.py examples/llama-1b-8b-b32.toml [...] \
+        --sweeps benchmarks/results/kernel_sweep_b32_h100.json [...] --json OUT.json      # a GPU
+    python benchmarks/verify_kernels.py --sweeps SWEEP.json [...] --json OUT.json       # no GPU: shapes only
+
+`shapes`: every shape of the kernel sweeps given (`kernel_sweep.py`, whose `--batches`, `--ks` and
+`--contexts` take the serving sizes), each at its best tile: {"kind": "gemm" | "attention", "model",
+"op", "rows", "context", "ms", "bytes", "bw_fraction", "tile", "sweep"}, where rows are the GEMM's
+activation rows or attention's batch x tokens, and bw_fraction the bytes over the time against the
+sweep's copy rate, from a cold L2 (a sweep's numbers, converted; its GPU and commit are the sweep's).
+`phases`: per workload the `sequential` plan compiled, its round checked against the fp32 reference
+(ragged lengths), then the target's phase (the verify pass) alone timed as a CUDA graph (median of
+--replays) against the target's bytes at the measured copy rate: {"workload", "verify_floor_ms",
+"verify_ms", "ratio", "check"}.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from common import environment, failure, make_parser, round_case, write_json
+
+
+def shape_rows(sweep: dict, source: str) -> list[dict]:
+    """A kernel sweep's shapes as #49's rows, each at its best tile (the shipped one where none beat it)."""
+    rows = []
+    for s in sweep["shapes"]:
+        best = s.get("best") or s["shipped"]
+        fields = s["fields"]
+        attention = s["kind"] == "attn"
+        rows.append({"kind": "attention" if attention else "gemm", "model": s["model"], "op": s["kind"],
+                     "rows": fields["batch"] * fields["tokens"] if attention else fields["rows"],
+                     "context": fields["context"] if attention else None, "ms": best["us"] / 1e3,
+                     "bytes": s["bytes"], "bw_fraction": best["share_of_copy"], "tile": best["plan_keys"],
+                     "workloads": s["workloads"], "sweep": source})
+    return rows
+
+
+def measure_phase(path: Path, replays: int, copy_gbs: float) -> dict:
+    import torch
+
+    from conjugate.compiler.round import compile_round
+    from conjugate.evaluate.rounds import checked_run
+    from conjugate.evaluate.timing import capture, time_replays
+    from conjugate.paths import shipped_plan
+    from conjugate.plan import load_plan
+    from conjugate.roles import Model
+
+    device = torch.device("cuda")
+    case = round_case(path, device)
+    order = case.graph.graph["order"][Model.TARGET]
+    floor_ms = sum(case.graph.nodes[op]["op"].bytes for op in order) / (copy_gbs * 1e6)
+    row = {"workload": case.workload.name, "path": str(path), "verify_floor_ms": floor_ms,
+           "rows": case.workload.target_batch * (case.workload.k + 1)}
+    compiled = compile_round(load_plan(shipped_plan("sequential")), case.workload, case.draft, case.target,
+                             graph=case.graph)
+    compiled.warmup()
+    report = checked_run(compiled, case.inputs, case.check)
+    row["check"] = report.to_dict()
+    if report.ok:
+        compiled.load(case.inputs)
+        phase = capture(compiled.phase(Model.TARGET), device)
+        row["verify_ms"] = ms = time_replays(phase.replay, replays, warmup=20).median_ms
+        row["ratio"] = ms / floor_ms
+        print(f"{row['workload']}: verify {ms:.3f} ms, {ms / floor_ms:.2f}x its floor {floor_ms:.3f} ms", flush=True)
+    else:
+        print(f"{row['workload']}: check failed {report.problems[:3]}", flush=True)
+    return row
+
+
+def main() -> int:
+    parser = make_parser(__doc__)
+    parser.add_argument("workloads", nargs="*", type=Path, help="workloads whose verify phase is timed (a GPU)")
+    parser.add_argument("--sweeps", nargs="*", type=Path, default=[], help="kernel_sweep.py JSONs to convert")
+    parser.add_argument("--replays", type=int, default=100)
+    args = parser.parse_args()
+    if not args.workloads and not args.sweeps:
+        parser.error("nothing to do: give workloads to time, --sweeps to convert, or both")
+    sweeps = []
+    for path in args.sweeps:
+        try:
+            sweeps.append((path, json.loads(path.read_text())))
+        except (OSError, ValueError) as e:
+            parser.error(f"{path}: {failure(e)}")
+    out = environment("verify_kernels") | {"sweeps": [{"path": str(p), "gpu": s.get("gpu"), "code": s.get("code"),
+                                                          "command": s.get("command")} for p, s in sweeps]}
+    try:
+        out["shapes"] = [row for p, s in sweeps for row in shape_rows(s, str(p))]
+    except (KeyError, TypeError) as e:
+        parser.error(f"a sweep is not a kernel_sweep.py JSON ({failure(e)})")
+    out["phases"] = []
+    if args.workloads:
+        import torch
+
+        from conjugate.evaluate.timing import copy_bandwidth_gbs
+
+        out["copy_gbs"] = copy_gbs = copy_bandwidth_gbs(torch.device("cuda"))
+        for path in args.workloads:
+            out["phases"].append(measure_phase(path, args.replays, copy_gbs))
+            write_json(args.json, out)
+    write_json(args.json, out)
+    low = [r for r in out["shapes"] if r["bw_fraction"] < (0.80 if r["kind"] == "attention" else 0.85)]
+    print(f"{len(out['shapes'])} shapes, {len(low)} under #49's share (GEMMs 85%, attention 80% of copy)")
+    for r in out["phases"]:
+        if "verify_ms" in r:
+            print(f"{r['workload']:<24} verify {r['verify_ms']:7.3f} ms  floor {r['verify_floor_ms']:7.3f}  "
+                  f"{r['ratio']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,42 @@
+"""benchmarks/verify_kernels.py without a GPU: kernel sweeps converted into #49's shape rows."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from scripts import load_script, run_script
+
+ROOT = Path(__file__).resolve().parents[1]
+SWEEP = ROOT / "benchmarks" / "results" / "kernel_sweep_target_h200.json"
+
+
+def test_each_shape_becomes_a_row_at_its_best_tile():
+    sweep = json.loads(SWEEP.read_text())
+    rows = load_script("verify_kernels").shape_rows(sweep, "s.json")
+    assert len(rows) == len(sweep["shapes"])
+    kinds = {r["kind"] for r in rows}
+    assert kinds == {"gemm", "attention"}
+    for row, shape in zip(rows, sweep["shapes"]):
+        best = shape.get("best") or shape["shipped"]
+        assert row["ms"] == best["us"] / 1e3 and row["bw_fraction"] == best["share_of_copy"]
+        assert row["bytes"] == shape["bytes"] and row["tile"] == best["plan_keys"] and row["sweep"] == "s.json"
+        if row["kind"] == "gemm":
+            assert row["rows"] == shape["fields"]["rows"] and row["context"] is None
+        else:
+            assert row["rows"] == shape["fields"]["batch"] * shape["fields"]["tokens"]
+            assert row["context"] == shape["fields"]["context"]
+        # bw_fraction is bytes over time against the copy rate: the same measure for every row
+        assert abs(row["bytes"] / (row["ms"] * 1e-3) / 1e9 / sweep["copy_gbs"] - row["bw_fraction"]) < 1e-6
+
+
+def test_sweeps_alone_need_no_gpu_and_bad_input_is_one_line(tmp_path):
+    out = tmp_path / "v.json"
+    proc = run_script("verify_kernels", "--sweeps", SWEEP, "--json", out)
+    assert proc.returncode == 0, proc.stderr
+    written = json.loads(out.read_text())
+    assert written["phases"] == [] and len(written["shapes"]) > 10 and written["sweeps"][0]["gpu"]
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    proc = run_script("verify_kernels", "--sweeps", bad, "--json", tmp_path / "w.json")
+    assert proc.returncode == 2 and "not a kernel_sweep.py JSON" in proc.stderr
+    assert run_script("verify_kernels", "--json", tmp_path / "w.json").returncode == 2  # nothing to do
