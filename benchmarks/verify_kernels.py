@@ -94,7 +94,17 @@ def main() -> int:
     if args.workloads:
         import torch
 
+        from conjugate.errors import ConjugateError
         from conjugate.evaluate.timing import copy_bandwidth_gbs
+        from conjugate.workload import load_workload
+
+        for path in args.workloads:  # every file read before anything is measured
+            try:
+                load_workload(path)
+            except ConjugateError as e:
+                parser.error(str(e))
+        if not torch.cuda.is_available():
+            parser.error("timing a verify phase needs a GPU; without one give --sweeps only")
 
         out["copy_gbs"] = copy_gbs = copy_bandwidth_gbs(torch.device("cuda"))
         for path in args.workloads:

@@ -40,3 +40,5 @@ def test_sweeps_alone_need_no_gpu_and_bad_input_is_one_line(tmp_path):
     proc = run_script("verify_kernels", "--sweeps", bad, "--json", tmp_path / "w.json")
     assert proc.returncode == 2 and "not a kernel_sweep.py JSON" in proc.stderr
     assert run_script("verify_kernels", "--json", tmp_path / "w.json").returncode == 2  # nothing to do
+    proc = run_script("verify_kernels", tmp_path / "missing.toml", "--json", tmp_path / "w.json")
+    assert proc.returncode == 2 and "missing.toml" in proc.stderr and not (tmp_path / "w.json").exists()
