@@ -39,6 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))  # the product's ring, from a checkout without an install
 
 if "--offline" in sys.argv:  # Triton's compiler, not its interpreter, before anything imports triton
     os.environ["TRITON_INTERPRET"] = "0"
