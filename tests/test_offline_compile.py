@@ -123,7 +123,14 @@ import torch
 
 tools = _Triton(90)
 for name in sys.argv[1:]:
-    if name.startswith("verify:"):  # a target's verify pass: 8 sequences of 6 tokens (a 64-row tile, K
+    if name.startswith("narrow:"):  # o_proj and down in 8-column whole-K tiles (the lab's narrow table)
+        spec = from_name(name.split(":")[1])
+        prog = step_table(spec, 8, 2, 132, sms=132, narrow=True)
+        kv = torch.empty(2, spec.num_layers, 8, spec.num_kv_heads, 1100, spec.head_dim, dtype=torch.bfloat16,
+                         device="meta")
+        launch = StepLaunch(prog, tile_weights(meta_weights(spec, torch.bfloat16), prog), kv)
+        step = SimpleNamespace(launch=launch, digest=name)
+    elif name.startswith("verify:"):  # a target's verify pass: 8 sequences of 6 tokens (a 64-row tile, K
         spec = from_name(name.split(":")[1])  # staged 16 tiles at a time), their logits kept
         prog = step_table(spec, 8, 1, 132, sms=132, tokens=6)
         kv = torch.empty(2, spec.num_layers, 8, spec.num_kv_heads, 1100, spec.head_dim, dtype=torch.bfloat16,
@@ -148,11 +155,13 @@ for name in sys.argv[1:]:
 def test_the_step_kernel_compiles_for_hopper_for_every_family(triton_cache):
     """The step form's Gluon kernel, bound to each family's draft shapes (llama: RoPE scaling, qwen2:
     bias, qwen3: q/k norm and 128-dim heads; qwen3 also at 32 sequences, a 32-row tile; qwen2 also with
-    every epilogue through the sums, as a table of per-tile waits runs it) on meta buffers: compiled for
-    sm_90a within a program's registers (168), with no local memory (cuobjdump's count; Triton's own
-    spill count on a GPU read 8 for the same kernels) and within Hopper's shared memory."""
+    every epilogue through the sums, as a table of per-tile waits runs it, and on a narrow table) on meta
+    buffers: compiled for sm_90a within a program's registers (168), with no local memory (cuobjdump's
+    count; Triton's own spill count on a GPU read 8 for the same kernels) and within Hopper's shared
+    memory."""
     env = os.environ | {"TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(triton_cache)}
-    names = ["llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b", "b32:qwen3-0.6b", "verify:qwen3-8b", "sums:qwen2.5-0.5b"]
+    names = ["llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b", "b32:qwen3-0.6b", "verify:qwen3-8b", "sums:qwen2.5-0.5b",
+             "narrow:qwen2.5-0.5b"]
     proc = subprocess.run([sys.executable, "-c", STEP_COMPILE, *names],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -163,4 +172,4 @@ def test_the_step_kernel_compiles_for_hopper_for_every_family(triton_cache):
         assert int(kv_buffers) == 2  # attention's default depth, the activation tiles grown where needed
         assert direct == ("0" if name.startswith("sums:") else "1")  # direct epilogues: the default on these tables
     # row tiles; whole K or staged
-    assert [(r[5], r[6]) for r in rows] == [("16", "0")] * 3 + [("32", "0"), ("64", "16"), ("16", "0")]
+    assert [(r[5], r[6]) for r in rows] == [("16", "0")] * 3 + [("32", "0"), ("64", "16"), ("16", "0"), ("16", "0")]

@@ -53,6 +53,28 @@ def test_simulated_table_gives_the_reference_tokens(name, programs, early, coars
         torch.testing.assert_close(out.cache.v, ref_cache.v, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("name", ["tiny-llama-d", "tiny-qwen2-d", "tiny-qwen3-d"])
+@pytest.mark.parametrize("programs,early,coarse", [(7, True, False), (40, True, True), (40, False, False)])
+def test_a_narrow_table_gives_the_reference_tokens(name, programs, early, coarse):
+    """o_proj and down in 8-column tiles over their whole K: one task a tile, no parts counter, the
+    residual stream's later instances waited for in 8-column tiles (the embedding's in its own)."""
+    w, inputs = _case(name, batch=3)
+    steps = 3
+    prog = build(w.spec, 3, steps, programs, SMALL, early_start=early, narrow=True)
+    for t in prog.tasks:
+        if t.op in ("o_proj", "down"):
+            assert t.splits == 1 and t.parts is None and len(t.out) == 1
+            assert t.out[0][1] - t.out[0][0] == layout.NARROW_ROWS and t.k_range[0] == 0
+    if coarse:
+        prog = coarsen(prog)
+    check(prog, sms=132)
+    ref_tokens, ref_logits, ref_cache = _reference(w, inputs, steps)
+    for seed in (0, 1):
+        out = simulate(prog, w, inputs.draft_last_tokens, inputs.draft_cache, inputs.draft_lengths, seed=seed)
+        assert torch.equal(out.tokens, ref_tokens)
+        torch.testing.assert_close(out.logits, ref_logits, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(out.cache.k, ref_cache.k, rtol=1e-4, atol=1e-4)
+
 @pytest.mark.parametrize("name", ["tiny-llama-t", "tiny-qwen2-d", "tiny-qwen3-d"])
 @pytest.mark.parametrize("programs,tokens,coarse", [(7, 4, False), (40, 3, True)])
 def test_a_verify_table_gives_the_reference_forward(name, programs, tokens, coarse):
@@ -485,3 +507,29 @@ def test_a_deeper_attention_pipeline_takes_its_shared_memory_from_the_ring_and_d
     assert not StepLaunch(early, weights, kv).kwargs["DIRECT_EPILOGUE"]  # the default leaves such a table alone
     with pytest.raises(ValueError, match="coarse table"):
         StepLaunch(early, weights, kv, direct_epilogue=True)
+
+
+def test_a_narrow_table_launches_with_8_row_boxes_and_room_for_a_run():
+    """The residual ops' 8-row TMA boxes beside the 128-row ones, and activation tiles that hold a run of
+    8 K tiles as 64-row wgmma A tiles (qwen2.5-0.5b's grow from 16 to 32); a plain table is unchanged."""
+    spec = from_name("qwen2.5-0.5b")
+    kv = torch.empty(2, spec.num_layers, 8, spec.num_kv_heads, 80, spec.head_dim, dtype=torch.bfloat16, device="meta")
+    launches = {}
+    for narrow in (False, True):
+        prog = step_table(spec, 8, 1, 132, sms=132, narrow=narrow)
+        launches[narrow] = StepLaunch(prog, tile_weights(meta_weights(spec, torch.bfloat16), prog), kv)
+    plain, narrow = launches[False], launches[True]
+    assert not plain.kwargs["NARROW"] and narrow.kwargs["NARROW"]
+    assert [d.block_shape for d in narrow.descs[-2:]] == [[layout.NARROW_ROWS, layout.K_TILE]] * 2
+    assert plain.kwargs["KT_MAX"] == 16 and narrow.kwargs["KT_MAX"] == 32  # 32 x 16 rows: 8 tiles of 64
+    assert narrow.kwargs["KT_MAX"] * narrow.kwargs["RPAD"] % 64 == 0 and narrow.kwargs["CHUNK"] == 0
+    # the loader's slots: a narrow tile's 14 (o_proj) and 76 (down) K tiles take 1 and 5 slots of 16
+    prog = narrow.prog
+    for p in (0, 57):
+        ts = prog.of_program(p)
+        want = sum(-(-(t.k_range[1] - t.k_range[0]) // 64 // 16) if t.op in ("o_proj", "down")
+                   else (t.k_range[1] - t.k_range[0]) // 64 for t in ts if t.op not in ("attn", "embed"))
+        assert prog.loads(p) == want
+    assert {-(-(t.k_range[1] - t.k_range[0]) // 64 // 16) for t in prog.tasks if t.op in ("o_proj", "down")} == {1, 5}
+    with pytest.raises(ProgramError, match="whole K"):
+        build(spec, 8, 1, 132, narrow=True, splits={"o_proj": 2})

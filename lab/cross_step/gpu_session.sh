@@ -50,8 +50,11 @@ short2)  # the call after short: the verify pass, and the wgmma depth on the oth
     run 250 variants2 python lab/step_variants/variants.py examples/llama-1b-8b-b8.toml \
         examples/llama-1b-8b-b1.toml examples/qwen25-15b-14b-b4.toml --variants default direct_epilogue=0 mma_depth=1 \
         --json "$out/variants2.json" ;;
-narrow)
-    run 300 narrow python lab/narrow_tiles/chain.py --json "$out/narrow.json" ;;
+narrow)  # the chain (lab/narrow_tiles), then the step table's narrow forms (o_proj and down; gate_up too)
+    run 170 narrow python lab/narrow_tiles/chain.py --json "$out/narrow.json"
+    run 380 narrow_step python lab/step_dealing/dealing.py examples/qwen3-06b-8b-b4.toml \
+        examples/qwen25-05b-7b-b8.toml examples/llama-1b-8b-b8.toml --variants product narrow narrow_gu \
+        --json "$out/narrow_step.json" ;;
 verify49)
     run 330 sweep_b32 python benchmarks/kernel_sweep.py examples/llama-1b-8b-b32.toml --per-shape 24 --prewarm 15 \
         --json "$out/kernel_sweep_b32.json"

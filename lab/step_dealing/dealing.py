@@ -1,14 +1,15 @@
 """How the step table deals an op's weight tiles to the programs: tile by tile round the programs
 (the table as it was), cut into balanced runs of K tiles (stream-K) wherever they even out any K
 tile, with runs of at least 1, 2 or 4 K tiles, or the product's rule (balanced only where they take
-many); and how finely an op's K is sliced (`slices_N`: the product's dealing with slices of at least
-N K tiles, where the product's are 4, or 2 where 4 leave most programs idle: `finest_split`). Per
+many); how finely an op's K is sliced (`slices_N`: the product's dealing with slices of at least
+N K tiles, where the product's are 4, or 2 where 4 leave most programs idle: `finest_split`); and
+`narrow`: o_proj and down in 8-column tiles over their whole K (no partial sums; lab/narrow_tiles). Per
 workload the draft phase of `plans/step.json` alone, every variant checked against the fp32 reference
 (and for spent spins) before it is timed, all timed in one process, interleaved over three passes.
 
     python lab/step_dealing/dealing.py examples/qwen25-05b-7b-b8.toml ... --json OUT.json
 
-Lab code: it swaps `balanced_runs`, `MIN_RUN_K_TILES`, `_balance_pays` and `finest_split` of
+Lab code: it swaps `balanced_runs`, `MIN_RUN_K_TILES`, `_balance_pays`, `finest_split` and `build` of
 conjugate/compiler/step/table.py per variant; nothing in `conjugate/` imports it.
 """
 from __future__ import annotations
@@ -32,16 +33,20 @@ from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
 
 PRODUCT_RUNS, PRODUCT_MIN, PRODUCT_PAYS = table.balanced_runs, table.MIN_RUN_K_TILES, table._balance_pays
-PRODUCT_SPLIT = table.finest_split
+PRODUCT_SPLIT, PRODUCT_BUILD = table.finest_split, table.build
 VARIANTS = {"product": None, "round_robin": 0, "balanced_1": 1, "balanced_2": 2, "balanced_4": 4}
 SLICES = {"slices_2": 2, "slices_8": 8, "slices_16": 16}  # the shortest K slice, K tiles (product: 4 or 2)
+NARROW = "narrow"  # o_proj and down in 8-column tiles over their whole K (build's `narrow`; lab/narrow_tiles)
 
 
 def use(variant: str) -> None:
     """The table's dealing for a variant: the product's rule, every op round the programs, or balanced
     runs (of at least N K tiles) wherever they take any K tile off the busiest program; or the product's
     dealing over K slices of at least N tiles."""
-    table.finest_split = PRODUCT_SPLIT
+    table.finest_split, table.build = PRODUCT_SPLIT, PRODUCT_BUILD
+    if variant == NARROW:
+        table.build = lambda *a, narrow=False, **k: PRODUCT_BUILD(*a, narrow=True, **k)
+        variant = "product"
     if variant in SLICES:
         shortest = SLICES[variant]
         table.finest_split = lambda *a, min_k_tiles=4: PRODUCT_SPLIT(*a, min_k_tiles=shortest)
@@ -69,7 +74,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("workloads", nargs="+", type=Path)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS),
-                        choices=list(VARIANTS) + list(SLICES))
+                        choices=list(VARIANTS) + list(SLICES) + [NARROW])
     parser.add_argument("--replays", type=int, default=50)
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--json", type=Path, required=True)
@@ -109,7 +114,7 @@ def main() -> int:
         del graphs, keep, draft, target, inputs, check, case
         torch.cuda.empty_cache()
     table.balanced_runs, table.MIN_RUN_K_TILES, table._balance_pays = PRODUCT_RUNS, PRODUCT_MIN, PRODUCT_PAYS
-    table.finest_split = PRODUCT_SPLIT
+    table.finest_split, table.build = PRODUCT_SPLIT, PRODUCT_BUILD
     print(f"\n{'workload':<24} {'floor':>7} " + " ".join(f"{v:>12}" for v in args.variants))
     for e in out["workloads"]:
         cells = " ".join(f"{e['variants'][v].get('ms', float('nan')):12.3f}" for v in args.variants)

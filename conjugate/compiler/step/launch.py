@@ -14,7 +14,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from conjugate.compiler.step.layout import encode
 from conjugate.compiler.step.table import StepProgram, Tiles
-from conjugate.kernels.step.columns import K_TILE, ROW_TILES, SLOT_ROWS, STAMP_COLS
+from conjugate.kernels.step.columns import K_TILE, NARROW_ROWS, NARROW_RUN, ROW_TILES, SLOT_ROWS, STAMP_COLS
 from conjugate.kernels.step.device import step_kernel
 
 SMEM_BUDGET = 220 * 1024  # shared memory a program may take: the ring and the activation tiles
@@ -95,7 +95,10 @@ class StepLaunch:
         layout = gl.NVMMASharedLayout.get_default_for([SLOT_ROWS, K_TILE], gl.bfloat16)
         self.descs = [TensorDescriptor.from_tensor(weights[n], [SLOT_ROWS, K_TILE], layout)
                       for n in ("qkv", "o", "gu", "d", "head")]
-        kt_max = max((t.k_range[1] - t.k_range[0]) // prog.tiles.k for t in prog.tasks if t.op != "attn")
+        self.descs += [TensorDescriptor.from_tensor(weights[n], [NARROW_ROWS, K_TILE], layout) for n in ("o", "d")]
+        narrow = ("o_proj", "down") if prog.narrow else ()  # staged in runs of their own (narrow_tile)
+        kt_max = max((t.k_range[1] - t.k_range[0]) // prog.tiles.k for t in prog.tasks
+                     if t.op != "attn" and t.op not in narrow)
         chunks = prog.splits["attn"]
         gp = max(4, triton.next_power_of_2(group * prog.tokens))  # a pair's query rows; they span the 4 warps
         pairs = k * L * B * spec.num_kv_heads * chunks
@@ -111,6 +114,9 @@ class StepLaunch:
             raise ValueError("epilogues on the accumulators need a coarse table (step_table's): this one's tiles "
                              "wait for whole rows before their epilogues")
         act_tiles = max(act_tiles, attention_tiles(attention_buffers, spec.head_dim, rpad))
+        if prog.narrow:  # a narrow tile's run: NARROW_RUN K tiles as 64-row A tiles in the same memory
+            act_tiles = max(act_tiles, NARROW_RUN * 64 // rpad)
+            act_tiles = -(-act_tiles * rpad // 64) * 64 // rpad
         chunk = 0 if act_tiles >= kt_max else act_tiles  # whole K slices, else runs as long as the tiles hold
         act_bytes = act_tiles * rpad * K_TILE * 2
         stages = min(12, (SMEM_BUDGET - act_bytes) // (SLOT_ROWS * K_TILE * 2 + 16))
@@ -121,7 +127,8 @@ class StepLaunch:
                            QK_NORM=spec.qk_norm, STAGES=stages, KT_MAX=act_tiles, EPS=spec.rms_norm_eps,
                            QK_SCALE=1.4426950408889634 / spec.head_dim ** 0.5, GP=gp, CHUNKS=chunks, STAMPS=stamps,
                            KV_BUFS=attention_buffers, TOKENS=prog.tokens, LOGITS=logits, RPAD=rpad, CHUNK=chunk,
-                           MMA_DEPTH=mma_depth, DIRECT_EPILOGUE=bool(direct_epilogue), num_warps=4,
+                           MMA_DEPTH=mma_depth, DIRECT_EPILOGUE=bool(direct_epilogue), NARROW=prog.narrow,
+                           num_warps=4,
                            maxnreg=168)
         self.stamps = torch.zeros(len(prog.tasks), STAMP_COLS, dtype=torch.int64, device=dev)
         self.spin_limit = spin_limit

@@ -37,7 +37,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
-from conjugate.kernels.step.columns import S_ARRIVED, S_END, S_ISSUED, S_MET, S_MULTIPLIED, S_STAGED, S_START
+from conjugate.kernels.step.columns import (NARROW_ROWS, SLOT_ROWS, S_ARRIVED, S_END, S_ISSUED, S_MET, S_MULTIPLIED, S_STAGED,
+                                            S_START)
 from conjugate.models.spec import ModelSpec
 
 OPS = ("embed", "qkv", "attn", "o_proj", "gate_up", "down", "head")
@@ -83,6 +84,7 @@ class StepProgram:
     splits: dict[str, int]
     tasks: list[Task] = field(default_factory=list)
     tokens: int = 1  # tokens a sequence in each step: 1 for decode steps, k + 1 for a verify pass
+    narrow: bool = False  # o_proj and down in NARROW_ROWS-column tiles over their whole K
 
     @property
     def rows(self) -> int:
@@ -101,9 +103,15 @@ class StepProgram:
         return out
 
     def loads(self, p: int) -> int:
-        """Weight tiles (ring slots) program p's loader streams: what its compute partition consumes."""
-        return sum((t.k_range[1] - t.k_range[0]) // self.tiles.k for t in self.of_program(p)
-                   if t.op not in ("attn", "embed"))
+        """Ring slots program p's loader fills: what its compute partition consumes (a narrow tile's K
+        tiles go SLOT_ROWS / NARROW_ROWS a slot)."""
+        per_slot = SLOT_ROWS // NARROW_ROWS
+
+        def slots(t: Task) -> int:
+            n = (t.k_range[1] - t.k_range[0]) // self.tiles.k
+            return -(-n // per_slot) if self.narrow and t.op in ("o_proj", "down") else n
+
+        return sum(slots(t) for t in self.of_program(p) if t.op not in ("attn", "embed"))
 
 
 class ProgramError(ValueError):
@@ -224,7 +232,8 @@ def qkv_tiles(spec: ModelSpec, tiles: Tiles) -> list[tuple[str, int, int]]:
 
 
 def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles = Tiles(),
-          splits: dict[str, int] | None = None, early_start: bool = True, tokens: int = 1) -> StepProgram:
+          splits: dict[str, int] | None = None, early_start: bool = True, tokens: int = 1,
+          narrow: bool = False) -> StepProgram:
     """The task table of `steps` decode steps of `spec` for `batch` sequences on `programs` programs,
     or with `tokens` T > 1 of one verify pass: each sequence's T tokens in one step, its queries
     attending causally (a pair's attention task holds all T x group query rows).
@@ -232,19 +241,26 @@ def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles =
     slices would leave the busiest program many more weight tiles than the rest is cut into balanced
     runs instead (`_balance_pays`);
     with `early_start` a normed op's slices wait only for the x columns they read (their epilogue for
-    the whole row)."""
+    the whole row). With `narrow` the residual ops (o_proj, down) run NARROW_ROWS-column tiles over
+    their whole K: enough tiles for the programs, no K slices, no partial sums to collect."""
     if tokens < 1 or (tokens > 1 and steps != 1):
         raise ProgramError(f"{tokens} tokens a sequence in {steps} steps: a verify pass (tokens > 1) is one step")
     H, Q, F = spec.hidden_size, spec.q_size, spec.ffn_size
     pairs = qkv_tiles(spec, tiles)
-    n_tiles = {"qkv": len(pairs), "o_proj": -(-H // tiles.rows), "gate_up": -(-F // tiles.half),
-               "down": -(-H // tiles.rows), "head": -(-spec.vocab_size // tiles.rows)}
+    res_rows = NARROW_ROWS if narrow else tiles.rows  # the residual ops' output tiles
+    n_tiles = {"qkv": len(pairs), "o_proj": -(-H // res_rows), "gate_up": -(-F // tiles.half),
+               "down": -(-H // res_rows), "head": -(-spec.vocab_size // tiles.rows)}
     k_total = {"qkv": H, "o_proj": Q, "gate_up": H, "down": F, "head": H}
+    if narrow:
+        if any((splits or {}).get(op, 1) != 1 for op in ("o_proj", "down")):
+            raise ProgramError(f"a narrow table runs o_proj and down over their whole K, not in {splits} slices")
+        splits = {"o_proj": 1, "down": 1} | (splits or {})
     splits_given = set(splits or {})  # ops sliced as the caller says, never rebalanced
     splits = {op: finest_split(n_tiles[op], k_total[op], tiles.k, programs) for op in n_tiles} | (splits or {})
     splits.setdefault("attn", max(1, min(16, programs // (batch * spec.num_kv_heads))))
-    prog = StepProgram(spec, batch, steps, programs, tiles, splits, tokens=tokens)
-    x_tiles = _ranges(H, tiles.rows)  # how embed, o_proj and down write the residual stream
+    prog = StepProgram(spec, batch, steps, programs, tiles, splits, tokens=tokens, narrow=narrow)
+    x_tiles = _ranges(H, tiles.rows)  # how embed writes the residual stream
+    res_tiles = _ranges(H, res_rows)  # how o_proj and down write it
     h_tiles = _ranges(F, tiles.half)
     tasks: list[Task] = []
     pending: list[tuple] = []  # the op instance's tiles, until `deal` makes their tasks
@@ -292,8 +308,14 @@ def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles =
                                   done, stage, owner[(i, s)]))
         pending.clear()
 
+    def written(name):  # the tiles of a residual-stream instance: a step's embedding or a residual op's
+        return x_tiles if name.endswith("/0") and name.startswith("x/") else res_tiles
+
     def x_waits(name, lo, hi):
-        return [(f"{name}/{i}", 1) for i in _overlapping(x_tiles, lo, hi)]
+        return [(f"{name}/{i}", 1) for i in _overlapping(written(name), lo, hi)]
+
+    def x_every(name):
+        return [(f"{name}/{i}", 1) for i in range(len(written(name)))]
 
     for step in range(steps):
         x_in = f"x/{step}/0"
@@ -303,7 +325,7 @@ def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles =
         deal()
         stage += 1
         for layer in range(spec.num_layers):
-            x_all = [(f"{x_in}/{i}", 1) for i in range(len(x_tiles))]
+            x_all = x_every(x_in)
             q_cols = {}
             for i, (seg, head, count) in enumerate(pairs):
                 base = {"q": 0, "k": Q, "v": Q + spec.kv_size}[seg] + head * spec.head_dim
@@ -332,7 +354,7 @@ def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles =
             deal()
             stage += 1
             head_cols = group * spec.head_dim  # o's columns one KV head's attention writes
-            for i, out in enumerate(x_tiles):
+            for i, out in enumerate(res_tiles):
                 add("o_proj", step, layer, i, (out,), Q,
                     lambda lo, hi, step=step, layer=layer: [(f"attn/{step}/{layer}/{g}", batch)
                                                             for g in range(lo // head_cols, -(-hi // head_cols))],
@@ -340,14 +362,14 @@ def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles =
             deal(Q)
             stage += 1
             xm = f"xm/{step}/{layer}"
-            xm_all = [(f"{xm}/{i}", 1) for i in range(len(x_tiles))]
+            xm_all = x_every(xm)
             for i, out in enumerate(h_tiles):
                 add("gate_up", step, layer, i, (out, (F + out[0], F + out[1])), H,
                     lambda lo, hi, xm=xm: x_waits(xm, lo, hi), xm_all, f"h/{step}/{layer}/{i}")
             deal(H)
             stage += 1
             x_next = f"x/{step}/{layer + 1}"
-            for i, out in enumerate(x_tiles):
+            for i, out in enumerate(res_tiles):
                 add("down", step, layer, i, (out,), F,
                     lambda lo, hi, step=step, layer=layer: [(f"h/{step}/{layer}/{j}", 1)
                                                             for j in _overlapping(h_tiles, lo, hi)],
@@ -355,7 +377,7 @@ def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles =
             deal(F)
             stage += 1
             x_in = x_next
-        x_all = [(f"{x_in}/{i}", 1) for i in range(len(x_tiles))]
+        x_all = x_every(x_in)
         for i, out in enumerate(_ranges(spec.vocab_size, tiles.rows)):
             add("head", step, -1, i, (out,), H, lambda lo, hi, x_in=x_in: x_waits(x_in, lo, hi), x_all,
                 f"head_tiles/{step}")
@@ -474,15 +496,15 @@ def coarsen(prog: StepProgram) -> StepProgram:
 
 
 def step_table(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles = Tiles(),
-               sms: int | None = None, tokens: int = 1) -> StepProgram:
+               sms: int | None = None, tokens: int = 1, narrow: bool = False) -> StepProgram:
     """The table a step launch runs on a GPU of `sms` SMs (None: no GPU, as many as the programs):
     built, coarsened to per-op-instance counters, and checked. Tables are kept per arguments: a
     search compiles the same one for many plans, and building one takes seconds at real sizes."""
     if programs < 1:
         raise ProgramError(f"{programs} programs: a step launch needs at least one")
-    key = (spec, batch, steps, programs, tiles, sms, tokens)
+    key = (spec, batch, steps, programs, tiles, sms, tokens, narrow)
     if key not in _TABLES:
-        prog = coarsen(build(spec, batch, steps, programs, tiles, tokens=tokens))
+        prog = coarsen(build(spec, batch, steps, programs, tiles, tokens=tokens, narrow=narrow))
         check(prog, programs if sms is None else sms)
         if len(_TABLES) >= 8:
             _TABLES.pop(next(iter(_TABLES)))

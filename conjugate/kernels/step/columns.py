@@ -7,6 +7,10 @@ TMA box of one ring slot. Plain Python: the host (compiler/step/layout.py) write
 the Gluon kernel (ring.py, device.py) reads them.
 """
 SLOT_ROWS, K_TILE, HALF_ROWS = 128, 64, 64  # a ring slot [rows, K]; a paired tile's half
+# A narrow tile's weight rows (the residual ops on a narrow table): one 128-byte swizzle period, so a
+# ring slot holds SLOT_ROWS / NARROW_ROWS of its K tiles as 8-row TMA boxes
+NARROW_ROWS = 8
+NARROW_RUN = 8  # a narrow tile's K tiles staged at a time: 64-row wgmma A tiles in the activation tiles
 ROW_TILES = (16, 32, 64)  # a launch's activation rows, padded to the first of these (the wgmma N)
 BATCH_PAD = 32  # the draft step form's sequences (#48 asks for 1 to 32): 16 or 32 activation rows
 OPS = {"embed": 0, "qkv": 1, "attn": 2, "o_proj": 3, "gate_up": 4, "down": 5, "head": 6}

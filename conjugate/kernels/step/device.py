@@ -40,12 +40,12 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
-from conjugate.kernels.step.ring import (BK, C_DONE, C_FCNT, C_FOFF, C_HEAD0, C_KHI, C_KLO, C_LAYER,
+from conjugate.kernels.step.ring import (BK, C_COL0, C_DONE, C_FCNT, C_FOFF, C_HEAD0, C_KHI, C_KLO, C_LAYER,
                                          C_OP, C_PARTS, C_SEG, C_SPLITS, C_STEP, C_TILE, C_TOKEN, C_W1C, C_W1T,
                                          C_WCNT, C_WOFF, HALF, S_ARRIVED, S_END, S_MET, S_MULTIPLIED, S_STAGED,
-                                         S_START,
-                                         SLOT_ROWS, STAMP_COLS, acquire, field, now, paired_tile, record, release,
-                                         ring_barriers, single_tile, stage_activations, step_loader, wait_all)
+                                         NARROW_ROWS, S_START,
+                                         SLOT_ROWS, STAMP_COLS, acquire, field, narrow_tile, now, paired_tile, record,
+                                         release, ring_barriers, single_tile, stage_activations, step_loader, wait_all)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -132,6 +132,43 @@ def _residual_epilogue(sum_ptr, res_ptr, out_ptr, ss_out_ptr, col0, B, H: gl.con
     gl.store(out_ptr + b[:, None] * H + (col0 + c)[None, :], new, mask=mask)
     rounded = new.to(gl.float32)
     gl.atomic_add(ss_out_ptr + b, gl.sum(rounded * rounded, axis=1), mask=b < B, sem="relaxed")
+
+
+@gluon.jit
+def _residual_narrow(acc, res_ptr, out_ptr, ss_out_ptr, col0, B, H: gl.constexpr):
+    """A narrow tile's epilogue on its accumulator ([64, NARROW_ROWS]: activation rows by columns, rows
+    past B unread): out[:, tile] = bf16(res[:, tile] + acc); the rounded tile's squares into ss_out."""
+    layout: gl.constexpr = acc.type.layout
+    b = gl.arange(0, 64, layout=gl.SliceLayout(1, layout))
+    c = gl.arange(0, NARROW_ROWS, layout=gl.SliceLayout(0, layout))
+    mask = (b < B)[:, None] & (c < NARROW_ROWS)[None, :]
+    offs = b[:, None] * H + (col0 + c)[None, :]
+    res = gl.load(res_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(gl.float32)
+    new = (res + acc).to(gl.bfloat16)
+    gl.store(out_ptr + offs, new, mask=mask)
+    rounded = new.to(gl.float32)
+    gl.atomic_add(ss_out_ptr + b, gl.sum(rounded * rounded, axis=1), mask=b < B, sem="relaxed")
+
+
+@gluon.jit
+def _narrow_residual(op, ring, ready, empty, act, i, xs_ptr, xm_ptr, o_ptr, h_ptr, ssx_ptr, ssm_ptr, sl, sx, col0,
+                     k_lo, n_k, B, H: gl.constexpr, Q: gl.constexpr, F: gl.constexpr, ROWS: gl.constexpr,
+                     STAGES: gl.constexpr, KT_MAX: gl.constexpr, RPAD: gl.constexpr):
+    """o_proj's or down's narrow tile: its product over the whole K, then the residual on its
+    accumulator (no partial sums, no parts counter); returns the ring position after it."""
+    n_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, NARROW_ROWS, 16])
+    acc = gl.zeros((64, NARROW_ROWS), dtype=gl.float32, layout=n_layout)
+    if op == 3:
+        acc, i = narrow_tile(ring, ready, empty, act, i, o_ptr + sl * ROWS * Q, Q, B, k_lo, n_k, STAGES, KT_MAX, RPAD,
+                             acc)
+        _residual_narrow(acc, xs_ptr + sx * ROWS * H, xm_ptr + sl * ROWS * H, ssm_ptr + sl * ROWS, col0, B, H)
+    else:
+        acc, i = narrow_tile(ring, ready, empty, act, i, h_ptr + sl * ROWS * F, F, B, k_lo, n_k, STAGES, KT_MAX, RPAD,
+                             acc)
+        _residual_narrow(acc, xm_ptr + sl * ROWS * H, xs_ptr + (sx + 1) * ROWS * H, ssx_ptr + (sx + 1) * ROWS, col0,
+                         B, H)
+    return i
 
 
 @gluon.jit
@@ -459,7 +496,8 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                  NTH: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr, STAGES: gl.constexpr, EPS: gl.constexpr,
                  QK_SCALE: gl.constexpr, GP: gl.constexpr, CHUNKS: gl.constexpr, STAMPS: gl.constexpr,
                  KV_BUFS: gl.constexpr, TOKENS: gl.constexpr, LOGITS: gl.constexpr, RPAD: gl.constexpr,
-                 CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr, DIRECT_EPILOGUE: gl.constexpr):
+                 CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr, DIRECT_EPILOGUE: gl.constexpr, KT_MAX: gl.constexpr,
+                 NARROW: gl.constexpr):
     ROWS: gl.constexpr = BATCH * TOKENS  # activation rows a step: sequence b's token t is row b * TOKENS + t
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, RPAD, 16])
@@ -516,6 +554,17 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                 _merge_chunks(part_ml_ptr, part_acc_ptr, first_slot, o_ptr + sl * ROWS * Q, b, g, D, G, Q, GP, CHUNKS,
                               TOKENS)
                 release(counter_ptr + field(vec, C_DONE))
+        elif NARROW and ((op == 3) | (op == 5)):  # a narrow residual tile: its whole K, its epilogue, its release
+            if STAMPS:  # staging and multiplying interleave: the whole product counts as multiplying
+                gl.store(stamps_ptr + task * STAMP_COLS + S_STAGED, now(task))
+            i = _narrow_residual(op, ring, ready, empty, act, i, xs_ptr, xm_ptr, o_ptr, h_ptr, ssx_ptr, ssm_ptr, sl, sx,
+                                 field(vec, C_COL0), field(vec, C_KLO) * BK, field(vec, C_KHI) - field(vec, C_KLO), B,
+                                 H, Q, F, ROWS, STAGES, KT_MAX, RPAD)
+            if STAMPS:  # no parts counter: the answer is the product's end
+                t_done = now(task)
+                gl.store(stamps_ptr + task * STAMP_COLS + S_MULTIPLIED, t_done)
+                gl.store(stamps_ptr + task * STAMP_COLS + S_ARRIVED, t_done)
+            release(counter_ptr + field(vec, C_DONE))
         else:
             k_lo = field(vec, C_KLO) * BK  # the table holds K in BK-column tiles
             n_k = field(vec, C_KHI) - field(vec, C_KLO)
@@ -619,7 +668,7 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
 
 
 @gluon.jit
-def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_ptr, bounds_ptr, waits_ptr, counter_ptr,
+def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, o8_desc, d8_desc, table_ptr, list_ptr, bounds_ptr, waits_ptr, counter_ptr,
                 error_ptr, spin_limit, B, tokens_in_ptr, tokens_ptr, lengths_ptr, embed_ptr, xs_ptr, xm_ptr,
                 ssx_ptr,
                 ssm_ptr, q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr, best_val_ptr,
@@ -630,7 +679,7 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_pt
                 KT_MAX: gl.constexpr, EPS: gl.constexpr, QK_SCALE: gl.constexpr, GP: gl.constexpr,
                 CHUNKS: gl.constexpr, STAMPS: gl.constexpr, KV_BUFS: gl.constexpr, TOKENS: gl.constexpr,
                 LOGITS: gl.constexpr, RPAD: gl.constexpr, CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr,
-                DIRECT_EPILOGUE: gl.constexpr):
+                DIRECT_EPILOGUE: gl.constexpr, NARROW: gl.constexpr):
     ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, SLOT_ROWS, BK], qkv_desc.layout)
     act_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([RPAD, BK], gl.bfloat16)
     act = gl.allocate_shared_memory(gl.bfloat16, [KT_MAX, RPAD, BK], act_layout)
@@ -642,9 +691,10 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_pt
                         ssm_ptr, q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr,
                         best_val_ptr, best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr,
                         stamps_ptr, H, Q, F, V, D, G, KVH, L, S, NQ, NTH, BATCH, QK_NORM, STAGES, EPS, QK_SCALE, GP,
-                        CHUNKS, STAMPS, KV_BUFS, TOKENS, LOGITS, RPAD, CHUNK, MMA_DEPTH, DIRECT_EPILOGUE)),
-        (step_loader, (qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty, table_ptr, list_ptr,
-                       bounds_ptr, stamps_ptr, STAGES, STAMPS)),
+                        CHUNKS, STAMPS, KV_BUFS, TOKENS, LOGITS, RPAD, CHUNK, MMA_DEPTH, DIRECT_EPILOGUE, KT_MAX,
+                        NARROW)),
+        (step_loader, (qkv_desc, o_desc, gu_desc, d_desc, head_desc, o8_desc, d8_desc, ring, ready, empty, table_ptr,
+                       list_ptr, bounds_ptr, stamps_ptr, STAGES, STAMPS, NARROW)),
     ], [1], [40])
 
 

@@ -18,6 +18,9 @@ from conjugate.kernels.step import columns as layout
 SLOT_ROWS = gl.constexpr(layout.SLOT_ROWS)
 HALF = gl.constexpr(layout.HALF_ROWS)
 BK = gl.constexpr(layout.K_TILE)
+NARROW_ROWS = gl.constexpr(layout.NARROW_ROWS)
+PER_SLOT = gl.constexpr(layout.SLOT_ROWS // layout.NARROW_ROWS)  # a narrow tile's K tiles a ring slot holds
+RUN = gl.constexpr(layout.NARROW_RUN)  # a narrow tile's K tiles a staged run (64-row A tiles)
 OPS = layout.OPS
 (C_OP, C_STEP, C_LAYER, C_TILE, C_KLO, C_KHI, C_SPLITS, C_PARTS, C_DONE, C_WOFF, C_WCNT, C_FOFF, C_FCNT,
  C_ROW0, C_SEG, C_HEAD0, C_COL0, C_TOKEN, C_W1C, C_W1T) = (gl.constexpr(i) for i in range(layout.REC))
@@ -60,10 +63,11 @@ def _fill_slot(ring, ready, empty, i, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def step_loader(qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty, table_ptr, list_ptr, bounds_ptr,
-                stamps_ptr, STAGES: gl.constexpr, STAMPS: gl.constexpr):
+def step_loader(qkv_desc, o_desc, gu_desc, d_desc, head_desc, o8_desc, d8_desc, ring, ready, empty, table_ptr,
+                list_ptr, bounds_ptr, stamps_ptr, STAGES: gl.constexpr, STAMPS: gl.constexpr, NARROW: gl.constexpr):
     """Every weight tile of this program's GEMM tasks, in task order; waits for free slots only. With
-    STAMPS, stamps when it issued each task's first tile."""
+    STAMPS, stamps when it issued each task's first tile. With NARROW, o_proj's and down's tiles are
+    NARROW_ROWS rows: PER_SLOT of their K tiles a slot, as 8-row boxes (narrow_tile)."""
     pid = gl.program_id(0)
     i = 0
     for n in range(gl.load(bounds_ptr + pid), gl.load(bounds_ptr + pid + 1)):
@@ -72,7 +76,25 @@ def step_loader(qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty
         op = gl.load(rec + C_OP)
         row0 = gl.load(rec + C_ROW0)
         k_lo = gl.load(rec + C_KLO) * BK
-        if (op != 0) & (op != 2):
+        if NARROW and ((op == 3) | (op == 5)):
+            n_k = gl.load(rec + C_KHI) - gl.load(rec + C_KLO)
+            for g in range(gl.cdiv(n_k, PER_SLOT)):
+                # a whole slot's boxes every time (the barrier's byte count is a constant): past the task's
+                # K they read its last K tile again, which narrow_tile never multiplies
+                s = _fill_slot(ring, ready, empty, i, STAGES)
+                for j in gl.static_range(PER_SLOT):
+                    col = k_lo + gl.minimum(g * PER_SLOT + j, n_k - 1) * BK
+                    if op == 3:
+                        tma.async_copy_global_to_shared(o8_desc, [row0, col], ready.index(s),
+                                                        ring.index(s).slice(NARROW_ROWS * j, NARROW_ROWS))
+                    else:
+                        tma.async_copy_global_to_shared(d8_desc, [row0, col], ready.index(s),
+                                                        ring.index(s).slice(NARROW_ROWS * j, NARROW_ROWS))
+                if STAMPS:
+                    if g == 0:
+                        gl.store(stamps_ptr + task * STAMP_COLS + S_ISSUED, now(task))
+                i += 1
+        elif (op != 0) & (op != 2):
             for kk in range(gl.load(rec + C_KHI) - gl.load(rec + C_KLO)):
                 s = _fill_slot(ring, ready, empty, i, STAGES)
                 col = k_lo + kk * BK
@@ -167,6 +189,60 @@ def single_tile(ring, ready, empty, act, i, n_tiles, STAGES: gl.constexpr, MMA_D
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         if n_tiles > 0:
             _free_slot(empty, i - 1, STAGES)
+    return acc, i
+
+
+@gluon.jit
+def _stage_run(act64, src_ptr, row_stride: gl.constexpr, B, col0, count, RPAD: gl.constexpr):
+    """The first RPAD rows of A tiles [0, count) (count <= RUN) from src[:B, col0 + kk*BK : +BK], rows
+    past B zero, by cp.async; rows RPAD-63 of the A tiles are never written: they feed only
+    accumulator rows past B, which no epilogue reads."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    rows = gl.arange(0, RPAD, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, BK, layout=gl.SliceLayout(0, layout))
+    mask = (rows < B)[:, None] & (cols < BK)[None, :]
+    for kk in gl.static_range(RUN):
+        if kk < count:
+            ptrs = src_ptr + rows[:, None] * row_stride + (col0 + kk * BK + cols)[None, :]
+            async_copy.async_copy_global_to_shared(act64.index(kk).slice(0, RPAD), ptrs, mask=mask,
+                                                   cache_modifier=".cg")
+    async_copy.commit_group()
+    async_copy.wait_group(0)
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
+def narrow_tile(ring, ready, empty, act, i, src_ptr, row_stride: gl.constexpr, B, k_lo, n_k, STAGES: gl.constexpr,
+                KT_MAX: gl.constexpr, RPAD: gl.constexpr, acc):
+    """x @ W_tile^T of a NARROW_ROWS-row tile over its whole K (n_k K tiles from k_lo), not swapped: the
+    activation rows are the wgmma's A (64-row tiles in the activation tiles' memory, RUN K tiles staged
+    at a time) and each K tile's 8 weight rows, an 8-row view of the slot, its N = 8 B operand.
+    Accumulator rows past B are never read."""
+    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, BK], gl.bfloat16)
+    act64 = act._reinterpret(gl.bfloat16, [KT_MAX * RPAD // 64, 64, BK], a_layout)
+    for g in range(gl.cdiv(n_k, PER_SLOT)):
+        count = gl.minimum(n_k - g * PER_SLOT, PER_SLOT)
+        s, phase = _slot(i, STAGES)
+        mbarrier.wait(ready.index(s), phase)
+        slot = ring.index(s)
+        for half in gl.static_range(PER_SLOT // RUN):
+            run = count - half * RUN
+            col0 = k_lo + (g * PER_SLOT + half * RUN) * BK
+            if run >= RUN:  # a whole run: its wgmma chained, then waited for before the next run restages
+                _stage_run(act64, src_ptr, row_stride, B, col0, RUN, RPAD)
+                for j in gl.static_range(RUN):
+                    w = slot.slice(NARROW_ROWS * (half * RUN + j), NARROW_ROWS)
+                    acc = warpgroup_mma(act64.index(j), w.permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            elif run > 0:  # the K's last few tiles (K not a multiple of RUN tiles): one wgmma at a time
+                _stage_run(act64, src_ptr, row_stride, B, col0, run, RPAD)
+                for j in gl.static_range(RUN):
+                    if j < run:
+                        w = slot.slice(NARROW_ROWS * (half * RUN + j), NARROW_ROWS)
+                        acc = warpgroup_mma(act64.index(j), w.permute((1, 0)), acc)
+        _free_slot(empty, i, STAGES)
+        i += 1
     return acc, i
 
 
