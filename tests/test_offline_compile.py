@@ -123,9 +123,9 @@ import torch
 
 tools = _Triton(90)
 for name in sys.argv[1:]:
-    if name.startswith("narrow:"):  # o_proj and down in 8-column whole-K tiles (the lab's narrow table)
+    if name.startswith("narrow:"):  # o_proj, down and gate_up in 8-column whole-K tiles (the lab's narrow table)
         spec = from_name(name.split(":")[1])
-        prog = step_table(spec, 8, 2, 132, sms=132, narrow=True)
+        prog = step_table(spec, 8, 2, 132, sms=132, narrow=True, narrow_gate_up=True)
         kv = torch.empty(2, spec.num_layers, 8, spec.num_kv_heads, 1100, spec.head_dim, dtype=torch.bfloat16,
                          device="meta")
         launch = StepLaunch(prog, tile_weights(meta_weights(spec, torch.bfloat16), prog), kv)

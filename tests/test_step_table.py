@@ -55,16 +55,18 @@ def test_simulated_table_gives_the_reference_tokens(name, programs, early, coars
 
 @pytest.mark.parametrize("name", ["tiny-llama-d", "tiny-qwen2-d", "tiny-qwen3-d"])
 @pytest.mark.parametrize("programs,early,coarse", [(7, True, False), (40, True, True), (40, False, False)])
-def test_a_narrow_table_gives_the_reference_tokens(name, programs, early, coarse):
-    """o_proj and down in 8-column tiles over their whole K: one task a tile, no parts counter, the
-    residual stream's later instances waited for in 8-column tiles (the embedding's in its own)."""
+@pytest.mark.parametrize("narrow,narrow_gate_up", [(True, False), (True, True), (False, True)])
+def test_a_narrow_table_gives_the_reference_tokens(name, programs, early, coarse, narrow, narrow_gate_up):
+    """o_proj and down (`narrow`), gate_up (`narrow_gate_up`) in 8-column tiles over their whole K: one
+    task a tile, no parts counter, their consumers waiting for 8-column tiles (the embedding's in its own)."""
     w, inputs = _case(name, batch=3)
     steps = 3
-    prog = build(w.spec, 3, steps, programs, SMALL, early_start=early, narrow=True)
+    prog = build(w.spec, 3, steps, programs, SMALL, early_start=early, narrow=narrow, narrow_gate_up=narrow_gate_up)
+    ops = (("o_proj", "down") if narrow else ()) + (("gate_up",) if narrow_gate_up else ())
     for t in prog.tasks:
-        if t.op in ("o_proj", "down"):
-            assert t.splits == 1 and t.parts is None and len(t.out) == 1
-            assert t.out[0][1] - t.out[0][0] == layout.NARROW_ROWS and t.k_range[0] == 0
+        if t.op in ops:
+            assert t.splits == 1 and t.parts is None and t.k_range[0] == 0
+            assert all(b - a == layout.NARROW_ROWS for a, b in t.out)
     if coarse:
         prog = coarsen(prog)
     check(prog, sms=132)
@@ -521,6 +523,7 @@ def test_a_narrow_table_launches_with_8_row_boxes_and_room_for_a_run():
     plain, narrow = launches[False], launches[True]
     assert not plain.kwargs["NARROW"] and narrow.kwargs["NARROW"]
     assert [d.block_shape for d in narrow.descs[-2:]] == [[layout.NARROW_ROWS, layout.K_TILE]] * 2
+    assert narrow.kwargs["NARROW_GU"] is False and len(narrow.descs) == 8
     assert plain.kwargs["KT_MAX"] == 16 and narrow.kwargs["KT_MAX"] == 32  # 32 x 16 rows: 8 tiles of 64
     assert narrow.kwargs["KT_MAX"] * narrow.kwargs["RPAD"] % 64 == 0 and narrow.kwargs["CHUNK"] == 0
     # the loader's slots: a narrow tile's 14 (o_proj) and 76 (down) K tiles take 1 and 5 slots of 16
@@ -533,3 +536,26 @@ def test_a_narrow_table_launches_with_8_row_boxes_and_room_for_a_run():
     assert {-(-(t.k_range[1] - t.k_range[0]) // 64 // 16) for t in prog.tasks if t.op in ("o_proj", "down")} == {1, 5}
     with pytest.raises(ProgramError, match="whole K"):
         build(spec, 8, 1, 132, narrow=True, splits={"o_proj": 2})
+
+
+def test_a_narrow_gate_up_tile_reads_8_gate_rows_and_the_same_8_up_rows():
+    """The loader's first row of a narrow gate_up tile in tile_weights' order (64 gate rows over the same
+    64 up rows a 128-row tile): tile j's gate rows sit 8 (j % 8) rows into its 128-row tile j // 8, its
+    up rows 64 further; the loader fills 8 of its K tiles a slot."""
+    from conjugate.compiler.step.layout import encode, gate_up_rows
+
+    spec = from_name("qwen3-0.6b")
+    prog = step_table(spec, 4, 1, 132, sms=132, narrow=True, narrow_gate_up=True)
+    enc = encode(prog)
+    order = gate_up_rows(spec, Tiles()).flatten()  # tile_weights' row -> gate_up row (gate < F <= up)
+    F, n_gu = spec.ffn_size, spec.ffn_size // 64
+    for t in prog.tasks:
+        if t.op == "gate_up" and t.tile in (0, 9, 383):
+            row0 = int(enc["table"][t.index][layout.C_ROW0]) - t.layer * n_gu * 128
+            (a, b), (c, d) = t.out
+            assert order[row0:row0 + 8].tolist() == list(range(a, b))  # its 8 gate columns
+            assert order[row0 + 64:row0 + 72].tolist() == list(range(c, d))  # the same 8 up columns
+    tasks = [t for t in prog.of_program(5) if t.op not in ("attn", "embed")]
+    want = sum(-(-(t.k_range[1] - t.k_range[0]) // 64 // (16 if t.op in ("o_proj", "down") else 8))
+               if t.op in ("o_proj", "down", "gate_up") else (t.k_range[1] - t.k_range[0]) // 64 for t in tasks)
+    assert prog.loads(5) == want

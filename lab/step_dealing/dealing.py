@@ -3,7 +3,8 @@
 tile, with runs of at least 1, 2 or 4 K tiles, or the product's rule (balanced only where they take
 many); how finely an op's K is sliced (`slices_N`: the product's dealing with slices of at least
 N K tiles, where the product's are 4, or 2 where 4 leave most programs idle: `finest_split`); and
-`narrow`: o_proj and down in 8-column tiles over their whole K (no partial sums; lab/narrow_tiles). Per
+`narrow`: o_proj and down in 8-column tiles over their whole K (`narrow_gu`: gate_up too; no partial sums;
+lab/narrow_tiles). Per
 workload the draft phase of `plans/step.json` alone, every variant checked against the fp32 reference
 (and for spent spins) before it is timed, all timed in one process, interleaved over three passes.
 
@@ -36,7 +37,8 @@ PRODUCT_RUNS, PRODUCT_MIN, PRODUCT_PAYS = table.balanced_runs, table.MIN_RUN_K_T
 PRODUCT_SPLIT, PRODUCT_BUILD = table.finest_split, table.build
 VARIANTS = {"product": None, "round_robin": 0, "balanced_1": 1, "balanced_2": 2, "balanced_4": 4}
 SLICES = {"slices_2": 2, "slices_8": 8, "slices_16": 16}  # the shortest K slice, K tiles (product: 4 or 2)
-NARROW = "narrow"  # o_proj and down in 8-column tiles over their whole K (build's `narrow`; lab/narrow_tiles)
+NARROW = {"narrow": {"narrow": True}, "narrow_gu": {"narrow": True, "narrow_gate_up": True}}  # 8-column whole-K
+# tiles: o_proj and down, or gate_up too (build's `narrow`, `narrow_gate_up`; lab/narrow_tiles)
 
 
 def use(variant: str) -> None:
@@ -44,8 +46,9 @@ def use(variant: str) -> None:
     runs (of at least N K tiles) wherever they take any K tile off the busiest program; or the product's
     dealing over K slices of at least N tiles."""
     table.finest_split, table.build = PRODUCT_SPLIT, PRODUCT_BUILD
-    if variant == NARROW:
-        table.build = lambda *a, narrow=False, **k: PRODUCT_BUILD(*a, narrow=True, **k)
+    if variant in NARROW:
+        forms = NARROW[variant]
+        table.build = lambda *a, narrow=False, narrow_gate_up=False, **k: PRODUCT_BUILD(*a, **forms, **k)
         variant = "product"
     if variant in SLICES:
         shortest = SLICES[variant]
@@ -74,7 +77,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("workloads", nargs="+", type=Path)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS),
-                        choices=list(VARIANTS) + list(SLICES) + [NARROW])
+                        choices=list(VARIANTS) + list(SLICES) + list(NARROW))
     parser.add_argument("--replays", type=int, default=50)
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--json", type=Path, required=True)

@@ -49,7 +49,7 @@ class CompiledStep:
         self.resources = Resources()
         spec = table.spec
         self._table_digest = hashlib.sha256(f"step:{spec}:{table.batch}:{table.steps}:{table.programs}:"
-                                            f"{table.tiles}:{table.narrow}".encode()).hexdigest()[:16]
+                                            f"{table.tiles}:{table.narrow}:{table.narrow_gate_up}".encode()).hexdigest()[:16]
         self.digest = self._table_digest
         self.launch_options: dict = {}  # StepLaunch's tuning parameters where not its defaults (lab variants)
         self._launch = self._make_launch() if _gpu_shaped(bufs) else None  # meta buffers: compiled offline only

@@ -95,8 +95,10 @@ class StepLaunch:
         layout = gl.NVMMASharedLayout.get_default_for([SLOT_ROWS, K_TILE], gl.bfloat16)
         self.descs = [TensorDescriptor.from_tensor(weights[n], [SLOT_ROWS, K_TILE], layout)
                       for n in ("qkv", "o", "gu", "d", "head")]
-        self.descs += [TensorDescriptor.from_tensor(weights[n], [NARROW_ROWS, K_TILE], layout) for n in ("o", "d")]
-        narrow = ("o_proj", "down") if prog.narrow else ()  # staged in runs of their own (narrow_tile)
+        self.descs += [TensorDescriptor.from_tensor(weights[n], [NARROW_ROWS, K_TILE], layout)
+                       for n in ("o", "d", "gu")]
+        narrow = (("o_proj", "down") if prog.narrow else ()) + (("gate_up",) if prog.narrow_gate_up else ())
+        # ^ staged in runs of their own (narrow_tile, narrow_pair)
         kt_max = max((t.k_range[1] - t.k_range[0]) // prog.tiles.k for t in prog.tasks
                      if t.op != "attn" and t.op not in narrow)
         chunks = prog.splits["attn"]
@@ -114,7 +116,7 @@ class StepLaunch:
             raise ValueError("epilogues on the accumulators need a coarse table (step_table's): this one's tiles "
                              "wait for whole rows before their epilogues")
         act_tiles = max(act_tiles, attention_tiles(attention_buffers, spec.head_dim, rpad))
-        if prog.narrow:  # a narrow tile's run: NARROW_RUN K tiles as 64-row A tiles in the same memory
+        if narrow:  # a narrow tile's run: NARROW_RUN K tiles as 64-row A tiles in the same memory
             act_tiles = max(act_tiles, NARROW_RUN * 64 // rpad)
             act_tiles = -(-act_tiles * rpad // 64) * 64 // rpad
         chunk = 0 if act_tiles >= kt_max else act_tiles  # whole K slices, else runs as long as the tiles hold
@@ -127,7 +129,7 @@ class StepLaunch:
                            QK_NORM=spec.qk_norm, STAGES=stages, KT_MAX=act_tiles, EPS=spec.rms_norm_eps,
                            QK_SCALE=1.4426950408889634 / spec.head_dim ** 0.5, GP=gp, CHUNKS=chunks, STAMPS=stamps,
                            KV_BUFS=attention_buffers, TOKENS=prog.tokens, LOGITS=logits, RPAD=rpad, CHUNK=chunk,
-                           MMA_DEPTH=mma_depth, DIRECT_EPILOGUE=bool(direct_epilogue), NARROW=prog.narrow,
+                           MMA_DEPTH=mma_depth, DIRECT_EPILOGUE=bool(direct_epilogue), NARROW=prog.narrow, NARROW_GU=prog.narrow_gate_up,
                            num_warps=4,
                            maxnreg=168)
         self.stamps = torch.zeros(len(prog.tasks), STAMP_COLS, dtype=torch.int64, device=dev)

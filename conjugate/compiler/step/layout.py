@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from conjugate.compiler.step.table import StepProgram, counter_targets, qkv_tiles
-from conjugate.kernels.step.columns import (C_COL0, C_DONE, C_FCNT, C_FOFF, C_HEAD0, C_KHI, C_KLO, C_LAYER, C_OP, C_PARTS,
+from conjugate.kernels.step.columns import (NARROW_ROWS, C_COL0, C_DONE, C_FCNT, C_FOFF, C_HEAD0, C_KHI, C_KLO, C_LAYER, C_OP, C_PARTS,
                                             C_ROW0, C_SEG, C_SPLITS, C_STEP, C_TILE, C_TOKEN, C_W1C, C_W1T, C_WCNT,
                                             C_WOFF, OPS, REC)
 from conjugate.models.reference import rope_inv_freq
@@ -55,6 +55,9 @@ def encode(prog: StepProgram) -> dict[str, torch.Tensor]:
             row[C_SEG], row[C_HEAD0] = divmod(t.tile, spec.num_kv_heads)
         elif t.op in ("o_proj", "down"):
             row[C_ROW0] = t.layer * spec.hidden_size + t.out[0][0]
+        elif t.op == "gate_up" and prog.narrow_gate_up:  # 8 gate rows of a 64-row half; up's 64 rows on
+            per = tiles.half // NARROW_ROWS
+            row[C_ROW0] = (t.layer * n_gu + t.tile // per) * 2 * tiles.half + t.tile % per * NARROW_ROWS
         elif t.op == "gate_up":
             row[C_ROW0] = (t.layer * n_gu + t.tile) * 2 * tiles.half
         elif t.op == "head":

@@ -85,6 +85,7 @@ class StepProgram:
     tasks: list[Task] = field(default_factory=list)
     tokens: int = 1  # tokens a sequence in each step: 1 for decode steps, k + 1 for a verify pass
     narrow: bool = False  # o_proj and down in NARROW_ROWS-column tiles over their whole K
+    narrow_gate_up: bool = False  # gate_up too: NARROW_ROWS gate columns and the same up columns a tile
 
     @property
     def rows(self) -> int:
@@ -109,7 +110,9 @@ class StepProgram:
 
         def slots(t: Task) -> int:
             n = (t.k_range[1] - t.k_range[0]) // self.tiles.k
-            return -(-n // per_slot) if self.narrow and t.op in ("o_proj", "down") else n
+            if self.narrow and t.op in ("o_proj", "down"):
+                return -(-n // per_slot)
+            return -(-n // (per_slot // 2)) if self.narrow_gate_up and t.op == "gate_up" else n
 
         return sum(slots(t) for t in self.of_program(p) if t.op not in ("attn", "embed"))
 
@@ -233,7 +236,7 @@ def qkv_tiles(spec: ModelSpec, tiles: Tiles) -> list[tuple[str, int, int]]:
 
 def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles = Tiles(),
           splits: dict[str, int] | None = None, early_start: bool = True, tokens: int = 1,
-          narrow: bool = False) -> StepProgram:
+          narrow: bool = False, narrow_gate_up: bool = False) -> StepProgram:
     """The task table of `steps` decode steps of `spec` for `batch` sequences on `programs` programs,
     or with `tokens` T > 1 of one verify pass: each sequence's T tokens in one step, its queries
     attending causally (a pair's attention task holds all T x group query rows).
@@ -242,26 +245,29 @@ def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles =
     runs instead (`_balance_pays`);
     with `early_start` a normed op's slices wait only for the x columns they read (their epilogue for
     the whole row). With `narrow` the residual ops (o_proj, down) run NARROW_ROWS-column tiles over
-    their whole K: enough tiles for the programs, no K slices, no partial sums to collect."""
+    their whole K: enough tiles for the programs, no K slices, no partial sums to collect; with
+    `narrow_gate_up` gate_up too (NARROW_ROWS gate columns and the same up columns a tile)."""
     if tokens < 1 or (tokens > 1 and steps != 1):
         raise ProgramError(f"{tokens} tokens a sequence in {steps} steps: a verify pass (tokens > 1) is one step")
     H, Q, F = spec.hidden_size, spec.q_size, spec.ffn_size
     pairs = qkv_tiles(spec, tiles)
     res_rows = NARROW_ROWS if narrow else tiles.rows  # the residual ops' output tiles
-    n_tiles = {"qkv": len(pairs), "o_proj": -(-H // res_rows), "gate_up": -(-F // tiles.half),
+    gu_cols = NARROW_ROWS if narrow_gate_up else tiles.half  # gate_up's columns of h a tile
+    n_tiles = {"qkv": len(pairs), "o_proj": -(-H // res_rows), "gate_up": -(-F // gu_cols),
                "down": -(-H // res_rows), "head": -(-spec.vocab_size // tiles.rows)}
     k_total = {"qkv": H, "o_proj": Q, "gate_up": H, "down": F, "head": H}
-    if narrow:
-        if any((splits or {}).get(op, 1) != 1 for op in ("o_proj", "down")):
-            raise ProgramError(f"a narrow table runs o_proj and down over their whole K, not in {splits} slices")
-        splits = {"o_proj": 1, "down": 1} | (splits or {})
+    whole_k = (("o_proj", "down") if narrow else ()) + (("gate_up",) if narrow_gate_up else ())
+    if any((splits or {}).get(op, 1) != 1 for op in whole_k):
+        raise ProgramError(f"a narrow table runs {', '.join(whole_k)} over their whole K, not in {splits} slices")
+    splits = {op: 1 for op in whole_k} | (splits or {}) if whole_k else splits
     splits_given = set(splits or {})  # ops sliced as the caller says, never rebalanced
     splits = {op: finest_split(n_tiles[op], k_total[op], tiles.k, programs) for op in n_tiles} | (splits or {})
     splits.setdefault("attn", max(1, min(16, programs // (batch * spec.num_kv_heads))))
-    prog = StepProgram(spec, batch, steps, programs, tiles, splits, tokens=tokens, narrow=narrow)
+    prog = StepProgram(spec, batch, steps, programs, tiles, splits, tokens=tokens, narrow=narrow,
+                       narrow_gate_up=narrow_gate_up)
     x_tiles = _ranges(H, tiles.rows)  # how embed writes the residual stream
     res_tiles = _ranges(H, res_rows)  # how o_proj and down write it
-    h_tiles = _ranges(F, tiles.half)
+    h_tiles = _ranges(F, gu_cols)
     tasks: list[Task] = []
     pending: list[tuple] = []  # the op instance's tiles, until `deal` makes their tasks
     stage = cursor = 0  # cursor: the program the next dealt task goes to (mod P)
@@ -496,15 +502,17 @@ def coarsen(prog: StepProgram) -> StepProgram:
 
 
 def step_table(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles = Tiles(),
-               sms: int | None = None, tokens: int = 1, narrow: bool = False) -> StepProgram:
+               sms: int | None = None, tokens: int = 1, narrow: bool = False,
+               narrow_gate_up: bool = False) -> StepProgram:
     """The table a step launch runs on a GPU of `sms` SMs (None: no GPU, as many as the programs):
     built, coarsened to per-op-instance counters, and checked. Tables are kept per arguments: a
     search compiles the same one for many plans, and building one takes seconds at real sizes."""
     if programs < 1:
         raise ProgramError(f"{programs} programs: a step launch needs at least one")
-    key = (spec, batch, steps, programs, tiles, sms, tokens, narrow)
+    key = (spec, batch, steps, programs, tiles, sms, tokens, narrow, narrow_gate_up)
     if key not in _TABLES:
-        prog = coarsen(build(spec, batch, steps, programs, tiles, tokens=tokens, narrow=narrow))
+        prog = coarsen(build(spec, batch, steps, programs, tiles, tokens=tokens, narrow=narrow,
+                             narrow_gate_up=narrow_gate_up))
         check(prog, programs if sms is None else sms)
         if len(_TABLES) >= 8:
             _TABLES.pop(next(iter(_TABLES)))

@@ -44,7 +44,7 @@ from conjugate.kernels.step.ring import (BK, C_COL0, C_DONE, C_FCNT, C_FOFF, C_H
                                          C_OP, C_PARTS, C_SEG, C_SPLITS, C_STEP, C_TILE, C_TOKEN, C_W1C, C_W1T,
                                          C_WCNT, C_WOFF, HALF, S_ARRIVED, S_END, S_MET, S_MULTIPLIED, S_STAGED,
                                          NARROW_ROWS, S_START,
-                                         SLOT_ROWS, STAMP_COLS, acquire, field, narrow_tile, now, paired_tile, record,
+                                         SLOT_ROWS, STAMP_COLS, acquire, field, narrow_pair, narrow_tile, now, paired_tile, record,
                                          release, ring_barriers, single_tile, stage_activations, step_loader, wait_all)
 
 
@@ -168,6 +168,29 @@ def _narrow_residual(op, ring, ready, empty, act, i, xs_ptr, xm_ptr, o_ptr, h_pt
                              acc)
         _residual_narrow(acc, xm_ptr + sl * ROWS * H, xs_ptr + (sx + 1) * ROWS * H, ssx_ptr + (sx + 1) * ROWS, col0,
                          B, H)
+    return i
+
+
+@gluon.jit
+def _narrow_gate_up(ring, ready, empty, act, i, xm_ptr, ssm_ptr, h_ptr, col0, k_lo, n_k, B, H: gl.constexpr,
+                    F: gl.constexpr, EPS: gl.constexpr, STAGES: gl.constexpr, KT_MAX: gl.constexpr,
+                    RPAD: gl.constexpr):
+    """gate_up's narrow tile (8 columns of h): its gate and up products over the whole K, then
+    h = SiLU(g / rms) * (u / rms) on the accumulators; returns the ring position after it."""
+    n_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, NARROW_ROWS, 16])
+    acc_g, acc_u, i = narrow_pair(ring, ready, empty, act, i, xm_ptr, H, B, k_lo, n_k, STAGES, KT_MAX, RPAD,
+                                  gl.zeros((64, NARROW_ROWS), dtype=gl.float32, layout=n_layout),
+                                  gl.zeros((64, NARROW_ROWS), dtype=gl.float32, layout=n_layout))
+    b = gl.arange(0, 64, layout=gl.SliceLayout(1, n_layout))
+    c = gl.arange(0, NARROW_ROWS, layout=gl.SliceLayout(0, n_layout))
+    ss = gl.load(ssm_ptr + b, mask=b < B, other=0.0, cache_modifier=".cg")
+    rstd = gl.rsqrt(ss / H + EPS)[:, None]
+    g = acc_g * rstd
+    u = acc_u * rstd
+    h = g / (1.0 + gl.exp(-g)) * u
+    gl.store(h_ptr + b[:, None] * F + (col0 + c)[None, :], h.to(gl.bfloat16),
+             mask=(b < B)[:, None] & (c < NARROW_ROWS)[None, :])
     return i
 
 
@@ -497,7 +520,7 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                  QK_SCALE: gl.constexpr, GP: gl.constexpr, CHUNKS: gl.constexpr, STAMPS: gl.constexpr,
                  KV_BUFS: gl.constexpr, TOKENS: gl.constexpr, LOGITS: gl.constexpr, RPAD: gl.constexpr,
                  CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr, DIRECT_EPILOGUE: gl.constexpr, KT_MAX: gl.constexpr,
-                 NARROW: gl.constexpr):
+                 NARROW: gl.constexpr, NARROW_GU: gl.constexpr):
     ROWS: gl.constexpr = BATCH * TOKENS  # activation rows a step: sequence b's token t is row b * TOKENS + t
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, RPAD, 16])
@@ -561,6 +584,17 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                                  field(vec, C_COL0), field(vec, C_KLO) * BK, field(vec, C_KHI) - field(vec, C_KLO), B,
                                  H, Q, F, ROWS, STAGES, KT_MAX, RPAD)
             if STAMPS:  # no parts counter: the answer is the product's end
+                t_done = now(task)
+                gl.store(stamps_ptr + task * STAMP_COLS + S_MULTIPLIED, t_done)
+                gl.store(stamps_ptr + task * STAMP_COLS + S_ARRIVED, t_done)
+            release(counter_ptr + field(vec, C_DONE))
+        elif NARROW_GU and (op == 4):  # a narrow gate_up tile: its whole K, its epilogue, its release
+            if STAMPS:
+                gl.store(stamps_ptr + task * STAMP_COLS + S_STAGED, now(task))
+            i = _narrow_gate_up(ring, ready, empty, act, i, xm_ptr + sl * ROWS * H, ssm_ptr + sl * ROWS,
+                                h_ptr + sl * ROWS * F, field(vec, C_COL0), field(vec, C_KLO) * BK,
+                                field(vec, C_KHI) - field(vec, C_KLO), B, H, F, EPS, STAGES, KT_MAX, RPAD)
+            if STAMPS:
                 t_done = now(task)
                 gl.store(stamps_ptr + task * STAMP_COLS + S_MULTIPLIED, t_done)
                 gl.store(stamps_ptr + task * STAMP_COLS + S_ARRIVED, t_done)
@@ -668,7 +702,7 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
 
 
 @gluon.jit
-def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, o8_desc, d8_desc, table_ptr, list_ptr, bounds_ptr, waits_ptr, counter_ptr,
+def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, o8_desc, d8_desc, gu8_desc, table_ptr, list_ptr, bounds_ptr, waits_ptr, counter_ptr,
                 error_ptr, spin_limit, B, tokens_in_ptr, tokens_ptr, lengths_ptr, embed_ptr, xs_ptr, xm_ptr,
                 ssx_ptr,
                 ssm_ptr, q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr, best_val_ptr,
@@ -679,7 +713,7 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, o8_desc, d8_desc, 
                 KT_MAX: gl.constexpr, EPS: gl.constexpr, QK_SCALE: gl.constexpr, GP: gl.constexpr,
                 CHUNKS: gl.constexpr, STAMPS: gl.constexpr, KV_BUFS: gl.constexpr, TOKENS: gl.constexpr,
                 LOGITS: gl.constexpr, RPAD: gl.constexpr, CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr,
-                DIRECT_EPILOGUE: gl.constexpr, NARROW: gl.constexpr):
+                DIRECT_EPILOGUE: gl.constexpr, NARROW: gl.constexpr, NARROW_GU: gl.constexpr):
     ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, SLOT_ROWS, BK], qkv_desc.layout)
     act_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([RPAD, BK], gl.bfloat16)
     act = gl.allocate_shared_memory(gl.bfloat16, [KT_MAX, RPAD, BK], act_layout)
@@ -692,9 +726,9 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, o8_desc, d8_desc, 
                         best_val_ptr, best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr,
                         stamps_ptr, H, Q, F, V, D, G, KVH, L, S, NQ, NTH, BATCH, QK_NORM, STAGES, EPS, QK_SCALE, GP,
                         CHUNKS, STAMPS, KV_BUFS, TOKENS, LOGITS, RPAD, CHUNK, MMA_DEPTH, DIRECT_EPILOGUE, KT_MAX,
-                        NARROW)),
-        (step_loader, (qkv_desc, o_desc, gu_desc, d_desc, head_desc, o8_desc, d8_desc, ring, ready, empty, table_ptr,
-                       list_ptr, bounds_ptr, stamps_ptr, STAGES, STAMPS, NARROW)),
+                        NARROW, NARROW_GU)),
+        (step_loader, (qkv_desc, o_desc, gu_desc, d_desc, head_desc, o8_desc, d8_desc, gu8_desc, ring, ready, empty,
+                       table_ptr, list_ptr, bounds_ptr, stamps_ptr, STAGES, STAMPS, NARROW, NARROW_GU)),
     ], [1], [40])
 
 

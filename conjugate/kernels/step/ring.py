@@ -21,6 +21,7 @@ BK = gl.constexpr(layout.K_TILE)
 NARROW_ROWS = gl.constexpr(layout.NARROW_ROWS)
 PER_SLOT = gl.constexpr(layout.SLOT_ROWS // layout.NARROW_ROWS)  # a narrow tile's K tiles a ring slot holds
 RUN = gl.constexpr(layout.NARROW_RUN)  # a narrow tile's K tiles a staged run (64-row A tiles)
+assert layout.SLOT_ROWS // layout.NARROW_ROWS // 2 == layout.NARROW_RUN  # narrow_pair: one run a slot
 OPS = layout.OPS
 (C_OP, C_STEP, C_LAYER, C_TILE, C_KLO, C_KHI, C_SPLITS, C_PARTS, C_DONE, C_WOFF, C_WCNT, C_FOFF, C_FCNT,
  C_ROW0, C_SEG, C_HEAD0, C_COL0, C_TOKEN, C_W1C, C_W1T) = (gl.constexpr(i) for i in range(layout.REC))
@@ -63,11 +64,13 @@ def _fill_slot(ring, ready, empty, i, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def step_loader(qkv_desc, o_desc, gu_desc, d_desc, head_desc, o8_desc, d8_desc, ring, ready, empty, table_ptr,
-                list_ptr, bounds_ptr, stamps_ptr, STAGES: gl.constexpr, STAMPS: gl.constexpr, NARROW: gl.constexpr):
+def step_loader(qkv_desc, o_desc, gu_desc, d_desc, head_desc, o8_desc, d8_desc, gu8_desc, ring, ready, empty,
+                table_ptr, list_ptr, bounds_ptr, stamps_ptr, STAGES: gl.constexpr, STAMPS: gl.constexpr,
+                NARROW: gl.constexpr, NARROW_GU: gl.constexpr):
     """Every weight tile of this program's GEMM tasks, in task order; waits for free slots only. With
     STAMPS, stamps when it issued each task's first tile. With NARROW, o_proj's and down's tiles are
-    NARROW_ROWS rows: PER_SLOT of their K tiles a slot, as 8-row boxes (narrow_tile)."""
+    NARROW_ROWS rows: PER_SLOT of their K tiles a slot, as 8-row boxes (narrow_tile); with NARROW_GU,
+    gate_up's are 8 gate rows and the same 8 up rows: PER_SLOT / 2 K tiles a slot (narrow_pair)."""
     pid = gl.program_id(0)
     i = 0
     for n in range(gl.load(bounds_ptr + pid), gl.load(bounds_ptr + pid + 1)):
@@ -90,6 +93,21 @@ def step_loader(qkv_desc, o_desc, gu_desc, d_desc, head_desc, o8_desc, d8_desc, 
                     else:
                         tma.async_copy_global_to_shared(d8_desc, [row0, col], ready.index(s),
                                                         ring.index(s).slice(NARROW_ROWS * j, NARROW_ROWS))
+                if STAMPS:
+                    if g == 0:
+                        gl.store(stamps_ptr + task * STAMP_COLS + S_ISSUED, now(task))
+                i += 1
+        elif NARROW_GU and (op == 4):
+            n_k = gl.load(rec + C_KHI) - gl.load(rec + C_KLO)
+            for g in range(gl.cdiv(n_k, PER_SLOT // 2)):
+                s = _fill_slot(ring, ready, empty, i, STAGES)  # a whole slot's boxes, as above
+                for j in gl.static_range(PER_SLOT // 2):
+                    col = k_lo + gl.minimum(g * (PER_SLOT // 2) + j, n_k - 1) * BK
+                    tma.async_copy_global_to_shared(gu8_desc, [row0, col], ready.index(s),
+                                                    ring.index(s).slice(2 * NARROW_ROWS * j, NARROW_ROWS))
+                    tma.async_copy_global_to_shared(gu8_desc, [row0 + HALF, col], ready.index(s),
+                                                    ring.index(s).slice(2 * NARROW_ROWS * j + NARROW_ROWS,
+                                                                        NARROW_ROWS))
                 if STAMPS:
                     if g == 0:
                         gl.store(stamps_ptr + task * STAMP_COLS + S_ISSUED, now(task))
@@ -213,19 +231,31 @@ def _stage_run(act64, src_ptr, row_stride: gl.constexpr, B, col0, count, RPAD: g
 
 
 @gluon.jit
+def _a_tiles(act, KT_MAX: gl.constexpr, RPAD: gl.constexpr):
+    """The activation tiles' memory as 64-row wgmma A tiles (a narrow tile's runs)."""
+    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, BK], gl.bfloat16)
+    return act._reinterpret(gl.bfloat16, [KT_MAX * RPAD // 64, 64, BK], a_layout)
+
+
+@gluon.jit
+def _ready_slot(ring, ready, i, STAGES: gl.constexpr):
+    """Ring slot i once its weights have landed."""
+    s, phase = _slot(i, STAGES)
+    mbarrier.wait(ready.index(s), phase)
+    return ring.index(s)
+
+
+@gluon.jit
 def narrow_tile(ring, ready, empty, act, i, src_ptr, row_stride: gl.constexpr, B, k_lo, n_k, STAGES: gl.constexpr,
                 KT_MAX: gl.constexpr, RPAD: gl.constexpr, acc):
     """x @ W_tile^T of a NARROW_ROWS-row tile over its whole K (n_k K tiles from k_lo), not swapped: the
     activation rows are the wgmma's A (64-row tiles in the activation tiles' memory, RUN K tiles staged
     at a time) and each K tile's 8 weight rows, an 8-row view of the slot, its N = 8 B operand.
     Accumulator rows past B are never read."""
-    a_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, BK], gl.bfloat16)
-    act64 = act._reinterpret(gl.bfloat16, [KT_MAX * RPAD // 64, 64, BK], a_layout)
+    act64 = _a_tiles(act, KT_MAX, RPAD)
     for g in range(gl.cdiv(n_k, PER_SLOT)):
         count = gl.minimum(n_k - g * PER_SLOT, PER_SLOT)
-        s, phase = _slot(i, STAGES)
-        mbarrier.wait(ready.index(s), phase)
-        slot = ring.index(s)
+        slot = _ready_slot(ring, ready, i, STAGES)
         for half in gl.static_range(PER_SLOT // RUN):
             run = count - half * RUN
             col0 = k_lo + (g * PER_SLOT + half * RUN) * BK
@@ -244,6 +274,36 @@ def narrow_tile(ring, ready, empty, act, i, src_ptr, row_stride: gl.constexpr, B
         _free_slot(empty, i, STAGES)
         i += 1
     return acc, i
+
+
+@gluon.jit
+def narrow_pair(ring, ready, empty, act, i, src_ptr, row_stride: gl.constexpr, B, k_lo, n_k, STAGES: gl.constexpr,
+                KT_MAX: gl.constexpr, RPAD: gl.constexpr, acc_g, acc_u):
+    """narrow_tile for gate_up's narrow tiles: each K tile's 8 gate rows and 8 up rows, PER_SLOT / 2 K
+    tiles a slot (one run), into the two [64, NARROW_ROWS] accumulators."""
+    act64 = _a_tiles(act, KT_MAX, RPAD)
+    for g in range(gl.cdiv(n_k, RUN)):
+        run = gl.minimum(n_k - g * RUN, RUN)
+        slot = _ready_slot(ring, ready, i, STAGES)
+        _stage_run(act64, src_ptr, row_stride, B, k_lo + g * RUN * BK, run, RPAD)
+        if run >= RUN:
+            for j in gl.static_range(RUN):
+                a = act64.index(j)
+                acc_g = warpgroup_mma(a, slot.slice(2 * NARROW_ROWS * j, NARROW_ROWS).permute((1, 0)), acc_g,
+                                      is_async=True)
+                acc_u = warpgroup_mma(a, slot.slice(2 * NARROW_ROWS * j + NARROW_ROWS, NARROW_ROWS).permute((1, 0)),
+                                      acc_u, is_async=True)
+            acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
+        else:  # the K's last few tiles: one wgmma at a time
+            for j in gl.static_range(RUN):
+                if j < run:
+                    a = act64.index(j)
+                    acc_g = warpgroup_mma(a, slot.slice(2 * NARROW_ROWS * j, NARROW_ROWS).permute((1, 0)), acc_g)
+                    acc_u = warpgroup_mma(a, slot.slice(2 * NARROW_ROWS * j + NARROW_ROWS, NARROW_ROWS).permute(
+                        (1, 0)), acc_u)
+        _free_slot(empty, i, STAGES)
+        i += 1
+    return acc_g, acc_u, i
 
 
 # --------------------------------------------------------------------------------------------------
