@@ -522,7 +522,7 @@ def test_a_narrow_table_launches_with_8_row_boxes_and_room_for_a_run():
         launches[narrow] = StepLaunch(prog, tile_weights(meta_weights(spec, torch.bfloat16), prog), kv)
     plain, narrow = launches[False], launches[True]
     assert not plain.kwargs["NARROW"] and narrow.kwargs["NARROW"]
-    assert [d.block_shape for d in narrow.descs[-2:]] == [[layout.NARROW_ROWS, layout.K_TILE]] * 2
+    assert [d.block_shape for d in narrow.descs[-3:]] == [[layout.NARROW_ROWS, layout.K_TILE]] * 3  # o, d, gu
     assert narrow.kwargs["NARROW_GU"] is False and len(narrow.descs) == 8
     assert plain.kwargs["KT_MAX"] == 16 and narrow.kwargs["KT_MAX"] == 32  # 32 x 16 rows: 8 tiles of 64
     assert narrow.kwargs["KT_MAX"] * narrow.kwargs["RPAD"] % 64 == 0 and narrow.kwargs["CHUNK"] == 0
