@@ -352,7 +352,7 @@ def test_every_fusion_leaves_a_draft_layer_four_launches():
 def test_under_two_streams_idle_target_sms_rank_below_streams_and_fusions():
     """The draft's stream takes SMs a target launch leaves idle, so widening it comes later there."""
     plan = PLANS["streams"]
-    props = HeuristicProposer().propose(_context(plan, _ok_result(plan, programs=40)), 12)
+    props = HeuristicProposer().propose(_context(plan, _ok_result(plan, programs=40)), 14)
     firsts = [p.rationale for p in props[:4]]
     assert not any("of 132 SMs" in r for r in firsts), firsts
     assert any("of 132 SMs" in p.rationale for p in props)  # still offered, later
@@ -511,5 +511,6 @@ def test_every_candidate_is_filed_under_its_knob_family():
                 keys = {op["path"].split("/")[2] for op in c.patch}  # /draft/tiles/..., /cross/pairs/...
                 family = {"tiles": {"tiles", "launch"}, "fusions": {"fusions", "pdl"}, "reduce": {"reduce"},
                           "pdl": {"pdl"}, "streams": {"streams", "stream"}, "form": {"form", "alignment", "overrides"},
+                          "streamed": {"streamed"},
                           "cross": {"alignment", "pairs", "interleave", "overrides", "operand_layout", "streams"}}
                 assert keys <= family[c.kind], (c.kind, keys)

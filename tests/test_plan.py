@@ -202,7 +202,8 @@ def test_canonical_form_fills_defaults_and_is_idempotent():
     plan = validate_plan(BASE)
     assert plan.cross.alignment == "sequential" and dict(plan.cross.launch) == {"num_warps": 4, "num_stages": 2}
     assert plan.to_dict()["draft"] == {"tiles": {}, "fusions": [], "reduce": "ordered", "pdl": "none",
-                                       "stream": {"priority": "normal", "sms": 0}, "form": "launches"}
+                                       "stream": {"priority": "normal", "sms": 0}, "form": "launches",
+                                       "streamed": []}
     assert validate_plan(plan.to_dict()) == plan
     for path in PLANS + BEST:
         shipped = load_plan(path)
@@ -228,8 +229,8 @@ def test_hash_is_the_canonical_json_with_defaults_filled():
     stated["draft"] |= {"reduce": "ordered", "stream": {"priority": "normal", "sms": 0}}
     assert validate_plan(stated).hash == plan.hash
     body = {k: v for k, v in plan.to_dict().items() if k not in ("name", "description")}
-    for model in ("draft", "target"):  # added after plans were stored: at its default, not hashed
-        assert body[model].pop("form") == "launches"
+    for model in ("draft", "target"):  # added after plans were stored: at their defaults, not hashed
+        assert body[model].pop("form") == "launches" and body[model].pop("streamed") == []
     assert plan.hash == hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     assert plan_hash(plan.to_dict()) == plan.hash
     step = json.loads((ROOT / "plans" / "streams.json").read_text())

@@ -15,7 +15,7 @@ from conjugate.evaluate.result import EvalResult
 from conjugate.plan.schema import Plan
 
 # one edit kind per knob family of the plan, so the search's statistics per kind compare like with like
-EDIT_KINDS = ("tiles", "fusions", "reduce", "pdl", "streams", "form", "cross", "other")
+EDIT_KINDS = ("tiles", "fusions", "reduce", "pdl", "streams", "form", "streamed", "cross", "other")
 
 
 @dataclass(frozen=True)

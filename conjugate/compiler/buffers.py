@@ -85,6 +85,12 @@ def check_lengths(lengths: torch.Tensor, batch: int, longest: int) -> None:
                          "tokens before a round")
 
 
+def padded_rows(rows: int) -> int:
+    """Rows of a padded activation buffer: a power of two from 16 up to 128 (the streamed kernel's
+    wgmma N, whose TMA boxes then never reach past the buffer); more rows are not padded."""
+    return rows if rows > 128 else max(16, 1 << (rows - 1).bit_length())
+
+
 @dataclass
 class ModelBuffers:
     prepared: PreparedWeights
@@ -105,6 +111,11 @@ class ModelBuffers:
     @property
     def spec(self):
         return self.prepared.weights.spec
+
+    def padded(self, name: str) -> torch.Tensor:
+        """Activation buffer `name` with the rows past `rows` that pad it (zeros; `padded_rows`)."""
+        view = self.act[name]
+        return view if view._base is None else view._base
 
     @property
     def rows(self) -> int:
@@ -130,10 +141,13 @@ class ModelBuffers:
         def operand(*shape):  # GEMM inputs: the GEMM rounds them to the weights' type anyway
             return torch.empty(shape, dtype=w.dtype, device=dev)
 
+        def padded_operand(rows: int, width: int):  # rows of a buffer padded for the streamed kernel
+            return torch.zeros(padded_rows(rows), width, dtype=w.dtype, device=dev)[:rows]
+
         act = {"x": f32(rows, spec.hidden_size), "h": operand(rows, spec.hidden_size),
                "stats": f32(rows, -(-spec.hidden_size // STATS_CHUNK.value)),  # x's row statistics (gemm.py)
                "qkv": f32(rows, spec.qkv_size), "q": f32(rows, spec.q_size),
-               "attn_out": operand(rows, spec.q_size), "mlp": operand(rows, spec.ffn_size)}
+               "attn_out": padded_operand(rows, spec.q_size), "mlp": padded_operand(rows, spec.ffn_size)}
         return cls(prepared, batch, tokens, steps, model, cache, torch.zeros(batch, dtype=torch.int64, device=dev),
                    torch.zeros(batch if is_draft else rows, dtype=torch.int64, device=dev),
                    torch.zeros(token_shape, dtype=torch.int64, device=dev), f32(*logit_shape), cos, sin, act,

@@ -71,15 +71,18 @@ class _Triton:
 
     def bind_step(self, step) -> tuple[tuple, tuple]:
         """bind() of a step launch (compiler/step): its Gluon kernel over the launch's meta buffers."""
+        launch = step.launch
+        return self.bind_gluon(type(launch).kernel, launch.args(), launch.kwargs, step.digest)
+
+    def bind_gluon(self, kernel, args: tuple, kwargs: dict, digest: str) -> tuple[tuple, tuple]:
+        """bind() of a Gluon kernel's launch (a step or streamed launch) over its meta buffers."""
         from triton.experimental.gluon._runtime import GluonASTSource
 
-        launch = step.launch
-        kernel = type(launch).kernel
-        kwargs = {**launch.kwargs, "debug": kernel.debug or self.knobs.runtime.debug}
+        kwargs = {**kwargs, "debug": kernel.debug or self.knobs.runtime.debug}
         binder = self.binder_of(kernel.signature, kernel.params, self.backend)
-        bound, specialization, options = binder(*launch.args(), **kwargs)
+        bound, specialization, options = binder(*args, **kwargs)
         options, signature, constexprs, attrs = kernel._pack_args(self.backend, kwargs, bound, specialization, options)
-        key = (step.digest, repr(specialization), repr(sorted(options.__dict__.items())))
+        key = (digest, repr(specialization), repr(sorted(options.__dict__.items())))
         return key, (GluonASTSource(kernel, signature, constexprs, attrs), options.__dict__)
 
     def compile(self, source, options: dict) -> Resources:
@@ -116,6 +119,7 @@ def compile_resources(compiled: CompiledRound, arch: int = 90) -> list[Resources
     from conjugate.compiler.device import HOPPER_SHARED_BYTES
     from conjugate.compiler.round import _compile_error
     from conjugate.compiler.step.compiled import CompiledStep
+    from conjugate.compiler.streamed import CompiledStreamed
     from conjugate.compiler.tile import INTERPRETING
     from conjugate.errors import ConjugateError
 
@@ -127,7 +131,12 @@ def compile_resources(compiled: CompiledRound, arch: int = 90) -> list[Resources
     out = []
     for launch in compiled.launches:
         planned = compiled.schedule.launches[launch.index]
-        key, (source, options) = tools.bind_step(launch) if isinstance(launch, CompiledStep) else tools.bind(launch)
+        if isinstance(launch, CompiledStep):
+            key, (source, options) = tools.bind_step(launch)
+        elif isinstance(launch, CompiledStreamed):
+            key, (source, options) = tools.bind_gluon(*launch.gluon_launch(), launch.digest)
+        else:
+            key, (source, options) = tools.bind(launch)
         if key not in done:
             try:
                 done[key] = tools.compile(source, options)

@@ -30,12 +30,13 @@ from conjugate.compiler.feedback import CompileError, CompileFailure, LaunchFeed
 from conjugate.compiler.lower import lower_part
 from conjugate.compiler.packed import pack_calls
 from conjugate.compiler.step.compiled import HOPPER_SMS, CompiledStep
+from conjugate.compiler.streamed import CompiledStreamed
 from conjugate.compiler.tile import INTERPRETING, PartCall
 from conjugate.graph import build_graph
 from conjugate.models.reference import KVCache, RoundInputs, RoundOutputs
 from conjugate.models.weights import ModelWeights
 from conjugate.plan.expand import Schedule, expand
-from conjugate.plan.launch import Form, Launch, One, Packed, Pdl, Step
+from conjugate.plan.launch import Form, Launch, One, Packed, Pdl, Step, Streamed
 from conjugate.plan.schema import Plan
 from conjugate.plan.transforms import TOKENS_ONLY, keeping_logits
 from conjugate.roles import Model
@@ -159,10 +160,28 @@ def _compile_step(launch: Launch, bufs: RoundBuffers, sm_limits: tuple[tuple[str
         raise _compile_error(launch, 0, str(e)) from e
 
 
+def _compile_streamed(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers,
+                      sm_limits: tuple[tuple[str, int], ...]) -> CompiledStreamed:
+    """A Streamed launch: at most a program for each SM its stream may use (its model's SM limit, else
+    every SM); its programs never wait for each other, so none need be co-resident."""
+    part = launch.form.part
+    model = bufs.model(part.model)
+    device = model.cache.k.device
+    sms = HOPPER_SMS if device.type != "cuda" else torch.cuda.get_device_properties(device).multi_processor_count
+    try:
+        return CompiledStreamed.build(launch.index, part, graph.nodes[part.ops[0]]["op"], model, launch.stream,
+                                      dict(sm_limits).get(part.model.value, 0) or sms)
+    except ValueError as e:
+        raise _compile_error(launch, 0, str(e)) from e
+
+
 def _compile_launch(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers, cache: KernelCache,
-                    pdl: Pdl = Pdl.NONE, sm_limits: tuple[tuple[str, int], ...] = ()) -> CompiledLaunch | CompiledStep:
+                    pdl: Pdl = Pdl.NONE, sm_limits: tuple[tuple[str, int], ...] = ()
+                    ) -> CompiledLaunch | CompiledStep | CompiledStreamed:
     if isinstance(launch.form, Step):
         return _compile_step(launch, bufs, sm_limits)
+    if isinstance(launch.form, Streamed):
+        return _compile_streamed(launch, graph, bufs, sm_limits)
     return CompiledLaunch.build(launch.index, launch.form, _lower_launch(launch, graph, bufs), cache,
                                 num_warps=launch.num_warps, num_stages=launch.num_stages, stream=launch.stream,
                                 pdl=pdl, launch_bytes=launch.bytes)

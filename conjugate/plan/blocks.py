@@ -31,11 +31,12 @@ class ModelBlock:
     pdl: str  # programmatic dependent launch trigger: "none" | "start" | "end"
     stream: Stream
     form: str = "launches"  # "launches" | "step" (the draft's k steps as one persistent launch; draft only)
+    streamed: tuple[str, ...] = ()  # residual GEMM kinds run by the streamed kernel where alone in a launch
 
     @classmethod
     def from_dict(cls, data: dict) -> "ModelBlock":
         return cls(frozen(data["tiles"]), tuple(data["fusions"]), data["reduce"], data["pdl"],
-                   Stream(**data["stream"]), data.get("form", "launches"))
+                   Stream(**data["stream"]), data.get("form", "launches"), tuple(data.get("streamed", ())))
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,10 @@ interleave and operand layout apply to every launch holding a matching op.
 With `draft.form: step` the draft is one unit holding all its ops, launched alone before the target
 (a Step launch, kernels/step); no draft op can then be pinned into a target launch.
 
+A model's `streamed` kinds (o_proj, down) run as the streamed kernel (a Streamed launch,
+kernels/streamed.py) wherever their launch holds the op alone; a launch shared with the other model
+keeps the tile kernel.
+
 `pdl` marks each launch of a model to start while the kernel before it on its stream ends; an
 override's `pdl` sets the trigger of the launches it matches. The finished schedule is checked against
 every dependency of both models.
@@ -31,7 +35,7 @@ import networkx as nx
 from conjugate.errors import ScheduleError
 from conjugate.graph import build_graph
 from conjugate.plan.blocks import Override
-from conjugate.plan.launch import Launch, One, Packed, Part, Pdl, Split, Step
+from conjugate.plan.launch import Launch, One, Packed, Part, Pdl, Split, Step, Streamed
 from conjugate.plan.schema import Plan
 from conjugate.plan.tiles import DEFAULT_TILES, FAMILY_OF, LAUNCH_BOUNDS
 from conjugate.roles import Model
@@ -59,7 +63,8 @@ class Schedule:
     sm_limits: tuple[tuple[str, int], ...] = ()  # with two streams: (model, SMs its stream may use), plan `sm_limit`
 
     def to_dict(self) -> dict:
-        """Plain data; each launch's form says which it is (`"kind": "one" | "split" | "packed"`)."""
+        """Plain data; each launch's form says which it is (`"kind": "one" | "step" | "streamed" | "split" |
+        "packed"`)."""
         data = asdict(self)
         for launch, out in zip(self.launches, data["launches"]):
             out["form"] = {"kind": type(launch.form).__name__.lower()} | out["form"]
@@ -213,6 +218,9 @@ def _launch(plan: Plan, graph: nx.DiGraph, index: int, units: list[_Unit]) -> La
     s = _launch_settings(plan, units)
     trigger = _launch_pdl(plan, units)
     form = _form(tuple(_part(plan, u, s) for u in units), s)
+    if isinstance(form, One) and form.part.fused == (form.part.kind, ) \
+            and form.part.kind in plan.model(form.part.model).streamed:
+        form, trigger = Streamed(form.part), Pdl.NONE.value  # the streamed kernel: launched plainly
     return Launch(index, form, stream, s["launch"]["num_warps"], s["launch"]["num_stages"], Pdl(trigger),
                   sum(o.bytes for o in ops), sum(o.flops for o in ops))
 

@@ -1,10 +1,12 @@
 """A planned launch and its form: what the code generator and the round need to know of it.
 
-A launch's form is one of four types, so a combination no kernel can run cannot be built:
+A launch's form is one of five types, so a combination no kernel can run cannot be built:
 
     One(part)                               one part alone
     Step(part)                              the draft's k decode steps, every op of them, as one
                                             persistent launch (kernels/step)
+    Streamed(part)                          one residual GEMM (o_proj, down) as the streamed kernel:
+                                            whole-K weight tiles streamed by TMA (kernels/streamed.py)
     Split(target, draft, pattern, ratio)    a part of each model, the program ids split between them
     Packed(target, draft, pattern, ratio)   two GEMMs over one block-interleaved weight buffer, one
                                             homogeneous tile loop (compiler/packed.py)
@@ -64,6 +66,17 @@ class Step:
 
 
 @dataclass(frozen=True)
+class Streamed:
+    """A residual GEMM alone in its launch, run by the streamed kernel (plan `<model>.streamed`)."""
+
+    part: Part
+
+    @property
+    def parts(self) -> tuple[Part, ...]:
+        return (self.part,)
+
+
+@dataclass(frozen=True)
 class _Pair:
     """A target part and a draft part sharing one grid: rounds of `ratio` programs (the `ratio`
     pattern), one of each (`strided`), or all of the target's first (`blocked`)."""
@@ -94,7 +107,7 @@ class Packed(_Pair):
     """Both GEMMs run one tile function, their weights packed into one buffer (operand layout `packed`)."""
 
 
-Form = One | Step | Split | Packed
+Form = One | Step | Streamed | Split | Packed
 
 
 class Pdl(StrEnum):

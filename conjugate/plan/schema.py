@@ -50,11 +50,14 @@ FUSIONS = ("attn_norm+qkv", "qkv+rope_kv", "mlp_norm+gate_up", "gate_up+down", "
 # one persistent launch of the step kernel (conjugate/kernels/step, Hopper; the CPU runs its table
 # in torch)
 FORMS = ("launches", "step")
+# the residual GEMMs a model may run as the streamed kernel (conjugate/kernels/streamed.py, Hopper;
+# the CPU emulates it in torch): whole-K weight tiles streamed by TMA, where the op's launch holds it alone
+STREAMED_KINDS = ("o_proj", "down")
 MATCH_MAX = 200  # characters of an override's glob: globbing costs the square of a pattern's length
 MODEL_KEYS = tuple(model.value for model in Model)  # plain strings: the plan stays plain JSON
 _HASH_IGNORED = ("name", "description")  # cosmetic: two plans differing only here are the same plan
 # model-block fields added after plans were first stored: at these values they leave a plan's hash as it was
-_HASH_NEUTRAL = {"form": "launches"}
+_HASH_NEUTRAL = {"form": "launches", "streamed": []}
 
 
 def _launch_fields() -> dict:
@@ -93,6 +96,8 @@ MODEL_BLOCK = Record({
     }, doc="This model's CUDA stream, with two streams."),
     "form": Choice(FORMS, "launches", doc="Draft only. 'step': its k decode steps as one persistent launch "
                                           "(Hopper, bf16, batch <= 32); its tiles, fusions, reduce, pdl unused."),
+    "streamed": Names(STREAMED_KINDS, "a residual GEMM kind",
+                      doc="Run by the streamed kernel where alone in a launch (Hopper, bf16, <= 128 rows)."),
 }, ref="model", doc="One model's choices.")
 
 OVERRIDE = Record({

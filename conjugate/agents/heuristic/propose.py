@@ -30,6 +30,7 @@ from conjugate.agents.heuristic.candidate import Candidate, launch_parts, ledger
 from conjugate.agents.heuristic.cross import (alignment_edits, gain_edits, headroom_edits, layout_edits,
                                               mixed_edits, pattern_edits, split_edits)
 from conjugate.agents.heuristic.form import form_edits
+from conjugate.agents.heuristic.streamed import streamed_edits
 from conjugate.agents.heuristic.fusions import fusion_edits
 from conjugate.agents.heuristic.pdl import pdl_edits
 from conjugate.agents.heuristic.reduce import reduce_edits
@@ -172,7 +173,7 @@ def candidates(plan: Plan, result: EvalResult | None, sms: int, rng: random.Rand
     interfering = any(v.verdict is VerdictKind.INTERFERENCE for v in verdicts)
     out += pattern_edits(plan, interfering) + fusion_edits(plan, ledger) + alignment_edits(plan)
     out += streams_edits(plan, ledger) + mixed_edits(plan, verdicts, workload) + layout_edits(plan)
-    out += reduce_edits(plan) + pdl_edits(plan, ledger) + form_edits(plan, workload)
+    out += reduce_edits(plan) + pdl_edits(plan, ledger) + form_edits(plan, workload) + streamed_edits(plan, workload)
     measured = result is not None and not result.modeled  # a model ignores SM limits: no use proposing them
     out += sm_limit_edits(plan, sms, ledger) if measured else []
     return [c for c in out if not _idle_under_step(plan, c)]

@@ -39,7 +39,7 @@ MAX_RESCANS = 8  # unclosed "{" (in prose) after which a reply is scanned again 
 MAX_EDITS = 32  # edits of one reply that are read
 MAX_PATCH_OPS = 64  # operations of one edit
 MAX_MEASURED_TILES = 10  # a draft's and a target's GEMM and attention kinds
-PROMPT_BUDGET_CHARS = 58_000  # system and expand prompts with every section full, the current plan aside
+PROMPT_BUDGET_CHARS = 58_500  # system and expand prompts with every section full, the current plan aside
 
 
 def _json(value: Any, limit: int = 0, sort: bool = True) -> str:
