@@ -11,7 +11,7 @@ from rich.table import Table
 from conjugate.cli.arguments import PLAN_HELP, WORKLOAD_HELP, plan_name_or_file, workload_name_or_file
 from conjugate.cli.console import human_bytes, out
 from conjugate.files import check_output, write_output
-from conjugate.plan.launch import Step
+from conjugate.plan.launch import Step, Streamed
 
 
 def _load(plan_path: str, workload_path: str):
@@ -43,6 +43,11 @@ def schedule_table(schedule, title: str, limit: int | None = None) -> Table:
             part = launch.parts[0]
             table.add_row(str(launch.index), launch.stream, "d:step (the draft's k decode steps, one launch)",
                           f"{len(part.ops)} ops: {part.ops[0]} .. {part.ops[-1]}", "", human_bytes(launch.bytes))
+            continue
+        if isinstance(launch.form, Streamed):  # the streamed kernel: no tile of the plan's
+            part = launch.parts[0]
+            table.add_row(str(launch.index), launch.stream, f"{part.model[0]}:{part.kind} (streamed kernel)",
+                          part.ops[0], "", human_bytes(launch.bytes))
             continue
         parts = " | ".join(f"{p.model[0]}:{'+'.join(p.fused)}" for p in launch.parts)
         if launch.cross_model:

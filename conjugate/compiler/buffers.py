@@ -86,8 +86,9 @@ def check_lengths(lengths: torch.Tensor, batch: int, longest: int) -> None:
 
 
 def padded_rows(rows: int) -> int:
-    """Rows of a padded activation buffer: a power of two from 16 up to 128 (the streamed kernel's
-    wgmma N, whose TMA boxes then never reach past the buffer); more rows are not padded."""
+    """Rows of a padded activation buffer: a power of two from 16 up to 128, the streamed kernel's
+    wgmma N, so its TMA boxes never reach past the buffer (a box partly outside it ran slower:
+    lab/stream_chain, `owned_padded`); more rows are not padded."""
     return rows if rows > 128 else max(16, 1 << (rows - 1).bit_length())
 
 
@@ -113,7 +114,8 @@ class ModelBuffers:
         return self.prepared.weights.spec
 
     def padded(self, name: str) -> torch.Tensor:
-        """Activation buffer `name` with the rows past `rows` that pad it (zeros; `padded_rows`)."""
+        """Activation buffer `name` with the rows past `rows` that pad it (`padded_rows`; no result
+        depends on them)."""
         view = self.act[name]
         return view if view._base is None else view._base
 

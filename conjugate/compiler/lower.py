@@ -65,6 +65,13 @@ def _stats(op: Op, norm: bool, norm_stats: tuple[str, ...], layers: int) -> dict
     return dict(stats_in=norm and _NORM_OF[op.kind] in norm_stats and not (op.kind == "qkv" and op.layer == 0))
 
 
+def residual_writes(op: Op, norm_stats: tuple[str, ...], mlp_fused: bool, layers: int) -> tuple[bool, bool]:
+    """What a residual GEMM (o_proj, down) writes besides the stream: (its rows' statistics, for the
+    fused norm that reads x next; a copy of its rows, for a fused MLP with its norm)."""
+    stats_out = _stats(op, False, norm_stats, layers)["stats_out"]
+    return stats_out, op.kind == "o_proj" and mlp_fused and "mlp_norm" in norm_stats
+
+
 def _lower_gemm(b: ModelBuffers, op: Op, fused: tuple[str, ...], tiles: dict, label: str,
                 atomic_split: bool = False, norm_stats: tuple[str, ...] = (), mlp_fused: bool = False) -> PartCall:
     spec, act, rows = b.spec, b.act, b.rows
@@ -90,7 +97,7 @@ def _lower_gemm(b: ModelBuffers, op: Op, fused: tuple[str, ...], tiles: dict, la
     if op.kind in ("o_proj", "down"):
         lw = b.prepared.weights.layers[op.layer]
         source, w = (act["attn_out"], lw.wo) if op.kind == "o_proj" else (act["mlp"], lw.w_down)
-        copy = act["h"] if op.kind == "o_proj" and mlp_fused and "mlp_norm" in norm_stats else None
+        copy = act["h"] if residual_writes(op, norm_stats, mlp_fused, spec.num_layers)[1] else None
         return gemm_call(source, w, act["x"], epilogue="residual", atomic_split=atomic_split, copy=copy, **common)
     _, _, tokens_out, stride_out, logits = _step_views(b, op.step)
     w = b.prepared.lm_head(norm)

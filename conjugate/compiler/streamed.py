@@ -44,32 +44,30 @@ class StreamedCall:
 
 
 @dataclass(frozen=True)
-class _Operands:
-    a: torch.Tensor  # [padded rows, K] bf16: the activations, zeros past the real rows
+class StreamedOperands:
+    a: torch.Tensor  # [padded rows, K] bf16: the activations in their padded buffer (buffers.padded_rows)
     w: torch.Tensor  # [N, K]
     x: torch.Tensor  # [rows, N] fp32: the residual stream
     stats: torch.Tensor | None  # [rows, >= N / STATS_CHUNK] fp32: the finished rows' statistics
     copy: torch.Tensor | None  # [rows, N]: a copy of the finished rows
 
 
-def _operands(part: Part, op: Op, bufs: ModelBuffers) -> _Operands:
+def _operands(part: Part, op: Op, bufs: ModelBuffers) -> StreamedOperands:
     """The buffers a lowered o_proj or down reads and writes (compiler/lower.py's choices)."""
+    from conjugate.compiler.lower import residual_writes
+
     lw = bufs.prepared.weights.layers[op.layer]
     source, w = ("attn_out", lw.wo) if op.kind == "o_proj" else ("mlp", lw.w_down)
-    if op.kind == "o_proj":
-        stats_out = "mlp_norm" in part.norm_stats
-    else:
-        stats_out = ("attn_norm" if op.layer < bufs.spec.num_layers - 1 else "final_norm") in part.norm_stats
-    copy = op.kind == "o_proj" and part.mlp_fused and "mlp_norm" in part.norm_stats
+    stats_out, copy = residual_writes(op, part.norm_stats, part.mlp_fused, bufs.spec.num_layers)
     act = bufs.act
-    return _Operands(bufs.padded(source), w, act["x"], act["stats"] if stats_out else None,
+    return StreamedOperands(bufs.padded(source), w, act["x"], act["stats"] if stats_out else None,
                      act["h"] if copy else None)
 
 
 class CompiledStreamed:
     num_stages, pdl = 1, False
 
-    def __init__(self, index: int, ops: _Operands, rows: int, label: str, stream: str, sms: int, gpu: bool):
+    def __init__(self, index: int, ops: StreamedOperands, rows: int, label: str, stream: str, sms: int, gpu: bool):
         self.index, self.ops, self.rows, self.stream = index, ops, rows, stream
         n = ops.w.shape[0]
         self.grid = min(sms, -(-n // 64))
@@ -78,7 +76,10 @@ class CompiledStreamed:
         self.resources = Resources()
         self.digest = hashlib.sha256(f"streamed:{tuple(ops.w.shape)}:{rows}:{ops.stats is not None}:"
                                      f"{ops.copy is not None}".encode()).hexdigest()[:16]
-        self._launch = _launch_args(ops, rows, self.grid) if gpu else None
+        try:
+            self._launch = _launch_args(ops, rows, self.grid) if gpu else None
+        except (AssertionError, ValueError) as e:  # a descriptor the TMA cannot take (alignment, strides)
+            raise ValueError(f"the streamed kernel's TMA descriptors: {e}") from e
 
     @classmethod
     def build(cls, index: int, part: Part, op: Op, bufs: ModelBuffers, stream: str, sms: int) -> "CompiledStreamed":
@@ -152,7 +153,7 @@ class CompiledStreamed:
         self.resources = Resources(compiled.n_regs, compiled.n_spills, compiled.metadata.shared)
 
 
-def _launch_args(ops: _Operands, rows: int, grid: int) -> tuple[tuple, dict]:
+def _launch_args(ops: StreamedOperands, rows: int, grid: int) -> tuple[tuple, dict]:
     """The kernel's arguments: TMA descriptors over the weights and the padded activations."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor

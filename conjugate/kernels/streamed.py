@@ -1,7 +1,7 @@
 """The streamed GEMM (Gluon, Hopper): a residual GEMM's weights streamed once, in whole-K tiles.
 
-    x[M, N] += a[M, K] @ w[N, K]^T      a, w bf16 (a's buffer padded to MPAD rows, zeros past M);
-                                        x the fp32 residual stream
+    x[M, N] += a[M, K] @ w[N, K]^T      a, w bf16 (a's buffer padded to MPAD rows, which only feed
+                                        results the epilogue drops); x the fp32 residual stream
 
 A tile is 64 weight rows (64 columns of x) with the whole K, so no tile is cut in K and no partial
 sum leaves its program: tiles are dealt round-robin to the programs (at most one an SM), and each

@@ -360,6 +360,8 @@ class OwnedEpilogueGemm:
 
     def __init__(self, x, w, w2, y, epilogue: str, sms: int):
         M, K = x.shape
+        if K % K_PER_SLOT:
+            raise ValueError(f"K={K} must divide by {K_PER_SLOT}")
         mpad = padded_rows(M)
         self.x = torch.cat([x, x.new_zeros(mpad - M, K)])
         w_desc = TensorDescriptor.from_tensor(w, [OWNED_ROWS, K_PER_SLOT], _layout(OWNED_ROWS))

@@ -30,6 +30,15 @@ def repair_edits(plan: Plan, result: EvalResult) -> list[Candidate]:
                              1.0 if blamed else 0.6))
         parts = tuple(p for p in parts if p.kind != STEP)
         head = head if head is None or head.kind != STEP else None
+    for model in Model:  # a failure with streamed residual GEMMs: the blamed kind, or all, by the tile kernel
+        streamed = list(plan[model.value].get("streamed", []))
+        blamed = sorted({p.kind for p in parts if p.model == model and p.kind in streamed})
+        if streamed and (blamed or "streamed kernel" in text):
+            keep = [k for k in streamed if k not in blamed] if blamed else []
+            out.append(Candidate("streamed", [{"op": "replace", "path": f"/{model.value}/streamed", "value": keep}],
+                                 f"{result.status} with the {model.value}'s streamed {' and '.join(blamed or streamed)}: "
+                                 "by the tile kernel again", 1.0 if blamed else 0.6))
+            parts = tuple(p for p in parts if not (p.model == model and p.kind in blamed))
     if "shared memory" in text or "out of resource" in text or "outofresources" in text:
         for p in parts:
             out += shrink(plan, p, head or p, 1.0, f"{p.op} does not fit the GPU's resources")
