@@ -10,7 +10,9 @@
 #        balances (qwen2.5-1.5b), cut to fit one call; short2: the verify pass, and the epilogues through the
 #        sums and the wgmma depth on the other drafts; narrow: whole-K narrow tiles against split K in a
 #        chain of dependent GEMMs (lab/narrow_tiles); verify49: #49's record (the B=32 example's kernel
-#        sweep, then every example's verify phase against its floor, benchmarks/verify_kernels.py).
+#        sweep, then every example's verify phase against its floor, by the tile kernel and with the
+#        target's o_proj and down streamed, benchmarks/verify_kernels.py); streamed_checks: the streamed
+#        kernel's correctness log (benchmarks/streamed_checks.py).
 # Every script checks before it times; a failing variant is a row, not the end of the call.
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -52,12 +54,15 @@ short2)  # the call after short: the verify pass, and the wgmma depth on the oth
         --json "$out/variants2.json" ;;
 narrow)
     run 300 narrow python lab/narrow_tiles/chain.py --json "$out/narrow.json" ;;
-verify49)
-    run 330 sweep_b32 python benchmarks/kernel_sweep.py examples/llama-1b-8b-b32.toml --per-shape 24 --prewarm 15 \
+verify49)  # #49's H200 record: the B=32 example's sweep, then every example's verify phase, tile kernel and streamed
+    run 250 sweep_b32 python benchmarks/kernel_sweep.py examples/llama-1b-8b-b32.toml --per-shape 16 --prewarm 15 \
         --json "$out/kernel_sweep_b32.json"
-    run 240 verify_kernels python benchmarks/verify_kernels.py examples/llama-1b-8b-b1.toml \
-        examples/qwen3-06b-8b-b4.toml examples/llama-1b-8b-b32.toml --sweeps "$out/kernel_sweep_b32.json" \
-        --json "$out/verify_kernels.json" ;;
+    run 300 verify_kernels python benchmarks/verify_kernels.py examples/llama-1b-8b-b32.toml \
+        examples/llama-1b-3b-b16-ctx4k.toml examples/qwen25-15b-14b-b4.toml examples/qwen3-06b-8b-b4.toml \
+        examples/llama-1b-8b-b8.toml examples/llama-1b-8b-b1.toml examples/qwen25-05b-7b-b8.toml \
+        --sweeps "$out/kernel_sweep_b32.json" --streamed --json "$out/verify_kernels.json" ;;
+streamed_checks)  # the streamed kernel's correctness log on this GPU
+    run 500 streamed_checks python benchmarks/streamed_checks.py --json "$out/streamed_checks.json" ;;
 *)
-    echo "usage: bash lab/cross_step/gpu_session.sh 1|2|3|short|short2|narrow|verify49" >&2; exit 2 ;;
+    echo "usage: bash lab/cross_step/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_checks" >&2; exit 2 ;;
 esac

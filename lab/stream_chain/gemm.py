@@ -147,10 +147,12 @@ STORE, RESIDUAL, SILU_MUL = 0, 1, 2
 
 @gluon.jit
 def owned_load_partition(w_desc, w2_desc, x_desc, w_ring, w2_ring, x_ring, ready, empty, n_tiles, K_STEPS,
-                         STAGES: gl.constexpr, EPILOGUE: gl.constexpr):
+                         STAGES: gl.constexpr, EPILOGUE: gl.constexpr, ROW_BLOCKS: gl.constexpr):
     nbytes: gl.constexpr = (w_desc.block_type.nbytes * (2 if EPILOGUE == 2 else 1) + x_desc.block_type.nbytes)
     c = 0
-    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+    for item in range(gl.program_id(0), n_tiles * ROW_BLOCKS, gl.num_programs(0)):
+        tile = item // ROW_BLOCKS
+        x_row = (item % ROW_BLOCKS) * x_desc.block_type.shape[0]
         for k in range(K_STEPS):
             s, phase = _slot(c, STAGES)
             mbarrier.wait(empty.index(s), phase ^ 1)
@@ -159,15 +161,15 @@ def owned_load_partition(w_desc, w2_desc, x_desc, w_ring, w2_ring, x_ring, ready
             tma.async_copy_global_to_shared(w_desc, [row, k * BK], ready.index(s), w_ring.index(s))
             if EPILOGUE == 2:
                 tma.async_copy_global_to_shared(w2_desc, [row, k * BK], ready.index(s), w2_ring.index(s))
-            tma.async_copy_global_to_shared(x_desc, [0, k * BK], ready.index(s), x_ring.index(s))
+            tma.async_copy_global_to_shared(x_desc, [x_row, k * BK], ready.index(s), x_ring.index(s))
             c += 1
 
 
 @gluon.jit
-def _owned_epilogue(acc, acc2, y_ptr, M, N, tile, TILE: gl.constexpr, EPILOGUE: gl.constexpr):
-    """y[m, tile * TILE + r] from acc[r, m] (and acc2's, SILU_MUL)."""
+def _owned_epilogue(acc, acc2, y_ptr, M, N, tile, x_row, TILE: gl.constexpr, EPILOGUE: gl.constexpr):
+    """y[x_row + m, tile * TILE + r] from acc[r, m] (and acc2's, SILU_MUL)."""
     r = tile * TILE + gl.arange(0, TILE, layout=gl.SliceLayout(1, acc.type.layout))
-    m = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
+    m = x_row + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
     ptrs = y_ptr + m[None, :] * N + r[:, None]
     mask = (m < M)[None, :] & (r < N)[:, None]
     if EPILOGUE == 1:
@@ -181,12 +183,13 @@ def _owned_epilogue(acc, acc2, y_ptr, M, N, tile, TILE: gl.constexpr, EPILOGUE: 
 @gluon.jit
 def owned_compute_partition(w_ring, w2_ring, x_ring, ready, empty, y_ptr, M, N, n_tiles, K_STEPS,
                             TILE: gl.constexpr, MPAD: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
-                            EPILOGUE: gl.constexpr):
+                            EPILOGUE: gl.constexpr, ROW_BLOCKS: gl.constexpr):
     wg: gl.constexpr = WARPS // 4  # warpgroups side by side over the x rows
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, wg],
                                                          instr_shape=[16, MPAD // wg, 16])
     c = 0
-    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+    for item in range(gl.program_id(0), n_tiles * ROW_BLOCKS, gl.num_programs(0)):
+        tile = item // ROW_BLOCKS
         acc = gl.zeros((TILE, MPAD), dtype=gl.float32, layout=acc_layout)
         acc2 = gl.zeros((TILE, MPAD), dtype=gl.float32, layout=acc_layout)
         for k in range(K_STEPS):
@@ -205,14 +208,16 @@ def owned_compute_partition(w_ring, w2_ring, x_ring, ready, empty, y_ptr, M, N, 
         acc, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2))
         last_slot, _ = _slot(c + K_STEPS - 1, STAGES)
         mbarrier.arrive(empty.index(last_slot), count=1)
-        _owned_epilogue(acc, acc2, y_ptr, M, N, tile, TILE, EPILOGUE)
+        _owned_epilogue(acc, acc2, y_ptr, M, N, tile, (item % ROW_BLOCKS) * MPAD, TILE, EPILOGUE)
         c += K_STEPS
 
 
 @gluon.jit
 def owned_gemm_kernel(w_desc, w2_desc, x_desc, y_ptr, M, N, K, STAGES: gl.constexpr, WARPS: gl.constexpr,
-                      EPILOGUE: gl.constexpr):
-    """Persistent over owned tiles (w2_desc: SILU_MUL's up projection, else w_desc again, unread)."""
+                      EPILOGUE: gl.constexpr, ROW_BLOCKS: gl.constexpr = 1):
+    """Persistent over owned items (w2_desc: SILU_MUL's up projection, else w_desc again, unread): a
+    weight tile and one of ROW_BLOCKS blocks of x's rows (x's box rows each), the blocks of a tile
+    dealt to neighbouring programs so that they read its weights through L2 together."""
     TILE: gl.constexpr = w_desc.block_type.shape[0]
     MPAD: gl.constexpr = x_desc.block_type.shape[0]
     K_STEPS = K // BK
@@ -223,9 +228,9 @@ def owned_gemm_kernel(w_desc, w2_desc, x_desc, y_ptr, M, N, K, STAGES: gl.conste
     ready, empty = ring_barriers(STAGES)
     gl.warp_specialize([
         (owned_compute_partition, (w_ring, w2_ring, x_ring, ready, empty, y_ptr, M, N, n_tiles, K_STEPS, TILE, MPAD,
-                                   STAGES, WARPS, EPILOGUE)),
+                                   STAGES, WARPS, EPILOGUE, ROW_BLOCKS)),
         (owned_load_partition, (w_desc, w2_desc, x_desc, w_ring, w2_ring, x_ring, ready, empty, n_tiles, K_STEPS,
-                                STAGES, EPILOGUE)),
+                                STAGES, EPILOGUE, ROW_BLOCKS)),
     ], [1], [40])
 
 
@@ -247,7 +252,8 @@ def ring_stages(M: int) -> int:
 
 # The compute forms `--variants` times: (kernel, warps of the compute partition).
 VARIANTS = {"serial": ("serial", 4), "pipelined4": ("pipelined", 4), "pipelined8": ("pipelined", 8),
-            "owned": ("owned", None), "owned_padded": ("owned", None)}
+            "owned": ("owned", None), "owned_padded": ("owned", None), "owned_rows64": ("owned", None)}
+ROWS64_STAGES = 6  # (64 + 64) x 64 bf16 a slot: 96 KB, two programs an SM
 
 
 def owned_warps(M: int) -> int:
@@ -276,8 +282,14 @@ def launch_args(x, w, y, sms: int, variant: str = "serial", M: int | None = None
         warps = owned_warps(M)
         w_desc = TensorDescriptor.from_tensor(
             w, [OWNED_ROWS, K_PER_SLOT], gl.NVMMASharedLayout.get_default_for([OWNED_ROWS, K_PER_SLOT], gl.bfloat16))
-        grid = min(sms, triton.cdiv(w.shape[0], OWNED_ROWS))
-        return (grid, ), (w_desc, w_desc, x_desc, y, M, w.shape[0], K), dict(
+        tiles = triton.cdiv(w.shape[0], OWNED_ROWS)
+        if variant == "owned_rows64" and mpad > 64:  # x's rows in blocks of 64, two programs an SM
+            x_desc = TensorDescriptor.from_tensor(
+                x, [64, K_PER_SLOT], gl.NVMMASharedLayout.get_default_for([64, K_PER_SLOT], gl.bfloat16))
+            blocks = mpad // 64
+            return (min(2 * sms, tiles * blocks), ), (w_desc, w_desc, x_desc, y, M, w.shape[0], K), dict(
+                STAGES=ROWS64_STAGES, WARPS=4, EPILOGUE=STORE, ROW_BLOCKS=blocks, num_warps=4, maxnreg=168)
+        return (min(sms, tiles), ), (w_desc, w_desc, x_desc, y, M, w.shape[0], K), dict(
             STAGES=owned_stages(M), WARPS=warps, EPILOGUE=STORE, num_warps=warps, maxnreg=168)
     kwargs = dict(STAGES=ring_stages(M), num_warps=warps, maxnreg=168)
     if form == "pipelined":
@@ -297,7 +309,7 @@ class StreamGemm:
         self.y = torch.empty(x.shape[0], w.shape[0], device=x.device,
                              dtype=torch.bfloat16 if self.owned else torch.float32)
         rows = x.shape[0]
-        if variant == "owned_padded":  # x in a buffer of padded_rows(M) rows, the rows past M zero
+        if variant in ("owned_padded", "owned_rows64"):  # x in a buffer of padded_rows(M) rows, the rows past M zero
             x = torch.cat([x, x.new_zeros(padded_rows(rows) - rows, x.shape[1])])
         self.x = x
         self.grid, self.args, self.kwargs = launch_args(x, w, self.y, sms, variant, M=rows)
@@ -540,7 +552,7 @@ def compile_offline(M: int, N: int, K: int, variant: str = "serial"):
     x, w = torch.empty(M, K, dtype=torch.bfloat16), torch.empty(N, K, dtype=torch.bfloat16)
     y = torch.empty(M, N, dtype=torch.bfloat16 if VARIANTS[variant][0] == "owned" else torch.float32)
     _, args, kwargs = launch_args(x, w, y, 132, variant)
-    return compile_for_sm90(kernel_of(variant), args, kwargs)
+    return compile_for_sm90(kernel_of(variant), args, kwargs), kwargs
 
 
 def resources(compiled) -> tuple[int, int]:
@@ -566,11 +578,10 @@ def run_offline(args) -> int:
         return 0
     print(f"triton {triton.__version__}: the stream GEMM's variants for cuda:90 (sm_90a), no GPU")
     for variant, M in [(v, m) for v in args.variants for m in sorted({padded_rows(m) for m in args.rows})]:
-        compiled = compile_offline(M, *SHAPES["qkv"], variant)
+        compiled, kwargs = compile_offline(M, *SHAPES["qkv"], variant)
         ptx = compiled.asm["ptx"]
         wgmma = re.search(r"wgmma\.mma_async\.\S+", ptx)
-        stages = owned_stages(M) if VARIANTS[variant][0] == "owned" else ring_stages(M)
-        print(f"{variant:<11} MPAD {M:>3}: stages {stages}, shared {compiled.metadata.shared} B, "
+        print(f"{variant:<11} MPAD {M:>3}: stages {kwargs['STAGES']}, shared {compiled.metadata.shared} B, "
               "registers %d, local bytes %d, " % resources(compiled) +
               f"{wgmma.group(0) if wgmma else 'NO wgmma'}, TMA {'yes' if 'cp.async.bulk.tensor' in ptx else 'NO'}, "
               f"atomics {'yes' if 'atom.global' in ptx or 'red.global' in ptx else 'NO'}")
