@@ -254,3 +254,23 @@ def test_a_failure_of_a_streamed_launch_is_repaired_by_the_tile_kernel():
                        error="the streamed kernel's TMA descriptors: bad alignment")
     (back, ) = [c for c in repair_edits(plan, vague) if c.kind == "streamed"]
     assert back.score < 1.0 and patch_plan(plan, back.patch).model(Model.TARGET).streamed == ()
+
+
+def test_the_analytical_model_costs_a_streamed_launch_without_waves():
+    """A streamed part: the GEMM family's bytes rate, no wave quantization, and programs_per_sm tile
+    slots' share of the bandwidth a program (so half the SMs of an H200 profile draw all of it)."""
+    from conjugate.evaluate.analytical import STREAMED, AnalyticalModel, PartCost, part_costs
+    from conjugate.evaluate.evaluators import load_profile
+
+    constants = load_profile("analytical").model
+    model = AnalyticalModel(constants)
+    full = model.part_us(PartCost("gemm", 10**9, 0, 264))  # two full waves' worth of tile programs
+    assert model.part_us(PartCost(STREAMED, 10**9, 0, 66)) == pytest.approx(full)
+    assert model.part_us(PartCost(STREAMED, 10**9, 0, 132)) == pytest.approx(full)  # no more than all of it
+    assert model.part_us(PartCost(STREAMED, 10**9, 0, 33)) == pytest.approx(2 * full)
+    assert model.part_us(PartCost("gemm", 10**9, 0, 64)) > 3 * full  # a tile grid of 64: a quarter wave
+    schedule = expand(validate_plan(_plan()), TINY)
+    graph = build_graph(TINY)
+    launch = next(l for l in schedule.launches if isinstance(l.form, Streamed))
+    (cost, ) = part_costs(graph, launch, [2])
+    assert cost.family == STREAMED and cost.bytes == graph.nodes[launch.ops[0]]["op"].bytes

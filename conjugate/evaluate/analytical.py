@@ -6,7 +6,11 @@ Per part (one op or fused chain of one model, `p` programs):
 so a grid smaller than one wave cannot draw the whole bandwidth (wave quantization). A step launch
 (the draft's k steps as one persistent launch) is one part of family `step` with no waves: its
 efficiency says how near the bandwidth the whole dependent chain runs; it holds every SM, so a round
-holding one overlaps no streams.
+holding one overlaps no streams. A streamed launch (a residual GEMM by kernels/streamed.py: at most
+a program an SM, each streaming its tiles through a deep ring) is a GEMM without waves whose `p`
+programs draw min(1, p * programs_per_sm / SMs) of the bandwidth: one such program streams as much as
+a wave's slot of tile programs (on an H100 its o_proj at 128 rows, 64 programs, ran within 1.13x of
+cuBLAS's time: lab/stream_chain).
 A launch costs the launch overhead plus its part; two parts share the launch's slots:
     time = overhead + sum_i(bytes_i / bandwidth_i) / fill(p_0 + p_1) + penalty * min(part times)
 One stream runs launches back to back; two streams hide `streams_overlap` of the shorter stream.
@@ -25,8 +29,11 @@ from conjugate.compiler.feedback import PartRef
 from conjugate.evaluate.evaluators import ModelConstants
 from conjugate.evaluate.result import Verdict
 from conjugate.plan.expand import STEP, Launch, Schedule
-from conjugate.plan.launch import Step
+from conjugate.plan.launch import Step, Streamed
 from conjugate.plan.tiles import FAMILY_OF
+
+
+STREAMED = "streamed"  # the family of a streamed launch's part (costed as a GEMM without waves)
 
 
 @dataclass(frozen=True)
@@ -60,7 +67,8 @@ class AnalyticalModel:
         return programs / (waves * self.slots)
 
     def _memory_us(self, part: PartCost) -> float:
-        return part.bytes / (self.c.bandwidth_gbs * 1e3 * self.c.efficiency[part.family])  # GB/s = 1e3 B/us
+        family = "gemm" if part.family == STREAMED else part.family  # a streamed launch is a GEMM's bytes
+        return part.bytes / (self.c.bandwidth_gbs * 1e3 * self.c.efficiency[family])  # GB/s = 1e3 B/us
 
     def _compute_us(self, part: PartCost) -> float:
         return part.flops / (self.c.matmul_tflops * 1e6)  # TFLOP/s = 1e6 FLOP/us
@@ -68,6 +76,9 @@ class AnalyticalModel:
     def part_us(self, part: PartCost) -> float:
         if part.family == STEP:  # a persistent launch holds its SMs all through: no waves to fill
             return max(self._memory_us(part), self._compute_us(part))
+        if part.family == STREAMED:
+            share = min(1.0, part.programs * self.c.programs_per_sm / self.c.sms)
+            return max(self._memory_us(part), self._compute_us(part)) / share
         return max(self._memory_us(part), self._compute_us(part)) / self.fill(part.programs)
 
     def launch_us(self, parts: list[PartCost]) -> float:
@@ -105,7 +116,8 @@ def part_costs(graph: nx.DiGraph, launch: Launch, programs: list[int]) -> list[P
     costs = []
     for part, count in zip(launch.parts, programs):
         ops = [graph.nodes[o]["op"] for o in part.ops]
-        costs.append(PartCost(FAMILY_OF.get(part.kind, part.kind), sum(o.bytes for o in ops), sum(o.flops for o in ops), count))
+        family = STREAMED if isinstance(launch.form, Streamed) else FAMILY_OF.get(part.kind, part.kind)
+        costs.append(PartCost(family, sum(o.bytes for o in ops), sum(o.flops for o in ops), count))
     return costs
 
 
