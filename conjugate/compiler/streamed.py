@@ -1,7 +1,7 @@
 """A Streamed launch compiled: one residual GEMM (o_proj or down) as the streamed kernel.
 
-    launch = CompiledStreamed.build(index, part, op, bufs, stream)   # raises ValueError if it cannot run
-    launch()                                                          # x += a @ w^T, stats and copy as planned
+    launch = CompiledStreamed.build(index, part, op, bufs, stream, sms)  # ValueError if it cannot run
+    launch()                                                              # x += a @ w^T, stats and copy as planned
 
 On a Hopper GPU it is the Gluon kernel (kernels/streamed.py) over one program per SM at most; on
 the CPU the same arithmetic runs in torch (fp32 products of the bf16 operands), so a plan with
@@ -16,6 +16,7 @@ import torch
 
 from conjugate.compiler.buffers import ModelBuffers, padded_rows
 from conjugate.compiler.feedback import Resources
+from conjugate.compiler.lower import residual_writes
 from conjugate.graph import Op
 from conjugate.kernels.tile import STATS_CHUNK
 from conjugate.plan.launch import Part
@@ -54,14 +55,12 @@ class StreamedOperands:
 
 def _operands(part: Part, op: Op, bufs: ModelBuffers) -> StreamedOperands:
     """The buffers a lowered o_proj or down reads and writes (compiler/lower.py's choices)."""
-    from conjugate.compiler.lower import residual_writes
-
     lw = bufs.prepared.weights.layers[op.layer]
     source, w = ("attn_out", lw.wo) if op.kind == "o_proj" else ("mlp", lw.w_down)
     stats_out, copy = residual_writes(op, part.norm_stats, part.mlp_fused, bufs.spec.num_layers)
     act = bufs.act
     return StreamedOperands(bufs.padded(source), w, act["x"], act["stats"] if stats_out else None,
-                     act["h"] if copy else None)
+                            act["h"] if copy else None)
 
 
 class CompiledStreamed:
