@@ -146,13 +146,17 @@ def _lower_launch(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers) -> list
     return calls
 
 
+def _sms(device: torch.device) -> int:
+    """The device's SMs; offline (meta buffers, the CPU) an H100's or H200's."""
+    return HOPPER_SMS if device.type != "cuda" else torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _compile_step(launch: Launch, bufs: RoundBuffers, sm_limits: tuple[tuple[str, int], ...]) -> CompiledStep:
     """A Step launch on the SMs its stream may use (one program each, all co-resident): the draft's
     SM limit, else every SM. On every SM it holds the target's kernels off until it ends, so beside
     a target stream the round runs the two phases one after the other; on only the SMs a limited
     target leaves it was slower still (benchmarks/results/draft_step_h100.json, "co_located")."""
-    device = bufs.draft.cache.k.device
-    sms = HOPPER_SMS if device.type != "cuda" else torch.cuda.get_device_properties(device).multi_processor_count
+    sms = _sms(bufs.draft.cache.k.device)
     programs = dict(sm_limits).get(Model.DRAFT.value, 0) or sms
     try:
         return CompiledStep.build(launch.index, bufs.draft, programs, launch.stream, sms)
@@ -166,11 +170,9 @@ def _compile_streamed(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers,
     every SM); its programs never wait for each other, so none need be co-resident."""
     part = launch.form.part
     model = bufs.model(part.model)
-    device = model.cache.k.device
-    sms = HOPPER_SMS if device.type != "cuda" else torch.cuda.get_device_properties(device).multi_processor_count
     try:
         return CompiledStreamed.build(launch.index, part, graph.nodes[part.ops[0]]["op"], model, launch.stream,
-                                      dict(sm_limits).get(part.model.value, 0) or sms)
+                                      dict(sm_limits).get(part.model.value, 0) or _sms(model.cache.k.device))
     except ValueError as e:
         raise _compile_error(launch, 0, str(e)) from e
 

@@ -15,7 +15,8 @@ finished tile is added into x by the program that owns it. In each program:
 - the epilogue adds the tile into x and, where the next norm is fused, writes the rows' statistics
   (sums of squares of each STATS_CHUNK columns, kernels/tile.py) and a bf16 copy of the finished rows.
 
-Measured against the tl template (kernels/gemm.py) in lab/stream_chain (`--epilogues`).
+Measured against the tl template (kernels/gemm.py) alone in lab/stream_chain (`--epilogues`), and in
+the verify phase by benchmarks/verify_kernels.py --streamed (results/verify_streamed_h100.json).
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl

@@ -30,11 +30,11 @@ from conjugate.agents.heuristic.candidate import Candidate, launch_parts, ledger
 from conjugate.agents.heuristic.cross import (alignment_edits, gain_edits, headroom_edits, layout_edits,
                                               mixed_edits, pattern_edits, split_edits)
 from conjugate.agents.heuristic.form import form_edits
-from conjugate.agents.heuristic.streamed import streamed_edits
 from conjugate.agents.heuristic.fusions import fusion_edits
 from conjugate.agents.heuristic.pdl import pdl_edits
 from conjugate.agents.heuristic.reduce import reduce_edits
 from conjugate.agents.heuristic.repair import repair_edits
+from conjugate.agents.heuristic.streamed import streamed_edits
 from conjugate.agents.heuristic.streams import sm_limit_edits, streams_edits
 from conjugate.agents.heuristic.tile_table import TileTable, load_tile_tables, table_for
 from conjugate.agents.heuristic.tiles import focus, launch_edits, measured_tile_edits, spill_edits, tile_edits
