@@ -6,8 +6,8 @@ families, rows a pass and the plans around it, nothing timed: its correctness lo
 Per model (a preset of each family, random weights, as both draft and target) and per (batch, k), a
 round of each plan below with both models' o_proj and down streamed is compiled, run on ragged
 lengths (context // 2 to context) and checked against the fp32 reference round. The target passes
-batch x (k + 1) rows, the draft batch: from 2 to 128, and one past it, which the compiler refuses
-(a row with its refusal). Plans:
+batch x (k + 1) rows, the draft batch: from 2 to 132 (past 64 rows in blocks of 64, three at 132).
+Plans:
   norms   `sequential` with every norm fused into its GEMM (the residual GEMMs write row statistics)
   mlp     `streams` (two streams, programmatic dependent launches released at the start) with the MLP
           fused (gate_up+down) and its norm too: o_proj writes a copy of its rows for it
@@ -71,12 +71,14 @@ def check_case(model: str, batch: int, k: int, context: int, weights, plan_name:
                   "errors": report.errors}
 
 
-# (rows, N, K, statistics, copy, programs at most)
-KERNEL_CASES = tuple((rows, 4096, 4096, True, True, 132) for rows in (1, 16, 17, 33, 65, 127, 128)) + tuple(
+# (rows, N, K, statistics, copy, programs at most): past 64 rows, blocks of 64 where the tiles leave SMs
+# idle, of 128 where they fill them (the SM limits of 7 and 3)
+KERNEL_CASES = tuple((rows, 4096, 4096, True, True, 132) for rows in (1, 16, 17, 33, 65, 127, 128, 129, 200, 256)) + tuple(
     (rows, n, k, True, rows != 40, 132) for n, k in ((200, 4096), (1000, 72), (4104, 14336), (8, 520))
     for rows in (5, 40, 128)) + tuple(
     (rows, n, k, stats, stats, sms) for sms in (1, 3, 7) for rows in (5, 128)
-    for n, k, stats in ((4096, 14336, True), (1000, 1000, False)))
+    for n, k, stats in ((4096, 14336, True), (1000, 1000, False))) + tuple(
+    (rows, 4096, 4096, True, False, sms) for sms in (3, 7) for rows in (100, 300))
 
 
 def kernel_case(rows: int, n: int, k: int, stats: bool, copy: bool, sms: int, seed: int) -> dict:
@@ -105,7 +107,8 @@ def kernel_case(rows: int, n: int, k: int, stats: bool, copy: bool, sms: int, se
         errors["copy"] = ((ops.copy.float() - new).abs().max() / new.abs().max()).item()
         ok &= errors["copy"] < 1e-2
     return {"rows": rows, "n": n, "k": k, "stats": stats, "copy": copy, "programs": launch.grid,
-            "tiles": -(-n // 64), "ok": bool(ok), "errors": errors}
+            "tiles": -(-n // 64), "row_blocks": [launch.blocks.rows, launch.blocks.count], "ok": bool(ok),
+            "errors": errors}
 
 
 def main() -> int:
@@ -136,7 +139,7 @@ def main() -> int:
         out["kernel"].append(row)
         write_json(args.json, out)
         print(f"kernel rows={row['rows']:<4} N={row['n']:<5} K={row['k']:<5} programs={row['programs']:<3} "
-              f"tiles={row['tiles']:<3}: {'ok' if row['ok'] else row['errors']}", flush=True)
+              f"tiles={row['tiles']:<3} blocks={row['row_blocks']}: {'ok' if row['ok'] else row['errors']}", flush=True)
     failed = [r for r in out["cases"] if not r["ok"] and "refused" not in r] + [r for r in out["kernel"] if not r["ok"]]
     print(f"{len(out['cases'])} rounds: {sum(r['ok'] for r in out['cases'])} ok, "
           f"{sum('refused' in r for r in out['cases'])} refused; {len(out['kernel'])} kernel cases: "

@@ -86,10 +86,10 @@ def check_lengths(lengths: torch.Tensor, batch: int, longest: int) -> None:
 
 
 def padded_rows(rows: int) -> int:
-    """Rows of a padded activation buffer: a power of two from 16 up to 128, the streamed kernel's
-    wgmma N, so its TMA boxes never reach past the buffer (a box partly outside it ran slower:
-    lab/stream_chain, `owned_padded`); more rows are not padded."""
-    return rows if rows > 128 else max(16, 1 << (rows - 1).bit_length())
+    """Rows of a padded activation buffer: a power of two from 16 up to 128, past that a multiple of
+    128, so that the streamed kernel's row blocks (its TMA boxes, wgmma's N: kernels/streamed.py) never
+    reach past the buffer (a box partly outside it ran slower: lab/stream_chain, `owned_padded`)."""
+    return -(-rows // 128) * 128 if rows > 128 else max(16, 1 << (rows - 1).bit_length())
 
 
 @dataclass

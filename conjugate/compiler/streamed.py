@@ -22,19 +22,36 @@ from conjugate.kernels.tile import STATS_CHUNK
 from conjugate.plan.launch import Part
 
 KINDS = ("o_proj", "down")  # the residual GEMMs the streamed kernel runs
-MAX_ROWS = 128  # the activation rows one tile's wgmma takes (its N)
 SMEM_BYTES = 200 * 1024  # the ring's shared memory, within an H100's or H200's 227 KB a block
 MAX_STAGES = 12
 
 
-def ring_stages(rows: int, tile_rows: int = 64, tile_k: int = 64) -> int:
-    """Ring slots that fit SMEM_BYTES: each a weight box and an activation box of `tile_k` bf16 columns."""
-    return min(MAX_STAGES, SMEM_BYTES // ((tile_rows + padded_rows(rows)) * tile_k * 2))
+@dataclass(frozen=True)
+class RowBlocks:
+    """How a's rows are dealt: blocks of `rows` (a TMA box, wgmma's N), `count` of them an item's tile."""
+    rows: int
+    count: int
 
+    @classmethod
+    def of(cls, rows: int, tiles: int, sms: int) -> "RowBlocks":
+        """All of a's rows in one block up to 64; past 64, blocks of 64 where the tiles leave SMs idle
+        (each tile then streamed by neighbouring programs, two an SM), else of 128."""
+        block = padded_rows(rows) if rows <= 64 else 64 if tiles < sms else 128
+        return cls(block, -(-rows // block))
 
-def warps(rows: int) -> int:
-    """Compute warps: two warpgroups over a's rows where they are 128, else one."""
-    return 8 if padded_rows(rows) == 128 else 4
+    @property
+    def programs_per_sm(self) -> int:
+        """Two programs share an SM where blocks of 64 split a's rows (each ring half the memory)."""
+        return 2 if self.rows == 64 and self.count > 1 else 1
+
+    @property
+    def warps(self) -> int:
+        """Compute warps: two warpgroups over blocks of 128 rows, else one."""
+        return 8 if self.rows == 128 else 4
+
+    def stages(self, tile_rows: int = 64, tile_k: int = 64) -> int:
+        """Ring slots that fit its program's share of SMEM_BYTES: a weight box and an a box a slot."""
+        return min(MAX_STAGES, SMEM_BYTES // self.programs_per_sm // ((tile_rows + self.rows) * tile_k * 2))
 
 
 @dataclass(frozen=True)
@@ -68,15 +85,16 @@ class CompiledStreamed:
 
     def __init__(self, index: int, ops: StreamedOperands, rows: int, label: str, stream: str, sms: int, gpu: bool):
         self.index, self.ops, self.rows, self.stream = index, ops, rows, stream
-        n = ops.w.shape[0]
-        self.grid = min(sms, -(-n // 64))
-        self.num_warps = warps(rows)
+        tiles = -(-ops.w.shape[0] // 64)
+        self.blocks = RowBlocks.of(rows, tiles, sms)
+        self.grid = min(sms * self.blocks.programs_per_sm, tiles * self.blocks.count)
+        self.num_warps = self.blocks.warps
         self.parts = [StreamedCall(self.grid, label)]
         self.resources = Resources()
-        self.digest = hashlib.sha256(f"streamed:{tuple(ops.w.shape)}:{rows}:{ops.stats is not None}:"
+        self.digest = hashlib.sha256(f"streamed:{tuple(ops.w.shape)}:{rows}:{self.blocks}:{ops.stats is not None}:"
                                      f"{ops.copy is not None}".encode()).hexdigest()[:16]
         try:
-            self._launch = _launch_args(ops, rows, self.grid) if gpu else None
+            self._launch = _launch_args(ops, rows, self.blocks) if gpu else None
         except (AssertionError, ValueError) as e:  # a descriptor the TMA cannot take (alignment, strides)
             raise ValueError(f"the streamed kernel's TMA descriptors: {e}") from e
 
@@ -87,8 +105,6 @@ class CompiledStreamed:
             raise ValueError(f"the streamed kernel runs {' and '.join(KINDS)}, not {op.kind}")
         if len(part.ops) != 1:
             raise ValueError(f"the streamed kernel runs one op alone, not the chain {'+'.join(part.ops)}")
-        if bufs.rows > MAX_ROWS:
-            raise ValueError(f"the streamed kernel takes up to {MAX_ROWS} activation rows; this pass has {bufs.rows}")
         ops = _operands(part, op, bufs)
         device = ops.w.device
         gpu = device.type in ("cuda", "meta")
@@ -152,14 +168,13 @@ class CompiledStreamed:
         self.resources = Resources(compiled.n_regs, compiled.n_spills, compiled.metadata.shared)
 
 
-def _launch_args(ops: StreamedOperands, rows: int, grid: int) -> tuple[tuple, dict]:
+def _launch_args(ops: StreamedOperands, rows: int, blocks: RowBlocks) -> tuple[tuple, dict]:
     """The kernel's arguments: TMA descriptors over the weights and the padded activations."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from conjugate.kernels.streamed import TILE_K, TILE_ROWS
 
-    mpad = padded_rows(rows)
 
     def descriptor(t: torch.Tensor, box_rows: int):
         return TensorDescriptor.from_tensor(t, [box_rows, TILE_K],
@@ -167,9 +182,10 @@ def _launch_args(ops: StreamedOperands, rows: int, grid: int) -> tuple[tuple, di
 
     n, k = ops.w.shape
     stats, copy = ops.stats, ops.copy
-    args = (descriptor(ops.w, TILE_ROWS), descriptor(ops.a[:mpad], mpad), rows, n, k, ops.x, ops.x.stride(0),
+    padded = ops.a[:blocks.rows * blocks.count]  # every block's box inside the buffer
+    args = (descriptor(ops.w, TILE_ROWS), descriptor(padded, blocks.rows), rows, n, k, ops.x, ops.x.stride(0),
             stats if stats is not None else ops.x, stats.stride(0) if stats is not None else 0,
             copy if copy is not None else ops.a, copy.stride(0) if copy is not None else 0)
-    kwargs = dict(STAGES=ring_stages(rows), WARPS=warps(rows), STATS_OUT=stats is not None,
-                  COPY_OUT=copy is not None, num_warps=warps(rows), maxnreg=168)
+    kwargs = dict(STAGES=blocks.stages(), WARPS=blocks.warps, STATS_OUT=stats is not None, COPY_OUT=copy is not None,
+                  ROW_BLOCKS=blocks.count, num_warps=blocks.warps, maxnreg=168)
     return args, kwargs

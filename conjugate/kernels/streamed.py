@@ -4,14 +4,16 @@
                                         results the epilogue drops); x the fp32 residual stream
 
 A tile is 64 weight rows (64 columns of x) with the whole K, so no tile is cut in K and no partial
-sum leaves its program: tiles are dealt round-robin to the programs (at most one an SM), and each
-finished tile is added into x by the program that owns it. In each program:
+sum leaves its program. An item is a tile and one of ROW_BLOCKS blocks of a's rows (a's box rows
+each: all of them, up to 128, or blocks of 64 or 128); items are dealt round-robin to the programs, a
+tile's blocks to neighbouring programs so that they read its weights through L2 together, and each
+finished item is added into x by the program that owns it. In each program:
 
 - a loader warp streams the tile's weight boxes (64 x 64) and a's (MPAD x 64) by TMA into a ring of
   STAGES slots, waiting only for free slots;
 - the compute warps run swapped wgmma (the weight box as A, a's rows as N), one in flight while the
   next slot's is issued; a slot is freed once the wgmma after it is issued and it has retired. With
-  MPAD = 128 two warpgroups share the tile, 64 of a's rows each;
+  blocks of 128 rows two warpgroups share the tile, 64 of a's rows each;
 - the epilogue adds the tile into x and, where the next norm is fused, writes the rows' statistics
   (sums of squares of each STATS_CHUNK columns, kernels/tile.py) and a bf16 copy of the finished rows.
 
@@ -30,30 +32,33 @@ _STATS_CHUNK = gl.constexpr(16)  # kernels/tile.py's STATS_CHUNK: columns of x a
 
 
 @gluon.jit
-def _load_partition(w_desc, a_desc, w_ring, a_ring, ready, empty, n_tiles, k_steps, STAGES: gl.constexpr):
-    """Each owned tile's weight and activation boxes into the ring, in K order."""
+def _load_partition(w_desc, a_desc, w_ring, a_ring, ready, empty, n_tiles, k_steps, STAGES: gl.constexpr,
+                    ROW_BLOCKS: gl.constexpr):
+    """Each owned item's weight and activation boxes into the ring, in K order."""
     nbytes: gl.constexpr = w_desc.block_type.nbytes + a_desc.block_type.nbytes
     c = 0
-    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+    for item in range(gl.program_id(0), n_tiles * ROW_BLOCKS, gl.num_programs(0)):
+        w_row = (item // ROW_BLOCKS) * w_desc.block_type.shape[0]
+        a_row = (item % ROW_BLOCKS) * a_desc.block_type.shape[0]
         for k in range(k_steps):
             s, phase = _slot(c, STAGES)
             mbarrier.wait(empty.index(s), phase ^ 1)
             mbarrier.expect(ready.index(s), nbytes)
-            tma.async_copy_global_to_shared(w_desc, [tile * w_desc.block_type.shape[0], k * w_desc.block_type.shape[1]],
-                                            ready.index(s), w_ring.index(s))
-            tma.async_copy_global_to_shared(a_desc, [0, k * a_desc.block_type.shape[1]], ready.index(s),
+            tma.async_copy_global_to_shared(w_desc, [w_row, k * w_desc.block_type.shape[1]], ready.index(s),
+                                            w_ring.index(s))
+            tma.async_copy_global_to_shared(a_desc, [a_row, k * a_desc.block_type.shape[1]], ready.index(s),
                                             a_ring.index(s))
             c += 1
 
 
 @gluon.jit
-def _residual_epilogue(acc, tile, M, N, x_ptr, stride_x, stats_ptr, stride_stats, copy_ptr, stride_copy,
+def _residual_epilogue(acc, tile, a_row, M, N, x_ptr, stride_x, stats_ptr, stride_stats, copy_ptr, stride_copy,
                        STATS_OUT: gl.constexpr, COPY_OUT: gl.constexpr):
-    """x[m, tile * 64 + r] += acc[r, m]; then the finished rows' statistics and copy where asked."""
+    """x[a_row + m, tile * 64 + r] += acc[r, m]; then the finished rows' statistics and copy where asked."""
     TILE: gl.constexpr = acc.shape[0]
     r_local = gl.arange(0, TILE, layout=gl.SliceLayout(1, acc.type.layout))
     r = tile * TILE + r_local
-    m = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
+    m = a_row + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, acc.type.layout))
     mask = (m < M)[None, :] & (r < N)[:, None]
     ptrs = x_ptr + m[None, :] * stride_x + r[:, None]
     new = gl.load(ptrs, mask=mask, other=0.0) + acc
@@ -71,14 +76,14 @@ def _residual_epilogue(acc, tile, M, N, x_ptr, stride_x, stats_ptr, stride_stats
 @gluon.jit
 def _compute_partition(w_ring, a_ring, ready, empty, M, N, n_tiles, k_steps, x_ptr, stride_x, stats_ptr,
                        stride_stats, copy_ptr, stride_copy, STAGES: gl.constexpr, WARPS: gl.constexpr,
-                       STATS_OUT: gl.constexpr, COPY_OUT: gl.constexpr):
+                       STATS_OUT: gl.constexpr, COPY_OUT: gl.constexpr, ROW_BLOCKS: gl.constexpr):
     TILE: gl.constexpr = w_ring.shape[1]
     MPAD: gl.constexpr = a_ring.shape[1]
     groups: gl.constexpr = WARPS // 4  # warpgroups side by side over a's rows
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, groups],
                                                          instr_shape=[16, MPAD // groups, 16])
     c = 0
-    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+    for item in range(gl.program_id(0), n_tiles * ROW_BLOCKS, gl.num_programs(0)):
         acc = gl.zeros((TILE, MPAD), dtype=gl.float32, layout=acc_layout)
         for k in range(k_steps):
             s, phase = _slot(c + k, STAGES)
@@ -91,16 +96,16 @@ def _compute_partition(w_ring, a_ring, ready, empty, M, N, n_tiles, k_steps, x_p
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         last, _ = _slot(c + k_steps - 1, STAGES)
         mbarrier.arrive(empty.index(last), count=1)
-        _residual_epilogue(acc, tile, M, N, x_ptr, stride_x, stats_ptr, stride_stats, copy_ptr, stride_copy,
-                           STATS_OUT, COPY_OUT)
+        _residual_epilogue(acc, item // ROW_BLOCKS, (item % ROW_BLOCKS) * MPAD, M, N, x_ptr, stride_x, stats_ptr,
+                           stride_stats, copy_ptr, stride_copy, STATS_OUT, COPY_OUT)
         c += k_steps
 
 
 @gluon.jit
 def streamed_residual_kernel(w_desc, a_desc, M, N, K, x_ptr, stride_x, stats_ptr, stride_stats, copy_ptr,
                              stride_copy, STAGES: gl.constexpr, WARPS: gl.constexpr, STATS_OUT: gl.constexpr,
-                             COPY_OUT: gl.constexpr):
-    """Persistent over the owned tiles; launch with num_warps=WARPS (4, or 8 where MPAD is 128)."""
+                             COPY_OUT: gl.constexpr, ROW_BLOCKS: gl.constexpr):
+    """Persistent over the owned items; launch with num_warps=WARPS (4, or 8 where a's box is 128 rows)."""
     TILE: gl.constexpr = w_desc.block_type.shape[0]
     BK: gl.constexpr = w_desc.block_type.shape[1]
     MPAD: gl.constexpr = a_desc.block_type.shape[0]
@@ -111,6 +116,6 @@ def streamed_residual_kernel(w_desc, a_desc, M, N, K, x_ptr, stride_x, stats_ptr
     ready, empty = ring_barriers(STAGES)
     gl.warp_specialize([
         (_compute_partition, (w_ring, a_ring, ready, empty, M, N, n_tiles, k_steps, x_ptr, stride_x, stats_ptr,
-                              stride_stats, copy_ptr, stride_copy, STAGES, WARPS, STATS_OUT, COPY_OUT)),
-        (_load_partition, (w_desc, a_desc, w_ring, a_ring, ready, empty, n_tiles, k_steps, STAGES)),
+                              stride_stats, copy_ptr, stride_copy, STAGES, WARPS, STATS_OUT, COPY_OUT, ROW_BLOCKS)),
+        (_load_partition, (w_desc, a_desc, w_ring, a_ring, ready, empty, n_tiles, k_steps, STAGES, ROW_BLOCKS)),
     ], [1], [40])
