@@ -8,7 +8,9 @@ round of each plan below with both models' o_proj and down streamed is compiled,
 lengths (context // 2 to context) and checked against the fp32 reference round. The target passes
 batch x (k + 1) rows, the draft batch: from 2 to 128, and one past it, which the compiler refuses
 (a row with its refusal). Plans:
-  norms   `sequential` with every norm fused into its GEMM (the residual GEMMs write row statistics)
+  norms   `sequential` with every norm fused into its GEMM (the residual GEMMs write row statistics),
+          programmatic dependent launches released at the end (the streamed kernel's weights load
+          before it waits for the kernel before)
   mlp     `streams` (two streams, programmatic dependent launches released at the start) with the MLP
           fused (gate_up+down) and its norm too: o_proj writes a copy of its rows for it
 Then (`kernel`) the kernel alone against torch on shapes the examples do not reach: N and K not
@@ -47,7 +49,7 @@ def plans() -> dict:
     norms = load_plan(shipped_plan("sequential")).to_dict()
     mlp = load_plan(shipped_plan("streams")).to_dict()
     for model in ("draft", "target"):
-        norms[model] |= {"fusions": NORMS, "streamed": ["down", "o_proj"]}
+        norms[model] |= {"fusions": NORMS, "streamed": ["down", "o_proj"], "pdl": "end"}
         mlp[model] |= {"fusions": NORMS + ["gate_up+down"], "streamed": ["down", "o_proj"], "pdl": "start"}
     return {"norms": validate_plan(norms), "mlp": validate_plan(mlp)}
 

@@ -16,7 +16,9 @@ sweep's copy rate, from a cold L2 (a sweep's numbers, converted; its GPU and com
 "verify_ms", "ratio", "check"}. With `--streamed`, the same plan with the target's o_proj and down
 run by the streamed kernel (`target.streamed`) too, checked, and both phases timed in --passes
 interleaved passes: "variants": {"sequential" | "streamed": {"verify_ms", "passes_ms", "check"}}, and
-"verify_ms" the sequential plan's median of its passes.
+"verify_ms" the sequential plan's median of its passes. `--pdl start` (or `end`) adds each of those
+plans again with the target's launches programmatic dependent ones released there, as
+"sequential+pdl=start" and "streamed+pdl=start", timed in the same interleaved passes.
 """
 from __future__ import annotations
 
@@ -50,7 +52,17 @@ def streamed_plan(plan):
     return validate_plan(raw)
 
 
-def measure_phase(path: Path, replays: int, copy_gbs: float, streamed: bool = False, passes: int = 3) -> dict:
+def with_pdl(plan, trigger: str):
+    """`plan` with the target's launches programmatic dependent ones released at `trigger`."""
+    from conjugate.plan import validate_plan
+
+    raw = plan.to_dict()
+    raw["target"]["pdl"] = trigger
+    return validate_plan(raw)
+
+
+def measure_phase(path: Path, replays: int, copy_gbs: float, streamed: bool = False, passes: int = 3,
+                  pdl: tuple[str, ...] = ()) -> dict:
     import torch
 
     from conjugate.compiler.round import compile_round
@@ -68,6 +80,8 @@ def measure_phase(path: Path, replays: int, copy_gbs: float, streamed: bool = Fa
            "rows": case.workload.target_batch * (case.workload.k + 1)}
     sequential = load_plan(shipped_plan("sequential"))
     plans = {"sequential": sequential} | ({"streamed": streamed_plan(sequential)} if streamed else {})
+    plans |= {f"{name}+pdl={t}": with_pdl(plan, t) for t in pdl for name, plan in list(plans.items())}
+    compared = len(plans) > 1
     variants, phases, rounds = {}, {}, {}  # rounds: alive while their captured graphs replay over their buffers
     for name, plan in plans.items():  # every variant checked before any is timed
         rounds[name] = compiled = compile_round(plan, case.workload, case.draft, case.target, graph=case.graph)
@@ -79,7 +93,7 @@ def measure_phase(path: Path, replays: int, copy_gbs: float, streamed: bool = Fa
             phases[name] = capture(compiled.phase(Model.TARGET), device)
         else:
             print(f"{row['workload']} {name}: check failed {report.problems[:3]}", flush=True)
-    for _ in range(passes if streamed else 1):
+    for _ in range(passes if compared else 1):
         for name, phase in phases.items():
             variants[name]["passes_ms"].append(time_replays(phase.replay, replays, warmup=20).median_ms)
     for name, v in variants.items():
@@ -91,7 +105,7 @@ def measure_phase(path: Path, replays: int, copy_gbs: float, streamed: bool = Fa
     if "verify_ms" in variants["sequential"]:
         row["verify_ms"] = variants["sequential"]["verify_ms"]
         row["ratio"] = row["verify_ms"] / floor_ms
-    if streamed:
+    if compared:
         row["variants"] = variants
     return row
 
@@ -103,7 +117,9 @@ def main() -> int:
     parser.add_argument("--replays", type=int, default=100)
     parser.add_argument("--streamed", action="store_true",
                         help="also the target's o_proj and down as the streamed kernel, timed interleaved")
-    parser.add_argument("--passes", type=int, default=3, help="interleaved passes with --streamed")
+    parser.add_argument("--passes", type=int, default=3, help="interleaved passes with --streamed or --pdl")
+    parser.add_argument("--pdl", nargs="*", choices=("start", "end"), default=[],
+                        help="also each plan with the target's launches programmatic dependent ones, timed interleaved")
     args = parser.parse_args()
     if not args.workloads and not args.sweeps:
         parser.error("nothing to do: give workloads to time, --sweeps to convert, or both")
@@ -137,17 +153,19 @@ def main() -> int:
 
         out["copy_gbs"] = copy_gbs = copy_bandwidth_gbs(torch.device("cuda"))
         for path in args.workloads:
-            out["phases"].append(measure_phase(path, args.replays, copy_gbs, args.streamed, args.passes))
+            out["phases"].append(measure_phase(path, args.replays, copy_gbs, args.streamed, args.passes,
+                                               tuple(args.pdl)))
             write_json(args.json, out)
     write_json(args.json, out)
     low = [r for r in out["shapes"] if r["bw_fraction"] < (0.80 if r["kind"] == "attention" else 0.85)]
     print(f"{len(out['shapes'])} shapes, {len(low)} under #49's share (GEMMs 85%, attention 80% of copy)")
     for r in out["phases"]:
         if "verify_ms" in r:
-            streamed = r.get("variants", {}).get("streamed", {}).get("verify_ms")
+            others = {name: v["verify_ms"] for name, v in r.get("variants", {}).items()
+                      if name != "sequential" and "verify_ms" in v}
             print(f"{r['workload']:<24} verify {r['verify_ms']:7.3f} ms  floor {r['verify_floor_ms']:7.3f}  "
-                  f"{r['ratio']:.2f}x" + (f"  streamed {streamed:7.3f} ms ({streamed / r['verify_ms']:.3f})"
-                                          if streamed else ""))
+                  f"{r['ratio']:.2f}x" + "".join(f"  {name} {ms:7.3f} ({ms / r['verify_ms']:.3f})"
+                                                 for name, ms in others.items()))
     return 0
 
 

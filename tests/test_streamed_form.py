@@ -71,7 +71,7 @@ def test_the_schedule_streams_the_kinds_where_a_launch_holds_them_alone():
     streamed = [l for l in schedule.launches if isinstance(l.form, Streamed)]
     layers = TINY.weights(Model.TARGET).spec.num_layers
     assert sorted(l.ops[0].split(".")[-1] for l in streamed) == ["down"] * layers + ["o_proj"] * layers
-    assert all(l.parts[0].model == Model.TARGET and l.pdl == Pdl.NONE for l in streamed)  # launched plainly
+    assert all(l.parts[0].model == Model.TARGET and l.pdl == Pdl.START for l in streamed)  # the model's trigger
     assert not any(isinstance(l.form, Streamed) for l in schedule.launches if l.ops[0].startswith("d."))
     shared = expand(validate_plan(_plan("interleave", draft=("down", "o_proj"))), TINY)
     for launch in shared.launches:  # a launch shared with the other model keeps the tile kernel
@@ -201,37 +201,44 @@ from conjugate.models.weights import meta_weights
 from conjugate.plan import load_plan, validate_plan
 from conjugate.workload import load_workload
 
-for name, fusions in (("llama-1b-8b-b8", ["attn_norm+qkv", "mlp_norm+gate_up", "gate_up+down"]),
-                      ("llama-1b-8b-b32", ["attn_norm+qkv", "mlp_norm+gate_up"])):  # 40 and 128 rows a pass
+for name, fusions, pdl in (("llama-1b-8b-b8", ["attn_norm+qkv", "mlp_norm+gate_up", "gate_up+down"], "start"),
+                           ("llama-1b-8b-b32", ["attn_norm+qkv", "mlp_norm+gate_up"], "none")):  # 40, 128 rows
     w = load_workload(Path(f"examples/{name}.toml"))
     plan = load_plan(Path("plans/sequential.json")).to_dict()
     plan["target"]["streamed"] = ["down", "o_proj"]
     plan["target"]["fusions"] = fusions
+    plan["target"]["pdl"] = pdl
     compiled = compile_round(validate_plan(plan), w, meta_weights(w.draft, torch.bfloat16),
                              meta_weights(w.target, torch.bfloat16), cache_dir=Path(tempfile.mkdtemp()))
     seen = set()
     for launch, r in zip(compiled.launches, compile_resources(compiled)):
         if isinstance(launch, CompiledStreamed) and launch.parts[0].label.split(".")[-1] not in seen:
             seen.add(launch.parts[0].label.split(".")[-1])
-            print(launch.rows, launch.parts[0].label, launch.num_warps, r.registers, r.spills, r.shared_bytes)
+            print(launch.rows, launch.parts[0].label, launch.num_warps, r.registers, r.spills, r.shared_bytes,
+                  launch.manifest()["pdl_trigger"])
 """
 
 
 @pytest.mark.skipif(not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists(),
                     reason="this Triton bundles no ptxas")
 def test_the_streamed_kernel_compiles_for_hopper(tmp_path):
-    """At 40 rows (one warpgroup) o_proj with its copy of the rows for a fused MLP (down inside it), at
-    128 (two warpgroups) o_proj and down with the row statistics: within a program's registers, no
-    local memory, Hopper's shared memory."""
+    """At 40 rows (one warpgroup) o_proj with its copy of the rows for a fused MLP (down inside it), a
+    programmatic dependent launch; at 128 (two warpgroups) o_proj and down with the row statistics:
+    within a program's registers, no local memory, Hopper's shared memory; the PDL kernel waits for
+    the kernel before (after its weights) and releases the next, the others neither."""
     env = os.environ | {"TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(tmp_path)}
     proc = subprocess.run([sys.executable, "-c", STREAMED_COMPILE], capture_output=True, text=True, env=env,
                           cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line.split() for line in proc.stdout.splitlines()]
-    assert [(r[0], r[1].split(".")[-1], r[2]) for r in rows] == [("40", "o_proj", "4"), ("128", "o_proj", "8"),
-                                                                  ("128", "down", "8")]
-    for _, _, _, regs, spills, shared in rows:
+    assert [(r[0], r[1].split(".")[-1], r[2], r[6]) for r in rows] == [
+        ("40", "o_proj", "4", "start"), ("128", "o_proj", "8", "none"), ("128", "down", "8", "none")]
+    for _, _, _, regs, spills, shared, _ in rows:
         assert int(regs) <= 168 and int(spills) == 0 and 100_000 < int(shared) <= 232_448
+    ptx = [p.read_text() for p in tmp_path.rglob("streamed_residual_kernel.ptx")]
+    assert len(ptx) == 3
+    assert sorted(("griddepcontrol.wait" in p, "griddepcontrol.launch_dependents" in p) for p in ptx) == [
+        (False, False), (False, False), (True, True)]
 
 
 def test_a_failure_of_a_streamed_launch_is_repaired_by_the_tile_kernel():

@@ -42,3 +42,18 @@ def test_sweeps_alone_need_no_gpu_and_bad_input_is_one_line(tmp_path):
     assert run_script("verify_kernels", "--json", tmp_path / "w.json").returncode == 2  # nothing to do
     proc = run_script("verify_kernels", tmp_path / "missing.toml", "--json", tmp_path / "w.json")
     assert proc.returncode == 2 and "missing.toml" in proc.stderr and not (tmp_path / "w.json").exists()
+
+
+def test_the_compared_plans_differ_only_where_named():
+    """--streamed streams the target's residual GEMMs; --pdl sets the target's trigger; nothing else moves."""
+    from conjugate.paths import shipped_plan
+    from conjugate.plan import load_plan
+
+    script = load_script("verify_kernels")
+    sequential = load_plan(shipped_plan("sequential"))
+    base = sequential.to_dict()
+    assert base["target"]["streamed"] == [] and base["target"]["pdl"] == "none"
+    streamed = script.streamed_plan(sequential).to_dict()
+    assert streamed == base | {"target": base["target"] | {"streamed": ["down", "o_proj"]}}
+    pdl = script.with_pdl(script.streamed_plan(sequential), "end").to_dict()
+    assert pdl == base | {"target": base["target"] | {"streamed": ["down", "o_proj"], "pdl": "end"}}

@@ -164,7 +164,7 @@ def _compile_step(launch: Launch, bufs: RoundBuffers, sm_limits: tuple[tuple[str
         raise _compile_error(launch, 0, str(e)) from e
 
 
-def _compile_streamed(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers,
+def _compile_streamed(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers, pdl: Pdl,
                       sm_limits: tuple[tuple[str, int], ...]) -> CompiledStreamed:
     """A Streamed launch: at most a program for each SM its stream may use (its model's SM limit, else
     every SM); its programs never wait for each other, so none need be co-resident."""
@@ -172,7 +172,7 @@ def _compile_streamed(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers,
     model = bufs.model(part.model)
     try:
         return CompiledStreamed.build(launch.index, part, graph.nodes[part.ops[0]]["op"], model, launch.stream,
-                                      dict(sm_limits).get(part.model.value, 0) or _sms(model.cache.k.device))
+                                      dict(sm_limits).get(part.model.value, 0) or _sms(model.cache.k.device), pdl)
     except ValueError as e:
         raise _compile_error(launch, 0, str(e)) from e
 
@@ -183,7 +183,7 @@ def _compile_launch(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers, cache
     if isinstance(launch.form, Step):
         return _compile_step(launch, bufs, sm_limits)
     if isinstance(launch.form, Streamed):
-        return _compile_streamed(launch, graph, bufs, sm_limits)
+        return _compile_streamed(launch, graph, bufs, pdl, sm_limits)
     return CompiledLaunch.build(launch.index, launch.form, _lower_launch(launch, graph, bufs), cache,
                                 num_warps=launch.num_warps, num_stages=launch.num_stages, stream=launch.stream,
                                 pdl=pdl, launch_bytes=launch.bytes)

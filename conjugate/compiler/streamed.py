@@ -3,9 +3,10 @@
     launch = CompiledStreamed.build(index, part, op, bufs, stream, sms)  # ValueError if it cannot run
     launch()                                                              # x += a @ w^T, stats and copy as planned
 
-On a Hopper GPU it is the Gluon kernel (kernels/streamed.py) over one program per SM at most; on
-the CPU the same arithmetic runs in torch (fp32 products of the bf16 operands), so a plan with
-streamed launches checks and generates there too.
+On a Hopper GPU it is the Gluon kernel (kernels/streamed.py) over one program per SM at most, a
+programmatic dependent launch where the plan's trigger says so (its weights load before it waits for
+the kernel before); on the CPU the same arithmetic runs in torch (fp32 products of the bf16 operands),
+so a plan with streamed launches checks and generates there too.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from conjugate.compiler.feedback import Resources
 from conjugate.compiler.lower import residual_writes
 from conjugate.graph import Op
 from conjugate.kernels.tile import STATS_CHUNK
-from conjugate.plan.launch import Part
+from conjugate.plan.launch import Part, Pdl
 
 KINDS = ("o_proj", "down")  # the residual GEMMs the streamed kernel runs
 MAX_ROWS = 128  # the activation rows one tile's wgmma takes (its N)
@@ -64,25 +65,29 @@ def _operands(part: Part, op: Op, bufs: ModelBuffers) -> StreamedOperands:
 
 
 class CompiledStreamed:
-    num_stages, pdl = 1, False
+    num_stages = 1
 
-    def __init__(self, index: int, ops: StreamedOperands, rows: int, label: str, stream: str, sms: int, gpu: bool):
-        self.index, self.ops, self.rows, self.stream = index, ops, rows, stream
+    def __init__(self, index: int, ops: StreamedOperands, rows: int, label: str, stream: str, sms: int, gpu: bool,
+                 trigger: Pdl = Pdl.NONE):
+        self.index, self.ops, self.rows, self.stream, self.trigger = index, ops, rows, stream, trigger
+        self.pdl = trigger != Pdl.NONE  # launched as a programmatic dependent launch
         n = ops.w.shape[0]
         self.grid = min(sms, -(-n // 64))
         self.num_warps = warps(rows)
         self.parts = [StreamedCall(self.grid, label)]
         self.resources = Resources()
         self.digest = hashlib.sha256(f"streamed:{tuple(ops.w.shape)}:{rows}:{ops.stats is not None}:"
-                                     f"{ops.copy is not None}".encode()).hexdigest()[:16]
+                                     f"{ops.copy is not None}:{trigger}".encode()).hexdigest()[:16]
         try:
-            self._launch = _launch_args(ops, rows, self.grid) if gpu else None
+            self._launch = _launch_args(ops, rows, self.grid, trigger) if gpu else None
         except (AssertionError, ValueError) as e:  # a descriptor the TMA cannot take (alignment, strides)
             raise ValueError(f"the streamed kernel's TMA descriptors: {e}") from e
 
     @classmethod
-    def build(cls, index: int, part: Part, op: Op, bufs: ModelBuffers, stream: str, sms: int) -> "CompiledStreamed":
-        """`part` (one o_proj or down) as a streamed launch on at most `sms` programs."""
+    def build(cls, index: int, part: Part, op: Op, bufs: ModelBuffers, stream: str, sms: int,
+              trigger: Pdl = Pdl.NONE) -> "CompiledStreamed":
+        """`part` (one o_proj or down) as a streamed launch on at most `sms` programs, `trigger` its
+        programmatic dependent launch (round.launch_pdl: none on the CPU)."""
         if op.kind not in KINDS:
             raise ValueError(f"the streamed kernel runs {' and '.join(KINDS)}, not {op.kind}")
         if len(part.ops) != 1:
@@ -99,7 +104,7 @@ class CompiledStreamed:
             raise ValueError(f"the streamed kernel multiplies bf16; this model's weights are {ops.w.dtype}")
         if gpu and ops.w.shape[1] % 8:
             raise ValueError(f"the streamed kernel's weight rows must be 16-byte aligned; K={ops.w.shape[1]}")
-        return cls(index, ops, bufs.rows, "+".join(part.ops), stream, sms, gpu)
+        return cls(index, ops, bufs.rows, "+".join(part.ops), stream, sms, gpu, trigger)
 
     @property
     def record_name(self) -> str:
@@ -112,7 +117,7 @@ class CompiledStreamed:
 
     def manifest(self, pdl: str = "none") -> dict:
         return {"launch": self.index, "kernel": self.kernel_file, "grid": self.grid, "stream": self.stream,
-                "pdl_trigger": "none", "parts": [{"ops": self.parts[0].label, "tile": self.record_name,
+                "pdl_trigger": str(self.trigger), "parts": [{"ops": self.parts[0].label, "tile": self.record_name,
                                                   "programs": self.grid}]}
 
     def gluon_launch(self) -> tuple:
@@ -152,7 +157,7 @@ class CompiledStreamed:
         self.resources = Resources(compiled.n_regs, compiled.n_spills, compiled.metadata.shared)
 
 
-def _launch_args(ops: StreamedOperands, rows: int, grid: int) -> tuple[tuple, dict]:
+def _launch_args(ops: StreamedOperands, rows: int, grid: int, trigger: Pdl) -> tuple[tuple, dict]:
     """The kernel's arguments: TMA descriptors over the weights and the padded activations."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -171,5 +176,6 @@ def _launch_args(ops: StreamedOperands, rows: int, grid: int) -> tuple[tuple, di
             stats if stats is not None else ops.x, stats.stride(0) if stats is not None else 0,
             copy if copy is not None else ops.a, copy.stride(0) if copy is not None else 0)
     kwargs = dict(STAGES=ring_stages(rows), WARPS=warps(rows), STATS_OUT=stats is not None,
-                  COPY_OUT=copy is not None, num_warps=warps(rows), maxnreg=168)
+                  COPY_OUT=copy is not None, PDL=str(trigger), num_warps=warps(rows), maxnreg=168,
+                  launch_pdl=trigger != Pdl.NONE)
     return args, kwargs

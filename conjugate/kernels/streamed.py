@@ -15,6 +15,12 @@ finished tile is added into x by the program that owns it. In each program:
 - the epilogue adds the tile into x and, where the next norm is fused, writes the rows' statistics
   (sums of squares of each STATS_CHUNK columns, kernels/tile.py) and a bf16 copy of the finished rows.
 
+Launched as a programmatic dependent launch (PDL "start" or "end", the plan's trigger), it starts while
+the kernel before it ends: the loader fills the ring's first STAGES slots with weights, which nothing in
+a round writes, and only then waits for that kernel (griddepcontrol.wait) before the first activation
+box; the compute warps wait too before they touch x. The next launch may start once every program has
+begun its tiles ("start") or finished them ("end").
+
 Measured against the tl template (kernels/gemm.py) alone in lab/stream_chain (`--epilogues`), and in
 the verify phase by benchmarks/verify_kernels.py --streamed (results/verify_streamed_h100.json).
 """
@@ -30,20 +36,59 @@ _STATS_CHUNK = gl.constexpr(16)  # kernels/tile.py's STATS_CHUNK: columns of x a
 
 
 @gluon.jit
-def _load_partition(w_desc, a_desc, w_ring, a_ring, ready, empty, n_tiles, k_steps, STAGES: gl.constexpr):
-    """Each owned tile's weight and activation boxes into the ring, in K order."""
+def _grid_dependency_wait():
+    """griddepcontrol.wait: the kernel before this one on its stream has ended and its writes are visible."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _launch_dependents():
+    """griddepcontrol.launch_dependents: the next launch on this stream may start once every program has."""
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
+@gluon.jit
+def _load_weights(w_desc, w_ring, ready, c, k_steps, STAGES: gl.constexpr):
+    """The c-th weight box of this program's tiles (tile c // k_steps of those it owns) into its slot."""
+    s = c % STAGES
+    tile = gl.program_id(0) + (c // k_steps) * gl.num_programs(0)
+    tma.async_copy_global_to_shared(w_desc, [tile * w_desc.block_type.shape[0], (c % k_steps) * w_desc.block_type.shape[1]],
+                                    ready.index(s), w_ring.index(s))
+
+
+@gluon.jit
+def _load_activations(a_desc, a_ring, ready, c, k_steps, STAGES: gl.constexpr):
+    """The activation box beside the c-th weight box: a's rows at the same K."""
+    s = c % STAGES
+    tma.async_copy_global_to_shared(a_desc, [0, (c % k_steps) * a_desc.block_type.shape[1]], ready.index(s),
+                                    a_ring.index(s))
+
+
+@gluon.jit
+def _load_partition(w_desc, a_desc, w_ring, a_ring, ready, empty, n_tiles, k_steps, STAGES: gl.constexpr,
+                    PDL: gl.constexpr):
+    """Each owned tile's weight and activation boxes into the ring, in K order; under PDL the first
+    STAGES slots' weights before the wait for the kernel before, their activations after it."""
     nbytes: gl.constexpr = w_desc.block_type.nbytes + a_desc.block_type.nbytes
-    c = 0
-    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        for k in range(k_steps):
-            s, phase = _slot(c, STAGES)
-            mbarrier.wait(empty.index(s), phase ^ 1)
-            mbarrier.expect(ready.index(s), nbytes)
-            tma.async_copy_global_to_shared(w_desc, [tile * w_desc.block_type.shape[0], k * w_desc.block_type.shape[1]],
-                                            ready.index(s), w_ring.index(s))
-            tma.async_copy_global_to_shared(a_desc, [0, k * a_desc.block_type.shape[1]], ready.index(s),
-                                            a_ring.index(s))
-            c += 1
+    programs = gl.num_programs(0)
+    total = (n_tiles - gl.program_id(0) + programs - 1) // programs * k_steps  # boxes of the owned tiles
+    first: gl.constexpr = STAGES if PDL != "none" else 0
+    if PDL != "none":  # the ring's slots start free: no wait on `empty`
+        for c in gl.static_range(STAGES):
+            if c < total:
+                mbarrier.expect(ready.index(c), nbytes)
+                _load_weights(w_desc, w_ring, ready, c, k_steps, STAGES)
+        _grid_dependency_wait()
+        for c in gl.static_range(STAGES):
+            if c < total:
+                _load_activations(a_desc, a_ring, ready, c, k_steps, STAGES)
+    for c in range(first, total):
+        s, phase = _slot(c, STAGES)
+        mbarrier.wait(empty.index(s), phase ^ 1)
+        mbarrier.expect(ready.index(s), nbytes)
+        _load_weights(w_desc, w_ring, ready, c, k_steps, STAGES)
+        _load_activations(a_desc, a_ring, ready, c, k_steps, STAGES)
 
 
 @gluon.jit
@@ -71,7 +116,11 @@ def _residual_epilogue(acc, tile, M, N, x_ptr, stride_x, stats_ptr, stride_stats
 @gluon.jit
 def _compute_partition(w_ring, a_ring, ready, empty, M, N, n_tiles, k_steps, x_ptr, stride_x, stats_ptr,
                        stride_stats, copy_ptr, stride_copy, STAGES: gl.constexpr, WARPS: gl.constexpr,
-                       STATS_OUT: gl.constexpr, COPY_OUT: gl.constexpr):
+                       STATS_OUT: gl.constexpr, COPY_OUT: gl.constexpr, PDL: gl.constexpr):
+    if PDL != "none":  # x is read and written below: after the kernel before has ended
+        _grid_dependency_wait()
+    if PDL == "start":
+        _launch_dependents()
     TILE: gl.constexpr = w_ring.shape[1]
     MPAD: gl.constexpr = a_ring.shape[1]
     groups: gl.constexpr = WARPS // 4  # warpgroups side by side over a's rows
@@ -94,13 +143,16 @@ def _compute_partition(w_ring, a_ring, ready, empty, M, N, n_tiles, k_steps, x_p
         _residual_epilogue(acc, tile, M, N, x_ptr, stride_x, stats_ptr, stride_stats, copy_ptr, stride_copy,
                            STATS_OUT, COPY_OUT)
         c += k_steps
+    if PDL == "end":
+        _launch_dependents()
 
 
 @gluon.jit
 def streamed_residual_kernel(w_desc, a_desc, M, N, K, x_ptr, stride_x, stats_ptr, stride_stats, copy_ptr,
                              stride_copy, STAGES: gl.constexpr, WARPS: gl.constexpr, STATS_OUT: gl.constexpr,
-                             COPY_OUT: gl.constexpr):
-    """Persistent over the owned tiles; launch with num_warps=WARPS (4, or 8 where MPAD is 128)."""
+                             COPY_OUT: gl.constexpr, PDL: gl.constexpr):
+    """Persistent over the owned tiles; launch with num_warps=WARPS (4, or 8 where MPAD is 128), and
+    with launch_pdl=True where PDL is "start" or "end" (the plan's trigger; "none" otherwise)."""
     TILE: gl.constexpr = w_desc.block_type.shape[0]
     BK: gl.constexpr = w_desc.block_type.shape[1]
     MPAD: gl.constexpr = a_desc.block_type.shape[0]
@@ -111,6 +163,6 @@ def streamed_residual_kernel(w_desc, a_desc, M, N, K, x_ptr, stride_x, stats_ptr
     ready, empty = ring_barriers(STAGES)
     gl.warp_specialize([
         (_compute_partition, (w_ring, a_ring, ready, empty, M, N, n_tiles, k_steps, x_ptr, stride_x, stats_ptr,
-                              stride_stats, copy_ptr, stride_copy, STAGES, WARPS, STATS_OUT, COPY_OUT)),
-        (_load_partition, (w_desc, a_desc, w_ring, a_ring, ready, empty, n_tiles, k_steps, STAGES)),
+                              stride_stats, copy_ptr, stride_copy, STAGES, WARPS, STATS_OUT, COPY_OUT, PDL)),
+        (_load_partition, (w_desc, a_desc, w_ring, a_ring, ready, empty, n_tiles, k_steps, STAGES, PDL)),
     ], [1], [40])

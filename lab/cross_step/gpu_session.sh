@@ -61,8 +61,12 @@ verify49)  # #49's H200 record: the B=32 example's sweep, then every example's v
         examples/llama-1b-3b-b16-ctx4k.toml examples/qwen25-15b-14b-b4.toml examples/qwen3-06b-8b-b4.toml \
         examples/llama-1b-8b-b8.toml examples/llama-1b-8b-b1.toml examples/qwen25-05b-7b-b8.toml \
         --sweeps "$out/kernel_sweep_b32.json" --streamed --json "$out/verify_kernels.json" ;;
+streamed_pdl)  # the streamed kernel's weights loaded before its PDL wait: does PDL pay in the verify phase?
+    run 420 verify_pdl python benchmarks/verify_kernels.py examples/llama-1b-8b-b32.toml \
+        examples/llama-1b-3b-b16-ctx4k.toml examples/qwen3-06b-8b-b4.toml examples/llama-1b-8b-b1.toml \
+        --streamed --pdl start end --json "$out/verify_pdl.json" ;;
 streamed_checks)  # the streamed kernel's correctness log on this GPU
     run 500 streamed_checks python benchmarks/streamed_checks.py --json "$out/streamed_checks.json" ;;
 *)
-    echo "usage: bash lab/cross_step/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_checks" >&2; exit 2 ;;
+    echo "usage: bash lab/cross_step/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|streamed_checks" >&2; exit 2 ;;
 esac
