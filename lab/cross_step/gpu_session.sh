@@ -12,7 +12,8 @@
 #        chain of dependent GEMMs (lab/narrow_tiles); verify49: #49's record (the B=32 example's kernel
 #        sweep, then every example's verify phase against its floor, by the tile kernel and with the
 #        target's o_proj and down streamed, benchmarks/verify_kernels.py); streamed_checks: the streamed
-#        kernel's correctness log (benchmarks/streamed_checks.py).
+#        kernel's correctness log (benchmarks/streamed_checks.py); streamed_pdl: the verify phase, tile kernel
+#        and streamed, each plain and as programmatic dependent launches released at the start and at the end.
 # Every script checks before it times; a failing variant is a row, not the end of the call.
 set -uo pipefail
 out=${OUT:-/tmp/out}
