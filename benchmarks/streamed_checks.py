@@ -9,8 +9,7 @@ lengths (context // 2 to context) and checked against the fp32 reference round. 
 batch x (k + 1) rows, the draft batch: from 2 to 128, and one past it, which the compiler refuses
 (a row with its refusal). Plans:
   norms   `sequential` with every norm fused into its GEMM (the residual GEMMs write row statistics),
-          programmatic dependent launches released at the end (the streamed kernel's weights load
-          before it waits for the kernel before)
+          programmatic dependent launches released at the end
   mlp     `streams` (two streams, programmatic dependent launches released at the start) with the MLP
           fused (gate_up+down) and its norm too: o_proj writes a copy of its rows for it
 Then (`kernel`) the kernel alone against torch on shapes the examples do not reach: N and K not

@@ -4,9 +4,9 @@
     launch()                                                              # x += a @ w^T, stats and copy as planned
 
 On a Hopper GPU it is the Gluon kernel (kernels/streamed.py) over one program per SM at most, a
-programmatic dependent launch where the plan's trigger says so (its weights load before it waits for
-the kernel before); on the CPU the same arithmetic runs in torch (fp32 products of the bf16 operands),
-so a plan with streamed launches checks and generates there too.
+programmatic dependent launch where the plan's trigger says so; on the CPU the same arithmetic runs
+in torch (fp32 products of the bf16 operands), so a plan with streamed launches checks and generates
+there too.
 """
 from __future__ import annotations
 

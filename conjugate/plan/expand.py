@@ -18,8 +18,8 @@ With `draft.form: step` the draft is one unit holding all its ops, launched alon
 (a Step launch, kernels/step); no draft op can then be pinned into a target launch.
 
 A model's `streamed` kinds (o_proj, down) run as the streamed kernel (a Streamed launch,
-kernels/streamed.py) wherever their launch holds the op alone, under the launch's `pdl` like any other
-(its weights load before it waits); a launch shared with the other model keeps the tile kernel.
+kernels/streamed.py) wherever their launch holds the op alone, under the launch's `pdl` like any other;
+a launch shared with the other model keeps the tile kernel.
 
 `pdl` marks each launch of a model to start while the kernel before it on its stream ends; an
 override's `pdl` sets the trigger of the launches it matches. The finished schedule is checked against
