@@ -22,6 +22,7 @@ plans again with the target's launches programmatic dependent ones released ther
 """
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
@@ -156,6 +157,8 @@ def main() -> int:
             out["phases"].append(measure_phase(path, args.replays, copy_gbs, args.streamed, args.passes,
                                                tuple(args.pdl)))
             write_json(args.json, out)
+            gc.collect()  # the workload's rounds and graphs, before the next one's
+            torch.cuda.empty_cache()
     write_json(args.json, out)
     low = [r for r in out["shapes"] if r["bw_fraction"] < (0.80 if r["kind"] == "attention" else 0.85)]
     print(f"{len(out['shapes'])} shapes, {len(low)} under #49's share (GEMMs 85%, attention 80% of copy)")
