@@ -10,7 +10,7 @@ from conjugate.compiler.round import compile_round
 from conjugate.evaluate.ledger import KernelRecord, Ledger, LedgerError, match_launches
 from conjugate.evaluate.result import LedgerSummary
 from conjugate.graph import build_graph
-from conjugate.plan import load_plan
+from conjugate.plan import load_plan, validate_plan
 from test_round import ROOT, _round
 
 STREAM_IDS = {"main": 7, "draft": 8, "target": 9}
@@ -243,3 +243,27 @@ def test_the_llm_prompt_shows_each_shared_launch_against_two_streams():
     row = next(line for line in text.splitlines() if line.startswith('- {"launch":4'))
     assert '"verdict":"gain"' in row and '"overlap_us":7.0' in row and '"vs_overlap":"interference"' in row
     assert '"gain_vs_overlap_percent":-28.6' in row and "two-stream plan would make of them" in text
+
+
+def test_a_kernel_launched_on_both_streams_is_matched_per_stream(tmp_path):
+    """Both models' o_proj and down as the streamed kernel (one kernel name on two streams), the
+    draft's stream ten times slower: its records arrive in a different order from the launches', and
+    each still meets its own launch."""
+    rnd = _round("llama")
+    raw = load_plan(ROOT / "plans" / "streams.json").to_dict()
+    for model in ("draft", "target"):
+        raw[model]["streamed"] = ["down", "o_proj"]
+    compiled = compile_round(validate_plan(raw), rnd.workload, rnd.draft, rnd.target, cache_dir=tmp_path)
+    streamed = [l for l in compiled.launches if l.record_name == "streamed_residual_kernel"]
+    assert {l.stream for l in streamed} == {"draft", "target"}
+    clock: dict[str, float] = {}
+    records = []
+    for launch in compiled.launches:
+        begin = clock.get(launch.stream, 0.0)
+        end = begin + (10.0 if launch.stream == "draft" else 1.0)
+        records.append(KernelRecord(launch.record_name, STREAM_IDS[launch.stream], begin, end))
+        clock[launch.stream] = end
+    order = sorted(streamed, key=lambda l: records[l.index].start_us)
+    assert [l.index for l in order] != [l.index for l in streamed], "the streams' records interleave"
+    matched = match_launches(compiled, records)
+    assert all(matched[l.index] is records[l.index] for l in compiled.launches)

@@ -143,17 +143,43 @@ class Ledger:
 
 
 def match_launches(compiled: CompiledRound, records: list[KernelRecord]) -> dict[int, KernelRecord]:
-    """Launch index -> its kernel record, for one replay's records."""
+    """Launch index -> its kernel record, for one replay's records. A kernel's records follow its
+    launches' order on each stream; a kernel launched on two streams (a shared tile function, the
+    streamed kernel of both models) is split by stream first, each launch stream known by the
+    records of a kernel only it launches."""
     by_name: dict[str, list[KernelRecord]] = defaultdict(list)
     for r in sorted(records, key=lambda r: r.start_us):
         by_name[r.name].append(r)
+    kernels = _launches_by_kernel(compiled)
+    ids = _stream_ids(compiled, kernels, by_name)
     out = {}
-    for name, launches in _launches_by_kernel(compiled).items():
+    for name, launches in kernels.items():
         got = by_name.get(name, [])
         if len(got) != len(launches):
             raise LedgerError(f"kernel {name}: {len(got)} records for {len(launches)} launches in one replay")
-        out |= dict(zip(launches, got))
+        streams = sorted({compiled.launches[i].stream for i in launches})
+        if len(streams) == 1 or not all(s in ids for s in streams):
+            out |= dict(zip(launches, got))
+            continue
+        for stream in streams:
+            mine = [i for i in launches if compiled.launches[i].stream == stream]
+            theirs = [r for r in got if r.stream == ids[stream]]
+            if len(theirs) != len(mine):
+                raise LedgerError(f"kernel {name}: {len(theirs)} records on stream {stream} for {len(mine)} "
+                                  f"launches in one replay")
+            out |= dict(zip(mine, theirs))
     return out
+
+
+def _stream_ids(compiled: CompiledRound, kernels: dict[str, list[int]],
+                by_name: dict[str, list[KernelRecord]]) -> dict[str, int]:
+    """Each launch stream's id in the records, from a kernel launched on that stream alone."""
+    ids: dict[str, int] = {}
+    for name, launches in kernels.items():
+        streams = {compiled.launches[i].stream for i in launches}
+        if len(streams) == 1 and by_name.get(name):
+            ids.setdefault(streams.pop(), by_name[name][0].stream)
+    return ids
 
 
 def exclusive_us(records: list[KernelRecord]) -> dict[int, float]:
