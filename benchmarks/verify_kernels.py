@@ -18,7 +18,8 @@ run by the streamed kernel (`target.streamed`) too, checked, and both phases tim
 interleaved passes: "variants": {"sequential" | "streamed": {"verify_ms", "passes_ms", "check"}}, and
 "verify_ms" the sequential plan's median of its passes. `--pdl start` (or `end`) adds each of those
 plans again with the target's launches programmatic dependent ones released there, as
-"sequential+pdl=start" and "streamed+pdl=start", timed in the same interleaved passes.
+"sequential+pdl=start" and "streamed+pdl=start", timed in the same interleaved passes. A variant whose
+round does not fit in the GPU's memory beside the ones before it is a variant with its "error", untimed.
 """
 from __future__ import annotations
 
@@ -85,15 +86,25 @@ def measure_phase(path: Path, replays: int, copy_gbs: float, streamed: bool = Fa
     compared = len(plans) > 1
     variants, phases, rounds = {}, {}, {}  # rounds: alive while their captured graphs replay over their buffers
     for name, plan in plans.items():  # every variant checked before any is timed
-        rounds[name] = compiled = compile_round(plan, case.workload, case.draft, case.target, graph=case.graph)
-        compiled.warmup()
-        report = checked_run(compiled, case.inputs, case.check)
-        variants[name] = {"check": report.to_dict(), "passes_ms": []}
-        if report.ok:
-            compiled.load(case.inputs)
-            phases[name] = capture(compiled.phase(Model.TARGET), device)
-        else:
-            print(f"{row['workload']} {name}: check failed {report.problems[:3]}", flush=True)
+        try:
+            rounds[name] = compiled = compile_round(plan, case.workload, case.draft, case.target, graph=case.graph)
+            compiled.warmup()
+            report = checked_run(compiled, case.inputs, case.check)
+            variants[name] = {"check": report.to_dict(), "passes_ms": []}
+            if report.ok:
+                compiled.load(case.inputs)
+                phases[name] = capture(compiled.phase(Model.TARGET), device)
+            else:
+                print(f"{row['workload']} {name}: check failed {report.problems[:3]}", flush=True)
+        except torch.OutOfMemoryError:  # the variants' buffers side by side: a row, not the end of the call
+            rounds.pop(name, None)
+            phases.pop(name, None)
+            compiled = None
+            variants[name] = {"error": "out of GPU memory beside the variants before it", "passes_ms": []}
+            print(f"{row['workload']} {name}: out of GPU memory, not timed", flush=True)
+        if "error" in variants[name]:  # its buffers freed once the exception's frames are gone
+            gc.collect()
+            torch.cuda.empty_cache()
     for _ in range(passes if compared else 1):
         for name, phase in phases.items():
             variants[name]["passes_ms"].append(time_replays(phase.replay, replays, warmup=20).median_ms)
@@ -102,7 +113,7 @@ def measure_phase(path: Path, replays: int, copy_gbs: float, streamed: bool = Fa
             v["verify_ms"] = sorted(v["passes_ms"])[len(v["passes_ms"]) // 2]
             print(f"{row['workload']} {name}: verify {v['verify_ms']:.3f} ms, {v['verify_ms'] / floor_ms:.2f}x "
                   f"its floor {floor_ms:.3f} ms", flush=True)
-    row["check"] = variants["sequential"]["check"]
+    row["check"] = variants["sequential"].get("check")
     if "verify_ms" in variants["sequential"]:
         row["verify_ms"] = variants["sequential"]["verify_ms"]
         row["ratio"] = row["verify_ms"] / floor_ms
