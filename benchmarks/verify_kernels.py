@@ -20,11 +20,14 @@ interleaved passes: "variants": {"sequential" | "streamed": {"verify_ms", "passe
 plans again with the target's launches programmatic dependent ones released there, as
 "sequential+pdl=start" and "streamed+pdl=start", timed in the same interleaved passes. A variant whose
 round does not fit in the GPU's memory beside the ones before it is a variant with its "error", untimed.
+`--model draft` times the draft's phase instead (its k steps; `--streamed` and `--pdl` then change the
+draft's launches), its fields named "draft_floor_ms", "draft_ms" and "rows" the draft's batch.
 """
 from __future__ import annotations
 
 import gc
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from common import environment, failure, make_parser, round_case, write_json
@@ -45,26 +48,35 @@ def shape_rows(sweep: dict, source: str) -> list[dict]:
     return rows
 
 
-def streamed_plan(plan):
-    """`plan` with the target's residual GEMMs run by the streamed kernel."""
-    from conjugate.plan import validate_plan
+@dataclass(frozen=True)
+class Comparison:
+    """What one workload's phase is timed as: which model's phase, the plans beside `sequential`, how often."""
+    model: str = "target"
+    streamed: bool = False  # also with the model's o_proj and down streamed
+    pdl: tuple[str, ...] = ()  # also each plan with the model's launches PDL released there
+    replays: int = 100
+    passes: int = 3  # interleaved passes where plans are compared
 
-    raw = plan.to_dict()
-    raw["target"]["streamed"] = ["down", "o_proj"]
-    return validate_plan(raw)
+    @property
+    def label(self) -> str:
+        """The phase's name in the JSON's fields: the target's is the verify pass."""
+        return "verify" if self.model == "target" else "draft"
+
+    def plans(self, sequential) -> dict:
+        plans = {"sequential": sequential} | ({"streamed": self.edited(sequential, streamed=["down", "o_proj"])}
+                                              if self.streamed else {})
+        return plans | {f"{name}+pdl={t}": self.edited(plan, pdl=t) for t in self.pdl for name, plan in plans.items()}
+
+    def edited(self, plan, **fields):
+        """`plan` with these fields of the compared model's block set."""
+        from conjugate.plan import validate_plan
+
+        raw = plan.to_dict()
+        raw[self.model] |= fields
+        return validate_plan(raw)
 
 
-def with_pdl(plan, trigger: str):
-    """`plan` with the target's launches programmatic dependent ones released at `trigger`."""
-    from conjugate.plan import validate_plan
-
-    raw = plan.to_dict()
-    raw["target"]["pdl"] = trigger
-    return validate_plan(raw)
-
-
-def measure_phase(path: Path, replays: int, copy_gbs: float, streamed: bool = False, passes: int = 3,
-                  pdl: tuple[str, ...] = ()) -> dict:
+def measure_phase(path: Path, copy_gbs: float, how: Comparison = Comparison()) -> dict:
     import torch
 
     from conjugate.compiler.round import compile_round
@@ -76,47 +88,46 @@ def measure_phase(path: Path, replays: int, copy_gbs: float, streamed: bool = Fa
 
     device = torch.device("cuda")
     case = round_case(path, device)
-    order = case.graph.graph["order"][Model.TARGET]
+    model, label = Model(how.model), how.label
+    order = case.graph.graph["order"][model]
     floor_ms = sum(case.graph.nodes[op]["op"].bytes for op in order) / (copy_gbs * 1e6)
-    row = {"workload": case.workload.name, "path": str(path), "verify_floor_ms": floor_ms,
-           "rows": case.workload.target_batch * (case.workload.k + 1)}
-    sequential = load_plan(shipped_plan("sequential"))
-    plans = {"sequential": sequential} | ({"streamed": streamed_plan(sequential)} if streamed else {})
-    plans |= {f"{name}+pdl={t}": with_pdl(plan, t) for t in pdl for name, plan in list(plans.items())}
+    wl = case.workload
+    row = {"workload": wl.name, "path": str(path), f"{label}_floor_ms": floor_ms,
+           "rows": wl.target_batch * (wl.k + 1) if model == Model.TARGET else wl.draft_batch}
+    plans = how.plans(load_plan(shipped_plan("sequential")))
     compared = len(plans) > 1
     variants, phases, rounds = {}, {}, {}  # rounds: alive while their captured graphs replay over their buffers
     for name, plan in plans.items():  # every variant checked before any is timed
         try:
-            rounds[name] = compiled = compile_round(plan, case.workload, case.draft, case.target, graph=case.graph)
+            rounds[name] = compiled = compile_round(plan, wl, case.draft, case.target, graph=case.graph)
             compiled.warmup()
             report = checked_run(compiled, case.inputs, case.check)
             variants[name] = {"check": report.to_dict(), "passes_ms": []}
             if report.ok:
                 compiled.load(case.inputs)
-                phases[name] = capture(compiled.phase(Model.TARGET), device)
+                phases[name] = capture(compiled.phase(model), device)
             else:
-                print(f"{row['workload']} {name}: check failed {report.problems[:3]}", flush=True)
+                print(f"{wl.name} {name}: check failed {report.problems[:3]}", flush=True)
         except torch.OutOfMemoryError:  # the variants' buffers side by side: a row, not the end of the call
             rounds.pop(name, None)
             phases.pop(name, None)
             compiled = None
             variants[name] = {"error": "out of GPU memory beside the variants before it", "passes_ms": []}
-            print(f"{row['workload']} {name}: out of GPU memory, not timed", flush=True)
+            print(f"{wl.name} {name}: out of GPU memory, not timed", flush=True)
         if "error" in variants[name]:  # its buffers freed once the exception's frames are gone
             gc.collect()
             torch.cuda.empty_cache()
-    for _ in range(passes if compared else 1):
+    for _ in range(how.passes if compared else 1):
         for name, phase in phases.items():
-            variants[name]["passes_ms"].append(time_replays(phase.replay, replays, warmup=20).median_ms)
+            variants[name]["passes_ms"].append(time_replays(phase.replay, how.replays, warmup=20).median_ms)
     for name, v in variants.items():
         if v["passes_ms"]:
-            v["verify_ms"] = sorted(v["passes_ms"])[len(v["passes_ms"]) // 2]
-            print(f"{row['workload']} {name}: verify {v['verify_ms']:.3f} ms, {v['verify_ms'] / floor_ms:.2f}x "
-                  f"its floor {floor_ms:.3f} ms", flush=True)
+            v[f"{label}_ms"] = ms = sorted(v["passes_ms"])[len(v["passes_ms"]) // 2]
+            print(f"{wl.name} {name}: {label} {ms:.3f} ms, {ms / floor_ms:.2f}x its floor {floor_ms:.3f} ms", flush=True)
     row["check"] = variants["sequential"].get("check")
-    if "verify_ms" in variants["sequential"]:
-        row["verify_ms"] = variants["sequential"]["verify_ms"]
-        row["ratio"] = row["verify_ms"] / floor_ms
+    if f"{label}_ms" in variants["sequential"]:
+        row[f"{label}_ms"] = variants["sequential"][f"{label}_ms"]
+        row["ratio"] = row[f"{label}_ms"] / floor_ms
     if compared:
         row["variants"] = variants
     return row
@@ -127,11 +138,13 @@ def main() -> int:
     parser.add_argument("workloads", nargs="*", type=Path, help="workloads whose verify phase is timed (a GPU)")
     parser.add_argument("--sweeps", nargs="*", type=Path, default=[], help="kernel_sweep.py JSONs to convert")
     parser.add_argument("--replays", type=int, default=100)
+    parser.add_argument("--model", choices=("target", "draft"), default="target",
+                        help="whose phase is timed: the target's verify pass or the draft's k steps")
     parser.add_argument("--streamed", action="store_true",
-                        help="also the target's o_proj and down as the streamed kernel, timed interleaved")
+                        help="also the model's o_proj and down as the streamed kernel, timed interleaved")
     parser.add_argument("--passes", type=int, default=3, help="interleaved passes with --streamed or --pdl")
     parser.add_argument("--pdl", nargs="*", choices=("start", "end"), default=[],
-                        help="also each plan with the target's launches programmatic dependent ones, timed interleaved")
+                        help="also each plan with the model's launches programmatic dependent ones, timed interleaved")
     args = parser.parse_args()
     if not args.workloads and not args.sweeps:
         parser.error("nothing to do: give workloads to time, --sweeps to convert, or both")
@@ -161,25 +174,26 @@ def main() -> int:
             except ConjugateError as e:
                 parser.error(str(e))
         if not torch.cuda.is_available():
-            parser.error("timing a verify phase needs a GPU; without one give --sweeps only")
+            parser.error("timing a phase needs a GPU; without one give --sweeps only")
 
         out["copy_gbs"] = copy_gbs = copy_bandwidth_gbs(torch.device("cuda"))
+        how = Comparison(args.model, args.streamed, tuple(args.pdl), args.replays, args.passes)
         for path in args.workloads:
-            out["phases"].append(measure_phase(path, args.replays, copy_gbs, args.streamed, args.passes,
-                                               tuple(args.pdl)))
+            out["phases"].append(measure_phase(path, copy_gbs, how))
             write_json(args.json, out)
             gc.collect()  # the workload's rounds and graphs, before the next one's
             torch.cuda.empty_cache()
     write_json(args.json, out)
     low = [r for r in out["shapes"] if r["bw_fraction"] < (0.80 if r["kind"] == "attention" else 0.85)]
     print(f"{len(out['shapes'])} shapes, {len(low)} under #49's share (GEMMs 85%, attention 80% of copy)")
+    label = Comparison(args.model).label
     for r in out["phases"]:
-        if "verify_ms" in r:
-            others = {name: v["verify_ms"] for name, v in r.get("variants", {}).items()
-                      if name != "sequential" and "verify_ms" in v}
-            print(f"{r['workload']:<24} verify {r['verify_ms']:7.3f} ms  floor {r['verify_floor_ms']:7.3f}  "
-                  f"{r['ratio']:.2f}x" + "".join(f"  {name} {ms:7.3f} ({ms / r['verify_ms']:.3f})"
-                                                 for name, ms in others.items()))
+        if f"{label}_ms" in r:
+            ms = r[f"{label}_ms"]
+            others = {name: v[f"{label}_ms"] for name, v in r.get("variants", {}).items()
+                      if name != "sequential" and f"{label}_ms" in v}
+            print(f"{r['workload']:<24} {label} {ms:7.3f} ms  floor {r[f'{label}_floor_ms']:7.3f}  {r['ratio']:.2f}x"
+                  + "".join(f"  {name} {other:7.3f} ({other / ms:.3f})" for name, other in others.items()))
     return 0
 
 

@@ -45,15 +45,21 @@ def test_sweeps_alone_need_no_gpu_and_bad_input_is_one_line(tmp_path):
 
 
 def test_the_compared_plans_differ_only_where_named():
-    """--streamed streams the target's residual GEMMs; --pdl sets the target's trigger; nothing else moves."""
+    """--streamed streams the compared model's residual GEMMs, --pdl sets its trigger; nothing else moves."""
     from conjugate.paths import shipped_plan
     from conjugate.plan import load_plan
 
     script = load_script("verify_kernels")
     sequential = load_plan(shipped_plan("sequential"))
     base = sequential.to_dict()
-    assert base["target"]["streamed"] == [] and base["target"]["pdl"] == "none"
-    streamed = script.streamed_plan(sequential).to_dict()
-    assert streamed == base | {"target": base["target"] | {"streamed": ["down", "o_proj"]}}
-    pdl = script.with_pdl(script.streamed_plan(sequential), "end").to_dict()
-    assert pdl == base | {"target": base["target"] | {"streamed": ["down", "o_proj"], "pdl": "end"}}
+    assert base["target"]["streamed"] == [] == base["draft"]["streamed"] and base["target"]["pdl"] == "none"
+    plans = script.Comparison("target", streamed=True, pdl=("start", "end")).plans(sequential)
+    assert list(plans) == ["sequential", "streamed", "sequential+pdl=start", "streamed+pdl=start",
+                           "sequential+pdl=end", "streamed+pdl=end"]
+    assert plans["sequential"].to_dict() == base
+    streamed = base | {"target": base["target"] | {"streamed": ["down", "o_proj"]}}
+    assert plans["streamed"].to_dict() == streamed
+    assert plans["streamed+pdl=end"].to_dict() == streamed | {"target": streamed["target"] | {"pdl": "end"}}
+    draft = script.Comparison("draft", streamed=True).plans(sequential)
+    assert list(draft) == ["sequential", "streamed"] and script.Comparison("draft").label == "draft"
+    assert draft["streamed"].to_dict() == base | {"draft": base["draft"] | {"streamed": ["down", "o_proj"]}}
