@@ -224,3 +224,19 @@ def test_plan_explain_marks_the_dependent_launches(tmp_path, capsys, monkeypatch
     assert main(["plan", "explain", str(path), "--workload", str(ROOT / "examples" / "tiny.toml")]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if "│ draft" in line or "│ target" in line]
     assert rows and all(("[pdl: release at end]" in row) == ("│ draft" in row) for row in rows)
+
+
+def test_plan_explain_marks_a_streamed_launch_under_pdl(tmp_path, capsys, monkeypatch):
+    import conjugate.cli
+    from conjugate.cli import main
+
+    monkeypatch.setattr(conjugate.cli.out, "width", 200)
+    plan = _streams("none", "start")
+    plan["target"]["streamed"] = ["down"]
+    path = tmp_path / "pdl.json"
+    path.write_text(json.dumps(plan))
+    assert main(["plan", "explain", str(path), "--workload", str(ROOT / "examples" / "tiny.toml")]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if "│ target" in line]
+    streamed = [row for row in rows if "(streamed kernel)" in row]
+    assert streamed and all("t:down (streamed kernel)  [pdl: release at start]" in row for row in streamed)
+    assert all("[pdl: release at start]" in row for row in rows)

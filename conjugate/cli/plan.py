@@ -46,7 +46,8 @@ def schedule_table(schedule, title: str, limit: int | None = None) -> Table:
             continue
         if isinstance(launch.form, Streamed):  # the streamed kernel: no tile of the plan's
             part = launch.parts[0]
-            table.add_row(str(launch.index), launch.stream, f"{part.model[0]}:{part.kind} (streamed kernel)",
+            pdl = f"  [pdl: release at {launch.pdl}]" if launch.pdl != "none" else ""
+            table.add_row(str(launch.index), launch.stream, f"{part.model[0]}:{part.kind} (streamed kernel){pdl}",
                           part.ops[0], "", human_bytes(launch.bytes))
             continue
         parts = " | ".join(f"{p.model[0]}:{'+'.join(p.fused)}" for p in launch.parts)

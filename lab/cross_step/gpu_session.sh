@@ -11,10 +11,11 @@
 #        sums and the wgmma depth on the other drafts; narrow: whole-K narrow tiles against split K in a
 #        chain of dependent GEMMs (lab/narrow_tiles); verify49: #49's record (the B=32 example's kernel
 #        sweep, then every example's verify phase against its floor, by the tile kernel and with the
-#        target's o_proj and down streamed, benchmarks/verify_kernels.py); streamed_checks: the streamed
-#        kernel's correctness log (benchmarks/streamed_checks.py); streamed_pdl: every example's verify phase, tile
-#        kernel and streamed, each plain and as programmatic dependent launches released at the start;
-#        draft_streamed: the same for the draft's phase (PDL at the end).
+#        target's o_proj and down streamed, each also with PDL at the start, benchmarks/verify_kernels.py);
+#        streamed_checks: the streamed kernel's correctness log (benchmarks/streamed_checks.py);
+#        streamed_pdl: every example's verify phase, tile kernel and streamed, each plain and as
+#        programmatic dependent launches released at the start; draft_streamed: the same for the draft's
+#        phase (PDL at the end).
 # Every script checks before it times; a failing variant is a row, not the end of the call.
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -62,7 +63,7 @@ verify49)  # #49's H200 record: the B=32 example's sweep, then every example's v
     run 300 verify_kernels python benchmarks/verify_kernels.py examples/llama-1b-8b-b32.toml \
         examples/llama-1b-3b-b16-ctx4k.toml examples/qwen25-15b-14b-b4.toml examples/qwen3-06b-8b-b4.toml \
         examples/llama-1b-8b-b8.toml examples/llama-1b-8b-b1.toml examples/qwen25-05b-7b-b8.toml \
-        --sweeps "$out/kernel_sweep_b32.json" --streamed --json "$out/verify_kernels.json" ;;
+        --sweeps "$out/kernel_sweep_b32.json" --streamed --pdl start --json "$out/verify_kernels.json" ;;
 streamed_pdl)  # the verify phase with programmatic dependent launches, tile kernel and streamed, every example
     run 240 verify_pdl python benchmarks/verify_kernels.py examples/llama-1b-8b-b32.toml \
         examples/llama-1b-3b-b16-ctx4k.toml examples/qwen25-15b-14b-b4.toml examples/qwen3-06b-8b-b4.toml \
