@@ -90,6 +90,22 @@ def _workload(family: str, dtype: str = "fp32"):
                               ROOT / f"{family}.toml")
 
 
+def test_an_override_setting_tiles_of_a_streamed_launch_is_a_warning():
+    plan = _plan(target=("down", ), overrides=[
+        {"match": "t.l*.down", "tiles": {"target": {"down": {"BLOCK_N": 32}}}},  # every layer's: streamed
+        {"match": "t.l0.down", "launch": {"num_warps": 8}},
+        {"match": "t.l*.o_proj", "tiles": {"target": {"o_proj": {"BLOCK_N": 32}}}},  # the tile kernel's
+        {"match": "t.l0.down", "pdl": "end"}])  # the streamed launch takes the trigger
+    schedule = expand(validate_plan(plan), TINY)
+    layers = TINY.weights(Model.TARGET).spec.num_layers
+    assert schedule.warnings == (
+        f"$.cross.overrides[0]: 't.l*.down' sets tiles or launch parameters of {layers} launch(es) run by the "
+        "streamed kernel (t.l0.down, ...), which takes neither",
+        "$.cross.overrides[1]: 't.l0.down' sets tiles or launch parameters of 1 launch(es) run by the streamed "
+        "kernel (t.l0.down), which takes neither")
+    assert next(l for l in schedule.launches if l.ops == ("t.l0.down", )).pdl == Pdl.END
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("fusions", [None, NORMS, NORMS + ["gate_up+down"]], ids=["plain", "norms", "fused-mlp"])
 def test_a_streamed_round_computes_the_reference_round(family, fusions, tmp_path):

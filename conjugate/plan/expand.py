@@ -23,7 +23,8 @@ a launch shared with the other model keeps the tile kernel.
 
 `pdl` marks each launch of a model to start while the kernel before it on its stream ends; an
 override's `pdl` sets the trigger of the launches it matches. The finished schedule is checked against
-every dependency of both models.
+every dependency of both models; its warnings name overrides that match no op, and overrides setting
+tiles or launch parameters of streamed launches (which take neither).
 """
 from __future__ import annotations
 
@@ -322,7 +323,8 @@ def _expand(plan: Plan, workload: Workload, graph: nx.DiGraph) -> Schedule:
     launches = tuple(_launch(plan, graph, n, units) for n, units in enumerate(groups))
     check_dependencies(graph, launches)
     return Schedule(plan.hash, workload.name, plan.cross.streams, plan.cross.capture, launches,
-                    _unmatched_overrides(plan, target + draft), _priority(plan), _sm_limits(plan))
+                    _unmatched_overrides(plan, target + draft) + _set_on_streamed(plan, launches), _priority(plan),
+                    _sm_limits(plan))
 
 
 def _priority(plan: Plan) -> str:
@@ -333,6 +335,20 @@ def _priority(plan: Plan) -> str:
 def _sm_limits(plan: Plan) -> tuple[tuple[str, int], ...]:
     """(model, SMs its stream may use) for each model whose stream is limited."""
     return tuple((m.value, plan.model(m).stream.sms) for m in Model if plan.model(m).stream.sms)
+
+
+def _set_on_streamed(plan: Plan, launches: tuple[Launch, ...]) -> tuple[str, ...]:
+    """Overrides setting tiles or launch parameters of streamed launches, which take neither."""
+    out = []
+    for n, o in enumerate(plan.cross.overrides):
+        hit = [l.ops[0] for l in launches if isinstance(l.form, Streamed)
+               and any(fnmatch.fnmatchcase(op, o.match) for op in l.ops)
+               and (o.launch or o.tiles.get(l.form.part.model.value, {}).get(l.form.part.kind))]
+        if hit:
+            out.append(f"$.cross.overrides[{n}]: {o.match!r} sets tiles or launch parameters of {len(hit)} "
+                       f"launch(es) run by the streamed kernel ({hit[0]}{', ...' if len(hit) > 1 else ''}), "
+                       "which takes neither")
+    return tuple(out)
 
 
 def _unmatched_overrides(plan: Plan, units: list[_Unit]) -> tuple[str, ...]:
