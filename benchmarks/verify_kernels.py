@@ -76,6 +76,14 @@ class Comparison:
         return validate_plan(raw)
 
 
+def _out_of_memory(e: RuntimeError) -> bool:
+    """torch's OutOfMemoryError, or a CUDA out-of-memory error raised as a plain RuntimeError (graph
+    instantiation, a module load)."""
+    import torch
+
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e)
+
+
 def measure_phase(path: Path, copy_gbs: float, how: Comparison = Comparison()) -> dict:
     import torch
 
@@ -108,11 +116,14 @@ def measure_phase(path: Path, copy_gbs: float, how: Comparison = Comparison()) -
                 phases[name] = capture(compiled.phase(model), device)
             else:
                 print(f"{wl.name} {name}: check failed {report.problems[:3]}", flush=True)
-        except torch.OutOfMemoryError:  # the variants' buffers side by side: a row, not the end of the call
+        except RuntimeError as e:  # the variants' buffers side by side: a row, not the end of the call
+            if not _out_of_memory(e):
+                raise
             rounds.pop(name, None)
             phases.pop(name, None)
             compiled = None
-            variants[name] = {"error": "out of GPU memory beside the variants before it", "passes_ms": []}
+            variants[name] = variants.get(name, {}) | {"error": "out of GPU memory beside the variants before it",
+                                                       "passes_ms": []}
             print(f"{wl.name} {name}: out of GPU memory, not timed", flush=True)
         if "error" in variants[name]:  # its buffers freed once the exception's frames are gone
             gc.collect()
@@ -143,8 +154,9 @@ def main() -> int:
     parser.add_argument("--streamed", action="store_true",
                         help="also the model's o_proj and down as the streamed kernel, timed interleaved")
     parser.add_argument("--passes", type=int, default=3, help="interleaved passes with --streamed or --pdl")
-    parser.add_argument("--pdl", nargs="*", choices=("start", "end"), default=[],
-                        help="also each plan with the model's launches programmatic dependent ones, timed interleaved")
+    parser.add_argument("--pdl", action="append", choices=("start", "end"), default=[],
+                        help="also each plan with the model's launches programmatic dependent ones released "
+                             "there, timed interleaved (repeatable)")
     args = parser.parse_args()
     if not args.workloads and not args.sweeps:
         parser.error("nothing to do: give workloads to time, --sweeps to convert, or both")

@@ -245,25 +245,48 @@ def test_the_llm_prompt_shows_each_shared_launch_against_two_streams():
     assert '"gain_vs_overlap_percent":-28.6' in row and "two-stream plan would make of them" in text
 
 
-def test_a_kernel_launched_on_both_streams_is_matched_per_stream(tmp_path):
-    """Both models' o_proj and down as the streamed kernel (one kernel name on two streams), the
-    draft's stream ten times slower: its records arrive in a different order from the launches', and
-    each still meets its own launch."""
+def _two_streamed_models(tmp_path):
     rnd = _round("llama")
     raw = load_plan(ROOT / "plans" / "streams.json").to_dict()
     for model in ("draft", "target"):
         raw[model]["streamed"] = ["down", "o_proj"]
-    compiled = compile_round(validate_plan(raw), rnd.workload, rnd.draft, rnd.target, cache_dir=tmp_path)
-    streamed = [l for l in compiled.launches if l.record_name == "streamed_residual_kernel"]
-    assert {l.stream for l in streamed} == {"draft", "target"}
+    return compile_round(validate_plan(raw), rnd.workload, rnd.draft, rnd.target, cache_dir=tmp_path)
+
+
+def _slow_draft_replay(compiled, stream_id) -> list[KernelRecord]:
+    """Each stream's launches back to back, the draft's ten times slower; `stream_id(launch)` the
+    record's stream id."""
     clock: dict[str, float] = {}
     records = []
     for launch in compiled.launches:
         begin = clock.get(launch.stream, 0.0)
         end = begin + (10.0 if launch.stream == "draft" else 1.0)
-        records.append(KernelRecord(launch.record_name, STREAM_IDS[launch.stream], begin, end))
+        records.append(KernelRecord(launch.record_name, stream_id(launch), begin, end))
         clock[launch.stream] = end
-    order = sorted(streamed, key=lambda l: records[l.index].start_us)
-    assert [l.index for l in order] != [l.index for l in streamed], "the streams' records interleave"
+    return records
+
+
+def test_a_kernel_launched_on_both_streams_is_matched_per_stream(tmp_path):
+    """Both models' o_proj and down as the streamed kernel (one kernel name on two streams), the
+    draft's stream ten times slower: its records arrive in a different order from the launches', and
+    each still meets its own launch, also where a graph replay gives a stream's kernels several ids."""
+    compiled = _two_streamed_models(tmp_path)
+    streamed = [l for l in compiled.launches if l.record_name == "streamed_residual_kernel"]
+    assert {l.stream for l in streamed} == {"draft", "target"}
+    for stream_id in (lambda l: STREAM_IDS[l.stream], lambda l: STREAM_IDS[l.stream] * 10 + l.index % 3):
+        records = _slow_draft_replay(compiled, stream_id)
+        order = sorted(streamed, key=lambda l: records[l.index].start_us)
+        assert [l.index for l in order] != [l.index for l in streamed], "the streams' records interleave"
+        matched = match_launches(compiled, records)
+        assert all(matched[l.index] is records[l.index] for l in compiled.launches)
+
+
+def test_streams_the_records_cannot_tell_apart_are_matched_in_start_order(tmp_path):
+    """Every record on one id (the streams indistinguishable): no error, start order decides."""
+    compiled = _two_streamed_models(tmp_path)
+    records = _slow_draft_replay(compiled, lambda l: 7)
     matched = match_launches(compiled, records)
-    assert all(matched[l.index] is records[l.index] for l in compiled.launches)
+    streamed = [l.index for l in compiled.launches if l.record_name == "streamed_residual_kernel"]
+    in_start_order = sorted((records[i] for i in streamed), key=lambda r: r.start_us)
+    assert [matched[i] for i in streamed] == in_start_order
+    assert all(matched[l.index] is records[l.index] for l in compiled.launches if l.index not in streamed)

@@ -167,7 +167,8 @@ def _compile_step(launch: Launch, bufs: RoundBuffers, sm_limits: tuple[tuple[str
 def _compile_streamed(launch: Launch, graph: nx.DiGraph, bufs: RoundBuffers, pdl: Pdl,
                       sm_limits: tuple[tuple[str, int], ...]) -> CompiledStreamed:
     """A Streamed launch: at most a program for each SM its stream may use (its model's SM limit, else
-    every SM); its programs never wait for each other, so none need be co-resident."""
+    every SM), `pdl` its trigger as compiled; its programs never wait for each other, so none need be
+    co-resident."""
     part = launch.form.part
     model = bufs.model(part.model)
     try:

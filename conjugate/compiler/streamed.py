@@ -115,9 +115,10 @@ class CompiledStreamed:
     def kernel_file(self) -> str:
         return "conjugate/kernels/streamed.py"
 
-    def manifest(self, pdl: str = "none") -> dict:
+    def manifest(self, pdl: str | None = None) -> dict:
+        """Its entry in the round's manifest.json (`pdl`: the trigger as compiled, its own by default)."""
         return {"launch": self.index, "kernel": self.kernel_file, "grid": self.grid, "stream": self.stream,
-                "pdl_trigger": str(self.trigger), "parts": [{"ops": self.parts[0].label, "tile": self.record_name,
+                "pdl_trigger": pdl or str(self.trigger), "parts": [{"ops": self.parts[0].label, "tile": self.record_name,
                                                   "programs": self.grid}]}
 
     def gluon_launch(self) -> tuple:

@@ -143,10 +143,12 @@ class Ledger:
 
 
 def match_launches(compiled: CompiledRound, records: list[KernelRecord]) -> dict[int, KernelRecord]:
-    """Launch index -> its kernel record, for one replay's records. A kernel's records follow its
-    launches' order on each stream; a kernel launched on two streams (a shared tile function, the
-    streamed kernel of both models) is split by stream first, each launch stream known by the
-    records of a kernel only it launches."""
+    """Launch index -> its kernel record, for one replay's records: a kernel's records in start order
+    meet its launches in launch order. A kernel launched on two streams (a shared tile function, the
+    streamed kernel of both models) is first split by stream, where the records tell the streams
+    apart: each launch stream's record ids are those of the kernels only it launches, and they must
+    be disjoint and cover that kernel's records (a graph replay may run a stream's kernels on ids of
+    its own); else start order alone decides, as for one stream."""
     by_name: dict[str, list[KernelRecord]] = defaultdict(list)
     for r in sorted(records, key=lambda r: r.start_us):
         by_name[r.name].append(r)
@@ -158,28 +160,26 @@ def match_launches(compiled: CompiledRound, records: list[KernelRecord]) -> dict
         if len(got) != len(launches):
             raise LedgerError(f"kernel {name}: {len(got)} records for {len(launches)} launches in one replay")
         streams = sorted({compiled.launches[i].stream for i in launches})
-        if len(streams) == 1 or not all(s in ids for s in streams):
+        split = {s: [i for i in launches if compiled.launches[i].stream == s] for s in streams}
+        theirs = {s: [r for r in got if r.stream in ids.get(s, ())] for s in streams}
+        if len(streams) > 1 and all(len(theirs[s]) == len(split[s]) for s in streams):
+            for s in streams:
+                out |= dict(zip(split[s], theirs[s]))
+        else:
             out |= dict(zip(launches, got))
-            continue
-        for stream in streams:
-            mine = [i for i in launches if compiled.launches[i].stream == stream]
-            theirs = [r for r in got if r.stream == ids[stream]]
-            if len(theirs) != len(mine):
-                raise LedgerError(f"kernel {name}: {len(theirs)} records on stream {stream} for {len(mine)} "
-                                  f"launches in one replay")
-            out |= dict(zip(mine, theirs))
     return out
 
 
 def _stream_ids(compiled: CompiledRound, kernels: dict[str, list[int]],
-                by_name: dict[str, list[KernelRecord]]) -> dict[str, int]:
-    """Each launch stream's id in the records, from a kernel launched on that stream alone."""
-    ids: dict[str, int] = {}
+                by_name: dict[str, list[KernelRecord]]) -> dict[str, set[int]]:
+    """Each launch stream's record ids, from the kernels launched on that stream alone; none for a
+    stream whose ids another stream's kernels also carry."""
+    ids: dict[str, set[int]] = defaultdict(set)
     for name, launches in kernels.items():
         streams = {compiled.launches[i].stream for i in launches}
-        if len(streams) == 1 and by_name.get(name):
-            ids.setdefault(streams.pop(), by_name[name][0].stream)
-    return ids
+        if len(streams) == 1:
+            ids[streams.pop()] |= {r.stream for r in by_name.get(name, [])}
+    return {s: own for s, own in ids.items() if not any(own & other for t, other in ids.items() if t != s)}
 
 
 def exclusive_us(records: list[KernelRecord]) -> dict[int, float]:

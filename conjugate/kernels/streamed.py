@@ -19,7 +19,7 @@ Launched as a programmatic dependent launch (the plan's PDL trigger, "start" or 
 may start while the kernel before it ends; both partitions wait for that kernel (griddepcontrol.wait)
 before their first load, and the next launch may start once every program has begun its tiles
 ("start") or finished them ("end"). Loading the ring's first weights before that wait measured no
-better (lab/stream_chain: -0.7% to +0.4% on three verify phases).
+better (lab/stream_chain: -0.4% to +0.7% against waiting first, on three verify phases).
 
 Measured against the tl template (kernels/gemm.py) alone in lab/stream_chain (`--epilogues`), and in
 the verify phase by benchmarks/verify_kernels.py --streamed (results/verify_streamed_h100.json).
