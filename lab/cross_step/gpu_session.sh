@@ -15,7 +15,7 @@
 #        streamed_checks: the streamed kernel's correctness log (benchmarks/streamed_checks.py);
 #        streamed_pdl: every example's verify phase, tile kernel and streamed, each plain and as
 #        programmatic dependent launches released at the start; draft_streamed: the same for the draft's
-#        phase (PDL at the end).
+#        phase (PDL at the end); auto: verify49 on an H200, else draft_streamed.
 # Every script checks before it times; a failing variant is a row, not the end of the call.
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -76,6 +76,8 @@ draft_streamed)  # the draft's phase with its o_proj and down streamed: does `dr
         --model draft --streamed --pdl end --json "$out/draft_streamed.json" ;;
 streamed_checks)  # the streamed kernel's correctness log on this GPU
     run 500 streamed_checks python benchmarks/streamed_checks.py --json "$out/streamed_checks.json" ;;
+auto)  # the next call whatever card comes: #49's H200 record on an H200, else the draft's streamed question
+    if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" draft_streamed; fi ;;
 *)
-    echo "usage: bash lab/cross_step/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|streamed_checks" >&2; exit 2 ;;
+    echo "usage: bash lab/cross_step/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|streamed_checks|auto" >&2; exit 2 ;;
 esac
