@@ -22,6 +22,9 @@ plans again with the target's launches programmatic dependent ones released ther
 round does not fit in the GPU's memory beside the ones before it is a variant with its "error", untimed.
 `--model draft` times the draft's phase instead (its k steps; `--streamed` and `--pdl` then change the
 draft's launches), its fields named "draft_floor_ms", "draft_ms" and "rows" the draft's batch.
+`--ledger` then profiles each timed variant's phase (its replays' kernel records, the evaluator's
+ledger over the phase's launches): "ledger": {"round_us", "floor_us", "busy_us", "kinds": [{"kind",
+"launches", "us", "bytes", "bandwidth_fraction", "floor_us"}, ...]}, longest first: where it loses.
 """
 from __future__ import annotations
 
@@ -56,6 +59,7 @@ class Comparison:
     pdl: tuple[str, ...] = ()  # also each plan with the model's launches PDL released there
     replays: int = 100
     passes: int = 3  # interleaved passes where plans are compared
+    ledger: bool = False  # profile each timed variant's phase: its time per op kind
 
     @property
     def label(self) -> str:
@@ -74,6 +78,16 @@ class Comparison:
         raw = plan.to_dict()
         raw[self.model] |= fields
         return validate_plan(raw)
+
+
+def phase_ledger(compiled, graph, phase, model, copy_gbs: float, device) -> dict:
+    """The ledger of one captured phase's replays: its launches' time per op kind against their bytes."""
+    from conjugate.evaluate.ledger import Ledger, kernel_records
+
+    ledger = Ledger.of(compiled, graph, kernel_records(phase.replay, device, replays=5), copy_gbs,
+                       launches=compiled.phase_launches(model))
+    data = ledger.to_dict()
+    return {key: data[key] for key in ("round_us", "floor_us", "busy_us", "kinds")}
 
 
 def _out_of_memory(e: RuntimeError) -> bool:
@@ -131,11 +145,16 @@ def measure_phase(path: Path, copy_gbs: float, how: Comparison = Comparison()) -
     for _ in range(how.passes if compared else 1):
         for name, phase in phases.items():
             variants[name]["passes_ms"].append(time_replays(phase.replay, how.replays, warmup=20).median_ms)
+    if how.ledger:
+        for name, phase in phases.items():
+            variants[name]["ledger"] = phase_ledger(rounds[name], case.graph, phase, model, copy_gbs, device)
     for name, v in variants.items():
         if v["passes_ms"]:
             v[f"{label}_ms"] = ms = sorted(v["passes_ms"])[len(v["passes_ms"]) // 2]
             print(f"{wl.name} {name}: {label} {ms:.3f} ms, {ms / floor_ms:.2f}x its floor {floor_ms:.3f} ms", flush=True)
     row["check"] = variants["sequential"].get("check")
+    if "ledger" in variants["sequential"]:
+        row["ledger"] = variants["sequential"]["ledger"]
     if f"{label}_ms" in variants["sequential"]:
         row[f"{label}_ms"] = variants["sequential"][f"{label}_ms"]
         row["ratio"] = row[f"{label}_ms"] / floor_ms
@@ -154,6 +173,7 @@ def main() -> int:
     parser.add_argument("--streamed", action="store_true",
                         help="also the model's o_proj and down as the streamed kernel, timed interleaved")
     parser.add_argument("--passes", type=int, default=3, help="interleaved passes with --streamed or --pdl")
+    parser.add_argument("--ledger", action="store_true", help="also each timed phase's time per op kind (profiled)")
     parser.add_argument("--pdl", action="append", choices=("start", "end"), default=[],
                         help="also each plan with the model's launches programmatic dependent ones released "
                              "there, timed interleaved (repeatable)")
@@ -189,7 +209,7 @@ def main() -> int:
             parser.error("timing a phase needs a GPU; without one give --sweeps only")
 
         out["copy_gbs"] = copy_gbs = copy_bandwidth_gbs(torch.device("cuda"))
-        how = Comparison(args.model, args.streamed, tuple(args.pdl), args.replays, args.passes)
+        how = Comparison(args.model, args.streamed, tuple(args.pdl), args.replays, args.passes, args.ledger)
         for path in args.workloads:
             out["phases"].append(measure_phase(path, copy_gbs, how))
             write_json(args.json, out)
@@ -206,6 +226,13 @@ def main() -> int:
                       if name != "sequential" and f"{label}_ms" in v}
             print(f"{r['workload']:<24} {label} {ms:7.3f} ms  floor {r[f'{label}_floor_ms']:7.3f}  {r['ratio']:.2f}x"
                   + "".join(f"  {name} {other:7.3f} ({other / ms:.3f})" for name, other in others.items()))
+            timed = {"sequential": r} | r.get("variants", {})
+            fastest = min((name for name in timed if "ledger" in timed[name]),
+                          key=lambda name: timed[name][f"{label}_ms"], default=None)
+            if fastest:
+                print(f"    {fastest}, losing most: " + ", ".join(
+                    f"{k['kind']} {k['us'] - k['floor_us']:.0f} us ({k['bandwidth_fraction']:.0%} of copy)"
+                    for k in sorted(timed[fastest]["ledger"]["kinds"], key=lambda k: k["floor_us"] - k["us"])[:4]))
     return 0
 
 

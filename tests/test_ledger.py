@@ -93,6 +93,23 @@ def test_kernels_started_early_count_from_the_end_of_the_one_before(compiled):
     assert sum(summary.streams.values()) == pytest.approx(sum(busy.values()) / 1e3)
 
 
+def test_a_phase_replayed_alone_has_the_ledger_of_its_launches(compiled):
+    """The target's phase alone (CompiledRound.phase): its launches' records, its ops' bytes as the floor."""
+    from conjugate.roles import Model
+
+    rnd, graph = compiled
+    phase = rnd.phase_launches(Model.TARGET)
+    assert phase and len(phase) < len(rnd.launches)
+    records = [r for r, launch in zip(replay(rnd), rnd.launches) if launch.index in phase]
+    ledger = Ledger.of(rnd, graph, [records], copy_gbs=1000.0, launches=phase)
+    assert [l.launch for l in ledger.launches] == phase and [l.us for l in ledger.launches] == [i + 1.0 for i in phase]
+    assert {k.kind.split()[0] for k in ledger.kinds} == {"target"}
+    target_bytes = sum(graph.nodes[op]["op"].bytes for op in graph.graph["order"][Model.TARGET])
+    assert ledger.floor_us == pytest.approx(target_bytes / (1000.0 * 1e9) * 1e6)
+    with pytest.raises(LedgerError, match="records for"):  # the whole round's launches, a phase's records
+        Ledger.of(rnd, graph, [records], copy_gbs=1000.0)
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_profile_without_a_gpu_is_one_line(capsys):
     from conjugate.cli import main

@@ -284,11 +284,15 @@ class CompiledRound:
         for s in self._streams.values():
             main.wait_stream(s)
 
+    def phase_launches(self, model: Model) -> list[int]:
+        """The indices of the launches that run only `model`'s ops, in order."""
+        return [launch.index for launch in self.launches
+                if all(p.model == model for p in self.schedule.launches[launch.index].parts)]
+
     def phase(self, model: Model) -> Callable[[], None]:
         """The launches that run only `model`'s ops, in order: one model's phase of a plan whose launches
         are each one model's (see serving's phase_plan)."""
-        launches = [launch for launch in self.launches
-                    if all(p.model == model for p in self.schedule.launches[launch.index].parts)]
+        launches = [self.launches[i] for i in self.phase_launches(model)]
 
         def run() -> None:
             for launch in launches:

@@ -6,6 +6,9 @@ records of the round replayed from its CUDA graph.
     ledger = Ledger.of(compiled, graph, replays, copy_gbs=4300.0)
     print(ledger.summary())                                          # a few lines, biggest loss first
 
+One model's phase replayed alone (CompiledRound.phase) has a ledger of its launches only:
+`Ledger.of(compiled, graph, replays, copy_gbs, launches=compiled.phase_launches(model))`.
+
 A generated kernel is named after its source's digest (`k_<digest>`, codegen.KernelCache), so a
 record names its launch's kernel; launches that share a kernel (the same op in every layer) take
 that kernel's records in the order they were launched.
@@ -89,19 +92,23 @@ class Ledger:
 
     @classmethod
     def of(cls, compiled: CompiledRound, graph: nx.DiGraph, replays: list[list[KernelRecord]],
-           copy_gbs: float) -> "Ledger":
+           copy_gbs: float, launches: list[int] | None = None) -> "Ledger":
+        """The ledger of the replays' records: of every launch of the round, or of `launches` alone
+        (the indices of what was replayed, a phase) and the bytes of their ops."""
         if not replays:
             raise LedgerError("no kernel records: nothing was replayed")
-        matched = [(match_launches(compiled, records), exclusive_us(records)) for records in replays]
-        launches = tuple(_launch_entry(compiled, graph, index, [own[id(m[index])] for m, own in matched])
-                         for index in range(len(compiled.launches)))
+        replayed = list(range(len(compiled.launches))) if launches is None else list(launches)
+        matched = [(match_launches(compiled, records, replayed), exclusive_us(records)) for records in replays]
+        entries = tuple(_launch_entry(compiled, graph, index, [own[id(m[index])] for m, own in matched])
+                        for index in replayed)
         spans = [_span(records) for records in replays]
         middle = sorted(range(len(replays)), key=lambda i: spans[i])[len(replays) // 2]  # the median replay
         records = replays[middle]
-        total_bytes = sum(graph.nodes[n]["op"].bytes for n in graph.nodes)
+        total_bytes = (sum(graph.nodes[n]["op"].bytes for n in graph.nodes) if launches is None
+                       else sum(e.bytes for e in entries))
         return cls(round_us=spans[middle], floor_us=total_bytes / (copy_gbs * 1e9) * 1e6,
                    busy_us=_union([(r.start_us, r.end_us) for r in records]), copy_gbs=copy_gbs,
-                   launches=launches, kinds=_kinds(launches, copy_gbs), streams=_streams(records, spans[middle]))
+                   launches=entries, kinds=_kinds(entries, copy_gbs), streams=_streams(records, spans[middle]))
 
     @classmethod
     def modeled(cls, compiled: CompiledRound, graph: nx.DiGraph, launch_us: list[float], round_us: float,
@@ -142,8 +149,10 @@ class Ledger:
                 "launches": [asdict(l) | {"gbs": l.gbs} for l in self.launches]}
 
 
-def match_launches(compiled: CompiledRound, records: list[KernelRecord]) -> dict[int, KernelRecord]:
-    """Launch index -> its kernel record, for one replay's records: a kernel's records in start order
+def match_launches(compiled: CompiledRound, records: list[KernelRecord],
+                   replayed: list[int] | None = None) -> dict[int, KernelRecord]:
+    """Launch index -> its kernel record, for one replay's records of every launch (or of the
+    `replayed` ones, in launch order): a kernel's records in start order
     meet its launches in launch order. A kernel launched on two streams (a shared tile function, the
     streamed kernel of both models) is first split by stream, where the records tell the streams
     apart: each launch stream's record ids are those of the kernels only it launches, and they must
@@ -152,7 +161,7 @@ def match_launches(compiled: CompiledRound, records: list[KernelRecord]) -> dict
     by_name: dict[str, list[KernelRecord]] = defaultdict(list)
     for r in sorted(records, key=lambda r: r.start_us):
         by_name[r.name].append(r)
-    kernels = _launches_by_kernel(compiled)
+    kernels = _launches_by_kernel(compiled, replayed)
     ids = _stream_ids(compiled, kernels, by_name)
     out = {}
     for name, launches in kernels.items():
@@ -196,10 +205,10 @@ def exclusive_us(records: list[KernelRecord]) -> dict[int, float]:
     return out
 
 
-def _launches_by_kernel(compiled: CompiledRound) -> dict[str, list[int]]:
+def _launches_by_kernel(compiled: CompiledRound, replayed: list[int] | None = None) -> dict[str, list[int]]:
     out: dict[str, list[int]] = defaultdict(list)
-    for launch in compiled.launches:  # in launch order
-        out[launch.record_name].append(launch.index)
+    for index in sorted(replayed) if replayed is not None else range(len(compiled.launches)):  # launch order
+        out[compiled.launches[index].record_name].append(index)
     return out
 
 

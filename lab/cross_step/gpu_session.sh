@@ -14,8 +14,9 @@
 #        target's o_proj and down streamed, each also with PDL at the start, benchmarks/verify_kernels.py);
 #        streamed_checks: the streamed kernel's correctness log (benchmarks/streamed_checks.py);
 #        streamed_pdl: every example's verify phase, tile kernel and streamed, each plain and as
-#        programmatic dependent launches released at the start; draft_streamed: the same for the draft's
-#        phase (PDL at the end); auto: verify49 on an H200, else draft_streamed.
+#        programmatic dependent launches released at the start, with each phase's ledger (time per op
+#        kind); draft_streamed: the same for the draft's phase (PDL at the end); auto: verify49 on an
+#        H200, else draft_streamed.
 # Every script checks before it times; a failing variant is a row, not the end of the call.
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -68,12 +69,12 @@ streamed_pdl)  # the verify phase with programmatic dependent launches, tile ker
     run 240 verify_pdl python benchmarks/verify_kernels.py examples/llama-1b-8b-b32.toml \
         examples/llama-1b-3b-b16-ctx4k.toml examples/qwen25-15b-14b-b4.toml examples/qwen3-06b-8b-b4.toml \
         examples/llama-1b-8b-b8.toml examples/llama-1b-8b-b1.toml examples/qwen25-05b-7b-b8.toml \
-        --streamed --pdl start --json "$out/verify_pdl.json" ;;
+        --streamed --pdl start --ledger --json "$out/verify_pdl.json" ;;
 draft_streamed)  # the draft's phase with its o_proj and down streamed: does `draft.streamed` pay anywhere?
     run 300 draft_streamed python benchmarks/verify_kernels.py examples/llama-1b-8b-b32.toml \
         examples/llama-1b-3b-b16-ctx4k.toml examples/qwen25-15b-14b-b4.toml examples/qwen3-06b-8b-b4.toml \
         examples/llama-1b-8b-b8.toml examples/llama-1b-8b-b1.toml examples/qwen25-05b-7b-b8.toml \
-        --model draft --streamed --pdl end --json "$out/draft_streamed.json" ;;
+        --model draft --streamed --pdl end --ledger --json "$out/draft_streamed.json" ;;
 streamed_checks)  # the streamed kernel's correctness log on this GPU
     run 500 streamed_checks python benchmarks/streamed_checks.py --json "$out/streamed_checks.json" ;;
 auto)  # the next call whatever card comes: #49's H200 record on an H200, else the draft's streamed question
