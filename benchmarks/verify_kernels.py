@@ -22,7 +22,8 @@ plans again with the target's launches programmatic dependent ones released ther
 round does not fit in the GPU's memory beside the ones before it is a variant with its "error", untimed.
 `--model draft` times the draft's phase instead (its k steps; `--streamed` and `--pdl` then change the
 draft's launches), its fields named "draft_floor_ms", "draft_ms" and "rows" the draft's batch.
-`--ledger` then profiles each timed variant's phase (its replays' kernel records, the evaluator's
+`--fusions F ...` adds each plan again with these fusions of the model's ("+fused"; e.g. the norms
+folded into their GEMMs, which `sequential` leaves apart). `--ledger` then profiles each timed variant's phase (its replays' kernel records, the evaluator's
 ledger over the phase's launches): "ledger": {"round_us", "floor_us", "busy_us", "kinds": [{"kind",
 "launches", "us", "bytes", "bandwidth_fraction", "floor_us"}, ...]}, longest first: where it loses.
 """
@@ -60,6 +61,7 @@ class Comparison:
     replays: int = 100
     passes: int = 3  # interleaved passes where plans are compared
     ledger: bool = False  # profile each timed variant's phase: its time per op kind
+    fusions: tuple[str, ...] = ()  # also each plan with these fusions of the model's added
 
     @property
     def label(self) -> str:
@@ -69,7 +71,12 @@ class Comparison:
     def plans(self, sequential) -> dict:
         plans = {"sequential": sequential} | ({"streamed": self.edited(sequential, streamed=["down", "o_proj"])}
                                               if self.streamed else {})
-        return plans | {f"{name}+pdl={t}": self.edited(plan, pdl=t) for t in self.pdl for name, plan in plans.items()}
+        plans |= {f"{name}+pdl={t}": self.edited(plan, pdl=t) for t in self.pdl for name, plan in plans.items()}
+        if not self.fusions:
+            return plans
+        return plans | {f"{name}+fused": self.edited(plan, fusions=sorted(set(plan[self.model]["fusions"])
+                                                                         | set(self.fusions)))
+                        for name, plan in plans.items()}
 
     def edited(self, plan, **fields):
         """`plan` with these fields of the compared model's block set."""
@@ -174,10 +181,22 @@ def main() -> int:
                         help="also the model's o_proj and down as the streamed kernel, timed interleaved")
     parser.add_argument("--passes", type=int, default=3, help="interleaved passes with --streamed or --pdl")
     parser.add_argument("--ledger", action="store_true", help="also each timed phase's time per op kind (profiled)")
+    parser.add_argument("--fusions", nargs="+", default=[], metavar="FUSION",
+                        help="also each plan with these fusions of the model's added (plan schema names)")
     parser.add_argument("--pdl", action="append", choices=("start", "end"), default=[],
                         help="also each plan with the model's launches programmatic dependent ones released "
                              "there, timed interleaved (repeatable)")
     args = parser.parse_args()
+    how = Comparison(args.model, args.streamed, tuple(args.pdl), args.replays, args.passes, args.ledger,
+                     tuple(args.fusions))
+    try:  # every plan variant valid before anything is measured
+        from conjugate.errors import ConjugateError
+        from conjugate.paths import shipped_plan
+        from conjugate.plan import load_plan
+
+        how.plans(load_plan(shipped_plan("sequential")))
+    except ConjugateError as e:
+        parser.error(f"--fusions: {e}")
     if not args.workloads and not args.sweeps:
         parser.error("nothing to do: give workloads to time, --sweeps to convert, or both")
     sweeps = []
@@ -196,7 +215,6 @@ def main() -> int:
     if args.workloads:
         import torch
 
-        from conjugate.errors import ConjugateError
         from conjugate.evaluate.timing import copy_bandwidth_gbs
         from conjugate.workload import load_workload
 
@@ -209,7 +227,6 @@ def main() -> int:
             parser.error("timing a phase needs a GPU; without one give --sweeps only")
 
         out["copy_gbs"] = copy_gbs = copy_bandwidth_gbs(torch.device("cuda"))
-        how = Comparison(args.model, args.streamed, tuple(args.pdl), args.replays, args.passes, args.ledger)
         for path in args.workloads:
             out["phases"].append(measure_phase(path, copy_gbs, how))
             write_json(args.json, out)

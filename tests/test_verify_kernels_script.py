@@ -63,3 +63,19 @@ def test_the_compared_plans_differ_only_where_named():
     draft = script.Comparison("draft", streamed=True).plans(sequential)
     assert list(draft) == ["sequential", "streamed"] and script.Comparison("draft").label == "draft"
     assert draft["streamed"].to_dict() == base | {"draft": base["draft"] | {"streamed": ["down", "o_proj"]}}
+
+
+def test_fused_twins_add_the_fusions_and_a_bad_name_is_one_line(tmp_path):
+    from conjugate.paths import shipped_plan
+    from conjugate.plan import load_plan
+
+    script = load_script("verify_kernels")
+    sequential = load_plan(shipped_plan("sequential"))
+    plans = script.Comparison("target", streamed=True, fusions=("mlp_norm+gate_up", "attn_norm+qkv")).plans(sequential)
+    assert list(plans) == ["sequential", "streamed", "sequential+fused", "streamed+fused"]
+    fused = plans["streamed+fused"].to_dict()["target"]
+    assert fused["fusions"] == ["attn_norm+qkv", "lm_head+argmax", "mlp_norm+gate_up"]
+    assert fused["streamed"] == ["down", "o_proj"]
+    proc = run_script("verify_kernels", "--fusions", "attn_norm+qkvx", "--sweeps", SWEEP, "--json", tmp_path / "v.json")
+    assert proc.returncode == 2 and "--fusions" in proc.stderr and "attn_norm+qkvx" in proc.stderr
+    assert not (tmp_path / "v.json").exists()

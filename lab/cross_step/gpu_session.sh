@@ -15,7 +15,8 @@
 #        streamed_checks: the streamed kernel's correctness log (benchmarks/streamed_checks.py);
 #        streamed_pdl: every example's verify phase, tile kernel and streamed, each plain and as
 #        programmatic dependent launches released at the start, with each phase's ledger (time per op
-#        kind); draft_streamed: the same for the draft's phase (PDL at the end); auto: verify49 on an
+#        kind); draft_streamed: the same for the draft's phase (PDL at the end); fused: four examples'
+#        verify phase with the target's norms and RoPE folded into its GEMMs too; auto: verify49 on an
 #        H200, else draft_streamed.
 # Every script checks before it times; a failing variant is a row, not the end of the call.
 set -uo pipefail
@@ -75,10 +76,15 @@ draft_streamed)  # the draft's phase with its o_proj and down streamed: does `dr
         examples/llama-1b-3b-b16-ctx4k.toml examples/qwen25-15b-14b-b4.toml examples/qwen3-06b-8b-b4.toml \
         examples/llama-1b-8b-b8.toml examples/llama-1b-8b-b1.toml examples/qwen25-05b-7b-b8.toml \
         --model draft --streamed --pdl end --ledger --json "$out/draft_streamed.json" ;;
+fused)  # the target's norms (and RoPE) folded into its GEMMs in the verify phase, tile kernel and streamed
+    run 420 verify_fused python benchmarks/verify_kernels.py examples/llama-1b-8b-b1.toml \
+        examples/qwen3-06b-8b-b4.toml examples/llama-1b-8b-b8.toml examples/llama-1b-8b-b32.toml \
+        --streamed --pdl start --fusions attn_norm+qkv qkv+rope_kv mlp_norm+gate_up --ledger \
+        --json "$out/verify_fused.json" ;;
 streamed_checks)  # the streamed kernel's correctness log on this GPU
     run 500 streamed_checks python benchmarks/streamed_checks.py --json "$out/streamed_checks.json" ;;
 auto)  # the next call whatever card comes: #49's H200 record on an H200, else the draft's streamed question
     if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" draft_streamed; fi ;;
 *)
-    echo "usage: bash lab/cross_step/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|streamed_checks|auto" >&2; exit 2 ;;
+    echo "usage: bash lab/cross_step/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|streamed_checks|auto" >&2; exit 2 ;;
 esac
