@@ -74,9 +74,11 @@ class Comparison:
         plans |= {f"{name}+pdl={t}": self.edited(plan, pdl=t) for t in self.pdl for name, plan in plans.items()}
         if not self.fusions:
             return plans
-        return plans | {f"{name}+fused": self.edited(plan, fusions=sorted(set(plan[self.model]["fusions"])
-                                                                         | set(self.fusions)))
-                        for name, plan in plans.items()}
+        twins = {}  # each plan's fused twin right after it, so what does not fit in memory is the last pair
+        for name, plan in plans.items():
+            fused = sorted(set(plan[self.model]["fusions"]) | set(self.fusions))
+            twins |= {name: plan, f"{name}+fused": self.edited(plan, fusions=fused)}
+        return twins
 
     def edited(self, plan, **fields):
         """`plan` with these fields of the compared model's block set."""

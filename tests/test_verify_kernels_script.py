@@ -72,7 +72,7 @@ def test_fused_twins_add_the_fusions_and_a_bad_name_is_one_line(tmp_path):
     script = load_script("verify_kernels")
     sequential = load_plan(shipped_plan("sequential"))
     plans = script.Comparison("target", streamed=True, fusions=("mlp_norm+gate_up", "attn_norm+qkv")).plans(sequential)
-    assert list(plans) == ["sequential", "streamed", "sequential+fused", "streamed+fused"]
+    assert list(plans) == ["sequential", "sequential+fused", "streamed", "streamed+fused"]
     fused = plans["streamed+fused"].to_dict()["target"]
     assert fused["fusions"] == ["attn_norm+qkv", "lm_head+argmax", "mlp_norm+gate_up"]
     assert fused["streamed"] == ["down", "o_proj"]

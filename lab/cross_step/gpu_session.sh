@@ -17,7 +17,7 @@
 #        programmatic dependent launches released at the start, with each phase's ledger (time per op
 #        kind); draft_streamed: the same for the draft's phase (PDL at the end); fused: four examples'
 #        verify phase with the target's norms and RoPE folded into its GEMMs too; auto: verify49 on an
-#        H200, else draft_streamed.
+#        H200, else fused.
 # Every script checks before it times; a failing variant is a row, not the end of the call.
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -83,8 +83,8 @@ fused)  # the target's norms (and RoPE) folded into its GEMMs in the verify phas
         --json "$out/verify_fused.json" ;;
 streamed_checks)  # the streamed kernel's correctness log on this GPU
     run 500 streamed_checks python benchmarks/streamed_checks.py --json "$out/streamed_checks.json" ;;
-auto)  # the next call whatever card comes: #49's H200 record on an H200, else the draft's streamed question
-    if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" draft_streamed; fi ;;
+auto)  # the next call whatever card comes: #49's H200 record on an H200, else the fused verify phase
+    if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" fused; fi ;;
 *)
     echo "usage: bash lab/cross_step/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|streamed_checks|auto" >&2; exit 2 ;;
 esac
