@@ -82,6 +82,13 @@ def test_the_schedule_streams_the_kinds_where_a_launch_holds_them_alone():
             assert isinstance(launch.form, Streamed)
     fused = expand(validate_plan(_plan(fusions=NORMS + ["gate_up+down"])), TINY)  # down inside the fused MLP
     assert {l.parts[0].kind for l in fused.launches if isinstance(l.form, Streamed)} == {"o_proj"}
+    assert fused.warnings == ("$.target.streamed: no down runs as the streamed kernel (every down is fused into "
+                              "another op or shares its launch with the other model)", )
+    assert schedule.warnings == ()
+    step = _plan(draft=("o_proj", ))
+    step["draft"]["form"] = "step"
+    assert expand(validate_plan(step), TINY).warnings == (
+        "$.draft.streamed: no o_proj runs as the streamed kernel (the draft runs as one step launch)", )
 
 
 def _workload(family: str, dtype: str = "fp32"):

@@ -23,8 +23,9 @@ a launch shared with the other model keeps the tile kernel.
 
 `pdl` marks each launch of a model to start while the kernel before it on its stream ends; an
 override's `pdl` sets the trigger of the launches it matches. The finished schedule is checked against
-every dependency of both models; its warnings name overrides that match no op, and overrides setting
-tiles or launch parameters of streamed launches (which take neither).
+every dependency of both models; its warnings name overrides that match no op, `streamed` kinds no
+launch runs streamed, and overrides setting tiles or launch parameters of streamed launches (which
+take neither).
 """
 from __future__ import annotations
 
@@ -323,8 +324,8 @@ def _expand(plan: Plan, workload: Workload, graph: nx.DiGraph) -> Schedule:
     launches = tuple(_launch(plan, graph, n, units) for n, units in enumerate(groups))
     check_dependencies(graph, launches)
     return Schedule(plan.hash, workload.name, plan.cross.streams, plan.cross.capture, launches,
-                    _unmatched_overrides(plan, target + draft) + _set_on_streamed(plan, launches), _priority(plan),
-                    _sm_limits(plan))
+                    _unmatched_overrides(plan, target + draft) + _streamed_unused(plan, launches)
+                    + _set_on_streamed(plan, launches), _priority(plan), _sm_limits(plan))
 
 
 def _priority(plan: Plan) -> str:
@@ -335,6 +336,19 @@ def _priority(plan: Plan) -> str:
 def _sm_limits(plan: Plan) -> tuple[tuple[str, int], ...]:
     """(model, SMs its stream may use) for each model whose stream is limited."""
     return tuple((m.value, plan.model(m).stream.sms) for m in Model if plan.model(m).stream.sms)
+
+
+def _streamed_unused(plan: Plan, launches: tuple[Launch, ...]) -> tuple[str, ...]:
+    """A model's `streamed` kinds that no launch runs as the streamed kernel, and why."""
+    out = []
+    for model in Model:
+        ran = {l.form.part.kind for l in launches if isinstance(l.form, Streamed) and l.form.part.model == model}
+        for kind in plan.model(model).streamed:
+            if kind not in ran:
+                why = ("the draft runs as one step launch" if plan.model(model).form == STEP
+                       else f"every {kind} is fused into another op or shares its launch with the other model")
+                out.append(f"$.{model.value}.streamed: no {kind} runs as the streamed kernel ({why})")
+    return tuple(out)
 
 
 def _set_on_streamed(plan: Plan, launches: tuple[Launch, ...]) -> tuple[str, ...]:
