@@ -23,9 +23,10 @@ round does not fit in the GPU's memory beside the ones before it is a variant wi
 `--model draft` times the draft's phase instead (its k steps; `--streamed` and `--pdl` then change the
 draft's launches), its fields named "draft_floor_ms", "draft_ms" and "rows" the draft's batch.
 `--fusions F ...` adds each plan again with these fusions of the model's ("+fused"; e.g. the norms
-folded into their GEMMs, which `sequential` leaves apart). `--ledger` then profiles each timed variant's phase (its replays' kernel records, the evaluator's
-ledger over the phase's launches): "ledger": {"round_us", "floor_us", "busy_us", "kinds": [{"kind",
-"launches", "us", "bytes", "bandwidth_fraction", "floor_us"}, ...]}, longest first: where it loses.
+folded into their GEMMs, which `sequential` leaves apart). `--ledger` then profiles each timed
+variant's phase (its replays' kernel records, the evaluator's ledger over the phase's launches):
+"ledger": {"round_us", "floor_us", "busy_us", "kinds": [{"kind", "launches", "us", "bytes",
+"bandwidth_fraction", "floor_us"}, ...]}, longest first: where it loses.
 """
 from __future__ import annotations
 
