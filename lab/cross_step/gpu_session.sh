@@ -16,8 +16,9 @@
 #        streamed_pdl: every example's verify phase, tile kernel and streamed, each plain and as
 #        programmatic dependent launches released at the start, with each phase's ledger (time per op
 #        kind); draft_streamed: the same for the draft's phase (PDL at the end); fused: four examples'
-#        verify phase with the target's norms and RoPE folded into its GEMMs too; auto: verify49 on an
-#        H200, else fused.
+#        verify phase with the target's norms and RoPE folded into its GEMMs too; search49: the B=32
+#        example's search, 40 evaluations over calls (its database carried); auto: verify49 on an H200,
+#        else fused.
 # Every script checks before it times; a failing variant is a row, not the end of the call.
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -81,10 +82,17 @@ fused)  # the target's norms (and RoPE) folded into its GEMMs in the verify phas
         examples/qwen3-06b-8b-b4.toml examples/llama-1b-8b-b8.toml examples/llama-1b-8b-b32.toml \
         --streamed --pdl start --fusions attn_norm+qkv qkv+rope_kv mlp_norm+gate_up --ledger \
         --json "$out/verify_fused.json" ;;
+search49)  # the B=32 example's search (#49 asks 40 evaluations or more), resumable over calls: before the
+    # next call copy the returned b32.db to runs/b32.db and give the run tool carry ["runs/b32.db"]
+    if grep -q H200 "$out/gpu.txt"; then evaluator=h200; else evaluator=benchmarks/profiles/h100_quick.toml; fi
+    if [ -f runs/b32.db ]; then how=(--resume runs/b32.db --carry-baselines)
+    else how=(examples/llama-1b-8b-b32.toml --db runs/b32.db); fi
+    run 570 search49 conjugate search "${how[@]}" --evaluator "$evaluator" --budget 40 --time 8m
+    cp runs/b32.db "$out/b32.db" ;;
 streamed_checks)  # the streamed kernel's correctness log on this GPU
     run 500 streamed_checks python benchmarks/streamed_checks.py --json "$out/streamed_checks.json" ;;
 auto)  # the next call whatever card comes: #49's H200 record on an H200, else the fused verify phase
     if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" fused; fi ;;
 *)
-    echo "usage: bash lab/cross_step/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|streamed_checks|auto" >&2; exit 2 ;;
+    echo "usage: bash lab/cross_step/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|search49|streamed_checks|auto" >&2; exit 2 ;;
 esac
