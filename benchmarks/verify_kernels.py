@@ -161,7 +161,8 @@ def measure_phase(path: Path, copy_gbs: float, how: Comparison = Comparison()) -
     for name, v in variants.items():
         if v["passes_ms"]:
             v[f"{label}_ms"] = ms = sorted(v["passes_ms"])[len(v["passes_ms"]) // 2]
-            print(f"{wl.name} {name}: {label} {ms:.3f} ms, {ms / floor_ms:.2f}x its floor {floor_ms:.3f} ms", flush=True)
+            print(f"{wl.name} {name}: {label} {ms:.3f} ms, {ms / floor_ms:.2f}x its floor {floor_ms:.3f} ms",
+                  flush=True)
     row["check"] = variants["sequential"].get("check")
     if "ledger" in variants["sequential"]:
         row["ledger"] = variants["sequential"]["ledger"]

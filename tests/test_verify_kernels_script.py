@@ -79,3 +79,36 @@ def test_fused_twins_add_the_fusions_and_a_bad_name_is_one_line(tmp_path):
     proc = run_script("verify_kernels", "--fusions", "attn_norm+qkvx", "--sweeps", SWEEP, "--json", tmp_path / "v.json")
     assert proc.returncode == 2 and "--fusions" in proc.stderr and "attn_norm+qkvx" in proc.stderr
     assert not (tmp_path / "v.json").exists()
+
+
+def test_a_phase_ledger_is_the_phase_launches_time_per_kind(tmp_path, monkeypatch):
+    """phase_ledger over a captured phase's records (here synthetic: each launch 2 us, back to back)."""
+    import conjugate.evaluate.ledger as ledger_module
+    from conjugate.compiler.round import compile_round
+    from conjugate.evaluate.ledger import KernelRecord
+    from conjugate.graph import build_graph
+    from conjugate.plan import load_plan
+    from conjugate.roles import Model
+    from test_round import _round
+
+    rnd = _round("llama")
+    compiled = compile_round(load_plan(ROOT / "plans" / "sequential.json"), rnd.workload, rnd.draft, rnd.target,
+                             cache_dir=tmp_path)
+    phase = compiled.phase_launches(Model.TARGET)
+
+    def records(run, device, replays=5, warmup=3):
+        assert run == "replay" and replays == 5
+        one = [KernelRecord(compiled.launches[i].record_name, 7, 2.0 * n, 2.0 * n + 2.0) for n, i in enumerate(phase)]
+        return [one] * replays
+
+    monkeypatch.setattr(ledger_module, "kernel_records", records)
+
+    class Captured:
+        replay = "replay"
+
+    out = load_script("verify_kernels").phase_ledger(compiled, build_graph(rnd.workload), Captured, Model.TARGET,
+                                                   1000.0, "cpu")
+    assert set(out) == {"round_us", "floor_us", "busy_us", "kinds"}
+    assert out["round_us"] == 2.0 * len(phase) and all(k["kind"].startswith("target ") for k in out["kinds"])
+    assert sum(k["launches"] for k in out["kinds"]) == len(phase)
+    assert sum(k["us"] for k in out["kinds"]) == out["round_us"]

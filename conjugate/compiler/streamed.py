@@ -118,8 +118,8 @@ class CompiledStreamed:
     def manifest(self, pdl: str | None = None) -> dict:
         """Its entry in the round's manifest.json (`pdl`: the trigger as compiled, its own by default)."""
         return {"launch": self.index, "kernel": self.kernel_file, "grid": self.grid, "stream": self.stream,
-                "pdl_trigger": pdl or str(self.trigger), "parts": [{"ops": self.parts[0].label, "tile": self.record_name,
-                                                  "programs": self.grid}]}
+                "pdl_trigger": pdl or str(self.trigger),
+                "parts": [{"ops": self.parts[0].label, "tile": self.record_name, "programs": self.grid}]}
 
     def gluon_launch(self) -> tuple:
         """(kernel, args, kwargs) of the Gluon launch (GPU or meta buffers)."""
