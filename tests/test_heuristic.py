@@ -349,6 +349,24 @@ def test_every_fusion_leaves_a_draft_layer_four_launches():
     assert layer(mlp) == ["qkv", "attn", "o_proj", "gate_up"]
 
 
+def test_the_targets_norm_and_rope_fusions_are_offered_low_with_their_measurement():
+    """Measured slower in the verify phase (facts: target_fusions_verify): each still offered, alone,
+    below every fusion the draft has not measured slower, with the fact's sentence; the draft's same
+    fusions rank as before."""
+    from conjugate.agents.facts import sentence
+    from conjugate.agents.heuristic.fusions import TARGET_SLOWER, fusion_edits
+
+    edits = fusion_edits(PLANS["streams"])
+    added = lambda model, f: next(c for c in edits  # noqa: E731
+                                  if c.patch == [{"op": "add", "path": f"/{model}/fusions/-", "value": f}])
+    for f in TARGET_SLOWER:
+        target, draft = added("target", f), added("draft", f)
+        assert target.score < draft.score and sentence("target_fusions_verify") in target.rationale
+        assert "target_fusions_verify" not in draft.rationale and sentence("target_fusions_verify") not in draft.rationale
+    together = max(edits, key=lambda c: len(c.patch))
+    assert {op["path"] for op in together.patch} == {"/draft/fusions/-"}
+
+
 def test_under_two_streams_idle_target_sms_rank_below_streams_and_fusions():
     """The draft's stream takes SMs a target launch leaves idle, so widening it comes later there."""
     plan = PLANS["streams"]

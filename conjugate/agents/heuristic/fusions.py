@@ -3,8 +3,9 @@
 A fusion whose absorbed op (the one not named after the unit) the ledger lists as losing time ranks
 by that loss's share. Where the draft lacks two or more, all of them at once come first: one
 evaluation does the work of several, and the fused norms gained (facts: fused_norms). Not for the
-target, whose large GEMMs can lose by a fused prologue. A fusion measured slower (MEASURED_SLOWER)
-is left out of that edit and offered alone, ranked low.
+target: its norms and RoPE fused into its large GEMMs measured slower in the verify phase (facts:
+target_fusions_verify). A fusion measured slower (`measured_slower`) is left out of that edit and
+offered alone, ranked low, with the measurement's sentence.
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from conjugate.plan.schema import FUSIONS, MODEL_KEYS, Plan
 from conjugate.roles import Model
 
 NORM_FUSIONS = ("attn_norm+qkv", "mlp_norm+gate_up")  # a layer's norm in a GEMM's prologue
-MEASURED_SLOWER = {"gate_up+down": "fused_mlp"}  # fusion -> the fact that measured it slower
+MEASURED_SLOWER = {"gate_up+down": "fused_mlp"}  # fusion -> the fact that measured it slower, either model
+TARGET_SLOWER = {f: "target_fusions_verify" for f in ("attn_norm+qkv", "qkv+rope_kv", "mlp_norm+gate_up")}
 PER_STEP_FUSIONS = ("final_norm+", "lm_head+")  # run once per decode step, not per layer
 
 
@@ -25,7 +27,7 @@ def fusion_edits(plan: Plan, ledger: LedgerSummary | None = None) -> list[Candid
     out = []
     for model in MODEL_KEYS:
         on = plan[model]["fusions"]
-        together = [f for f in FUSIONS if f not in on and f not in MEASURED_SLOWER]
+        together = [f for f in FUSIONS if f not in on and not measured_slower(model, f)]
         if model == Model.DRAFT.value and len(together) > 1:
             lost = [losing[(model, a)] for a in {absorbed(f) for f in together} if (model, a) in losing]
             out.append(_all_fusions(plan, model, together, lost))
@@ -39,14 +41,19 @@ def _one_fusion(model: str, fusion: str, on: list[str], losing: dict) -> Candida
         return Candidate("fusions", [{"op": "remove", "path": f"/{model}/fusions/{on.index(fusion)}"}],
                          f"unfuse {fusion} in the {model}: smaller units pair more easily", 0.25)
     add = [{"op": "add", "path": f"/{model}/fusions/-", "value": fusion}]
-    if fusion in MEASURED_SLOWER:
-        return Candidate("fusions", add, f"fuse {fusion} in the {model}: {sentence(MEASURED_SLOWER[fusion])}", 0.2)
+    if fact := measured_slower(model, fusion):
+        return Candidate("fusions", add, f"fuse {fusion} in the {model}: {sentence(fact)}", 0.2)
     why, score = f"fuse {fusion} in the {model}: one launch fewer each time it runs", 0.4
     if (model, absorbed(fusion)) in losing:
         share, k = losing[(model, absorbed(fusion))]
         why += f" (the ledger: {k.kind} runs {k.loss_ms:.2f} ms over its floor)"
         score += 0.25 * share * launch_part(k)
     return Candidate("fusions", add, why, score)
+
+
+def measured_slower(model: str, fusion: str) -> str | None:
+    """The fact that measured this fusion slower in this model, if one did."""
+    return MEASURED_SLOWER.get(fusion) or (TARGET_SLOWER.get(fusion) if model == Model.TARGET.value else None)
 
 
 def absorbed(fusion: str) -> str:
