@@ -17,8 +17,9 @@
 #        programmatic dependent launches released at the start, with each phase's ledger (time per op
 #        kind); draft_streamed: the same for the draft's phase (PDL at the end); fused: four examples'
 #        verify phase with the target's norms and RoPE folded into its GEMMs too; search49: the B=32
-#        example's search, 40 evaluations over calls (its database carried); auto: verify49 on an H200,
-#        else fused.
+#        example's search, 40 evaluations over calls (its database carried); share: the draft's step
+#        launch on part of the SMs, alone and beside the target's stream (lab/step_share); auto: verify49
+#        on an H200, else share.
 # Every script checks before it times; a failing variant is a row, not the end of the call.
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -89,10 +90,13 @@ search49)  # the B=32 example's search (#49 asks 40 evaluations or more), resuma
     else how=(examples/llama-1b-8b-b32.toml --db runs/b32.db); fi
     run 570 search49 conjugate search "${how[@]}" --evaluator "$evaluator" --budget 40 --time 8m
     cp runs/b32.db "$out/b32.db" ;;
+share)  # #48: the step launch on P programs alone, and on P SMs beside the target's stream (the H100 search's plan)
+    run 560 share python lab/step_share/share.py examples/qwen3-06b-8b-b4.toml --programs 132 64 --sms 40 64 88 \
+        --base benchmarks/results/draft_step_plans/qwen3-06b-8b-b4-h100-search.json --json "$out/share.json" ;;
 streamed_checks)  # the streamed kernel's correctness log on this GPU
     run 500 streamed_checks python benchmarks/streamed_checks.py --json "$out/streamed_checks.json" ;;
 auto)  # the next call whatever card comes: #49's H200 record on an H200, else the fused verify phase
-    if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" fused; fi ;;
+    if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" share; fi ;;
 *)
-    echo "usage: bash lab/cross_step/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|search49|streamed_checks|auto" >&2; exit 2 ;;
+    echo "usage: bash lab/cross_step/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|search49|share|streamed_checks|auto" >&2; exit 2 ;;
 esac

@@ -129,6 +129,7 @@ def main() -> int:
         for p in args.programs:
             row = alone(wl, draft, target, inputs, check, graph, p, args.replays)
             entry["alone"].append(row)
+            args.json.write_text(json.dumps(out, indent=1))  # each row kept should the call run out of time
             print(f"{wl.name} alone P={p}: {row.get('ms', row.get('error') or row.get('check'))}", flush=True)
         base_path = args.base or shipped_plan("streams")
         base = json.loads(Path(base_path).read_text())
@@ -136,6 +137,7 @@ def main() -> int:
         for name, plan in variants:
             row = co_located(name, plan, wl, draft, target, inputs, check, graph, args.replays)
             entry["co_located"].append(row)
+            args.json.write_text(json.dumps(out, indent=1))
             print(f"{wl.name} round {name}: {row.get('round_ms', row.get('error') or row.get('check'))}", flush=True)
             torch.cuda.empty_cache()
         args.json.write_text(json.dumps(out, indent=1))
