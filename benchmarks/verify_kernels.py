@@ -39,7 +39,8 @@ from common import environment, failure, make_parser, round_case, write_json
 
 
 def shape_rows(sweep: dict, source: str) -> list[dict]:
-    """A kernel sweep's shapes as #49's rows, each at its best tile (the shipped one where none beat it)."""
+    """A kernel sweep's shapes as #49's rows, each at its best tile (the shipped one where none beat it);
+    with the sweep's `--copy`, `copy_bw_fraction`: what a copy moving the same bytes reached alone."""
     rows = []
     for s in sweep["shapes"]:
         best = s.get("best") or s["shipped"]
@@ -49,7 +50,8 @@ def shape_rows(sweep: dict, source: str) -> list[dict]:
                      "rows": fields["batch"] * fields["tokens"] if attention else fields["rows"],
                      "context": fields["context"] if attention else None, "ms": best["us"] / 1e3,
                      "bytes": s["bytes"], "bw_fraction": best["share_of_copy"], "tile": best["plan_keys"],
-                     "workloads": s["workloads"], "sweep": source})
+                     "workloads": s["workloads"], "sweep": source}
+                    | ({"copy_bw_fraction": s["copy"]["share_of_copy"]} if "us" in s.get("copy", {}) else {}))
     return rows
 
 
