@@ -3,7 +3,7 @@ from cold L2, against the tile the shipped plan gives it.
 
     python benchmarks/kernel_sweep.py examples/llama-1b-8b-b8.toml [...] [--kinds qkv o_proj gate_up down mlp attn]
                                       [--models draft target] [--per-shape 96] [--prewarm 14] [--json OUT.json]
-                                      [--tiles-from SWEEP.json ...] [--tma] [--cublas] [--copy]
+                                      [--tiles-from SWEEP.json ...] [--tma] [--cublas] [--read]
                                       [--batches 16 32 64] [--ks 1 3 5 7] [--contexts 512 8192]
 
 Per distinct shape of the workloads' qkv, o_proj, gate_up and down GEMMs (the epilogues of the
@@ -33,9 +33,9 @@ so the timing process loads them from Triton's cache. One process times everythi
 a run. `--tiles-from` times only the shipped tile and the best one earlier sweeps found per shape;
 `--tma` times each GEMM tile beside its twin that loads weight tiles through TMA descriptors (tile key
 TMA 1, at most 256 a side); `--cublas` also times each GEMM shape as one cuBLAS product of the same
-bytes (`torch.mm`, gate and up stacked, no epilogue): what the library reaches; `--copy` times each
-shape as a device-to-device copy moving its bytes: the share of the copy rate a launch of that size
-reaches alone (a few MB do not ramp to the rate; no kernel of the shape can do better).
+bytes (`torch.mm`, gate and up stacked, no epilogue): what the library reaches; `--read` times each
+shape as a launch reading its bytes (torch's row sums): the share of the copy rate a launch of that
+size reaches alone (a few MB do not ramp to the rate).
 
     python benchmarks/kernel_sweep.py --tabulate SWEEP.json [...] --device H200 [--table search/tiles.json]
 
@@ -580,20 +580,23 @@ def time_cublas(shape: Shape, copy_gbs: float, flush_us: float) -> dict:
         {"error": "too short to time beside the L2 flush"}
 
 
-def time_copy(nbytes: int, copy_gbs: float, flush_us: float) -> dict:
-    """A device-to-device copy moving `nbytes` (read and write counted, as the copy rate is), timed as
-    time_tiles times a tile: the share of the copy rate a launch moving that many bytes reaches alone,
-    its start and ramp included: what a kernel of the shape's size can reach at best."""
+def time_read(nbytes: int, copy_gbs: float, flush_us: float) -> dict:
+    """A launch reading `nbytes` from cold L2 (torch's row sums over a bf16 buffer of that size, the
+    sums 4 KB), timed as time_tiles times a tile: the share of the copy rate a launch that reads as many
+    bytes reaches alone, its start and ramp included. A copy would not do: below the L2's size its
+    writes stay in the cache. What a kernel of the shape's size can reach at best."""
     import torch
 
     from conjugate.evaluate.timing import l2_flush_bytes, time_per_call
 
     device = torch.device("cuda")
-    src = torch.empty(max(nbytes // 4, 1), dtype=torch.bfloat16, device=device).normal_()
-    dst = torch.empty_like(src)
-    us = time_per_call(lambda: dst.copy_(src), device, CALLS, flush_bytes=l2_flush_bytes(device), flush_us=flush_us)
-    moved = 4 * src.numel()  # bytes read plus bytes written
-    return {"us": us, "share_of_copy": moved / (us * 1e-6) / (copy_gbs * 1e9)} if us > 0 else \
+    rows = 1024
+    src = torch.empty(rows, max(nbytes // (2 * rows), 1), dtype=torch.bfloat16, device=device).normal_()
+    sums = torch.empty(rows, dtype=torch.float32, device=device)
+    us = time_per_call(lambda: torch.sum(src, dim=1, dtype=torch.float32, out=sums), device, CALLS,
+                       flush_bytes=l2_flush_bytes(device), flush_us=flush_us)
+    read = src.numel() * src.element_size()
+    return {"us": us, "share_of_copy": read / (us * 1e-6) / (copy_gbs * 1e9)} if us > 0 else \
         {"error": "too short to time beside the L2 flush"}
 
 
@@ -613,8 +616,8 @@ def main() -> None:
                         help="time only the shipped and best tiles these sweeps found for each shape")
     parser.add_argument("--cublas", action="store_true",
                         help="each GEMM shape also as one cuBLAS product (torch.mm, the same bytes, no epilogue)")
-    parser.add_argument("--copy", action="store_true",
-                        help="each shape also as a copy moving its bytes: the share of the copy rate its size allows")
+    parser.add_argument("--read", action="store_true",
+                        help="each shape also as a launch reading its bytes: the share of the copy rate its size allows")
     parser.add_argument("--tma", action="store_true",
                         help="each GEMM tile also with its weight tiles loaded through TMA (tile key TMA 1)")
     parser.add_argument("--tabulate", nargs="+", type=Path, metavar="SWEEP.json",
@@ -673,8 +676,8 @@ def main() -> None:
                       "best": min(timed, key=lambda r: r["us"]) if timed else None, "tried": rows}
             if args.cublas and isinstance(shape, Shape) and shape.kind != "mlp":
                 result["cublas"] = time_cublas(shape, copy_gbs, flush_us)
-            if args.copy:
-                result["copy"] = time_copy(shape.bytes, copy_gbs, flush_us)
+            if args.read:
+                result["read"] = time_read(shape.bytes, copy_gbs, flush_us)
             out["shapes"].append(result)
             print(json.dumps({k: result[k] for k in ("shape", "model", "shipped", "best")}), flush=True)
             write_json(args.json, out)

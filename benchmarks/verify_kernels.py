@@ -40,7 +40,7 @@ from common import environment, failure, make_parser, round_case, write_json
 
 def shape_rows(sweep: dict, source: str) -> list[dict]:
     """A kernel sweep's shapes as #49's rows, each at its best tile (the shipped one where none beat it);
-    with the sweep's `--copy`, `copy_bw_fraction`: what a copy moving the same bytes reached alone."""
+    with the sweep's `--read`, `read_bw_fraction`: what a launch reading the same bytes reached alone."""
     rows = []
     for s in sweep["shapes"]:
         best = s.get("best") or s["shipped"]
@@ -51,7 +51,7 @@ def shape_rows(sweep: dict, source: str) -> list[dict]:
                      "context": fields["context"] if attention else None, "ms": best["us"] / 1e3,
                      "bytes": s["bytes"], "bw_fraction": best["share_of_copy"], "tile": best["plan_keys"],
                      "workloads": s["workloads"], "sweep": source}
-                    | ({"copy_bw_fraction": s["copy"]["share_of_copy"]} if "us" in s.get("copy", {}) else {}))
+                    | ({"read_bw_fraction": s["read"]["share_of_copy"]} if "us" in s.get("read", {}) else {}))
     return rows
 
 

@@ -29,14 +29,14 @@ def test_each_shape_becomes_a_row_at_its_best_tile():
         assert abs(row["bytes"] / (row["ms"] * 1e-3) / 1e9 / sweep["copy_gbs"] - row["bw_fraction"]) < 1e-6
 
 
-def test_a_sweeps_same_bytes_copy_rides_along_only_where_it_was_timed():
+def test_a_sweeps_same_bytes_read_rides_along_only_where_it_was_timed():
     sweep = json.loads(SWEEP.read_text())
     first, second = sweep["shapes"][0], sweep["shapes"][1]
-    first["copy"] = {"us": 5.0, "share_of_copy": 0.42}
-    second["copy"] = {"error": "too short to time beside the L2 flush"}
+    first["read"] = {"us": 5.0, "share_of_copy": 0.42}
+    second["read"] = {"error": "too short to time beside the L2 flush"}
     rows = load_script("verify_kernels").shape_rows(sweep, "s.json")
-    assert rows[0]["copy_bw_fraction"] == 0.42
-    assert all("copy_bw_fraction" not in r for r in rows[1:])
+    assert rows[0]["read_bw_fraction"] == 0.42
+    assert all("read_bw_fraction" not in r for r in rows[1:])
 
 
 def test_sweeps_alone_need_no_gpu_and_bad_input_is_one_line(tmp_path):

@@ -19,7 +19,7 @@
 #        verify phase with the target's norms and RoPE folded into its GEMMs too; search49: the B=32
 #        example's search, 40 evaluations over calls (its database carried); share: the draft's step
 #        launch on part of the SMs, alone and beside the target's stream (lab/step_share); attention: the
-#        target's attention over #49's grid of batches and contexts, beside a copy of its bytes; auto: verify49
+#        target's attention over #49's grid of batches and contexts, beside a launch reading its bytes; auto: verify49
 #        on an H200, else share.
 # Every script checks before it times; a failing variant is a row, not the end of the call.
 set -uo pipefail
@@ -63,7 +63,7 @@ short2)  # the call after short: the verify pass, and the wgmma depth on the oth
 narrow)
     run 300 narrow python lab/narrow_tiles/chain.py --json "$out/narrow.json" ;;
 verify49)  # #49's H200 record: the B=32 example's sweep, then every example's verify phase, tile kernel and streamed
-    run 250 sweep_b32 python benchmarks/kernel_sweep.py examples/llama-1b-8b-b32.toml --per-shape 16 --prewarm 15 --copy \
+    run 250 sweep_b32 python benchmarks/kernel_sweep.py examples/llama-1b-8b-b32.toml --per-shape 16 --prewarm 15 --read \
         --json "$out/kernel_sweep_b32.json"
     run 300 verify_kernels python benchmarks/verify_kernels.py examples/llama-1b-8b-b32.toml \
         examples/llama-1b-3b-b16-ctx4k.toml examples/qwen25-15b-14b-b4.toml examples/qwen3-06b-8b-b4.toml \
@@ -94,9 +94,9 @@ search49)  # the B=32 example's search (#49 asks 40 evaluations or more), resuma
 share)  # #48: the step launch on P programs alone, and on P SMs beside the target's stream (the H100 search's plan)
     run 560 share python lab/step_share/share.py examples/qwen3-06b-8b-b4.toml --programs 132 64 --sms 40 64 88 \
         --base benchmarks/results/draft_step_plans/qwen3-06b-8b-b4-h100-search.json --json "$out/share.json" ;;
-attention)  # #49 item 2's grid: the target's attention at batches 1-64 and contexts 512-8192, beside a copy of its bytes
+attention)  # #49 item 2's grid: the target's attention at batches 1-64 and contexts 512-8192, beside a launch reading its bytes
     run 400 attention python benchmarks/kernel_sweep.py examples/llama-1b-8b-b1.toml --kinds attn --models target \
-        --batches 1 4 16 64 --contexts 512 2048 8192 --per-shape 12 --prewarm 15 --copy --json "$out/attention_sweep.json" ;;
+        --batches 1 4 16 64 --contexts 512 2048 8192 --per-shape 12 --prewarm 15 --read --json "$out/attention_sweep.json" ;;
 streamed_checks)  # the streamed kernel's correctness log on this GPU
     run 500 streamed_checks python benchmarks/streamed_checks.py --json "$out/streamed_checks.json" ;;
 auto)  # the next call whatever card comes: #49's H200 record on an H200, else the fused verify phase
