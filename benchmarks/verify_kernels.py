@@ -23,7 +23,9 @@ round does not fit in the GPU's memory beside the ones before it is a variant wi
 `--model draft` times the draft's phase instead (its k steps; `--streamed` and `--pdl` then change the
 draft's launches), its fields named "draft_floor_ms", "draft_ms" and "rows" the draft's batch.
 `--fusions F ...` adds each plan again with these fusions of the model's ("+fused"; e.g. the norms
-folded into their GEMMs, which `sequential` leaves apart). `--ledger` then profiles each timed
+folded into their GEMMs, which `sequential` leaves apart); `--fused-tiles KIND.KEY=VALUE ...` sets
+tile keys of the fused twins only (qkv+rope_kv runs whole heads, 128 columns, where `sequential`'s qkv
+tile is 64 wide: `qkv.SPLIT_K=4` keeps its program count). `--ledger` then profiles each timed
 variant's phase (its replays' kernel records, the evaluator's ledger over the phase's launches):
 "ledger": {"round_us", "floor_us", "busy_us", "kinds": [{"kind", "launches", "us", "bytes",
 "bandwidth_fraction", "floor_us"}, ...]}, longest first: where it loses.
@@ -65,6 +67,7 @@ class Comparison:
     passes: int = 3  # interleaved passes where plans are compared
     ledger: bool = False  # profile each timed variant's phase: its time per op kind
     fusions: tuple[str, ...] = ()  # also each plan with these fusions of the model's added
+    fused_tiles: tuple[tuple[str, str, int], ...] = ()  # (kind, key, value) set in the fused twins' tiles
 
     @property
     def label(self) -> str:
@@ -80,7 +83,10 @@ class Comparison:
         twins = {}  # each plan's fused twin right after it, so what does not fit in memory is the last pair
         for name, plan in plans.items():
             fused = sorted(set(plan[self.model]["fusions"]) | set(self.fusions))
-            twins |= {name: plan, f"{name}+fused": self.edited(plan, fusions=fused)}
+            tiles = json.loads(json.dumps(plan[self.model]["tiles"]))
+            for kind, key, value in self.fused_tiles:
+                tiles.setdefault(kind, {})[key] = value
+            twins |= {name: plan, f"{name}+fused": self.edited(plan, fusions=fused, tiles=tiles)}
         return twins
 
     def edited(self, plan, **fields):
@@ -176,6 +182,18 @@ def measure_phase(path: Path, copy_gbs: float, how: Comparison = Comparison()) -
     return row
 
 
+def fused_tile(text: str) -> tuple[str, str, int]:
+    """KIND.KEY=VALUE (a plan tile key and its integer value), for argparse."""
+    import argparse
+
+    try:
+        where, value = text.split("=")
+        kind, key = where.split(".")
+        return kind, key, int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KIND.KEY=VALUE with an integer value, e.g. qkv.SPLIT_K=4")
+
+
 def main() -> int:
     parser = make_parser(__doc__)
     parser.add_argument("workloads", nargs="*", type=Path, help="workloads whose verify phase is timed (a GPU)")
@@ -189,12 +207,16 @@ def main() -> int:
     parser.add_argument("--ledger", action="store_true", help="also each timed phase's time per op kind (profiled)")
     parser.add_argument("--fusions", nargs="+", default=[], metavar="FUSION",
                         help="also each plan with these fusions of the model's added (plan schema names)")
+    parser.add_argument("--fused-tiles", nargs="+", default=[], metavar="KIND.KEY=VALUE", type=fused_tile,
+                        help="with --fusions: set these tile keys in the fused twins (e.g. qkv.SPLIT_K=4)")
     parser.add_argument("--pdl", action="append", choices=("start", "end"), default=[],
                         help="also each plan with the model's launches programmatic dependent ones released "
                              "there, timed interleaved (repeatable)")
     args = parser.parse_args()
+    if args.fused_tiles and not args.fusions:
+        parser.error("--fused-tiles sets tiles of the fused twins: give --fusions too")
     how = Comparison(args.model, args.streamed, tuple(args.pdl), args.replays, args.passes, args.ledger,
-                     tuple(args.fusions))
+                     tuple(args.fusions), tuple(args.fused_tiles))
     try:  # every plan variant valid before anything is measured
         from conjugate.errors import ConjugateError
         from conjugate.paths import shipped_plan
@@ -202,7 +224,7 @@ def main() -> int:
 
         how.plans(load_plan(shipped_plan("sequential")))
     except ConjugateError as e:
-        parser.error(f"--fusions: {e}")
+        parser.error(f"--fusions / --fused-tiles: {e}")
     if not args.workloads and not args.sweeps:
         parser.error("nothing to do: give workloads to time, --sweeps to convert, or both")
     sweeps = []

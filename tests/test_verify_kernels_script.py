@@ -91,6 +91,27 @@ def test_fused_twins_add_the_fusions_and_a_bad_name_is_one_line(tmp_path):
     assert not (tmp_path / "v.json").exists()
 
 
+def test_fused_tiles_change_only_the_fused_twins_and_a_bad_one_is_one_line(tmp_path):
+    from conjugate.paths import shipped_plan
+    from conjugate.plan import load_plan
+
+    script = load_script("verify_kernels")
+    sequential = load_plan(shipped_plan("sequential"))
+    plans = script.Comparison("target", fusions=("qkv+rope_kv",), fused_tiles=(("qkv", "SPLIT_K", 4),)).plans(sequential)
+    tiles = {name: plan.to_dict()["target"]["tiles"] for name, plan in plans.items()}
+    assert tiles["sequential+fused"]["qkv"]["SPLIT_K"] == 4
+    assert tiles["sequential"] == sequential.to_dict()["target"]["tiles"]
+    assert {k: v for k, v in tiles["sequential+fused"]["qkv"].items() if k != "SPLIT_K"} == \
+        {k: v for k, v in tiles["sequential"]["qkv"].items() if k != "SPLIT_K"}
+    for bad, says in ((["--fused-tiles", "qkv.SPLIT_K=four"], "KIND.KEY=VALUE"),
+                      (["--fused-tiles", "qkv.SPLIT_K=4"], "--fusions"),
+                      (["--fusions", "qkv+rope_kv", "--fused-tiles", "qkv.SPLITK=4"], "SPLITK")):
+        proc = run_script("verify_kernels", *bad, "--sweeps", SWEEP, "--json", tmp_path / "v.json")
+        assert proc.returncode == 2 and says in proc.stderr, (bad, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()[-1]) < 300
+    assert not (tmp_path / "v.json").exists()
+
+
 def test_a_phase_ledger_is_the_phase_launches_time_per_kind(tmp_path, monkeypatch):
     """phase_ledger over a captured phase's records (here synthetic: each launch 2 us, back to back)."""
     import conjugate.evaluate.ledger as ledger_module

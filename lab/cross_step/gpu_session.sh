@@ -16,7 +16,8 @@
 #        streamed_pdl: every example's verify phase, tile kernel and streamed, each plain and as
 #        programmatic dependent launches released at the start, with each phase's ledger (time per op
 #        kind); draft_streamed: the same for the draft's phase (PDL at the end); fused: four examples'
-#        verify phase with the target's norms and RoPE folded into its GEMMs too; search49: the B=32
+#        verify phase with the target's norms and RoPE folded into its GEMMs too (fused2: again, the fused
+#        qkv at its unfused program count, PDL at the start and the end); search49: the B=32
 #        example's search, 40 evaluations over calls (its database carried); share: the draft's step
 #        launch on part of the SMs, alone and beside the target's stream (lab/step_share); attention: the
 #        target's attention over #49's grid of batches and contexts, beside a launch reading its bytes; auto: verify49
@@ -84,6 +85,13 @@ fused)  # the target's norms (and RoPE) folded into its GEMMs in the verify phas
         examples/qwen3-06b-8b-b4.toml examples/llama-1b-8b-b8.toml examples/llama-1b-8b-b32.toml \
         --streamed --pdl start --fusions attn_norm+qkv qkv+rope_kv mlp_norm+gate_up --ledger \
         --json "$out/verify_fused.json" ;;
+fused2)  # the fused twins again with the rope-fused qkv at its unfused program count (SPLIT_K 4: whole-head tiles
+    # are 128 wide, sequential's qkv tile 64), under PDL at the start and at the end (each call's variants in 80 GB)
+    for pdl in start end; do
+        run 200 "verify_fused2_$pdl" python benchmarks/verify_kernels.py examples/llama-1b-8b-b1.toml examples/qwen3-06b-8b-b4.toml \
+            --streamed --pdl $pdl --fusions attn_norm+qkv qkv+rope_kv mlp_norm+gate_up --fused-tiles qkv.SPLIT_K=4 \
+            --ledger --json "$out/verify_fused2_$pdl.json"
+    done ;;
 search49)  # the B=32 example's search (#49 asks 40 evaluations or more), resumable over calls: before the
     # next call copy the returned b32.db to runs/b32.db and give the run tool carry ["runs/b32.db"]
     if grep -q H200 "$out/gpu.txt"; then evaluator=h200; else evaluator=benchmarks/profiles/h100_quick.toml; fi
@@ -102,5 +110,5 @@ streamed_checks)  # the streamed kernel's correctness log on this GPU
 auto)  # the next call whatever card comes: #49's H200 record on an H200, else the fused verify phase
     if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" share; fi ;;
 *)
-    echo "usage: bash lab/cross_step/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
+    echo "usage: bash lab/cross_step/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused2|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
 esac
