@@ -21,7 +21,7 @@
 #        example's search, 40 evaluations over calls (its database carried); share: the draft's step
 #        launch on part of the SMs, alone and beside the target's stream (lab/step_share); attention: the
 #        target's attention over #49's grid of batches and contexts, beside a launch reading its bytes; auto: verify49
-#        on an H200, else share.
+#        on an H200, else fused2.
 # Every script checks before it times; a failing variant is a row, not the end of the call.
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -107,8 +107,8 @@ attention)  # #49 item 2's grid: the target's attention at batches 1-64 and cont
         --batches 1 4 16 64 --contexts 512 2048 8192 --per-shape 12 --prewarm 15 --read --json "$out/attention_sweep.json" ;;
 streamed_checks)  # the streamed kernel's correctness log on this GPU
     run 500 streamed_checks python benchmarks/streamed_checks.py --json "$out/streamed_checks.json" ;;
-auto)  # the next call whatever card comes: #49's H200 record on an H200, else the fused verify phase
-    if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" share; fi ;;
+auto)  # the next call whatever card comes: #49's H200 record on an H200, else the fused verify phase at its qkv's program count
+    if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" fused2; fi ;;
 *)
     echo "usage: bash lab/cross_step/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused2|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
 esac
