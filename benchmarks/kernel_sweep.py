@@ -12,7 +12,8 @@ compiler/buffers.py stores them) and of their attention (fp32 queries, bf16 cach
 workload's context, the draft's first step and the verify pass): the tile `plans/streams.json`
 ships, with its launch settings, and up to --per-shape candidates (GEMM: BLOCK_N x BLOCK_K x SPLIT_K
 x num_warps x num_stages; attention: BLOCK_N x SPLIT_KV x num_warps x num_stages), pruned to grids
-that fill the GPU without running out of shared memory or registers: the shipped tile's one-knob
+that fill the GPU (attention over few sequences: any grid) without running out of shared memory or
+registers (`fits`): the shipped tile's one-knob
 neighbours first, then a seeded sample of the rest. Each launch is checked against torch, then
 timed as launch verdicts time one: ten calls in a CUDA graph, L2 overwritten before each and the
 overwrite's own time subtracted (timing.time_per_call). Its bytes (weights; K and V read) over that
@@ -206,17 +207,21 @@ def block_ms(rows: int) -> tuple[int, ...]:
 
 
 def fits(tile: Tile | AttnTile, shape: Shape | AttnShape, sms: int) -> bool:
-    """A tile worth timing: the grid is at least half a wave (the fused MLP: a quarter) and at most 16
-    waves (attention: 32), the buffers fit, the accumulators stay in registers, and each program
-    walks at least two blocks of its reduction (GEMM: K blocks, one per stage in flight; attention:
-    keys)."""
+    """A tile worth timing: the grid is at least half a wave (the fused MLP: a quarter; attention: any,
+    one program a (sequence, KV head) pair or more) and at most 16 waves (attention: 32), the buffers
+    fit, the accumulators stay in registers, and each program walks at least two blocks of its
+    reduction (GEMM: K blocks, one per stage in flight; attention: keys). Over few pairs half a wave of
+    attention programs leaves only 16-key blocks, and a smaller grid of larger blocks wins (llama-3.1-8b,
+    one sequence, 512 keys: 32 programs 7.2 us, the best of 128 8.0 us; H100,
+    results/attention_sweep_h100.json)."""
     if isinstance(tile, AttnTile):
         walked, waves = shape.keys // (tile.split_kv * tile.block_n), 32
+        least = 1
     else:
         walked, waves = shape.k // (tile.split_k * tile.block_k), 16
         if walked < tile.stages - 1 or tile.block_n > max(16, shape.n) or (shape.kind == "mlp" and tile.split_k > 1):
             return False
-    least = sms // 4 if shape.kind == "mlp" else sms // 2  # the fused MLP: larger ffn blocks, fewer atomics
+        least = sms // 4 if shape.kind == "mlp" else sms // 2  # the fused MLP: larger ffn blocks, fewer atomics
     return (walked >= 2 and least <= tile.programs(shape) <= waves * sms
             and tile.shared_bytes(shape) <= SHARED_BYTES and tile.acc_per_thread(shape) <= MAX_ACC_PER_THREAD)
 

@@ -120,7 +120,7 @@ def test_a_candidate_launch_computes_what_torch_does(tmp_path, shape, tile):
 
 
 def test_attention_candidates_fill_the_gpu_and_walk_at_least_two_key_blocks():
-    shape = sweep.AttnShape(8, 1, 32, 8, 64, 1024)
+    shape = sweep.AttnShape(16, 1, 32, 8, 64, 1024)  # 128 (sequence, KV head) pairs: every grid fills half a wave
     shipped = sweep.AttnTile(64, 8, 4, 3)
     tiles = sweep.candidates(shape, shipped, H200_SMS, per_shape=40)
     assert tiles[0] == shipped and len(set(tiles)) == 41
@@ -128,6 +128,18 @@ def test_attention_candidates_fill_the_gpu_and_walk_at_least_two_key_blocks():
         assert H200_SMS // 2 <= tile.programs(shape) <= 32 * H200_SMS
         assert shape.keys // (tile.split_kv * tile.block_n) >= 2
     assert not sweep.fits(sweep.AttnTile(256, 4, 4, 2), shape, H200_SMS)  # 1025 keys: one block of 256 a split
+
+
+def test_attention_over_few_pairs_keeps_grids_under_half_a_wave():
+    """One sequence's 8 KV heads: half a wave would leave only 16-key blocks at 512 keys, so the
+    shipped tile's neighbours (32 programs and fewer, blocks of 32-64 keys) are candidates too."""
+    shape = sweep.AttnShape(1, 5, 32, 8, 128, 512)
+    shipped = sweep.AttnTile(64, 4, 4, 3)
+    tiles = sweep.candidates(shape, shipped, H200_SMS, per_shape=12)
+    near = [t for t in sweep.neighbours(shipped) if shape.keys // (t.split_kv * t.block_n) >= 2]
+    assert near and set(near) <= set(tiles)
+    assert any(t.block_n >= 32 and t.programs(shape) < H200_SMS // 2 for t in tiles[1:])
+    assert all(shape.keys // (t.split_kv * t.block_n) >= 2 for t in tiles)
 
 
 def test_the_launch_fit_recovers_a_fixed_time_and_a_rate_and_names_a_file_that_is_not_a_sweep(tmp_path):
