@@ -17,7 +17,8 @@
 #        programmatic dependent launches released at the start, with each phase's ledger (time per op
 #        kind); draft_streamed: the same for the draft's phase (PDL at the end); fused: four examples'
 #        verify phase with the target's norms and RoPE folded into its GEMMs too (fused2: again, the fused
-#        qkv at its unfused program count, PDL at the start and the end); search49: the B=32
+#        qkv at its unfused program count, PDL at the start and the end, and with the norms' statistics
+#        summed in one step); search49: the B=32
 #        example's search, 40 evaluations over calls (its database carried); share: the draft's step
 #        launch on part of the SMs, alone and beside the target's stream (lab/step_share); attention: the
 #        target's attention over #49's grid of batches and contexts, beside a launch reading its bytes; auto: verify49
@@ -86,11 +87,14 @@ fused)  # the target's norms (and RoPE) folded into its GEMMs in the verify phas
         --streamed --pdl start --fusions attn_norm+qkv qkv+rope_kv mlp_norm+gate_up --ledger \
         --json "$out/verify_fused.json" ;;
 fused2)  # the fused twins again with the rope-fused qkv at its unfused program count (SPLIT_K 4: whole-head tiles
-    # are 128 wide, sequential's qkv tile 64), under PDL at the start and at the end (each call's variants in 80 GB)
+    # are 128 wide, sequential's qkv tile 64), under PDL at the start and at the end (each call's variants in 80 GB),
+    # then each with the norms' row statistics summed in one step (lab/fused_norms)
+    fusions=(--fusions attn_norm+qkv qkv+rope_kv mlp_norm+gate_up --fused-tiles qkv.SPLIT_K=4 --ledger)
     for pdl in start end; do
-        run 200 "verify_fused2_$pdl" python benchmarks/verify_kernels.py examples/llama-1b-8b-b1.toml examples/qwen3-06b-8b-b4.toml \
-            --streamed --pdl $pdl --fusions attn_norm+qkv qkv+rope_kv mlp_norm+gate_up --fused-tiles qkv.SPLIT_K=4 \
-            --ledger --json "$out/verify_fused2_$pdl.json"
+        run 140 "verify_fused2_$pdl" python benchmarks/verify_kernels.py examples/llama-1b-8b-b1.toml \
+            examples/qwen3-06b-8b-b4.toml --streamed --pdl $pdl "${fusions[@]}" --json "$out/verify_fused2_$pdl.json"
+        run 140 "stats256_$pdl" python lab/fused_norms/stats_block.py 256 examples/llama-1b-8b-b1.toml \
+            examples/qwen3-06b-8b-b4.toml --streamed --pdl $pdl "${fusions[@]}" --json "$out/stats256_$pdl.json"
     done ;;
 search49)  # the B=32 example's search (#49 asks 40 evaluations or more), resumable over calls: before the
     # next call copy the returned b32.db to runs/b32.db and give the run tool carry ["runs/b32.db"]

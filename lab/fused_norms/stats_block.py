@@ -1,0 +1,51 @@
+"""The fused norms' row statistics summed in fewer dependent steps: is that what the fused GEMMs lose?
+
+    python lab/fused_norms/stats_block.py 256 examples/llama-1b-8b-b1.toml --streamed --pdl start \
+        --fusions attn_norm+qkv qkv+rope_kv mlp_norm+gate_up --fused-tiles qkv.SPLIT_K=4 --ledger --json OUT.json
+
+A GEMM with a fused norm reads its rows' statistics (`STATS_IN`: sums of squares of 16 columns each,
+left by the residual GEMM before) in a loop of STATS_BLOCK of them a step (64) before its main loop:
+at a hidden size of 4096, four dependent reads before the first weight tile. This runs
+benchmarks/verify_kernels.py (its arguments after the first) with STATS_BLOCK set to the first
+argument (one step at 256), in its own process (Triton compiles a module constant once), and adds
+`stats_block` to its JSON. Lab code: it sets one constant of the package; nothing in `conjugate/`
+imports it.
+"""
+from __future__ import annotations
+
+import json
+import runpy
+import sys
+from pathlib import Path
+
+import triton.language as tl
+
+from conjugate.kernels import tile
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def main() -> int:
+    if len(sys.argv) < 3 or not sys.argv[1].isdigit() or int(sys.argv[1]) & (int(sys.argv[1]) - 1):
+        print("usage: stats_block.py N VERIFY_KERNELS_ARGS... (N a power of two)", file=sys.stderr)
+        return 2
+    tile.STATS_BLOCK = tl.constexpr(int(sys.argv[1]))
+    args = sys.argv[2:]
+    sys.argv = [str(ROOT / "benchmarks" / "verify_kernels.py")] + args
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    except SystemExit as done:
+        if done.code:
+            return int(done.code) if isinstance(done.code, int) else 1
+    if "--json" in args:
+        out = Path(args[args.index("--json") + 1])
+        data = json.loads(out.read_text())
+        data |= {"stats_block": tile.STATS_BLOCK.value, "command": "python " + " ".join(
+            ["lab/fused_norms/stats_block.py", str(tile.STATS_BLOCK.value)] + args)}
+        out.write_text(json.dumps(data, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
