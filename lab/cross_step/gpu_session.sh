@@ -87,14 +87,19 @@ fused)  # the target's norms (and RoPE) folded into its GEMMs in the verify phas
         --streamed --pdl start --fusions attn_norm+qkv qkv+rope_kv mlp_norm+gate_up --ledger \
         --json "$out/verify_fused.json" ;;
 fused2)  # the fused twins again with the rope-fused qkv at its unfused program count (SPLIT_K 4: whole-head tiles
-    # are 128 wide, sequential's qkv tile 64), under PDL at the start and at the end (each call's variants in 80 GB),
-    # then each with the norms' row statistics summed in one step (lab/fused_norms)
+    # are 128 wide, sequential's qkv tile 64), under PDL at the start and at the end, each also with the norms' row
+    # statistics summed in one step (lab/fused_norms); qwen3-06b-8b-b4 without the streamed plans, whose fused twin
+    # under PDL did not fit in 80 GB beside the seven variants before it
     fusions=(--fusions attn_norm+qkv qkv+rope_kv mlp_norm+gate_up --fused-tiles qkv.SPLIT_K=4 --ledger)
     for pdl in start end; do
-        run 140 "verify_fused2_$pdl" python benchmarks/verify_kernels.py examples/llama-1b-8b-b1.toml \
-            examples/qwen3-06b-8b-b4.toml --streamed --pdl $pdl "${fusions[@]}" --json "$out/verify_fused2_$pdl.json"
-        run 140 "stats256_$pdl" python lab/fused_norms/stats_block.py 256 examples/llama-1b-8b-b1.toml \
-            examples/qwen3-06b-8b-b4.toml --streamed --pdl $pdl "${fusions[@]}" --json "$out/stats256_$pdl.json"
+        for how in "b1 examples/llama-1b-8b-b1.toml --streamed" "qwen3 examples/qwen3-06b-8b-b4.toml"; do
+            set -- $how
+            name=$1; shift
+            run 100 "verify_fused2_${name}_$pdl" python benchmarks/verify_kernels.py "$@" --pdl $pdl "${fusions[@]}" \
+                --json "$out/verify_fused2_${name}_$pdl.json"
+            run 100 "stats256_${name}_$pdl" python lab/fused_norms/stats_block.py 256 "$@" --pdl $pdl "${fusions[@]}" \
+                --json "$out/stats256_${name}_$pdl.json"
+        done
     done ;;
 search49)  # the B=32 example's search (#49 asks 40 evaluations or more), resumable over calls: before the
     # next call copy the returned b32.db to runs/b32.db and give the run tool carry ["runs/b32.db"]

@@ -26,10 +26,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def main() -> int:
-    if len(sys.argv) < 3 or not sys.argv[1].isdigit() or int(sys.argv[1]) & (int(sys.argv[1]) - 1):
-        print("usage: stats_block.py N VERIFY_KERNELS_ARGS... (N a power of two)", file=sys.stderr)
+    n = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 0
+    if len(sys.argv) < 3 or n < 16 or n & (n - 1):
+        print("usage: stats_block.py N VERIFY_KERNELS_ARGS... (N a power of two, at least 16)", file=sys.stderr)
         return 2
-    tile.STATS_BLOCK = tl.constexpr(int(sys.argv[1]))
+    tile.STATS_BLOCK = tl.constexpr(n)
     args = sys.argv[2:]
     sys.argv = [str(ROOT / "benchmarks" / "verify_kernels.py")] + args
     sys.path.insert(0, str(ROOT / "benchmarks"))
