@@ -28,7 +28,8 @@ tile keys of the fused twins only (qkv+rope_kv runs whole heads, 128 columns, wh
 tile is 64 wide: `qkv.SPLIT_K=4` keeps its program count). `--ledger` then profiles each timed
 variant's phase (its replays' kernel records, the evaluator's ledger over the phase's launches):
 "ledger": {"round_us", "floor_us", "busy_us", "kinds": [{"kind", "launches", "us", "bytes",
-"bandwidth_fraction", "floor_us"}, ...]}, longest first: where it loses.
+"bandwidth_fraction", "floor_us", "programs"}, ...]}, longest first: where it loses (programs: the
+kind's grid sizes).
 """
 from __future__ import annotations
 
@@ -99,13 +100,18 @@ class Comparison:
 
 
 def phase_ledger(compiled, graph, phase, model, copy_gbs: float, device) -> dict:
-    """The ledger of one captured phase's replays: its launches' time per op kind against their bytes."""
+    """The ledger of one captured phase's replays: its launches' time per op kind against their bytes,
+    and each kind's grid sizes (`programs`: a fused form's tile may change them)."""
     from conjugate.evaluate.ledger import Ledger, kernel_records
 
     ledger = Ledger.of(compiled, graph, kernel_records(phase.replay, device, replays=5), copy_gbs,
                        launches=compiled.phase_launches(model))
+    grids: dict[str, set[int]] = {}
+    for entry in ledger.launches:
+        grids.setdefault(entry.kind, set()).add(compiled.launches[entry.launch].grid)
     data = ledger.to_dict()
-    return {key: data[key] for key in ("round_us", "floor_us", "busy_us", "kinds")}
+    kinds = [k | {"programs": sorted(grids.get(k["kind"], ()))} for k in data["kinds"]]
+    return {key: data[key] for key in ("round_us", "floor_us", "busy_us")} | {"kinds": kinds}
 
 
 def _out_of_memory(e: RuntimeError) -> bool:

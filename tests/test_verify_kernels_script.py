@@ -143,3 +143,9 @@ def test_a_phase_ledger_is_the_phase_launches_time_per_kind(tmp_path, monkeypatc
     assert out["round_us"] == 2.0 * len(phase) and all(k["kind"].startswith("target ") for k in out["kinds"])
     assert sum(k["launches"] for k in out["kinds"]) == len(phase)
     assert sum(k["us"] for k in out["kinds"]) == out["round_us"]
+    grids = {}
+    for i in phase:
+        grids.setdefault(" ".join(["target", compiled.schedule.launches[i].parts[0].kind]), set()).add(
+            compiled.launches[i].grid)
+    for k in out["kinds"]:  # each kind's grid sizes, as compiled
+        assert k["programs"] and k["programs"] == sorted(grids[k["kind"]]), k
