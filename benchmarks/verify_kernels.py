@@ -25,7 +25,10 @@ draft's launches), its fields named "draft_floor_ms", "draft_ms" and "rows" the 
 `--fusions F ...` adds each plan again with these fusions of the model's ("+fused"; e.g. the norms
 folded into their GEMMs, which `sequential` leaves apart); `--fused-tiles KIND.KEY=VALUE ...` sets
 tile keys of the fused twins only (qkv+rope_kv runs whole heads, 128 columns, where `sequential`'s qkv
-tile is 64 wide: `qkv.SPLIT_K=4` keeps its program count). `--ledger` then profiles each timed
+tile is 64 wide: `qkv.SPLIT_K=4` keeps its program count). `--tuned` adds each plan again with the
+tiles the GPU's table in search/tiles.json lists for the model's shapes ("+tuned"; the heuristic's
+lookup, the row's "table_tiles" names them), where `sequential` keeps one tile a kind whatever the
+rows. `--ledger` then profiles each timed
 variant's phase (its replays' kernel records, the evaluator's ledger over the phase's launches):
 "ledger": {"round_us", "floor_us", "busy_us", "kinds": [{"kind", "launches", "us", "bytes",
 "bandwidth_fraction", "floor_us", "programs"}, ...]}, longest first: where it loses (programs: the
@@ -69,13 +72,32 @@ class Comparison:
     ledger: bool = False  # profile each timed variant's phase: its time per op kind
     fusions: tuple[str, ...] = ()  # also each plan with these fusions of the model's added
     fused_tiles: tuple[tuple[str, str, int], ...] = ()  # (kind, key, value) set in the fused twins' tiles
+    tuned: bool = False  # also each plan with the GPU's tile table's tiles for the model's shapes
 
     @property
     def label(self) -> str:
         """The phase's name in the JSON's fields: the target's is the verify pass."""
         return "verify" if self.model == "target" else "draft"
 
-    def plans(self, sequential) -> dict:
+    def plans(self, sequential, table_tiles: dict[str, dict] | None = None) -> dict:
+        """The plans compared, by name; with `tuned`, each also with `table_tiles` (kind -> tile keys,
+        table_tiles()) set in the model's tiles, as "+tuned", right after it."""
+        plans = self._plans(sequential)
+        if not self.tuned or not table_tiles:
+            return plans
+        out = {}
+        for name, plan in plans.items():
+            tiles = json.loads(json.dumps(plan[self.model]["tiles"]))
+            fusions = plan[self.model]["fusions"]
+            for kind, tile in table_tiles.items():
+                if (kind == "qkv" and "qkv+rope_kv" in fusions) or (kind in ("gate_up", "down")
+                                                                    and "gate_up+down" in fusions):
+                    continue  # the table measured the plain projections (as the heuristic has it)
+                tiles[kind] = tiles.get(kind, {}) | tile
+            out |= {name: plan, f"{name}+tuned": self.edited(plan, tiles=tiles)}
+        return out
+
+    def _plans(self, sequential) -> dict:
         plans = {"sequential": sequential} | ({"streamed": self.edited(sequential, streamed=["down", "o_proj"])}
                                               if self.streamed else {})
         plans |= {f"{name}+pdl={t}": self.edited(plan, pdl=t) for t in self.pdl for name, plan in plans.items()}
@@ -97,6 +119,19 @@ class Comparison:
         raw = plan.to_dict()
         raw[self.model] |= fields
         return validate_plan(raw)
+
+
+def table_tiles(device_name: str, workload, model: str) -> tuple[dict[str, dict], str]:
+    """The tiles search/tiles.json's table for this GPU lists for `model`'s shapes of `workload` (the
+    heuristic's lookup: GEMMs at the nearest measured row count, attention exact), and the table's
+    source; ({}, "") where no table names the GPU."""
+    from conjugate.agents.heuristic.tile_table import load_tile_tables, measured_for, table_for
+
+    table = table_for(device_name, load_tile_tables())
+    if table is None:
+        return {}, ""
+    found = {m.kind: dict(m.tile) for who, m in measured_for(table, workload.to_dict()) if who.value == model}
+    return found, f"{table.device} table ({table.source}, {table.date})"
 
 
 def phase_ledger(compiled, graph, phase, model, copy_gbs: float, device) -> dict:
@@ -140,7 +175,10 @@ def measure_phase(path: Path, copy_gbs: float, how: Comparison = Comparison()) -
     wl = case.workload
     row = {"workload": wl.name, "path": str(path), f"{label}_floor_ms": floor_ms,
            "rows": wl.target_batch * (wl.k + 1) if model == Model.TARGET else wl.draft_batch}
-    plans = how.plans(load_plan(shipped_plan("sequential")))
+    tuned, source = table_tiles(torch.cuda.get_device_name(device), wl, how.model) if how.tuned else ({}, "")
+    if how.tuned:
+        row["table_tiles"] = {"source": source, "tiles": tuned}
+    plans = how.plans(load_plan(shipped_plan("sequential")), tuned)
     compared = len(plans) > 1
     variants, phases, rounds = {}, {}, {}  # rounds: alive while their captured graphs replay over their buffers
     for name, plan in plans.items():  # every variant checked before any is timed
@@ -215,6 +253,8 @@ def main() -> int:
                         help="also each plan with these fusions of the model's added (plan schema names)")
     parser.add_argument("--fused-tiles", nargs="+", default=[], metavar="KIND.KEY=VALUE", type=fused_tile,
                         help="with --fusions: set these tile keys in the fused twins (e.g. qkv.SPLIT_K=4)")
+    parser.add_argument("--tuned", action="store_true",
+                        help="also each plan with this GPU's tile table's tiles for the model's shapes (search/tiles.json)")
     parser.add_argument("--pdl", action="append", choices=("start", "end"), default=[],
                         help="also each plan with the model's launches programmatic dependent ones released "
                              "there, timed interleaved (repeatable)")
@@ -222,7 +262,7 @@ def main() -> int:
     if args.fused_tiles and not args.fusions:
         parser.error("--fused-tiles sets tiles of the fused twins: give --fusions too")
     how = Comparison(args.model, args.streamed, tuple(args.pdl), args.replays, args.passes, args.ledger,
-                     tuple(args.fusions), tuple(args.fused_tiles))
+                     tuple(args.fusions), tuple(args.fused_tiles), args.tuned)
     try:  # every plan variant valid before anything is measured
         from conjugate.errors import ConjugateError
         from conjugate.paths import shipped_plan

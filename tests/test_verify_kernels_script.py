@@ -112,6 +112,30 @@ def test_fused_tiles_change_only_the_fused_twins_and_a_bad_one_is_one_line(tmp_p
     assert not (tmp_path / "v.json").exists()
 
 
+def test_tuned_twins_take_the_gpus_table_tiles_but_not_for_a_rope_fused_qkv():
+    from conjugate.paths import shipped_plan
+    from conjugate.plan import load_plan
+    from conjugate.workload import load_workload
+
+    script = load_script("verify_kernels")
+    sequential = load_plan(shipped_plan("sequential"))
+    b32 = load_workload(ROOT / "examples" / "llama-1b-8b-b32.toml")
+    tiles, source = script.table_tiles("NVIDIA H100 80GB HBM3", b32, "target")
+    assert set(tiles) == {"qkv", "o_proj", "gate_up", "down"} and source.startswith("H100 table")
+    assert script.table_tiles("Tesla T4", b32, "target") == ({}, "")  # no table names it
+    how = script.Comparison("target", fusions=("qkv+rope_kv",), tuned=True)
+    plans = how.plans(sequential, tiles)
+    assert list(plans) == ["sequential", "sequential+tuned", "sequential+fused", "sequential+fused+tuned"]
+    before = sequential.to_dict()["target"]["tiles"]
+    for name in ("sequential+tuned", "sequential+fused+tuned"):
+        after = plans[name].to_dict()["target"]["tiles"]
+        for kind in ("o_proj", "gate_up", "down"):
+            assert after[kind] == before[kind] | tiles[kind] != before[kind]
+    assert plans["sequential+tuned"].to_dict()["target"]["tiles"]["qkv"] == before["qkv"] | tiles["qkv"]
+    assert plans["sequential+fused+tuned"].to_dict()["target"]["tiles"]["qkv"] == before["qkv"]  # plain projection's
+    assert list(how.plans(sequential, {})) == ["sequential", "sequential+fused"]  # no table: no twins
+
+
 def test_a_phase_ledger_is_the_phase_launches_time_per_kind(tmp_path, monkeypatch):
     """phase_ledger over a captured phase's records (here synthetic: each launch 2 us, back to back)."""
     import conjugate.evaluate.ledger as ledger_module

@@ -18,7 +18,7 @@
 #        kind); draft_streamed: the same for the draft's phase (PDL at the end); fused: four examples'
 #        verify phase with the target's norms and RoPE folded into its GEMMs too (fused2: again, the fused
 #        qkv at its unfused program count, PDL at the start and the end, and with the norms' statistics
-#        summed in one step); search49: the B=32
+#        summed in one step); tuned: the verify phase with the GPU's tile table's tiles; search49: the B=32
 #        example's search, 40 evaluations over calls (its database carried); share: the draft's step
 #        launch on part of the SMs, alone and beside the target's stream (lab/step_share); attention: the
 #        target's attention over #49's grid of batches and contexts, beside a launch reading its bytes; auto: verify49
@@ -101,6 +101,12 @@ fused2)  # the fused twins again with the rope-fused qkv at its unfused program 
                 --json "$out/stats256_${name}_$pdl.json"
         done
     done ;;
+tuned)  # the verify phase with the GPU's tile table's tiles (search/tiles.json) against sequential's one tile a kind:
+    # the H100's table lists the B=32 example's 128-row shapes; the H200's the other examples' too
+    if grep -q H200 "$out/gpu.txt"; then more=(examples/llama-1b-8b-b8.toml examples/qwen3-06b-8b-b4.toml \
+        examples/llama-1b-8b-b1.toml examples/qwen25-05b-7b-b8.toml); else more=(); fi
+    run 400 verify_tuned python benchmarks/verify_kernels.py examples/llama-1b-8b-b32.toml "${more[@]}" --streamed --tuned \
+        --ledger --json "$out/verify_tuned.json" ;;
 search49)  # the B=32 example's search (#49 asks 40 evaluations or more), resumable over calls: before the
     # next call copy the returned b32.db to runs/b32.db and give the run tool carry ["runs/b32.db"]
     if grep -q H200 "$out/gpu.txt"; then evaluator=h200; else evaluator=benchmarks/profiles/h100_quick.toml; fi
@@ -119,5 +125,5 @@ streamed_checks)  # the streamed kernel's correctness log on this GPU
 auto)  # the next call whatever card comes: #49's H200 record on an H200, else the fused verify phase at its qkv's program count
     if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" fused2; fi ;;
 *)
-    echo "usage: bash lab/cross_step/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused2|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
+    echo "usage: bash lab/cross_step/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused2|tuned|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
 esac
