@@ -108,6 +108,20 @@ def test_plan_explain_table(capsys):
         assert op in out, op
 
 
+def test_plan_explain_shows_a_rope_fused_qkv_tile_a_head_wide(capsys, tmp_path):
+    """qkv+rope_kv runs whole heads: its BLOCK_N is not what runs, and the table says so."""
+    plan = interleave_plan()
+    plan["target"]["fusions"] = sorted(set(plan["target"]["fusions"]) | {"qkv+rope_kv"})
+    plan["target"]["tiles"]["qkv"]["BLOCK_N"] = 32
+    path = write_json(tmp_path / "plan.json", plan)
+    code, out, err = run(capsys, "plan", "explain", path, "--workload", TINY)
+    assert code == 0, err
+    fused = [line for line in out.splitlines() if "t.l0.qkv" in line]
+    assert fused and all("N=head" in line and "N32" not in line for line in fused), fused
+    plain = [line for line in out.splitlines() if "d.s0.l0.qkv" in line and "rope" not in line]
+    assert plain and not any("N=head" in line for line in plain)
+
+
 @pytest.mark.parametrize("command", ["validate", "explain"])
 def test_names_and_paths_are_printed_as_they_are_not_read_as_markup(capsys, tmp_path, command):
     """A "[/]" in a plan's name, a workload's name or a path is text (read as console markup, it

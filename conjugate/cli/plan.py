@@ -32,6 +32,13 @@ def cmd_plan_validate(args: argparse.Namespace) -> None:
         out.print(f"warning: {warning}")
 
 
+def _tile_as_run(part) -> str:
+    """A part's tile keys, short; a qkv fused with rope_kv runs whole heads whatever its BLOCK_N says."""
+    whole_heads = {"qkv", "rope_kv"} <= set(part.fused)
+    return ",".join("N=head" if whole_heads and k == "BLOCK_N" else f"{k.replace('BLOCK_', '')}{v}"
+                    for k, v in part.tiles.items())
+
+
 def schedule_table(schedule, title: str, limit: int | None = None) -> Table:
     table = Table(title=title)
     for col in ("#", "stream", "parts", "op ids", "tiles", "bytes"):
@@ -56,7 +63,7 @@ def schedule_table(schedule, title: str, limit: int | None = None) -> Table:
             parts += f"  [{form.pattern}{'' if form.pattern != 'ratio' else ' %d:%d' % form.ratio}]"
         if launch.pdl != "none":
             parts += f"  [pdl: release at {launch.pdl}]"
-        tiles = " | ".join(",".join(f"{k.replace('BLOCK_', '')}{v}" for k, v in p.tiles.items()) for p in launch.parts)
+        tiles = " | ".join(_tile_as_run(p) for p in launch.parts)
         stream = f"{launch.stream} ({limits[launch.stream]} SMs)" if launch.stream in limits else launch.stream
         table.add_row(str(launch.index), stream, parts, "\n".join(" + ".join(p.ops) for p in launch.parts),
                       tiles, human_bytes(launch.bytes))
