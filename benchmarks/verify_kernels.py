@@ -81,11 +81,14 @@ class Comparison:
 
     def plans(self, sequential, table_tiles: dict[str, dict] | None = None) -> dict:
         """The plans compared, by name; with `tuned`, each also with `table_tiles` (kind -> tile keys,
-        table_tiles()) set in the model's tiles, as "+tuned", right after it."""
+        table_tiles()) set in the model's tiles, as "+tuned", right after it, where that changes a tile
+        (not a rope-fused qkv's or a fused MLP's, nor the kinds --fused-tiles set in a fused twin;
+        streamed launches take no tile)."""
         plans = self._plans(sequential)
         if not self.tuned or not table_tiles:
             return plans
         out = {}
+        chosen = {kind for kind, _, _ in self.fused_tiles}
         for name, plan in plans.items():
             tiles = json.loads(json.dumps(plan[self.model]["tiles"]))
             fusions = plan[self.model]["fusions"]
@@ -93,8 +96,12 @@ class Comparison:
                 if (kind == "qkv" and "qkv+rope_kv" in fusions) or (kind in ("gate_up", "down")
                                                                     and "gate_up+down" in fusions):
                     continue  # the table measured the plain projections (as the heuristic has it)
+                if name.endswith("+fused") and kind in chosen:
+                    continue  # --fused-tiles chose these
                 tiles[kind] = tiles.get(kind, {}) | tile
-            out |= {name: plan, f"{name}+tuned": self.edited(plan, tiles=tiles)}
+            out[name] = plan
+            if tiles != plan[self.model]["tiles"]:  # a twin the table leaves as it is would be timed for nothing
+                out[f"{name}+tuned"] = self.edited(plan, tiles=tiles)
         return out
 
     def _plans(self, sequential) -> dict:

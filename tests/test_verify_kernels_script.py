@@ -120,20 +120,28 @@ def test_tuned_twins_take_the_gpus_table_tiles_but_not_for_a_rope_fused_qkv():
     script = load_script("verify_kernels")
     sequential = load_plan(shipped_plan("sequential"))
     b32 = load_workload(ROOT / "examples" / "llama-1b-8b-b32.toml")
-    tiles, source = script.table_tiles("NVIDIA H100 80GB HBM3", b32, "target")
-    assert set(tiles) == {"qkv", "o_proj", "gate_up", "down"} and source.startswith("H100 table")
+    found, source = script.table_tiles("NVIDIA H100 80GB HBM3", b32, "target")
+    assert found and set(found) <= {"qkv", "o_proj", "gate_up", "down", "attn"} and source.startswith("H100 table")
     assert script.table_tiles("Tesla T4", b32, "target") == ({}, "")  # no table names it
+    tiles = {"qkv": {"BLOCK_N": 128, "num_stages": 6}, "gate_up": {"num_stages": 5}, "down": {"SPLIT_K": 2}}
     how = script.Comparison("target", fusions=("qkv+rope_kv",), tuned=True)
     plans = how.plans(sequential, tiles)
     assert list(plans) == ["sequential", "sequential+tuned", "sequential+fused", "sequential+fused+tuned"]
     before = sequential.to_dict()["target"]["tiles"]
     for name in ("sequential+tuned", "sequential+fused+tuned"):
         after = plans[name].to_dict()["target"]["tiles"]
-        for kind in ("o_proj", "gate_up", "down"):
+        for kind in ("gate_up", "down"):
             assert after[kind] == before[kind] | tiles[kind] != before[kind]
+        assert after["o_proj"] == before["o_proj"] and after["attn"] == before["attn"]  # the table had none
     assert plans["sequential+tuned"].to_dict()["target"]["tiles"]["qkv"] == before["qkv"] | tiles["qkv"]
     assert plans["sequential+fused+tuned"].to_dict()["target"]["tiles"]["qkv"] == before["qkv"]  # plain projection's
     assert list(how.plans(sequential, {})) == ["sequential", "sequential+fused"]  # no table: no twins
+    same = {kind: dict(before[kind]) for kind in tiles}
+    assert list(how.plans(sequential, same)) == ["sequential", "sequential+fused"]  # the plan's own tiles: no twins
+    chosen = script.Comparison("target", fusions=("mlp_norm+gate_up",), fused_tiles=(("gate_up", "num_stages", 3),),
+                               tuned=True).plans(sequential, tiles)
+    assert chosen["sequential+fused+tuned"].to_dict()["target"]["tiles"]["gate_up"]["num_stages"] == 3  # --fused-tiles'
+    assert chosen["sequential+tuned"].to_dict()["target"]["tiles"]["gate_up"]["num_stages"] == 5
 
 
 def test_a_phase_ledger_is_the_phase_launches_time_per_kind(tmp_path, monkeypatch):
@@ -173,3 +181,11 @@ def test_a_phase_ledger_is_the_phase_launches_time_per_kind(tmp_path, monkeypatc
             compiled.launches[i].grid)
     for k in out["kinds"]:  # each kind's grid sizes, as compiled
         assert k["programs"] and k["programs"] == sorted(grids[k["kind"]]), k
+    fused = load_plan(ROOT / "plans" / "sequential.json").to_dict()
+    fused["target"]["fusions"] = sorted(set(fused["target"]["fusions"]) | {"qkv+rope_kv"})
+    from conjugate.plan import validate_plan
+    rope = compile_round(validate_plan(fused), rnd.workload, rnd.draft, rnd.target, cache_dir=tmp_path)
+    spec, tile = rnd.workload.target, fused["target"]["tiles"]["qkv"]
+    qkv = next(launch for launch in rope.launches if launch.parts[0].sig.fn == "gemm_rope_kv_tile")
+    rows = rnd.workload.target_batch * (rnd.workload.k + 1)
+    assert qkv.grid == -(-rows // tile["BLOCK_M"]) * (spec.num_heads + 2 * spec.num_kv_heads) * tile["SPLIT_K"]
