@@ -88,8 +88,11 @@ fused)  # the target's norms (and RoPE) folded into its GEMMs in the verify phas
         --json "$out/verify_fused.json" ;;
 fused2)  # the fused twins again with the rope-fused qkv at its unfused program count (SPLIT_K 4: whole-head tiles
     # are 128 wide, sequential's qkv tile 64), under PDL at the start and at the end, each also with the norms' row
-    # statistics summed in one step (lab/fused_norms); qwen3-06b-8b-b4 without the streamed plans, whose fused twin
+    # statistics summed in one step (lab/fused_norms; first the GEMMs alone with and without the norm prologue);
+    # qwen3-06b-8b-b4 without the streamed plans, whose fused twin
     # under PDL did not fit in 80 GB beside the seven variants before it
+    run 60 prologue python lab/fused_norms/prologue.py --json "$out/prologue.json"  # the kernels alone first
+    run 60 prologue256 python lab/fused_norms/prologue.py --stats-block 256 --json "$out/prologue256.json"
     fusions=(--fusions attn_norm+qkv qkv+rope_kv mlp_norm+gate_up --fused-tiles qkv.SPLIT_K=4 --ledger)
     for pdl in start end; do
         for how in "b1 examples/llama-1b-8b-b1.toml --streamed" "qwen3 examples/qwen3-06b-8b-b4.toml"; do
