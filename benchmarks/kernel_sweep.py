@@ -36,7 +36,9 @@ a run. `--tiles-from` times only the shipped tile and the best one earlier sweep
 TMA 1, at most 256 a side); `--cublas` also times each GEMM shape as one cuBLAS product of the same
 bytes (`torch.mm`, gate and up stacked, no epilogue): what the library reaches; `--read` times each
 shape as a launch reading its bytes (torch's row sums): the share of the copy rate a launch of that
-size reaches alone (a few MB do not ramp to the rate).
+size reaches alone (a few MB do not ramp to the rate). `--resume` keeps the shapes the --json file
+holds from a run cut short on the same GPU model (its commands in `runs`) and sweeps the rest, so a
+sweep of #49's serving sizes can span several calls.
 
     python benchmarks/kernel_sweep.py --tabulate SWEEP.json [...] --device H200 [--table search/tiles.json]
 
@@ -607,6 +609,23 @@ def time_read(nbytes: int, copy_gbs: float, flush_us: float) -> dict:
     return {"us": us, "share_of_copy": share}
 
 
+def resumed(path: Path | None, gpu: str) -> dict | None:
+    """The sweep a cut-short run left at `path` (--resume), or None where there is none yet; SystemExit
+    with one line for a file that is not a sweep or was measured on another GPU model."""
+    if path is None or not Path(path).exists():
+        return None
+    try:
+        prior = json.loads(Path(path).read_text())
+        shapes, where = prior["shapes"], prior["gpu"]
+        done = {(e["shape"], e["model"]) for e in shapes}
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise SystemExit(f"--resume {path}: not a kernel_sweep.py --json result ({type(error).__name__}: {error})")
+    if where != gpu:
+        raise SystemExit(f"--resume {path}: measured on {where}, not on this {gpu}: sweep into another file")
+    return {"shapes": shapes, "done": done,
+            "runs": prior.get("runs", []) + [{k: prior.get(k) for k in ("command", "code", "date")}]}
+
+
 def main() -> None:
     parser = make_parser(__doc__)
     parser.add_argument("workloads", nargs="*", type=Path)
@@ -625,6 +644,8 @@ def main() -> None:
                         help="each GEMM shape also as one cuBLAS product (torch.mm, the same bytes, no epilogue)")
     parser.add_argument("--read", action="store_true",
                         help="each shape also as a launch reading its bytes: the share of the copy rate its size allows")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the shapes --json already holds (a run cut short, same GPU model) and sweep the rest")
     parser.add_argument("--tma", action="store_true",
                         help="each GEMM tile also with its weight tiles loaded through TMA (tile key TMA 1)")
     parser.add_argument("--tabulate", nargs="+", type=Path, metavar="SWEEP.json",
@@ -655,6 +676,8 @@ def main() -> None:
         return
     if not args.workloads:
         parser.error("name at least one workload file")
+    if args.resume and args.json is None:
+        parser.error("--resume keeps the shapes of the --json file: give it")
     import torch
 
     from conjugate.evaluate.timing import copy_bandwidth_gbs, flush_time_us, l2_flush_bytes
@@ -668,9 +691,15 @@ def main() -> None:
         tiles = {e["shape"]: found_tiles(args.tiles_from, e["shape"], e["shipped"]) for e in entries}
     if args.tma:
         tiles = {shape: with_tma(shape, found) for shape, found in tiles.items()}
+    prior = resumed(args.json, torch.cuda.get_device_name(device)) if args.resume else None
+    if prior is not None:  # the shapes swept already stay as they were measured
+        entries = [e for e in entries if (e["shape"].key(), e["model"]) not in prior["done"]]
     copy_gbs = copy_bandwidth_gbs(device)
     flush_us = flush_time_us(device, CALLS, l2_flush_bytes(device))
     out = {**environment("kernel_sweep"), "copy_gbs": copy_gbs, "shapes": []}
+    if prior is not None:
+        out |= {"shapes": prior["shapes"], "runs": prior["runs"]}
+        print(f"resuming: {len(prior['done'])} shapes kept, {len(entries)} to sweep", flush=True)
     with tempfile.TemporaryDirectory(prefix="kernel-sweep-") as kernels:
         if args.prewarm:
             out["prewarm_s"] = prewarm(entries, tiles, args.prewarm, Path(kernels))

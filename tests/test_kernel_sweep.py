@@ -188,3 +188,21 @@ def test_a_file_that_is_not_a_sweep_is_named(tmp_path):
         bad.write_text(text)
         with pytest.raises(SystemExit, match="bad.json: not a kernel_sweep.py --json result"):
             sweep.found_tiles([bad], sweep.Shape(8, 2048, 2048, "o_proj"), shipped)
+
+
+def test_a_resumed_sweep_keeps_what_was_measured_on_the_same_gpu_only(tmp_path):
+    assert sweep.resumed(tmp_path / "none.json", "NVIDIA H100 80GB HBM3") is None  # nothing yet: a fresh sweep
+    cut = tmp_path / "cut.json"
+    cut.write_text(json.dumps({"gpu": "NVIDIA H100 80GB HBM3", "command": "python benchmarks/kernel_sweep.py a",
+                               "code": "abc", "date": "2026-12-06", "runs": [{"command": "earlier"}],
+                               "shapes": [{"shape": "qkv 32x3072x2048", "model": "draft", "best": None}]}))
+    prior = sweep.resumed(cut, "NVIDIA H100 80GB HBM3")
+    assert prior["done"] == {("qkv 32x3072x2048", "draft")} and len(prior["shapes"]) == 1
+    assert [r["command"] for r in prior["runs"]] == ["earlier", "python benchmarks/kernel_sweep.py a"]
+    with pytest.raises(SystemExit, match="measured on NVIDIA H100 80GB HBM3, not on this NVIDIA H200"):
+        sweep.resumed(cut, "NVIDIA H200")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{\"shapes\": 3}")
+    with pytest.raises(SystemExit, match="not a kernel_sweep.py --json result") as error:
+        sweep.resumed(bad, "NVIDIA H200")
+    assert "\n" not in str(error.value)

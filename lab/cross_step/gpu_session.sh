@@ -18,7 +18,8 @@
 #        kind); draft_streamed: the same for the draft's phase (PDL at the end); fused: four examples'
 #        verify phase with the target's norms and RoPE folded into its GEMMs too (fused2: again, the fused
 #        qkv at its unfused program count, PDL at the start and the end, and with the norms' statistics
-#        summed in one step); tuned: the verify phase with the GPU's tile table's tiles; search49: the B=32
+#        summed in one step); tuned: the verify phase with the GPU's tile table's tiles; serving_sweep: #49's
+#        GEMM shapes at serving sizes, resumed over calls; search49: the B=32
 #        example's search, 40 evaluations over calls (its database carried); share: the draft's step
 #        launch on part of the SMs, alone and beside the target's stream (lab/step_share); attention: the
 #        target's attention over #49's grid of batches and contexts, beside a launch reading its bytes; auto: verify49
@@ -110,6 +111,11 @@ tuned)  # the verify phase with the GPU's tile table's tiles (search/tiles.json)
         examples/llama-1b-8b-b1.toml examples/qwen25-05b-7b-b8.toml examples/llama-1b-3b-b16-ctx4k.toml); else more=(); fi
     run 400 verify_tuned python benchmarks/verify_kernels.py examples/llama-1b-8b-b32.toml "${more[@]}" --streamed --tuned \
         --ledger --json "$out/verify_tuned.json" ;;
+serving_sweep)  # #49 item 3: the examples' GEMMs at batches 16, 32 and 64 and k 1-7 (236 shapes), over calls:
+    # before the next call copy the returned serving_sweep.json to runs/ and give the run tool carry ["runs/serving_sweep.json"]
+    [ -f runs/serving_sweep.json ] && cp runs/serving_sweep.json "$out/serving_sweep.json"
+    run 560 serving_sweep python benchmarks/kernel_sweep.py examples/*.toml --kinds qkv o_proj gate_up down \
+        --batches 16 32 64 --ks 1 3 5 7 --per-shape 16 --read --resume --json "$out/serving_sweep.json" ;;
 search49)  # the B=32 example's search (#49 asks 40 evaluations or more), resumable over calls: before the
     # next call copy the returned b32.db to runs/b32.db and give the run tool carry ["runs/b32.db"]
     if grep -q H200 "$out/gpu.txt"; then evaluator=h200; else evaluator=benchmarks/profiles/h100_quick.toml; fi
@@ -128,5 +134,5 @@ streamed_checks)  # the streamed kernel's correctness log on this GPU
 auto)  # the next call whatever card comes: #49's H200 record on an H200, else the fused verify phase at its qkv's program count
     if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" fused2; fi ;;
 *)
-    echo "usage: bash lab/cross_step/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused2|tuned|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
+    echo "usage: bash lab/cross_step/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused2|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
 esac
