@@ -683,9 +683,16 @@ def main() -> None:
     from conjugate.evaluate.timing import copy_bandwidth_gbs, flush_time_us, l2_flush_bytes
 
     device = torch.device("cuda")
+    from conjugate.errors import ConjugateError
+
+    try:
+        entries = distinct_shapes(args.workloads, tuple(args.models), tuple(args.kinds),
+                                  ServingSizes(tuple(args.batches or ()), tuple(args.ks or ()), tuple(args.contexts or ())))
+    except ConjugateError as error:
+        parser.error(str(error))
+    if not torch.cuda.is_available():  # the workloads were read: what is wrong with them is said first
+        parser.error("timing tiles needs a GPU; without one only --tabulate and --fit run")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    entries = distinct_shapes(args.workloads, tuple(args.models), tuple(args.kinds),
-                              ServingSizes(tuple(args.batches or ()), tuple(args.ks or ()), tuple(args.contexts or ())))
     tiles = {e["shape"]: candidates(e["shape"], e["shipped"], sms, args.per_shape) for e in entries}
     if args.tiles_from:
         tiles = {e["shape"]: found_tiles(args.tiles_from, e["shape"], e["shipped"]) for e in entries}

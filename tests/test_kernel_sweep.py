@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from conjugate.paths import EXAMPLES_DIR
-from scripts import load_script  # tests/scripts.py
+from scripts import load_script, run_script  # tests/scripts.py
 
 sweep = load_script("kernel_sweep")
 H200_SMS = 132
@@ -206,3 +206,15 @@ def test_a_resumed_sweep_keeps_what_was_measured_on_the_same_gpu_only(tmp_path):
     with pytest.raises(SystemExit, match="not a kernel_sweep.py --json result") as error:
         sweep.resumed(bad, "NVIDIA H200")
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="with a GPU the sweep would run")
+def test_without_a_gpu_or_with_a_bad_workload_the_sweep_says_so_in_one_line(tmp_path):
+    """On this CPU machine: a missing workload file is named first, then the GPU the timing needs."""
+    out = tmp_path / "s.json"
+    missing = run_script("kernel_sweep", tmp_path / "nope.toml", "--json", out)
+    assert missing.returncode == 2 and "nope.toml" in missing.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in missing.stderr
+    no_gpu = run_script("kernel_sweep", EXAMPLES_DIR / "llama-1b-8b-b1.toml", "--json", out)
+    assert no_gpu.returncode == 2 and "needs a GPU" in no_gpu.stderr and "Traceback" not in no_gpu.stderr
+    assert not out.exists()

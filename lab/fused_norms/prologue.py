@@ -113,6 +113,9 @@ def main() -> int:
 
     from conjugate.kernels import tile as tile_module
 
+    if not torch.cuda.is_available():
+        parser.error("timing needs a GPU (the CPU check: python -m pytest -q lab/fused_norms)")
+
     if args.stats_block:
         tile_module.STATS_BLOCK = tl.constexpr(args.stats_block)
     sys.path.insert(0, str(ROOT / "benchmarks"))
