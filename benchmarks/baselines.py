@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from common import environment, make_parser, positive, write_json
+from common import environment, make_parser, positive, require_gpu, write_json
 
 from conjugate.compiler.buffers import PreparedWeights  # noqa: E402
 from conjugate.compiler.round import compile_round, device_name  # noqa: E402
@@ -368,6 +368,7 @@ def main() -> None:
         raise SystemExit(f"--json {args.json}: the file --resume reads; write the finished rows elsewhere")
     if args.build_only:
         return build_only(args.build_only, args.variants or list(profile.timing.conventional))
+    require_gpu(parser)
     cache_dir = Path(tempfile.mkdtemp(prefix="conjugate-baselines-"))
     out = {**environment("baselines", gpu=device_name(torch.device("cuda"))), "workloads": []}
 

@@ -75,6 +75,14 @@ def environment(script: str, gpu: str | None = None) -> dict:
             "python": platform.python_version(), "code": git_commit(), "date": time.strftime("%Y-%m-%d")}
 
 
+def require_gpu(parser: argparse.ArgumentParser, what: str = "it measures on a GPU") -> None:
+    """One line and status 2 (parser.error) where no CUDA device is there to measure on."""
+    import torch
+
+    if not torch.cuda.is_available():
+        parser.error(f"{what}, and this machine has none (no CUDA device)")
+
+
 def write_json(path: Path | None, out: dict) -> None:
     """Write `out` when a path was given (after every row, so a run cut short keeps what it measured)."""
     if path is not None:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from common import ROOT, SIX, environment, make_parser, write_json
+from common import ROOT, SIX, environment, make_parser, require_gpu, write_json
 
 from conjugate.errors import ConjugateError  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
@@ -286,6 +286,8 @@ def main() -> None:
         return merge(args.merge, args.json)
     if args.append and not args.evaluator:
         parser.error("--append keeps the workloads of an --evaluator result file: give --evaluator")
+    if not args.evaluator:
+        require_gpu(parser, "it times the plans' launches on a GPU")
     return evaluator_rounds(args) if args.evaluator else compiler_rounds(args)
 
 

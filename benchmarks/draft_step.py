@@ -20,7 +20,7 @@ import math
 import tempfile
 from pathlib import Path
 
-from common import environment, make_parser, round_case, write_json
+from common import environment, make_parser, require_gpu, round_case, write_json
 
 import torch  # noqa: E402
 
@@ -119,6 +119,7 @@ def main() -> int:
     parser.add_argument("--replays", type=int, default=100)
     parser.add_argument("--equal", action="store_true", help="every sequence at the context length")
     args = parser.parse_args()
+    require_gpu(parser)
     copy_gbs = copy_bandwidth_gbs(torch.device("cuda"))
     out = environment("draft_step") | {"copy_gbs": copy_gbs, "phases": []}
     for path in args.workloads:

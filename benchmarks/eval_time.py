@@ -42,9 +42,11 @@ def search(workload: Path, evaluator: str, budget: int, limit: str, db: Path, co
         evaluator = str(Path(evaluator).resolve())
     env = os.environ | {"PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "conjugate", "search", str(workload.resolve()), "--evaluator", evaluator,
-                    "--budget", str(budget), "--time", limit, "--seed", "0", "--db", str(db.resolve())],
-                   check=True, cwd=code, env=env)
+    done = subprocess.run([sys.executable, "-m", "conjugate", "search", str(workload.resolve()), "--evaluator",
+                           evaluator, "--budget", str(budget), "--time", limit, "--seed", "0", "--db", str(db.resolve())],
+                          cwd=code, env=env)
+    if done.returncode:  # its own one-line error is above
+        raise SystemExit(f"{workload}: `conjugate search --evaluator {evaluator}` ended with status {done.returncode}")
     return time.perf_counter() - started
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common import environment, make_parser, positive, write_json
+from common import environment, make_parser, positive, require_gpu, write_json
 
 import torch  # noqa: E402
 
@@ -58,6 +58,7 @@ def main() -> int:
     parser.add_argument("--steps", nargs="+", type=positive, default=[1, 8])
     parser.add_argument("--context", type=positive, default=512)
     args = parser.parse_args()
+    require_gpu(parser)
     device = torch.device("cuda")
     out = environment("step_checks") | {"cases": []}
     for model in args.models:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from common import environment, make_parser, positive, write_json
+from common import environment, make_parser, positive, require_gpu, write_json
 
 import torch  # noqa: E402
 
@@ -115,6 +115,7 @@ def main() -> int:
     parser.add_argument("--context", type=positive, default=256)
     parser.add_argument("--kernel-only", action="store_true", help="the kernel cases alone, no rounds")
     args = parser.parse_args()
+    require_gpu(parser)
     device = torch.device("cuda")
     out = environment("streamed_checks") | {"cases": []}
     checked = plans()

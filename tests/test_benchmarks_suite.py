@@ -46,3 +46,21 @@ def test_a_suite_script_answers_help(script, help_answers):
     answer = help_answers[script]
     assert answer["returncode"] == 0, answer["stderr"][-2000:]
     assert "--json" in answer["stdout"]
+
+
+GPU_ONLY = {"draft_step": [ROOT / "examples" / "llama-1b-8b-b1.toml"], "compiler_rounds": [],
+            "streamed_checks": [], "step_checks": [], "baselines": [],
+            "kernel_sweep": [ROOT / "examples" / "llama-1b-8b-b1.toml"],
+            "verify_kernels": [ROOT / "examples" / "llama-1b-8b-b1.toml"]}
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="with a GPU the scripts would measure")
+@pytest.mark.parametrize("script", sorted(GPU_ONLY))
+def test_a_gpu_script_on_a_machine_without_one_says_so_in_one_line(script, tmp_path):
+    from scripts import run_script
+
+    out = tmp_path / "out.json"
+    proc = run_script(script, *GPU_ONLY[script], "--json", out)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-500:]
+    assert "GPU" in proc.stderr.strip().splitlines()[-1]
+    assert not out.exists()
