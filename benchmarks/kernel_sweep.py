@@ -12,9 +12,8 @@ compiler/buffers.py stores them) and of their attention (fp32 queries, bf16 cach
 workload's context, the draft's first step and the verify pass): the tile `plans/streams.json`
 ships, with its launch settings, and up to --per-shape candidates (GEMM: BLOCK_N x BLOCK_K x SPLIT_K
 x num_warps x num_stages; attention: BLOCK_N x SPLIT_KV x num_warps x num_stages), pruned to grids
-that fill the GPU (attention: any grid, one program a sequence's KV head or more) without running out of shared memory or
-registers (`fits`): the shipped tile's one-knob
-neighbours first, then a seeded sample of the rest. Each launch is checked against torch, then
+that fill the GPU (attention: any grid) without running out of shared memory or registers (`fits`):
+the shipped tile's one-knob neighbours first, then a seeded sample of the rest. Each launch is checked against torch, then
 timed as launch verdicts time one: ten calls in a CUDA graph, L2 overwritten before each and the
 overwrite's own time subtracted (timing.time_per_call). Its bytes (weights; K and V read) over that
 time against the copy bandwidth say how near the byte floor the tile gets.
@@ -65,7 +64,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from common import environment, make_parser, positive, write_json
+from common import environment, make_parser, positive, require_gpu, write_json
 
 from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
@@ -680,18 +679,16 @@ def main() -> None:
         parser.error("--resume keeps the shapes of the --json file: give it")
     import torch
 
+    from conjugate.errors import ConjugateError
     from conjugate.evaluate.timing import copy_bandwidth_gbs, flush_time_us, l2_flush_bytes
 
     device = torch.device("cuda")
-    from conjugate.errors import ConjugateError
-
     try:
         entries = distinct_shapes(args.workloads, tuple(args.models), tuple(args.kinds),
                                   ServingSizes(tuple(args.batches or ()), tuple(args.ks or ()), tuple(args.contexts or ())))
     except ConjugateError as error:
         parser.error(str(error))
-    if not torch.cuda.is_available():  # the workloads were read: what is wrong with them is said first
-        parser.error("timing tiles needs a GPU; without one only --tabulate and --fit run")
+    require_gpu(parser, "timing tiles needs a GPU (--tabulate and --fit need none)")  # after the workloads' errors
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     tiles = {e["shape"]: candidates(e["shape"], e["shipped"], sms, args.per_shape) for e in entries}
     if args.tiles_from:

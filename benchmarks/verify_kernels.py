@@ -41,7 +41,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import environment, failure, make_parser, round_case, write_json
+from common import environment, failure, make_parser, require_gpu, round_case, write_json
 
 
 def shape_rows(sweep: dict, source: str) -> list[dict]:
@@ -87,24 +87,22 @@ class Comparison:
         plans = self._plans(sequential)
         if not self.tuned or not table_tiles:
             return plans
+        from conjugate.agents.heuristic.tiles import takes_table_tile
+
         out = {}
         chosen = {kind for kind, _, _ in self.fused_tiles}
         for name, plan in plans.items():
             tiles = json.loads(json.dumps(plan[self.model]["tiles"]))
-            fusions = plan[self.model]["fusions"]
             for kind, tile in table_tiles.items():
-                if (kind == "qkv" and "qkv+rope_kv" in fusions) or (kind in ("gate_up", "down")
-                                                                    and "gate_up+down" in fusions):
-                    continue  # the table measured the plain projections (as the heuristic has it)
-                if name.endswith("+fused") and kind in chosen:
-                    continue  # --fused-tiles chose these
-                tiles[kind] = tiles.get(kind, {}) | tile
+                if takes_table_tile(plan, self.model, kind) and not (name.endswith("+fused") and kind in chosen):
+                    tiles[kind] = tiles.get(kind, {}) | tile  # (the kinds --fused-tiles set in a fused twin kept)
             out[name] = plan
             if tiles != plan[self.model]["tiles"]:  # a twin the table leaves as it is would be timed for nothing
                 out[f"{name}+tuned"] = self.edited(plan, tiles=tiles)
         return out
 
     def _plans(self, sequential) -> dict:
+        """`sequential`, streamed, under each PDL trigger, each with its fused twin: as named."""
         plans = {"sequential": sequential} | ({"streamed": self.edited(sequential, streamed=["down", "o_proj"])}
                                               if self.streamed else {})
         plans |= {f"{name}+pdl={t}": self.edited(plan, pdl=t) for t in self.pdl for name, plan in plans.items()}
@@ -304,8 +302,7 @@ def main() -> int:
                 load_workload(path)
             except ConjugateError as e:
                 parser.error(str(e))
-        if not torch.cuda.is_available():
-            parser.error("timing a phase needs a GPU; without one give --sweeps only")
+        require_gpu(parser, "timing a phase needs a GPU (--sweeps alone needs none)")
 
         out["copy_gbs"] = copy_gbs = copy_bandwidth_gbs(torch.device("cuda"))
         for path in args.workloads:

@@ -182,9 +182,7 @@ def measured_tile_edits(plan: Plan, workload: dict | None, table: TileTable | No
     """Each GEMM and attention kind's tile set to the one measured fastest for its shape on this GPU
     model, where the plan's tile differs: scored by how much faster than the shipped tile it ran
     alone; with the node's time ledger, by what that gain is worth to the round (the kind's time
-    there times the gain, over the round). Not for a qkv whose model fuses RoPE into it (the sweep
-    measured the plain projection), nor for the gate_up and down of a model whose MLP is one launch
-    (their tile means another thing there)."""
+    there times the gain, over the round), where the table's tile means the same (takes_table_tile)."""
     if table is None or not workload:
         return []
     try:
@@ -195,9 +193,7 @@ def measured_tile_edits(plan: Plan, workload: dict | None, table: TileTable | No
     for model, measured in found:
         if all(tile_value(plan, model, measured.kind, k) == v for k, v in measured.tile.items()):
             continue
-        if measured.kind == "qkv" and "qkv+rope_kv" in plan[model]["fusions"]:
-            continue
-        if measured.kind in ("gate_up", "down") and "gate_up+down" in plan[model]["fusions"]:
+        if not takes_table_tile(plan, model, measured.kind):
             continue
         why = f"measured on this GPU ({table.source}, {table.date}): {model} {measured.describe()}"
         worth = _round_share(ledger, model, measured.kind, measured.gain)
@@ -206,6 +202,14 @@ def measured_tile_edits(plan: Plan, workload: dict | None, table: TileTable | No
             why += f" (the ledger: about {worth:.1%} of the round)"
         out.append(Candidate("tiles", set_tiles(plan, model, measured.kind, measured.tile), why, score))
     return out
+
+
+def takes_table_tile(plan: Plan, model: Model | str, kind: str) -> bool:
+    """Whether a tile a table measured for `kind`'s plain projection means the same in this model:
+    not for a qkv fused with RoPE (it runs whole heads), nor for a gate_up or down inside the one-launch
+    MLP (their tile means another thing there)."""
+    fusions = plan[model]["fusions"]
+    return not ((kind == "qkv" and "qkv+rope_kv" in fusions) or (kind in ("gate_up", "down") and "gate_up+down" in fusions))
 
 
 def _round_share(ledger: LedgerSummary | None, model: str, kind: str, gain: float) -> float | None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The next device calls for the step template's open questions, three of them, each under the device's
-# 10 minutes (one H100 or H200; logs and JSONs under $OUT). Usage, from the repository root:
-#     bash lab/cross_step/gpu_session.sh 1      # then 2, then 3
+# The lab's runbook for device calls: one case a call, each under the device's 10 minutes (one H100 or
+# H200; logs and JSONs under $OUT). Usage, from the repository root:
+#     bash lab/gpu_session.sh 1      # then 2, then 3
 # 1: the table's dealing compared (qwen drafts) and the draft form's correctness log (every family);
 # 2: the verify pass as one step launch, and both models persistent in one launch (cross_step);
 # 3: both models persistent side by side on split SMs (step_share);
@@ -134,5 +134,5 @@ streamed_checks)  # the streamed kernel's correctness log on this GPU
 auto)  # the next call whatever card comes: #49's H200 record on an H200, else the fused verify phase at its qkv's program count
     if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" fused2; fi ;;
 *)
-    echo "usage: bash lab/cross_step/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused2|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
+    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused2|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
 esac
