@@ -23,12 +23,16 @@
 #        example's search, 40 evaluations over calls (its database carried); share: the draft's step
 #        launch on part of the SMs, alone and beside the target's stream (lab/step_share); attention: the
 #        target's attention over #49's grid of batches and contexts, beside a launch reading its bytes; auto: verify49
-#        on an H200, else fused2.
-# Every script checks before it times; a failing variant is a row, not the end of the call.
+#        on an H200, else fused3 (fused2's lab halves: the norm prologue alone, the one-step statistics).
+# Everything under $OUT comes back as one archive, session.tar.gz. Every script checks before it times; a failing variant is a row, not the end of the call.
 set -uo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
-pip install -q --no-deps -e . >/dev/null 2>&1
+# the checkout on the path (an editable install needs the network for its build backend, which the device lacks)
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# the device returns at most 8 files: everything under $OUT leaves as one archive, session.tar.gz
+bundle() { (cd "$out" && tar czf /tmp/session.tar.gz --exclude session.tar.gz . && rm -rf ./* && mv /tmp/session.tar.gz .); }
+trap bundle EXIT
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$out/gpu.txt"
 run() {  # seconds, log name, command...
     local limit=$1 name=$2; shift 2
@@ -87,6 +91,19 @@ fused)  # the target's norms (and RoPE) folded into its GEMMs in the verify phas
         examples/qwen3-06b-8b-b4.toml examples/llama-1b-8b-b8.toml examples/llama-1b-8b-b32.toml \
         --streamed --pdl start --fusions attn_norm+qkv qkv+rope_kv mlp_norm+gate_up --ledger \
         --json "$out/verify_fused.json" ;;
+fused3)  # fused2's lab halves, which the first fused2 call lost to an import: the norm prologue alone and the
+    # one-step statistics under PDL at the start, beside the twins again (their JSONs)
+    run 60 prologue python lab/fused_norms/prologue.py --json "$out/prologue.json"
+    run 60 prologue256 python lab/fused_norms/prologue.py --stats-block 256 --json "$out/prologue256.json"
+    fusions=(--fusions attn_norm+qkv qkv+rope_kv mlp_norm+gate_up --fused-tiles qkv.SPLIT_K=4 --ledger)
+    for how in "b1 examples/llama-1b-8b-b1.toml --streamed" "qwen3 examples/qwen3-06b-8b-b4.toml"; do
+        set -- $how
+        name=$1; shift
+        run 100 "verify_fused2_${name}_start" python benchmarks/verify_kernels.py "$@" --pdl start "${fusions[@]}" \
+            --json "$out/verify_fused2_${name}_start.json"
+        run 100 "stats256_${name}_start" python lab/fused_norms/stats_block.py 256 "$@" --pdl start "${fusions[@]}" \
+            --json "$out/stats256_${name}_start.json"
+    done ;;
 fused2)  # the fused twins again with the rope-fused qkv at its unfused program count (SPLIT_K 4: whole-head tiles
     # are 128 wide, sequential's qkv tile 64), under PDL at the start and at the end, each also with the norms' row
     # statistics summed in one step (lab/fused_norms; first the GEMMs alone with and without the norm prologue);
@@ -131,8 +148,9 @@ attention)  # #49 item 2's grid: the target's attention at batches 1-64 and cont
         --batches 1 4 16 64 --contexts 512 2048 8192 --per-shape 12 --prewarm 15 --read --json "$out/attention_sweep.json" ;;
 streamed_checks)  # the streamed kernel's correctness log on this GPU
     run 500 streamed_checks python benchmarks/streamed_checks.py --json "$out/streamed_checks.json" ;;
-auto)  # the next call whatever card comes: #49's H200 record on an H200, else the fused verify phase at its qkv's program count
-    if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" fused2; fi ;;
+auto)  # the next call whatever card comes: #49's H200 record on an H200, else fused2's lab halves
+    trap - EXIT
+    if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" fused3; fi ;;
 *)
-    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused2|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
+    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused2|fused3|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
 esac
