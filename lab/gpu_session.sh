@@ -24,15 +24,17 @@
 #        launch on part of the SMs, alone and beside the target's stream (lab/step_share); attention: the
 #        target's attention over #49's grid of batches and contexts, beside a launch reading its bytes; auto: verify49
 #        on an H200, else fused3 (fused2's lab halves: the norm prologue alone, the one-step statistics).
-# Everything under $OUT comes back as one archive, session.tar.gz. Every script checks before it times; a failing variant is a row, not the end of the call.
+# What a case leaves under $OUT comes back as one archive, session-CASE.tar.gz (cases run one after another
+# in a call each leave theirs). Every script checks before it times; a failing variant is a row, not the end of the call.
 set -uo pipefail
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 # the checkout on the path (an editable install needs the network for its build backend, which the device lacks)
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-# the device returns at most 8 files: everything under $OUT leaves as one archive, session.tar.gz
-bundle() { (cd "$out" && tar czf /tmp/session.tar.gz --exclude session.tar.gz . && rm -rf ./* && mv /tmp/session.tar.gz .); }
-trap bundle EXIT
+# the device returns at most 8 files: what a case leaves under $OUT goes as one archive, session-CASE.tar.gz
+bundle() { (cd "$out" && tar czf "/tmp/session-$1.tar.gz" --exclude '*.tar.gz' . && find . -maxdepth 1 ! -name . \
+    ! -name '*.tar.gz' -exec rm -rf {} + && mv "/tmp/session-$1.tar.gz" .); }
+trap "bundle ${1:-none}" EXIT
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$out/gpu.txt"
 run() {  # seconds, log name, command...
     local limit=$1 name=$2; shift 2
@@ -128,10 +130,11 @@ tuned)  # the verify phase with the GPU's tile table's tiles (search/tiles.json)
         examples/llama-1b-8b-b1.toml examples/qwen25-05b-7b-b8.toml examples/llama-1b-3b-b16-ctx4k.toml); else more=(); fi
     run 400 verify_tuned python benchmarks/verify_kernels.py examples/llama-1b-8b-b32.toml "${more[@]}" --streamed --tuned \
         --ledger --json "$out/verify_tuned.json" ;;
-serving_sweep)  # #49 item 3: the examples' GEMMs at batches 16, 32 and 64 and k 1-7 (236 shapes), over calls:
+serving_sweep)  # #49 item 3: the examples' GEMMs at batches 16, 32 and 64 and k 1-7 (236 shapes), over calls
+    # (SWEEP_LIMIT: its seconds in this call, 560 unless set):
     # before the next call copy the returned serving_sweep.json to runs/ and give the run tool carry ["runs/serving_sweep.json"]
     [ -f runs/serving_sweep.json ] && cp runs/serving_sweep.json "$out/serving_sweep.json"
-    run 560 serving_sweep python benchmarks/kernel_sweep.py examples/*.toml --kinds qkv o_proj gate_up down \
+    run "${SWEEP_LIMIT:-560}" serving_sweep python benchmarks/kernel_sweep.py examples/*.toml --kinds qkv o_proj gate_up down \
         --batches 16 32 64 --ks 1 3 5 7 --per-shape 16 --read --resume --json "$out/serving_sweep.json" ;;
 search49)  # the B=32 example's search (#49 asks 40 evaluations or more), resumable over calls: before the
     # next call copy the returned b32.db to runs/b32.db and give the run tool carry ["runs/b32.db"]
