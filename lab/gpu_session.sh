@@ -94,9 +94,10 @@ fused)  # the target's norms (and RoPE) folded into its GEMMs in the verify phas
         --streamed --pdl start --fusions attn_norm+qkv qkv+rope_kv mlp_norm+gate_up --ledger \
         --json "$out/verify_fused.json" ;;
 fused3)  # fused2's lab halves, which the first fused2 call lost to an import: the norm prologue alone and the
-    # one-step statistics under PDL at the start, beside the twins again (their JSONs)
+    # one-step statistics (and the statistics loaded before the main loop) under PDL at the start, beside the twins
     run 60 prologue python lab/fused_norms/prologue.py --json "$out/prologue.json"
     run 60 prologue256 python lab/fused_norms/prologue.py --stats-block 256 --json "$out/prologue256.json"
+    run 60 prologue_early python lab/fused_norms/prologue.py --stats-early --json "$out/prologue_early.json"
     fusions=(--fusions attn_norm+qkv qkv+rope_kv mlp_norm+gate_up --fused-tiles qkv.SPLIT_K=4 --ledger)
     for how in "b1 examples/llama-1b-8b-b1.toml --streamed" "qwen3 examples/qwen3-06b-8b-b4.toml"; do
         set -- $how
@@ -105,6 +106,8 @@ fused3)  # fused2's lab halves, which the first fused2 call lost to an import: t
             --json "$out/verify_fused2_${name}_start.json"
         run 100 "stats256_${name}_start" python lab/fused_norms/stats_block.py 256 "$@" --pdl start "${fusions[@]}" \
             --json "$out/stats256_${name}_start.json"
+        run 100 "early_${name}_start" python lab/fused_norms/stats_early.py "$@" --pdl start "${fusions[@]}" \
+            --json "$out/early_${name}_start.json"
     done ;;
 fused2)  # the fused twins again with the rope-fused qkv at its unfused program count (SPLIT_K 4: whole-head tiles
     # are 128 wide, sequential's qkv tile 64), under PDL at the start and at the end, each also with the norms' row
