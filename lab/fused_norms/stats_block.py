@@ -13,16 +13,12 @@ imports it.
 """
 from __future__ import annotations
 
-import json
-import runpy
 import sys
-from pathlib import Path
 
 import triton.language as tl
 
 from conjugate.kernels import tile
-
-ROOT = Path(__file__).resolve().parents[2]
+from verify_run import run_verify_kernels
 
 
 def main() -> int:
@@ -31,21 +27,7 @@ def main() -> int:
         print("usage: stats_block.py N VERIFY_KERNELS_ARGS... (N a power of two, at least 16)", file=sys.stderr)
         return 2
     tile.STATS_BLOCK = tl.constexpr(n)
-    args = sys.argv[2:]
-    sys.argv = [str(ROOT / "benchmarks" / "verify_kernels.py")] + args
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        runpy.run_path(sys.argv[0], run_name="__main__")
-    except SystemExit as done:
-        if done.code:
-            return int(done.code) if isinstance(done.code, int) else 1
-    if "--json" in args:
-        out = Path(args[args.index("--json") + 1])
-        data = json.loads(out.read_text())
-        data |= {"stats_block": tile.STATS_BLOCK.value, "command": "python " + " ".join(
-            ["lab/fused_norms/stats_block.py", str(tile.STATS_BLOCK.value)] + args)}
-        out.write_text(json.dumps(data, indent=1))
-    return 0
+    return run_verify_kernels(sys.argv[2:], ["lab/fused_norms/stats_block.py", str(n)], {"stats_block": n})
 
 
 if __name__ == "__main__":

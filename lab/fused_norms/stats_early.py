@@ -17,17 +17,14 @@ in `conjugate/` imports it.
 """
 from __future__ import annotations
 
-import json
-import runpy
 import sys
-from pathlib import Path
 
 import triton
 import triton.language as tl
 
 from conjugate.kernels import gemm
+from verify_run import run_verify_kernels
 
-ROOT = Path(__file__).resolve().parents[2]
 STATS_COLS = tl.constexpr(256)  # statistics read in one load: a hidden size up to 256 x 16 = 4096
 _product_accumulate = gemm._accumulate_tile
 
@@ -67,20 +64,7 @@ def main() -> int:
         print("usage: stats_early.py VERIFY_KERNELS_ARGS...", file=sys.stderr)
         return 2
     patch()
-    args = sys.argv[1:]
-    sys.argv = [str(ROOT / "benchmarks" / "verify_kernels.py")] + args
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        runpy.run_path(sys.argv[0], run_name="__main__")
-    except SystemExit as done:
-        if done.code:
-            return int(done.code) if isinstance(done.code, int) else 1
-    if "--json" in args:
-        out = Path(args[args.index("--json") + 1])
-        data = json.loads(out.read_text())
-        data |= {"stats_order": "early", "command": "python " + " ".join(["lab/fused_norms/stats_early.py"] + args)}
-        out.write_text(json.dumps(data, indent=1))
-    return 0
+    return run_verify_kernels(sys.argv[1:], ["lab/fused_norms/stats_early.py"], {"stats_order": "early"})
 
 
 if __name__ == "__main__":

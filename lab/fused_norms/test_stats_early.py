@@ -17,6 +17,7 @@ import pytest  # noqa: E402
 from conjugate.kernels import gemm  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # the lab scripts import their neighbours
 
 
 def _load(name: str):
