@@ -22,7 +22,8 @@
 #        GEMM shapes at serving sizes, resumed over calls; search49: the B=32
 #        example's search, 40 evaluations over calls (its database carried); share: the draft's step
 #        launch on part of the SMs, alone and beside the target's stream (lab/step_share); attention: the
-#        target's attention over #49's grid of batches and contexts, beside a launch reading its bytes; auto: verify49
+#        target's attention over #49's grid of batches and contexts, beside a launch reading its bytes
+#        (attn_examples: the examples' own attention shapes); auto: verify49
 #        on an H200, else fused3 (fused2's lab halves: the norm prologue alone, the one-step statistics).
 # What a case leaves under $OUT comes back as one archive, session-CASE.tar.gz (cases run one after another
 # in a call each leave theirs). Every script checks before it times; a failing variant is a row, not the end of the call.
@@ -152,11 +153,14 @@ share)  # #48: the step launch on P programs alone, and on P SMs beside the targ
 attention)  # #49 item 2's grid: the target's attention at batches 1-64 and contexts 512-8192, beside a launch reading its bytes
     run 400 attention python benchmarks/kernel_sweep.py examples/llama-1b-8b-b1.toml --kinds attn --models target \
         --batches 1 4 16 64 --contexts 512 2048 8192 --per-shape 12 --prewarm 15 --read --json "$out/attention_sweep.json" ;;
+attn_examples)  # the examples' own target attention shapes (contexts 1024 and 4096), beside a launch reading their bytes
+    run 200 attn_examples python benchmarks/kernel_sweep.py examples/*.toml --kinds attn --models target \
+        --per-shape 24 --prewarm 15 --read --json "$out/attn_examples.json" ;;
 streamed_checks)  # the streamed kernel's correctness log on this GPU
     run 500 streamed_checks python benchmarks/streamed_checks.py --json "$out/streamed_checks.json" ;;
 auto)  # the next call whatever card comes: #49's H200 record on an H200, else fused2's lab halves
     trap - EXIT
     if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" fused3; fi ;;
 *)
-    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused2|fused3|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
+    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused2|fused3|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
 esac
