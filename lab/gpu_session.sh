@@ -18,7 +18,7 @@
 #        kind); draft_streamed: the same for the draft's phase (PDL at the end); fused: four examples'
 #        verify phase with the target's norms and RoPE folded into its GEMMs too (fused2: again, the fused
 #        qkv at its unfused program count, PDL at the start and the end, and with the norms' statistics
-#        summed in one step); tuned: the verify phase with the GPU's tile table's tiles; serving_sweep: #49's
+#        summed in one step; fused3: its lab halves again; fused4: the statistics read in the main loop); tuned: the verify phase with the GPU's tile table's tiles; serving_sweep: #49's
 #        GEMM shapes at serving sizes, resumed over calls; search49: the B=32
 #        example's search, 40 evaluations over calls (its database carried); share: the draft's step
 #        launch on part of the SMs, alone and beside the target's stream (lab/step_share); attention: the
@@ -98,7 +98,7 @@ fused3)  # fused2's lab halves, which the first fused2 call lost to an import: t
     # one-step statistics (and the statistics loaded before the main loop) under PDL at the start, beside the twins
     run 60 prologue python lab/fused_norms/prologue.py --json "$out/prologue.json"
     run 60 prologue256 python lab/fused_norms/prologue.py --stats-block 256 --json "$out/prologue256.json"
-    run 60 prologue_early python lab/fused_norms/prologue.py --stats-early --json "$out/prologue_early.json"
+    run 60 prologue_early python lab/fused_norms/prologue.py --stats-order early --json "$out/prologue_early.json"
     fusions=(--fusions attn_norm+qkv qkv+rope_kv mlp_norm+gate_up --fused-tiles qkv.SPLIT_K=4 --ledger)
     for how in "b1 examples/llama-1b-8b-b1.toml --streamed" "qwen3 examples/qwen3-06b-8b-b4.toml"; do
         set -- $how
@@ -107,9 +107,16 @@ fused3)  # fused2's lab halves, which the first fused2 call lost to an import: t
             --json "$out/verify_fused2_${name}_start.json"
         run 100 "stats256_${name}_start" python lab/fused_norms/stats_block.py 256 "$@" --pdl start "${fusions[@]}" \
             --json "$out/stats256_${name}_start.json"
-        run 100 "early_${name}_start" python lab/fused_norms/stats_early.py "$@" --pdl start "${fusions[@]}" \
+        run 100 "early_${name}_start" python lab/fused_norms/stats_order.py early "$@" --pdl start "${fusions[@]}" \
             --json "$out/early_${name}_start.json"
     done ;;
+fused4)  # the statistics read in the main loop a step ahead (stats_order.py loop): the kernels alone, then the phases
+    run 60 prologue_loop python lab/fused_norms/prologue.py --stats-order loop --json "$out/prologue_loop.json"
+    fusions=(--fusions attn_norm+qkv qkv+rope_kv mlp_norm+gate_up --fused-tiles qkv.SPLIT_K=4 --ledger)
+    run 90 loop_b1_start python lab/fused_norms/stats_order.py loop examples/llama-1b-8b-b1.toml --streamed --pdl start \
+        "${fusions[@]}" --json "$out/loop_b1_start.json"
+    run 90 loop_qwen3_start python lab/fused_norms/stats_order.py loop examples/qwen3-06b-8b-b4.toml --pdl start \
+        "${fusions[@]}" --json "$out/loop_qwen3_start.json" ;;
 fused2)  # the fused twins again with the rope-fused qkv at its unfused program count (SPLIT_K 4: whole-head tiles
     # are 128 wide, sequential's qkv tile 64), under PDL at the start and at the end, each also with the norms' row
     # statistics summed in one step (lab/fused_norms; first the GEMMs alone with and without the norm prologue);
@@ -162,5 +169,5 @@ auto)  # the next call whatever card comes: #49's H200 record on an H200, else f
     trap - EXIT
     if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" fused3; fi ;;
 *)
-    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused2|fused3|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
+    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused2|fused3|fused4|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
 esac

@@ -14,9 +14,9 @@ a cold L2 (kernel_sweep's timing) as
 
 Each launch is checked against torch first (relative error under 1e-2). `--stats-block N` sets the
 prologue's step (conjugate/kernels/tile.py's STATS_BLOCK, 64) before anything compiles: one process,
-one value; `--stats-early` loads the statistics before the main loop and sums them after it
-(stats_early.py). The norm weight is not folded into w here (the product folds it at compile time; it
-changes no work). Lab code: nothing in `conjugate/` imports it.
+one value; `--stats-order early` loads the statistics before the main loop and sums them after it
+(stats_order.py), `--stats-order loop` reads them inside it, a step ahead. The norm weight is not
+folded into w here (the product folds it at compile time; it changes no work). Lab code: nothing in `conjugate/` imports it.
 """
 from __future__ import annotations
 
@@ -105,7 +105,8 @@ def main() -> int:
     parser.add_argument("--rows", type=int, nargs="+", default=[5, 24, 40, 128])
     parser.add_argument("--ops", nargs="+", choices=("qkv", "gate_up"), default=["qkv", "gate_up"])
     parser.add_argument("--stats-block", type=int, default=0, help="the prologue's STATS_BLOCK (0: the package's)")
-    parser.add_argument("--stats-early", action="store_true", help="the statistics loaded first, summed last")
+    parser.add_argument("--stats-order", choices=("early", "loop"),
+                        help="the statistics loaded first and summed last (early), or read in the main loop")
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args()
     if args.stats_block and (args.stats_block < 16 or args.stats_block & (args.stats_block - 1)):
@@ -120,11 +121,11 @@ def main() -> int:
 
     if args.stats_block:
         tile_module.STATS_BLOCK = tl.constexpr(args.stats_block)
-    if args.stats_early:
+    if args.stats_order:
         sys.path.insert(0, str(ROOT / "lab" / "fused_norms"))
-        import stats_early
+        import stats_order
 
-        stats_early.patch()
+        stats_order.patch(args.stats_order)
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from common import environment
 
@@ -133,14 +134,14 @@ def main() -> int:
     device = torch.device("cuda")
     flush_us = flush_time_us(device, 10, l2_flush_bytes(device))
     out = {**environment("prologue"), "command": "python " + " ".join(sys.argv),
-           "stats_block": tile_module.STATS_BLOCK.value, "stats_early": args.stats_early, "rows": []}
+           "stats_block": tile_module.STATS_BLOCK.value, "stats_order": args.stats_order or "product", "rows": []}
     with tempfile.TemporaryDirectory(prefix="prologue-") as kernels:
         for op in args.ops:
             n = INTERMEDIATE if op == "gate_up" else QKV
             for rows in args.rows:
                 out["rows"] += run_case(op, rows, HIDDEN, n, "cuda", Path(kernels), True, flush_us)
                 args.json.write_text(json.dumps(out, indent=1))
-    print(f"STATS_BLOCK {out['stats_block']}{', early' if args.stats_early else ''}\n{'op':8} {'rows':>4} " + " ".join(f"{v:>9}" for v in VARIANTS))
+    print(f"STATS_BLOCK {out['stats_block']}{', ' + args.stats_order if args.stats_order else ''}\n{'op':8} {'rows':>4} " + " ".join(f"{v:>9}" for v in VARIANTS))
     for op in args.ops:
         for rows in args.rows:
             got = {r["variant"]: r for r in out["rows"] if r["op"] == op and r["rows"] == rows}
