@@ -69,3 +69,17 @@ def test_unequal_splits_fail_the_check(tmp_path, monkeypatch):
     rows = {r["variant"]: r for r in prologue.run_case("qkv", 5, 960, 64, "cpu", tmp_path, timed=False)}
     assert "error" in rows["stats_in"]  # 15 K steps in splits of 4, 4, 4, 3: the last slice's statistics missed
     assert "error" not in rows["plain"]
+
+
+def test_the_sass_reader_counts_loads_and_loops_before_the_first_weight_load():
+    sass = _load("sass")
+    text = """
+        /*0010*/                   LDG.E R2, desc[UR4][R4.64] ;
+        /*0020*/                   FADD R1, R1, R2 ;
+        /*0030*/               @P0 BRA 0x10 ;
+        /*0040*/                   BRA 0x60 ;
+        /*0050*/                   LDGSTS.E.BYPASS.128 [R16], desc[UR18][R2.64], P0 ;
+        /*0060*/                   LDG.E R3, desc[UR4][R6.64] ;
+    """
+    assert sass.before_first_weight_load(text) == {"loads": 1, "loops": 1}  # a forward branch is no loop
+    assert sass.before_first_weight_load("/*0010*/ LDG.E R2, desc[UR4][R4.64] ;")["no_weight_load"]
