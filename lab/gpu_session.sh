@@ -24,7 +24,7 @@
 #        launch on part of the SMs, alone and beside the target's stream (lab/step_share); attention: the
 #        target's attention over #49's grid of batches and contexts, beside a launch reading its bytes
 #        (attn_examples: the examples' own attention shapes); auto: verify49
-#        on an H200, else fused3 (fused2's lab halves: the norm prologue alone, the one-step statistics).
+#        on an H200, else fused4 and attn_examples.
 # What a case leaves under $OUT comes back as one archive, session-CASE.tar.gz (cases run one after another
 # in a call each leave theirs). Every script checks before it times; a failing variant is a row, not the end of the call.
 set -uo pipefail
@@ -165,9 +165,10 @@ attn_examples)  # the examples' own target attention shapes (contexts 1024 and 4
         --per-shape 24 --prewarm 15 --read --json "$out/attn_examples.json" ;;
 streamed_checks)  # the streamed kernel's correctness log on this GPU
     run 500 streamed_checks python benchmarks/streamed_checks.py --json "$out/streamed_checks.json" ;;
-auto)  # the next call whatever card comes: #49's H200 record on an H200, else fused2's lab halves
+auto)  # the next call whatever card comes: #49's H200 record on an H200, else the in-loop statistics order
+    # (fused4), then the examples' attention shapes
     trap - EXIT
-    if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" fused3; fi ;;
+    if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" fused4; bash "$0" attn_examples; fi ;;
 *)
     echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused2|fused3|fused4|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
 esac
