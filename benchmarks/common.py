@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -59,9 +61,26 @@ def git_commit(checkout: Path = ROOT) -> str:
     return (commit + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")) or "unknown"
 
 
+# names the commit measured where the checkout's own history cannot: the device receives the working
+# tree but keeps the history of its first copy, so its `git` names an older commit "+changes"
+CODE_VARIABLE = "CONJUGATE_CODE"
+
+
+def code_commit() -> dict:
+    """{"code": the commit measured}: $CONJUGATE_CODE where set (a commit's hex name; the checkout's own
+    reading kept beside it as "checkout_code"), else the checkout's (git_commit). SystemExit, one line,
+    where the variable names no commit."""
+    named = os.environ.get(CODE_VARIABLE, "").strip()
+    if not named:
+        return {"code": git_commit()}
+    if not re.fullmatch(r"[0-9a-f]{7,40}", named):
+        raise SystemExit(f"${CODE_VARIABLE}={named!r}: not a commit (7 to 40 hex digits, as git rev-parse prints)")
+    return {"code": named, "checkout_code": git_commit()}
+
+
 def environment(script: str, gpu: str | None = None) -> dict:
     """Where a result was measured: command, GPU (the first CUDA device's name unless given), versions,
-    the code's commit and the date."""
+    the code's commit (code_commit) and the date."""
     import torch
 
     try:
@@ -72,7 +91,7 @@ def environment(script: str, gpu: str | None = None) -> dict:
     if gpu is None and torch.cuda.is_available():
         gpu = torch.cuda.get_device_name()
     return {"command": command_line(script), "gpu": gpu, "torch": torch.__version__, "triton": triton_version,
-            "python": platform.python_version(), "code": git_commit(), "date": time.strftime("%Y-%m-%d")}
+            "python": platform.python_version(), **code_commit(), "date": time.strftime("%Y-%m-%d")}
 
 
 def require_gpu(parser: argparse.ArgumentParser, what: str = "it measures on a GPU") -> None:

@@ -25,7 +25,9 @@
 #        target's attention over #49's grid of batches and contexts, beside a launch reading its bytes
 #        (attn_examples: the examples' own attention shapes); auto: verify49
 #        on an H200, else fused4 and attn_examples.
-# What a case leaves under $OUT comes back as one archive, session-CASE.tar.gz (cases run one after another
+# Name the commit sent in the command, expanded here: `CONJUGATE_CODE=<git rev-parse --short HEAD> bash
+# lab/gpu_session.sh CASE` (the device keeps the history of its first copy, so its own git names an older
+# commit; benchmarks/common.py records the named one). What a case leaves under $OUT comes back as one archive, session-CASE.tar.gz (cases run one after another
 # in a call each leave theirs). Every script checks before it times; a failing variant is a row, not the end of the call.
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -37,6 +39,7 @@ bundle() { (cd "$out" && tar czf "/tmp/session-$1.tar.gz" --exclude '*.tar.gz' .
     ! -name '*.tar.gz' -exec rm -rf {} + && mv "/tmp/session-$1.tar.gz" .); }
 trap "bundle ${1:-none}" EXIT
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$out/gpu.txt"
+[ -n "${CONJUGATE_CODE:-}" ] || echo "note: no CONJUGATE_CODE: the JSONs name the device's stale commit" >&2
 run() {  # seconds, log name, command...
     local limit=$1 name=$2; shift 2
     echo "== $name: $*"

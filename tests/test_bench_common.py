@@ -56,3 +56,14 @@ def test_write_json_writes_only_when_given_a_path(common, tmp_path):
     common.write_json(tmp_path / "out.json", {"a": 1, "path": tmp_path})
     assert json.loads((tmp_path / "out.json").read_text()) == {"a": 1, "path": str(tmp_path)}
     assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
+
+
+def test_a_commit_named_in_the_environment_is_recorded_beside_the_checkouts_reading(common, monkeypatch):
+    monkeypatch.setenv("CONJUGATE_CODE", "137b10d")  # the device's copy: a tree newer than its history
+    env = common.environment("floor", gpu="NVIDIA H200")
+    assert env["code"] == "137b10d" and env["checkout_code"] == common.git_commit()
+    monkeypatch.setenv("CONJUGATE_CODE", "main; rm -rf /")
+    with pytest.raises(SystemExit, match="CONJUGATE_CODE"):
+        common.environment("floor", gpu="NVIDIA H200")
+    monkeypatch.delenv("CONJUGATE_CODE")
+    assert "checkout_code" not in common.environment("floor", gpu="NVIDIA H200")
