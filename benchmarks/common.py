@@ -61,8 +61,8 @@ def git_commit(checkout: Path = ROOT) -> str:
     return (commit + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")) or "unknown"
 
 
-# names the commit measured where the checkout's own history cannot: the device receives the working
-# tree but keeps the history of its first copy, so its `git` names an older commit "+changes"
+# names the commit measured where the checkout's own history cannot: on the device, git named the
+# session's first commit "+changes" for a tree sent later (11b8ad2+changes for 00300f1)
 CODE_VARIABLE = "CONJUGATE_CODE"
 
 
