@@ -114,13 +114,19 @@ fused3)  # fused2's lab halves, which the first fused2 call lost to an import: t
         run 100 "early_${name}_start" python lab/fused_norms/stats_order.py early "$@" --pdl start "${fusions[@]}" \
             --json "$out/early_${name}_start.json"
     done ;;
-fused4)  # the statistics read in the main loop a step ahead (stats_order.py loop): the kernels alone, then the phases
+fused4)  # the statistics read in the main loop a step ahead (stats_order.py loop): the kernels alone, then the
+    # target's verify phases, then the drafts' phases with their norms fused
     run 60 prologue_loop python lab/fused_norms/prologue.py --stats-order loop --json "$out/prologue_loop.json"
     fusions=(--fusions attn_norm+qkv qkv+rope_kv mlp_norm+gate_up --fused-tiles qkv.SPLIT_K=4 --ledger)
     run 90 loop_b1_start python lab/fused_norms/stats_order.py loop examples/llama-1b-8b-b1.toml --streamed --pdl start \
         "${fusions[@]}" --json "$out/loop_b1_start.json"
     run 90 loop_qwen3_start python lab/fused_norms/stats_order.py loop examples/qwen3-06b-8b-b4.toml --pdl start \
-        "${fusions[@]}" --json "$out/loop_qwen3_start.json" ;;
+        "${fusions[@]}" --json "$out/loop_qwen3_start.json"
+    # the drafts whose best plans fuse their norms (the same prologue): the product's order, then the loop's
+    drafts=(examples/qwen3-06b-8b-b4.toml examples/qwen25-05b-7b-b8.toml --model draft --pdl end --ledger
+        --fusions attn_norm+qkv qkv+rope_kv mlp_norm+gate_up final_norm+lm_head)
+    run 90 draft_product python benchmarks/verify_kernels.py "${drafts[@]}" --json "$out/draft_product.json"
+    run 90 draft_loop python lab/fused_norms/stats_order.py loop "${drafts[@]}" --json "$out/draft_loop.json" ;;
 fused2)  # the fused twins again with the rope-fused qkv at its unfused program count (SPLIT_K 4: whole-head tiles
     # are 128 wide, sequential's qkv tile 64), under PDL at the start and at the end, each also with the norms' row
     # statistics summed in one step (lab/fused_norms; first the GEMMs alone with and without the norm prologue);

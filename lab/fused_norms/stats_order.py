@@ -15,8 +15,8 @@ loads and a shuffle reduction, before the first weight tile is asked for.
   (238 in all, against 120): a wider hidden size fails the check before timing.
 * `loop`: each K step also reads the statistics of SPLIT_K slices of BLOCK_K columns (its own and the
   same slice of every other split, so each split sums the whole row), issued a step ahead and added
-  a step later (123 registers; the weights' loads are issued first). Every split must take the same
-  number of K steps (K a multiple of SPLIT_K x BLOCK_K), or statistics are missed and the check fails.
+  a step later (124/128 registers; the weights' loads are issued first). A split with fewer K steps than
+  the first (K not a multiple of SPLIT_K x BLOCK_K) reads the slices it did not reach after its loop.
 
 This replaces `_accumulate_tile` in the package's GEMM module before anything compiles (every tile
 family runs it), then runs benchmarks/verify_kernels.py with the arguments given (each variant
@@ -80,6 +80,9 @@ def _main_loop_with_stats(pid, x_ptr, w_ptr, w2_ptr, stats_ptr, M, N, K, stride_
             acc2 += tl.dot(x.to(DOT_DTYPE), tl.trans(w2.to(DOT_DTYPE)))
         stats_sum += ahead  # the slice asked for a step ago
         ahead = _stats_slice(stats_ptr, offs_m, k0 + BLOCK_K, k_lo, k_span, M, K, stride_stats, BLOCK_K, SPLIT_K)
+    stats_sum += ahead  # where this split stopped: nothing when every split takes k_span's steps
+    for k0 in range(k_lo + tl.cdiv(k_hi - k_lo, BLOCK_K) * BLOCK_K + BLOCK_K, k_lo + k_span, BLOCK_K):
+        stats_sum += _stats_slice(stats_ptr, offs_m, k0, k_lo, k_span, M, K, stride_stats, BLOCK_K, SPLIT_K)
     return acc, acc2, tl.sum(stats_sum, axis=1), offs_m, offs_n, m_blk, split, n_blk, num_n
 
 

@@ -1,7 +1,7 @@
 """stats_order.py's main loops under the Triton interpreter (CPU): the norm folded
 in with its row statistics loaded first and summed last, or read in the main loop a step ahead,
-computes torch's normalised GEMM (split K too); a hidden size past what one early load reads, or
-splits of unequal K steps, are caught by the check, not timed.
+computes torch's normalised GEMM (split K too, of unequal steps); a hidden size past what one early
+load reads is caught by the check, not timed.
 
     python -m pytest -q lab/fused_norms
 """
@@ -62,13 +62,13 @@ def test_the_sum_in_the_loop_computes_the_normalised_gemm(op, split_k, tmp_path,
         assert "error" not in r and r["rel_err"] < 1e-2, r
 
 
-def test_unequal_splits_fail_the_check(tmp_path, monkeypatch):
+@pytest.mark.parametrize("k", [960, 1088])
+def test_a_split_with_fewer_steps_reads_the_slices_it_did_not_reach(k, tmp_path, monkeypatch):
     _order(monkeypatch, "loop")
     monkeypatch.setattr(prologue, "sequential_tiles", lambda: {"qkv": {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64,
                                                                        "SPLIT_K": 4}})
-    rows = {r["variant"]: r for r in prologue.run_case("qkv", 5, 960, 64, "cpu", tmp_path, timed=False)}
-    assert "error" in rows["stats_in"]  # 15 K steps in splits of 4, 4, 4, 3: the last slice's statistics missed
-    assert "error" not in rows["plain"]
+    for r in prologue.run_case("qkv", 5, k, 64, "cpu", tmp_path, timed=False):  # 15 or 17 K steps in 4 splits
+        assert "error" not in r and r["rel_err"] < 1e-2, r
 
 
 def test_the_sass_reader_counts_loads_and_loops_before_the_first_weight_load():
