@@ -250,35 +250,3 @@ def test_with_a_ledger_a_measured_tile_is_scored_by_what_it_saves_of_the_round(t
                                    ledger(KindLoss("draft attn", launches=64, ms=1.1, floor_ms=0.3,
                                                    bandwidth_fraction=0.2)))
     assert [c.score for c in unlisted] == [c.score for c in alone]
-
-
-def test_a_gemm_multiplying_more_rows_than_its_row_block_is_offered_one_as_tall_as_its_rows():
-    from conjugate.agents.heuristic.tiles import row_block_edits
-
-    streams = load_plan(shipped_plan("streams"))  # draft GEMMs 16 rows a block, the target's 64
-    b32 = load_workload(EXAMPLES_DIR / "llama-1b-8b-b32.toml").to_dict()  # draft 32 rows, target 128
-
-    def offered(plan, workload):
-        return {(op["path"], op["value"]) for c in row_block_edits(plan, workload) for op in c.patch}
-
-    assert offered(streams, b32) == {(f"/draft/tiles/{k}/BLOCK_M", 32) for k in ("qkv", "o_proj", "gate_up", "down")}
-    assert offered(streams, B8.to_dict()) == set()  # 8 rows fit a block of 16; the target's 40 one of 64
-    assert offered(streams, b32 | {"draft_batch": 48}) == {(f"/draft/tiles/{k}/BLOCK_M", 64)
-                                                          for k in ("qkv", "o_proj", "gate_up", "down")}
-    streamed = patch_plan(streams, [{"op": "add", "path": "/draft/streamed", "value": ["o_proj", "down"]},
-                                    {"op": "add", "path": "/draft/fusions/-", "value": "gate_up+down"}])
-    assert offered(streamed, b32) == {("/draft/tiles/qkv/BLOCK_M", 32)}  # streamed kinds and the one-launch MLP left
-    taller = patch_plan(streams, [{"op": "add", "path": "/draft/tiles/qkv", "value": {"BLOCK_M": 32}}])
-    assert ("/draft/tiles/qkv/BLOCK_M", 32) not in offered(taller, b32)
-    assert all("row_block_h100" not in c.rationale and "32 rows a launch in row blocks of 16" in c.rationale
-               for c in row_block_edits(streams, b32))
-    assert row_block_edits(streams, None) == [] and row_block_edits(streams, {"name": "tiny"}) == []
-
-
-def test_the_heuristic_offers_the_taller_row_block_on_a_workload_of_many_sequences():
-    streams = load_plan(shipped_plan("streams"))
-    context = NodeContext(plan=streams.to_dict(), plan_hash=streams.hash,
-                          workload=load_workload(EXAMPLES_DIR / "llama-1b-8b-b32.toml").to_dict(), evaluator="h200",
-                          device="NVIDIA H100 80GB HBM3", sms=132)
-    proposals = HeuristicProposer(tile_tables=()).propose(context, 12)
-    assert any("BLOCK_M 16 -> 32" in p.rationale for p in proposals)

@@ -37,8 +37,7 @@ from conjugate.agents.heuristic.repair import repair_edits
 from conjugate.agents.heuristic.streamed import streamed_edits
 from conjugate.agents.heuristic.streams import sm_limit_edits, streams_edits
 from conjugate.agents.heuristic.tile_table import TileTable, load_tile_tables, table_for
-from conjugate.agents.heuristic.tiles import (focus, launch_edits, measured_tile_edits, row_block_edits, spill_edits,
-                                              tile_edits)
+from conjugate.agents.heuristic.tiles import focus, launch_edits, measured_tile_edits, spill_edits, tile_edits
 from conjugate.errors import ConjugateError
 from conjugate.evaluate.result import EvalResult, VerdictKind
 from conjugate.paths import TILES_FILE
@@ -168,7 +167,7 @@ def candidates(plan: Plan, result: EvalResult | None, sms: int, rng: random.Rand
     parts, ledger = launch_parts(result), ledger_of(result)
     verdicts = result.verdicts if result else ()
     out = [] if result is None else repair_edits(plan, result) if not result.ok else spill_edits(plan, result)
-    out += measured_tile_edits(plan, workload, tiles, ledger) + row_block_edits(plan, workload)
+    out += measured_tile_edits(plan, workload, tiles, ledger)
     out += split_edits(plan, verdicts) + gain_edits(plan, verdicts) + headroom_edits(plan, parts, sms)
     out += tile_edits(plan, focus(plan, ledger, verdicts, parts, sms), rng) + launch_edits(plan, rng)
     interfering = any(v.verdict is VerdictKind.INTERFERENCE for v in verdicts)

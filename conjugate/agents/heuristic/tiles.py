@@ -3,9 +3,6 @@
     measured tiles   each GEMM and attention kind's tile set to the one measured fastest alone for its
                      shape on this GPU model (search/tiles.json), scored by its gain over the shipped
                      tile, weighed by the kind's share of the round where the ledger lists it
-    row block        a GEMM kind that multiplies more rows than its tile's row block (BLOCK_M) gets a
-                     block as tall as its rows (at most 64), which the halving and doubling moves
-                     never reach
     focus            halve or double one tile key of the kinds that lose most against their bytes'
                      floor (the ledger), of interfering or under-filled launches, and under two
                      streams of the longest GEMMs; then every GEMM and attention kind, seeded order
@@ -17,8 +14,7 @@ import random
 from dataclasses import dataclass
 
 from conjugate.agents.heuristic.candidate import Candidate, Launches, fill_by_kind, loss_shares
-from conjugate.agents.facts import figure
-from conjugate.agents.heuristic.tile_table import SHAPE_FIELDS, TileTable, measured_for, measured_shapes
+from conjugate.agents.heuristic.tile_table import TileTable, measured_for
 from conjugate.compiler.feedback import PartRef
 from conjugate.evaluate.result import EvalResult, LedgerSummary, Verdict, VerdictKind
 from conjugate.graph import GEMM_KINDS
@@ -27,7 +23,6 @@ from conjugate.plan.tiles import DEFAULT_TILES, FAMILY_OF, LAUNCH_BOUNDS, TILE_B
 from conjugate.roles import Model
 
 SEARCH_KEYS = {"gemm": ("BLOCK_N", "BLOCK_K", "SPLIT_K"), "attn": ("BLOCK_N", "SPLIT_KV")}
-ROW_BLOCK_MAX = 64  # one wgmma row block: the sweeps' best tiles at 32-128 rows are 32 or 64 rows tall
 SHRINK_KEYS = {"gemm": ("BLOCK_K", "BLOCK_N", "BLOCK_M"), "attn": ("BLOCK_N",), "elementwise": ("BLOCK",)}
 
 
@@ -206,32 +201,6 @@ def measured_tile_edits(plan: Plan, workload: dict | None, table: TileTable | No
         if worth is not None:
             why += f" (the ledger: about {worth:.1%} of the round)"
         out.append(Candidate("tiles", set_tiles(plan, model, measured.kind, measured.tile), why, score))
-    return out
-
-
-def row_block_edits(plan: Plan, workload: dict | None) -> list[Candidate]:
-    """Each GEMM kind whose launches multiply more rows than its tile's row block: BLOCK_M raised to
-    the rows (a power of two, at most ROW_BLOCK_MAX), so each program's weight tiles serve every row
-    once instead of once a row block (facts: row_block_h100, measured alone). Not for a kind run by the
-    streamed kernel, whose tiles are its own, nor where a table's tile would mean another thing
-    (takes_table_tile)."""
-    if not workload:
-        return []
-    out = []
-    for model in (Model.DRAFT, Model.TARGET):
-        try:
-            shapes = measured_shapes(workload, model)
-        except (KeyError, TypeError, ValueError):  # a context without the models' shapes
-            return []
-        for kind in (k for k in SHAPE_FIELDS if k != "attn"):
-            rows, now = shapes[kind][0], tile_value(plan, model.value, kind, "BLOCK_M")
-            want = min(ROW_BLOCK_MAX, 1 << max(rows - 1, 1).bit_length())
-            if want <= now or kind in plan[model.value]["streamed"] or not takes_table_tile(plan, model, kind):
-                continue
-            out.append(Candidate("tiles", set_tile(plan, model.value, kind, "BLOCK_M", want),
-                                 f"{model.value} {kind} multiplies {rows} rows a launch in row blocks of {now}: "
-                                 f"BLOCK_M {now} -> {want} (measured alone: tiles as tall as their rows, "
-                                 f"{figure('row_block_h100'):.2f}x in geometric mean at 32-64 rows)", 0.52))
     return out
 
 
