@@ -67,14 +67,16 @@ CODE_VARIABLE = "CONJUGATE_CODE"
 
 
 def code_commit() -> dict:
-    """{"code": the commit measured}: $CONJUGATE_CODE where set (a commit's hex name; the checkout's own
-    reading kept beside it as "checkout_code"), else the checkout's (git_commit). SystemExit, one line,
-    where the variable names no commit."""
+    """{"code": the commit measured}: $CONJUGATE_CODE where set (a commit's hex name, "+changes" after it
+    for a tree that differs from it, as git_commit writes; the checkout's own reading kept beside it as
+    "checkout_code"), else the checkout's (git_commit). SystemExit, one line, where the variable is not
+    of that form (call it before measuring)."""
     named = os.environ.get(CODE_VARIABLE, "").strip()
     if not named:
         return {"code": git_commit()}
-    if not re.fullmatch(r"[0-9a-f]{7,40}", named):
-        raise SystemExit(f"${CODE_VARIABLE}={named!r}: not a commit (7 to 40 hex digits, as git rev-parse prints)")
+    if not re.fullmatch(r"[0-9a-f]{7,40}(\+changes)?", named):
+        raise SystemExit(f"${CODE_VARIABLE}={named!r}: not a commit (7 to 40 hex digits as git rev-parse prints "
+                         f"them, then +changes for a tree that differs)")
     return {"code": named, "checkout_code": git_commit()}
 
 

@@ -112,8 +112,9 @@ def main() -> None:
     if not (args.code / "conjugate" / "__main__.py").exists():
         raise SystemExit(f"--code {args.code}: no conjugate package there")
     args.out.mkdir(parents=True, exist_ok=True)
-    out = {**environment("eval_time"), "code": git_commit(args.code), "budget": args.budget, "time": args.time,
-           "workloads": []}
+    out = {**environment("eval_time"), "budget": args.budget, "time": args.time, "workloads": []}
+    if args.code.resolve() != ROOT.resolve():  # the searches run another checkout's code: its commit
+        out["code"] = git_commit(args.code)
     for path in args.workloads:
         name = load_workload(path).name
         runs = []

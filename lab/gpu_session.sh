@@ -25,8 +25,8 @@
 #        target's attention over #49's grid of batches and contexts, beside a launch reading its bytes
 #        (attn_examples: the examples' own attention shapes); auto: verify49
 #        on an H200, else fused4 and attn_examples.
-# Name the commit sent in the command, expanded here: `CONJUGATE_CODE=<git rev-parse --short HEAD> bash
-# lab/gpu_session.sh CASE` (the device's own git named the session's first commit "+changes" for a later
+# Name the commit sent in the command, expanded here: `CONJUGATE_CODE=<git rev-parse --short HEAD>[+changes]
+# bash lab/gpu_session.sh CASE` (the device's own git named the session's first commit "+changes" for a later
 # tree; benchmarks/common.py records the named one). What a case leaves under $OUT comes back as one
 # archive, session-CASE.tar.gz (cases run one after another in a call each leave theirs). Every script
 # checks before it times; a failing variant is a row, not the end of the call.

@@ -62,6 +62,8 @@ def test_a_commit_named_in_the_environment_is_recorded_beside_the_checkouts_read
     monkeypatch.setenv("CONJUGATE_CODE", "137b10d")  # the device's copy: a tree newer than its history
     env = common.environment("floor", gpu="NVIDIA H200")
     assert env["code"] == "137b10d" and env["checkout_code"] == common.git_commit()
+    monkeypatch.setenv("CONJUGATE_CODE", "137b10d+changes")  # a tree that differs from that commit
+    assert common.environment("floor", gpu="NVIDIA H200")["code"] == "137b10d+changes"
     monkeypatch.setenv("CONJUGATE_CODE", "main; rm -rf /")
     with pytest.raises(SystemExit, match="CONJUGATE_CODE"):
         common.environment("floor", gpu="NVIDIA H200")
