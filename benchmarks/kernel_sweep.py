@@ -50,6 +50,12 @@ replacing that model's earlier table.
 measures nothing either: per GEMM kind, a straight line through its shapes' best times (time = a
 fixed time per launch + bytes at a streaming rate), which says whether a kind loses to its streaming
 speed or to each launch's start, ramp and tail.
+
+    python benchmarks/kernel_sweep.py --transfer H100_SWEEP.json [...] --onto H200_SWEEP.json [...]
+
+measures nothing either: per shape swept on both GPUs, the first GPU's best tile as the second GPU's
+sweep timed it, against that sweep's shipped and best tiles: whether one GPU model's table serves
+another (the heuristic offers a same-chip sibling's tiles where its own table lacks a shape).
 """
 from __future__ import annotations
 
@@ -57,6 +63,7 @@ import argparse
 import itertools
 import json
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -394,6 +401,33 @@ def tabulate(sweeps: list[Path], device: str, table_path: Path) -> dict:
     return table
 
 
+def transfer(sources: list[Path], onto: list[Path]) -> list[dict]:
+    """Measure nothing: per shape and model swept in both, the `sources`' best tile as the `onto`
+    sweeps timed it (among their candidates), beside their shipped and best tiles: whether one GPU
+    model's tiles serve another. Shapes whose source tile the onto sweep did not time are left out.
+    -> [{"shape", "model", "tile", "us", "shipped_us", "best_us"}] (the onto GPU's times)."""
+    def shapes(paths: list[Path], flag: str) -> dict[tuple[str, str], dict]:
+        out = {}
+        for path in paths:
+            try:
+                out |= {(s["shape"], s["model"]): s for s in json.loads(path.read_text())["shapes"]}
+            except (OSError, ValueError, KeyError, TypeError) as error:
+                raise SystemExit(f"{flag} {path}: not a sweep this script wrote ({type(error).__name__}: {error})")
+        return out
+
+    rows = []
+    there = shapes(onto, "--onto")
+    for key, s in shapes(sources, "--transfer").items():
+        o = there.get(key)
+        if not (o and s.get("best") and o.get("best") and "us" in o["shipped"]):
+            continue
+        timed = [t for t in o["tried"] if "us" in t and t["plan_keys"] == s["best"]["plan_keys"]]
+        if timed:
+            rows.append({"shape": key[0], "model": key[1], "tile": s["best"]["plan_keys"], "us": timed[0]["us"],
+                         "shipped_us": o["shipped"]["us"], "best_us": o["best"]["us"]})
+    return rows
+
+
 def launch_fit(sweep: Path, which: str = "best") -> dict[str, dict]:
     """Per GEMM kind of a sweep, a least-squares line time = fixed + bytes / rate through its shapes'
     `which` ("best" or "shipped") times: {kind: {"shapes", "fixed_us", "rate_of_copy", "worst_residual_us"}}
@@ -654,6 +688,9 @@ def main() -> None:
     parser.add_argument("--fit", type=Path, metavar="SWEEP.json",
                         help="measure nothing: per GEMM kind, its best times as a fixed time per launch "
                              "plus a streaming rate")
+    parser.add_argument("--transfer", nargs="+", type=Path, metavar="SWEEP.json",
+                        help="measure nothing: these sweeps' best tiles as the --onto sweeps (another GPU) timed them")
+    parser.add_argument("--onto", nargs="+", type=Path, metavar="SWEEP.json", help="with --transfer")
     parser.add_argument("--compile-only", type=Path, help=argparse.SUPPRESS)  # a --prewarm process
     args = parser.parse_args()
     if args.compile_only:
@@ -664,6 +701,11 @@ def main() -> None:
         for kind, f in fits.items():
             print(f"{kind:8} {f['shapes']:6d} {f['fixed_us']:9.1f} {f['rate_of_copy']:6.0%} "
                   f"{f['worst_residual_us']:18.1f}")
+        return
+    if args.transfer:
+        if not args.onto:
+            parser.error("--transfer needs --onto (the other GPU's sweeps)")
+        print_transfer(transfer(args.transfer, args.onto))
         return
     if args.tabulate:
         from conjugate.paths import TILES_FILE
@@ -739,6 +781,18 @@ def separate_times(shapes: list[dict]) -> None:
         if all(p and p["best"] and "us" in p["shipped"] for p in parts):
             s["separate"] = {"shipped_us": sum(p["shipped"]["us"] for p in parts),
                              "best_us": sum(p["best"]["us"] for p in parts)}
+
+
+def print_transfer(rows: list[dict]) -> None:
+    """--transfer's table, and the geometric means a fact quotes."""
+    print(f"{'shape':28} {'model':6} {'shipped us':>10} {'best us':>8} {'transferred us':>14}  tile")
+    for r in rows:
+        tile = " ".join(f"{k}={v}" for k, v in r["tile"].items())
+        print(f"{r['shape']:28} {r['model']:6} {r['shipped_us']:10.1f} {r['best_us']:8.1f} {r['us']:14.1f}  {tile}")
+    if rows:
+        gain = statistics.geometric_mean([r["shipped_us"] / r["us"] for r in rows])
+        short = statistics.geometric_mean([r["us"] / r["best_us"] for r in rows])
+        print(f"{len(rows)} shapes: transferred tiles {gain:.3f}x the shipped tile's speed, {short:.3f}x the best tile's time")
 
 
 def print_table(shapes: list[dict]) -> None:

@@ -165,6 +165,30 @@ def test_the_launch_fit_recovers_a_fixed_time_and_a_rate_and_names_a_file_that_i
         sweep.launch_fit(bad)
 
 
+def test_transfer_reads_one_gpus_best_tiles_as_another_gpus_sweep_timed_them(tmp_path, capsys):
+    def tile(n, us):
+        return {"plan_keys": {"BLOCK_M": 16, "BLOCK_N": n}, "us": us}
+
+    def entry(name, shipped, best, tried):
+        return {"shape": name, "model": "draft", "shipped": shipped, "best": best, "tried": tried}
+
+    h100 = tmp_path / "h100.json"
+    h100.write_text(json.dumps({"shapes": [entry("qkv 32x3072x2048", tile(64, 9.0), tile(32, 6.0), []),
+                                           entry("down 32x2048x8192", tile(64, 9.0), tile(16, 8.0), []),
+                                           entry("o_proj 32x2048x2048", tile(64, 5.0), tile(32, 4.0), [])]}))
+    h200 = tmp_path / "h200.json"
+    h200.write_text(json.dumps({"shapes": [
+        entry("qkv 32x3072x2048", tile(64, 8.0), tile(128, 4.0), [tile(64, 8.0), tile(32, 5.0), tile(128, 4.0)]),
+        entry("down 32x2048x8192", tile(64, 10.0), tile(64, 10.0), [tile(64, 10.0)])]}))  # H100's best not timed
+    rows = sweep.transfer([h100], [h200])
+    assert rows == [{"shape": "qkv 32x3072x2048", "model": "draft", "tile": {"BLOCK_M": 16, "BLOCK_N": 32},
+                     "us": 5.0, "shipped_us": 8.0, "best_us": 4.0}]  # o_proj: not swept there
+    sweep.print_transfer(rows)
+    assert "1 shapes: transferred tiles 1.600x the shipped tile's speed, 1.250x the best tile's time" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--onto"):
+        sweep.transfer([h100], [tmp_path / "missing.json"])
+
+
 def test_tma_twins_and_the_tiles_earlier_sweeps_found(tmp_path):
     """--tma: each GEMM tile beside its TMA twin where a TMA copy holds the tile; --tiles-from: the
     shipped tile, then each sweep's best for the shape."""

@@ -11,7 +11,7 @@ import pytest
 
 from conjugate.agents.base import NodeContext
 from conjugate.agents.heuristic import HeuristicProposer
-from conjugate.agents.heuristic.tile_table import TileTable, load_tile_tables, table_for
+from conjugate.agents.heuristic.tile_table import MeasuredTiles, TileTable, load_tile_tables, table_for, tiles_for
 from conjugate.errors import ConjugateError
 from conjugate.paths import EXAMPLES_DIR, shipped_plan
 from conjugate.plan import load_plan, patch_plan
@@ -232,7 +232,7 @@ def test_with_a_ledger_a_measured_tile_is_scored_by_what_it_saves_of_the_round(t
     from conjugate.agents.heuristic.tiles import measured_tile_edits
     from conjugate.evaluate.result import KindLoss, LedgerSummary
 
-    table = load_tile_tables(_file(tmp_path, [_table(_entry())]))[0]
+    table = MeasuredTiles(load_tile_tables(_file(tmp_path, [_table(_entry())]))[0])
     streams = load_plan(shipped_plan("streams"))
 
     def ledger(*kinds):
@@ -250,3 +250,37 @@ def test_with_a_ledger_a_measured_tile_is_scored_by_what_it_saves_of_the_round(t
                                    ledger(KindLoss("draft attn", launches=64, ms=1.1, floor_ms=0.3,
                                                    bandwidth_fraction=0.2)))
     assert [c.score for c in unlisted] == [c.score for c in alone]
+
+
+def test_a_shape_the_gpus_own_table_lacks_takes_the_tile_a_gpu_of_its_chip_measured_and_says_so(tmp_path):
+    from conjugate.agents.facts import figure
+    from conjugate.agents.heuristic.tiles import measured_tile_edits
+
+    h100 = _table(_entry(us=30.0), _entry(kind="o_proj", rows=40, n=4096, tile=QKV_TILE | {"BLOCK_N": 64})) | {
+        "device": "H100"}
+    h200 = _table(_entry(kind="o_proj", rows=40, n=4096))  # the H200's own: o_proj only
+    tables = load_tile_tables(_file(tmp_path, [h200, h100, _table(_entry()) | {"device": "A100"}]))
+    on_h200 = tiles_for("NVIDIA H200", tables)
+    assert on_h200.own.device == "H200" and [t.device for t in on_h200.siblings] == ["H100"]  # not the A100's
+    assert [t.device for t in tiles_for("NVIDIA H100 80GB HBM3", tables).siblings] == ["H200"]
+    assert tiles_for("NVIDIA A10", tables) is None
+    found = {(m.value, t.kind): table.device for m, t, table in on_h200.found(B8.to_dict())}
+    assert found == {("target", "qkv"): "H100", ("target", "o_proj"): "H200"}  # its own first, where it has one
+    streams = load_plan(shipped_plan("streams"))
+    edits = {c.patch[0]["path"]: c for c in measured_tile_edits(streams, B8.to_dict(), on_h200)}
+    qkv, o_proj = edits["/target/tiles/qkv"], edits["/target/tiles/o_proj"]
+    assert "measured on the H100, a GPU of this chip" in qkv.rationale and "measured on this GPU" in o_proj.rationale
+    assert qkv.score == pytest.approx(0.6 + 1 - 30.0 / 36.9 * figure("tiles_transfer"))  # its gain there,
+    assert qkv.score < 0.6 + 1 - 30.0 / 36.9  # less what tiles lose in transfer
+    alone = tiles_for("NVIDIA H200", load_tile_tables(_file(tmp_path, [h100])))  # no table of its own
+    assert alone.own is None and {t.kind for _, t, _ in alone.found(B8.to_dict())} == {"qkv", "o_proj"}
+
+
+def test_the_llm_prompt_marks_the_tiles_a_gpu_of_the_chip_measured(tmp_path):
+    from conjugate.agents.llm.prompt import Prompts
+
+    prompts = Prompts(tiles_file=_file(tmp_path, [_table(_entry()) | {"device": "H100"}]))
+    text = prompts.expand_text(_context(load_plan(shipped_plan("streams"))), 3)  # on an H200
+    assert ("H100, 2026-12-01 (kernel_sweep_h200.json), a GPU of this chip: its tiles for the shapes this GPU's "
+            "table lacks:") in text
+    assert "- target qkv (rows=40 n=6144 k=4096) alone 24.0 us" in text and "shipped tile [H100]" in text

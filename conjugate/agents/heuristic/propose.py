@@ -36,7 +36,7 @@ from conjugate.agents.heuristic.reduce import reduce_edits
 from conjugate.agents.heuristic.repair import repair_edits
 from conjugate.agents.heuristic.streamed import streamed_edits
 from conjugate.agents.heuristic.streams import sm_limit_edits, streams_edits
-from conjugate.agents.heuristic.tile_table import TileTable, load_tile_tables, table_for
+from conjugate.agents.heuristic.tile_table import MeasuredTiles, TileTable, load_tile_tables, tiles_for
 from conjugate.agents.heuristic.tiles import focus, launch_edits, measured_tile_edits, spill_edits, tile_edits
 from conjugate.errors import ConjugateError
 from conjugate.evaluate.result import EvalResult, VerdictKind
@@ -66,9 +66,9 @@ class HeuristicProposer:
         return [Proposal(cand.patch, cand.rationale, cand.kind, prior)
                 for cand, prior in itertools.islice(self.ordered(plan, context, rng), n)]
 
-    def measured(self, context: NodeContext) -> TileTable | None:
-        """The measured tiles of the GPU model the node is evaluated on."""
-        return table_for(context.device, self.tile_tables)
+    def measured(self, context: NodeContext) -> MeasuredTiles | None:
+        """The measured tiles of the GPU model the node is evaluated on (and of its chip's others)."""
+        return tiles_for(context.device, self.tile_tables)
 
     def ordered(self, plan: Plan, context: NodeContext, rng: random.Random):
         """(candidate, prior) pairs, the most promising first: base scores shifted by the edit statistics;
@@ -159,7 +159,7 @@ def _bias(stat: dict | None) -> float:
 
 
 def candidates(plan: Plan, result: EvalResult | None, sms: int, rng: random.Random,
-               workload: dict | None = None, tiles: TileTable | None = None) -> list[Candidate]:
+               workload: dict | None = None, tiles: MeasuredTiles | None = None) -> list[Candidate]:
     """Every candidate edit of every knob family, result-driven first (unordered beyond their base
     scores); `sms`: the GPU's multiprocessors, which a launch's programs should fill; `workload` (its
     layer counts and k) places pins of mixed plans and, with `tiles` (the GPU model's measured

@@ -7,8 +7,10 @@ context) as one launch of the `streams` plan runs it; a tile is the plan's tile 
 launch's `num_warps` and `num_stages`, timed alone from cold L2 against the tile the shipped plan
 gives it. A table lists only tiles that beat the shipped one. A GEMM shape a table lacks takes the
 tile of the nearest row count measured for the same N and K (within NEAREST_ROWS, 3/2), said so wherever
-it is shown: a verify pass of 96 rows starts from the tile measured at 128. A file that does not
-parse, or an entry with a missing or wrong field, is an error naming the file and the field.
+it is shown: a verify pass of 96 rows starts from the tile measured at 128. Where a GPU model's own
+table lacks a shape, the table of a model of the same chip (SAME_CHIP) may give it (`tiles_for`), said
+so too. A file that does not parse, or an entry with a missing or wrong field, is an error naming the
+file and the field.
 """
 from __future__ import annotations
 
@@ -29,6 +31,10 @@ TILE_KEYS = {kind: ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "nu
 
 
 NEAREST_ROWS = (3, 2)  # a GEMM shape not in a table takes the tile of its nearest row count within 3/2 either way
+# GPU models of one chip (the same SMs, shared memory and L2) whose tiles serve each other where a model's own
+# table lacks a shape: the H100's best tiles ran on the H200 within 2% of its best, the H200's on the H100
+# within 1% (fact tiles_transfer: benchmarks/kernel_sweep.py --transfer)
+SAME_CHIP = (("H100", "H200"),)
 
 
 @dataclass(frozen=True)
@@ -131,6 +137,41 @@ def table_for(device: str, tables: tuple[TileTable, ...]) -> TileTable | None:
     from conjugate.evaluate.measured import names_device
 
     return next((t for t in tables if device and names_device(t.device, device)), None)
+
+
+@dataclass(frozen=True)
+class MeasuredTiles:
+    """The tiles a proposer may start from on one GPU: its model's own table, then the tables of the
+    other models of its chip (SAME_CHIP) for the shapes its own lacks (exact or at a near row count)."""
+    own: TileTable | None
+    siblings: tuple[TileTable, ...] = ()
+
+    def found(self, workload: dict) -> list[tuple[Model, MeasuredTile, TileTable]]:
+        """Per model and kind of the workload (Workload.to_dict()), the first table's tile for its
+        shape, with the table it came from. KeyError, TypeError or ValueError for a workload without
+        the models' shapes."""
+        tables = [t for t in (self.own, *self.siblings) if t is not None]
+        out = []
+        for model in (Model.DRAFT, Model.TARGET):
+            for kind, shape in measured_shapes(workload, model).items():
+                for table in tables:
+                    if (found := table.tile_near(kind, shape)) is not None:
+                        out.append((model, found, table))
+                        break
+        return out
+
+    def is_own(self, table: TileTable) -> bool:
+        return table is self.own
+
+
+def tiles_for(device: str, tables: tuple[TileTable, ...]) -> MeasuredTiles | None:
+    """The device's own table and its chip's other tables (SAME_CHIP), or None where there are none."""
+    from conjugate.evaluate.measured import names_device
+
+    own = table_for(device, tables)
+    chip = next((group for group in SAME_CHIP if device and any(names_device(word, device) for word in group)), ())
+    siblings = tuple(t for t in tables if t is not own and t.device in chip and not names_device(t.device, device))
+    return MeasuredTiles(own, siblings) if own is not None or siblings else None
 
 
 def measured_shapes(workload: dict, model: Model) -> dict[str, tuple[int, ...]]:

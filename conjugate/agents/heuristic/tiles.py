@@ -1,7 +1,8 @@
 """Tile edits: each model's tile shapes per op kind, and the launch parameters every tile defaults to.
 
     measured tiles   each GEMM and attention kind's tile set to the one measured fastest alone for its
-                     shape on this GPU model (search/tiles.json), scored by its gain over the shipped
+                     shape on this GPU model (search/tiles.json; where its table lacks the shape, on
+                     another model of its chip, a little lower), scored by its gain over the shipped
                      tile, weighed by the kind's share of the round where the ledger lists it
     focus            halve or double one tile key of the kinds that lose most against their bytes'
                      floor (the ledger), of interfering or under-filled launches, and under two
@@ -13,8 +14,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from conjugate.agents.facts import figure
 from conjugate.agents.heuristic.candidate import Candidate, Launches, fill_by_kind, loss_shares
-from conjugate.agents.heuristic.tile_table import TileTable, measured_for
+from conjugate.agents.heuristic.tile_table import MeasuredTiles
 from conjugate.compiler.feedback import PartRef
 from conjugate.evaluate.result import EvalResult, LedgerSummary, Verdict, VerdictKind
 from conjugate.graph import GEMM_KINDS
@@ -177,27 +179,32 @@ def tile_moves(plan: Plan, model: str, kind: str, why: str, score: float, wider:
             for j, (key, new, bonus) in enumerate(moves)]
 
 
-def measured_tile_edits(plan: Plan, workload: dict | None, table: TileTable | None,
+def measured_tile_edits(plan: Plan, workload: dict | None, tiles: MeasuredTiles | None,
                         ledger: LedgerSummary | None = None) -> list[Candidate]:
     """Each GEMM and attention kind's tile set to the one measured fastest for its shape on this GPU
-    model, where the plan's tile differs: scored by how much faster than the shipped tile it ran
-    alone; with the node's time ledger, by what that gain is worth to the round (the kind's time
-    there times the gain, over the round), where the table's tile means the same (takes_table_tile)."""
-    if table is None or not workload:
+    model (or, where its table lacks the shape, on another model of its chip, its gain there taken at
+    what such tiles lose in transfer: facts tiles_transfer), where the plan's tile differs: scored by
+    how much faster than the shipped tile it ran alone; with the node's time ledger, by what that gain
+    is worth to the round (the kind's time there times the gain, over the round), where the table's
+    tile means the same (takes_table_tile)."""
+    if tiles is None or not workload:
         return []
     try:
-        found = measured_for(table, workload)
+        found = tiles.found(workload)
     except (KeyError, TypeError, ValueError):  # a context without the models' shapes
         return []
     out = []
-    for model, measured in found:
+    for model, measured, table in found:
         if all(tile_value(plan, model, measured.kind, k) == v for k, v in measured.tile.items()):
             continue
         if not takes_table_tile(plan, model, measured.kind):
             continue
-        why = f"measured on this GPU ({table.source}, {table.date}): {model} {measured.describe()}"
-        worth = _round_share(ledger, model, measured.kind, measured.gain)
-        score = 0.6 + min(0.3, measured.gain) if worth is None else 0.45 + min(0.3, 5 * worth)
+        own = tiles.is_own(table)
+        gain = measured.gain if own else 1.0 - (1.0 - measured.gain) * figure("tiles_transfer")
+        why = (f"measured on {'this GPU' if own else f'the {table.device}, a GPU of this chip'} "
+               f"({table.source}, {table.date}): {model} {measured.describe()}")
+        worth = _round_share(ledger, model, measured.kind, gain)
+        score = 0.6 + min(0.3, gain) if worth is None else 0.45 + min(0.3, 5 * worth)
         if worth is not None:
             why += f" (the ledger: about {worth:.1%} of the round)"
         out.append(Candidate("tiles", set_tiles(plan, model, measured.kind, measured.tile), why, score))

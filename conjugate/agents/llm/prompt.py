@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 from conjugate.agents.base import EDIT_KINDS, NodeContext, Proposal
 from conjugate.agents.facts import MAX_FACTS, facts_for, load_facts
-from conjugate.agents.heuristic.tile_table import load_tile_tables, measured_for, table_for
+from conjugate.agents.heuristic.tile_table import load_tile_tables, tiles_for
 from conjugate.agents.llm.wire import MAX_DEPTH, Span, json_spans
 from conjugate.compiler.feedback import PartRef, Resources
 from conjugate.errors import ConjugateError, PlanError
@@ -181,16 +181,23 @@ class Prompts:
                 + _bullets([f.says for f in found], MAX_FACTS))
 
     def _tiles(self, ctx: NodeContext) -> str:
-        table = table_for(ctx.device, self.tiles)
-        if table is None or not ctx.workload:
+        tiles = tiles_for(ctx.device, self.tiles)
+        if tiles is None or not ctx.workload:
             return f"none recorded for {ctx.device or 'this device'}"
         try:
-            found = [f"{model} {measured.describe()}" for model, measured in measured_for(table, ctx.workload)]
+            found = tiles.found(ctx.workload)
         except (KeyError, TypeError, ValueError):  # a context without the models' shapes
             return "none: this workload's shapes are not known here"
         if not found:
             return "none of this workload's shapes measured"
-        return f"{table.device}, {table.date} ({clip(table.source, 200)}):\n" + _bullets(found, MAX_MEASURED_TILES)
+        tables = []  # in order of first use (tables hold dicts: compared by identity)
+        for _, _, table in found:
+            tables += [] if any(table is t for t in tables) else [table]
+        heads = [f"{t.device}, {t.date} ({clip(t.source, 200)})" + ("" if tiles.is_own(t) else
+                 ", a GPU of this chip: its tiles for the shapes this GPU's table lacks") for t in tables]
+        lines = [f"{model} {measured.describe()}" + ("" if tiles.is_own(table) else f" [{table.device}]")
+                 for model, measured, table in found]
+        return "; ".join(heads) + ":\n" + _bullets(lines, MAX_MEASURED_TILES)
 
     def retry_text(self, reasons: list[str], n: int) -> str:
         reasons_text = _bullets(reasons, 20, lambda s: clip(s, 400))
