@@ -171,8 +171,8 @@ attention)  # #49 item 2's grid: the target's attention at batches 1-64 and cont
     run 400 attention python benchmarks/kernel_sweep.py examples/llama-1b-8b-b1.toml --kinds attn --models target \
         --batches 1 4 16 64 --contexts 512 2048 8192 --per-shape 12 --prewarm 15 --read --json "$out/attention_sweep.json" ;;
 attn_examples)  # the examples' own target attention shapes (contexts 1024 and 4096), beside a launch reading their bytes
-    run 200 attn_examples python benchmarks/kernel_sweep.py examples/*.toml --kinds attn --models target \
-        --per-shape 24 --prewarm 15 --read --json "$out/attn_examples.json" ;;
+    run 150 attn_examples python benchmarks/kernel_sweep.py examples/*.toml --kinds attn --models target \
+        --per-shape 16 --prewarm 15 --read --json "$out/attn_examples.json" ;;
 streamed_checks)  # the streamed kernel's correctness log on this GPU
     run 500 streamed_checks python benchmarks/streamed_checks.py --json "$out/streamed_checks.json" ;;
 auto)  # the next call whatever card comes: #49's H200 record on an H200, else the in-loop statistics order
