@@ -26,8 +26,8 @@ draft's launches), its fields named "draft_floor_ms", "draft_ms" and "rows" the 
 folded into their GEMMs, which `sequential` leaves apart); `--fused-tiles KIND.KEY=VALUE ...` sets
 tile keys of the fused twins only (qkv+rope_kv runs whole heads, 128 columns, where `sequential`'s qkv
 tile is 64 wide: `qkv.SPLIT_K=4` keeps its program count). `--tuned` adds each plan again with the
-tiles the GPU's table in search/tiles.json lists for the model's shapes ("+tuned"; the heuristic's
-lookup, the row's "table_tiles" names them), where `sequential` keeps one tile a kind whatever the
+tiles search/tiles.json lists for the model's shapes on this GPU ("+tuned"; the heuristic's lookup:
+its own table, then its chip's other's; the row's "table_tiles" names them), where `sequential` keeps one tile a kind whatever the
 rows. `--ledger` then profiles each timed
 variant's phase (its replays' kernel records, the evaluator's ledger over the phase's launches):
 "ledger": {"round_us", "floor_us", "busy_us", "kinds": [{"kind", "launches", "us", "bytes",
@@ -127,16 +127,20 @@ class Comparison:
 
 
 def table_tiles(device_name: str, workload, model: str) -> tuple[dict[str, dict], str]:
-    """The tiles search/tiles.json's table for this GPU lists for `model`'s shapes of `workload` (the
-    heuristic's lookup: GEMMs at the nearest measured row count, attention exact), and the table's
-    source; ({}, "") where no table names the GPU."""
-    from conjugate.agents.heuristic.tile_table import load_tile_tables, measured_for, table_for
+    """The tiles search/tiles.json lists for `model`'s shapes of `workload` on this GPU (the heuristic's
+    lookup: its own table first, GEMMs at the nearest measured row count, attention exact, then its
+    chip's other model's table), and the tables' sources; ({}, "") where no table serves the GPU."""
+    from conjugate.agents.heuristic.tile_table import load_tile_tables, tiles_for
 
-    table = table_for(device_name, load_tile_tables())
-    if table is None:
+    tiles = tiles_for(device_name, load_tile_tables())
+    if tiles is None:
         return {}, ""
-    found = {m.kind: dict(m.tile) for who, m in measured_for(table, workload.to_dict()) if who.value == model}
-    return found, f"{table.device} table ({table.source}, {table.date})"
+    found = [(m, table) for who, m, table in tiles.found(workload.to_dict()) if who.value == model]
+    sources = []
+    for _, table in found:
+        said = f"{table.device} table ({table.source}, {table.date})"
+        sources += [] if said in sources else [said]
+    return {m.kind: dict(m.tile) for m, _ in found}, "; ".join(sources)
 
 
 def phase_ledger(compiled, graph, phase, model, copy_gbs: float, device) -> dict:

@@ -146,7 +146,8 @@ fused2)  # the fused twins again with the rope-fused qkv at its unfused program 
         done
     done ;;
 tuned)  # the verify phase with the GPU's tile table's tiles (search/tiles.json) against sequential's one tile a kind:
-    # the H100's table lists the B=32 example's 128-row shapes; the H200's the other examples' (not the B=32 one's)
+    # the H100's table lists the B=32 example's 128-row shapes (the H200 takes them too: its own table lacks them), the
+    # H200's the other examples'
     if grep -q H200 "$out/gpu.txt"; then more=(examples/llama-1b-8b-b8.toml examples/qwen3-06b-8b-b4.toml \
         examples/llama-1b-8b-b1.toml examples/qwen25-05b-7b-b8.toml examples/llama-1b-3b-b16-ctx4k.toml); else more=(); fi
     run 400 verify_tuned python benchmarks/verify_kernels.py examples/llama-1b-8b-b32.toml "${more[@]}" --streamed --tuned \

@@ -123,6 +123,8 @@ def test_tuned_twins_take_the_gpus_table_tiles_but_not_for_a_rope_fused_qkv():
     found, source = script.table_tiles("NVIDIA H100 80GB HBM3", b32, "target")
     assert found and set(found) <= {"qkv", "o_proj", "gate_up", "down", "attn"} and source.startswith("H100 table")
     assert script.table_tiles("Tesla T4", b32, "target") == ({}, "")  # no table names it
+    on_h200, said = script.table_tiles("NVIDIA H200", b32, "target")  # the H200's table lacks 128 rows
+    assert on_h200 == found and said.startswith("H100 table")  # its chip's other model's tiles
     tiles = {"qkv": {"BLOCK_N": 128, "num_stages": 6}, "gate_up": {"num_stages": 5}, "down": {"SPLIT_K": 2}}
     how = script.Comparison("target", fusions=("qkv+rope_kv",), tuned=True)
     plans = how.plans(sequential, tiles)
