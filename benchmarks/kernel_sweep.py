@@ -6,17 +6,17 @@ from cold L2, against the tile the shipped plan gives it.
                                       [--tiles-from SWEEP.json ...] [--tma] [--cublas] [--read]
                                       [--batches 16 32 64] [--ks 1 3 5 7] [--contexts 512 8192]
 
-Per distinct shape of the workloads' qkv, o_proj, gate_up and down GEMMs (the epilogues of the
-`streams` plan: store, residual, silu_mul, residual into fp32 rows; bf16 input rows and weights, as
-compiler/buffers.py stores them) and of their attention (fp32 queries, bf16 caches at the
-workload's context, the draft's first step and the verify pass): the tile `plans/streams.json`
-ships, with its launch settings, and up to --per-shape candidates (GEMM: BLOCK_N x BLOCK_K x SPLIT_K
-x num_warps x num_stages; attention: BLOCK_N x SPLIT_KV x num_warps x num_stages), pruned to grids
-that fill the GPU (attention: any grid) without running out of shared memory or registers (`fits`):
-the shipped tile's one-knob neighbours first, then a seeded sample of the rest. Each launch is checked against torch, then
+Per distinct shape of the workloads' qkv, o_proj, gate_up and down GEMMs (the epilogues of the `streams`
+plan: store, residual, silu_mul, residual into fp32 rows; bf16 input rows and weights, as
+compiler/buffers.py stores them) and of their attention (fp32 queries, bf16 caches at the workload's
+context, the draft's first step and the verify pass): the tile `plans/streams.json` ships, with its
+launch settings, and up to --per-shape candidates (GEMM: BLOCK_N x BLOCK_K x SPLIT_K x num_warps x
+num_stages; attention: BLOCK_N x SPLIT_KV x num_warps x num_stages), pruned to grids that fill the GPU
+(attention: any grid) without running out of shared memory or registers (`fits`): the shipped tile's
+one-knob neighbours first, then a seeded sample of the rest. Each launch is checked against torch, then
 timed as launch verdicts time one: ten calls in a CUDA graph, L2 overwritten before each and the
-overwrite's own time subtracted (timing.time_per_call). Its bytes (weights; K and V read) over that
-time against the copy bandwidth say how near the byte floor the tile gets.
+overwrite's own time subtracted (timing.time_per_call). Its bytes (weights; K and V read) over that time
+against the copy bandwidth say how near the byte floor the tile gets.
 
 `--batches`, `--ks` and `--contexts` also take each workload's models at those serving sizes (every
 combination; what is not given stays the workload's): the verify rows of B x (k + 1), the draft's B

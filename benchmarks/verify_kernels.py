@@ -23,16 +23,15 @@ round does not fit in the GPU's memory beside the ones before it is a variant wi
 `--model draft` times the draft's phase instead (its k steps; `--streamed` and `--pdl` then change the
 draft's launches), its fields named "draft_floor_ms", "draft_ms" and "rows" the draft's batch.
 `--fusions F ...` adds each plan again with these fusions of the model's ("+fused"; e.g. the norms
-folded into their GEMMs, which `sequential` leaves apart); `--fused-tiles KIND.KEY=VALUE ...` sets
-tile keys of the fused twins only (qkv+rope_kv runs whole heads, 128 columns, where `sequential`'s qkv
-tile is 64 wide: `qkv.SPLIT_K=4` keeps its program count). `--tuned` adds each plan again with the
-tiles search/tiles.json lists for the model's shapes on this GPU ("+tuned"; the heuristic's lookup:
-its own table, then its chip's other's; the row's "table_tiles" names them), where `sequential` keeps one tile a kind whatever the
-rows. `--ledger` then profiles each timed
-variant's phase (its replays' kernel records, the evaluator's ledger over the phase's launches):
-"ledger": {"round_us", "floor_us", "busy_us", "kinds": [{"kind", "launches", "us", "bytes",
-"bandwidth_fraction", "floor_us", "programs"}, ...]}, longest first: where it loses (programs: the
-kind's grid sizes).
+folded into their GEMMs, which `sequential` leaves apart); `--fused-tiles KIND.KEY=VALUE ...` sets tile
+keys of the fused twins only (qkv+rope_kv runs whole heads, 128 columns, where `sequential`'s qkv tile
+is 64 wide: `qkv.SPLIT_K=4` keeps its program count). `--tuned` adds each plan again with the tiles
+search/tiles.json lists for the model's shapes on this GPU ("+tuned"; the heuristic's lookup: its own
+table, then its chip's other's; the row's "table_tiles" names them), where `sequential` keeps one tile a
+kind whatever the rows. `--ledger` then profiles each timed variant's phase (its replays' kernel
+records, the evaluator's ledger over the phase's launches): "ledger": {"round_us", "floor_us",
+"busy_us", "kinds": [{"kind", "launches", "us", "bytes", "bandwidth_fraction", "floor_us", "programs"},
+...]}, longest first: where it loses (programs: the kind's grid sizes).
 """
 from __future__ import annotations
 

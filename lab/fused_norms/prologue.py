@@ -13,10 +13,11 @@ a cold L2 (kernel_sweep's timing) as
 * `pass`: the norm folded in without statistics (a pass over x's split first).
 
 Each launch is checked against torch first (relative error under 1e-2). `--stats-block N` sets the
-prologue's step (conjugate/kernels/tile.py's STATS_BLOCK, 64) before anything compiles: one process,
-one value; `--stats-order early` loads the statistics before the main loop and sums them after it
-(stats_order.py), `--stats-order loop` reads them inside it, a step ahead. The norm weight is not
-folded into w here (the product folds it at compile time; it changes no work). Lab code: nothing in `conjugate/` imports it.
+prologue's step (conjugate/kernels/tile.py's STATS_BLOCK, 64) before anything compiles: one process, one
+value; `--stats-order early` loads the statistics before the main loop and sums them after it
+(stats_order.py), `--stats-order loop` reads them inside it, a step ahead. The norm weight is not folded
+into w here (the product folds it at compile time; it changes no work). Lab code: nothing in
+`conjugate/` imports it.
 """
 from __future__ import annotations
 

@@ -1,15 +1,15 @@
 """Form edits: the draft's k decode steps as one persistent step launch (`/draft/form: step`), or
 back to one launch per op.
 
-The step launch runs the draft's whole dependent chain in one kernel: it beat the draft's launches
-alone (facts: form_step, form_step_h200), and it lost beside a target stream, whose kernels wait for
-the SMs it holds (facts: form_step_two_streams), and on 40-88 of the SMs too, where the target's
-traffic slows its chain (level only for qwen3-0.6b on 64; facts: form_step_draft_sms_h100). So it is
-proposed for one-stream plans only. It needs the sequential alignment (no target launch can share
-it), so the edit also sets that and drops pins of draft ops into target launches. The kernel takes batches of up to BATCH_PAD (32) sequences, checked on
-a GPU at 32 for every family (`benchmarks/results/step_checks_h100.json`, `step_checks_h200.json`; the
-evaluator checks each plan besides);
-fp16 drafts are left to the launches (it is bf16 on the GPU).
+The step launch runs the draft's whole dependent chain in one kernel: it beat the draft's launches alone
+(facts: form_step, form_step_h200), and it lost beside a target stream, whose kernels wait for the SMs
+it holds (facts: form_step_two_streams), and on 40-88 of the SMs too, where the target's traffic slows
+its chain (level only for qwen3-0.6b on 64; facts: form_step_draft_sms_h100). So it is proposed for
+one-stream plans only. It needs the sequential alignment (no target launch can share it), so the edit
+also sets that and drops pins of draft ops into target launches. The kernel takes batches of up to
+BATCH_PAD (32) sequences, checked on a GPU at 32 for every family
+(`benchmarks/results/step_checks_h100.json`, `step_checks_h200.json`; the evaluator checks each plan
+besides); fp16 drafts are left to the launches (it is bf16 on the GPU).
 """
 from __future__ import annotations
 

@@ -184,11 +184,3 @@ def measured_shapes(workload: dict, model: Model) -> dict[str, tuple[int, ...]]:
     tokens = 1 if draft else workload["k"] + 1
     shapes = {kind: (batch * tokens, *spec.projection(kind)) for kind in SHAPE_FIELDS if kind != "attn"}
     return shapes | {"attn": (batch, tokens, spec.num_heads, spec.num_kv_heads, spec.head_dim, workload["context"])}
-
-
-def measured_for(table: TileTable, workload: dict) -> list[tuple[Model, MeasuredTile]]:
-    """The table's tiles for the shapes of this workload's (Workload.to_dict()) draft and target,
-    GEMMs at the nearest measured row count where their own is not in the table."""
-    return [(model, found) for model in (Model.DRAFT, Model.TARGET)
-            for kind, shape in measured_shapes(workload, model).items()
-            if (found := table.tile_near(kind, shape)) is not None]

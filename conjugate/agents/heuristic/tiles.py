@@ -2,8 +2,9 @@
 
     measured tiles   each GEMM and attention kind's tile set to the one measured fastest alone for its
                      shape on this GPU model (search/tiles.json; where its table lacks the shape, on
-                     another model of its chip, a little lower), scored by its gain over the shipped
-                     tile, weighed by the kind's share of the round where the ledger lists it
+                     another model of its chip, its gain discounted by the measured transfer cost),
+                     scored by its gain over the shipped tile, weighed by the kind's share of the
+                     round where the ledger lists it
     focus            halve or double one tile key of the kinds that lose most against their bytes'
                      floor (the ledger), of interfering or under-filled launches, and under two
                      streams of the longest GEMMs; then every GEMM and attention kind, seeded order

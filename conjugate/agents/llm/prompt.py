@@ -190,9 +190,7 @@ class Prompts:
             return "none: this workload's shapes are not known here"
         if not found:
             return "none of this workload's shapes measured"
-        tables = []  # in order of first use (tables hold dicts: compared by identity)
-        for _, _, table in found:
-            tables += [] if any(table is t for t in tables) else [table]
+        tables = [t for t in (tiles.own, *tiles.siblings) if any(t is table for _, _, table in found)]
         heads = [f"{t.device}, {t.date} ({clip(t.source, 200)})" + ("" if tiles.is_own(t) else
                  ", a GPU of this chip: its tiles for the shapes this GPU's table lacks") for t in tables]
         lines = [f"{model} {measured.describe()}" + ("" if tiles.is_own(table) else f" [{table.device}]")

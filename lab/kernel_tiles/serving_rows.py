@@ -1,0 +1,109 @@
+"""What the H100's serving-size sweep says by row count, from committed sweeps (no GPU).
+
+    python lab/kernel_tiles/serving_rows.py benchmarks/results/serving_sweep_h100.json \
+        --also benchmarks/results/kernel_sweep_b32_h100.json
+
+1. Per model and band of rows, the medians of the share of copy bandwidth that the shipped tile, the
+   best tile and a launch only reading the same bytes (`--read`) reached, how many best tiles reach
+   #49's 85%, and the best tile over the shipped one (geometric mean): benchmarks/README.md's table.
+2. For the GEMMs that multiply more rows than the shipped tile's row block (BLOCK_M), with the
+   `--also` sweeps: the best tile with BLOCK_M at the rows (a power of two, at most 64) over the best
+   at the shipped BLOCK_M, and the candidates closest to raising BLOCK_M alone (the shipped tile's
+   other keys kept; and with BLOCK_N cut by the same factor, keeping the program count) over the
+   shipped tile. Why no one-key BLOCK_M move entered the heuristic (commit a55a300).
+Lab code: nothing in `conjugate/` imports it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+BANDS = (("draft", 1, 128), ("target", 1, 128), ("target", 129, 1 << 20))
+GEMMS = ("qkv", "o_proj", "gate_up", "down")
+SCHEDULE_KEYS = ("num_warps", "num_stages")  # launch settings, not the tile's shape
+
+
+def rows_of(shape: dict) -> int:
+    return int(shape["shape"].split()[1].split("x")[0])
+
+
+def bands(shapes: list[dict]) -> list[dict]:
+    """Table 1: one row per (model, band) with shapes in it."""
+    out = []
+    for model, low, high in BANDS:
+        got = [s for s in shapes if s["model"] == model and s["kind"] in GEMMS and low <= rows_of(s) <= high
+               and s.get("best") and "us" in s["shipped"] and "us" in s.get("read", {})]
+        if got:
+            out.append({"model": model, "rows": f"{min(map(rows_of, got))}-{max(map(rows_of, got))}",
+                        "shapes": len(got),
+                        "shipped": statistics.median(s["shipped"]["share_of_copy"] for s in got),
+                        "best": statistics.median(s["best"]["share_of_copy"] for s in got),
+                        "at_85": sum(s["best"]["share_of_copy"] >= 0.85 for s in got),
+                        "read": statistics.median(s["read"]["share_of_copy"] for s in got),
+                        "gain": statistics.geometric_mean(s["shipped"]["us"] / s["best"]["us"] for s in got)})
+    return out
+
+
+def row_blocks(shapes: list[dict]) -> list[dict]:
+    """Table 2: per GEMM whose rows exceed its shipped BLOCK_M, the comparisons of the docstring."""
+    out = []
+    for s in shapes:
+        shipped = s["shipped"].get("plan_keys")
+        if s["kind"] not in GEMMS or not shipped or "us" not in s["shipped"] or rows_of(s) <= shipped["BLOCK_M"]:
+            continue
+        want = min(64, 1 << (rows_of(s) - 1).bit_length())
+        if want <= shipped["BLOCK_M"]:
+            continue
+        timed = [t for t in s["tried"] if "us" in t]
+        at_want = [t["us"] for t in timed if t["plan_keys"]["BLOCK_M"] == want]
+        at_shipped = [t["us"] for t in timed if t["plan_keys"]["BLOCK_M"] == shipped["BLOCK_M"]]
+        factor = want // shipped["BLOCK_M"]
+
+        def alone(keys: dict) -> list[float]:  # candidates with exactly these shape keys, any schedule
+            return [s["shipped"]["us"] / t["us"] for t in timed
+                    if all(t["plan_keys"][k] == v for k, v in keys.items() if k not in SCHEDULE_KEYS)]
+
+        raised = shipped | {"BLOCK_M": want}
+        out.append({"shape": s["shape"], "model": s["model"], "block_m": f"{shipped['BLOCK_M']}->{want}",
+                    "best_taller": min(at_shipped) / min(at_want) if at_want and at_shipped else None,
+                    "raised_alone": alone(raised),
+                    "raised_narrower": alone(raised | {"BLOCK_N": max(16, shipped["BLOCK_N"] // factor)})})
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sweep", type=Path, help="the serving-size sweep (kernel_sweep.py --read)")
+    parser.add_argument("--also", nargs="*", type=Path, default=[], help="more sweeps for table 2")
+    args = parser.parse_args()
+    try:
+        main_shapes = json.loads(args.sweep.read_text())["shapes"]
+        more = [s for p in args.also for s in json.loads(p.read_text())["shapes"]]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        print(f"serving_rows.py: not a kernel_sweep.py result ({type(error).__name__}: {error})", file=sys.stderr)
+        return 2
+    print(f"{'model':7} {'rows':>8} {'shapes':>6} {'shipped':>8} {'best':>6} {'>=85%':>6} {'read':>6} {'best/shipped':>12}")
+    for b in bands(main_shapes):
+        print(f"{b['model']:7} {b['rows']:>8} {b['shapes']:6d} {b['shipped']:8.0%} {b['best']:6.0%} {b['at_85']:6d} "
+              f"{b['read']:6.0%} {b['gain']:11.2f}x")
+    blocks = row_blocks(main_shapes + more)
+    print(f"\n{'shape':26} {'model':6} {'BLOCK_M':>7} {'best taller/best shipped':>24}  raised alone; raised, BLOCK_N cut")
+    for r in blocks:
+        taller = f"{r['best_taller']:.3f}" if r["best_taller"] else "-"
+        print(f"{r['shape']:26} {r['model']:6} {r['block_m']:>7} {taller:>24}  "
+              f"{[round(x, 2) for x in r['raised_alone']]}; {[round(x, 2) for x in r['raised_narrower']]}")
+    ratios = [r["best_taller"] for r in blocks if r["best_taller"]]
+    alone = [x for r in blocks for x in r["raised_alone"]]
+    narrower = [x for r in blocks for x in r["raised_narrower"]]
+    if ratios:
+        print(f"best taller / best at the shipped BLOCK_M: {statistics.geometric_mean(ratios):.2f}x geometric mean "
+              f"over {len(ratios)}; raised alone {min(alone, default=0):.2f}-{max(alone, default=0):.2f}x; "
+              f"with BLOCK_N cut {min(narrower, default=0):.2f}-{max(narrower, default=0):.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
