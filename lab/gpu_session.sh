@@ -16,15 +16,15 @@
 #        streamed_pdl: every example's verify phase, tile kernel and streamed, each plain and as
 #        programmatic dependent launches released at the start, with each phase's ledger (time per op
 #        kind); draft_streamed: the same for the draft's phase (PDL at the end); fused: four examples'
-#        verify phase with the target's norms and RoPE folded into its GEMMs too (fused2: again, the fused
-#        qkv at its unfused program count, PDL at the start and the end, and with the norms' statistics
-#        summed in one step; fused3: its lab halves again; fused4: the statistics read in the main loop); tuned: the verify phase with the GPU's tile table's tiles; serving_sweep: #49's
+#        verify phase with the target's norms and RoPE folded into its GEMMs too (fused5: the
+#        product's statistics read in its main loop against the former order, the kernels, the drafts' phases and
+#        the target's gate_up fused alone); tuned: the verify phase with the GPU's tile table's tiles; serving_sweep: #49's
 #        GEMM shapes at serving sizes, resumed over calls; search49: the B=32
 #        example's search, 40 evaluations over calls (its database carried); share: the draft's step
 #        launch on part of the SMs, alone and beside the target's stream (lab/step_share); attention: the
 #        target's attention over #49's grid of batches and contexts, beside a launch reading its bytes
 #        (attn_examples: the examples' own attention shapes); auto: verify49
-#        on an H200, else fused4 and attn_examples.
+#        on an H200, else fused5.
 # Name the commit sent in the command, expanded here: `CONJUGATE_CODE=<git rev-parse --short HEAD>[+changes]
 # bash lab/gpu_session.sh CASE` (the device's own git named the session's first commit "+changes" for a later
 # tree; benchmarks/common.py records the named one). What a case leaves under $OUT comes back as one
@@ -98,53 +98,18 @@ fused)  # the target's norms (and RoPE) folded into its GEMMs in the verify phas
         examples/qwen3-06b-8b-b4.toml examples/llama-1b-8b-b8.toml examples/llama-1b-8b-b32.toml \
         --streamed --pdl start --fusions attn_norm+qkv qkv+rope_kv mlp_norm+gate_up --ledger \
         --json "$out/verify_fused.json" ;;
-fused3)  # fused2's lab halves, which the first fused2 call lost to an import: the norm prologue alone and the
-    # one-step statistics (and the statistics loaded before the main loop) under PDL at the start, beside the twins
+fused5)  # the product's statistics read in its main loop (gemm.py): the kernels alone in that
+    # order and the former one, the drafts' phases with their norms fused in both, and the target's gate_up fused alone
     run 60 prologue python lab/fused_norms/prologue.py --json "$out/prologue.json"
-    run 60 prologue256 python lab/fused_norms/prologue.py --stats-block 256 --json "$out/prologue256.json"
-    run 60 prologue_early python lab/fused_norms/prologue.py --stats-order early --json "$out/prologue_early.json"
-    fusions=(--fusions attn_norm+qkv qkv+rope_kv mlp_norm+gate_up --fused-tiles qkv.SPLIT_K=4 --ledger)
-    for how in "b1 examples/llama-1b-8b-b1.toml --streamed" "qwen3 examples/qwen3-06b-8b-b4.toml"; do
-        set -- $how
-        name=$1; shift
-        run 100 "verify_fused2_${name}_start" python benchmarks/verify_kernels.py "$@" --pdl start "${fusions[@]}" \
-            --json "$out/verify_fused2_${name}_start.json"
-        run 100 "stats256_${name}_start" python lab/fused_norms/stats_block.py 256 "$@" --pdl start "${fusions[@]}" \
-            --json "$out/stats256_${name}_start.json"
-        run 100 "early_${name}_start" python lab/fused_norms/stats_order.py early "$@" --pdl start "${fusions[@]}" \
-            --json "$out/early_${name}_start.json"
-    done ;;
-fused4)  # the statistics read in the main loop a step ahead (stats_order.py loop): the kernels alone, then the
-    # target's verify phases, then the drafts' phases with their norms fused
-    run 60 prologue_loop python lab/fused_norms/prologue.py --stats-order loop --json "$out/prologue_loop.json"
-    fusions=(--fusions attn_norm+qkv qkv+rope_kv mlp_norm+gate_up --fused-tiles qkv.SPLIT_K=4 --ledger)
-    run 90 loop_b1_start python lab/fused_norms/stats_order.py loop examples/llama-1b-8b-b1.toml --streamed --pdl start \
-        "${fusions[@]}" --json "$out/loop_b1_start.json"
-    run 90 loop_qwen3_start python lab/fused_norms/stats_order.py loop examples/qwen3-06b-8b-b4.toml --pdl start \
-        "${fusions[@]}" --json "$out/loop_qwen3_start.json"
-    # the drafts whose best plans fuse their norms (the same prologue): the product's order, then the loop's
+    run 60 prologue_before python lab/fused_norms/prologue.py --stats-order prologue --json "$out/prologue_before.json"
     drafts=(examples/qwen3-06b-8b-b4.toml examples/qwen25-05b-7b-b8.toml --model draft --pdl end --ledger
         --fusions attn_norm+qkv qkv+rope_kv mlp_norm+gate_up final_norm+lm_head)
-    run 90 draft_product python benchmarks/verify_kernels.py "${drafts[@]}" --json "$out/draft_product.json"
-    run 90 draft_loop python lab/fused_norms/stats_order.py loop "${drafts[@]}" --json "$out/draft_loop.json" ;;
-fused2)  # the fused twins again with the rope-fused qkv at its unfused program count (SPLIT_K 4: whole-head tiles
-    # are 128 wide, sequential's qkv tile 64), under PDL at the start and at the end, each also with the norms' row
-    # statistics summed in one step (lab/fused_norms; first the GEMMs alone with and without the norm prologue);
-    # qwen3-06b-8b-b4 without the streamed plans, whose fused twin
-    # under PDL did not fit in 80 GB beside the seven variants before it
-    run 60 prologue python lab/fused_norms/prologue.py --json "$out/prologue.json"  # the kernels alone first
-    run 60 prologue256 python lab/fused_norms/prologue.py --stats-block 256 --json "$out/prologue256.json"
-    fusions=(--fusions attn_norm+qkv qkv+rope_kv mlp_norm+gate_up --fused-tiles qkv.SPLIT_K=4 --ledger)
-    for pdl in start end; do
-        for how in "b1 examples/llama-1b-8b-b1.toml --streamed" "qwen3 examples/qwen3-06b-8b-b4.toml"; do
-            set -- $how
-            name=$1; shift
-            run 100 "verify_fused2_${name}_$pdl" python benchmarks/verify_kernels.py "$@" --pdl $pdl "${fusions[@]}" \
-                --json "$out/verify_fused2_${name}_$pdl.json"
-            run 100 "stats256_${name}_$pdl" python lab/fused_norms/stats_block.py 256 "$@" --pdl $pdl "${fusions[@]}" \
-                --json "$out/stats256_${name}_$pdl.json"
-        done
-    done ;;
+    run 120 draft_product python benchmarks/verify_kernels.py "${drafts[@]}" --json "$out/draft_product.json"
+    run 120 draft_before python lab/fused_norms/stats_order.py prologue "${drafts[@]}" --json "$out/draft_before.json"
+    run 100 gate_up_b1 python benchmarks/verify_kernels.py examples/llama-1b-8b-b1.toml --streamed --pdl start \
+        --fusions mlp_norm+gate_up --ledger --json "$out/gate_up_b1.json"
+    run 100 gate_up_qwen3 python benchmarks/verify_kernels.py examples/qwen3-06b-8b-b4.toml --pdl start \
+        --fusions mlp_norm+gate_up --ledger --json "$out/gate_up_qwen3.json" ;;
 tuned)  # the verify phase with the GPU's tile table's tiles (search/tiles.json) against sequential's one tile a kind:
     # the H100's table lists the B=32 example's 128-row shapes (the H200 takes them too: its own table lacks them), the
     # H200's the other examples'
@@ -177,9 +142,9 @@ attn_examples)  # the examples' own target attention shapes (contexts 1024 and 4
 streamed_checks)  # the streamed kernel's correctness log on this GPU
     run 500 streamed_checks python benchmarks/streamed_checks.py --json "$out/streamed_checks.json" ;;
 auto)  # the next call whatever card comes: #49's H200 record on an H200, else the in-loop statistics order
-    # (fused4), then the examples' attention shapes
+    # against the former one (fused5)
     trap - EXIT
-    if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" fused4; bash "$0" attn_examples; fi ;;
+    if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" fused5; fi ;;
 *)
-    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused2|fused3|fused4|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
+    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused5|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
 esac

@@ -124,6 +124,25 @@ def test_row_statistics_from_a_residual_gemm_feed_the_next_norm(split_k, atomic)
     torch.testing.assert_close(read, _normed(out, gain) @ w_next.T, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("k,block_k,split_k", [(256, 32, 2), (320, 32, 3), (200, 16, 4), (100, 64, 4)])
+@pytest.mark.parametrize("epilogue", ["store", "silu_mul"])
+def test_the_norm_reads_the_whole_rows_statistics_in_every_split(k, block_k, split_k, epilogue):
+    """The statistics come a K step at a time inside the main loop: equal splits, three splits, a short
+    last split and empty ones (K past what the first splits cover) each sum the whole row."""
+    g = torch.Generator().manual_seed(k + split_k)
+    x = torch.randn(M, k, generator=g) * 3
+    w, w2 = (torch.randn(2, 48, k, generator=g) / k ** 0.5).unbind()
+    stats = F.pad(x, (0, -k % STATS_CHUNK.value)).pow(2).reshape(M, -1, STATS_CHUNK.value).sum(-1)
+    out = torch.full((M, 48), float("nan"))
+    two = epilogue == "silu_mul"
+    run_part(gemm_call(x, w, out, rows=M, epilogue=epilogue, w2=w2 if two else None, norm_eps=1e-5,
+                       split_k=split_k, block_k=block_k, block_n=16, stats=stats, stats_in=True))
+    ref = _normed(x, torch.ones(k)) @ w.T
+    if two:
+        ref = F.silu(ref) * (_normed(x, torch.ones(k)) @ w2.T)
+    torch.testing.assert_close(out, ref, atol=1e-4, rtol=1e-4)
+
+
 def test_row_statistics_bindings():
     x, w, _, _ = _inputs()
     out = torch.empty(M, N)

@@ -20,9 +20,12 @@ One tile function per epilogue, all over the same main loop (`_accumulate_tile`)
                         meet in registers; bias, Qwen3's QK-norm and the rotation follow, then q goes
                         to q_out, k and v into the layer's caches (N counts half-head columns)
 
-Prologue: NORM scales each row by 1/rms(x) (RMSNorm folded into the GEMM: the norm weight was
+Norm: NORM scales each row by 1/rms(x) (RMSNorm folded into the GEMM: the norm weight was
 multiplied into `w` at compile time). Its sum of squares comes from a pass over the split's part of
-each row, or (STATS_IN) from the row statistics the residual GEMM that wrote x left (tile.py).
+each row before the main loop, or (STATS_IN) from the row statistics the residual GEMM that wrote x
+left (tile.py), read inside the main loop: each K step also asks for the statistics of the next
+step's columns in every split, after its weight tile, so nothing delays the first weight tile and
+every split sums the whole row.
 
 Split-K: with SPLIT_K > 1 each split stores its partial sums in a workspace slot of its own and the
 tile's last split adds them up, in split order, and runs the epilogue: deterministic, no float
@@ -33,7 +36,7 @@ copy of the rows, so that the last split reads the finished rows back.
 import triton
 import triton.language as tl
 
-from conjugate.kernels.tile import store_row_stats, sum_row_stats
+from conjugate.kernels.tile import STATS_CHUNK, store_row_stats
 
 _REDUCE_BLOCK = tl.constexpr(128)  # partial maxima reduced per step by the argmax's last program
 
@@ -56,20 +59,49 @@ def _tile_of(pid, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K
 
 
 @triton.jit
-def _norm_sumsq(x_ptr, stats_ptr, offs_m, k_lo, k_hi, M, K, stride_x, stride_stats,
-                BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr, STATS_IN: tl.constexpr):
-    """Each row's sum of squares for the norm prologue: [BLOCK_M] (zeros without NORM)."""
+def _norm_pass(x_ptr, offs_m, k_lo, k_hi, M, stride_x, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Each row's sum of squares over this split's columns of x: [BLOCK_M]. A pre-pass, so the main
+    loop stays the plain, pipelined one; the splits' sums meet in the fix-up."""
     sumsq = tl.zeros([BLOCK_M], tl.float32)
-    if NORM and STATS_IN:  # the row statistics the residual GEMM that wrote x left: every split sums all
-        sumsq = sum_row_stats(stats_ptr, offs_m, M, K, stride_stats, BLOCK_M)
-    elif NORM:  # a pre-pass over this split's rows, so the main loop stays the plain, pipelined one
-        offs_k = tl.arange(0, BLOCK_K)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            kk = k0 + offs_k
-            x = tl.load(x_ptr + offs_m[:, None] * stride_x + kk[None, :],
-                        mask=(offs_m[:, None] < M) & (kk[None, :] < k_hi), other=0.0).to(tl.float32)  # [BM, BK]
-            sumsq += tl.sum(x * x, axis=1)
+    offs_k = tl.arange(0, BLOCK_K)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        kk = k0 + offs_k
+        x = tl.load(x_ptr + offs_m[:, None] * stride_x + kk[None, :],
+                    mask=(offs_m[:, None] < M) & (kk[None, :] < k_hi), other=0.0).to(tl.float32)  # [BM, BK]
+        sumsq += tl.sum(x * x, axis=1)
     return sumsq
+
+
+@triton.constexpr_function
+def _stats_width(split_k, block_k):
+    """Columns of a K step's statistics tile: every split's slice, the splits padded to a power of two."""
+    return triton.next_power_of_2(split_k) * (block_k // STATS_CHUNK)
+
+
+@triton.jit
+def _stats_step(stats_ptr, offs_m, k0, k_lo, k_span, M, K, stride_stats, BLOCK_K: tl.constexpr,
+                SPLIT_K: tl.constexpr):
+    """[BLOCK_M, _stats_width]: the row statistics of the columns K step k0 covers in
+    every split (this split's step and the same step of each other one), zeros past K or past the split.
+    Summed over a split's steps: each row's whole sum of squares, in every split."""
+    PER_STEP: tl.constexpr = BLOCK_K // STATS_CHUNK
+    c = tl.arange(0, _stats_width(SPLIT_K, BLOCK_K))
+    cols = ((k0 - k_lo) + (c // PER_STEP) * k_span) // STATS_CHUNK + c % PER_STEP
+    ok = (c[None, :] // PER_STEP < SPLIT_K) & (cols[None, :] < tl.cdiv(K, STATS_CHUNK)) & (k0 < k_lo + k_span)
+    ok = ok & (offs_m[:, None] < M)
+    return tl.load(stats_ptr + offs_m[:, None] * stride_stats + cols[None, :], mask=ok, other=0.0)
+
+
+@triton.jit
+def _stats_sumsq(stats, ahead, stats_ptr, offs_m, k_lo, k_hi, k_span, M, K, stride_stats, BLOCK_K: tl.constexpr,
+                 SPLIT_K: tl.constexpr):
+    """Each row's sum of squares [BLOCK_M] once the main loop is done: the steps it read, the one it
+    asked for ahead, and those of the steps a short split (K not a multiple of its span) never reached."""
+    stats += ahead
+    reached = k_lo + tl.cdiv(tl.maximum(k_hi - k_lo, 0), BLOCK_K) * BLOCK_K
+    for k0 in range(reached + BLOCK_K, k_lo + k_span, BLOCK_K):
+        stats += _stats_step(stats_ptr, offs_m, k0, k_lo, k_span, M, K, stride_stats, BLOCK_K, SPLIT_K)
+    return tl.sum(stats, axis=1)
 
 
 @triton.jit
@@ -82,8 +114,10 @@ def _accumulate_tile(pid,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                      NORM: tl.constexpr, STATS_IN: tl.constexpr, TWO_ACC: tl.constexpr, DOT_DTYPE: tl.constexpr):
     """Program pid's partial products over its split of K: (acc, acc2 [BM, BN] (acc2 with TWO_ACC),
-    sumsq [BM], offs_m [BM], offs_n [BN], m_blk, split, n_blk, num_n)."""
+    sumsq [BM] (the norm prologue's; zeros without NORM), offs_m [BM], offs_n [BN], m_blk, split, n_blk,
+    num_n)."""
     num_m, num_n, m_blk, split, n_blk, k_lo, k_hi = _tile_of(pid, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K)
+    k_span = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
     offs_m = m_blk * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_n = tl.arange(0, BLOCK_N)
     offs_n = n_blk * BLOCK_N + rows_n
@@ -91,8 +125,13 @@ def _accumulate_tile(pid,
     w_block = tl.where(n_blk < blk_pairs, n_blk * blk_stride, tail_start + (n_blk - blk_pairs) * BLOCK_N * stride_w)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    sumsq = _norm_sumsq(x_ptr, stats_ptr, offs_m, k_lo, k_hi, M, K, stride_x, stride_stats, BLOCK_M, BLOCK_K, NORM,
-                        STATS_IN)
+    sumsq = tl.zeros([BLOCK_M], tl.float32)
+    stats = tl.zeros([BLOCK_M, _stats_width(SPLIT_K, BLOCK_K)], tl.float32)
+    ahead = stats
+    if NORM and STATS_IN:  # nothing before the first weight tile: the statistics come a step at a time
+        ahead = _stats_step(stats_ptr, offs_m, k_lo, k_lo, k_span, M, K, stride_stats, BLOCK_K, SPLIT_K)
+    elif NORM:
+        sumsq = _norm_pass(x_ptr, offs_m, k_lo, k_hi, M, stride_x, BLOCK_M, BLOCK_K)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         kk = k0 + offs_k
         x = tl.load(x_ptr + offs_m[:, None] * stride_x + kk[None, :],
@@ -104,6 +143,12 @@ def _accumulate_tile(pid,
         if TWO_ACC:
             w2 = tl.load(w2_ptr + w_offs, mask=w_mask, other=0.0)
             acc2 += tl.dot(x.to(DOT_DTYPE), tl.trans(w2.to(DOT_DTYPE)))
+        if NORM and STATS_IN:  # the slice asked for a step ago; the next one asked for after the weights
+            stats += ahead
+            ahead = _stats_step(stats_ptr, offs_m, k0 + BLOCK_K, k_lo, k_span, M, K, stride_stats, BLOCK_K, SPLIT_K)
+    if NORM and STATS_IN:
+        sumsq = _stats_sumsq(stats, ahead, stats_ptr, offs_m, k_lo, k_hi, k_span, M, K, stride_stats, BLOCK_K,
+                             SPLIT_K)
     return acc, acc2, sumsq, offs_m, offs_n, m_blk, split, n_blk, num_n
 
 

@@ -1,6 +1,6 @@
 """The norm prologue's cost alone: a target GEMM's tile with and without its RMSNorm folded in.
 
-    python lab/fused_norms/prologue.py --rows 5 24 40 128 --json OUT.json [--stats-block 256]
+    python lab/fused_norms/prologue.py --rows 5 24 40 128 --json OUT.json [--stats-order prologue]
 
 Per llama-3.1-8b GEMM (qkv: a plain store; gate_up: SiLU(gate) * up) and row count, the `sequential`
 plan's target tile (its num_warps and num_stages as the verify phase launches them) timed alone from
@@ -8,14 +8,13 @@ a cold L2 (kernel_sweep's timing) as
 
 * `plain`: x already normalised, the GEMM the unfused verify phase launches after its norm launch;
 * `stats_in`: the norm folded in, reading the row statistics the residual GEMM before left (one sum of
-  squares a 16 columns, STATS_BLOCK of them a step before the main loop): what the fused verify phase
-  runs;
+  squares a 16 columns, a slice a K step inside the main loop): what the fused verify phase runs;
 * `pass`: the norm folded in without statistics (a pass over x's split first).
 
-Each launch is checked against torch first (relative error under 1e-2). `--stats-block N` sets the
-prologue's step (conjugate/kernels/tile.py's STATS_BLOCK, 64) before anything compiles: one process, one
-value; `--stats-order early` loads the statistics before the main loop and sums them after it
-(stats_order.py), `--stats-order loop` reads them inside it, a step ahead. The norm weight is not folded
+Each launch is checked against torch first (relative error under 1e-2). `--stats-order prologue`
+reads the statistics as the product did before (STATS_BLOCK of them a step before the main loop;
+`--stats-block N` sets that step, conjugate/kernels/tile.py's STATS_BLOCK, 64), `--stats-order early`
+loads them before the main loop and sums them after it (stats_order.py): one process, one order. The norm weight is not folded
 into w here (the product folds it at compile time; it changes no work). Lab code: nothing in
 `conjugate/` imports it.
 """
@@ -105,13 +104,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[5, 24, 40, 128])
     parser.add_argument("--ops", nargs="+", choices=("qkv", "gate_up"), default=["qkv", "gate_up"])
-    parser.add_argument("--stats-block", type=int, default=0, help="the prologue's STATS_BLOCK (0: the package's)")
-    parser.add_argument("--stats-order", choices=("early", "loop"),
-                        help="the statistics loaded first and summed last (early), or read in the main loop")
+    parser.add_argument("--stats-order", choices=("prologue", "early"),
+                        help="the statistics summed before the main loop (prologue), or loaded first and summed last "
+                             "(early); the product's order (in the loop) unless given")
+    parser.add_argument("--stats-block", type=int, default=0,
+                        help="the prologue order's step (STATS_BLOCK; 0: the package's)")
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args()
     if args.stats_block and (args.stats_block < 16 or args.stats_block & (args.stats_block - 1)):
         parser.error("--stats-block: a power of two, at least 16")
+    if args.stats_block and args.stats_order != "prologue":
+        parser.error("--stats-block: the step of --stats-order prologue")
     import torch
     import triton.language as tl
 
