@@ -365,7 +365,9 @@ def distinct_shapes(paths: list[Path], models: tuple[str, ...], kinds: tuple[str
 
 def tabulate(sweeps: list[Path], device: str, table_path: Path) -> dict:
     """The GPU model's table of `table_path` (search/tiles.json) made from `sweeps`' results: per
-    shape its best tile, where it beats the shipped one by MIN_GAIN. -> the table written."""
+    shape its best tile, where it beats the shipped one by MIN_GAIN. A shape whose read launch (--read)
+    was too short to time beside the L2 flush is left out: its tiles' times are that flush's noise.
+    -> the table written."""
     from conjugate.agents.heuristic.tile_table import load_tile_tables, table_from_json
     from conjugate.errors import ConjugateError
     from conjugate.evaluate.measured import names_device
@@ -379,7 +381,7 @@ def tabulate(sweeps: list[Path], device: str, table_path: Path) -> dict:
                 raise SystemExit(f"--device {device}: {path} was measured on {run['gpu']}")
             dates.append(run["date"])
             for s in run["shapes"]:
-                if s["kind"] not in TABLE_KINDS:
+                if s["kind"] not in TABLE_KINDS or "error" in (s.get("read") or {}):
                     continue
                 best, shipped = s["best"], s["shipped"]
                 if best and "us" in shipped and best["us"] <= (1 - MIN_GAIN) * shipped["us"]:

@@ -1,10 +1,11 @@
 """What a fused-norm GEMM does before its first weight tile, read from its SASS (no GPU: Triton's
 compiler and bundled ptxas for sm_90a, as `python -m conjugate.compiler.offline` uses them).
 
-    python lab/fused_norms/sass.py --ops qkv gate_up --rows 5 40 --orders product early loop [--keep DIR]
+    python lab/fused_norms/sass.py --ops qkv gate_up --rows 5 40 --orders product prologue early [--keep DIR]
 
 Per llama-3.1-8b GEMM (prologue.py's operands and `sequential`'s tile), row count, statistics order
-(`product`: conjugate/kernels/gemm.py's prologue; `early`, `loop`: stats_order.py) and variant
+(`product`: conjugate/kernels/gemm.py's, the statistics read in the main loop; `prologue` (the former
+product's), `early`: stats_order.py) and variant
 (`plain`: x already normalised; `stats_in`: the norm folded in), the kernel's registers, the global
 loads it issues before its first weight load (the first LDGSTS: the main loop's asynchronous copy)
 and the loops it runs before it (backward branches). Each order compiles in a process of its own
@@ -23,7 +24,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-ORDERS = ("product", "early", "loop")
+ORDERS = ("product", "prologue", "early")
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
 
 
@@ -43,7 +44,7 @@ def before_first_weight_load(sass: str) -> dict:
 
 
 def compile_order(order: str, ops: list[str], rows: list[int], keep: Path | None) -> list[dict]:
-    """This process's kernels for one statistics order (patches the GEMM module for early/loop)."""
+    """This process's kernels for one statistics order (patches the GEMM module for prologue/early)."""
     os.environ["TRITON_INTERPRET"] = "0"
     sys.path.insert(0, str(HERE))
     import importlib.util
