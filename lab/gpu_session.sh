@@ -23,7 +23,8 @@
 #        example's search, 40 evaluations over calls (its database carried); share: the draft's step
 #        launch on part of the SMs, alone and beside the target's stream (lab/step_share); attention: the
 #        target's attention over #49's grid of batches and contexts, beside a launch reading its bytes
-#        (attn_examples: the examples' own attention shapes); auto: verify49
+#        (attn_examples: the examples' own attention shapes); combine: the attention's split merge made
+#        lighter against the product's (lab/attention_combine); auto: verify49
 #        on an H200, else fused5.
 # Name the commit sent in the command, expanded here: `CONJUGATE_CODE=<git rev-parse --short HEAD>[+changes]
 # bash lab/gpu_session.sh CASE` (the device's own git named the session's first commit "+changes" for a later
@@ -110,6 +111,8 @@ fused5)  # the product's statistics read in its main loop (gemm.py): the kernels
         --fusions mlp_norm+gate_up --ledger --json "$out/gate_up_b1.json"
     run 100 gate_up_qwen3 python benchmarks/verify_kernels.py examples/qwen3-06b-8b-b4.toml --pdl start \
         --fusions mlp_norm+gate_up --ledger --json "$out/gate_up_qwen3.json" ;;
+combine)  # the attention's lighter split merge (lab/attention_combine) against the product's, in one process
+    run 560 combine python lab/attention_combine/time_merge.py --limit-s 420 --json "$out/combine.json" ;;
 tuned)  # the verify phase with the GPU's tile table's tiles (search/tiles.json) against sequential's one tile a kind:
     # the H100's table lists the B=32 example's 128-row shapes (the H200 takes them too: its own table lacks them), the
     # H200's the other examples'
@@ -146,5 +149,5 @@ auto)  # the next call whatever card comes: #49's H200 record on an H200, else t
     trap - EXIT
     if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" fused5; fi ;;
 *)
-    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused5|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
+    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused5|combine|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
 esac
