@@ -24,8 +24,9 @@
 #        launch on part of the SMs, alone and beside the target's stream (lab/step_share); attention: the
 #        target's attention over #49's grid of batches and contexts, beside a launch reading its bytes
 #        (attn_examples: the examples' own attention shapes); combine: the attention's split merge made
-#        lighter against the product's (lab/attention_combine); auto: verify49
-#        on an H200, else fused5.
+#        lighter against the product's (lab/attention_combine; harness_gap: the sweep's attention timing
+#        against that harness's); auto: verify49
+#        on an H200, else harness_gap and tuned.
 # Name the commit sent in the command, expanded here: `CONJUGATE_CODE=<git rev-parse --short HEAD>[+changes]
 # bash lab/gpu_session.sh CASE` (the device's own git named the session's first commit "+changes" for a later
 # tree; benchmarks/common.py records the named one). What a case leaves under $OUT comes back as one
@@ -113,11 +114,14 @@ fused5)  # the product's statistics read in its main loop (gemm.py): the kernels
         --fusions mlp_norm+gate_up --ledger --json "$out/gate_up_qwen3.json" ;;
 combine)  # the attention's lighter split merge (lab/attention_combine) against the product's, in one process
     run 560 combine python lab/attention_combine/time_merge.py --limit-s 420 --json "$out/combine.json" ;;
+harness_gap)  # why the kernel sweep and time_merge.py time the product's B=1 attention apart (lab/attention_combine)
+    run 150 harness_gap python lab/attention_combine/harness_gap.py --json "$out/harness_gap.json" ;;
 tuned)  # the verify phase with the GPU's tile table's tiles (search/tiles.json) against sequential's one tile a kind:
-    # the H100's table lists the B=32 example's 128-row shapes (the H200 takes them too: its own table lacks them), the
-    # H200's the other examples'
+    # the H100's table lists the B=32 example's 128-row shapes and, since the serving sweep, the B=16 example's (the
+    # H200 takes them too: its own table lacks them), the H200's the other examples'
     if grep -q H200 "$out/gpu.txt"; then more=(examples/llama-1b-8b-b8.toml examples/qwen3-06b-8b-b4.toml \
-        examples/llama-1b-8b-b1.toml examples/qwen25-05b-7b-b8.toml examples/llama-1b-3b-b16-ctx4k.toml); else more=(); fi
+        examples/llama-1b-8b-b1.toml examples/qwen25-05b-7b-b8.toml examples/llama-1b-3b-b16-ctx4k.toml)
+    else more=(examples/llama-1b-3b-b16-ctx4k.toml); fi
     run 400 verify_tuned python benchmarks/verify_kernels.py examples/llama-1b-8b-b32.toml "${more[@]}" --streamed --tuned \
         --ledger --json "$out/verify_tuned.json" ;;
 serving_sweep)  # #49 item 3: the examples' GEMMs at batches 16, 32 and 64 and k 1-7 (236 shapes), over calls
@@ -144,10 +148,10 @@ attn_examples)  # the examples' own target attention shapes (contexts 1024 and 4
         --per-shape 16 --prewarm 15 --read --json "$out/attn_examples.json" ;;
 streamed_checks)  # the streamed kernel's correctness log on this GPU
     run 500 streamed_checks python benchmarks/streamed_checks.py --json "$out/streamed_checks.json" ;;
-auto)  # the next call whatever card comes: #49's H200 record on an H200, else the in-loop statistics order
-    # against the former one (fused5)
+auto)  # the next call whatever card comes: #49's H200 record on an H200, else the attention harnesses' gap and
+    # the verify phase with the H100's table (167 tiles since the serving sweep)
     trap - EXIT
-    if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" fused5; fi ;;
+    if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" harness_gap; bash "$0" tuned; fi ;;
 *)
-    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused5|combine|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
+    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused5|combine|harness_gap|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
 esac
