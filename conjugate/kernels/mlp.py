@@ -18,7 +18,8 @@ The input is never the residual stream the launch adds into (programs still read
 other programs' sums): it is h, the mlp_norm launch's output, or, with the norm fused too
 (`mlp_norm+gate_up`), the copy of the finished rows the o_proj before wrote (gemm.py COPY_OUT): NORM
 then scales each row by 1/rms (the norm weight folded into gate and up), its sum of squares from
-the row statistics that o_proj wrote (STATS_IN), as gemm.py's norm prologue does. STATS_OUT: the
+the row statistics that o_proj wrote (STATS_IN), summed before its loop (gemm.py reads them inside
+its main loop instead; the fused MLP itself lost, fact `fused_mlp`). STATS_OUT: the
 last program of an M block to finish (a counter says which) reads its finished rows back from L2
 and writes their row statistics for the next fused norm (the next layer's attn_norm, or after the
 last layer the final_norm).

@@ -1,14 +1,15 @@
 """Helpers shared by several tile families: the row statistics a fused RMSNorm reads.
 
 A residual GEMM that holds finished rows stores, per row, the sum of squares of each STATS_CHUNK
-columns it wrote (`store_row_stats`); the norm prologue of the next GEMM (or fused MLP) sums those
-few values a row (`sum_row_stats`) instead of re-reading the whole row.
+columns it wrote (`store_row_stats`); the next GEMM's fused norm reads those few values a row
+instead of re-reading the whole row (inside its main loop, gemm.py), as does the fused MLP's prologue
+before its loop (`sum_row_stats`).
 """
 import triton
 import triton.language as tl
 
 STATS_CHUNK = tl.constexpr(16)  # columns of x per row statistic
-STATS_BLOCK = tl.constexpr(64)  # row statistics summed per step by a norm prologue
+STATS_BLOCK = tl.constexpr(64)  # row statistics summed per step by sum_row_stats
 
 
 @triton.jit
