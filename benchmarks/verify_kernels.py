@@ -135,10 +135,7 @@ def table_tiles(device_name: str, workload, model: str) -> tuple[dict[str, dict]
     if tiles is None:
         return {}, ""
     found = [(m, table) for who, m, table in tiles.found(workload.to_dict()) if who.value == model]
-    sources = []
-    for _, table in found:
-        said = f"{table.device} table ({table.source}, {table.date})"
-        sources += [] if said in sources else [said]
+    sources = dict.fromkeys(f"{table.device} table ({table.source}, {table.date})" for _, table in found)
     return {m.kind: dict(m.tile) for m, _ in found}, "; ".join(sources)
 
 

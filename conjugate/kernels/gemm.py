@@ -45,6 +45,12 @@ _REDUCE_BLOCK = tl.constexpr(128)  # partial maxima reduced per step by the argm
 # the main loop
 # ------------------------------------------------------------------------------------------------
 @triton.jit
+def _split_span(K, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    """The columns of K one split covers, a BLOCK_K multiple (the last split may reach K sooner)."""
+    return tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+
+
+@triton.jit
 def _tile_of(pid, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
              SPLIT_K: tl.constexpr):
     """Program pid's tile: (num_m, num_n, m_blk, split, n_blk, k_lo, k_hi), M blocks varying fastest."""
@@ -53,7 +59,7 @@ def _tile_of(pid, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K
     m_blk = pid % num_m
     split = (pid // num_m) % SPLIT_K
     n_blk = pid // (num_m * SPLIT_K)
-    k_span = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+    k_span = _split_span(K, BLOCK_K, SPLIT_K)
     k_lo = split * k_span
     return num_m, num_n, m_blk, split, n_blk, k_lo, tl.minimum(k_lo + k_span, K)
 
@@ -114,10 +120,10 @@ def _accumulate_tile(pid,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                      NORM: tl.constexpr, STATS_IN: tl.constexpr, TWO_ACC: tl.constexpr, DOT_DTYPE: tl.constexpr):
     """Program pid's partial products over its split of K: (acc, acc2 [BM, BN] (acc2 with TWO_ACC),
-    sumsq [BM] (the norm prologue's; zeros without NORM), offs_m [BM], offs_n [BN], m_blk, split, n_blk,
+    sumsq [BM] (the norm's; zeros without NORM), offs_m [BM], offs_n [BN], m_blk, split, n_blk,
     num_n)."""
     num_m, num_n, m_blk, split, n_blk, k_lo, k_hi = _tile_of(pid, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K)
-    k_span = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+    k_span = _split_span(K, BLOCK_K, SPLIT_K)
     offs_m = m_blk * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_n = tl.arange(0, BLOCK_N)
     offs_n = n_blk * BLOCK_N + rows_n
