@@ -501,8 +501,11 @@ def build(shape, tile, inputs: dict, kernels: Path):
     from conjugate.compiler.mlp import mlp_call
     from conjugate.compiler.round import CompiledLaunch
 
+    # the outputs in the product's buffer types (compiler/buffers.py): attention and gate_up write the next
+    # GEMM's operand in the weights' type, the others fp32 rows (an fp32 attention output took 1.3-2.5x as
+    # long at 4-16 splits on an H100: lab/attention_combine/README.md)
     if isinstance(shape, AttnShape):
-        out = torch.zeros_like(inputs["q"])
+        out = torch.zeros_like(inputs["q"], dtype=inputs["k"].dtype)
         call = attn_call(inputs["q"], inputs["k"], inputs["v"], out, inputs["lengths"], batch=shape.batch,
                          tokens=shape.tokens, offset=0, num_heads=shape.heads, num_kv_heads=shape.kv_heads,
                          head_dim=shape.head_dim, block_n=tile.block_n, split_kv=tile.split_kv)
@@ -513,7 +516,7 @@ def build(shape, tile, inputs: dict, kernels: Path):
                         block_f=tile.block_n, block_k=tile.block_k)
     else:
         x, ws = inputs["x"], inputs["ws"]
-        out = torch.zeros(shape.rows, shape.n, device=x.device)
+        out = torch.zeros(shape.rows, shape.n, device=x.device, dtype=ws[0].dtype if shape.kind == "gate_up" else None)
         call = gemm_call(x, ws[0], out, rows=shape.rows, epilogue=shape.epilogue,
                          w2=ws[1] if shape.weights == 2 else None, block_m=tile.block_m, block_n=tile.block_n,
                          block_k=tile.block_k, split_k=tile.split_k)  # TMA loads: lab/tma_gemm/

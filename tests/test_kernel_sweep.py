@@ -6,6 +6,7 @@ import json
 from dataclasses import replace
 
 import pytest
+import torch
 
 from conjugate.paths import EXAMPLES_DIR
 from scripts import load_script, run_script  # tests/scripts.py
@@ -117,6 +118,9 @@ def test_a_candidate_launch_computes_what_torch_does(tmp_path, shape, tile):
     launch()
     assert float((out.float() - inputs["ref"]).norm() / inputs["ref"].norm()) < 1e-2
     assert sweep.tile_from(sweep.asdict(tile)) == tile and sweep.shape_from(sweep.asdict(shape)) == shape
+    # written in the product's buffer type: the next GEMM's bf16 operand after attention and gate_up, else fp32
+    operand = isinstance(shape, sweep.AttnShape) or shape.kind == "gate_up"
+    assert out.dtype == (torch.bfloat16 if operand else torch.float32)
 
 
 def test_attention_candidates_stay_within_32_waves_and_walk_at_least_two_key_blocks():
