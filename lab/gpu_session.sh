@@ -26,7 +26,7 @@
 #        (attn_examples: the examples' own attention shapes); combine: the attention's split merge made
 #        lighter against the product's (lab/attention_combine; harness_gap: the sweep's attention timing
 #        against that harness's); auto: verify49
-#        on an H200, else harness_gap and tuned.
+#        on an H200, else attention and attn_examples.
 # Name the commit sent in the command, expanded here: `CONJUGATE_CODE=<git rev-parse --short HEAD>[+changes]
 # bash lab/gpu_session.sh CASE` (the device's own git named the session's first commit "+changes" for a later
 # tree; benchmarks/common.py records the named one). What a case leaves under $OUT comes back as one
@@ -148,10 +148,10 @@ attn_examples)  # the examples' own target attention shapes (contexts 1024 and 4
         --per-shape 16 --prewarm 15 --read --json "$out/attn_examples.json" ;;
 streamed_checks)  # the streamed kernel's correctness log on this GPU
     run 500 streamed_checks python benchmarks/streamed_checks.py --json "$out/streamed_checks.json" ;;
-auto)  # the next call whatever card comes: #49's H200 record on an H200, else the attention harnesses' gap and
-    # the verify phase with the H100's table (167 tiles since the serving sweep)
+auto)  # the next call whatever card comes: #49's H200 record on an H200, else the target's attention swept again
+    # now that the sweep writes the product's bf16 output (both attention cases)
     trap - EXIT
-    if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" harness_gap; bash "$0" tuned; fi ;;
+    if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" attention; bash "$0" attn_examples; fi ;;
 *)
     echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused5|combine|harness_gap|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
 esac
