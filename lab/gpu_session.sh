@@ -26,7 +26,7 @@
 #        (attn_examples: the examples' own attention shapes); combine: the attention's split merge made
 #        lighter against the product's (lab/attention_combine; harness_gap: the sweep's attention timing
 #        against that harness's); auto: verify49
-#        on an H200, else attention and attn_examples.
+#        on an H200, else flush_drift (is the subtracted L2 flush steady?), attention and attn_examples.
 # Name the commit sent in the command, expanded here: `CONJUGATE_CODE=<git rev-parse --short HEAD>[+changes]
 # bash lab/gpu_session.sh CASE` (the device's own git named the session's first commit "+changes" for a later
 # tree; benchmarks/common.py records the named one). What a case leaves under $OUT comes back as one
@@ -114,6 +114,8 @@ fused5)  # the product's statistics read in its main loop (gemm.py): the kernels
         --fusions mlp_norm+gate_up --ledger --json "$out/gate_up_qwen3.json" ;;
 combine)  # the attention's lighter split merge (lab/attention_combine) against the product's, in one process
     run 560 combine python lab/attention_combine/time_merge.py --limit-s 420 --json "$out/combine.json" ;;
+flush_drift)  # whether the L2 flush's subtracted time drifts within a process (lab/attention_combine)
+    run 45 flush_drift python lab/attention_combine/flush_drift.py --json "$out/flush_drift.json" ;;
 harness_gap)  # why the kernel sweep and time_merge.py time the product's B=1 attention apart (lab/attention_combine)
     run 150 harness_gap python lab/attention_combine/harness_gap.py --json "$out/harness_gap.json" ;;
 tuned)  # the verify phase with the GPU's tile table's tiles (search/tiles.json) against sequential's one tile a kind:
@@ -141,17 +143,18 @@ share)  # #48: the step launch on P programs alone, and on P SMs beside the targ
     run 560 share python lab/step_share/share.py examples/qwen3-06b-8b-b4.toml --programs 132 64 --sms 40 64 88 \
         --base benchmarks/results/draft_step_plans/qwen3-06b-8b-b4-h100-search.json --json "$out/share.json" ;;
 attention)  # #49 item 2's grid: the target's attention at batches 1-64 and contexts 512-8192, beside a launch reading its bytes
-    run 400 attention python benchmarks/kernel_sweep.py examples/llama-1b-8b-b1.toml --kinds attn --models target \
+    run "${ATTN_LIMIT:-400}" attention python benchmarks/kernel_sweep.py examples/llama-1b-8b-b1.toml --kinds attn --models target \
         --batches 1 4 16 64 --contexts 512 2048 8192 --per-shape 12 --prewarm 15 --read --json "$out/attention_sweep.json" ;;
 attn_examples)  # the examples' own target attention shapes (contexts 1024 and 4096), beside a launch reading their bytes
-    run 150 attn_examples python benchmarks/kernel_sweep.py examples/*.toml --kinds attn --models target \
+    run "${EXAMPLES_LIMIT:-150}" attn_examples python benchmarks/kernel_sweep.py examples/*.toml --kinds attn --models target \
         --per-shape 16 --prewarm 15 --read --json "$out/attn_examples.json" ;;
 streamed_checks)  # the streamed kernel's correctness log on this GPU
     run 500 streamed_checks python benchmarks/streamed_checks.py --json "$out/streamed_checks.json" ;;
 auto)  # the next call whatever card comes: #49's H200 record on an H200, else the target's attention swept again
     # now that the sweep writes the product's bf16 output (both attention cases)
     trap - EXIT
-    if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" attention; bash "$0" attn_examples; fi ;;
+    if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49
+    else bash "$0" flush_drift; ATTN_LIMIT=380 bash "$0" attention; EXAMPLES_LIMIT=130 bash "$0" attn_examples; fi ;;
 *)
-    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused5|combine|harness_gap|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
+    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused5|combine|harness_gap|flush_drift|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
 esac
