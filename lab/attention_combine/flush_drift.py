@@ -74,15 +74,21 @@ def paired_us(launch, device, calls: int, flush_bytes: int, flush: str, pairs: i
 def main() -> int:
     from common import environment
 
-    from conjugate.evaluate.timing import flush_time_us, l2_flush_bytes, time_per_call
+    from conjugate.evaluate.timing import copy_bandwidth_gbs, flush_time_us, l2_flush_bytes, time_per_call
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--cold", action="store_true", help="first the flush measured as the sweeps measure it")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     device = torch.device("cuda")
     env = environment("lab/attention_combine/flush_drift.py")
     flush_bytes = l2_flush_bytes(device)
+    cold = []
+    if args.cold:  # the sweeps' order: the copy rate, then the flush, before any launch is compiled
+        copy_bandwidth_gbs(device)
+        cold = [{"calls": calls, "flush_us": flush_time_us(device, calls, flush_bytes)} for calls in (10, 20) * 4]
+        print("flush just after the copy rate, us: " + " ".join(f"{c['flush_us']:.2f} ({c['calls']})" for c in cold))
     inputs = hg.ks.operands(hg.SHAPE)
     rows, started = [], time.perf_counter()
     print(f"{'round':>5} {'s':>6} {'MHz':>5} {'flush':>5} {'calls':>5} {'flush us':>9} {'attention us':>12} {'paired:':>9} {'attention':>9}")
@@ -104,7 +110,7 @@ def main() -> int:
                     print(f"{r:5d} {row['s']:6.1f} {clock:>5} {flush:>5} {calls:5d} {flush_us:9.2f} {us:12.2f}"
                           f" {row['paired_flush_us']:9.2f} {row['paired_us']:9.2f}", flush=True)
     if args.json:
-        args.json.write_text(json.dumps({**env, "flush_bytes": flush_bytes, "rel_err": err, "rows": rows}, indent=1)
+        args.json.write_text(json.dumps({**env, "flush_bytes": flush_bytes, "cold": cold, "rel_err": err, "rows": rows}, indent=1)
                              + "\n")
     return 0
 
