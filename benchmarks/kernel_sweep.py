@@ -7,15 +7,15 @@ from cold L2, against the tile the shipped plan gives it.
                                       [--batches 16 32 64] [--ks 1 3 5 7] [--contexts 512 8192]
 
 Per distinct shape of the workloads' qkv, o_proj, gate_up and down GEMMs (the epilogues of the `streams`
-plan: store, residual, silu_mul, residual into fp32 rows; bf16 input rows and weights, as
+plan: store and residual into fp32 rows, silu_mul into bf16 ones; bf16 input rows and weights, as
 compiler/buffers.py stores them) and of their attention (fp32 queries, bf16 caches at the workload's
-context, the draft's first step and the verify pass): the tile `plans/streams.json` ships, with its
+context, bf16 output; the draft's first step and the verify pass): the tile `plans/streams.json` ships, with its
 launch settings, and up to --per-shape candidates (GEMM: BLOCK_N x BLOCK_K x SPLIT_K x num_warps x
 num_stages; attention: BLOCK_N x SPLIT_KV x num_warps x num_stages), pruned to grids that fill the GPU
 (attention: any grid) without running out of shared memory or registers (`fits`): the shipped tile's
 one-knob neighbours first, then a seeded sample of the rest. Each launch is checked against torch, then
-timed as launch verdicts time one: ten calls in a CUDA graph, L2 overwritten before each and the
-overwrite's own time subtracted (timing.time_per_call). Its bytes (weights; K and V read) over that time
+timed as launch verdicts time one: ten calls in a CUDA graph, L2 overwritten before each, the
+overwrites' own time taken off replay by replay (timing.time_per_call). Its bytes (weights; K and V read) over that time
 against the copy bandwidth say how near the byte floor the tile gets.
 
 `--batches`, `--ks` and `--contexts` also take each workload's models at those serving sizes (every
@@ -571,7 +571,7 @@ def prewarm(entries: list[dict], tiles: dict, processes: int, kernels: Path, lim
     return time.perf_counter() - started
 
 
-def time_tiles(shape, tiles: list, kernels: Path, copy_gbs: float, flush_us: float) -> list[dict]:
+def time_tiles(shape, tiles: list, kernels: Path, copy_gbs: float) -> list[dict]:
     """Each tile checked against torch, then timed alone from cold L2."""
     import torch
 
@@ -593,7 +593,7 @@ def time_tiles(shape, tiles: list, kernels: Path, copy_gbs: float, flush_us: flo
         if rel_err > 1e-2:
             rows.append(row | {"error": f"wrong: relative error {rel_err:.3g}"})
             continue
-        us = time_per_call(launch, device, CALLS, flush_bytes=l2_flush_bytes(device), flush_us=flush_us)
+        us = time_per_call(launch, device, CALLS, flush_bytes=l2_flush_bytes(device))
         if us <= 0.0:  # a launch shorter than the noise of the L2 flush timed beside it
             rows.append(row | {"error": "too short to time beside the L2 flush"})
             continue
@@ -601,7 +601,7 @@ def time_tiles(shape, tiles: list, kernels: Path, copy_gbs: float, flush_us: flo
     return rows
 
 
-def time_cublas(shape: Shape, copy_gbs: float, flush_us: float) -> dict:
+def time_cublas(shape: Shape, copy_gbs: float) -> dict:
     """The shape's weights as one cuBLAS product (gate and up stacked), checked, then timed as time_tiles
     times a tile: what the library reaches on the same bytes, without the epilogue."""
     import torch
@@ -621,12 +621,12 @@ def time_cublas(shape: Shape, copy_gbs: float, flush_us: float) -> dict:
     rel_err = float((out.float() - ref).norm() / ref.norm())
     if rel_err > 1e-2:
         return {"error": f"wrong: relative error {rel_err:.3g}"}
-    us = time_per_call(product, device, CALLS, flush_bytes=l2_flush_bytes(device), flush_us=flush_us)
+    us = time_per_call(product, device, CALLS, flush_bytes=l2_flush_bytes(device))
     return {"us": us, "share_of_copy": shape.bytes / (us * 1e-6) / (copy_gbs * 1e9)} if us > 0 else \
         {"error": "too short to time beside the L2 flush"}
 
 
-def time_read(nbytes: int, copy_gbs: float, flush_us: float) -> dict:
+def time_read(nbytes: int, copy_gbs: float) -> dict:
     """A launch reading `nbytes` from cold L2 (torch's row sums over a bf16 buffer of that size, the
     sums 4 KB), timed as time_tiles times a tile: the share of the copy rate a launch that reads as many
     bytes reaches alone, its start and ramp included. A copy would not do: below the L2's size its
@@ -640,7 +640,7 @@ def time_read(nbytes: int, copy_gbs: float, flush_us: float) -> dict:
     src = torch.empty(rows, max(nbytes // (2 * rows), 1), dtype=torch.bfloat16, device=device).normal_()
     sums = torch.empty(rows, dtype=torch.float32, device=device)
     us = time_per_call(lambda: torch.sum(src, dim=1, dtype=torch.float32, out=sums), device, CALLS,
-                       flush_bytes=l2_flush_bytes(device), flush_us=flush_us)
+                       flush_bytes=l2_flush_bytes(device))
     share = src.numel() * src.element_size() / (us * 1e-6) / (copy_gbs * 1e9) if us > 0 else float("inf")
     if share > READ_SHARE_MAX:  # a read is never faster than the copy rate: the flush's noise, not a time
         return {"error": f"too short to time beside the L2 flush ({us:.2f} us left of it)"}
@@ -727,7 +727,7 @@ def main() -> None:
     import torch
 
     from conjugate.errors import ConjugateError
-    from conjugate.evaluate.timing import copy_bandwidth_gbs, flush_time_us, l2_flush_bytes
+    from conjugate.evaluate.timing import copy_bandwidth_gbs
 
     device = torch.device("cuda")
     try:
@@ -746,7 +746,6 @@ def main() -> None:
     if prior is not None:  # the shapes swept already stay as they were measured
         entries = [e for e in entries if (e["shape"].key(), e["model"]) not in prior["done"]]
     copy_gbs = copy_bandwidth_gbs(device)
-    flush_us = flush_time_us(device, CALLS, l2_flush_bytes(device))
     out = {**environment("kernel_sweep"), "copy_gbs": copy_gbs, "shapes": []}
     if prior is not None:
         out |= {"shapes": prior["shapes"], "runs": prior["runs"]}
@@ -756,15 +755,15 @@ def main() -> None:
             out["prewarm_s"] = prewarm(entries, tiles, args.prewarm, Path(kernels))
         for e in entries:
             shape = e["shape"]
-            rows = time_tiles(shape, tiles[shape], Path(kernels), copy_gbs, flush_us)
+            rows = time_tiles(shape, tiles[shape], Path(kernels), copy_gbs)
             timed = [r for r in rows if "us" in r]
             result = {"shape": shape.key(), "kind": shape.kind, "fields": shape.fields(), "model": e["model"],
                       "workloads": e["workloads"], "bytes": shape.bytes, "shipped": rows[0],
                       "best": min(timed, key=lambda r: r["us"]) if timed else None, "tried": rows}
             if args.cublas and isinstance(shape, Shape) and shape.kind != "mlp":
-                result["cublas"] = time_cublas(shape, copy_gbs, flush_us)
+                result["cublas"] = time_cublas(shape, copy_gbs)
             if args.read:
-                result["read"] = time_read(shape.bytes, copy_gbs, flush_us)
+                result["read"] = time_read(shape.bytes, copy_gbs)
             out["shapes"].append(result)
             print(json.dumps({k: result[k] for k in ("shape", "model", "shipped", "best")}), flush=True)
             write_json(args.json, out)

@@ -26,7 +26,8 @@
 #        (attn_examples: the examples' own attention shapes); combine: the attention's split merge made
 #        lighter against the product's (lab/attention_combine; harness_gap: the sweep's attention timing
 #        against that harness's); auto: verify49
-#        on an H200, else flush_drift (is the subtracted L2 flush steady?), attention and attn_examples.
+#        on an H200, else flush_drift (is the subtracted L2 flush steady?), attention and attn_examples;
+#        retime: the flush probe, both attention sweeps and the B=32 example's sweep with the paired flush timing.
 # Name the commit sent in the command, expanded here: `CONJUGATE_CODE=<git rev-parse --short HEAD>[+changes]
 # bash lab/gpu_session.sh CASE` (the device's own git named the session's first commit "+changes" for a later
 # tree; benchmarks/common.py records the named one). What a case leaves under $OUT comes back as one
@@ -116,6 +117,15 @@ combine)  # the attention's lighter split merge (lab/attention_combine) against 
     run 560 combine python lab/attention_combine/time_merge.py --limit-s 420 --json "$out/combine.json" ;;
 flush_drift)  # whether the L2 flush's subtracted time drifts within a process (lab/attention_combine)
     run 45 flush_drift python lab/attention_combine/flush_drift.py --json "$out/flush_drift.json" ;;
+retime)  # the sweeps again with the flushes' time taken off pair by pair (timing.time_per_call): the flush probe,
+    # the target's attention grid and the examples' attention shapes, then the B=32 example's GEMMs
+    run 60 flush_drift python lab/attention_combine/flush_drift.py --cold --rounds 2 --json "$out/flush_drift.json"
+    run 150 attention python benchmarks/kernel_sweep.py examples/llama-1b-8b-b1.toml --kinds attn --models target \
+        --batches 1 4 16 64 --contexts 512 2048 8192 --per-shape 12 --prewarm 15 --read --json "$out/attention_sweep.json"
+    run 100 attn_examples python benchmarks/kernel_sweep.py examples/*.toml --kinds attn --models target \
+        --per-shape 16 --prewarm 15 --read --json "$out/attn_examples.json"
+    run 250 sweep_b32 python benchmarks/kernel_sweep.py examples/llama-1b-8b-b32.toml --per-shape 16 --prewarm 15 --read \
+        --json "$out/kernel_sweep_b32.json" ;;
 harness_gap)  # why the kernel sweep and time_merge.py time the product's B=1 attention apart (lab/attention_combine)
     run 150 harness_gap python lab/attention_combine/harness_gap.py --json "$out/harness_gap.json" ;;
 tuned)  # the verify phase with the GPU's tile table's tiles (search/tiles.json) against sequential's one tile a kind:
@@ -156,5 +166,5 @@ auto)  # the next call whatever card comes: #49's H200 record on an H200, else t
     if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49
     else bash "$0" flush_drift; ATTN_LIMIT=380 bash "$0" attention; EXAMPLES_LIMIT=130 bash "$0" attn_examples; fi ;;
 *)
-    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused5|combine|harness_gap|flush_drift|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
+    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused5|combine|harness_gap|flush_drift|retime|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
 esac

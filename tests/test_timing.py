@@ -26,3 +26,32 @@ def test_a_write_flush_overwrites_and_a_read_flush_only_reads_its_buffer():
 def test_an_unknown_flush_is_named():
     with pytest.raises(ValueError, match="flush 'erase': should be one of write, read"):
         _flusher(torch.device("cpu"), 1 << 16, "erase")
+
+
+def test_a_flushed_call_is_timed_against_the_flushes_replayed_beside_it(monkeypatch):
+    """The flushes' own time is taken off pair by pair: a flush that reads 5 us slow in the first
+    pair and drifts afterwards leaves the call's time exact (it once was measured once and reused)."""
+    from conjugate.evaluate import timing
+
+    calls, call_us = 10, 11.7
+    captured, replays = [], []
+
+    class Graph:
+        def __init__(self, body):
+            self.body = body
+
+    def fake_capture(fn, device, warmup=2):
+        captured.append(fn)
+        return Graph(len(captured))
+
+    def fake_replay_ms(graph):
+        replays.append(graph.body)
+        pair = (len(replays) - 1) // 2
+        flush_us = 38.4 if pair == 0 else 33.4 + 0.3 * pair  # cold at first, then drifting
+        return calls * (flush_us + (call_us if graph.body == 1 else 0.0)) / 1e3
+
+    monkeypatch.setattr(timing, "capture", fake_capture)
+    monkeypatch.setattr(timing, "_replay_ms", fake_replay_ms)
+    us = timing.time_per_call(lambda: None, torch.device("cpu"), calls=calls, replays=5, flush_bytes=1 << 16)
+    assert us == pytest.approx(call_us)
+    assert len(captured) == 2 and replays == [1, 2] * 6  # the timed graph, then the flushes', warm pair first

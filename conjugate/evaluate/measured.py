@@ -32,7 +32,7 @@ from conjugate.evaluate.ledger import Ledger, LedgerError, kernel_records
 from conjugate.evaluate.result import Baseline, LedgerSummary, Metrics, Verdict
 from conjugate.evaluate.rounds import checked_run, round_inputs
 from conjugate.evaluate.session import EvaluationSession, RoundSetup
-from conjugate.evaluate.timing import (concurrently, flush_time_us, fork_join_us, l2_flush_bytes, median_known_within,
+from conjugate.evaluate.timing import (concurrently, fork_join_us, l2_flush_bytes, median_known_within,
                                        time_per_call, time_round)
 from conjugate.graph import build_graph, graph_totals
 from conjugate.roles import Model
@@ -159,13 +159,12 @@ def launch_verdicts(compiled: CompiledRound, calls: int,
     parts = {f.launch: f.parts for f in compiled.feedback()}
     out, device = [], compiled.device
     flush = l2_flush_bytes(device)  # weights come from memory in a round, not from the L2 of the last call
-    flush_us = fork_us = None  # the flushes' and the fork/join's own time, measured once (when needed)
+    fork_us = None  # the fork/join's own time, measured once (when needed)
     for key, members in groups.items():
         first = members[0]
         if key not in known:
-            flush_us = flush_time_us(device, calls, flush) if flush_us is None else flush_us
-            fork_us = fork_join_us(device, calls, flush, flush_us) if fork_us is None else fork_us
-            timed = partial(time_per_call, device=device, calls=calls, flush_bytes=flush, flush_us=flush_us)
+            fork_us = fork_join_us(device, calls, flush) if fork_us is None else fork_us
+            timed = partial(time_per_call, device=device, calls=calls, flush_bytes=flush)
             solos = [compiled.solo(first.index, p) for p in range(len(first.parts))]
             alone = tuple(timed(s) for s in solos)
             # a round forks its two streams once, not once per launch: the fork and join are not counted

@@ -100,38 +100,43 @@ FLUSHES = ("write", "read")
 
 
 def time_per_call(fn: Callable[[], None], device: torch.device, calls: int = 10, replays: int = 5,
-                  flush_bytes: int = 0, flush_us: float | None = None, flush: str = "write") -> float:
+                  flush_bytes: int = 0, flush: str = "write") -> float:
     """Microseconds per call of fn, from a CUDA graph of `calls` back-to-back calls. With
     `flush_bytes`, a buffer that large is overwritten (or read: `flush`) before every call (evicting
-    the L2 cache, as the rest of a round would) and the flushes' own time is subtracted: `flush_us`
-    when the caller measured it already (flush_time_us, with the same `flush`), else measured here."""
+    the L2 cache, as the rest of a round would), and the flushes' own time is taken off pair by pair:
+    the graph of flushes alone is replayed right after each replay of the timed graph, and the
+    median of the differences is returned. A flush timed once and reused drifts: on an H100 the
+    first one of a process read 5 us (15%) over its steady 33.4 (lab/attention_combine/README.md)."""
     evict = _flusher(device, flush_bytes, flush)
+    if evict is None:
+        return _per_call_us(partial(_repeat, fn, calls), device, calls, replays)
 
     def calls_in_a_row() -> None:
         for _ in range(calls):
-            if evict is not None:
-                evict()
+            evict()
             fn()
 
-    total = _per_call_us(calls_in_a_row, device, calls, replays)
-    if evict is None:
-        return total
-    if flush_us is None:
-        flush_us = flush_time_us(device, calls, flush_bytes, replays, flush)
-    return max(total - flush_us, 0.0)
+    timed, flushes = capture(calls_in_a_row, device, warmup=1), capture(partial(_repeat, evict, calls), device, warmup=1)
+    differences = []
+    for pair in range(replays + 1):  # the first pair warms both graphs
+        ms = [_replay_ms(graph) for graph in (timed, flushes)]
+        if pair:
+            differences.append((ms[0] - ms[1]) * 1e3 / calls)
+    return max(statistics.median(differences), 0.0)
 
 
-def flush_time_us(device: torch.device, calls: int, flush_bytes: int, replays: int = 5, flush: str = "write") -> float:
-    """Microseconds per flush of `flush_bytes` in a CUDA graph of `calls` flushes (time_per_call)."""
-    evict = _flusher(device, flush_bytes, flush)
-    if evict is None:
-        return 0.0
+def _repeat(fn: Callable[[], None], times: int) -> None:
+    for _ in range(times):
+        fn()
 
-    def flushes() -> None:
-        for _ in range(calls):
-            evict()
 
-    return _per_call_us(flushes, device, calls, replays)
+def _replay_ms(graph: torch.cuda.CUDAGraph) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
 
 
 def _flusher(device: torch.device, flush_bytes: int, flush: str) -> Callable[[], None] | None:
@@ -170,11 +175,11 @@ def concurrently(fns: list[Callable[[], None]], device: torch.device) -> Callabl
     return run
 
 
-def fork_join_us(device: torch.device, calls: int, flush_bytes: int = 0, flush_us: float | None = None) -> float:
+def fork_join_us(device: torch.device, calls: int, flush_bytes: int = 0) -> float:
     """What `concurrently` itself adds per call in a CUDA graph (a fork to two streams and the join
     back): two one-element kernels on two streams against one alone, timed as time_per_call times."""
     a, b = torch.zeros(1, device=device), torch.zeros(1, device=device)
-    timed = partial(time_per_call, device=device, calls=calls, flush_bytes=flush_bytes, flush_us=flush_us)
+    timed = partial(time_per_call, device=device, calls=calls, flush_bytes=flush_bytes)
     alone = timed(lambda: a.add_(1))
     both = timed(concurrently([lambda: a.add_(1), lambda: b.add_(1)], device))
     return max(both - alone, 0.0)

@@ -6,8 +6,8 @@ every split and output type alike: a constant, so the subtracted flush, not the 
 
 Six rounds, each measuring the flush (write and read) in graphs of 10 and 20 calls, then the
 product's B=1 attention (harness_gap.py's shape, SPLIT_KV 8, bf16 output) with the flush just
-measured subtracted, and again as the median difference of the two graphs replayed alternately
-(`paired_us`: a drifting clock shifts both); the SM clock (nvidia-smi) beside each round. Lab code.
+measured subtracted (harness_gap.subtracting: how the sweeps timed up to 59b60ae), and again as
+timing.time_per_call now times it (`paired_us`: the flushes' graph replayed after each timed replay); the SM clock (nvidia-smi) beside each round. Lab code.
 """
 from __future__ import annotations
 
@@ -38,39 +38,6 @@ def sm_clock_mhz() -> str:
         return f"unknown ({type(error).__name__})"
 
 
-def paired_us(launch, device, calls: int, flush_bytes: int, flush: str, pairs: int = 9) -> tuple[float, float]:
-    """The launch's time per call as the median over `pairs` of (flushes and launches) minus (flushes
-    alone), the two graphs replayed alternately so a drifting clock shifts both; and the flush's median."""
-    from conjugate.evaluate.timing import _flusher, capture
-
-    evict = _flusher(device, flush_bytes, flush)
-
-    def with_launch() -> None:
-        for _ in range(calls):
-            evict()
-            launch()
-
-    def flushes() -> None:
-        for _ in range(calls):
-            evict()
-
-    graphs = [capture(with_launch, device, warmup=1), capture(flushes, device, warmup=1)]
-    differences, alone = [], []
-    for _ in range(pairs + 1):  # the first pair warms both
-        ms = []
-        for graph in graphs:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            ms.append(start.elapsed_time(end) * 1e3 / calls)
-        differences.append(ms[0] - ms[1])
-        alone.append(ms[1])
-    differences, alone = sorted(differences[1:]), sorted(alone[1:])
-    return differences[len(differences) // 2], alone[len(alone) // 2]
-
-
 def main() -> int:
     from common import environment
 
@@ -91,7 +58,7 @@ def main() -> int:
         print("flush just after the copy rate, us: " + " ".join(f"{c['flush_us']:.2f} ({c['calls']})" for c in cold))
     inputs = hg.ks.operands(hg.SHAPE)
     rows, started = [], time.perf_counter()
-    print(f"{'round':>5} {'s':>6} {'MHz':>5} {'flush':>5} {'calls':>5} {'flush us':>9} {'attention us':>12} {'paired:':>9} {'attention':>9}")
+    print(f"{'round':>5} {'s':>6} {'MHz':>5} {'flush':>5} {'calls':>5} {'flush us':>9} {'attention us':>12} {'paired us':>9}")
     with tempfile.TemporaryDirectory() as tmp:
         launch, out = hg.launch_of(inputs, 8, torch.bfloat16, KernelCache(Path(tmp)))
         err = tm.check(launch, out, inputs)
@@ -102,13 +69,13 @@ def main() -> int:
             for flush in ("write", "read"):
                 for calls in (10, 20):
                     flush_us = flush_time_us(device, calls, flush_bytes, flush=flush)
-                    us = time_per_call(launch, device, calls, flush_bytes=flush_bytes, flush_us=flush_us, flush=flush)
+                    us = hg.subtracting(launch, device, calls, flush_bytes, flush_us, flush)
                     row = {"round": r, "s": time.perf_counter() - started, "sm_mhz": clock, "flush": flush,
                            "calls": calls, "flush_us": flush_us, "attention_us": us}
-                    row["paired_us"], row["paired_flush_us"] = paired_us(launch, device, calls, flush_bytes, flush)
+                    row["paired_us"] = time_per_call(launch, device, calls, flush_bytes=flush_bytes, flush=flush)
                     rows.append(row)
                     print(f"{r:5d} {row['s']:6.1f} {clock:>5} {flush:>5} {calls:5d} {flush_us:9.2f} {us:12.2f}"
-                          f" {row['paired_flush_us']:9.2f} {row['paired_us']:9.2f}", flush=True)
+                          f" {row['paired_us']:9.2f}", flush=True)
     if args.json:
         args.json.write_text(json.dumps({**env, "flush_bytes": flush_bytes, "cold": cold, "rel_err": err, "rows": rows}, indent=1)
                              + "\n")

@@ -74,7 +74,7 @@ def check(launch, out, data) -> float:
 
 
 def main() -> int:
-    from conjugate.evaluate.timing import copy_bandwidth_gbs, flush_time_us, l2_flush_bytes, time_per_call
+    from conjugate.evaluate.timing import copy_bandwidth_gbs, l2_flush_bytes, time_per_call
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path)
@@ -89,7 +89,6 @@ def main() -> int:
     env = environment("lab/attention_combine/time_merge.py")
     copy_gbs = copy_bandwidth_gbs(device)
     flush_bytes = l2_flush_bytes(device)
-    flush_us = flush_time_us(device, CALLS, flush_bytes)
     began, rows = time.monotonic(), []
     print(f"{torch.cuda.get_device_name()}, copy {copy_gbs:.0f} GB/s")
     print(f"{'case':20} {'B':>3} {'T':>2} {'ctx':>5} {'split':>5} {'warps':>5} {'product us':>11} {'combine us':>11} "
@@ -112,7 +111,7 @@ def main() -> int:
                         if not err < 1e-2:
                             row[kind] = {"error": f"wrong: relative error {err:.3g}"}
                             continue
-                        us = time_per_call(launch, device, CALLS, flush_bytes=flush_bytes, flush_us=flush_us)
+                        us = time_per_call(launch, device, CALLS, flush_bytes=flush_bytes)
                         row[kind] = {"us": us, "rel_err": err, "share_of_copy": floor_us / us if us > 0 else None}
                     p, c = row["product"], row["combine"]
                     row["ratio"] = c["us"] / p["us"] if "us" in p and "us" in c and p["us"] > 0 else None

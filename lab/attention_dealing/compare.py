@@ -32,7 +32,7 @@ from conjugate.compiler.attention import attn_call  # noqa: E402
 from conjugate.compiler.cache import KernelCache  # noqa: E402
 from conjugate.compiler.round import CompiledLaunch  # noqa: E402
 from conjugate.compiler.tile import PartCall, TileSignature  # noqa: E402
-from conjugate.evaluate.timing import copy_bandwidth_gbs, flush_time_us, l2_flush_bytes, time_per_call  # noqa: E402
+from conjugate.evaluate.timing import copy_bandwidth_gbs, l2_flush_bytes, time_per_call  # noqa: E402
 from shares import shares_tile  # noqa: E402
 
 CALLS = 20
@@ -100,7 +100,6 @@ def main() -> int:
     device = torch.device("cuda")
     copy_gbs = copy_bandwidth_gbs(device)
     flush_bytes = l2_flush_bytes(device)
-    flush_us = flush_time_us(device, CALLS, flush_bytes)
     rows = []
     print(f"{torch.cuda.get_device_name()}, copy {copy_gbs:.0f} GB/s")
     print(f"{'case':20} {'B':>3} {'T':>2} {'ctx':>5} {'lengths':8} {'split':>5} {'per pair us':>12} {'shares us':>10} "
@@ -124,7 +123,7 @@ def main() -> int:
                         if not err < 1e-2:
                             print(f"FAILED {kind} {name} B{batch} split {split} {row['lengths']}: relative error {err}")
                             return 1
-                        us = time_per_call(launch, device, CALLS, flush_bytes=flush_bytes, flush_us=flush_us)
+                        us = time_per_call(launch, device, CALLS, flush_bytes=flush_bytes)
                         row[kind.replace(" ", "_")] = {"us": us, "rel_err": err,
                                                         "share_of_copy": floor_us / us if us > 0 else None}
                     ratio = row["shares"]["us"] / row["per_pair"]["us"]

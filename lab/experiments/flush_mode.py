@@ -29,7 +29,7 @@ from conjugate.evaluate.measured import MeasuredHarness  # noqa: E402
 from conjugate.evaluate.evaluators import load_profile  # noqa: E402
 from conjugate.evaluate.rounds import checked_run  # noqa: E402
 from conjugate.evaluate.session import EvaluationSession  # noqa: E402
-from conjugate.evaluate.timing import (FLUSHES, copy_bandwidth_gbs, flush_time_us, l2_flush_bytes,  # noqa: E402
+from conjugate.evaluate.timing import (FLUSHES, copy_bandwidth_gbs, l2_flush_bytes,  # noqa: E402
                                        time_per_call)
 from conjugate.plan import load_plan  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
@@ -50,14 +50,13 @@ def bench(path: Path, cache: Path, copy_gbs: float) -> list[dict]:
     if not check.ok:
         raise SystemExit(f"{w.name}: the round is wrong: {'; '.join(check.problems[:3])}")
     flush = l2_flush_bytes(device)
-    flush_us = {mode: flush_time_us(device, CALLS, flush, flush=mode) for mode in FLUSHES}
     rows = []
     for launch, planned in zip(compiled.launches, compiled.schedule.launches):
         if not any(marker in op for op in planned.ops for marker in LAYER_0):
             continue
         us = {"none": time_per_call(launch, device, CALLS)}
         for mode in FLUSHES:
-            us[mode] = time_per_call(launch, device, CALLS, flush_bytes=flush, flush_us=flush_us[mode], flush=mode)
+            us[mode] = time_per_call(launch, device, CALLS, flush_bytes=flush, flush=mode)
         rows.append({"workload": w.name, "launch": planned.index, "ops": " | ".join(p.label for p in launch.parts),
                      "bytes": planned.bytes, "us": us,
                      "share_of_copy": {m: planned.bytes / (t * 1e-6) / (copy_gbs * 1e9) if t else None

@@ -39,7 +39,7 @@ from conjugate.evaluate.rounds import checked_run  # noqa: E402
 from conjugate.evaluate.session import EvaluationSession  # noqa: E402
 from conjugate.cli.arguments import output_file, positive  # noqa: E402
 from conjugate.compiler import persist  # noqa: E402
-from conjugate.evaluate.timing import FLUSHES, flush_time_us, l2_flush_bytes, time_per_call  # noqa: E402
+from conjugate.evaluate.timing import FLUSHES, l2_flush_bytes, time_per_call  # noqa: E402
 from conjugate.plan import load_plan, validate_plan  # noqa: E402
 from conjugate.workload import load_workload  # noqa: E402
 
@@ -79,8 +79,7 @@ def bench(path: Path, warps_list: list[int], grids: list[int], cache: Path, grou
     setup = MeasuredHarness(load_profile("h200"), cache, EvaluationSession()).prepare(w)
     draft, target, inputs = *setup.weights, setup.inputs
     flush = l2_flush_bytes(device)
-    flush_us = flush_time_us(device, CALLS, flush, flush=flush_mode)
-    timed = partial(time_per_call, device=device, calls=CALLS, flush_bytes=flush, flush_us=flush_us, flush=flush_mode)
+    timed = partial(time_per_call, device=device, calls=CALLS, flush_bytes=flush, flush=flush_mode)
     rows = []
     for warps in warps_list:
         separate = compile_round(persist_plan(warps, True, persist=False), w, draft, target, cache_dir=cache)

@@ -71,7 +71,7 @@ def sequential_tiles() -> dict[str, dict]:
     return json.loads((ROOT / "plans" / "sequential.json").read_text())["target"]["tiles"]
 
 
-def run_case(op: str, rows: int, k: int, n: int, device: str, kernels: Path, timed: bool, flush_us: float = 0.0):
+def run_case(op: str, rows: int, k: int, n: int, device: str, kernels: Path, timed: bool):
     """Every variant of one (op, rows): checked, then (timed) its microseconds alone from a cold L2."""
     import torch
 
@@ -94,8 +94,7 @@ def run_case(op: str, rows: int, k: int, n: int, device: str, kernels: Path, tim
         if rel > 1e-2:
             row["error"] = f"wrong: relative error {rel:.3g}"
         elif timed:
-            row["us"] = time_per_call(launch, torch.device(device), 10, flush_bytes=l2_flush_bytes(torch.device(device)),
-                                      flush_us=flush_us)
+            row["us"] = time_per_call(launch, torch.device(device), 10, flush_bytes=l2_flush_bytes(torch.device(device)))
         out.append(row)
     return out
 
@@ -133,17 +132,13 @@ def main() -> int:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from common import environment
 
-    from conjugate.evaluate.timing import flush_time_us, l2_flush_bytes
-
-    device = torch.device("cuda")
-    flush_us = flush_time_us(device, 10, l2_flush_bytes(device))
     out = {**environment("prologue"), "command": "python " + " ".join(sys.argv),
            "stats_block": tile_module.STATS_BLOCK.value, "stats_order": args.stats_order or "product", "rows": []}
     with tempfile.TemporaryDirectory(prefix="prologue-") as kernels:
         for op in args.ops:
             n = INTERMEDIATE if op == "gate_up" else QKV
             for rows in args.rows:
-                out["rows"] += run_case(op, rows, HIDDEN, n, "cuda", Path(kernels), True, flush_us)
+                out["rows"] += run_case(op, rows, HIDDEN, n, "cuda", Path(kernels), True)
                 args.json.write_text(json.dumps(out, indent=1))
     print(f"STATS_BLOCK {out['stats_block']}{', ' + args.stats_order if args.stats_order else ''}\n{'op':8} {'rows':>4} " + " ".join(f"{v:>9}" for v in VARIANTS))
     for op in args.ops:
