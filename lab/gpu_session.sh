@@ -27,7 +27,8 @@
 #        lighter against the product's (lab/attention_combine; harness_gap: the sweep's attention timing
 #        against that harness's); auto: verify49
 #        on an H200, else flush_drift (is the subtracted L2 flush steady?), attention and attn_examples;
-#        retime: the flush probe, both attention sweeps and the B=32 example's sweep with the paired flush timing.
+#        retime: the flush probe, both attention sweeps and the B=32 example's sweep with the paired flush timing;
+#        serving_retime: the serving sweep's shipped and best tiles timed again that way.
 # Name the commit sent in the command, expanded here: `CONJUGATE_CODE=<git rev-parse --short HEAD>[+changes]
 # bash lab/gpu_session.sh CASE` (the device's own git named the session's first commit "+changes" for a later
 # tree; benchmarks/common.py records the named one). What a case leaves under $OUT comes back as one
@@ -126,6 +127,11 @@ retime)  # the sweeps again with the flushes' time taken off pair by pair (timin
         --per-shape 16 --prewarm 15 --read --json "$out/attn_examples.json"
     run 250 sweep_b32 python benchmarks/kernel_sweep.py examples/llama-1b-8b-b32.toml --per-shape 16 --prewarm 15 --read \
         --json "$out/kernel_sweep_b32.json" ;;
+serving_retime)  # the serving sweep's shipped and best tiles timed again with the paired flush timing (--tiles-from)
+    [ -f runs/serving_retime.json ] && cp runs/serving_retime.json "$out/serving_retime.json"
+    run "${SWEEP_LIMIT:-540}" serving_retime python benchmarks/kernel_sweep.py examples/*.toml --kinds qkv o_proj gate_up down \
+        --batches 16 32 64 --ks 1 3 5 7 --tiles-from benchmarks/results/serving_sweep_h100.json --prewarm 15 --read \
+        --resume --json "$out/serving_retime.json" ;;
 harness_gap)  # why the kernel sweep and time_merge.py time the product's B=1 attention apart (lab/attention_combine)
     run 150 harness_gap python lab/attention_combine/harness_gap.py --json "$out/harness_gap.json" ;;
 tuned)  # the verify phase with the GPU's tile table's tiles (search/tiles.json) against sequential's one tile a kind:
@@ -166,5 +172,5 @@ auto)  # the next call whatever card comes: #49's H200 record on an H200, else t
     if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49
     else bash "$0" flush_drift; ATTN_LIMIT=380 bash "$0" attention; EXAMPLES_LIMIT=130 bash "$0" attn_examples; fi ;;
 *)
-    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused5|combine|harness_gap|flush_drift|retime|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
+    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused5|combine|harness_gap|flush_drift|retime|serving_retime|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
 esac
