@@ -41,7 +41,7 @@ def sm_clock_mhz() -> str:
 def main() -> int:
     from common import environment
 
-    from conjugate.evaluate.timing import copy_bandwidth_gbs, flush_time_us, l2_flush_bytes, time_per_call
+    from conjugate.evaluate.timing import copy_bandwidth_gbs, l2_flush_bytes, time_per_call
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6)
@@ -54,7 +54,7 @@ def main() -> int:
     cold = []
     if args.cold:  # the sweeps' order: the copy rate, then the flush, before any launch is compiled
         copy_bandwidth_gbs(device)
-        cold = [{"calls": calls, "flush_us": flush_time_us(device, calls, flush_bytes)} for calls in (10, 20) * 4]
+        cold = [{"calls": calls, "flush_us": hg.flush_time_us(device, calls, flush_bytes)} for calls in (10, 20) * 4]
         print("flush just after the copy rate, us: " + " ".join(f"{c['flush_us']:.2f} ({c['calls']})" for c in cold))
     inputs = hg.ks.operands(hg.SHAPE)
     rows, started = [], time.perf_counter()
@@ -68,7 +68,7 @@ def main() -> int:
             clock = sm_clock_mhz()
             for flush in ("write", "read"):
                 for calls in (10, 20):
-                    flush_us = flush_time_us(device, calls, flush_bytes, flush=flush)
+                    flush_us = hg.flush_time_us(device, calls, flush_bytes, flush)
                     us = hg.subtracting(launch, device, calls, flush_bytes, flush_us, flush)
                     row = {"round": r, "s": time.perf_counter() - started, "sm_mhz": clock, "flush": flush,
                            "calls": calls, "flush_us": flush_us, "attention_us": us}

@@ -43,6 +43,19 @@ def launch_of(inputs: dict, split: int, out_dtype: torch.dtype, cache: KernelCac
     return CompiledLaunch.alone(0, call, cache, num_warps=4, num_stages=3), out
 
 
+def flush_time_us(device, calls: int, flush_bytes: int, flush: str = "write") -> float:
+    """How timing.flush_time_us measured the flush up to 59b60ae: once, in a graph of `calls` flushes."""
+    from conjugate.evaluate.timing import _flusher, _per_call_us
+
+    evict = _flusher(device, flush_bytes, flush)
+
+    def flushes() -> None:
+        for _ in range(calls):
+            evict()
+
+    return _per_call_us(flushes, device, calls, 5)
+
+
 def subtracting(fn, device, calls: int, flush_bytes: int, flush_us: float, flush: str = "write") -> float:
     """How timing.time_per_call timed before 59b60ae: the graph of flushes and calls, less a flush
     time measured once and passed in (`flush_us`)."""
@@ -61,7 +74,7 @@ def subtracting(fn, device, calls: int, flush_bytes: int, flush_us: float, flush
 def main() -> int:
     from common import environment
 
-    from conjugate.evaluate.timing import copy_bandwidth_gbs, flush_time_us, l2_flush_bytes
+    from conjugate.evaluate.timing import copy_bandwidth_gbs, l2_flush_bytes
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path)
