@@ -28,7 +28,8 @@
 #        against that harness's); auto: verify49
 #        on an H200, else flush_drift (is the subtracted L2 flush steady?), attention and attn_examples;
 #        retime: the flush probe, both attention sweeps and the B=32 example's sweep with the paired flush timing;
-#        serving_retime: the serving sweep's shipped and best tiles timed again that way.
+#        serving_retime: the serving sweep's shipped and best tiles timed again that way; phases: every example's verify
+#        phase with the GPU's table; auto2: a short call's choice (phases on an H200, else serving_retime).
 # Name the commit sent in the command, expanded here: `CONJUGATE_CODE=<git rev-parse --short HEAD>[+changes]
 # bash lab/gpu_session.sh CASE` (the device's own git named the session's first commit "+changes" for a later
 # tree; benchmarks/common.py records the named one). What a case leaves under $OUT comes back as one
@@ -132,6 +133,14 @@ serving_retime)  # the serving sweep's shipped and best tiles timed again with t
     run "${SWEEP_LIMIT:-540}" serving_retime python benchmarks/kernel_sweep.py examples/*.toml --kinds qkv o_proj gate_up down \
         --batches 16 32 64 --ks 1 3 5 7 --tiles-from benchmarks/results/serving_sweep_h100.json --prewarm 15 --read \
         --resume --json "$out/serving_retime.json" ;;
+phases)  # every example's verify phase against its floor (tile kernel and streamed, PDL at the start, with the GPU's table)
+    run "${VERIFY_LIMIT:-300}" verify_kernels python benchmarks/verify_kernels.py examples/llama-1b-8b-b32.toml \
+        examples/llama-1b-3b-b16-ctx4k.toml examples/qwen25-15b-14b-b4.toml examples/qwen3-06b-8b-b4.toml \
+        examples/llama-1b-8b-b8.toml examples/llama-1b-8b-b1.toml examples/qwen25-05b-7b-b8.toml \
+        --streamed --pdl start --tuned --ledger --json "$out/verify_kernels.json" ;;
+auto2)  # what a short call does with whatever card comes: the H200's phases (#49), else serving_retime
+    trap - EXIT
+    if grep -q H200 "$out/gpu.txt"; then bash "$0" phases; else bash "$0" serving_retime; fi ;;
 harness_gap)  # why the kernel sweep and time_merge.py time the product's B=1 attention apart (lab/attention_combine)
     run 150 harness_gap python lab/attention_combine/harness_gap.py --json "$out/harness_gap.json" ;;
 tuned)  # the verify phase with the GPU's tile table's tiles (search/tiles.json) against sequential's one tile a kind:
@@ -172,5 +181,5 @@ auto)  # the next call whatever card comes: #49's H200 record on an H200, else t
     if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49
     else bash "$0" flush_drift; ATTN_LIMIT=380 bash "$0" attention; EXAMPLES_LIMIT=130 bash "$0" attn_examples; fi ;;
 *)
-    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused5|combine|harness_gap|flush_drift|retime|serving_retime|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
+    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused5|combine|harness_gap|flush_drift|retime|serving_retime|phases|auto2|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
 esac
