@@ -34,8 +34,9 @@ a run. `--tiles-from` times only the shipped tile and the best one earlier sweep
 `--tma` times each GEMM tile beside its twin that loads weight tiles through TMA descriptors (tile key
 TMA 1, at most 256 a side); `--cublas` also times each GEMM shape as one cuBLAS product of the same
 bytes (`torch.mm`, gate and up stacked, no epilogue): what the library reaches; `--read` times each
-shape as a launch reading its bytes (torch's row sums): the share of the copy rate a launch of that
-size reaches alone (a few MB do not ramp to the rate). `--resume` keeps the shapes the --json file
+shape as a launch reading its bytes, the fastest of torch's row sums and `stream_read` at four tiles
+(a read without `reader` in a sweep's JSON is torch's row sums alone, which the GEMMs beat at 8-13 MB): the share of the copy
+rate a launch of that size reaches alone (a few MB do not ramp to the rate). `--resume` keeps the shapes the --json file
 holds from a run cut short on the same GPU model (its commands in `runs`) and sweeps the rest, so a
 sweep of #49's serving sizes can span several calls.
 
@@ -77,6 +78,9 @@ from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
 from conjugate.workload import Workload, load_workload  # noqa: E402
 
+import triton  # noqa: E402  (after conjugate, which sets the interpreter on a machine without a GPU)
+import triton.language as tl  # noqa: E402
+
 GEMM_KINDS = ("qkv", "o_proj", "gate_up", "down")
 KINDS = GEMM_KINDS + ("mlp", "attn")
 EPILOGUE = {"qkv": "store", "o_proj": "residual", "gate_up": "silu_mul", "down": "residual"}
@@ -91,6 +95,9 @@ STAGES = (2, 3, 4, 5, 6)
 ATTN_STAGES = (1, 2, 3, 4)
 SHARED_BYTES = 200 << 10  # of the H200's 227 KB a program may use, leaving room for the epilogue
 READ_SHARE_MAX = 1.2  # a launch reading cold bytes faster than this share of the copy rate was not timed
+# stream_read's (BLOCK, programs an SM) tried by --read: a program has one BLOCK's loads in flight (the loop
+# adds them before it asks for the next), so an SM 32-64 KB, over the ~18 KB a Hopper's rate x latency asks
+READERS = ((4096, 4), (8192, 4), (8192, 8), (16384, 2))
 MAX_ACC_PER_THREAD = 128  # fp32 accumulator values per thread before registers spill
 ELEMENT = 2  # bytes of a bf16 weight, input row or cache element
 CALLS = 10
@@ -626,25 +633,63 @@ def time_cublas(shape: Shape, copy_gbs: float) -> dict:
         {"error": "too short to time beside the L2 flush"}
 
 
+@triton.jit
+def stream_read(src_ptr, sums_ptr, n, BLOCK: tl.constexpr):
+    """Program p adds up the BLOCK-element chunks p, p + P, p + 2P, ... of src (P programs) into
+    sums[p]: every element read once, in wide loads, the way a weight stream reads its tiles."""
+    pid = tl.program_id(0)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(pid * BLOCK, n, tl.num_programs(0) * BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        acc += tl.load(src_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+    tl.store(sums_ptr + pid, tl.sum(acc, axis=0))
+
+
+READ_ROWS = 1024  # the row sums' rows: a read buffer holds a multiple of this many elements
+
+
+def readers(src, sms: int) -> dict:
+    """The launches `time_read` times, by name, each reading all of the 1-D `src` (READ_ROWS rows) once:
+    torch's row sums and stream_read at each of READERS. -> {name: (launch, its sums' total)}."""
+    import torch
+
+    rows = READ_ROWS
+    as_rows = src.view(rows, -1)
+    row_sums = torch.empty(rows, dtype=torch.float32, device=src.device)
+    out = {"row_sums": (lambda: torch.sum(as_rows, dim=1, dtype=torch.float32, out=row_sums), row_sums.sum)}
+    for block, per_sm in READERS:
+        programs = max(1, min(sms * per_sm, triton.cdiv(src.numel(), block)))
+        sums = torch.empty(programs, dtype=torch.float32, device=src.device)
+        launch = (lambda b=block, g=programs, out_=sums: stream_read[(g,)](src, out_, src.numel(), BLOCK=b,
+                                                                          num_warps=8, num_stages=3))
+        out[f"stream_read {block}x{per_sm}"] = (launch, sums.sum)
+    return out
+
+
 def time_read(nbytes: int, copy_gbs: float) -> dict:
-    """A launch reading `nbytes` from cold L2 (torch's row sums over a bf16 buffer of that size, the
-    sums 4 KB), timed as time_tiles times a tile: the share of the copy rate a launch that reads as many
-    bytes reaches alone, its start and ramp included. A copy would not do: below the L2's size its
-    writes stay in the cache. What a kernel of the shape's size can reach at best."""
+    """A launch reading `nbytes` from cold L2, timed as time_tiles times a tile: the share of the
+    copy rate a launch that reads as many bytes reaches alone, its start and ramp included, as the
+    fastest of `readers` (each checked against the buffer's sum first). A copy would not do: below
+    the L2's size its writes stay in the cache. What a kernel of the shape's size can reach at best."""
     import torch
 
     from conjugate.evaluate.timing import l2_flush_bytes, time_per_call
 
     device = torch.device("cuda")
-    rows = 1024
-    src = torch.empty(rows, max(nbytes // (2 * rows), 1), dtype=torch.bfloat16, device=device).normal_()
-    sums = torch.empty(rows, dtype=torch.float32, device=device)
-    us = time_per_call(lambda: torch.sum(src, dim=1, dtype=torch.float32, out=sums), device, CALLS,
-                       flush_bytes=l2_flush_bytes(device))
+    src = torch.empty(max(nbytes // (2 * READ_ROWS), 1) * READ_ROWS, dtype=torch.bfloat16, device=device).normal_()
+    whole, scale = float(src.float().sum()), float(src.float().abs().sum())
+    times = {}
+    for name, (launch, total) in readers(src, torch.cuda.get_device_properties(device).multi_processor_count).items():
+        launch()
+        if abs(float(total()) - whole) > 1e-4 * scale:
+            raise RuntimeError(f"--read: {name} summed the buffer to {float(total())}, torch to {whole}")
+        times[name] = time_per_call(launch, device, CALLS, flush_bytes=l2_flush_bytes(device))
+    best = min(times, key=times.get)
+    us = times[best]
     share = src.numel() * src.element_size() / (us * 1e-6) / (copy_gbs * 1e9) if us > 0 else float("inf")
     if share > READ_SHARE_MAX:  # a read is never faster than the copy rate: the flush's noise, not a time
         return {"error": f"too short to time beside the L2 flush ({us:.2f} us left of it)"}
-    return {"us": us, "share_of_copy": share}
+    return {"us": us, "share_of_copy": share, "reader": best, "readers_us": times}
 
 
 def resumed(path: Path | None, gpu: str) -> dict | None:

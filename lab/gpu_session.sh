@@ -26,7 +26,7 @@
 #        (attn_examples: the examples' own attention shapes); combine: the attention's split merge made
 #        lighter against the product's (lab/attention_combine; harness_gap: the sweep's attention timing
 #        against that harness's); auto: verify49
-#        on an H200, else flush_drift (is the subtracted L2 flush steady?), attention and attn_examples;
+#        on an H200, else reads (the read launches, stream_read beside the row sums, over the known tiles);
 #        retime: the flush probe, both attention sweeps and the B=32 example's sweep with the paired flush timing;
 #        serving_retime: the serving sweep's shipped and best tiles timed again that way; phases: every example's verify
 #        phase with the GPU's table; auto2: a short call's choice (phases on an H200, else serving_retime).
@@ -175,11 +175,17 @@ attn_examples)  # the examples' own target attention shapes (contexts 1024 and 4
         --per-shape 16 --prewarm 15 --read --json "$out/attn_examples.json" ;;
 streamed_checks)  # the streamed kernel's correctness log on this GPU
     run 500 streamed_checks python benchmarks/streamed_checks.py --json "$out/streamed_checks.json" ;;
-auto)  # the next call whatever card comes: #49's H200 record on an H200, else the target's attention swept again
-    # now that the sweep writes the product's bf16 output (both attention cases)
+auto)  # the next call whatever card comes: #49's H200 record on an H200, else the read launches (stream_read
+    # beside torch's row sums) over the serving shapes and the attention grid, the known tiles timed again beside them
     trap - EXIT
-    if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49
-    else bash "$0" flush_drift; ATTN_LIMIT=380 bash "$0" attention; EXAMPLES_LIMIT=130 bash "$0" attn_examples; fi ;;
+    if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" reads; fi ;;
+reads)  # --read's launches (kernel_sweep.stream_read beside torch's row sums) with each shape's known tiles
+    run 200 serving_reads python benchmarks/kernel_sweep.py examples/*.toml --kinds qkv o_proj gate_up down \
+        --batches 16 32 64 --ks 1 3 5 7 --tiles-from benchmarks/results/serving_retime_h100.json --prewarm 15 --read \
+        --json "$out/serving_reads.json"
+    run 150 attention_reads python benchmarks/kernel_sweep.py examples/llama-1b-8b-b1.toml --kinds attn --models target \
+        --batches 1 4 16 64 --contexts 512 2048 8192 --tiles-from benchmarks/results/attention_sweep_h100.json \
+        --prewarm 15 --read --json "$out/attention_reads.json" ;;
 *)
-    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused5|combine|harness_gap|flush_drift|retime|serving_retime|phases|auto2|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
+    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused5|combine|harness_gap|flush_drift|retime|serving_retime|phases|auto2|reads|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
 esac

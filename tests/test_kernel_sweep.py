@@ -246,3 +246,20 @@ def test_without_a_gpu_or_with_a_bad_workload_the_sweep_says_so_in_one_line(tmp_
     no_gpu = run_script("kernel_sweep", EXAMPLES_DIR / "llama-1b-8b-b1.toml", "--json", out)
     assert no_gpu.returncode == 2 and "needs a GPU" in no_gpu.stderr and "Traceback" not in no_gpu.stderr
     assert not out.exists()
+
+
+def test_every_read_launch_reads_the_whole_buffer_once():
+    """--read's launches (under the interpreter): torch's row sums and stream_read at each of its tiles
+    add up to the buffer's sum, and each stream_read program sums exactly its own chunks."""
+    src = torch.randn(sweep.READ_ROWS * 13, generator=torch.Generator().manual_seed(0)).bfloat16()  # ragged last chunk
+    launches = sweep.readers(src, sms=1)
+    assert set(launches) == {"row_sums"} | {f"stream_read {b}x{p}" for b, p in sweep.READERS}
+    whole = float(src.float().sum())
+    for name, (launch, total) in launches.items():
+        launch()
+        assert float(total()) == pytest.approx(whole, rel=1e-5, abs=1e-3), name
+    sums = torch.empty(3)
+    sweep.stream_read[(3,)](src, sums, src.numel(), BLOCK=1024)  # chunks 0, 3, 6, ... to program 0
+    chunks = src.float().split(1024)
+    expected = [sum(float(c.sum()) for c in chunks[p::3]) for p in range(3)]
+    assert sums.tolist() == pytest.approx(expected, rel=1e-5, abs=1e-3)
