@@ -30,28 +30,36 @@ def test_an_unknown_flush_is_named():
 
 def test_a_flushed_call_is_timed_against_the_flushes_replayed_beside_it(monkeypatch):
     """The flushes' own time is taken off pair by pair: a flush that reads 5 us slow in the first
-    pair and drifts afterwards leaves the call's time exact (it once was measured once and reused)."""
+    pair and drifts afterwards leaves the call's time exact (it once was measured once and reused);
+    the first pair only warms the graphs, and the median of the others is returned."""
     from conjugate.evaluate import timing
 
     calls, call_us = 10, 11.7
     captured, replays = [], []
 
     class Graph:
-        def __init__(self, body):
-            self.body = body
+        def __init__(self, number):
+            self.number = number
 
-    def fake_capture(fn, device, warmup=2):
-        captured.append(fn)
-        return Graph(len(captured))
+        def replay(self):
+            replays.append(self.number)
 
-    def fake_replay_ms(graph):
-        replays.append(graph.body)
-        pair = (len(replays) - 1) // 2
-        flush_us = 38.4 if pair == 0 else 33.4 + 0.3 * pair  # cold at first, then drifting
-        return calls * (flush_us + (call_us if graph.body == 1 else 0.0)) / 1e3
+    class Event:  # ms since a start is read from what ran between the two records
+        def __init__(self, enable_timing=False):
+            self.at = None
 
-    monkeypatch.setattr(timing, "capture", fake_capture)
-    monkeypatch.setattr(timing, "_replay_ms", fake_replay_ms)
+        def record(self):
+            self.at = len(replays)
+
+        def elapsed_time(self, end):
+            graph, pair = replays[self.at], self.at // 2
+            flush_us = 38.4 if pair == 0 else 33.4 + 0.3 * pair  # cold at first, then drifting
+            call = call_us + (50.0 if pair == 0 else 0.1 * pair)  # the warm-up pair far off, the others apart
+            return calls * (flush_us + (call if graph == 1 else 0.0)) / 1e3
+
+    monkeypatch.setattr(timing, "capture", lambda fn, device, warmup=2: captured.append(fn) or Graph(len(captured)))
+    monkeypatch.setattr(timing.torch.cuda, "Event", Event)
+    monkeypatch.setattr(timing.torch.cuda, "synchronize", lambda *a: None)
     us = timing.time_per_call(lambda: None, torch.device("cpu"), calls=calls, replays=5, flush_bytes=1 << 16)
-    assert us == pytest.approx(call_us)
+    assert us == pytest.approx(call_us + 0.3)  # the median of pairs 1-5 (+0.1 .. +0.5); with pair 0 kept, +0.35
     assert len(captured) == 2 and replays == [1, 2] * 6  # the timed graph, then the flushes', warm pair first

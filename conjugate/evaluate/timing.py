@@ -117,11 +117,10 @@ def time_per_call(fn: Callable[[], None], device: torch.device, calls: int = 10,
             fn()
 
     timed, flushes = capture(calls_in_a_row, device, warmup=1), capture(partial(_repeat, evict, calls), device, warmup=1)
-    differences = []
-    for pair in range(replays + 1):  # the first pair warms both graphs
-        ms = [_replay_ms(graph) for graph in (timed, flushes)]
-        if pair:
-            differences.append((ms[0] - ms[1]) * 1e3 / calls)
+    pairs = [[_bracketed(graph.replay) for graph in (timed, flushes)] for _ in range(replays + 1)]
+    torch.cuda.synchronize(device)  # queued back to back: no host gap inside a pair
+    differences = [(with_calls.elapsed_time(end) - alone.elapsed_time(alone_end)) * 1e3 / calls
+                   for (with_calls, end), (alone, alone_end) in pairs[1:]]  # the first pair warms both graphs
     return max(statistics.median(differences), 0.0)
 
 
@@ -130,13 +129,13 @@ def _repeat(fn: Callable[[], None], times: int) -> None:
         fn()
 
 
-def _replay_ms(graph: torch.cuda.CUDAGraph) -> float:
+def _bracketed(run: Callable[[], None]) -> tuple[torch.cuda.Event, torch.cuda.Event]:
+    """run() between two timing events recorded on the current stream (read them after a synchronize)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    graph.replay()
+    run()
     end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
+    return start, end
 
 
 def _flusher(device: torch.device, flush_bytes: int, flush: str) -> Callable[[], None] | None:

@@ -6,7 +6,7 @@ every split and output type alike: a constant, so the subtracted flush, not the 
 
 Six rounds, each measuring the flush (write and read) in graphs of 10 and 20 calls, then the
 product's B=1 attention (harness_gap.py's shape, SPLIT_KV 8, bf16 output) with the flush just
-measured subtracted (harness_gap.subtracting: how the sweeps timed up to 59b60ae), and again as
+measured subtracted (harness_gap.subtracting: how the sweeps timed before d201728), and again as
 timing.time_per_call now times it (`paired_us`: the flushes' graph replayed after each timed replay); the SM clock (nvidia-smi) beside each round. Lab code.
 """
 from __future__ import annotations

@@ -7,6 +7,10 @@ output, 20 calls), and each with the other's output type and call count, in one 
 llama-3.1-8b's verify attention at B=1 (five tokens, context 1024), BLOCK_N 64, 3 stages, 4 warps,
 SPLIT_KV 4, 8 and 16: where the sweep gave 9.3 and 12.5 us (4, 8) and time_merge.py 7.2 and 6.7.
 Every launch checked against SDPA first. Lab code: nothing in `conjugate/` imports it.
+
+It ran at 1f2261c (`harness_gap_h100.json`). Since d201728 the sweep's column times as the sweep now
+does (bf16 output, the flush taken off pair by pair), while the other columns keep the former timing
+(`subtracting`: a flush measured once), so a rerun compares the two methods, not the two harnesses.
 """
 from __future__ import annotations
 
@@ -44,7 +48,7 @@ def launch_of(inputs: dict, split: int, out_dtype: torch.dtype, cache: KernelCac
 
 
 def flush_time_us(device, calls: int, flush_bytes: int, flush: str = "write") -> float:
-    """How timing.flush_time_us measured the flush up to 59b60ae: once, in a graph of `calls` flushes."""
+    """How timing.flush_time_us measured the flush before d201728: once, in a graph of `calls` flushes."""
     from conjugate.evaluate.timing import _flusher, _per_call_us
 
     evict = _flusher(device, flush_bytes, flush)
@@ -57,7 +61,7 @@ def flush_time_us(device, calls: int, flush_bytes: int, flush: str = "write") ->
 
 
 def subtracting(fn, device, calls: int, flush_bytes: int, flush_us: float, flush: str = "write") -> float:
-    """How timing.time_per_call timed before 59b60ae: the graph of flushes and calls, less a flush
+    """How timing.time_per_call timed before d201728: the graph of flushes and calls, less a flush
     time measured once and passed in (`flush_us`)."""
     from conjugate.evaluate.timing import _flusher, _per_call_us
 
