@@ -27,6 +27,7 @@
 #        lighter against the product's (lab/attention_combine; harness_gap: the sweep's attention timing
 #        against that harness's); auto: verify49
 #        on an H200, else reads (the read launches, stream_read beside the row sums, over the known tiles);
+#        retime_h200: the H200's sweeps' known tiles timed again with the paired flush timing;
 #        retime: the flush probe, both attention sweeps and the B=32 example's sweep with the paired flush timing;
 #        serving_retime: the serving sweep's shipped and best tiles timed again that way; phases: every example's verify
 #        phase with the GPU's table; auto2: a short call's choice (phases on an H200, else serving_retime).
@@ -179,6 +180,15 @@ auto)  # the next call whatever card comes: #49's H200 record on an H200, else t
     # beside torch's row sums) over the serving shapes and the attention grid, the known tiles timed again beside them
     trap - EXIT
     if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" reads; fi ;;
+retime_h200)  # the H200's sweeps' shipped and best tiles timed again with the flush taken off pair by pair (d201728),
+    # beside the read launches: then --tabulate them after the exploring sweeps (benchmarks/README.md)
+    six=(examples/llama-1b-8b-b1.toml examples/llama-1b-8b-b8.toml examples/qwen25-05b-7b-b8.toml
+        examples/qwen3-06b-8b-b4.toml examples/llama-1b-3b-b16-ctx4k.toml examples/qwen25-15b-14b-b4.toml)
+    for model in target draft; do
+        run 150 "retime_$model" python benchmarks/kernel_sweep.py "${six[@]}" --models "$model" \
+            --tiles-from "benchmarks/results/kernel_sweep_${model}_h200.json" --prewarm 15 --read \
+            --json "$out/kernel_retime_${model}.json"
+    done ;;
 reads)  # --read's launches (kernel_sweep.stream_read beside torch's row sums) with each shape's known tiles
     run 200 serving_reads python benchmarks/kernel_sweep.py examples/*.toml --kinds qkv o_proj gate_up down \
         --batches 16 32 64 --ks 1 3 5 7 --tiles-from benchmarks/results/serving_retime_h100.json --prewarm 15 --read \
@@ -187,5 +197,5 @@ reads)  # --read's launches (kernel_sweep.stream_read beside torch's row sums) w
         --batches 1 4 16 64 --contexts 512 2048 8192 --tiles-from benchmarks/results/attention_sweep_h100.json \
         --prewarm 15 --read --json "$out/attention_reads.json" ;;
 *)
-    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused5|combine|harness_gap|flush_drift|retime|serving_retime|phases|auto2|reads|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
+    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused5|combine|harness_gap|flush_drift|retime|serving_retime|phases|auto2|reads|retime_h200|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
 esac
