@@ -779,7 +779,7 @@ def main() -> None:
     import torch
 
     from conjugate.errors import ConjugateError
-    from conjugate.evaluate.timing import copy_bandwidth_gbs
+    from conjugate.evaluate.timing import copy_bandwidth_gbs, matmul_tflops
 
     device = torch.device("cuda")
     try:
@@ -798,7 +798,8 @@ def main() -> None:
     if prior is not None:  # the shapes swept already stay as they were measured
         entries = [e for e in entries if (e["shape"].key(), e["model"]) not in prior["done"]]
     copy_gbs = copy_bandwidth_gbs(device)
-    out = {**environment("kernel_sweep"), "copy_gbs": copy_gbs, "shapes": []}
+    # the dense bf16 rate (cuBLAS, 8192 cubed): past the ridge a GEMM's floor is its FLOPs, not its bytes
+    out = {**environment("kernel_sweep"), "copy_gbs": copy_gbs, "matmul_tflops": matmul_tflops(device), "shapes": []}
     if prior is not None:
         out |= {"shapes": prior["shapes"], "runs": prior["runs"]}
         print(f"resuming: {len(prior['done'])} shapes kept, {len(entries)} to sweep", flush=True)

@@ -6,7 +6,9 @@
 1. Per model and band of rows, the medians of the share of copy bandwidth that the shipped tile, the
    best tile and a launch only reading the same bytes (`--read`) reached, how many best tiles reach
    #49's 85%, and the best tile over the shipped one (geometric mean): benchmarks/README.md's table
-   (the tiny CPU example's shapes left out).
+   (the tiny CPU example's shapes left out). Where the sweep recorded the dense bf16 rate
+   (`matmul_tflops`), also the best tile's share of the roofline floor: the larger of the weight bytes
+   at the copy rate and the FLOPs (rows x weight bytes: two a weight element a row) at that rate.
 2. For the GEMMs that multiply more rows than the shipped tile's row block (BLOCK_M), with the
    `--also` sweeps: the best tile with BLOCK_M at the rows (a power of two, at most 64) over the best
    at the shipped BLOCK_M, and the candidates closest to raising BLOCK_M alone (the shipped tile's
@@ -36,8 +38,15 @@ def cpu_only(shape: dict) -> bool:
     return all(w.split()[0] == "tiny" for w in shape.get("workloads", ["?"]))
 
 
-def bands(shapes: list[dict]) -> list[dict]:
-    """Table 1: one row per (model, band) with shapes in it."""
+def roofline_us(shape: dict, copy_gbs: float, tflops: float) -> float:
+    """The shape's floor in us: its weight bytes streamed at the copy rate, or its FLOPs at the dense
+    rate where the rows put it past the ridge (about peak/copy rows: 240-250 on a Hopper)."""
+    return max(shape["bytes"] / (copy_gbs * 1e3), rows_of(shape) * shape["bytes"] / (tflops * 1e6))
+
+
+def bands(shapes: list[dict], copy_gbs: float | None = None, tflops: float | None = None) -> list[dict]:
+    """Table 1: one row per (model, band) with shapes in it (with the roofline share where both rates
+    are given)."""
     out = []
     for model, low, high in BANDS:
         got = [s for s in shapes if s["model"] == model and s["kind"] in GEMMS and low <= rows_of(s) <= high
@@ -50,6 +59,8 @@ def bands(shapes: list[dict]) -> list[dict]:
                         "at_85": sum(s["best"]["share_of_copy"] >= 0.85 for s in got),
                         "read": statistics.median(s["read"]["share_of_copy"] for s in got),
                         "gain": statistics.geometric_mean(s["shipped"]["us"] / s["best"]["us"] for s in got)})
+            if copy_gbs and tflops:
+                out[-1]["roofline"] = statistics.median(roofline_us(s, copy_gbs, tflops) / s["best"]["us"] for s in got)
     return out
 
 
@@ -88,15 +99,19 @@ def main() -> int:
     parser.add_argument("--also", nargs="*", type=Path, default=[], help="more sweeps for table 2")
     args = parser.parse_args()
     try:
-        main_shapes = json.loads(args.sweep.read_text())["shapes"]
+        sweep = json.loads(args.sweep.read_text())
+        main_shapes, copy_gbs, tflops = sweep["shapes"], sweep["copy_gbs"], sweep.get("matmul_tflops")
         more = [s for p in args.also for s in json.loads(p.read_text())["shapes"]]
     except (OSError, ValueError, KeyError, TypeError) as error:
         print(f"serving_rows.py: not a kernel_sweep.py result ({type(error).__name__}: {error})", file=sys.stderr)
         return 2
-    print(f"{'model':7} {'rows':>8} {'shapes':>6} {'shipped':>8} {'best':>6} {'>=85%':>6} {'read':>6} {'best/shipped':>12}")
-    for b in bands(main_shapes):
+    if tflops:
+        print(f"copy {copy_gbs:.0f} GB/s, dense bf16 {tflops:.0f} TFLOP/s: the ridge at {tflops * 1e3 / copy_gbs:.0f} rows")
+    print(f"{'model':7} {'rows':>8} {'shapes':>6} {'shipped':>8} {'best':>6} {'>=85%':>6} {'read':>6} {'best/shipped':>12}"
+          + (f" {'best, of roofline':>17}" if tflops else ""))
+    for b in bands(main_shapes, copy_gbs, tflops):
         print(f"{b['model']:7} {b['rows']:>8} {b['shapes']:6d} {b['shipped']:8.0%} {b['best']:6.0%} {b['at_85']:6d} "
-              f"{b['read']:6.0%} {b['gain']:11.2f}x")
+              f"{b['read']:6.0%} {b['gain']:11.2f}x" + (f" {b['roofline']:17.0%}" if "roofline" in b else ""))
     blocks = row_blocks(main_shapes + more)
     print(f"\n{'shape':26} {'model':6} {'BLOCK_M':>7} {'best taller/best shipped':>24}  raised alone; raised, BLOCK_N cut")
     for r in blocks:
