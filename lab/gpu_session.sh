@@ -26,7 +26,7 @@
 #        (attn_examples: the examples' own attention shapes); combine: the attention's split merge made
 #        lighter against the product's (lab/attention_combine; harness_gap: the sweep's attention timing
 #        against that harness's); auto: verify49
-#        on an H200, else reads (the read launches, stream_read beside the row sums, over the known tiles);
+#        on an H200, else reads (the read launches, stream_read beside the row sums, and cuBLAS, over the known tiles);
 #        retime_h200: the H200's sweeps' known tiles timed again with the paired flush timing;
 #        retime: the flush probe, both attention sweeps and the B=32 example's sweep with the paired flush timing;
 #        serving_retime: the serving sweep's shipped and best tiles timed again that way; phases: every example's verify
@@ -189,10 +189,13 @@ retime_h200)  # the H200's sweeps' shipped and best tiles timed again with the f
             --tiles-from "benchmarks/results/kernel_sweep_${model}_h200.json" --prewarm 15 --read \
             --json "$out/kernel_retime_${model}.json"
     done ;;
-reads)  # --read's launches (kernel_sweep.stream_read beside torch's row sums) with each shape's known tiles
-    run 200 serving_reads python benchmarks/kernel_sweep.py examples/*.toml --kinds qkv o_proj gate_up down \
+reads)  # --read's launches (kernel_sweep.stream_read beside torch's row sums) and cuBLAS with each shape's known tiles
+    run 80 b32_reads python benchmarks/kernel_sweep.py examples/llama-1b-8b-b32.toml --kinds qkv o_proj gate_up down \
+        --tiles-from benchmarks/results/kernel_sweep_b32_h100.json --prewarm 15 --read --cublas \
+        --json "$out/b32_reads.json"
+    run 300 serving_reads python benchmarks/kernel_sweep.py examples/*.toml --kinds qkv o_proj gate_up down \
         --batches 16 32 64 --ks 1 3 5 7 --tiles-from benchmarks/results/serving_retime_h100.json --prewarm 15 --read \
-        --json "$out/serving_reads.json"
+        --cublas --json "$out/serving_reads.json"
     run 150 attention_reads python benchmarks/kernel_sweep.py examples/llama-1b-8b-b1.toml --kinds attn --models target \
         --batches 1 4 16 64 --contexts 512 2048 8192 --tiles-from benchmarks/results/attention_sweep_h100.json \
         --prewarm 15 --read --json "$out/attention_reads.json" ;;
