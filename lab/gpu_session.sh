@@ -11,7 +11,7 @@
 #        sums and the wgmma depth on the other drafts; narrow: whole-K narrow tiles against split K in a
 #        chain of dependent GEMMs (lab/narrow_tiles); verify49: #49's record (the B=32 example's kernel
 #        sweep, then every example's verify phase against its floor, by the tile kernel and with the
-#        target's o_proj and down streamed, each also with PDL at the start, benchmarks/verify_kernels.py);
+#        target's o_proj and down streamed, each also with the GPU's tile table, benchmarks/verify_kernels.py);
 #        streamed_checks: the streamed kernel's correctness log (benchmarks/streamed_checks.py);
 #        streamed_pdl: every example's verify phase, tile kernel and streamed, each plain and as
 #        programmatic dependent launches released at the start, with each phase's ledger (time per op
@@ -82,13 +82,13 @@ short2)  # the call after short: the verify pass, and the wgmma depth on the oth
         --json "$out/variants2.json" ;;
 narrow)
     run 300 narrow python lab/narrow_tiles/chain.py --json "$out/narrow.json" ;;
-verify49)  # #49's H200 record: the B=32 example's sweep, then every example's verify phase, tile kernel and streamed
+verify49)  # #49's H200 record: the B=32 example's sweep, then every example's verify phase, tile kernel and streamed, tuned
     run 250 sweep_b32 python benchmarks/kernel_sweep.py examples/llama-1b-8b-b32.toml --per-shape 16 --prewarm 15 --read \
         --json "$out/kernel_sweep_b32.json"
     run 300 verify_kernels python benchmarks/verify_kernels.py examples/llama-1b-8b-b32.toml \
         examples/llama-1b-3b-b16-ctx4k.toml examples/qwen25-15b-14b-b4.toml examples/qwen3-06b-8b-b4.toml \
         examples/llama-1b-8b-b8.toml examples/llama-1b-8b-b1.toml examples/qwen25-05b-7b-b8.toml \
-        --sweeps "$out/kernel_sweep_b32.json" --streamed --pdl start --json "$out/verify_kernels.json" ;;
+        --sweeps "$out/kernel_sweep_b32.json" --streamed --tuned --json "$out/verify_kernels.json" ;;
 streamed_pdl)  # the verify phase with programmatic dependent launches, tile kernel and streamed, every example
     run 240 verify_pdl python benchmarks/verify_kernels.py examples/llama-1b-8b-b32.toml \
         examples/llama-1b-3b-b16-ctx4k.toml examples/qwen25-15b-14b-b4.toml examples/qwen3-06b-8b-b4.toml \
