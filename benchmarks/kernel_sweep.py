@@ -99,6 +99,13 @@ READ_SHARE_MAX = 1.2  # a launch reading cold bytes faster than this share of th
 # adds them before it asks for the next; no cp.async to pipeline), so an SM 32-64 KB, over the ~18 KB a
 # Hopper's rate x latency asks; as many programs as fit an SM at once (BLOCK 8192: 48 registers a thread, five)
 READERS = ((4096, 4), (4096, 8), (8192, 4), (16384, 2))
+# Past 128 rows a GEMM's tensor-core work nears its bytes' time (the ridge: 263 rows on an H100), and the
+# template at the sampled tiles ran 1.2-2.2x cuBLAS's time there (results/serving_reads_h100.json): every
+# such shape also tries the tall tiles a Hopper matmul runs at, (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
+# at each of COMPUTE_SPLITS that fits, beside the sample
+COMPUTE_ROWS = 129
+COMPUTE_TILES = ((128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (128, 64, 64, 4, 4))
+COMPUTE_SPLITS = (1, 2, 4)
 MAX_ACC_PER_THREAD = 128  # fp32 accumulator values per thread before registers spill
 ELEMENT = 2  # bytes of a bf16 weight, input row or cache element
 CALLS = 10
@@ -268,10 +275,19 @@ def every_tile(shape: Shape | AttnShape) -> list:
                                                           STAGES)]
 
 
+def compute_tiles(shape, sms: int) -> list[Tile]:
+    """COMPUTE_TILES at each of COMPUTE_SPLITS that fits, for a GEMM of COMPUTE_ROWS rows or more (none below)."""
+    if not isinstance(shape, Shape) or shape.rows < COMPUTE_ROWS:
+        return []
+    tiles = [Tile(m, n, k, split, warps, stages) for m, n, k, warps, stages in COMPUTE_TILES for split in COMPUTE_SPLITS]
+    return [t for t in tiles if fits(t, shape, sms)]
+
+
 def candidates(shape, shipped, sms: int, per_shape: int, seed: int = 0) -> list:
-    """The shipped tile first, then its neighbours that fit, then a seeded sample of every other tile
-    that fits, `per_shape` in all besides the shipped one."""
-    near = [t for t in neighbours(shipped) if fits(t, shape, sms)]
+    """The shipped tile first, then (past 128 rows) the compute tiles, then its neighbours that fit, then
+    a seeded sample of every other tile that fits, `per_shape` in all besides the shipped one."""
+    near = [t for t in compute_tiles(shape, sms) if t != shipped]
+    near += [t for t in neighbours(shipped) if fits(t, shape, sms) and t not in near]
     rest = [t for t in every_tile(shape) if fits(t, shape, sms) and t != shipped and t not in near]
     random.Random(f"{seed} {shape.key()}").shuffle(rest)
     return [shipped] + (near + rest)[:per_shape]

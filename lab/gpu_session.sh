@@ -27,7 +27,8 @@
 #        lighter against the product's (lab/attention_combine; harness_gap: the sweep's attention timing
 #        against that harness's); auto: verify49
 #        on an H200, else reads (the read launches, stream_read beside the row sums, and cuBLAS, over the known tiles);
-#        retime_h200: the H200's sweeps' known tiles timed again with the paired flush timing;
+#        retime_h200: the H200's sweeps' known tiles timed again with the paired flush timing; compute: the
+#        target's GEMMs past 128 rows with the tall tiles a Hopper matmul runs at, beside cuBLAS;
 #        retime: the flush probe, both attention sweeps and the B=32 example's sweep with the paired flush timing;
 #        serving_retime: the serving sweep's shipped and best tiles timed again that way; phases: every example's verify
 #        phase with the GPU's table; auto2: a short call's choice (phases on an H200, else serving_retime).
@@ -189,6 +190,11 @@ retime_h200)  # the H200's sweeps' shipped and best tiles timed again with the f
             --tiles-from "benchmarks/results/kernel_sweep_${model}_h200.json" --prewarm 15 --read \
             --json "$out/kernel_retime_${model}.json"
     done ;;
+compute)  # the target's GEMMs past 128 rows (B=32 and 64, k 5 and 7) with the tall compute tiles first, beside cuBLAS
+    run 420 compute_sweep python benchmarks/kernel_sweep.py examples/llama-1b-8b-b1.toml examples/llama-1b-3b-b16-ctx4k.toml \
+        examples/qwen25-05b-7b-b8.toml examples/qwen25-15b-14b-b4.toml examples/qwen3-06b-8b-b4.toml --models target \
+        --kinds qkv o_proj gate_up down --batches 32 64 --ks 5 7 --per-shape 13 --prewarm 15 --cublas \
+        --json "$out/compute_sweep.json" ;;
 reads)  # --read's launches (kernel_sweep.stream_read beside torch's row sums) and cuBLAS with each shape's known tiles
     run 80 b32_reads python benchmarks/kernel_sweep.py examples/llama-1b-8b-b32.toml --kinds qkv o_proj gate_up down \
         --tiles-from benchmarks/results/kernel_sweep_b32_h100.json --prewarm 15 --read --cublas \
@@ -200,5 +206,5 @@ reads)  # --read's launches (kernel_sweep.stream_read beside torch's row sums) a
         --batches 1 4 16 64 --contexts 512 2048 8192 --tiles-from benchmarks/results/attention_sweep_h100.json \
         --prewarm 15 --read --json "$out/attention_reads.json" ;;
 *)
-    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused5|combine|harness_gap|flush_drift|retime|serving_retime|phases|auto2|reads|retime_h200|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
+    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused5|combine|harness_gap|flush_drift|retime|serving_retime|phases|auto2|reads|compute|retime_h200|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
 esac

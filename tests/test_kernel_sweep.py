@@ -94,6 +94,20 @@ def test_the_candidates_are_the_shipped_tile_its_neighbours_then_a_sample_all_wi
     assert tiles != sweep.candidates(shape, shipped, H200_SMS, per_shape=30, seed=1)
 
 
+def test_past_128_rows_the_tall_compute_tiles_come_right_after_the_shipped_one():
+    shipped = sweep.Tile(64, 64, 64, 2, 4, 3)
+    down = sweep.Shape(512, 3072, 8192, "down")
+    tall = sweep.compute_tiles(down, H200_SMS)
+    assert tall and all(t.block_m == 128 and t.split_k in sweep.COMPUTE_SPLITS and sweep.fits(t, down, H200_SMS)
+                        for t in tall)
+    assert sweep.Tile(128, 128, 64, 1, 8, 3) in tall  # 96 programs: more than half a wave
+    assert sweep.candidates(down, shipped, H200_SMS, per_shape=len(tall))[1:] == tall
+    gate_up = sweep.Shape(512, 13824, 5120, "gate_up")  # two accumulators: 128 x 256 would spill
+    assert sweep.compute_tiles(gate_up, H200_SMS) and all(t.block_n <= 128 for t in sweep.compute_tiles(gate_up, H200_SMS))
+    assert sweep.compute_tiles(sweep.Shape(128, 4096, 4096, "o_proj"), H200_SMS) == []  # 128 rows: the sample alone, as before
+    assert sweep.compute_tiles(sweep.AttnShape(1, 5, 32, 8, 128, 512), H200_SMS) == []
+
+
 def test_tiles_that_would_spill_or_starve_the_gpu_are_not_candidates():
     gate_up = sweep.Shape(40, 14336, 4096, "gate_up")
     assert not sweep.fits(sweep.Tile(64, 256, 64, 1, 4, 3), gate_up, H200_SMS)  # 2 x 64 x 256 accumulators, 4 warps
