@@ -1,15 +1,20 @@
 """What the H100's serving-size sweep says by row count, from committed sweeps (no GPU).
 
+    python lab/kernel_tiles/serving_rows.py benchmarks/results/serving_reads_h100.json \
+        --also benchmarks/results/attention_reads_h100.json      # tables 1 and 2 (benchmarks/README.md)
     python lab/kernel_tiles/serving_rows.py benchmarks/results/serving_sweep_h100.json \
-        --also benchmarks/results/kernel_sweep_b32_h100.json
+        --also benchmarks/results/kernel_sweep_b32_h100.json     # table 3 (commit a55a300)
 
 1. Per model and band of rows, the medians of the share of copy bandwidth that the shipped tile, the
    best tile and a launch only reading the same bytes (`--read`) reached, how many best tiles reach
    #49's 85%, and the best tile over the shipped one (geometric mean): benchmarks/README.md's table
-   (the tiny CPU example's shapes left out). Where the sweep recorded the dense bf16 rate
+   (the tiny CPU example's shapes left out); with `--cublas`, cuBLAS's median share and the best tile's
+   time over cuBLAS's (geometric mean). Where the sweep recorded the dense bf16 rate
    (`matmul_tflops`), also the best tile's share of the roofline floor: the larger of the weight bytes
    at the copy rate and the FLOPs (rows x weight bytes: two a weight element a row) at that rate.
-2. For the GEMMs that multiply more rows than the shipped tile's row block (BLOCK_M), with the
+2. With `--read`: the read launch's median share of copy by size (this sweep's and `--also`'s shapes),
+   and a line through the GEMMs' reads: a launch's fixed time and the rate it streams at.
+3. For the GEMMs that multiply more rows than the shipped tile's row block (BLOCK_M), with the
    `--also` sweeps: the best tile with BLOCK_M at the rows (a power of two, at most 64) over the best
    at the shipped BLOCK_M, and the candidates closest to raising BLOCK_M alone (the shipped tile's
    other keys kept; and with BLOCK_N cut by the same factor, keeping the program count) over the
@@ -59,13 +64,38 @@ def bands(shapes: list[dict], copy_gbs: float | None = None, tflops: float | Non
                         "at_85": sum(s["best"]["share_of_copy"] >= 0.85 for s in got),
                         "read": statistics.median(s["read"]["share_of_copy"] for s in got),
                         "gain": statistics.geometric_mean(s["shipped"]["us"] / s["best"]["us"] for s in got)})
+            if all("us" in s.get("cublas", {}) for s in got):  # --cublas: the library on the same bytes
+                out[-1]["cublas"] = statistics.median(s["cublas"]["share_of_copy"] for s in got)
+                out[-1]["best_over_cublas"] = statistics.geometric_mean(s["best"]["us"] / s["cublas"]["us"] for s in got)
             if copy_gbs and tflops:
                 out[-1]["roofline"] = statistics.median(roofline_us(s, copy_gbs, tflops) / s["best"]["us"] for s in got)
     return out
 
 
+READ_BANDS_MB = (1, 3, 10, 20, 40, 80, 150, 300, 1 << 20)
+
+
+def reads_by_size(shapes: list[dict]) -> list[dict]:
+    """Table 2: the read launch's median share of copy per band of bytes (every shape with a timed read)."""
+    timed = [s for s in shapes if "us" in s.get("read", {})]
+    out = []
+    for low, high in zip(READ_BANDS_MB, READ_BANDS_MB[1:]):
+        got = [s["read"]["share_of_copy"] for s in timed if low <= s["bytes"] / 1e6 < high]
+        if got:
+            out.append({"mb": f"{low}-{high}" if high < 1 << 20 else f"{low}+", "shapes": len(got),
+                        "median": statistics.median(got), "low": min(got), "high": max(got)})
+    return out
+
+
+def read_line(shapes: list[dict]) -> tuple[float, float]:
+    """A least-squares line through the GEMM shapes' read launches of 1 MB or more: (us a launch, GB/s)."""
+    timed = [s for s in shapes if s["kind"] in GEMMS and "us" in s.get("read", {}) and s["bytes"] >= 1e6]
+    slope, intercept = statistics.linear_regression([s["bytes"] / 1e6 for s in timed], [s["read"]["us"] for s in timed])
+    return intercept, 1e3 / slope
+
+
 def row_blocks(shapes: list[dict]) -> list[dict]:
-    """Table 2: per GEMM whose rows exceed its shipped BLOCK_M, the comparisons of the docstring."""
+    """Table 3: per GEMM whose rows exceed its shipped BLOCK_M, the comparisons of the docstring."""
     out = []
     for s in shapes:
         shipped = s["shipped"].get("plan_keys")
@@ -96,7 +126,7 @@ def row_blocks(shapes: list[dict]) -> list[dict]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweep", type=Path, help="the serving-size sweep (kernel_sweep.py --read)")
-    parser.add_argument("--also", nargs="*", type=Path, default=[], help="more sweeps for table 2")
+    parser.add_argument("--also", nargs="*", type=Path, default=[], help="more sweeps for tables 2 and 3")
     args = parser.parse_args()
     try:
         sweep = json.loads(args.sweep.read_text())
@@ -108,10 +138,17 @@ def main() -> int:
     if tflops:
         print(f"copy {copy_gbs:.0f} GB/s, dense bf16 {tflops:.0f} TFLOP/s: the ridge at {tflops * 1e3 / copy_gbs:.0f} rows")
     print(f"{'model':7} {'rows':>8} {'shapes':>6} {'shipped':>8} {'best':>6} {'>=85%':>6} {'read':>6} {'best/shipped':>12}"
-          + (f" {'best, of roofline':>17}" if tflops else ""))
+          f" {'cuBLAS':>6} {'best/cuBLAS time':>16} {'best, of roofline':>17}")
     for b in bands(main_shapes, copy_gbs, tflops):
+        cublas = f" {b['cublas']:6.0%} {b['best_over_cublas']:15.2f}x" if "cublas" in b else f" {'-':>6} {'-':>16}"
         print(f"{b['model']:7} {b['rows']:>8} {b['shapes']:6d} {b['shipped']:8.0%} {b['best']:6.0%} {b['at_85']:6d} "
-              f"{b['read']:6.0%} {b['gain']:11.2f}x" + (f" {b['roofline']:17.0%}" if "roofline" in b else ""))
+              f"{b['read']:6.0%} {b['gain']:11.2f}x" + cublas + (f" {b['roofline']:17.0%}" if "roofline" in b else f" {'-':>17}"))
+    if any("us" in s.get("read", {}) for s in main_shapes):
+        print(f"\n{'read MB':>9} {'shapes':>6} {'median':>6} {'range':>9}   (this sweep and --also's)")
+        for r in reads_by_size(main_shapes + more):
+            print(f"{r['mb']:>9} {r['shapes']:6d} {r['median']:6.0%} {r['low']:4.0%}-{r['high']:.0%}")
+        fixed_us, gbs = read_line(main_shapes)
+        print(f"the GEMMs' reads: {fixed_us:.1f} us a launch plus the bytes at {gbs:.0f} GB/s ({gbs / copy_gbs:.0%} of copy)")
     blocks = row_blocks(main_shapes + more)
     print(f"\n{'shape':26} {'model':6} {'BLOCK_M':>7} {'best taller/best shipped':>24}  raised alone; raised, BLOCK_N cut")
     for r in blocks:
