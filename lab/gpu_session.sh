@@ -25,8 +25,8 @@
 #        target's attention over #49's grid of batches and contexts, beside a launch reading its bytes
 #        (attn_examples: the examples' own attention shapes); combine: the attention's split merge made
 #        lighter against the product's (lab/attention_combine; harness_gap: the sweep's attention timing
-#        against that harness's); auto: verify49
-#        on an H200, else reads (the read launches, stream_read beside the row sums, and cuBLAS, over the known tiles);
+#        against that harness's); auto: verify49 on an H200, else compute; reads: the read launches
+#        (stream_read beside the row sums) and cuBLAS over the known tiles;
 #        retime_h200: the H200's sweeps' known tiles timed again with the paired flush timing; compute: the
 #        target's GEMMs past 128 rows with the tall tiles a Hopper matmul runs at, beside cuBLAS;
 #        retime: the flush probe, both attention sweeps and the B=32 example's sweep with the paired flush timing;
@@ -177,10 +177,9 @@ attn_examples)  # the examples' own target attention shapes (contexts 1024 and 4
         --per-shape 16 --prewarm 15 --read --json "$out/attn_examples.json" ;;
 streamed_checks)  # the streamed kernel's correctness log on this GPU
     run 500 streamed_checks python benchmarks/streamed_checks.py --json "$out/streamed_checks.json" ;;
-auto)  # the next call whatever card comes: #49's H200 record on an H200, else the read launches (stream_read
-    # beside torch's row sums) over the serving shapes and the attention grid, the known tiles timed again beside them
+auto)  # the next call whatever card comes: #49's H200 record on an H200, else the tall tiles past 128 rows (compute)
     trap - EXIT
-    if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" reads; fi ;;
+    if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" compute; fi ;;
 retime_h200)  # the H200's sweeps' shipped and best tiles timed again with the flush taken off pair by pair (d201728),
     # beside the read launches: then --tabulate them after the exploring sweeps (benchmarks/README.md)
     six=(examples/llama-1b-8b-b1.toml examples/llama-1b-8b-b8.toml examples/qwen25-05b-7b-b8.toml
