@@ -190,7 +190,7 @@ retime_h200)  # the H200's sweeps' shipped and best tiles timed again with the f
             --json "$out/kernel_retime_${model}.json"
     done ;;
 compute)  # the target's GEMMs past 128 rows (B=32 and 64, k 5 and 7) with the tall compute tiles first, beside cuBLAS
-    run 420 compute_sweep python benchmarks/kernel_sweep.py examples/llama-1b-8b-b1.toml examples/llama-1b-3b-b16-ctx4k.toml \
+    run "${COMPUTE_LIMIT:-420}" compute_sweep python benchmarks/kernel_sweep.py examples/llama-1b-8b-b1.toml examples/llama-1b-3b-b16-ctx4k.toml \
         examples/qwen25-05b-7b-b8.toml examples/qwen25-15b-14b-b4.toml examples/qwen3-06b-8b-b4.toml --models target \
         --kinds qkv o_proj gate_up down --batches 32 64 --ks 5 7 --per-shape 13 --prewarm 15 --cublas \
         --json "$out/compute_sweep.json" ;;
