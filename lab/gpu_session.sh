@@ -25,7 +25,8 @@
 #        target's attention over #49's grid of batches and contexts, beside a launch reading its bytes
 #        (attn_examples: the examples' own attention shapes); combine: the attention's split merge made
 #        lighter against the product's (lab/attention_combine; harness_gap: the sweep's attention timing
-#        against that harness's); auto: verify49 on an H200, else compute; reads: the read launches
+#        against that harness's); auto: verify49 on an H200, else compute_retime (compute's tall tiles beside
+#        the serving sweep's best in one process); reads: the read launches
 #        (stream_read beside the row sums) and cuBLAS over the known tiles;
 #        retime_h200: the H200's sweeps' known tiles timed again with the paired flush timing; compute: the
 #        target's GEMMs past 128 rows with the tall tiles a Hopper matmul runs at, beside cuBLAS;
@@ -177,9 +178,9 @@ attn_examples)  # the examples' own target attention shapes (contexts 1024 and 4
         --per-shape 16 --prewarm 15 --read --json "$out/attn_examples.json" ;;
 streamed_checks)  # the streamed kernel's correctness log on this GPU
     run 500 streamed_checks python benchmarks/streamed_checks.py --json "$out/streamed_checks.json" ;;
-auto)  # the next call whatever card comes: #49's H200 record on an H200, else the tall tiles past 128 rows (compute)
+auto)  # the next call whatever card comes: #49's H200 record on an H200, else the tall tiles beside the former best
     trap - EXIT
-    if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" compute; fi ;;
+    if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" compute_retime; fi ;;
 retime_h200)  # the H200's sweeps' shipped and best tiles timed again with the flush taken off pair by pair (d201728),
     # beside the read launches: then --tabulate them after the exploring sweeps (benchmarks/README.md)
     six=(examples/llama-1b-8b-b1.toml examples/llama-1b-8b-b8.toml examples/qwen25-05b-7b-b8.toml
@@ -194,6 +195,12 @@ compute)  # the target's GEMMs past 128 rows (B=32 and 64, k 5 and 7) with the t
         examples/qwen25-05b-7b-b8.toml examples/qwen25-15b-14b-b4.toml examples/qwen3-06b-8b-b4.toml --models target \
         --kinds qkv o_proj gate_up down --batches 32 64 --ks 5 7 --per-shape 13 --prewarm 15 --cublas \
         --json "$out/compute_sweep.json" ;;
+compute_retime)  # compute's tall tiles and the serving sweep's best tiles timed in one process (then --tabulate it last)
+    run 300 compute_retime python benchmarks/kernel_sweep.py examples/llama-1b-8b-b1.toml \
+        examples/llama-1b-3b-b16-ctx4k.toml examples/qwen25-05b-7b-b8.toml examples/qwen25-15b-14b-b4.toml \
+        examples/qwen3-06b-8b-b4.toml --models target --kinds qkv o_proj gate_up down --batches 32 64 --ks 5 7 \
+        --tiles-from benchmarks/results/serving_reads_h100.json benchmarks/results/compute_sweep_h100.json \
+        --prewarm 15 --read --cublas --json "$out/compute_retime.json" ;;
 reads)  # --read's launches (kernel_sweep.stream_read beside torch's row sums) and cuBLAS with each shape's known tiles
     run 80 b32_reads python benchmarks/kernel_sweep.py examples/llama-1b-8b-b32.toml --kinds qkv o_proj gate_up down \
         --tiles-from benchmarks/results/kernel_sweep_b32_h100.json --prewarm 15 --read --cublas \
@@ -205,5 +212,5 @@ reads)  # --read's launches (kernel_sweep.stream_read beside torch's row sums) a
         --batches 1 4 16 64 --contexts 512 2048 8192 --tiles-from benchmarks/results/attention_sweep_h100.json \
         --prewarm 15 --read --json "$out/attention_reads.json" ;;
 *)
-    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused5|combine|harness_gap|flush_drift|retime|serving_retime|phases|auto2|reads|compute|retime_h200|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
+    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused5|combine|harness_gap|flush_drift|retime|serving_retime|phases|auto2|reads|compute|compute_retime|retime_h200|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
 esac
