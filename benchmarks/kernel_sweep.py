@@ -12,8 +12,9 @@ compiler/buffers.py stores them) and of their attention (fp32 queries, bf16 cach
 context, bf16 output; the draft's first step and the verify pass): the tile `plans/streams.json` ships, with its
 launch settings, and up to --per-shape candidates (GEMM: BLOCK_N x BLOCK_K x SPLIT_K x num_warps x
 num_stages; attention: BLOCK_N x SPLIT_KV x num_warps x num_stages), pruned to grids that fill the GPU
-(attention: any grid) without running out of shared memory or registers (`fits`): the shipped tile's
-one-knob neighbours first, then a seeded sample of the rest. Each launch is checked against torch, then
+(attention: any grid) without running out of shared memory or registers (`fits`): past 128 rows the
+tall tiles a compute-bound matmul runs at first (`compute_tiles`, since 03a0dc4), then the shipped
+tile's one-knob neighbours, then a seeded sample of the rest. Each launch is checked against torch, then
 timed as launch verdicts time one: ten calls in a CUDA graph, L2 overwritten before each, the
 overwrites' own time taken off replay by replay (timing.time_per_call). Its bytes (weights; K and V read) over that time
 against the copy bandwidth say how near the byte floor the tile gets.
@@ -100,7 +101,7 @@ READ_SHARE_MAX = 1.2  # a launch reading cold bytes faster than this share of th
 # Hopper's rate x latency asks; as many programs as fit an SM at once (BLOCK 8192: 48 registers a thread, five)
 READERS = ((4096, 4), (4096, 8), (8192, 4), (16384, 2))
 # Past 128 rows a GEMM's tensor-core work nears its bytes' time (the ridge: 263 rows on an H100), and the
-# template at the sampled tiles ran 1.2-2.2x cuBLAS's time there (results/serving_reads_h100.json): every
+# template at the sampled tiles ran 1.08-2.30x cuBLAS's time there (results/serving_reads_h100.json): every
 # such shape also tries the tall tiles a Hopper matmul runs at, (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
 # at each of COMPUTE_SPLITS that fits, beside the sample
 COMPUTE_ROWS = 129

@@ -95,13 +95,21 @@ def test_the_candidates_are_the_shipped_tile_its_neighbours_then_a_sample_all_wi
 
 
 def test_past_128_rows_the_tall_compute_tiles_come_right_after_the_shipped_one():
-    shipped = sweep.Tile(64, 64, 64, 2, 4, 3)
-    down = sweep.Shape(512, 3072, 8192, "down")
+    T = sweep.Tile
+    down = sweep.Shape(512, 3072, 8192, "down")  # 4 row blocks of 128 by 24, 12 or 48 column blocks
     tall = sweep.compute_tiles(down, H200_SMS)
-    assert tall and all(t.block_m == 128 and t.split_k in sweep.COMPUTE_SPLITS and sweep.fits(t, down, H200_SMS)
-                        for t in tall)
-    assert sweep.Tile(128, 128, 64, 1, 8, 3) in tall  # 96 programs: more than half a wave
+    assert tall == [T(128, 128, 64, 1, 8, 3), T(128, 128, 64, 2, 8, 3), T(128, 128, 64, 4, 8, 3),
+                    T(128, 128, 64, 1, 8, 4), T(128, 128, 64, 2, 8, 4), T(128, 128, 64, 4, 8, 4),
+                    T(128, 256, 64, 2, 8, 3), T(128, 256, 64, 4, 8, 3),  # unsplit: 48 programs, under half a wave
+                    T(128, 64, 64, 1, 4, 4), T(128, 64, 64, 2, 4, 4), T(128, 64, 64, 4, 4, 4)]
+    shipped = T(64, 64, 64, 2, 4, 3)
     assert sweep.candidates(down, shipped, H200_SMS, per_shape=len(tall))[1:] == tall
+    # a shipped tile that is itself a compute tile comes once, first
+    tiles = sweep.candidates(down, tall[0], H200_SMS, per_shape=30)
+    assert tiles[0] == tall[0] and tiles.count(tall[0]) == 1 and tiles[1:len(tall)] == tall[1:]
+    assert len(set(tiles)) == len(tiles)
+    for rows in (129, 192):  # from the first row past 128
+        assert sweep.compute_tiles(sweep.Shape(rows, 4096, 4096, "o_proj"), H200_SMS)
     gate_up = sweep.Shape(512, 13824, 5120, "gate_up")  # two accumulators: 128 x 256 would spill
     assert sweep.compute_tiles(gate_up, H200_SMS) and all(t.block_n <= 128 for t in sweep.compute_tiles(gate_up, H200_SMS))
     assert sweep.compute_tiles(sweep.Shape(128, 4096, 4096, "o_proj"), H200_SMS) == []  # 128 rows: the sample alone, as before

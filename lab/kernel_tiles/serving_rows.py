@@ -4,6 +4,8 @@
         --also benchmarks/results/attention_reads_h100.json      # tables 1 and 2 (benchmarks/README.md)
     python lab/kernel_tiles/serving_rows.py benchmarks/results/serving_sweep_h100.json \
         --also benchmarks/results/kernel_sweep_b32_h100.json     # table 3 (commit a55a300)
+    python lab/kernel_tiles/serving_rows.py benchmarks/results/compute_sweep_h100.json \
+        --against benchmarks/results/serving_reads_h100.json     # table 4
 
 1. Per model and band of rows, the medians of the share of copy bandwidth that the shipped tile, the
    best tile and a launch only reading the same bytes (`--read`) reached, how many best tiles reach
@@ -12,13 +14,17 @@
    time over cuBLAS's (geometric mean). Where the sweep recorded the dense bf16 rate
    (`matmul_tflops`), also the best tile's share of the roofline floor: the larger of the weight bytes
    at the copy rate and the FLOPs (rows x weight bytes: two a weight element a row) at that rate.
-2. With `--read`: the read launch's median share of copy by size (this sweep's and `--also`'s shapes),
-   and a line through the GEMMs' reads: a launch's fixed time and the rate it streams at.
+2. Where the sweep timed read launches (kernel_sweep.py --read): their median share of copy by size
+   (this sweep's and `--also`'s shapes), and a line through the GEMMs' reads: a launch's fixed time
+   and the rate it streams at.
 3. For the GEMMs that multiply more rows than the shipped tile's row block (BLOCK_M), with the
    `--also` sweeps: the best tile with BLOCK_M at the rows (a power of two, at most 64) over the best
    at the shipped BLOCK_M, and the candidates closest to raising BLOCK_M alone (the shipped tile's
    other keys kept; and with BLOCK_N cut by the same factor, keeping the program count) over the
    shipped tile. Why no one-key BLOCK_M move entered the heuristic (commit a55a300).
+4. `--against SWEEP.json`: this sweep's best tiles against that one's on the shapes both timed beside
+   cuBLAS (--cublas): each best over its own process's cuBLAS, cuBLAS across the two, and the two
+   bests across them (benchmarks/README.md's tall tiles past 128 rows).
 Lab code: nothing in `conjugate/` imports it.
 """
 from __future__ import annotations
@@ -45,30 +51,39 @@ def cpu_only(shape: dict) -> bool:
 
 def roofline_us(shape: dict, copy_gbs: float, tflops: float) -> float:
     """The shape's floor in us: its weight bytes streamed at the copy rate, or its FLOPs at the dense
-    rate where the rows put it past the ridge (about peak/copy rows: 240-250 on a Hopper)."""
+    rate where the rows put it past the ridge (peak / copy rows: 263 on the H100, about 188 on the H200)."""
     return max(shape["bytes"] / (copy_gbs * 1e3), rows_of(shape) * shape["bytes"] / (tflops * 1e6))
 
 
+def timed(shape: dict, what: str) -> bool:
+    return "us" in (shape.get(what) or {})
+
+
 def bands(shapes: list[dict], copy_gbs: float | None = None, tflops: float | None = None) -> list[dict]:
-    """Table 1: one row per (model, band) with shapes in it (with the roofline share where both rates
-    are given)."""
+    """Table 1: one row per (model, band) with shapes in it. A shape whose read launch could not be
+    timed beside the L2 flush is left out (its tiles' times are that flush's noise, as --tabulate
+    says); the read and cuBLAS medians are over the shapes that have them (None where none has), the
+    roofline share where both rates are given."""
     out = []
     for model, low, high in BANDS:
         got = [s for s in shapes if s["model"] == model and s["kind"] in GEMMS and low <= rows_of(s) <= high
-               and s.get("best") and "us" in s["shipped"] and "us" in s.get("read", {}) and not cpu_only(s)]
-        if got:
-            out.append({"model": model, "rows": f"{min(map(rows_of, got))}-{max(map(rows_of, got))}",
-                        "shapes": len(got),
-                        "shipped": statistics.median(s["shipped"]["share_of_copy"] for s in got),
-                        "best": statistics.median(s["best"]["share_of_copy"] for s in got),
-                        "at_85": sum(s["best"]["share_of_copy"] >= 0.85 for s in got),
-                        "read": statistics.median(s["read"]["share_of_copy"] for s in got),
-                        "gain": statistics.geometric_mean(s["shipped"]["us"] / s["best"]["us"] for s in got)})
-            if all("us" in s.get("cublas", {}) for s in got):  # --cublas: the library on the same bytes
-                out[-1]["cublas"] = statistics.median(s["cublas"]["share_of_copy"] for s in got)
-                out[-1]["best_over_cublas"] = statistics.geometric_mean(s["best"]["us"] / s["cublas"]["us"] for s in got)
-            if copy_gbs and tflops:
-                out[-1]["roofline"] = statistics.median(roofline_us(s, copy_gbs, tflops) / s["best"]["us"] for s in got)
+               and s.get("best") and timed(s, "shipped") and "error" not in (s.get("read") or {}) and not cpu_only(s)]
+        if not got:
+            continue
+        read = [s["read"]["share_of_copy"] for s in got if timed(s, "read")]
+        cublas = [s for s in got if timed(s, "cublas")]  # --cublas: the library on the same bytes
+        out.append({"model": model, "rows": f"{min(map(rows_of, got))}-{max(map(rows_of, got))}", "shapes": len(got),
+                    "shipped": statistics.median(s["shipped"]["share_of_copy"] for s in got),
+                    "best": statistics.median(s["best"]["share_of_copy"] for s in got),
+                    "at_85": sum(s["best"]["share_of_copy"] >= 0.85 for s in got),
+                    "read": statistics.median(read) if read else None,
+                    "gain": statistics.geometric_mean(s["shipped"]["us"] / s["best"]["us"] for s in got),
+                    "cublas_shapes": len(cublas),
+                    "cublas": statistics.median(s["cublas"]["share_of_copy"] for s in cublas) if cublas else None,
+                    "best_over_cublas": statistics.geometric_mean(s["best"]["us"] / s["cublas"]["us"] for s in cublas)
+                    if cublas else None})
+        if copy_gbs and tflops:
+            out[-1]["roofline"] = statistics.median(roofline_us(s, copy_gbs, tflops) / s["best"]["us"] for s in got)
     return out
 
 
@@ -77,20 +92,23 @@ READ_BANDS_MB = (1, 3, 10, 20, 40, 80, 150, 300, 1 << 20)
 
 def reads_by_size(shapes: list[dict]) -> list[dict]:
     """Table 2: the read launch's median share of copy per band of bytes (every shape with a timed read)."""
-    timed = [s for s in shapes if "us" in s.get("read", {})]
+    reads = [s for s in shapes if timed(s, "read")]
     out = []
     for low, high in zip(READ_BANDS_MB, READ_BANDS_MB[1:]):
-        got = [s["read"]["share_of_copy"] for s in timed if low <= s["bytes"] / 1e6 < high]
+        got = [s["read"]["share_of_copy"] for s in reads if low <= s["bytes"] / 1e6 < high]
         if got:
             out.append({"mb": f"{low}-{high}" if high < 1 << 20 else f"{low}+", "shapes": len(got),
                         "median": statistics.median(got), "low": min(got), "high": max(got)})
     return out
 
 
-def read_line(shapes: list[dict]) -> tuple[float, float]:
-    """A least-squares line through the GEMM shapes' read launches of 1 MB or more: (us a launch, GB/s)."""
-    timed = [s for s in shapes if s["kind"] in GEMMS and "us" in s.get("read", {}) and s["bytes"] >= 1e6]
-    slope, intercept = statistics.linear_regression([s["bytes"] / 1e6 for s in timed], [s["read"]["us"] for s in timed])
+def read_line(shapes: list[dict]) -> tuple[float, float] | None:
+    """A least-squares line through the GEMM shapes' read launches of 1 MB or more: (us a launch, GB/s);
+    None with fewer than two such shapes of different sizes."""
+    reads = [s for s in shapes if s["kind"] in GEMMS and timed(s, "read") and s["bytes"] >= 1e6]
+    if len({s["bytes"] for s in reads}) < 2:
+        return None
+    slope, intercept = statistics.linear_regression([s["bytes"] / 1e6 for s in reads], [s["read"]["us"] for s in reads])
     return intercept, 1e3 / slope
 
 
@@ -123,45 +141,100 @@ def row_blocks(shapes: list[dict]) -> list[dict]:
     return out
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("sweep", type=Path, help="the serving-size sweep (kernel_sweep.py --read)")
-    parser.add_argument("--also", nargs="*", type=Path, default=[], help="more sweeps for tables 2 and 3")
-    args = parser.parse_args()
-    try:
-        sweep = json.loads(args.sweep.read_text())
-        main_shapes, copy_gbs, tflops = sweep["shapes"], sweep["copy_gbs"], sweep.get("matmul_tflops")
-        more = [s for p in args.also for s in json.loads(p.read_text())["shapes"]]
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        print(f"serving_rows.py: not a kernel_sweep.py result ({type(error).__name__}: {error})", file=sys.stderr)
-        return 2
-    if tflops:
-        print(f"copy {copy_gbs:.0f} GB/s, dense bf16 {tflops:.0f} TFLOP/s: the ridge at {tflops * 1e3 / copy_gbs:.0f} rows")
+def against(shapes: list[dict], other_shapes: list[dict], other_name: str) -> dict | None:
+    """Table 4: this sweep's best tiles against another sweep's on the shapes both timed with cuBLAS
+    beside them (each ratio within its own process, then across the two): None where none is shared."""
+    other = {(s["shape"], s["model"]): s for s in other_shapes if s.get("best") and timed(s, "cublas")}
+    pairs = [(s, other[(s["shape"], s["model"])]) for s in shapes
+             if s.get("best") and timed(s, "cublas") and (s["shape"], s["model"]) in other]
+    if not pairs:
+        return None
+    here = [s["best"]["us"] / s["cublas"]["us"] for s, _ in pairs]
+    by_rows: dict[int, list[float]] = {}
+    for (s, _), r in zip(pairs, here):
+        by_rows.setdefault(rows_of(s), []).append(r)
+    across = [o["best"]["us"] / s["best"]["us"] for s, o in pairs]
+    return {"other": other_name, "shapes": len(pairs),
+            "tall": sum(s["best"]["plan_keys"]["BLOCK_M"] >= 128 for s, _ in pairs),
+            "best_over_cublas": statistics.geometric_mean(here), "low": min(here), "high": max(here),
+            "by_rows": {r: statistics.geometric_mean(v) for r, v in sorted(by_rows.items())},
+            "other_best_over_cublas": statistics.geometric_mean(o["best"]["us"] / o["cublas"]["us"] for _, o in pairs),
+            "cublas_here_over_other": statistics.geometric_mean(s["cublas"]["us"] / o["cublas"]["us"] for s, o in pairs),
+            "other_best_over_best": statistics.geometric_mean(across), "across_low": min(across),
+            "across_high": max(across), "other_faster": sum(a < 1 for a in across)}
+
+
+def print_bands(rows: list[dict]) -> None:
+    def share(x: float | None, width: int) -> str:
+        return f"{x:{width}.0%}" if x is not None else f"{'-':>{width}}"
+
     print(f"{'model':7} {'rows':>8} {'shapes':>6} {'shipped':>8} {'best':>6} {'>=85%':>6} {'read':>6} {'best/shipped':>12}"
-          f" {'cuBLAS':>6} {'best/cuBLAS time':>16} {'best, of roofline':>17}")
-    for b in bands(main_shapes, copy_gbs, tflops):
-        cublas = f" {b['cublas']:6.0%} {b['best_over_cublas']:15.2f}x" if "cublas" in b else f" {'-':>6} {'-':>16}"
+          f" {'cuBLAS (shapes)':>15} {'best/cuBLAS time':>16} {'best, of roofline':>17}")
+    for b in rows:
+        over = f"{b['best_over_cublas']:15.2f}x" if b["best_over_cublas"] else f"{'-':>16}"
         print(f"{b['model']:7} {b['rows']:>8} {b['shapes']:6d} {b['shipped']:8.0%} {b['best']:6.0%} {b['at_85']:6d} "
-              f"{b['read']:6.0%} {b['gain']:11.2f}x" + cublas + (f" {b['roofline']:17.0%}" if "roofline" in b else f" {'-':>17}"))
-    if any("us" in s.get("read", {}) for s in main_shapes):
-        print(f"\n{'read MB':>9} {'shapes':>6} {'median':>6} {'range':>9}   (this sweep and --also's)")
-        for r in reads_by_size(main_shapes + more):
-            print(f"{r['mb']:>9} {r['shapes']:6d} {r['median']:6.0%} {r['low']:4.0%}-{r['high']:.0%}")
-        fixed_us, gbs = read_line(main_shapes)
-        print(f"the GEMMs' reads: {fixed_us:.1f} us a launch plus the bytes at {gbs:.0f} GB/s ({gbs / copy_gbs:.0%} of copy)")
-    blocks = row_blocks(main_shapes + more)
+              f"{share(b['read'], 6)} {b['gain']:11.2f}x {share(b['cublas'], 9)} ({b['cublas_shapes']:3d}) {over} "
+              f"{share(b.get('roofline'), 17)}")
+
+
+def print_against(a: dict | None) -> None:
+    if a is None:
+        print("\n--against: no shape timed beside cuBLAS in both sweeps")
+        return
+    rows = ", ".join(f"{r}: {v:.2f}x" for r, v in a["by_rows"].items())
+    print(f"\nagainst {a['other']}, {a['shapes']} shapes: {a['tall']} best tiles with BLOCK_M 128 or more; best / cuBLAS "
+          f"{a['best_over_cublas']:.3f}x ({a['low']:.2f}-{a['high']:.2f}x; by rows {rows}), there "
+          f"{a['other_best_over_cublas']:.3f}x; cuBLAS here / there {a['cublas_here_over_other']:.3f}x; its best / "
+          f"this best {a['other_best_over_best']:.3f}x ({a['across_low']:.2f}-{a['across_high']:.2f}x, its faster on "
+          f"{a['other_faster']})")
+
+
+def print_row_blocks(blocks: list[dict]) -> None:
+    ratios = [r["best_taller"] for r in blocks if r["best_taller"]]
+    alone = [x for r in blocks for x in r["raised_alone"]]
+    narrower = [x for r in blocks for x in r["raised_narrower"]]
+    if not (ratios or alone or narrower):  # a sweep of known tiles (--tiles-from) has no candidates to compare
+        print("\ntable 3: no candidates at another BLOCK_M in these sweeps")
+        return
     print(f"\n{'shape':26} {'model':6} {'BLOCK_M':>7} {'best taller/best shipped':>24}  raised alone; raised, BLOCK_N cut")
     for r in blocks:
         taller = f"{r['best_taller']:.3f}" if r["best_taller"] else "-"
         print(f"{r['shape']:26} {r['model']:6} {r['block_m']:>7} {taller:>24}  "
               f"{[round(x, 2) for x in r['raised_alone']]}; {[round(x, 2) for x in r['raised_narrower']]}")
-    ratios = [r["best_taller"] for r in blocks if r["best_taller"]]
-    alone = [x for r in blocks for x in r["raised_alone"]]
-    narrower = [x for r in blocks for x in r["raised_narrower"]]
     if ratios:
         print(f"best taller / best at the shipped BLOCK_M: {statistics.geometric_mean(ratios):.2f}x geometric mean "
               f"over {len(ratios)}; raised alone {min(alone, default=0):.2f}-{max(alone, default=0):.2f}x; "
               f"with BLOCK_N cut {min(narrower, default=0):.2f}-{max(narrower, default=0):.2f}x")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sweep", type=Path, help="the serving-size sweep (kernel_sweep.py --read)")
+    parser.add_argument("--also", nargs="*", type=Path, default=[], help="more sweeps for tables 2 and 3")
+    parser.add_argument("--against", type=Path, metavar="SWEEP.json",
+                        help="table 4: this sweep's best tiles against that one's, each beside cuBLAS (--cublas)")
+    args = parser.parse_args()
+    try:
+        sweep = json.loads(args.sweep.read_text())
+        main_shapes, copy_gbs, tflops = sweep["shapes"], sweep["copy_gbs"], sweep.get("matmul_tflops")
+        more = [s for p in args.also for s in json.loads(p.read_text())["shapes"]]
+        other = json.loads(args.against.read_text())["shapes"] if args.against else []
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        print(f"serving_rows.py: not a kernel_sweep.py result ({type(error).__name__}: {error})", file=sys.stderr)
+        return 2
+    if tflops:
+        print(f"copy {copy_gbs:.0f} GB/s, dense bf16 {tflops:.0f} TFLOP/s: the ridge at {tflops * 1e3 / copy_gbs:.0f} rows")
+    print_bands(bands(main_shapes, copy_gbs, tflops))
+    line = read_line(main_shapes)
+    if line:
+        print(f"\n{'read MB':>9} {'shapes':>6} {'median':>6} {'range':>9}   (this sweep and --also's)")
+        for r in reads_by_size(main_shapes + more):
+            print(f"{r['mb']:>9} {r['shapes']:6d} {r['median']:6.0%} {r['low']:4.0%}-{r['high']:.0%}")
+        print(f"the GEMMs' reads: {line[0]:.1f} us a launch plus the bytes at {line[1]:.0f} GB/s "
+              f"({line[1] / copy_gbs:.0%} of copy)")
+    if args.against:
+        print_against(against(main_shapes, other, args.against.name))
+    print_row_blocks(row_blocks(main_shapes + more))
     return 0
 
 
