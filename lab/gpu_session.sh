@@ -29,7 +29,8 @@
 #        the serving sweep's best in one process); reads: the read launches
 #        (stream_read beside the row sums) and cuBLAS over the known tiles;
 #        retime_h200: the H200's sweeps' known tiles timed again with the paired flush timing; compute: the
-#        target's GEMMs past 128 rows with the tall tiles a Hopper matmul runs at, beside cuBLAS;
+#        target's GEMMs past 128 rows with the tall tiles a Hopper matmul runs at, beside cuBLAS; tall_gemm:
+#        lab/tall_gemm's TMA, grouped, persistent GEMM past 128 rows against cuBLAS and the template;
 #        retime: the flush probe, both attention sweeps and the B=32 example's sweep with the paired flush timing;
 #        serving_retime: the serving sweep's shipped and best tiles timed again that way; phases: every example's verify
 #        phase with the GPU's table; auto2: a short call's choice (phases on an H200, else serving_retime).
@@ -201,6 +202,8 @@ compute_retime)  # compute's tall tiles and the serving sweep's best tiles timed
         examples/qwen3-06b-8b-b4.toml --models target --kinds qkv o_proj gate_up down --batches 32 64 --ks 5 7 \
         --tiles-from benchmarks/results/serving_reads_h100.json benchmarks/results/compute_sweep_h100.json \
         --prewarm 15 --read --cublas --json "$out/compute_retime.json" ;;
+tall_gemm)  # lab/tall_gemm: TMA loads, tall tiles and a persistent walk past 128 rows, against cuBLAS and the template
+    run 400 tall_gemm python lab/tall_gemm/compare.py --limit 24 --json "$out/tall_gemm.json" ;;
 reads)  # --read's launches (kernel_sweep.stream_read beside torch's row sums) and cuBLAS with each shape's known tiles
     run 80 b32_reads python benchmarks/kernel_sweep.py examples/llama-1b-8b-b32.toml --kinds qkv o_proj gate_up down \
         --tiles-from benchmarks/results/kernel_sweep_b32_h100.json --prewarm 15 --read --cublas \
@@ -212,5 +215,5 @@ reads)  # --read's launches (kernel_sweep.stream_read beside torch's row sums) a
         --batches 1 4 16 64 --contexts 512 2048 8192 --tiles-from benchmarks/results/attention_sweep_h100.json \
         --prewarm 15 --read --json "$out/attention_reads.json" ;;
 *)
-    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused5|combine|harness_gap|flush_drift|retime|serving_retime|phases|auto2|reads|compute|compute_retime|retime_h200|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
+    echo "usage: bash lab/gpu_session.sh 1|2|3|short|short2|narrow|verify49|streamed_pdl|draft_streamed|fused|fused5|combine|harness_gap|flush_drift|retime|serving_retime|phases|auto2|reads|compute|compute_retime|tall_gemm|retime_h200|attn_examples|tuned|serving_sweep|search49|share|attention|streamed_checks|auto" >&2; exit 2 ;;
 esac
