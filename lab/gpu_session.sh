@@ -203,7 +203,7 @@ compute_retime)  # compute's tall tiles and the serving sweep's best tiles timed
         --tiles-from benchmarks/results/serving_reads_h100.json benchmarks/results/compute_sweep_h100.json \
         --prewarm 15 --read --cublas --json "$out/compute_retime.json" ;;
 tall_gemm)  # lab/tall_gemm: TMA loads, tall tiles and a persistent walk past 128 rows, against cuBLAS and the template
-    run 400 tall_gemm python lab/tall_gemm/compare.py --limit 24 --json "$out/tall_gemm.json" ;;
+    run "${TALL_LIMIT:-400}" tall_gemm python lab/tall_gemm/compare.py --limit "${TALL_SHAPES:-24}" --json "$out/tall_gemm.json" ;;
 reads)  # --read's launches (kernel_sweep.stream_read beside torch's row sums) and cuBLAS with each shape's known tiles
     run 80 b32_reads python benchmarks/kernel_sweep.py examples/llama-1b-8b-b32.toml --kinds qkv o_proj gate_up down \
         --tiles-from benchmarks/results/kernel_sweep_b32_h100.json --prewarm 15 --read --cublas \
