@@ -25,6 +25,12 @@
 4. `--against SWEEP.json`: this sweep's best tiles against that one's on the shapes both timed beside
    cuBLAS (--cublas): each best over its own process's cuBLAS, cuBLAS across the two, and the two
    bests across them (benchmarks/README.md's tall tiles past 128 rows).
+5. `--bound GBS` (another GPU's copy rate, e.g. the H200's 4253 from kernel_sweep_target_h200.json):
+   the shapes whose bytes at #49's share of that rate (85% for GEMMs, 80% for attention) would take
+   less time than the fastest launch timed alone in these sweeps (the tiny CPU example's reads of a few
+   kilobytes included), whatever it did: no launch alone can
+   meet the aim there unless that GPU starts, reads and ends a launch faster. Beside it, by kind and
+   model, the shapes whose read launch alone stayed under the aim on this GPU (measured).
 Lab code: nothing in `conjugate/` imports it.
 """
 from __future__ import annotations
@@ -112,6 +118,37 @@ def read_line(shapes: list[dict]) -> tuple[float, float] | None:
     return intercept, 1e3 / slope
 
 
+AIMS = {"gemm": 0.85, "attention": 0.80}  # #49's share of copy for a launch alone
+
+
+def aim_of(shape: dict) -> float:
+    return AIMS["gemm"] if shape["kind"] in GEMMS else AIMS["attention"]
+
+
+def launch_bound(shapes: list[dict], copy_gbs: float, bound_gbs: float) -> dict | None:
+    """Table 5: the fastest launch timed alone (any read launch, us), and per (model, kind) the shapes
+    whose aim at `bound_gbs` needs less time than it, and those whose read here stayed under the aim."""
+    timed_reads = [s for s in shapes if timed(s, "read")]
+    reads = [s for s in timed_reads if not cpu_only(s)]
+    if not reads:
+        return None
+    fastest = min(s["read"]["us"] for s in timed_reads)  # the tiny example's kilobytes included: a launch's floor
+    groups: dict[tuple[str, str], dict] = {}
+    for s in reads:
+        g = groups.setdefault((s.get("model", "-"), s["kind"]), {"shapes": 0, "beyond": 0, "read_under": 0,
+                                                               "largest_beyond_mb": 0.0})
+        g["shapes"] += 1
+        need_us = s["bytes"] / (aim_of(s) * bound_gbs * 1e3)
+        if need_us < fastest:
+            g["beyond"] += 1
+            g["largest_beyond_mb"] = max(g["largest_beyond_mb"], s["bytes"] / 1e6)
+        if s["read"]["share_of_copy"] < aim_of(s):
+            g["read_under"] += 1
+    return {"fastest_us": fastest, "copy_gbs": copy_gbs, "bound_gbs": bound_gbs,
+            "below_mb": {k: fastest * aim * bound_gbs * 1e3 / 1e6 for k, aim in AIMS.items()},
+            "groups": [{"model": m, "kind": k, **g} for (m, k), g in sorted(groups.items())]}
+
+
 def row_blocks(shapes: list[dict]) -> list[dict]:
     """Table 3: per GEMM whose rows exceed its shipped BLOCK_M, the comparisons of the docstring."""
     out = []
@@ -189,6 +226,20 @@ def print_against(a: dict | None) -> None:
           f"{a['other_faster']})")
 
 
+def print_launch_bound(b: dict | None) -> None:
+    if b is None:
+        print("\n--bound: no read launch timed in these sweeps")
+        return
+    print(f"\nthe fastest launch timed alone: {b['fastest_us']:.2f} us; at {b['bound_gbs']:.0f} GB/s the aims need "
+          f"less below {b['below_mb']['gemm']:.1f} MB (GEMMs, 85%) and {b['below_mb']['attention']:.1f} MB "
+          f"(attention, 80%)")
+    print(f"{'model':>7} {'kind':>9} {'shapes':>6} {'beyond at bound':>15} {'largest MB':>10} "
+          f"{'read under aim here':>19}")
+    for g in b["groups"]:
+        print(f"{g['model']:>7} {g['kind']:>9} {g['shapes']:6d} {g['beyond']:15d} {g['largest_beyond_mb']:10.1f} "
+              f"{g['read_under']:19d}")
+
+
 def print_row_blocks(blocks: list[dict]) -> None:
     ratios = [r["best_taller"] for r in blocks if r["best_taller"]]
     alone = [x for r in blocks for x in r["raised_alone"]]
@@ -213,6 +264,8 @@ def main() -> int:
     parser.add_argument("--also", nargs="*", type=Path, default=[], help="more sweeps for tables 2 and 3")
     parser.add_argument("--against", type=Path, metavar="SWEEP.json",
                         help="table 4: this sweep's best tiles against that one's, each beside cuBLAS (--cublas)")
+    parser.add_argument("--bound", type=float, metavar="GBS",
+                        help="table 5: the shapes whose #49 aim at this copy rate needs less than any launch took")
     args = parser.parse_args()
     try:
         sweep = json.loads(args.sweep.read_text())
@@ -235,6 +288,8 @@ def main() -> int:
     if args.against:
         print_against(against(main_shapes, other, args.against.name))
     print_row_blocks(row_blocks(main_shapes + more))
+    if args.bound:
+        print_launch_bound(launch_bound(main_shapes + more, copy_gbs, args.bound))
     return 0
 
 
