@@ -1,6 +1,6 @@
 """One model's stream on part of the GPU's SMs (plan `<model>.stream.sms`, a CUDA green context): validation,
 expansion, the limited stream against a stand-in for torch's green contexts, the round under the
-interpreter (which runs without it) and the heuristic's edits. The GPU run is benchmarks/knob_variants.py's."""
+interpreter (which runs without it) and the heuristic's edits. The GPU run is lab/knob_variants/README.md's."""
 from __future__ import annotations
 
 import sys

@@ -1,7 +1,9 @@
 """Each model's phase alone against its byte floor, from `conjugate profile --json` ledgers of plans
-whose launches run on one stream (knob_variants.py's `phases-apart` variant of a best plan):
+whose launches run on one stream (the `phases-apart` variant of a best plan that knob_variants.py
+wrote, `benchmarks/knob_variants.py` at f5eb69a^; any plan with both models on one stream will do):
 
-    python lab/experiments/knob_variants.py benchmarks/results/plans/W.json OUTDIR --name best
+    git show f5eb69a^:benchmarks/knob_variants.py > /tmp/knob_variants.py
+    python /tmp/knob_variants.py benchmarks/results/plans/W.json OUTDIR --name best
     conjugate profile examples/W.toml --plan OUTDIR/best-phases-apart.json --json W_apart.json   # GPU
     python lab/experiments/phases.py W_apart.json [...] --json OUT.json                               # CPU
 

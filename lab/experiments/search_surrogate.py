@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import searchers  # noqa: E402
 from conjugate.cli.arguments import output_file  # noqa: E402
-from conjugate.evaluate.profile import load_profile  # noqa: E402
+from conjugate.evaluate.evaluators import load_profile  # noqa: E402
 from conjugate.evaluate.result import EvalResult  # noqa: E402
 from conjugate.evaluate.worker import IsolatedEvaluator  # noqa: E402
 from conjugate.paths import shipped_plan  # noqa: E402
