@@ -99,7 +99,8 @@ def main() -> int:
 
     device = torch.device("cuda")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    out = {**environment("tall_gemm/compare"), "sweep": str(args.sweep), "shapes": []}
+    out = {**environment("tall_gemm/compare"), "command": "python lab/tall_gemm/compare.py " + " ".join(sys.argv[1:]),
+           "sweep": str(args.sweep), "shapes": []}
     with tempfile.TemporaryDirectory(prefix="tall-gemm-") as kernels:
         for entry in entries[:args.limit or None]:
             row = compare_shape(entry, Path(kernels), sms, device)
