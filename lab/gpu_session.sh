@@ -162,11 +162,15 @@ serving_sweep)  # #49 item 3: the examples' GEMMs at batches 16, 32 and 64 and k
     run "${SWEEP_LIMIT:-560}" serving_sweep python benchmarks/kernel_sweep.py examples/*.toml --kinds qkv o_proj gate_up down \
         --batches 16 32 64 --ks 1 3 5 7 --per-shape 16 --read --resume --json "$out/serving_sweep.json" ;;
 search49)  # the B=32 example's search (#49 asks 40 evaluations or more), resumable over calls: before the
-    # next call copy the returned b32.db to runs/b32.db and give the run tool carry ["runs/b32.db"]
+    # next call copy the returned b32.db to runs/b32.db and give the run tool carry [".whl", "runs/b32.db"]
+    # (.whl: python3 -m pip download sqlalchemy 2.x and greenlet for cp312 manylinux, as the device README says)
     if grep -q H200 "$out/gpu.txt"; then evaluator=h200; else evaluator=benchmarks/profiles/h100_quick.toml; fi
     if [ -f runs/b32.db ]; then how=(--resume runs/b32.db --carry-baselines)
     else how=(examples/llama-1b-8b-b32.toml --db runs/b32.db); fi
-    run 570 search49 conjugate search "${how[@]}" --evaluator "$evaluator" --budget 40 --time 8m
+    # the image lacks sqlalchemy: its wheels travel as .whl (carry [".whl", "runs/b32.db"]; device README)
+    if ls .whl/*.whl > /dev/null 2>&1; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"; fi
+    run 570 search49 python -m conjugate search "${how[@]}" --evaluator "$evaluator" --budget 40 --time 8m
     cp runs/b32.db "$out/b32.db" ;;
 share)  # #48: the step launch on P programs alone, and on P SMs beside the target's stream (the H100 search's plan)
     run 560 share python lab/step_share/share.py examples/qwen3-06b-8b-b4.toml --programs 132 64 --sms 40 64 88 \
