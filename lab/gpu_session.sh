@@ -25,8 +25,8 @@
 #        target's attention over #49's grid of batches and contexts, beside a launch reading its bytes
 #        (attn_examples: the examples' own attention shapes); combine: the attention's split merge made
 #        lighter against the product's (lab/attention_combine; harness_gap: the sweep's attention timing
-#        against that harness's); auto: verify49 on an H200, else compute_retime (compute's tall tiles beside
-#        the serving sweep's best in one process); reads: the read launches
+#        against that harness's); auto: phases on an H200 (the tile table rebuilt since verify49 ran), else
+#        compute_retime (compute's tall tiles beside the serving sweep's best in one process); reads: the read launches
 #        (stream_read beside the row sums) and cuBLAS over the known tiles;
 #        retime_h200: the H200's sweeps' known tiles timed again with the paired flush timing; compute: the
 #        target's GEMMs past 128 rows with the tall tiles a Hopper matmul runs at, beside cuBLAS; tall_gemm:
@@ -183,9 +183,10 @@ attn_examples)  # the examples' own target attention shapes (contexts 1024 and 4
         --per-shape 16 --prewarm 15 --read --json "$out/attn_examples.json" ;;
 streamed_checks)  # the streamed kernel's correctness log on this GPU
     run 500 streamed_checks python benchmarks/streamed_checks.py --json "$out/streamed_checks.json" ;;
-auto)  # the next call whatever card comes: #49's H200 record on an H200, else the tall tiles beside the former best
+auto)  # the next call whatever card comes: on an H200 every example's verify phase with the rebuilt 120-tile
+    # table (then search49, its own call), else the tall tiles beside the former best
     trap - EXIT
-    if grep -q H200 "$out/gpu.txt"; then bash "$0" verify49; else bash "$0" compute_retime; fi ;;
+    if grep -q H200 "$out/gpu.txt"; then VERIFY_LIMIT=290 bash "$0" phases; else bash "$0" compute_retime; fi ;;
 retime_h200)  # the H200's sweeps' shipped and best tiles timed again with the flush taken off pair by pair (d201728),
     # beside the read launches: then --tabulate them after the exploring sweeps (benchmarks/README.md)
     six=(examples/llama-1b-8b-b1.toml examples/llama-1b-8b-b8.toml examples/qwen25-05b-7b-b8.toml
