@@ -8,7 +8,8 @@
 # short: the step form's checks at 5 and 32 sequences at the current defaults, the launch defaults
 #        against the epilogues through the sums and the depths before them, and the product's dealing where it
 #        balances (qwen2.5-1.5b), cut to fit one call; short2: the verify pass, and the epilogues through the
-#        sums and the wgmma depth on the other drafts; narrow: whole-K narrow tiles against split K in a
+#        sums and the wgmma depth on the other drafts; merged: lab/stream_chain's MLP blocks each one stage
+#        against two (lab/step_stages' fewer stages); narrow: whole-K narrow tiles against split K in a
 #        chain of dependent GEMMs (lab/narrow_tiles); verify49: #49's record (the B=32 example's kernel
 #        sweep, then every example's verify phase against its floor, by the tile kernel and with the
 #        target's o_proj and down streamed, each also with the GPU's tile table, benchmarks/verify_kernels.py);
@@ -85,6 +86,9 @@ short2)  # the call after short: the verify pass, and the wgmma depth on the oth
         --json "$out/variants2.json" ;;
 narrow)
     run 300 narrow python lab/narrow_tiles/chain.py --json "$out/narrow.json" ;;
+merged)  # lab/stream_chain: each MLP block one stage (gate_up and down in one task) against two, one process
+    run 400 merged python lab/stream_chain/chain.py --forms staged merged --models llama-3.2-1b qwen3-0.6b \
+        qwen2.5-0.5b --layers 16 --batches 1 8 16 --json "$out/merged.json" ;;
 verify49)  # #49's H200 record: the B=32 example's sweep, then every example's verify phase, tile kernel and streamed, tuned
     run 250 sweep_b32 python benchmarks/kernel_sweep.py examples/llama-1b-8b-b32.toml --per-shape 16 --prewarm 15 --read \
         --json "$out/kernel_sweep_b32.json"

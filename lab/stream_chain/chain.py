@@ -12,6 +12,11 @@ finished dot products by the row's 1 / rms.
                                             S2-th of I; fp32 atomics sum the partials, the last one
                                             in adds the residual and publishes the tile
 
+`--merged` makes the block one stage (lab/step_stages: fewer stages): a task computes its 64-column
+tile of h and at once multiplies it by the 64 columns of Wd it meets (every output column, K = 64),
+adding the product into x_{l+1}'s fp32 sums; no program waits between the two GEMMs, only for the
+layer before. The last task of a layer in adds the residual to all of x_{l+1} and publishes it.
+
 Each program (one per SM, all co-resident) runs two partitions:
 
 * the **loader** (1 warp) streams every weight tile the program will need, layer after layer, by TMA
@@ -23,12 +28,14 @@ Each program (one per SM, all co-resident) runs two partitions:
   error and goes on, so a wrong schedule is a failed check, never a hung GPU.
 
     python lab/stream_chain/chain.py --json OUT.json   # Hopper GPU: check, then time beside torch
+    python lab/stream_chain/chain.py --forms staged merged --layers 16 --json OUT.json   # both, one process
     python lab/stream_chain/chain.py --offline         # no GPU: compile for sm_90a, read the PTX
     python -m pytest -q lab/stream_chain               # CPU: the schedule simulated against the reference
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -41,7 +48,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 ROWS_PER_SLOT = 128  # weight rows a ring slot holds: stage 1 puts 64 gate rows over 64 up rows
@@ -76,7 +83,7 @@ MODELS = {"llama-3.2-1b": (2048, 8192), "llama-3.2-3b": (3072, 8192), "qwen3-0.6
 
 @gluon.jit
 def load_partition(w1_desc, w2_desc, ring, ready, empty, H: gl.constexpr, I: gl.constexpr, S1: gl.constexpr,
-                   S2: gl.constexpr, L: gl.constexpr, STAGES: gl.constexpr):
+                   S2: gl.constexpr, L: gl.constexpr, STAGES: gl.constexpr, MERGED: gl.constexpr):
     """Stream this program's weight tiles of every layer, in the order the compute partition consumes
     them. It waits for free slots only: layer l+1's weights arrive while layer l is being finished."""
     pid = gl.program_id(0)
@@ -87,22 +94,37 @@ def load_partition(w1_desc, w2_desc, ring, ready, empty, H: gl.constexpr, I: gl.
     KR2: gl.constexpr = I // S2
     i = 0
     for layer in range(L):
-        for t in range(pid, T1 * S1, programs):  # stage 1: gate rows over up rows in one slot
-            row = layer * 2 * I + (t % T1) * HALF
-            for kk in range(KR1 // BK):
-                col = (t // T1) * KR1 + kk * BK
-                s = _fill_slot(ring, ready, empty, i, STAGES)
-                slot = ring.index(s)
-                tma.async_copy_global_to_shared(w1_desc, [row, col], ready.index(s), slot.slice(0, HALF))
-                tma.async_copy_global_to_shared(w1_desc, [row + I, col], ready.index(s), slot.slice(HALF, HALF))
-                i += 1
-        for t in range(pid, NT2 * S2, programs):  # stage 2: down-projection rows over one slice of I
-            row = layer * H + (t % NT2) * SLOT_ROWS
-            for kk in range(KR2 // BK):
-                s = _fill_slot(ring, ready, empty, i, STAGES)
-                tma.async_copy_global_to_shared(w2_desc, [row, (t // NT2) * KR2 + kk * BK], ready.index(s),
-                                                ring.index(s))
-                i += 1
+        if MERGED:  # one task: its h tile's gate and up rows, then the 64 columns of Wd it meets
+            for t in range(pid, T1, programs):
+                row = layer * 2 * I + t * HALF
+                for kk in range(H // BK):
+                    s = _fill_slot(ring, ready, empty, i, STAGES)
+                    slot = ring.index(s)
+                    tma.async_copy_global_to_shared(w1_desc, [row, kk * BK], ready.index(s), slot.slice(0, HALF))
+                    tma.async_copy_global_to_shared(w1_desc, [row + I, kk * BK], ready.index(s), slot.slice(HALF, HALF))
+                    i += 1
+                for n in range(NT2):
+                    s = _fill_slot(ring, ready, empty, i, STAGES)
+                    tma.async_copy_global_to_shared(w2_desc, [layer * H + n * SLOT_ROWS, t * HALF], ready.index(s),
+                                                    ring.index(s))
+                    i += 1
+        else:
+            for t in range(pid, T1 * S1, programs):  # stage 1: gate rows over up rows in one slot
+                row = layer * 2 * I + (t % T1) * HALF
+                for kk in range(KR1 // BK):
+                    col = (t // T1) * KR1 + kk * BK
+                    s = _fill_slot(ring, ready, empty, i, STAGES)
+                    slot = ring.index(s)
+                    tma.async_copy_global_to_shared(w1_desc, [row, col], ready.index(s), slot.slice(0, HALF))
+                    tma.async_copy_global_to_shared(w1_desc, [row + I, col], ready.index(s), slot.slice(HALF, HALF))
+                    i += 1
+            for t in range(pid, NT2 * S2, programs):  # stage 2: down-projection rows over one slice of I
+                row = layer * H + (t % NT2) * SLOT_ROWS
+                for kk in range(KR2 // BK):
+                    s = _fill_slot(ring, ready, empty, i, STAGES)
+                    tma.async_copy_global_to_shared(w2_desc, [row, (t // NT2) * KR2 + kk * BK], ready.index(s),
+                                                    ring.index(s))
+                    i += 1
 
 
 @gluon.jit
@@ -174,20 +196,100 @@ def _finish_tile(sum_ptr, x_ptr, x_next_ptr, ss_next_ptr, col0, B, H: gl.constex
 
 
 @gluon.jit
-def compute_partition(ring, ready, empty, act, xs_ptr, h_ptr, gu_ptr, sum_ptr, ss_ptr, counter_ptr, error_ptr, B,
-                      spin_limit, H: gl.constexpr, I: gl.constexpr, S1: gl.constexpr, S2: gl.constexpr,
-                      L: gl.constexpr, STAGES: gl.constexpr):
-    """Per layer: every stage-1 task this program owns, then every stage-2 task. Counters (one int32
-    buffer): h_done[L, S2] (h tiles finished per slice of I), parts1[L, T1] (stage-1 partials per h
-    tile, when S1 > 1), parts2[L, NT2] (stage-2 partials per output tile), x_done[L] (output tiles of
-    x_{l+1} finished)."""
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, BPAD, 16])
+def _merged_layer(ring, ready, empty, act, i, x_ptr, layer_h, layer_sums, ss_ptr, ss_next_ptr, parts_ptr, x_done_ptr, B,
+                  H: gl.constexpr, I: gl.constexpr, STAGES: gl.constexpr, acc_layout: gl.constexpr):
+    """One layer's MLP block as one stage: each task this program owns makes its 64-column h tile
+    and adds h_tile @ Wd[:, tile]^T into every output column's fp32 sums; the layer's last task in
+    adds the residual to all of x_{l+1} and publishes it (x_done)."""
+    pid = gl.program_id(0)
+    programs = gl.num_programs(0)
+    T1: gl.constexpr = I // HALF
+    NT2: gl.constexpr = H // SLOT_ROWS
+    for t in range(pid, T1, programs):
+        _stage_activations(act, x_ptr, H, B, 0, H // BK, BPAD)
+        acc_g, acc_u, i = _gate_up_tile(ring, ready, empty, act, i, H // BK, STAGES, 1,
+                                        gl.zeros((HALF, BPAD), dtype=gl.float32, layout=acc_layout),
+                                        gl.zeros((HALF, BPAD), dtype=gl.float32, layout=acc_layout))
+        rstd = _row_rstd(ss_ptr, B, H, acc_layout)[None, :]
+        acc_g *= rstd
+        acc_u *= rstd
+        _store_h(layer_h, acc_g, acc_u, t * HALF, B, I)  # kept for the check's per-layer errors
+        h = (acc_g / (1.0 + gl.exp(-acc_g)) * acc_u).to(gl.bfloat16)
+        act.index(0).store(gl.permute(h, (1, 0)))  # the h tile as the down GEMM's [BPAD, 64] operand
+        fence_async_shared()
+        gl.thread_barrier()
+        for n in range(NT2):
+            acc, i = _down_tile(ring, ready, empty, act, i, 1, STAGES, 1,
+                                gl.zeros((SLOT_ROWS, BPAD), dtype=gl.float32, layout=acc_layout))
+            _add_partial(layer_sums, acc, n * SLOT_ROWS, B, H)
+        gl.thread_barrier()
+        arrived = gl.atomic_add(parts_ptr, 1, sem="acq_rel", scope="gpu")
+        if arrived == T1 - 1:  # the layer's last task: every partial is in
+            for n in range(NT2):
+                _finish_tile(layer_sums, x_ptr, x_ptr + B * H, ss_next_ptr, n * SLOT_ROWS, B, H)
+            _release(x_done_ptr)
+    return i
+
+
+@gluon.jit
+def _staged_layer(ring, ready, empty, act, i, x_ptr, layer_h, layer_sums, gu_ptr, ss_ptr, h_done, parts1, parts2, x_done,
+                  layer, B, error_ptr, spin_limit, H: gl.constexpr, I: gl.constexpr, S1: gl.constexpr,
+                  S2: gl.constexpr, STAGES: gl.constexpr, acc_layout: gl.constexpr):
+    """One layer's MLP block as two stages: the program's stage-1 tasks (h tiles, or their slices of
+    H), then its stage-2 tasks (an output tile over one slice of I, once that slice of h is in)."""
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
     T1: gl.constexpr = I // HALF
     KR1: gl.constexpr = H // S1
     KR2: gl.constexpr = I // S2
+    NT2: gl.constexpr = H // SLOT_ROWS
+    for t in range(pid, T1 * S1, programs):
+        n = t % T1
+        _stage_activations(act, x_ptr, H, B, (t // T1) * KR1, KR1 // BK, BPAD)
+        acc_g, acc_u, i = _gate_up_tile(ring, ready, empty, act, i, KR1 // BK, STAGES, 1,
+                                        gl.zeros((HALF, BPAD), dtype=gl.float32, layout=acc_layout),
+                                        gl.zeros((HALF, BPAD), dtype=gl.float32, layout=acc_layout))
+        rstd = _row_rstd(ss_ptr + layer * B, B, H, acc_layout)[None, :]
+        acc_g *= rstd
+        acc_u *= rstd
+        if S1 == 1:
+            _store_h(layer_h, acc_g, acc_u, n * HALF, B, I)
+            _release(h_done + layer * S2 + (n * HALF) // KR2)
+        else:
+            layer_gu = gu_ptr + layer * B * 2 * I
+            _add_gate_up_partial(layer_gu, acc_g, acc_u, n * HALF, B, I)
+            gl.thread_barrier()
+            arrived = gl.atomic_add(parts1 + layer * T1 + n, 1, sem="acq_rel", scope="gpu")
+            if arrived == S1 - 1:  # the last partial of this h tile: finish it and publish it
+                _finish_h(layer_gu, layer_h, n * HALF, B, I)
+                _release(h_done + layer * S2 + (n * HALF) // KR2)
+    for t in range(pid, NT2 * S2, programs):
+        ks = t // NT2
+        col0 = (t % NT2) * SLOT_ROWS
+        _acquire(h_done + layer * S2 + ks, KR2 // HALF, error_ptr, spin_limit)
+        _stage_activations(act, layer_h, I, B, ks * KR2, KR2 // BK, BPAD)
+        acc, i = _down_tile(ring, ready, empty, act, i, KR2 // BK, STAGES, 1,
+                            gl.zeros((SLOT_ROWS, BPAD), dtype=gl.float32, layout=acc_layout))
+        _add_partial(layer_sums, acc, col0, B, H)
+        gl.thread_barrier()
+        arrived = gl.atomic_add(parts2 + layer * NT2 + t % NT2, 1, sem="acq_rel", scope="gpu")
+        if arrived == S2 - 1:  # the last partial of this tile: finish it and publish it
+            _finish_tile(layer_sums, x_ptr, x_ptr + B * H, ss_ptr + (layer + 1) * B, col0, B, H)
+            _release(x_done + layer)
+    return i
+
+
+@gluon.jit
+def compute_partition(ring, ready, empty, act, xs_ptr, h_ptr, gu_ptr, sum_ptr, ss_ptr, counter_ptr, error_ptr, B,
+                      spin_limit, H: gl.constexpr, I: gl.constexpr, S1: gl.constexpr, S2: gl.constexpr,
+                      L: gl.constexpr, STAGES: gl.constexpr, MERGED: gl.constexpr):
+    """Per layer: every stage-1 task this program owns, then every stage-2 task. Counters (one int32
+    buffer): h_done[L, S2] (h tiles finished per slice of I), parts1[L, T1] (stage-1 partials per h
+    tile, when S1 > 1), parts2[L, NT2] (stage-2 partials per output tile; merged: parts2[l, 0] counts
+    the layer's tasks), x_done[L] (output tiles of x_{l+1} finished; merged: 1 when all are)."""
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, BPAD, 16])
+    T1: gl.constexpr = I // HALF
     NT2: gl.constexpr = H // SLOT_ROWS
     h_done = counter_ptr
     parts1 = h_done + L * S2
@@ -198,45 +300,24 @@ def compute_partition(ring, ready, empty, act, xs_ptr, h_ptr, gu_ptr, sum_ptr, s
         x_ptr = xs_ptr + layer * B * H
         layer_h = h_ptr + layer * B * I
         layer_sums = sum_ptr + layer * B * H
-        if layer > 0:
-            _acquire(x_done + layer - 1, NT2, error_ptr, spin_limit)
-        for t in range(pid, T1 * S1, programs):
-            n = t % T1
-            _stage_activations(act, x_ptr, H, B, (t // T1) * KR1, KR1 // BK)
-            acc_g, acc_u, i = _gate_up_tile(ring, ready, empty, act, i, KR1 // BK, STAGES, acc_layout)
-            rstd = _row_rstd(ss_ptr + layer * B, B, H, acc_layout)[None, :]
-            acc_g *= rstd
-            acc_u *= rstd
-            if S1 == 1:
-                _store_h(layer_h, acc_g, acc_u, n * HALF, B, I)
-                _release(h_done + layer * S2 + (n * HALF) // KR2)
-            else:
-                layer_gu = gu_ptr + layer * B * 2 * I
-                _add_gate_up_partial(layer_gu, acc_g, acc_u, n * HALF, B, I)
-                gl.thread_barrier()
-                arrived = gl.atomic_add(parts1 + layer * T1 + n, 1, sem="acq_rel", scope="gpu")
-                if arrived == S1 - 1:  # the last partial of this h tile: finish it and publish it
-                    _finish_h(layer_gu, layer_h, n * HALF, B, I)
-                    _release(h_done + layer * S2 + (n * HALF) // KR2)
-        for t in range(pid, NT2 * S2, programs):
-            ks = t // NT2
-            col0 = (t % NT2) * SLOT_ROWS
-            _acquire(h_done + layer * S2 + ks, KR2 // HALF, error_ptr, spin_limit)
-            _stage_activations(act, layer_h, I, B, ks * KR2, KR2 // BK)
-            acc, i = _down_tile(ring, ready, empty, act, i, KR2 // BK, STAGES, acc_layout)
-            _add_partial(layer_sums, acc, col0, B, H)
-            gl.thread_barrier()
-            arrived = gl.atomic_add(parts2 + layer * NT2 + t % NT2, 1, sem="acq_rel", scope="gpu")
-            if arrived == S2 - 1:  # the last partial of this tile: finish it and publish it
-                _finish_tile(layer_sums, x_ptr, x_ptr + B * H, ss_ptr + (layer + 1) * B, col0, B, H)
-                _release(x_done + layer)
+        if MERGED:
+            if layer > 0:
+                _acquire(x_done + layer - 1, 1, error_ptr, spin_limit)
+            i = _merged_layer(ring, ready, empty, act, i, x_ptr, layer_h, layer_sums, ss_ptr + layer * B,
+                              ss_ptr + (layer + 1) * B, parts2 + layer * NT2, x_done + layer, B, H, I, STAGES,
+                              acc_layout)
+        else:
+            if layer > 0:
+                _acquire(x_done + layer - 1, NT2, error_ptr, spin_limit)
+            i = _staged_layer(ring, ready, empty, act, i, x_ptr, layer_h, layer_sums, gu_ptr, ss_ptr, h_done, parts1,
+                              parts2, x_done, layer, B, error_ptr, spin_limit, H, I, S1, S2, STAGES, acc_layout)
 
 
 @gluon.jit
 def mlp_chain_kernel(w1_desc, w2_desc, xs_ptr, h_ptr, gu_ptr, sum_ptr, ss_ptr, counter_ptr, error_ptr, B,
                      spin_limit,  #
                      H: gl.constexpr, I: gl.constexpr, S1: gl.constexpr, S2: gl.constexpr, L: gl.constexpr,
-                     STAGES: gl.constexpr, KT_MAX: gl.constexpr):
+                     STAGES: gl.constexpr, KT_MAX: gl.constexpr, MERGED: gl.constexpr):
     """x_{l+1} = x_l + mlp_l(rmsnorm(x_l)) for L layers (the norm's weight folded into Wg, Wu),
     persistent: grid <= SMs, every program co-resident. ss[0] holds x_0's summed squares per row; the
     fp32 partial sums (gu when S1 > 1, sums), ss[1:] and the counters start at zero."""
@@ -246,8 +327,8 @@ def mlp_chain_kernel(w1_desc, w2_desc, xs_ptr, h_ptr, gu_ptr, sum_ptr, ss_ptr, c
     ready, empty = ring_barriers(STAGES)
     gl.warp_specialize([
         (compute_partition, (ring, ready, empty, act, xs_ptr, h_ptr, gu_ptr, sum_ptr, ss_ptr, counter_ptr, error_ptr, B,
-                             spin_limit, H, I, S1, S2, L, STAGES)),
-        (load_partition, (w1_desc, w2_desc, ring, ready, empty, H, I, S1, S2, L, STAGES)),
+                             spin_limit, H, I, S1, S2, L, STAGES, MERGED)),
+        (load_partition, (w1_desc, w2_desc, ring, ready, empty, H, I, S1, S2, L, STAGES, MERGED)),
     ], [1], [40])
 
 
@@ -264,9 +345,12 @@ class Schedule:
     S2: int
     stages: int
     programs: int
+    merged: bool = False  # the block as one stage (gate_up and down in one task), S1 = S2 = 1
 
     @property
     def kt_max(self) -> int:
+        if self.merged:  # all of x staged for the gate_up tile, then its slot 0 holds the h tile
+            return self.H // K_PER_SLOT
         return max(self.H // self.S1, self.I // self.S2) // K_PER_SLOT
 
     @property
@@ -279,14 +363,19 @@ class Schedule:
 
 
 def plan_schedule(H: int, I: int, layers: int, sms: int, S1: int | None = None, S2: int | None = None,
-                  stages: int | None = None) -> Schedule:
+                  stages: int | None = None, merged: bool = False) -> Schedule:
     """The chain's schedule, checked: tile divisibility, one program per SM at most (co-residency is
     what lets every wait end), and the shared memory it needs. By default stage 1 splits H over S1
-    slices and stage 2 splits I over S2 slices, each as finely as keeps its tasks within the SMs."""
+    slices and stage 2 splits I over S2 slices, each as finely as keeps its tasks within the SMs.
+    `merged`: one stage a block, I / 64 tasks (no split: S1 = S2 = 1)."""
     half = ROWS_PER_SLOT // 2
     if H % ROWS_PER_SLOT or I % half:
         raise ValueError(f"H={H} must divide by {ROWS_PER_SLOT} and I={I} by {half}")
     t1, nt2 = I // half, H // ROWS_PER_SLOT
+    if merged:
+        if (S1 or 1) != 1 or (S2 or 1) != 1:
+            raise ValueError(f"a merged block splits neither projection (S1={S1}, S2={S2})")
+        S1 = S2 = 1
 
     def finest(n: int, tasks: int) -> int:
         return max((s for s in range(1, n // K_PER_SLOT + 1) if n % (s * K_PER_SLOT) == 0 and tasks * s <= sms),
@@ -296,11 +385,11 @@ def plan_schedule(H: int, I: int, layers: int, sms: int, S1: int | None = None, 
     S2 = S2 or finest(I, nt2)
     if H % (S1 * K_PER_SLOT) or I % (S2 * K_PER_SLOT):
         raise ValueError(f"S1={S1} must split H={H} and S2={S2} must split I={I} into whole {K_PER_SLOT}-column tiles")
-    programs = min(sms, max(t1 * S1, nt2 * S2))
-    kt_max = max(H // S1, I // S2) // K_PER_SLOT
+    programs = min(sms, t1 if merged else max(t1 * S1, nt2 * S2))
+    kt_max = H // K_PER_SLOT if merged else max(H // S1, I // S2) // K_PER_SLOT
     if stages is None:
         stages = min(16, (SMEM_BUDGET - kt_max * BATCH_PAD * K_PER_SLOT * 2) // (ROWS_PER_SLOT * K_PER_SLOT * 2 + 16))
-    schedule = Schedule(H, I, layers, S1, S2, stages, programs)
+    schedule = Schedule(H, I, layers, S1, S2, stages, programs, merged)
     if stages < 2 or schedule.shared_bytes() > SMEM_BUDGET:
         raise ValueError(f"{schedule} needs {schedule.shared_bytes()} bytes of shared memory (budget "
                          f"{SMEM_BUDGET}) or has fewer than 2 slots")
@@ -316,7 +405,7 @@ def launch_args(xs, w_gu, w_d, h, gu, sums, ss, counters, error, schedule: Sched
                                                                                gl.bfloat16))
     args = (w1_desc, w2_desc, xs, h, gu, sums, ss, counters, error, xs.shape[1], spin_limit)
     kwargs = dict(H=schedule.H, I=schedule.I, S1=schedule.S1, S2=schedule.S2, L=schedule.layers, STAGES=schedule.stages,
-                  KT_MAX=schedule.kt_max, num_warps=4, maxnreg=168)
+                  KT_MAX=schedule.kt_max, MERGED=schedule.merged, num_warps=4, maxnreg=168)
     return (schedule.programs, ), args, kwargs
 
 
@@ -388,6 +477,12 @@ def program_tasks(schedule: Schedule, pid: int):
     H, I, S1, S2, P = schedule.H, schedule.I, schedule.S1, schedule.S2, schedule.programs
     half, nt2, kr2 = ROWS_PER_SLOT // 2, H // ROWS_PER_SLOT, I // S2
     for layer in range(schedule.layers):
+        if schedule.merged:
+            if layer > 0:
+                yield ("wait", ("x", layer - 1), 1)
+            for t in range(pid, I // half, P):
+                yield ("run", "mlp", layer, t)
+            continue
         if layer > 0:
             yield ("wait", ("x", layer - 1), nt2)
         for t in range(pid, I // half * S1, P):
@@ -402,10 +497,13 @@ def weight_slots(schedule: Schedule, pid: int) -> tuple[int, int]:
     partition would wait forever on a slot."""
     H, I, S1, S2, P = schedule.H, schedule.I, schedule.S1, schedule.S2, schedule.programs
     half, nt2 = ROWS_PER_SLOT // 2, H // ROWS_PER_SLOT
-    loaded = schedule.layers * (len(range(pid, I // half * S1, P)) * (H // S1 // K_PER_SLOT)
-                                + len(range(pid, nt2 * S2, P)) * (I // S2 // K_PER_SLOT))
-    consumed = sum((H // S1 // K_PER_SLOT) if step[1] == "gate_up" else (I // S2 // K_PER_SLOT)
-                   for step in program_tasks(schedule, pid) if step[0] == "run")
+    if schedule.merged:  # the loader's order: each task's H / 64 gate/up slots, then its NT2 Wd slots
+        loaded = schedule.layers * len(range(pid, I // half, P)) * (H // K_PER_SLOT + nt2)
+    else:
+        loaded = schedule.layers * (len(range(pid, I // half * S1, P)) * (H // S1 // K_PER_SLOT)
+                                    + len(range(pid, nt2 * S2, P)) * (I // S2 // K_PER_SLOT))
+    per_task = {"gate_up": H // S1 // K_PER_SLOT, "down": I // S2 // K_PER_SLOT, "mlp": H // K_PER_SLOT + nt2}
+    consumed = sum(per_task[step[1]] for step in program_tasks(schedule, pid) if step[0] == "run")
     return loaded, consumed
 
 
@@ -431,7 +529,22 @@ def simulate(schedule: Schedule, x0, w_gu, w_d):
         for pid, step in enumerate(pending):
             if step is None or (step[0] == "wait" and counters.get(step[1], 0) < step[2]):
                 continue
-            if step[0] == "run" and step[1] == "gate_up":
+            if step[0] == "run" and step[1] == "mlp":  # merged: h tile, then its share of every output column
+                layer, n = step[2], step[3]
+                cols = slice(n * half, (n + 1) * half)
+                rows = slice(layer * 2 * I + n * half, layer * 2 * I + (n + 1) * half)
+                up = slice(rows.start + I, rows.stop + I)
+                rstd = torch.rsqrt(ss[layer] / H + 1e-5)[:, None]
+                g = xs[layer].float() @ w_gu[rows].float().T * rstd
+                u = xs[layer].float() @ w_gu[up].float().T * rstd
+                h[layer, :, cols] = (torch.nn.functional.silu(g) * u).to(torch.bfloat16)
+                sums[layer] += h[layer, :, cols].float() @ w_d[layer * H:(layer + 1) * H, cols].float().T
+                parts[("layer", layer)] = parts.get(("layer", layer), 0) + 1
+                if parts[("layer", layer)] == I // half:  # the last task in finishes x_{l+1}
+                    xs[layer + 1] = (xs[layer].float() + sums[layer]).to(torch.bfloat16)
+                    ss[layer + 1] = xs[layer + 1].float().square().sum(-1)
+                    counters[("x", layer)] = 1
+            elif step[0] == "run" and step[1] == "gate_up":
                 layer, t = step[2], step[3]
                 n, k = t % (I // half), slice((t // (I // half)) * kr1, (t // (I // half) + 1) * kr1)
                 rows = slice(layer * 2 * I + n * half, layer * 2 * I + (n + 1) * half)
@@ -580,32 +693,36 @@ def run_gpu(args) -> int:
     for model in args.models:
         H, I = MODELS[model]
         for layers in args.layers:
-            schedule = plan_schedule(H, I, layers, sms, S1=args.s1, S2=args.s2, stages=args.stages)
+            schedules = [plan_schedule(H, I, layers, sms, S1=args.s1, S2=args.s2, stages=args.stages,
+                                       merged=form == "merged") for form in args.forms]
             weight_bytes = layers * 3 * H * I * 2
             copies = max(1, -(-300_000_000 // weight_bytes))  # > 2x L2 between repeats of one set
             sets = [weights(H, I, layers, "cuda") for _ in range(copies)]
             for B in args.batches:
-                label = f"{model} L={layers} B={B} {schedule}"
-                chains = [Chain(w_gu, w_d, B, schedule) for w_gu, w_d in sets]
-                err = check(label, chains[0], *sets[0], layers)
                 x = torch.randn(B, H, device="cuda", dtype=torch.bfloat16)
-                for c in chains:
-                    c.xs[0].copy_(x)
-                    c.error.zero_()
-                chain_us = graph_time_us(chains)
-                errors = sum(int(c.error.item()) for c in chains)
                 torch_us = graph_time_us([lambda w=w: torch_chain(x, *w, layers) for w in sets])
                 floor_us = weight_bytes / bw * 1e6
-                row = dict(model=model, H=H, I=I, layers=layers, B=B, schedule=asdict(schedule), rel_err=err,
-                           waits_ran_out=errors, floor_us=floor_us, chain_us=chain_us, torch_us=torch_us)
-                rows.append(row)
-                sched = f"S={schedule.S1}/{schedule.S2} st={schedule.stages} P={schedule.programs}"
-                print(f"{model:<14}{layers:>3}{B:>3}  {sched:<20}{err:>9.1e}{floor_us:>10.1f}{chain_us:>10.1f}"
-                      f"{chain_us / floor_us:>9.2f}{torch_us:>10.1f}{torch_us / floor_us:>9.2f}"
-                      f"{chain_us / torch_us:>12.2f}" + (f"  ({errors} waits ran out)" if errors else ""),
-                      flush=True)
-                write_probe_result(args.json, sms, bw, rows=rows)
-            del sets, chains
+                for schedule in schedules:  # the forms in one process, on the same weights
+                    label = f"{model} L={layers} B={B} {schedule}"
+                    chains = [Chain(w_gu, w_d, B, schedule) for w_gu, w_d in sets]
+                    err = check(label, chains[0], *sets[0], layers)
+                    for c in chains:
+                        c.xs[0].copy_(x)
+                        c.error.zero_()
+                    chain_us = graph_time_us(chains)
+                    errors = sum(int(c.error.item()) for c in chains)
+                    row = dict(model=model, H=H, I=I, layers=layers, B=B, schedule=asdict(schedule), rel_err=err,
+                               waits_ran_out=errors, floor_us=floor_us, chain_us=chain_us, torch_us=torch_us)
+                    rows.append(row)
+                    sched = (f"{'merged' if schedule.merged else f'S={schedule.S1}/{schedule.S2}'} "
+                             f"st={schedule.stages} P={schedule.programs}")
+                    print(f"{model:<14}{layers:>3}{B:>3}  {sched:<20}{err:>9.1e}{floor_us:>10.1f}{chain_us:>10.1f}"
+                          f"{chain_us / floor_us:>9.2f}{torch_us:>10.1f}{torch_us / floor_us:>9.2f}"
+                          f"{chain_us / torch_us:>12.2f}" + (f"  ({errors} waits ran out)" if errors else ""),
+                          flush=True)
+                    write_probe_result(args.json, sms, bw, rows=rows)
+                    del chains
+            del sets
             torch.cuda.empty_cache()
     return 0
 
@@ -646,22 +763,23 @@ def compile_offline(schedule: Schedule, B: int = 8):
 
 def run_offline(args) -> int:
     print(f"triton {triton.__version__}: mlp_chain_kernel for cuda:90 (sm_90a), no GPU")
-    for model in args.models:
+    for model, layers, form in itertools.product(args.models, args.layers, args.forms):
         H, I = MODELS[model]
-        for layers in args.layers:
-            schedule = plan_schedule(H, I, layers, 132, S1=args.s1, S2=args.s2, stages=args.stages)
-            compiled = compile_offline(schedule)
-            ptx = compiled.asm["ptx"]
-            found = {name: pattern in ptx for name, pattern in (
-                ("wgmma", "wgmma.mma_async"), ("tma", "cp.async.bulk.tensor"), ("cp.async", "cp.async.cg"),
-                ("mbarrier", "mbarrier.try_wait"), ("acquire", ".acquire"), ("release", ".release"),
-                ("acq_rel", ".acq_rel"), ("setmaxnreg", "setmaxnreg"))}
-            sm = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1)
-            print(f"{model}: {schedule}, shared {compiled.metadata.shared} B, target {sm}, "
-                  + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in found.items()))
-            if args.dump_ptx:
-                Path(args.dump_ptx).mkdir(parents=True, exist_ok=True)
-                (Path(args.dump_ptx) / f"{model}-L{layers}.ptx").write_text(ptx)
+        schedule = plan_schedule(H, I, layers, 132, S1=args.s1, S2=args.s2, stages=args.stages,
+                                 merged=form == "merged")
+        compiled = compile_offline(schedule)
+        ptx = compiled.asm["ptx"]
+        found = {name: pattern in ptx for name, pattern in (
+            ("wgmma", "wgmma.mma_async"), ("tma", "cp.async.bulk.tensor"), ("cp.async", "cp.async.cg"),
+            ("mbarrier", "mbarrier.try_wait"), ("acquire", ".acquire"), ("release", ".release"),
+            ("acq_rel", ".acq_rel"), ("setmaxnreg", "setmaxnreg"))}
+        sm = re.search(r"^\.target\s+(\S+)", ptx, re.M).group(1)
+        local = len(re.findall(r"\b(?:ld|st)\.local", ptx))
+        print(f"{model}: {schedule}, shared {compiled.metadata.shared} B, target {sm}, local memory accesses "
+              f"{local}, " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in found.items()))
+        if args.dump_ptx:
+            Path(args.dump_ptx).mkdir(parents=True, exist_ok=True)
+            (Path(args.dump_ptx) / f"{model}-L{layers}-{form}.ptx").write_text(ptx)
     return 0
 
 
@@ -677,6 +795,9 @@ def main(argv=None) -> int:
     parser.add_argument("--s1", type=int, default=None, help="K slices of the gate/up projection")
     parser.add_argument("--s2", type=int, default=None, help="K slices of the down projection")
     parser.add_argument("--stages", type=int, default=None, help="ring slots (default: fill shared memory)")
+    parser.add_argument("--forms", nargs="+", default=["staged"], choices=["staged", "merged"],
+                        help="staged: two stages a block (gate_up tasks, then down tasks); merged: one (gate_up "
+                             "and down in one task), each timed in this process on the same weights")
     args = parser.parse_args(argv)
     return run_offline(args) if args.offline else run_gpu(args)
 

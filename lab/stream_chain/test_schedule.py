@@ -2,6 +2,7 @@
 
     python -m pytest -q lab/stream_chain/test_schedule.py
 """
+import re
 import sys
 from pathlib import Path
 
@@ -115,3 +116,43 @@ def test_attention_refuses_query_groups_larger_than_a_tile():
     import attention
     with pytest.raises(ValueError, match="T x G"):
         attention.Shape(1, 8, 32, 2, 128, 512).check()
+
+
+@pytest.mark.parametrize("H, I, layers, programs", [(256, 512, 3, 132), (256, 512, 3, 3), (384, 768, 2, 5)])
+def test_merged_blocks_simulated_match_reference(H, I, layers, programs):
+    """One stage a block: each task's h tile times its columns of Wd, summed; the layer's last task
+    in finishes x_{l+1}. Fewer programs than tasks included."""
+    schedule = chain.plan_schedule(H, I, layers, programs, merged=True)
+    assert schedule.merged and (schedule.S1, schedule.S2) == (1, 1)
+    assert schedule.programs == min(programs, I // 64)
+    torch.manual_seed(1)
+    w_gu, w_d = chain.weights(H, I, layers, "cpu")
+    x0 = torch.randn(4, H, dtype=torch.bfloat16)
+    out = chain.simulate(schedule, x0, w_gu, w_d)
+    ref = chain.reference(x0, w_gu, w_d, layers)
+    assert not out.isnan().any()
+    assert ((out.float() - ref).abs().max() / ref.abs().max()).item() < 2e-2
+
+
+@pytest.mark.parametrize("model", list(chain.MODELS))
+def test_merged_programs_load_the_slots_they_consume(model):
+    H, I = chain.MODELS[model]
+    schedule = chain.plan_schedule(H, I, 16, 132, merged=True)
+    assert schedule.shared_bytes() <= chain.SMEM_BUDGET and schedule.kt_max == H // 64
+    for pid in range(schedule.programs):
+        loaded, consumed = chain.weight_slots(schedule, pid)
+        assert loaded == consumed == 16 * len(range(pid, I // 64, schedule.programs)) * (H // 64 + H // 128)
+
+
+def test_a_merged_block_splits_neither_projection():
+    with pytest.raises(ValueError, match="splits neither"):
+        chain.plan_schedule(256, 512, 1, 132, S1=2, merged=True)
+
+
+@pytest.mark.parametrize("merged", [False, True])
+def test_both_forms_compile_for_hopper_without_local_memory(merged):
+    """Offline, no GPU: the kernel at the step kernel's current ring API, each form, for sm_90a."""
+    schedule = chain.plan_schedule(*chain.MODELS["qwen3-0.6b"], 2, 132, merged=merged)
+    ptx = chain.compile_offline(schedule).asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx and ".acq_rel" in ptx
+    assert not re.search(r"\b(?:ld|st)\.local", ptx)
