@@ -192,7 +192,7 @@ auto)  # the next call whatever card comes: on an H200 every example's verify ph
     trap - EXIT
     if grep -q H200 "$out/gpu.txt"; then VERIFY_LIMIT=290 bash "$0" phases; else bash "$0" compute_retime; fi ;;
 retime_h200)  # the H200's sweeps' shipped and best tiles timed again with the flush taken off pair by pair (d201728),
-    # beside the read launches: then --tabulate them after the exploring sweeps (benchmarks/README.md)
+    # beside the read launches: then --tabulate them with the other sweeps under that timing (benchmarks/README.md's tiles)
     six=(examples/llama-1b-8b-b1.toml examples/llama-1b-8b-b8.toml examples/qwen25-05b-7b-b8.toml
         examples/qwen3-06b-8b-b4.toml examples/llama-1b-3b-b16-ctx4k.toml examples/qwen25-15b-14b-b4.toml)
     for model in target draft; do

@@ -125,7 +125,7 @@ def aim_of(shape: dict) -> float:
     return AIMS["gemm"] if shape["kind"] in GEMMS else AIMS["attention"]
 
 
-def launch_bound(shapes: list[dict], copy_gbs: float, bound_gbs: float) -> dict | None:
+def launch_bound(shapes: list[dict], bound_gbs: float) -> dict | None:
     """Table 5: the fastest launch timed alone (any read launch, us), and per (model, kind) the shapes
     whose aim at `bound_gbs` needs less time than it, and those whose read here stayed under the aim."""
     timed_reads = [s for s in shapes if timed(s, "read")]
@@ -144,7 +144,7 @@ def launch_bound(shapes: list[dict], copy_gbs: float, bound_gbs: float) -> dict 
             g["largest_beyond_mb"] = max(g["largest_beyond_mb"], s["bytes"] / 1e6)
         if s["read"]["share_of_copy"] < aim_of(s):
             g["read_under"] += 1
-    return {"fastest_us": fastest, "copy_gbs": copy_gbs, "bound_gbs": bound_gbs,
+    return {"fastest_us": fastest, "bound_gbs": bound_gbs,
             "below_mb": {k: fastest * aim * bound_gbs * 1e3 / 1e6 for k, aim in AIMS.items()},
             "groups": [{"model": m, "kind": k, **g} for (m, k), g in sorted(groups.items())]}
 
@@ -289,7 +289,7 @@ def main() -> int:
         print_against(against(main_shapes, other, args.against.name))
     print_row_blocks(row_blocks(main_shapes + more))
     if args.bound:
-        print_launch_bound(launch_bound(main_shapes + more, copy_gbs, args.bound))
+        print_launch_bound(launch_bound(main_shapes + more, args.bound))
     return 0
 
 

@@ -139,11 +139,12 @@ def _row_rstd(ss_ptr, B, H: gl.constexpr, acc_layout: gl.constexpr):
 
 @gluon.jit
 def _store_h(h_ptr, acc_g, acc_u, col0, B, I: gl.constexpr):
-    """h[b, col0 + r] = silu(g) * u, from the transposed accumulators (row r, column b)."""
+    """h[b, col0 + r] = silu(g) * u, from the transposed accumulators (row r, column b); -> the bf16 tile."""
     r = gl.arange(0, HALF, layout=gl.SliceLayout(1, acc_g.type.layout))
     b = gl.arange(0, BPAD, layout=gl.SliceLayout(0, acc_g.type.layout))
-    h = acc_g / (1.0 + gl.exp(-acc_g)) * acc_u
-    gl.store(h_ptr + b[None, :] * I + (col0 + r)[:, None], h.to(gl.bfloat16), mask=(b < B)[None, :])
+    h = (acc_g / (1.0 + gl.exp(-acc_g)) * acc_u).to(gl.bfloat16)
+    gl.store(h_ptr + b[None, :] * I + (col0 + r)[:, None], h, mask=(b < B)[None, :])
+    return h
 
 
 @gluon.jit
@@ -213,8 +214,7 @@ def _merged_layer(ring, ready, empty, act, i, x_ptr, layer_h, layer_sums, ss_ptr
         rstd = _row_rstd(ss_ptr, B, H, acc_layout)[None, :]
         acc_g *= rstd
         acc_u *= rstd
-        _store_h(layer_h, acc_g, acc_u, t * HALF, B, I)  # kept for the check's per-layer errors
-        h = (acc_g / (1.0 + gl.exp(-acc_g)) * acc_u).to(gl.bfloat16)
+        h = _store_h(layer_h, acc_g, acc_u, t * HALF, B, I)  # stored too, for the check's per-layer errors
         act.index(0).store(gl.permute(h, (1, 0)))  # the h tile as the down GEMM's [BPAD, 64] operand
         fence_async_shared()
         gl.thread_barrier()
