@@ -15,7 +15,8 @@ finished dot products by the row's 1 / rms.
 `--merged` makes the block one stage (lab/step_stages: fewer stages): a task computes its 64-column
 tile of h and at once multiplies it by the 64 columns of Wd it meets (every output column, K = 64),
 adding the product into x_{l+1}'s fp32 sums; no program waits between the two GEMMs, only for the
-layer before. The last task of a layer in adds the residual to all of x_{l+1} and publishes it.
+layer before. The last task of a layer in adds the residual to all of x_{l+1} (TAIL_COLS columns a
+load trip) and publishes it.
 
 Each program (one per SM, all co-resident) runs two partitions:
 
@@ -60,6 +61,9 @@ HALF = gl.constexpr(ROWS_PER_SLOT // 2)
 BK = gl.constexpr(K_PER_SLOT)
 BPAD = gl.constexpr(BATCH_PAD)
 EPS = gl.constexpr(1e-5)  # RMSNorm's epsilon
+# The merged form's last task finishes all of x_{l+1} alone, one load trip a tile: 256 columns a tile
+# halve llama-3.2-1b's 16 trips (128 columns) and keep the tile's fp32 sums at 32 registers a thread.
+TAIL_COLS = gl.constexpr(256)
 SMEM_BUDGET = 220 * 1024
 
 # The weight ring, activation staging, GEMM tiles and bounded acquire this probe grew are the
@@ -180,12 +184,13 @@ def _add_partial(sum_ptr, acc, col0, B, H: gl.constexpr):
 
 
 @gluon.jit
-def _finish_tile(sum_ptr, x_ptr, x_next_ptr, ss_next_ptr, col0, B, H: gl.constexpr):
-    """x_next[:, tile] = bf16(x[:, tile] + sums[:, tile]): the residual, once all S2 partials are in;
-    the tile's squares are added into each row's sum for the next layer's norm."""
+def _finish_tile(sum_ptr, x_ptr, x_next_ptr, ss_next_ptr, col0, B, H: gl.constexpr, COLS: gl.constexpr):
+    """x_next[:, tile] = bf16(x[:, tile] + sums[:, tile]) over COLS columns from col0 (those past H
+    masked): the residual, once all partials are in; the tile's squares are added into each row's sum
+    for the next layer's norm."""
     layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
     b = gl.arange(0, BPAD, layout=gl.SliceLayout(1, layout))
-    c = col0 + gl.arange(0, SLOT_ROWS, layout=gl.SliceLayout(0, layout))
+    c = col0 + gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
     offsets = b[:, None] * H + c[None, :]
     mask = (b < B)[:, None] & (c < H)[None, :]
     total = gl.load(sum_ptr + offsets, mask=mask, cache_modifier=".cg")
@@ -224,9 +229,9 @@ def _merged_layer(ring, ready, empty, act, i, x_ptr, layer_h, layer_sums, ss_ptr
             _add_partial(layer_sums, acc, n * SLOT_ROWS, B, H)
         gl.thread_barrier()
         arrived = gl.atomic_add(parts_ptr, 1, sem="acq_rel", scope="gpu")
-        if arrived == T1 - 1:  # the layer's last task: every partial is in
-            for n in range(NT2):
-                _finish_tile(layer_sums, x_ptr, x_ptr + B * H, ss_next_ptr, n * SLOT_ROWS, B, H)
+        if arrived == T1 - 1:  # the layer's last task: every partial is in; its loads a TAIL_COLS-wide
+            for c0 in range(0, H, TAIL_COLS):  # tile at a time (each tile's loads are one trip)
+                _finish_tile(layer_sums, x_ptr, x_ptr + B * H, ss_next_ptr, c0, B, H, TAIL_COLS)
             _release(x_done_ptr)
     return i
 
@@ -274,7 +279,7 @@ def _staged_layer(ring, ready, empty, act, i, x_ptr, layer_h, layer_sums, gu_ptr
         gl.thread_barrier()
         arrived = gl.atomic_add(parts2 + layer * NT2 + t % NT2, 1, sem="acq_rel", scope="gpu")
         if arrived == S2 - 1:  # the last partial of this tile: finish it and publish it
-            _finish_tile(layer_sums, x_ptr, x_ptr + B * H, ss_ptr + (layer + 1) * B, col0, B, H)
+            _finish_tile(layer_sums, x_ptr, x_ptr + B * H, ss_ptr + (layer + 1) * B, col0, B, H, SLOT_ROWS)
             _release(x_done + layer)
     return i
 
