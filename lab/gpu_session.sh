@@ -87,7 +87,7 @@ short2)  # the call after short: the verify pass, and the wgmma depth on the oth
 narrow)
     run 300 narrow python lab/narrow_tiles/chain.py --json "$out/narrow.json" ;;
 merged)  # lab/stream_chain: each MLP block one stage (gate_up and down in one task) against two, one process
-    run 400 merged python lab/stream_chain/chain.py --forms staged merged --models llama-3.2-1b qwen3-0.6b \
+    run 400 merged python lab/stream_chain/chain.py --forms staged merged folded --models llama-3.2-1b qwen3-0.6b \
         qwen2.5-0.5b --layers 16 --batches 1 8 16 --json "$out/merged.json" ;;
 verify49)  # #49's H200 record: the B=32 example's sweep, then every example's verify phase, tile kernel and streamed, tuned
     run 250 sweep_b32 python benchmarks/kernel_sweep.py examples/llama-1b-8b-b32.toml --per-shape 16 --prewarm 15 --read \

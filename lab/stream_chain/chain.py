@@ -16,7 +16,11 @@ finished dot products by the row's 1 / rms.
 tile of h and at once multiplies it by the 64 columns of Wd it meets (every output column, K = 64),
 adding the product into x_{l+1}'s fp32 sums; no program waits between the two GEMMs, only for the
 layer before. The last task of a layer in adds the residual to all of x_{l+1} (TAIL_COLS columns a
-load trip) and publishes it.
+load trip) and publishes it. `--forms folded` is the same block with no last task (lab/step_stages:
+the consumer applies the epilogue): a task only adds its partials and releases the layer's counter;
+the next layer's tasks, once every task is in, stage x_{l+1} = bf16(x_l + sums) themselves (FOLD_TILES
+K tiles a load trip) and take its norm from the whole row; the layer's first task stores x_{l+1} for
+the residual after it.
 
 Each program (one per SM, all co-resident) runs two partitions:
 
@@ -64,6 +68,7 @@ EPS = gl.constexpr(1e-5)  # RMSNorm's epsilon
 # The merged form's last task finishes all of x_{l+1} alone, one load trip a tile: 256 columns a tile
 # halve llama-3.2-1b's 16 trips (128 columns) and keep the tile's fp32 sums at 32 registers a thread.
 TAIL_COLS = gl.constexpr(256)
+FOLD_TILES = 4  # the folded form's K tiles a load trip as it stages x (x and the sums of four 64-column tiles)
 SMEM_BUDGET = 220 * 1024
 
 # The weight ring, activation staging, GEMM tiles and bounded acquire this probe grew are the
@@ -237,6 +242,91 @@ def _merged_layer(ring, ready, empty, act, i, x_ptr, layer_h, layer_sums, ss_ptr
 
 
 @gluon.jit
+def _fold_put(act, x_out_ptr, write_x, x, sums, kk, rows, cols, mask, KT: gl.constexpr, H: gl.constexpr):
+    """K tile kk of x_{l+1} = bf16(x + sums) into act[kk] (and x_out with write_x); -> its rows'
+    summed squares (zero past the last K tile)."""
+    ss = gl.zeros([BPAD], gl.float32, layout=gl.SliceLayout(1, x.type.layout))
+    if kk < KT:
+        new = (x.to(gl.float32) + sums).to(gl.bfloat16)
+        act.index(kk).store(new)
+        if write_x:
+            gl.store(x_out_ptr + rows[:, None] * H + (kk * BK + cols)[None, :], new, mask=mask)
+        rounded = new.to(gl.float32)
+        ss = gl.sum(rounded * rounded, axis=1)
+    return ss
+
+
+@gluon.jit
+def _stage_folded(act, x_ptr, sum_ptr, x_out_ptr, write_x, B, H: gl.constexpr, acc_layout: gl.constexpr):
+    """act[kk] = bf16(x + sums) over the whole row, FOLD_TILES (four) K tiles a load trip: every load of
+    a group is issued before any is used. -> each row's 1 / rms of the rounded row, as the
+    accumulators' columns."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    KT: gl.constexpr = H // BK
+    rows = gl.arange(0, BPAD, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, BK, layout=gl.SliceLayout(0, layout))
+    mask = (rows < B)[:, None] & (cols < BK)[None, :]
+    ss = gl.zeros([BPAD], gl.float32, layout=gl.SliceLayout(1, layout))
+    for k0 in range(0, KT, 4):
+        offs = rows[:, None] * H + (k0 * BK + cols)[None, :]
+        m0 = mask
+        m1 = mask & (k0 + 1 < KT)
+        m2 = mask & (k0 + 2 < KT)
+        m3 = mask & (k0 + 3 < KT)
+        x0 = gl.load(x_ptr + offs, mask=m0, other=0.0, cache_modifier=".cg")
+        s0 = gl.load(sum_ptr + offs, mask=m0, other=0.0, cache_modifier=".cg")
+        x1 = gl.load(x_ptr + offs + BK, mask=m1, other=0.0, cache_modifier=".cg")
+        s1 = gl.load(sum_ptr + offs + BK, mask=m1, other=0.0, cache_modifier=".cg")
+        x2 = gl.load(x_ptr + offs + 2 * BK, mask=m2, other=0.0, cache_modifier=".cg")
+        s2 = gl.load(sum_ptr + offs + 2 * BK, mask=m2, other=0.0, cache_modifier=".cg")
+        x3 = gl.load(x_ptr + offs + 3 * BK, mask=m3, other=0.0, cache_modifier=".cg")
+        s3 = gl.load(sum_ptr + offs + 3 * BK, mask=m3, other=0.0, cache_modifier=".cg")
+        ss += _fold_put(act, x_out_ptr, write_x, x0, s0, k0, rows, cols, mask, KT, H)
+        ss += _fold_put(act, x_out_ptr, write_x, x1, s1, k0 + 1, rows, cols, mask, KT, H)
+        ss += _fold_put(act, x_out_ptr, write_x, x2, s2, k0 + 2, rows, cols, mask, KT, H)
+        ss += _fold_put(act, x_out_ptr, write_x, x3, s3, k0 + 3, rows, cols, mask, KT, H)
+    fence_async_shared()
+    gl.thread_barrier()
+    rstd = gl.rsqrt(ss / H + EPS)
+    return gl.convert_layout(rstd, gl.SliceLayout(0, acc_layout))
+
+
+@gluon.jit
+def _folded_layer(ring, ready, empty, act, i, x_ptr, ss0_ptr, layer_h, layer_sums, parts_ptr, layer, B, H: gl.constexpr,
+                  I: gl.constexpr, STAGES: gl.constexpr, acc_layout: gl.constexpr):
+    """One layer's MLP block as one stage with no last task: each task stages x_l itself (layer 0: x_0
+    and its given squares; later: bf16(x_{l-1} + the layer before's sums), the layer's first task
+    storing it), makes its h tile, adds h_tile @ Wd[:, tile]^T into the fp32 sums and releases the
+    layer's counter."""
+    pid = gl.program_id(0)
+    programs = gl.num_programs(0)
+    T1: gl.constexpr = I // HALF
+    NT2: gl.constexpr = H // SLOT_ROWS
+    for t in range(pid, T1, programs):
+        if layer == 0:
+            _stage_activations(act, x_ptr, H, B, 0, H // BK, BPAD)
+            rstd = _row_rstd(ss0_ptr, B, H, acc_layout)
+        else:  # x_l = x_{l-1} + the layer before's sums, x_l stored by the layer's first task
+            rstd = _stage_folded(act, x_ptr - B * H, layer_sums - B * H, x_ptr, t == 0, B, H, acc_layout)
+        acc_g, acc_u, i = _gate_up_tile(ring, ready, empty, act, i, H // BK, STAGES, 1,
+                                        gl.zeros((HALF, BPAD), dtype=gl.float32, layout=acc_layout),
+                                        gl.zeros((HALF, BPAD), dtype=gl.float32, layout=acc_layout))
+        acc_g *= rstd[None, :]
+        acc_u *= rstd[None, :]
+        h = _store_h(layer_h, acc_g, acc_u, t * HALF, B, I)  # stored too, for the check's per-layer errors
+        gl.thread_barrier()  # every warp's reads of act (the product) done before it is overwritten
+        act.index(0).store(gl.permute(h, (1, 0)))
+        fence_async_shared()
+        gl.thread_barrier()
+        for n in range(NT2):
+            acc, i = _down_tile(ring, ready, empty, act, i, 1, STAGES, 1,
+                                gl.zeros((SLOT_ROWS, BPAD), dtype=gl.float32, layout=acc_layout))
+            _add_partial(layer_sums, acc, n * SLOT_ROWS, B, H)
+        _release(parts_ptr)
+    return i
+
+
+@gluon.jit
 def _staged_layer(ring, ready, empty, act, i, x_ptr, layer_h, layer_sums, gu_ptr, ss_ptr, h_done, parts1, parts2, x_done,
                   layer, B, error_ptr, spin_limit, H: gl.constexpr, I: gl.constexpr, S1: gl.constexpr,
                   S2: gl.constexpr, STAGES: gl.constexpr, acc_layout: gl.constexpr):
@@ -287,7 +377,7 @@ def _staged_layer(ring, ready, empty, act, i, x_ptr, layer_h, layer_sums, gu_ptr
 @gluon.jit
 def compute_partition(ring, ready, empty, act, xs_ptr, h_ptr, gu_ptr, sum_ptr, ss_ptr, counter_ptr, error_ptr, B,
                       spin_limit, H: gl.constexpr, I: gl.constexpr, S1: gl.constexpr, S2: gl.constexpr,
-                      L: gl.constexpr, STAGES: gl.constexpr, MERGED: gl.constexpr):
+                      L: gl.constexpr, STAGES: gl.constexpr, MERGED: gl.constexpr, FOLDED: gl.constexpr):
     """Per layer: every stage-1 task this program owns, then every stage-2 task. Counters (one int32
     buffer): h_done[L, S2] (h tiles finished per slice of I), parts1[L, T1] (stage-1 partials per h
     tile, when S1 > 1), parts2[L, NT2] (stage-2 partials per output tile; merged: parts2[l, 0] counts
@@ -305,7 +395,12 @@ def compute_partition(ring, ready, empty, act, xs_ptr, h_ptr, gu_ptr, sum_ptr, s
         x_ptr = xs_ptr + layer * B * H
         layer_h = h_ptr + layer * B * I
         layer_sums = sum_ptr + layer * B * H
-        if MERGED:
+        if FOLDED:
+            if layer > 0:
+                _acquire(parts2 + (layer - 1) * NT2, T1, error_ptr, spin_limit)
+            i = _folded_layer(ring, ready, empty, act, i, x_ptr, ss_ptr, layer_h, layer_sums, parts2 + layer * NT2,
+                              layer, B, H, I, STAGES, acc_layout)
+        elif MERGED:
             if layer > 0:
                 _acquire(x_done + layer - 1, 1, error_ptr, spin_limit)
             i = _merged_layer(ring, ready, empty, act, i, x_ptr, layer_h, layer_sums, ss_ptr + layer * B,
@@ -316,13 +411,19 @@ def compute_partition(ring, ready, empty, act, xs_ptr, h_ptr, gu_ptr, sum_ptr, s
                 _acquire(x_done + layer - 1, NT2, error_ptr, spin_limit)
             i = _staged_layer(ring, ready, empty, act, i, x_ptr, layer_h, layer_sums, gu_ptr, ss_ptr, h_done, parts1,
                               parts2, x_done, layer, B, error_ptr, spin_limit, H, I, S1, S2, STAGES, acc_layout)
+    if FOLDED:  # the chain's output: program 0 adds the last layer's sums once every task is in
+        if gl.program_id(0) == 0:
+            _acquire(parts2 + (L - 1) * NT2, T1, error_ptr, spin_limit)
+            for c0 in range(0, H, TAIL_COLS):
+                _finish_tile(sum_ptr + (L - 1) * B * H, xs_ptr + (L - 1) * B * H, xs_ptr + L * B * H, ss_ptr + L * B, c0,
+                             B, H, TAIL_COLS)
 
 
 @gluon.jit
 def mlp_chain_kernel(w1_desc, w2_desc, xs_ptr, h_ptr, gu_ptr, sum_ptr, ss_ptr, counter_ptr, error_ptr, B,
                      spin_limit,  #
                      H: gl.constexpr, I: gl.constexpr, S1: gl.constexpr, S2: gl.constexpr, L: gl.constexpr,
-                     STAGES: gl.constexpr, KT_MAX: gl.constexpr, MERGED: gl.constexpr):
+                     STAGES: gl.constexpr, KT_MAX: gl.constexpr, MERGED: gl.constexpr, FOLDED: gl.constexpr):
     """x_{l+1} = x_l + mlp_l(rmsnorm(x_l)) for L layers (the norm's weight folded into Wg, Wu),
     persistent: grid <= SMs, every program co-resident. ss[0] holds x_0's summed squares per row; the
     fp32 partial sums (gu when S1 > 1, sums), ss[1:] and the counters start at zero."""
@@ -332,7 +433,7 @@ def mlp_chain_kernel(w1_desc, w2_desc, xs_ptr, h_ptr, gu_ptr, sum_ptr, ss_ptr, c
     ready, empty = ring_barriers(STAGES)
     gl.warp_specialize([
         (compute_partition, (ring, ready, empty, act, xs_ptr, h_ptr, gu_ptr, sum_ptr, ss_ptr, counter_ptr, error_ptr, B,
-                             spin_limit, H, I, S1, S2, L, STAGES, MERGED)),
+                             spin_limit, H, I, S1, S2, L, STAGES, MERGED, FOLDED)),
         (load_partition, (w1_desc, w2_desc, ring, ready, empty, H, I, S1, S2, L, STAGES, MERGED)),
     ], [1], [40])
 
@@ -351,6 +452,7 @@ class Schedule:
     stages: int
     programs: int
     merged: bool = False  # the block as one stage (gate_up and down in one task), S1 = S2 = 1
+    folded: bool = False  # merged, with no last task: the next layer's tasks add the residual as they stage x
 
     @property
     def kt_max(self) -> int:
@@ -368,11 +470,13 @@ class Schedule:
 
 
 def plan_schedule(H: int, I: int, layers: int, sms: int, S1: int | None = None, S2: int | None = None,
-                  stages: int | None = None, merged: bool = False) -> Schedule:
+                  stages: int | None = None, merged: bool = False, folded: bool = False) -> Schedule:
     """The chain's schedule, checked: tile divisibility, one program per SM at most (co-residency is
     what lets every wait end), and the shared memory it needs. By default stage 1 splits H over S1
     slices and stage 2 splits I over S2 slices, each as finely as keeps its tasks within the SMs.
-    `merged`: one stage a block, I / 64 tasks (no split: S1 = S2 = 1)."""
+    `merged`: one stage a block, I / 64 tasks (no split: S1 = S2 = 1); `folded`: the same with the
+    residual added by the next layer's tasks."""
+    merged = merged or folded
     half = ROWS_PER_SLOT // 2
     if H % ROWS_PER_SLOT or I % half:
         raise ValueError(f"H={H} must divide by {ROWS_PER_SLOT} and I={I} by {half}")
@@ -394,7 +498,7 @@ def plan_schedule(H: int, I: int, layers: int, sms: int, S1: int | None = None, 
     kt_max = H // K_PER_SLOT if merged else max(H // S1, I // S2) // K_PER_SLOT
     if stages is None:
         stages = min(16, (SMEM_BUDGET - kt_max * BATCH_PAD * K_PER_SLOT * 2) // (ROWS_PER_SLOT * K_PER_SLOT * 2 + 16))
-    schedule = Schedule(H, I, layers, S1, S2, stages, programs, merged)
+    schedule = Schedule(H, I, layers, S1, S2, stages, programs, merged, folded)
     if stages < 2 or schedule.shared_bytes() > SMEM_BUDGET:
         raise ValueError(f"{schedule} needs {schedule.shared_bytes()} bytes of shared memory (budget "
                          f"{SMEM_BUDGET}) or has fewer than 2 slots")
@@ -410,7 +514,8 @@ def launch_args(xs, w_gu, w_d, h, gu, sums, ss, counters, error, schedule: Sched
                                                                                gl.bfloat16))
     args = (w1_desc, w2_desc, xs, h, gu, sums, ss, counters, error, xs.shape[1], spin_limit)
     kwargs = dict(H=schedule.H, I=schedule.I, S1=schedule.S1, S2=schedule.S2, L=schedule.layers, STAGES=schedule.stages,
-                  KT_MAX=schedule.kt_max, MERGED=schedule.merged, num_warps=4, maxnreg=168)
+                  KT_MAX=schedule.kt_max, MERGED=schedule.merged, FOLDED=schedule.folded, num_warps=4,
+                  maxnreg=168)
     return (schedule.programs, ), args, kwargs
 
 
@@ -478,10 +583,17 @@ def reference(x, w_gu, w_d, layers: int):
 
 def program_tasks(schedule: Schedule, pid: int):
     """The compute partition's steps for program pid, in its order: ("wait", counter, target) or
-    ("run", kind, layer, task). Counters are named tuples: ("h", layer, slice), ("x", layer)."""
+    ("run", kind, layer, task). Counters are named tuples: ("h", layer, slice), ("x", layer), and the
+    folded form's ("layer", layer) (its tasks in)."""
     H, I, S1, S2, P = schedule.H, schedule.I, schedule.S1, schedule.S2, schedule.programs
     half, nt2, kr2 = ROWS_PER_SLOT // 2, H // ROWS_PER_SLOT, I // S2
     for layer in range(schedule.layers):
+        if schedule.folded:
+            if layer > 0:
+                yield ("wait", ("layer", layer - 1), I // half)
+            for t in range(pid, I // half, P):
+                yield ("run", "folded", layer, t)
+            continue
         if schedule.merged:
             if layer > 0:
                 yield ("wait", ("x", layer - 1), 1)
@@ -495,6 +607,9 @@ def program_tasks(schedule: Schedule, pid: int):
         for t in range(pid, nt2 * S2, P):
             yield ("wait", ("h", layer, t // nt2), kr2 // half)
             yield ("run", "down", layer, t)
+    if schedule.folded and pid == 0:  # the chain's output, once the last layer's tasks are all in
+        yield ("wait", ("layer", schedule.layers - 1), I // half)
+        yield ("run", "tail", schedule.layers - 1, 0)
 
 
 def weight_slots(schedule: Schedule, pid: int) -> tuple[int, int]:
@@ -507,7 +622,8 @@ def weight_slots(schedule: Schedule, pid: int) -> tuple[int, int]:
     else:
         loaded = schedule.layers * (len(range(pid, I // half * S1, P)) * (H // S1 // K_PER_SLOT)
                                     + len(range(pid, nt2 * S2, P)) * (I // S2 // K_PER_SLOT))
-    per_task = {"gate_up": H // S1 // K_PER_SLOT, "down": I // S2 // K_PER_SLOT, "mlp": H // K_PER_SLOT + nt2}
+    per_task = {"gate_up": H // S1 // K_PER_SLOT, "down": I // S2 // K_PER_SLOT, "mlp": H // K_PER_SLOT + nt2,
+                "folded": H // K_PER_SLOT + nt2, "tail": 0}
     consumed = sum(per_task[step[1]] for step in program_tasks(schedule, pid) if step[0] == "run")
     return loaded, consumed
 
@@ -521,7 +637,7 @@ def simulate(schedule: Schedule, x0, w_gu, w_d):
     gu = torch.zeros(L, B, 2 * I)
     ss = torch.zeros(L + 1, B)
     ss[0] = x0.float().square().sum(-1)
-    xs = torch.zeros(L + 1, B, H, dtype=torch.bfloat16)
+    xs = torch.full((L + 1, B, H), float("nan"), dtype=torch.bfloat16)  # a read before its write shows
     xs[0] = x0
     h = torch.full((L, B, I), float("nan"), dtype=torch.bfloat16)
     sums = torch.zeros(L, B, H)
@@ -534,7 +650,27 @@ def simulate(schedule: Schedule, x0, w_gu, w_d):
         for pid, step in enumerate(pending):
             if step is None or (step[0] == "wait" and counters.get(step[1], 0) < step[2]):
                 continue
-            if step[0] == "run" and step[1] == "mlp":  # merged: h tile, then its share of every output column
+            if step[0] == "run" and step[1] in ("folded", "tail"):  # x_l = x_{l-1} + sums, staged by each task
+                layer, n = step[2], step[3]
+                if step[1] == "tail":
+                    xs[layer + 1] = (xs[layer].float() + sums[layer]).to(torch.bfloat16)
+                else:
+                    if layer == 0:
+                        x, rstd = xs[0], torch.rsqrt(ss[0] / H + 1e-5)[:, None]
+                    else:
+                        x = (xs[layer - 1].float() + sums[layer - 1]).to(torch.bfloat16)
+                        rstd = torch.rsqrt(x.float().square().sum(-1) / H + 1e-5)[:, None]
+                        if n == 0:  # the layer's first task keeps x_l for the residual after it
+                            xs[layer] = x
+                    cols = slice(n * half, (n + 1) * half)
+                    rows = slice(layer * 2 * I + n * half, layer * 2 * I + (n + 1) * half)
+                    up = slice(rows.start + I, rows.stop + I)
+                    g = x.float() @ w_gu[rows].float().T * rstd
+                    u = x.float() @ w_gu[up].float().T * rstd
+                    h[layer, :, cols] = (torch.nn.functional.silu(g) * u).to(torch.bfloat16)
+                    sums[layer] += h[layer, :, cols].float() @ w_d[layer * H:(layer + 1) * H, cols].float().T
+                    counters[("layer", layer)] = counters.get(("layer", layer), 0) + 1
+            elif step[0] == "run" and step[1] == "mlp":  # merged: h tile, then its share of every output column
                 layer, n = step[2], step[3]
                 cols = slice(n * half, (n + 1) * half)
                 rows = slice(layer * 2 * I + n * half, layer * 2 * I + (n + 1) * half)
@@ -699,7 +835,7 @@ def run_gpu(args) -> int:
         H, I = MODELS[model]
         for layers in args.layers:
             schedules = [plan_schedule(H, I, layers, sms, S1=args.s1, S2=args.s2, stages=args.stages,
-                                       merged=form == "merged") for form in args.forms]
+                                       merged=form == "merged", folded=form == "folded") for form in args.forms]
             weight_bytes = layers * 3 * H * I * 2
             copies = max(1, -(-300_000_000 // weight_bytes))  # > 2x L2 between repeats of one set
             sets = [weights(H, I, layers, "cuda") for _ in range(copies)]
@@ -719,7 +855,7 @@ def run_gpu(args) -> int:
                     row = dict(model=model, H=H, I=I, layers=layers, B=B, schedule=asdict(schedule), rel_err=err,
                                waits_ran_out=errors, floor_us=floor_us, chain_us=chain_us, torch_us=torch_us)
                     rows.append(row)
-                    sched = (f"{'merged' if schedule.merged else f'S={schedule.S1}/{schedule.S2}'} "
+                    sched = (f"{('folded' if schedule.folded else 'merged') if schedule.merged else f'S={schedule.S1}/{schedule.S2}'} "
                              f"st={schedule.stages} P={schedule.programs}")
                     print(f"{model:<14}{layers:>3}{B:>3}  {sched:<20}{err:>9.1e}{floor_us:>10.1f}{chain_us:>10.1f}"
                           f"{chain_us / floor_us:>9.2f}{torch_us:>10.1f}{torch_us / floor_us:>9.2f}"
@@ -771,7 +907,7 @@ def run_offline(args) -> int:
     for model, layers, form in itertools.product(args.models, args.layers, args.forms):
         H, I = MODELS[model]
         schedule = plan_schedule(H, I, layers, 132, S1=args.s1, S2=args.s2, stages=args.stages,
-                                 merged=form == "merged")
+                                 merged=form == "merged", folded=form == "folded")
         compiled = compile_offline(schedule)
         ptx = compiled.asm["ptx"]
         found = {name: pattern in ptx for name, pattern in (
@@ -800,9 +936,11 @@ def main(argv=None) -> int:
     parser.add_argument("--s1", type=int, default=None, help="K slices of the gate/up projection")
     parser.add_argument("--s2", type=int, default=None, help="K slices of the down projection")
     parser.add_argument("--stages", type=int, default=None, help="ring slots (default: fill shared memory)")
-    parser.add_argument("--forms", nargs="+", default=["staged"], choices=["staged", "merged"],
+    parser.add_argument("--forms", nargs="+", default=["staged"], choices=["staged", "merged", "folded"],
                         help="staged: two stages a block (gate_up tasks, then down tasks); merged: one (gate_up "
-                             "and down in one task), each timed in this process on the same weights")
+                             "and down in one task, the layer's last task adding the residual); folded: merged with "
+                             "the residual added by the next layer's tasks; each timed in this process on the same "
+                             "weights")
     args = parser.parse_args(argv)
     return run_offline(args) if args.offline else run_gpu(args)
 
