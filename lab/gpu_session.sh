@@ -8,8 +8,8 @@
 # short: the step form's checks at 5 and 32 sequences at the current defaults, the launch defaults
 #        against the epilogues through the sums and the depths before them, and the product's dealing where it
 #        balances (qwen2.5-1.5b), cut to fit one call; short2: the verify pass, and the epilogues through the
-#        sums and the wgmma depth on the other drafts; merged: lab/stream_chain's MLP blocks each one stage
-#        against two (lab/step_stages' fewer stages); narrow: whole-K narrow tiles against split K in a
+#        sums and the wgmma depth on the other drafts; merged: lab/stream_chain's MLP blocks as one stage
+#        (merged, folded) against two (lab/step_stages' fewer stages); narrow: whole-K narrow tiles against split K in a
 #        chain of dependent GEMMs (lab/narrow_tiles); verify49: #49's record (the B=32 example's kernel
 #        sweep, then every example's verify phase against its floor, by the tile kernel and with the
 #        target's o_proj and down streamed, each also with the GPU's tile table, benchmarks/verify_kernels.py);

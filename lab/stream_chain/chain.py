@@ -207,6 +207,22 @@ def _finish_tile(sum_ptr, x_ptr, x_next_ptr, ss_next_ptr, col0, B, H: gl.constex
 
 
 @gluon.jit
+def _h_times_down(ring, ready, empty, act, i, acc_g, acc_u, layer_h, layer_sums, col0, B, H: gl.constexpr,
+                  I: gl.constexpr, STAGES: gl.constexpr, acc_layout: gl.constexpr):
+    """A one-stage task's second half: its h tile (from the normed gate and up accumulators) into act's
+    first tile, times the 64 columns of Wd it meets, H / 128 slots, added into the fp32 sums."""
+    h = _store_h(layer_h, acc_g, acc_u, col0, B, I)  # stored too, for the check's per-layer errors
+    act.index(0).store(gl.permute(h, (1, 0)))  # the h tile as the down GEMM's [BPAD, 64] operand
+    fence_async_shared()
+    gl.thread_barrier()
+    for n in range(H // SLOT_ROWS):
+        acc, i = _down_tile(ring, ready, empty, act, i, 1, STAGES, 1,
+                            gl.zeros((SLOT_ROWS, BPAD), dtype=gl.float32, layout=acc_layout))
+        _add_partial(layer_sums, acc, n * SLOT_ROWS, B, H)
+    return i
+
+
+@gluon.jit
 def _merged_layer(ring, ready, empty, act, i, x_ptr, layer_h, layer_sums, ss_ptr, ss_next_ptr, parts_ptr, x_done_ptr, B,
                   H: gl.constexpr, I: gl.constexpr, STAGES: gl.constexpr, acc_layout: gl.constexpr):
     """One layer's MLP block as one stage: each task this program owns makes its 64-column h tile
@@ -215,23 +231,14 @@ def _merged_layer(ring, ready, empty, act, i, x_ptr, layer_h, layer_sums, ss_ptr
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
     T1: gl.constexpr = I // HALF
-    NT2: gl.constexpr = H // SLOT_ROWS
     for t in range(pid, T1, programs):
         _stage_activations(act, x_ptr, H, B, 0, H // BK, BPAD)
         acc_g, acc_u, i = _gate_up_tile(ring, ready, empty, act, i, H // BK, STAGES, 1,
                                         gl.zeros((HALF, BPAD), dtype=gl.float32, layout=acc_layout),
                                         gl.zeros((HALF, BPAD), dtype=gl.float32, layout=acc_layout))
         rstd = _row_rstd(ss_ptr, B, H, acc_layout)[None, :]
-        acc_g *= rstd
-        acc_u *= rstd
-        h = _store_h(layer_h, acc_g, acc_u, t * HALF, B, I)  # stored too, for the check's per-layer errors
-        act.index(0).store(gl.permute(h, (1, 0)))  # the h tile as the down GEMM's [BPAD, 64] operand
-        fence_async_shared()
-        gl.thread_barrier()
-        for n in range(NT2):
-            acc, i = _down_tile(ring, ready, empty, act, i, 1, STAGES, 1,
-                                gl.zeros((SLOT_ROWS, BPAD), dtype=gl.float32, layout=acc_layout))
-            _add_partial(layer_sums, acc, n * SLOT_ROWS, B, H)
+        i = _h_times_down(ring, ready, empty, act, i, acc_g * rstd, acc_u * rstd, layer_h, layer_sums, t * HALF, B, H,
+                          I, STAGES, acc_layout)
         gl.thread_barrier()
         arrived = gl.atomic_add(parts_ptr, 1, sem="acq_rel", scope="gpu")
         if arrived == T1 - 1:  # the layer's last task: every partial is in; its loads a TAIL_COLS-wide
@@ -301,7 +308,6 @@ def _folded_layer(ring, ready, empty, act, i, x_ptr, ss0_ptr, layer_h, layer_sum
     pid = gl.program_id(0)
     programs = gl.num_programs(0)
     T1: gl.constexpr = I // HALF
-    NT2: gl.constexpr = H // SLOT_ROWS
     for t in range(pid, T1, programs):
         if layer == 0:
             _stage_activations(act, x_ptr, H, B, 0, H // BK, BPAD)
@@ -311,17 +317,9 @@ def _folded_layer(ring, ready, empty, act, i, x_ptr, ss0_ptr, layer_h, layer_sum
         acc_g, acc_u, i = _gate_up_tile(ring, ready, empty, act, i, H // BK, STAGES, 1,
                                         gl.zeros((HALF, BPAD), dtype=gl.float32, layout=acc_layout),
                                         gl.zeros((HALF, BPAD), dtype=gl.float32, layout=acc_layout))
-        acc_g *= rstd[None, :]
-        acc_u *= rstd[None, :]
-        h = _store_h(layer_h, acc_g, acc_u, t * HALF, B, I)  # stored too, for the check's per-layer errors
         gl.thread_barrier()  # every warp's reads of act (the product) done before it is overwritten
-        act.index(0).store(gl.permute(h, (1, 0)))
-        fence_async_shared()
-        gl.thread_barrier()
-        for n in range(NT2):
-            acc, i = _down_tile(ring, ready, empty, act, i, 1, STAGES, 1,
-                                gl.zeros((SLOT_ROWS, BPAD), dtype=gl.float32, layout=acc_layout))
-            _add_partial(layer_sums, acc, n * SLOT_ROWS, B, H)
+        i = _h_times_down(ring, ready, empty, act, i, acc_g * rstd[None, :], acc_u * rstd[None, :], layer_h,
+                          layer_sums, t * HALF, B, H, I, STAGES, acc_layout)
         _release(parts_ptr)
     return i
 

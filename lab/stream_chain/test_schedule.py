@@ -16,12 +16,16 @@ import chain  # noqa: E402
 @pytest.mark.parametrize("H, I, layers, programs, S1", [(256, 512, 3, 132, 4), (256, 512, 3, 132, 1),
                                                         (256, 512, 2, 5, None), (384, 768, 2, 7, 2)])
 def test_simulated_schedule_matches_reference(H, I, layers, programs, S1):
-    schedule = chain.plan_schedule(H, I, layers, programs, S1=S1)
-    torch.manual_seed(0)
-    w_gu, w_d = chain.weights(H, I, layers, "cpu")
-    x0 = torch.randn(3, H, dtype=torch.bfloat16)
+    _assert_simulation_matches_reference(chain.plan_schedule(H, I, layers, programs, S1=S1), rows=3, seed=0)
+
+
+def _assert_simulation_matches_reference(schedule, rows: int, seed: int) -> None:
+    """The schedule simulated on random layers against the fp32 reference (2e-2, relative), no NaN."""
+    torch.manual_seed(seed)
+    w_gu, w_d = chain.weights(schedule.H, schedule.I, schedule.layers, "cpu")
+    x0 = torch.randn(rows, schedule.H, dtype=torch.bfloat16)
     out = chain.simulate(schedule, x0, w_gu, w_d)
-    ref = chain.reference(x0, w_gu, w_d, layers)
+    ref = chain.reference(x0, w_gu, w_d, schedule.layers)
     assert not out.isnan().any()
     assert ((out.float() - ref).abs().max() / ref.abs().max()).item() < 2e-2
 
@@ -118,36 +122,17 @@ def test_attention_refuses_query_groups_larger_than_a_tile():
         attention.Shape(1, 8, 32, 2, 128, 512).check()
 
 
+@pytest.mark.parametrize("form", ["merged", "folded"])
 @pytest.mark.parametrize("H, I, layers, programs", [(256, 512, 3, 132), (256, 512, 3, 3), (384, 768, 2, 5)])
-def test_merged_blocks_simulated_match_reference(H, I, layers, programs):
-    """One stage a block: each task's h tile times its columns of Wd, summed; the layer's last task
-    in finishes x_{l+1}. Fewer programs than tasks included."""
-    schedule = chain.plan_schedule(H, I, layers, programs, merged=True)
-    assert schedule.merged and (schedule.S1, schedule.S2) == (1, 1)
+def test_one_stage_blocks_simulated_match_reference(form, H, I, layers, programs):
+    """One stage a block: each task's h tile times its columns of Wd, summed. merged: the layer's last
+    task in finishes x_{l+1}; folded: each layer's tasks add the residual as they stage x (the first
+    one keeping x_l) and program 0 finishes the output. Fewer programs than tasks included; every
+    x_l starts as NaN, so a read before its write shows."""
+    schedule = chain.plan_schedule(H, I, layers, programs, merged=form == "merged", folded=form == "folded")
+    assert schedule.merged and schedule.folded == (form == "folded") and (schedule.S1, schedule.S2) == (1, 1)
     assert schedule.programs == min(programs, I // 64)
-    torch.manual_seed(1)
-    w_gu, w_d = chain.weights(H, I, layers, "cpu")
-    x0 = torch.randn(4, H, dtype=torch.bfloat16)
-    out = chain.simulate(schedule, x0, w_gu, w_d)
-    ref = chain.reference(x0, w_gu, w_d, layers)
-    assert not out.isnan().any()
-    assert ((out.float() - ref).abs().max() / ref.abs().max()).item() < 2e-2
-
-
-@pytest.mark.parametrize("H, I, layers, programs", [(256, 512, 3, 132), (256, 512, 3, 3), (384, 768, 2, 5)])
-def test_folded_blocks_simulated_match_reference(H, I, layers, programs):
-    """One stage a block with no last task: each layer's tasks add the residual as they stage x
-    (the first one keeping x_l), program 0 finishes the output. Fewer programs than tasks included;
-    every x_l starts as NaN, so a read before its write shows."""
-    schedule = chain.plan_schedule(H, I, layers, programs, folded=True)
-    assert schedule.folded and schedule.merged
-    torch.manual_seed(2)
-    w_gu, w_d = chain.weights(H, I, layers, "cpu")
-    x0 = torch.randn(4, H, dtype=torch.bfloat16)
-    out = chain.simulate(schedule, x0, w_gu, w_d)
-    ref = chain.reference(x0, w_gu, w_d, layers)
-    assert not out.isnan().any()
-    assert ((out.float() - ref).abs().max() / ref.abs().max()).item() < 2e-2
+    _assert_simulation_matches_reference(schedule, rows=4, seed=1 if form == "merged" else 2)
 
 
 def test_a_folded_layer_that_does_not_wait_for_the_one_before_is_caught(monkeypatch):
