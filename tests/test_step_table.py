@@ -14,43 +14,24 @@ from conjugate.compiler.step.table import (MIN_RUN_K_TILES, ProgramError, StepPr
                                           balanced_runs, build, check, coarsen, finest_split, qkv_tiles, step_table,
                                           task_ledger)
 from conjugate.models.presets import from_name
-from conjugate.models.reference import draft_phase, forward, make_round_inputs
+from conjugate.models.reference import forward, make_round_inputs
 from conjugate.kernels.step import columns as layout
 from conjugate.models.weights import meta_weights, random_weights
-
-SMALL = Tiles(k=16, rows=32, half=16)  # the tiny models' sizes: many tiles and slices
-
-
-def _case(name: str, batch: int, ragged: bool = True, seed: int = 0):
-    w = random_weights(from_name(name), seed=seed)
-    inputs = make_round_inputs(w, w, k=3, draft_batch=batch, target_batch=1, context=12, seed=seed, ragged=ragged)
-    return w, inputs
-
-
-def _reference(w, inputs, steps):
-    cache = inputs.draft_cache.clone()
-    tokens, logits = draft_phase(w, inputs.draft_last_tokens, cache, inputs.draft_lengths, steps)
-    return tokens, logits, cache
+from step_cases import SMALL, assert_simulates_reference, reference_phase, step_case  # tests/step_cases.py
 
 
 @pytest.mark.parametrize("name", ["tiny-llama-d", "tiny-qwen2-d", "tiny-qwen3-d", "tiny-llama-t"])
 @pytest.mark.parametrize("programs,early,coarse", [(7, True, False), (40, True, False), (40, False, False),
                                                    (40, True, True)])
 def test_simulated_table_gives_the_reference_tokens(name, programs, early, coarse):
-    w, inputs = _case(name, batch=3)
+    w, inputs = step_case(name, batch=3)
     steps = 3
     prog = build(w.spec, 3, steps, programs, SMALL, early_start=early)
     if coarse:
         prog = coarsen(prog)
         assert all(len(t.waits) <= 1 and not t.finish_waits for t in prog.tasks if t.op != "o_proj")
     check(prog, sms=132)
-    ref_tokens, ref_logits, ref_cache = _reference(w, inputs, steps)
-    for seed in (0, 1):  # two interleavings of the programs
-        out = simulate(prog, w, inputs.draft_last_tokens, inputs.draft_cache, inputs.draft_lengths, seed=seed)
-        assert torch.equal(out.tokens, ref_tokens)
-        torch.testing.assert_close(out.logits, ref_logits, rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(out.cache.k, ref_cache.k, rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(out.cache.v, ref_cache.v, rtol=1e-4, atol=1e-4)
+    assert_simulates_reference(prog, w, inputs, steps)
 
 
 @pytest.mark.parametrize("name", ["tiny-llama-t", "tiny-qwen2-d", "tiny-qwen3-d"])
@@ -58,7 +39,7 @@ def test_simulated_table_gives_the_reference_tokens(name, programs, early, coars
 def test_a_verify_table_gives_the_reference_forward(name, programs, tokens, coarse):
     """One step of T tokens a sequence (a verify pass): logits, argmax and the T new cache rows of
     forward(), each token attending causally, at ragged lengths."""
-    w, inputs = _case(name, batch=3)
+    w, inputs = step_case(name, batch=3)
     verify = torch.randint(0, w.spec.vocab_size, (3, tokens), generator=torch.Generator().manual_seed(tokens))
     cache = inputs.draft_cache.clone()
     ref_logits = forward(w, verify, cache, inputs.draft_lengths)
@@ -77,18 +58,18 @@ def test_a_verify_pass_is_one_step_and_reads_its_tokens():
     spec = from_name("tiny-llama-t")
     with pytest.raises(ProgramError, match="one step"):
         build(spec, 2, 2, 8, SMALL, tokens=3)
-    w, inputs = _case("tiny-llama-t", batch=2)
+    w, inputs = step_case("tiny-llama-t", batch=2)
     with pytest.raises(ValueError, match="first tokens"):
         simulate(build(spec, 2, 1, 8, SMALL, tokens=3), w, inputs.draft_last_tokens, inputs.draft_cache,
                  inputs.draft_lengths)
 
 
 def test_one_program_runs_the_whole_table_in_order():
-    w, inputs = _case("tiny-qwen3-d", batch=2)
+    w, inputs = step_case("tiny-qwen3-d", batch=2)
     prog = build(w.spec, 2, 2, 1, SMALL)
     check(prog, sms=1)
     out = simulate(prog, w, inputs.draft_last_tokens, inputs.draft_cache, inputs.draft_lengths)
-    assert torch.equal(out.tokens, _reference(w, inputs, 2)[0])
+    assert torch.equal(out.tokens, reference_phase(w, inputs, 2)[0])
 
 
 def test_splits_fill_the_programs_and_slices_cover_k():
@@ -216,16 +197,16 @@ def test_check_refuses_unsafe_tables():
 def test_a_missing_wait_is_caught_by_the_tokens():
     """Drop the waits of every attention task: the simulation reads q before qkv wrote it (NaN) or a
     stale cache, and the tokens or the logits leave the reference."""
-    w, inputs = _case("tiny-llama-d", batch=2)
+    w, inputs = step_case("tiny-llama-d", batch=2)
     prog = build(w.spec, 2, 2, 16, SMALL)
     tasks = [replace(t, waits=()) if t.op == "attn" else t for t in prog.tasks]
     out = simulate(replace(prog, tasks=tasks), w, inputs.draft_last_tokens, inputs.draft_cache, inputs.draft_lengths)
-    ref_tokens, ref_logits, _ = _reference(w, inputs, 2)
+    ref_tokens, ref_logits, _ = reference_phase(w, inputs, 2)
     assert not torch.equal(out.tokens, ref_tokens) or not torch.allclose(out.logits, ref_logits, atol=1e-4)
 
 
 def test_a_wait_nobody_meets_is_a_deadlock():
-    w, inputs = _case("tiny-llama-d", batch=1)
+    w, inputs = step_case("tiny-llama-d", batch=1)
     prog = build(w.spec, 1, 1, 4, SMALL)
     last = prog.tasks[-1]
     prog = _with(prog, last.index, waits=last.waits + (("token/0", 1), ))  # the head waits on its own result
@@ -242,7 +223,7 @@ def test_attention_in_key_chunks_merges_to_the_reference():
     check(prog, sms=12)
     assert {t.splits for t in prog.tasks if t.op == "attn"} == {5}
     out = simulate(prog, w, inputs.draft_last_tokens, inputs.draft_cache, inputs.draft_lengths, seed=2)
-    ref_tokens, ref_logits, ref_cache = _reference(w, inputs, 2)
+    ref_tokens, ref_logits, ref_cache = reference_phase(w, inputs, 2)
     assert torch.equal(out.tokens, ref_tokens)
     torch.testing.assert_close(out.logits, ref_logits, rtol=1e-4, atol=1e-4)
 

@@ -45,7 +45,8 @@ from conjugate.kernels.step.ring import (BK, C_DONE, C_FCNT, C_FOFF, C_HEAD0, C_
                                          C_WCNT, C_WOFF, HALF, S_ARRIVED, S_END, S_MET, S_MULTIPLIED, S_STAGED,
                                          S_START,
                                          SLOT_ROWS, STAMP_COLS, acquire, field, now, paired_tile, record, release,
-                                         ring_barriers, single_tile, stage_activations, step_loader, wait_all)
+                                         ring_barriers, single_tile, stage_activations, stage_folded, step_loader,
+                                         wait_all)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -69,7 +70,7 @@ def _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, step, sl, sx, B, k_lo, n_k, H:
         stage_activations(act, xs_ptr + sx * ROWS * H, H, B, k_lo, n_k, RPAD)
     elif op == 3:
         stage_activations(act, o_ptr + sl * ROWS * Q, Q, B, k_lo, n_k, RPAD)
-    elif op == 4:
+    elif (op == 4) | (op == 7):  # gate_up, or a folded MLP block
         stage_activations(act, xm_ptr + sl * ROWS * H, H, B, k_lo, n_k, RPAD)
     elif op == 5:
         stage_activations(act, h_ptr + sl * ROWS * F, F, B, k_lo, n_k, RPAD)
@@ -121,17 +122,44 @@ def _rstd(ss_ptr, B, H: gl.constexpr, EPS: gl.constexpr, layout: gl.constexpr, R
 
 
 @gluon.jit
-def _residual_epilogue(sum_ptr, res_ptr, out_ptr, ss_out_ptr, col0, B, H: gl.constexpr, RPAD: gl.constexpr):
-    """out[:, tile] = bf16(res[:, tile] + sums[:, tile]); the rounded tile's squares into ss_out."""
+def _residual_epilogue(sum_ptr, res_ptr, sd_ptr, out_ptr, ss_out_ptr, col0, B, H: gl.constexpr, RPAD: gl.constexpr,
+                       FOLDED: gl.constexpr):
+    """out[:, tile] = bf16(res[:, tile] + sums[:, tile]); the rounded tile's squares into ss_out. With
+    FOLDED the residual is a folded MLP block's output, bf16(res + sd) with res its x_mid and sd its
+    down sums (stage_folded's rounding)."""
     layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
     b = gl.arange(0, RPAD, layout=gl.SliceLayout(1, layout))
     c = gl.arange(0, SLOT_ROWS, layout=gl.SliceLayout(0, layout))
-    new = _tile(sum_ptr, col0, H, B, SLOT_ROWS, layout, RPAD) + _tile(res_ptr, col0, H, B, SLOT_ROWS, layout, RPAD)
-    new = new.to(gl.bfloat16)
+    res = _tile(res_ptr, col0, H, B, SLOT_ROWS, layout, RPAD)
+    if FOLDED:
+        res = (res + _tile(sd_ptr, col0, H, B, SLOT_ROWS, layout, RPAD)).to(gl.bfloat16).to(gl.float32)
+    new = (_tile(sum_ptr, col0, H, B, SLOT_ROWS, layout, RPAD) + res).to(gl.bfloat16)
     mask = (b < B)[:, None] & (c < SLOT_ROWS)[None, :]
     gl.store(out_ptr + b[:, None] * H + (col0 + c)[None, :], new, mask=mask)
     rounded = new.to(gl.float32)
     gl.atomic_add(ss_out_ptr + b, gl.sum(rounded * rounded, axis=1), mask=b < B, sem="relaxed")
+
+
+@gluon.jit
+def _mlp_down(acc_g, acc_u, ring, ready, empty, act, i, ss_ptr, sd_ptr, tile, B, H: gl.constexpr, EPS: gl.constexpr,
+              STAGES: gl.constexpr, MMA_DEPTH: gl.constexpr, RPAD: gl.constexpr):
+    """A folded MLP task's second half: h = SiLU(gate) * up of its HALF columns (x_mid's 1/rms
+    applied) into activation tile 0, then h times down's K tile of those columns for each 128-row
+    output tile, added into down's sums. Returns the ring position."""
+    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, RPAD, 16])
+    b = gl.arange(0, RPAD, layout=gl.SliceLayout(0, layout))
+    ss = gl.load(ss_ptr + b, mask=b < B, other=0.0, cache_modifier=".cg")
+    rstd = gl.rsqrt(ss / H + EPS)[None, :]
+    g = acc_g * rstd
+    h = (g / (1.0 + gl.exp(-g)) * (acc_u * rstd)).to(gl.bfloat16)  # [HALF, RPAD]: h transposed
+    act.index(0).permute((1, 0)).store(h)
+    fence_async_shared()
+    gl.thread_barrier()
+    for j in range(H // SLOT_ROWS):
+        acc, i = single_tile(ring, ready, empty, act, i, 1, STAGES, MMA_DEPTH,
+                             gl.zeros((SLOT_ROWS, RPAD), dtype=gl.float32, layout=layout))
+        _add_rows(sd_ptr, acc, j * SLOT_ROWS, H, B, SLOT_ROWS, RPAD)
+    return i
 
 
 @gluon.jit
@@ -459,7 +487,7 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                  NTH: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr, STAGES: gl.constexpr, EPS: gl.constexpr,
                  QK_SCALE: gl.constexpr, GP: gl.constexpr, CHUNKS: gl.constexpr, STAMPS: gl.constexpr,
                  KV_BUFS: gl.constexpr, TOKENS: gl.constexpr, LOGITS: gl.constexpr, RPAD: gl.constexpr,
-                 CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr, DIRECT_EPILOGUE: gl.constexpr):
+                 CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr, DIRECT_EPILOGUE: gl.constexpr, FOLDED_MLP: gl.constexpr):
     ROWS: gl.constexpr = BATCH * TOKENS  # activation rows a step: sequence b's token t is row b * TOKENS + t
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, RPAD, 16])
@@ -520,12 +548,36 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
             k_lo = field(vec, C_KLO) * BK  # the table holds K in BK-column tiles
             n_k = field(vec, C_KHI) - field(vec, C_KLO)
             if DIRECT_EPILOGUE:  # a whole gate_up or lm_head tile (its K one task's): its epilogue on its accumulators
-                direct = ((op == 4) | (op == 6)) & (field(vec, C_SPLITS) == 1)
+                direct = ((op == 4) | (op == 6) | (op == 7)) & (field(vec, C_SPLITS) == 1)
+            if FOLDED_MLP:  # (constexpr: the default kernel compiles none of the folded paths)
+                is_mlp = op == 7
+                folded_x = ((op == 1) & (layer > 0)) | (op == 6)  # stages a folded block's output
+                folded_res = layer > 0  # o_proj's residual is a folded block's output
+            else:  # constexpr (annotated), so that their branches are not compiled
+                is_mlp: gl.constexpr = False
+                folded_x: gl.constexpr = False
+                folded_res: gl.constexpr = False
             if CHUNK == 0:  # the activation tiles hold every task's K
-                _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, step, sl, sx, B, k_lo, n_k, H, Q, F, L, ROWS, RPAD)
+                if folded_x:
+                    if op == 6:  # the last layer's block; the statistics where lm_head's epilogue reads them
+                        block = step * L + L - 1
+                        ss_row = step * (L + 1) + L
+                    else:
+                        block = sl - 1
+                        ss_row = sx
+                    stage_folded(act, xm_ptr + block * ROWS * H, s_d_ptr + block * ROWS * H, ssx_ptr + ss_row * ROWS,
+                                 B, k_lo // BK, n_k, H, RPAD)
+                else:
+                    _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, step, sl, sx, B, k_lo, n_k, H, Q, F, L, ROWS, RPAD)
                 if STAMPS:
                     gl.store(stamps_ptr + task * STAMP_COLS + S_STAGED, now(task))
-                if (op == 1) | (op == 4):
+                if is_mlp:
+                    acc1, acc2, i = paired_tile(ring, ready, empty, act, i, n_k, STAGES, MMA_DEPTH,
+                                                gl.zeros((HALF, RPAD), dtype=gl.float32, layout=acc_layout),
+                                                gl.zeros((HALF, RPAD), dtype=gl.float32, layout=acc_layout))
+                    i = _mlp_down(acc1, acc2, ring, ready, empty, act, i, ssm_ptr + sl * ROWS, s_d_ptr + sl * ROWS * H,
+                                  tile, B, H, EPS, STAGES, MMA_DEPTH, RPAD)
+                elif (op == 1) | (op == 4):
                     acc1, acc2, i = paired_tile(ring, ready, empty, act, i, n_k, STAGES, MMA_DEPTH,
                                                 gl.zeros((HALF, RPAD), dtype=gl.float32, layout=acc_layout),
                                                 gl.zeros((HALF, RPAD), dtype=gl.float32, layout=acc_layout))
@@ -590,19 +642,25 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                                   field(vec, C_SEG), field(vec, C_HEAD0), B, H, NQ, Q, D, KVH, L, S, BATCH,
                                   QK_NORM, EPS, TOKENS, RPAD)
                 elif op == 3:
-                    _residual_epilogue(s_o_ptr + sl * ROWS * H, xs_ptr + sx * ROWS * H, xm_ptr + sl * ROWS * H,
-                                       ssm_ptr + sl * ROWS, col0, B, H, RPAD)
+                    if folded_res:  # the residual: the folded block's x_mid plus its down sums
+                        _residual_epilogue(s_o_ptr + sl * ROWS * H, xm_ptr + (sl - 1) * ROWS * H,
+                                           s_d_ptr + (sl - 1) * ROWS * H, xm_ptr + sl * ROWS * H, ssm_ptr + sl * ROWS,
+                                           col0, B, H, RPAD, True)
+                    else:
+                        _residual_epilogue(s_o_ptr + sl * ROWS * H, xs_ptr + sx * ROWS * H, xs_ptr,
+                                           xm_ptr + sl * ROWS * H, ssm_ptr + sl * ROWS, col0, B, H, RPAD, False)
                 elif op == 4:
                     if (not DIRECT_EPILOGUE) or field(vec, C_SPLITS) > 1:  # else it ran on the accumulators
                         _gate_up_epilogue(s_gu_ptr + sl * ROWS * 2 * F, ssm_ptr + sl * ROWS, h_ptr + sl * ROWS * F,
                                           tile, B, H, F, EPS, RPAD)
                 elif op == 5:
-                    _residual_epilogue(s_d_ptr + sl * ROWS * H, xm_ptr + sl * ROWS * H,
-                                       xs_ptr + (sx + 1) * ROWS * H, ssx_ptr + (sx + 1) * ROWS, col0, B, H, RPAD)
-                elif (not DIRECT_EPILOGUE) or field(vec, C_SPLITS) > 1:
-                    _head_epilogue(s_head_ptr + step * ROWS * NTH * SLOT_ROWS, ssx_ptr + (step * (L + 1) + L) * ROWS,
-                                   best_val_ptr + step * NTH * RPAD, best_idx_ptr + step * NTH * RPAD, tile, B, H, V,
-                                   NTH, EPS, LOGITS, RPAD)
+                    _residual_epilogue(s_d_ptr + sl * ROWS * H, xm_ptr + sl * ROWS * H, xs_ptr,
+                                       xs_ptr + (sx + 1) * ROWS * H, ssx_ptr + (sx + 1) * ROWS, col0, B, H, RPAD, False)
+                elif op == 6:  # (an mlp task has nothing left but its release)
+                    if (not DIRECT_EPILOGUE) or field(vec, C_SPLITS) > 1:
+                        _head_epilogue(s_head_ptr + step * ROWS * NTH * SLOT_ROWS,
+                                       ssx_ptr + (step * (L + 1) + L) * ROWS, best_val_ptr + step * NTH * RPAD,
+                                       best_idx_ptr + step * NTH * RPAD, tile, B, H, V, NTH, EPS, LOGITS, RPAD)
                 if op == 6:
                     gl.thread_barrier()
                     done = gl.atomic_add(counter_ptr + field(vec, C_DONE), 1, sem="acq_rel", scope="gpu")
@@ -630,7 +688,7 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_pt
                 KT_MAX: gl.constexpr, EPS: gl.constexpr, QK_SCALE: gl.constexpr, GP: gl.constexpr,
                 CHUNKS: gl.constexpr, STAMPS: gl.constexpr, KV_BUFS: gl.constexpr, TOKENS: gl.constexpr,
                 LOGITS: gl.constexpr, RPAD: gl.constexpr, CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr,
-                DIRECT_EPILOGUE: gl.constexpr):
+                DIRECT_EPILOGUE: gl.constexpr, FOLDED_MLP: gl.constexpr):
     ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, SLOT_ROWS, BK], qkv_desc.layout)
     act_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([RPAD, BK], gl.bfloat16)
     act = gl.allocate_shared_memory(gl.bfloat16, [KT_MAX, RPAD, BK], act_layout)
@@ -642,9 +700,10 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_pt
                         ssm_ptr, q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr,
                         best_val_ptr, best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr,
                         stamps_ptr, H, Q, F, V, D, G, KVH, L, S, NQ, NTH, BATCH, QK_NORM, STAGES, EPS, QK_SCALE, GP,
-                        CHUNKS, STAMPS, KV_BUFS, TOKENS, LOGITS, RPAD, CHUNK, MMA_DEPTH, DIRECT_EPILOGUE)),
+                        CHUNKS, STAMPS, KV_BUFS, TOKENS, LOGITS, RPAD, CHUNK, MMA_DEPTH, DIRECT_EPILOGUE,
+                        FOLDED_MLP)),
         (step_loader, (qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty, table_ptr, list_ptr,
-                       bounds_ptr, stamps_ptr, STAGES, STAMPS)),
+                       bounds_ptr, stamps_ptr, H, STAGES, STAMPS, FOLDED_MLP)),
     ], [1], [40])
 
 
