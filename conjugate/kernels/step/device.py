@@ -38,15 +38,14 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
-from conjugate.kernels.step.ring import (BK, C_DONE, C_FCNT, C_FOFF, C_HEAD0, C_KHI, C_KLO, C_LAYER,
-                                         C_OP, C_PARTS, C_SEG, C_SPLITS, C_STEP, C_TILE, C_TOKEN, C_W1C, C_W1T,
-                                         C_WCNT, C_WOFF, HALF, S_ARRIVED, S_END, S_MET, S_MULTIPLIED, S_STAGED,
-                                         S_START,
-                                         SLOT_ROWS, STAMP_COLS, acquire, field, now, paired_tile, record, release,
-                                         ring_barriers, single_tile, stage_activations, stage_folded, step_loader,
-                                         wait_all)
+from conjugate.kernels.step.ring import (BK, C_DONE, C_FCNT, C_FOFF, C_HEAD0, C_KHI, C_KLO, C_LAYER, C_OP, C_PARTS,
+                                         C_SEG, C_SPLITS, C_STEP, C_TILE, C_TOKEN, C_W1C, C_W1T, C_WCNT, C_WOFF, HALF,
+                                         S_ARRIVED, S_END, S_MET, S_MULTIPLIED, S_STAGED, S_START, SLOT_ROWS,
+                                         STAMP_COLS, acquire, field, free_slot, now, paired_tile, record, release,
+                                         ring_barriers, ring_slot, single_tile, stage_activations, stage_folded,
+                                         step_loader, wait_all)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -145,7 +144,8 @@ def _mlp_down(acc_g, acc_u, ring, ready, empty, act, i, ss_ptr, sd_ptr, tile, B,
               STAGES: gl.constexpr, MMA_DEPTH: gl.constexpr, RPAD: gl.constexpr):
     """A folded MLP task's second half: h = SiLU(gate) * up of its HALF columns (x_mid's 1/rms
     applied) into activation tile 0, then h times down's K tile of those columns for each 128-row
-    output tile, added into down's sums. Returns the ring position."""
+    output tile, added into down's sums (with MMA_DEPTH 2 the next tile's wgmma runs while one's
+    product is added). Returns the ring position."""
     layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, RPAD, 16])
     b = gl.arange(0, RPAD, layout=gl.SliceLayout(0, layout))
     ss = gl.load(ss_ptr + b, mask=b < B, other=0.0, cache_modifier=".cg")
@@ -155,10 +155,26 @@ def _mlp_down(acc_g, acc_u, ring, ready, empty, act, i, ss_ptr, sd_ptr, tile, B,
     act.index(0).permute((1, 0)).store(h)
     fence_async_shared()
     gl.thread_barrier()
-    for j in range(H // SLOT_ROWS):
-        acc, i = single_tile(ring, ready, empty, act, i, 1, STAGES, MMA_DEPTH,
-                             gl.zeros((SLOT_ROWS, RPAD), dtype=gl.float32, layout=layout))
-        _add_rows(sd_ptr, acc, j * SLOT_ROWS, H, B, SLOT_ROWS, RPAD)
+    h_t = act.index(0).permute((1, 0))
+    zero = gl.zeros((SLOT_ROWS, RPAD), dtype=gl.float32, layout=layout)
+    NJ: gl.constexpr = H // SLOT_ROWS
+    if MMA_DEPTH == 1:
+        for j in range(NJ):
+            acc, i = single_tile(ring, ready, empty, act, i, 1, STAGES, MMA_DEPTH, zero)
+            _add_rows(sd_ptr, acc, j * SLOT_ROWS, H, B, SLOT_ROWS, RPAD)
+    else:  # output tile j + 1's wgmma runs while tile j's product is added into the sums
+        acc = warpgroup_mma(ring_slot(ring, ready, i, STAGES), h_t, zero, is_async=True)
+        for j in range(1, NJ):
+            nxt = warpgroup_mma(ring_slot(ring, ready, i + 1, STAGES), h_t, zero, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            free_slot(empty, i, STAGES)
+            _add_rows(sd_ptr, acc, (j - 1) * SLOT_ROWS, H, B, SLOT_ROWS, RPAD)
+            acc = nxt
+            i += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        free_slot(empty, i, STAGES)
+        _add_rows(sd_ptr, acc, (NJ - 1) * SLOT_ROWS, H, B, SLOT_ROWS, RPAD)
+        i += 1
     return i
 
 

@@ -168,7 +168,15 @@ def stage_folded(act, xm_ptr, sd_ptr, ss_ptr, B, kt_lo, n_k, H: gl.constexpr, RP
 
 
 @gluon.jit
-def _free_slot(empty, i, STAGES: gl.constexpr):
+def ring_slot(ring, ready, i, STAGES: gl.constexpr):
+    """The i-th weight tile's ring slot, once its TMA load has landed."""
+    s, phase = _slot(i, STAGES)
+    mbarrier.wait(ready.index(s), phase)
+    return ring.index(s)
+
+
+@gluon.jit
+def free_slot(empty, i, STAGES: gl.constexpr):
     """Hand ring slot (i % STAGES) back to the loader."""
     mbarrier.arrive(empty.index(i % STAGES), count=1)
 
@@ -188,16 +196,16 @@ def paired_tile(ring, ready, empty, act, i, n_tiles, STAGES: gl.constexpr, MMA_D
         acc_u = warpgroup_mma(slot.slice(HALF, HALF), x_t, acc_u, is_async=True)
         if MMA_DEPTH == 1:
             acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
-            _free_slot(empty, i, STAGES)
+            free_slot(empty, i, STAGES)
         else:
             acc_g, acc_u = warpgroup_mma_wait(num_outstanding=2, deps=(acc_g, acc_u))  # the slot before's pair
             if kk > 0:
-                _free_slot(empty, i - 1, STAGES)
+                free_slot(empty, i - 1, STAGES)
         i += 1
     if MMA_DEPTH > 1:
         acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
         if n_tiles > 0:
-            _free_slot(empty, i - 1, STAGES)
+            free_slot(empty, i - 1, STAGES)
     return acc_g, acc_u, i
 
 
@@ -211,16 +219,16 @@ def single_tile(ring, ready, empty, act, i, n_tiles, STAGES: gl.constexpr, MMA_D
         acc = warpgroup_mma(ring.index(s), act.index(kk).permute((1, 0)), acc, is_async=True)
         if MMA_DEPTH == 1:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            _free_slot(empty, i, STAGES)
+            free_slot(empty, i, STAGES)
         else:
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))  # the slot before's wgmma
             if kk > 0:
-                _free_slot(empty, i - 1, STAGES)
+                free_slot(empty, i - 1, STAGES)
         i += 1
     if MMA_DEPTH > 1:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         if n_tiles > 0:
-            _free_slot(empty, i - 1, STAGES)
+            free_slot(empty, i - 1, STAGES)
     return acc, i
 
 
