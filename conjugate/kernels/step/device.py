@@ -509,6 +509,7 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                                                          instr_shape=[16, RPAD, 16])
     pid = gl.program_id(0)
     i = 0  # ring slots consumed
+    head_rows = -1  # FOLDED_MLP: the step whose x_L the activation tiles hold (lm_head's whole K), else -1
     first = gl.load(bounds_ptr + pid)
     last = gl.load(bounds_ptr + pid + 1)
     task = gl.load(list_ptr + first, mask=first < last, other=0)
@@ -520,6 +521,9 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
         if STAMPS:
             t_start = now(task)
         op = field(vec, C_OP)
+        if FOLDED_MLP:
+            if op != 6:  # its staging or attention's blocks overwrite the activation tiles
+                head_rows = -1
         step = field(vec, C_STEP)
         layer = field(vec, C_LAYER)
         tile = field(vec, C_TILE)
@@ -581,8 +585,13 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                     else:
                         block = sl - 1
                         ss_row = sx
-                    stage_folded(act, xm_ptr + block * ROWS * H, s_d_ptr + block * ROWS * H, ssx_ptr + ss_row * ROWS,
-                                 B, k_lo // BK, n_k, H, RPAD)
+                    if (op != 6) | (n_k * BK < H) | (head_rows != step):  # lm_head tasks in a row share x_L
+                        stage_folded(act, xm_ptr + block * ROWS * H, s_d_ptr + block * ROWS * H,
+                                     ssx_ptr + ss_row * ROWS, B, k_lo // BK, n_k, H, RPAD)
+                    if (op == 6) & (n_k * BK >= H):
+                        head_rows = step
+                    else:
+                        head_rows = -1
                 else:
                     _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, step, sl, sx, B, k_lo, n_k, H, Q, F, L, ROWS, RPAD)
                 if STAMPS:
