@@ -4,7 +4,8 @@ kernel (`device.py`) or the simulation (`simulate.py`) runs, built and checked o
 A step is, per layer: qkv (RMSNorm folded in, bias, Qwen3's q/k norm, RoPE, the KV write), attention
 per (sequence, KV head), o_proj with the residual, gate_up with SiLU-mul (norm folded in), down with
 the residual; then the final norm and lm_head with a per-tile argmax, reduced to the step's tokens
-by the last tile in; the next step's embedding waits for them. With `tokens` T > 1 the table is one
+by the last tile in; the next step's embedding waits for them (with `folded_mlp`, gate_up and down
+are one op, `mlp`: see build). With `tokens` T > 1 the table is one
 verify pass instead: T tokens a sequence in one step, attending causally. Every op is cut into output tiles
 and, where its tiles alone would leave programs idle, its K into slices:
 

@@ -19,6 +19,10 @@ partitions over it, both in the table's order:
                down     + the residual: the next layer's x and its summed squares
                lm_head  1/rms, the tile's max and first argmax; the last tile in reduces them to the
                         step's tokens and releases the token counter
+    mlp      (FOLDED_MLP tables) one 64-column tile of h, whole K: its gate and up rows, h through an
+             activation tile, h times down's K tile for every output tile into down's sums; the
+             block's readers (the next qkv, lm_head, o_proj's residual) stage x = bf16(x_mid + sums)
+             and its squares themselves (ring.stage_folded)
     attn     one key chunk of one (sequence, KV head) for all its query heads on tensor cores; the
              pair's last chunk in merges the partials
   and bumps the tile's done counter (release).
