@@ -10,7 +10,7 @@
 #        balances (qwen2.5-1.5b), cut to fit one call; short2: the verify pass, and the epilogues through the
 #        sums and the wgmma depth on the other drafts; merged: lab/stream_chain's MLP blocks as one stage
 #        (merged, folded) against two (lab/step_stages' fewer stages); folded: the step table's MLP blocks as one op
-#        (folded_mlp), its checks then #48's qwen aims timed against the default (folded_short: two of them, folded2: llama and
+#        (folded_mlp), its checks then #48's qwen aims timed against the default (folded_short: two of them, folded_min: one; folded2: llama and
 #        qwen2.5-1.5b); narrow: whole-K narrow tiles against split K in a
 #        chain of dependent GEMMs (lab/narrow_tiles); verify49: #49's record (the B=32 example's kernel
 #        sweep, then every example's verify phase against its floor, by the tile kernel and with the
@@ -99,6 +99,11 @@ folded_short)  # folded when the session has little device time left: two qwen d
         --batches 5 32 --steps 1 8 --json "$out/folded_checks.json"
     run 200 folded_variants python lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml \
         examples/qwen25-05b-7b-b8.toml --variants default folded_mlp=1 --json "$out/folded_variants.json" ;;
+folded_min)  # folded in the least device time: four checks (two qwen drafts, 5 and 32 sequences, k 8), one aim timed
+    run 80 folded_checks python benchmarks/step_checks.py --folded-mlp --models qwen3-0.6b qwen2.5-0.5b \
+        --batches 5 32 --steps 8 --json "$out/folded_checks.json"
+    run 150 folded_variants python lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml \
+        --variants default folded_mlp=1 --json "$out/folded_variants.json" ;;
 folded2)  # the folded MLP blocks on #48's llama aim and the other examples' drafts
     run 500 folded_variants2 python lab/step_variants/variants.py examples/llama-1b-8b-b8.toml \
         examples/llama-1b-8b-b1.toml examples/qwen25-15b-14b-b4.toml --variants default folded_mlp=1 \
