@@ -7,8 +7,7 @@ Per draft model (a preset of each family, random weights) and per batch and k, a
 `plans/step.json` is compiled with the model as its own target (one sequence verified, so the
 target's part stays small), run on ragged lengths (context // 2 to context) and checked against the
 fp32 reference round, and the step launch's waits are checked for spent spins. A batch the step
-kernel cannot take is a row with the compiler's refusal. Rows are written as they finish. With
-`--folded-mlp` the step launch runs its table with each MLP block one op (table.build's folded_mlp).
+kernel cannot take is a row with the compiler's refusal. Rows are written as they finish.
 """
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ from conjugate.workload import workload_from_dict  # noqa: E402
 MODELS = ("llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b", "qwen2.5-1.5b")  # llama, qwen2 (64- and 128-dim heads), qwen3
 
 
-def check_case(model: str, batch: int, k: int, context: int, weights, dtype: str = "bf16",
-               folded_mlp: bool = False) -> dict:
+def check_case(model: str, batch: int, k: int, context: int, weights, dtype: str = "bf16") -> dict:
     wl = workload_from_dict({"name": f"{model}-b{batch}-k{k}", "draft": model, "target": model, "k": k,
                              "draft_batch": batch, "target_batch": 1, "context": context, "dtype": dtype},
                             Path("step_checks"))
@@ -43,16 +41,11 @@ def check_case(model: str, batch: int, k: int, context: int, weights, dtype: str
                                seed=batch * 100 + k, ragged=True)
     try:
         compiled = compile_round(load_plan(shipped_plan("step")), wl, weights, weights, graph=build_graph(wl))
-        step = next(l for l in compiled.launches if isinstance(l, CompiledStep))
-        if folded_mlp:
-            step.use_launch_options(folded_mlp=1)
-            row["folded_mlp"] = True
         compiled.warmup()
     except CompileError as e:
         return row | {"ok": False, "refused": str(e)}
-    except ValueError as e:  # the folded table refused by the launch: a failure of this form, not the compiler's
-        return row | {"ok": False, "problems": [str(e)]}
     report = checked_run(compiled, inputs, ReferenceChecker(weights, weights, inputs, wl.dtype))
+    step = next(l for l in compiled.launches if isinstance(l, CompiledStep))
     spins = step.spins_ran_out()
     return row | {"ok": bool(report.ok and not spins), "spins_ran_out": spins, "problems": report.problems[:3],
                   "errors": report.errors, "programs": step.table.programs}
@@ -64,7 +57,6 @@ def main() -> int:
     parser.add_argument("--batches", nargs="+", type=positive, default=[1, 5, 16, 32])
     parser.add_argument("--steps", nargs="+", type=positive, default=[1, 8])
     parser.add_argument("--context", type=positive, default=512)
-    parser.add_argument("--folded-mlp", action="store_true", help="each MLP block one op of the step table")
     args = parser.parse_args()
     require_gpu(parser)
     device = torch.device("cuda")
@@ -78,7 +70,7 @@ def main() -> int:
                                                 "target_batch": 1, "context": args.context, "dtype": "bf16"},
                                                Path("step_checks"))
                     weights = probe.weights(Model.DRAFT, device)
-                row = check_case(model, batch, k, args.context, weights, folded_mlp=args.folded_mlp)
+                row = check_case(model, batch, k, args.context, weights)
                 out["cases"].append(row)
                 write_json(args.json, out)
                 print(f"{model:<14} B={batch:<3} k={k}: "

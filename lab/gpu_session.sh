@@ -9,9 +9,7 @@
 #        against the epilogues through the sums and the depths before them, and the product's dealing where it
 #        balances (qwen2.5-1.5b), cut to fit one call; short2: the verify pass, and the epilogues through the
 #        sums and the wgmma depth on the other drafts; merged: lab/stream_chain's MLP blocks as one stage
-#        (merged, folded) against two (lab/step_stages' fewer stages); folded: the step table's MLP blocks as one op
-#        (folded_mlp), its checks then #48's qwen aims timed against the default (folded_short: two of them, folded_min: one; folded2: llama and
-#        qwen2.5-1.5b); narrow: whole-K narrow tiles against split K in a
+#        (merged, folded) against two (lab/step_stages' fewer stages); narrow: whole-K narrow tiles against split K in a
 #        chain of dependent GEMMs (lab/narrow_tiles); verify49: #49's record (the B=32 example's kernel
 #        sweep, then every example's verify phase against its floor, by the tile kernel and with the
 #        target's o_proj and down streamed, each also with the GPU's tile table, benchmarks/verify_kernels.py);
@@ -88,26 +86,6 @@ short2)  # the call after short: the verify pass, and the wgmma depth on the oth
         --json "$out/variants2.json" ;;
 narrow)
     run 300 narrow python lab/narrow_tiles/chain.py --json "$out/narrow.json" ;;
-folded)  # each MLP block one op of the step table (folded_mlp), checked on three families, then timed on #48's qwen aims
-    run 150 folded_checks python benchmarks/step_checks.py --folded-mlp --models qwen3-0.6b qwen2.5-0.5b llama-3.2-1b \
-        --batches 5 32 --steps 1 8 --json "$out/folded_checks.json"
-    run 400 folded_variants python lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml \
-        examples/qwen25-05b-7b-b8.toml benchmarks/workloads/qwen3-06b-8b-b1-k7-ctx2k.toml \
-        --variants default folded_mlp=1 folded_mlp=1,mma_depth=1 --json "$out/folded_variants.json" ;;
-folded_short)  # folded when the session has little device time left: two qwen drafts' checks, two aims timed
-    run 100 folded_checks python benchmarks/step_checks.py --folded-mlp --models qwen3-0.6b qwen2.5-0.5b \
-        --batches 5 32 --steps 1 8 --json "$out/folded_checks.json"
-    run 200 folded_variants python lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml \
-        examples/qwen25-05b-7b-b8.toml --variants default folded_mlp=1 --json "$out/folded_variants.json" ;;
-folded_min)  # folded in the least device time: four checks (two qwen drafts, 5 and 32 sequences, k 8), one aim timed
-    run 80 folded_checks python benchmarks/step_checks.py --folded-mlp --models qwen3-0.6b qwen2.5-0.5b \
-        --batches 5 32 --steps 8 --json "$out/folded_checks.json"
-    run 150 folded_variants python lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml \
-        --variants default folded_mlp=1 --json "$out/folded_variants.json" ;;
-folded2)  # the folded MLP blocks on #48's llama aim and the other examples' drafts
-    run 500 folded_variants2 python lab/step_variants/variants.py examples/llama-1b-8b-b8.toml \
-        examples/llama-1b-8b-b1.toml examples/qwen25-15b-14b-b4.toml --variants default folded_mlp=1 \
-        --json "$out/folded_variants2.json" ;;
 merged)  # lab/stream_chain: each MLP block one stage (gate_up and down in one task) against two, one process
     run 400 merged python lab/stream_chain/chain.py --forms staged merged folded --models llama-3.2-1b qwen3-0.6b \
         qwen2.5-0.5b --layers 16 --batches 1 8 16 --json "$out/merged.json" ;;

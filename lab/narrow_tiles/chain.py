@@ -54,7 +54,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E4
 
 from conjugate.compiler.step.table import finest_split  # noqa: E402
 from conjugate.kernels.step import columns  # noqa: E402
-from conjugate.kernels.step.ring import (BK, SLOT_ROWS, free_slot, _slot, acquire, ring_barriers,  # noqa: E402
+from conjugate.kernels.step.ring import (BK, SLOT_ROWS, _free_slot, _slot, acquire, ring_barriers,  # noqa: E402
                                          single_tile, stage_activations)
 
 NARROW_ROWS = 8  # a narrow tile's weight rows: one 128-byte swizzle period
@@ -141,7 +141,7 @@ def narrow_tile(ring, ready, empty, act, x_ptr, B, k_lo, i, n_k, DIM: gl.constex
         for j in gl.static_range(PER_SLOT):
             acc = warpgroup_mma(act.index(j), slot.slice(8 * j, 8).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        free_slot(empty, i, STAGES)
+        _free_slot(empty, i, STAGES)
         i += 1
     return acc, i
 

@@ -88,24 +88,14 @@ class CompiledStep:
         from conjugate.compiler.step.launch import StepLaunch  # Gluon: imported where a GPU runs it
 
         b = self.bufs
-        tuning = {k: v for k, v in self.launch_options.items() if k != "folded_mlp"}  # that one is the table's
         return StepLaunch(self.table, b.prepared.step_weights(self.table),
-                          stacked_cache(b) if cache is None else cache, stamps=stamps, **tuning)
+                          stacked_cache(b) if cache is None else cache, stamps=stamps, **self.launch_options)
 
     def use_launch_options(self, **options) -> None:
         """Rebuild the launch with StepLaunch's tuning parameters (`attention_buffers`, `mma_depth`,
-        `direct_epilogue`; the launch's defaults for those not given) and the table's form
-        (`folded_mlp`: each MLP block one op, table.build's); the next warmup compiles it."""
+        `direct_epilogue`; the launch's defaults for those not given); the next warmup compiles it."""
         if self._launch is None:
             raise ValueError("launch options tune the GPU kernel: the CPU simulation has none")
-        t = self.table
-        folded = bool(options.get("folded_mlp", False))
-        if folded != t.folded_mlp:
-            try:
-                self.table = step_table(t.spec, t.batch, t.steps, t.programs, t.tiles, sms=t.programs,
-                                        folded_mlp=folded)
-            except ProgramError as e:
-                raise ValueError(f"the step table: {e}") from e
         self.launch_options = dict(options)
         self._launch = self._make_launch()
         self.digest = (hashlib.sha256(f"{self._table_digest}:{sorted(options.items())}".encode()).hexdigest()[:16]

@@ -112,9 +112,6 @@ class StepLaunch:
                              "wait for whole rows before their epilogues")
         act_tiles = max(act_tiles, attention_tiles(attention_buffers, spec.head_dim, rpad))
         chunk = 0 if act_tiles >= kt_max else act_tiles  # whole K slices, else runs as long as the tiles hold
-        if prog.folded_mlp and chunk:
-            raise ValueError(f"a folded MLP block's readers stage whole rows: {kt_max} K tiles of {rpad} rows exceed "
-                             f"the {act_tiles} activation tiles")
         act_bytes = act_tiles * rpad * K_TILE * 2
         stages = min(12, (SMEM_BUDGET - act_bytes) // (SLOT_ROWS * K_TILE * 2 + 16))
         if stages < 2:
@@ -124,8 +121,7 @@ class StepLaunch:
                            QK_NORM=spec.qk_norm, STAGES=stages, KT_MAX=act_tiles, EPS=spec.rms_norm_eps,
                            QK_SCALE=1.4426950408889634 / spec.head_dim ** 0.5, GP=gp, CHUNKS=chunks, STAMPS=stamps,
                            KV_BUFS=attention_buffers, TOKENS=prog.tokens, LOGITS=logits, RPAD=rpad, CHUNK=chunk,
-                           MMA_DEPTH=mma_depth, DIRECT_EPILOGUE=bool(direct_epilogue),
-                           FOLDED_MLP=prog.folded_mlp, num_warps=4,
+                           MMA_DEPTH=mma_depth, DIRECT_EPILOGUE=bool(direct_epilogue), num_warps=4,
                            maxnreg=168)
         self.stamps = torch.zeros(len(prog.tasks), STAMP_COLS, dtype=torch.int64, device=dev)
         self.spin_limit = spin_limit

@@ -55,7 +55,7 @@ def encode(prog: StepProgram) -> dict[str, torch.Tensor]:
             row[C_SEG], row[C_HEAD0] = divmod(t.tile, spec.num_kv_heads)
         elif t.op in ("o_proj", "down"):
             row[C_ROW0] = t.layer * spec.hidden_size + t.out[0][0]
-        elif t.op in ("gate_up", "mlp"):  # an mlp task's down tiles: rows layer * H + 128 j, its h columns
+        elif t.op == "gate_up":
             row[C_ROW0] = (t.layer * n_gu + t.tile) * 2 * tiles.half
         elif t.op == "head":
             row[C_ROW0] = t.out[0][0]

@@ -52,8 +52,6 @@ class _Run:
         self.logits = torch.full((B, prog.steps * T, spec.vocab_size), float("nan"))
         self.tile_best: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
         self.attn_parts: dict[tuple, list] = {}
-        self.mlp_added: dict[tuple, int] = {}  # (step, layer) -> mlp tasks whose products are in down's sums
-        self.mlp_tasks = len({t.tile for t in prog.tasks if t.op == "mlp"})
         # the norms' weights folded into the weights they precede: x_norm W^T = rstd * (x (W * n)^T)
         self.weights = {}
         for i, lw in enumerate(w.layers):
@@ -81,21 +79,6 @@ class _Run:
     def rstd(self, name: str) -> torch.Tensor:
         return torch.rsqrt(self.sumsq(name) / self.spec.hidden_size + self.spec.rms_norm_eps)[:, None]
 
-    def x(self, step: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer `layer`'s input rows x (bf16) and their 1/rms. A folded MLP block's x is staged by its
-        reader: x_mid + the block's down sums over the whole row, the statistics its own; read before
-        every mlp task of the block has added in, it is NaN (on a GPU: a half-finished sum)."""
-        if not (self.prog.folded_mlp and layer > 0):
-            name = f"x/{step}/{layer}"
-            return self.buf(name, self.spec.hidden_size), self.rstd(name)
-        block = (step, layer - 1)
-        x = (self.buf(f"xm/{step}/{layer - 1}", self.spec.hidden_size).float()
-             + self.sums.get(("down", *block), 0.0)).to(self.act)
-        if self.mlp_added.get(block, 0) < self.mlp_tasks:
-            x = torch.full_like(x, float("nan"))
-        ss = x.float().square().sum(-1)
-        return x, torch.rsqrt(ss / self.spec.hidden_size + self.spec.rms_norm_eps)[:, None]
-
     def bump(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
 
@@ -103,21 +86,24 @@ class _Run:
         return all(self.counters.get(name, 0) >= target for name, target in waits)
 
     # --- what a task reads and multiplies ----------------------------------------------------------
-    def source(self, t: Task) -> torch.Tensor:
-        """The activation rows a GEMM task reads."""
+    def source(self, t: Task) -> tuple[str, torch.Tensor]:
+        """(the name of the rows' statistics, the activation rows) a GEMM task reads."""
         spec, s, layer = self.spec, t.step, t.layer
+        H = spec.hidden_size
         if t.op == "qkv":
-            return self.x(s, layer)[0]
-        if t.op == "head":
-            return self.x(s, spec.num_layers)[0]
-        if t.op in ("gate_up", "mlp"):
-            return self.buf(f"xm/{s}/{layer}", spec.hidden_size)
-        if t.op == "o_proj":
-            return self.buf(f"o/{s}/{layer}", spec.q_size)
-        return self.buf(f"h/{s}/{layer}", spec.ffn_size)
+            name = f"x/{s}/{layer}"
+        elif t.op == "gate_up":
+            name = f"xm/{s}/{layer}"
+        elif t.op == "head":
+            name = f"x/{s}/{spec.num_layers}"
+        elif t.op == "o_proj":
+            return "", self.buf(f"o/{s}/{layer}", spec.q_size)
+        else:
+            return "", self.buf(f"h/{s}/{layer}", spec.ffn_size)
+        return name, self.buf(name, H)
 
     def weight(self, t: Task) -> torch.Tensor:
-        return self.head if t.op == "head" else self.weights[t.layer]["gate_up" if t.op == "mlp" else t.op]
+        return self.head if t.op == "head" else self.weights[t.layer][t.op]
 
     def start(self, t: Task) -> bool:
         """Run a task's slice; True when it is its tile's last, so the epilogue is its to run."""
@@ -126,7 +112,7 @@ class _Run:
             return False
         if t.op == "attn":
             return self.attend(t)
-        x = self.source(t)
+        _, x = self.source(t)
         w = self.weight(t)
         lo, hi = t.k_range
         width = w.shape[0]
@@ -149,9 +135,9 @@ class _Run:
             self.qkv_epilogue(t, acc)
         elif t.op in ("o_proj", "down"):
             (a, b), = t.out
-            res = self.x(s, layer)[0] if t.op == "o_proj" else self.buf(f"xm/{s}/{layer}", spec.hidden_size)
+            src = f"x/{s}/{layer}" if t.op == "o_proj" else f"xm/{s}/{layer}"
             dst = f"xm/{s}/{layer}" if t.op == "o_proj" else f"x/{s}/{layer + 1}"
-            new = (res[:, a:b].float() + acc[:, a:b]).to(self.act)
+            new = (self.buf(src, spec.hidden_size)[:, a:b].float() + acc[:, a:b]).to(self.act)
             self.buf(dst, spec.hidden_size)[:, a:b] = new
             self.sumsq(dst).add_(new.float().square().sum(-1))
         elif t.op == "gate_up":
@@ -159,13 +145,6 @@ class _Run:
             rstd = self.rstd(f"xm/{s}/{layer}")
             g, u = acc[:, a:b] * rstd, acc[:, c:d] * rstd
             self.buf(f"h/{s}/{layer}", spec.ffn_size)[:, a:b] = (F.silu(g) * u).to(self.act)
-        elif t.op == "mlp":
-            (a, b), (c, d) = t.out
-            rstd = self.rstd(f"xm/{s}/{layer}")
-            h = (F.silu(acc[:, a:b] * rstd) * (acc[:, c:d] * rstd)).to(self.act)
-            down = self.sums.setdefault(("down", s, layer), torch.zeros(self.prog.rows, spec.hidden_size))
-            down += h.float() @ self.weights[layer]["down"][:, a:b].T
-            self.mlp_added[(s, layer)] = self.mlp_added.get((s, layer), 0) + 1
         elif t.op == "head":
             self.head_epilogue(t, acc)
             return  # bumps its own counters
@@ -175,7 +154,7 @@ class _Run:
         spec, s, layer, D = self.spec, t.step, t.layer, self.spec.head_dim
         Q, KV = spec.q_size, spec.kv_size
         lw = self.w.layers[layer]
-        out = acc * self.x(s, layer)[1]
+        out = acc * self.rstd(f"x/{s}/{layer}")
         bias = self.weights[layer]["qkv_bias"]
         positions = self.positions(s)
         cos, sin = rope_cos_sin(spec, positions)  # [rows, D]
@@ -200,7 +179,7 @@ class _Run:
         (a, b), = t.out
         s = t.step
         B, T = self.prog.batch, self.prog.tokens
-        logits = acc[:, a:b] * self.x(s, self.spec.num_layers)[1]
+        logits = acc[:, a:b] * self.rstd(f"x/{s}/{self.spec.num_layers}")
         self.logits[:, s * T:(s + 1) * T, a:b] = logits.view(B, T, -1)
         best, where = logits.max(-1)  # first index of the maximum: torch.argmax's rule
         self.tile_best.setdefault(s, {})[t.tile] = (best, where + a)

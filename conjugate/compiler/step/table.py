@@ -4,8 +4,7 @@ kernel (`device.py`) or the simulation (`simulate.py`) runs, built and checked o
 A step is, per layer: qkv (RMSNorm folded in, bias, Qwen3's q/k norm, RoPE, the KV write), attention
 per (sequence, KV head), o_proj with the residual, gate_up with SiLU-mul (norm folded in), down with
 the residual; then the final norm and lm_head with a per-tile argmax, reduced to the step's tokens
-by the last tile in; the next step's embedding waits for them (with `folded_mlp`, gate_up and down
-are one op, `mlp`: see build). With `tokens` T > 1 the table is one
+by the last tile in; the next step's embedding waits for them. With `tokens` T > 1 the table is one
 verify pass instead: T tokens a sequence in one step, attending causally. Every op is cut into output tiles
 and, where its tiles alone would leave programs idle, its K into slices:
 
@@ -41,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from conjugate.kernels.step.columns import S_ARRIVED, S_END, S_ISSUED, S_MET, S_MULTIPLIED, S_STAGED, S_START
 from conjugate.models.spec import ModelSpec
 
-OPS = ("embed", "qkv", "attn", "o_proj", "gate_up", "down", "mlp", "head")
+OPS = ("embed", "qkv", "attn", "o_proj", "gate_up", "down", "head")
 
 
 @dataclass(frozen=True)
@@ -84,7 +83,6 @@ class StepProgram:
     splits: dict[str, int]
     tasks: list[Task] = field(default_factory=list)
     tokens: int = 1  # tokens a sequence in each step: 1 for decode steps, k + 1 for a verify pass
-    folded_mlp: bool = False  # each MLP block one op (`mlp`): see build
 
     @property
     def rows(self) -> int:
@@ -103,11 +101,9 @@ class StepProgram:
         return out
 
     def loads(self, p: int) -> int:
-        """Weight tiles (ring slots) program p's loader streams: what its compute partition consumes (an
-        `mlp` task also streams one K tile of down's for each of its row tiles)."""
-        down_tiles = -(-self.spec.hidden_size // self.tiles.rows)
-        return sum((t.k_range[1] - t.k_range[0]) // self.tiles.k + (down_tiles if t.op == "mlp" else 0)
-                   for t in self.of_program(p) if t.op not in ("attn", "embed"))
+        """Weight tiles (ring slots) program p's loader streams: what its compute partition consumes."""
+        return sum((t.k_range[1] - t.k_range[0]) // self.tiles.k for t in self.of_program(p)
+                   if t.op not in ("attn", "embed"))
 
 
 class ProgramError(ValueError):
@@ -228,8 +224,7 @@ def qkv_tiles(spec: ModelSpec, tiles: Tiles) -> list[tuple[str, int, int]]:
 
 
 def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles = Tiles(),
-          splits: dict[str, int] | None = None, early_start: bool = True, tokens: int = 1,
-          folded_mlp: bool = False) -> StepProgram:
+          splits: dict[str, int] | None = None, early_start: bool = True, tokens: int = 1) -> StepProgram:
     """The task table of `steps` decode steps of `spec` for `batch` sequences on `programs` programs,
     or with `tokens` T > 1 of one verify pass: each sequence's T tokens in one step, its queries
     attending causally (a pair's attention task holds all T x group query rows).
@@ -237,15 +232,7 @@ def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles =
     slices would leave the busiest program many more weight tiles than the rest is cut into balanced
     runs instead (`_balance_pays`);
     with `early_start` a normed op's slices wait only for the x columns they read (their epilogue for
-    the whole row).
-
-    With `folded_mlp` each MLP block is one op, `mlp`, of whole-K tasks, one per `half` columns of h:
-    a task multiplies its gate and up rows, takes h = SiLU(gate) * up of its columns, multiplies h by
-    those columns of down for every output tile and adds the products into down's fp32 sums, then
-    bumps its own counter. No task finishes the residual: the next layer's qkv tasks, the head and
-    o_proj's residual epilogue read x = x_mid + those sums themselves, once every mlp task of the
-    block is in, and take the norm's statistics from that whole row. A layer-step has one stage
-    fewer (lab/stream_chain measured the form)."""
+    the whole row)."""
     if tokens < 1 or (tokens > 1 and steps != 1):
         raise ProgramError(f"{tokens} tokens a sequence in {steps} steps: a verify pass (tokens > 1) is one step")
     H, Q, F = spec.hidden_size, spec.q_size, spec.ffn_size
@@ -254,16 +241,9 @@ def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles =
                "down": -(-H // tiles.rows), "head": -(-spec.vocab_size // tiles.rows)}
     k_total = {"qkv": H, "o_proj": Q, "gate_up": H, "down": F, "head": H}
     splits_given = set(splits or {})  # ops sliced as the caller says, never rebalanced
-    if folded_mlp and (splits or {}).get("mlp", 1) != 1:
-        raise ProgramError(f"the mlp op's tasks each take a whole K of gate_up; {splits['mlp']} K slices were asked for")
-    if folded_mlp and (tokens > 1 or H % tiles.rows or F % tiles.half or tiles.half != tiles.k):
-        raise ProgramError(f"a folded MLP block needs one step of one token, hidden size {H} in {tiles.rows}-row "
-                           f"tiles and h tiles ({tiles.half}) of one K tile ({tiles.k}) of down each")
     splits = {op: finest_split(n_tiles[op], k_total[op], tiles.k, programs) for op in n_tiles} | (splits or {})
-    if folded_mlp:  # the block's one op in place of its two
-        splits = {op: n for op, n in splits.items() if op not in ("gate_up", "down")} | {"mlp": 1}
     splits.setdefault("attn", max(1, min(16, programs // (batch * spec.num_kv_heads))))
-    prog = StepProgram(spec, batch, steps, programs, tiles, splits, tokens=tokens, folded_mlp=folded_mlp)
+    prog = StepProgram(spec, batch, steps, programs, tiles, splits, tokens=tokens)
     x_tiles = _ranges(H, tiles.rows)  # how embed, o_proj and down write the residual stream
     h_tiles = _ranges(F, tiles.half)
     tasks: list[Task] = []
@@ -286,8 +266,7 @@ def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles =
         (`balanced_runs`)."""
         nonlocal cursor
         uniform = [(tile, ranges) for (_, _, _, tile, _, _, _, _, ranges) in pending]
-        whole = pending[0][0] in splits_given or pending[0][0] == "mlp"  # dealt as cut, never rebalanced
-        runs = None if whole else balanced_runs(len(pending), k_total_op, tiles.k, programs)
+        runs = None if pending[0][0] in splits_given else balanced_runs(len(pending), k_total_op, tiles.k, programs)
         if runs is None or not _balance_pays(_round_robin_cost(uniform, tiles.k, programs),
                                              max(_cost([hi - lo for _, (lo, hi) in run], tiles.k) for run in runs)):
             owner = {}
@@ -314,8 +293,6 @@ def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles =
         pending.clear()
 
     def x_waits(name, lo, hi):
-        if name.startswith("mlp/"):  # a folded block's x: every mlp task adds into every column
-            return [(f"{name}/{i}", 1) for i in range(len(h_tiles))]
         return [(f"{name}/{i}", 1) for i in _overlapping(x_tiles, lo, hi)]
 
     for step in range(steps):
@@ -326,7 +303,7 @@ def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles =
         deal()
         stage += 1
         for layer in range(spec.num_layers):
-            x_all = x_waits(x_in, 0, H)
+            x_all = [(f"{x_in}/{i}", 1) for i in range(len(x_tiles))]
             q_cols = {}
             for i, (seg, head, count) in enumerate(pairs):
                 base = {"q": 0, "k": Q, "v": Q + spec.kv_size}[seg] + head * spec.head_dim
@@ -364,15 +341,6 @@ def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles =
             stage += 1
             xm = f"xm/{step}/{layer}"
             xm_all = [(f"{xm}/{i}", 1) for i in range(len(x_tiles))]
-            if folded_mlp:
-                mlp = f"mlp/{step}/{layer}"
-                for i, out in enumerate(h_tiles):
-                    add("mlp", step, layer, i, (out, (F + out[0], F + out[1])), H,
-                        lambda lo, hi, xm=xm: x_waits(xm, lo, hi), xm_all, f"{mlp}/{i}")
-                deal(H)
-                stage += 1
-                x_in = mlp
-                continue
             for i, out in enumerate(h_tiles):
                 add("gate_up", step, layer, i, (out, (F + out[0], F + out[1])), H,
                     lambda lo, hi, xm=xm: x_waits(xm, lo, hi), xm_all, f"h/{step}/{layer}/{i}")
@@ -387,7 +355,7 @@ def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles =
             deal(F)
             stage += 1
             x_in = x_next
-        x_all = x_waits(x_in, 0, H)
+        x_all = [(f"{x_in}/{i}", 1) for i in range(len(x_tiles))]
         for i, out in enumerate(_ranges(spec.vocab_size, tiles.rows)):
             add("head", step, -1, i, (out,), H, lambda lo, hi, x_in=x_in: x_waits(x_in, lo, hi), x_all,
                 f"head_tiles/{step}")
@@ -446,10 +414,9 @@ def _check_coverage(prog: StepProgram) -> None:
     """Each (op, step, layer) computes every output column once and multiplies every K column once per tile."""
     spec = prog.spec
     width = {"embed": spec.hidden_size, "qkv": spec.qkv_size, "o_proj": spec.hidden_size,
-             "gate_up": 2 * spec.ffn_size, "down": spec.hidden_size, "mlp": 2 * spec.ffn_size,
-             "head": spec.vocab_size}
+             "gate_up": 2 * spec.ffn_size, "down": spec.hidden_size, "head": spec.vocab_size}
     k_total = {"qkv": spec.hidden_size, "o_proj": spec.q_size, "gate_up": spec.hidden_size, "down": spec.ffn_size,
-               "mlp": spec.hidden_size, "head": spec.hidden_size}
+               "head": spec.hidden_size}
     groups: dict[tuple, list[Task]] = defaultdict(list)
     for t in prog.tasks:
         groups[(t.op, t.step, t.layer)].append(t)
@@ -483,7 +450,7 @@ def _check_coverage(prog: StepProgram) -> None:
                 raise ProgramError(f"{where}, tile {tile}: its K slices {ranges} do not cover 0..{k_total[op]} once")
 
 
-PER_TILE = ("x", "xm", "qkv", "h", "mlp", "attn")  # counter kinds `build` keeps per tile
+PER_TILE = ("x", "xm", "qkv", "h", "attn")  # counter kinds `build` keeps per tile
 
 
 def _instance(name: str) -> str:
@@ -507,15 +474,15 @@ def coarsen(prog: StepProgram) -> StepProgram:
 
 
 def step_table(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles = Tiles(),
-               sms: int | None = None, tokens: int = 1, folded_mlp: bool = False) -> StepProgram:
+               sms: int | None = None, tokens: int = 1) -> StepProgram:
     """The table a step launch runs on a GPU of `sms` SMs (None: no GPU, as many as the programs):
     built, coarsened to per-op-instance counters, and checked. Tables are kept per arguments: a
     search compiles the same one for many plans, and building one takes seconds at real sizes."""
     if programs < 1:
         raise ProgramError(f"{programs} programs: a step launch needs at least one")
-    key = (spec, batch, steps, programs, tiles, sms, tokens, folded_mlp)
+    key = (spec, batch, steps, programs, tiles, sms, tokens)
     if key not in _TABLES:
-        prog = coarsen(build(spec, batch, steps, programs, tiles, tokens=tokens, folded_mlp=folded_mlp))
+        prog = coarsen(build(spec, batch, steps, programs, tiles, tokens=tokens))
         check(prog, programs if sms is None else sms)
         if len(_TABLES) >= 8:
             _TABLES.pop(next(iter(_TABLES)))

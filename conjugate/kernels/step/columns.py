@@ -9,7 +9,7 @@ the Gluon kernel (ring.py, device.py) reads them.
 SLOT_ROWS, K_TILE, HALF_ROWS = 128, 64, 64  # a ring slot [rows, K]; a paired tile's half
 ROW_TILES = (16, 32, 64)  # a launch's activation rows, padded to the first of these (the wgmma N)
 BATCH_PAD = 32  # the draft step form's sequences (#48 asks for 1 to 32): 16 or 32 activation rows
-OPS = {"embed": 0, "qkv": 1, "attn": 2, "o_proj": 3, "gate_up": 4, "down": 5, "head": 6, "mlp": 7}
+OPS = {"embed": 0, "qkv": 1, "attn": 2, "o_proj": 3, "gate_up": 4, "down": 5, "head": 6}
 (C_OP, C_STEP, C_LAYER, C_TILE, C_KLO, C_KHI, C_SPLITS, C_PARTS, C_DONE, C_WOFF, C_WCNT, C_FOFF, C_FCNT,
  C_ROW0, C_SEG, C_HEAD0, C_COL0, C_TOKEN, C_W1C, C_W1T) = range(20)
 REC = 20  # int32 columns a record

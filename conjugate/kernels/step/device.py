@@ -19,10 +19,6 @@ partitions over it, both in the table's order:
                down     + the residual: the next layer's x and its summed squares
                lm_head  1/rms, the tile's max and first argmax; the last tile in reduces them to the
                         step's tokens and releases the token counter
-    mlp      (FOLDED_MLP tables) one 64-column tile of h, whole K: its gate and up rows, h through an
-             activation tile, h times down's K tile for every output tile into down's sums; the
-             block's readers (the next qkv, lm_head, o_proj's residual) stage x = bf16(x_mid + sums)
-             and its squares themselves (ring.stage_folded)
     attn     one key chunk of one (sequence, KV head) for all its query heads on tensor cores; the
              pair's last chunk in merges the partials
   and bumps the tile's done counter (release).
@@ -42,14 +38,14 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
-from conjugate.kernels.step.ring import (BK, C_DONE, C_FCNT, C_FOFF, C_HEAD0, C_KHI, C_KLO, C_LAYER, C_OP, C_PARTS,
-                                         C_SEG, C_SPLITS, C_STEP, C_TILE, C_TOKEN, C_W1C, C_W1T, C_WCNT, C_WOFF, HALF,
-                                         S_ARRIVED, S_END, S_MET, S_MULTIPLIED, S_STAGED, S_START, SLOT_ROWS,
-                                         STAMP_COLS, acquire, field, free_slot, now, paired_tile, record, release,
-                                         ring_barriers, ring_slot, single_tile, stage_activations, stage_folded,
-                                         step_loader, wait_all)
+from conjugate.kernels.step.ring import (BK, C_DONE, C_FCNT, C_FOFF, C_HEAD0, C_KHI, C_KLO, C_LAYER,
+                                         C_OP, C_PARTS, C_SEG, C_SPLITS, C_STEP, C_TILE, C_TOKEN, C_W1C, C_W1T,
+                                         C_WCNT, C_WOFF, HALF, S_ARRIVED, S_END, S_MET, S_MULTIPLIED, S_STAGED,
+                                         S_START,
+                                         SLOT_ROWS, STAMP_COLS, acquire, field, now, paired_tile, record, release,
+                                         ring_barriers, single_tile, stage_activations, step_loader, wait_all)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -73,7 +69,7 @@ def _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, step, sl, sx, B, k_lo, n_k, H:
         stage_activations(act, xs_ptr + sx * ROWS * H, H, B, k_lo, n_k, RPAD)
     elif op == 3:
         stage_activations(act, o_ptr + sl * ROWS * Q, Q, B, k_lo, n_k, RPAD)
-    elif (op == 4) | (op == 7):  # gate_up, or a folded MLP block
+    elif op == 4:
         stage_activations(act, xm_ptr + sl * ROWS * H, H, B, k_lo, n_k, RPAD)
     elif op == 5:
         stage_activations(act, h_ptr + sl * ROWS * F, F, B, k_lo, n_k, RPAD)
@@ -125,61 +121,17 @@ def _rstd(ss_ptr, B, H: gl.constexpr, EPS: gl.constexpr, layout: gl.constexpr, R
 
 
 @gluon.jit
-def _residual_epilogue(sum_ptr, res_ptr, sd_ptr, out_ptr, ss_out_ptr, col0, B, H: gl.constexpr, RPAD: gl.constexpr,
-                       FOLDED: gl.constexpr):
-    """out[:, tile] = bf16(res[:, tile] + sums[:, tile]); the rounded tile's squares into ss_out. With
-    FOLDED the residual is a folded MLP block's output, bf16(res + sd) with res its x_mid and sd its
-    down sums (stage_folded's rounding)."""
+def _residual_epilogue(sum_ptr, res_ptr, out_ptr, ss_out_ptr, col0, B, H: gl.constexpr, RPAD: gl.constexpr):
+    """out[:, tile] = bf16(res[:, tile] + sums[:, tile]); the rounded tile's squares into ss_out."""
     layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
     b = gl.arange(0, RPAD, layout=gl.SliceLayout(1, layout))
     c = gl.arange(0, SLOT_ROWS, layout=gl.SliceLayout(0, layout))
-    res = _tile(res_ptr, col0, H, B, SLOT_ROWS, layout, RPAD)
-    if FOLDED:
-        res = (res + _tile(sd_ptr, col0, H, B, SLOT_ROWS, layout, RPAD)).to(gl.bfloat16).to(gl.float32)
-    new = (_tile(sum_ptr, col0, H, B, SLOT_ROWS, layout, RPAD) + res).to(gl.bfloat16)
+    new = _tile(sum_ptr, col0, H, B, SLOT_ROWS, layout, RPAD) + _tile(res_ptr, col0, H, B, SLOT_ROWS, layout, RPAD)
+    new = new.to(gl.bfloat16)
     mask = (b < B)[:, None] & (c < SLOT_ROWS)[None, :]
     gl.store(out_ptr + b[:, None] * H + (col0 + c)[None, :], new, mask=mask)
     rounded = new.to(gl.float32)
     gl.atomic_add(ss_out_ptr + b, gl.sum(rounded * rounded, axis=1), mask=b < B, sem="relaxed")
-
-
-@gluon.jit
-def _mlp_down(acc_g, acc_u, ring, ready, empty, act, i, ss_ptr, sd_ptr, tile, B, H: gl.constexpr, EPS: gl.constexpr,
-              STAGES: gl.constexpr, MMA_DEPTH: gl.constexpr, RPAD: gl.constexpr):
-    """A folded MLP task's second half: h = SiLU(gate) * up of its HALF columns (x_mid's 1/rms
-    applied) into activation tile 0, then h times down's K tile of those columns for each 128-row
-    output tile, added into down's sums (with MMA_DEPTH 2 the next tile's wgmma runs while one's
-    product is added). Returns the ring position."""
-    layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, RPAD, 16])
-    b = gl.arange(0, RPAD, layout=gl.SliceLayout(0, layout))
-    ss = gl.load(ss_ptr + b, mask=b < B, other=0.0, cache_modifier=".cg")
-    rstd = gl.rsqrt(ss / H + EPS)[None, :]
-    g = acc_g * rstd
-    h = (g / (1.0 + gl.exp(-g)) * (acc_u * rstd)).to(gl.bfloat16)  # [HALF, RPAD]: h transposed
-    act.index(0).permute((1, 0)).store(h)
-    fence_async_shared()
-    gl.thread_barrier()
-    h_t = act.index(0).permute((1, 0))
-    zero = gl.zeros((SLOT_ROWS, RPAD), dtype=gl.float32, layout=layout)
-    NJ: gl.constexpr = H // SLOT_ROWS
-    if MMA_DEPTH == 1:
-        for j in range(NJ):
-            acc, i = single_tile(ring, ready, empty, act, i, 1, STAGES, MMA_DEPTH, zero)
-            _add_rows(sd_ptr, acc, j * SLOT_ROWS, H, B, SLOT_ROWS, RPAD)
-    else:  # output tile j + 1's wgmma runs while tile j's product is added into the sums
-        acc = warpgroup_mma(ring_slot(ring, ready, i, STAGES), h_t, zero, is_async=True)
-        for j in range(1, NJ):
-            nxt = warpgroup_mma(ring_slot(ring, ready, i + 1, STAGES), h_t, zero, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-            free_slot(empty, i, STAGES)
-            _add_rows(sd_ptr, acc, (j - 1) * SLOT_ROWS, H, B, SLOT_ROWS, RPAD)
-            acc = nxt
-            i += 1
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        free_slot(empty, i, STAGES)
-        _add_rows(sd_ptr, acc, (NJ - 1) * SLOT_ROWS, H, B, SLOT_ROWS, RPAD)
-        i += 1
-    return i
 
 
 @gluon.jit
@@ -507,13 +459,12 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                  NTH: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr, STAGES: gl.constexpr, EPS: gl.constexpr,
                  QK_SCALE: gl.constexpr, GP: gl.constexpr, CHUNKS: gl.constexpr, STAMPS: gl.constexpr,
                  KV_BUFS: gl.constexpr, TOKENS: gl.constexpr, LOGITS: gl.constexpr, RPAD: gl.constexpr,
-                 CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr, DIRECT_EPILOGUE: gl.constexpr, FOLDED_MLP: gl.constexpr):
+                 CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr, DIRECT_EPILOGUE: gl.constexpr):
     ROWS: gl.constexpr = BATCH * TOKENS  # activation rows a step: sequence b's token t is row b * TOKENS + t
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, RPAD, 16])
     pid = gl.program_id(0)
     i = 0  # ring slots consumed
-    head_rows = -1  # FOLDED_MLP: the step whose x_L the activation tiles hold (lm_head's whole K), else -1
     first = gl.load(bounds_ptr + pid)
     last = gl.load(bounds_ptr + pid + 1)
     task = gl.load(list_ptr + first, mask=first < last, other=0)
@@ -525,9 +476,6 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
         if STAMPS:
             t_start = now(task)
         op = field(vec, C_OP)
-        if FOLDED_MLP:
-            if op != 6:  # its staging or attention's blocks overwrite the activation tiles
-                head_rows = -1
         step = field(vec, C_STEP)
         layer = field(vec, C_LAYER)
         tile = field(vec, C_TILE)
@@ -572,41 +520,12 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
             k_lo = field(vec, C_KLO) * BK  # the table holds K in BK-column tiles
             n_k = field(vec, C_KHI) - field(vec, C_KLO)
             if DIRECT_EPILOGUE:  # a whole gate_up or lm_head tile (its K one task's): its epilogue on its accumulators
-                direct = ((op == 4) | (op == 6) | (op == 7)) & (field(vec, C_SPLITS) == 1)
-            if FOLDED_MLP:  # (constexpr: the default kernel compiles none of the folded paths)
-                is_mlp = op == 7
-                folded_x = ((op == 1) & (layer > 0)) | (op == 6)  # stages a folded block's output
-                folded_res = layer > 0  # o_proj's residual is a folded block's output
-            else:  # constexpr (annotated), so that their branches are not compiled
-                is_mlp: gl.constexpr = False
-                folded_x: gl.constexpr = False
-                folded_res: gl.constexpr = False
+                direct = ((op == 4) | (op == 6)) & (field(vec, C_SPLITS) == 1)
             if CHUNK == 0:  # the activation tiles hold every task's K
-                if folded_x:
-                    if op == 6:  # the last layer's block; the statistics where lm_head's epilogue reads them
-                        block = step * L + L - 1
-                        ss_row = step * (L + 1) + L
-                    else:
-                        block = sl - 1
-                        ss_row = sx
-                    if (op != 6) | (n_k * BK < H) | (head_rows != step):  # lm_head tasks in a row share x_L
-                        stage_folded(act, xm_ptr + block * ROWS * H, s_d_ptr + block * ROWS * H,
-                                     ssx_ptr + ss_row * ROWS, B, k_lo // BK, n_k, H, RPAD)
-                    if (op == 6) & (n_k * BK >= H):
-                        head_rows = step
-                    else:
-                        head_rows = -1
-                else:
-                    _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, step, sl, sx, B, k_lo, n_k, H, Q, F, L, ROWS, RPAD)
+                _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, step, sl, sx, B, k_lo, n_k, H, Q, F, L, ROWS, RPAD)
                 if STAMPS:
                     gl.store(stamps_ptr + task * STAMP_COLS + S_STAGED, now(task))
-                if is_mlp:
-                    acc1, acc2, i = paired_tile(ring, ready, empty, act, i, n_k, STAGES, MMA_DEPTH,
-                                                gl.zeros((HALF, RPAD), dtype=gl.float32, layout=acc_layout),
-                                                gl.zeros((HALF, RPAD), dtype=gl.float32, layout=acc_layout))
-                    i = _mlp_down(acc1, acc2, ring, ready, empty, act, i, ssm_ptr + sl * ROWS, s_d_ptr + sl * ROWS * H,
-                                  tile, B, H, EPS, STAGES, MMA_DEPTH, RPAD)
-                elif (op == 1) | (op == 4):
+                if (op == 1) | (op == 4):
                     acc1, acc2, i = paired_tile(ring, ready, empty, act, i, n_k, STAGES, MMA_DEPTH,
                                                 gl.zeros((HALF, RPAD), dtype=gl.float32, layout=acc_layout),
                                                 gl.zeros((HALF, RPAD), dtype=gl.float32, layout=acc_layout))
@@ -671,25 +590,19 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                                   field(vec, C_SEG), field(vec, C_HEAD0), B, H, NQ, Q, D, KVH, L, S, BATCH,
                                   QK_NORM, EPS, TOKENS, RPAD)
                 elif op == 3:
-                    if folded_res:  # the residual: the folded block's x_mid plus its down sums
-                        _residual_epilogue(s_o_ptr + sl * ROWS * H, xm_ptr + (sl - 1) * ROWS * H,
-                                           s_d_ptr + (sl - 1) * ROWS * H, xm_ptr + sl * ROWS * H, ssm_ptr + sl * ROWS,
-                                           col0, B, H, RPAD, True)
-                    else:
-                        _residual_epilogue(s_o_ptr + sl * ROWS * H, xs_ptr + sx * ROWS * H, xs_ptr,
-                                           xm_ptr + sl * ROWS * H, ssm_ptr + sl * ROWS, col0, B, H, RPAD, False)
+                    _residual_epilogue(s_o_ptr + sl * ROWS * H, xs_ptr + sx * ROWS * H, xm_ptr + sl * ROWS * H,
+                                       ssm_ptr + sl * ROWS, col0, B, H, RPAD)
                 elif op == 4:
                     if (not DIRECT_EPILOGUE) or field(vec, C_SPLITS) > 1:  # else it ran on the accumulators
                         _gate_up_epilogue(s_gu_ptr + sl * ROWS * 2 * F, ssm_ptr + sl * ROWS, h_ptr + sl * ROWS * F,
                                           tile, B, H, F, EPS, RPAD)
                 elif op == 5:
-                    _residual_epilogue(s_d_ptr + sl * ROWS * H, xm_ptr + sl * ROWS * H, xs_ptr,
-                                       xs_ptr + (sx + 1) * ROWS * H, ssx_ptr + (sx + 1) * ROWS, col0, B, H, RPAD, False)
-                elif op == 6:  # (an mlp task has nothing left but its release)
-                    if (not DIRECT_EPILOGUE) or field(vec, C_SPLITS) > 1:
-                        _head_epilogue(s_head_ptr + step * ROWS * NTH * SLOT_ROWS,
-                                       ssx_ptr + (step * (L + 1) + L) * ROWS, best_val_ptr + step * NTH * RPAD,
-                                       best_idx_ptr + step * NTH * RPAD, tile, B, H, V, NTH, EPS, LOGITS, RPAD)
+                    _residual_epilogue(s_d_ptr + sl * ROWS * H, xm_ptr + sl * ROWS * H,
+                                       xs_ptr + (sx + 1) * ROWS * H, ssx_ptr + (sx + 1) * ROWS, col0, B, H, RPAD)
+                elif (not DIRECT_EPILOGUE) or field(vec, C_SPLITS) > 1:
+                    _head_epilogue(s_head_ptr + step * ROWS * NTH * SLOT_ROWS, ssx_ptr + (step * (L + 1) + L) * ROWS,
+                                   best_val_ptr + step * NTH * RPAD, best_idx_ptr + step * NTH * RPAD, tile, B, H, V,
+                                   NTH, EPS, LOGITS, RPAD)
                 if op == 6:
                     gl.thread_barrier()
                     done = gl.atomic_add(counter_ptr + field(vec, C_DONE), 1, sem="acq_rel", scope="gpu")
@@ -717,7 +630,7 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_pt
                 KT_MAX: gl.constexpr, EPS: gl.constexpr, QK_SCALE: gl.constexpr, GP: gl.constexpr,
                 CHUNKS: gl.constexpr, STAMPS: gl.constexpr, KV_BUFS: gl.constexpr, TOKENS: gl.constexpr,
                 LOGITS: gl.constexpr, RPAD: gl.constexpr, CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr,
-                DIRECT_EPILOGUE: gl.constexpr, FOLDED_MLP: gl.constexpr):
+                DIRECT_EPILOGUE: gl.constexpr):
     ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, SLOT_ROWS, BK], qkv_desc.layout)
     act_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([RPAD, BK], gl.bfloat16)
     act = gl.allocate_shared_memory(gl.bfloat16, [KT_MAX, RPAD, BK], act_layout)
@@ -729,10 +642,9 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_pt
                         ssm_ptr, q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr,
                         best_val_ptr, best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr,
                         stamps_ptr, H, Q, F, V, D, G, KVH, L, S, NQ, NTH, BATCH, QK_NORM, STAGES, EPS, QK_SCALE, GP,
-                        CHUNKS, STAMPS, KV_BUFS, TOKENS, LOGITS, RPAD, CHUNK, MMA_DEPTH, DIRECT_EPILOGUE,
-                        FOLDED_MLP)),
+                        CHUNKS, STAMPS, KV_BUFS, TOKENS, LOGITS, RPAD, CHUNK, MMA_DEPTH, DIRECT_EPILOGUE)),
         (step_loader, (qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty, table_ptr, list_ptr,
-                       bounds_ptr, stamps_ptr, H, STAGES, STAMPS, FOLDED_MLP)),
+                       bounds_ptr, stamps_ptr, STAGES, STAMPS)),
     ], [1], [40])
 
 

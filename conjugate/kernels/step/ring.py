@@ -61,10 +61,9 @@ def _fill_slot(ring, ready, empty, i, STAGES: gl.constexpr):
 
 @gluon.jit
 def step_loader(qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty, table_ptr, list_ptr, bounds_ptr,
-                stamps_ptr, H: gl.constexpr, STAGES: gl.constexpr, STAMPS: gl.constexpr, FOLDED_MLP: gl.constexpr):
-    """Every weight tile of this program's GEMM tasks, in task order; waits for free slots only (an
-    mlp task's gate_up tiles, then down's K tile of its h columns for each of the H / SLOT_ROWS row
-    tiles). With STAMPS, stamps when it issued each task's first tile."""
+                stamps_ptr, STAGES: gl.constexpr, STAMPS: gl.constexpr):
+    """Every weight tile of this program's GEMM tasks, in task order; waits for free slots only. With
+    STAMPS, stamps when it issued each task's first tile."""
     pid = gl.program_id(0)
     i = 0
     for n in range(gl.load(bounds_ptr + pid), gl.load(bounds_ptr + pid + 1)):
@@ -81,7 +80,7 @@ def step_loader(qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty
                     tma.async_copy_global_to_shared(qkv_desc, [row0, col], ready.index(s), ring.index(s))
                 elif op == 3:
                     tma.async_copy_global_to_shared(o_desc, [row0, col], ready.index(s), ring.index(s))
-                elif (op == 4) | (op == 7):
+                elif op == 4:
                     tma.async_copy_global_to_shared(gu_desc, [row0, col], ready.index(s), ring.index(s))
                 elif op == 5:
                     tma.async_copy_global_to_shared(d_desc, [row0, col], ready.index(s), ring.index(s))
@@ -91,15 +90,6 @@ def step_loader(qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty
                     if kk == 0:
                         gl.store(stamps_ptr + task * STAMP_COLS + S_ISSUED, now(task))
                 i += 1
-            if FOLDED_MLP:
-                if op == 7:
-                    down_row0 = gl.load(rec + C_LAYER) * H
-                    h_col = gl.load(rec + C_TILE) * BK
-                    for j in range(H // SLOT_ROWS):
-                        s = _fill_slot(ring, ready, empty, i, STAGES)
-                        tma.async_copy_global_to_shared(d_desc, [down_row0 + j * SLOT_ROWS, h_col], ready.index(s),
-                                                        ring.index(s))
-                        i += 1
 
 
 # --------------------------------------------------------------------------------------------------
@@ -124,59 +114,7 @@ def stage_activations(act, src_ptr, row_stride, B, col0, n_tiles, RPAD: gl.const
 
 
 @gluon.jit
-def _folded_piece(xm_ptr, sd_ptr, H: gl.constexpr, B, kt, rows, cols):
-    """K tile kt of a folded block's x rows: (x_mid, the down sums), zero past B and past H."""
-    mask = (rows < B)[:, None] & ((kt * BK + cols) < H)[None, :]
-    offs = rows[:, None] * H + (kt * BK + cols)[None, :]
-    return (gl.load(xm_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg"),
-            gl.load(sd_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg"))
-
-
-@gluon.jit
-def _folded_put(act, xm, sd, kt, kt_lo, n_k):
-    """x = bf16(x_mid + sums) of K tile kt: into the activation tiles where the task multiplies it;
-    returns its rows' summed squares."""
-    x = (xm.to(gl.float32) + sd).to(gl.bfloat16)
-    if (kt >= kt_lo) & (kt < kt_lo + n_k):
-        act.index(kt - kt_lo).store(x)
-    f = x.to(gl.float32)
-    return gl.sum(f * f, axis=1)
-
-
-@gluon.jit
-def stage_folded(act, xm_ptr, sd_ptr, ss_ptr, B, kt_lo, n_k, H: gl.constexpr, RPAD: gl.constexpr):
-    """A folded MLP block's output as a GEMM's input (the next qkv, lm_head): x = bf16(x_mid + down's
-    sums) over the whole row, four K tiles a load trip; K tiles [kt_lo, kt_lo + n_k) into the
-    activation tiles, and the row's summed squares (the norm's statistics) stored at ss_ptr for the
-    epilogue. Every reader of the row stores the same squares: the reads and sums are the same."""
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    rows = gl.arange(0, RPAD, layout=gl.SliceLayout(1, layout))
-    cols = gl.arange(0, BK, layout=gl.SliceLayout(0, layout))
-    ss = gl.zeros([RPAD], dtype=gl.float32, layout=gl.SliceLayout(1, layout))
-    for kt in range(0, (H + BK - 1) // BK, 4):  # the four tiles' loads in flight together
-        xm0, sd0 = _folded_piece(xm_ptr, sd_ptr, H, B, kt, rows, cols)
-        xm1, sd1 = _folded_piece(xm_ptr, sd_ptr, H, B, kt + 1, rows, cols)
-        xm2, sd2 = _folded_piece(xm_ptr, sd_ptr, H, B, kt + 2, rows, cols)
-        xm3, sd3 = _folded_piece(xm_ptr, sd_ptr, H, B, kt + 3, rows, cols)
-        ss += _folded_put(act, xm0, sd0, kt, kt_lo, n_k)
-        ss += _folded_put(act, xm1, sd1, kt + 1, kt_lo, n_k)
-        ss += _folded_put(act, xm2, sd2, kt + 2, kt_lo, n_k)
-        ss += _folded_put(act, xm3, sd3, kt + 3, kt_lo, n_k)
-    gl.store(ss_ptr + rows, ss, mask=rows < B)
-    fence_async_shared()
-    gl.thread_barrier()
-
-
-@gluon.jit
-def ring_slot(ring, ready, i, STAGES: gl.constexpr):
-    """The i-th weight tile's ring slot, once its TMA load has landed."""
-    s, phase = _slot(i, STAGES)
-    mbarrier.wait(ready.index(s), phase)
-    return ring.index(s)
-
-
-@gluon.jit
-def free_slot(empty, i, STAGES: gl.constexpr):
+def _free_slot(empty, i, STAGES: gl.constexpr):
     """Hand ring slot (i % STAGES) back to the loader."""
     mbarrier.arrive(empty.index(i % STAGES), count=1)
 
@@ -196,16 +134,16 @@ def paired_tile(ring, ready, empty, act, i, n_tiles, STAGES: gl.constexpr, MMA_D
         acc_u = warpgroup_mma(slot.slice(HALF, HALF), x_t, acc_u, is_async=True)
         if MMA_DEPTH == 1:
             acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
-            free_slot(empty, i, STAGES)
+            _free_slot(empty, i, STAGES)
         else:
             acc_g, acc_u = warpgroup_mma_wait(num_outstanding=2, deps=(acc_g, acc_u))  # the slot before's pair
             if kk > 0:
-                free_slot(empty, i - 1, STAGES)
+                _free_slot(empty, i - 1, STAGES)
         i += 1
     if MMA_DEPTH > 1:
         acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
         if n_tiles > 0:
-            free_slot(empty, i - 1, STAGES)
+            _free_slot(empty, i - 1, STAGES)
     return acc_g, acc_u, i
 
 
@@ -219,16 +157,16 @@ def single_tile(ring, ready, empty, act, i, n_tiles, STAGES: gl.constexpr, MMA_D
         acc = warpgroup_mma(ring.index(s), act.index(kk).permute((1, 0)), acc, is_async=True)
         if MMA_DEPTH == 1:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            free_slot(empty, i, STAGES)
+            _free_slot(empty, i, STAGES)
         else:
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))  # the slot before's wgmma
             if kk > 0:
-                free_slot(empty, i - 1, STAGES)
+                _free_slot(empty, i - 1, STAGES)
         i += 1
     if MMA_DEPTH > 1:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         if n_tiles > 0:
-            free_slot(empty, i - 1, STAGES)
+            _free_slot(empty, i - 1, STAGES)
     return acc, i
 
 
