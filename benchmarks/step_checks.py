@@ -8,9 +8,11 @@ Per draft model (a preset of each family, random weights) and per batch and k, a
 target's part stays small), run on ragged lengths (context // 2 to context) and checked against the
 fp32 reference round, and the step launch's waits are checked for spent spins. A batch the step
 kernel cannot take is a row with the compiler's refusal. Rows are written as they finish.
+`--launch ring_kv=1` checks the launch with those StepLaunch options instead of its defaults.
 """
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from common import environment, make_parser, positive, require_gpu, write_json
@@ -32,7 +34,8 @@ from conjugate.workload import workload_from_dict  # noqa: E402
 MODELS = ("llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b", "qwen2.5-1.5b")  # llama, qwen2 (64- and 128-dim heads), qwen3
 
 
-def check_case(model: str, batch: int, k: int, context: int, weights, dtype: str = "bf16") -> dict:
+def check_case(model: str, batch: int, k: int, context: int, weights, dtype: str = "bf16",
+               options: dict | None = None) -> dict:
     wl = workload_from_dict({"name": f"{model}-b{batch}-k{k}", "draft": model, "target": model, "k": k,
                              "draft_batch": batch, "target_batch": 1, "context": context, "dtype": dtype},
                             Path("step_checks"))
@@ -41,6 +44,8 @@ def check_case(model: str, batch: int, k: int, context: int, weights, dtype: str
                                seed=batch * 100 + k, ragged=True)
     try:
         compiled = compile_round(load_plan(shipped_plan("step")), wl, weights, weights, graph=build_graph(wl))
+        if options:
+            next(l for l in compiled.launches if isinstance(l, CompiledStep)).use_launch_options(**options)
         compiled.warmup()
     except CompileError as e:
         return row | {"ok": False, "refused": str(e)}
@@ -51,16 +56,27 @@ def check_case(model: str, batch: int, k: int, context: int, weights, dtype: str
                   "errors": report.errors, "programs": step.table.programs}
 
 
+def launch_option(text: str) -> tuple[str, int]:
+    """KEY=INT: one of StepLaunch's tuning options."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.isidentifier() or not value.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: a launch option is KEY=INT, e.g. ring_kv=1")
+    return key, int(value)
+
+
 def main() -> int:
     parser = make_parser(__doc__)
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--batches", nargs="+", type=positive, default=[1, 5, 16, 32])
     parser.add_argument("--steps", nargs="+", type=positive, default=[1, 8])
     parser.add_argument("--context", type=positive, default=512)
+    parser.add_argument("--launch", nargs="+", type=launch_option, default=[], metavar="KEY=INT",
+                        help="StepLaunch options to check instead of its defaults (e.g. ring_kv=1)")
     args = parser.parse_args()
+    options = dict(args.launch)
     require_gpu(parser)
     device = torch.device("cuda")
-    out = environment("step_checks") | {"cases": []}
+    out = environment("step_checks") | {"launch_options": options, "cases": []}
     for model in args.models:
         weights = None
         for batch in args.batches:
@@ -70,7 +86,7 @@ def main() -> int:
                                                 "target_batch": 1, "context": args.context, "dtype": "bf16"},
                                                Path("step_checks"))
                     weights = probe.weights(Model.DRAFT, device)
-                row = check_case(model, batch, k, args.context, weights)
+                row = check_case(model, batch, k, args.context, weights, options=options)
                 out["cases"].append(row)
                 write_json(args.json, out)
                 print(f"{model:<14} B={batch:<3} k={k}: "

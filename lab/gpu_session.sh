@@ -8,7 +8,8 @@
 # short: the step form's checks at 5 and 32 sequences at the current defaults, the launch defaults
 #        against the epilogues through the sums and the depths before them, and the product's dealing where it
 #        balances (qwen2.5-1.5b), cut to fit one call; short2: the verify pass, and the epilogues through the
-#        sums and the wgmma depth on the other drafts; merged: lab/stream_chain's MLP blocks as one stage
+#        sums and the wgmma depth on the other drafts; ringkv: attention's history through the loader's ring
+#        against the default, then its checks (lab/step_stages); merged: lab/stream_chain's MLP blocks as one stage
 #        (merged, folded) against two (lab/step_stages' fewer stages); narrow: whole-K narrow tiles against split K in a
 #        chain of dependent GEMMs (lab/narrow_tiles); verify49: #49's record (the B=32 example's kernel
 #        sweep, then every example's verify phase against its floor, by the tile kernel and with the
@@ -84,6 +85,13 @@ short2)  # the call after short: the verify pass, and the wgmma depth on the oth
     run 250 variants2 python lab/step_variants/variants.py examples/llama-1b-8b-b8.toml \
         examples/llama-1b-8b-b1.toml examples/qwen25-15b-14b-b4.toml --variants default direct_epilogue=0 mma_depth=1 \
         --json "$out/variants2.json" ;;
+ringkv)  # #48: attention's history streamed through the loader's ring against the default (lab/step_stages),
+    # each variant checked before it is timed, then the option's checks on every family at 5 and 32 sequences
+    run 330 ringkv python lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml examples/qwen25-05b-7b-b8.toml \
+        examples/llama-1b-8b-b8.toml benchmarks/workloads/qwen3-06b-8b-b1-k7-ctx2k.toml --variants default ring_kv=1 \
+        --json "$out/ringkv.json"
+    run 230 ring_checks python benchmarks/step_checks.py --batches 5 32 --launch ring_kv=1 \
+        --json "$out/ring_checks.json" ;;
 narrow)
     run 300 narrow python lab/narrow_tiles/chain.py --json "$out/narrow.json" ;;
 merged)  # lab/stream_chain: each MLP block one stage (gate_up and down in one task) against two, one process

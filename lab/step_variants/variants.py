@@ -1,7 +1,7 @@
 """The step launch's tuning parameters compared on the draft phase: each variant a set of StepLaunch
 options (`attention_buffers`: attention's key/value blocks in flight, 1-4; `mma_depth`: K tiles whose
 wgmma a GEMM task keeps in flight, 1-2; `direct_epilogue`: whole gate_up and lm_head tiles' epilogues
-from their accumulators, 0-1),
+from their accumulators, 0-1; `ring_kv`: attention's history through the loader's ring, 0-1),
 given as `key=value[,key=value]` (`default`: none).
 Per workload the draft phase of `plans/step.json` alone, each variant checked against the fp32
 reference (and for spent spins) before it is timed, all timed in one process, interleaved over three
@@ -32,7 +32,8 @@ from conjugate.evaluate.timing import copy_bandwidth_gbs  # noqa: E402
 from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
 
-OPTIONS = ("attention_buffers", "mma_depth", "direct_epilogue")
+OPTIONS = ("attention_buffers", "mma_depth", "direct_epilogue", "ring_kv")
+FLAGS = ("direct_epilogue", "ring_kv")
 
 
 def variant(text: str) -> dict[str, int]:
@@ -42,7 +43,7 @@ def variant(text: str) -> dict[str, int]:
     out = {}
     for part in text.split(","):
         key, sep, value = part.partition("=")
-        flag_ok = key != "direct_epilogue" or value in ("0", "1")
+        flag_ok = key not in FLAGS or value in ("0", "1")
         if not sep or key not in OPTIONS or not value.isdigit() or not flag_ok:
             raise argparse.ArgumentTypeError(f"{text!r}: a variant is 'default' or key=value[,key=value] with keys "
                                              f"{', '.join(OPTIONS)} and whole-number values")
