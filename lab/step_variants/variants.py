@@ -90,7 +90,7 @@ def main() -> int:
                 step.use_launch_options(**options)
                 compiled.warmup()
                 kw = step.launch.kwargs
-                shown = ("KV_BUFS", "MMA_DEPTH", "DIRECT_EPILOGUE", "STAGES", "KT_MAX")
+                shown = ("KV_BUFS", "MMA_DEPTH", "DIRECT_EPILOGUE", "RING_KV", "STAGES", "KT_MAX")
                 row["kernel"] = {key: kw[key] for key in shown} | {
                     "registers": step.resources.registers, "spills": step.resources.spills}
                 row["check"], phase, _ = checked_draft_phase(compiled, inputs, check, device)
