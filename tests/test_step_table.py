@@ -352,6 +352,8 @@ def test_ledger_splits_each_task_into_wait_and_work():
     for t in prog.tasks:  # the loader issues every task's first tile 0.5 us after its waits are met
         stamps[t.index, layout.S_ISSUED] = 10_000 * t.index + 1_500
     assert all(v["lead_us"] == pytest.approx(-0.5) for v in task_ledger(prog, stamps)["ops"].values() if "lead_us" in v)
+    streamed = task_ledger(prog, stamps, attention_streamed=True)["ops"]  # ring_kv: the loader stamps attention too
+    assert streamed["attn"]["lead_us"] == pytest.approx(-0.5) and "lead_us" not in streamed["embed"]
 
 
 def stamp(start, met, staged, multiplied, end, issued, arrived=None):
