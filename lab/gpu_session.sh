@@ -9,7 +9,7 @@
 #        against the epilogues through the sums and the depths before them, and the product's dealing where it
 #        balances (qwen2.5-1.5b), cut to fit one call; short2: the verify pass, and the epilogues through the
 #        sums and the wgmma depth on the other drafts; ringkv: attention's history through the loader's ring
-#        against the default, then its checks (lab/step_stages; ringkv_short: cut to fit a short budget); merged: lab/stream_chain's MLP blocks as one stage
+#        against the default, then its checks (lab/step_stages; ringkv_short, ringkv_min: cut to fit a short budget); merged: lab/stream_chain's MLP blocks as one stage
 #        (merged, folded) against two (lab/step_stages' fewer stages); narrow: whole-K narrow tiles against split K in a
 #        chain of dependent GEMMs (lab/narrow_tiles); verify49: #49's record (the B=32 example's kernel
 #        sweep, then every example's verify phase against its floor, by the tile kernel and with the
@@ -98,6 +98,11 @@ ringkv_short)  # ringkv cut for a short budget: the two small qwen drafts timed,
     run 240 ringkv python lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml examples/qwen25-05b-7b-b8.toml \
         --variants default ring_kv=1 --json "$out/ringkv.json"
     run 120 ring_checks python benchmarks/step_checks.py --models qwen3-0.6b qwen2.5-0.5b --batches 5 32 --steps 8 \
+        --launch ring_kv=1 --json "$out/ring_checks.json" ;;
+ringkv_min)  # ringkv at its least: qwen3-0.6b at B=4 timed, the option checked on qwen3-0.6b and qwen2.5-0.5b (k 8)
+    run 150 ringkv python lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml --variants default ring_kv=1 \
+        --passes 2 --json "$out/ringkv.json"
+    run 110 ring_checks python benchmarks/step_checks.py --models qwen3-0.6b qwen2.5-0.5b --batches 5 32 --steps 8 \
         --launch ring_kv=1 --json "$out/ring_checks.json" ;;
 narrow)
     run 300 narrow python lab/narrow_tiles/chain.py --json "$out/narrow.json" ;;
