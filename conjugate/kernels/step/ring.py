@@ -88,17 +88,21 @@ def kv_tiles(ring, i, STAGES: gl.constexpr, D: gl.constexpr):
 
 
 @gluon.jit
-def _load_history(kv_desc, ring, ready, empty, lengths_ptr, rec, i, STAGES: gl.constexpr, D: gl.constexpr,
-                  KVH: gl.constexpr, L: gl.constexpr, S: gl.constexpr, BATCH: gl.constexpr, CHUNKS: gl.constexpr,
-                  TOKENS: gl.constexpr):
+def _load_history(kv_desc, ring, ready, empty, lengths_ptr, rec, i, stamp_ptr, STAGES: gl.constexpr,
+                  D: gl.constexpr, KVH: gl.constexpr, L: gl.constexpr, S: gl.constexpr, BATCH: gl.constexpr,
+                  CHUNKS: gl.constexpr, TOKENS: gl.constexpr, STAMPS: gl.constexpr):
     """An attention task's history blocks (history_blocks) into the ring, keys then values, each block
-    KV_SLOTS slots (kv_tiles). kv_desc views the [2, L, B, KVH, S, D] cache as rows of D."""
+    KV_SLOTS slots (kv_tiles). kv_desc views the [2, L, B, KVH, S, D] cache as rows of D. With STAMPS,
+    stamps (at stamp_ptr) when it issued the first block, or when it reached a task with none."""
     b = gl.load(rec + C_SEG)
     g = gl.load(rec + C_HEAD0)
     layer = gl.load(rec + C_LAYER)
     lo, hi, blocks = history_blocks(lengths_ptr, b, gl.load(rec + C_STEP), gl.load(rec + C_KLO), CHUNKS, TOKENS)
     k_row = ((layer * BATCH + b) * KVH + g) * S + lo
     v_row = k_row + L * BATCH * KVH * S
+    if STAMPS:
+        if blocks == 0:
+            gl.store(stamp_ptr, now(b))
     for j in range(blocks):
         k_tile, v_tile = kv_tiles(ring, i, STAGES, D)
         s = _fill_slot(ring, ready, empty, i, STAGES)
@@ -106,6 +110,9 @@ def _load_history(kv_desc, ring, ready, empty, lengths_ptr, rec, i, STAGES: gl.c
         if D == 128:  # the values fill the next slot
             s = _fill_slot(ring, ready, empty, i + 1, STAGES)
         tma.async_copy_global_to_shared(kv_desc, [v_row + j * 64, 0], ready.index(s), v_tile)
+        if STAMPS:
+            if j == 0:
+                gl.store(stamp_ptr, now(b))
         i += KV_SLOTS(D)
     return i
 
@@ -134,10 +141,9 @@ def step_loader(qkv_desc, o_desc, gu_desc, d_desc, head_desc, kv_desc, ring, rea
         k_lo = gl.load(rec + C_KLO) * BK
         if RING_KV:
             if op == 2:
-                if STAMPS:
-                    gl.store(stamps_ptr + task * STAMP_COLS + S_ISSUED, now(task))
-                i = _load_history(kv_desc, ring, ready, empty, lengths_ptr, rec, i, STAGES, D, KVH, L, S, BATCH,
-                                  CHUNKS, TOKENS)
+                i = _load_history(kv_desc, ring, ready, empty, lengths_ptr, rec, i,
+                                  stamps_ptr + task * STAMP_COLS + S_ISSUED, STAGES, D, KVH, L, S, BATCH, CHUNKS,
+                                  TOKENS, STAMPS)
         if (op != 0) & (op != 2):
             for kk in range(gl.load(rec + C_KHI) - gl.load(rec + C_KLO)):
                 s = _fill_slot(ring, ready, empty, i, STAGES)
