@@ -22,6 +22,7 @@ import torch  # noqa: E402
 from conjugate.compiler.feedback import CompileError  # noqa: E402
 from conjugate.compiler.round import compile_round  # noqa: E402
 from conjugate.compiler.step.compiled import CompiledStep  # noqa: E402
+from conjugate.compiler.step.launch import LAUNCH_OPTIONS  # noqa: E402
 from conjugate.evaluate.correctness import ReferenceChecker  # noqa: E402
 from conjugate.evaluate.rounds import checked_run  # noqa: E402
 from conjugate.graph import build_graph  # noqa: E402
@@ -59,8 +60,9 @@ def check_case(model: str, batch: int, k: int, context: int, weights, dtype: str
 def launch_option(text: str) -> tuple[str, int]:
     """KEY=INT: one of StepLaunch's tuning options."""
     key, sep, value = text.partition("=")
-    if not sep or not key.isidentifier() or not value.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r}: a launch option is KEY=INT, e.g. ring_kv=1")
+    if not sep or key not in LAUNCH_OPTIONS or not value.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: a launch option is KEY=INT with KEY one of "
+                                         f"{', '.join(LAUNCH_OPTIONS)}, e.g. ring_kv=1")
     return key, int(value)
 
 

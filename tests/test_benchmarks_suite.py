@@ -64,3 +64,15 @@ def test_a_gpu_script_on_a_machine_without_one_says_so_in_one_line(script, tmp_p
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-500:]
     assert "GPU" in proc.stderr.strip().splitlines()[-1]
     assert not out.exists()
+
+
+def test_step_checks_refuses_a_launch_option_it_does_not_know_in_one_line(tmp_path):
+    """--launch takes StepLaunch's tuning options only, checked before anything runs."""
+    from scripts import run_script
+
+    out = tmp_path / "out.json"
+    for bad in ("ring_kv", "ring=1", "ring_kv=yes"):
+        proc = run_script("step_checks", "--launch", bad, "--json", out)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-500:]
+        assert "--launch" in proc.stderr.strip().splitlines()[-1] and bad in proc.stderr
+    assert not out.exists()

@@ -28,11 +28,12 @@ import torch  # noqa: E402
 
 from conjugate.compiler.round import compile_round  # noqa: E402
 from conjugate.compiler.step.compiled import CompiledStep  # noqa: E402
+from conjugate.compiler.step.launch import LAUNCH_OPTIONS  # noqa: E402
 from conjugate.evaluate.timing import copy_bandwidth_gbs  # noqa: E402
 from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
 
-OPTIONS = ("attention_buffers", "mma_depth", "direct_epilogue", "ring_kv")
+OPTIONS = LAUNCH_OPTIONS
 FLAGS = ("direct_epilogue", "ring_kv")
 
 

@@ -43,6 +43,8 @@ DIRECT_EPILOGUE = True
 # launch writes) streamed by the loader into the weight ring before the task's waits end, instead of
 # read by the compute warpgroup after them. Off until measured (lab/step_stages).
 RING_KV = False
+# StepLaunch's tuning options (the keyword arguments CompiledStep.use_launch_options passes on)
+LAUNCH_OPTIONS = ("attention_buffers", "mma_depth", "direct_epilogue", "ring_kv")
 
 
 class StepLaunch:
