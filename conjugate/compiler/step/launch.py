@@ -105,7 +105,7 @@ class StepLaunch:
         if ring_kv and spec.head_dim not in (64, 128):
             raise ValueError(f"attention's history goes through the ring for heads of 64 or 128 dims, not "
                              f"{spec.head_dim}")
-        if kv.numel() // spec.head_dim >= 2 ** 31:
+        if ring_kv and kv.numel() // spec.head_dim >= 2 ** 31:
             raise ValueError(f"the KV cache's {kv.numel() // spec.head_dim} rows exceed a TMA coordinate's 2^31")
         self.descs.append(TensorDescriptor.from_tensor(  # the cache as rows of one head's dims
             kv.view(-1, spec.head_dim), [KEY_BLOCK, spec.head_dim],

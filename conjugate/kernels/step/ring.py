@@ -34,7 +34,8 @@ FIELDS = gl.constexpr(32)  # a record as one vector load
 
 @gluon.jit
 def ring_slot(i, STAGES: gl.constexpr):
-    """Ring position of the i-th weight tile: (slot, phase of that slot's barriers)."""
+    """Ring position of the i-th slot filled (a weight tile or part of a history block): (slot, phase of
+    that slot's barriers)."""
     return i % STAGES, (i // STAGES) & 1
 
 
@@ -94,6 +95,7 @@ def _load_history(kv_desc, ring, ready, empty, lengths_ptr, rec, i, stamp_ptr, S
     """An attention task's history blocks (history_blocks) into the ring, keys then values, each block
     KV_SLOTS slots (kv_tiles). kv_desc views the [2, L, B, KVH, S, D] cache as rows of D. With STAMPS,
     stamps (at stamp_ptr) when it issued the first block, or when it reached a task with none."""
+    gl.static_assert((D == 64) or (D == 128), "the ring holds history blocks of 64- or 128-dim heads")
     b = gl.load(rec + C_SEG)
     g = gl.load(rec + C_HEAD0)
     layer = gl.load(rec + C_LAYER)
