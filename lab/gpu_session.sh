@@ -88,10 +88,10 @@ short2)  # the call after short: the verify pass, and the wgmma depth on the oth
 ringkv)  # #48: attention's history streamed through the loader's ring against the default (lab/step_stages),
     # also with one attention buffer (the ring's two more slots), each variant checked before it is timed, then the
     # option's checks on a 128- and a 64-dim-head draft at 5 and 32 sequences
-    run 370 ringkv python lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml examples/qwen25-05b-7b-b8.toml \
+    run 410 ringkv python lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml examples/qwen25-05b-7b-b8.toml \
         benchmarks/workloads/qwen3-06b-8b-b1-k7-ctx2k.toml examples/llama-1b-8b-b8.toml \
         --variants default ring_kv=1 ring_kv=1,attention_buffers=1 --json "$out/ringkv.json"
-    run 190 ring_checks python benchmarks/step_checks.py --models qwen3-0.6b qwen2.5-0.5b --batches 5 32 \
+    run 150 ring_checks python benchmarks/step_checks.py --models qwen3-0.6b qwen2.5-0.5b --batches 5 32 \
         --launch ring_kv=1 --json "$out/ring_checks.json" ;;
 ringkv_short)  # ringkv cut for a short budget: the two small qwen drafts timed, the option checked on a 128- and a
     # 64-dim-head draft at 5 and 32 sequences (k 8)
