@@ -8,7 +8,7 @@ Per draft model (a preset of each family, random weights) and per batch and k, a
 target's part stays small), run on ragged lengths (context // 2 to context) and checked against the
 fp32 reference round, and the step launch's waits are checked for spent spins. A batch the step
 kernel cannot take is a row with the compiler's refusal. Rows are written as they finish.
-`--launch ring_kv=1` checks the launch with those StepLaunch options instead of its defaults.
+`--launch mma_depth=1` checks the launch with those StepLaunch options instead of its defaults.
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def launch_option(text: str) -> tuple[str, int]:
     key, sep, value = text.partition("=")
     if not sep or key not in LAUNCH_OPTIONS or not value.isdigit():
         raise argparse.ArgumentTypeError(f"{text!r}: a launch option is KEY=INT with KEY one of "
-                                         f"{', '.join(LAUNCH_OPTIONS)}, e.g. ring_kv=1")
+                                         f"{', '.join(LAUNCH_OPTIONS)}, e.g. mma_depth=1")
     return key, int(value)
 
 
@@ -73,7 +73,7 @@ def main() -> int:
     parser.add_argument("--steps", nargs="+", type=positive, default=[1, 8])
     parser.add_argument("--context", type=positive, default=512)
     parser.add_argument("--launch", nargs="+", type=launch_option, default=[], metavar="KEY=INT",
-                        help="StepLaunch options to check instead of its defaults (e.g. ring_kv=1)")
+                        help="StepLaunch options to check instead of its defaults (e.g. mma_depth=1)")
     args = parser.parse_args()
     options = dict(args.launch)
     require_gpu(parser)
