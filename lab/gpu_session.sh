@@ -112,6 +112,19 @@ ringkv_min)  # ringkv at its least: qwen3-0.6b at B=4 timed, the option checked 
         --passes 2 --json "$out/ringkv.json"
     run 110 ring_checks python benchmarks/step_checks.py --models qwen3-0.6b qwen2.5-0.5b --batches 5 32 --steps 8 \
         --launch ring_kv=1 --json "$out/ring_checks.json" ;;
+ring_default)  # ring_kv on by default (lab/step_stages/h100_ring_kv.json): the draft phase's record on this card (the
+    # H200's four aims, or the H100's examples), then the step form's checks for every family's draft, k 1 and 8
+    if grep -q H200 "$out/gpu.txt"; then
+        run 330 draft_step python benchmarks/draft_step.py examples/qwen3-06b-8b-b4.toml \
+            benchmarks/workloads/qwen3-06b-8b-b1-k7-ctx2k.toml examples/llama-1b-8b-b8.toml examples/qwen25-05b-7b-b8.toml \
+            --json "$out/draft_step_h200.json"
+    else
+        run 330 draft_step python benchmarks/draft_step.py examples/llama-1b-8b-b1.toml examples/llama-1b-8b-b8.toml \
+            examples/qwen25-05b-7b-b8.toml examples/qwen3-06b-8b-b4.toml examples/llama-1b-3b-b16-ctx4k.toml \
+            examples/qwen25-15b-14b-b4.toml benchmarks/workloads/qwen3-06b-8b-b1-k7-ctx2k.toml \
+            --json "$out/draft_step_h100.json"
+    fi
+    run 200 step_checks python benchmarks/step_checks.py --batches 5 32 --json "$out/step_checks.json" ;;
 narrow)
     run 300 narrow python lab/narrow_tiles/chain.py --json "$out/narrow.json" ;;
 merged)  # lab/stream_chain: each MLP block one stage (gate_up and down in one task) against two, one process

@@ -352,6 +352,8 @@ def test_ledger_splits_each_task_into_wait_and_work():
     for t in prog.tasks:  # the loader issues every task's first tile 0.5 us after its waits are met
         stamps[t.index, layout.S_ISSUED] = 10_000 * t.index + 1_500
     assert all(v["lead_us"] == pytest.approx(-0.5) for v in task_ledger(prog, stamps)["ops"].values() if "lead_us" in v)
+    streamed = task_ledger(prog, stamps, attention_streamed=True)["ops"]  # ring_kv: the loader stamps attention too
+    assert streamed["attn"]["lead_us"] == pytest.approx(-0.5) and "lead_us" not in streamed["embed"]
 
 
 def stamp(start, met, staged, multiplied, end, issued, arrived=None):
@@ -466,3 +468,32 @@ def test_a_deeper_attention_pipeline_takes_its_shared_memory_from_the_ring_and_d
     assert not StepLaunch(early, weights, kv).kwargs["DIRECT_EPILOGUE"]  # the default leaves such a table alone
     with pytest.raises(ValueError, match="coarse table"):
         StepLaunch(early, weights, kv, direct_epilogue=True)
+
+
+def test_attention_history_goes_through_the_ring_for_64_and_128_dim_heads():
+    """ring_kv (on by default where it can be) streams attention's history through the weight ring: a 64-dim head's
+    key and value blocks share a 16 KB slot, a 128-dim head's take one each; the cache's descriptor
+    reads 64-key blocks of a head's dims; other head sizes read their history themselves by default and
+    are refused the option."""
+    from conjugate.kernels.step.ring import KV_SLOTS
+
+    assert (KV_SLOTS(64), KV_SLOTS(128)) == (1, 2)
+    for name in ("qwen3-0.6b", "qwen2.5-0.5b"):
+        spec = from_name(name)
+        prog = step_table(spec, 4, 1, 132, Tiles(), 132)
+        kv = torch.empty(2, spec.num_layers, 4, spec.num_kv_heads, 80, spec.head_dim, dtype=torch.bfloat16,
+                         device="meta")
+        weights = tile_weights(meta_weights(spec, torch.bfloat16), prog)
+        default, plain = StepLaunch(prog, weights, kv), StepLaunch(prog, weights, kv, ring_kv=False)
+        assert default.kwargs["RING_KV"] and not plain.kwargs["RING_KV"]
+        assert {k: v for k, v in plain.kwargs.items() if k != "RING_KV"} == \
+            {k: v for k, v in default.kwargs.items() if k != "RING_KV"}  # the same ring and tiles
+        ring = default
+        assert list(ring.descs[-1].block_shape) == [64, spec.head_dim]
+    spec = replace(from_name("qwen3-0.6b"), head_dim=32, num_heads=64, num_kv_heads=32)
+    prog = step_table(spec, 4, 1, 132, Tiles(), 132)
+    kv = torch.empty(2, spec.num_layers, 4, spec.num_kv_heads, 80, 32, dtype=torch.bfloat16, device="meta")
+    weights = tile_weights(meta_weights(spec, torch.bfloat16), prog)
+    assert not StepLaunch(prog, weights, kv).kwargs["RING_KV"]  # the default reads 32-dim heads' history itself
+    with pytest.raises(ValueError, match="64 or 128 dims"):
+        StepLaunch(prog, weights, kv, ring_kv=True)

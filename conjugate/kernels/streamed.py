@@ -28,7 +28,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from conjugate.kernels.step.ring import _slot, ring_barriers
+from conjugate.kernels.step.ring import ring_barriers, ring_slot
 
 TILE_ROWS = 64  # weight rows a tile: wgmma's M
 TILE_K = 64  # K a ring slot: 128 bytes of bf16, the TMA box's inner limit under 128-byte swizzle
@@ -58,7 +58,7 @@ def _load_partition(w_desc, a_desc, w_ring, a_ring, ready, empty, n_tiles, k_ste
     c = 0
     for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
         for k in range(k_steps):
-            s, phase = _slot(c, STAGES)
+            s, phase = ring_slot(c, STAGES)
             mbarrier.wait(empty.index(s), phase ^ 1)
             mbarrier.expect(ready.index(s), nbytes)
             tma.async_copy_global_to_shared(w_desc, [tile * w_desc.block_type.shape[0], k * w_desc.block_type.shape[1]],
@@ -107,15 +107,15 @@ def _compute_partition(w_ring, a_ring, ready, empty, M, N, n_tiles, k_steps, x_p
     for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
         acc = gl.zeros((TILE, MPAD), dtype=gl.float32, layout=acc_layout)
         for k in range(k_steps):
-            s, phase = _slot(c + k, STAGES)
+            s, phase = ring_slot(c + k, STAGES)
             mbarrier.wait(ready.index(s), phase)
             acc = warpgroup_mma(w_ring.index(s), a_ring.index(s).permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
             if k > 0:  # the wgmma on the slot before has retired
-                before, _ = _slot(c + k - 1, STAGES)
+                before, _ = ring_slot(c + k - 1, STAGES)
                 mbarrier.arrive(empty.index(before), count=1)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        last, _ = _slot(c + k_steps - 1, STAGES)
+        last, _ = ring_slot(c + k_steps - 1, STAGES)
         mbarrier.arrive(empty.index(last), count=1)
         _residual_epilogue(acc, tile, M, N, x_ptr, stride_x, stats_ptr, stride_stats, copy_ptr, stride_copy,
                            STATS_OUT, COPY_OUT)

@@ -18,6 +18,7 @@ def pair_kernel(d_qkv_desc,
                 d_gu_desc,
                 d_d_desc,
                 d_head_desc,
+                d_kv_desc,
                 d_table_ptr,
                 d_list_ptr,
                 d_bounds_ptr,
@@ -56,6 +57,7 @@ def pair_kernel(d_qkv_desc,
                 t_gu_desc,
                 t_d_desc,
                 t_head_desc,
+                t_kv_desc,
                 t_table_ptr,
                 t_list_ptr,
                 t_bounds_ptr,
@@ -116,6 +118,7 @@ def pair_kernel(d_qkv_desc,
                 d_CHUNK: gl.constexpr,
                 d_MMA_DEPTH: gl.constexpr,
                 d_DIRECT_EPILOGUE: gl.constexpr,
+                d_RING_KV: gl.constexpr,
                 t_H: gl.constexpr,
                 t_Q: gl.constexpr,
                 t_F: gl.constexpr,
@@ -142,7 +145,8 @@ def pair_kernel(d_qkv_desc,
                 t_RPAD: gl.constexpr,
                 t_CHUNK: gl.constexpr,
                 t_MMA_DEPTH: gl.constexpr,
-                t_DIRECT_EPILOGUE: gl.constexpr):
+                t_DIRECT_EPILOGUE: gl.constexpr,
+                t_RING_KV: gl.constexpr):
     d_ring = gl.allocate_shared_memory(gl.bfloat16, [d_STAGES, SLOT_ROWS, BK], d_qkv_desc.layout)
     d_act_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([d_RPAD, BK], gl.bfloat16)
     d_act = gl.allocate_shared_memory(gl.bfloat16, [d_KT_MAX, d_RPAD, BK], d_act_layout)
@@ -152,8 +156,8 @@ def pair_kernel(d_qkv_desc,
     t_act = gl.allocate_shared_memory(gl.bfloat16, [t_KT_MAX, t_RPAD, BK], t_act_layout)
     t_ready, t_empty = ring_barriers(t_STAGES)
     gl.warp_specialize([
-        (step_compute, (d_ring, d_ready, d_empty, d_act, d_table_ptr, d_list_ptr, d_bounds_ptr, d_waits_ptr, d_counter_ptr, d_error_ptr, d_spin_limit, d_B, d_tokens_in_ptr, d_tokens_ptr, d_lengths_ptr, d_embed_ptr, d_xs_ptr, d_xm_ptr, d_ssx_ptr, d_ssm_ptr, d_q_ptr, d_o_ptr, d_h_ptr, d_kv_ptr, d_s_qkv_ptr, d_s_o_ptr, d_s_gu_ptr, d_s_d_ptr, d_s_head_ptr, d_best_val_ptr, d_best_idx_ptr, d_bias_ptr, d_qkn_ptr, d_inv_freq_ptr, d_part_ml_ptr, d_part_acc_ptr, d_stamps_ptr, d_H, d_Q, d_F, d_V, d_D, d_G, d_KVH, d_L, d_S, d_NQ, d_NTH, d_BATCH, d_QK_NORM, d_STAGES, d_EPS, d_QK_SCALE, d_GP, d_CHUNKS, d_STAMPS, d_KV_BUFS, d_TOKENS, d_LOGITS, d_RPAD, d_CHUNK, d_MMA_DEPTH, d_DIRECT_EPILOGUE)),
-        (step_compute, (t_ring, t_ready, t_empty, t_act, t_table_ptr, t_list_ptr, t_bounds_ptr, t_waits_ptr, t_counter_ptr, t_error_ptr, t_spin_limit, t_B, t_tokens_in_ptr, t_tokens_ptr, t_lengths_ptr, t_embed_ptr, t_xs_ptr, t_xm_ptr, t_ssx_ptr, t_ssm_ptr, t_q_ptr, t_o_ptr, t_h_ptr, t_kv_ptr, t_s_qkv_ptr, t_s_o_ptr, t_s_gu_ptr, t_s_d_ptr, t_s_head_ptr, t_best_val_ptr, t_best_idx_ptr, t_bias_ptr, t_qkn_ptr, t_inv_freq_ptr, t_part_ml_ptr, t_part_acc_ptr, t_stamps_ptr, t_H, t_Q, t_F, t_V, t_D, t_G, t_KVH, t_L, t_S, t_NQ, t_NTH, t_BATCH, t_QK_NORM, t_STAGES, t_EPS, t_QK_SCALE, t_GP, t_CHUNKS, t_STAMPS, t_KV_BUFS, t_TOKENS, t_LOGITS, t_RPAD, t_CHUNK, t_MMA_DEPTH, t_DIRECT_EPILOGUE)),
-        (step_loader, (d_qkv_desc, d_o_desc, d_gu_desc, d_d_desc, d_head_desc, d_ring, d_ready, d_empty, d_table_ptr, d_list_ptr, d_bounds_ptr, d_stamps_ptr, d_STAGES, d_STAMPS)),
-        (step_loader, (t_qkv_desc, t_o_desc, t_gu_desc, t_d_desc, t_head_desc, t_ring, t_ready, t_empty, t_table_ptr, t_list_ptr, t_bounds_ptr, t_stamps_ptr, t_STAGES, t_STAMPS)),
+        (step_compute, (d_ring, d_ready, d_empty, d_act, d_table_ptr, d_list_ptr, d_bounds_ptr, d_waits_ptr, d_counter_ptr, d_error_ptr, d_spin_limit, d_B, d_tokens_in_ptr, d_tokens_ptr, d_lengths_ptr, d_embed_ptr, d_xs_ptr, d_xm_ptr, d_ssx_ptr, d_ssm_ptr, d_q_ptr, d_o_ptr, d_h_ptr, d_kv_ptr, d_s_qkv_ptr, d_s_o_ptr, d_s_gu_ptr, d_s_d_ptr, d_s_head_ptr, d_best_val_ptr, d_best_idx_ptr, d_bias_ptr, d_qkn_ptr, d_inv_freq_ptr, d_part_ml_ptr, d_part_acc_ptr, d_stamps_ptr, d_H, d_Q, d_F, d_V, d_D, d_G, d_KVH, d_L, d_S, d_NQ, d_NTH, d_BATCH, d_QK_NORM, d_STAGES, d_EPS, d_QK_SCALE, d_GP, d_CHUNKS, d_STAMPS, d_KV_BUFS, d_TOKENS, d_LOGITS, d_RPAD, d_CHUNK, d_MMA_DEPTH, d_DIRECT_EPILOGUE, d_RING_KV)),
+        (step_compute, (t_ring, t_ready, t_empty, t_act, t_table_ptr, t_list_ptr, t_bounds_ptr, t_waits_ptr, t_counter_ptr, t_error_ptr, t_spin_limit, t_B, t_tokens_in_ptr, t_tokens_ptr, t_lengths_ptr, t_embed_ptr, t_xs_ptr, t_xm_ptr, t_ssx_ptr, t_ssm_ptr, t_q_ptr, t_o_ptr, t_h_ptr, t_kv_ptr, t_s_qkv_ptr, t_s_o_ptr, t_s_gu_ptr, t_s_d_ptr, t_s_head_ptr, t_best_val_ptr, t_best_idx_ptr, t_bias_ptr, t_qkn_ptr, t_inv_freq_ptr, t_part_ml_ptr, t_part_acc_ptr, t_stamps_ptr, t_H, t_Q, t_F, t_V, t_D, t_G, t_KVH, t_L, t_S, t_NQ, t_NTH, t_BATCH, t_QK_NORM, t_STAGES, t_EPS, t_QK_SCALE, t_GP, t_CHUNKS, t_STAMPS, t_KV_BUFS, t_TOKENS, t_LOGITS, t_RPAD, t_CHUNK, t_MMA_DEPTH, t_DIRECT_EPILOGUE, t_RING_KV)),
+        (step_loader, (d_qkv_desc, d_o_desc, d_gu_desc, d_d_desc, d_head_desc, d_kv_desc, d_ring, d_ready, d_empty, d_table_ptr, d_list_ptr, d_bounds_ptr, d_lengths_ptr, d_stamps_ptr, d_STAGES, d_STAMPS, d_RING_KV, d_D, d_KVH, d_L, d_S, d_BATCH, d_CHUNKS, d_TOKENS)),
+        (step_loader, (t_qkv_desc, t_o_desc, t_gu_desc, t_d_desc, t_head_desc, t_kv_desc, t_ring, t_ready, t_empty, t_table_ptr, t_list_ptr, t_bounds_ptr, t_lengths_ptr, t_stamps_ptr, t_STAGES, t_STAMPS, t_RING_KV, t_D, t_KVH, t_L, t_S, t_BATCH, t_CHUNKS, t_TOKENS)),
     ], [4, 1, 1], [168, 40, 40])

@@ -1,7 +1,7 @@
 """The step launch's tuning parameters compared on the draft phase: each variant a set of StepLaunch
 options (`attention_buffers`: attention's key/value blocks in flight, 1-4; `mma_depth`: K tiles whose
 wgmma a GEMM task keeps in flight, 1-2; `direct_epilogue`: whole gate_up and lm_head tiles' epilogues
-from their accumulators, 0-1),
+from their accumulators, 0-1; `ring_kv`: attention's history through the loader's ring, 0-1),
 given as `key=value[,key=value]` (`default`: none).
 Per workload the draft phase of `plans/step.json` alone, each variant checked against the fp32
 reference (and for spent spins) before it is timed, all timed in one process, interleaved over three
@@ -34,6 +34,7 @@ from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
 
 OPTIONS = LAUNCH_OPTIONS
+FLAGS = ("direct_epilogue", "ring_kv")
 
 
 def variant(text: str) -> dict[str, int]:
@@ -43,7 +44,7 @@ def variant(text: str) -> dict[str, int]:
     out = {}
     for part in text.split(","):
         key, sep, value = part.partition("=")
-        flag_ok = key != "direct_epilogue" or value in ("0", "1")
+        flag_ok = key not in FLAGS or value in ("0", "1")
         if not sep or key not in OPTIONS or not value.isdigit() or not flag_ok:
             raise argparse.ArgumentTypeError(f"{text!r}: a variant is 'default' or key=value[,key=value] with keys "
                                              f"{', '.join(OPTIONS)} and whole-number values")
@@ -90,7 +91,7 @@ def main() -> int:
                 step.use_launch_options(**options)
                 compiled.warmup()
                 kw = step.launch.kwargs
-                shown = ("KV_BUFS", "MMA_DEPTH", "DIRECT_EPILOGUE", "STAGES", "KT_MAX")
+                shown = ("KV_BUFS", "MMA_DEPTH", "DIRECT_EPILOGUE", "RING_KV", "STAGES", "KT_MAX")
                 row["kernel"] = {key: kw[key] for key in shown} | {
                     "registers": step.resources.registers, "spills": step.resources.spills}
                 row["check"], phase, _ = checked_draft_phase(compiled, inputs, check, device)

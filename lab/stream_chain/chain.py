@@ -74,7 +74,8 @@ SMEM_BUDGET = 220 * 1024
 # The weight ring, activation staging, GEMM tiles and bounded acquire this probe grew are the
 # product's step kernel's now (conjugate/kernels/step/ring.py; its acquire stops spinning once any
 # spin ran out); the probe imports them from there.
-from conjugate.kernels.step.ring import _fill_slot, _slot, ring_barriers  # noqa: E402,F401
+from conjugate.kernels.step.ring import _fill_slot, ring_barriers  # noqa: E402,F401
+from conjugate.kernels.step.ring import ring_slot as _slot  # noqa: E402,F401
 from conjugate.kernels.step.ring import paired_tile as _gate_up_tile  # noqa: E402,F401
 from conjugate.kernels.step.ring import acquire as _acquire  # noqa: E402,F401
 from conjugate.kernels.step.ring import release as _release  # noqa: E402,F401

@@ -156,7 +156,7 @@ class CompiledStep:
         stamped.lengths.copy_(self._launch.lengths)
         stamped.run()
         torch.cuda.synchronize()
-        return task_ledger(self.table, stamped.stamps)
+        return task_ledger(self.table, stamped.stamps, attention_streamed=stamped.kwargs["RING_KV"])
 
     def spins_ran_out(self) -> int:
         """Waits that hit their spin limit in the launches so far (GPU; a checked table never does)."""

@@ -39,8 +39,15 @@ MMA_DEPTH = 2
 # the draft phase 5.142 -> 5.100 ms on qwen3-06b-8b-b4, 3.730 -> 3.630 on llama-1b-8b-b1, 4.284 -> 4.100
 # on llama-1b-8b-b8, 3.441 -> 3.180 on qwen25-05b-7b-b8 (every pass below every pass).
 DIRECT_EPILOGUE = True
+# Attention's history (every whole key block below a sequence's length at launch, which no task of the
+# launch writes) streamed by the loader into the weight ring before the task's waits end, instead of
+# read by the compute warpgroup after them (`lab/step_variants/variants.py ... --variants default ring_kv=1`,
+# H100, checkout 5050a07 with lab/step_stages/ring_kv.patch, each variant checked first;
+# lab/step_stages/h100_ring_kv.json): the draft phase 5.507 -> 5.262 ms on qwen3-06b-8b-b4, 3.326 -> 3.252
+# on qwen25-05b-7b-b8, 7.293 -> 7.018 on qwen3-0.6b at B=1, k=7, context 2048, 5.004 -> 4.834 on llama-1b-8b-b8.
+RING_KV = True
 # StepLaunch's tuning options (the keyword arguments CompiledStep.use_launch_options passes on)
-LAUNCH_OPTIONS = ("attention_buffers", "mma_depth", "direct_epilogue")
+LAUNCH_OPTIONS = ("attention_buffers", "mma_depth", "direct_epilogue", "ring_kv")
 
 
 class StepLaunch:
@@ -50,13 +57,14 @@ class StepLaunch:
     fp32 logits in its sums (`logits()`). Tuning (defaults below): `attention_buffers` (key/value
     blocks in flight, 1-4), `mma_depth` (K tiles' wgmma in flight, 1-2), `direct_epilogue` (whole
     gate_up and lm_head tiles' epilogues on their accumulators; by default wherever the table is
-    coarse, as step_table's are)."""
+    coarse, as step_table's are), `ring_kv` (attention's history through the loader's ring; by
+    default wherever the heads have 64 or 128 dims and the cache's rows fit a TMA coordinate)."""
 
     kernel = step_kernel
 
     def __init__(self, prog: StepProgram, weights: dict, kv: torch.Tensor, stamps: bool = False,
                  spin_limit: int = SPIN_LIMIT, logits: bool = False, attention_buffers: int | None = None,
-                 mma_depth: int = MMA_DEPTH, direct_epilogue: bool | None = None):
+                 mma_depth: int = MMA_DEPTH, direct_epilogue: bool | None = None, ring_kv: bool | None = None):
         spec, dev, B, R, k = prog.spec, weights["qkv"].device, prog.batch, prog.rows, prog.steps
         group = spec.num_heads // spec.num_kv_heads
         if R > ROW_TILES[-1] or prog.tiles != Tiles():
@@ -97,6 +105,17 @@ class StepLaunch:
         layout = gl.NVMMASharedLayout.get_default_for([SLOT_ROWS, K_TILE], gl.bfloat16)
         self.descs = [TensorDescriptor.from_tensor(weights[n], [SLOT_ROWS, K_TILE], layout)
                       for n in ("qkv", "o", "gu", "d", "head")]
+        ring_fits = spec.head_dim in (64, 128) and kv.numel() // spec.head_dim < 2 ** 31
+        if ring_kv is None:
+            ring_kv = RING_KV and ring_fits
+        elif ring_kv and spec.head_dim not in (64, 128):
+            raise ValueError(f"attention's history goes through the ring for heads of 64 or 128 dims, not "
+                             f"{spec.head_dim}")
+        elif ring_kv and not ring_fits:
+            raise ValueError(f"the KV cache's {kv.numel() // spec.head_dim} rows exceed a TMA coordinate's 2^31")
+        self.descs.append(TensorDescriptor.from_tensor(  # the cache as rows of one head's dims
+            kv.view(-1, spec.head_dim), [KEY_BLOCK, spec.head_dim],
+            gl.NVMMASharedLayout.get_default_for([KEY_BLOCK, spec.head_dim], gl.bfloat16)))
         kt_max = max((t.k_range[1] - t.k_range[0]) // prog.tiles.k for t in prog.tasks if t.op != "attn")
         chunks = prog.splits["attn"]
         gp = max(4, triton.next_power_of_2(group * prog.tokens))  # a pair's query rows; they span the 4 warps
@@ -123,7 +142,8 @@ class StepLaunch:
                            QK_NORM=spec.qk_norm, STAGES=stages, KT_MAX=act_tiles, EPS=spec.rms_norm_eps,
                            QK_SCALE=1.4426950408889634 / spec.head_dim ** 0.5, GP=gp, CHUNKS=chunks, STAMPS=stamps,
                            KV_BUFS=attention_buffers, TOKENS=prog.tokens, LOGITS=logits, RPAD=rpad, CHUNK=chunk,
-                           MMA_DEPTH=mma_depth, DIRECT_EPILOGUE=bool(direct_epilogue), num_warps=4,
+                           MMA_DEPTH=mma_depth, DIRECT_EPILOGUE=bool(direct_epilogue), RING_KV=bool(ring_kv),
+                           num_warps=4,
                            maxnreg=168)
         self.stamps = torch.zeros(len(prog.tasks), STAMP_COLS, dtype=torch.int64, device=dev)
         self.spin_limit = spin_limit

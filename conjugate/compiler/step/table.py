@@ -505,7 +505,7 @@ def _ready_us(prog: StepProgram, st) -> dict[str, float]:
     return ready
 
 
-def task_ledger(prog: StepProgram, stamps) -> dict:
+def task_ledger(prog: StepProgram, stamps, attention_streamed: bool = False) -> dict:
     """Where a step launch's time went, from its in-kernel stamps (ns; columns.py's S_*): per op the
     mean per program of the time spent waiting on other programs' counters and of the time working,
     the launch's span, and what the programs spent between tasks (reading the table).
@@ -518,9 +518,10 @@ def task_ledger(prog: StepProgram, stamps) -> dict:
     trip, which first waits for the task's partial adds to land) and `epilogue_us` (the rest: the last
     piece's epilogue or attention's merge, and the done counter's release). A task whose epilogue
     ran on its accumulators (`direct_epilogue`) counts it in `multiply_us`: compare such variants by
-    their span, not their finish. `lead_us` (GEMMs) is the mean time a
-    task's first weight tile was issued by the loader before the task's waits were met: negative
-    where the loader issued it later, the weights then streaming while the task waits for them.
+    their span, not their finish. `lead_us` (GEMMs, and attention where the loader streams its
+    history: `attention_streamed`, the launch's ring_kv) is the mean time a task's first weight tile
+    (or history block) was issued by the loader before the task's waits were met: negative where the
+    loader issued it later, the weights then streaming while the task waits for them.
 
     The wait of a task that waits on counters is split in two at the moment the counters' last
     producer task ended (its end is stamped after its epilogue and its counter's release):
@@ -557,7 +558,7 @@ def task_ledger(prog: StepProgram, stamps) -> dict:
                       "finish_us": per_program(rows[:, S_END] - rows[:, S_MULTIPLIED]),
                       "arrive_us": per_program(rows[:, S_ARRIVED] - rows[:, S_MULTIPLIED]),
                       "epilogue_us": per_program(rows[:, S_END] - rows[:, S_ARRIVED])}
-        if op not in ("embed", "attn"):
+        if op != "embed" and (op != "attn" or attention_streamed):
             entry["lead_us"] = float((rows[:, S_MET] - rows[:, S_ISSUED]).mean())
         out["ops"][op] = entry
     out["between_tasks_us"] = span - sum(v["wait_us"] + v["work_us"] for v in out["ops"].values())

@@ -38,14 +38,14 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma
 
 from conjugate.kernels.step.ring import (BK, C_DONE, C_FCNT, C_FOFF, C_HEAD0, C_KHI, C_KLO, C_LAYER,
                                          C_OP, C_PARTS, C_SEG, C_SPLITS, C_STEP, C_TILE, C_TOKEN, C_W1C, C_W1T,
                                          C_WCNT, C_WOFF, HALF, S_ARRIVED, S_END, S_MET, S_MULTIPLIED, S_STAGED,
-                                         S_START,
-                                         SLOT_ROWS, STAMP_COLS, acquire, field, now, paired_tile, record, release,
-                                         ring_barriers, single_tile, stage_activations, step_loader, wait_all)
+                                         S_START, SLOT_ROWS, STAMP_COLS, KV_SLOTS, acquire, field, free_slot,
+                                         history_blocks, kv_tiles, now, paired_tile, record, release, ring_barriers,
+                                         ring_slot, single_tile, stage_activations, step_loader, wait_all)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -343,16 +343,19 @@ def online_softmax(scores, m, l, o, o_layout: gl.constexpr):
 
 @gluon.jit
 def attend_chunk(q_ptr, kv_ptr, part_ml_ptr, part_acc_ptr, slot, lengths_ptr, layer, step, b, g, chunk, act,
-                      D: gl.constexpr, G: gl.constexpr, KVH: gl.constexpr, Q: gl.constexpr, L: gl.constexpr,
-                      S: gl.constexpr, BATCH: gl.constexpr, QK_SCALE: gl.constexpr, GP: gl.constexpr,
-                      CHUNKS: gl.constexpr, KV_BUFS: gl.constexpr, TOKENS: gl.constexpr):
+                 ring, ready, empty, i, D: gl.constexpr, G: gl.constexpr, KVH: gl.constexpr, Q: gl.constexpr,
+                 L: gl.constexpr, S: gl.constexpr, BATCH: gl.constexpr, QK_SCALE: gl.constexpr, GP: gl.constexpr,
+                 CHUNKS: gl.constexpr, KV_BUFS: gl.constexpr, TOKENS: gl.constexpr, STAGES: gl.constexpr,
+                 RING_KV: gl.constexpr):
     """One key chunk of (sequence b, KV head g) for its G query heads of each of its TOKENS tokens, on
     tensor cores: keys [lo, hi), chunk `chunk` of CHUNKS of the length + step + TOKENS keys in whole
     64-key blocks, token t seeing the keys up to its own position. The query rows (token t's head h
-    is row t * G + h) are the first rows of a 64-row wgmma tile (register operand); key and value blocks come by cp.async
-    into the activation buffer's shared memory (free while attention runs), KV_BUFS deep, so blocks
+    is row t * G + h) are the first rows of a 64-row wgmma tile (register operand). With RING_KV the
+    chunk's history blocks (ring.history_blocks) are already in the ring, streamed by the loader
+    before the task's waits ended; the rest (all of it without RING_KV) come by cp.async into the
+    activation buffer's shared memory (free while attention runs), KV_BUFS deep, so blocks
     j + 1 .. j + KV_BUFS - 1 are on their way while block j is multiplied. Leaves (m, l, unnormalised
-    acc) in `slot`."""
+    acc) in `slot`; returns the ring slots consumed."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
     q_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
@@ -369,10 +372,12 @@ def attend_chunk(q_ptr, kv_ptr, part_ml_ptr, part_acc_ptr, slot, lengths_ptr, la
         q = gl.load(q_ptr + (b * TOKENS + r // G)[:, None] * Q + (g * G + r % G)[:, None] * D + d[None, :],
                     mask=(r < G * TOKENS)[:, None], other=0.0, cache_modifier=".cg")
     q = gl.convert_layout(q.to(gl.bfloat16), q_layout)
+    lo, hi, history = history_blocks(lengths_ptr, b, step, chunk, CHUNKS, TOKENS)
+    if RING_KV:
+        start = lo + history * 64  # the blocks from here come by cp.async
+    else:
+        start = lo
     n = gl.load(lengths_ptr + b) + step + TOKENS
-    size = gl.cdiv(gl.cdiv(n, CHUNKS), 64) * 64
-    lo = gl.minimum(chunk * size, n)
-    hi = gl.minimum(lo + size, n)
     k_base = kv_ptr + ((layer * BATCH + b) * KVH + g).to(gl.int64) * S * D
     v_base = kv_ptr + (((L + layer) * BATCH + b) * KVH + g).to(gl.int64) * S * D
     key = gl.arange(0, 64, layout=gl.SliceLayout(0, s_layout))
@@ -380,9 +385,22 @@ def attend_chunk(q_ptr, kv_ptr, part_ml_ptr, part_acc_ptr, slot, lengths_ptr, la
     l = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, s_layout))
     o = gl.zeros([64, D], gl.float32, layout=o_layout)
     for j in gl.static_range(KV_BUFS - 1):  # the first KV_BUFS - 1 blocks (blocks past hi: zeros)
-        _issue_kv(tiles, j, k_base, v_base, lo + j * 64, hi, r, d, D)
-    for k0 in range(lo, hi, 64):
-        block = (k0 - lo) // 64
+        _issue_kv(tiles, j, k_base, v_base, start + j * 64, hi, r, d, D)
+    if RING_KV:  # the history, in the ring (every key visible to every token)
+        for _j in range(history):
+            k_tile, v_tile = kv_tiles(ring, i, STAGES, D)
+            for t in gl.static_range(KV_SLOTS(D)):
+                s, phase = ring_slot(i + t, STAGES)
+                mbarrier.wait(ready.index(s), phase)
+            scores = warpgroup_mma(q, k_tile.permute((1, 0)), gl.zeros([64, 64], gl.float32, layout=s_layout))
+            p, m, l, o = online_softmax(scores * QK_SCALE, m, l, o, o_layout)
+            o = warpgroup_mma(gl.convert_layout(p.to(gl.bfloat16), p_layout), v_tile, o)
+            gl.thread_barrier()  # every warp's wgmma is done with the slots
+            for t in gl.static_range(KV_SLOTS(D)):
+                free_slot(empty, i + t, STAGES)
+            i += KV_SLOTS(D)
+    for k0 in range(start, hi, 64):
+        block = (k0 - start) // 64
         buf = block % KV_BUFS
         if KV_BUFS > 1:  # block + KV_BUFS - 1 into the buffer the block before used (every warp is done with it)
             _issue_kv(tiles, (block + KV_BUFS - 1) % KV_BUFS, k_base, v_base, k0 + (KV_BUFS - 1) * 64, hi, r, d, D)
@@ -410,6 +428,7 @@ def attend_chunk(q_ptr, kv_ptr, part_ml_ptr, part_acc_ptr, slot, lengths_ptr, la
     gl.store(part_ml_ptr + slot * 2 * GP + rows, gl.convert_layout(m, gl.SliceLayout(1, o_layout)), mask=live)
     gl.store(part_ml_ptr + slot * 2 * GP + GP + rows, gl.convert_layout(l, gl.SliceLayout(1, o_layout)), mask=live)
     gl.store(part_acc_ptr + (slot * GP + rows)[:, None] * D + dd[None, :], o, mask=live[:, None])
+    return i
 
 
 @gluon.jit
@@ -459,7 +478,7 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                  NTH: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr, STAGES: gl.constexpr, EPS: gl.constexpr,
                  QK_SCALE: gl.constexpr, GP: gl.constexpr, CHUNKS: gl.constexpr, STAMPS: gl.constexpr,
                  KV_BUFS: gl.constexpr, TOKENS: gl.constexpr, LOGITS: gl.constexpr, RPAD: gl.constexpr,
-                 CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr, DIRECT_EPILOGUE: gl.constexpr):
+                 CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr, DIRECT_EPILOGUE: gl.constexpr, RING_KV: gl.constexpr):
     ROWS: gl.constexpr = BATCH * TOKENS  # activation rows a step: sequence b's token t is row b * TOKENS + t
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, RPAD, 16])
@@ -501,9 +520,9 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
             b = field(vec, C_SEG)
             g = field(vec, C_HEAD0)
             first_slot = ((sl * BATCH + b) * KVH + g) * CHUNKS  # per (sequence, KV head)
-            attend_chunk(q_ptr + sl * ROWS * Q, kv_ptr, part_ml_ptr, part_acc_ptr, first_slot + field(vec, C_KLO),
-                         lengths_ptr, layer, step, b, g, field(vec, C_KLO), act, D, G, KVH, Q, L, S, BATCH, QK_SCALE,
-                         GP, CHUNKS, KV_BUFS, TOKENS)
+            i = attend_chunk(q_ptr + sl * ROWS * Q, kv_ptr, part_ml_ptr, part_acc_ptr, first_slot + field(vec, C_KLO),
+                             lengths_ptr, layer, step, b, g, field(vec, C_KLO), act, ring, ready, empty, i, D, G, KVH,
+                             Q, L, S, BATCH, QK_SCALE, GP, CHUNKS, KV_BUFS, TOKENS, STAGES, RING_KV)
             if STAMPS:
                 t_done = now(task)
                 gl.store(stamps_ptr + task * STAMP_COLS + S_STAGED, t_done)
@@ -619,7 +638,7 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
 
 
 @gluon.jit
-def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_ptr, bounds_ptr, waits_ptr, counter_ptr,
+def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, kv_desc, table_ptr, list_ptr, bounds_ptr, waits_ptr, counter_ptr,
                 error_ptr, spin_limit, B, tokens_in_ptr, tokens_ptr, lengths_ptr, embed_ptr, xs_ptr, xm_ptr,
                 ssx_ptr,
                 ssm_ptr, q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr, best_val_ptr,
@@ -630,7 +649,7 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_pt
                 KT_MAX: gl.constexpr, EPS: gl.constexpr, QK_SCALE: gl.constexpr, GP: gl.constexpr,
                 CHUNKS: gl.constexpr, STAMPS: gl.constexpr, KV_BUFS: gl.constexpr, TOKENS: gl.constexpr,
                 LOGITS: gl.constexpr, RPAD: gl.constexpr, CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr,
-                DIRECT_EPILOGUE: gl.constexpr):
+                DIRECT_EPILOGUE: gl.constexpr, RING_KV: gl.constexpr):
     ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, SLOT_ROWS, BK], qkv_desc.layout)
     act_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([RPAD, BK], gl.bfloat16)
     act = gl.allocate_shared_memory(gl.bfloat16, [KT_MAX, RPAD, BK], act_layout)
@@ -642,9 +661,10 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, table_ptr, list_pt
                         ssm_ptr, q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr,
                         best_val_ptr, best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr,
                         stamps_ptr, H, Q, F, V, D, G, KVH, L, S, NQ, NTH, BATCH, QK_NORM, STAGES, EPS, QK_SCALE, GP,
-                        CHUNKS, STAMPS, KV_BUFS, TOKENS, LOGITS, RPAD, CHUNK, MMA_DEPTH, DIRECT_EPILOGUE)),
-        (step_loader, (qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty, table_ptr, list_ptr,
-                       bounds_ptr, stamps_ptr, STAGES, STAMPS)),
+                        CHUNKS, STAMPS, KV_BUFS, TOKENS, LOGITS, RPAD, CHUNK, MMA_DEPTH, DIRECT_EPILOGUE, RING_KV)),
+        (step_loader, (qkv_desc, o_desc, gu_desc, d_desc, head_desc, kv_desc, ring, ready, empty, table_ptr,
+                       list_ptr, bounds_ptr, lengths_ptr, stamps_ptr, STAGES, STAMPS, RING_KV, D, KVH, L, S, BATCH,
+                       CHUNKS, TOKENS)),
     ], [1], [40])
 
 

@@ -33,8 +33,9 @@ FIELDS = gl.constexpr(32)  # a record as one vector load
 # --------------------------------------------------------------------------------------------------
 
 @gluon.jit
-def _slot(i, STAGES: gl.constexpr):
-    """Ring position of the i-th weight tile: (slot, phase of that slot's barriers)."""
+def ring_slot(i, STAGES: gl.constexpr):
+    """Ring position of the i-th slot filled (a weight tile or part of a history block): (slot, phase of
+    that slot's barriers)."""
     return i % STAGES, (i // STAGES) & 1
 
 
@@ -53,17 +54,85 @@ def ring_barriers(STAGES: gl.constexpr):
 @gluon.jit
 def _fill_slot(ring, ready, empty, i, STAGES: gl.constexpr):
     """Wait until slot i is free, arm its ready barrier for a full slot's bytes; return the slot."""
-    s, phase = _slot(i, STAGES)
+    s, phase = ring_slot(i, STAGES)
     mbarrier.wait(empty.index(s), phase ^ 1)  # barriers start as if phase 1 had completed
     mbarrier.expect(ready.index(s), SLOT_ROWS * BK * 2)
     return s
 
 
 @gluon.jit
-def step_loader(qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty, table_ptr, list_ptr, bounds_ptr,
-                stamps_ptr, STAGES: gl.constexpr, STAMPS: gl.constexpr):
+def history_blocks(lengths_ptr, b, step, chunk, CHUNKS: gl.constexpr, TOKENS: gl.constexpr):
+    """Attention chunk `chunk` of sequence b at `step`: its keys [lo, hi) (whole 64-key blocks of the
+    length + step + TOKENS keys, cut in CHUNKS) and how many of its blocks lie wholly below the
+    sequence's length at launch: the cache's history, which no task of the launch writes, so the
+    loader may stream it before any wait."""
+    length = gl.load(lengths_ptr + b)
+    n = length + step + TOKENS
+    size = gl.cdiv(gl.cdiv(n, CHUNKS), 64) * 64
+    lo = gl.minimum(chunk * size, n)
+    hi = gl.minimum(lo + size, n)
+    blocks = gl.maximum(gl.minimum(length // 64 * 64, hi) - lo, 0) // 64
+    return lo, hi, blocks
+
+
+@gluon.jit
+def kv_tiles(ring, i, STAGES: gl.constexpr, D: gl.constexpr):
+    """The key and value tiles ([64, D] each) of the history block whose first ring slot is the i-th:
+    with 64-dim heads both in that slot (keys in its first 64 rows), with 128-dim heads keys there
+    and values in the next."""
+    s = i % STAGES
+    if D == 64:
+        return ring.index(s).slice(0, 64), ring.index(s).slice(64, 64)
+    else:
+        return (ring.index(s)._reinterpret(gl.bfloat16, [64, D], ring.layout),
+                ring.index((i + 1) % STAGES)._reinterpret(gl.bfloat16, [64, D], ring.layout))
+
+
+@gluon.jit
+def _load_history(kv_desc, ring, ready, empty, lengths_ptr, rec, i, stamp_ptr, STAGES: gl.constexpr,
+                  D: gl.constexpr, KVH: gl.constexpr, L: gl.constexpr, S: gl.constexpr, BATCH: gl.constexpr,
+                  CHUNKS: gl.constexpr, TOKENS: gl.constexpr, STAMPS: gl.constexpr):
+    """An attention task's history blocks (history_blocks) into the ring, keys then values, each block
+    KV_SLOTS slots (kv_tiles). kv_desc views the [2, L, B, KVH, S, D] cache as rows of D. With STAMPS,
+    stamps (at stamp_ptr) when it issued the first block, or when it reached a task with none."""
+    gl.static_assert((D == 64) or (D == 128), "the ring holds history blocks of 64- or 128-dim heads")
+    b = gl.load(rec + C_SEG)
+    g = gl.load(rec + C_HEAD0)
+    layer = gl.load(rec + C_LAYER)
+    lo, hi, blocks = history_blocks(lengths_ptr, b, gl.load(rec + C_STEP), gl.load(rec + C_KLO), CHUNKS, TOKENS)
+    k_row = ((layer * BATCH + b) * KVH + g) * S + lo
+    v_row = k_row + L * BATCH * KVH * S
+    if STAMPS:
+        if blocks == 0:
+            gl.store(stamp_ptr, now(b))
+    for j in range(blocks):
+        k_tile, v_tile = kv_tiles(ring, i, STAGES, D)
+        s = _fill_slot(ring, ready, empty, i, STAGES)
+        tma.async_copy_global_to_shared(kv_desc, [k_row + j * 64, 0], ready.index(s), k_tile)
+        if D == 128:  # the values fill the next slot
+            s = _fill_slot(ring, ready, empty, i + 1, STAGES)
+        tma.async_copy_global_to_shared(kv_desc, [v_row + j * 64, 0], ready.index(s), v_tile)
+        if STAMPS:
+            if j == 0:
+                gl.store(stamp_ptr, now(b))
+        i += KV_SLOTS(D)
+    return i
+
+
+@gluon.constexpr_function
+def KV_SLOTS(D):
+    """Ring slots a history block takes (its keys and values: 2 x 64 x D bf16 over 16 KB slots)."""
+    return 2 * 64 * D * 2 // (layout.SLOT_ROWS * layout.K_TILE * 2)
+
+
+@gluon.jit
+def step_loader(qkv_desc, o_desc, gu_desc, d_desc, head_desc, kv_desc, ring, ready, empty, table_ptr, list_ptr,
+                bounds_ptr, lengths_ptr, stamps_ptr, STAGES: gl.constexpr, STAMPS: gl.constexpr,
+                RING_KV: gl.constexpr, D: gl.constexpr, KVH: gl.constexpr, L: gl.constexpr, S: gl.constexpr,
+                BATCH: gl.constexpr, CHUNKS: gl.constexpr, TOKENS: gl.constexpr):
     """Every weight tile of this program's GEMM tasks, in task order; waits for free slots only. With
-    STAMPS, stamps when it issued each task's first tile."""
+    RING_KV also each attention task's history blocks (_load_history). With STAMPS, stamps when it
+    issued each task's first tile."""
     pid = gl.program_id(0)
     i = 0
     for n in range(gl.load(bounds_ptr + pid), gl.load(bounds_ptr + pid + 1)):
@@ -72,6 +141,11 @@ def step_loader(qkv_desc, o_desc, gu_desc, d_desc, head_desc, ring, ready, empty
         op = gl.load(rec + C_OP)
         row0 = gl.load(rec + C_ROW0)
         k_lo = gl.load(rec + C_KLO) * BK
+        if RING_KV:
+            if op == 2:
+                i = _load_history(kv_desc, ring, ready, empty, lengths_ptr, rec, i,
+                                  stamps_ptr + task * STAMP_COLS + S_ISSUED, STAGES, D, KVH, L, S, BATCH, CHUNKS,
+                                  TOKENS, STAMPS)
         if (op != 0) & (op != 2):
             for kk in range(gl.load(rec + C_KHI) - gl.load(rec + C_KLO)):
                 s = _fill_slot(ring, ready, empty, i, STAGES)
@@ -114,7 +188,7 @@ def stage_activations(act, src_ptr, row_stride, B, col0, n_tiles, RPAD: gl.const
 
 
 @gluon.jit
-def _free_slot(empty, i, STAGES: gl.constexpr):
+def free_slot(empty, i, STAGES: gl.constexpr):
     """Hand ring slot (i % STAGES) back to the loader."""
     mbarrier.arrive(empty.index(i % STAGES), count=1)
 
@@ -126,7 +200,7 @@ def paired_tile(ring, ready, empty, act, i, n_tiles, STAGES: gl.constexpr, MMA_D
     MMA_DEPTH 2 a slot's pair of wgmma is still running while the next slot's is issued (its slot
     is handed back once it is done); with 1 each slot's finishes first."""
     for kk in range(n_tiles):
-        s, phase = _slot(i, STAGES)
+        s, phase = ring_slot(i, STAGES)
         mbarrier.wait(ready.index(s), phase)
         slot = ring.index(s)
         x_t = act.index(kk).permute((1, 0))
@@ -134,16 +208,16 @@ def paired_tile(ring, ready, empty, act, i, n_tiles, STAGES: gl.constexpr, MMA_D
         acc_u = warpgroup_mma(slot.slice(HALF, HALF), x_t, acc_u, is_async=True)
         if MMA_DEPTH == 1:
             acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
-            _free_slot(empty, i, STAGES)
+            free_slot(empty, i, STAGES)
         else:
             acc_g, acc_u = warpgroup_mma_wait(num_outstanding=2, deps=(acc_g, acc_u))  # the slot before's pair
             if kk > 0:
-                _free_slot(empty, i - 1, STAGES)
+                free_slot(empty, i - 1, STAGES)
         i += 1
     if MMA_DEPTH > 1:
         acc_g, acc_u = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u))
         if n_tiles > 0:
-            _free_slot(empty, i - 1, STAGES)
+            free_slot(empty, i - 1, STAGES)
     return acc_g, acc_u, i
 
 
@@ -152,21 +226,21 @@ def single_tile(ring, ready, empty, act, i, n_tiles, STAGES: gl.constexpr, MMA_D
     """x @ W_tile^T transposed (o_proj, down, lm_head), added over n_tiles slots into the one
     [SLOT_ROWS, RPAD] fp32 accumulator; MMA_DEPTH as in paired_tile."""
     for kk in range(n_tiles):
-        s, phase = _slot(i, STAGES)
+        s, phase = ring_slot(i, STAGES)
         mbarrier.wait(ready.index(s), phase)
         acc = warpgroup_mma(ring.index(s), act.index(kk).permute((1, 0)), acc, is_async=True)
         if MMA_DEPTH == 1:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-            _free_slot(empty, i, STAGES)
+            free_slot(empty, i, STAGES)
         else:
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))  # the slot before's wgmma
             if kk > 0:
-                _free_slot(empty, i - 1, STAGES)
+                free_slot(empty, i - 1, STAGES)
         i += 1
     if MMA_DEPTH > 1:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         if n_tiles > 0:
-            _free_slot(empty, i - 1, STAGES)
+            free_slot(empty, i - 1, STAGES)
     return acc, i
 
 
