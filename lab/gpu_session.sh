@@ -8,9 +8,9 @@
 # short: the step form's checks at 5 and 32 sequences at the current defaults, the launch defaults
 #        against the epilogues through the sums and the depths before them, and the product's dealing where it
 #        balances (qwen2.5-1.5b), cut to fit one call; short2: the verify pass, and the epilogues through the
-#        sums and the wgmma depth on the other drafts; ringkv: attention's history through the loader's ring
-#        (lab/step_stages/ring_kv.patch, applied first) against the default, then its checks (ringkv_short,
-#        ringkv_min: cut to fit a short budget); merged: lab/stream_chain's MLP blocks as one stage
+#        sums and the wgmma depth on the other drafts; ring_default: the draft phase's record and the step
+#        form's checks at the launch's defaults (attention's history through the loader's ring; the cases
+#        that measured it are in 5050a07's runbook); merged: lab/stream_chain's MLP blocks as one stage
 #        (merged, folded) against two (lab/step_stages' fewer stages); narrow: whole-K narrow tiles against split K in a
 #        chain of dependent GEMMs (lab/narrow_tiles); verify49: #49's record (the B=32 example's kernel
 #        sweep, then every example's verify phase against its floor, by the tile kernel and with the
@@ -59,10 +59,6 @@ run() {  # seconds, log name, command...
     timeout "$limit" "$@" > "$out/$name.log" 2>&1; echo "   exit $? ($name)"
     grep -v -i warn "$out/$name.log" | tail -12
 }
-ring_kv_patch() {  # lab/step_stages' ring_kv code (kept out of the product until it measures a win) on this copy
-    git apply lab/step_stages/ring_kv.patch || { echo "lab/step_stages/ring_kv.patch does not apply to this tree" >&2
-                                                  exit 1; }
-}
 case "${1:-}" in
 1)
     run 270 dealing python lab/step_dealing/dealing.py examples/qwen25-05b-7b-b8.toml \
@@ -90,28 +86,6 @@ short2)  # the call after short: the verify pass, and the wgmma depth on the oth
     run 250 variants2 python lab/step_variants/variants.py examples/llama-1b-8b-b8.toml \
         examples/llama-1b-8b-b1.toml examples/qwen25-15b-14b-b4.toml --variants default direct_epilogue=0 mma_depth=1 \
         --json "$out/variants2.json" ;;
-ringkv)  # #48: attention's history streamed through the loader's ring against the default (lab/step_stages),
-    # also with one attention buffer (the ring's two more slots), each variant checked before it is timed, then the
-    # option's checks on a 128- and a 64-dim-head draft at 5 and 32 sequences
-    ring_kv_patch
-    run 410 ringkv python lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml examples/qwen25-05b-7b-b8.toml \
-        benchmarks/workloads/qwen3-06b-8b-b1-k7-ctx2k.toml examples/llama-1b-8b-b8.toml \
-        --variants default ring_kv=1 ring_kv=1,attention_buffers=1 --json "$out/ringkv.json"
-    run 150 ring_checks python benchmarks/step_checks.py --models qwen3-0.6b qwen2.5-0.5b --batches 5 32 \
-        --launch ring_kv=1 --json "$out/ring_checks.json" ;;
-ringkv_short)  # ringkv cut for a short budget: the two small qwen drafts timed, the option checked on a 128- and a
-    # 64-dim-head draft at 5 and 32 sequences (k 8)
-    ring_kv_patch
-    run 240 ringkv python lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml examples/qwen25-05b-7b-b8.toml \
-        --variants default ring_kv=1 --json "$out/ringkv.json"
-    run 120 ring_checks python benchmarks/step_checks.py --models qwen3-0.6b qwen2.5-0.5b --batches 5 32 --steps 8 \
-        --launch ring_kv=1 --json "$out/ring_checks.json" ;;
-ringkv_min)  # ringkv at its least: qwen3-0.6b at B=4 timed, the option checked on qwen3-0.6b and qwen2.5-0.5b (k 8)
-    ring_kv_patch
-    run 150 ringkv python lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml --variants default ring_kv=1 \
-        --passes 2 --json "$out/ringkv.json"
-    run 110 ring_checks python benchmarks/step_checks.py --models qwen3-0.6b qwen2.5-0.5b --batches 5 32 --steps 8 \
-        --launch ring_kv=1 --json "$out/ring_checks.json" ;;
 ring_default)  # ring_kv on by default (lab/step_stages/h100_ring_kv.json): the draft phase's record on this card (the
     # H200's four aims, or the H100's examples), then the step form's checks for every family's draft, k 1 and 8
     if grep -q H200 "$out/gpu.txt"; then
