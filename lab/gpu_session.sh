@@ -99,6 +99,14 @@ ring_default)  # ring_kv on by default (lab/step_stages/h100_ring_kv.json): the 
             --json "$out/draft_step_h100.json"
     fi
     run 200 step_checks python benchmarks/step_checks.py --batches 5 32 --json "$out/step_checks.json" ;;
+ring_default_short)  # ring_default cut for a short budget: #48's four aims' draft phase on this card, then the
+    # checks of the drafts the option's own checks left out (llama-3.2-1b, qwen2.5-1.5b), k 8
+    card=h100; grep -q H200 "$out/gpu.txt" && card=h200
+    run 200 draft_step python benchmarks/draft_step.py examples/qwen3-06b-8b-b4.toml \
+        benchmarks/workloads/qwen3-06b-8b-b1-k7-ctx2k.toml examples/llama-1b-8b-b8.toml examples/qwen25-05b-7b-b8.toml \
+        --json "$out/draft_step_$card.json"
+    run 120 step_checks python benchmarks/step_checks.py --models llama-3.2-1b qwen2.5-1.5b --batches 5 32 --steps 8 \
+        --json "$out/step_checks.json" ;;
 narrow)
     run 300 narrow python lab/narrow_tiles/chain.py --json "$out/narrow.json" ;;
 merged)  # lab/stream_chain: each MLP block one stage (gate_up and down in one task) against two, one process
