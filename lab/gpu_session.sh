@@ -10,7 +10,8 @@
 #        balances (qwen2.5-1.5b), cut to fit one call; short2: the verify pass, and the epilogues through the
 #        sums and the wgmma depth on the other drafts; ring_default: the draft phase's record and the step
 #        form's checks at the launch's defaults (attention's history through the loader's ring; the cases
-#        that measured it are in 5050a07's runbook); merged: lab/stream_chain's MLP blocks as one stage
+#        that measured it are in 5050a07's runbook; ring_default_short, ring_min: cut to fit a short
+#        budget); merged: lab/stream_chain's MLP blocks as one stage
 #        (merged, folded) against two (lab/step_stages' fewer stages); narrow: whole-K narrow tiles against split K in a
 #        chain of dependent GEMMs (lab/narrow_tiles); verify49: #49's record (the B=32 example's kernel
 #        sweep, then every example's verify phase against its floor, by the tile kernel and with the
@@ -107,6 +108,13 @@ ring_default_short)  # ring_default cut for a short budget: #48's four aims' dra
         --json "$out/draft_step_$card.json"
     run 120 step_checks python benchmarks/step_checks.py --models llama-3.2-1b qwen2.5-1.5b --batches 5 32 --steps 8 \
         --json "$out/step_checks.json" ;;
+ring_min)  # ring_default at its least: the checks of the drafts ring_kv's own checks left out (k 8), then two of
+    # #48's aims' draft phase on this card
+    card=h100; grep -q H200 "$out/gpu.txt" && card=h200
+    run 110 step_checks python benchmarks/step_checks.py --models llama-3.2-1b qwen2.5-1.5b --batches 5 32 --steps 8 \
+        --json "$out/step_checks.json"
+    run 150 draft_step python benchmarks/draft_step.py examples/qwen3-06b-8b-b4.toml examples/llama-1b-8b-b8.toml \
+        --json "$out/draft_step_$card.json" ;;
 narrow)
     run 300 narrow python lab/narrow_tiles/chain.py --json "$out/narrow.json" ;;
 merged)  # lab/stream_chain: each MLP block one stage (gate_up and down in one task) against two, one process
