@@ -108,13 +108,12 @@ ring_default_short)  # ring_default cut for a short budget: #48's four aims' dra
         --json "$out/draft_step_$card.json"
     run 120 step_checks python benchmarks/step_checks.py --models llama-3.2-1b qwen2.5-1.5b --batches 5 32 --steps 8 \
         --json "$out/step_checks.json" ;;
-ring_min)  # ring_default at its least: the checks of the drafts ring_kv's own checks left out (k 8), then two of
-    # #48's aims' draft phase on this card
+ring_min)  # ring_default at its least (about 210 s): the checks of the drafts ring_kv's own checks left out (k 8),
+    # then the example #48's search aim names, its draft phase on this card
     card=h100; grep -q H200 "$out/gpu.txt" && card=h200
-    run 110 step_checks python benchmarks/step_checks.py --models llama-3.2-1b qwen2.5-1.5b --batches 5 32 --steps 8 \
+    run 100 step_checks python benchmarks/step_checks.py --models llama-3.2-1b qwen2.5-1.5b --batches 5 32 --steps 8 \
         --json "$out/step_checks.json"
-    run 150 draft_step python benchmarks/draft_step.py examples/qwen3-06b-8b-b4.toml examples/llama-1b-8b-b8.toml \
-        --json "$out/draft_step_$card.json" ;;
+    run 110 draft_step python benchmarks/draft_step.py examples/qwen3-06b-8b-b4.toml --json "$out/draft_step_$card.json" ;;
 narrow)
     run 300 narrow python lab/narrow_tiles/chain.py --json "$out/narrow.json" ;;
 merged)  # lab/stream_chain: each MLP block one stage (gate_up and down in one task) against two, one process
