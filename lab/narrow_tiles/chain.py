@@ -54,8 +54,9 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E4
 
 from conjugate.compiler.step.table import finest_split  # noqa: E402
 from conjugate.kernels.step import columns  # noqa: E402
-from conjugate.kernels.step.ring import (BK, SLOT_ROWS, _free_slot, _slot, acquire, ring_barriers,  # noqa: E402
-                                         single_tile, stage_activations)
+from conjugate.kernels.step.ring import (BK, SLOT_ROWS, acquire, ring_barriers, single_tile,  # noqa: E402
+                                         stage_activations)
+from conjugate.kernels.step.ring import free_slot as _free_slot, ring_slot as _slot  # noqa: E402
 
 NARROW_ROWS = 8  # a narrow tile's weight rows: one 128-byte swizzle period
 PER_SLOT = gl.constexpr(16)  # narrow K tiles a ring slot holds, and a staged run of activations
