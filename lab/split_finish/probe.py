@@ -11,9 +11,10 @@ batch rows, as a swap-AB accumulator) and finishes one of two ways:
   (all pieces of a tile on the same addresses), then the parts counter (acq_rel); the last piece in
   reads the sums;
 * `slots`: the partial is stored into the piece's own slot (plain stores, no address shared), then
-  the parts counter (acq_rel); the last piece in reads every slot and adds them.
+  the parts counter (acq_rel); the last piece in reads every slot and adds them;
+* `count`: nothing written, only the parts counter: its trip alone, the floor both forms sit on.
 
-The last piece stores the tile's sum. Checked against the sum of the partials before it is timed. Per
+The last piece stores the tile's sum (`count`: nothing). Checked against the sum of the partials before it is timed. Per
 form: the kernel's time (CUDA events, median of REPS) and, from %globaltimer stamps, the median and
 90th percentile of a piece's counter trip (the acq_rel's answer after its writes) and of its finish
 (from its first write to its end, the last piece's read and store included).
@@ -46,7 +47,7 @@ import triton.language as tl  # noqa: E402
 
 TILE_ROWS, TILE_COLUMNS = 128, 16  # a weight tile's rows (the swap-AB accumulator's M), its N (C of them real)
 ROWS, COLUMNS = tl.constexpr(TILE_ROWS), tl.constexpr(TILE_COLUMNS)  # the same, in the kernel
-FORMS = ("atomic", "slots")
+FORMS = ("atomic", "slots", "count")  # FORM, as the kernel takes it: the index
 
 
 @triton.jit
@@ -62,18 +63,18 @@ def _partial(tile, piece, r, c):
 
 
 @triton.jit
-def _write(sums_ptr, slots_ptr, tile, piece, part, offs, mask, SPLITS: tl.constexpr, SLOTS: tl.constexpr):
+def _write(sums_ptr, slots_ptr, tile, piece, part, offs, mask, SPLITS: tl.constexpr, FORM: tl.constexpr):
     """The piece's partial into the tile's sums (atomics) or into its own slot (stores)."""
-    if SLOTS:
+    if FORM == 1:
         tl.store(slots_ptr + (tile * SPLITS + piece) * ROWS * COLUMNS + offs, part, mask=mask)
-    else:
+    elif FORM == 0:
         tl.atomic_add(sums_ptr + tile * ROWS * COLUMNS + offs, part, mask=mask, sem="relaxed")
 
 
 @triton.jit
-def _gather(sums_ptr, slots_ptr, tile, offs, mask, SPLITS: tl.constexpr, SLOTS: tl.constexpr):
+def _gather(sums_ptr, slots_ptr, tile, offs, mask, SPLITS: tl.constexpr, FORM: tl.constexpr):
     """The last piece's read of the tile's whole sum (past L1: the other pieces wrote it)."""
-    if SLOTS:
+    if FORM == 1:
         total = tl.zeros((ROWS, COLUMNS), dtype=tl.float32)
         for s in tl.static_range(SPLITS):
             total += tl.load(slots_ptr + (tile * SPLITS + s) * ROWS * COLUMNS + offs, mask=mask, other=0.0,
@@ -85,7 +86,7 @@ def _gather(sums_ptr, slots_ptr, tile, offs, mask, SPLITS: tl.constexpr, SLOTS: 
 
 @triton.jit
 def split_finish(sums_ptr, slots_ptr, out_ptr, parts_ptr, stamps_ptr, C, TASKS: tl.constexpr,
-                 SPLITS: tl.constexpr, SLOTS: tl.constexpr, STAMPS: tl.constexpr):
+                 SPLITS: tl.constexpr, FORM: tl.constexpr, STAMPS: tl.constexpr):
     pid, programs = tl.program_id(0), tl.num_programs(0)
     r, c = tl.arange(0, ROWS), tl.arange(0, COLUMNS)
     offs = r[:, None] + c[None, :] * ROWS  # [b, col] sums, as the step kernel's: b * width + col
@@ -96,16 +97,16 @@ def split_finish(sums_ptr, slots_ptr, out_ptr, parts_ptr, stamps_ptr, C, TASKS: 
         part = _partial(tile, piece, r, c)
         if STAMPS:
             t_write = _now(pid)
-        _write(sums_ptr, slots_ptr, tile, piece, part, offs, mask, SPLITS, SLOTS)
+        _write(sums_ptr, slots_ptr, tile, piece, part, offs, mask, SPLITS, FORM)
         tl.debug_barrier()
         if STAMPS:
             t_count = _now(tile)
         arrived = tl.atomic_add(parts_ptr + tile, 1, sem="acq_rel", scope="gpu")
         if STAMPS:
             t_answer = _now(arrived)
-        if arrived == SPLITS - 1:
+        if (arrived == SPLITS - 1) & (FORM != 2):
             tl.store(out_ptr + tile * ROWS * COLUMNS + offs,
-                     _gather(sums_ptr, slots_ptr, tile, offs, mask, SPLITS, SLOTS), mask=mask)
+                     _gather(sums_ptr, slots_ptr, tile, offs, mask, SPLITS, FORM), mask=mask)
         if STAMPS:
             tl.debug_barrier()
             t_end = _now(task)
@@ -135,7 +136,7 @@ class Case:
 
     def launch(self) -> None:
         split_finish[(self.programs,)](self.sums, self.slots, self.out, self.parts, self.stamps, self.batch,
-                                       TASKS=self.tasks, SPLITS=self.splits, SLOTS=self.form == "slots",
+                                       TASKS=self.tasks, SPLITS=self.splits, FORM=FORMS.index(self.form),
                                        STAMPS=self.stamped, num_warps=4)
 
     def reference(self) -> torch.Tensor:
@@ -146,7 +147,7 @@ class Case:
         parts = ((tile * 7 + piece * 3 + r + c * 5) % 13 - 6).float()
         total = parts.sum(1)
         total[:, self.batch:] = 0
-        return total
+        return total if self.form != "count" else torch.zeros_like(total)
 
     def check(self) -> str | None:
         self.reset()
@@ -191,11 +192,11 @@ def offline() -> None:
     from triton.compiler import ASTSource
 
     signature = {"sums_ptr": "*fp32", "slots_ptr": "*fp32", "out_ptr": "*fp32", "parts_ptr": "*i32",
-                 "stamps_ptr": "*i64", "C": "i32", "TASKS": "constexpr", "SPLITS": "constexpr", "SLOTS": "constexpr",
+                 "stamps_ptr": "*i64", "C": "i32", "TASKS": "constexpr", "SPLITS": "constexpr", "FORM": "constexpr",
                  "STAMPS": "constexpr"}
     for form in FORMS:
         source = ASTSource(split_finish, signature,
-                           constexprs={"TASKS": 70, "SPLITS": 5, "SLOTS": form == "slots", "STAMPS": True})
+                           constexprs={"TASKS": 70, "SPLITS": 5, "FORM": FORMS.index(form), "STAMPS": True})
         ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
         ops = sorted(set(re.findall(r"\b(?:red|atom)\.global[a-z0-9._]*", ptx)))
         print(f"{form}: {', '.join(ops)}; {ptx.count('st.global')} stores, {ptx.count('ld.global.cg')} .cg loads")
