@@ -67,8 +67,8 @@ def test_torch_compile_for_many_models_in_one_process(monkeypatch):
     and of the target's) pass it. The limit is dynamo's, so dynamo's graphs are compiled by its eager
     backend here (inductor's code for them is what the other tests of this file check)."""
     import torch._dynamo
-    compile_with_inductor = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn, **options: compile_with_inductor(fn, backend="eager", **{
+    torch_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: torch_compile(fn, backend="eager", **{
         key: value for key, value in options.items() if key != "mode"}))
     from torch._dynamo.utils import counters
 

@@ -488,8 +488,7 @@ def test_attention_history_goes_through_the_ring_for_64_and_128_dim_heads():
         assert default.kwargs["RING_KV"] and not plain.kwargs["RING_KV"]
         assert {k: v for k, v in plain.kwargs.items() if k != "RING_KV"} == \
             {k: v for k, v in default.kwargs.items() if k != "RING_KV"}  # the same ring and tiles
-        ring = default
-        assert list(ring.descs[-1].block_shape) == [64, spec.head_dim]
+        assert list(default.descs[-1].block_shape) == [64, spec.head_dim]
     spec = replace(from_name("qwen3-0.6b"), head_dim=32, num_heads=64, num_kv_heads=32)
     prog = step_table(spec, 4, 1, 132, Tiles(), 132)
     kv = torch.empty(2, spec.num_layers, 4, spec.num_kv_heads, 80, 32, dtype=torch.bfloat16, device="meta")

@@ -220,7 +220,7 @@ def main() -> None:
         for form in FORMS:
             for splits in (2, 3):
                 problem = Case(form, 6, 2, splits, 5, "cpu", stamps=False).check()
-                print(problem or f"{form}, {splits} pieces: the tiles' sums match")
+                print(problem or f"{form}, {splits} pieces: the tiles' sums and the counters match")
                 if problem:
                     sys.exit(1)
         return

@@ -33,7 +33,6 @@ from conjugate.evaluate.timing import copy_bandwidth_gbs  # noqa: E402
 from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
 
-OPTIONS = LAUNCH_OPTIONS
 FLAGS = ("direct_epilogue", "ring_kv")
 
 
@@ -45,9 +44,9 @@ def variant(text: str) -> dict[str, int]:
     for part in text.split(","):
         key, sep, value = part.partition("=")
         flag_ok = key not in FLAGS or value in ("0", "1")
-        if not sep or key not in OPTIONS or not value.isdigit() or not flag_ok:
+        if not sep or key not in LAUNCH_OPTIONS or not value.isdigit() or not flag_ok:
             raise argparse.ArgumentTypeError(f"{text!r}: a variant is 'default' or key=value[,key=value] with keys "
-                                             f"{', '.join(OPTIONS)} and whole-number values")
+                                             f"{', '.join(LAUNCH_OPTIONS)} and whole-number values")
         out[key] = int(value)
     return out
 

@@ -105,14 +105,14 @@ class StepLaunch:
         layout = gl.NVMMASharedLayout.get_default_for([SLOT_ROWS, K_TILE], gl.bfloat16)
         self.descs = [TensorDescriptor.from_tensor(weights[n], [SLOT_ROWS, K_TILE], layout)
                       for n in ("qkv", "o", "gu", "d", "head")]
-        ring_fits = spec.head_dim in (64, 128) and kv.numel() // spec.head_dim < 2 ** 31
+        heads_fit, cache_rows = spec.head_dim in (64, 128), kv.numel() // spec.head_dim
         if ring_kv is None:
-            ring_kv = RING_KV and ring_fits
-        elif ring_kv and spec.head_dim not in (64, 128):
+            ring_kv = RING_KV and heads_fit and cache_rows < 2 ** 31
+        elif ring_kv and not heads_fit:
             raise ValueError(f"attention's history goes through the ring for heads of 64 or 128 dims, not "
                              f"{spec.head_dim}")
-        elif ring_kv and not ring_fits:
-            raise ValueError(f"the KV cache's {kv.numel() // spec.head_dim} rows exceed a TMA coordinate's 2^31")
+        elif ring_kv and cache_rows >= 2 ** 31:
+            raise ValueError(f"the KV cache's {cache_rows} rows exceed a TMA coordinate's 2^31")
         self.descs.append(TensorDescriptor.from_tensor(  # the cache as rows of one head's dims
             kv.view(-1, spec.head_dim), [KEY_BLOCK, spec.head_dim],
             gl.NVMMASharedLayout.get_default_for([KEY_BLOCK, spec.head_dim], gl.bfloat16)))
