@@ -114,7 +114,8 @@ ring_min)  # ring_default at its least (about 210 s): the checks of the drafts r
     run 100 step_checks python benchmarks/step_checks.py --models llama-3.2-1b qwen2.5-1.5b --batches 5 32 --steps 8 \
         --json "$out/step_checks.json"
     run 110 draft_step python benchmarks/draft_step.py examples/qwen3-06b-8b-b4.toml --json "$out/draft_step_$card.json" ;;
-split_finish)  # lab/split_finish: a split tile's pieces through shared atomic sums against a slot each (about 60 s)
+split_finish)  # lab/split_finish: a split tile's pieces through shared atomic sums against a slot each, alone and
+    # beside a read stream (about 120 s)
     run 200 split_finish python lab/split_finish/probe.py --json "$out/split_finish.json" ;;
 narrow)
     run 300 narrow python lab/narrow_tiles/chain.py --json "$out/narrow.json" ;;

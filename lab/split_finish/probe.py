@@ -17,7 +17,10 @@ batch rows, as a swap-AB accumulator) and finishes one of two ways:
 The last piece stores the tile's sum (`count`: nothing). Checked against the sum of the partials before it is timed. Per
 form: the kernel's time (CUDA events, median of REPS) and, from %globaltimer stamps, the median and
 90th percentile of a piece's counter trip (the acq_rel's answer after its writes) and of its finish
-(from its first write to its end, the last piece's read and store included).
+(from its first write to its end, the last piece's read and store included). Each form is timed
+twice: alone (`idle`), and `loaded`, beside a read stream on a side stream (benchmarks/kernel_sweep's
+stream_read over 2 GiB, two programs an SM), as the step kernel's loader streams weights while its
+compute warpgroup counts: the trip's writes then queue behind that traffic.
 
     python lab/split_finish/probe.py --json OUT.json          # a GPU
     python lab/split_finish/probe.py --check                  # the forms' sums on the CPU (interpreter)
@@ -48,6 +51,7 @@ import triton.language as tl  # noqa: E402
 TILE_ROWS, TILE_COLUMNS = 128, 16  # a weight tile's rows (the swap-AB accumulator's M), its N (C of them real)
 ROWS, COLUMNS = tl.constexpr(TILE_ROWS), tl.constexpr(TILE_COLUMNS)  # the same, in the kernel
 FORMS = ("atomic", "slots", "count")  # FORM, as the kernel takes it: the index
+LOADS = ("idle", "loaded")  # the probe alone, or beside a read stream (Reader)
 
 
 @triton.jit
@@ -163,25 +167,57 @@ class Case:
         return None
 
 
-def time_case(case: Case, reps: int) -> dict:
-    times = []
+class Reader:
+    """A read stream beside the probe: stream_read over 2 GiB on a side stream, two programs an SM
+    (the step kernel's weight traffic, which the probe's writes and counters queue behind)."""
+
+    def __init__(self, programs: int):
+        from kernel_sweep import stream_read  # a GPU run only: it imports the product
+
+        self.kernel, self.grid = stream_read, 2 * programs
+        self.src = torch.ones(1 << 30, dtype=torch.bfloat16, device="cuda")
+        self.sums = torch.empty(self.grid, dtype=torch.float32, device="cuda")
+        self.stream = torch.cuda.Stream()
+        self.began, self.ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def start(self) -> None:
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            self.began.record()
+            self.kernel[(self.grid,)](self.src, self.sums, self.src.numel(), BLOCK=4096, num_warps=8)
+            self.ended.record()
+
+    def us(self) -> float:
+        self.ended.synchronize()
+        return self.began.elapsed_time(self.ended) * 1000
+
+
+def time_case(case: Case, reps: int, reader: Reader | None) -> dict:
+    times, read_us = [], []
     for _ in range(reps):
         case.reset()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if reader:
+            reader.start()
         start.record()
         case.launch()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1000)
+        if reader:
+            read_us.append(reader.us())
     trips, finishes = (case.stamps[:, i].float().cpu() / 1000 for i in (0, 1))
 
     def pct(x: torch.Tensor, q: float) -> float:
         return round(float(x.quantile(q)), 3)
 
     kernel_us = statistics.median(times)
-    return {"kernel_us": round(kernel_us, 2), "us_a_task": round(kernel_us / case.tasks, 3),
-            "trip_us": pct(trips, 0.5), "trip_p90_us": pct(trips, 0.9), "finish_us": pct(finishes, 0.5),
-            "finish_p90_us": pct(finishes, 0.9)}
+    row = {"kernel_us": round(kernel_us, 2), "us_a_task": round(kernel_us / case.tasks, 3),
+           "trip_us": pct(trips, 0.5), "trip_p90_us": pct(trips, 0.9), "finish_us": pct(finishes, 0.5),
+           "finish_p90_us": pct(finishes, 0.9)}
+    if reader:  # the read stream's own time: past the probe's, it ran under load throughout
+        row["reader_us"] = round(statistics.median(read_us), 2)
+    return row
 
 
 def offline() -> None:
@@ -227,24 +263,29 @@ def main() -> None:
     from common import environment, require_gpu, write_json
     require_gpu(parser, "it measures on a GPU (--check runs on the CPU)")
     programs = torch.cuda.get_device_properties(0).multi_processor_count
+    reader = Reader(programs)
     rows, failed = [], False
-    out = environment("lab/split_finish/probe.py") | {"programs": programs, "tasks": args.tasks, "rows": rows}
-    for splits in args.splits:
-        for batch in args.batches:
-            row = {"splits": splits, "batch": batch}
-            for form in FORMS:
-                case = Case(form, programs, args.tasks, splits, batch, "cuda", stamps=True)
-                problem = case.check()
-                row[form] = {"problem": problem} if problem else time_case(case, args.reps)
-                failed |= problem is not None
-            rows.append(row)
-            write_json(args.json, out)
-            print(splits, batch, {f: row[f] for f in FORMS}, flush=True)
-    print(f"\n{'pieces':>6} {'B':>3}  " + "  ".join(f"{f + ': task / trip / finish us':>34}" for f in FORMS))
+    out = environment("lab/split_finish/probe.py") | {"programs": programs, "tasks": args.tasks, "loads": LOADS,
+                                                       "rows": rows}
+    for load in LOADS:
+        for splits in args.splits:
+            for batch in args.batches:
+                row = {"load": load, "splits": splits, "batch": batch}
+                for form in FORMS:
+                    case = Case(form, programs, args.tasks, splits, batch, "cuda", stamps=True)
+                    problem = case.check()
+                    row[form] = {"problem": problem} if problem else \
+                        time_case(case, args.reps, reader if load == "loaded" else None)
+                    failed |= problem is not None
+                rows.append(row)
+                write_json(args.json, out)
+                print(load, splits, batch, {f: row[f] for f in FORMS}, flush=True)
+    heads = "  ".join(f"{f + ': task / trip / finish us':>34}" for f in FORMS)
+    print(f"\n{'load':>6} {'pieces':>6} {'B':>3}  {heads}")
     for row in rows:
         cells = [f"{row[f]['us_a_task']:>10} / {row[f]['trip_us']:>6} / {row[f]['finish_us']:>6}"
                  if "problem" not in row[f] else row[f]["problem"][:34] for f in FORMS]
-        print(f"{row['splits']:>6} {row['batch']:>3}  " + "  ".join(f"{cell:>34}" for cell in cells))
+        print(f"{row['load']:>6} {row['splits']:>6} {row['batch']:>3}  " + "  ".join(f"{cell:>34}" for cell in cells))
     sys.exit(1 if failed else 0)
 
 
