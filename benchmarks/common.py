@@ -42,8 +42,10 @@ def make_parser(doc: str, json_help: str = "write the result here (its folder is
 
 
 def command_line(script: str, argv: list[str] | None = None) -> str:
-    """The command as the README gives it: `python benchmarks/<script>.py ARGS`."""
-    return " ".join(["python", f"benchmarks/{script}.py", *(sys.argv[1:] if argv is None else argv)])
+    """The command as the README gives it: `python benchmarks/<script>.py ARGS`, or `python <script> ARGS`
+    for a script given by its path (lab/<topic>/<name>.py)."""
+    path = script if script.endswith(".py") else f"benchmarks/{script}.py"
+    return " ".join(["python", path, *(sys.argv[1:] if argv is None else argv)])
 
 
 def git_commit(checkout: Path = ROOT) -> str:

@@ -43,6 +43,12 @@ def test_the_environment_names_command_versions_and_commit(common, monkeypatch):
     assert all(env[key] for key in ("torch", "python", "code", "date"))
 
 
+def test_a_lab_script_named_by_its_path_is_recorded_by_that_path(common, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["lab/split_finish/probe.py", "--json", "out.json"])
+    assert common.environment("lab/split_finish/probe.py")["command"] == \
+        "python lab/split_finish/probe.py --json out.json"
+
+
 def test_a_json_path_that_cannot_take_the_result_is_refused_before_parsing_ends(common, tmp_path, capsys):
     parser = common.make_parser("A script.\n\nMore.")
     with pytest.raises(SystemExit) as exit_:
