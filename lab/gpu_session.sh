@@ -11,7 +11,8 @@
 #        sums and the wgmma depth on the other drafts; ring_default: the draft phase's record and the step
 #        form's checks at the launch's defaults (attention's history through the loader's ring; the cases
 #        that measured it are in 5050a07's runbook; ring_default_short, ring_min: cut to fit a short
-#        budget); split_finish: a split tile's pieces through shared atomic sums or a slot each; merged: lab/stream_chain's MLP blocks as one stage
+#        budget); split_finish: a split tile's pieces through shared atomic sums or a slot each; handoff: a
+#        stage's handoff by counter or by flags in the data; merged: lab/stream_chain's MLP blocks as one stage
 #        (merged, folded) against two (lab/step_stages' fewer stages); narrow: whole-K narrow tiles against split K in a
 #        chain of dependent GEMMs (lab/narrow_tiles); verify49: #49's record (the B=32 example's kernel
 #        sweep, then every example's verify phase against its floor, by the tile kernel and with the
@@ -117,6 +118,9 @@ ring_min)  # ring_default at its least (about 210 s): the checks of the drafts r
 split_finish)  # lab/split_finish: a split tile's pieces through shared atomic sums against a slot each, alone and
     # beside a read stream (about 120 s)
     run 200 split_finish python lab/split_finish/probe.py --json "$out/split_finish.json" ;;
+handoff)  # lab/handoff: a dependent stage's handoff by a done counter and a poll, against flags carried in the
+    # data (an epoch in every 8-byte word), alone and beside a read stream (about 120 s)
+    run 240 handoff python lab/handoff/chain.py --json "$out/handoff.json" ;;
 narrow)
     run 300 narrow python lab/narrow_tiles/chain.py --json "$out/narrow.json" ;;
 merged)  # lab/stream_chain: each MLP block one stage (gate_up and down in one task) against two, one process

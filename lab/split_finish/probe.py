@@ -192,20 +192,28 @@ class Reader:
         return self.began.elapsed_time(self.ended) * 1000
 
 
-def time_case(case: Case, reps: int, reader: Reader | None) -> dict:
+def launch_times(launch, reps: int, reader: Reader | None, before=None) -> tuple[list[float], list[float]]:
+    """REPS launches' times (us, CUDA events; `before` runs ahead of each, untimed) and, with a reader
+    started ahead of each, the read stream's."""
     times, read_us = [], []
     for _ in range(reps):
-        case.reset()
+        if before:
+            before()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         if reader:
             reader.start()
         start.record()
-        case.launch()
+        launch()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1000)
         if reader:
             read_us.append(reader.us())
+    return times, read_us
+
+
+def time_case(case: Case, reps: int, reader: Reader | None) -> dict:
+    times, read_us = launch_times(case.launch, reps, reader, before=case.reset)
     trips, finishes = (case.stamps[:, i].float().cpu() / 1000 for i in (0, 1))
 
     def pct(x: torch.Tensor, q: float) -> float:
