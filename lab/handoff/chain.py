@@ -123,7 +123,7 @@ def _row_sums(x0_ptr, rows_ptr, words_ptr, counters_ptr, error_ptr, s, b, mask_b
     return total
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["epoch"])  # epoch 1 would otherwise become a constant
 def chain(x0_ptr, rows_ptr, words_ptr, counters_ptr, error_ptr, epoch, spin_limit, B, STAGES: tl.constexpr,
           TASKS: tl.constexpr, W: tl.constexpr, BP: tl.constexpr, FORM: tl.constexpr):
     pid, programs = tl.program_id(0), tl.num_programs(0)
