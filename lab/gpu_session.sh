@@ -12,7 +12,7 @@
 #        form's checks at the launch's defaults (attention's history through the loader's ring; the cases
 #        that measured it are in 5050a07's runbook; ring_default_short, ring_min: cut to fit a short
 #        budget); split_finish: a split tile's pieces through shared atomic sums or a slot each; handoff: a
-#        stage's handoff by counter or by flags in the data; merged: lab/stream_chain's MLP blocks as one stage
+#        stage's handoff by counter or by flags in the data; swiglu: gate_up's epilogue in down's staging; merged: lab/stream_chain's MLP blocks as one stage
 #        (merged, folded) against two (lab/step_stages' fewer stages); narrow: whole-K narrow tiles against split K in a
 #        chain of dependent GEMMs (lab/narrow_tiles); verify49: #49's record (the B=32 example's kernel
 #        sweep, then every example's verify phase against its floor, by the tile kernel and with the
@@ -118,6 +118,12 @@ ring_min)  # ring_default at its least (about 210 s): the checks of the drafts r
 split_finish)  # lab/split_finish: a split tile's pieces through shared atomic sums against a slot each, alone and
     # beside a read stream (about 120 s)
     run 200 split_finish python lab/split_finish/probe.py --json "$out/split_finish.json" ;;
+swiglu)  # gate_up's epilogue in down's staging (launch option swiglu_in_down) against the default, one process,
+    # each variant checked first (about 120 s); then its checks on the qwen drafts, k 8 (about 80 s)
+    run 200 swiglu python lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml --variants default \
+        swiglu_in_down=1 --passes 2 --json "$out/swiglu.json"
+    run 150 swiglu_checks python benchmarks/step_checks.py --models qwen3-0.6b qwen2.5-0.5b --batches 5 32 --steps 8 \
+        --launch swiglu_in_down=1 --json "$out/swiglu_checks.json" ;;
 handoff)  # lab/handoff: a dependent stage's handoff by a done counter and a poll, against flags carried in the
     # data (an epoch in every 8-byte word), alone and beside a read stream (about 120 s)
     run 240 handoff python lab/handoff/chain.py --json "$out/handoff.json" ;;

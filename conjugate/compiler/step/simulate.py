@@ -98,6 +98,8 @@ class _Run:
             name = f"x/{s}/{spec.num_layers}"
         elif t.op == "o_proj":
             return "", self.buf(f"o/{s}/{layer}", spec.q_size)
+        elif self.prog.swiglu_in_down:  # down stages gate_up's epilogue from its sums
+            return "", self.swiglu(s, layer)
         else:
             return "", self.buf(f"h/{s}/{layer}", spec.ffn_size)
         return name, self.buf(name, H)
@@ -140,15 +142,20 @@ class _Run:
             new = (self.buf(src, spec.hidden_size)[:, a:b].float() + acc[:, a:b]).to(self.act)
             self.buf(dst, spec.hidden_size)[:, a:b] = new
             self.sumsq(dst).add_(new.float().square().sum(-1))
-        elif t.op == "gate_up":
+        elif t.op == "gate_up" and not self.prog.swiglu_in_down:  # else: down's staging runs it
             (a, b), (c, d) = t.out
-            rstd = self.rstd(f"xm/{s}/{layer}")
-            g, u = acc[:, a:b] * rstd, acc[:, c:d] * rstd
-            self.buf(f"h/{s}/{layer}", spec.ffn_size)[:, a:b] = (F.silu(g) * u).to(self.act)
+            self.buf(f"h/{s}/{layer}", spec.ffn_size)[:, a:b] = self.swiglu(s, layer)[:, a:b]
         elif t.op == "head":
             self.head_epilogue(t, acc)
             return  # bumps its own counters
         self.bump(t.done)  # once a tile: a counter past its target would let a waiter in early
+
+    def swiglu(self, s: int, layer: int) -> torch.Tensor:
+        """gate_up's epilogue over its whole sums ([gate | up] columns): SiLU(gate) * up, 1/rms applied,
+        in the activations' dtype."""
+        acc = self.sums[("gate_up", s, layer)] * self.rstd(f"xm/{s}/{layer}")
+        g, u = acc.chunk(2, dim=-1)
+        return (F.silu(g) * u).to(self.act)
 
     def qkv_epilogue(self, t: Task, acc: torch.Tensor) -> None:
         spec, s, layer, D = self.spec, t.step, t.layer, self.spec.head_dim

@@ -83,6 +83,7 @@ class StepProgram:
     splits: dict[str, int]
     tasks: list[Task] = field(default_factory=list)
     tokens: int = 1  # tokens a sequence in each step: 1 for decode steps, k + 1 for a verify pass
+    swiglu_in_down: bool = False  # gate_up's pieces count straight into its done counter (`swiglu_in_down`)
 
     @property
     def rows(self) -> int:
@@ -366,11 +367,13 @@ def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles =
 
 
 def counter_targets(prog: StepProgram) -> dict[str, int]:
-    """Every counter's final value: one bump per producer task (per tile: by its last slice); the
-    token counter of a step is bumped once, by the head tile that finishes last."""
+    """Every counter's final value: one bump per producer task (per tile: by its last slice; with
+    `swiglu_in_down`, by each of gate_up's slices); the token counter of a step is bumped once, by the
+    head tile that finishes last."""
     counts: dict[str, set] = defaultdict(set)
     for t in prog.tasks:
-        counts[t.done].add((t.op, t.layer, t.tile, t.step) if t.op != "attn" else t.tile)
+        piece = t.split if prog.swiglu_in_down and t.op == "gate_up" else 0
+        counts[t.done].add((t.op, t.layer, t.tile, t.step, piece) if t.op != "attn" else t.tile)
     out = {name: len(v) for name, v in counts.items()}
     for step in range(prog.steps):
         out[f"token/{step}"] = 1
@@ -471,6 +474,19 @@ def coarsen(prog: StepProgram) -> StepProgram:
         names = sorted({_instance(name) for name, _ in t.waits + t.finish_waits})
         tasks.append(replace(t, waits=tuple((n, targets[n]) for n in names), finish_waits=()))
     return replace(coarse, tasks=tasks)
+
+
+def with_swiglu_in_down(prog: StepProgram) -> StepProgram:
+    """The coarse table with gate_up's epilogue moved into down's staging: each gate_up slice adds its
+    partial into the fp32 sums and counts itself into the op instance's done counter (no parts
+    counter, no last slice), and down's tasks, waiting for every slice, stage SiLU(gate) * up (1/rms
+    applied) from those sums for the K columns they read. Down's wait target becomes gate_up's slices."""
+    if any(t.finish_waits for t in prog.tasks):
+        raise ProgramError("gate_up's epilogue moves into down's staging on a coarse table only (step_table's)")
+    moved = replace(prog, swiglu_in_down=True,
+                    tasks=[replace(t, parts=None) if t.op == "gate_up" else t for t in prog.tasks])
+    targets = counter_targets(moved)
+    return replace(moved, tasks=[replace(t, waits=tuple((n, targets[n]) for n, _ in t.waits)) for t in moved.tasks])
 
 
 def step_table(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles = Tiles(),
