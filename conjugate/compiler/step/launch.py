@@ -49,7 +49,10 @@ RING_KV = True
 # gate_up's epilogue (1/rms, SiLU(gate) * up) moved into down's staging, which reads gate_up's fp32 sums:
 # gate_up's slices count straight into its done counter, with no parts counter's trip, last slice's
 # read of the sums or h written and released on the chain (table.with_swiglu_in_down; lab/split_finish
-# found the trip to be the counter's round trip). Off until measured (lab/step_stages).
+# found the trip to be the counter's round trip). Measured on an H100 on one workload so far
+# (`lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml --variants default swiglu_in_down=1`,
+# checkout 4f2ea64, each variant checked first; lab/step_stages/h100_swiglu.json): the draft phase
+# 5.238 -> 5.107 ms. Off until it wins on more (whole gate_up tiles, llama's, lose their direct epilogue).
 SWIGLU_IN_DOWN = False
 # StepLaunch's tuning options (the keyword arguments CompiledStep.use_launch_options passes on)
 LAUNCH_OPTIONS = ("attention_buffers", "mma_depth", "direct_epilogue", "ring_kv", "swiglu_in_down")
