@@ -61,34 +61,41 @@ def _add_rows(sum_ptr, acc, col0, width, B, ROWS: gl.constexpr, RPAD: gl.constex
 
 
 @gluon.jit
-def _swiglu_tile(sum_ptr, tile, B, rstd, F: gl.constexpr, layout: gl.constexpr, RPAD: gl.constexpr):
-    """[RPAD, HALF]: SiLU(gate) * up of gate_up tile `tile`'s sums, 1/rms applied (rows past B zero)."""
-    g = _tile(sum_ptr, tile * SLOT_ROWS, 2 * F, B, HALF, layout, RPAD) * rstd
-    u = _tile(sum_ptr, tile * SLOT_ROWS + HALF, 2 * F, B, HALF, layout, RPAD) * rstd
-    return g / (1.0 + gl.exp(-g)) * u
+def _gate_up_sums(sum_ptr, tile, B, F: gl.constexpr, layout: gl.constexpr, RPAD: gl.constexpr):
+    """gate_up tile `tile`'s fp32 sums, ([RPAD, HALF] gate, [RPAD, HALF] up) (rows past B zero)."""
+    return (_tile(sum_ptr, tile * SLOT_ROWS, 2 * F, B, HALF, layout, RPAD),
+            _tile(sum_ptr, tile * SLOT_ROWS + HALF, 2 * F, B, HALF, layout, RPAD))
+
+
+@gluon.jit
+def _swiglu(g, u, rstd):
+    """SiLU(gate) * up, 1/rms applied to both."""
+    g = g * rstd
+    return g / (1.0 + gl.exp(-g)) * (u * rstd)
 
 
 @gluon.jit
 def _stage_swiglu(act, sum_ptr, ss_ptr, B, k_lo, n_k, H: gl.constexpr, F: gl.constexpr, EPS: gl.constexpr,
                   RPAD: gl.constexpr):
     """SWIGLU_IN_DOWN: down's activation tiles [k_lo, k_lo + n_k * BK) made from gate_up's fp32 sums (a K
-    tile of h is one gate_up tile's HALF columns), four K tiles' sums read at a time (one round trip)."""
+    tile of h is one gate_up tile's HALF columns): four K tiles' sums, then the rows' statistics, read
+    at a time (one round trip, not two in a row)."""
     gl.static_assert(BK == HALF)
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # stage_activations' 16-byte rows
-    rstd = _rstd(ss_ptr, B, H, EPS, layout, RPAD)
     first = k_lo // BK
     for k0 in range(0, n_k, 4):
-        h0 = _swiglu_tile(sum_ptr, first + k0, B, rstd, F, layout, RPAD)
-        h1 = _swiglu_tile(sum_ptr, first + k0 + 1, gl.where(k0 + 1 < n_k, B, 0), rstd, F, layout, RPAD)
-        h2 = _swiglu_tile(sum_ptr, first + k0 + 2, gl.where(k0 + 2 < n_k, B, 0), rstd, F, layout, RPAD)
-        h3 = _swiglu_tile(sum_ptr, first + k0 + 3, gl.where(k0 + 3 < n_k, B, 0), rstd, F, layout, RPAD)
-        act.index(k0).store(h0.to(gl.bfloat16))
+        g0, u0 = _gate_up_sums(sum_ptr, first + k0, B, F, layout, RPAD)
+        g1, u1 = _gate_up_sums(sum_ptr, first + k0 + 1, gl.where(k0 + 1 < n_k, B, 0), F, layout, RPAD)
+        g2, u2 = _gate_up_sums(sum_ptr, first + k0 + 2, gl.where(k0 + 2 < n_k, B, 0), F, layout, RPAD)
+        g3, u3 = _gate_up_sums(sum_ptr, first + k0 + 3, gl.where(k0 + 3 < n_k, B, 0), F, layout, RPAD)
+        rstd = _rstd(ss_ptr, B, H, EPS, layout, RPAD)
+        act.index(k0).store(_swiglu(g0, u0, rstd).to(gl.bfloat16))
         if k0 + 1 < n_k:
-            act.index(k0 + 1).store(h1.to(gl.bfloat16))
+            act.index(k0 + 1).store(_swiglu(g1, u1, rstd).to(gl.bfloat16))
         if k0 + 2 < n_k:
-            act.index(k0 + 2).store(h2.to(gl.bfloat16))
+            act.index(k0 + 2).store(_swiglu(g2, u2, rstd).to(gl.bfloat16))
         if k0 + 3 < n_k:
-            act.index(k0 + 3).store(h3.to(gl.bfloat16))
+            act.index(k0 + 3).store(_swiglu(g3, u3, rstd).to(gl.bfloat16))
     fence_async_shared()
     gl.thread_barrier()
 
@@ -187,7 +194,9 @@ def _gate_up_epilogue(sum_ptr, ss_ptr, h_ptr, tile, B, H: gl.constexpr, F: gl.co
     layout: gl.constexpr = gl.BlockedLayout([1, 2], [2, 16], [4, 1], [1, 0])
     b = gl.arange(0, RPAD, layout=gl.SliceLayout(1, layout))
     c = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
-    h = _swiglu_tile(sum_ptr, tile, B, _rstd(ss_ptr, B, H, EPS, layout, RPAD), F, layout, RPAD)
+    rstd = _rstd(ss_ptr, B, H, EPS, layout, RPAD)
+    g, u = _gate_up_sums(sum_ptr, tile, B, F, layout, RPAD)
+    h = _swiglu(g, u, rstd)
     gl.store(h_ptr + b[:, None] * F + (tile * HALF + c)[None, :], h.to(gl.bfloat16), mask=(b < B)[:, None])
 
 
@@ -200,9 +209,7 @@ def _gate_up_epilogue_direct(acc_g, acc_u, ss_ptr, h_ptr, tile, B, H: gl.constex
     c = gl.arange(0, HALF, layout=gl.SliceLayout(1, layout))
     b = gl.arange(0, RPAD, layout=gl.SliceLayout(0, layout))
     ss = gl.load(ss_ptr + b, mask=b < B, other=0.0, cache_modifier=".cg")
-    rstd = gl.rsqrt(ss / H + EPS)[None, :]
-    g = acc_g * rstd
-    h = g / (1.0 + gl.exp(-g)) * (acc_u * rstd)
+    h = _swiglu(acc_g, acc_u, gl.rsqrt(ss / H + EPS)[None, :])
     gl.store(h_ptr + b[None, :] * F + (tile * HALF + c)[:, None], h.to(gl.bfloat16), mask=(b < B)[None, :])
 
 
