@@ -9,7 +9,7 @@ import torch
 
 from conjugate.compiler.step.launch import StepLaunch
 from conjugate.compiler.step.layout import encode, tile_weights
-from conjugate.compiler.step.simulate import Deadlock, simulate
+from conjugate.compiler.step.simulate import Deadlock, EarlyRead, simulate
 from conjugate.compiler.step.table import (MIN_RUN_K_TILES, ProgramError, StepProgram, Tiles, _balance_pays,
                                           balanced_runs, build, check, coarsen, finest_split, qkv_tiles, step_table,
                                           task_ledger, with_swiglu_in_down)
@@ -53,6 +53,10 @@ def test_gate_ups_epilogue_in_downs_staging_gives_the_reference_tokens(name, see
     assert torch.equal(out.tokens, reference_phase(w, inputs, steps)[0])
     with pytest.raises(ProgramError, match="coarse"):
         with_swiglu_in_down(build(w.spec, 3, steps, 40, SMALL))
+    early = replace(prog, tasks=[replace(t, waits=()) if t.op == "down" else t for t in prog.tasks])
+    with pytest.raises(EarlyRead, match="slices in"):  # down, waiting for nothing, reads too early in some order
+        for order in range(8):
+            simulate(early, w, inputs.draft_last_tokens, inputs.draft_cache, inputs.draft_lengths, seed=order)
 
 
 @pytest.mark.parametrize("name", ["tiny-llama-t", "tiny-qwen2-d", "tiny-qwen3-d"])
@@ -493,6 +497,7 @@ def test_a_deeper_attention_pipeline_takes_its_shared_memory_from_the_ring_and_d
     moved = StepLaunch(prog, weights, kv, swiglu_in_down=True)
     assert moved.kwargs["SWIGLU_IN_DOWN"] and moved.prog.swiglu_in_down and not prog.swiglu_in_down
     assert all(t.parts is None for t in moved.prog.tasks if t.op == "gate_up")
+    assert StepLaunch(moved.prog, weights, kv).kwargs["SWIGLU_IN_DOWN"]  # the table says so, whatever the option
     with pytest.raises(ValueError, match="coarse table"):
         StepLaunch(early, weights, kv, swiglu_in_down=True)
 

@@ -87,11 +87,12 @@ class StepLaunch:
         if group * prog.tokens > KEY_BLOCK:
             raise ValueError(f"{prog.tokens} tokens x {group} query heads a KV head exceed the attention tile's "
                              f"{KEY_BLOCK} rows")
-        if swiglu_in_down:
+        if swiglu_in_down and not prog.swiglu_in_down:
             try:
                 prog = with_swiglu_in_down(prog)
             except ProgramError as e:
                 raise ValueError(str(e)) from e
+        swiglu_in_down = prog.swiglu_in_down  # a table already moved runs the kernel's matching form
         self.prog, self.w, self.spec, self.kv = prog, weights, spec, kv
         enc = encode(prog)
         self.table, self.waits = enc["table"].to(dev), enc["waits"].to(dev)

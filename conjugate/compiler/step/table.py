@@ -12,7 +12,8 @@ and, where its tiles alone would leave programs idle, its K into slices:
 
 A task waits on counters (acquire) before it reads anything another task wrote, adds its partial
 product, and arrives at its tile's parts counter; the last slice in runs the epilogue and bumps the
-tile's done counter (release). The norms need whole rows: their 1/rms scales the finished dot
+tile's done counter (release); `with_swiglu_in_down` moves gate_up's epilogue into down's staging
+instead (each gate_up slice bumps the done counter). The norms need whole rows: their 1/rms scales the finished dot
 products (x W'^T * rstd, the norm's weight folded into W'), so a slice may start as soon as the x
 columns it reads are written, and only the epilogue waits for the whole row (`finish_waits`).
 
@@ -531,7 +532,8 @@ def task_ledger(prog: StepProgram, stamps, attention_streamed: bool = False) -> 
     GEMM stages its K a run at a time), `multiply_us` (to the product done: a GEMM's waits for its
     weight tiles and its wgmma, the partials' adds issued, and its staging where that is run by run;
     0 for attention) and `finish_us` (to its end), itself `arrive_us` (the parts counter's acq_rel
-    trip, which first waits for the task's partial adds to land) and `epilogue_us` (the rest: the last
+    trip, which first waits for the task's partial adds to land; a gate_up slice under
+    `swiglu_in_down`: the done counter's release) and `epilogue_us` (the rest: the last
     piece's epilogue or attention's merge, and the done counter's release). A task whose epilogue
     ran on its accumulators (`direct_epilogue`) counts it in `multiply_us`: compare such variants by
     their span, not their finish. `lead_us` (GEMMs, and attention where the loader streams its

@@ -15,7 +15,8 @@ partitions over it, both in the table's order:
              DIRECT_EPILOGUE a whole gate_up or lm_head tile runs it on its accumulators instead):
                qkv      1/rms, bias, Qwen3's q/k norm, RoPE; q to its buffer, k and v into the cache
                o_proj   + the residual: x_mid and its summed squares
-               gate_up  1/rms, SiLU(gate) * up: h
+               gate_up  1/rms, SiLU(gate) * up: h (with SWIGLU_IN_DOWN no epilogue: each slice bumps
+                        the done counter, and down stages SiLU(gate) * up from the sums instead of h)
                down     + the residual: the next layer's x and its summed squares
                lm_head  1/rms, the tile's max and first argmax; the last tile in reduces them to the
                         step's tokens and releases the token counter
@@ -69,9 +70,10 @@ def _gate_up_sums(sum_ptr, tile, B, F: gl.constexpr, layout: gl.constexpr, RPAD:
 
 @gluon.jit
 def _swiglu(g, u, rstd):
-    """SiLU(gate) * up, 1/rms applied to both."""
+    """SiLU(gate) * up, 1/rms applied to both (as _gate_up_epilogue computes it from the sums)."""
     g = g * rstd
-    return g / (1.0 + gl.exp(-g)) * (u * rstd)
+    u = u * rstd
+    return g / (1.0 + gl.exp(-g)) * u
 
 
 @gluon.jit
@@ -195,8 +197,9 @@ def _gate_up_epilogue(sum_ptr, ss_ptr, h_ptr, tile, B, H: gl.constexpr, F: gl.co
     b = gl.arange(0, RPAD, layout=gl.SliceLayout(1, layout))
     c = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
     rstd = _rstd(ss_ptr, B, H, EPS, layout, RPAD)
-    g, u = _gate_up_sums(sum_ptr, tile, B, F, layout, RPAD)
-    h = _swiglu(g, u, rstd)
+    g = _tile(sum_ptr, tile * SLOT_ROWS, 2 * F, B, HALF, layout, RPAD) * rstd
+    u = _tile(sum_ptr, tile * SLOT_ROWS + HALF, 2 * F, B, HALF, layout, RPAD) * rstd
+    h = g / (1.0 + gl.exp(-g)) * u
     gl.store(h_ptr + b[:, None] * F + (tile * HALF + c)[None, :], h.to(gl.bfloat16), mask=(b < B)[:, None])
 
 
@@ -209,7 +212,9 @@ def _gate_up_epilogue_direct(acc_g, acc_u, ss_ptr, h_ptr, tile, B, H: gl.constex
     c = gl.arange(0, HALF, layout=gl.SliceLayout(1, layout))
     b = gl.arange(0, RPAD, layout=gl.SliceLayout(0, layout))
     ss = gl.load(ss_ptr + b, mask=b < B, other=0.0, cache_modifier=".cg")
-    h = _swiglu(acc_g, acc_u, gl.rsqrt(ss / H + EPS)[None, :])
+    rstd = gl.rsqrt(ss / H + EPS)[None, :]
+    g = acc_g * rstd
+    h = g / (1.0 + gl.exp(-g)) * (acc_u * rstd)
     gl.store(h_ptr + b[None, :] * F + (tile * HALF + c)[:, None], h.to(gl.bfloat16), mask=(b < B)[None, :])
 
 
