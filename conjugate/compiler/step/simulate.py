@@ -155,18 +155,18 @@ class _Run:
             self.sumsq(dst).add_(new.float().square().sum(-1))
         elif t.op == "gate_up" and not self.prog.swiglu_in_down:  # else: down's staging runs it
             (a, b), (c, d) = t.out
-            self.buf(f"h/{s}/{layer}", spec.ffn_size)[:, a:b] = self.swiglu(s, layer)[:, a:b]
+            self.buf(f"h/{s}/{layer}", spec.ffn_size)[:, a:b] = self.swiglu(s, layer, slice(a, b))
         elif t.op == "head":
             self.head_epilogue(t, acc)
             return  # bumps its own counters
         self.bump(t.done)  # once a tile: a counter past its target would let a waiter in early
 
-    def swiglu(self, s: int, layer: int) -> torch.Tensor:
-        """gate_up's epilogue over its whole sums ([gate | up] columns): SiLU(gate) * up, 1/rms applied,
-        in the activations' dtype."""
-        acc = self.sums[("gate_up", s, layer)] * self.rstd(f"xm/{s}/{layer}")
-        g, u = acc.chunk(2, dim=-1)
-        return (F.silu(g) * u).to(self.act)
+    def swiglu(self, s: int, layer: int, cols: slice = slice(None)) -> torch.Tensor:
+        """gate_up's epilogue over its sums ([gate | up] columns) for h's columns `cols` (all by default):
+        SiLU(gate) * up, 1/rms applied, in the activations' dtype."""
+        gate, up = self.sums[("gate_up", s, layer)].chunk(2, dim=-1)
+        rstd = self.rstd(f"xm/{s}/{layer}")
+        return (F.silu(gate[:, cols] * rstd) * (up[:, cols] * rstd)).to(self.act)
 
     def qkv_epilogue(self, t: Task, acc: torch.Tensor) -> None:
         spec, s, layer, D = self.spec, t.step, t.layer, self.spec.head_dim

@@ -13,9 +13,10 @@ and, where its tiles alone would leave programs idle, its K into slices:
 A task waits on counters (acquire) before it reads anything another task wrote, adds its partial
 product, and arrives at its tile's parts counter; the last slice in runs the epilogue and bumps the
 tile's done counter (release); `with_swiglu_in_down` moves gate_up's epilogue into down's staging
-instead (each gate_up slice bumps the done counter). The norms need whole rows: their 1/rms scales the finished dot
-products (x W'^T * rstd, the norm's weight folded into W'), so a slice may start as soon as the x
-columns it reads are written, and only the epilogue waits for the whole row (`finish_waits`).
+instead (each gate_up slice bumps the done counter). The norms need whole rows: their 1/rms scales
+the finished dot products (x W'^T * rstd, the norm's weight folded into W'), so a slice may start as
+soon as the x columns it reads are written, and only the epilogue waits for the whole row
+(`finish_waits`).
 
 Tasks are numbered in stage order (op by op, layer by layer, step by step) and dealt to P programs,
 each running its tasks in that order: an op instance's tasks go round the programs, or, where that
