@@ -12,8 +12,7 @@
 #        form's checks at the launch's defaults (attention's history through the loader's ring; the cases
 #        that measured it are in 5050a07's runbook; ring_default_short, ring_min: cut to fit a short
 #        budget); split_finish: a split tile's pieces through shared atomic sums or a slot each; handoff: a
-#        stage's handoff by counter or by flags in the data; swiglu (swiglu2): gate_up's epilogue in down's staging on
-#        #48's aims and every draft's checks (the other examples); merged: lab/stream_chain's MLP blocks as one stage
+#        stage's handoff by counter or by flags in the data; merged: lab/stream_chain's MLP blocks as one stage
 #        (merged, folded) against two (lab/step_stages' fewer stages); narrow: whole-K narrow tiles against split K in a
 #        chain of dependent GEMMs (lab/narrow_tiles); verify49: #49's record (the B=32 example's kernel
 #        sweep, then every example's verify phase against its floor, by the tile kernel and with the
@@ -119,19 +118,6 @@ ring_min)  # ring_default at its least (about 210 s): the checks of the drafts r
 split_finish)  # lab/split_finish: a split tile's pieces through shared atomic sums against a slot each, alone and
     # beside a read stream (about 120 s)
     run 200 split_finish python lab/split_finish/probe.py --json "$out/split_finish.json" ;;
-swiglu)  # gate_up's epilogue in down's staging (launch option swiglu_in_down) against the default, one process,
-    # each variant checked first, on #48's four aims (about 330 s); then its checks on every family's draft, k 8
-    # (about 150 s). 4f2ea64 ran it on qwen3-06b-8b-b4 alone (lab/step_stages/h100_swiglu.json)
-    run 360 swiglu python lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml \
-        benchmarks/workloads/qwen3-06b-8b-b1-k7-ctx2k.toml examples/llama-1b-8b-b8.toml examples/qwen25-05b-7b-b8.toml \
-        --variants default swiglu_in_down=1 --passes 2 --json "$out/swiglu.json"
-    run 200 swiglu_checks python benchmarks/step_checks.py --batches 5 32 --steps 8 --launch swiglu_in_down=1 \
-        --json "$out/swiglu_checks.json" ;;
-swiglu2)  # the same comparison on the other examples (about 250 s): llama's whole gate_up tiles, qwen2.5-1.5b's
-    # balanced runs, the 16-sequence llama at context 4k
-    run 300 swiglu2 python lab/step_variants/variants.py examples/llama-1b-8b-b1.toml \
-        examples/llama-1b-3b-b16-ctx4k.toml examples/qwen25-15b-14b-b4.toml --variants default swiglu_in_down=1 \
-        --passes 2 --json "$out/swiglu2.json" ;;
 handoff)  # lab/handoff: a dependent stage's handoff by a done counter and a poll, against flags carried in the
     # data (an epoch in every 8-byte word), alone and beside a read stream (about 120 s)
     run 240 handoff python lab/handoff/chain.py --json "$out/handoff.json" ;;

@@ -139,13 +139,11 @@ for name in sys.argv[1:]:
             step.use_launch_options(direct_epilogue=False)
         if name.startswith("plain:"):  # attention's history read by the compute warpgroup, not the ring
             step.use_launch_options(ring_kv=False)
-        if name.startswith("swiglu:"):  # gate_up's epilogue in down's staging
-            step.use_launch_options(swiglu_in_down=True)
     key, (source, options) = tools.bind_step(step)
     r = tools.compile(source, options)
     kw = step.launch.kwargs
     print(name, r.registers, r.spills, r.shared_bytes, kw["KV_BUFS"], kw["RPAD"], kw["CHUNK"],
-          int(kw["DIRECT_EPILOGUE"]), int(kw["RING_KV"]), int(kw["SWIGLU_IN_DOWN"]))
+          int(kw["DIRECT_EPILOGUE"]), int(kw["RING_KV"]))
 """
 
 
@@ -153,23 +151,21 @@ def test_the_step_kernel_compiles_for_hopper_for_every_family(triton_cache):
     """The step form's Gluon kernel, bound to each family's draft shapes (llama: RoPE scaling, qwen2:
     bias, qwen3: q/k norm and 128-dim heads; qwen3 also at 32 sequences, a 32-row tile; qwen2 also with
     every epilogue through the sums, as a table of per-tile waits runs it; attention's history through
-    the loader's ring by default, and qwen3 also with it read after the waits, and with gate_up's epilogue
-    in down's staging) on meta buffers: compiled for
+    the loader's ring by default, and qwen3 also with it read after the waits) on meta buffers: compiled for
     sm_90a within a program's registers (168), with no local memory (cuobjdump's count; Triton's own
     spill count on a GPU read 8 for the same kernels) and within Hopper's shared memory."""
     env = os.environ | {"TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(triton_cache)}
     names = ["llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b", "b32:qwen3-0.6b", "verify:qwen3-8b", "sums:qwen2.5-0.5b",
-             "plain:qwen3-0.6b", "swiglu:qwen3-0.6b"]
+             "plain:qwen3-0.6b"]
     proc = subprocess.run([sys.executable, "-c", STEP_COMPILE, *names],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line.split() for line in proc.stdout.splitlines()]
     assert [r[0] for r in rows] == names
-    for name, regs, spills, shared, kv_buffers, rpad, chunk, direct, ring_kv, swiglu in rows:
+    for name, regs, spills, shared, kv_buffers, rpad, chunk, direct, ring_kv in rows:
         assert int(regs) <= 168 and int(spills) == 0 and 200_000 < int(shared) <= 232_448, (name, regs, shared)
         assert int(kv_buffers) == 2  # attention's default depth, the activation tiles grown where needed
         assert direct == ("0" if name.startswith("sums:") else "1")  # direct epilogues: the default on these tables
         assert ring_kv == ("0" if name.startswith("plain:") else "1")  # 64- and 128-dim heads: the ring
-        assert swiglu == ("1" if name.startswith("swiglu:") else "0")
     # row tiles; whole K or staged
-    assert [(r[5], r[6]) for r in rows] == [("16", "0")] * 3 + [("32", "0"), ("64", "16")] + [("16", "0")] * 3
+    assert [(r[5], r[6]) for r in rows] == [("16", "0")] * 3 + [("32", "0"), ("64", "16")] + [("16", "0")] * 2

@@ -9,10 +9,10 @@ import torch
 
 from conjugate.compiler.step.launch import StepLaunch
 from conjugate.compiler.step.layout import encode, tile_weights
-from conjugate.compiler.step.simulate import Deadlock, EarlyRead, simulate
+from conjugate.compiler.step.simulate import Deadlock, simulate
 from conjugate.compiler.step.table import (MIN_RUN_K_TILES, ProgramError, StepProgram, Tiles, _balance_pays,
                                           balanced_runs, build, check, coarsen, finest_split, qkv_tiles, step_table,
-                                          task_ledger, with_swiglu_in_down)
+                                          task_ledger)
 from conjugate.models.presets import from_name
 from conjugate.models.reference import forward, make_round_inputs
 from conjugate.kernels.step import columns as layout
@@ -32,31 +32,6 @@ def test_simulated_table_gives_the_reference_tokens(name, programs, early, coars
         assert all(len(t.waits) <= 1 and not t.finish_waits for t in prog.tasks if t.op != "o_proj")
     check(prog, sms=132)
     assert_simulates_reference(prog, w, inputs, steps)
-
-
-@pytest.mark.parametrize("name", ["tiny-llama-d", "tiny-qwen2-d", "tiny-qwen3-d"])
-@pytest.mark.parametrize("seed", [0, 1])
-def test_gate_ups_epilogue_in_downs_staging_gives_the_reference_tokens(name, seed):
-    """with_swiglu_in_down: gate_up's slices count straight into its done counter, down waits for all of
-    them and stages SiLU(gate) * up from the sums; the simulation, in a random order the waits allow,
-    still gives the reference tokens."""
-    w, inputs = step_case(name, batch=3)
-    steps = 2
-    coarse = coarsen(build(w.spec, 3, steps, 40, SMALL))
-    prog = with_swiglu_in_down(coarse)
-    check(prog, sms=132)
-    gate_up = [t for t in prog.tasks if t.op == "gate_up" and t.step == 0 and t.layer == 0]
-    assert max(t.splits for t in gate_up) > 1 and all(t.parts is None for t in gate_up)
-    down = next(t for t in prog.tasks if t.op == "down" and t.step == 0 and t.layer == 0)
-    assert dict(down.waits)[gate_up[0].done] == len(gate_up)  # every slice, not every tile
-    out = simulate(prog, w, inputs.draft_last_tokens, inputs.draft_cache, inputs.draft_lengths, seed=seed)
-    assert torch.equal(out.tokens, reference_phase(w, inputs, steps)[0])
-    with pytest.raises(ProgramError, match="coarse"):
-        with_swiglu_in_down(build(w.spec, 3, steps, 40, SMALL))
-    early = replace(prog, tasks=[replace(t, waits=()) if t.op == "down" else t for t in prog.tasks])
-    with pytest.raises(EarlyRead, match="slices in"):  # down, waiting for nothing, reads too early in some order
-        for order in range(8):
-            simulate(early, w, inputs.draft_last_tokens, inputs.draft_cache, inputs.draft_lengths, seed=order)
 
 
 @pytest.mark.parametrize("name", ["tiny-llama-t", "tiny-qwen2-d", "tiny-qwen3-d"])
@@ -493,13 +468,6 @@ def test_a_deeper_attention_pipeline_takes_its_shared_memory_from_the_ring_and_d
     assert not StepLaunch(early, weights, kv).kwargs["DIRECT_EPILOGUE"]  # the default leaves such a table alone
     with pytest.raises(ValueError, match="coarse table"):
         StepLaunch(early, weights, kv, direct_epilogue=True)
-    assert not launches[None]["SWIGLU_IN_DOWN"]  # off until measured
-    moved = StepLaunch(prog, weights, kv, swiglu_in_down=True)
-    assert moved.kwargs["SWIGLU_IN_DOWN"] and moved.prog.swiglu_in_down and not prog.swiglu_in_down
-    assert all(t.parts is None for t in moved.prog.tasks if t.op == "gate_up")
-    assert StepLaunch(moved.prog, weights, kv).kwargs["SWIGLU_IN_DOWN"]  # the table says so, whatever the option
-    with pytest.raises(ValueError, match="coarse table"):
-        StepLaunch(early, weights, kv, swiglu_in_down=True)
 
 
 def test_attention_history_goes_through_the_ring_for_64_and_128_dim_heads():

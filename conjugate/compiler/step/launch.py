@@ -13,7 +13,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from conjugate.compiler.step.layout import encode
-from conjugate.compiler.step.table import ProgramError, StepProgram, Tiles, with_swiglu_in_down
+from conjugate.compiler.step.table import StepProgram, Tiles
 from conjugate.kernels.step.columns import K_TILE, ROW_TILES, SLOT_ROWS, STAMP_COLS
 from conjugate.kernels.step.device import step_kernel
 
@@ -46,16 +46,8 @@ DIRECT_EPILOGUE = True
 # lab/step_stages/h100_ring_kv.json): the draft phase 5.507 -> 5.262 ms on qwen3-06b-8b-b4, 3.326 -> 3.252
 # on qwen25-05b-7b-b8, 7.293 -> 7.018 on qwen3-0.6b at B=1, k=7, context 2048, 5.004 -> 4.834 on llama-1b-8b-b8.
 RING_KV = True
-# gate_up's epilogue (1/rms, SiLU(gate) * up) moved into down's staging, which reads gate_up's fp32 sums:
-# gate_up's slices count straight into its done counter, with no parts counter's trip, last slice's
-# read of the sums or h written and released on the chain (table.with_swiglu_in_down; lab/split_finish
-# found the trip to be the counter's round trip). Measured on an H100 on one workload so far
-# (`lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml --variants default swiglu_in_down=1`,
-# checkout 4f2ea64, each variant checked first; lab/step_stages/h100_swiglu.json): the draft phase
-# 5.238 -> 5.107 ms. Off until it wins on more (whole gate_up tiles, llama's, lose their direct epilogue).
-SWIGLU_IN_DOWN = False
 # StepLaunch's tuning options (the keyword arguments CompiledStep.use_launch_options passes on)
-LAUNCH_OPTIONS = ("attention_buffers", "mma_depth", "direct_epilogue", "ring_kv", "swiglu_in_down")
+LAUNCH_OPTIONS = ("attention_buffers", "mma_depth", "direct_epilogue", "ring_kv")
 
 
 class StepLaunch:
@@ -66,15 +58,13 @@ class StepLaunch:
     blocks in flight, 1-4), `mma_depth` (K tiles' wgmma in flight, 1-2), `direct_epilogue` (whole
     gate_up and lm_head tiles' epilogues on their accumulators; by default wherever the table is
     coarse, as step_table's are), `ring_kv` (attention's history through the loader's ring; by
-    default wherever the heads have 64 or 128 dims and the cache's rows fit a TMA coordinate),
-    `swiglu_in_down` (gate_up's epilogue in down's staging; a coarse table's option, off by default)."""
+    default wherever the heads have 64 or 128 dims and the cache's rows fit a TMA coordinate)."""
 
     kernel = step_kernel
 
     def __init__(self, prog: StepProgram, weights: dict, kv: torch.Tensor, stamps: bool = False,
                  spin_limit: int = SPIN_LIMIT, logits: bool = False, attention_buffers: int | None = None,
-                 mma_depth: int = MMA_DEPTH, direct_epilogue: bool | None = None, ring_kv: bool | None = None,
-                 swiglu_in_down: bool = SWIGLU_IN_DOWN):
+                 mma_depth: int = MMA_DEPTH, direct_epilogue: bool | None = None, ring_kv: bool | None = None):
         spec, dev, B, R, k = prog.spec, weights["qkv"].device, prog.batch, prog.rows, prog.steps
         group = spec.num_heads // spec.num_kv_heads
         if R > ROW_TILES[-1] or prog.tiles != Tiles():
@@ -87,12 +77,6 @@ class StepLaunch:
         if group * prog.tokens > KEY_BLOCK:
             raise ValueError(f"{prog.tokens} tokens x {group} query heads a KV head exceed the attention tile's "
                              f"{KEY_BLOCK} rows")
-        if swiglu_in_down and not prog.swiglu_in_down:
-            try:
-                prog = with_swiglu_in_down(prog)
-            except ProgramError as e:
-                raise ValueError(str(e)) from e
-        swiglu_in_down = prog.swiglu_in_down  # a table already moved runs the kernel's matching form
         self.prog, self.w, self.spec, self.kv = prog, weights, spec, kv
         enc = encode(prog)
         self.table, self.waits = enc["table"].to(dev), enc["waits"].to(dev)
@@ -159,7 +143,6 @@ class StepLaunch:
                            QK_SCALE=1.4426950408889634 / spec.head_dim ** 0.5, GP=gp, CHUNKS=chunks, STAMPS=stamps,
                            KV_BUFS=attention_buffers, TOKENS=prog.tokens, LOGITS=logits, RPAD=rpad, CHUNK=chunk,
                            MMA_DEPTH=mma_depth, DIRECT_EPILOGUE=bool(direct_epilogue), RING_KV=bool(ring_kv),
-                           SWIGLU_IN_DOWN=bool(swiglu_in_down),
                            num_warps=4,
                            maxnreg=168)
         self.stamps = torch.zeros(len(prog.tasks), STAMP_COLS, dtype=torch.int64, device=dev)

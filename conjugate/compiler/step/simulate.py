@@ -2,8 +2,7 @@
 the way the persistent kernel would run it: a task starts only when its waits are met, adds its
 slice's partial product into fp32 sums, and the tile's last slice runs the epilogue once its
 finish_waits are met. Every activation buffer starts as NaN, so a read before its write shows up in
-the tokens; with `swiglu_in_down`, down reading gate_up's sums before all of gate_up's slices are in
-raises EarlyRead. A turn in which no program can move is a deadlock (raised, naming the blocked tasks).
+the tokens. A turn in which no program can move is a deadlock (raised, naming the blocked tasks).
 
 The arithmetic is the reference's, reordered as the kernel orders it: the norms' weights folded into
 the next weights and their 1/rms applied to the finished dot products, activations stored in the
@@ -27,10 +26,6 @@ class Deadlock(RuntimeError):
     """No program can move: the table's waits cannot all be met."""
 
 
-class EarlyRead(RuntimeError):
-    """A task read a producer's sums before every slice of it was in (the table's waits let it)."""
-
-
 @dataclass
 class StepOutputs:
     tokens: torch.Tensor  # [B, steps * T]: each row's argmax (T: the table's tokens a sequence, 1 for decode)
@@ -52,7 +47,6 @@ class _Run:
         self.arrived: dict[str, int] = {}
         self.bufs: dict[str, torch.Tensor] = {}
         self.sums: dict[tuple, torch.Tensor] = {}
-        self.slices_in: dict[tuple, int] = {}  # (op, step, layer) -> slices whose partials are in the sums
         self.ss: dict[str, torch.Tensor] = {}
         self.tokens = torch.full((B, prog.steps * T), -1, dtype=torch.int64)
         self.logits = torch.full((B, prog.steps * T, spec.vocab_size), float("nan"))
@@ -104,12 +98,6 @@ class _Run:
             name = f"x/{s}/{spec.num_layers}"
         elif t.op == "o_proj":
             return "", self.buf(f"o/{s}/{layer}", spec.q_size)
-        elif self.prog.swiglu_in_down:  # down stages gate_up's epilogue from its sums, every slice's in
-            expected = sum(1 for x in self.prog.tasks if x.op == "gate_up" and x.step == s and x.layer == layer)
-            if self.slices_in.get(("gate_up", s, layer), 0) != expected:
-                raise EarlyRead(f"down read gate_up's sums of step {s}, layer {layer} with "
-                                f"{self.slices_in.get(('gate_up', s, layer), 0)} of its {expected} slices in")
-            return "", self.swiglu(s, layer)
         else:
             return "", self.buf(f"h/{s}/{layer}", spec.ffn_size)
         return name, self.buf(name, H)
@@ -131,7 +119,6 @@ class _Run:
         sums = self.sums.setdefault((t.op, t.step, t.layer), torch.zeros(self.prog.rows, width))
         for a, b in t.out:
             sums[:, a:b] += x[:, lo:hi].float() @ w[a:b, lo:hi].T
-        self.slices_in[(t.op, t.step, t.layer)] = self.slices_in.get((t.op, t.step, t.layer), 0) + 1
         if t.parts is None:
             return True
         self.arrived[t.parts] = self.arrived.get(t.parts, 0) + 1
@@ -153,20 +140,15 @@ class _Run:
             new = (self.buf(src, spec.hidden_size)[:, a:b].float() + acc[:, a:b]).to(self.act)
             self.buf(dst, spec.hidden_size)[:, a:b] = new
             self.sumsq(dst).add_(new.float().square().sum(-1))
-        elif t.op == "gate_up" and not self.prog.swiglu_in_down:  # else: down's staging runs it
+        elif t.op == "gate_up":
             (a, b), (c, d) = t.out
-            self.buf(f"h/{s}/{layer}", spec.ffn_size)[:, a:b] = self.swiglu(s, layer, slice(a, b))
+            rstd = self.rstd(f"xm/{s}/{layer}")
+            g, u = acc[:, a:b] * rstd, acc[:, c:d] * rstd
+            self.buf(f"h/{s}/{layer}", spec.ffn_size)[:, a:b] = (F.silu(g) * u).to(self.act)
         elif t.op == "head":
             self.head_epilogue(t, acc)
             return  # bumps its own counters
         self.bump(t.done)  # once a tile: a counter past its target would let a waiter in early
-
-    def swiglu(self, s: int, layer: int, cols: slice = slice(None)) -> torch.Tensor:
-        """gate_up's epilogue over its sums ([gate | up] columns) for h's columns `cols` (all by default):
-        SiLU(gate) * up, 1/rms applied, in the activations' dtype."""
-        gate, up = self.sums[("gate_up", s, layer)].chunk(2, dim=-1)
-        rstd = self.rstd(f"xm/{s}/{layer}")
-        return (F.silu(gate[:, cols] * rstd) * (up[:, cols] * rstd)).to(self.act)
 
     def qkv_epilogue(self, t: Task, acc: torch.Tensor) -> None:
         spec, s, layer, D = self.spec, t.step, t.layer, self.spec.head_dim

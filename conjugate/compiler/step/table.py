@@ -12,11 +12,9 @@ and, where its tiles alone would leave programs idle, its K into slices:
 
 A task waits on counters (acquire) before it reads anything another task wrote, adds its partial
 product, and arrives at its tile's parts counter; the last slice in runs the epilogue and bumps the
-tile's done counter (release); `with_swiglu_in_down` moves gate_up's epilogue into down's staging
-instead (each gate_up slice bumps the done counter). The norms need whole rows: their 1/rms scales
-the finished dot products (x W'^T * rstd, the norm's weight folded into W'), so a slice may start as
-soon as the x columns it reads are written, and only the epilogue waits for the whole row
-(`finish_waits`).
+tile's done counter (release). The norms need whole rows: their 1/rms scales the finished dot
+products (x W'^T * rstd, the norm's weight folded into W'), so a slice may start as soon as the x
+columns it reads are written, and only the epilogue waits for the whole row (`finish_waits`).
 
 Tasks are numbered in stage order (op by op, layer by layer, step by step) and dealt to P programs,
 each running its tasks in that order: an op instance's tasks go round the programs, or, where that
@@ -85,7 +83,6 @@ class StepProgram:
     splits: dict[str, int]
     tasks: list[Task] = field(default_factory=list)
     tokens: int = 1  # tokens a sequence in each step: 1 for decode steps, k + 1 for a verify pass
-    swiglu_in_down: bool = False  # gate_up's pieces count straight into its done counter (`swiglu_in_down`)
 
     @property
     def rows(self) -> int:
@@ -369,13 +366,11 @@ def build(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles =
 
 
 def counter_targets(prog: StepProgram) -> dict[str, int]:
-    """Every counter's final value: one bump per producer task (per tile: by its last slice; with
-    `swiglu_in_down`, by each of gate_up's slices); the token counter of a step is bumped once, by the
-    head tile that finishes last."""
+    """Every counter's final value: one bump per producer task (per tile: by its last slice); the
+    token counter of a step is bumped once, by the head tile that finishes last."""
     counts: dict[str, set] = defaultdict(set)
     for t in prog.tasks:
-        piece = t.split if prog.swiglu_in_down and t.op == "gate_up" else 0
-        counts[t.done].add((t.op, t.layer, t.tile, t.step, piece) if t.op != "attn" else t.tile)
+        counts[t.done].add((t.op, t.layer, t.tile, t.step) if t.op != "attn" else t.tile)
     out = {name: len(v) for name, v in counts.items()}
     for step in range(prog.steps):
         out[f"token/{step}"] = 1
@@ -478,19 +473,6 @@ def coarsen(prog: StepProgram) -> StepProgram:
     return replace(coarse, tasks=tasks)
 
 
-def with_swiglu_in_down(prog: StepProgram) -> StepProgram:
-    """The coarse table with gate_up's epilogue moved into down's staging: each gate_up slice adds its
-    partial into the fp32 sums and counts itself into the op instance's done counter (no parts
-    counter, no last slice), and down's tasks, waiting for every slice, stage SiLU(gate) * up (1/rms
-    applied) from those sums for the K columns they read. Down's wait target becomes gate_up's slices."""
-    if any(t.finish_waits for t in prog.tasks):
-        raise ProgramError("gate_up's epilogue moves into down's staging on a coarse table only (step_table's)")
-    moved = replace(prog, swiglu_in_down=True,
-                    tasks=[replace(t, parts=None) if t.op == "gate_up" else t for t in prog.tasks])
-    targets = counter_targets(moved)
-    return replace(moved, tasks=[replace(t, waits=tuple((n, targets[n]) for n, _ in t.waits)) for t in moved.tasks])
-
-
 def step_table(spec: ModelSpec, batch: int, steps: int, programs: int, tiles: Tiles = Tiles(),
                sms: int | None = None, tokens: int = 1) -> StepProgram:
     """The table a step launch runs on a GPU of `sms` SMs (None: no GPU, as many as the programs):
@@ -533,8 +515,7 @@ def task_ledger(prog: StepProgram, stamps, attention_streamed: bool = False) -> 
     GEMM stages its K a run at a time), `multiply_us` (to the product done: a GEMM's waits for its
     weight tiles and its wgmma, the partials' adds issued, and its staging where that is run by run;
     0 for attention) and `finish_us` (to its end), itself `arrive_us` (the parts counter's acq_rel
-    trip, which first waits for the task's partial adds to land; a gate_up slice under
-    `swiglu_in_down`: the done counter's release) and `epilogue_us` (the rest: the last
+    trip, which first waits for the task's partial adds to land) and `epilogue_us` (the rest: the last
     piece's epilogue or attention's merge, and the done counter's release). A task whose epilogue
     ran on its accumulators (`direct_epilogue`) counts it in `multiply_us`: compare such variants by
     their span, not their finish. `lead_us` (GEMMs, and attention where the loader streams its

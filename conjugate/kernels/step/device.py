@@ -15,8 +15,7 @@ partitions over it, both in the table's order:
              DIRECT_EPILOGUE a whole gate_up or lm_head tile runs it on its accumulators instead):
                qkv      1/rms, bias, Qwen3's q/k norm, RoPE; q to its buffer, k and v into the cache
                o_proj   + the residual: x_mid and its summed squares
-               gate_up  1/rms, SiLU(gate) * up: h (with SWIGLU_IN_DOWN no epilogue: each slice bumps
-                        the done counter, and down stages SiLU(gate) * up from the sums instead of h)
+               gate_up  1/rms, SiLU(gate) * up: h
                down     + the residual: the next layer's x and its summed squares
                lm_head  1/rms, the tile's max and first argmax; the last tile in reduces them to the
                         step's tokens and releases the token counter
@@ -62,66 +61,10 @@ def _add_rows(sum_ptr, acc, col0, width, B, ROWS: gl.constexpr, RPAD: gl.constex
 
 
 @gluon.jit
-def _gate_up_sums(sum_ptr, tile, B, F: gl.constexpr, layout: gl.constexpr, RPAD: gl.constexpr):
-    """gate_up tile `tile`'s fp32 sums, ([RPAD, HALF] gate, [RPAD, HALF] up) (rows past B zero)."""
-    return (_tile(sum_ptr, tile * SLOT_ROWS, 2 * F, B, HALF, layout, RPAD),
-            _tile(sum_ptr, tile * SLOT_ROWS + HALF, 2 * F, B, HALF, layout, RPAD))
-
-
-@gluon.jit
-def _swiglu(g, u, rstd):
-    """SiLU(gate) * up, 1/rms applied to both (as _gate_up_epilogue computes it from the sums)."""
-    g = g * rstd
-    u = u * rstd
-    return g / (1.0 + gl.exp(-g)) * u
-
-
-@gluon.jit
-def _stage_swiglu(act, sum_ptr, ss_ptr, B, k_lo, n_k, H: gl.constexpr, F: gl.constexpr, EPS: gl.constexpr,
-                  RPAD: gl.constexpr):
-    """SWIGLU_IN_DOWN: down's activation tiles [k_lo, k_lo + n_k * BK) made from gate_up's fp32 sums (a K
-    tile of h is one gate_up tile's HALF columns): four K tiles' sums, then the rows' statistics, read
-    at a time (one round trip, not two in a row)."""
-    gl.static_assert(BK == HALF)
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # stage_activations' 16-byte rows
-    first = k_lo // BK
-    for k0 in range(0, n_k, 4):
-        g0, u0 = _gate_up_sums(sum_ptr, first + k0, B, F, layout, RPAD)
-        g1, u1 = _gate_up_sums(sum_ptr, first + k0 + 1, gl.where(k0 + 1 < n_k, B, 0), F, layout, RPAD)
-        g2, u2 = _gate_up_sums(sum_ptr, first + k0 + 2, gl.where(k0 + 2 < n_k, B, 0), F, layout, RPAD)
-        g3, u3 = _gate_up_sums(sum_ptr, first + k0 + 3, gl.where(k0 + 3 < n_k, B, 0), F, layout, RPAD)
-        rstd = _rstd(ss_ptr, B, H, EPS, layout, RPAD)
-        act.index(k0).store(_swiglu(g0, u0, rstd).to(gl.bfloat16))
-        if k0 + 1 < n_k:
-            act.index(k0 + 1).store(_swiglu(g1, u1, rstd).to(gl.bfloat16))
-        if k0 + 2 < n_k:
-            act.index(k0 + 2).store(_swiglu(g2, u2, rstd).to(gl.bfloat16))
-        if k0 + 3 < n_k:
-            act.index(k0 + 3).store(_swiglu(g3, u3, rstd).to(gl.bfloat16))
-    fence_async_shared()
-    gl.thread_barrier()
-
-
-@gluon.jit
-def _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, s_gu_ptr, ssm_ptr, step, sl, sx, B, k_lo, n_k, H: gl.constexpr,
-           Q: gl.constexpr, F: gl.constexpr, L: gl.constexpr, EPS: gl.constexpr, ROWS: gl.constexpr,
-           RPAD: gl.constexpr, SWIGLU_IN_DOWN: gl.constexpr):
-    """The activation rows a GEMM task reads, K tiles [k_lo, k_lo + n_k * BK), into the activation tiles;
-    with SWIGLU_IN_DOWN down's made from gate_up's sums."""
-    if SWIGLU_IN_DOWN:
-        if op == 5:
-            _stage_swiglu(act, s_gu_ptr + sl * ROWS * 2 * F, ssm_ptr + sl * ROWS, B, k_lo, n_k, H, F, EPS, RPAD)
-        else:
-            _stage_rows(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, step, sl, sx, B, k_lo, n_k, H, Q, F, L, ROWS, RPAD)
-    else:
-        _stage_rows(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, step, sl, sx, B, k_lo, n_k, H, Q, F, L, ROWS, RPAD)
-
-
-@gluon.jit
-def _stage_rows(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, step, sl, sx, B, k_lo, n_k, H: gl.constexpr, Q: gl.constexpr,
-                F: gl.constexpr, L: gl.constexpr, ROWS: gl.constexpr, RPAD: gl.constexpr):
-    """The bf16 activation rows a GEMM task reads, by cp.async (constexpr row widths: cp.async needs to
-    know they are 16-byte aligned)."""
+def _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, step, sl, sx, B, k_lo, n_k, H: gl.constexpr, Q: gl.constexpr,
+           F: gl.constexpr, L: gl.constexpr, ROWS: gl.constexpr, RPAD: gl.constexpr):
+    """The activation rows a GEMM task reads, K tiles [k_lo, k_lo + n_k * BK), into the activation tiles
+    (constexpr row widths: cp.async needs to know they are 16-byte aligned)."""
     if op == 1:
         stage_activations(act, xs_ptr + sx * ROWS * H, H, B, k_lo, n_k, RPAD)
     elif op == 3:
@@ -535,8 +478,7 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                  NTH: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr, STAGES: gl.constexpr, EPS: gl.constexpr,
                  QK_SCALE: gl.constexpr, GP: gl.constexpr, CHUNKS: gl.constexpr, STAMPS: gl.constexpr,
                  KV_BUFS: gl.constexpr, TOKENS: gl.constexpr, LOGITS: gl.constexpr, RPAD: gl.constexpr,
-                 CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr, DIRECT_EPILOGUE: gl.constexpr, RING_KV: gl.constexpr,
-                 SWIGLU_IN_DOWN: gl.constexpr):
+                 CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr, DIRECT_EPILOGUE: gl.constexpr, RING_KV: gl.constexpr):
     ROWS: gl.constexpr = BATCH * TOKENS  # activation rows a step: sequence b's token t is row b * TOKENS + t
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, RPAD, 16])
@@ -597,10 +539,9 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
             k_lo = field(vec, C_KLO) * BK  # the table holds K in BK-column tiles
             n_k = field(vec, C_KHI) - field(vec, C_KLO)
             if DIRECT_EPILOGUE:  # a whole gate_up or lm_head tile (its K one task's): its epilogue on its accumulators
-                direct = (((op == 4) & (not SWIGLU_IN_DOWN)) | (op == 6)) & (field(vec, C_SPLITS) == 1)
+                direct = ((op == 4) | (op == 6)) & (field(vec, C_SPLITS) == 1)
             if CHUNK == 0:  # the activation tiles hold every task's K
-                _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, s_gu_ptr, ssm_ptr, step, sl, sx, B, k_lo, n_k, H, Q, F, L,
-                       EPS, ROWS, RPAD, SWIGLU_IN_DOWN)
+                _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, step, sl, sx, B, k_lo, n_k, H, Q, F, L, ROWS, RPAD)
                 if STAMPS:
                     gl.store(stamps_ptr + task * STAMP_COLS + S_STAGED, now(task))
                 if (op == 1) | (op == 4):
@@ -628,8 +569,8 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                     acc2 = gl.zeros((HALF, RPAD), dtype=gl.float32, layout=acc_layout)
                     for c0 in range(0, n_k, CHUNK):
                         m = gl.minimum(n_k - c0, CHUNK)
-                        _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, s_gu_ptr, ssm_ptr, step, sl, sx, B,
-                               k_lo + c0 * BK, m, H, Q, F, L, EPS, ROWS, RPAD, SWIGLU_IN_DOWN)
+                        _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, step, sl, sx, B, k_lo + c0 * BK, m, H, Q, F, L,
+                               ROWS, RPAD)
                         acc1, acc2, i = paired_tile(ring, ready, empty, act, i, m, STAGES, MMA_DEPTH, acc1, acc2)
                     if DIRECT_EPILOGUE:
                         _paired_out(op, acc1, acc2, direct, s_qkv_ptr, s_gu_ptr, ssm_ptr, h_ptr, sl, tile, B, H, NQ, F,
@@ -640,8 +581,8 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                     acc = gl.zeros((SLOT_ROWS, RPAD), dtype=gl.float32, layout=acc_layout)
                     for c0 in range(0, n_k, CHUNK):
                         m = gl.minimum(n_k - c0, CHUNK)
-                        _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, s_gu_ptr, ssm_ptr, step, sl, sx, B,
-                               k_lo + c0 * BK, m, H, Q, F, L, EPS, ROWS, RPAD, SWIGLU_IN_DOWN)
+                        _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, step, sl, sx, B, k_lo + c0 * BK, m, H, Q, F, L,
+                               ROWS, RPAD)
                         acc, i = single_tile(ring, ready, empty, act, i, m, STAGES, MMA_DEPTH, acc)
                     if DIRECT_EPILOGUE:
                         _single_out(op, acc, direct, s_o_ptr, s_d_ptr, s_head_ptr, ssx_ptr, best_val_ptr, best_idx_ptr,
@@ -654,14 +595,8 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
             if DIRECT_EPILOGUE:
                 if direct:  # its epilogue already ran on its accumulators: no pieces to count
                     arrived = field(vec, C_SPLITS) - 1
-                elif (op == 4) & SWIGLU_IN_DOWN:  # a gate_up slice counts itself done: down's staging finishes it
-                    release(counter_ptr + field(vec, C_DONE))
-                    arrived = field(vec, C_SPLITS)  # never a last slice: no epilogue here
                 else:
                     arrived = gl.atomic_add(counter_ptr + field(vec, C_PARTS), 1, sem="acq_rel", scope="gpu")
-            elif (op == 4) & SWIGLU_IN_DOWN:
-                release(counter_ptr + field(vec, C_DONE))
-                arrived = field(vec, C_SPLITS)
             else:
                 arrived = gl.atomic_add(counter_ptr + field(vec, C_PARTS), 1, sem="acq_rel", scope="gpu")
             if STAMPS:
@@ -714,7 +649,7 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, kv_desc, table_ptr
                 KT_MAX: gl.constexpr, EPS: gl.constexpr, QK_SCALE: gl.constexpr, GP: gl.constexpr,
                 CHUNKS: gl.constexpr, STAMPS: gl.constexpr, KV_BUFS: gl.constexpr, TOKENS: gl.constexpr,
                 LOGITS: gl.constexpr, RPAD: gl.constexpr, CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr,
-                DIRECT_EPILOGUE: gl.constexpr, RING_KV: gl.constexpr, SWIGLU_IN_DOWN: gl.constexpr):
+                DIRECT_EPILOGUE: gl.constexpr, RING_KV: gl.constexpr):
     ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, SLOT_ROWS, BK], qkv_desc.layout)
     act_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([RPAD, BK], gl.bfloat16)
     act = gl.allocate_shared_memory(gl.bfloat16, [KT_MAX, RPAD, BK], act_layout)
@@ -726,8 +661,7 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, kv_desc, table_ptr
                         ssm_ptr, q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr,
                         best_val_ptr, best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr,
                         stamps_ptr, H, Q, F, V, D, G, KVH, L, S, NQ, NTH, BATCH, QK_NORM, STAGES, EPS, QK_SCALE, GP,
-                        CHUNKS, STAMPS, KV_BUFS, TOKENS, LOGITS, RPAD, CHUNK, MMA_DEPTH, DIRECT_EPILOGUE, RING_KV,
-                        SWIGLU_IN_DOWN)),
+                        CHUNKS, STAMPS, KV_BUFS, TOKENS, LOGITS, RPAD, CHUNK, MMA_DEPTH, DIRECT_EPILOGUE, RING_KV)),
         (step_loader, (qkv_desc, o_desc, gu_desc, d_desc, head_desc, kv_desc, ring, ready, empty, table_ptr,
                        list_ptr, bounds_ptr, lengths_ptr, stamps_ptr, STAGES, STAMPS, RING_KV, D, KVH, L, S, BATCH,
                        CHUNKS, TOKENS)),
