@@ -1,18 +1,18 @@
 """The step form's task table (compiler/step/table.py) on the CPU: tables built for every family,
 checked, and run by the simulation against the reference draft phase; unsafe tables refused; a
 missing wait caught; the records and weight layout the Gluon kernel reads (layout.py, kernels/step/columns.py, ring.py)."""
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import replace
 
 import pytest
 import torch
 
 from conjugate.compiler.step.launch import StepLaunch
+from conjugate.compiler.step.ledger import CRITICAL_PHASES, critical_path, task_ledger
 from conjugate.compiler.step.layout import encode, tile_weights
 from conjugate.compiler.step.simulate import Deadlock, simulate
 from conjugate.compiler.step.table import (MIN_RUN_K_TILES, ProgramError, StepProgram, Tiles, _balance_pays,
-                                          balanced_runs, build, check, coarsen, finest_split, qkv_tiles, step_table,
-                                          task_ledger)
+                                          balanced_runs, build, check, coarsen, finest_split, qkv_tiles, step_table)
 from conjugate.models.presets import from_name
 from conjugate.models.reference import forward, make_round_inputs
 from conjugate.kernels.step import columns as layout
@@ -354,6 +354,40 @@ def test_ledger_splits_each_task_into_wait_and_work():
     assert all(v["lead_us"] == pytest.approx(-0.5) for v in task_ledger(prog, stamps)["ops"].values() if "lead_us" in v)
     streamed = task_ledger(prog, stamps, attention_streamed=True)["ops"]  # ring_kv: the loader stamps attention too
     assert streamed["attn"]["lead_us"] == pytest.approx(-0.5) and "lead_us" not in streamed["embed"]
+
+
+def test_the_critical_path_charges_each_stage_to_its_last_task():
+    """A stage (an op instance) ends with its last task; the time since the stage before ended is that
+    task's: its program busy, the handoff, then its own phases. The ops' times add up to the span."""
+    prog = step_table(from_name("tiny-qwen3-d"), 2, 2, 4, SMALL)
+    stages = sorted({t.stage for t in prog.tasks})
+    stamps = torch.zeros(len(prog.tasks), layout.STAMP_COLS, dtype=torch.int64)
+    last = {}
+    for t in prog.tasks:  # stage i runs from 10i us: every task met at +1, staged +1.5, multiplied +3, ends +6
+        base = 10_000 * stages.index(t.stage)
+        stamps[t.index] = stamp(base, base + 1_000, base + 1_500, base + 3_000, base + 6_000, base, base + 4_000)
+        last[t.stage] = t
+    for t in last.values():  # but one a stage starts 0.5 us late, arrives at +7 and ends the stage at +10
+        base = 10_000 * stages.index(t.stage)
+        stamps[t.index] = stamp(base + 500, base + 1_000, base + 1_500, base + 3_000, base + 10_000, base, base + 7_000)
+    out = critical_path(prog, stamps)
+    assert out["span_us"] == pytest.approx(10 * len(stages))
+    assert sum(v["us"] for v in out["ops"].values()) == pytest.approx(out["span_us"])
+    for op, v in out["ops"].items():
+        n = sum(t.op == op for t in last.values())
+        assert v["stages"] == n
+        assert [v[p] / n for p in CRITICAL_PHASES] == pytest.approx([0.5, 0.5, 0.5, 1.5, 4.0, 3.0])
+        alone = sum(sum(u.stage == t.stage for u in prog.tasks) == 1 for t in last.values() if t.op == op)
+        assert v["straggle_us"] == pytest.approx(4.0 * (n - alone))  # 4 us past the median, unless alone
+    owners = Counter(t.program for t in last.values())
+    assert out["critical_programs"] == len(owners)
+    assert out["top_program_share"] == pytest.approx(max(owners.values()) / len(stages))
+    # a stage stamped out of order (its ends zero) leaves the path monotone and adding up to the span
+    early = next(t for t in last.values() if t.op == "o_proj")
+    stamps[[t.index for t in prog.tasks if t.stage == early.stage], layout.S_END] = 0
+    shifted = critical_path(prog, stamps)
+    assert shifted["span_us"] == pytest.approx(10 * len(stages))
+    assert sum(v["us"] for v in shifted["ops"].values()) == pytest.approx(shifted["span_us"])
 
 
 def stamp(start, met, staged, multiplied, end, issued, arrived=None):

@@ -31,7 +31,8 @@ import torch  # noqa: E402
 from conjugate.compiler.round import compile_round  # noqa: E402
 from conjugate.compiler.step.launch import StepLaunch  # noqa: E402
 from conjugate.compiler.step.layout import tile_weights  # noqa: E402
-from conjugate.compiler.step.table import step_table, task_ledger  # noqa: E402
+from conjugate.compiler.step.ledger import task_ledger  # noqa: E402
+from conjugate.compiler.step.table import step_table  # noqa: E402
 from conjugate.evaluate.correctness import TOLERANCES, ReferenceChecker  # noqa: E402
 from conjugate.evaluate.rounds import checked_run  # noqa: E402
 from conjugate.evaluate.timing import capture, copy_bandwidth_gbs, time_replays  # noqa: E402

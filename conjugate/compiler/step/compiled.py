@@ -19,7 +19,8 @@ from conjugate.compiler.buffers import ModelBuffers
 from conjugate.compiler.feedback import Resources
 from conjugate.kernels.step.columns import BATCH_PAD
 from conjugate.plan.expand import STEP_WARPS
-from conjugate.compiler.step.table import ProgramError, StepProgram, Tiles, qkv_tiles, step_table, task_ledger
+from conjugate.compiler.step.ledger import task_ledger
+from conjugate.compiler.step.table import ProgramError, StepProgram, Tiles, qkv_tiles, step_table
 
 def cpu_tiles(spec) -> Tiles:
     """The simulation's tiles: small (many tiles and slices even for the tiny models), a paired qkv
@@ -148,7 +149,7 @@ class CompiledStep:
 
     def ledger(self) -> dict:
         """Per op, the waits and work of the last inputs' launch, from a stamped launch of its own on a
-        copy of the cache (GPU; table.task_ledger)."""
+        copy of the cache (GPU; ledger.task_ledger, with its critical path)."""
         if self._launch is None:
             raise ValueError("the step launch's ledger reads the GPU's timer: run it on a GPU")
         stamped = self._make_launch(stamps=True, cache=stacked_cache(self.bufs).clone())
