@@ -255,12 +255,154 @@ def _head_epilogue_direct(acc, sum_ptr, ss_ptr, best_val_ptr, best_idx_ptr, tile
     gl.store(best_idx_ptr + tile * RPAD + b, first, mask=b < B)
 
 
+# With EARLY_LOADS an epilogue's inputs that no task of the launch writes after the task's waits (the
+# norm's summed squares, qkv's bias, positions, q/k norm weights and RoPE frequencies) are loaded
+# before they are needed: a whole tile's before its product, a split tile's before its pieces are
+# counted (their round trip then overlaps the arrival's). Only the tile's sums are read after.
+
+@gluon.jit
+def _norm_squares(op, ssx_ptr, ssm_ptr, step, sl, sx, L: gl.constexpr, ROWS: gl.constexpr):
+    """Where the summed squares of the rows a GEMM's norm scales by live: qkv's x, gate_up's x_mid,
+    lm_head's last x (o_proj and down have no norm: x's, read and unused)."""
+    ptr = ssx_ptr + sx * ROWS
+    if op == 4:
+        ptr = ssm_ptr + sl * ROWS
+    elif op == 6:
+        ptr = ssx_ptr + (step * (L + 1) + L) * ROWS
+    return ptr
+
+
+@gluon.jit
+def _squares(ss_ptr, B, layout: gl.constexpr, RPAD: gl.constexpr):
+    """[RPAD] summed squares of each row, in `layout` (a row-vector slice), loaded now, used later."""
+    b = gl.arange(0, RPAD, layout=layout)
+    return gl.load(ss_ptr + b, mask=b < B, other=0.0, cache_modifier=".cg")
+
+
+@gluon.jit
+def _qkv_inputs(on, bias_ptr, qkn_ptr, inv_freq_ptr, lengths_ptr, layer, tile, seg, B, NQ: gl.constexpr,
+                D: gl.constexpr, QK_NORM: gl.constexpr, TOKENS: gl.constexpr, RPAD: gl.constexpr):
+    """A qkv tile's epilogue inputs besides its sums and squares (`on`: a qkv task; else none is read):
+    its halves' bias, each row's cache length, the q/k norm's weights (Qwen3) and RoPE's frequencies."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 2], [2, 16], [4, 1], [1, 0])
+    b = gl.arange(0, RPAD, layout=gl.SliceLayout(1, layout))
+    r = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
+    d = r % (D // 2)
+    cols = (r < HALF) & on
+    bias1 = gl.load(bias_ptr + layer * NQ * SLOT_ROWS + tile * SLOT_ROWS + r, mask=cols, other=0.0)
+    bias2 = gl.load(bias_ptr + layer * NQ * SLOT_ROWS + tile * SLOT_ROWS + HALF + r, mask=cols, other=0.0)
+    length = gl.load(lengths_ptr + b // TOKENS, mask=(b < B) & on, other=0)
+    if QK_NORM:
+        norm = qkn_ptr + (layer * 2 + gl.minimum(seg, 1)) * D  # v (seg 2) has none: k's, unused
+        w1 = gl.load(norm + d, mask=cols, other=0.0)
+        w2 = gl.load(norm + D // 2 + d, mask=cols, other=0.0)
+    else:
+        w1 = bias1
+        w2 = bias2
+    freq = gl.load(inv_freq_ptr + d, mask=cols, other=0.0)
+    return bias1, bias2, length, w1, w2, freq
+
+
+@gluon.jit
+def _qkv_finish(sum_ptr, ss, bias1, bias2, length, w1, w2, freq, q_ptr, kv_ptr, layer, step, tile, seg, head0, B,
+                H: gl.constexpr, NQ: gl.constexpr, Q: gl.constexpr, D: gl.constexpr, KVH: gl.constexpr,
+                L: gl.constexpr, S: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr, EPS: gl.constexpr,
+                TOKENS: gl.constexpr, RPAD: gl.constexpr):
+    """_qkv_epilogue on inputs loaded early (_squares, _qkv_inputs): only the sums are read here."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 2], [2, 16], [4, 1], [1, 0])
+    b = gl.arange(0, RPAD, layout=gl.SliceLayout(1, layout))
+    r = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
+    HD2: gl.constexpr = D // 2
+    j = r // HD2
+    d = r % HD2
+    rstd = gl.rsqrt(ss / H + EPS)[:, None]
+    a1 = _tile(sum_ptr, tile * SLOT_ROWS, NQ * SLOT_ROWS, B, HALF, layout, RPAD) * rstd + bias1[None, :]
+    a2 = _tile(sum_ptr, tile * SLOT_ROWS + HALF, NQ * SLOT_ROWS, B, HALF, layout, RPAD) * rstd + bias2[None, :]
+    seq = b // TOKENS
+    pos = length + step + b % TOKENS
+    if seg < 2:
+        if QK_NORM:  # one head per tile (D = 128): its 1/rms over both halves
+            ms = (gl.sum(a1 * a1, axis=1) + gl.sum(a2 * a2, axis=1)) / D
+            rn = gl.rsqrt(ms + EPS)[:, None]
+            a1 = a1 * rn * w1[None, :]
+            a2 = a2 * rn * w2[None, :]
+        angle = pos.to(gl.float32)[:, None] * freq[None, :]
+        cos = gl.cos(angle)
+        sin = gl.sin(angle)
+        o1 = a1 * cos - a2 * sin
+        o2 = a2 * cos + a1 * sin
+    else:
+        o1 = a1
+        o2 = a2
+    head = head0 + j  # [HALF]
+    mask = (b < B)[:, None]
+    if seg == 0:
+        base = q_ptr + b[:, None] * Q + (head * D + d)[None, :]
+        gl.store(base, o1.to(gl.bfloat16), mask=mask)
+        gl.store(base + HD2, o2.to(gl.bfloat16), mask=mask)
+    else:
+        plane = (((seg - 1) * L + layer) * BATCH + seq).to(gl.int64)  # int64, as in _qkv_epilogue
+        base = kv_ptr + ((plane[:, None] * KVH + head[None, :]) * S + pos[:, None]) * D + d[None, :]
+        gl.store(base, o1.to(gl.bfloat16), mask=mask)
+        gl.store(base + HD2, o2.to(gl.bfloat16), mask=mask)
+
+
+@gluon.jit
+def _gate_up_finish(sum_ptr, ss, h_ptr, tile, B, H: gl.constexpr, F: gl.constexpr, EPS: gl.constexpr,
+                    RPAD: gl.constexpr):
+    """_gate_up_epilogue on squares loaded early (_squares): only the sums are read here."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 2], [2, 16], [4, 1], [1, 0])
+    b = gl.arange(0, RPAD, layout=gl.SliceLayout(1, layout))
+    c = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
+    rstd = gl.rsqrt(ss / H + EPS)[:, None]
+    g = _tile(sum_ptr, tile * SLOT_ROWS, 2 * F, B, HALF, layout, RPAD) * rstd
+    u = _tile(sum_ptr, tile * SLOT_ROWS + HALF, 2 * F, B, HALF, layout, RPAD) * rstd
+    h = g / (1.0 + gl.exp(-g)) * u
+    gl.store(h_ptr + b[:, None] * F + (tile * HALF + c)[None, :], h.to(gl.bfloat16), mask=(b < B)[:, None])
+
+
+@gluon.jit
+def _gate_up_direct_early(acc_g, acc_u, ss, h_ptr, tile, B, H: gl.constexpr, F: gl.constexpr, EPS: gl.constexpr,
+                          RPAD: gl.constexpr):
+    """_gate_up_epilogue_direct on squares loaded before the product (_squares)."""
+    layout: gl.constexpr = acc_g.type.layout
+    c = gl.arange(0, HALF, layout=gl.SliceLayout(1, layout))
+    b = gl.arange(0, RPAD, layout=gl.SliceLayout(0, layout))
+    rstd = gl.rsqrt(ss / H + EPS)[None, :]
+    g = acc_g * rstd
+    h = g / (1.0 + gl.exp(-g)) * (acc_u * rstd)
+    gl.store(h_ptr + b[None, :] * F + (tile * HALF + c)[:, None], h.to(gl.bfloat16), mask=(b < B)[None, :])
+
+
+@gluon.jit
+def _head_direct_early(acc, ss, sum_ptr, best_val_ptr, best_idx_ptr, tile, B, H: gl.constexpr, V: gl.constexpr,
+                       NTH: gl.constexpr, EPS: gl.constexpr, LOGITS: gl.constexpr, RPAD: gl.constexpr):
+    """_head_epilogue_direct on squares loaded before the product (_squares)."""
+    layout: gl.constexpr = acc.type.layout
+    c = tile * SLOT_ROWS + gl.arange(0, SLOT_ROWS, layout=gl.SliceLayout(1, layout))
+    b = gl.arange(0, RPAD, layout=gl.SliceLayout(0, layout))
+    logits = acc * gl.rsqrt(ss / H + EPS)[None, :]
+    if LOGITS:
+        gl.store(sum_ptr + b[None, :] * (NTH * SLOT_ROWS) + c[:, None], logits,
+                 mask=(b < B)[None, :] & (c < V)[:, None])
+    logits = gl.where((c < V)[:, None], logits, float("-inf"))
+    best = gl.max(logits, axis=0)
+    first = -gl.max(gl.where(logits == best[None, :], -c[:, None], -(V + 1)), axis=0)
+    gl.store(best_val_ptr + tile * RPAD + b, best, mask=b < B)
+    gl.store(best_idx_ptr + tile * RPAD + b, first, mask=b < B)
+
+
 @gluon.jit
 def _paired_out(op, acc1, acc2, direct, s_qkv_ptr, s_gu_ptr, ssm_ptr, h_ptr, sl, tile, B, H: gl.constexpr,
-                NQ: gl.constexpr, F: gl.constexpr, EPS: gl.constexpr, ROWS: gl.constexpr, RPAD: gl.constexpr):
+                NQ: gl.constexpr, F: gl.constexpr, EPS: gl.constexpr, ROWS: gl.constexpr, RPAD: gl.constexpr,
+                ss_early, EARLY_LOADS: gl.constexpr):
     """A paired tile's product out: its partials into the op's sums, or (`direct`) gate_up's epilogue."""
     if direct:
-        _gate_up_epilogue_direct(acc1, acc2, ssm_ptr + sl * ROWS, h_ptr + sl * ROWS * F, tile, B, H, F, EPS, RPAD)
+        if EARLY_LOADS:
+            _gate_up_direct_early(acc1, acc2, ss_early, h_ptr + sl * ROWS * F, tile, B, H, F, EPS, RPAD)
+        else:
+            _gate_up_epilogue_direct(acc1, acc2, ssm_ptr + sl * ROWS, h_ptr + sl * ROWS * F, tile, B, H, F, EPS,
+                                     RPAD)
     else:
         _add_paired(op, acc1, acc2, s_qkv_ptr, s_gu_ptr, sl, tile, B, NQ, F, ROWS, RPAD)
 
@@ -268,12 +410,17 @@ def _paired_out(op, acc1, acc2, direct, s_qkv_ptr, s_gu_ptr, ssm_ptr, h_ptr, sl,
 @gluon.jit
 def _single_out(op, acc, direct, s_o_ptr, s_d_ptr, s_head_ptr, ssx_ptr, best_val_ptr, best_idx_ptr, step, sl, tile,
                 col0, B, H: gl.constexpr, V: gl.constexpr, NTH: gl.constexpr, L: gl.constexpr, EPS: gl.constexpr,
-                LOGITS: gl.constexpr, ROWS: gl.constexpr, RPAD: gl.constexpr):
+                LOGITS: gl.constexpr, ROWS: gl.constexpr, RPAD: gl.constexpr, ss_early, EARLY_LOADS: gl.constexpr):
     """A single tile's product out: its partial into the op's sums, or (`direct`) lm_head's epilogue."""
     if direct:
-        _head_epilogue_direct(acc, s_head_ptr + step * ROWS * NTH * SLOT_ROWS, ssx_ptr + (step * (L + 1) + L) * ROWS,
-                              best_val_ptr + step * NTH * RPAD, best_idx_ptr + step * NTH * RPAD, tile, B, H, V, NTH,
-                              EPS, LOGITS, RPAD)
+        if EARLY_LOADS:
+            _head_direct_early(acc, ss_early, s_head_ptr + step * ROWS * NTH * SLOT_ROWS,
+                               best_val_ptr + step * NTH * RPAD, best_idx_ptr + step * NTH * RPAD, tile, B, H, V,
+                               NTH, EPS, LOGITS, RPAD)
+        else:
+            _head_epilogue_direct(acc, s_head_ptr + step * ROWS * NTH * SLOT_ROWS,
+                                  ssx_ptr + (step * (L + 1) + L) * ROWS, best_val_ptr + step * NTH * RPAD,
+                                  best_idx_ptr + step * NTH * RPAD, tile, B, H, V, NTH, EPS, LOGITS, RPAD)
     else:
         _add_single(op, acc, s_o_ptr, s_d_ptr, s_head_ptr, step, sl, col0, B, H, NTH, ROWS, RPAD)
 
@@ -478,10 +625,12 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                  NTH: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr, STAGES: gl.constexpr, EPS: gl.constexpr,
                  QK_SCALE: gl.constexpr, GP: gl.constexpr, CHUNKS: gl.constexpr, STAMPS: gl.constexpr,
                  KV_BUFS: gl.constexpr, TOKENS: gl.constexpr, LOGITS: gl.constexpr, RPAD: gl.constexpr,
-                 CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr, DIRECT_EPILOGUE: gl.constexpr, RING_KV: gl.constexpr):
+                 CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr, DIRECT_EPILOGUE: gl.constexpr, RING_KV: gl.constexpr,
+                 EARLY_LOADS: gl.constexpr):
     ROWS: gl.constexpr = BATCH * TOKENS  # activation rows a step: sequence b's token t is row b * TOKENS + t
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, RPAD, 16])
+    epi: gl.constexpr = gl.BlockedLayout([1, 2], [2, 16], [4, 1], [1, 0])  # the split tiles' epilogues'
     pid = gl.program_id(0)
     i = 0  # ring slots consumed
     first = gl.load(bounds_ptr + pid)
@@ -540,6 +689,11 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
             n_k = field(vec, C_KHI) - field(vec, C_KLO)
             if DIRECT_EPILOGUE:  # a whole gate_up or lm_head tile (its K one task's): its epilogue on its accumulators
                 direct = ((op == 4) | (op == 6)) & (field(vec, C_SPLITS) == 1)
+            if EARLY_LOADS:  # the norm's squares, before the product (a whole tile's epilogue follows it)
+                ss_at = _norm_squares(op, ssx_ptr, ssm_ptr, step, sl, sx, L, ROWS)
+                ss_cols = _squares(ss_at, B, gl.SliceLayout(0, acc_layout), RPAD)
+            else:
+                ss_cols = 0.0
             if CHUNK == 0:  # the activation tiles hold every task's K
                 _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, step, sl, sx, B, k_lo, n_k, H, Q, F, L, ROWS, RPAD)
                 if STAMPS:
@@ -550,7 +704,7 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                                                 gl.zeros((HALF, RPAD), dtype=gl.float32, layout=acc_layout))
                     if DIRECT_EPILOGUE:
                         _paired_out(op, acc1, acc2, direct, s_qkv_ptr, s_gu_ptr, ssm_ptr, h_ptr, sl, tile, B, H, NQ, F,
-                                    EPS, ROWS, RPAD)
+                                    EPS, ROWS, RPAD, ss_cols, EARLY_LOADS)
                     else:
                         _add_paired(op, acc1, acc2, s_qkv_ptr, s_gu_ptr, sl, tile, B, NQ, F, ROWS, RPAD)
                 else:
@@ -558,7 +712,8 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                                          gl.zeros((SLOT_ROWS, RPAD), dtype=gl.float32, layout=acc_layout))
                     if DIRECT_EPILOGUE:
                         _single_out(op, acc, direct, s_o_ptr, s_d_ptr, s_head_ptr, ssx_ptr, best_val_ptr, best_idx_ptr,
-                                    step, sl, tile, col0, B, H, V, NTH, L, EPS, LOGITS, ROWS, RPAD)
+                                    step, sl, tile, col0, B, H, V, NTH, L, EPS, LOGITS, ROWS, RPAD, ss_cols,
+                                    EARLY_LOADS)
                     else:
                         _add_single(op, acc, s_o_ptr, s_d_ptr, s_head_ptr, step, sl, col0, B, H, NTH, ROWS, RPAD)
             else:  # they hold CHUNK K tiles: the task's K is staged and multiplied CHUNK tiles at a time
@@ -574,7 +729,7 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                         acc1, acc2, i = paired_tile(ring, ready, empty, act, i, m, STAGES, MMA_DEPTH, acc1, acc2)
                     if DIRECT_EPILOGUE:
                         _paired_out(op, acc1, acc2, direct, s_qkv_ptr, s_gu_ptr, ssm_ptr, h_ptr, sl, tile, B, H, NQ, F,
-                                    EPS, ROWS, RPAD)
+                                    EPS, ROWS, RPAD, ss_cols, EARLY_LOADS)
                     else:
                         _add_paired(op, acc1, acc2, s_qkv_ptr, s_gu_ptr, sl, tile, B, NQ, F, ROWS, RPAD)
                 else:
@@ -586,11 +741,17 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                         acc, i = single_tile(ring, ready, empty, act, i, m, STAGES, MMA_DEPTH, acc)
                     if DIRECT_EPILOGUE:
                         _single_out(op, acc, direct, s_o_ptr, s_d_ptr, s_head_ptr, ssx_ptr, best_val_ptr, best_idx_ptr,
-                                    step, sl, tile, col0, B, H, V, NTH, L, EPS, LOGITS, ROWS, RPAD)
+                                    step, sl, tile, col0, B, H, V, NTH, L, EPS, LOGITS, ROWS, RPAD, ss_cols,
+                                    EARLY_LOADS)
                     else:
                         _add_single(op, acc, s_o_ptr, s_d_ptr, s_head_ptr, step, sl, col0, B, H, NTH, ROWS, RPAD)
             if STAMPS:
                 gl.store(stamps_ptr + task * STAMP_COLS + S_MULTIPLIED, now(task))
+            if EARLY_LOADS:  # a split tile's epilogue inputs, in flight while its pieces are counted
+                ss_rows = _squares(ss_at, B, gl.SliceLayout(1, epi), RPAD)
+                q_b1, q_b2, q_len, q_w1, q_w2, q_freq = _qkv_inputs(op == 1, bias_ptr, qkn_ptr, inv_freq_ptr,
+                                                                    lengths_ptr, layer, tile, field(vec, C_SEG), B,
+                                                                    NQ, D, QK_NORM, TOKENS, RPAD)
             gl.thread_barrier()
             if DIRECT_EPILOGUE:
                 if direct:  # its epilogue already ran on its accumulators: no pieces to count
@@ -604,17 +765,26 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
             if arrived == field(vec, C_SPLITS) - 1:  # the tile's last slice: its epilogue
                 wait_all(waits_ptr, field(vec, C_FOFF), field(vec, C_FCNT), counter_ptr, error_ptr, spin_limit)
                 if op == 1:
-                    _qkv_epilogue(s_qkv_ptr + sl * ROWS * NQ * SLOT_ROWS, ssx_ptr + sx * ROWS, bias_ptr, qkn_ptr,
-                                  inv_freq_ptr, lengths_ptr, q_ptr + sl * ROWS * Q, kv_ptr, layer, step, tile,
-                                  field(vec, C_SEG), field(vec, C_HEAD0), B, H, NQ, Q, D, KVH, L, S, BATCH,
-                                  QK_NORM, EPS, TOKENS, RPAD)
+                    if EARLY_LOADS:
+                        _qkv_finish(s_qkv_ptr + sl * ROWS * NQ * SLOT_ROWS, ss_rows, q_b1, q_b2, q_len, q_w1, q_w2,
+                                    q_freq, q_ptr + sl * ROWS * Q, kv_ptr, layer, step, tile, field(vec, C_SEG),
+                                    field(vec, C_HEAD0), B, H, NQ, Q, D, KVH, L, S, BATCH, QK_NORM, EPS, TOKENS, RPAD)
+                    else:
+                        _qkv_epilogue(s_qkv_ptr + sl * ROWS * NQ * SLOT_ROWS, ssx_ptr + sx * ROWS, bias_ptr, qkn_ptr,
+                                      inv_freq_ptr, lengths_ptr, q_ptr + sl * ROWS * Q, kv_ptr, layer, step, tile,
+                                      field(vec, C_SEG), field(vec, C_HEAD0), B, H, NQ, Q, D, KVH, L, S, BATCH,
+                                      QK_NORM, EPS, TOKENS, RPAD)
                 elif op == 3:
                     _residual_epilogue(s_o_ptr + sl * ROWS * H, xs_ptr + sx * ROWS * H, xm_ptr + sl * ROWS * H,
                                        ssm_ptr + sl * ROWS, col0, B, H, RPAD)
                 elif op == 4:
                     if (not DIRECT_EPILOGUE) or field(vec, C_SPLITS) > 1:  # else it ran on the accumulators
-                        _gate_up_epilogue(s_gu_ptr + sl * ROWS * 2 * F, ssm_ptr + sl * ROWS, h_ptr + sl * ROWS * F,
-                                          tile, B, H, F, EPS, RPAD)
+                        if EARLY_LOADS:
+                            _gate_up_finish(s_gu_ptr + sl * ROWS * 2 * F, ss_rows, h_ptr + sl * ROWS * F, tile, B, H,
+                                            F, EPS, RPAD)
+                        else:
+                            _gate_up_epilogue(s_gu_ptr + sl * ROWS * 2 * F, ssm_ptr + sl * ROWS,
+                                              h_ptr + sl * ROWS * F, tile, B, H, F, EPS, RPAD)
                 elif op == 5:
                     _residual_epilogue(s_d_ptr + sl * ROWS * H, xm_ptr + sl * ROWS * H,
                                        xs_ptr + (sx + 1) * ROWS * H, ssx_ptr + (sx + 1) * ROWS, col0, B, H, RPAD)
@@ -649,7 +819,7 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, kv_desc, table_ptr
                 KT_MAX: gl.constexpr, EPS: gl.constexpr, QK_SCALE: gl.constexpr, GP: gl.constexpr,
                 CHUNKS: gl.constexpr, STAMPS: gl.constexpr, KV_BUFS: gl.constexpr, TOKENS: gl.constexpr,
                 LOGITS: gl.constexpr, RPAD: gl.constexpr, CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr,
-                DIRECT_EPILOGUE: gl.constexpr, RING_KV: gl.constexpr):
+                DIRECT_EPILOGUE: gl.constexpr, RING_KV: gl.constexpr, EARLY_LOADS: gl.constexpr):
     ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, SLOT_ROWS, BK], qkv_desc.layout)
     act_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([RPAD, BK], gl.bfloat16)
     act = gl.allocate_shared_memory(gl.bfloat16, [KT_MAX, RPAD, BK], act_layout)
@@ -661,7 +831,8 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, kv_desc, table_ptr
                         ssm_ptr, q_ptr, o_ptr, h_ptr, kv_ptr, s_qkv_ptr, s_o_ptr, s_gu_ptr, s_d_ptr, s_head_ptr,
                         best_val_ptr, best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr,
                         stamps_ptr, H, Q, F, V, D, G, KVH, L, S, NQ, NTH, BATCH, QK_NORM, STAGES, EPS, QK_SCALE, GP,
-                        CHUNKS, STAMPS, KV_BUFS, TOKENS, LOGITS, RPAD, CHUNK, MMA_DEPTH, DIRECT_EPILOGUE, RING_KV)),
+                        CHUNKS, STAMPS, KV_BUFS, TOKENS, LOGITS, RPAD, CHUNK, MMA_DEPTH, DIRECT_EPILOGUE, RING_KV,
+                        EARLY_LOADS)),
         (step_loader, (qkv_desc, o_desc, gu_desc, d_desc, head_desc, kv_desc, ring, ready, empty, table_ptr,
                        list_ptr, bounds_ptr, lengths_ptr, stamps_ptr, STAGES, STAMPS, RING_KV, D, KVH, L, S, BATCH,
                        CHUNKS, TOKENS)),
