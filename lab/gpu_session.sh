@@ -129,6 +129,12 @@ early)  # each epilogue's inputs loaded before its product or its pieces' count 
     run 150 early_checks python benchmarks/step_checks.py --batches 5 32 --steps 8 --launch early_loads=1 \
         --json "$out/early_checks.json"
     python lab/step_stages/critical.py "$out/early.json" --variant early_loads=1 | tee "$out/early_critical.md" ;;
+early2)  # early_loads 1 (a split tile's inputs before the count) against 2 (before the product) and the
+    # default, on #48's four aims in one process (about 300 s)
+    run 420 early2 python lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml \
+        benchmarks/workloads/qwen3-06b-8b-b1-k7-ctx2k.toml examples/qwen25-05b-7b-b8.toml examples/llama-1b-8b-b8.toml \
+        --variants default early_loads=1 early_loads=2 --passes 2 --json "$out/early2.json"
+    python lab/step_stages/critical.py "$out/early2.json" --variant early_loads=2 | tee "$out/early2_critical.md" ;;
 critical)  # the launch's critical path at its defaults (ledger.critical_path), every example's draft phase in one
     # process, each checked first (about 250 s); then the table (lab/step_stages/critical.py)
     run 420 critical python lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml \

@@ -52,7 +52,7 @@ RING_KV = True
 # the count (the critical path, lab/step_stages/h100_critical.json: qkv's and gate_up's epilogues took
 # 3.1-3.4 us on it against 1.3 for o_proj's, their loads chained behind the squares' 1/rms). A coarse
 # table's option, off until measured.
-EARLY_LOADS = False
+EARLY_LOADS = 0
 # StepLaunch's tuning options (the keyword arguments CompiledStep.use_launch_options passes on)
 LAUNCH_OPTIONS = ("attention_buffers", "mma_depth", "direct_epilogue", "ring_kv", "early_loads")
 
@@ -73,7 +73,7 @@ class StepLaunch:
     def __init__(self, prog: StepProgram, weights: dict, kv: torch.Tensor, stamps: bool = False,
                  spin_limit: int = SPIN_LIMIT, logits: bool = False, attention_buffers: int | None = None,
                  mma_depth: int = MMA_DEPTH, direct_epilogue: bool | None = None, ring_kv: bool | None = None,
-                 early_loads: bool | None = None):
+                 early_loads: int | None = None):
         spec, dev, B, R, k = prog.spec, weights["qkv"].device, prog.batch, prog.rows, prog.steps
         group = spec.num_heads // spec.num_kv_heads
         if R > ROW_TILES[-1] or prog.tiles != Tiles():
@@ -141,7 +141,9 @@ class StepLaunch:
             raise ValueError("epilogues on the accumulators need a coarse table (step_table's): this one's tiles "
                              "wait for whole rows before their epilogues")
         if early_loads is None:
-            early_loads = EARLY_LOADS and coarse
+            early_loads = EARLY_LOADS if coarse else 0
+        elif early_loads not in (0, 1, 2):
+            raise ValueError(f"early_loads is 0, 1 (before the count) or 2 (before the product), not {early_loads}")
         elif early_loads and not coarse:
             raise ValueError("an epilogue's inputs load early on a coarse table (step_table's): this one's tiles "
                              "wait for whole rows before their epilogues")
@@ -157,7 +159,7 @@ class StepLaunch:
                            QK_SCALE=1.4426950408889634 / spec.head_dim ** 0.5, GP=gp, CHUNKS=chunks, STAMPS=stamps,
                            KV_BUFS=attention_buffers, TOKENS=prog.tokens, LOGITS=logits, RPAD=rpad, CHUNK=chunk,
                            MMA_DEPTH=mma_depth, DIRECT_EPILOGUE=bool(direct_epilogue), RING_KV=bool(ring_kv),
-                           EARLY_LOADS=bool(early_loads),
+                           EARLY_LOADS=int(early_loads),
                            num_warps=4,
                            maxnreg=168)
         self.stamps = torch.zeros(len(prog.tasks), STAMP_COLS, dtype=torch.int64, device=dev)

@@ -398,7 +398,7 @@ def _paired_out(op, acc1, acc2, direct, s_qkv_ptr, s_gu_ptr, ssm_ptr, h_ptr, sl,
                 ss_early, EARLY_LOADS: gl.constexpr):
     """A paired tile's product out: its partials into the op's sums, or (`direct`) gate_up's epilogue."""
     if direct:
-        if EARLY_LOADS:
+        if EARLY_LOADS > 0:
             _gate_up_direct_early(acc1, acc2, ss_early, h_ptr + sl * ROWS * F, tile, B, H, F, EPS, RPAD)
         else:
             _gate_up_epilogue_direct(acc1, acc2, ssm_ptr + sl * ROWS, h_ptr + sl * ROWS * F, tile, B, H, F, EPS,
@@ -413,7 +413,7 @@ def _single_out(op, acc, direct, s_o_ptr, s_d_ptr, s_head_ptr, ssx_ptr, best_val
                 LOGITS: gl.constexpr, ROWS: gl.constexpr, RPAD: gl.constexpr, ss_early, EARLY_LOADS: gl.constexpr):
     """A single tile's product out: its partial into the op's sums, or (`direct`) lm_head's epilogue."""
     if direct:
-        if EARLY_LOADS:
+        if EARLY_LOADS > 0:
             _head_direct_early(acc, ss_early, s_head_ptr + step * ROWS * NTH * SLOT_ROWS,
                                best_val_ptr + step * NTH * RPAD, best_idx_ptr + step * NTH * RPAD, tile, B, H, V,
                                NTH, EPS, LOGITS, RPAD)
@@ -689,11 +689,16 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
             n_k = field(vec, C_KHI) - field(vec, C_KLO)
             if DIRECT_EPILOGUE:  # a whole gate_up or lm_head tile (its K one task's): its epilogue on its accumulators
                 direct = ((op == 4) | (op == 6)) & (field(vec, C_SPLITS) == 1)
-            if EARLY_LOADS:  # the norm's squares, before the product (a whole tile's epilogue follows it)
+            if EARLY_LOADS > 0:  # the norm's squares, before the product (a whole tile's epilogue follows it)
                 ss_at = _norm_squares(op, ssx_ptr, ssm_ptr, step, sl, sx, L, ROWS)
                 ss_cols = _squares(ss_at, B, gl.SliceLayout(0, acc_layout), RPAD)
             else:
                 ss_cols = 0.0
+            if EARLY_LOADS == 2:  # a split tile's epilogue inputs too, in flight with the staging
+                ss_rows = _squares(ss_at, B, gl.SliceLayout(1, epi), RPAD)
+                q_b1, q_b2, q_len, q_w1, q_w2, q_freq = _qkv_inputs(op == 1, bias_ptr, qkn_ptr, inv_freq_ptr,
+                                                                    lengths_ptr, layer, tile, field(vec, C_SEG), B,
+                                                                    NQ, D, QK_NORM, TOKENS, RPAD)
             if CHUNK == 0:  # the activation tiles hold every task's K
                 _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, step, sl, sx, B, k_lo, n_k, H, Q, F, L, ROWS, RPAD)
                 if STAMPS:
@@ -747,7 +752,7 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                         _add_single(op, acc, s_o_ptr, s_d_ptr, s_head_ptr, step, sl, col0, B, H, NTH, ROWS, RPAD)
             if STAMPS:
                 gl.store(stamps_ptr + task * STAMP_COLS + S_MULTIPLIED, now(task))
-            if EARLY_LOADS:  # a split tile's epilogue inputs, in flight while its pieces are counted
+            if EARLY_LOADS == 1:  # a split tile's epilogue inputs, in flight while its pieces are counted
                 ss_rows = _squares(ss_at, B, gl.SliceLayout(1, epi), RPAD)
                 q_b1, q_b2, q_len, q_w1, q_w2, q_freq = _qkv_inputs(op == 1, bias_ptr, qkn_ptr, inv_freq_ptr,
                                                                     lengths_ptr, layer, tile, field(vec, C_SEG), B,
@@ -765,7 +770,7 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
             if arrived == field(vec, C_SPLITS) - 1:  # the tile's last slice: its epilogue
                 wait_all(waits_ptr, field(vec, C_FOFF), field(vec, C_FCNT), counter_ptr, error_ptr, spin_limit)
                 if op == 1:
-                    if EARLY_LOADS:
+                    if EARLY_LOADS > 0:
                         _qkv_finish(s_qkv_ptr + sl * ROWS * NQ * SLOT_ROWS, ss_rows, q_b1, q_b2, q_len, q_w1, q_w2,
                                     q_freq, q_ptr + sl * ROWS * Q, kv_ptr, layer, step, tile, field(vec, C_SEG),
                                     field(vec, C_HEAD0), B, H, NQ, Q, D, KVH, L, S, BATCH, QK_NORM, EPS, TOKENS, RPAD)
@@ -779,7 +784,7 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                                        ssm_ptr + sl * ROWS, col0, B, H, RPAD)
                 elif op == 4:
                     if (not DIRECT_EPILOGUE) or field(vec, C_SPLITS) > 1:  # else it ran on the accumulators
-                        if EARLY_LOADS:
+                        if EARLY_LOADS > 0:
                             _gate_up_finish(s_gu_ptr + sl * ROWS * 2 * F, ss_rows, h_ptr + sl * ROWS * F, tile, B, H,
                                             F, EPS, RPAD)
                         else:
