@@ -13,7 +13,8 @@
 #        that measured it are in 5050a07's runbook; ring_default_short, ring_min: cut to fit a short
 #        budget); split_finish: a split tile's pieces through shared atomic sums or a slot each; handoff: a
 #        stage's handoff by counter or by flags in the data; critical: the launch's critical path stage by stage
-#        on every example (lab/step_stages/critical.py); early: epilogue inputs loaded early (early_loads); merged: lab/stream_chain's MLP blocks as one stage
+#        on every example (lab/step_stages/critical.py); defaults: the checks and the four aims' draft phase at the
+#        launch's defaults; merged: lab/stream_chain's MLP blocks as one stage
 #        (merged, folded) against two (lab/step_stages' fewer stages); narrow: whole-K narrow tiles against split K in a
 #        chain of dependent GEMMs (lab/narrow_tiles); verify49: #49's record (the B=32 example's kernel
 #        sweep, then every example's verify phase against its floor, by the tile kernel and with the
@@ -119,22 +120,14 @@ ring_min)  # ring_default at its least (about 210 s): the checks of the drafts r
 split_finish)  # lab/split_finish: a split tile's pieces through shared atomic sums against a slot each, alone and
     # beside a read stream (about 120 s)
     run 200 split_finish python lab/split_finish/probe.py --json "$out/split_finish.json" ;;
-early)  # each epilogue's inputs loaded before its product or its pieces' count (launch option early_loads)
-    # against the default, every example in one process, each variant checked first (about 300 s); then the
-    # option's checks on every draft, k 8 (about 80 s)
-    run 420 early python lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml \
+defaults)  # the launch's defaults since the epilogues' inputs load early (lab/step_stages/h100_early.json): the
+    # step form's checks for every family's draft (k 1 and 8, 5 and 32 sequences), then #48's four aims'
+    # draft phase on this card (about 350 s)
+    card=h100; grep -q H200 "$out/gpu.txt" && card=h200
+    run 200 step_checks python benchmarks/step_checks.py --batches 5 32 --json "$out/step_checks.json"
+    run 300 draft_step python benchmarks/draft_step.py examples/qwen3-06b-8b-b4.toml \
         benchmarks/workloads/qwen3-06b-8b-b1-k7-ctx2k.toml examples/llama-1b-8b-b8.toml examples/qwen25-05b-7b-b8.toml \
-        examples/llama-1b-8b-b1.toml examples/llama-1b-3b-b16-ctx4k.toml examples/qwen25-15b-14b-b4.toml \
-        --variants default early_loads=1 --passes 2 --json "$out/early.json"
-    run 150 early_checks python benchmarks/step_checks.py --batches 5 32 --steps 8 --launch early_loads=1 \
-        --json "$out/early_checks.json"
-    python lab/step_stages/critical.py "$out/early.json" --variant early_loads=1 | tee "$out/early_critical.md" ;;
-early2)  # early_loads 1 (a split tile's inputs before the count) against 2 (before the product) and the
-    # default, on #48's four aims in one process (about 300 s)
-    run 420 early2 python lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml \
-        benchmarks/workloads/qwen3-06b-8b-b1-k7-ctx2k.toml examples/qwen25-05b-7b-b8.toml examples/llama-1b-8b-b8.toml \
-        --variants default early_loads=1 early_loads=2 --passes 2 --json "$out/early2.json"
-    python lab/step_stages/critical.py "$out/early2.json" --variant early_loads=2 | tee "$out/early2_critical.md" ;;
+        --json "$out/draft_step_$card.json" ;;
 critical)  # the launch's critical path at its defaults (ledger.critical_path), every example's draft phase in one
     # process, each checked first (about 250 s); then the table (lab/step_stages/critical.py)
     run 420 critical python lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml \

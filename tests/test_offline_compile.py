@@ -112,7 +112,7 @@ import sys
 from types import SimpleNamespace
 from conjugate.compiler.step.launch import StepLaunch
 from conjugate.compiler.step.layout import tile_weights
-from conjugate.compiler.step.table import step_table
+from conjugate.compiler.step.table import build, step_table
 from conjugate.compiler.buffers import ModelBuffers, PreparedWeights
 from conjugate.compiler.offline import _Triton
 from conjugate.compiler.step.compiled import CompiledStep
@@ -130,6 +130,13 @@ for name in sys.argv[1:]:
                          device="meta")
         launch = StepLaunch(prog, tile_weights(meta_weights(spec, torch.bfloat16), prog), kv, logits=True)
         step = SimpleNamespace(launch=launch, digest=name)
+    elif name.startswith("tile_waits:"):  # a table of per-tile waits: epilogue inputs load after the finish waits
+        spec = from_name(name.split(":")[1])
+        prog = build(spec, 16, 2, 132)
+        kv = torch.empty(2, spec.num_layers, 16, spec.num_kv_heads, 1100, spec.head_dim, dtype=torch.bfloat16,
+                         device="meta")
+        step = SimpleNamespace(launch=StepLaunch(prog, tile_weights(meta_weights(spec, torch.bfloat16), prog), kv),
+                               digest=name)
     else:  # the examples' largest step batch (or b32:MODEL, the compiler's largest), 2 steps, a 1k context
         batch, model = (32, name[4:]) if name.startswith("b32:") else (16, name.split(":")[-1])  # sums:MODEL
         bufs = ModelBuffers.allocate(PreparedWeights(meta_weights(from_name(model), torch.bfloat16)), batch, 1, 2,
@@ -143,7 +150,7 @@ for name in sys.argv[1:]:
     r = tools.compile(source, options)
     kw = step.launch.kwargs
     print(name, r.registers, r.spills, r.shared_bytes, kw["KV_BUFS"], kw["RPAD"], kw["CHUNK"],
-          int(kw["DIRECT_EPILOGUE"]), int(kw["RING_KV"]))
+          int(kw["DIRECT_EPILOGUE"]), int(kw["RING_KV"]), int(kw["COARSE"]))
 """
 
 
@@ -151,21 +158,24 @@ def test_the_step_kernel_compiles_for_hopper_for_every_family(triton_cache):
     """The step form's Gluon kernel, bound to each family's draft shapes (llama: RoPE scaling, qwen2:
     bias, qwen3: q/k norm and 128-dim heads; qwen3 also at 32 sequences, a 32-row tile; qwen2 also with
     every epilogue through the sums, as a table of per-tile waits runs it; attention's history through
-    the loader's ring by default, and qwen3 also with it read after the waits) on meta buffers: compiled for
+    the loader's ring by default, and qwen3 also with it read after the waits; qwen2 also on a table of
+    per-tile waits, whose epilogues load their inputs after the finish waits) on meta buffers: compiled for
     sm_90a within a program's registers (168), with no local memory (cuobjdump's count; Triton's own
     spill count on a GPU read 8 for the same kernels) and within Hopper's shared memory."""
     env = os.environ | {"TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(triton_cache)}
     names = ["llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b", "b32:qwen3-0.6b", "verify:qwen3-8b", "sums:qwen2.5-0.5b",
-             "plain:qwen3-0.6b"]
+             "plain:qwen3-0.6b", "tile_waits:qwen2.5-0.5b"]
     proc = subprocess.run([sys.executable, "-c", STEP_COMPILE, *names],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line.split() for line in proc.stdout.splitlines()]
     assert [r[0] for r in rows] == names
-    for name, regs, spills, shared, kv_buffers, rpad, chunk, direct, ring_kv in rows:
+    for name, regs, spills, shared, kv_buffers, rpad, chunk, direct, ring_kv, coarse in rows:
         assert int(regs) <= 168 and int(spills) == 0 and 200_000 < int(shared) <= 232_448, (name, regs, shared)
         assert int(kv_buffers) == 2  # attention's default depth, the activation tiles grown where needed
-        assert direct == ("0" if name.startswith("sums:") else "1")  # direct epilogues: the default on these tables
+        per_tile = name.startswith("tile_waits:")
+        assert coarse == ("0" if per_tile else "1")  # epilogue inputs loaded early on coarse tables only
+        assert direct == ("0" if name.startswith(("sums:", "tile_waits:")) else "1")  # the default on coarse tables
         assert ring_kv == ("0" if name.startswith("plain:") else "1")  # 64- and 128-dim heads: the ring
     # row tiles; whole K or staged
-    assert [(r[5], r[6]) for r in rows] == [("16", "0")] * 3 + [("32", "0"), ("64", "16")] + [("16", "0")] * 2
+    assert [(r[5], r[6]) for r in rows] == [("16", "0")] * 3 + [("32", "0"), ("64", "16")] + [("16", "0")] * 3

@@ -46,15 +46,8 @@ DIRECT_EPILOGUE = True
 # lab/step_stages/h100_ring_kv.json): the draft phase 5.507 -> 5.262 ms on qwen3-06b-8b-b4, 3.326 -> 3.252
 # on qwen25-05b-7b-b8, 7.293 -> 7.018 on qwen3-0.6b at B=1, k=7, context 2048, 5.004 -> 4.834 on llama-1b-8b-b8.
 RING_KV = True
-# Each epilogue's inputs that no task writes after the task's waits (the norm's summed squares, qkv's bias,
-# positions, q/k norm weights, RoPE's frequencies) loaded before they are needed: a whole tile's before its
-# product, a split tile's while its pieces are counted, so that a last piece reads only its sums after
-# the count (the critical path, lab/step_stages/h100_critical.json: qkv's and gate_up's epilogues took
-# 3.1-3.4 us on it against 1.3 for o_proj's, their loads chained behind the squares' 1/rms). A coarse
-# table's option, off until measured.
-EARLY_LOADS = 0
 # StepLaunch's tuning options (the keyword arguments CompiledStep.use_launch_options passes on)
-LAUNCH_OPTIONS = ("attention_buffers", "mma_depth", "direct_epilogue", "ring_kv", "early_loads")
+LAUNCH_OPTIONS = ("attention_buffers", "mma_depth", "direct_epilogue", "ring_kv")
 
 
 class StepLaunch:
@@ -65,15 +58,16 @@ class StepLaunch:
     blocks in flight, 1-4), `mma_depth` (K tiles' wgmma in flight, 1-2), `direct_epilogue` (whole
     gate_up and lm_head tiles' epilogues on their accumulators; by default wherever the table is
     coarse, as step_table's are), `ring_kv` (attention's history through the loader's ring; by
-    default wherever the heads have 64 or 128 dims and the cache's rows fit a TMA coordinate),
-    `early_loads` (epilogue inputs loaded before the product or the count; a coarse table's option)."""
+    default wherever the heads have 64 or 128 dims and the cache's rows fit a TMA coordinate). On a
+    coarse table the epilogues' inputs besides their sums load before the product or the pieces' count
+    (the kernel's COARSE; measured against loading them after the count, `lab/step_stages/h100_early.json`:
+    0.06-2.4% off the draft phase on seven H100 examples)."""
 
     kernel = step_kernel
 
     def __init__(self, prog: StepProgram, weights: dict, kv: torch.Tensor, stamps: bool = False,
                  spin_limit: int = SPIN_LIMIT, logits: bool = False, attention_buffers: int | None = None,
-                 mma_depth: int = MMA_DEPTH, direct_epilogue: bool | None = None, ring_kv: bool | None = None,
-                 early_loads: int | None = None):
+                 mma_depth: int = MMA_DEPTH, direct_epilogue: bool | None = None, ring_kv: bool | None = None):
         spec, dev, B, R, k = prog.spec, weights["qkv"].device, prog.batch, prog.rows, prog.steps
         group = spec.num_heads // spec.num_kv_heads
         if R > ROW_TILES[-1] or prog.tiles != Tiles():
@@ -134,18 +128,13 @@ class StepLaunch:
         attention_buffers = KV_BUFFERS if attention_buffers is None else attention_buffers
         if mma_depth not in (1, 2):
             raise ValueError(f"a GEMM keeps 1 or 2 K tiles' wgmma in flight, not {mma_depth}")
-        coarse = not any(t.finish_waits for t in prog.tasks)  # a direct epilogue runs before a last piece's waits
+        # every input of an epilogue is complete once its task's waits are met (a direct epilogue runs, and
+        # the epilogues' inputs load, before a last piece's finish waits)
+        coarse = not any(t.finish_waits for t in prog.tasks)
         if direct_epilogue is None:
             direct_epilogue = DIRECT_EPILOGUE and coarse
         elif direct_epilogue and not coarse:
             raise ValueError("epilogues on the accumulators need a coarse table (step_table's): this one's tiles "
-                             "wait for whole rows before their epilogues")
-        if early_loads is None:
-            early_loads = EARLY_LOADS if coarse else 0
-        elif early_loads not in (0, 1, 2):
-            raise ValueError(f"early_loads is 0, 1 (before the count) or 2 (before the product), not {early_loads}")
-        elif early_loads and not coarse:
-            raise ValueError("an epilogue's inputs load early on a coarse table (step_table's): this one's tiles "
                              "wait for whole rows before their epilogues")
         act_tiles = max(act_tiles, attention_tiles(attention_buffers, spec.head_dim, rpad))
         chunk = 0 if act_tiles >= kt_max else act_tiles  # whole K slices, else runs as long as the tiles hold
@@ -159,7 +148,7 @@ class StepLaunch:
                            QK_SCALE=1.4426950408889634 / spec.head_dim ** 0.5, GP=gp, CHUNKS=chunks, STAMPS=stamps,
                            KV_BUFS=attention_buffers, TOKENS=prog.tokens, LOGITS=logits, RPAD=rpad, CHUNK=chunk,
                            MMA_DEPTH=mma_depth, DIRECT_EPILOGUE=bool(direct_epilogue), RING_KV=bool(ring_kv),
-                           EARLY_LOADS=int(early_loads),
+                           COARSE=coarse,
                            num_warps=4,
                            maxnreg=168)
         self.stamps = torch.zeros(len(prog.tasks), STAMP_COLS, dtype=torch.int64, device=dev)

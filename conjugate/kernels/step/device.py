@@ -113,14 +113,6 @@ def _tile(ptr, col0, width, B, ROWS: gl.constexpr, layout: gl.constexpr, RPAD: g
 
 
 @gluon.jit
-def _rstd(ss_ptr, B, H: gl.constexpr, EPS: gl.constexpr, layout: gl.constexpr, RPAD: gl.constexpr):
-    """[RPAD, 1]: each row's 1 / rms from its summed squares."""
-    b = gl.arange(0, RPAD, layout=gl.SliceLayout(1, layout))
-    ss = gl.load(ss_ptr + b, mask=b < B, other=0.0, cache_modifier=".cg")
-    return gl.rsqrt(ss / H + EPS)[:, None]
-
-
-@gluon.jit
 def _residual_epilogue(sum_ptr, res_ptr, out_ptr, ss_out_ptr, col0, B, H: gl.constexpr, RPAD: gl.constexpr):
     """out[:, tile] = bf16(res[:, tile] + sums[:, tile]); the rounded tile's squares into ss_out."""
     layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
@@ -134,131 +126,12 @@ def _residual_epilogue(sum_ptr, res_ptr, out_ptr, ss_out_ptr, col0, B, H: gl.con
     gl.atomic_add(ss_out_ptr + b, gl.sum(rounded * rounded, axis=1), mask=b < B, sem="relaxed")
 
 
-@gluon.jit
-def _gate_up_epilogue(sum_ptr, ss_ptr, h_ptr, tile, B, H: gl.constexpr, F: gl.constexpr, EPS: gl.constexpr, RPAD: gl.constexpr):
-    layout: gl.constexpr = gl.BlockedLayout([1, 2], [2, 16], [4, 1], [1, 0])
-    b = gl.arange(0, RPAD, layout=gl.SliceLayout(1, layout))
-    c = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
-    rstd = _rstd(ss_ptr, B, H, EPS, layout, RPAD)
-    g = _tile(sum_ptr, tile * SLOT_ROWS, 2 * F, B, HALF, layout, RPAD) * rstd
-    u = _tile(sum_ptr, tile * SLOT_ROWS + HALF, 2 * F, B, HALF, layout, RPAD) * rstd
-    h = g / (1.0 + gl.exp(-g)) * u
-    gl.store(h_ptr + b[:, None] * F + (tile * HALF + c)[None, :], h.to(gl.bfloat16), mask=(b < B)[:, None])
-
-
-@gluon.jit
-def _gate_up_epilogue_direct(acc_g, acc_u, ss_ptr, h_ptr, tile, B, H: gl.constexpr, F: gl.constexpr, EPS: gl.constexpr,
-                             RPAD: gl.constexpr):
-    """_gate_up_epilogue over a whole tile's accumulators ([HALF, RPAD] each, transposed) instead of its
-    sums (DIRECT_EPILOGUE: the launch's default on a coarse table; split tiles still finish from their sums)."""
-    layout: gl.constexpr = acc_g.type.layout
-    c = gl.arange(0, HALF, layout=gl.SliceLayout(1, layout))
-    b = gl.arange(0, RPAD, layout=gl.SliceLayout(0, layout))
-    ss = gl.load(ss_ptr + b, mask=b < B, other=0.0, cache_modifier=".cg")
-    rstd = gl.rsqrt(ss / H + EPS)[None, :]
-    g = acc_g * rstd
-    h = g / (1.0 + gl.exp(-g)) * (acc_u * rstd)
-    gl.store(h_ptr + b[None, :] * F + (tile * HALF + c)[:, None], h.to(gl.bfloat16), mask=(b < B)[None, :])
-
-
-@gluon.jit
-def _qkv_epilogue(sum_ptr, ss_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, lengths_ptr, q_ptr, kv_ptr, layer, step, tile,
-                  seg, head0, B, H: gl.constexpr, NQ: gl.constexpr, Q: gl.constexpr, D: gl.constexpr,
-                  KVH: gl.constexpr, L: gl.constexpr, S: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr,
-                  EPS: gl.constexpr, TOKENS: gl.constexpr, RPAD: gl.constexpr):
-    """One paired tile: rows r < 64 are dims d = r % (D/2) of head head0 + r // (D/2) (first halves),
-    the next 64 the same heads' second halves. Activation row b is token b % TOKENS of sequence
-    b // TOKENS, at position length + step + that token."""
-    layout: gl.constexpr = gl.BlockedLayout([1, 2], [2, 16], [4, 1], [1, 0])
-    b = gl.arange(0, RPAD, layout=gl.SliceLayout(1, layout))
-    r = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
-    HD2: gl.constexpr = D // 2
-    j = r // HD2
-    d = r % HD2
-    rstd = _rstd(ss_ptr, B, H, EPS, layout, RPAD)
-    bias1 = gl.load(bias_ptr + layer * NQ * SLOT_ROWS + tile * SLOT_ROWS + r)
-    bias2 = gl.load(bias_ptr + layer * NQ * SLOT_ROWS + tile * SLOT_ROWS + HALF + r)
-    a1 = _tile(sum_ptr, tile * SLOT_ROWS, NQ * SLOT_ROWS, B, HALF, layout, RPAD) * rstd + bias1[None, :]
-    a2 = _tile(sum_ptr, tile * SLOT_ROWS + HALF, NQ * SLOT_ROWS, B, HALF, layout, RPAD) * rstd + bias2[None, :]
-    if TOKENS == 1:
-        seq = b
-        pos = gl.load(lengths_ptr + b, mask=b < B, other=0) + step  # [RPAD]
-    else:
-        seq = b // TOKENS
-        pos = gl.load(lengths_ptr + seq, mask=b < B, other=0) + step + b % TOKENS
-    if seg < 2:
-        if QK_NORM:  # one head per tile (D = 128): its 1/rms over both halves
-            ms = (gl.sum(a1 * a1, axis=1) + gl.sum(a2 * a2, axis=1)) / D
-            rn = gl.rsqrt(ms + EPS)[:, None]
-            w1 = gl.load(qkn_ptr + (layer * 2 + seg) * D + d)
-            w2 = gl.load(qkn_ptr + (layer * 2 + seg) * D + HD2 + d)
-            a1 = a1 * rn * w1[None, :]
-            a2 = a2 * rn * w2[None, :]
-        angle = pos.to(gl.float32)[:, None] * gl.load(inv_freq_ptr + d)[None, :]
-        cos = gl.cos(angle)
-        sin = gl.sin(angle)
-        o1 = a1 * cos - a2 * sin
-        o2 = a2 * cos + a1 * sin
-    else:
-        o1 = a1
-        o2 = a2
-    head = head0 + j  # [HALF]
-    mask = (b < B)[:, None]
-    if seg == 0:
-        base = q_ptr + b[:, None] * Q + (head * D + d)[None, :]
-        gl.store(base, o1.to(gl.bfloat16), mask=mask)
-        gl.store(base + HD2, o2.to(gl.bfloat16), mask=mask)
-    else:
-        # [RPAD]: the (k or v, layer, sequence) cache plane; in int64, as attention's reads are (a target's
-        # cache passes 2^31 elements: llama-3.2-3b at 16 sequences of 4100 positions)
-        plane = (((seg - 1) * L + layer) * BATCH + seq).to(gl.int64)
-        base = kv_ptr + ((plane[:, None] * KVH + head[None, :]) * S + pos[:, None]) * D + d[None, :]
-        gl.store(base, o1.to(gl.bfloat16), mask=mask)
-        gl.store(base + HD2, o2.to(gl.bfloat16), mask=mask)
-
-
-@gluon.jit
-def _head_epilogue(sum_ptr, ss_ptr, best_val_ptr, best_idx_ptr, tile, B, H: gl.constexpr, V: gl.constexpr,
-                   NTH: gl.constexpr, EPS: gl.constexpr, LOGITS: gl.constexpr, RPAD: gl.constexpr):
-    """The tile's logits (1/rms applied): each row's max and its first column, into the step's partials;
-    with LOGITS the logits themselves too, over the tile's sums (the step's [rows, NTH * 128] fp32)."""
-    layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
-    b = gl.arange(0, RPAD, layout=gl.SliceLayout(1, layout))
-    c = tile * SLOT_ROWS + gl.arange(0, SLOT_ROWS, layout=gl.SliceLayout(0, layout))
-    logits = _tile(sum_ptr, tile * SLOT_ROWS, NTH * SLOT_ROWS, B, SLOT_ROWS, layout, RPAD) * _rstd(ss_ptr, B, H, EPS, layout, RPAD)
-    if LOGITS:
-        gl.store(sum_ptr + b[:, None] * (NTH * SLOT_ROWS) + c[None, :], logits, mask=(b < B)[:, None] & (c < V)[None, :])
-    logits = gl.where((c < V)[None, :], logits, float("-inf"))
-    best = gl.max(logits, axis=1)
-    first = -gl.max(gl.where(logits == best[:, None], -c[None, :], -(V + 1)), axis=1)
-    gl.store(best_val_ptr + tile * RPAD + b, best, mask=b < B)
-    gl.store(best_idx_ptr + tile * RPAD + b, first, mask=b < B)
-
-
-@gluon.jit
-def _head_epilogue_direct(acc, sum_ptr, ss_ptr, best_val_ptr, best_idx_ptr, tile, B, H: gl.constexpr, V: gl.constexpr,
-                          NTH: gl.constexpr, EPS: gl.constexpr, LOGITS: gl.constexpr, RPAD: gl.constexpr):
-    """_head_epilogue over a whole tile's accumulator ([SLOT_ROWS, RPAD], transposed) instead of its
-    sums (DIRECT_EPILOGUE: the launch's default on a coarse table; split tiles still finish from their sums)."""
-    layout: gl.constexpr = acc.type.layout
-    c = tile * SLOT_ROWS + gl.arange(0, SLOT_ROWS, layout=gl.SliceLayout(1, layout))
-    b = gl.arange(0, RPAD, layout=gl.SliceLayout(0, layout))
-    ss = gl.load(ss_ptr + b, mask=b < B, other=0.0, cache_modifier=".cg")
-    logits = acc * gl.rsqrt(ss / H + EPS)[None, :]
-    if LOGITS:
-        gl.store(sum_ptr + b[None, :] * (NTH * SLOT_ROWS) + c[:, None], logits,
-                 mask=(b < B)[None, :] & (c < V)[:, None])
-    logits = gl.where((c < V)[:, None], logits, float("-inf"))
-    best = gl.max(logits, axis=0)
-    first = -gl.max(gl.where(logits == best[None, :], -c[:, None], -(V + 1)), axis=0)
-    gl.store(best_val_ptr + tile * RPAD + b, best, mask=b < B)
-    gl.store(best_idx_ptr + tile * RPAD + b, first, mask=b < B)
-
-
-# With EARLY_LOADS an epilogue's inputs that no task of the launch writes after the task's waits (the
-# norm's summed squares, qkv's bias, positions, q/k norm weights and RoPE frequencies) are loaded
-# before they are needed: a whole tile's before its product, a split tile's before its pieces are
-# counted (their round trip then overlaps the arrival's). Only the tile's sums are read after.
+# An epilogue's inputs besides its tile's sums (the norm's summed squares; qkv's bias, positions, q/k norm
+# weights and RoPE frequencies) are loaded before they are needed, on a coarse table (COARSE: every one of
+# them is complete once the task's waits are met): a whole tile's squares before its product, a split
+# tile's inputs before its pieces are counted (their trip overlaps the count's). A last piece then reads
+# only its sums: one round trip, not the two or three of loads chained behind the squares' 1/rms
+# (lab/step_stages/h100_early.json). On a table of per-tile waits they load after the finish waits.
 
 @gluon.jit
 def _norm_squares(op, ssx_ptr, ssm_ptr, step, sl, sx, L: gl.constexpr, ROWS: gl.constexpr):
@@ -304,11 +177,14 @@ def _qkv_inputs(on, bias_ptr, qkn_ptr, inv_freq_ptr, lengths_ptr, layer, tile, s
 
 
 @gluon.jit
-def _qkv_finish(sum_ptr, ss, bias1, bias2, length, w1, w2, freq, q_ptr, kv_ptr, layer, step, tile, seg, head0, B,
+def _qkv_epilogue(sum_ptr, ss, bias1, bias2, length, w1, w2, freq, q_ptr, kv_ptr, layer, step, tile, seg, head0, B,
                 H: gl.constexpr, NQ: gl.constexpr, Q: gl.constexpr, D: gl.constexpr, KVH: gl.constexpr,
                 L: gl.constexpr, S: gl.constexpr, BATCH: gl.constexpr, QK_NORM: gl.constexpr, EPS: gl.constexpr,
                 TOKENS: gl.constexpr, RPAD: gl.constexpr):
-    """_qkv_epilogue on inputs loaded early (_squares, _qkv_inputs): only the sums are read here."""
+    """One paired tile from its sums and its inputs (_squares, _qkv_inputs): 1/rms, bias, Qwen3's q/k norm,
+    RoPE; q to its buffer, k or v into the cache. Rows r < 64 are dims d = r % (D/2) of head
+    head0 + r // (D/2) (first halves), the next 64 the same heads' second halves. Activation row b is
+    token b % TOKENS of sequence b // TOKENS, at position length + step + that token."""
     layout: gl.constexpr = gl.BlockedLayout([1, 2], [2, 16], [4, 1], [1, 0])
     b = gl.arange(0, RPAD, layout=gl.SliceLayout(1, layout))
     r = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
@@ -341,16 +217,18 @@ def _qkv_finish(sum_ptr, ss, bias1, bias2, length, w1, w2, freq, q_ptr, kv_ptr, 
         gl.store(base, o1.to(gl.bfloat16), mask=mask)
         gl.store(base + HD2, o2.to(gl.bfloat16), mask=mask)
     else:
-        plane = (((seg - 1) * L + layer) * BATCH + seq).to(gl.int64)  # int64, as in _qkv_epilogue
+        # [RPAD]: the (k or v, layer, sequence) cache plane; in int64, as attention's reads are (a target's
+        # cache passes 2^31 elements: llama-3.2-3b at 16 sequences of 4100 positions)
+        plane = (((seg - 1) * L + layer) * BATCH + seq).to(gl.int64)
         base = kv_ptr + ((plane[:, None] * KVH + head[None, :]) * S + pos[:, None]) * D + d[None, :]
         gl.store(base, o1.to(gl.bfloat16), mask=mask)
         gl.store(base + HD2, o2.to(gl.bfloat16), mask=mask)
 
 
 @gluon.jit
-def _gate_up_finish(sum_ptr, ss, h_ptr, tile, B, H: gl.constexpr, F: gl.constexpr, EPS: gl.constexpr,
+def _gate_up_epilogue(sum_ptr, ss, h_ptr, tile, B, H: gl.constexpr, F: gl.constexpr, EPS: gl.constexpr,
                     RPAD: gl.constexpr):
-    """_gate_up_epilogue on squares loaded early (_squares): only the sums are read here."""
+    """h[:, tile] = SiLU(gate) * up from the tile's sums, 1/rms from its squares (_squares)."""
     layout: gl.constexpr = gl.BlockedLayout([1, 2], [2, 16], [4, 1], [1, 0])
     b = gl.arange(0, RPAD, layout=gl.SliceLayout(1, layout))
     c = gl.arange(0, HALF, layout=gl.SliceLayout(0, layout))
@@ -362,9 +240,10 @@ def _gate_up_finish(sum_ptr, ss, h_ptr, tile, B, H: gl.constexpr, F: gl.constexp
 
 
 @gluon.jit
-def _gate_up_direct_early(acc_g, acc_u, ss, h_ptr, tile, B, H: gl.constexpr, F: gl.constexpr, EPS: gl.constexpr,
-                          RPAD: gl.constexpr):
-    """_gate_up_epilogue_direct on squares loaded before the product (_squares)."""
+def _gate_up_epilogue_direct(acc_g, acc_u, ss, h_ptr, tile, B, H: gl.constexpr, F: gl.constexpr, EPS: gl.constexpr,
+                             RPAD: gl.constexpr):
+    """_gate_up_epilogue over a whole tile's accumulators ([HALF, RPAD] each, transposed) instead of its
+    sums (DIRECT_EPILOGUE: the launch's default on a coarse table; split tiles still finish from their sums)."""
     layout: gl.constexpr = acc_g.type.layout
     c = gl.arange(0, HALF, layout=gl.SliceLayout(1, layout))
     b = gl.arange(0, RPAD, layout=gl.SliceLayout(0, layout))
@@ -375,9 +254,29 @@ def _gate_up_direct_early(acc_g, acc_u, ss, h_ptr, tile, B, H: gl.constexpr, F: 
 
 
 @gluon.jit
-def _head_direct_early(acc, ss, sum_ptr, best_val_ptr, best_idx_ptr, tile, B, H: gl.constexpr, V: gl.constexpr,
-                       NTH: gl.constexpr, EPS: gl.constexpr, LOGITS: gl.constexpr, RPAD: gl.constexpr):
-    """_head_epilogue_direct on squares loaded before the product (_squares)."""
+def _head_epilogue(sum_ptr, ss, best_val_ptr, best_idx_ptr, tile, B, H: gl.constexpr, V: gl.constexpr,
+                   NTH: gl.constexpr, EPS: gl.constexpr, LOGITS: gl.constexpr, RPAD: gl.constexpr):
+    """The tile's logits (1/rms from its squares, _squares): each row's max and its first column, into the
+    step's partials; with LOGITS the logits themselves too, over the tile's sums (the step's [rows, NTH *
+    128] fp32)."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
+    b = gl.arange(0, RPAD, layout=gl.SliceLayout(1, layout))
+    c = tile * SLOT_ROWS + gl.arange(0, SLOT_ROWS, layout=gl.SliceLayout(0, layout))
+    rstd = gl.rsqrt(gl.convert_layout(ss, gl.SliceLayout(1, layout)) / H + EPS)[:, None]
+    logits = _tile(sum_ptr, tile * SLOT_ROWS, NTH * SLOT_ROWS, B, SLOT_ROWS, layout, RPAD) * rstd
+    if LOGITS:
+        gl.store(sum_ptr + b[:, None] * (NTH * SLOT_ROWS) + c[None, :], logits, mask=(b < B)[:, None] & (c < V)[None, :])
+    logits = gl.where((c < V)[None, :], logits, float("-inf"))
+    best = gl.max(logits, axis=1)
+    first = -gl.max(gl.where(logits == best[:, None], -c[None, :], -(V + 1)), axis=1)
+    gl.store(best_val_ptr + tile * RPAD + b, best, mask=b < B)
+    gl.store(best_idx_ptr + tile * RPAD + b, first, mask=b < B)
+
+
+@gluon.jit
+def _head_epilogue_direct(acc, ss, sum_ptr, best_val_ptr, best_idx_ptr, tile, B, H: gl.constexpr, V: gl.constexpr,
+                          NTH: gl.constexpr, EPS: gl.constexpr, LOGITS: gl.constexpr, RPAD: gl.constexpr):
+    """_head_epilogue over a whole tile's accumulator ([SLOT_ROWS, RPAD], transposed) instead of its sums."""
     layout: gl.constexpr = acc.type.layout
     c = tile * SLOT_ROWS + gl.arange(0, SLOT_ROWS, layout=gl.SliceLayout(1, layout))
     b = gl.arange(0, RPAD, layout=gl.SliceLayout(0, layout))
@@ -393,34 +292,27 @@ def _head_direct_early(acc, ss, sum_ptr, best_val_ptr, best_idx_ptr, tile, B, H:
 
 
 @gluon.jit
-def _paired_out(op, acc1, acc2, direct, s_qkv_ptr, s_gu_ptr, ssm_ptr, h_ptr, sl, tile, B, H: gl.constexpr,
+def _paired_out(op, acc1, acc2, direct, s_qkv_ptr, s_gu_ptr, h_ptr, sl, tile, B, H: gl.constexpr,
                 NQ: gl.constexpr, F: gl.constexpr, EPS: gl.constexpr, ROWS: gl.constexpr, RPAD: gl.constexpr,
-                ss_early, EARLY_LOADS: gl.constexpr):
-    """A paired tile's product out: its partials into the op's sums, or (`direct`) gate_up's epilogue."""
+                ss_cols):
+    """A paired tile's product out: its partials into the op's sums, or (`direct`) gate_up's epilogue
+    (the rows' squares loaded before the product)."""
     if direct:
-        if EARLY_LOADS > 0:
-            _gate_up_direct_early(acc1, acc2, ss_early, h_ptr + sl * ROWS * F, tile, B, H, F, EPS, RPAD)
-        else:
-            _gate_up_epilogue_direct(acc1, acc2, ssm_ptr + sl * ROWS, h_ptr + sl * ROWS * F, tile, B, H, F, EPS,
-                                     RPAD)
+        _gate_up_epilogue_direct(acc1, acc2, ss_cols, h_ptr + sl * ROWS * F, tile, B, H, F, EPS, RPAD)
     else:
         _add_paired(op, acc1, acc2, s_qkv_ptr, s_gu_ptr, sl, tile, B, NQ, F, ROWS, RPAD)
 
 
 @gluon.jit
-def _single_out(op, acc, direct, s_o_ptr, s_d_ptr, s_head_ptr, ssx_ptr, best_val_ptr, best_idx_ptr, step, sl, tile,
-                col0, B, H: gl.constexpr, V: gl.constexpr, NTH: gl.constexpr, L: gl.constexpr, EPS: gl.constexpr,
-                LOGITS: gl.constexpr, ROWS: gl.constexpr, RPAD: gl.constexpr, ss_early, EARLY_LOADS: gl.constexpr):
-    """A single tile's product out: its partial into the op's sums, or (`direct`) lm_head's epilogue."""
+def _single_out(op, acc, direct, s_o_ptr, s_d_ptr, s_head_ptr, best_val_ptr, best_idx_ptr, step, sl, tile, col0, B,
+                H: gl.constexpr, V: gl.constexpr, NTH: gl.constexpr, EPS: gl.constexpr,
+                LOGITS: gl.constexpr, ROWS: gl.constexpr, RPAD: gl.constexpr, ss_cols):
+    """A single tile's product out: its partial into the op's sums, or (`direct`) lm_head's epilogue
+    (the rows' squares loaded before the product)."""
     if direct:
-        if EARLY_LOADS > 0:
-            _head_direct_early(acc, ss_early, s_head_ptr + step * ROWS * NTH * SLOT_ROWS,
-                               best_val_ptr + step * NTH * RPAD, best_idx_ptr + step * NTH * RPAD, tile, B, H, V,
-                               NTH, EPS, LOGITS, RPAD)
-        else:
-            _head_epilogue_direct(acc, s_head_ptr + step * ROWS * NTH * SLOT_ROWS,
-                                  ssx_ptr + (step * (L + 1) + L) * ROWS, best_val_ptr + step * NTH * RPAD,
-                                  best_idx_ptr + step * NTH * RPAD, tile, B, H, V, NTH, EPS, LOGITS, RPAD)
+        _head_epilogue_direct(acc, ss_cols, s_head_ptr + step * ROWS * NTH * SLOT_ROWS,
+                              best_val_ptr + step * NTH * RPAD, best_idx_ptr + step * NTH * RPAD, tile, B, H, V,
+                              NTH, EPS, LOGITS, RPAD)
     else:
         _add_single(op, acc, s_o_ptr, s_d_ptr, s_head_ptr, step, sl, col0, B, H, NTH, ROWS, RPAD)
 
@@ -626,7 +518,7 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                  QK_SCALE: gl.constexpr, GP: gl.constexpr, CHUNKS: gl.constexpr, STAMPS: gl.constexpr,
                  KV_BUFS: gl.constexpr, TOKENS: gl.constexpr, LOGITS: gl.constexpr, RPAD: gl.constexpr,
                  CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr, DIRECT_EPILOGUE: gl.constexpr, RING_KV: gl.constexpr,
-                 EARLY_LOADS: gl.constexpr):
+                 COARSE: gl.constexpr):
     ROWS: gl.constexpr = BATCH * TOKENS  # activation rows a step: sequence b's token t is row b * TOKENS + t
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, RPAD, 16])
@@ -689,16 +581,11 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
             n_k = field(vec, C_KHI) - field(vec, C_KLO)
             if DIRECT_EPILOGUE:  # a whole gate_up or lm_head tile (its K one task's): its epilogue on its accumulators
                 direct = ((op == 4) | (op == 6)) & (field(vec, C_SPLITS) == 1)
-            if EARLY_LOADS > 0:  # the norm's squares, before the product (a whole tile's epilogue follows it)
-                ss_at = _norm_squares(op, ssx_ptr, ssm_ptr, step, sl, sx, L, ROWS)
+            ss_at = _norm_squares(op, ssx_ptr, ssm_ptr, step, sl, sx, L, ROWS)
+            if DIRECT_EPILOGUE:  # the norm's squares, before the product (a whole tile's epilogue follows it)
                 ss_cols = _squares(ss_at, B, gl.SliceLayout(0, acc_layout), RPAD)
             else:
                 ss_cols = 0.0
-            if EARLY_LOADS == 2:  # a split tile's epilogue inputs too, in flight with the staging
-                ss_rows = _squares(ss_at, B, gl.SliceLayout(1, epi), RPAD)
-                q_b1, q_b2, q_len, q_w1, q_w2, q_freq = _qkv_inputs(op == 1, bias_ptr, qkn_ptr, inv_freq_ptr,
-                                                                    lengths_ptr, layer, tile, field(vec, C_SEG), B,
-                                                                    NQ, D, QK_NORM, TOKENS, RPAD)
             if CHUNK == 0:  # the activation tiles hold every task's K
                 _stage(op, act, xs_ptr, xm_ptr, o_ptr, h_ptr, step, sl, sx, B, k_lo, n_k, H, Q, F, L, ROWS, RPAD)
                 if STAMPS:
@@ -708,17 +595,16 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                                                 gl.zeros((HALF, RPAD), dtype=gl.float32, layout=acc_layout),
                                                 gl.zeros((HALF, RPAD), dtype=gl.float32, layout=acc_layout))
                     if DIRECT_EPILOGUE:
-                        _paired_out(op, acc1, acc2, direct, s_qkv_ptr, s_gu_ptr, ssm_ptr, h_ptr, sl, tile, B, H, NQ, F,
-                                    EPS, ROWS, RPAD, ss_cols, EARLY_LOADS)
+                        _paired_out(op, acc1, acc2, direct, s_qkv_ptr, s_gu_ptr, h_ptr, sl, tile, B, H, NQ, F, EPS,
+                                    ROWS, RPAD, ss_cols)
                     else:
                         _add_paired(op, acc1, acc2, s_qkv_ptr, s_gu_ptr, sl, tile, B, NQ, F, ROWS, RPAD)
                 else:
                     acc, i = single_tile(ring, ready, empty, act, i, n_k, STAGES, MMA_DEPTH,
                                          gl.zeros((SLOT_ROWS, RPAD), dtype=gl.float32, layout=acc_layout))
                     if DIRECT_EPILOGUE:
-                        _single_out(op, acc, direct, s_o_ptr, s_d_ptr, s_head_ptr, ssx_ptr, best_val_ptr, best_idx_ptr,
-                                    step, sl, tile, col0, B, H, V, NTH, L, EPS, LOGITS, ROWS, RPAD, ss_cols,
-                                    EARLY_LOADS)
+                        _single_out(op, acc, direct, s_o_ptr, s_d_ptr, s_head_ptr, best_val_ptr, best_idx_ptr, step,
+                                    sl, tile, col0, B, H, V, NTH, EPS, LOGITS, ROWS, RPAD, ss_cols)
                     else:
                         _add_single(op, acc, s_o_ptr, s_d_ptr, s_head_ptr, step, sl, col0, B, H, NTH, ROWS, RPAD)
             else:  # they hold CHUNK K tiles: the task's K is staged and multiplied CHUNK tiles at a time
@@ -733,8 +619,8 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                                ROWS, RPAD)
                         acc1, acc2, i = paired_tile(ring, ready, empty, act, i, m, STAGES, MMA_DEPTH, acc1, acc2)
                     if DIRECT_EPILOGUE:
-                        _paired_out(op, acc1, acc2, direct, s_qkv_ptr, s_gu_ptr, ssm_ptr, h_ptr, sl, tile, B, H, NQ, F,
-                                    EPS, ROWS, RPAD, ss_cols, EARLY_LOADS)
+                        _paired_out(op, acc1, acc2, direct, s_qkv_ptr, s_gu_ptr, h_ptr, sl, tile, B, H, NQ, F, EPS,
+                                    ROWS, RPAD, ss_cols)
                     else:
                         _add_paired(op, acc1, acc2, s_qkv_ptr, s_gu_ptr, sl, tile, B, NQ, F, ROWS, RPAD)
                 else:
@@ -745,14 +631,13 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                                ROWS, RPAD)
                         acc, i = single_tile(ring, ready, empty, act, i, m, STAGES, MMA_DEPTH, acc)
                     if DIRECT_EPILOGUE:
-                        _single_out(op, acc, direct, s_o_ptr, s_d_ptr, s_head_ptr, ssx_ptr, best_val_ptr, best_idx_ptr,
-                                    step, sl, tile, col0, B, H, V, NTH, L, EPS, LOGITS, ROWS, RPAD, ss_cols,
-                                    EARLY_LOADS)
+                        _single_out(op, acc, direct, s_o_ptr, s_d_ptr, s_head_ptr, best_val_ptr, best_idx_ptr, step,
+                                    sl, tile, col0, B, H, V, NTH, EPS, LOGITS, ROWS, RPAD, ss_cols)
                     else:
                         _add_single(op, acc, s_o_ptr, s_d_ptr, s_head_ptr, step, sl, col0, B, H, NTH, ROWS, RPAD)
             if STAMPS:
                 gl.store(stamps_ptr + task * STAMP_COLS + S_MULTIPLIED, now(task))
-            if EARLY_LOADS == 1:  # a split tile's epilogue inputs, in flight while its pieces are counted
+            if COARSE:  # a split tile's epilogue inputs, in flight while its pieces are counted
                 ss_rows = _squares(ss_at, B, gl.SliceLayout(1, epi), RPAD)
                 q_b1, q_b2, q_len, q_w1, q_w2, q_freq = _qkv_inputs(op == 1, bias_ptr, qkn_ptr, inv_freq_ptr,
                                                                     lengths_ptr, layer, tile, field(vec, C_SEG), B,
@@ -769,34 +654,28 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                 gl.store(stamps_ptr + task * STAMP_COLS + S_ARRIVED, now(arrived))
             if arrived == field(vec, C_SPLITS) - 1:  # the tile's last slice: its epilogue
                 wait_all(waits_ptr, field(vec, C_FOFF), field(vec, C_FCNT), counter_ptr, error_ptr, spin_limit)
+                if not COARSE:  # a table of per-tile waits: the rows' squares are complete only now
+                    ss_rows = _squares(ss_at, B, gl.SliceLayout(1, epi), RPAD)
+                    q_b1, q_b2, q_len, q_w1, q_w2, q_freq = _qkv_inputs(op == 1, bias_ptr, qkn_ptr, inv_freq_ptr,
+                                                                        lengths_ptr, layer, tile, field(vec, C_SEG),
+                                                                        B, NQ, D, QK_NORM, TOKENS, RPAD)
                 if op == 1:
-                    if EARLY_LOADS > 0:
-                        _qkv_finish(s_qkv_ptr + sl * ROWS * NQ * SLOT_ROWS, ss_rows, q_b1, q_b2, q_len, q_w1, q_w2,
-                                    q_freq, q_ptr + sl * ROWS * Q, kv_ptr, layer, step, tile, field(vec, C_SEG),
-                                    field(vec, C_HEAD0), B, H, NQ, Q, D, KVH, L, S, BATCH, QK_NORM, EPS, TOKENS, RPAD)
-                    else:
-                        _qkv_epilogue(s_qkv_ptr + sl * ROWS * NQ * SLOT_ROWS, ssx_ptr + sx * ROWS, bias_ptr, qkn_ptr,
-                                      inv_freq_ptr, lengths_ptr, q_ptr + sl * ROWS * Q, kv_ptr, layer, step, tile,
-                                      field(vec, C_SEG), field(vec, C_HEAD0), B, H, NQ, Q, D, KVH, L, S, BATCH,
-                                      QK_NORM, EPS, TOKENS, RPAD)
+                    _qkv_epilogue(s_qkv_ptr + sl * ROWS * NQ * SLOT_ROWS, ss_rows, q_b1, q_b2, q_len, q_w1, q_w2,
+                                  q_freq, q_ptr + sl * ROWS * Q, kv_ptr, layer, step, tile, field(vec, C_SEG),
+                                  field(vec, C_HEAD0), B, H, NQ, Q, D, KVH, L, S, BATCH, QK_NORM, EPS, TOKENS, RPAD)
                 elif op == 3:
                     _residual_epilogue(s_o_ptr + sl * ROWS * H, xs_ptr + sx * ROWS * H, xm_ptr + sl * ROWS * H,
                                        ssm_ptr + sl * ROWS, col0, B, H, RPAD)
                 elif op == 4:
                     if (not DIRECT_EPILOGUE) or field(vec, C_SPLITS) > 1:  # else it ran on the accumulators
-                        if EARLY_LOADS > 0:
-                            _gate_up_finish(s_gu_ptr + sl * ROWS * 2 * F, ss_rows, h_ptr + sl * ROWS * F, tile, B, H,
-                                            F, EPS, RPAD)
-                        else:
-                            _gate_up_epilogue(s_gu_ptr + sl * ROWS * 2 * F, ssm_ptr + sl * ROWS,
-                                              h_ptr + sl * ROWS * F, tile, B, H, F, EPS, RPAD)
+                        _gate_up_epilogue(s_gu_ptr + sl * ROWS * 2 * F, ss_rows, h_ptr + sl * ROWS * F, tile, B, H, F,
+                                          EPS, RPAD)
                 elif op == 5:
                     _residual_epilogue(s_d_ptr + sl * ROWS * H, xm_ptr + sl * ROWS * H,
                                        xs_ptr + (sx + 1) * ROWS * H, ssx_ptr + (sx + 1) * ROWS, col0, B, H, RPAD)
                 elif (not DIRECT_EPILOGUE) or field(vec, C_SPLITS) > 1:
-                    _head_epilogue(s_head_ptr + step * ROWS * NTH * SLOT_ROWS, ssx_ptr + (step * (L + 1) + L) * ROWS,
-                                   best_val_ptr + step * NTH * RPAD, best_idx_ptr + step * NTH * RPAD, tile, B, H, V,
-                                   NTH, EPS, LOGITS, RPAD)
+                    _head_epilogue(s_head_ptr + step * ROWS * NTH * SLOT_ROWS, ss_rows, best_val_ptr + step * NTH * RPAD,
+                                   best_idx_ptr + step * NTH * RPAD, tile, B, H, V, NTH, EPS, LOGITS, RPAD)
                 if op == 6:
                     gl.thread_barrier()
                     done = gl.atomic_add(counter_ptr + field(vec, C_DONE), 1, sem="acq_rel", scope="gpu")
@@ -824,7 +703,7 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, kv_desc, table_ptr
                 KT_MAX: gl.constexpr, EPS: gl.constexpr, QK_SCALE: gl.constexpr, GP: gl.constexpr,
                 CHUNKS: gl.constexpr, STAMPS: gl.constexpr, KV_BUFS: gl.constexpr, TOKENS: gl.constexpr,
                 LOGITS: gl.constexpr, RPAD: gl.constexpr, CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr,
-                DIRECT_EPILOGUE: gl.constexpr, RING_KV: gl.constexpr, EARLY_LOADS: gl.constexpr):
+                DIRECT_EPILOGUE: gl.constexpr, RING_KV: gl.constexpr, COARSE: gl.constexpr):
     ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, SLOT_ROWS, BK], qkv_desc.layout)
     act_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([RPAD, BK], gl.bfloat16)
     act = gl.allocate_shared_memory(gl.bfloat16, [KT_MAX, RPAD, BK], act_layout)
@@ -837,7 +716,7 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, kv_desc, table_ptr
                         best_val_ptr, best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr,
                         stamps_ptr, H, Q, F, V, D, G, KVH, L, S, NQ, NTH, BATCH, QK_NORM, STAGES, EPS, QK_SCALE, GP,
                         CHUNKS, STAMPS, KV_BUFS, TOKENS, LOGITS, RPAD, CHUNK, MMA_DEPTH, DIRECT_EPILOGUE, RING_KV,
-                        EARLY_LOADS)),
+                        COARSE)),
         (step_loader, (qkv_desc, o_desc, gu_desc, d_desc, head_desc, kv_desc, ring, ready, empty, table_ptr,
                        list_ptr, bounds_ptr, lengths_ptr, stamps_ptr, STAGES, STAMPS, RING_KV, D, KVH, L, S, BATCH,
                        CHUNKS, TOKENS)),
