@@ -307,3 +307,69 @@ def test_streams_the_records_cannot_tell_apart_are_matched_in_start_order(tmp_pa
     in_start_order = sorted((records[i] for i in streamed), key=lambda r: r.start_us)
     assert [matched[i] for i in streamed] == in_start_order
     assert all(matched[l.index] is records[l.index] for l in compiled.launches if l.index not in streamed)
+
+
+@pytest.fixture(scope="module")
+def step_round(tmp_path_factory):
+    rnd = _round("llama")
+    plan = load_plan(ROOT / "plans" / "step.json")  # the draft's k steps as one step launch
+    return compile_round(plan, rnd.workload, rnd.draft, rnd.target, cache_dir=tmp_path_factory.mktemp("k")), \
+        build_graph(rnd.workload)
+
+
+def test_a_step_launchs_time_is_divided_among_its_ops_by_its_critical_path(step_round):
+    """The step launch is one kernel record; with its critical path's shares (step_shares on a GPU)
+    the ledger lists `draft step <op>` kinds: the launch's time split by the shares, its bytes by the
+    graph ops each table op computes (the norms with their GEMMs, RoPE with qkv, argmax with lm_head)."""
+    from conjugate.compiler.step.compiled import CompiledStep
+
+    rnd, graph = step_round
+    index = next(i for i, l in enumerate(rnd.launches) if isinstance(l, CompiledStep))
+    records = [KernelRecord(l.record_name, STREAM_IDS[l.stream], float(i), float(i + 1)) for i, l in
+               enumerate(rnd.launches)]
+    records[index] = KernelRecord(records[index].name, records[index].stream, float(index), index + 10.0)
+    for r in records[index + 1:]:
+        records[records.index(r)] = KernelRecord(r.name, r.stream, r.start_us + 9, r.end_us + 9)
+    whole = Ledger.of(rnd, graph, [records], copy_gbs=1000.0)
+    assert {k.kind: k.us for k in whole.kinds}["draft step"] == pytest.approx(10.0)
+    shares = {"embed": 0.05, "qkv": 0.25, "attn": 0.2, "o_proj": 0.1, "gate_up": 0.2, "down": 0.1, "head": 0.1}
+    split = Ledger.of(rnd, graph, [records], copy_gbs=1000.0, inside={index: shares})
+    kinds = {k.kind: k for k in split.kinds}
+    assert "draft step" not in kinds
+    names = {"head": "lm_head"}
+    for op, share in shares.items():
+        k = kinds[f"draft step {names.get(op, op)}"]
+        assert k.us == pytest.approx(10.0 * share) and k.launches == 1
+    step_ops = [graph.nodes[o]["op"] for p in rnd.schedule.launches[index].parts for o in p.ops]
+    assert kinds["draft step qkv"].bytes == sum(o.bytes for o in step_ops if o.kind in ("attn_norm", "qkv", "rope_kv"))
+    assert kinds["draft step lm_head"].bytes == sum(o.bytes for o in step_ops
+                                                    if o.kind in ("final_norm", "lm_head", "argmax"))
+    assert sum(k.us for k in split.kinds) == pytest.approx(sum(k.us for k in whole.kinds))
+    assert sum(k.bytes for k in split.kinds) == sum(k.bytes for k in whole.kinds)
+    assert split.launches == whole.launches and split.round_us == whole.round_us  # only the kinds divide it
+    assert Ledger.of(rnd, graph, [records], copy_gbs=1000.0, inside={index: {}}).kinds == whole.kinds
+
+
+def test_the_measured_ledger_keeps_a_step_launch_whole_when_its_stamped_run_fails(step_round, monkeypatch):
+    from conjugate.evaluate import measured
+    from conjugate.evaluate.evaluators import load_profile
+    from conjugate.evaluate.session import EvaluationSession, RoundSetup
+
+    from conjugate.compiler.step.compiled import CompiledStep
+
+    rnd, graph = step_round
+    assert isinstance(rnd.launches[0], CompiledStep)  # the draft's phase first
+    session = EvaluationSession()
+    monkeypatch.setattr(session, "device_rates", lambda device: {"copy_bandwidth_gbs": 1000.0})
+    harness = measured.MeasuredHarness(load_profile("h200"), None, session)
+    records = [KernelRecord(l.record_name, STREAM_IDS[l.stream], 100.0 * i, 100.0 * i + (50 if i == 0 else 1))
+               for i, l in enumerate(rnd.launches)]  # the step launch (the first) the longest by far
+    monkeypatch.setattr(measured, "kernel_records", lambda run, device, replays: [records] * replays)
+    monkeypatch.setattr(measured, "step_shares", lambda compiled: {0: {"qkv": 0.5, "attn": 0.5}})
+    split = {k.kind for k in harness.ledger(rnd, RoundSetup(None, graph, ())).kinds}
+    assert {"draft step qkv", "draft step attn"} <= split and "draft step" not in split
+
+    def fails(compiled):
+        raise ValueError("the step launch's ledger reads the GPU's timer: run it on a GPU")
+    monkeypatch.setattr(measured, "step_shares", fails)
+    assert "draft step" in {k.kind for k in harness.ledger(rnd, RoundSetup(None, graph, ())).kinds}

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conjugate.compiler.step.launch import StepLaunch
-from conjugate.compiler.step.ledger import CRITICAL_PHASES, critical_path, task_ledger
+from conjugate.compiler.step.ledger import CRITICAL_PHASES, critical_path, path_shares, task_ledger
 from conjugate.compiler.step.layout import encode, tile_weights
 from conjugate.compiler.step.simulate import Deadlock, simulate
 from conjugate.compiler.step.table import (MIN_RUN_K_TILES, ProgramError, StepProgram, Tiles, _balance_pays,
@@ -388,6 +388,11 @@ def test_the_critical_path_charges_each_stage_to_its_last_task():
     shifted = critical_path(prog, stamps)
     assert shifted["span_us"] == pytest.approx(10 * len(stages))
     assert sum(v["us"] for v in shifted["ops"].values()) == pytest.approx(shifted["span_us"])
+    # the round's ledger divides the launch among its ops by their shares of the path
+    shares = path_shares({"critical": out})
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert shares == pytest.approx({op: v["us"] / out["span_us"] for op, v in out["ops"].items()})
+    assert path_shares({"critical": {"ops": {}}}) == {}
 
 
 def stamp(start, met, staged, multiplied, end, issued, arrived=None):

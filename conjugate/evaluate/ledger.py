@@ -9,6 +9,10 @@ records of the round replayed from its CUDA graph.
 One model's phase replayed alone (CompiledRound.phase) has a ledger of its launches only:
 `Ledger.of(compiled, graph, replays, copy_gbs, launches=compiled.phase_launches(model))`.
 
+A step launch (the draft's k steps as one persistent kernel) is one record; given its in-kernel
+critical path (`step_shares`, a stamped run of its own), its time is split among the ops it runs, as
+kinds `draft step qkv`, `draft step attn`, ..., each with the bytes of the graph ops it computes.
+
 A generated kernel is named after its source's digest (`k_<digest>`, codegen.KernelCache), so a
 record names its launch's kernel; launches that share a kernel (the same op in every layer) take
 that kernel's records in the order they were launched.
@@ -92,9 +96,11 @@ class Ledger:
 
     @classmethod
     def of(cls, compiled: CompiledRound, graph: nx.DiGraph, replays: list[list[KernelRecord]],
-           copy_gbs: float, launches: list[int] | None = None) -> "Ledger":
+           copy_gbs: float, launches: list[int] | None = None,
+           inside: dict[int, dict[str, float]] | None = None) -> "Ledger":
         """The ledger of the replays' records: of every launch of the round, or of `launches` alone
-        (the indices of what was replayed, a phase) and the bytes of their ops."""
+        (the indices of what was replayed, a phase) and the bytes of their ops; a step launch's time
+        split among its ops by `inside` (launch index -> each table op's share, `step_shares`)."""
         if not replays:
             raise LedgerError("no kernel records: nothing was replayed")
         replayed = list(range(len(compiled.launches))) if launches is None else list(launches)
@@ -108,7 +114,8 @@ class Ledger:
                        else sum(e.bytes for e in entries))
         return cls(round_us=spans[middle], floor_us=total_bytes / (copy_gbs * 1e9) * 1e6,
                    busy_us=_union([(r.start_us, r.end_us) for r in records]), copy_gbs=copy_gbs,
-                   launches=entries, kinds=_kinds(entries, copy_gbs), streams=_streams(records, spans[middle]))
+                   launches=entries, kinds=_kinds(entries, copy_gbs, _step_pieces(compiled, graph, entries, inside)),
+                   streams=_streams(records, spans[middle]))
 
     @classmethod
     def modeled(cls, compiled: CompiledRound, graph: nx.DiGraph, launch_us: list[float], round_us: float,
@@ -219,16 +226,50 @@ def _launch_entry(compiled: CompiledRound, graph: nx.DiGraph, index: int, us: li
     return LaunchEntry(index, kind, compiled.launches[index].stream, statistics.median(us), nbytes)
 
 
-def _kinds(launches: tuple[LaunchEntry, ...], copy_gbs: float) -> tuple[KindEntry, ...]:
-    groups: dict[str, list[LaunchEntry]] = defaultdict(list)
+def _kinds(launches: tuple[LaunchEntry, ...], copy_gbs: float,
+           pieces: dict[int, list[tuple[str, float, int]]] | None = None) -> tuple[KindEntry, ...]:
+    """The launches summed by kind; a launch with `pieces` ((kind, us, bytes) each) counts as those."""
+    groups: dict[str, list[tuple[float, int]]] = defaultdict(list)
     for launch in launches:
-        groups[launch.kind].append(launch)
+        for kind, us, nbytes in (pieces or {}).get(launch.launch, [(launch.kind, launch.us, launch.bytes)]):
+            groups[kind].append((us, nbytes))
     out = []
     for kind, members in groups.items():
-        us, nbytes = sum(m.us for m in members), sum(m.bytes for m in members)
+        us, nbytes = sum(u for u, _ in members), sum(b for _, b in members)
         achieved = nbytes / (us * 1e-6) / 1e9 if us else 0.0
         out.append(KindEntry(kind, len(members), us, nbytes, achieved / copy_gbs))
     return tuple(sorted(out, key=lambda k: -k.us))
+
+
+def step_shares(compiled: CompiledRound) -> dict[int, dict[str, float]]:
+    """Each step launch's time divided among its ops by its in-kernel critical path (GPU: a stamped
+    run of its own on a copy of its cache, CompiledStep.ledger): launch index -> table op -> share."""
+    from conjugate.compiler.step.compiled import CompiledStep
+    from conjugate.compiler.step.ledger import path_shares
+
+    return {i: path_shares(launch.ledger()) for i, launch in enumerate(compiled.launches)
+            if isinstance(launch, CompiledStep)}
+
+
+def _step_pieces(compiled: CompiledRound, graph: nx.DiGraph, entries: tuple[LaunchEntry, ...],
+                 inside: dict[int, dict[str, float]] | None) -> dict[int, list[tuple[str, float, int]]]:
+    """A step launch's entry as one piece a table op: `<model> step <op>`, its share of the launch's
+    time, the bytes of the graph ops it computes (table.KIND_OPS)."""
+    from conjugate.compiler.step.table import KIND_OPS
+
+    out = {}
+    for entry in entries:
+        shares = (inside or {}).get(entry.launch)
+        if not shares:
+            continue
+        nbytes: dict[tuple[str, str], int] = defaultdict(int)
+        for p in compiled.schedule.launches[entry.launch].parts:
+            for op in p.ops:
+                node = graph.nodes[op]["op"]
+                nbytes[(str(p.model), KIND_OPS[node.kind])] += node.bytes
+        out[entry.launch] = [(f"{model} step {'lm_head' if op == 'head' else op}", entry.us * shares.get(op, 0.0), n)
+                             for (model, op), n in nbytes.items()]
+    return out
 
 
 def _span(records: list[KernelRecord]) -> float:

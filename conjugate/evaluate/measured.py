@@ -28,7 +28,7 @@ from conjugate.evaluate.baselines.measure import carried_baselines, enter_torch_
 from conjugate.evaluate.correctness import ReferenceChecker, tolerance_for
 from conjugate.evaluate.harness import Timed, speedups
 from conjugate.evaluate.evaluators import EvaluatorProfile
-from conjugate.evaluate.ledger import Ledger, LedgerError, kernel_records
+from conjugate.evaluate.ledger import Ledger, LedgerError, kernel_records, step_shares
 from conjugate.evaluate.result import Baseline, LedgerSummary, Metrics, Verdict
 from conjugate.evaluate.rounds import checked_run, round_inputs
 from conjugate.evaluate.session import EvaluationSession, RoundSetup
@@ -93,14 +93,21 @@ class MeasuredHarness:
                      timing.replays, seconds, ledger)
 
     def ledger(self, compiled: CompiledRound, setup: RoundSetup) -> LedgerSummary | None:
-        """The round's time ledger from its kernel records, condensed; None where the records do not
-        match the launches or the profiler fails (the round is timed all the same: the ledger only
-        informs the agents)."""
+        """The round's time ledger from its kernel records, condensed, a step launch's time divided
+        among its ops; None where the records do not match the launches or the profiler fails (the
+        round is timed all the same: the ledger only informs the agents)."""
         rates = self.session.device_rates(compiled.device)
         try:
             records = kernel_records(compiled.run, compiled.device, self.profile.timing.ledger_replays)
-            return Ledger.of(compiled, setup.graph, records, rates["copy_bandwidth_gbs"]).condensed()
-        except (LedgerError, RuntimeError):  # RuntimeError: the profiler's own (CUPTI unavailable, say)
+        except RuntimeError:  # the profiler's own (CUPTI unavailable, say)
+            return None
+        try:
+            inside = step_shares(compiled)
+        except Exception:  # noqa: BLE001  the step launch's stamped run (its own compile): the ledger keeps it whole
+            inside = None
+        try:
+            return Ledger.of(compiled, setup.graph, records, rates["copy_bandwidth_gbs"], inside=inside).condensed()
+        except LedgerError:
             return None
 
     def baselines(self, setup: RoundSetup, names: tuple[str, ...]) -> dict[str, Baseline]:

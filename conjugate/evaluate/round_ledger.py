@@ -6,12 +6,13 @@ from conjugate.errors import ConjugateError
 
 def measure_ledger(plan, workload, replays: int):
     """The plan's round on this GPU: compiled, checked against the reference (a wrong round is not
-    profiled), captured in its CUDA graph, its kernels recorded over `replays` replays."""
+    profiled), captured in its CUDA graph, its kernels recorded over `replays` replays; a step launch's
+    time divided among its ops by its in-kernel critical path."""
     import torch
 
     from conjugate.compiler.round import compile_round
     from conjugate.evaluate.correctness import ReferenceChecker, tolerance_for
-    from conjugate.evaluate.ledger import Ledger, kernel_records
+    from conjugate.evaluate.ledger import Ledger, kernel_records, step_shares
     from conjugate.evaluate.evaluators import load_profile
     from conjugate.evaluate.rounds import checked_run, round_inputs
     from conjugate.evaluate.timing import copy_bandwidth_gbs
@@ -34,5 +35,6 @@ def measure_ledger(plan, workload, replays: int):
         raise ConjugateError(f"plan {plan.name!r} computes a wrong round on {workload.name}: "
                              + "; ".join(report.problems[:3]))
     compiled.load(round_inputs(workload, draft, target, workload.seed + 1))
-    return Ledger.of(compiled, build_graph(workload), kernel_records(compiled.run, device, replays),
-                     copy_bandwidth_gbs(device))
+    records = kernel_records(compiled.run, device, replays)
+    return Ledger.of(compiled, build_graph(workload), records, copy_bandwidth_gbs(device),
+                     inside=step_shares(compiled))

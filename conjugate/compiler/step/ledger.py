@@ -123,4 +123,12 @@ def critical_path(prog: StepProgram, stamps) -> dict:
             "top_program_share": max(owners.values()) / len(by_stage)}
 
 
+def path_shares(ledger: dict) -> dict[str, float]:
+    """Each op's share of the launch's critical path (`task_ledger`'s `critical`): how the round's
+    ledger divides a step launch's time among the ops it runs. Empty for a path of no length."""
+    ops = ledger["critical"]["ops"]
+    span = sum(v["us"] for v in ops.values())
+    return {op: v["us"] / span for op, v in ops.items()} if span > 0 else {}
+
+
 CRITICAL_PHASES = ("busy_us", "handoff_us", "stage_us", "multiply_us", "arrive_us", "epilogue_us")

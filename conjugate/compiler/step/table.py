@@ -40,6 +40,11 @@ from dataclasses import dataclass, field, replace
 from conjugate.models.spec import ModelSpec
 
 OPS = ("embed", "qkv", "attn", "o_proj", "gate_up", "down", "head")
+# the op graph's kinds (graph.py) each table op computes: the norms folded into qkv, gate_up and lm_head,
+# RoPE and the KV write in qkv's epilogue, the argmax in lm_head's
+KIND_OPS = {"embed": "embed", "attn_norm": "qkv", "qkv": "qkv", "rope_kv": "qkv", "attn": "attn", "o_proj": "o_proj",
+            "mlp_norm": "gate_up", "gate_up": "gate_up", "down": "down", "final_norm": "head", "lm_head": "head",
+            "argmax": "head"}
 
 
 @dataclass(frozen=True)
