@@ -365,11 +365,21 @@ def test_the_measured_ledger_keeps_a_step_launch_whole_when_its_stamped_run_fail
     records = [KernelRecord(l.record_name, STREAM_IDS[l.stream], 100.0 * i, 100.0 * i + (50 if i == 0 else 1))
                for i, l in enumerate(rnd.launches)]  # the step launch (the first) the longest by far
     monkeypatch.setattr(measured, "kernel_records", lambda run, device, replays: [records] * replays)
-    monkeypatch.setattr(measured, "step_shares", lambda compiled: {0: {"qkv": 0.5, "attn": 0.5}})
-    split = {k.kind for k in harness.ledger(rnd, RoundSetup(None, graph, ())).kinds}
+    shares = {"embed": 0.05, "qkv": 0.25, "attn": 0.2, "o_proj": 0.1, "gate_up": 0.2, "down": 0.1, "head": 0.1}
+    monkeypatch.setattr(measured, "step_shares", lambda compiled: {0: shares})
+    condensed = harness.ledger(rnd, RoundSetup(None, graph, ()))
+    split = {k.kind for k in condensed.kinds}
     assert {"draft step qkv", "draft step attn"} <= split and "draft step" not in split
+    whole = Ledger.of(rnd, graph, [records], copy_gbs=1000.0)
+    assert len(whole.kinds) + 6 > 8 + 7  # more kinds than are listed
+    assert len(condensed.kinds) == 8 + 7  # the step's seven kinds leave room for 8 others
 
     def fails(compiled):
         raise ValueError("the step launch's ledger reads the GPU's timer: run it on a GPU")
     monkeypatch.setattr(measured, "step_shares", fails)
     assert "draft step" in {k.kind for k in harness.ledger(rnd, RoundSetup(None, graph, ())).kinds}
+
+    def unsplittable(run, device, replays):
+        raise LedgerError("7 kernel records for 3 replays: cannot split them per replay")
+    monkeypatch.setattr(measured, "kernel_records", unsplittable)
+    assert harness.ledger(rnd, RoundSetup(None, graph, ())) is None  # the round is timed all the same

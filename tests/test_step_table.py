@@ -388,6 +388,8 @@ def test_the_critical_path_charges_each_stage_to_its_last_task():
     shifted = critical_path(prog, stamps)
     assert shifted["span_us"] == pytest.approx(10 * len(stages))
     assert sum(v["us"] for v in shifted["ops"].values()) == pytest.approx(shifted["span_us"])
+    assert all(v[p] >= 0 for v in shifted["ops"].values() for p in CRITICAL_PHASES)  # no phase runs backwards
+    assert shifted["ops"]["o_proj"]["epilogue_us"] < out["ops"]["o_proj"]["epilogue_us"]  # its ends came early
     # the round's ledger divides the launch among its ops by their shares of the path
     shares = path_shares({"critical": out})
     assert sum(shares.values()) == pytest.approx(1.0)

@@ -89,6 +89,7 @@ class Ledger:
     launches: tuple[LaunchEntry, ...]
     kinds: tuple[KindEntry, ...]  # longest first
     streams: tuple[StreamEntry, ...]
+    step_kinds: int = 0  # kinds a step launch's time was divided into (`inside`)
 
     @property
     def idle_us(self) -> float:
@@ -112,10 +113,11 @@ class Ledger:
         records = replays[middle]
         total_bytes = (sum(graph.nodes[n]["op"].bytes for n in graph.nodes) if launches is None
                        else sum(e.bytes for e in entries))
+        pieces = _step_pieces(compiled, graph, entries, inside)
         return cls(round_us=spans[middle], floor_us=total_bytes / (copy_gbs * 1e9) * 1e6,
                    busy_us=_union([(r.start_us, r.end_us) for r in records]), copy_gbs=copy_gbs,
-                   launches=entries, kinds=_kinds(entries, copy_gbs, _step_pieces(compiled, graph, entries, inside)),
-                   streams=_streams(records, spans[middle]))
+                   launches=entries, kinds=_kinds(entries, copy_gbs, pieces), streams=_streams(records, spans[middle]),
+                   step_kinds=len({kind for piece in pieces.values() for kind, _, _ in piece}))
 
     @classmethod
     def modeled(cls, compiled: CompiledRound, graph: nx.DiGraph, launch_us: list[float], round_us: float,
@@ -127,12 +129,13 @@ class Ledger:
                    copy_gbs=copy_gbs, launches=launches, kinds=_kinds(launches, copy_gbs), streams=())
 
     def condensed(self, modeled: bool = False, top: int = 8) -> LedgerSummary:
-        """What the agents are told: the `top` op kinds losing most against their floor, and each of
-        the plan's streams' busy time."""
+        """What the agents are told: the `top` op kinds losing most against their floor (and as many
+        more as a step launch was divided into, so that its ops leave room for the other kinds), and
+        each of the plan's streams' busy time."""
         streams: dict[str, float] = defaultdict(float)
         for launch in self.launches:
             streams[str(launch.stream)] += launch.us / 1e3
-        losses = sorted(self.kinds, key=lambda k: k.floor_us - k.us)[:top]
+        losses = sorted(self.kinds, key=lambda k: k.floor_us - k.us)[:top + self.step_kinds]
         return LedgerSummary(self.round_us / 1e3, self.floor_us / 1e3, self.idle_us / 1e3, modeled, dict(streams),
                              tuple(KindLoss(k.kind, k.launches, k.us / 1e3, k.floor_us / 1e3, k.bandwidth_fraction)
                                    for k in losses))

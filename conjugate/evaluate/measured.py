@@ -99,7 +99,7 @@ class MeasuredHarness:
         rates = self.session.device_rates(compiled.device)
         try:
             records = kernel_records(compiled.run, compiled.device, self.profile.timing.ledger_replays)
-        except RuntimeError:  # the profiler's own (CUPTI unavailable, say)
+        except (LedgerError, RuntimeError):  # records that do not split per replay; the profiler's own errors
             return None
         try:
             inside = step_shares(compiled)
