@@ -127,7 +127,8 @@ defaults)  # the launch's defaults since the epilogues' inputs load early (lab/s
     run 200 step_checks python benchmarks/step_checks.py --batches 5 32 --json "$out/step_checks.json"
     run 300 draft_step python benchmarks/draft_step.py examples/qwen3-06b-8b-b4.toml \
         benchmarks/workloads/qwen3-06b-8b-b1-k7-ctx2k.toml examples/llama-1b-8b-b8.toml examples/qwen25-05b-7b-b8.toml \
-        --json "$out/draft_step_$card.json" ;;
+        --json "$out/draft_step_$card.json"
+    python lab/step_stages/critical.py "$out/draft_step_$card.json" | tee "$out/critical_$card.md" ;;
 critical)  # the launch's critical path at its defaults (ledger.critical_path), every example's draft phase in one
     # process, each checked first (about 250 s); then the table (lab/step_stages/critical.py)
     run 420 critical python lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml \
