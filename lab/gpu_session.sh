@@ -14,7 +14,8 @@
 #        budget); split_finish: a split tile's pieces through shared atomic sums or a slot each; handoff: a
 #        stage's handoff by counter or by flags in the data; critical: the launch's critical path stage by stage
 #        on every example (lab/step_stages/critical.py); defaults: the checks and the four aims' draft phase at the
-#        launch's defaults; merged: lab/stream_chain's MLP blocks as one stage
+#        launch's defaults; merge: attention's chunk merge at once (merge_unrolled) against the loop;
+#        merged: lab/stream_chain's MLP blocks as one stage
 #        (merged, folded) against two (lab/step_stages' fewer stages); narrow: whole-K narrow tiles against split K in a
 #        chain of dependent GEMMs (lab/narrow_tiles); verify49: #49's record (the B=32 example's kernel
 #        sweep, then every example's verify phase against its floor, by the tile kernel and with the
@@ -129,6 +130,15 @@ defaults)  # the launch's defaults since the epilogues' inputs load early (lab/s
         benchmarks/workloads/qwen3-06b-8b-b1-k7-ctx2k.toml examples/llama-1b-8b-b8.toml examples/qwen25-05b-7b-b8.toml \
         --json "$out/draft_step_$card.json"
     python lab/step_stages/critical.py "$out/draft_step_$card.json" | tee "$out/critical_$card.md" ;;
+merge)  # attention's chunk merge at once (launch option merge_unrolled) against the loop, every example in one
+    # process, each variant checked first (about 300 s); then the option's checks on every draft, k 8 (about 80 s)
+    run 420 merge python lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml \
+        benchmarks/workloads/qwen3-06b-8b-b1-k7-ctx2k.toml examples/llama-1b-8b-b8.toml examples/qwen25-05b-7b-b8.toml \
+        examples/llama-1b-8b-b1.toml examples/llama-1b-3b-b16-ctx4k.toml examples/qwen25-15b-14b-b4.toml \
+        --variants default merge_unrolled=1 --passes 2 --json "$out/merge.json"
+    run 150 merge_checks python benchmarks/step_checks.py --batches 1 5 32 --steps 8 --launch merge_unrolled=1 \
+        --json "$out/merge_checks.json"
+    python lab/step_stages/critical.py "$out/merge.json" --variant merge_unrolled=1 | tee "$out/merge_critical.md" ;;
 critical)  # the launch's critical path at its defaults (ledger.critical_path), every example's draft phase in one
     # process, each checked first (about 250 s); then the table (lab/step_stages/critical.py)
     run 420 critical python lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml \
