@@ -14,7 +14,7 @@
 #        budget); split_finish: a split tile's pieces through shared atomic sums or a slot each; handoff: a
 #        stage's handoff by counter or by flags in the data; critical: the launch's critical path stage by stage
 #        on every example (lab/step_stages/critical.py); defaults: the checks and the four aims' draft phase at the
-#        launch's defaults; merge: attention's chunk merge at once (merge_unrolled) against the loop;
+#        launch's defaults; merge: attention's chunk merge at once (merge_unrolled.patch) against the loop;
 #        merged: lab/stream_chain's MLP blocks as one stage
 #        (merged, folded) against two (lab/step_stages' fewer stages); narrow: whole-K narrow tiles against split K in a
 #        chain of dependent GEMMs (lab/narrow_tiles); verify49: #49's record (the B=32 example's kernel
@@ -63,6 +63,10 @@ run() {  # seconds, log name, command...
     echo "== $name: $*"
     timeout "$limit" "$@" > "$out/$name.log" 2>&1; echo "   exit $? ($name)"
     grep -v -i warn "$out/$name.log" | tail -12
+}
+merge_patch() {  # lab/step_stages' merge_unrolled code (kept out of the product until it measures a win) on this copy
+    git apply lab/step_stages/merge_unrolled.patch || { echo "lab/step_stages/merge_unrolled.patch does not apply to this tree" >&2
+                                                        exit 1; }
 }
 case "${1:-}" in
 1)
@@ -130,8 +134,10 @@ defaults)  # the launch's defaults since the epilogues' inputs load early (lab/s
         benchmarks/workloads/qwen3-06b-8b-b1-k7-ctx2k.toml examples/llama-1b-8b-b8.toml examples/qwen25-05b-7b-b8.toml \
         --json "$out/draft_step_$card.json"
     python lab/step_stages/critical.py "$out/draft_step_$card.json" | tee "$out/critical_$card.md" ;;
-merge)  # attention's chunk merge at once (launch option merge_unrolled) against the loop, every example in one
-    # process, each variant checked first (about 300 s); then the option's checks on every draft, k 8 (about 80 s)
+merge)  # attention's chunk merge at once (launch option merge_unrolled, lab/step_stages/merge_unrolled.patch, applied
+    # first) against the loop, every example in one process, each variant checked first (about 300 s); then the
+    # option's checks on every draft, k 8 (about 80 s)
+    merge_patch
     run 420 merge python lab/step_variants/variants.py examples/qwen3-06b-8b-b4.toml \
         benchmarks/workloads/qwen3-06b-8b-b1-k7-ctx2k.toml examples/llama-1b-8b-b8.toml examples/qwen25-05b-7b-b8.toml \
         examples/llama-1b-8b-b1.toml examples/llama-1b-3b-b16-ctx4k.toml examples/qwen25-15b-14b-b4.toml \

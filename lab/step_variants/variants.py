@@ -33,7 +33,7 @@ from conjugate.evaluate.timing import copy_bandwidth_gbs  # noqa: E402
 from conjugate.paths import shipped_plan  # noqa: E402
 from conjugate.plan import load_plan  # noqa: E402
 
-FLAGS = ("direct_epilogue", "ring_kv", "merge_unrolled")
+FLAGS = ("direct_epilogue", "ring_kv")
 
 
 def variant(text: str) -> dict[str, int]:

@@ -46,13 +46,8 @@ DIRECT_EPILOGUE = True
 # lab/step_stages/h100_ring_kv.json): the draft phase 5.507 -> 5.262 ms on qwen3-06b-8b-b4, 3.326 -> 3.252
 # on qwen25-05b-7b-b8, 7.293 -> 7.018 on qwen3-0.6b at B=1, k=7, context 2048, 5.004 -> 4.834 on llama-1b-8b-b8.
 RING_KV = True
-# attention's merge of a pair's chunks unrolled whole (`_merge_chunks`): every chunk's partial loaded at
-# once rather than four chunks a round trip. The critical path (lab/step_stages/h100_early.json) has the
-# merge at 1.0-1.7 us with 2-4 chunks and 2.5-3.7 us with 16 (one sequence): three more trips. Off until
-# measured (`lab/step_variants/variants.py ... --variants default merge_unrolled=1`).
-MERGE_UNROLLED = False
 # StepLaunch's tuning options (the keyword arguments CompiledStep.use_launch_options passes on)
-LAUNCH_OPTIONS = ("attention_buffers", "mma_depth", "direct_epilogue", "ring_kv", "merge_unrolled")
+LAUNCH_OPTIONS = ("attention_buffers", "mma_depth", "direct_epilogue", "ring_kv")
 
 
 class StepLaunch:
@@ -63,8 +58,7 @@ class StepLaunch:
     blocks in flight, 1-4), `mma_depth` (K tiles' wgmma in flight, 1-2), `direct_epilogue` (whole
     gate_up and lm_head tiles' epilogues on their accumulators; by default wherever the table is
     coarse, as step_table's are), `ring_kv` (attention's history through the loader's ring; by
-    default wherever the heads have 64 or 128 dims and the cache's rows fit a TMA coordinate),
-    `merge_unrolled` (attention's chunk merge unrolled whole; off until measured). On a
+    default wherever the heads have 64 or 128 dims and the cache's rows fit a TMA coordinate). On a
     coarse table the epilogues' inputs besides their sums load before the product or the pieces' count
     (the kernel's COARSE; measured against loading them after the count, `lab/step_stages/h100_early.json`:
     0.06-2.4% off the draft phase on seven H100 examples)."""
@@ -73,8 +67,7 @@ class StepLaunch:
 
     def __init__(self, prog: StepProgram, weights: dict, kv: torch.Tensor, stamps: bool = False,
                  spin_limit: int = SPIN_LIMIT, logits: bool = False, attention_buffers: int | None = None,
-                 mma_depth: int = MMA_DEPTH, direct_epilogue: bool | None = None, ring_kv: bool | None = None,
-                 merge_unrolled: bool = MERGE_UNROLLED):
+                 mma_depth: int = MMA_DEPTH, direct_epilogue: bool | None = None, ring_kv: bool | None = None):
         spec, dev, B, R, k = prog.spec, weights["qkv"].device, prog.batch, prog.rows, prog.steps
         group = spec.num_heads // spec.num_kv_heads
         if R > ROW_TILES[-1] or prog.tiles != Tiles():
@@ -155,7 +148,7 @@ class StepLaunch:
                            QK_SCALE=1.4426950408889634 / spec.head_dim ** 0.5, GP=gp, CHUNKS=chunks, STAMPS=stamps,
                            KV_BUFS=attention_buffers, TOKENS=prog.tokens, LOGITS=logits, RPAD=rpad, CHUNK=chunk,
                            MMA_DEPTH=mma_depth, DIRECT_EPILOGUE=bool(direct_epilogue), RING_KV=bool(ring_kv),
-                           COARSE=coarse, MERGE_UNROLLED=bool(merge_unrolled),
+                           COARSE=coarse,
                            num_warps=4,
                            maxnreg=168)
         self.stamps = torch.zeros(len(prog.tasks), STAMP_COLS, dtype=torch.int64, device=dev)

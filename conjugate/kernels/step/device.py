@@ -471,62 +471,29 @@ def attend_chunk(q_ptr, kv_ptr, part_ml_ptr, part_acc_ptr, slot, lengths_ptr, la
 
 
 @gluon.jit
-def _merge_all(part_ml_ptr, part_acc_ptr, first_slot, D: gl.constexpr, GP: gl.constexpr, CHUNKS: gl.constexpr,
-               layout: gl.constexpr):
-    """([GP, D] acc, [GP, 1] l) of the CHUNKS partials merged at once: every chunk's m, l and acc loaded
-    together (one round trip), weighed by exp2(m_c - max m) (an empty chunk weighs 0). `layout` is 3-D
-    (chunk, query row, dim), each thread holding every chunk of its elements."""
-    rows2: gl.constexpr = gl.SliceLayout(2, layout)
-    ch = gl.arange(0, CHUNKS, layout=gl.SliceLayout(1, rows2))
-    heads = gl.arange(0, GP, layout=gl.SliceLayout(0, rows2))
-    ml = part_ml_ptr + (first_slot + ch)[:, None] * 2 * GP + heads[None, :]
-    m_all = gl.load(ml, cache_modifier=".cg")  # [CHUNKS, GP]
-    l_all = gl.load(ml + GP, cache_modifier=".cg")
-    d = gl.arange(0, D, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout)))  # d[None, None, :]: [1, 1, D]
-    a_all = gl.load(part_acc_ptr + ((first_slot + ch)[:, None] * GP + heads[None, :])[:, :, None] * D + d[None, None, :],
-                    cache_modifier=".cg")  # [CHUNKS, GP, D]
-    m = gl.max(m_all, axis=0)
-    w = gl.exp2(m_all - gl.where(m == float("-inf"), 0.0, m)[None, :])  # [CHUNKS, GP]
-    return gl.sum(a_all * w[:, :, None], axis=0), gl.sum((l_all * w)[:, :, None], axis=0)
-
-
-@gluon.jit
 def _merge_chunks(part_ml_ptr, part_acc_ptr, first_slot, o_ptr, b, g, D: gl.constexpr, G: gl.constexpr,
-                  Q: gl.constexpr, GP: gl.constexpr, CHUNKS: gl.constexpr, TOKENS: gl.constexpr,
-                  MERGE_UNROLLED: gl.constexpr):
+                  Q: gl.constexpr, GP: gl.constexpr, CHUNKS: gl.constexpr, TOKENS: gl.constexpr):
     """o[b's rows, heads of g] from the CHUNKS partials (log-sum-exp rescale; an empty chunk weighs 0).
-    The GP partial rows are the TOKENS x G query rows (token t's head h: row t * G + h), padded. The
-    run-time loop issues a chunk's loads only after the chunks before it are added (the compiler unrolls
-    it by 4: a round trip each 4 chunks, and CHUNKS is 16 at one sequence); with MERGE_UNROLLED, where
-    the partials fit a thread's registers (CHUNKS x GP x D up to 8192: 64 a thread), they merge at once
-    (_merge_all)."""
-    if MERGE_UNROLLED and CHUNKS * GP * D <= 8192:
-        layout3: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 4, 8], [1, 1, 4], [2, 1, 0])
-        layout: gl.constexpr = gl.SliceLayout(0, layout3)
-        acc, l = _merge_all(part_ml_ptr, part_acc_ptr, first_slot, D, GP, CHUNKS, layout3)
-        d = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
-        heads = gl.arange(0, GP, layout=gl.SliceLayout(1, layout))
-        out = acc / gl.where(l > 0.0, l, 1.0)
-    else:
-        layout2: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        d = gl.arange(0, D, layout=gl.SliceLayout(0, layout2))
-        heads = gl.arange(0, GP, layout=gl.SliceLayout(1, layout2))
-        m = gl.full([GP], float("-inf"), gl.float32, layout=gl.SliceLayout(1, layout2))
-        l = gl.zeros([GP], gl.float32, layout=gl.SliceLayout(1, layout2))
-        acc = gl.zeros([GP, D], gl.float32, layout=layout2)
-        for c in range(CHUNKS):
-            slot = first_slot + c
-            m_c = gl.load(part_ml_ptr + slot * 2 * GP + heads, cache_modifier=".cg")
-            l_c = gl.load(part_ml_ptr + slot * 2 * GP + GP + heads, cache_modifier=".cg")
-            a_c = gl.load(part_acc_ptr + (slot * GP + heads)[:, None] * D + d[None, :], cache_modifier=".cg")
-            m_new = gl.maximum(m, m_c)
-            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-            w_old = gl.exp2(m - m_safe)
-            w_c = gl.exp2(m_c - m_safe)
-            l = l * w_old + l_c * w_c
-            acc = acc * w_old[:, None] + a_c * w_c[:, None]
-            m = m_new
-        out = acc / gl.where(l > 0.0, l, 1.0)[:, None]
+    The GP partial rows are the TOKENS x G query rows (token t's head h: row t * G + h), padded."""
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    d = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
+    heads = gl.arange(0, GP, layout=gl.SliceLayout(1, layout))
+    m = gl.full([GP], float("-inf"), gl.float32, layout=gl.SliceLayout(1, layout))
+    l = gl.zeros([GP], gl.float32, layout=gl.SliceLayout(1, layout))
+    acc = gl.zeros([GP, D], gl.float32, layout=layout)
+    for c in range(CHUNKS):
+        slot = first_slot + c
+        m_c = gl.load(part_ml_ptr + slot * 2 * GP + heads, cache_modifier=".cg")
+        l_c = gl.load(part_ml_ptr + slot * 2 * GP + GP + heads, cache_modifier=".cg")
+        a_c = gl.load(part_acc_ptr + (slot * GP + heads)[:, None] * D + d[None, :], cache_modifier=".cg")
+        m_new = gl.maximum(m, m_c)
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        w_old = gl.exp2(m - m_safe)
+        w_c = gl.exp2(m_c - m_safe)
+        l = l * w_old + l_c * w_c
+        acc = acc * w_old[:, None] + a_c * w_c[:, None]
+        m = m_new
+    out = acc / gl.where(l > 0.0, l, 1.0)[:, None]
     if TOKENS == 1:
         gl.store(o_ptr + b * Q + (g * G + heads)[:, None] * D + d[None, :], out.to(gl.bfloat16),
                  mask=(heads < G)[:, None])
@@ -551,7 +518,7 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                  QK_SCALE: gl.constexpr, GP: gl.constexpr, CHUNKS: gl.constexpr, STAMPS: gl.constexpr,
                  KV_BUFS: gl.constexpr, TOKENS: gl.constexpr, LOGITS: gl.constexpr, RPAD: gl.constexpr,
                  CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr, DIRECT_EPILOGUE: gl.constexpr, RING_KV: gl.constexpr,
-                 COARSE: gl.constexpr, MERGE_UNROLLED: gl.constexpr):
+                 COARSE: gl.constexpr):
     ROWS: gl.constexpr = BATCH * TOKENS  # activation rows a step: sequence b's token t is row b * TOKENS + t
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, RPAD, 16])
@@ -607,7 +574,7 @@ def step_compute(ring, ready, empty, act, table_ptr, list_ptr, bounds_ptr, waits
                 gl.store(stamps_ptr + task * STAMP_COLS + S_ARRIVED, now(arrived))
             if arrived == CHUNKS - 1:  # the pair's last chunk in merges them
                 _merge_chunks(part_ml_ptr, part_acc_ptr, first_slot, o_ptr + sl * ROWS * Q, b, g, D, G, Q, GP, CHUNKS,
-                              TOKENS, MERGE_UNROLLED)
+                              TOKENS)
                 release(counter_ptr + field(vec, C_DONE))
         else:
             k_lo = field(vec, C_KLO) * BK  # the table holds K in BK-column tiles
@@ -736,8 +703,7 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, kv_desc, table_ptr
                 KT_MAX: gl.constexpr, EPS: gl.constexpr, QK_SCALE: gl.constexpr, GP: gl.constexpr,
                 CHUNKS: gl.constexpr, STAMPS: gl.constexpr, KV_BUFS: gl.constexpr, TOKENS: gl.constexpr,
                 LOGITS: gl.constexpr, RPAD: gl.constexpr, CHUNK: gl.constexpr, MMA_DEPTH: gl.constexpr,
-                DIRECT_EPILOGUE: gl.constexpr, RING_KV: gl.constexpr, COARSE: gl.constexpr,
-                MERGE_UNROLLED: gl.constexpr):
+                DIRECT_EPILOGUE: gl.constexpr, RING_KV: gl.constexpr, COARSE: gl.constexpr):
     ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, SLOT_ROWS, BK], qkv_desc.layout)
     act_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([RPAD, BK], gl.bfloat16)
     act = gl.allocate_shared_memory(gl.bfloat16, [KT_MAX, RPAD, BK], act_layout)
@@ -750,7 +716,7 @@ def step_kernel(qkv_desc, o_desc, gu_desc, d_desc, head_desc, kv_desc, table_ptr
                         best_val_ptr, best_idx_ptr, bias_ptr, qkn_ptr, inv_freq_ptr, part_ml_ptr, part_acc_ptr,
                         stamps_ptr, H, Q, F, V, D, G, KVH, L, S, NQ, NTH, BATCH, QK_NORM, STAGES, EPS, QK_SCALE, GP,
                         CHUNKS, STAMPS, KV_BUFS, TOKENS, LOGITS, RPAD, CHUNK, MMA_DEPTH, DIRECT_EPILOGUE, RING_KV,
-                        COARSE, MERGE_UNROLLED)),
+                        COARSE)),
         (step_loader, (qkv_desc, o_desc, gu_desc, d_desc, head_desc, kv_desc, ring, ready, empty, table_ptr,
                        list_ptr, bounds_ptr, lengths_ptr, stamps_ptr, STAGES, STAMPS, RING_KV, D, KVH, L, S, BATCH,
                        CHUNKS, TOKENS)),
