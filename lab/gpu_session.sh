@@ -14,7 +14,8 @@
 #        budget); split_finish: a split tile's pieces through shared atomic sums or a slot each; handoff: a
 #        stage's handoff by counter or by flags in the data; critical: the launch's critical path stage by stage
 #        on every example (lab/step_stages/critical.py); defaults: the checks and the four aims' draft phase at the
-#        launch's defaults; merge: attention's chunk merge at once (merge_unrolled.patch) against the loop;
+#        launch's defaults; ledger: `conjugate profile` of the step plan (the round's ledger inside the
+#        step launch); merge: attention's chunk merge at once (merge_unrolled.patch) against the loop;
 #        merged: lab/stream_chain's MLP blocks as one stage
 #        (merged, folded) against two (lab/step_stages' fewer stages); narrow: whole-K narrow tiles against split K in a
 #        chain of dependent GEMMs (lab/narrow_tiles); verify49: #49's record (the B=32 example's kernel
@@ -134,6 +135,11 @@ defaults)  # the launch's defaults since the epilogues' inputs load early (lab/s
         benchmarks/workloads/qwen3-06b-8b-b1-k7-ctx2k.toml examples/llama-1b-8b-b8.toml examples/qwen25-05b-7b-b8.toml \
         --json "$out/draft_step_$card.json"
     python lab/step_stages/critical.py "$out/draft_step_$card.json" | tee "$out/critical_$card.md" ;;
+ledger)  # the round's ledger inside the step launch on a GPU: `conjugate profile` of the shipped step plan, each
+    # step kind's share of the launch from its stamped run (needs sqlalchemy: carry [".whl"], as search49 says)
+    if ls .whl/*.whl > /dev/null 2>&1; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"; fi
+    run 200 profile_step python -m conjugate profile examples/qwen3-06b-8b-b4.toml --plan step --json "$out/profile_step.json" ;;
 merge)  # attention's chunk merge at once (launch option merge_unrolled, lab/step_stages/merge_unrolled.patch, applied
     # first) against the loop, every example in one process, each variant checked first (about 300 s); then the
     # option's checks on every draft, k 8 (about 80 s)
