@@ -28,7 +28,8 @@
 #        verify phase with the target's norms and RoPE folded into its GEMMs too (fused5: the
 #        product's statistics read in its main loop against the former order, the kernels, the drafts' phases and
 #        the target's gate_up fused alone); tuned: the verify phase with the GPU's tile table's tiles; serving_sweep: #49's
-#        GEMM shapes at serving sizes, resumed over calls; search49: the B=32
+#        GEMM shapes at serving sizes, resumed over calls; search48: #48's search (qwen3-06b-8b-b4, the step form among the
+#        edits); search49: the B=32
 #        example's search, 40 evaluations over calls (its database carried); share: the draft's step
 #        launch on part of the SMs, alone and beside the target's stream (lab/step_share); attention: the
 #        target's attention over #49's grid of batches and contexts, beside a launch reading its bytes
@@ -242,6 +243,15 @@ serving_sweep)  # #49 item 3: the examples' GEMMs at batches 16, 32 and 64 and k
     [ -f runs/serving_sweep.json ] && cp runs/serving_sweep.json "$out/serving_sweep.json"
     run "${SWEEP_LIMIT:-560}" serving_sweep python benchmarks/kernel_sweep.py examples/*.toml --kinds qkv o_proj gate_up down \
         --batches 16 32 64 --ks 1 3 5 7 --per-shape 16 --read --resume --json "$out/serving_sweep.json" ;;
+search48)  # #48's search: qwen3-06b-8b-b4, 40 evaluations, the step form among the heuristic's edits (it proposes it
+    # for one-stream plans), resumable over calls: copy the returned q3.db to runs/q3.db and carry [".whl", "runs/q3.db"]
+    if grep -q H200 "$out/gpu.txt"; then evaluator=h200; else evaluator=benchmarks/profiles/h100_quick.toml; fi
+    if [ -f runs/q3.db ]; then how=(--resume runs/q3.db --carry-baselines)
+    else how=(examples/qwen3-06b-8b-b4.toml --db runs/q3.db); fi
+    if ls .whl/*.whl > /dev/null 2>&1; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"; fi
+    run 570 search48 python -m conjugate search "${how[@]}" --evaluator "$evaluator" --budget 40 --time 8m
+    cp runs/q3.db "$out/q3.db" ;;
 search49)  # the B=32 example's search (#49 asks 40 evaluations or more), resumable over calls: before the
     # next call copy the returned b32.db to runs/b32.db and give the run tool carry [".whl", "runs/b32.db"]
     # (.whl: python3 -m pip download sqlalchemy 2.x and greenlet for cp312 manylinux, as the device README says)
