@@ -70,6 +70,20 @@ merge_patch() {  # lab/step_stages' merge_unrolled code (kept out of the product
     git apply lab/step_stages/merge_unrolled.patch || { echo "lab/step_stages/merge_unrolled.patch does not apply to this tree" >&2
                                                         exit 1; }
 }
+wheels() {  # the image lacks sqlalchemy: its wheels travel as .whl (carry [".whl"]; python3 -m pip download
+    # sqlalchemy 2.x and greenlet for cp312 manylinux, as the device README says)
+    if ls .whl/*.whl > /dev/null 2>&1; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"; fi
+}
+search() {  # log name, workload, database: a 40-evaluation search resumed from the database where the call carries
+    # it (copy the returned one to runs/ and carry [".whl", "runs/DB"]), else started on the workload
+    local name=$1 workload=$2 db=$3 evaluator=benchmarks/profiles/h100_quick.toml how
+    grep -q H200 "$out/gpu.txt" && evaluator=h200
+    if [ -f "runs/$db" ]; then how=(--resume "runs/$db" --carry-baselines); else how=("$workload" --db "runs/$db"); fi
+    wheels
+    run 570 "$name" python -m conjugate search "${how[@]}" --evaluator "$evaluator" --budget 40 --time 8m
+    cp "runs/$db" "$out/$db"
+}
 case "${1:-}" in
 1)
     run 270 dealing python lab/step_dealing/dealing.py examples/qwen25-05b-7b-b8.toml \
@@ -137,9 +151,8 @@ defaults)  # the launch's defaults since the epilogues' inputs load early (lab/s
         --json "$out/draft_step_$card.json"
     python lab/step_stages/critical.py "$out/draft_step_$card.json" | tee "$out/critical_$card.md" ;;
 ledger)  # the round's ledger inside the step launch on a GPU: `conjugate profile` of the shipped step plan, each
-    # step kind's share of the launch from its stamped run (needs sqlalchemy: carry [".whl"], as search49 says)
-    if ls .whl/*.whl > /dev/null 2>&1; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-        --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"; fi
+    # step kind's share of the launch from its stamped run (needs sqlalchemy: carry [".whl"])
+    wheels
     run 200 profile_step python -m conjugate profile examples/qwen3-06b-8b-b4.toml --plan step --json "$out/profile_step.json" ;;
 merge)  # attention's chunk merge at once (launch option merge_unrolled, lab/step_stages/merge_unrolled.patch, applied
     # first) against the loop, every example in one process, each variant checked first (about 300 s); then the
@@ -243,26 +256,11 @@ serving_sweep)  # #49 item 3: the examples' GEMMs at batches 16, 32 and 64 and k
     [ -f runs/serving_sweep.json ] && cp runs/serving_sweep.json "$out/serving_sweep.json"
     run "${SWEEP_LIMIT:-560}" serving_sweep python benchmarks/kernel_sweep.py examples/*.toml --kinds qkv o_proj gate_up down \
         --batches 16 32 64 --ks 1 3 5 7 --per-shape 16 --read --resume --json "$out/serving_sweep.json" ;;
-search48)  # #48's search: qwen3-06b-8b-b4, 40 evaluations, the step form among the heuristic's edits (it proposes it
-    # for one-stream plans), resumable over calls: copy the returned q3.db to runs/q3.db and carry [".whl", "runs/q3.db"]
-    if grep -q H200 "$out/gpu.txt"; then evaluator=h200; else evaluator=benchmarks/profiles/h100_quick.toml; fi
-    if [ -f runs/q3.db ]; then how=(--resume runs/q3.db --carry-baselines)
-    else how=(examples/qwen3-06b-8b-b4.toml --db runs/q3.db); fi
-    if ls .whl/*.whl > /dev/null 2>&1; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-        --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"; fi
-    run 570 search48 python -m conjugate search "${how[@]}" --evaluator "$evaluator" --budget 40 --time 8m
-    cp runs/q3.db "$out/q3.db" ;;
-search49)  # the B=32 example's search (#49 asks 40 evaluations or more), resumable over calls: before the
-    # next call copy the returned b32.db to runs/b32.db and give the run tool carry [".whl", "runs/b32.db"]
-    # (.whl: python3 -m pip download sqlalchemy 2.x and greenlet for cp312 manylinux, as the device README says)
-    if grep -q H200 "$out/gpu.txt"; then evaluator=h200; else evaluator=benchmarks/profiles/h100_quick.toml; fi
-    if [ -f runs/b32.db ]; then how=(--resume runs/b32.db --carry-baselines)
-    else how=(examples/llama-1b-8b-b32.toml --db runs/b32.db); fi
-    # the image lacks sqlalchemy: its wheels travel as .whl (carry [".whl", "runs/b32.db"]; device README)
-    if ls .whl/*.whl > /dev/null 2>&1; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-        --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"; fi
-    run 570 search49 python -m conjugate search "${how[@]}" --evaluator "$evaluator" --budget 40 --time 8m
-    cp runs/b32.db "$out/b32.db" ;;
+search48)  # #48's search: qwen3-06b-8b-b4, the step form among the heuristic's edits (it proposes it for
+    # one-stream plans), resumable over calls (runs/q3.db)
+    search search48 examples/qwen3-06b-8b-b4.toml q3.db ;;
+search49)  # the B=32 example's search (#49 asks 40 evaluations or more), resumable over calls (runs/b32.db)
+    search search49 examples/llama-1b-8b-b32.toml b32.db ;;
 share)  # #48: the step launch on P programs alone, and on P SMs beside the target's stream (the H100 search's plan)
     run 560 share python lab/step_share/share.py examples/qwen3-06b-8b-b4.toml --programs 132 64 --sms 40 64 88 \
         --base benchmarks/results/draft_step_plans/qwen3-06b-8b-b4-h100-search.json --json "$out/share.json" ;;
